@@ -1,0 +1,113 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// The baseline: what most Go services write by hand, a mutex-guarded map of
+// x/time/rate limiters, one per key.
+type rateMap struct {
+	mu sync.Mutex
+	m  map[string]*rate.Limiter
+}
+
+func (r *rateMap) allow(key string, now time.Time) bool {
+	r.mu.Lock()
+	l := r.m[key]
+	if l == nil {
+		l = rate.NewLimiter(rate.Limit(1e6), 1000)
+		r.m[key] = l
+	}
+	r.mu.Unlock()
+	return l.AllowN(now, 1)
+}
+
+var (
+	keysOnce sync.Once
+	keys     []string
+)
+
+func benchKeys(n int) []string {
+	keysOnce.Do(func() {
+		keys = make([]string, 1_000_000)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("tenant:%d:user:%d", i%1000, i)
+		}
+	})
+	return keys[:n]
+}
+
+// A rule that never denies in these benchmarks, so that every call does the
+// full work of an admission.
+var benchRule = ratelimit.Rule{Name: "bench", Limit: 1e6, Period: time.Second, Burst: 1000}
+
+func fixedNow() time.Time { return time.Unix(1_800_000_000, 0) }
+
+// nextKey is a per-goroutine xorshift over the key set.
+func nextKey(x *uint64, ks []string) string {
+	*x ^= *x << 13
+	*x ^= *x >> 7
+	*x ^= *x << 17
+	return ks[*x%uint64(len(ks))]
+}
+
+var seedCounter atomic.Uint64
+
+func BenchmarkKeyed(b *testing.B) {
+	for _, nkeys := range []int{1, 1_000_000} {
+		ks := benchKeys(nkeys)
+		for _, clockName := range []string{"fixed", "time.Now"} {
+			now := fixedNow
+			if clockName == "time.Now" {
+				now = time.Now
+			}
+			b.Run(fmt.Sprintf("keys=%d/clock=%s/impl=sluice-memstore", nkeys, clockName), func(b *testing.B) {
+				s := memstore.New(memstore.Options{Now: now, MaxKeys: 2_000_000, JanitorInterval: -1})
+				defer s.Close()
+				for _, k := range ks { // existing keys: measure decisions, not inserts
+					s.Decide(context.Background(), nil, []ratelimit.Item{{Key: k, Rule: &benchRule, Cost: 1}})
+				}
+				benchParallel(b, ks, func(key string, items []ratelimit.Item, dst []ratelimit.Decision) bool {
+					items[0].Key = key
+					dst, _ = s.Decide(context.Background(), dst[:0], items)
+					return dst[0].Allowed
+				})
+			})
+			b.Run(fmt.Sprintf("keys=%d/clock=%s/impl=xrate-mutex-map", nkeys, clockName), func(b *testing.B) {
+				m := &rateMap{m: make(map[string]*rate.Limiter, nkeys)}
+				for _, k := range ks {
+					m.allow(k, now())
+				}
+				benchParallel(b, ks, func(key string, _ []ratelimit.Item, _ []ratelimit.Decision) bool {
+					return m.allow(key, now())
+				})
+			})
+		}
+	}
+}
+
+// benchParallel runs decide over ks from GOMAXPROCS goroutines.
+func benchParallel(b *testing.B, ks []string, decide func(string, []ratelimit.Item, []ratelimit.Decision) bool) {
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		x := seedCounter.Add(0x9E3779B97F4A7C15) | 1
+		items := []ratelimit.Item{{Rule: &benchRule, Cost: 1}}
+		dst := make([]ratelimit.Decision, 0, 1)
+		for pb.Next() {
+			if !decide(nextKey(&x, ks), items, dst) {
+				b.Fatal("denied")
+			}
+		}
+	})
+}

@@ -1,0 +1,372 @@
+// Package memstore is Sluice's in-memory ratelimit.Store: one process, no
+// set-up, exact decisions.
+//
+// Keys are spread over shards, each a map guarded by its own mutex, so
+// unrelated keys rarely contend. The store is bounded: it holds at most
+// Options.MaxKeys keys, and when a shard is full a new key evicts an expired
+// key or, failing that, the sampled key closest to expiring (its state is
+// the least valuable to keep), so an attacker who chooses keys cannot
+// exhaust memory — at worst they make the store forget nearly expired
+// state. A janitor goroutine, owned by the Store and stopped by Close,
+// reclaims expired keys.
+//
+// Deciding an existing key allocates nothing. A Store is safe for
+// concurrent use; its zero value is not usable, call New.
+package memstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"math/bits"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// Options configure a Store. The zero value is a good default.
+type Options struct {
+	// MaxKeys bounds the number of keys held; default 1<<20 (about 100 MB
+	// at the largest state).
+	MaxKeys int
+	// Shards is the number of independently locked shards, rounded up to
+	// a power of two; default 64 per CPU.
+	Shards int
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+	// JanitorInterval is how often expired keys are reclaimed; default
+	// 10 s. Negative disables the janitor: expired keys are then reclaimed
+	// only when a full shard needs room.
+	JanitorInterval time.Duration
+}
+
+// Stats are counters of a Store's life.
+type Stats struct {
+	Keys      int    // keys held now
+	Evictions uint64 // live keys evicted to make room
+	Reclaimed uint64 // expired keys removed
+}
+
+// Store is the in-memory ratelimit.Store.
+type Store struct {
+	shards      []shard
+	mask        uint64
+	seed        maphash.Seed
+	now         func() time.Time
+	maxPerShard int
+
+	evictions atomic.Uint64
+	reclaimed atomic.Uint64
+
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+type shard struct {
+	mu sync.Mutex
+	m  map[string]*entry
+	_  [48]byte // keep shards on separate cache lines
+}
+
+type entry struct {
+	state   ratelimit.State
+	expires int64 // Unix ns from which the state equals a fresh one
+}
+
+var _ ratelimit.Store = (*Store)(nil)
+
+// ErrClosed is returned by Decide after Close.
+var ErrClosed = errors.New("memstore: store closed")
+
+// New returns a Store and starts its janitor; call Close to stop it.
+func New(opts Options) *Store {
+	if opts.MaxKeys <= 0 {
+		opts.MaxKeys = 1 << 20
+	}
+	if opts.Shards <= 0 {
+		opts.Shards = 64 * runtime.GOMAXPROCS(0)
+	}
+	n := 1 << bits.Len(uint(opts.Shards-1))
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.JanitorInterval == 0 {
+		opts.JanitorInterval = 10 * time.Second
+	}
+	s := &Store{
+		shards:      make([]shard, n),
+		mask:        uint64(n - 1),
+		seed:        maphash.MakeSeed(),
+		now:         opts.Now,
+		maxPerShard: max(1, (opts.MaxKeys+n-1)/n),
+		stop:        make(chan struct{}),
+		done:        make(chan struct{}),
+	}
+	for i := range s.shards {
+		s.shards[i].m = make(map[string]*entry)
+	}
+	if opts.JanitorInterval > 0 {
+		go s.janitor(opts.JanitorInterval)
+	} else {
+		close(s.done)
+	}
+	return s
+}
+
+// Close stops the janitor. Decide fails with ErrClosed afterwards.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() { close(s.stop) })
+	<-s.done
+	return nil
+}
+
+// Decide implements ratelimit.Store: it decides items all or nothing at the
+// store's clock.
+func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
+	if err := ctx.Err(); err != nil {
+		return dst, err
+	}
+	select {
+	case <-s.stop:
+		return dst, ErrClosed
+	default:
+	}
+	for i := range items {
+		if err := check(&items[i]); err != nil {
+			return dst, err
+		}
+	}
+	now := s.now()
+	if len(items) == 1 {
+		return append(dst, s.decideOne(&items[0], now)), nil
+	}
+	return s.decideMany(dst, items, now), nil
+}
+
+// check rejects what would make an algorithm divide by zero or misbehave;
+// full validation belongs where rules are configured (Rule.Validate).
+func check(it *ratelimit.Item) error {
+	r := it.Rule
+	switch {
+	case r == nil:
+		return fmt.Errorf("%w: item %q has no rule", ratelimit.ErrInvalidRule, it.Key)
+	case r.Calendar == ratelimit.NoCalendar && r.Period <= 0, r.Limit < 0, r.Burst < 0:
+		return r.Validate()
+	}
+	return nil
+}
+
+func (s *Store) shardOf(key string) *shard {
+	return &s.shards[maphash.String(s.seed, key)&s.mask]
+}
+
+func (s *Store) decideOne(it *ratelimit.Item, now time.Time) ratelimit.Decision {
+	sh := s.shardOf(it.Key)
+	sh.mu.Lock()
+	e := sh.m[it.Key]
+	if e == nil {
+		// Only a key whose state changed is worth a place in the map.
+		var st ratelimit.State
+		d := it.Rule.Decide(&st, now, it.Cost)
+		if d.Allowed && it.Cost > 0 {
+			e = s.insert(sh, it.Key, now)
+			e.state, e.expires = st, now.UnixNano()+int64(d.ResetAfter)
+		}
+		sh.mu.Unlock()
+		return d
+	}
+	d := it.Rule.Decide(&e.state, now, it.Cost)
+	e.expires = now.UnixNano() + int64(d.ResetAfter)
+	sh.mu.Unlock()
+	return d
+}
+
+// decideMany locks every shard the items touch, in index order, decides the
+// items in turn and, if any is denied, restores every state it changed.
+func (s *Store) decideMany(dst []ratelimit.Decision, items []ratelimit.Item, now time.Time) []ratelimit.Decision {
+	var idxBuf [8]uint64
+	idx := idxBuf[:0]
+	for i := range items {
+		idx = append(idx, maphash.String(s.seed, items[i].Key)&s.mask)
+	}
+	var lockedBuf [8]uint64
+	locked := append(lockedBuf[:0], idx...)
+	slices.Sort(locked)
+	locked = slices.Compact(locked)
+	for _, i := range locked {
+		s.shards[i].mu.Lock()
+	}
+	defer func() {
+		for _, i := range locked {
+			s.shards[i].mu.Unlock()
+		}
+	}()
+
+	type undo struct {
+		e        *entry
+		state    ratelimit.State
+		expires  int64
+		inserted bool
+	}
+	var undoBuf [8]undo
+	undos := undoBuf[:0]
+	base := len(dst)
+	allowed := true
+	for i := range items {
+		it := &items[i]
+		sh := &s.shards[idx[i]]
+		e, inserted := sh.m[it.Key], false
+		if e == nil {
+			e, inserted = s.insert(sh, it.Key, now), true
+		}
+		u := undo{e: e, state: e.state, expires: e.expires, inserted: inserted}
+		if u.state.Log != nil {
+			u.state.Log = slices.Clone(u.state.Log)
+		}
+		undos = append(undos, u)
+		d := it.Rule.Decide(&e.state, now, it.Cost)
+		e.expires = now.UnixNano() + int64(d.ResetAfter)
+		allowed = allowed && d.Allowed
+		dst = append(dst, d)
+		if !allowed {
+			break
+		}
+	}
+	if allowed {
+		return dst
+	}
+	for i := len(undos) - 1; i >= 0; i-- {
+		u := undos[i]
+		u.e.state, u.e.expires = u.state, u.expires
+		if u.inserted {
+			delete(s.shards[idx[i]].m, items[i].Key)
+		}
+	}
+	// Report every item as it stands: the one that denied keeps its
+	// decision; the others say whether they alone would pass, with
+	// Remaining as nothing was taken.
+	denied, deniedDecision := len(dst)-base-1, dst[len(dst)-1]
+	dst = dst[:base]
+	for i := range items {
+		it := &items[i]
+		var fresh ratelimit.State
+		st := &fresh
+		if e := s.shards[idx[i]].m[it.Key]; e != nil {
+			st = &e.state
+		}
+		d := it.Rule.Peek(st, now, it.Cost)
+		switch {
+		case i == denied:
+			d = deniedDecision
+		case d.Allowed:
+			d = it.Rule.Peek(st, now, 0)
+		}
+		dst = append(dst, d)
+	}
+	return dst
+}
+
+// insert adds a fresh entry for key, making room if the shard is full.
+// The shard is locked.
+func (s *Store) insert(sh *shard, key string, now time.Time) *entry {
+	if len(sh.m) >= s.maxPerShard {
+		s.evict(sh, now.UnixNano())
+	}
+	e := &entry{}
+	sh.m[key] = e
+	return e
+}
+
+// evict removes an expired key if one is among a few sampled, else the
+// sampled key closest to expiring.
+func (s *Store) evict(sh *shard, now int64) {
+	const samples = 8
+	var victim string
+	soonest := int64(0)
+	n := 0
+	for k, e := range sh.m {
+		if e.expires <= now {
+			delete(sh.m, k)
+			s.reclaimed.Add(1)
+			return
+		}
+		if n == 0 || e.expires < soonest {
+			victim, soonest = k, e.expires
+		}
+		if n++; n == samples {
+			break
+		}
+	}
+	delete(sh.m, victim)
+	s.evictions.Add(1)
+}
+
+func (s *Store) janitor(every time.Duration) {
+	defer close(s.done)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.reclaim()
+		}
+	}
+}
+
+// reclaim removes every expired key, one shard at a time.
+func (s *Store) reclaim() {
+	for i := range s.shards {
+		now := s.now().UnixNano()
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for k, e := range sh.m {
+			if e.expires <= now {
+				delete(sh.m, k)
+				s.reclaimed.Add(1)
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// Stats returns the store's counters.
+func (s *Store) Stats() Stats {
+	st := Stats{Evictions: s.evictions.Load(), Reclaimed: s.reclaimed.Load()}
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		st.Keys += len(sh.m)
+		sh.mu.Unlock()
+	}
+	return st
+}
+
+// State returns a copy of the state held for key, if any.
+func (s *Store) State(key string) (ratelimit.State, bool) {
+	sh := s.shardOf(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e, ok := sh.m[key]
+	if !ok {
+		return ratelimit.State{}, false
+	}
+	st := e.state
+	st.Log = slices.Clone(st.Log)
+	return st, true
+}
+
+// Reset forgets key, so its next request starts from full capacity.
+func (s *Store) Reset(key string) {
+	sh := s.shardOf(key)
+	sh.mu.Lock()
+	delete(sh.m, key)
+	sh.mu.Unlock()
+}

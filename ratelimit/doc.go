@@ -1,0 +1,39 @@
+// Package ratelimit holds Sluice's rate-limiting algorithms, the Rule and
+// Decision types, and the Store interface that the rest of Sluice decides
+// through. It imports the standard library only.
+//
+// # Model
+//
+// A Rule admits Limit units of cost per Period, counted by one Algorithm:
+// GCRA (the default; a token bucket kept as one timestamp), FixedWindow
+// (optionally aligned to calendar units in a time zone), SlidingLog (exact:
+// never more than Limit in any window of Period), SlidingWindow (a weighted
+// estimate from two fixed windows) and LeakyBucket (a meter). Every
+// algorithm is a pure function of (State, now, cost): Rule.Decide reads no
+// clock, so tests step time by hand and a Store chooses the clock (its own
+// monotonic one in memory, the Redis server's on Redis).
+//
+// # Semantics
+//
+//   - A denied request consumes nothing: its state is left untouched.
+//   - Cost is an integer. Cost 0 checks without consuming; a negative cost
+//     refunds, never above the rule's capacity.
+//   - A cost larger than the rule's capacity can never succeed: it is denied
+//     with ReasonExceedsCapacity and RetryAfter Never, not told to retry.
+//   - A Store decides the items of one request all or nothing: if any item
+//     is denied, none is consumed.
+//   - A rule changed between two decisions applies at once, against the cost
+//     already consumed under the old rule.
+//   - Time that goes backwards (a caller with an older clock reading) never
+//     creates capacity: an instant older than the state is treated as the
+//     state's own.
+//   - Arithmetic is in integer nanoseconds with 128-bit intermediates where
+//     products could overflow; the emission interval Period/Limit is rounded
+//     up, so rounding never admits more than the rule says.
+//
+// # Concurrency
+//
+// Rule values are immutable once in use and may be shared. A State is not
+// safe for concurrent use; Stores guard each one. Limiter and Shaper are
+// safe for concurrent use.
+package ratelimit

@@ -1,0 +1,45 @@
+package ratelimit
+
+import "time"
+
+// leakyBucket decides with a leaky bucket used as a meter. s.N is the level
+// in units of cost and s.T the instant of the last whole unit leaked; one
+// unit leaks every interval. A cost that would overflow the capacity is
+// rejected. For a fixed rule it decides exactly as gcra does.
+func (r *Rule) leakyBucket(s *State, now, cost int64, commit bool) Decision {
+	c := r.Capacity()
+	iv := r.interval()
+	level, last := s.N, s.T
+	if level > 0 && now > last {
+		leaked := (now - last) / iv
+		if leaked >= level {
+			level = 0
+		} else {
+			level -= leaked
+			last += leaked * iv
+		}
+	}
+	if level <= 0 {
+		level, last = 0, max(now, s.T)
+	}
+	// progress is the time already spent leaking the next unit.
+	progress := max(0, now-last)
+	var d Decision
+	if cost >= 0 && level+cost > c {
+		d.RetryAfter = time.Duration((level+cost-c)*iv - progress)
+		d.Remaining = c - level
+		d.ResetAfter = time.Duration(max(0, level*iv-progress))
+		return d
+	}
+	level = max(0, level+cost)
+	d.Allowed = true
+	d.Remaining = c - level
+	d.ResetAfter = time.Duration(max(0, level*iv-progress))
+	if commit && cost != 0 {
+		if level == 0 {
+			last = max(now, s.T)
+		}
+		s.T, s.N = last, level
+	}
+	return d
+}

@@ -1,0 +1,245 @@
+package ratelimit
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"time"
+)
+
+// Algorithm names how a Rule counts. The zero value is GCRA.
+type Algorithm uint8
+
+const (
+	// GCRA is the generic cell rate algorithm: a token bucket whose whole
+	// state is one timestamp. Capacity is Burst (or Limit), refilled
+	// continuously at Limit per Period.
+	GCRA Algorithm = iota
+	// FixedWindow counts cost in windows of Period aligned to the Unix epoch,
+	// or to calendar units when Rule.Calendar is set. It admits up to Limit
+	// per window, so up to 2×Limit across a window boundary.
+	FixedWindow
+	// SlidingLog remembers every admitted request of the last Period and
+	// admits at most Limit in any window of length Period. Exact; memory grows
+	// with Limit (bounded by MaxSlidingLogLimit).
+	SlidingLog
+	// SlidingWindow estimates the sliding count from two fixed windows: the
+	// previous window's count weighted by how much of it still overlaps, plus
+	// the current count (the Cloudflare estimate).
+	SlidingWindow
+	// LeakyBucket is a meter: a bucket of capacity Burst (or Limit) that
+	// drains one unit every Period/Limit; a request that would overflow it is
+	// rejected. It decides exactly as GCRA does for the same Rule; it keeps
+	// its state as a level rather than a timestamp.
+	LeakyBucket
+
+	numAlgorithms
+)
+
+var algorithmNames = [numAlgorithms]string{"gcra", "fixed_window", "sliding_log", "sliding_window", "leaky_bucket"}
+
+func (a Algorithm) String() string {
+	if a < numAlgorithms {
+		return algorithmNames[a]
+	}
+	return fmt.Sprintf("Algorithm(%d)", uint8(a))
+}
+
+// ParseAlgorithm returns the Algorithm named s (as printed by String).
+func ParseAlgorithm(s string) (Algorithm, error) {
+	for i, n := range algorithmNames {
+		if n == s {
+			return Algorithm(i), nil
+		}
+	}
+	return 0, fmt.Errorf("ratelimit: unknown algorithm %q (want one of gcra, fixed_window, sliding_log, sliding_window, leaky_bucket)", s)
+}
+
+// Calendar aligns fixed windows to calendar units in a time zone. The zero
+// value, NoCalendar, means windows of Rule.Period aligned to the Unix epoch.
+type Calendar uint8
+
+const (
+	NoCalendar Calendar = iota
+	Minute
+	Hour
+	Day
+	Week // starts on Monday, as ISO 8601
+	Month
+	Year
+
+	numCalendars
+)
+
+var calendarNames = [numCalendars]string{"", "minute", "hour", "day", "week", "month", "year"}
+
+func (c Calendar) String() string {
+	if c < numCalendars {
+		return calendarNames[c]
+	}
+	return fmt.Sprintf("Calendar(%d)", uint8(c))
+}
+
+// ParseCalendar returns the Calendar unit named s ("minute" … "year").
+func ParseCalendar(s string) (Calendar, error) {
+	for i, n := range calendarNames {
+		if i > 0 && n == s {
+			return Calendar(i), nil
+		}
+	}
+	return 0, fmt.Errorf("ratelimit: unknown calendar unit %q (want minute, hour, day, week, month or year)", s)
+}
+
+// FailureMode says how a Store that cannot reach its backend decides.
+// The zero value is FailOpen.
+type FailureMode uint8
+
+const (
+	// FailOpen admits the request and reports ReasonFailOpen.
+	FailOpen FailureMode = iota
+	// FailClosed denies the request and reports ReasonFailClosed.
+	FailClosed
+	// FailLocal decides with an in-process limiter at this replica's share
+	// of the limit and reports ReasonLocal.
+	FailLocal
+
+	numFailureModes
+)
+
+var failureModeNames = [numFailureModes]string{"fail_open", "fail_closed", "local"}
+
+func (m FailureMode) String() string {
+	if m < numFailureModes {
+		return failureModeNames[m]
+	}
+	return fmt.Sprintf("FailureMode(%d)", uint8(m))
+}
+
+// ParseFailureMode returns the FailureMode named s (as printed by String).
+func ParseFailureMode(s string) (FailureMode, error) {
+	for i, n := range failureModeNames {
+		if n == s {
+			return FailureMode(i), nil
+		}
+	}
+	return 0, fmt.Errorf("ratelimit: unknown failure mode %q (want fail_open, fail_closed or local)", s)
+}
+
+// Bounds on a Rule. They keep every computation inside int64 nanoseconds.
+const (
+	// MaxLimit bounds Limit and Burst.
+	MaxLimit = 1 << 40
+	// MaxPeriod bounds Period: 100 years.
+	MaxPeriod = 100 * 365 * 24 * time.Hour
+	// MaxSlidingLogLimit bounds Limit for SlidingLog, whose memory per key
+	// grows with it. Use SlidingWindow above it.
+	MaxSlidingLogLimit = 1 << 16
+)
+
+// ErrInvalidRule is wrapped by every error Rule.Validate returns.
+var ErrInvalidRule = errors.New("ratelimit: invalid rule")
+
+// A Rule is one limit: Limit units of cost per Period, counted with
+// Algorithm. A Rule is a value; a Store never keeps or changes it, so a rule
+// changed between two calls applies from the second call on, against the
+// cost already consumed under the old one.
+//
+// Limit 0 admits nothing but cost-0 checks. There is no "infinite" rule:
+// callers that want none simply ask for no decision.
+type Rule struct {
+	// Name identifies the rule in decisions, headers and metrics.
+	Name string
+	// Algorithm counts cost; the zero value is GCRA.
+	Algorithm Algorithm
+	// Limit is the cost admitted per Period (the refill rate for GCRA and
+	// LeakyBucket, the quota of one window for the window algorithms).
+	Limit int64
+	// Period is the window length or the refill period. It must be zero
+	// when Calendar is set.
+	Period time.Duration
+	// Burst is the capacity of GCRA and LeakyBucket: how much cost can be
+	// admitted at once after a long idle time. Zero means Limit. The window
+	// algorithms have no burst; it must be zero for them.
+	Burst int64
+	// Calendar aligns FixedWindow windows to calendar units in Location
+	// (nil means UTC); real months and days, through DST changes.
+	Calendar Calendar
+	// Location is the time zone of calendar windows.
+	Location *time.Location
+	// Failure says how a Store decides when its backend is unreachable.
+	Failure FailureMode
+}
+
+// Capacity is the largest cost a single request can have and still succeed:
+// Burst (or Limit when Burst is 0) for GCRA and LeakyBucket, Limit otherwise.
+func (r *Rule) Capacity() int64 {
+	if r.Burst > 0 && (r.Algorithm == GCRA || r.Algorithm == LeakyBucket) {
+		return r.Burst
+	}
+	return r.Limit
+}
+
+// Validate reports whether r is well formed; its errors wrap ErrInvalidRule.
+func (r *Rule) Validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w %q: %s", ErrInvalidRule, r.Name, fmt.Sprintf(format, a...))
+	}
+	if r.Algorithm >= numAlgorithms {
+		return bad("unknown algorithm %d", r.Algorithm)
+	}
+	if r.Failure >= numFailureModes {
+		return bad("unknown failure mode %d", r.Failure)
+	}
+	if r.Limit < 0 || r.Limit > MaxLimit {
+		return bad("limit %d out of range [0, %d]", r.Limit, int64(MaxLimit))
+	}
+	if r.Burst < 0 || r.Burst > MaxLimit {
+		return bad("burst %d out of range [0, %d]", r.Burst, int64(MaxLimit))
+	}
+	if r.Calendar >= numCalendars {
+		return bad("unknown calendar unit %d", r.Calendar)
+	}
+	if r.Calendar != NoCalendar {
+		if r.Algorithm != FixedWindow {
+			return bad("calendar windows need algorithm fixed_window, not %s", r.Algorithm)
+		}
+		if r.Period != 0 {
+			return bad("period %v given with calendar unit %s; give one of them", r.Period, r.Calendar)
+		}
+	} else if r.Period <= 0 || r.Period > MaxPeriod {
+		return bad("period %v out of range (0, %v]", r.Period, MaxPeriod)
+	}
+	switch r.Algorithm {
+	case FixedWindow, SlidingLog, SlidingWindow:
+		if r.Burst != 0 {
+			return bad("burst is not used by %s; leave it 0", r.Algorithm)
+		}
+	case GCRA, LeakyBucket:
+		if r.Limit > 0 {
+			iv := r.interval()
+			if hi, lo := bits.Mul64(uint64(r.Capacity()), uint64(iv)); hi != 0 || lo > math.MaxInt64/2 {
+				return bad("burst %d × interval %v overflows; lower the burst or raise the rate", r.Capacity(), time.Duration(iv))
+			}
+		}
+	}
+	if r.Algorithm == SlidingLog && r.Limit > MaxSlidingLogLimit {
+		return bad("sliding_log keeps one entry per request; limit %d exceeds %d, use sliding_window", r.Limit, MaxSlidingLogLimit)
+	}
+	return nil
+}
+
+// interval is the emission interval of GCRA and LeakyBucket: the time one
+// unit of cost takes to refill, rounded up to whole nanoseconds so that
+// rounding never admits more than Limit per Period. At least 1 ns.
+func (r *Rule) interval() int64 {
+	if r.Limit <= 0 {
+		return math.MaxInt64
+	}
+	p := int64(r.Period)
+	iv := p / r.Limit
+	if p%r.Limit != 0 {
+		iv++
+	}
+	return max(iv, 1)
+}

@@ -1,0 +1,138 @@
+package ratelimit
+
+import (
+	"math"
+	"math/bits"
+	"time"
+)
+
+// State is what a Store keeps for one key. The meaning of its fields depends
+// on the algorithm; the zero value is a key that has never been seen. A State
+// whose Algorithm differs from the rule's is treated as fresh, so a rule
+// that changes algorithm starts from zero.
+//
+// A State is not safe for concurrent use; a Store guards each one.
+type State struct {
+	Algorithm Algorithm
+	// T is a time in Unix nanoseconds: the theoretical arrival time (GCRA),
+	// the start of the current window (FixedWindow, SlidingWindow) or the
+	// time of the last leak (LeakyBucket).
+	T int64
+	// N is the interval T was computed with (GCRA), the cost counted in the
+	// current window (FixedWindow, SlidingWindow), the sum of Log's costs
+	// (SlidingLog) or the level (LeakyBucket).
+	N int64
+	// Prev is the cost counted in the previous window (SlidingWindow).
+	Prev int64
+	// Log holds the admitted requests, oldest first (SlidingLog).
+	Log []LogEntry
+}
+
+// A LogEntry is one admitted request of a SlidingLog.
+type LogEntry struct {
+	At   int64 // Unix nanoseconds
+	Cost int64
+}
+
+// Decide decides cost against the state s of one key at the instant now and
+// updates s when the cost is admitted (or refunded). A denial leaves s
+// untouched. It is a pure function of (s, now, cost): it reads no clock.
+//
+// Time that goes backwards never creates capacity: an instant earlier than
+// one s has already seen is treated as no later than that one.
+func (r *Rule) Decide(s *State, now time.Time, cost int64) Decision {
+	return r.decide(s, now.UnixNano(), cost, true)
+}
+
+// Peek returns the Decision that Decide would return, without changing s.
+func (r *Rule) Peek(s *State, now time.Time, cost int64) Decision {
+	return r.decide(s, now.UnixNano(), cost, false)
+}
+
+// Expired reports whether s is equivalent to a fresh state at now, so a store
+// may forget it.
+func (r *Rule) Expired(s *State, now time.Time) bool {
+	if s.Algorithm != r.Algorithm {
+		return true
+	}
+	d := r.decide(s, now.UnixNano(), 0, false)
+	return d.ResetAfter <= 0
+}
+
+func (r *Rule) decide(s *State, now, cost int64, commit bool) Decision {
+	var fresh State
+	if s.Algorithm != r.Algorithm {
+		if commit {
+			*s = State{Algorithm: r.Algorithm, Log: s.Log[:0]}
+		} else {
+			fresh.Algorithm = r.Algorithm
+			s = &fresh
+		}
+	}
+	c := r.Capacity()
+	var d Decision
+	if cost > c {
+		d = r.decide(s, now, 0, false)
+		d.Allowed, d.Reason, d.RetryAfter = false, ReasonExceedsCapacity, Never
+		return d
+	}
+	if cost < -c {
+		cost = -c
+	}
+	switch r.Algorithm {
+	case GCRA:
+		d = r.gcra(s, now, cost, commit)
+	case FixedWindow:
+		d = r.fixedWindow(s, now, cost, commit)
+	case SlidingLog:
+		d = r.slidingLog(s, now, cost, commit)
+	case SlidingWindow:
+		d = r.slidingWindow(s, now, cost, commit)
+	case LeakyBucket:
+		d = r.leakyBucket(s, now, cost, commit)
+	}
+	d.Limit = c
+	d.Rule = r.Name
+	if d.Allowed {
+		d.Reason = ReasonOK
+	} else {
+		d.Reason = ReasonLimited
+		d.RetryAfter = max(d.RetryAfter, 1)
+	}
+	return d
+}
+
+// satAdd returns a+b, saturated to the int64 range.
+func satAdd(a, b int64) int64 {
+	s := a + b
+	if (s > a) != (b > 0) {
+		if b > 0 {
+			return math.MaxInt64
+		}
+		return math.MinInt64
+	}
+	return s
+}
+
+// mulDiv returns a*b/c rounded down for a, b >= 0 and c > 0, saturated to
+// MaxInt64, with a 128-bit intermediate product.
+func mulDiv(a, b, c int64) int64 {
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi >= uint64(c) {
+		return math.MaxInt64
+	}
+	q, _ := bits.Div64(hi, lo, uint64(c))
+	if q > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(q)
+}
+
+// floorMod returns a mod m in [0, m) for m > 0.
+func floorMod(a, m int64) int64 {
+	x := a % m
+	if x < 0 {
+		x += m
+	}
+	return x
+}

@@ -63,6 +63,7 @@ type Store struct {
 	evictions atomic.Uint64
 	reclaimed atomic.Uint64
 
+	closed    atomic.Bool
 	stop      chan struct{}
 	done      chan struct{}
 	closeOnce sync.Once
@@ -121,7 +122,10 @@ func New(opts Options) *Store {
 
 // Close stops the janitor. Decide fails with ErrClosed afterwards.
 func (s *Store) Close() error {
-	s.closeOnce.Do(func() { close(s.stop) })
+	s.closeOnce.Do(func() {
+		s.closed.Store(true)
+		close(s.stop)
+	})
 	<-s.done
 	return nil
 }
@@ -132,10 +136,8 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 	if err := ctx.Err(); err != nil {
 		return dst, err
 	}
-	select {
-	case <-s.stop:
+	if s.closed.Load() {
 		return dst, ErrClosed
-	default:
 	}
 	for i := range items {
 		if err := check(&items[i]); err != nil {

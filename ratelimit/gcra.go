@@ -10,7 +10,7 @@ import (
 // s.N is the emission interval the TAT was computed with; when the rule's
 // rate changes, the outstanding debt is rescaled so that the cost already
 // consumed, not the time owed, carries over.
-func (r *Rule) gcra(s *State, now, cost int64, commit bool) Decision {
+func (r *Rule) gcra(s *State, now, cost int64, commit bool, d *Decision) {
 	iv := r.interval()
 	capT := r.Capacity() * iv // Validate keeps this below MaxInt64/2.
 	if r.Limit == 0 {
@@ -23,14 +23,13 @@ func (r *Rule) gcra(s *State, now, cost int64, commit bool) Decision {
 			debt = min(mulDiv(debt, iv, s.N), math.MaxInt64/4)
 		}
 	}
-	var d Decision
 	if cost >= 0 {
 		next := satAdd(debt, cost*iv)
 		if next > capT {
 			d.RetryAfter = time.Duration(next - capT)
 			d.Remaining = max(0, (capT-debt)/iv)
 			d.ResetAfter = time.Duration(debt)
-			return d
+			return
 		}
 		debt = next
 	} else {
@@ -43,5 +42,4 @@ func (r *Rule) gcra(s *State, now, cost int64, commit bool) Decision {
 		s.T = satAdd(now, debt)
 		s.N = iv
 	}
-	return d
 }

@@ -6,7 +6,7 @@ import "time"
 // in units of cost and s.T the instant of the last whole unit leaked; one
 // unit leaks every interval. A cost that would overflow the capacity is
 // rejected. For a fixed rule it decides exactly as gcra does.
-func (r *Rule) leakyBucket(s *State, now, cost int64, commit bool) Decision {
+func (r *Rule) leakyBucket(s *State, now, cost int64, commit bool, d *Decision) {
 	c := r.Capacity()
 	iv := r.interval()
 	level, last := s.N, s.T
@@ -24,12 +24,11 @@ func (r *Rule) leakyBucket(s *State, now, cost int64, commit bool) Decision {
 	}
 	// progress is the time already spent leaking the next unit.
 	progress := max(0, now-last)
-	var d Decision
 	if cost >= 0 && level+cost > c {
 		d.RetryAfter = time.Duration((level+cost-c)*iv - progress)
 		d.Remaining = c - level
 		d.ResetAfter = time.Duration(max(0, level*iv-progress))
-		return d
+		return
 	}
 	level = max(0, level+cost)
 	d.Allowed = true
@@ -41,5 +40,4 @@ func (r *Rule) leakyBucket(s *State, now, cost int64, commit bool) Decision {
 		}
 		s.T, s.N = last, level
 	}
-	return d
 }

@@ -6,7 +6,7 @@ import "time"
 // their total cost in s.N; it admits a cost when the total of the entries
 // younger than Period plus the cost is at most Limit. Entries are pruned by
 // reslicing.
-func (r *Rule) slidingLog(s *State, now, cost int64, commit bool) Decision {
+func (r *Rule) slidingLog(s *State, now, cost int64, commit bool, d *Decision) {
 	p := int64(r.Period)
 	log, used := s.Log, s.N
 	var newest int64
@@ -23,7 +23,6 @@ func (r *Rule) slidingLog(s *State, now, cost int64, commit bool) Decision {
 		k++
 	}
 	log = log[k:]
-	var d Decision
 	if cost >= 0 && used+cost > r.Limit {
 		// The earliest instant at which enough old entries have left.
 		left := used + cost - r.Limit
@@ -36,7 +35,7 @@ func (r *Rule) slidingLog(s *State, now, cost int64, commit bool) Decision {
 		}
 		d.Remaining = max(0, r.Limit-used)
 		d.ResetAfter = time.Duration(newest + p - now)
-		return d
+		return
 	}
 	d.Allowed = true
 	used = max(0, used+cost)
@@ -67,5 +66,4 @@ func (r *Rule) slidingLog(s *State, now, cost int64, commit bool) Decision {
 		}
 		s.Log, s.N = log, used
 	}
-	return d
 }

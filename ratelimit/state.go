@@ -59,7 +59,7 @@ func (r *Rule) Expired(s *State, now time.Time) bool {
 	return d.ResetAfter <= 0
 }
 
-func (r *Rule) decide(s *State, now, cost int64, commit bool) Decision {
+func (r *Rule) decide(s *State, now, cost int64, commit bool) (d Decision) {
 	var fresh State
 	if s.Algorithm != r.Algorithm {
 		if commit {
@@ -70,32 +70,27 @@ func (r *Rule) decide(s *State, now, cost int64, commit bool) Decision {
 		}
 	}
 	c := r.Capacity()
-	var d Decision
 	if cost > c {
 		d = r.decide(s, now, 0, false)
 		d.Allowed, d.Reason, d.RetryAfter = false, ReasonExceedsCapacity, Never
 		return d
 	}
-	if cost < -c {
-		cost = -c
-	}
+	cost = max(cost, -c)
 	switch r.Algorithm {
 	case GCRA:
-		d = r.gcra(s, now, cost, commit)
+		r.gcra(s, now, cost, commit, &d)
 	case FixedWindow:
-		d = r.fixedWindow(s, now, cost, commit)
+		r.fixedWindow(s, now, cost, commit, &d)
 	case SlidingLog:
-		d = r.slidingLog(s, now, cost, commit)
+		r.slidingLog(s, now, cost, commit, &d)
 	case SlidingWindow:
-		d = r.slidingWindow(s, now, cost, commit)
+		r.slidingWindow(s, now, cost, commit, &d)
 	case LeakyBucket:
-		d = r.leakyBucket(s, now, cost, commit)
+		r.leakyBucket(s, now, cost, commit, &d)
 	}
 	d.Limit = c
 	d.Rule = r.Name
-	if d.Allowed {
-		d.Reason = ReasonOK
-	} else {
+	if !d.Allowed {
 		d.Reason = ReasonLimited
 		d.RetryAfter = max(d.RetryAfter, 1)
 	}

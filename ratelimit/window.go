@@ -50,7 +50,7 @@ func (r *Rule) window(now int64) (start, end int64) {
 
 // fixedWindow counts cost in the current window: s.T is the window's start
 // and s.N the cost counted in it.
-func (r *Rule) fixedWindow(s *State, now, cost int64, commit bool) Decision {
+func (r *Rule) fixedWindow(s *State, now, cost int64, commit bool, d *Decision) {
 	start, end := r.window(now)
 	if s.T > start { // time went backwards: stay in the newest window seen
 		start, end = r.window(s.T)
@@ -59,12 +59,11 @@ func (r *Rule) fixedWindow(s *State, now, cost int64, commit bool) Decision {
 	if s.T == start {
 		count = s.N
 	}
-	var d Decision
 	d.ResetAfter = time.Duration(max(0, end-now))
 	if cost >= 0 && count+cost > r.Limit {
 		d.RetryAfter = time.Duration(end - now)
 		d.Remaining = max(0, r.Limit-count)
-		return d
+		return
 	}
 	count = max(0, count+cost)
 	d.Allowed = true
@@ -75,14 +74,13 @@ func (r *Rule) fixedWindow(s *State, now, cost int64, commit bool) Decision {
 	if commit && cost != 0 {
 		s.T, s.N = start, count
 	}
-	return d
 }
 
 // slidingWindow estimates the cost of the sliding window ending now as the
 // current fixed window's count plus the previous one's, weighted by the part
 // of it that the sliding window still covers (rounded up). s.T is the current
 // window's start, s.N its count and s.Prev the previous window's count.
-func (r *Rule) slidingWindow(s *State, now, cost int64, commit bool) Decision {
+func (r *Rule) slidingWindow(s *State, now, cost int64, commit bool, d *Decision) {
 	p := int64(r.Period)
 	start := now - floorMod(now, p)
 	if s.T > start { // time went backwards
@@ -99,7 +97,6 @@ func (r *Rule) slidingWindow(s *State, now, cost int64, commit bool) Decision {
 	weighted := ceilMulDiv(prev, p-elapsed, p)
 	used := cur + weighted
 	end := start + p
-	var d Decision
 	if cost >= 0 && used+cost > r.Limit {
 		need := r.Limit - cost // what used must fall to
 		if cur <= need {
@@ -113,7 +110,7 @@ func (r *Rule) slidingWindow(s *State, now, cost int64, commit bool) Decision {
 		}
 		d.Remaining = max(0, r.Limit-used)
 		d.ResetAfter = time.Duration(slidingReset(cur, prev, end-now, p))
-		return d
+		return
 	}
 	if cost < 0 { // refund the current window first, then the previous
 		cur += cost
@@ -130,7 +127,6 @@ func (r *Rule) slidingWindow(s *State, now, cost int64, commit bool) Decision {
 	if commit && cost != 0 {
 		s.T, s.N, s.Prev = start, cur, prev
 	}
-	return d
 }
 
 // slidingReset is the time until a sliding window counter holds nothing.

@@ -1,0 +1,168 @@
+// Command rlsload is a closed-loop load generator for Envoy rate limit
+// services: C concurrent callers send ShouldRateLimit for D, each request
+// carrying one descriptor whose value is one of K distinct keys. It reports
+// requests per second and latency percentiles, and, given the server's PID,
+// the server CPU time spent per request (from /proc). Loopback only.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+type result struct {
+	Name       string  `json:"name"`
+	Callers    int     `json:"callers"`
+	Keys       int     `json:"keys"`
+	Seconds    float64 `json:"seconds"`
+	Requests   int     `json:"requests"`
+	Errors     int     `json:"errors"`
+	OverLimit  int     `json:"over_limit"`
+	RPS        float64 `json:"rps"`
+	P50us      float64 `json:"p50_us"`
+	P99us      float64 `json:"p99_us"`
+	P999us     float64 `json:"p999_us"`
+	CPUPerReqU float64 `json:"server_cpu_us_per_request,omitempty"`
+}
+
+func main() {
+	addr := flag.String("addr", "127.0.0.1:8081", "server address; must be loopback")
+	callers := flag.Int("c", 16, "concurrent callers")
+	dur := flag.Duration("d", 5*time.Second, "duration (at most 2m)")
+	keys := flag.Int("k", 10000, "distinct descriptor values")
+	domain := flag.String("domain", "bench", "domain")
+	key := flag.String("key", "remote_address", "descriptor key")
+	pid := flag.Int("pid", 0, "server PID, to report its CPU per request")
+	name := flag.String("name", "", "label for the result")
+	asJSON := flag.Bool("json", false, "print one JSON object")
+	flag.Parse()
+	if err := run(*addr, *callers, *dur, *keys, *domain, *key, *pid, *name, *asJSON); err != nil {
+		fmt.Fprintln(os.Stderr, "rlsload:", err)
+		os.Exit(1)
+	}
+}
+
+func run(addr string, callers int, dur time.Duration, keys int, domain, key string, pid int, name string, asJSON bool) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return err
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		return errors.New("refusing a non-loopback address")
+	}
+	if dur > 2*time.Minute || callers < 1 || callers > 1024 || keys < 1 {
+		return errors.New("bounds: 1 ≤ c ≤ 1024, k ≥ 1, d ≤ 2m")
+	}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	reqs := make([]*rlsv3.RateLimitRequest, keys)
+	for i := range reqs {
+		reqs[i] = &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*commonv3.RateLimitDescriptor{{
+			Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: key, Value: "10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256)}},
+		}}}
+	}
+	// Warm up the connection and the server's keys.
+	ctx := context.Background()
+	for i := 0; i < min(keys, 2000); i++ {
+		if _, err := client.ShouldRateLimit(ctx, reqs[i]); err != nil {
+			return fmt.Errorf("warm-up: %w", err)
+		}
+	}
+	cpu0 := procCPU(pid)
+	start := time.Now()
+	deadline := start.Add(dur)
+	lat := make([][]time.Duration, callers)
+	errs := make([]int, callers)
+	over := make([]int, callers)
+	var wg sync.WaitGroup
+	for w := range callers {
+		wg.Go(func() {
+			x := uint64(w)*0x9E3779B97F4A7C15 | 1
+			l := make([]time.Duration, 0, 1<<16)
+			for {
+				t := time.Now()
+				if t.After(deadline) {
+					break
+				}
+				x ^= x << 13
+				x ^= x >> 7
+				x ^= x << 17
+				resp, err := client.ShouldRateLimit(ctx, reqs[x%uint64(keys)])
+				l = append(l, time.Since(t))
+				if err != nil {
+					errs[w]++
+				} else if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+					over[w]++
+				}
+			}
+			lat[w] = l
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	cpu1 := procCPU(pid)
+	all := slices.Concat(lat...)
+	slices.Sort(all)
+	r := result{Name: name, Callers: callers, Keys: keys, Seconds: elapsed.Seconds(), Requests: len(all)}
+	for w := range callers {
+		r.Errors += errs[w]
+		r.OverLimit += over[w]
+	}
+	if len(all) == 0 {
+		return errors.New("no request completed")
+	}
+	pct := func(p float64) float64 { return float64(all[min(len(all)-1, int(p*float64(len(all))))].Microseconds()) }
+	r.RPS = float64(len(all)) / elapsed.Seconds()
+	r.P50us, r.P99us, r.P999us = pct(0.50), pct(0.99), pct(0.999)
+	if pid > 0 && cpu1 > cpu0 {
+		r.CPUPerReqU = float64(cpu1-cpu0) / float64(time.Microsecond) / float64(len(all))
+	}
+	if asJSON {
+		return json.NewEncoder(os.Stdout).Encode(r)
+	}
+	fmt.Printf("%s c=%d k=%d: %.0f req/s, p50 %.0fµs p99 %.0fµs p99.9 %.0fµs, errors %d, over-limit %d", name, callers, keys, r.RPS, r.P50us, r.P99us, r.P999us, r.Errors, r.OverLimit)
+	if r.CPUPerReqU > 0 {
+		fmt.Printf(", server CPU %.1fµs/req", r.CPUPerReqU)
+	}
+	fmt.Println()
+	return nil
+}
+
+// procCPU returns the user+system CPU time of process pid, or 0.
+func procCPU(pid int) time.Duration {
+	if pid <= 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command name (which may hold spaces) start after ')'.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	const ticks = 100 // USER_HZ on Linux
+	return time.Duration(utime+stime) * time.Second / ticks
+}

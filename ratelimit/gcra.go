@@ -36,7 +36,7 @@ func (r *Rule) gcra(s *State, now, cost int64, commit bool, d *Decision) {
 		debt = max(0, debt+cost*iv)
 	}
 	d.Allowed = true
-	d.Remaining = (capT - debt) / iv
+	d.Remaining = max(0, (capT-debt)/iv)
 	d.ResetAfter = time.Duration(debt)
 	if commit && cost != 0 {
 		s.T = satAdd(now, debt)

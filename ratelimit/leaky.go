@@ -20,24 +20,24 @@ func (r *Rule) leakyBucket(s *State, now, cost int64, commit bool, d *Decision) 
 		}
 	}
 	if level <= 0 {
-		level, last = 0, max(now, s.T)
+		level, last = 0, now
 	}
 	// progress is the time already spent leaking the next unit.
 	progress := max(0, now-last)
 	if cost >= 0 && level+cost > c {
 		d.RetryAfter = time.Duration((level+cost-c)*iv - progress)
-		d.Remaining = c - level
+		d.Remaining = max(0, c-level)
 		d.ResetAfter = time.Duration(max(0, level*iv-progress))
 		return
 	}
 	level = max(0, level+cost)
+	if level == 0 {
+		last = now
+	}
 	d.Allowed = true
-	d.Remaining = c - level
+	d.Remaining = max(0, c-level)
 	d.ResetAfter = time.Duration(max(0, level*iv-progress))
 	if commit && cost != 0 {
-		if level == 0 {
-			last = max(now, s.T)
-		}
 		s.T, s.N = last, level
 	}
 }

@@ -172,8 +172,12 @@ type Rule struct {
 }
 
 // Capacity is the largest cost a single request can have and still succeed:
-// Burst (or Limit when Burst is 0) for GCRA and LeakyBucket, Limit otherwise.
+// Burst (or Limit when Burst is 0) for GCRA and LeakyBucket, Limit otherwise;
+// 0 when Limit is 0.
 func (r *Rule) Capacity() int64 {
+	if r.Limit <= 0 {
+		return 0 // nothing is ever admitted, whatever the burst
+	}
 	if r.Burst > 0 && (r.Algorithm == GCRA || r.Algorithm == LeakyBucket) {
 		return r.Burst
 	}

@@ -9,13 +9,6 @@ import "time"
 func (r *Rule) slidingLog(s *State, now, cost int64, commit bool, d *Decision) {
 	p := int64(r.Period)
 	log, used := s.Log, s.N
-	var newest int64
-	if len(log) > 0 {
-		newest = log[len(log)-1].At
-	}
-	if now < newest { // time went backwards: stay at the newest instant seen
-		now = newest
-	}
 	// Entries at or before now-p have left the window.
 	k := 0
 	for k < len(log) && log[k].At <= now-p {
@@ -34,36 +27,45 @@ func (r *Rule) slidingLog(s *State, now, cost int64, commit bool, d *Decision) {
 			}
 		}
 		d.Remaining = max(0, r.Limit-used)
-		d.ResetAfter = time.Duration(newest + p - now)
+		d.ResetAfter = time.Duration(log[len(log)-1].At + p - now)
 		return
 	}
 	d.Allowed = true
-	used = max(0, used+cost)
-	if commit {
-		switch {
-		case cost > 0 && len(log) > 0 && log[len(log)-1].At == now:
-			log[len(log)-1].Cost += cost // same instant: one entry
-		case cost > 0:
-			log = append(log, LogEntry{At: now, Cost: cost})
-		case cost < 0: // refund the newest entries first
-			for refund := -cost; refund > 0 && len(log) > 0; {
-				e := &log[len(log)-1]
-				take := min(refund, e.Cost)
-				refund -= take
-				if e.Cost -= take; e.Cost == 0 {
-					log = log[:len(log)-1]
-				}
-			}
+	d.Remaining = max(0, r.Limit-max(0, used+cost))
+	// newest is the index of the newest entry left after the decision, or
+	// -1; a positive cost adds an entry at now.
+	newest := len(log) - 1
+	if cost < 0 { // a refund takes back the newest entries first
+		for refund := -cost; refund > 0 && newest >= 0 && log[newest].Cost <= refund; newest-- {
+			refund -= log[newest].Cost
 		}
 	}
-	d.Remaining = r.Limit - used
-	if len(log) > 0 {
-		d.ResetAfter = time.Duration(log[len(log)-1].At + p - now)
+	switch {
+	case cost > 0:
+		d.ResetAfter = time.Duration(p)
+	case newest >= 0:
+		d.ResetAfter = time.Duration(log[newest].At + p - now)
 	}
-	if commit && cost != 0 {
-		if len(log) == 0 {
-			log = nil
+	if !commit || cost == 0 {
+		return
+	}
+	switch {
+	case cost > 0 && len(log) > 0 && log[len(log)-1].At == now:
+		log[len(log)-1].Cost += cost // same instant: one entry
+	case cost > 0:
+		log = append(log, LogEntry{At: now, Cost: cost})
+	default:
+		partial := max(0, used+cost) // what the surviving entries must sum to
+		log = log[:newest+1]
+		for _, e := range log {
+			partial -= e.Cost
 		}
-		s.Log, s.N = log, used
+		if partial < 0 { // the newest survivor is refunded in part
+			log[newest].Cost += partial
+		}
 	}
+	if len(log) == 0 {
+		log = nil
+	}
+	s.Log, s.N = log, max(0, used+cost)
 }

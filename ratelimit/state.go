@@ -24,6 +24,10 @@ type State struct {
 	N int64
 	// Prev is the cost counted in the previous window (SlidingWindow).
 	Prev int64
+	// Seen is the latest instant (Unix nanoseconds) at which the state
+	// changed. Decisions are taken at no earlier instant, so a caller whose
+	// clock lags cannot create capacity.
+	Seen int64
 	// Log holds the admitted requests, oldest first (SlidingLog).
 	Log []LogEntry
 }
@@ -39,7 +43,8 @@ type LogEntry struct {
 // untouched. It is a pure function of (s, now, cost): it reads no clock.
 //
 // Time that goes backwards never creates capacity: an instant earlier than
-// one s has already seen is treated as no later than that one.
+// s.Seen is decided as s.Seen, and the difference is added to RetryAfter and
+// ResetAfter, so they stay true for the caller's own clock.
 func (r *Rule) Decide(s *State, now time.Time, cost int64) Decision {
 	return r.decide(s, now.UnixNano(), cost, true)
 }
@@ -62,39 +67,62 @@ func (r *Rule) Expired(s *State, now time.Time) bool {
 func (r *Rule) decide(s *State, now, cost int64, commit bool) (d Decision) {
 	var fresh State
 	if s.Algorithm != r.Algorithm {
+		// State of another algorithm means nothing here: decide on a fresh
+		// one, and replace s only if the decision changes it.
+		fresh.Algorithm = r.Algorithm
 		if commit {
-			*s = State{Algorithm: r.Algorithm, Log: s.Log[:0]}
-		} else {
-			fresh.Algorithm = r.Algorithm
-			s = &fresh
+			orig := s
+			defer func() {
+				if d.Allowed && cost != 0 {
+					*orig = fresh
+				}
+			}()
 		}
+		s = &fresh
+	}
+	// A caller whose clock lags the state's is answered as at the state's
+	// instant; the lag is added to the times it is told to wait.
+	var lag int64
+	if s.Seen > now {
+		lag, now = s.Seen-now, s.Seen
 	}
 	c := r.Capacity()
 	if cost > c {
-		d = r.decide(s, now, 0, false)
+		r.run(s, now, 0, false, &d)
 		d.Allowed, d.Reason, d.RetryAfter = false, ReasonExceedsCapacity, Never
-		return d
+	} else {
+		cost = max(cost, -c)
+		r.run(s, now, cost, commit, &d)
+		if !d.Allowed {
+			d.Reason = ReasonLimited
+			d.RetryAfter = time.Duration(lag) + max(d.RetryAfter, 1)
+		} else if commit && cost != 0 {
+			s.Seen = now
+		}
 	}
-	cost = max(cost, -c)
-	switch r.Algorithm {
-	case GCRA:
-		r.gcra(s, now, cost, commit, &d)
-	case FixedWindow:
-		r.fixedWindow(s, now, cost, commit, &d)
-	case SlidingLog:
-		r.slidingLog(s, now, cost, commit, &d)
-	case SlidingWindow:
-		r.slidingWindow(s, now, cost, commit, &d)
-	case LeakyBucket:
-		r.leakyBucket(s, now, cost, commit, &d)
+	if d.ResetAfter > 0 {
+		d.ResetAfter += time.Duration(lag)
 	}
 	d.Limit = c
 	d.Rule = r.Name
-	if !d.Allowed {
-		d.Reason = ReasonLimited
-		d.RetryAfter = max(d.RetryAfter, 1)
-	}
 	return d
+}
+
+// run decides with the rule's algorithm at now, which is no earlier than
+// s.Seen, for a cost within [-capacity, capacity].
+func (r *Rule) run(s *State, now, cost int64, commit bool, d *Decision) {
+	switch r.Algorithm {
+	case GCRA:
+		r.gcra(s, now, cost, commit, d)
+	case FixedWindow:
+		r.fixedWindow(s, now, cost, commit, d)
+	case SlidingLog:
+		r.slidingLog(s, now, cost, commit, d)
+	case SlidingWindow:
+		r.slidingWindow(s, now, cost, commit, d)
+	case LeakyBucket:
+		r.leakyBucket(s, now, cost, commit, d)
+	}
 }
 
 // satAdd returns a+b, saturated to the int64 range.

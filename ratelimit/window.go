@@ -52,9 +52,6 @@ func (r *Rule) window(now int64) (start, end int64) {
 // and s.N the cost counted in it.
 func (r *Rule) fixedWindow(s *State, now, cost int64, commit bool, d *Decision) {
 	start, end := r.window(now)
-	if s.T > start { // time went backwards: stay in the newest window seen
-		start, end = r.window(s.T)
-	}
 	var count int64
 	if s.T == start {
 		count = s.N
@@ -83,9 +80,6 @@ func (r *Rule) fixedWindow(s *State, now, cost int64, commit bool, d *Decision) 
 func (r *Rule) slidingWindow(s *State, now, cost int64, commit bool, d *Decision) {
 	p := int64(r.Period)
 	start := now - floorMod(now, p)
-	if s.T > start { // time went backwards
-		start = s.T
-	}
 	var cur, prev int64
 	switch s.T {
 	case start:
@@ -93,7 +87,7 @@ func (r *Rule) slidingWindow(s *State, now, cost int64, commit bool, d *Decision
 	case start - p:
 		prev = s.N
 	}
-	elapsed := min(max(0, now-start), p)
+	elapsed := now - start
 	weighted := ceilMulDiv(prev, p-elapsed, p)
 	used := cur + weighted
 	end := start + p

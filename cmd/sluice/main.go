@@ -1,0 +1,174 @@
+// Command sluice is Sluice's binary: the decision service and tools around
+// the ratelimit package.
+//
+// Usage:
+//
+//	sluice serve      run the decision service
+//	sluice compare    run one traffic pattern through every algorithm
+//	sluice version    print the version
+//	sluice help [command]
+//
+// This file is the only place in Sluice that reads the command line and the
+// environment; every subcommand is a function run<Name>(ctx, args, stdout,
+// stderr) that tests call directly.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"runtime/debug"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(exitCode(err, os.Stderr))
+}
+
+// exitCode reports err on stderr and returns the process exit status:
+// 0 for success or an explicit -h, 2 for a usage error, 1 otherwise.
+func exitCode(err error, stderr io.Writer) int {
+	var uerr usageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &uerr):
+		fmt.Fprintf(stderr, "sluice: %v\n", err)
+		fmt.Fprintln(stderr, "Run 'sluice help' for usage.")
+		return 2
+	default:
+		fmt.Fprintf(stderr, "sluice: %v\n", err)
+		return 1
+	}
+}
+
+// usageError is a mistake on the command line, as opposed to a failure of
+// the command itself.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
+
+// A command is one subcommand of sluice.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+func commands() []command {
+	return []command{
+		{"serve", "run the decision service", runServe},
+		{"compare", "run one traffic pattern through every algorithm and compare them", runCompare},
+		{"version", "print the version of sluice and of Go", runVersion},
+		{"help", "show help for sluice or for one command", runHelp},
+	}
+}
+
+// run dispatches args (without the program name) to a subcommand.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		printUsage(stderr)
+		return usagef("no command given")
+	}
+	name := args[0]
+	switch name {
+	case "-h", "-help", "--help":
+		name = "help"
+	}
+	for _, c := range commands() {
+		if c.name == name {
+			return c.run(ctx, args[1:], stdout, stderr)
+		}
+	}
+	return usagef("unknown command %q", name)
+}
+
+func printUsage(w io.Writer) {
+	fmt.Fprint(w, "Sluice controls the flow of requests between programs and the services they call.\n\n")
+	fmt.Fprint(w, "Usage:\n\n\tsluice <command> [flags]\n\nCommands:\n\n")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "\t%-8s %s\n", c.name, c.summary)
+	}
+	fmt.Fprint(w, "\nRun 'sluice help <command>' or 'sluice <command> -h' for a command's flags.\n")
+}
+
+// runHelp prints the general usage, or a command's own usage.
+func runHelp(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	switch len(args) {
+	case 0:
+		printUsage(stdout)
+		return nil
+	case 1:
+		for _, c := range commands() {
+			if c.name == args[0] && c.name != "help" {
+				// Every command prints its usage for -h and returns
+				// flag.ErrHelp, which is not a failure here.
+				err := c.run(ctx, []string{"-h"}, stdout, stdout)
+				if errors.Is(err, flag.ErrHelp) {
+					return nil
+				}
+				return err
+			}
+		}
+		return usagef("help: unknown command %q", args[0])
+	}
+	return usagef("help takes at most one command, got %d arguments", len(args))
+}
+
+// newFlagSet returns a flag set for one subcommand that reports its errors
+// to stderr and prints usage, then the flags, for -h.
+func newFlagSet(name, usage string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage)
+		fmt.Fprint(fs.Output(), "\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseFlags parses args into fs and rejects positional arguments.
+// A flag error is a usage error; -h is flag.ErrHelp.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usagef("%s: %v", fs.Name(), err)
+	}
+	if fs.NArg() > 0 {
+		return usagef("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
+	}
+	return nil
+}
+
+const versionUsage = `Usage: sluice version
+
+Version prints the version of sluice (the main module's version, or
+"(devel)" for a build from a work tree) and of the Go toolchain that built it.
+`
+
+// runVersion prints the module version and the Go version.
+func runVersion(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("version", versionUsage, stderr)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	v := "(devel)"
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		v = bi.Main.Version
+	}
+	_, err := fmt.Fprintf(stdout, "sluice %s %s %s/%s\n", v, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	return err
+}

@@ -1,0 +1,493 @@
+// Package deps holds no code: its test enforces the import rules of
+// DESIGN.md over the whole module, in the spirit of the Go tree's
+// go/build/deps_test.go.
+//
+//   - ratelimit depends on the standard library only.
+//   - No library package (outside cmd/, internal/ and bench/) depends on
+//     gRPC, a YAML package or Prometheus.
+//   - Only package main under cmd/ imports flag or reads the environment
+//     (os.Getenv, os.LookupEnv, os.Environ, os.ExpandEnv, syscall.Getenv,
+//     syscall.Environ). The load-test programs under bench/ are commands
+//     too (package main, never imported) and are allowed the same.
+//
+// Test files are exempt from all three rules. So are test-support packages
+// (those that import "testing", such as internal/redistest) from the
+// environment rule, as the Go tree exempts its internal/testenv: they run
+// only inside tests, where reading CI=true is how a test learns that a
+// missing tool is a failure rather than a reason to skip.
+package deps_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// pkg is the part of `go list -json` output the rules need.
+type pkg struct {
+	ImportPath string
+	Name       string
+	Dir        string
+	Standard   bool
+	Module     *struct{ Path string }
+	GoFiles    []string
+	CgoFiles   []string
+	Imports    []string
+	Deps       []string
+}
+
+// goTool returns the go command that runs this test.
+func goTool(t *testing.T) string {
+	t.Helper()
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
+	}
+	if root := os.Getenv("GOROOT"); root != "" {
+		return filepath.Join(root, "bin", "go")
+	}
+	t.Fatal("the go command is neither on PATH nor in $GOROOT/bin; the import rules need `go list`")
+	return ""
+}
+
+// listModule returns every package of the main module and of its
+// dependencies (not their tests), keyed by import path, and the module path.
+func listModule(t *testing.T) (map[string]*pkg, string) {
+	t.Helper()
+	goCmd := goTool(t)
+	out, err := exec.Command(goCmd, "list", "-m", "-f", "{{.Path}}\n{{.Dir}}").Output()
+	if err != nil {
+		t.Fatalf("go list -m: %v", err)
+	}
+	mod, root, _ := strings.Cut(strings.TrimSpace(string(out)), "\n")
+	trackSources(t, root)
+	cmd := exec.Command(goCmd, "list", "-e", "-deps", "-json", mod+"/...")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err = cmd.Output()
+	if err != nil {
+		t.Fatalf("go list -deps -json %s/...: %v\n%s", mod, err, stderr.String())
+	}
+	pkgs := make(map[string]*pkg)
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for {
+		p := new(pkg)
+		if err := dec.Decode(p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("decoding go list output: %v", err)
+		}
+		pkgs[p.ImportPath] = p
+	}
+	return pkgs, mod
+}
+
+// trackSources opens every directory and Go source file of the module at
+// root. The go command caches test results keyed by the files a test opens;
+// what `go list` reads in a subprocess is invisible to it, so without this
+// an import added elsewhere in the module would not rerun the test.
+func trackSources(t *testing.T, root string) {
+	t.Helper()
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := d.Name()
+		if d.IsDir() {
+			if path != root && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if strings.HasSuffix(name, ".go") || name == "go.mod" {
+			f, err := os.Open(path)
+			if err != nil {
+				return err
+			}
+			return f.Close()
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("walking the module: %v", err)
+	}
+}
+
+// A rule forbids some dependencies to some packages of the module.
+type rule struct {
+	// name explains the rule in failure messages.
+	name string
+	// applies reports whether the rule binds the package at rel, its path
+	// relative to the module ("." for the root).
+	applies func(rel string) bool
+	// forbidden reports whether depending on p is against the rule.
+	forbidden func(p *pkg) bool
+}
+
+func underAny(rel string, dirs ...string) bool {
+	for _, d := range dirs {
+		if rel == d || strings.HasPrefix(rel, d+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// hasPathPrefix reports whether path is prefix or lies below it.
+func hasPathPrefix(path, prefix string) bool {
+	return path == prefix || strings.HasPrefix(path, prefix+"/")
+}
+
+// isHeavy reports whether path is gRPC, a YAML package or Prometheus.
+func isHeavy(path string) bool {
+	return hasPathPrefix(path, "google.golang.org/grpc") ||
+		strings.HasPrefix(path, "github.com/prometheus/") ||
+		strings.Contains(strings.ToLower(path), "yaml")
+}
+
+func importRules() []rule {
+	return []rule{
+		{
+			name:      "ratelimit may depend on the standard library only",
+			applies:   func(rel string) bool { return rel == "ratelimit" },
+			forbidden: func(p *pkg) bool { return !p.Standard },
+		},
+		{
+			name:      "library packages (outside cmd/, internal/ and bench/) may not depend on gRPC, YAML or Prometheus",
+			applies:   func(rel string) bool { return !underAny(rel, "cmd", "internal", "bench") },
+			forbidden: func(p *pkg) bool { return isHeavy(p.ImportPath) },
+		},
+	}
+}
+
+// relPath returns path relative to the module path mod, "." for mod itself,
+// and whether path is in the module at all.
+func relPath(path, mod string) (string, bool) {
+	if path == mod {
+		return ".", true
+	}
+	rel, ok := strings.CutPrefix(path, mod+"/")
+	return rel, ok
+}
+
+// checkImports returns one message per forbidden dependency of a module
+// package: a direct import that is forbidden, or a direct import through
+// which a forbidden package is reached.
+func checkImports(pkgs map[string]*pkg, mod string, rules []rule) []string {
+	var msgs []string
+	for _, path := range sortedKeys(pkgs) {
+		p := pkgs[path]
+		rel, ok := relPath(path, mod)
+		if !ok {
+			continue
+		}
+		for _, r := range rules {
+			if !r.applies(rel) {
+				continue
+			}
+			for _, imp := range p.Imports {
+				ip := pkgs[imp]
+				if ip == nil {
+					continue // go list reported the error; the build fails anyway
+				}
+				if r.forbidden(ip) {
+					msgs = append(msgs, fmt.Sprintf("package %s imports %s: %s", path, imp, r.name))
+					continue
+				}
+				for _, dep := range ip.Deps {
+					if dp := pkgs[dep]; dp != nil && r.forbidden(dp) {
+						msgs = append(msgs, fmt.Sprintf("package %s imports %s, which depends on %s: %s", path, imp, dep, r.name))
+						break
+					}
+				}
+			}
+		}
+	}
+	return msgs
+}
+
+// envFuncs returns the functions that read the process environment, by
+// import path.
+func envFuncs() map[string][]string {
+	return map[string][]string{
+		"os":      {"Getenv", "LookupEnv", "Environ", "ExpandEnv"},
+		"syscall": {"Getenv", "Environ"},
+	}
+}
+
+// checkFlagsAndEnv returns one message per module package, other than
+// package main under cmd/ or bench/, that imports flag or (unless it imports testing)
+// calls a function of envFuncs in its non-test files.
+func checkFlagsAndEnv(pkgs map[string]*pkg, mod string) ([]string, error) {
+	var msgs []string
+	for _, path := range sortedKeys(pkgs) {
+		p := pkgs[path]
+		rel, ok := relPath(path, mod)
+		if !ok || (p.Name == "main" && underAny(rel, "cmd", "bench")) {
+			continue
+		}
+		if slices.Contains(p.Imports, "flag") {
+			msgs = append(msgs, fmt.Sprintf("package %s imports flag: only package main under cmd/ or bench/ may parse flags", path))
+		}
+		if slices.Contains(p.Imports, "testing") {
+			continue // a test-support package
+		}
+		for _, f := range slices.Concat(p.GoFiles, p.CgoFiles) {
+			name := filepath.Join(p.Dir, f)
+			src, err := os.ReadFile(name)
+			if err != nil {
+				return nil, err
+			}
+			calls, err := envCalls(name, src)
+			if err != nil {
+				return nil, err
+			}
+			for _, c := range calls {
+				msgs = append(msgs, fmt.Sprintf("package %s calls %s: only package main under cmd/ or bench/ may read the environment", path, c))
+			}
+		}
+	}
+	return msgs, nil
+}
+
+// envCalls returns the uses of envFuncs in one Go source file, as
+// "pkg.Func at file:line", whatever name the file imports the package under.
+func envCalls(filename string, src []byte) ([]string, error) {
+	funcs := envFuncs()
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, filename, src, parser.SkipObjectResolution)
+	if err != nil {
+		return nil, err
+	}
+	local := make(map[string]string) // local name → import path
+	for _, is := range f.Imports {
+		path, err := strconv.Unquote(is.Path.Value)
+		if err != nil || funcs[path] == nil {
+			continue
+		}
+		name := filepath.Base(path)
+		if is.Name != nil {
+			name = is.Name.Name
+		}
+		local[name] = path
+	}
+	if len(local) == 0 {
+		return nil, nil
+	}
+	var calls []string
+	ast.Inspect(f, func(n ast.Node) bool {
+		sel, ok := n.(*ast.SelectorExpr)
+		if !ok {
+			return true
+		}
+		id, ok := sel.X.(*ast.Ident)
+		if !ok {
+			return true
+		}
+		if path, ok := local[id.Name]; ok && slices.Contains(funcs[path], sel.Sel.Name) {
+			pos := fset.Position(sel.Pos())
+			calls = append(calls, fmt.Sprintf("%s.%s at %s:%d", path, sel.Sel.Name, filepath.Base(pos.Filename), pos.Line))
+		}
+		return true
+	})
+	return calls, nil
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// TestImportRules checks the module as it is.
+func TestImportRules(t *testing.T) {
+	pkgs, mod := listModule(t)
+	if pkgs[mod+"/ratelimit"] == nil {
+		t.Fatalf("go list did not find %s/ratelimit; is the test running inside the module?", mod)
+	}
+	msgs := checkImports(pkgs, mod, importRules())
+	more, err := checkFlagsAndEnv(pkgs, mod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range slices.Concat(msgs, more) {
+		t.Error(m)
+	}
+}
+
+// TestRulesCatchViolations feeds the checks made-up packages, so that a
+// check that silently passes everything cannot go unnoticed.
+func TestRulesCatchViolations(t *testing.T) {
+	const mod = "example.com/m"
+	std := func(path string) *pkg { return &pkg{ImportPath: path, Name: filepath.Base(path), Standard: true} }
+	ext := func(path string, deps ...string) *pkg {
+		return &pkg{ImportPath: path, Name: filepath.Base(path), Deps: deps}
+	}
+	own := func(rel, name string, imports ...string) *pkg {
+		return &pkg{ImportPath: mod + "/" + rel, Name: name, Imports: imports, Deps: imports}
+	}
+	tests := []struct {
+		name string
+		pkgs []*pkg
+		want []string // one substring per expected message
+	}{
+		{
+			name: "clean",
+			pkgs: []*pkg{
+				std("time"), std("flag"), ext("google.golang.org/grpc"),
+				own("ratelimit", "ratelimit", "time"),
+				own("internal/rls", "rls", "google.golang.org/grpc"),
+				own("cmd/sluice", "main", "flag"),
+			},
+		},
+		{
+			name: "ratelimit imports a module",
+			pkgs: []*pkg{ext("github.com/x/y"), own("ratelimit", "ratelimit", "github.com/x/y")},
+			want: []string{"package example.com/m/ratelimit imports github.com/x/y: ratelimit may depend on the standard library only"},
+		},
+		{
+			name: "ratelimit imports another module package",
+			pkgs: []*pkg{
+				ext("github.com/x/y"),
+				own("clock", "clock", "github.com/x/y"),
+				own("ratelimit", "ratelimit", mod+"/clock"),
+			},
+			want: []string{"package example.com/m/ratelimit imports example.com/m/clock: ratelimit may depend on the standard library only"},
+		},
+		{
+			name: "library imports grpc, yaml and prometheus",
+			pkgs: []*pkg{
+				ext("google.golang.org/grpc/codes"), ext("gopkg.in/yaml.v3"),
+				ext("github.com/prometheus/client_golang/prometheus"),
+				own("httplimit", "httplimit", "google.golang.org/grpc/codes"),
+				own("lease", "lease", "gopkg.in/yaml.v3"),
+				own("drain", "drain", "github.com/prometheus/client_golang/prometheus"),
+				own("internal/service", "service", "gopkg.in/yaml.v3"), // allowed
+				own("bench", "bench", "google.golang.org/grpc/codes"),  // allowed
+			},
+			want: []string{
+				"package example.com/m/drain imports github.com/prometheus/client_golang/prometheus: library packages",
+				"package example.com/m/httplimit imports google.golang.org/grpc/codes: library packages",
+				"package example.com/m/lease imports gopkg.in/yaml.v3: library packages",
+			},
+		},
+		{
+			name: "library reaches grpc through a dependency",
+			pkgs: []*pkg{
+				ext("google.golang.org/grpc"),
+				ext("github.com/x/wrapper", "google.golang.org/grpc"),
+				own("adaptive", "adaptive", "github.com/x/wrapper"),
+			},
+			want: []string{"package example.com/m/adaptive imports github.com/x/wrapper, which depends on google.golang.org/grpc"},
+		},
+		{
+			name: "flag outside main under cmd",
+			pkgs: []*pkg{
+				std("flag"),
+				own("internal/rules", "rules", "flag"),
+				own("cmd/tool/lib", "lib", "flag"),
+				own("tools", "main", "flag"),
+				own("bench/load", "main", "flag"), // allowed
+			},
+			want: []string{
+				"package example.com/m/cmd/tool/lib imports flag",
+				"package example.com/m/internal/rules imports flag",
+				"package example.com/m/tools imports flag",
+			},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pkgs := make(map[string]*pkg)
+			for _, p := range tt.pkgs {
+				pkgs[p.ImportPath] = p
+			}
+			got := checkImports(pkgs, mod, importRules())
+			more, err := checkFlagsAndEnv(pkgs, mod)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, more...)
+			if len(got) != len(tt.want) {
+				t.Fatalf("got %d messages, want %d:\n%s", len(got), len(tt.want), strings.Join(got, "\n"))
+			}
+			for i, w := range tt.want {
+				if !strings.Contains(got[i], w) {
+					t.Errorf("message %d = %q, want it to contain %q", i, got[i], w)
+				}
+			}
+		})
+	}
+}
+
+func TestEnvCalls(t *testing.T) {
+	tests := []struct {
+		name string
+		src  string
+		want []string
+	}{
+		{"none", `package p; import "os"; func f() { os.Exit(0) }`, nil},
+		{"getenv", `package p; import "os"; func f() string { return os.Getenv("X") }`,
+			[]string{"os.Getenv at x.go:1"}},
+		{"renamed import", "package p\nimport sys \"os\"\nfunc f() { _, _ = sys.LookupEnv(\"X\") }",
+			[]string{"os.LookupEnv at x.go:3"}},
+		{"function value", "package p\nimport \"os\"\nvar get = os.Environ",
+			[]string{"os.Environ at x.go:3"}},
+		{"syscall", `package p; import "syscall"; func f() { syscall.Getenv("X") }`,
+			[]string{"syscall.Getenv at x.go:1"}},
+		{"shadowing name without import", `package p; type o struct{}; func (o) Getenv() {}; func f(os o) { os.Getenv() }`, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := envCalls("x.go", []byte(tt.src))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("envCalls = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestEnvCallsInPackageFiles(t *testing.T) {
+	dir := t.TempDir()
+	src := "package store\n\nimport \"os\"\n\nfunc addr() string { return os.Getenv(\"REDIS_ADDR\") }\n"
+	if err := os.WriteFile(filepath.Join(dir, "store.go"), []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const mod = "example.com/m"
+	pkgs := map[string]*pkg{
+		mod + "/redisstore": {ImportPath: mod + "/redisstore", Name: "store", Dir: dir, GoFiles: []string{"store.go"}, Imports: []string{"os"}},
+	}
+	got, err := checkFlagsAndEnv(pkgs, mod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "package example.com/m/redisstore calls os.Getenv at store.go:5: only package main under cmd/ or bench/ may read the environment"
+	if len(got) != 1 || got[0] != want {
+		t.Errorf("got %q, want [%q]", got, want)
+	}
+
+	// The same file in a test-support package (one that imports testing)
+	// is allowed.
+	p := pkgs[mod+"/redisstore"]
+	p.Imports = append(p.Imports, "testing")
+	if got, err := checkFlagsAndEnv(pkgs, mod); err != nil || len(got) != 0 {
+		t.Errorf("test-support package: got %q, %v; want no messages", got, err)
+	}
+}

@@ -1,0 +1,220 @@
+// Package rls serves Envoy's rate limit service API
+// (envoy.service.ratelimit.v3.RateLimitService) over gRPC on top of the
+// decision service, with the generated types of go-control-plane.
+//
+// Supported: domain; descriptors with entries, a limit override
+// (requests_per_unit, unit, unit_multiplier), per-descriptor hits_addend
+// (0 checks only) and is_negative_hits (a refund); the request's
+// hits_addend (0 counts as 1). The response carries overall_code and one
+// status per descriptor with code, current_limit (name, requests_per_unit,
+// unit), limit_remaining and duration_until_reset, and, when enabled,
+// RateLimit-Policy, RateLimit and Retry-After in response_headers_to_add.
+// Not produced: request_headers_to_add, raw_body, dynamic_metadata, quota.
+package rls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/internal/rules"
+	"github.com/sluicehq/sluice/internal/service"
+)
+
+// Options configure a Server.
+type Options struct {
+	// Headers adds RateLimit-Policy, RateLimit and (when over the limit)
+	// Retry-After to every response's response_headers_to_add.
+	Headers bool
+}
+
+// Server implements RateLimitServiceServer.
+type Server struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	svc     *service.Service
+	headers bool
+	pool    sync.Pool // of *call
+}
+
+// New returns a Server deciding with svc.
+func New(svc *service.Service, opts Options) *Server {
+	s := &Server{svc: svc, headers: opts.Headers}
+	s.pool.New = func() any { return new(call) }
+	return s
+}
+
+// Register registers the rate limit service on g.
+func (s *Server) Register(g *grpc.Server) {
+	rlsv3.RegisterRateLimitServiceServer(g, s)
+}
+
+// call holds the buffers one request reuses.
+type call struct {
+	req       service.Request
+	resp      service.Response
+	entries   []rules.Entry
+	overrides []service.Override
+	hdr       []byte
+}
+
+// ShouldRateLimit implements the RLS v3 API.
+func (s *Server) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	c := s.pool.Get().(*call)
+	defer s.pool.Put(c)
+	if err := c.convert(in); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if err := s.svc.ShouldRateLimit(ctx, &c.req, &c.resp); err != nil {
+		if errors.Is(err, service.ErrInvalidRequest) {
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		if ctx.Err() != nil {
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		return nil, status.Error(codes.Unavailable, err.Error())
+	}
+	return s.response(c), nil
+}
+
+// convert fills c.req from in, checking the bounds before copying.
+func (c *call) convert(in *rlsv3.RateLimitRequest) error {
+	if err := rules.CheckDomain(in.GetDomain()); err != nil {
+		return err
+	}
+	descs := in.GetDescriptors()
+	if err := rules.CheckDescriptorCount(len(descs)); err != nil {
+		return err
+	}
+	entries, overrides := 0, 0
+	for i, d := range descs {
+		if n := len(d.GetEntries()); n > rules.MaxEntries {
+			return fmt.Errorf("%w: descriptor %d has %d entries; at most %d (MaxEntries) are allowed", rules.ErrBound, i, n, rules.MaxEntries)
+		}
+		entries += len(d.GetEntries())
+		if d.GetLimit() != nil {
+			overrides++
+		}
+	}
+	// Sized up front, so that the descriptors' sub-slices never move.
+	c.entries = slices.Grow(c.entries[:0], entries)
+	c.overrides = slices.Grow(c.overrides[:0], overrides)
+	c.req.Domain = in.GetDomain()
+	c.req.Hits = in.GetHitsAddend()
+	c.req.Descriptors = c.req.Descriptors[:0]
+	for _, d := range descs {
+		start := len(c.entries)
+		for _, e := range d.GetEntries() {
+			c.entries = append(c.entries, rules.Entry{Key: e.GetKey(), Value: e.GetValue()})
+		}
+		sd := service.Descriptor{Entries: c.entries[start:len(c.entries):len(c.entries)], Refund: d.GetIsNegativeHits()}
+		if h := d.GetHitsAddend(); h != nil {
+			sd.Hits, sd.HasHits = h.GetValue(), true
+		}
+		if l := d.GetLimit(); l != nil {
+			c.overrides = append(c.overrides, service.Override{
+				RequestsPerUnit: l.GetRequestsPerUnit(),
+				Unit:            rules.Unit(l.GetUnit()),
+				Multiplier:      l.GetUnitMultiplier().GetValue(),
+			})
+			sd.Override = &c.overrides[len(c.overrides)-1]
+		}
+		c.req.Descriptors = append(c.req.Descriptors, sd)
+	}
+	return nil
+}
+
+func (s *Server) response(c *call) *rlsv3.RateLimitResponse {
+	out := &rlsv3.RateLimitResponse{
+		OverallCode: code(c.resp.Code),
+		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(c.resp.Statuses)),
+	}
+	for i := range c.resp.Statuses {
+		st := &c.resp.Statuses[i]
+		ds := &rlsv3.RateLimitResponse_DescriptorStatus{Code: code(st.Code)}
+		switch {
+		case st.Rule != nil:
+			ds.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{
+				Name:            st.Rule.Name,
+				RequestsPerUnit: clampU32(st.Rule.Limit),
+				Unit:            rlsv3.RateLimitResponse_RateLimit_Unit(st.Unit),
+			}
+			ds.LimitRemaining = clampU32(st.Decision.Remaining)
+			ds.DurationUntilReset = durationpb.New(st.Decision.ResetAfter)
+		case st.Unlimited:
+			ds.LimitRemaining = math.MaxUint32
+		}
+		out.Statuses[i] = ds
+	}
+	if s.headers {
+		out.ResponseHeadersToAdd = c.headers()
+	}
+	return out
+}
+
+// headers returns RateLimit-Policy and RateLimit for every decided limit,
+// and Retry-After when the request is over the limit.
+func (c *call) headers() []*corev3.HeaderValue {
+	var retry time.Duration
+	b := c.hdr[:0]
+	for i := range c.resp.Statuses {
+		st := &c.resp.Statuses[i]
+		if st.Rule == nil {
+			continue
+		}
+		if len(b) > 0 {
+			b = append(b, ", "...)
+		}
+		b = httplimit.AppendPolicyItem(b, st.Rule)
+		if st.Code == service.OverLimit {
+			retry = max(retry, st.Decision.RetryAfter)
+		}
+	}
+	if len(b) == 0 {
+		return nil
+	}
+	policy := string(b)
+	b = b[:0]
+	for i := range c.resp.Statuses {
+		st := &c.resp.Statuses[i]
+		if st.Rule == nil {
+			continue
+		}
+		if len(b) > 0 {
+			b = append(b, ", "...)
+		}
+		b = httplimit.AppendLimitItem(b, &st.Decision)
+	}
+	c.hdr = b
+	h := []*corev3.HeaderValue{
+		{Key: "RateLimit-Policy", Value: policy},
+		{Key: "RateLimit", Value: string(b)},
+	}
+	if c.resp.Code == service.OverLimit && retry > 0 && retry != math.MaxInt64 {
+		h = append(h, &corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(httplimit.RetryAfterSeconds(retry), 10)})
+	}
+	return h
+}
+
+func code(c service.Code) rlsv3.RateLimitResponse_Code {
+	if c == service.OverLimit {
+		return rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	return rlsv3.RateLimitResponse_OK
+}
+
+func clampU32(v int64) uint32 {
+	return uint32(min(max(v, 0), math.MaxUint32))
+}

@@ -1,0 +1,178 @@
+package service
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluicehq/sluice/internal/rules"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// Metrics are the service's Prometheus metrics. The counters of every rule
+// are resolved when a rule set is loaded, so a decision costs a pointer
+// lookup and a few atomic adds, never a label lookup or a string.
+type Metrics struct {
+	decisions *prometheus.CounterVec
+	nearLimit *prometheus.CounterVec
+	latency   prometheus.Histogram
+	storeErrs prometheus.Counter
+	reloads   *prometheus.CounterVec
+	ruleCount prometheus.Gauge
+
+	mu     sync.Mutex // serialises prepare
+	byRule atomic.Pointer[map[*rules.Spec]*ruleCounters]
+}
+
+// Outcomes of a decision, the "outcome" label of sluice_decisions_total.
+var outcomes = [...]string{"ok", "over_limit", "shadow_would_deny", "unlimited", "fail_open", "fail_closed", "local"}
+
+const (
+	outOK = iota
+	outOver
+	outShadowDeny
+	outUnlimited
+	outFailOpen
+	outFailClosed
+	outLocal
+	numOutcomes
+)
+
+type ruleCounters struct {
+	outcome   [numOutcomes]prometheus.Counter
+	nearLimit prometheus.Counter
+}
+
+// NewMetrics registers the service's metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_decisions_total",
+			Help: "Limits decided, by domain, rule and outcome (ok, over_limit, shadow_would_deny, unlimited, fail_open, fail_closed, local).",
+		}, []string{"domain", "rule", "outcome"}),
+		nearLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_near_limit_total",
+			Help: "Admissions that left less than 20% of the limit's capacity.",
+		}, []string{"domain", "rule"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sluice_decision_duration_seconds",
+			Help:    "Time to decide one request, from validation to answer.",
+			Buckets: []float64{25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3},
+		}),
+		storeErrs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_store_errors_total",
+			Help: "Requests the store could not decide (answered with an error).",
+		}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_rule_reloads_total",
+			Help: "Rule loads by result (ok, error).",
+		}, []string{"result"}),
+		ruleCount: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sluice_rules",
+			Help: "Limits in the rule set in use.",
+		}),
+	}
+	reg.MustRegister(m.decisions, m.nearLimit, m.latency, m.storeErrs, m.reloads, m.ruleCount)
+	empty := map[*rules.Spec]*ruleCounters{}
+	m.byRule.Store(&empty)
+	return m
+}
+
+// Reloaded counts a rule load that succeeded or failed.
+func (m *Metrics) Reloaded(ok bool) {
+	if m == nil {
+		return
+	}
+	if ok {
+		m.reloads.WithLabelValues("ok").Inc()
+	} else {
+		m.reloads.WithLabelValues("error").Inc()
+	}
+}
+
+func (m *Metrics) counters(domain, rule string) *ruleCounters {
+	rc := &ruleCounters{nearLimit: m.nearLimit.WithLabelValues(domain, rule)}
+	for i, o := range outcomes {
+		rc.outcome[i] = m.decisions.WithLabelValues(domain, rule, o)
+	}
+	return rc
+}
+
+// prepare resolves the counters of every rule of set.
+func (m *Metrics) prepare(set *rules.Set) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	next := make(map[*rules.Spec]*ruleCounters)
+	n := 0
+	for _, name := range set.Domains() {
+		d, _ := set.Domain(name)
+		for _, sp := range d.Specs() {
+			n++
+			next[sp] = m.counters(name, sp.Name)
+		}
+	}
+	m.byRule.Store(&next)
+	m.ruleCount.Set(float64(n))
+}
+
+func (m *Metrics) storeError() {
+	if m != nil {
+		m.storeErrs.Inc()
+	}
+}
+
+// observe counts the decisions of one request.
+func (m *Metrics) observe(domain string, sc *scratch, resp *Response, took time.Duration) {
+	if m == nil {
+		return
+	}
+	m.latency.Observe(took.Seconds())
+	byRule := *m.byRule.Load()
+	for _, c := range sc.checks {
+		rc := byRule[c.spec]
+		if rc == nil { // an override: its rule is made per request
+			rc = m.overrideCounters(domain)
+		}
+		if c.rule == nil {
+			rc.outcome[outUnlimited].Inc()
+			continue
+		}
+		d := &sc.ds[c.result]
+		if c.shadow {
+			d = &sc.sds[c.result]
+		}
+		rc.outcome[outcome(d, c.shadow)].Inc()
+		if d.Allowed && d.Remaining*5 < d.Limit {
+			rc.nearLimit.Inc()
+		}
+	}
+}
+
+// overrideCounters returns the counters of limits that came from a
+// request's override; they share the rule label "override".
+func (m *Metrics) overrideCounters(domain string) *ruleCounters {
+	return m.counters(domain, "override")
+}
+
+func outcome(d *ratelimit.Decision, shadow bool) int {
+	switch d.Reason {
+	case ratelimit.ReasonFailOpen:
+		return outFailOpen
+	case ratelimit.ReasonFailClosed:
+		return outFailClosed
+	case ratelimit.ReasonLocal:
+		return outLocal
+	}
+	switch {
+	case d.Allowed:
+		return outOK
+	case shadow:
+		return outShadowDeny
+	}
+	return outOver
+}

@@ -142,10 +142,7 @@ func (m *Metrics) observe(domain string, sc *scratch, resp *Response, took time.
 			rc.outcome[outUnlimited].Inc()
 			continue
 		}
-		d := &sc.ds[c.result]
-		if c.shadow {
-			d = &sc.sds[c.result]
-		}
+		d := sc.decision(&c)
 		rc.outcome[outcome(d, c.shadow)].Inc()
 		if d.Allowed && d.Remaining*5 < d.Limit {
 			rc.nearLimit.Inc()

@@ -352,10 +352,7 @@ func (s *Service) answer(sc *scratch, resp *Response) {
 			}
 			continue
 		}
-		d := &sc.ds[c.result]
-		if c.shadow {
-			d = &sc.sds[c.result]
-		}
+		d := sc.decision(&c)
 		if !better(st, d, c.shadow) {
 			continue
 		}
@@ -365,6 +362,14 @@ func (s *Service) answer(sc *scratch, resp *Response) {
 			resp.Code = OverLimit
 		}
 	}
+}
+
+// decision returns the store's decision for c.
+func (sc *scratch) decision(c *check) *ratelimit.Decision {
+	if c.shadow {
+		return &sc.sds[c.result]
+	}
+	return &sc.ds[c.result]
 }
 
 // better reports whether decision d of a limit should replace status st as

@@ -1,0 +1,62 @@
+package redistest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func TestStandaloneStopStart(t *testing.T) {
+	s := Standalone(t)
+	if s.Port() == 6379 {
+		t.Fatal("harness chose the shared port 6379")
+	}
+	c := s.Client()
+	ctx := context.Background()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.Stop()
+	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if err := c.Ping(cctx).Err(); err == nil {
+		t.Fatal("PING succeeded on a stopped server")
+	}
+	s.Start()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING after restart: %v", err)
+	}
+	if n, err := c.Exists(ctx, "k").Result(); err != nil || n != 0 {
+		t.Fatalf("restarted server kept data: n=%d err=%v", n, err)
+	}
+}
+
+func TestCluster(t *testing.T) {
+	cl := Cluster(t)
+	if len(cl.Nodes) != 3 {
+		t.Fatalf("%d nodes, want 3", len(cl.Nodes))
+	}
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+	t.Cleanup(func() { c.Close() })
+	ctx := context.Background()
+	masters := map[string]bool{}
+	for i := range 50 {
+		k := string(rune('a'+i%26)) + string(rune('a'+i/26))
+		if err := c.Set(ctx, k, i, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		m, err := c.MasterForKey(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		masters[m.Options().Addr] = true
+	}
+	if len(masters) != 3 {
+		t.Fatalf("keys landed on %d masters, want 3", len(masters))
+	}
+	// A node restarts empty and rejoins.
+	cl.Nodes[1].Stop()
+	cl.Nodes[1].Start()
+}

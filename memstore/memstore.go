@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"maps"
 	"math/bits"
 	"runtime"
 	"slices"
@@ -56,7 +57,7 @@ type Stats struct {
 type Store struct {
 	shards      []shard
 	mask        uint64
-	seed        maphash.Seed
+	seed, seed2 maphash.Seed
 	now         func() time.Time
 	maxPerShard int
 
@@ -69,16 +70,73 @@ type Store struct {
 	closeOnce sync.Once
 }
 
+// A shard holds its keys' entries inline in a map keyed by a 64-bit hash of
+// the key, so that a decision touches one map slot and no other memory. A
+// second, independent hash, kept in the entry, tells keys apart when the
+// first collides (with 2^-128 odds of failing); the rare key whose first
+// hash is taken by another key lives in spill, by its full key.
 type shard struct {
-	mu sync.Mutex
-	m  map[string]*entry
-	_  [48]byte // keep shards on separate cache lines
+	mu    sync.Mutex
+	m     map[uint64]entry
+	spill map[string]entry
+	_     [40]byte // keep shards on separate cache lines
 }
 
 type entry struct {
+	check   uint64 // the key's second hash
+	expires int64  // Unix ns from which the state equals a fresh one
 	state   ratelimit.State
-	expires int64 // Unix ns from which the state equals a fresh one
 }
+
+// A keyRef is a key and its two hashes.
+type keyRef struct {
+	h, check uint64
+	key      string
+}
+
+func (sh *shard) get(k *keyRef) (entry, bool) {
+	if e, ok := sh.m[k.h]; ok && e.check == k.check {
+		return e, true
+	}
+	if len(sh.spill) > 0 {
+		e, ok := sh.spill[k.key]
+		return e, ok
+	}
+	return entry{}, false
+}
+
+func (sh *shard) has(k *keyRef) bool {
+	_, ok := sh.get(k)
+	return ok
+}
+
+func (sh *shard) put(k *keyRef, e entry) {
+	e.check = k.check
+	if len(sh.spill) > 0 {
+		if _, ok := sh.spill[k.key]; ok {
+			sh.spill[k.key] = e
+			return
+		}
+	}
+	if cur, ok := sh.m[k.h]; ok && cur.check != k.check {
+		if sh.spill == nil {
+			sh.spill = make(map[string]entry)
+		}
+		sh.spill[k.key] = e
+		return
+	}
+	sh.m[k.h] = e
+}
+
+func (sh *shard) del(k *keyRef) {
+	if e, ok := sh.m[k.h]; ok && e.check == k.check {
+		delete(sh.m, k.h)
+		return
+	}
+	delete(sh.spill, k.key)
+}
+
+func (sh *shard) len() int { return len(sh.m) + len(sh.spill) }
 
 var _ ratelimit.Store = (*Store)(nil)
 
@@ -104,13 +162,14 @@ func New(opts Options) *Store {
 		shards:      make([]shard, n),
 		mask:        uint64(n - 1),
 		seed:        maphash.MakeSeed(),
+		seed2:       maphash.MakeSeed(),
 		now:         opts.Now,
 		maxPerShard: max(1, (opts.MaxKeys+n-1)/n),
 		stop:        make(chan struct{}),
 		done:        make(chan struct{}),
 	}
 	for i := range s.shards {
-		s.shards[i].m = make(map[string]*entry)
+		s.shards[i].m = make(map[uint64]entry)
 	}
 	if opts.JanitorInterval > 0 {
 		go s.janitor(opts.JanitorInterval)
@@ -164,41 +223,45 @@ func check(it *ratelimit.Item) error {
 	return nil
 }
 
-func (s *Store) shardOf(key string) *shard {
-	return &s.shards[maphash.String(s.seed, key)&s.mask]
+func (s *Store) ref(key string) keyRef {
+	return keyRef{h: maphash.String(s.seed, key), check: maphash.String(s.seed2, key), key: key}
+}
+
+func (s *Store) shardOf(k *keyRef) *shard {
+	return &s.shards[k.h&s.mask]
 }
 
 func (s *Store) decideOne(it *ratelimit.Item, now time.Time) ratelimit.Decision {
-	sh := s.shardOf(it.Key)
+	k := s.ref(it.Key)
+	sh := s.shardOf(&k)
 	sh.mu.Lock()
-	e := sh.m[it.Key]
-	if e == nil {
-		// Only a key whose state changed is worth a place in the map.
-		var st ratelimit.State
-		d := it.Rule.Decide(&st, now, it.Cost)
-		if d.Allowed && it.Cost > 0 {
-			e = s.insert(sh, it.Key, now)
-			e.state, e.expires = st, now.UnixNano()+int64(d.ResetAfter)
-		}
-		sh.mu.Unlock()
-		return d
+	defer sh.mu.Unlock()
+	e, ok := sh.get(&k)
+	if !ok && it.Cost <= 0 { // a check or refund of a key never seen changes nothing
+		return it.Rule.Peek(&e.state, now, it.Cost)
 	}
 	d := it.Rule.Decide(&e.state, now, it.Cost)
-	e.expires = now.UnixNano() + int64(d.ResetAfter)
-	sh.mu.Unlock()
+	if d.Allowed && it.Cost != 0 {
+		if !ok {
+			s.makeRoom(sh, now.UnixNano())
+		}
+		e.expires = now.UnixNano() + int64(d.ResetAfter)
+		sh.put(&k, e)
+	}
 	return d
 }
 
 // decideMany locks every shard the items touch, in index order, decides the
 // items in turn and, if any is denied, restores every state it changed.
 func (s *Store) decideMany(dst []ratelimit.Decision, items []ratelimit.Item, now time.Time) []ratelimit.Decision {
-	var idxBuf [8]uint64
-	idx := idxBuf[:0]
-	for i := range items {
-		idx = append(idx, maphash.String(s.seed, items[i].Key)&s.mask)
-	}
+	var refBuf [8]keyRef
+	refs := refBuf[:0]
 	var lockedBuf [8]uint64
-	locked := append(lockedBuf[:0], idx...)
+	locked := lockedBuf[:0]
+	for i := range items {
+		refs = append(refs, s.ref(items[i].Key))
+		locked = append(locked, refs[i].h&s.mask)
+	}
 	slices.Sort(locked)
 	locked = slices.Compact(locked)
 	for _, i := range locked {
@@ -210,33 +273,33 @@ func (s *Store) decideMany(dst []ratelimit.Decision, items []ratelimit.Item, now
 		}
 	}()
 
+	// Make room for new keys first, so that no eviction can touch a key
+	// this request has already decided.
+	for i := range refs {
+		if sh := s.shardOf(&refs[i]); !sh.has(&refs[i]) {
+			s.makeRoom(sh, now.UnixNano())
+		}
+	}
 	type undo struct {
-		e        *entry
-		state    ratelimit.State
-		expires  int64
-		inserted bool
+		e       entry
+		existed bool
 	}
 	var undoBuf [8]undo
 	undos := undoBuf[:0]
 	base := len(dst)
 	allowed := true
 	for i := range items {
-		it := &items[i]
-		sh := &s.shards[idx[i]]
-		e, inserted := sh.m[it.Key], false
-		if e == nil {
-			e, inserted = s.insert(sh, it.Key, now), true
-		}
-		u := undo{e: e, state: e.state, expires: e.expires, inserted: inserted}
-		if u.state.Log != nil {
-			u.state.Log = slices.Clone(u.state.Log)
-		}
+		it, k := &items[i], &refs[i]
+		sh := s.shardOf(k)
+		e, ok := sh.get(k)
+		u := undo{e: e, existed: ok}
+		u.e.state.Log = slices.Clone(e.state.Log) // Decide may change the log in place
 		undos = append(undos, u)
 		d := it.Rule.Decide(&e.state, now, it.Cost)
 		e.expires = now.UnixNano() + int64(d.ResetAfter)
-		allowed = allowed && d.Allowed
+		sh.put(k, e)
 		dst = append(dst, d)
-		if !allowed {
+		if allowed = d.Allowed; !allowed {
 			break
 		}
 	}
@@ -244,10 +307,11 @@ func (s *Store) decideMany(dst []ratelimit.Decision, items []ratelimit.Item, now
 		return dst
 	}
 	for i := len(undos) - 1; i >= 0; i-- {
-		u := undos[i]
-		u.e.state, u.e.expires = u.state, u.expires
-		if u.inserted {
-			delete(s.shards[idx[i]].m, items[i].Key)
+		sh := s.shardOf(&refs[i])
+		if undos[i].existed {
+			sh.put(&refs[i], undos[i].e)
+		} else {
+			sh.del(&refs[i])
 		}
 	}
 	// Report every item as it stands: the one that denied keeps its
@@ -257,55 +321,52 @@ func (s *Store) decideMany(dst []ratelimit.Decision, items []ratelimit.Item, now
 	dst = dst[:base]
 	for i := range items {
 		it := &items[i]
-		var fresh ratelimit.State
-		st := &fresh
-		if e := s.shards[idx[i]].m[it.Key]; e != nil {
-			st = &e.state
-		}
-		d := it.Rule.Peek(st, now, it.Cost)
+		e, _ := s.shardOf(&refs[i]).get(&refs[i])
+		d := it.Rule.Peek(&e.state, now, it.Cost)
 		switch {
 		case i == denied:
 			d = deniedDecision
 		case d.Allowed:
-			d = it.Rule.Peek(st, now, 0)
+			d = it.Rule.Peek(&e.state, now, 0)
 		}
 		dst = append(dst, d)
 	}
 	return dst
 }
 
-// insert adds a fresh entry for key, making room if the shard is full.
+// makeRoom evicts a key if the shard is full, before a new key is added.
 // The shard is locked.
-func (s *Store) insert(sh *shard, key string, now time.Time) *entry {
-	if len(sh.m) >= s.maxPerShard {
-		s.evict(sh, now.UnixNano())
+func (s *Store) makeRoom(sh *shard, now int64) {
+	if sh.len() < s.maxPerShard {
+		return
 	}
-	e := &entry{}
-	sh.m[key] = e
-	return e
-}
-
-// evict removes an expired key if one is among a few sampled, else the
-// sampled key closest to expiring.
-func (s *Store) evict(sh *shard, now int64) {
+	// An expired key if one is among a few sampled, else the sampled key
+	// closest to expiring.
 	const samples = 8
-	var victim string
+	var victim uint64
 	soonest := int64(0)
 	n := 0
-	for k, e := range sh.m {
+	for h, e := range sh.m {
 		if e.expires <= now {
-			delete(sh.m, k)
+			delete(sh.m, h)
 			s.reclaimed.Add(1)
 			return
 		}
 		if n == 0 || e.expires < soonest {
-			victim, soonest = k, e.expires
+			victim, soonest = h, e.expires
 		}
 		if n++; n == samples {
 			break
 		}
 	}
-	delete(sh.m, victim)
+	if n > 0 {
+		delete(sh.m, victim)
+	} else {
+		for k := range sh.spill {
+			delete(sh.spill, k)
+			break
+		}
+	}
 	s.evictions.Add(1)
 }
 
@@ -329,12 +390,10 @@ func (s *Store) reclaim() {
 		now := s.now().UnixNano()
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		for k, e := range sh.m {
-			if e.expires <= now {
-				delete(sh.m, k)
-				s.reclaimed.Add(1)
-			}
-		}
+		n := sh.len()
+		maps.DeleteFunc(sh.m, func(_ uint64, e entry) bool { return e.expires <= now })
+		maps.DeleteFunc(sh.spill, func(_ string, e entry) bool { return e.expires <= now })
+		s.reclaimed.Add(uint64(n - sh.len()))
 		sh.mu.Unlock()
 	}
 }
@@ -345,7 +404,7 @@ func (s *Store) Stats() Stats {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		st.Keys += len(sh.m)
+		st.Keys += sh.len()
 		sh.mu.Unlock()
 	}
 	return st
@@ -353,22 +412,20 @@ func (s *Store) Stats() Stats {
 
 // State returns a copy of the state held for key, if any.
 func (s *Store) State(key string) (ratelimit.State, bool) {
-	sh := s.shardOf(key)
+	k := s.ref(key)
+	sh := s.shardOf(&k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e, ok := sh.m[key]
-	if !ok {
-		return ratelimit.State{}, false
-	}
-	st := e.state
-	st.Log = slices.Clone(st.Log)
-	return st, true
+	e, ok := sh.get(&k)
+	e.state.Log = slices.Clone(e.state.Log)
+	return e.state, ok
 }
 
 // Reset forgets key, so its next request starts from full capacity.
 func (s *Store) Reset(key string) {
-	sh := s.shardOf(key)
+	k := s.ref(key)
+	sh := s.shardOf(&k)
 	sh.mu.Lock()
-	delete(sh.m, key)
+	sh.del(&k)
 	sh.mu.Unlock()
 }

@@ -4,6 +4,7 @@
 // Usage:
 //
 //	sluice serve      run the decision service
+//	sluice rules      check rule files (sluice rules validate DIR)
 //	sluice compare    run one traffic pattern through every algorithm
 //	sluice version    print the version
 //	sluice help [command]
@@ -23,7 +24,10 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"syscall"
+
+	"github.com/sluicehq/sluice/internal/rules"
 )
 
 func main() {
@@ -68,6 +72,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"serve", "run the decision service", runServe},
+		{"rules", "check rule files: sluice rules validate DIR", runRules},
 		{"compare", "run one traffic pattern through every algorithm and compare them", runCompare},
 		{"version", "print the version of sluice and of Go", runVersion},
 		{"help", "show help for sluice or for one command", runHelp},
@@ -170,5 +175,46 @@ func runVersion(_ context.Context, args []string, stdout, stderr io.Writer) erro
 		v = bi.Main.Version
 	}
 	_, err := fmt.Fprintf(stdout, "sluice %s %s %s/%s\n", v, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	return err
+}
+
+const rulesUsage = `Usage: sluice rules validate DIR
+
+Validate checks the rule files of DIR (*.yaml and *.yml, as sluice serve
+loads them) without serving them. It prints OK with what it found, or every
+problem as file:line: key: message, and then exits 1.
+`
+
+// runRules runs `sluice rules validate DIR`.
+func runRules(_ context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("rules", rulesUsage, stderr)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usagef("rules: %v", err)
+	}
+	if fs.NArg() != 2 || fs.Arg(0) != "validate" {
+		return usagef("rules: want: sluice rules validate DIR")
+	}
+	dir := fs.Arg(1)
+	if err := rules.Validate(dir); err != nil {
+		problems := strings.Split(err.Error(), "\n")
+		for _, p := range problems {
+			fmt.Fprintln(stdout, p)
+		}
+		return fmt.Errorf("rules validate %s: %d problem(s)", dir, len(problems))
+	}
+	set, err := rules.Load(dir)
+	if err != nil {
+		return fmt.Errorf("rules validate %s: %w", dir, err)
+	}
+	n := 0
+	for _, name := range set.Domains() {
+		d, _ := set.Domain(name)
+		n += len(d.Specs())
+	}
+	_, err = fmt.Fprintf(stdout, "OK: %s: %d file(s), %d domain(s) (%s), %d rule(s)\n",
+		dir, len(set.Files()), len(set.Domains()), strings.Join(set.Domains(), ", "), n)
 	return err
 }

@@ -67,20 +67,6 @@ func TestExitCodeMessages(t *testing.T) {
 	}
 }
 
-func TestServeStopsWithContext(t *testing.T) {
-	ctx, cancel := context.WithCancel(t.Context())
-	cancel() // as if SIGTERM had already arrived
-	stdout, _, err := runArgs(t, ctx, "serve")
-	if err != nil {
-		t.Fatalf("serve: %v", err)
-	}
-	for _, want := range []string{"memory store ready", "not built yet", "stopped"} {
-		if !strings.Contains(stdout, want) {
-			t.Errorf("serve output %q lacks %q", stdout, want)
-		}
-	}
-}
-
 func TestServeRejectsArguments(t *testing.T) {
 	_, _, err := runArgs(t, t.Context(), "serve", "extra")
 	var uerr usageError

@@ -20,7 +20,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -29,7 +28,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/internal/service"
 )
@@ -67,7 +65,8 @@ type call struct {
 	resp      service.Response
 	entries   []rules.Entry
 	overrides []service.Override
-	hdr       []byte
+	policy    []byte
+	limit     []byte
 }
 
 // ShouldRateLimit implements the RLS v3 API.
@@ -167,43 +166,17 @@ func (s *Server) response(c *call) *rlsv3.RateLimitResponse {
 // headers returns RateLimit-Policy and RateLimit for every decided limit,
 // and Retry-After when the request is over the limit.
 func (c *call) headers() []*corev3.HeaderValue {
-	var retry time.Duration
-	b := c.hdr[:0]
-	for i := range c.resp.Statuses {
-		st := &c.resp.Statuses[i]
-		if st.Rule == nil {
-			continue
-		}
-		if len(b) > 0 {
-			b = append(b, ", "...)
-		}
-		b = httplimit.AppendPolicyItem(b, st.Rule)
-		if st.Code == service.OverLimit {
-			retry = max(retry, st.Decision.RetryAfter)
-		}
-	}
-	if len(b) == 0 {
+	var retry int64
+	c.policy, c.limit, retry = c.resp.AppendFields(c.policy[:0], c.limit[:0])
+	if len(c.policy) == 0 {
 		return nil
 	}
-	policy := string(b)
-	b = b[:0]
-	for i := range c.resp.Statuses {
-		st := &c.resp.Statuses[i]
-		if st.Rule == nil {
-			continue
-		}
-		if len(b) > 0 {
-			b = append(b, ", "...)
-		}
-		b = httplimit.AppendLimitItem(b, &st.Decision)
-	}
-	c.hdr = b
 	h := []*corev3.HeaderValue{
-		{Key: "RateLimit-Policy", Value: policy},
-		{Key: "RateLimit", Value: string(b)},
+		{Key: "RateLimit-Policy", Value: string(c.policy)},
+		{Key: "RateLimit", Value: string(c.limit)},
 	}
-	if c.resp.Code == service.OverLimit && retry > 0 && retry != math.MaxInt64 {
-		h = append(h, &corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(httplimit.RetryAfterSeconds(retry), 10)})
+	if retry > 0 {
+		h = append(h, &corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(retry, 10)})
 	}
 	return h
 }

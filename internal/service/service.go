@@ -29,6 +29,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -42,6 +43,9 @@ type Options struct {
 	// Independent counts every limit of a request on its own, as
 	// envoyproxy/ratelimit does, instead of all or nothing.
 	Independent bool
+	// Overrides, if not nil, holds runtime overrides of configured rules;
+	// an overridden rule is decided, and reported, with its override.
+	Overrides *Overrides
 	// Metrics, if not nil, receives every decision.
 	Metrics *Metrics
 	// Logger logs rule changes and store errors; nil discards.
@@ -55,6 +59,7 @@ type Service struct {
 	metrics     *Metrics
 	log         *slog.Logger
 	rules       atomic.Pointer[rules.Set]
+	ruleOver    *Overrides
 	overrides   overrideRules
 	scratch     sync.Pool // of *scratch
 }
@@ -67,7 +72,7 @@ func New(opts Options) (*Service, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Service{store: opts.Store, independent: opts.Independent, metrics: opts.Metrics, log: opts.Logger}
+	s := &Service{store: opts.Store, independent: opts.Independent, metrics: opts.Metrics, log: opts.Logger, ruleOver: opts.Overrides}
 	s.scratch.New = func() any { return new(scratch) }
 	s.SetRules(opts.Rules)
 	return s, nil
@@ -263,6 +268,8 @@ func (s *Service) match(sc *scratch, dom *rules.Domain, req *Request) error {
 			sc.key = appendOverrideKey(sc.key, d.Override)
 		} else if l.Unlimited {
 			c.rule = nil
+		} else if r, ok := s.ruleOver.lookup(c.rule); ok {
+			c.rule = r
 		}
 		s.addCheck(sc, c, req, string(sc.key))
 	}
@@ -441,4 +448,30 @@ func (o *overrideRules) get(ov *Override) *ratelimit.Rule {
 	}
 	o.mu.Unlock()
 	return r
+}
+
+// AppendFields appends to policy and limit the values of the
+// RateLimit-Policy and RateLimit header fields for every decided limit of
+// r, and returns them with the Retry-After seconds when r is over the limit
+// and can succeed later (0 otherwise).
+func (r *Response) AppendFields(policy, limit []byte) ([]byte, []byte, int64) {
+	var retry time.Duration
+	for i := range r.Statuses {
+		st := &r.Statuses[i]
+		if st.Rule == nil {
+			continue
+		}
+		if len(limit) > 0 {
+			policy, limit = append(policy, ", "...), append(limit, ", "...)
+		}
+		policy = httplimit.AppendPolicyItem(policy, st.Rule)
+		limit = httplimit.AppendLimitItem(limit, &st.Decision)
+		if st.Code == OverLimit {
+			retry = max(retry, st.Decision.RetryAfter)
+		}
+	}
+	if r.Code != OverLimit || retry <= 0 || retry == ratelimit.Never {
+		return policy, limit, 0
+	}
+	return policy, limit, httplimit.RetryAfterSeconds(retry)
 }

@@ -1,0 +1,288 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+const testRuleFile = `domain: st
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3, name: per_user}
+`
+
+func rulesDir(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func TestServeStopsWithContext(t *testing.T) {
+	dir := rulesDir(t, map[string]string{"st.yaml": testRuleFile})
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel() // as if SIGTERM had already arrived
+	_, stderr, err := runArgs(t, ctx, "serve", "--rules", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("serve: %v\n%s", err, stderr)
+	}
+	for _, want := range []string{"sluice serving", "domains=st", "rule_count=1", "store=memory", "sluice draining", "sluice stopped"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("serve log lacks %q:\n%s", want, stderr)
+		}
+	}
+}
+
+func TestServeErrors(t *testing.T) {
+	good := rulesDir(t, map[string]string{"st.yaml": testRuleFile})
+	bad := rulesDir(t, map[string]string{"st.yaml": "domain: st\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n"})
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte("  \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	free := []string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}
+	tests := []struct {
+		name  string
+		args  []string
+		usage bool
+		want  string
+	}{
+		{"missing rules dir", []string{"--rules", filepath.Join(good, "nope")}, false, "does not exist"},
+		{"broken rules", []string{"--rules", bad}, false, "st.yaml:4"},
+		{"unknown store", []string{"--rules", good, "--store", "disk"}, true, `"disk"`},
+		{"redis without address", []string{"--rules", good, "--store", "redis", "--redis-addr", " , "}, true, "--redis-addr"},
+		{"admin without token", []string{"--rules", good, "--admin-addr", "127.0.0.1:0", "--admin-token-file", tokenFile}, true, "token"},
+		{"admin token file missing", []string{"--rules", good, "--admin-addr", "127.0.0.1:0", "--admin-token-file", tokenFile + "x"}, false, "admin token"},
+		{"bad log format", []string{"--rules", good, "--log-format", "xml"}, true, "xml"},
+		{"bad body bound", []string{"--rules", good, "--max-body-bytes", "0"}, true, "max-body-bytes"},
+		{"extra argument", []string{"--rules", good, "extra"}, true, "extra"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, stderr, err := runArgs(t, t.Context(), append(append([]string{"serve"}, free...), tt.args...)...)
+			if err == nil {
+				t.Fatalf("serve succeeded; log:\n%s", stderr)
+			}
+			var uerr usageError
+			if errors.As(err, &uerr) != tt.usage {
+				t.Errorf("usage error = %v, want %v: %v", !tt.usage, tt.usage, err)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("error %q lacks %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestCheckAdminAddr(t *testing.T) {
+	tests := []struct {
+		addr   string
+		remote bool
+		ok     bool
+	}{
+		{"127.0.0.1:9090", false, true},
+		{"[::1]:9090", false, true},
+		{"localhost:9090", false, true},
+		{"127.0.0.2:0", false, true},
+		{":9090", false, false},
+		{"0.0.0.0:9090", false, false},
+		{"10.1.2.3:9090", false, false},
+		{"example.com:9090", false, false},
+		{"0.0.0.0:9090", true, true},
+		{"nonsense", false, false},
+	}
+	for _, tt := range tests {
+		if err := checkAdminAddr(tt.addr, tt.remote); (err == nil) != tt.ok {
+			t.Errorf("checkAdminAddr(%q, %v) = %v, want ok=%v", tt.addr, tt.remote, err, tt.ok)
+		}
+	}
+}
+
+func TestDomainTag(t *testing.T) {
+	tests := []struct{ key, want string }{
+		{"edge|remote_address:1.2.3.4#fixed_window/1s", "edge"},
+		{"edge|tenant=acme|user:bob#gcra/1m0s", "edge"},
+		{"|4:edge|2:ip|7:1.2.3.4!o/1xsecond", "edge"},
+		{"|9:a|b|c|d|e|1:k|1:v!o/1xsecond", "a|b|c|d|e"},
+		{"|99:short", "|99:short"},
+		{"|x:y", "|x:y"},
+		{"nodomain", "nodomain"},
+	}
+	for _, tt := range tests {
+		if got := domainTag(tt.key); got != tt.want {
+			t.Errorf("domainTag(%q) = %q, want %q", tt.key, got, tt.want)
+		}
+	}
+}
+
+func TestRulesValidate(t *testing.T) {
+	good := rulesDir(t, map[string]string{"st.yaml": testRuleFile})
+	bad := rulesDir(t, map[string]string{
+		"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+		"b.yaml": "domain: b\ndescriptors:\n  - key: \"\"\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+	})
+	empty := t.TempDir()
+	tests := []struct {
+		name       string
+		args       []string
+		code       int
+		wantStdout []string
+	}{
+		{"good", []string{"rules", "validate", good}, 0, []string{"OK", "1 domain(s) (st)", "1 rule(s)"}},
+		{"bad", []string{"rules", "validate", bad}, 1, []string{"a.yaml:4: descriptors[0].rate_limit.unit:", "fortnight", "b.yaml:3: descriptors[0].key:"}},
+		{"empty", []string{"rules", "validate", empty}, 1, []string{"no rule files"}},
+		{"missing", []string{"rules", "validate", filepath.Join(empty, "nope")}, 1, []string{"no such file"}},
+		{"no dir", []string{"rules", "validate"}, 2, nil},
+		{"no verb", []string{"rules"}, 2, nil},
+		{"wrong verb", []string{"rules", "check", good}, 2, nil},
+		{"help", []string{"help", "rules"}, 0, []string{"validate DIR"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			stdout, _, err := runArgs(t, t.Context(), tt.args...)
+			var sink strings.Builder
+			if got := exitCode(err, &sink); got != tt.code {
+				t.Errorf("exit %d (%v), want %d", got, err, tt.code)
+			}
+			for _, w := range tt.wantStdout {
+				if !strings.Contains(stdout, w) {
+					t.Errorf("stdout %q lacks %q", stdout, w)
+				}
+			}
+		})
+	}
+}
+
+// recordHandler is a slog.Handler that passes each record's message and
+// attributes (as strings) to a channel; it drops records when full.
+type recordHandler struct{ ch chan map[string]string }
+
+func (h recordHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h recordHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h recordHandler) WithGroup(string) slog.Handler            { return h }
+func (h recordHandler) Handle(_ context.Context, r slog.Record) error {
+	m := map[string]string{"msg": r.Message}
+	r.Attrs(func(a slog.Attr) bool {
+		m[a.Key] = a.Value.String()
+		return true
+	})
+	select {
+	case h.ch <- m:
+	default:
+	}
+	return nil
+}
+
+// TestServeRedis runs serve in process on a Redis store it starts: the
+// decisions, and an override stored in Redis for every replica.
+func TestServeRedis(t *testing.T) {
+	srv := redistest.Standalone(t)
+	testServeRedis(t, []string{srv.Addr()}, func(ctx context.Context, key string) (int64, error) {
+		return srv.Client().HLen(ctx, key).Result()
+	})
+}
+
+// TestServeRedisCluster: on a Cluster, the keys of one request share a
+// slot (their domain is the hash tag), so a request of two descriptors is
+// decided in one script.
+func TestServeRedisCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	cl := redistest.Cluster(t)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
+	t.Cleanup(func() { c.Close() })
+	testServeRedis(t, cl.Addrs(), func(ctx context.Context, key string) (int64, error) {
+		return c.HLen(ctx, key).Result()
+	})
+}
+
+func testServeRedis(t *testing.T, addrs []string, hlen func(context.Context, string) (int64, error)) {
+	dir := rulesDir(t, map[string]string{"st.yaml": testRuleFile})
+	h := recordHandler{ch: make(chan map[string]string, 64)}
+	cfg := serveConfig{
+		rulesDir: dir, store: "redis", redisAddrs: addrs, redisPrefix: "st:",
+		grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0", adminToken: "tok",
+		maxBodyBytes: 1 << 20, shutdownTimeout: 5 * time.Second,
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, cfg, slog.New(h)) }()
+	var up map[string]string
+	for up == nil {
+		select {
+		case r := <-h.ch:
+			if r["msg"] == "sluice serving" {
+				up = r
+			}
+		case err := <-done:
+			t.Fatalf("serve returned early: %v", err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("serve did not start")
+		}
+	}
+	if up["store"] != "redis" || up["redis"] != strings.Join(addrs, ",") {
+		t.Errorf("start-up line = %v", up)
+	}
+	check := func(want int) string {
+		t.Helper()
+		resp, err := http.Post("http://"+up["http"]+"/v1/check", "application/json",
+			strings.NewReader(`{"domain":"st","descriptors":[{"entries":[{"key":"user","value":"r"}]},{"entries":[{"key":"user","value":"s"}]}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != want {
+			t.Fatalf("check: %d, want %d: %s", resp.StatusCode, want, b)
+		}
+		return string(b)
+	}
+	for range 3 {
+		check(200)
+	}
+	check(429)
+
+	req, _ := http.NewRequest("PUT", "http://"+up["admin"]+"/admin/v1/overrides/st/per_user", strings.NewReader(`{"limit":10,"ttl":"1h"}`))
+	req.Header.Set("Authorization", "Bearer tok")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("override: %d", resp.StatusCode)
+	}
+	if body := check(200); !strings.Contains(body, `"limit":10,"remaining":6`) {
+		t.Errorf("with the override: %s", body)
+	}
+	if n, err := hlen(t.Context(), "st:overrides"); err != nil || n != 1 {
+		t.Errorf("overrides hash holds %d fields (%v), want 1", n, err)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+}

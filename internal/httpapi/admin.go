@@ -1,0 +1,540 @@
+package httpapi
+
+import (
+	"bytes"
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/rules"
+	"github.com/sluicehq/sluice/internal/service"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// A KeyStore lets the admin API read and reset the state of one storage
+// key. memstore.Store satisfies it through LocalKeys.
+type KeyStore interface {
+	State(ctx context.Context, key string) (ratelimit.State, bool, error)
+	Reset(ctx context.Context, key string) error
+}
+
+// localStore is what an in-process store offers.
+type localStore interface {
+	State(key string) (ratelimit.State, bool)
+	Reset(key string)
+}
+
+// LocalKeys adapts an in-process store such as *memstore.Store to KeyStore.
+func LocalKeys(s localStore) KeyStore { return localKeys{s} }
+
+type localKeys struct{ s localStore }
+
+func (l localKeys) State(_ context.Context, key string) (ratelimit.State, bool, error) {
+	st, ok := l.s.State(key)
+	return st, ok, nil
+}
+
+func (l localKeys) Reset(_ context.Context, key string) error {
+	l.s.Reset(key)
+	return nil
+}
+
+// AdminOptions configure an Admin.
+type AdminOptions struct {
+	// Token is the bearer token every request must carry. Required.
+	Token string
+	// Service is the decision service. Required.
+	Service *service.Service
+	// Store is the store the service decides with;
+	// key inspection peeks at it with cost-0 checks. Required.
+	Store ratelimit.Store
+	// Keys, if not nil, reads and resets storage keys: without it, key
+	// state shows only the peeked decision and reset is not available.
+	Keys KeyStore
+	// Overrides and OverrideSync manage runtime overrides; nil disables
+	// the override endpoints.
+	Overrides    *service.Overrides
+	OverrideSync *OverrideSync
+	// Reload loads the rules directory now; Status reports the loads.
+	// Nil disables POST /admin/v1/reload and the reload status.
+	Reload func() error
+	Status func() rules.WatchStatus
+	// Logger records every change: who, what, when. Nil discards.
+	Logger *slog.Logger
+	// MaxBodyBytes bounds request bodies; 0 means 64 KiB.
+	MaxBodyBytes int64
+}
+
+// Admin is the admin API, to be served on its own listener:
+//
+//	GET    /admin/v1/rules                      loaded rules, their source, overrides, reload status
+//	POST   /admin/v1/reload                     reload the rules directory now
+//	GET    /admin/v1/keys?domain=D&entry=K=V…   storage keys of a descriptor's limits and their state
+//	POST   /admin/v1/keys/reset                 {"domain","entries":[{"key","value"}]}: forget their state
+//	GET    /admin/v1/overrides                  runtime overrides in force
+//	PUT    /admin/v1/overrides/{domain}/{rule}  {"limit","burst"?,"ttl","reason"?}: override a limit
+//	DELETE /admin/v1/overrides/{domain}/{rule}  remove an override
+//
+// Every request needs "Authorization: Bearer <token>". An optional
+// X-Sluice-Actor header names the person or tool acting; it is logged with
+// the client address (it is not authenticated: the token is).
+type Admin struct {
+	opts AdminOptions
+	log  *slog.Logger
+	mux  *http.ServeMux
+}
+
+// NewAdmin returns an Admin.
+func NewAdmin(opts AdminOptions) (*Admin, error) {
+	if opts.Token == "" {
+		return nil, errors.New("httpapi: the admin API needs a token")
+	}
+	if opts.Service == nil || opts.Store == nil {
+		return nil, errors.New("httpapi: the admin API needs the service and its store")
+	}
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = 64 << 10
+	}
+	a := &Admin{opts: opts, log: opts.Logger, mux: http.NewServeMux()}
+	if a.log == nil {
+		a.log = slog.New(slog.DiscardHandler)
+	}
+	a.mux.HandleFunc("GET /admin/v1/rules", a.listRules)
+	if opts.Reload != nil {
+		a.mux.HandleFunc("POST /admin/v1/reload", a.reload)
+	}
+	a.mux.HandleFunc("GET /admin/v1/keys", a.inspectKey)
+	if opts.Keys != nil {
+		a.mux.HandleFunc("POST /admin/v1/keys/reset", a.resetKey)
+	}
+	if opts.Overrides != nil && opts.OverrideSync != nil {
+		a.mux.HandleFunc("GET /admin/v1/overrides", a.listOverrides)
+		a.mux.HandleFunc("PUT /admin/v1/overrides/{domain}/{rule}", a.putOverride)
+		a.mux.HandleFunc("DELETE /admin/v1/overrides/{domain}/{rule}", a.deleteOverride)
+	}
+	return a, nil
+}
+
+// ServeHTTP implements http.Handler: it checks the token, then routes.
+func (a *Admin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || subtle.ConstantTimeCompare([]byte(tok), []byte(a.opts.Token)) != 1 {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice-admin"`)
+		writeProblem(w, r, http.StatusUnauthorized, "a valid bearer token is required")
+		return
+	}
+	a.mux.ServeHTTP(w, r)
+}
+
+// who returns the log attributes naming the caller.
+func who(r *http.Request) slog.Attr {
+	return slog.Group("by", "remote", r.RemoteAddr, "actor", r.Header.Get("X-Sluice-Actor"))
+}
+
+func actor(r *http.Request) string {
+	if a := r.Header.Get("X-Sluice-Actor"); a != "" {
+		return a + " (" + r.RemoteAddr + ")"
+	}
+	return r.RemoteAddr
+}
+
+// decodeBody decodes a bounded JSON body strictly into v; on error it has
+// answered the request.
+func (a *Admin) decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.opts.MaxBodyBytes))
+	if err != nil {
+		writeProblem(w, r, http.StatusBadRequest, fmt.Sprintf("reading the body (at most %d bytes): %v", a.opts.MaxBodyBytes, err))
+		return false
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		writeProblem(w, r, http.StatusBadRequest, "decoding the body: "+err.Error())
+		return false
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		writeProblem(w, r, http.StatusBadRequest, "unexpected data after the JSON object")
+		return false
+	}
+	return true
+}
+
+type ruleView struct {
+	Name        string        `json:"name"`
+	Source      string        `json:"source"`
+	Unlimited   bool          `json:"unlimited,omitempty"`
+	Shadow      bool          `json:"shadow,omitempty"`
+	Algorithm   string        `json:"algorithm,omitempty"`
+	Limit       int64         `json:"limit"`
+	Period      string        `json:"period,omitempty"`
+	Burst       int64         `json:"burst,omitempty"`
+	Unit        string        `json:"unit,omitempty"`
+	Calendar    string        `json:"calendar,omitempty"`
+	Timezone    string        `json:"timezone,omitempty"`
+	FailureMode string        `json:"failure_mode,omitempty"`
+	Replaces    []string      `json:"replaces,omitempty"`
+	Override    *overrideView `json:"override,omitempty"`
+}
+
+type overrideView struct {
+	Domain      string `json:"domain"`
+	Rule        string `json:"rule"`
+	Limit       int64  `json:"limit"`
+	Burst       int64  `json:"burst,omitempty"`
+	ExpiresInMS int64  `json:"expires_in_ms"`
+	By          string `json:"by,omitempty"`
+	Reason      string `json:"reason,omitempty"`
+}
+
+func viewOverride(o *service.RuleOverride, now time.Time) *overrideView {
+	return &overrideView{Domain: o.Domain, Rule: o.Rule, Limit: o.Limit, Burst: o.Burst,
+		ExpiresInMS: o.Expires.Sub(now).Milliseconds(), By: o.By, Reason: o.Reason}
+}
+
+type domainView struct {
+	Name  string     `json:"name"`
+	File  string     `json:"file"`
+	Rules []ruleView `json:"rules"`
+}
+
+type reloadView struct {
+	Loads     int    `json:"loads"`
+	Failures  int    `json:"failures"`
+	LastLoad  string `json:"last_load,omitempty"`
+	LastGood  string `json:"last_good,omitempty"`
+	LastError string `json:"last_error,omitempty"`
+}
+
+func viewRule(sp *rules.Spec) ruleView {
+	v := ruleView{Name: sp.Name, Source: sp.Source, Unlimited: sp.Unlimited, Shadow: sp.Shadow, Replaces: sp.Replaces}
+	if sp.Unit != rules.UnitUnknown {
+		v.Unit = sp.Unit.String()
+	}
+	if r := sp.Rule; r != nil {
+		v.Algorithm, v.Limit, v.Burst = r.Algorithm.String(), r.Limit, r.Burst
+		v.FailureMode = r.Failure.String()
+		if r.Period > 0 {
+			v.Period = r.Period.String()
+		}
+		if r.Calendar != ratelimit.NoCalendar {
+			v.Calendar = r.Calendar.String()
+			if r.Location != nil {
+				v.Timezone = r.Location.String()
+			}
+		}
+	}
+	return v
+}
+
+// listRules answers GET /admin/v1/rules.
+func (a *Admin) listRules(w http.ResponseWriter, r *http.Request) {
+	set := a.opts.Service.Rules()
+	now := time.Now()
+	byRule := map[[2]string]*service.RuleOverride{}
+	var overrides []service.RuleOverride
+	if a.opts.Overrides != nil {
+		overrides = a.opts.Overrides.List()
+		for i := range overrides {
+			byRule[[2]string{overrides[i].Domain, overrides[i].Rule}] = &overrides[i]
+		}
+	}
+	out := struct {
+		Domains []domainView `json:"domains"`
+		Reload  *reloadView  `json:"reload,omitempty"`
+	}{Domains: []domainView{}}
+	for _, name := range set.Domains() {
+		d, _ := set.Domain(name)
+		dv := domainView{Name: name, File: d.File(), Rules: []ruleView{}}
+		for _, sp := range d.Specs() {
+			v := viewRule(sp)
+			if o := byRule[[2]string{name, sp.Name}]; o != nil {
+				v.Override = viewOverride(o, now)
+			}
+			dv.Rules = append(dv.Rules, v)
+		}
+		out.Domains = append(out.Domains, dv)
+	}
+	if a.opts.Status != nil {
+		out.Reload = viewStatus(a.opts.Status())
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func viewStatus(st rules.WatchStatus) *reloadView {
+	v := &reloadView{Loads: st.Loads, Failures: st.Failures}
+	if !st.LastLoad.IsZero() {
+		v.LastLoad = st.LastLoad.UTC().Format(time.RFC3339Nano)
+	}
+	if !st.LastGood.IsZero() {
+		v.LastGood = st.LastGood.UTC().Format(time.RFC3339Nano)
+	}
+	if st.LastError != nil {
+		v.LastError = st.LastError.Error()
+	}
+	return v
+}
+
+// reload answers POST /admin/v1/reload: 200 with the status when the load
+// succeeded, 422 with every file:line error when it failed (the last good
+// rules stay in force).
+func (a *Admin) reload(w http.ResponseWriter, r *http.Request) {
+	err := a.opts.Reload()
+	a.log.LogAttrs(r.Context(), slog.LevelInfo, "admin: rules reload requested", who(r), slog.Bool("ok", err == nil))
+	if err != nil {
+		writeProblem(w, r, http.StatusUnprocessableEntity, "the rules did not load; the last good rules stay in force: "+err.Error())
+		return
+	}
+	var st *reloadView
+	if a.opts.Status != nil {
+		st = viewStatus(a.opts.Status())
+	}
+	writeJSON(w, http.StatusOK, struct {
+		OK     bool        `json:"ok"`
+		Reload *reloadView `json:"reload,omitempty"`
+	}{true, st})
+}
+
+// keyRequest names one request descriptor.
+type keyRequest struct {
+	Domain  string  `json:"domain"`
+	Entries []entry `json:"entries"`
+}
+
+// matchedKey is one limit a descriptor matches, with its storage key.
+type matchedKey struct {
+	spec *rules.Spec
+	key  string
+}
+
+// match returns the limits a descriptor matches and their storage keys;
+// on error it has answered the request.
+func (a *Admin) match(w http.ResponseWriter, r *http.Request, kr *keyRequest) ([]matchedKey, bool) {
+	if err := rules.CheckDomain(kr.Domain); err != nil {
+		writeProblem(w, r, http.StatusBadRequest, "domain: "+err.Error())
+		return nil, false
+	}
+	entries := toEntries(nil, kr.Entries)
+	if err := rules.CheckDescriptor(0, entries); err != nil {
+		writeProblem(w, r, http.StatusBadRequest, err.Error())
+		return nil, false
+	}
+	if len(kr.Entries) == 0 {
+		writeProblem(w, r, http.StatusBadRequest, "entries: empty; a descriptor needs at least one entry")
+		return nil, false
+	}
+	d, ok := a.opts.Service.Rules().Domain(kr.Domain)
+	if !ok {
+		writeProblem(w, r, http.StatusNotFound, fmt.Sprintf("domain %q is not loaded", kr.Domain))
+		return nil, false
+	}
+	var out []matchedKey
+	for _, l := range d.Match(0, entries, nil) {
+		out = append(out, matchedKey{spec: l.Spec, key: string(l.AppendKey(nil, entries))})
+	}
+	return out, true
+}
+
+type stateView struct {
+	Algorithm string `json:"algorithm"`
+	T         int64  `json:"t"`
+	N         int64  `json:"n"`
+	Prev      int64  `json:"prev,omitempty"`
+	Seen      int64  `json:"seen"`
+	LogLen    int    `json:"log_len,omitempty"`
+}
+
+type keyView struct {
+	Rule         string        `json:"rule"`
+	Source       string        `json:"source"`
+	Key          string        `json:"key"`
+	Unlimited    bool          `json:"unlimited,omitempty"`
+	Shadow       bool          `json:"shadow,omitempty"`
+	Limit        int64         `json:"limit"`
+	Remaining    int64         `json:"remaining"`
+	ResetAfterMS int64         `json:"reset_after_ms"`
+	Override     *overrideView `json:"override,omitempty"`
+	Stored       *bool         `json:"stored,omitempty"`
+	State        *stateView    `json:"state,omitempty"`
+}
+
+// inspectKey answers GET /admin/v1/keys?domain=D&entry=K=V&entry=K2=V2:
+// the limits the descriptor (its entries in order; a value is everything
+// after the first '=') matches, their storage keys, and their state now.
+func (a *Admin) inspectKey(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	kr := keyRequest{Domain: q.Get("domain")}
+	for _, e := range q["entry"] {
+		k, v, ok := strings.Cut(e, "=")
+		if !ok {
+			writeProblem(w, r, http.StatusBadRequest, fmt.Sprintf("entry %q: want KEY=VALUE", e))
+			return
+		}
+		kr.Entries = append(kr.Entries, entry{Key: k, Value: v})
+	}
+	keys, ok := a.match(w, r, &kr)
+	if !ok {
+		return
+	}
+	now := time.Now()
+	out := struct {
+		Domain  string    `json:"domain"`
+		Entries []entry   `json:"entries"`
+		Limits  []keyView `json:"limits"`
+	}{kr.Domain, kr.Entries, []keyView{}}
+	for _, mk := range keys {
+		v := keyView{Rule: mk.spec.Name, Source: mk.spec.Source, Key: mk.key, Unlimited: mk.spec.Unlimited, Shadow: mk.spec.Shadow}
+		if rule := mk.spec.Rule; rule != nil {
+			if a.opts.Overrides != nil {
+				if or, exp, ok := a.opts.Overrides.Lookup(rule); ok {
+					rule = or
+					v.Override = &overrideView{Domain: kr.Domain, Rule: mk.spec.Name, Limit: or.Limit, Burst: or.Burst, ExpiresInMS: exp.Sub(now).Milliseconds()}
+				}
+			}
+			// A cost-0 check decides nothing and stores nothing: it reads
+			// the key's remaining capacity in any store.
+			ds, err := a.opts.Store.Decide(r.Context(), nil, []ratelimit.Item{{Key: mk.key, Rule: rule}})
+			if err != nil {
+				decisionError(w, r, err)
+				return
+			}
+			v.Limit, v.Remaining, v.ResetAfterMS = ds[0].Limit, ds[0].Remaining, ceilMillis(ds[0].ResetAfter)
+		}
+		if a.opts.Keys != nil {
+			st, found, err := a.opts.Keys.State(r.Context(), mk.key)
+			if err != nil {
+				decisionError(w, r, err)
+				return
+			}
+			v.Stored = &found
+			if found {
+				v.State = &stateView{Algorithm: st.Algorithm.String(), T: st.T, N: st.N, Prev: st.Prev, Seen: st.Seen, LogLen: len(st.Log)}
+			}
+		}
+		out.Limits = append(out.Limits, v)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// resetKey answers POST /admin/v1/keys/reset: it forgets the state of
+// every limit the descriptor matches, so its next request starts from full
+// capacity (e.g. after a successful login).
+func (a *Admin) resetKey(w http.ResponseWriter, r *http.Request) {
+	var kr keyRequest
+	if !a.decodeBody(w, r, &kr) {
+		return
+	}
+	keys, ok := a.match(w, r, &kr)
+	if !ok {
+		return
+	}
+	reset := []string{}
+	for _, mk := range keys {
+		if mk.spec.Rule == nil {
+			continue
+		}
+		if err := a.opts.Keys.Reset(r.Context(), mk.key); err != nil {
+			decisionError(w, r, err)
+			return
+		}
+		reset = append(reset, mk.key)
+	}
+	a.log.LogAttrs(r.Context(), slog.LevelInfo, "admin: keys reset", who(r),
+		slog.String("domain", kr.Domain), slog.Any("keys", reset))
+	writeJSON(w, http.StatusOK, struct {
+		Reset []string `json:"reset"`
+	}{reset})
+}
+
+// listOverrides answers GET /admin/v1/overrides.
+func (a *Admin) listOverrides(w http.ResponseWriter, r *http.Request) {
+	now := time.Now()
+	out := struct {
+		Overrides []*overrideView `json:"overrides"`
+	}{[]*overrideView{}}
+	list := a.opts.Overrides.List()
+	for i := range list {
+		out.Overrides = append(out.Overrides, viewOverride(&list[i], now))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// overrideRequest is the body of PUT /admin/v1/overrides/{domain}/{rule}.
+type overrideRequest struct {
+	Limit  *int64 `json:"limit"`
+	Burst  int64  `json:"burst"`
+	TTL    string `json:"ttl"` // a Go duration: 90s, 1h, 72h
+	Reason string `json:"reason"`
+}
+
+// putOverride answers PUT /admin/v1/overrides/{domain}/{rule}: it checks
+// the override against the loaded rules, stores it and applies it here at
+// once (other replicas within one poll of the store).
+func (a *Admin) putOverride(w http.ResponseWriter, r *http.Request) {
+	var req overrideRequest
+	if !a.decodeBody(w, r, &req) {
+		return
+	}
+	if req.Limit == nil {
+		writeProblem(w, r, http.StatusBadRequest, `field "limit" is required`)
+		return
+	}
+	ttl, err := time.ParseDuration(req.TTL)
+	if err != nil {
+		writeProblem(w, r, http.StatusBadRequest, fmt.Sprintf(`field "ttl": want a duration such as "30m" or "24h", at most %v: %v`, service.MaxOverrideTTL, err))
+		return
+	}
+	o := service.RuleOverride{
+		Domain: r.PathValue("domain"), Rule: r.PathValue("rule"),
+		Limit: *req.Limit, Burst: req.Burst, By: actor(r), Reason: req.Reason,
+	}
+	now := time.Now()
+	o.Expires = now.Add(ttl)
+	if _, err := o.Check(a.opts.Service.Rules(), now); err != nil {
+		status := http.StatusBadRequest
+		if errors.Is(err, service.ErrNoSuchRule) {
+			status = http.StatusNotFound
+		}
+		writeProblem(w, r, status, err.Error())
+		return
+	}
+	if err := a.opts.OverrideSync.Store.Put(r.Context(), o, ttl); err != nil {
+		writeProblem(w, r, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	if err := a.opts.OverrideSync.Sync(r.Context()); err != nil {
+		writeProblem(w, r, http.StatusServiceUnavailable, "stored, but not re-read: "+err.Error())
+		return
+	}
+	a.log.LogAttrs(r.Context(), slog.LevelInfo, "admin: override set", who(r),
+		slog.String("domain", o.Domain), slog.String("rule", o.Rule), slog.Int64("limit", o.Limit),
+		slog.Int64("burst", o.Burst), slog.Duration("ttl", ttl), slog.String("reason", o.Reason))
+	writeJSON(w, http.StatusOK, viewOverride(&o, now))
+}
+
+// deleteOverride answers DELETE /admin/v1/overrides/{domain}/{rule}.
+func (a *Admin) deleteOverride(w http.ResponseWriter, r *http.Request) {
+	domain, rule := r.PathValue("domain"), r.PathValue("rule")
+	found, err := a.opts.OverrideSync.Store.Delete(r.Context(), domain, rule)
+	if err != nil {
+		writeProblem(w, r, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	if err := a.opts.OverrideSync.Sync(r.Context()); err != nil {
+		writeProblem(w, r, http.StatusServiceUnavailable, "deleted, but not re-read: "+err.Error())
+		return
+	}
+	a.log.LogAttrs(r.Context(), slog.LevelInfo, "admin: override deleted", who(r),
+		slog.String("domain", domain), slog.String("rule", rule), slog.Bool("found", found))
+	if !found {
+		writeProblem(w, r, http.StatusNotFound, fmt.Sprintf("no override of %s/%s", domain, rule))
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

@@ -1,0 +1,298 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+	"unicode/utf8"
+
+	"github.com/sluicehq/sluice/internal/rules"
+	"github.com/sluicehq/sluice/internal/service"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// checkRequest is the body of POST /v1/check.
+type checkRequest struct {
+	Domain      string            `json:"domain"`
+	Descriptors []checkDescriptor `json:"descriptors"`
+	// Cost is the cost of every descriptor without its own; absent means 1.
+	Cost *int64 `json:"cost"`
+}
+
+type checkDescriptor struct {
+	Entries []entry `json:"entries"`
+	Cost    *int64  `json:"cost"`
+}
+
+// entry is a rules.Entry with the JSON names of the API.
+type entry struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+}
+
+// toEntries appends es to dst as rules.Entry values.
+func toEntries(dst []rules.Entry, es []entry) []rules.Entry {
+	for _, e := range es {
+		dst = append(dst, rules.Entry(e))
+	}
+	return dst
+}
+
+// checkCall holds the buffers one /v1/check call reuses.
+type checkCall struct {
+	in      checkRequest
+	entries []rules.Entry
+	req     service.Request
+	resp    service.Response
+	out     []byte
+	policy  []byte
+	limit   []byte
+}
+
+// decodeCheck decodes a /v1/check body strictly into in: one JSON object,
+// no unknown fields, nothing after it. Errors name the offending field.
+func decodeCheck(body []byte, in *checkRequest) error {
+	// encoding/json decodes array elements into the slice's old elements
+	// without zeroing them, so clear them: a field absent from this body
+	// must not keep the last request's value.
+	ds := in.Descriptors[:cap(in.Descriptors)]
+	clear(ds)
+	*in = checkRequest{Descriptors: ds[:0]}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(in); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return fmt.Errorf("field %q: want a JSON %s, got %s", te.Field, te.Type, te.Value)
+		}
+		if errors.Is(err, io.EOF) {
+			return errors.New("empty body: want a JSON object")
+		}
+		return err // names the unknown field: json: unknown field "x"
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("unexpected data after the JSON object")
+	}
+	return nil
+}
+
+// convert fills c.req from c.in, checking the bounds first so that nothing
+// is copied for a request beyond them.
+func (c *checkCall) convert() error {
+	in := &c.in
+	if err := rules.CheckDomain(in.Domain); err != nil {
+		return fmt.Errorf("domain: %w", err)
+	}
+	if err := rules.CheckDescriptorCount(len(in.Descriptors)); err != nil {
+		return fmt.Errorf("descriptors: %w", err)
+	}
+	n := 0
+	for i := range in.Descriptors {
+		d := &in.Descriptors[i]
+		if len(d.Entries) > rules.MaxEntries {
+			return fmt.Errorf("%w: descriptor %d has %d entries; at most %d (MaxEntries) are allowed", rules.ErrBound, i, len(d.Entries), rules.MaxEntries)
+		}
+		if len(d.Entries) == 0 {
+			return fmt.Errorf("descriptors[%d].entries: empty; a descriptor needs at least one entry", i)
+		}
+		n += len(d.Entries)
+	}
+	cost := int64(1)
+	if in.Cost != nil {
+		cost = *in.Cost
+	}
+	c.entries = slices.Grow(c.entries[:0], n) // sub-slices never move
+	c.req.Domain = in.Domain
+	c.req.Hits = 0
+	c.req.Descriptors = c.req.Descriptors[:0]
+	for i := range in.Descriptors {
+		d := &in.Descriptors[i]
+		start := len(c.entries)
+		c.entries = toEntries(c.entries, d.Entries)
+		if err := rules.CheckDescriptor(i, c.entries[start:]); err != nil {
+			return err
+		}
+		dc := cost
+		if d.Cost != nil {
+			dc = *d.Cost
+		}
+		if dc < -ratelimit.MaxLimit || dc > ratelimit.MaxLimit {
+			return fmt.Errorf("descriptors[%d].cost: %d is beyond ±%d (ratelimit.MaxLimit)", i, dc, int64(ratelimit.MaxLimit))
+		}
+		sd := service.Descriptor{Entries: c.entries[start:len(c.entries):len(c.entries)], HasHits: true}
+		if dc < 0 {
+			sd.Hits, sd.Refund = uint64(-dc), true
+		} else {
+			sd.Hits = uint64(dc)
+		}
+		c.req.Descriptors = append(c.req.Descriptors, sd)
+	}
+	return nil
+}
+
+// check answers POST /v1/check.
+func (a *API) check(w http.ResponseWriter, r *http.Request) {
+	buf, ok := a.readBody(w, r)
+	if !ok {
+		return
+	}
+	c := a.calls.Get().(*checkCall)
+	defer a.calls.Put(c)
+	err := decodeCheck(buf.Bytes(), &c.in)
+	a.putBody(buf)
+	if err != nil {
+		writeProblem(w, r, http.StatusBadRequest, "decoding the check request: "+err.Error())
+		return
+	}
+	if err := c.convert(); err != nil {
+		writeProblem(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	if err := a.svc.ShouldRateLimit(r.Context(), &c.req, &c.resp); err != nil {
+		decisionError(w, r, err)
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	a.setHeaders(h, c)
+	code := http.StatusOK
+	if c.resp.Code == service.OverLimit {
+		code = http.StatusTooManyRequests
+	}
+	c.out = a.appendCheckResponse(c.out[:0], &c.resp)
+	w.WriteHeader(code)
+	_, _ = w.Write(c.out)
+}
+
+// setHeaders sets RateLimit-Policy and RateLimit for every decided limit,
+// and Retry-After when the request is over the limit and can succeed later.
+func (a *API) setHeaders(h http.Header, c *checkCall) {
+	var retry int64
+	c.policy, c.limit, retry = c.resp.AppendFields(c.policy[:0], c.limit[:0])
+	if len(c.policy) == 0 {
+		return
+	}
+	// Canonical keys set directly: Set would re-canonicalise (and
+	// allocate) on every response.
+	h["Ratelimit-Policy"] = []string{string(c.policy)}
+	h["Ratelimit"] = []string{string(c.limit)}
+	if retry > 0 {
+		h["Retry-After"] = []string{strconv.FormatInt(retry, 10)}
+	}
+}
+
+// appendCheckResponse appends the JSON answer of /v1/check (see the
+// package documentation) without reflection.
+func (a *API) appendCheckResponse(b []byte, resp *service.Response) []byte {
+	over := resp.Code == service.OverLimit
+	b = append(b, `{"allowed":`...)
+	b = strconv.AppendBool(b, !over)
+	b = append(b, `,"code":`...)
+	b = appendCode(b, resp.Code)
+	b = append(b, `,"descriptors":[`...)
+	for i := range resp.Statuses {
+		st := &resp.Statuses[i]
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"allowed":`...)
+		b = strconv.AppendBool(b, st.Code == service.OK)
+		b = append(b, `,"code":`...)
+		b = appendCode(b, st.Code)
+		switch {
+		case st.Rule != nil:
+			d := &st.Decision
+			b = append(b, `,"matched":true,"rule":`...)
+			b = appendJSONString(b, d.Rule)
+			b = append(b, `,"limit":`...)
+			b = strconv.AppendInt(b, d.Limit, 10)
+			b = append(b, `,"remaining":`...)
+			b = strconv.AppendInt(b, max(d.Remaining, 0), 10)
+			b = append(b, `,"reset_after_ms":`...)
+			b = strconv.AppendInt(b, ceilMillis(d.ResetAfter), 10)
+			b = append(b, `,"retry_after_ms":`...)
+			if d.RetryAfter == ratelimit.Never {
+				b = append(b, "-1"...)
+			} else {
+				b = strconv.AppendInt(b, ceilMillis(d.RetryAfter), 10)
+			}
+			b = append(b, `,"reason":"`...)
+			b = append(b, d.Reason.String()...)
+			b = append(b, `","shadow":`...)
+			b = strconv.AppendBool(b, st.Shadow)
+			b = append(b, `,"unlimited":false`...)
+		case st.Unlimited:
+			b = append(b, `,"matched":true,"rule":`...)
+			name := ""
+			if st.Spec != nil {
+				name = st.Spec.Name
+			}
+			b = appendJSONString(b, name)
+			b = append(b, `,"reason":"ok","shadow":false,"unlimited":true`...)
+		default:
+			b = append(b, `,"matched":false,"reason":"ok","shadow":false,"unlimited":false`...)
+		}
+		b = append(b, '}')
+	}
+	return append(b, "]}\n"...)
+}
+
+func appendCode(b []byte, c service.Code) []byte {
+	if c == service.OverLimit {
+		return append(b, `"OVER_LIMIT"`...)
+	}
+	return append(b, `"OK"`...)
+}
+
+// ceilMillis rounds d up to whole milliseconds.
+func ceilMillis(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	if d > math.MaxInt64-time.Millisecond {
+		return int64(d / time.Millisecond)
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// appendJSONString appends s as a JSON string. Invalid UTF-8 becomes
+// U+FFFD, as encoding/json writes it.
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\':
+				b = append(b, '\\', c)
+			case c < 0x20 || c == '<' || c == '>' || c == '&':
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&15])
+			default:
+				b = append(b, c)
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			b = append(b, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			b = append(b, `\u202`...)
+			b = append(b, hex[r&15])
+		default:
+			b = append(b, s[i:i+size]...)
+		}
+		i += size
+	}
+	return append(b, '"')
+}

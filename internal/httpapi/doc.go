@@ -1,0 +1,68 @@
+// Package httpapi is the HTTP face of Sluice's decision service: the JSON
+// APIs, metrics and health endpoints (API), and the admin API (Admin),
+// which runs on its own listener.
+//
+// # POST /json
+//
+// envoyproxy/ratelimit's JSON endpoint: the body is a RateLimitRequest of
+// Envoy's rate limit service API in proto3 JSON (either field spelling,
+// "hitsAddend" or "hits_addend"; unknown fields are an error). It is
+// decided by the gRPC method itself (internal/rls), so both answer alike:
+// the RateLimitResponse in proto3 JSON, with status 200 when overall_code
+// is OK and 429 when it is OVER_LIMIT, and the response_headers_to_add as
+// HTTP headers.
+//
+// # POST /v1/check
+//
+// Sluice's native schema:
+//
+//	{"domain": "edge",                  required, at most 256 bytes
+//	 "descriptors": [                   1 to 64
+//	   {"entries": [                    1 to 16, in order (outer level first)
+//	      {"key": "tenant", "value": "acme"},
+//	      {"key": "user", "value": "alice"}],
+//	    "cost": 3}],                    optional; this descriptor's cost
+//	 "cost": 1}                         optional; the default cost, 1 if absent
+//
+// Keys and values are at most 256 bytes. A cost of 0 checks without
+// counting; a negative cost refunds (never above the limit's capacity);
+// |cost| is at most 2^40. The answer, with status 200 when every
+// descriptor is allowed and 429 otherwise:
+//
+//	{"allowed": true, "code": "OK",     or false and "OVER_LIMIT"
+//	 "descriptors": [{                  one per request descriptor, in order
+//	   "allowed": true, "code": "OK",
+//	   "matched": true,                 false: no rule applies (no fields below but reason)
+//	   "rule": "acme_user",             the rule that decided
+//	   "limit": 5,                      its capacity (overrides applied)
+//	   "remaining": 4,                  what could still be admitted now
+//	   "reset_after_ms": 12000,         until back to full capacity
+//	   "retry_after_ms": 0,             until the same cost would pass; -1: never
+//	   "reason": "ok",                  ok, limited, exceeds_capacity, fail_open, fail_closed, local
+//	   "shadow": false,                 a shadow-mode rule decided: always allowed
+//	   "unlimited": false}]}            an unlimited rule matched
+//
+// When a request has several limits, the status of a descriptor is the one
+// that denied it, or the one with least remaining. Requests are decided all
+// or nothing (unless the service counts independently): in a denied request
+// nothing is consumed, so an allowed descriptor's remaining is unchanged.
+// The response carries RateLimit-Policy and RateLimit (draft-ietf-httpapi-
+// ratelimit-headers) for every limit that decided, and Retry-After when the
+// request is denied and could pass later.
+//
+// # Errors and bounds
+//
+// Bodies are read through http.MaxBytesReader (Options.MaxBodyBytes,
+// 1 MiB by default) and decoded strictly: unknown fields, values of the
+// wrong type, trailing data and values beyond a bound are answered 400.
+// Every error is an RFC 9457 application/problem+json object whose detail
+// names the field or the bound (MaxDescriptors, MaxEntries,
+// MaxKeyValueBytes, MaxBodyBytes, MaxLimit). A store that cannot decide
+// gives 503.
+//
+// # Concurrency and cost
+//
+// API and Admin are safe for concurrent use. A /v1/check call reuses
+// pooled buffers and encodes its answer without reflection; nothing is
+// logged per request.
+package httpapi

@@ -1,0 +1,161 @@
+package rules
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+)
+
+// DefaultDebounce is how long a Watcher waits after the last change in its
+// directory before it reloads, when WatchOptions.Debounce is 0.
+const DefaultDebounce = 100 * time.Millisecond
+
+// WatchOptions configure a Watcher.
+type WatchOptions struct {
+	// OnLoad receives every set loaded without error. Required. It is
+	// called from one goroutine at a time, in load order.
+	OnLoad func(*Set)
+	// OnError, if not nil, receives every failed load; the last good set
+	// stays in force.
+	OnError func(error)
+	// Debounce is the quiet time after a change before a reload; 0 means
+	// DefaultDebounce. Editors and Kubernetes write a change as several
+	// events; one reload follows them all.
+	Debounce time.Duration
+	// Logger logs reloads and their errors; nil discards.
+	Logger *slog.Logger
+}
+
+// A Watcher reloads a rules directory when it changes: it watches the
+// directory (not its files, so editors that save by renaming a new file
+// over the old one, and Kubernetes ConfigMap volumes that swap a symlink,
+// are both seen), waits until the changes settle, loads the whole
+// directory, and hands a good Set to OnLoad. A load that fails keeps the
+// last good set: OnError gets the error, which names every file, line and
+// key at fault, and Status reports it until a later load succeeds.
+//
+// Run is the Watcher's goroutine; Reload loads at once, from any
+// goroutine. Loads never overlap.
+type Watcher struct {
+	dir  string
+	opts WatchOptions
+	log  *slog.Logger
+
+	load sync.Mutex // serialises loads and their callbacks
+
+	mu     sync.Mutex
+	status WatchStatus
+}
+
+// WatchStatus is the outcome of a Watcher's loads.
+type WatchStatus struct {
+	// Loads and Failures count the loads done and those that failed.
+	Loads, Failures int
+	// LastLoad is when the last load finished; LastGood when the last
+	// successful one did.
+	LastLoad, LastGood time.Time
+	// LastError is the error of the last load, nil when it succeeded.
+	LastError error
+}
+
+// NewWatcher returns a Watcher of dir. It does not read dir until Run or
+// Reload.
+func NewWatcher(dir string, opts WatchOptions) (*Watcher, error) {
+	if opts.OnLoad == nil {
+		return nil, errors.New("rules: WatchOptions.OnLoad is required")
+	}
+	if opts.Debounce <= 0 {
+		opts.Debounce = DefaultDebounce
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Watcher{dir: dir, opts: opts, log: log}, nil
+}
+
+// Status returns the outcome of the loads so far.
+func (w *Watcher) Status() WatchStatus {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.status
+}
+
+// Reload loads the directory now and returns the load's error; on success
+// OnLoad has been called when it returns.
+func (w *Watcher) Reload() error {
+	w.load.Lock()
+	defer w.load.Unlock()
+	set, err := Load(w.dir)
+	now := time.Now()
+	w.mu.Lock()
+	w.status.Loads++
+	w.status.LastLoad = now
+	w.status.LastError = err
+	if err != nil {
+		w.status.Failures++
+	} else {
+		w.status.LastGood = now
+	}
+	w.mu.Unlock()
+	if err != nil {
+		w.log.Error("rules reload failed; keeping the last good rules", "dir", w.dir, "err", err)
+		if w.opts.OnError != nil {
+			w.opts.OnError(err)
+		}
+		return err
+	}
+	w.log.Info("rules loaded", "dir", w.dir, "domains", len(set.names), "files", len(set.files))
+	w.opts.OnLoad(set)
+	return nil
+}
+
+// Run watches the directory until ctx is done, then returns nil. Once the
+// watch is in place it loads the directory (so that no change made before
+// is missed), then again after every change, debounced. It returns an
+// error only when the directory cannot be watched.
+func (w *Watcher) Run(ctx context.Context) error {
+	fw, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("rules: watching %s: %w", w.dir, err)
+	}
+	defer fw.Close()
+	if err := fw.Add(w.dir); err != nil {
+		return fmt.Errorf("rules: watching %s: %w", w.dir, err)
+	}
+	_ = w.Reload() // errors are reported through OnError and Status
+
+	timer := time.NewTimer(0)
+	if !timer.Stop() {
+		<-timer.C
+	}
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-fw.Events:
+			if !ok {
+				return errors.New("rules: the directory watch closed")
+			}
+			if ev.Op == fsnotify.Chmod {
+				continue // touch, chmod: the content did not change
+			}
+			timer.Reset(w.opts.Debounce)
+		case err, ok := <-fw.Errors:
+			if !ok {
+				return errors.New("rules: the directory watch closed")
+			}
+			// An overflow loses events: reload to be sure.
+			w.log.Warn("rules watch error; reloading", "dir", w.dir, "err", err)
+			timer.Reset(w.opts.Debounce)
+		case <-timer.C:
+			_ = w.Reload()
+		}
+	}
+}

@@ -1,0 +1,269 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// batcher coalesces concurrent requests into pipelines. Each of its workers
+// waits for a request, takes every other request already waiting (up to
+// size), waits at most window for more, and sends them all in one pipeline
+// whose deadline is the earliest of theirs.
+type batcher struct {
+	s      *Store
+	ch     chan *call
+	size   int
+	window time.Duration
+	quit   chan struct{}
+	wg     sync.WaitGroup
+
+	pending            atomic.Int64 // requests in do
+	pipelines, batched atomic.Uint64
+}
+
+// A call is one request waiting for its reply.
+type call struct {
+	ctx  context.Context
+	req  request
+	res  []any
+	err  error
+	done chan struct{}
+}
+
+func newBatcher(s *Store, size int, window time.Duration, workers int) *batcher {
+	b := &batcher{
+		s:      s,
+		ch:     make(chan *call, size*workers),
+		size:   size,
+		window: window,
+		quit:   make(chan struct{}),
+	}
+	b.wg.Add(workers)
+	for range workers {
+		go b.work()
+	}
+	return b
+}
+
+// stop ends the workers; requests still queued fail with ErrClosed.
+func (b *batcher) stop() {
+	close(b.quit)
+	b.wg.Wait()
+	for {
+		select {
+		case c := <-b.ch:
+			c.err = ErrClosed
+			close(c.done)
+		default:
+			return
+		}
+	}
+}
+
+// do queues req and waits for its reply, for ctx's end or for the Store to
+// close, whichever comes first. A caller alone (no other request pending)
+// sends its request itself: a hand-off to a worker would only add latency.
+func (b *batcher) do(ctx context.Context, req request) ([]any, error) {
+	defer b.pending.Add(-1)
+	if b.pending.Add(1) == 1 {
+		return b.s.script.Run(ctx, b.s.c, req.keys, req.args...).Slice()
+	}
+	c := &call{ctx: ctx, req: req, done: make(chan struct{})}
+	select {
+	case b.ch <- c:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-b.quit:
+		return nil, ErrClosed
+	}
+	select {
+	case <-c.done:
+		return c.res, c.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (b *batcher) work() {
+	defer b.wg.Done()
+	batch := make([]*call, 0, b.size)
+	var timer *time.Timer
+	for {
+		batch = batch[:0]
+		select {
+		case <-b.quit:
+			return
+		case c := <-b.ch:
+			batch = append(batch, c)
+		}
+	fill:
+		for len(batch) < b.size {
+			select {
+			case c := <-b.ch:
+				batch = append(batch, c)
+			default:
+				break fill
+			}
+		}
+		if b.window > 0 && len(batch) < b.size {
+			if timer == nil {
+				timer = time.NewTimer(b.window)
+			} else {
+				timer.Reset(b.window)
+			}
+		wait:
+			for len(batch) < b.size {
+				select {
+				case c := <-b.ch:
+					batch = append(batch, c)
+				case <-timer.C:
+					break wait
+				}
+			}
+			timer.Stop()
+		}
+		b.send(batch)
+	}
+}
+
+// send runs batch as one pipeline and hands each call its reply. Calls
+// whose context has ended are answered at once and not sent.
+func (b *batcher) send(batch []*call) {
+	live := batch[:0]
+	var deadline time.Time
+	for _, c := range batch {
+		if err := c.ctx.Err(); err != nil {
+			c.err = err
+			close(c.done)
+			continue
+		}
+		if d, ok := c.ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
+			deadline = d
+		}
+		live = append(live, c)
+	}
+	if len(live) == 0 {
+		return
+	}
+	b.pipelines.Add(1)
+	b.batched.Add(uint64(len(live)))
+	ctx := context.Background()
+	if !deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
+	if len(live) == 1 {
+		c := live[0]
+		c.res, c.err = b.s.script.Run(ctx, b.s.c, c.req.keys, c.req.args...).Slice()
+		close(c.done)
+		return
+	}
+	// Requests at the same instant ("": the server's) share one EVALSHA,
+	// decided one after the other inside the script; on a Cluster, whose
+	// requests live in different slots, each is its own EVALSHA.
+	type group struct {
+		calls []*call
+		req   request
+		cmd   *redis.Cmd
+	}
+	var groups []*group
+	if b.s.cluster {
+		for _, c := range live {
+			groups = append(groups, &group{calls: []*call{c}, req: c.req})
+		}
+	} else {
+		byNow := map[any]*group{}
+		for _, c := range live {
+			g := byNow[c.req.args[0]]
+			if g == nil {
+				g = &group{}
+				byNow[c.req.args[0]] = g
+				groups = append(groups, g)
+			}
+			g.calls = append(g.calls, c)
+		}
+		for _, g := range groups {
+			if len(g.calls) == 1 {
+				g.req = g.calls[0].req
+			} else {
+				g.req = combine(g.calls)
+			}
+		}
+	}
+	sha := b.s.script.Hash()
+	pipe := b.s.c.Pipeline()
+	for _, g := range groups {
+		g.cmd = pipe.EvalSha(ctx, sha, g.req.keys, g.req.args...)
+	}
+	pipe.Exec(ctx) //nolint:errcheck // each command carries its own error
+	// A node that does not know the script yet answers NOSCRIPT: send
+	// those commands again with the script's source.
+	var retry redis.Pipeliner
+	for _, g := range groups {
+		if err := g.cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			if retry == nil {
+				retry = b.s.c.Pipeline()
+			}
+			g.cmd = retry.Eval(ctx, decideLua, g.req.keys, g.req.args...)
+		}
+	}
+	if retry != nil {
+		retry.Exec(ctx) //nolint:errcheck // as above
+	}
+	for _, g := range groups {
+		res, err := g.cmd.Slice()
+		if len(g.calls) == 1 {
+			g.calls[0].res, g.calls[0].err = res, err
+			close(g.calls[0].done)
+			continue
+		}
+		// Per request: the number of its values, then the values.
+		pos := 0
+		for _, c := range g.calls {
+			c.res, c.err = nil, err
+			if err == nil {
+				if l, ok := res[pos].(int64); ok && pos+1+int(l) <= len(res) {
+					c.res = res[pos+1 : pos+1+int(l)]
+					pos += 1 + int(l)
+				} else {
+					c.err = errors.New("redisstore: malformed batch reply")
+				}
+			}
+			close(c.done)
+		}
+	}
+}
+
+// combine makes one batch request of several, as decide.lua reads it.
+func combine(calls []*call) request {
+	nk, na, mask := 0, argHeader, 0
+	for _, c := range calls {
+		nk += len(c.req.keys)
+		na += 1 + len(c.req.args) - argHeader
+		mask |= c.req.mask
+	}
+	r := request{keys: make([]string, 0, nk), args: make([]any, argHeader, na)}
+	r.args[0], r.args[1] = calls[0].req.args[0], calls[0].req.args[1]
+	r.args[2] = "-" + strconv.Itoa(len(calls))
+	r.args[3] = strconv.Itoa(mask)
+	for _, c := range calls {
+		off := len(r.keys)
+		r.keys = append(r.keys, c.req.keys...)
+		r.args = append(r.args, c.req.args[2]) // its number of items
+		items := c.req.args[argHeader:]
+		for i, ki := range c.req.kis {
+			f := items[10*i : 10*i+10]
+			r.args = append(r.args, strconv.Itoa(ki+off))
+			r.args = append(r.args, f[1:]...)
+		}
+	}
+	return r
+}

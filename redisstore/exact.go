@@ -1,0 +1,374 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// The exact path. decide.lua computes in doubles, exact while the durations
+// involved stay below 2^52 ns (about 52 days). A request with a rule beyond
+// that (a period of months, one unit per year, Limit 0), or whose stored
+// state is that far from now, is decided here instead, with ratelimit's own
+// integer code: read the states (readLua), decide in Go, and write them back
+// only if none changed meanwhile (casLua compares each state's value, which
+// holds a generation that every write increments). A conflict retries.
+// Two round trips instead of one, for rules that are rarely hot.
+
+// bigNS is where doubles stop being exact enough.
+const bigNS = 1 << 52
+
+// exactRetries bounds the compare-and-set attempts of one request.
+const exactRetries = 16
+
+var errContention = errors.New("redisstore: state kept changing under the exact path")
+
+// readLua returns the server's TIME and, for each KEYS[i], its value
+// (ARGV[i] = "s") or its list (ARGV[i] = "l").
+const readLua = `
+local out = redis.call('TIME')
+for i = 1, #KEYS do
+  if ARGV[i] == 'l' then out[#out + 1] = redis.call('LRANGE', KEYS[i], 0, -1)
+  else out[#out + 1] = redis.call('GET', KEYS[i]) end
+end
+return out`
+
+// casLua checks that every state key still holds its expected value ("" for
+// none) and, only then, writes them all. ARGV: the number of keys, then per
+// key: expected, new value ("" deletes), TTL in ms, the number of log
+// entries (-1: no log key follows in KEYS), and the entries.
+const casLua = `
+local n = tonumber(ARGV[1])
+local a, k = 2, 1
+local w = {}
+for i = 1, n do
+  local exp, new, ttl, nlog = ARGV[a], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3])
+  local cur = redis.call('GET', KEYS[k])
+  if (cur or '') ~= exp then return 0 end
+  local logkey = nil
+  if nlog >= 0 then logkey = KEYS[k + 1] end
+  w[i] = {key = KEYS[k], logkey = logkey, new = new, ttl = ttl, first = a + 4, nlog = nlog}
+  a = a + 4 + math.max(nlog, 0)
+  if logkey then k = k + 2 else k = k + 1 end
+end
+for i = 1, n do
+  local x = w[i]
+  if x.new == '' then
+    redis.call('DEL', x.key)
+    if x.logkey then redis.call('DEL', x.logkey) end
+  else
+    redis.call('SET', x.key, x.new, 'PX', x.ttl)
+    if x.logkey then
+      redis.call('DEL', x.logkey)
+      local j = 0
+      while j < x.nlog do
+        local m = math.min(1000, x.nlog - j)
+        redis.call('RPUSH', x.logkey, unpack(ARGV, x.first + j, x.first + j + m - 1))
+        j = j + m
+      end
+      if x.nlog > 0 then redis.call('PEXPIRE', x.logkey, x.ttl) end
+    end
+  end
+end
+return 1`
+
+// needsExact reports whether r has durations that doubles cannot hold
+// exactly; win is the length of r's current calendar window, if any.
+func needsExact(r *ratelimit.Rule, win int64) bool {
+	switch r.Algorithm {
+	case ratelimit.GCRA, ratelimit.LeakyBucket:
+		if r.Limit == 0 {
+			return true
+		}
+		iv := interval(r)
+		return iv >= bigNS || r.Capacity()*iv >= bigNS
+	case ratelimit.FixedWindow:
+		if r.Calendar != ratelimit.NoCalendar {
+			return win >= bigNS
+		}
+		return int64(r.Period) >= bigNS
+	default: // sliding windows reach back two periods
+		return int64(r.Period) >= bigNS/2
+	}
+}
+
+// exactState is one key's state as read, and as decided.
+type exactState struct {
+	raw    string // the value read; "" when absent
+	gen    int64
+	orig   ratelimit.State
+	cur    ratelimit.State
+	logKey string
+	rule   *ratelimit.Rule // the last rule that decided the key
+	dirty  bool
+}
+
+// decideExact decides items on the exact path; keys are build's KEYS.
+func (s *Store) decideExact(ctx context.Context, items []ratelimit.Item, keys []string) ([]ratelimit.Decision, error) {
+	// Which KEYS are state keys, and which item uses which.
+	kinds := make([]any, len(keys))
+	itemKey := make([]int, len(items))
+	for i, k := 0, 0; i < len(items); i++ {
+		itemKey[i] = k
+		kinds[k] = "s"
+		if items[i].Rule.Algorithm == ratelimit.SlidingLog {
+			kinds[k+1] = "l"
+			k += 2
+		} else {
+			k++
+		}
+	}
+	for range exactRetries {
+		v, err := s.read.Run(ctx, s.c, keys, kinds...).Slice()
+		if err != nil {
+			return nil, err
+		}
+		if len(v) != 2+len(keys) {
+			return nil, fmt.Errorf("redisstore: read returned %d values for %d keys", len(v), len(keys))
+		}
+		now, err := parseTime(v[:2])
+		if err != nil {
+			return nil, err
+		}
+		if s.now != nil {
+			now = s.now()
+		}
+		states := map[string]*exactState{}
+		for i := range items {
+			k := itemKey[i]
+			st := states[keys[k]]
+			if st == nil {
+				st = &exactState{}
+				if raw, ok := v[2+k].(string); ok {
+					st.raw = raw
+					st.orig, st.gen, err = parseState(raw)
+					if err != nil {
+						return nil, err
+					}
+				}
+				states[keys[k]] = st
+			}
+			if kinds[k+min(1, len(keys)-1-k)] == "l" && k+1 < len(keys) && st.logKey == "" {
+				st.logKey = keys[k+1]
+				if st.orig.Algorithm == ratelimit.SlidingLog && st.raw != "" {
+					st.orig.Log, err = parseLog(v[2+k+1])
+					if err != nil {
+						return nil, err
+					}
+				}
+			}
+		}
+		for _, st := range states {
+			st.cur = cloneState(st.orig)
+			st.dirty = false
+		}
+		ds := exactDecide(items, keys, itemKey, states, now)
+		if !ratelimit.Allowed(ds) {
+			return ds, nil
+		}
+		ok, err := s.exactWrite(ctx, states, now)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			return ds, nil
+		}
+	}
+	return nil, errContention
+}
+
+// exactDecide decides like memstore: items in order on working states,
+// stopping at the first denial; on a denial every other item reports what
+// it alone would get, nothing consumed.
+func exactDecide(items []ratelimit.Item, keys []string, itemKey []int, states map[string]*exactState, now time.Time) []ratelimit.Decision {
+	ds := make([]ratelimit.Decision, 0, len(items))
+	denied := -1
+	for i := range items {
+		it := &items[i]
+		st := states[keys[itemKey[i]]]
+		d := it.Rule.Decide(&st.cur, now, it.Cost)
+		ds = append(ds, d)
+		if !d.Allowed {
+			denied = i
+			break
+		}
+		if it.Cost != 0 {
+			st.dirty, st.rule = true, it.Rule
+		}
+	}
+	if denied < 0 {
+		return ds
+	}
+	deniedD := ds[denied]
+	ds = ds[:0]
+	for i := range items {
+		if i == denied {
+			ds = append(ds, deniedD)
+			continue
+		}
+		it := &items[i]
+		st := cloneState(states[keys[itemKey[i]]].orig)
+		d := it.Rule.Peek(&st, now, it.Cost)
+		if d.Allowed {
+			d = it.Rule.Peek(&st, now, 0)
+		}
+		ds = append(ds, d)
+	}
+	return ds
+}
+
+// exactWrite writes the changed states if none changed since they were read.
+func (s *Store) exactWrite(ctx context.Context, states map[string]*exactState, now time.Time) (bool, error) {
+	var keys []string
+	args := []any{0}
+	n := 0
+	for key, st := range states {
+		if !st.dirty {
+			continue
+		}
+		n++
+		keys = append(keys, key)
+		fresh := freshAt(st.rule, &st.cur)
+		ttl := fresh - now.UnixNano()
+		var slack int64
+		if s.now != nil {
+			slack = clientClockSlack.Milliseconds()
+		}
+		newVal := ""
+		if ttl > 0 || slack > 0 {
+			ms := min((max(ttl, 0)+999_999)/1_000_000+slack, 5_000_000_000_000)
+			newVal = formatState(&st.cur, (st.gen+1)%(1<<50))
+			args = append(args, st.raw, newVal, strconv.FormatInt(ms, 10))
+		} else {
+			args = append(args, st.raw, "", "0")
+		}
+		if st.logKey == "" {
+			args = append(args, "-1")
+			continue
+		}
+		keys = append(keys, st.logKey)
+		var log []ratelimit.LogEntry
+		if newVal != "" && st.cur.Algorithm == ratelimit.SlidingLog {
+			log = st.cur.Log
+		}
+		args = append(args, strconv.Itoa(len(log)))
+		for _, e := range log {
+			args = append(args, strconv.FormatInt(e.At, 10)+":"+strconv.FormatInt(e.Cost, 10))
+		}
+	}
+	if n == 0 {
+		return true, nil
+	}
+	args[0] = strconv.Itoa(n)
+	r, err := s.cas.Run(ctx, s.c, keys, args...).Int()
+	return r == 1, err
+}
+
+// freshAt is the Unix ns instant from which st equals a fresh state of r.
+func freshAt(r *ratelimit.Rule, st *ratelimit.State) int64 {
+	switch st.Algorithm {
+	case ratelimit.GCRA:
+		return st.T
+	case ratelimit.FixedWindow:
+		if st.N > 0 {
+			return windowEnd(r, st.T)
+		}
+	case ratelimit.SlidingWindow:
+		if st.N > 0 {
+			return satAdd(st.T, 2*int64(r.Period))
+		}
+		if st.Prev > 0 {
+			return satAdd(st.T, int64(r.Period))
+		}
+	case ratelimit.SlidingLog:
+		if len(st.Log) > 0 {
+			return satAdd(st.Log[len(st.Log)-1].At, int64(r.Period))
+		}
+	case ratelimit.LeakyBucket:
+		if st.N > 0 {
+			iv := interval(r)
+			if st.N > math.MaxInt64/iv {
+				return math.MaxInt64
+			}
+			return satAdd(st.T, st.N*iv)
+		}
+	}
+	return 0
+}
+
+// windowEnd is the end of r's fixed window that starts at start.
+func windowEnd(r *ratelimit.Rule, start int64) int64 {
+	if r.Calendar != ratelimit.NoCalendar {
+		_, end := calendarWindow(r, time.Unix(0, start))
+		return end
+	}
+	return satAdd(start, int64(r.Period))
+}
+
+func satAdd(a, b int64) int64 {
+	if b > 0 && a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// formatState writes st in decide.lua's format "alg|T|N|P|S|G".
+func formatState(st *ratelimit.State, gen int64) string {
+	return fmt.Sprintf("%d|%d|%d|%d|%d|%d", st.Algorithm, st.T, st.N, st.Prev, st.Seen, gen)
+}
+
+// parseState reads decide.lua's format.
+func parseState(raw string) (ratelimit.State, int64, error) {
+	f := strings.Split(raw, "|")
+	if len(f) < 6 {
+		return ratelimit.State{}, 0, fmt.Errorf("redisstore: malformed state %q", raw)
+	}
+	var v [6]int64
+	for i := range f {
+		if i >= len(v) {
+			break
+		}
+		x, err := strconv.ParseInt(f[i], 10, 64)
+		if err != nil {
+			// decide.lua prints doubles: 2^63 for MaxInt64.
+			fl, ferr := strconv.ParseFloat(f[i], 64)
+			if ferr != nil {
+				return ratelimit.State{}, 0, fmt.Errorf("redisstore: malformed state %q: %w", raw, err)
+			}
+			x = int64(max(min(fl, math.MaxInt64), math.MinInt64))
+			if fl >= math.MaxInt64 {
+				x = math.MaxInt64
+			}
+		}
+		v[i] = x
+	}
+	return ratelimit.State{Algorithm: ratelimit.Algorithm(v[0]), T: v[1], N: v[2], Prev: v[3], Seen: v[4]}, v[5], nil
+}
+
+func parseLog(v any) ([]ratelimit.LogEntry, error) {
+	l, _ := v.([]any)
+	var log []ratelimit.LogEntry
+	for _, x := range l {
+		s, _ := x.(string)
+		at, cost, ok := strings.Cut(s, ":")
+		a, err1 := strconv.ParseInt(at, 10, 64)
+		c, err2 := strconv.ParseInt(cost, 10, 64)
+		if !ok || err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("redisstore: malformed log entry %q", s)
+		}
+		log = append(log, ratelimit.LogEntry{At: a, Cost: c})
+	}
+	return log, nil
+}
+
+func cloneState(s ratelimit.State) ratelimit.State {
+	s.Log = slices.Clone(s.Log)
+	return s
+}

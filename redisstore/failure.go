@@ -1,0 +1,160 @@
+package redisstore
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// breaker is a circuit breaker. Closed, it lets every call through and
+// counts consecutive failures; at threshold it opens for cooldown, during
+// which allow says no; then it lets one probe through (half-open): the
+// probe's success closes it, its failure opens it again.
+type breaker struct {
+	threshold int64
+	cooldown  time.Duration
+	now       func() time.Time // time.Now; tests replace it
+
+	fails atomic.Int64 // consecutive failures
+	trips atomic.Uint64
+
+	mu        sync.Mutex
+	openUntil time.Time
+	probing   bool
+}
+
+func (b *breaker) allow() bool {
+	if b.fails.Load() < b.threshold {
+		return true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.fails.Load() < b.threshold {
+		return true
+	}
+	if b.probing || b.now().Before(b.openUntil) {
+		return false
+	}
+	b.probing = true
+	return true
+}
+
+func (b *breaker) done(ok bool) {
+	if ok {
+		if b.fails.Load() != 0 {
+			b.mu.Lock()
+			b.fails.Store(0)
+			b.probing = false
+			b.mu.Unlock()
+		}
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := b.fails.Add(1)
+	if n >= b.threshold && (n == b.threshold || b.probing) {
+		b.openUntil = b.now().Add(b.cooldown)
+		b.trips.Add(1)
+	}
+	b.probing = false
+}
+
+func (b *breaker) isOpen() bool {
+	if b.fails.Load() < b.threshold {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.now().Before(b.openUntil)
+}
+
+// fallback decides items by their rules' failure modes.
+type fallback struct {
+	replicas   int64
+	retryAfter time.Duration
+	local      *memstore.Store
+
+	mu    sync.Mutex
+	rules map[*ratelimit.Rule]*ratelimit.Rule // rule → its local share
+
+	open, closed, local_ atomic.Uint64
+}
+
+// maxLocalRules bounds the cache of scaled rules.
+const maxLocalRules = 4096
+
+// share returns r at this replica's share of its limit.
+func (f *fallback) share(r *ratelimit.Rule) *ratelimit.Rule {
+	if f.replicas <= 1 {
+		return r
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if l, ok := f.rules[r]; ok {
+		return l
+	}
+	if f.rules == nil || len(f.rules) >= maxLocalRules {
+		f.rules = make(map[*ratelimit.Rule]*ratelimit.Rule)
+	}
+	l := *r
+	if l.Limit > 0 {
+		l.Limit = max(1, l.Limit/f.replicas)
+	}
+	if l.Burst > 0 {
+		l.Burst = max(1, l.Burst/f.replicas)
+	}
+	f.rules[r] = &l
+	return &l
+}
+
+func (f *fallback) decide(dst []ratelimit.Decision, items []ratelimit.Item) []ratelimit.Decision {
+	anyClosed, nLocal := false, 0
+	for i := range items {
+		switch items[i].Rule.Failure {
+		case ratelimit.FailClosed:
+			anyClosed = true
+		case ratelimit.FailLocal:
+			nLocal++
+		}
+	}
+	var local []ratelimit.Decision
+	if nLocal > 0 {
+		litems := make([]ratelimit.Item, 0, nLocal)
+		for i := range items {
+			if it := items[i]; it.Rule.Failure == ratelimit.FailLocal {
+				it.Rule = f.share(it.Rule)
+				if anyClosed { // denied anyway: consume nothing
+					it.Cost = min(it.Cost, 0)
+				}
+				litems = append(litems, it)
+			}
+		}
+		local, _ = f.local.Decide(context.Background(), make([]ratelimit.Decision, 0, nLocal), litems)
+	}
+	j := 0
+	for i := range items {
+		r := items[i].Rule
+		d := ratelimit.Decision{Limit: r.Capacity(), Rule: r.Name}
+		switch r.Failure {
+		case ratelimit.FailClosed:
+			d.Reason, d.RetryAfter = ratelimit.ReasonFailClosed, max(f.retryAfter, 1)
+			f.closed.Add(1)
+		case ratelimit.FailLocal:
+			if j < len(local) {
+				d = local[j]
+			}
+			j++
+			d.Reason, d.Rule = ratelimit.ReasonLocal, r.Name
+			f.local_.Add(1)
+		default:
+			d.Allowed, d.Reason = true, ratelimit.ReasonFailOpen
+			f.open.Add(1)
+		}
+		dst = append(dst, d)
+	}
+	return dst
+}

@@ -1,0 +1,294 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/ratelimit"
+	"go.uber.org/goleak"
+)
+
+// margin is what a decision may take beyond Options.Timeout while Redis is
+// down or slow: scheduling on a loaded 2-core machine under -race (typical
+// figures are a few milliseconds; see the logged maxima).
+const margin = 300 * time.Millisecond
+
+// slack bounds calls that are not about failures (first connections, script
+// loading): they only must not hang.
+const slack = 5 * time.Second
+
+func TestBreaker(t *testing.T) {
+	now := time.Unix(0, 0)
+	b := breaker{threshold: 3, cooldown: time.Second, now: func() time.Time { return now }}
+	steps := []struct {
+		name  string
+		at    time.Duration // since the start
+		allow bool          // want allow()
+		ok    bool          // outcome reported when allowed
+	}{
+		{"closed", 0, true, false},
+		{"closed, 1 failure", 0, true, false},
+		{"closed, 2 failures", 0, true, false},
+		{"open", 0, false, false},
+		{"still open", 999 * time.Millisecond, false, false},
+		{"half-open probe", time.Second, true, false},
+		{"probe failed: open again", time.Second, false, false},
+		{"second probe", 2 * time.Second, true, true},
+		{"closed again", 2 * time.Second, true, true},
+	}
+	for _, st := range steps {
+		now = time.Unix(0, 0).Add(st.at)
+		if got := b.allow(); got != st.allow {
+			t.Fatalf("%s: allow() = %v, want %v", st.name, got, st.allow)
+		}
+		if st.allow {
+			b.done(st.ok)
+		}
+	}
+	if b.trips.Load() != 2 {
+		t.Fatalf("trips = %d, want 2", b.trips.Load())
+	}
+	// While a probe is out, nobody else goes through.
+	now = now.Add(time.Hour)
+	b.done(false)
+	b.done(false)
+	b.done(false)
+	now = now.Add(time.Hour)
+	if !b.allow() || b.allow() {
+		t.Fatal("half-open breaker let zero or two probes through")
+	}
+}
+
+// policyRules have one rule of each failure mode, 10 per hour: a replica
+// of 2 decides locally at 5.
+func policyRules() (open, closed, local *ratelimit.Rule) {
+	open = &ratelimit.Rule{Name: "open", Limit: 10, Period: time.Hour, Failure: ratelimit.FailOpen}
+	closed = &ratelimit.Rule{Name: "closed", Limit: 10, Period: time.Hour, Failure: ratelimit.FailClosed}
+	local = &ratelimit.Rule{Name: "local", Limit: 10, Period: time.Hour, Failure: ratelimit.FailLocal}
+	return
+}
+
+// noLeak checks, after every other cleanup of t (servers stopped), that no
+// goroutine started during t is left.
+func noLeak(t *testing.T) {
+	t.Helper()
+	before := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, before) })
+}
+
+// timed decides and fails the test if the call took longer than bound.
+func timed(t *testing.T, s *Store, bound time.Duration, items ...ratelimit.Item) []ratelimit.Decision {
+	t.Helper()
+	start := time.Now()
+	ds, err := s.Decide(context.Background(), nil, items)
+	if el := time.Since(start); el > bound {
+		t.Fatalf("decision took %v, bound %v", el, bound)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ds
+}
+
+// TestServerDown stops redis-server in the middle of a run and starts it
+// again: while it is down every decision is bounded and follows its rule's
+// failure mode; once it is back the store is exact again by itself; and
+// nothing leaks.
+func TestServerDown(t *testing.T) {
+	for _, coalesce := range []bool{true, false} {
+		t.Run(fmt.Sprint("coalesce=", coalesce), func(t *testing.T) {
+			noLeak(t)
+			srv := redistest.Standalone(t)
+			const timeout = 50 * time.Millisecond
+			s, err := New(Options{
+				Addrs: []string{srv.Addr()}, Timeout: timeout, Replicas: 2,
+				BreakerThreshold: 3, BreakerCooldown: 100 * time.Millisecond, NoCoalesce: !coalesce,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			open, closed, local := policyRules()
+			bound := timeout + margin
+			for _, r := range []*ratelimit.Rule{open, closed, local} {
+				if d := timed(t, s, slack, ratelimit.Item{Key: r.Name, Rule: r, Cost: 1})[0]; d.Reason != ratelimit.ReasonOK {
+					t.Fatalf("%s with Redis up: %+v", r.Name, d)
+				}
+			}
+
+			srv.Stop()
+			for i := range 20 {
+				ds := timed(t, s, bound,
+					ratelimit.Item{Key: "open", Rule: open, Cost: 1},
+					ratelimit.Item{Key: "closed", Rule: closed, Cost: 1})
+				if ds[0].Reason != ratelimit.ReasonFailOpen || !ds[0].Allowed || ds[1].Reason != ratelimit.ReasonFailClosed || ds[1].Allowed || ds[1].RetryAfter <= 0 {
+					t.Fatalf("call %d with Redis down: %+v", i, ds)
+				}
+				d := timed(t, s, bound, ratelimit.Item{Key: "local", Rule: local, Cost: 1})[0]
+				// The local share is 10/2 = 5 per hour.
+				if d.Reason != ratelimit.ReasonLocal || d.Allowed != (i < 5) {
+					t.Fatalf("local call %d: %+v", i, d)
+				}
+			}
+			st := s.Stats()
+			if st.FailOpen != 20 || st.FailClosed != 20 || st.Local != 20 || st.Trips == 0 || !st.Open {
+				t.Fatalf("stats while down: %+v", st)
+			}
+
+			srv.Start()
+			// Back to Redis by itself: within a few cool-downs.
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				d := timed(t, s, slack, ratelimit.Item{Key: "probe", Rule: open, Cost: 0})[0]
+				if d.Reason == ratelimit.ReasonOK {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("still %v 5 s after Redis came back", d.Reason)
+				}
+				time.Sleep(10 * time.Millisecond) // polling, bounded by deadline
+			}
+			// Exact again: the restarted server is empty, so 10 are admitted.
+			for i := range 12 {
+				d := timed(t, s, slack, ratelimit.Item{Key: "closed", Rule: closed, Cost: 1})[0]
+				if d.Allowed != (i < 10) || (d.Reason != ratelimit.ReasonOK && d.Reason != ratelimit.ReasonLimited) {
+					t.Fatalf("after restart, call %d: %+v", i, d)
+				}
+			}
+			if s.Stats().Open {
+				t.Fatal("breaker still open")
+			}
+			s.Close()
+		})
+	}
+}
+
+// TestSlowServer makes Redis answer slowly (DEBUG SLEEP from another
+// connection): decisions stay bounded by the timeout and fall back, then
+// return to Redis.
+func TestSlowServer(t *testing.T) {
+	noLeak(t)
+	srv := redistest.Standalone(t)
+	const timeout = 30 * time.Millisecond
+	s, err := New(Options{Addrs: []string{srv.Addr()}, Timeout: timeout, BreakerCooldown: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_, closed, _ := policyRules()
+	item := ratelimit.Item{Key: "k", Rule: closed, Cost: 0}
+	if d := timed(t, s, slack, item)[0]; d.Reason != ratelimit.ReasonOK {
+		t.Fatalf("before: %+v", d)
+	}
+	admin := srv.Client()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	slept := make(chan error, 1)
+	go func() {
+		defer wg.Done()
+		slept <- admin.Do(context.Background(), "DEBUG", "SLEEP", "0.3").Err()
+	}()
+	// Wait until the server is inside DEBUG SLEEP: a decision fails.
+	var sawClosed int
+	deadline := time.Now().Add(5 * time.Second)
+	for sawClosed < 5 && time.Now().Before(deadline) {
+		d := timed(t, s, timeout+margin, item)[0]
+		if d.Reason == ratelimit.ReasonFailClosed {
+			sawClosed++
+		}
+	}
+	if sawClosed < 5 {
+		t.Fatal("never saw the slow server")
+	}
+	wg.Wait()
+	if err := <-slept; err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		d := timed(t, s, slack, item)[0]
+		if d.Reason == ratelimit.ReasonOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still %v after the sleep", d.Reason)
+		}
+		time.Sleep(5 * time.Millisecond) // polling, bounded by deadline
+	}
+	if st := s.Stats(); st.Errors == 0 || st.FailClosed < 5 {
+		t.Fatalf("stats: %+v", st)
+	}
+}
+
+// TestClusterNodeRestart stops one master of three: keys in its slots fall
+// back, the others are still decided by Redis; once it is back, all are
+// exact again.
+func TestClusterNodeRestart(t *testing.T) {
+	cl := redistest.Cluster(t)
+	const timeout = 100 * time.Millisecond
+	s, err := New(Options{Addrs: cl.Addrs(), Timeout: timeout, BreakerThreshold: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	_, closed, _ := policyRules()
+	ctx := context.Background()
+	// Find keys on each node.
+	keys := map[string]string{} // node address → key
+	for i := 0; len(keys) < 3 && i < 1000; i++ {
+		k := fmt.Sprint("k", i)
+		m, err := s.Client().(*redis.ClusterClient).MasterForKey(ctx, string(appendKey(nil, s.prefix, HashTag(k), k)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := keys[m.Options().Addr]; !ok {
+			keys[m.Options().Addr] = k
+		}
+	}
+	if len(keys) != 3 {
+		t.Fatalf("keys on %d nodes", len(keys))
+	}
+	victim := cl.Nodes[1]
+	decide := func(k string, bound time.Duration) ratelimit.Decision {
+		return timed(t, s, bound, ratelimit.Item{Key: k, Rule: closed, Cost: 1})[0]
+	}
+	for _, k := range keys {
+		if d := decide(k, slack); d.Reason != ratelimit.ReasonOK {
+			t.Fatalf("before: %+v", d)
+		}
+	}
+	victim.Stop()
+	for addr, k := range keys {
+		d := decide(k, timeout+margin)
+		if addr == victim.Addr() && d.Reason != ratelimit.ReasonFailClosed {
+			t.Fatalf("key on the stopped node: %+v", d)
+		}
+		if addr != victim.Addr() && d.Reason != ratelimit.ReasonOK {
+			t.Fatalf("key on a live node: %+v", d)
+		}
+	}
+	victim.Start()
+	deadline := time.Now().Add(10 * time.Second)
+	k := keys[victim.Addr()]
+	for {
+		d := timed(t, s, slack, ratelimit.Item{Key: k, Rule: closed, Cost: 0})[0]
+		if d.Reason == ratelimit.ReasonOK {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node back, still %+v", d)
+		}
+		time.Sleep(20 * time.Millisecond) // polling, bounded by deadline
+	}
+	// The restarted node is empty: exactly 10 again.
+	for i := range 11 {
+		if d := decide(k, slack); d.Allowed != (i < 10) {
+			t.Fatalf("after restart, call %d: %+v", i, d)
+		}
+	}
+}

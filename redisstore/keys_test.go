@@ -1,0 +1,128 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// nasty are keys and tags a caller might send, hostile or not.
+var nasty = []string{
+	"", "a", "{", "}", "{}", "{a}", "a{b}c", "}{", "{a}{b}", "{{a}}",
+	"a\nb", "a\r\n", "\x00", "\xff\xfe", "a:b", ":", "|l", "a|l", "~", "~abc",
+	"YQ", "sluice:{YQ}", "{YQ}:YQ", strings.Repeat("x", maxRawKey), strings.Repeat("x", maxRawKey+1),
+	strings.Repeat("x", maxRawKey+1) + "y", strings.Repeat("{", 1000), strings.Repeat("é", 4096),
+}
+
+// TestKeyEncodingInjective checks that distinct (tag, key) pairs never
+// share a Redis key (nor a sliding log's list), and that the Cluster slot
+// of a key depends on its tag only.
+func TestKeyEncodingInjective(t *testing.T) {
+	seen := map[string][2]string{}
+	for _, tag := range nasty {
+		for _, k := range nasty {
+			rk := string(appendKey(nil, "p:", tag, k))
+			for _, name := range []string{rk, rk + logSuffix} {
+				if prev, dup := seen[name]; dup {
+					t.Fatalf("(%q, %q) and (%q, %q) share Redis key %q", prev[0], prev[1], tag, k, name)
+				}
+				seen[name] = [2]string{tag, k}
+			}
+			if len(rk) > 2*maxRawKey+100 {
+				t.Errorf("key of (%d-byte tag, %d-byte key) is %d bytes", len(tag), len(k), len(rk))
+			}
+			// Redis Cluster hashes the text between the first { and the
+			// next }: it must be exactly the encoded tag.
+			want := string(appendTag(nil, tag))
+			if got := HashTag(rk); got != want {
+				t.Fatalf("(%q, %q): Redis would hash %q, want %q", tag, k, got, want)
+			}
+		}
+	}
+}
+
+func TestPrefixWithBraceRejected(t *testing.T) {
+	for _, p := range []string{"a{", "}b", "{x}"} {
+		if _, err := New(Options{Addrs: []string{"127.0.0.1:1"}, Prefix: p}); err == nil {
+			t.Errorf("prefix %q accepted", p)
+		}
+	}
+}
+
+func TestHashTag(t *testing.T) {
+	for _, tc := range []struct{ key, want string }{
+		{"plain", "plain"},
+		{"{acme}user:1", "acme"},
+		{"user:{acme}:1", "acme"},
+		{"{}x", "{}x"},
+		{"{a", "{a"},
+		{"a}{b}", "b"},
+		{"{a}{b}", "a"},
+	} {
+		if got := HashTag(tc.key); got != tc.want {
+			t.Errorf("HashTag(%q) = %q, want %q", tc.key, got, tc.want)
+		}
+	}
+}
+
+// TestHostileKeys decides requests whose keys and tags are arbitrary bytes on
+// a Cluster: none may fail (CROSSSLOT, a broken script), and tenants stay
+// isolated: exhausting one tenant's keys leaves every other key full.
+func TestHostileKeys(t *testing.T) {
+	cl := redistest.Cluster(t)
+	ctx := context.Background()
+	r := &ratelimit.Rule{Name: "r", Limit: 2, Period: time.Hour}
+	log := &ratelimit.Rule{Name: "log", Algorithm: ratelimit.SlidingLog, Limit: 2, Period: time.Hour}
+	// Each test tenant's keys are "tenant\x00rest"; the tag is the tenant.
+	tenantOf := func(k string) string { t, _, _ := strings.Cut(k, "\x00"); return t }
+	s := newTestStore(t, cl.Addrs(), nil, func(o *Options) { o.HashTag = tenantOf })
+	victim := []ratelimit.Item{{Key: "victim\x00a", Rule: r, Cost: 2}, {Key: "victim\x00log", Rule: log, Cost: 2}}
+	if ds, err := s.Decide(ctx, nil, victim); err != nil || !ratelimit.Allowed(ds) {
+		t.Fatalf("victim: %v %+v", err, ds)
+	}
+	for _, tenant := range nasty {
+		items := make([]ratelimit.Item, 0, len(nasty)+1)
+		for _, k := range nasty {
+			items = append(items, ratelimit.Item{Key: tenant + "\x00" + k, Rule: r, Cost: 1})
+		}
+		items = append(items, ratelimit.Item{Key: tenant + "\x00log", Rule: log, Cost: 1})
+		ds, err := s.Decide(ctx, nil, items)
+		if err != nil {
+			t.Fatalf("tenant %q: %v", tenant, err)
+		}
+		for i, d := range ds {
+			if !d.Allowed {
+				t.Fatalf("tenant %q item %d (%q) denied: %+v", tenant, i, items[i].Key, d)
+			}
+		}
+	}
+	// With the default tags, any single key works, and so do keys that
+	// share a "{tag}".
+	def := newTestStore(t, cl.Addrs(), nil, nil)
+	for _, k := range nasty {
+		items := []ratelimit.Item{{Key: k, Rule: r, Cost: 1}}
+		if tag := HashTag(k); tag != k {
+			items = append(items, ratelimit.Item{Key: "{" + tag + "}other", Rule: log, Cost: 1})
+		}
+		if _, err := def.Decide(ctx, nil, items); err != nil {
+			t.Fatalf("key %q: %v", k, err)
+		}
+	}
+	if _, err := def.Decide(ctx, nil, []ratelimit.Item{{Key: "a", Rule: r}, {Key: "b", Rule: r}}); !errors.Is(err, ErrCrossSlot) {
+		t.Fatalf("keys of two tags on a Cluster: err %v, want ErrCrossSlot", err)
+	}
+	ds, err := s.Decide(ctx, nil, []ratelimit.Item{{Key: "victim\x00a", Rule: r, Cost: 0}, {Key: "victim\x00log", Rule: log, Cost: 0}})
+	if err != nil || ds[0].Remaining != 0 || ds[1].Remaining != 0 {
+		t.Fatalf("victim after the others: %v %+v", err, ds)
+	}
+	// A one-megabyte key is hashed, not stored.
+	big := strings.Repeat("\n{}", 1<<18)
+	if ds, err := def.Decide(ctx, nil, []ratelimit.Item{{Key: big, Rule: r, Cost: 1}}); err != nil || !ds[0].Allowed {
+		t.Fatalf("1 MB key: %v %+v", err, ds)
+	}
+}

@@ -1,0 +1,625 @@
+// Package redisstore is a ratelimit.Store on Redis, Redis Sentinel or Redis
+// Cluster, so that every replica of a service shares the same counters and
+// gets the same exact decisions.
+//
+// # Model
+//
+// Every algorithm of package ratelimit is ported to one Lua script
+// (decide.lua), called with EVALSHA (EVAL when the server does not know it
+// yet). The script decides all the items of one request atomically, all or
+// nothing, exactly as the Go functions do: in order, each against the state
+// left by the ones before it (so a key named twice is charged twice), and
+// writes nothing unless every item is admitted. Every key it writes gets a
+// TTL that ends when its state has become equivalent to a fresh one, so
+// nothing outlives its use, not even state of a deleted rule.
+//
+// # Clock
+//
+// By default the clock is the Redis server's (TIME, read inside the script),
+// so replicas with skewed clocks never disagree. Calendar windows
+// (Rule.Calendar) are computed in Go in the rule's time zone: for a request
+// that has one, the store first reads TIME from the node that owns the
+// request's slot in a separate tiny round trip, then decides at that
+// instant. Options.Now replaces the server clock by a client one (tests
+// step time with it); keys then live one minute longer than they need, as
+// allowance for the client clock's distance from the server's.
+//
+// # Precision
+//
+// Lua numbers are doubles. The script keeps instants as (seconds,
+// nanoseconds) pairs and computes relative to now, so its decisions are
+// exact to the nanosecond, as in Go, while the durations involved (periods,
+// capacity × interval, debts) stay below 2^52 ns, about 52 days. A request
+// with a rule beyond that (one unit a year, a yearly calendar window, Limit
+// 0), or a key whose stored state is that far from now, is decided on the
+// exact path instead (exact.go): Go reads the states, decides with
+// ratelimit's own integer code and writes them back with a compare-and-set
+// script, retrying on a conflict. Every decision is therefore exact; the
+// rare long rules cost two round trips. A request of one GCRA item, the
+// common case, takes a lean path at the top of the script.
+//
+// # Keys and Cluster slots
+//
+// A key's counter lives at a Redis key derived from the key alone (see
+// appendKey), so it is the same whatever request it is decided in. Its
+// Cluster slot is chosen by a hash tag: Options.HashTag(key), by default
+// HashTag, the part of the key between "{" and "}" as Redis reads tags, or
+// the whole key when it has none. The items of one request are decided in
+// one script, so in Cluster mode they must share a tag: name the keys of a
+// request "{tenant:acme}user:42", "{tenant:acme}endpoint:/x", or set
+// Options.HashTag to a function that extracts the common part (a tenant, a
+// domain). A Cluster request whose items have different tags fails with
+// ErrCrossSlot; on a standalone server or Sentinel any request is atomic.
+// Tags and keys are encoded, so no byte a caller sends can move a key to
+// another slot or reach another key's counter.
+//
+// # Throughput
+//
+// Concurrent Decide calls are coalesced: a few worker goroutines, owned by
+// the Store and stopped by Close, each take every request waiting (up to
+// Options.BatchSize, waiting at most Options.BatchWindow for more) and send
+// them in one pipeline; in Cluster mode go-redis splits a pipeline per node.
+// A caller with no other request pending sends its own at once, so a lone
+// caller pays no hand-off. Options.NoCoalesce turns coalescing off.
+//
+// # Failures
+//
+// Every Redis call is bounded by Options.Timeout (default 50 ms). A circuit
+// breaker opens after Options.BreakerThreshold consecutive failures and then
+// answers without calling Redis for Options.BreakerCooldown, after which one
+// call probes Redis; success closes it, so decisions go back to Redis by
+// themselves. While Redis cannot decide, each item is decided by its rule's
+// Failure mode: FailOpen admits (ReasonFailOpen), FailClosed denies
+// (ReasonFailClosed) and FailLocal decides in process, at this replica's
+// share of the limit, Limit/Options.Replicas (ReasonLocal). Stats counts them.
+//
+// A Store is safe for concurrent use. Its zero value is not usable: call New.
+package redisstore
+
+import (
+	"context"
+	"crypto/tls"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+//go:embed decide.lua
+var decideLua string
+
+// timeLua reads the clock of the node that owns KEYS[1]'s slot.
+const timeLua = "return redis.call('TIME')"
+
+// Defaults of Options.
+const (
+	DefaultPrefix           = "sluice:"
+	DefaultTimeout          = 50 * time.Millisecond
+	DefaultBatchSize        = 128
+	DefaultPipelines        = 4
+	DefaultBreakerThreshold = 3
+	DefaultBreakerCooldown  = time.Second
+)
+
+// clientClockSlack is how much longer keys live when Options.Now is set.
+const clientClockSlack = time.Minute
+
+// Options configure a Store. Only Addrs (or Client) is required.
+type Options struct {
+	// Addrs are the Redis addresses: one for a standalone server, the
+	// Sentinels with MasterName, or any Cluster nodes (two or more select
+	// Cluster mode, as go-redis's UniversalClient does).
+	Addrs []string
+	// MasterName selects Sentinel mode: the name of the monitored master.
+	MasterName string
+	// Username and Password authenticate (ACL user, or Password alone).
+	Username, Password string
+	// TLS, when not nil, is used for every connection.
+	TLS *tls.Config
+	// PoolSize is the connection pool size per node; 0 is go-redis's default.
+	PoolSize int
+	// Client, when not nil, is used instead of a client built from the
+	// options above; the Store does not close it.
+	Client redis.UniversalClient
+
+	// Timeout bounds each call to Redis, including time queued for a
+	// pipeline; default DefaultTimeout.
+	Timeout time.Duration
+	// Prefix starts every key; default DefaultPrefix. It must not contain
+	// "{" or "}".
+	Prefix string
+	// Now, when set, is the clock, sent with each request instead of
+	// reading the Redis server's TIME.
+	Now func() time.Time
+
+	// HashTag returns the Cluster hash tag of a key; default HashTag. The
+	// keys of one request must share a tag in Cluster mode.
+	HashTag func(key string) string
+
+	// NoCoalesce sends each Decide as its own call instead of coalescing
+	// concurrent ones into pipelines.
+	NoCoalesce bool
+	// BatchSize bounds the requests of one pipeline; default
+	// DefaultBatchSize.
+	BatchSize int
+	// BatchWindow is how long a worker waits for more requests to fill a
+	// pipeline; default 0: it sends what is waiting at once.
+	BatchWindow time.Duration
+	// Pipelines is the number of pipelines in flight at once (worker
+	// goroutines); default DefaultPipelines.
+	Pipelines int
+
+	// Replicas is the number of replicas sharing the limits; a FailLocal
+	// rule decides in process at Limit/Replicas. Default 1.
+	Replicas int
+	// BreakerThreshold is the number of consecutive failed calls that opens
+	// the circuit breaker; default DefaultBreakerThreshold.
+	BreakerThreshold int
+	// BreakerCooldown is how long an open breaker answers without Redis
+	// before probing it; default DefaultBreakerCooldown.
+	BreakerCooldown time.Duration
+}
+
+// Stats are counters of a Store's life.
+type Stats struct {
+	Requests   uint64 // Decide calls decided by Redis
+	Exact      uint64 // of which decided on the exact path (see exact.go)
+	Errors     uint64 // Redis calls that failed (timeouts included)
+	FailOpen   uint64 // items admitted by FailOpen
+	FailClosed uint64 // items denied by FailClosed
+	Local      uint64 // items decided in process by FailLocal
+	Trips      uint64 // times the circuit breaker opened
+	Pipelines  uint64 // pipelines sent by the coalescer
+	Batched    uint64 // requests sent in those pipelines
+	Open       bool   // whether the breaker is open now
+}
+
+// Store is the Redis ratelimit.Store.
+type Store struct {
+	c       redis.UniversalClient
+	own     bool
+	prefix  string
+	now     func() time.Time
+	slackMS string
+	timeout time.Duration
+	script  *redis.Script
+	clock   *redis.Script
+	read    *redis.Script
+	cas     *redis.Script
+	tagOf   func(string) string
+	cluster bool
+
+	batch *batcher
+	brk   breaker
+	fb    fallback
+
+	requests, errors, exacts atomic.Uint64
+
+	closeOnce sync.Once
+	closed    chan struct{}
+}
+
+var _ ratelimit.Store = (*Store)(nil)
+
+// ErrClosed is returned by Decide after Close.
+var ErrClosed = errors.New("redisstore: store closed")
+
+// ErrCrossSlot is returned, in Cluster mode, for a request whose keys do
+// not share a hash tag.
+var ErrCrossSlot = errors.New("redisstore: keys of one request have different hash tags")
+
+// New returns a Store. It does not contact Redis: a Store made while Redis
+// is down decides by the failure policy until Redis answers.
+func New(opts Options) (*Store, error) {
+	if opts.Client == nil && len(opts.Addrs) == 0 {
+		return nil, errors.New("redisstore: no Addrs and no Client")
+	}
+	if opts.Prefix == "" {
+		opts.Prefix = DefaultPrefix
+	}
+	if strings.ContainsAny(opts.Prefix, "{}") {
+		return nil, fmt.Errorf("redisstore: prefix %q contains a hash tag brace", opts.Prefix)
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.BatchSize <= 0 {
+		opts.BatchSize = DefaultBatchSize
+	}
+	if opts.Pipelines <= 0 {
+		opts.Pipelines = DefaultPipelines
+	}
+	if opts.Replicas <= 0 {
+		opts.Replicas = 1
+	}
+	if opts.BreakerThreshold <= 0 {
+		opts.BreakerThreshold = DefaultBreakerThreshold
+	}
+	if opts.BreakerCooldown <= 0 {
+		opts.BreakerCooldown = DefaultBreakerCooldown
+	}
+	s := &Store{
+		c:       opts.Client,
+		prefix:  opts.Prefix,
+		now:     opts.Now,
+		slackMS: "0",
+		timeout: opts.Timeout,
+		script:  redis.NewScript(decideLua),
+		clock:   redis.NewScript(timeLua),
+		read:    redis.NewScript(readLua),
+		cas:     redis.NewScript(casLua),
+		closed:  make(chan struct{}),
+	}
+	s.tagOf = opts.HashTag
+	if s.tagOf == nil {
+		s.tagOf = HashTag
+	}
+	if s.now != nil {
+		s.slackMS = strconv.FormatInt(clientClockSlack.Milliseconds(), 10)
+	}
+	if s.c == nil {
+		s.own = true
+		s.c = redis.NewUniversalClient(&redis.UniversalOptions{
+			Addrs:      opts.Addrs,
+			MasterName: opts.MasterName,
+			Username:   opts.Username,
+			Password:   opts.Password,
+			TLSConfig:  opts.TLS,
+			PoolSize:   opts.PoolSize,
+			// Latency is bounded by Timeout; retries would only spend it.
+			MaxRetries:            -1,
+			DialTimeout:           opts.Timeout,
+			ReadTimeout:           opts.Timeout,
+			WriteTimeout:          opts.Timeout,
+			PoolTimeout:           opts.Timeout,
+			ContextTimeoutEnabled: true,
+			// RESP2: RESP3's push notifications cost a socket poll per call.
+			Protocol: 2,
+		})
+	}
+	_, s.cluster = s.c.(*redis.ClusterClient)
+	s.brk = breaker{threshold: int64(opts.BreakerThreshold), cooldown: opts.BreakerCooldown, now: time.Now}
+	s.fb = fallback{
+		replicas:   int64(opts.Replicas),
+		retryAfter: opts.BreakerCooldown,
+		local:      memstore.New(memstore.Options{Now: opts.Now, MaxKeys: 1 << 16}),
+	}
+	if !opts.NoCoalesce {
+		s.batch = newBatcher(s, opts.BatchSize, opts.BatchWindow, opts.Pipelines)
+	}
+	return s, nil
+}
+
+// Close stops the Store's goroutines and closes the Redis client it made.
+// Decide returns ErrClosed after Close.
+func (s *Store) Close() error {
+	var err error
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		if s.batch != nil {
+			s.batch.stop()
+		}
+		s.fb.local.Close()
+		if s.own {
+			err = s.c.Close()
+		}
+	})
+	return err
+}
+
+// Client returns the Redis client the Store uses.
+func (s *Store) Client() redis.UniversalClient { return s.c }
+
+// Stats returns the Store's counters.
+func (s *Store) Stats() Stats {
+	st := Stats{
+		Requests:   s.requests.Load(),
+		Exact:      s.exacts.Load(),
+		Errors:     s.errors.Load(),
+		FailOpen:   s.fb.open.Load(),
+		FailClosed: s.fb.closed.Load(),
+		Local:      s.fb.local_.Load(),
+		Trips:      s.brk.trips.Load(),
+		Open:       s.brk.isOpen(),
+	}
+	if s.batch != nil {
+		st.Pipelines, st.Batched = s.batch.pipelines.Load(), s.batch.batched.Load()
+	}
+	return st
+}
+
+// Decide decides items all or nothing. See the package documentation.
+func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
+	if len(items) == 0 {
+		return dst, nil
+	}
+	select {
+	case <-s.closed:
+		return dst, ErrClosed
+	default:
+	}
+	if err := ctx.Err(); err != nil {
+		return dst, err
+	}
+	calendar := false
+	for i := range items {
+		r := items[i].Rule
+		if r == nil {
+			return dst, fmt.Errorf("%w: item %q has no rule", ratelimit.ErrInvalidRule, items[i].Key)
+		}
+		if err := r.Validate(); err != nil {
+			return dst, err
+		}
+		calendar = calendar || r.Calendar != ratelimit.NoCalendar
+	}
+	if !s.brk.allow() {
+		return s.fb.decide(dst, items), nil
+	}
+	req, err := s.build(items)
+	if err != nil {
+		return dst, err
+	}
+	n := len(dst)
+	dst, err = s.run(ctx, dst, req, items, calendar)
+	if err != nil {
+		dst = dst[:n]
+		if cerr := ctx.Err(); cerr != nil {
+			return dst, cerr
+		}
+		if isScriptError(err) {
+			s.brk.done(true) // Redis answered: it is up
+			return dst, fmt.Errorf("redisstore: %w", err)
+		}
+		s.errors.Add(1)
+		s.brk.done(false)
+		return s.fb.decide(dst, items), nil
+	}
+	s.brk.done(true)
+	s.requests.Add(1)
+	return dst, nil
+}
+
+// argHeader is the number of decide.lua's ARGV before the items'.
+const argHeader = 4
+
+// request is one EVALSHA: keys and arguments of decide.lua.
+type request struct {
+	keys []string
+	args []any
+	mask int   // algorithms present
+	kis  []int // each item's first key, in keys (from 1)
+}
+
+// build encodes items as decide.lua's KEYS and ARGV; ARGV[1] (the instant)
+// is filled in by run.
+func (s *Store) build(items []ratelimit.Item) (request, error) {
+	req := request{
+		keys: make([]string, 0, len(items)),
+		args: make([]any, argHeader, argHeader+10*len(items)),
+	}
+	req.args[1] = s.slackMS
+	req.args[2] = strconv.Itoa(len(items))
+	mask := 0
+	var buf []byte
+	tag0 := s.tagOf(items[0].Key)
+	for i := range items {
+		it := &items[i]
+		r := it.Rule
+		tag := tag0
+		if i > 0 {
+			if tag = s.tagOf(it.Key); tag != tag0 && s.cluster {
+				return req, fmt.Errorf("%w: %q and %q", ErrCrossSlot, tag0, tag)
+			}
+		}
+		buf = appendKey(buf[:0], s.prefix, tag, it.Key)
+		key := string(buf)
+		ki := len(req.keys) + 1
+		req.kis = append(req.kis, ki)
+		req.keys = append(req.keys, key)
+		if r.Algorithm == ratelimit.SlidingLog {
+			req.keys = append(req.keys, key+logSuffix)
+		}
+		c := r.Capacity()
+		iv := interval(r)
+		capT := int64(0)
+		if r.Limit > 0 {
+			capT = c * iv
+		}
+		mask |= 1 << r.Algorithm
+		cost := max(it.Cost, -c)
+		req.args = append(req.args,
+			strconv.Itoa(ki),
+			strconv.Itoa(int(r.Algorithm)),
+			strconv.FormatInt(cost, 10),
+			strconv.FormatInt(r.Limit, 10),
+			strconv.FormatInt(c, 10),
+			strconv.FormatInt(iv, 10),
+			strconv.FormatInt(capT, 10),
+			strconv.FormatInt(int64(r.Period), 10),
+			"", "", // calendar window, filled in by run
+		)
+	}
+	req.args[3] = strconv.Itoa(mask)
+	req.mask = mask
+	return req, nil
+}
+
+// interval is ratelimit's emission interval: Period/Limit rounded up, at
+// least 1 ns; MaxInt64 for Limit 0.
+func interval(r *ratelimit.Rule) int64 {
+	if r.Limit <= 0 {
+		return 1<<63 - 1
+	}
+	p := int64(r.Period)
+	iv := p / r.Limit
+	if p%r.Limit != 0 {
+		iv++
+	}
+	return max(iv, 1)
+}
+
+// calendarWindow returns the calendar window of r that holds now, computed
+// by ratelimit itself: a fixed window's state after one admitted unit
+// starts at the window's start, and its ResetAfter runs to the window's end.
+func calendarWindow(r *ratelimit.Rule, now time.Time) (start, end int64) {
+	probe := *r
+	probe.Limit = 1
+	var st ratelimit.State
+	d := probe.Decide(&st, now, 1)
+	return st.T, now.UnixNano() + int64(d.ResetAfter)
+}
+
+// run sends req, after filling in the instant and calendar windows.
+func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req request, items []ratelimit.Item, calendar bool) ([]ratelimit.Decision, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	exact := false
+	for i := range items {
+		if r := items[i].Rule; r.Calendar == ratelimit.NoCalendar && needsExact(r, 0) {
+			exact = true
+		}
+	}
+	if exact {
+		return s.exact(ctx, dst, items, req.keys)
+	}
+	var now time.Time
+	switch {
+	case s.now != nil:
+		now = s.now()
+	case calendar:
+		// One round trip to the clock of the node that owns the slot.
+		v, err := s.clock.Run(ctx, s.c, req.keys[:1]).Slice()
+		if err != nil {
+			return dst, err
+		}
+		now, err = parseTime(v)
+		if err != nil {
+			return dst, err
+		}
+	}
+	req.args[0] = ""
+	if !now.IsZero() {
+		req.args[0] = strconv.FormatInt(now.UnixNano(), 10)
+	}
+	if calendar {
+		for i := range items {
+			if r := items[i].Rule; r.Calendar != ratelimit.NoCalendar {
+				start, end := calendarWindow(r, now)
+				if needsExact(r, end-start) {
+					return s.exact(ctx, dst, items, req.keys)
+				}
+				req.args[argHeader+10*i+8] = strconv.FormatInt(start, 10)
+				req.args[argHeader+10*i+9] = strconv.FormatInt(end, 10)
+			}
+		}
+	}
+	var res []any
+	var err error
+	if s.batch != nil {
+		res, err = s.batch.do(ctx, req)
+	} else {
+		res, err = s.script.Run(ctx, s.c, req.keys, req.args...).Slice()
+	}
+	if err != nil {
+		return dst, err
+	}
+	if len(res) == 1 { // a state too far from now for the script's doubles
+		return s.exact(ctx, dst, items, req.keys)
+	}
+	return parse(dst, items, res)
+}
+
+// exact decides on the exact path (see exact.go).
+func (s *Store) exact(ctx context.Context, dst []ratelimit.Decision, items []ratelimit.Item, keys []string) ([]ratelimit.Decision, error) {
+	s.exacts.Add(1)
+	ds, err := s.decideExact(ctx, items, keys)
+	if err != nil {
+		return dst, err
+	}
+	return append(dst, ds...), nil
+}
+
+func parseTime(v []any) (time.Time, error) {
+	if len(v) != 2 {
+		return time.Time{}, fmt.Errorf("redisstore: TIME returned %d values", len(v))
+	}
+	var f [2]int64
+	for i, x := range v {
+		switch x := x.(type) {
+		case int64:
+			f[i] = x
+		case string: // TIME inside a script returns strings
+			n, err := strconv.ParseInt(x, 10, 64)
+			if err != nil {
+				return time.Time{}, fmt.Errorf("redisstore: TIME returned %q", x)
+			}
+			f[i] = n
+		default:
+			return time.Time{}, fmt.Errorf("redisstore: TIME returned %T", x)
+		}
+	}
+	return time.Unix(f[0], f[1]*1000), nil
+}
+
+// parse turns decide.lua's reply into decisions.
+func parse(dst []ratelimit.Decision, items []ratelimit.Item, res []any) ([]ratelimit.Decision, error) {
+	if len(res) != 5*len(items) {
+		return dst, fmt.Errorf("redisstore: script returned %d values for %d items", len(res), len(items))
+	}
+	for i := range items {
+		var f [5]int64
+		for j := range f {
+			v, ok := res[5*i+j].(int64)
+			if !ok {
+				return dst, fmt.Errorf("redisstore: script returned %T", res[5*i+j])
+			}
+			f[j] = v
+		}
+		r := items[i].Rule
+		d := ratelimit.Decision{
+			Allowed:    f[0] == 1,
+			Limit:      r.Capacity(),
+			Remaining:  f[2],
+			ResetAfter: dur(f[3]),
+			RetryAfter: dur(f[4]),
+			Rule:       r.Name,
+		}
+		switch f[1] {
+		case 0:
+			d.Reason = ratelimit.ReasonOK
+		case 1:
+			d.Reason = ratelimit.ReasonLimited
+		default:
+			d.Reason, d.RetryAfter = ratelimit.ReasonExceedsCapacity, ratelimit.Never
+		}
+		dst = append(dst, d)
+	}
+	return dst, nil
+}
+
+// dur maps the script's saturated durations back to MaxInt64.
+func dur(ns int64) time.Duration {
+	if ns >= 9223372036854774784 {
+		return time.Duration(1<<63 - 1)
+	}
+	return time.Duration(ns)
+}
+
+// isScriptError reports whether err is an error reply that says the request
+// itself failed (a script error), not that Redis is unavailable.
+func isScriptError(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	msg := re.Error()
+	return strings.HasPrefix(msg, "ERR") && !strings.Contains(msg, "CLUSTERDOWN")
+}

@@ -1,0 +1,42 @@
+package redisstore
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/storetest"
+)
+
+// Every subtest gets its own Store with its own key prefix on one shared
+// server (or cluster), so no subtest sees another's keys.
+
+func TestStoretestStandalone(t *testing.T) {
+	srv := redistest.Standalone(t)
+	storetest.Run(t, func(t *testing.T, now func() time.Time) ratelimit.Store {
+		return newTestStore(t, []string{srv.Addr()}, now, nil)
+	})
+}
+
+func TestStoretestStandaloneNoCoalesce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("short")
+	}
+	srv := redistest.Standalone(t)
+	storetest.Run(t, func(t *testing.T, now func() time.Time) ratelimit.Store {
+		return newTestStore(t, []string{srv.Addr()}, now, func(o *Options) { o.NoCoalesce = true })
+	})
+}
+
+func TestStoretestCluster(t *testing.T) {
+	cl := redistest.Cluster(t)
+	storetest.Run(t, func(t *testing.T, now func() time.Time) ratelimit.Store {
+		// A subtest's keys are "<test name>/<key>": all of a subtest's
+		// keys share a slot, as a tenant's would.
+		return newTestStore(t, cl.Addrs(), now, func(o *Options) {
+			o.HashTag = func(k string) string { return k[:strings.LastIndexByte(k, '/')+1] }
+		})
+	})
+}

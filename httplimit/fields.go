@@ -1,6 +1,3 @@
-// Package httplimit applies Sluice's limits to HTTP: the header fields of
-// the IETF draft "RateLimit header fields for HTTP" (draft-ietf-httpapi-
-// ratelimit-headers-11), Retry-After, and problem details (RFC 9457).
 package httplimit
 
 import (

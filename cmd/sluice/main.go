@@ -6,6 +6,7 @@
 //	sluice serve      run the decision service
 //	sluice rules      check rule files (sluice rules validate DIR)
 //	sluice compare    run one traffic pattern through every algorithm
+//	sluice demo       run a demonstration (sluice demo throttled-db)
 //	sluice version    print the version
 //	sluice help [command]
 //
@@ -74,6 +75,7 @@ func commands() []command {
 		{"serve", "run the decision service", runServe},
 		{"rules", "check rule files: sluice rules validate DIR", runRules},
 		{"compare", "run one traffic pattern through every algorithm and compare them", runCompare},
+		{"demo", "run a demonstration: sluice demo throttled-db [-json]", runDemo},
 		{"version", "print the version of sluice and of Go", runVersion},
 		{"help", "show help for sluice or for one command", runHelp},
 	}

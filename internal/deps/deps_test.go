@@ -4,7 +4,9 @@
 //
 //   - ratelimit depends on the standard library only.
 //   - No library package (outside cmd/, internal/ and bench/) depends on
-//     gRPC, a YAML package or Prometheus.
+//     gRPC, a YAML package or Prometheus — except that grpclimit, whose
+//     whole purpose is gRPC interceptors, may depend on gRPC (and on
+//     nothing else of the three).
 //   - Only package main under cmd/ imports flag or reads the environment
 //     (os.Getenv, os.LookupEnv, os.Environ, os.ExpandEnv, syscall.Getenv,
 //     syscall.Environ). The load-test programs under bench/ are commands
@@ -149,12 +151,18 @@ func hasPathPrefix(path, prefix string) bool {
 	return path == prefix || strings.HasPrefix(path, prefix+"/")
 }
 
+// isGRPC reports whether path is gRPC.
+func isGRPC(path string) bool { return hasPathPrefix(path, "google.golang.org/grpc") }
+
 // isHeavy reports whether path is gRPC, a YAML package or Prometheus.
 func isHeavy(path string) bool {
-	return hasPathPrefix(path, "google.golang.org/grpc") ||
+	return isGRPC(path) ||
 		strings.HasPrefix(path, "github.com/prometheus/") ||
 		strings.Contains(strings.ToLower(path), "yaml")
 }
+
+// grpcAllowed is the one library package that may depend on gRPC.
+const grpcAllowed = "grpclimit"
 
 func importRules() []rule {
 	return []rule{
@@ -165,8 +173,13 @@ func importRules() []rule {
 		},
 		{
 			name:      "library packages (outside cmd/, internal/ and bench/) may not depend on gRPC, YAML or Prometheus",
-			applies:   func(rel string) bool { return !underAny(rel, "cmd", "internal", "bench") },
+			applies:   func(rel string) bool { return !underAny(rel, "cmd", "internal", "bench") && rel != grpcAllowed },
 			forbidden: func(p *pkg) bool { return isHeavy(p.ImportPath) },
+		},
+		{
+			name:      "grpclimit may depend on gRPC, but not on YAML or Prometheus",
+			applies:   func(rel string) bool { return rel == grpcAllowed },
+			forbidden: func(p *pkg) bool { return isHeavy(p.ImportPath) && !isGRPC(p.ImportPath) },
 		},
 	}
 }
@@ -384,6 +397,26 @@ func TestRulesCatchViolations(t *testing.T) {
 				"package example.com/m/httplimit imports google.golang.org/grpc/codes: library packages",
 				"package example.com/m/lease imports gopkg.in/yaml.v3: library packages",
 			},
+		},
+		{
+			name: "grpclimit may import grpc, nothing else heavy; its subpackages may not",
+			pkgs: []*pkg{
+				ext("google.golang.org/grpc"), ext("gopkg.in/yaml.v3"),
+				own("grpclimit", "grpclimit", "google.golang.org/grpc"), // allowed
+				own("grpclimit/x", "x", "google.golang.org/grpc"),
+				own("grpclimitx", "grpclimitx", "google.golang.org/grpc"),
+				own("grpclimit/y", "y", "gopkg.in/yaml.v3"),
+			},
+			want: []string{
+				"package example.com/m/grpclimit/x imports google.golang.org/grpc: library packages",
+				"package example.com/m/grpclimit/y imports gopkg.in/yaml.v3: library packages",
+				"package example.com/m/grpclimitx imports google.golang.org/grpc: library packages",
+			},
+		},
+		{
+			name: "grpclimit imports yaml",
+			pkgs: []*pkg{ext("gopkg.in/yaml.v3"), own("grpclimit", "grpclimit", "gopkg.in/yaml.v3")},
+			want: []string{"package example.com/m/grpclimit imports gopkg.in/yaml.v3: grpclimit may depend on gRPC, but not on YAML or Prometheus"},
 		},
 		{
 			name: "library reaches grpc through a dependency",

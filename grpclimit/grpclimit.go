@@ -1,0 +1,529 @@
+// Package grpclimit applies Sluice's limits to gRPC: server interceptors
+// that refuse calls over a limit with RESOURCE_EXHAUSTED and a
+// google.rpc.RetryInfo detail saying when to come back, and client
+// interceptors that honour that detail.
+//
+// It is the one library package allowed to import gRPC (see DESIGN.md's
+// import rules); the rest of Sluice's HTTP integration lives in httplimit.
+//
+// # Server
+//
+// A Server decides each call (once per stream for streaming calls) against
+// a Store, all limits of a call all or nothing, like httplimit's
+// middleware:
+//
+//   - a call a quota refuses fails with codes.ResourceExhausted, a
+//     RetryInfo detail (retry_delay: when the same call would be admitted)
+//     and a QuotaFailure detail naming each violated policy and its scope;
+//     a call whose cost exceeds a limit's capacity can never succeed and
+//     gets no RetryInfo;
+//   - when the Store fails closed or returns an error, the call fails with
+//     codes.Unavailable and a RetryInfo — the server is overloaded, not the
+//     caller over its quota.
+//
+// # Client
+//
+// A Client's interceptors wait before each call while a pause is on: a
+// RESOURCE_EXHAUSTED or UNAVAILABLE carrying RetryInfo starts a pause shared
+// by every call through the Client. A unary call so refused is retried
+// after the delay, at most MaxRetries times and within a retry budget (at
+// most RetryRatio of the calls of the last RetryWindow, plus MinRetries);
+// a wait longer than the call's deadline fails at once with an error that
+// matches ratelimit.ErrWouldExceedDeadline and carries codes.DeadlineExceeded.
+// Streams are not retried (their messages may already have been consumed);
+// their refusals still start the pause.
+package grpclimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// A Key names one dimension of a limit: what picks a call's bucket.
+type Key struct {
+	// Scope describes the key in QuotaFailure details, e.g. "peer".
+	Scope string
+	// Append appends the key's value for the call to dst; ok false means
+	// the limit does not apply to the call.
+	Append func(dst []byte, ctx context.Context, fullMethod string) (b []byte, ok bool)
+}
+
+// ByPeer keys by the IP address of the calling peer ("unknown" when the
+// transport has none, as with in-memory connections).
+func ByPeer() Key {
+	return Key{Scope: "peer", Append: func(dst []byte, ctx context.Context, _ string) ([]byte, bool) {
+		p, ok := peer.FromContext(ctx)
+		if !ok || p.Addr == nil {
+			return append(dst, "unknown"...), true
+		}
+		if ap, err := netip.ParseAddrPort(p.Addr.String()); err == nil {
+			return ap.Addr().Unmap().AppendTo(dst), true
+		}
+		if ta, ok := p.Addr.(*net.TCPAddr); ok {
+			if a, ok := netip.AddrFromSlice(ta.IP); ok {
+				return a.Unmap().AppendTo(dst), true
+			}
+		}
+		return append(dst, "unknown"...), true
+	}}
+}
+
+// ByMetadata keys by the first value of the incoming metadata key name (an
+// API key, a tenant); the limit does not apply to calls without it.
+func ByMetadata(name string) Key {
+	name = strings.ToLower(name)
+	return Key{Scope: "metadata " + name, Append: func(dst []byte, ctx context.Context, _ string) ([]byte, bool) {
+		vs := metadata.ValueFromIncomingContext(ctx, name)
+		if len(vs) == 0 || vs[0] == "" {
+			return dst, false
+		}
+		return append(dst, vs[0]...), true
+	}}
+}
+
+// ByMethod keys by the full method name, "/package.Service/Method".
+func ByMethod() Key {
+	return Key{Scope: "method", Append: func(dst []byte, _ context.Context, m string) ([]byte, bool) {
+		return append(dst, m...), true
+	}}
+}
+
+// A Limit is one limit a Server applies.
+type Limit struct {
+	// Rule is the limit; its Name must be unique within a Config.
+	Rule ratelimit.Rule
+	// Keys pick the bucket; none means one bucket for every call.
+	Keys []Key
+	// Cost is the cost of a call; nil means 1.
+	Cost func(ctx context.Context, fullMethod string) int64
+}
+
+// Config configures a Server. Store and at least one Limit are required.
+type Config struct {
+	Store  ratelimit.Store
+	Limits []Limit
+	// Shadow decides and reports (OnDecision) but never refuses.
+	Shadow bool
+	// OnDecision, if set, is called after each decision with the
+	// decisions of the limits that applied (nil on a Store error), the
+	// Store's error, and whether the call is (or in shadow mode would be)
+	// refused.
+	OnDecision func(ctx context.Context, fullMethod string, ds []ratelimit.Decision, err error, refused bool)
+	// ErrorRetryAfter is the RetryInfo delay of the UNAVAILABLE answered
+	// when the Store returns an error; default one second.
+	ErrorRetryAfter time.Duration
+}
+
+// Server holds the server interceptors. It is safe for concurrent use.
+type Server struct {
+	cfg    Config
+	limits []Limit
+}
+
+// NewServer returns a Server for cfg, or an error if cfg is incomplete or a
+// rule is invalid.
+func NewServer(cfg Config) (*Server, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("grpclimit: Config.Store is nil")
+	}
+	if len(cfg.Limits) == 0 {
+		return nil, errors.New("grpclimit: Config.Limits is empty")
+	}
+	if cfg.ErrorRetryAfter <= 0 {
+		cfg.ErrorRetryAfter = time.Second
+	}
+	names := make(map[string]bool)
+	for i, l := range cfg.Limits {
+		if err := l.Rule.Validate(); err != nil {
+			return nil, fmt.Errorf("grpclimit: limit %d: %w", i, err)
+		}
+		if names[l.Rule.Name] {
+			return nil, fmt.Errorf("grpclimit: two limits are named %q", l.Rule.Name)
+		}
+		names[l.Rule.Name] = true
+		for j, k := range l.Keys {
+			if k.Append == nil {
+				return nil, fmt.Errorf("grpclimit: limit %q: key %d (%q) has no Append function", l.Rule.Name, j, k.Scope)
+			}
+		}
+	}
+	return &Server{cfg: cfg, limits: append([]Limit(nil), cfg.Limits...)}, nil
+}
+
+// UnaryInterceptor returns the unary server interceptor.
+func (s *Server) UnaryInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if err := s.decide(ctx, info.FullMethod); err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}
+}
+
+// StreamInterceptor returns the stream server interceptor; it decides once
+// when the stream starts.
+func (s *Server) StreamInterceptor() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if err := s.decide(ss.Context(), info.FullMethod); err != nil {
+			return err
+		}
+		return handler(srv, ss)
+	}
+}
+
+// decide returns the status error refusing the call, or nil.
+func (s *Server) decide(ctx context.Context, method string) error {
+	var (
+		itemsBuf [4]ratelimit.Item
+		dsBuf    [4]ratelimit.Decision
+		idxBuf   [4]int
+		buf      [128]byte
+	)
+	items, idx := itemsBuf[:0], idxBuf[:0]
+	for i := range s.limits {
+		l := &s.limits[i]
+		b := append(buf[:0], l.Rule.Name...)
+		ok := true
+		for _, k := range l.Keys {
+			b = append(b, '|')
+			if b, ok = k.Append(b, ctx, method); !ok {
+				break
+			}
+		}
+		if !ok {
+			continue
+		}
+		cost := int64(1)
+		if l.Cost != nil {
+			cost = max(0, l.Cost(ctx, method))
+		}
+		items = append(items, ratelimit.Item{Key: string(b), Rule: &l.Rule, Cost: cost})
+		idx = append(idx, i)
+	}
+	if len(items) == 0 {
+		return nil
+	}
+	ds, err := s.cfg.Store.Decide(ctx, dsBuf[:0], items)
+	if err == nil && len(ds) != len(items) {
+		err = fmt.Errorf("grpclimit: store returned %d decisions for %d items", len(ds), len(items))
+	}
+	if err != nil {
+		s.report(ctx, method, nil, err, true)
+		if s.cfg.Shadow {
+			return nil
+		}
+		return unavailable(s.cfg.ErrorRetryAfter, "the rate limiter could not decide")
+	}
+	if ratelimit.Allowed(ds) {
+		s.report(ctx, method, ds, nil, false)
+		return nil
+	}
+	s.report(ctx, method, ds, nil, true)
+	if s.cfg.Shadow {
+		return nil
+	}
+	var retry time.Duration
+	qf := &errdetails.QuotaFailure{}
+	var names []string
+	for i := range ds {
+		d := &ds[i]
+		if d.Allowed {
+			continue
+		}
+		if d.Reason == ratelimit.ReasonFailClosed {
+			return unavailable(d.RetryAfter, "the rate limiter is unavailable")
+		}
+		if d.Reason == ratelimit.ReasonLimited {
+			retry = max(retry, d.RetryAfter)
+		}
+		l := &s.limits[idx[i]]
+		names = append(names, d.Rule)
+		qf.Violations = append(qf.Violations, &errdetails.QuotaFailure_Violation{
+			Subject:     scope(l),
+			Description: fmt.Sprintf("quota %q allows %d units per %d s; this call costs %d and %d remain", d.Rule, l.Rule.Capacity(), httplimit.PolicyWindow(&l.Rule), items[i].Cost, max(0, d.Remaining)),
+		})
+	}
+	st := status.New(codes.ResourceExhausted, "quota exceeded: "+strings.Join(names, ", "))
+	var details []protoadapt.MessageV1
+	if retry > 0 {
+		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(retry)})
+	}
+	details = append(details, qf)
+	return withDetails(st, details...)
+}
+
+func (s *Server) report(ctx context.Context, method string, ds []ratelimit.Decision, err error, refused bool) {
+	if s.cfg.OnDecision != nil {
+		s.cfg.OnDecision(ctx, method, ds, err, refused)
+	}
+}
+
+func unavailable(retry time.Duration, msg string) error {
+	return withDetails(status.New(codes.Unavailable, msg), &errdetails.RetryInfo{RetryDelay: durationpb.New(max(retry, time.Millisecond))})
+}
+
+func withDetails(st *status.Status, details ...protoadapt.MessageV1) error {
+	if s, err := st.WithDetails(details...); err == nil {
+		st = s
+	}
+	return st.Err()
+}
+
+func scope(l *Limit) string {
+	if len(l.Keys) == 0 {
+		return l.Rule.Name + ": global"
+	}
+	s := make([]string, len(l.Keys))
+	for i, k := range l.Keys {
+		s[i] = k.Scope
+	}
+	return l.Rule.Name + ": " + strings.Join(s, "|")
+}
+
+// RetryDelay returns the delay of the RetryInfo detail of err, if it has
+// one.
+func RetryDelay(err error) (time.Duration, bool) {
+	st, ok := status.FromError(err)
+	if !ok {
+		return 0, false
+	}
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay() != nil {
+			return max(0, ri.GetRetryDelay().AsDuration()), true
+		}
+	}
+	return 0, false
+}
+
+// Client holds the client interceptors. The zero value is ready to use with
+// the defaults of each field; it is safe for concurrent use and must not be
+// copied after first use.
+type Client struct {
+	// MaxRetries bounds the retries of one unary call; 0 means 3, negative
+	// means none.
+	MaxRetries int
+	// RetryRatio, RetryWindow and MinRetries make the retry budget:
+	// retries at most RetryRatio (default 0.1) of the calls of the last
+	// RetryWindow (default 10 s), plus MinRetries (default 10; negative
+	// means none).
+	RetryRatio  float64
+	RetryWindow time.Duration
+	MinRetries  int
+	// MaxDelay caps the delay a RetryInfo may ask for; 0 means 1 minute.
+	MaxDelay time.Duration
+
+	mu         sync.Mutex
+	pauseUntil time.Time
+	slots      [budgetSlots]budgetSlot
+	retries    int64
+	refused    int64
+}
+
+// ErrWouldExceedDeadline is ratelimit.ErrWouldExceedDeadline: a Client
+// returns it, wrapped in a DEADLINE_EXCEEDED status, when the wait a pause
+// asks for outlasts the call's deadline.
+var ErrWouldExceedDeadline = ratelimit.ErrWouldExceedDeadline
+
+// deadlineError is a wait that outlasts the deadline: it matches
+// ErrWouldExceedDeadline and context.DeadlineExceeded, and gRPC sees it as
+// codes.DeadlineExceeded.
+type deadlineError struct{ wait, left time.Duration }
+
+func (e deadlineError) Error() string {
+	return fmt.Sprintf("grpclimit: the server asks to wait %v, %v left: %v", e.wait, e.left, ErrWouldExceedDeadline)
+}
+func (e deadlineError) Unwrap() []error {
+	return []error{ErrWouldExceedDeadline, context.DeadlineExceeded}
+}
+func (e deadlineError) GRPCStatus() *status.Status {
+	return status.New(codes.DeadlineExceeded, e.Error())
+}
+
+// UnaryInterceptor returns the unary client interceptor.
+func (c *Client) UnaryInterceptor() grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		maxRetries := c.MaxRetries
+		if maxRetries == 0 {
+			maxRetries = 3
+		}
+		c.countCall()
+		for attempt := 0; ; attempt++ {
+			if err := c.waitPause(ctx); err != nil {
+				return err
+			}
+			err := invoker(ctx, method, req, reply, cc, opts...)
+			delay, ok := c.observe(err)
+			if !ok || attempt >= maxRetries || !c.allowRetry() {
+				return err
+			}
+			if dl, has := ctx.Deadline(); has && time.Until(dl) < delay {
+				return deadlineError{wait: delay, left: time.Until(dl)}
+			}
+		}
+	}
+}
+
+// StreamInterceptor returns the stream client interceptor: it waits for a
+// pause before opening a stream and starts one when the stream ends with a
+// refusal carrying RetryInfo. It does not retry.
+func (c *Client) StreamInterceptor() grpc.StreamClientInterceptor {
+	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		if err := c.waitPause(ctx); err != nil {
+			return nil, err
+		}
+		cs, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil {
+			c.observe(err)
+			return nil, err
+		}
+		return &observedStream{ClientStream: cs, c: c}, nil
+	}
+}
+
+type observedStream struct {
+	grpc.ClientStream
+	c *Client
+}
+
+func (s *observedStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if err != nil {
+		s.c.observe(err)
+	}
+	return err
+}
+
+// observe starts or extends the pause when err is a refusal with
+// RetryInfo, and returns its delay.
+func (c *Client) observe(err error) (time.Duration, bool) {
+	if err == nil {
+		return 0, false
+	}
+	code := status.Code(err)
+	if code != codes.ResourceExhausted && code != codes.Unavailable {
+		return 0, false
+	}
+	d, ok := RetryDelay(err)
+	if !ok {
+		return 0, false
+	}
+	maxDelay := c.MaxDelay
+	if maxDelay <= 0 {
+		maxDelay = time.Minute
+	}
+	d = min(d, maxDelay)
+	c.mu.Lock()
+	if until := time.Now().Add(d); until.After(c.pauseUntil) {
+		c.pauseUntil = until
+	}
+	c.mu.Unlock()
+	return d, true
+}
+
+// waitPause waits while a pause is on, failing at once if it outlasts the
+// deadline.
+func (c *Client) waitPause(ctx context.Context) error {
+	c.mu.Lock()
+	d := time.Until(c.pauseUntil)
+	c.mu.Unlock()
+	if d <= 0 {
+		return nil
+	}
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
+		return deadlineError{wait: d, left: time.Until(dl)}
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	}
+}
+
+// budgetSlots is the number of slots of the retry budget's sliding window.
+const budgetSlots = 10
+
+// A budgetSlot counts the calls and retries of one tenth of the window.
+type budgetSlot struct {
+	index          int64 // which tenth of time this is
+	calls, retries int64
+}
+
+// slot returns the slot of now, reset if it held an older tenth; c.mu is
+// held.
+func (c *Client) slot(now time.Time) *budgetSlot {
+	w := c.RetryWindow
+	if w <= 0 {
+		w = 10 * time.Second
+	}
+	i := now.UnixNano() / int64(max(w/budgetSlots, 1))
+	s := &c.slots[(i%budgetSlots+budgetSlots)%budgetSlots]
+	if s.index != i {
+		*s = budgetSlot{index: i}
+	}
+	return s
+}
+
+func (c *Client) countCall() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.slot(time.Now()).calls++
+}
+
+func (c *Client) allowRetry() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cur := c.slot(time.Now())
+	var calls, retries int64
+	for i := range c.slots {
+		if s := &c.slots[i]; cur.index-s.index < budgetSlots {
+			calls += s.calls
+			retries += s.retries
+		}
+	}
+	ratio := c.RetryRatio
+	if ratio <= 0 {
+		ratio = 0.1
+	}
+	minRetries := c.MinRetries
+	switch {
+	case minRetries == 0:
+		minRetries = 10
+	case minRetries < 0:
+		minRetries = 0
+	}
+	if float64(retries+1) > float64(minRetries)+ratio*float64(calls) {
+		c.refused++
+		return false
+	}
+	cur.retries++
+	c.retries++
+	return true
+}
+
+// Retries returns the retries made and those the budget refused.
+func (c *Client) Retries() (made, refused int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.retries, c.refused
+}

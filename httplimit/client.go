@@ -1,0 +1,484 @@
+package httplimit
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// A Limiter paces a Client: WaitN blocks until n units of cost may be spent,
+// or fails at once (with ratelimit.ErrWouldExceedDeadline, say) when the
+// wait would outlast ctx's deadline. *ratelimit.Limiter satisfies it, and so
+// does any store-backed or lease-backed limiter with the same method.
+type Limiter interface {
+	WaitN(ctx context.Context, n int) error
+}
+
+// An AdjustableLimiter is a Limiter whose rate the Client may lower and
+// raise (AIMD). *ratelimit.Limiter satisfies it.
+type AdjustableLimiter interface {
+	Limiter
+	Limit() ratelimit.Limit
+	SetLimit(ratelimit.Limit)
+}
+
+// ErrWouldExceedDeadline is returned by Client.Do, wrapped, when the wait
+// needed before the request may be sent — pacing, a shared pause, or the
+// delay a throttled response asks for — is longer than the time left before
+// the context's deadline. It is ratelimit.ErrWouldExceedDeadline itself, so
+// one errors.Is covers the Limiter's refusal too; when the Client decides
+// this itself, the error also matches context.DeadlineExceeded.
+var ErrWouldExceedDeadline = ratelimit.ErrWouldExceedDeadline
+
+type costKey struct{}
+
+// WithCost returns a context whose requests cost n units of the Client's
+// Limiter (e.g. request units of a database) instead of 1. A negative n
+// counts as 0: the request is not paced.
+func WithCost(ctx context.Context, n int) context.Context {
+	return context.WithValue(ctx, costKey{}, max(0, n))
+}
+
+// costOf returns the cost WithCost put in ctx, or 1.
+func costOf(ctx context.Context) int {
+	if n, ok := ctx.Value(costKey{}).(int); ok {
+		return n
+	}
+	return 1
+}
+
+// Client is a client-level wrapper of an *http.Client for calling a service
+// that throttles its callers. It does what a good client of such a service
+// does, in this order, on every Do:
+//
+//  1. Pacing: it waits for the Limiter (if any) to grant the request's cost
+//     (WithCost), so that calls stay under the service's limit instead of
+//     discovering it through 429s.
+//  2. Shared pause: when a response is 429 or 503 and says how long to wait
+//     (Retry-After as delay-seconds or HTTP-date, Retry-After-Ms,
+//     X-Ms-Retry-After-Ms, or RateLimit's t; see RetryDelay), capped at
+//     MaxPause, every request of the same scope (the host, by default) made
+//     through this Client waits until then — one pause shared by all
+//     goroutines, not one retrying goroutine each. When it ends, the
+//     waiting requests are spread over the first backoff step (full
+//     jitter) and pass through the Limiter again, whose rate has just been
+//     lowered, so traffic resumes gradually.
+//  3. AIMD: on each throttling episode it multiplies the Limiter's rate by
+//     Decrease (never below MinRate), and on each success adds Increase
+//     (never above MaxRate). Throttled responses to requests sent before
+//     the last decrease do not lower it again.
+//  4. Retries: a throttled request is retried only if it may be (an
+//     idempotent method without a body, or any request with GetBody), at
+//     most MaxRetries times, after the shared pause plus a full-jitter
+//     exponential backoff, and only while the retry budget lasts: retries
+//     may be at most RetryRatio of the requests of the last RetryWindow
+//     (plus MinRetries). Otherwise the throttled response is returned to the
+//     caller — backpressure travels upstream instead of piling on.
+//  5. Deadlines: if a wait it must make is longer than the time left before
+//     the request context's deadline, Do fails at once with an error
+//     matching ErrWouldExceedDeadline.
+//
+// Errors of the transport are returned as they are, never retried: that is
+// the transport's business.
+//
+// The zero value is a Client with defaults for every field: no Limiter
+// (pacing and AIMD off), http.DefaultClient, the host as pause scope. A
+// Client is safe for concurrent use, and the point is to share one; it must
+// not be copied after first use, nor its fields changed.
+type Client struct {
+	// HTTP sends the requests; nil means http.DefaultClient.
+	HTTP *http.Client
+	// Limiter paces requests; nil means no pacing. If it is an
+	// AdjustableLimiter, the Client adjusts its rate (AIMD).
+	Limiter Limiter
+
+	// MaxRate is the AIMD ceiling; 0 means the Limiter's rate at first use.
+	MaxRate ratelimit.Limit
+	// MinRate is the AIMD floor; 0 means MaxRate/100.
+	MinRate ratelimit.Limit
+	// Decrease multiplies the rate on throttling; 0 (or a value outside
+	// (0, 1)) means 0.5.
+	Decrease float64
+	// Increase is added to the rate per successful response; 0 means
+	// MaxRate/100.
+	Increase ratelimit.Limit
+
+	// MaxRetries bounds the retries of one request; 0 means 3, negative
+	// means none.
+	MaxRetries int
+	// RetryRatio is the retry budget: retries at most this fraction of the
+	// requests over RetryWindow, plus MinRetries; 0 means 0.1.
+	RetryRatio float64
+	// RetryWindow is the sliding window of the retry budget; 0 means 10 s.
+	RetryWindow time.Duration
+	// MinRetries are allowed per RetryWindow whatever the ratio, so that a
+	// quiet client may retry at all; 0 means 10, negative means none.
+	MinRetries int
+	// BaseBackoff and MaxBackoff bound the full-jitter backoff: before
+	// retry k (from 0) it waits a random time in [0, min(MaxBackoff,
+	// BaseBackoff·2^k)), after any shared pause. 0 means 50 ms and 10 s.
+	BaseBackoff, MaxBackoff time.Duration
+	// MaxPause caps the wait a response may ask for; 0 means 1 minute.
+	MaxPause time.Duration
+	// PauseScope returns the scope of a request's shared pause; nil means
+	// its URL's host. Return the tenant, say, when one tenant's 429 must
+	// not pause calls made for others.
+	PauseScope func(*http.Request) string
+
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Rand returns a random number in [0, 1) for the jitter; nil means
+	// math/rand/v2.Float64.
+	Rand func() float64
+
+	mu      sync.Mutex
+	started bool
+	pauses  map[string]time.Time
+	budget  retryBudget
+	// AIMD state, when the Limiter is adjustable.
+	adj                  AdjustableLimiter
+	rate, maxRate        float64
+	minRate, inc         float64
+	decreasedAt          int64 // c.requests at the last decrease
+	requests, throttled  int64
+	retries, retryDenied int64
+}
+
+// ClientStats are a Client's counters.
+type ClientStats struct {
+	// Requests counts the HTTP requests sent, retries included.
+	Requests int64
+	// Throttled counts the 429 and 503 responses.
+	Throttled int64
+	// Retries counts the retries made; RetriesDenied the throttled
+	// responses returned because the retry budget was spent.
+	Retries, RetriesDenied int64
+	// Rate is the Limiter's rate now (0 without an adjustable Limiter).
+	Rate ratelimit.Limit
+}
+
+// Stats returns the Client's counters.
+func (c *Client) Stats() ClientStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return ClientStats{Requests: c.requests, Throttled: c.throttled, Retries: c.retries, RetriesDenied: c.retryDenied, Rate: ratelimit.Limit(c.rate)}
+}
+
+// start initialises the Client on first use; c.mu is held.
+func (c *Client) start() {
+	if c.started {
+		return
+	}
+	c.started = true
+	c.pauses = make(map[string]time.Time)
+	ratio, window, minRetries := c.RetryRatio, c.RetryWindow, c.MinRetries
+	if ratio <= 0 {
+		ratio = 0.1
+	}
+	if window <= 0 {
+		window = 10 * time.Second
+	}
+	switch {
+	case minRetries == 0:
+		minRetries = 10
+	case minRetries < 0:
+		minRetries = 0
+	}
+	c.budget = retryBudget{ratio: ratio, min: minRetries, slot: window / budgetSlots}
+	if a, ok := c.Limiter.(AdjustableLimiter); ok {
+		c.adj = a
+		c.maxRate = float64(c.MaxRate)
+		if c.maxRate <= 0 {
+			c.maxRate = float64(a.Limit())
+		}
+		c.minRate, c.inc = float64(c.MinRate), float64(c.Increase)
+		if c.minRate <= 0 {
+			c.minRate = c.maxRate / 100
+		}
+		if c.inc <= 0 {
+			c.inc = c.maxRate / 100
+		}
+		c.rate = min(float64(a.Limit()), c.maxRate)
+	}
+}
+
+func (c *Client) now() time.Time {
+	if c.Now != nil {
+		return c.Now()
+	}
+	return time.Now()
+}
+
+func (c *Client) scope(req *http.Request) string {
+	if c.PauseScope != nil {
+		return c.PauseScope(req)
+	}
+	return req.URL.Host
+}
+
+// Do sends req as the Client's doc describes and returns its response: a
+// success, the last throttled response when retrying is not allowed or the
+// budget is spent, or an error. As with http.Client.Do, a response's body
+// must be closed by the caller.
+func (c *Client) Do(req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	cost := costOf(ctx)
+	scope := c.scope(req)
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	rewindable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+	retryable := rewindable && (idempotent(req.Method) || req.GetBody != nil)
+	maxRetries := c.MaxRetries
+	if maxRetries == 0 {
+		maxRetries = 3
+	}
+	c.mu.Lock()
+	c.start()
+	c.budget.request(c.now())
+	c.mu.Unlock()
+
+	for attempt := 0; ; attempt++ {
+		if err := c.await(ctx, scope, cost); err != nil {
+			return nil, err
+		}
+		if attempt > 0 && req.GetBody != nil {
+			body, err := req.GetBody()
+			if err != nil {
+				return nil, fmt.Errorf("httplimit: rewinding the body for a retry: %w", err)
+			}
+			req = req.Clone(ctx)
+			req.Body = body
+		}
+		c.mu.Lock()
+		c.requests++
+		seq := c.requests
+		c.mu.Unlock()
+		resp, err := hc.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		if resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable {
+			c.succeeded()
+			return resp, nil
+		}
+		now := c.now()
+		hint, hinted := RetryDelay(resp.Header, now)
+		hint = min(hint, c.maxPause())
+		retry := c.throttledResponse(scope, seq, now, hint, hinted, retryable && attempt < maxRetries)
+		if !retry {
+			return resp, nil
+		}
+		// The retry waits for the shared pause (in await) and then for its
+		// own jitter; all of it must fit before the deadline.
+		jitter := c.backoff(attempt)
+		wait := c.pauseLeft(scope, func() time.Time { return now }) + jitter
+		if dl, ok := ctx.Deadline(); ok && now.Add(wait).After(dl) {
+			discard(resp)
+			return nil, fmt.Errorf("httplimit: %s %s: retrying needs %v, %v left: %w (%w)",
+				req.Method, req.URL.Redacted(), wait, dl.Sub(now), ErrWouldExceedDeadline, context.DeadlineExceeded)
+		}
+		discard(resp)
+		if err := c.sleep(ctx, wait); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// await waits for the scope's shared pause and then for the Limiter,
+// again if a pause began while it waited.
+func (c *Client) await(ctx context.Context, scope string, cost int) error {
+	for {
+		var now time.Time
+		if d := c.pauseLeft(scope, func() time.Time { now = c.now(); return now }); d > 0 {
+			// Waiters are spread over the first backoff step after the
+			// pause, so that they do not all return at one instant; the
+			// Limiter, whose rate was just lowered, spaces them further.
+			d += c.backoff(0)
+			if dl, ok := ctx.Deadline(); ok && now.Add(d).After(dl) {
+				return fmt.Errorf("httplimit: calls to %q are paused for %v, %v left: %w (%w)",
+					scope, d, dl.Sub(now), ErrWouldExceedDeadline, context.DeadlineExceeded)
+			}
+			if err := c.sleep(ctx, d); err != nil {
+				return err
+			}
+		}
+		if c.Limiter != nil && cost > 0 {
+			if err := c.Limiter.WaitN(ctx, cost); err != nil {
+				return fmt.Errorf("httplimit: pacing: %w", err)
+			}
+		}
+		if c.pauseLeft(scope, c.now) <= 0 {
+			return nil
+		}
+	}
+}
+
+// pauseLeft returns how long the scope's pause lasts after now(), which it
+// calls only when a pause is on.
+func (c *Client) pauseLeft(scope string, now func() time.Time) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	until, ok := c.pauses[scope]
+	if !ok {
+		return 0
+	}
+	return max(0, until.Sub(now()))
+}
+
+// throttledResponse records a 429 or 503 received at now for the seq-th
+// request sent: it extends the shared pause, lowers the rate, and reports
+// whether the request may be retried (mayRetry, and the budget allows).
+func (c *Client) throttledResponse(scope string, seq int64, now time.Time, hint time.Duration, hinted, mayRetry bool) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.throttled++
+	if hinted && hint > 0 {
+		if until := now.Add(hint); until.After(c.pauses[scope]) {
+			c.pauses[scope] = until
+		}
+	}
+	for s, until := range c.pauses {
+		if !until.After(now) {
+			delete(c.pauses, s) // keep the map small
+		}
+	}
+	if c.adj != nil && seq > c.decreasedAt {
+		dec := c.Decrease
+		if !(dec > 0 && dec < 1) {
+			dec = 0.5
+		}
+		c.rate = max(c.minRate, c.rate*dec)
+		c.decreasedAt = c.requests // what was sent until now saw the old rate
+		c.adj.SetLimit(ratelimit.Limit(c.rate))
+	}
+	if !mayRetry {
+		return false
+	}
+	if !c.budget.retry(now) {
+		c.retryDenied++
+		return false
+	}
+	c.retries++
+	return true
+}
+
+func (c *Client) succeeded() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.adj != nil && c.rate < c.maxRate {
+		c.rate = min(c.maxRate, c.rate+c.inc)
+		c.adj.SetLimit(ratelimit.Limit(c.rate))
+	}
+}
+
+func (c *Client) maxPause() time.Duration {
+	if c.MaxPause > 0 {
+		return c.MaxPause
+	}
+	return time.Minute
+}
+
+// backoff returns the full-jitter delay before retry attempt (from 0).
+func (c *Client) backoff(attempt int) time.Duration {
+	base, ceil := c.BaseBackoff, c.MaxBackoff
+	if base <= 0 {
+		base = 50 * time.Millisecond
+	}
+	if ceil <= 0 {
+		ceil = 10 * time.Second
+	}
+	d := ceil
+	if attempt < 30 && base<<attempt < ceil {
+		d = base << attempt
+	}
+	r := rand.Float64
+	if c.Rand != nil {
+		r = c.Rand
+	}
+	return time.Duration(r() * float64(d))
+}
+
+// sleep waits d or until ctx is done.
+func (c *Client) sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// discard reads a little of a body that is not returned, so that the
+// connection may be reused, and closes it.
+func discard(resp *http.Response) {
+	_, _ = io.CopyN(io.Discard, resp.Body, 64<<10)
+	_ = resp.Body.Close()
+}
+
+// idempotent reports whether RFC 9110 §9.2.2 calls method idempotent.
+func idempotent(method string) bool {
+	switch method {
+	case "", http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, http.MethodPut, http.MethodDelete:
+		return true
+	}
+	return false
+}
+
+// budgetSlots is the number of slots of a retry budget's sliding window.
+const budgetSlots = 10
+
+// retryBudget counts requests and retries in a sliding window of
+// budgetSlots slots and allows a retry while retries stay within
+// min + ratio × requests.
+type retryBudget struct {
+	ratio float64
+	min   int
+	slot  time.Duration
+	slots [budgetSlots]struct {
+		index             int64 // which slot of time this is
+		requests, retries int64
+	}
+}
+
+func (b *retryBudget) at(now time.Time) *struct {
+	index             int64
+	requests, retries int64
+} {
+	i := now.UnixNano() / int64(max(b.slot, 1))
+	s := &b.slots[(i%budgetSlots+budgetSlots)%budgetSlots]
+	if s.index != i {
+		s.index, s.requests, s.retries = i, 0, 0
+	}
+	return s
+}
+
+func (b *retryBudget) request(now time.Time) { b.at(now).requests++ }
+
+func (b *retryBudget) retry(now time.Time) bool {
+	cur := b.at(now).index
+	var reqs, retries int64
+	for i := range b.slots {
+		if s := &b.slots[i]; cur-s.index < budgetSlots {
+			reqs += s.requests
+			retries += s.retries
+		}
+	}
+	if float64(retries+1) > float64(b.min)+b.ratio*float64(reqs) {
+		return false
+	}
+	b.at(now).retries++
+	return true
+}

@@ -1,0 +1,427 @@
+package httplimit_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/httplimit/throttledtest"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// *ratelimit.Limiter is what the Client is built for.
+var _ httplimit.AdjustableLimiter = (*ratelimit.Limiter)(nil)
+
+func TestRetryDelay(t *testing.T) {
+	now := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+	tests := []struct {
+		name   string
+		header http.Header
+		want   time.Duration
+		ok     bool
+	}{
+		{"none", http.Header{}, 0, false},
+		{"seconds", http.Header{"Retry-After": {"7"}}, 7 * time.Second, true},
+		{"seconds zero", http.Header{"Retry-After": {"0"}}, 0, true},
+		{"seconds spaces", http.Header{"Retry-After": {" 3 "}}, 3 * time.Second, true},
+		{"seconds huge", http.Header{"Retry-After": {"99999999999999999999999"}}, 1<<63 - 1, true},
+		{"negative", http.Header{"Retry-After": {"-5"}}, 0, false},
+		{"date relative to Date", http.Header{
+			"Retry-After": {"Mon, 30 Nov 2026 09:00:30 GMT"},
+			"Date":        {"Mon, 30 Nov 2026 09:00:00 GMT"}, // an hour behind our clock
+		}, 30 * time.Second, true},
+		{"date without Date", http.Header{"Retry-After": {"Mon, 30 Nov 2026 10:00:12 GMT"}}, 12 * time.Second, true},
+		{"date RFC 850", http.Header{"Retry-After": {"Monday, 30-Nov-26 10:00:05 GMT"}}, 5 * time.Second, true},
+		{"date asctime", http.Header{"Retry-After": {"Mon Nov 30 10:00:04 2026"}}, 4 * time.Second, true},
+		{"date in the past", http.Header{"Retry-After": {"Mon, 30 Nov 2026 09:59:00 GMT"}}, 0, true},
+		{"garbage", http.Header{"Retry-After": {"soon"}}, 0, false},
+		{"retry-after-ms", http.Header{"Retry-After-Ms": {"250"}, "Retry-After": {"9"}}, 250 * time.Millisecond, true},
+		{"x-ms-retry-after-ms", http.Header{"X-Ms-Retry-After-Ms": {"1500"}}, 1500 * time.Millisecond, true},
+		{"ms decimal", http.Header{"X-Ms-Retry-After-Ms": {"12.5"}}, 12500 * time.Microsecond, true},
+		{"ms garbage falls back", http.Header{"X-Ms-Retry-After-Ms": {"abc"}, "Retry-After": {"2"}}, 2 * time.Second, true},
+		{"ratelimit t", http.Header{"Ratelimit": {`"burst";r=0;t=4, "day";r=10;t=8000`}}, 4 * time.Second, true},
+		{"ratelimit two exhausted", http.Header{"Ratelimit": {`"a";r=0;t=4`, `"b";r=0;t=9`}}, 9 * time.Second, true},
+		{"ratelimit none exhausted", http.Header{"Ratelimit": {`"a";r=3;t=4`}}, 0, false},
+		{"retry-after wins over t", http.Header{"Ratelimit": {`"a";r=0;t=4`}, "Retry-After": {"6"}}, 6 * time.Second, true},
+		{"malformed ratelimit", http.Header{"Ratelimit": {`"a";r=0;t=`}}, 0, false},
+		{"legacy seconds", http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {"42"}}, 42 * time.Second, true},
+		{"legacy epoch", http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {strconv.FormatInt(now.Unix()+9, 10)}}, 9 * time.Second, true},
+		{"legacy epoch relative to Date", http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {strconv.FormatInt(now.Unix()+9, 10)},
+			"Date": {now.Add(5 * time.Second).Format(http.TimeFormat)}}, 4 * time.Second, true},
+		{"legacy date", http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {now.Add(3 * time.Second).Format(http.TimeFormat)}}, 3 * time.Second, true},
+		{"legacy with quota left", http.Header{"X-Ratelimit-Remaining": {"5"}, "X-Ratelimit-Reset": {"42"}}, 0, false},
+		{"ratelimit wins over legacy", http.Header{"Ratelimit": {`"a";r=0;t=4`}, "X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {"42"}}, 4 * time.Second, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := httplimit.RetryDelay(tt.header, now)
+			if got != tt.want || ok != tt.ok {
+				t.Errorf("RetryDelay = %v, %v; want %v, %v", got, ok, tt.want, tt.ok)
+			}
+		})
+	}
+}
+
+// script is a test server answering from a list of responses in turn (the
+// last one repeats) and recording when each request arrived, with its body.
+type script struct {
+	mu       sync.Mutex
+	replies  []func(w http.ResponseWriter)
+	arrivals []time.Time
+	bodies   []string
+}
+
+func (s *script) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	s.mu.Lock()
+	i := min(len(s.arrivals), len(s.replies)-1)
+	s.arrivals = append(s.arrivals, time.Now())
+	s.bodies = append(s.bodies, string(body))
+	reply := s.replies[i]
+	s.mu.Unlock()
+	reply(w)
+}
+
+func (s *script) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.arrivals)
+}
+
+func throttle(h http.Header) func(w http.ResponseWriter) {
+	return func(w http.ResponseWriter) {
+		for k, v := range h {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(http.StatusTooManyRequests)
+	}
+}
+
+func ok(w http.ResponseWriter) { w.WriteHeader(http.StatusOK) }
+
+func get(t *testing.T, ctx context.Context, c *httplimit.Client, url string) (*http.Response, error) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, "GET", url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Do(req)
+	if err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	return resp, err
+}
+
+// TestClientHeaderForms: whatever form the delay takes, the retry goes
+// out no earlier than asked.
+func TestClientHeaderForms(t *testing.T) {
+	tests := []struct {
+		name   string
+		header http.Header
+		want   time.Duration
+	}{
+		{"retry-after seconds", http.Header{"Retry-After": {"3"}}, 3 * time.Second},
+		{"retry-after date", http.Header{"Retry-After": {"Sat, 01 Jan 2000 00:00:02 GMT"}, "Date": {"Sat, 01 Jan 2000 00:00:00 GMT"}}, 2 * time.Second},
+		{"retry-after-ms", http.Header{"Retry-After-Ms": {"750"}}, 750 * time.Millisecond},
+		{"x-ms-retry-after-ms", http.Header{"X-Ms-Retry-After-Ms": {"1200"}}, 1200 * time.Millisecond},
+		{"ratelimit t", http.Header{"Ratelimit": {`"q";r=0;t=4`}}, 4 * time.Second},
+		{"x-ratelimit-reset", http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {"2"}}, 2 * time.Second},
+		{"capped", http.Header{"Retry-After": {"86400"}}, 5 * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s := &script{replies: []func(http.ResponseWriter){throttle(tt.header), ok}}
+				c := &httplimit.Client{
+					HTTP:     &http.Client{Transport: throttledtest.HandlerTransport{Handler: s}},
+					MaxPause: 5 * time.Second,
+					Rand:     func() float64 { return 0 }, // no jitter: exact instants
+				}
+				resp, err := get(t, t.Context(), c, "http://svc.test/x")
+				if err != nil || resp.StatusCode != 200 {
+					t.Fatalf("Do: %v, %v", resp, err)
+				}
+				if n := s.count(); n != 2 {
+					t.Fatalf("%d requests, want 2", n)
+				}
+				if got := s.arrivals[1].Sub(s.arrivals[0]); got != tt.want {
+					t.Errorf("retried after %v, want %v", got, tt.want)
+				}
+			})
+		})
+	}
+}
+
+// TestClientHTTPTestServer checks the millisecond form end to end over a
+// real loopback server.
+func TestClientHTTPTestServer(t *testing.T) {
+	s := &script{replies: []func(http.ResponseWriter){throttle(http.Header{"X-Ms-Retry-After-Ms": {"40"}}), ok}}
+	srv := httptest.NewServer(s)
+	t.Cleanup(srv.Close)
+	c := &httplimit.Client{HTTP: srv.Client(), Rand: func() float64 { return 0 }}
+	resp, err := get(t, t.Context(), c, srv.URL)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("Do: %v, %v", resp, err)
+	}
+	if got := s.arrivals[1].Sub(s.arrivals[0]); got < 40*time.Millisecond {
+		t.Errorf("retried after %v, want at least 40ms", got)
+	}
+	if st := c.Stats(); st.Requests != 2 || st.Throttled != 1 || st.Retries != 1 {
+		t.Errorf("stats = %+v", st)
+	}
+}
+
+// TestClientSharedPause: one 429 pauses every goroutine sharing the Client
+// for that host, and only for that host.
+func TestClientSharedPause(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := &script{replies: []func(http.ResponseWriter){throttle(http.Header{"Retry-After": {"10"}}), ok}}
+		b := &script{replies: []func(http.ResponseWriter){ok}}
+		mux := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Host == "a.test" {
+				a.ServeHTTP(w, r)
+			} else {
+				b.ServeHTTP(w, r)
+			}
+		})
+		c := &httplimit.Client{HTTP: &http.Client{Transport: throttledtest.HandlerTransport{Handler: mux}}, Rand: func() float64 { return 0.5 }}
+		// One goroutine gets a 429 asking for 10 s; five more, and one for
+		// another host, start while the pause is on.
+		t2 := time.Now()
+		var wg sync.WaitGroup
+		wg.Go(func() { get(t, t.Context(), c, "http://a.test/one") })
+		synctest.Wait() // the first request has its 429; the pause is on
+		for range 5 {
+			wg.Go(func() { get(t, t.Context(), c, "http://a.test/more") })
+		}
+		wg.Go(func() { get(t, t.Context(), c, "http://b.test/other") })
+		synctest.Wait()
+		if n := b.count(); n != 1 || !b.arrivals[0].Equal(t2) {
+			t.Errorf("host b: %d requests at %v, want 1 at once: a pause of host a held it", n, b.arrivals)
+		}
+		if n := a.count(); n != 1 {
+			t.Errorf("host a: %d requests during the pause, want 1 (the throttled one)", n)
+		}
+		wg.Wait()
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if len(a.arrivals) != 7 {
+			t.Fatalf("host a: %d requests, want 7 (1 throttled, its retry, 5 others)", len(a.arrivals))
+		}
+		for _, at := range a.arrivals[1:] {
+			if at.Sub(t2) < 10*time.Second {
+				t.Errorf("a request went out %v into a 10s pause", at.Sub(t2))
+			}
+		}
+	})
+}
+
+// TestClientRetryBudget: with every response a 429, retries stay within
+// 10% of the requests and the 429s are returned.
+func TestClientRetryBudget(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &script{replies: []func(http.ResponseWriter){throttle(http.Header{"Retry-After-Ms": {"1"}})}}
+		c := &httplimit.Client{
+			HTTP:       &http.Client{Transport: throttledtest.HandlerTransport{Handler: s}},
+			MinRetries: -1,
+			MaxRetries: 5,
+			Rand:       func() float64 { return 0 },
+		}
+		const calls = 200
+		for range calls {
+			resp, err := get(t, t.Context(), c, "http://svc.test/")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != http.StatusTooManyRequests {
+				t.Fatalf("status %d, want the 429 returned", resp.StatusCode)
+			}
+		}
+		st := c.Stats()
+		if st.Retries > calls/10 || st.Retries < calls/10-1 {
+			t.Errorf("%d retries for %d calls, want about 10%%", st.Retries, calls)
+		}
+		if st.Requests != calls+st.Retries {
+			t.Errorf("requests %d, want calls + retries = %d", st.Requests, calls+st.Retries)
+		}
+		if st.RetriesDenied == 0 {
+			t.Error("the budget never refused a retry")
+		}
+	})
+}
+
+// TestClientRetryable: POST without GetBody is not retried; POST with
+// GetBody is, with its body intact; MaxRetries < 0 retries nothing.
+func TestClientRetryable(t *testing.T) {
+	tests := []struct {
+		name     string
+		body     func() io.Reader
+		noGetter bool
+		max      int
+		want     int // requests the server sees
+	}{
+		{name: "with GetBody", body: func() io.Reader { return strings.NewReader("payload") }, want: 2},
+		{name: "without GetBody", body: func() io.Reader { return io.MultiReader(strings.NewReader("payload")) }, noGetter: true, want: 1},
+		{name: "no retries", body: func() io.Reader { return bytes.NewReader([]byte("payload")) }, max: -1, want: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s := &script{replies: []func(http.ResponseWriter){throttle(http.Header{"Retry-After": {"1"}}), ok}}
+				c := &httplimit.Client{HTTP: &http.Client{Transport: throttledtest.HandlerTransport{Handler: s}}, MaxRetries: tt.max}
+				req, _ := http.NewRequest("POST", "http://svc.test/", tt.body())
+				resp, err := c.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+				if n := s.count(); n != tt.want {
+					t.Fatalf("server saw %d requests, want %d", n, tt.want)
+				}
+				for i, b := range s.bodies {
+					if b != "payload" {
+						t.Errorf("body %d = %q", i, b)
+					}
+				}
+			})
+		})
+	}
+}
+
+// TestClientAIMD: a throttling episode halves the rate once, successes add
+// Increase back up to the maximum, and the floor holds.
+func TestClientAIMD(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &script{}
+		s.replies = []func(http.ResponseWriter){throttle(http.Header{"Retry-After-Ms": {"1"}}), ok}
+		lim := ratelimit.NewLimiter(100, 1)
+		c := &httplimit.Client{
+			HTTP:     &http.Client{Transport: throttledtest.HandlerTransport{Handler: s}},
+			Limiter:  lim,
+			Increase: 10,
+			MinRate:  20,
+		}
+		if _, err := get(t, t.Context(), c, "http://svc.test/"); err != nil {
+			t.Fatal(err)
+		}
+		// One 429 (→50), then the retry's success (→60).
+		if got := lim.Limit(); got != 60 {
+			t.Errorf("after a 429 and a success: rate %v, want 60", got)
+		}
+		for range 10 {
+			get(t, t.Context(), c, "http://svc.test/")
+		}
+		if got := lim.Limit(); got != 100 {
+			t.Errorf("after 10 successes: rate %v, want the maximum 100", got)
+		}
+		// Many throttling episodes: never below the floor.
+		s.mu.Lock()
+		s.replies = []func(http.ResponseWriter){throttle(http.Header{"Retry-After-Ms": {"1"}})}
+		s.mu.Unlock()
+		for range 10 {
+			get(t, t.Context(), c, "http://svc.test/")
+		}
+		if got := lim.Limit(); got != 20 {
+			t.Errorf("after many 429s: rate %v, want the floor 20", got)
+		}
+	})
+}
+
+// TestClientAIMDOncePerEpisode: responses to requests sent before the
+// rate was lowered do not lower it again.
+func TestClientAIMDOncePerEpisode(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := make(chan struct{})
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			<-release
+			throttle(http.Header{"Retry-After-Ms": {"1"}})(w)
+		})
+		lim := ratelimit.NewLimiter(ratelimit.Inf, 0)
+		lim.SetLimit(1000)
+		lim.SetBurst(100)
+		c := &httplimit.Client{HTTP: &http.Client{Transport: throttledtest.HandlerTransport{Handler: h}}, Limiter: lim, MaxRetries: -1}
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() { get(t, t.Context(), c, "http://svc.test/") })
+		}
+		synctest.Wait()
+		close(release)
+		wg.Wait()
+		if got := lim.Limit(); got != 500 {
+			t.Errorf("8 concurrent 429s: rate %v, want one halving to 500", got)
+		}
+	})
+}
+
+// TestClientDeadline: a wait longer than the deadline fails at once.
+func TestClientDeadline(t *testing.T) {
+	tests := []struct {
+		name    string
+		limiter httplimit.Limiter
+		pause   string // Retry-After of the first response
+	}{
+		{name: "retry after exceeds deadline", pause: "30"},
+		{name: "pacing exceeds deadline", limiter: ratelimit.NewLimiter(0.01, 1)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s := &script{replies: []func(http.ResponseWriter){ok}}
+				if tt.pause != "" {
+					s.replies = []func(http.ResponseWriter){throttle(http.Header{"Retry-After": {tt.pause}}), ok}
+				}
+				c := &httplimit.Client{HTTP: &http.Client{Transport: throttledtest.HandlerTransport{Handler: s}}, Limiter: tt.limiter}
+				if tt.limiter != nil {
+					get(t, t.Context(), c, "http://svc.test/") // spends the one token
+				}
+				ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+				defer cancel()
+				start := time.Now()
+				_, err := get(t, ctx, c, "http://svc.test/")
+				if !errors.Is(err, httplimit.ErrWouldExceedDeadline) {
+					t.Fatalf("err = %v, want ErrWouldExceedDeadline", err)
+				}
+				if tt.pause != "" && !errors.Is(err, context.DeadlineExceeded) {
+					t.Errorf("err = %v, want it to match context.DeadlineExceeded too", err)
+				}
+				if el := time.Since(start); el != 0 {
+					t.Errorf("failed after %v, want at once", el)
+				}
+				// A later call within the pause fails at once too.
+				if tt.pause != "" {
+					ctx2, cancel2 := context.WithTimeout(t.Context(), time.Second)
+					defer cancel2()
+					if _, err := get(t, ctx2, c, "http://svc.test/"); !errors.Is(err, httplimit.ErrWouldExceedDeadline) {
+						t.Errorf("call during the pause: err = %v", err)
+					}
+				}
+			})
+		})
+	}
+}
+
+func TestWithCost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &script{replies: []func(http.ResponseWriter){ok}}
+		lim := ratelimit.NewLimiter(10, 10)
+		c := &httplimit.Client{HTTP: &http.Client{Transport: throttledtest.HandlerTransport{Handler: s}}, Limiter: lim}
+		req, _ := http.NewRequestWithContext(httplimit.WithCost(t.Context(), 4), "GET", "http://svc.test/", nil)
+		if _, err := c.Do(req); err != nil {
+			t.Fatal(err)
+		}
+		if got := lim.Tokens(); got != 6 {
+			t.Errorf("tokens after a cost-4 request: %v, want 6", got)
+		}
+	})
+}

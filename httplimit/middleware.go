@@ -1,0 +1,594 @@
+package httplimit
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+	"unicode/utf8"
+	"unsafe"
+
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// A Limit is one limit the middleware applies: a Rule counted per bucket,
+// the Keys that pick the bucket, and the cost of a request.
+type Limit struct {
+	// Rule is the limit; its Name names the policy in the RateLimit fields
+	// and must be unique within a Config.
+	Rule ratelimit.Rule
+	// Keys pick the bucket; none means one bucket for every request. If
+	// any Key does not apply to a request, neither does the Limit.
+	Keys []Key
+	// Cost is the cost of a request; nil means 1.
+	Cost CostFunc
+}
+
+// Config configures the middleware. Its zero values are the defaults
+// documented on each field; Store and at least one Limit are required.
+type Config struct {
+	// Store decides the limits; ratelimit.Store implementations include
+	// memstore (one process) and redisstore (shared).
+	Store ratelimit.Store
+	// Limits are decided all or nothing: a request passes when every limit
+	// that applies admits it, and then consumes from each; a denied
+	// request consumes nothing.
+	Limits []Limit
+	// Shadow decides and reports (headers, OnDecision) but never blocks:
+	// every request reaches the handler.
+	Shadow bool
+	// OmitAllowedHeaders leaves the RateLimit and RateLimit-Policy fields
+	// off the responses of admitted requests; by default they carry them.
+	OmitAllowedHeaders bool
+	// LegacyHeaders adds X-RateLimit-Limit, X-RateLimit-Remaining and
+	// X-RateLimit-Reset (seconds until the reset) for the most constrained
+	// limit, for clients that predate the RateLimit fields.
+	LegacyHeaders bool
+	// OnDecision, if set, is called once per request that any limit
+	// applies to (or that Shed sheds), after the decision and before the
+	// response, for metrics and logs. The Event is valid only during the
+	// call. It must be safe for concurrent use.
+	OnDecision func(*Event)
+	// Shed, if set, is asked first whether the server is overloaded; if
+	// it says so the request is answered 503 with Retry-After set to the
+	// duration it returns (at least one second), without deciding.
+	Shed func(r *http.Request) (retryAfter time.Duration, shed bool)
+	// ErrorRetryAfter is the Retry-After of the 503 answered when the
+	// Store returns an error; default one second.
+	ErrorRetryAfter time.Duration
+}
+
+// An Event reports one decision to Config.OnDecision.
+type Event struct {
+	Request *http.Request
+	// Limits are the limits that applied, Keys their store keys and
+	// Decisions their decisions, index for index.
+	Limits    []*Limit
+	Keys      []string
+	Decisions []ratelimit.Decision
+	// Status is the status the middleware answered (429 or 503), or 0 when
+	// the request went on to the handler — always 0 in shadow mode.
+	Status int
+	// Shadow reports shadow mode; Denied then says what would have been
+	// answered.
+	Shadow bool
+	// Denied reports whether the request was (or in shadow mode would have
+	// been) refused.
+	Denied bool
+	// Err is the Store's error, if any.
+	Err error
+}
+
+// Middleware applies limits to HTTP requests. Create one with New; it is
+// safe for concurrent use.
+//
+// A request that every applicable limit admits reaches the handler,
+// carrying RateLimit-Policy and RateLimit fields (draft-ietf-httpapi-
+// ratelimit-headers) unless Config.OmitAllowedHeaders. A request that some
+// limit denies is answered at once, without reading its body:
+//
+//   - 429 Too Many Requests when a quota is spent, with Retry-After in
+//     whole seconds rounded up (never 0), the RateLimit fields, and an RFC
+//     9457 problem+json body of type quota-exceeded naming the violated
+//     policies, their scope and key, and the rate that would succeed. A
+//     request whose cost exceeds a limit's capacity can never succeed and
+//     gets no Retry-After.
+//   - 503 Service Unavailable, with Retry-After and a problem of type
+//     temporary-reduced-capacity, when the server is overloaded: Config.Shed
+//     says so, the Store failed closed (ratelimit.ReasonFailClosed), or the
+//     Store returned an error.
+type Middleware struct {
+	store      ratelimit.Store
+	limits     []Limit
+	shadow     bool
+	omit       bool
+	legacy     bool
+	onDecision func(*Event)
+	shed       func(*http.Request) (time.Duration, bool)
+	errRetry   time.Duration
+	// policies[i] is limits[i]'s RateLimit-Policy member; allPolicies the
+	// field value when every limit applies, shared by every response.
+	policies    [][]byte
+	allPolicies []string
+	pool        sync.Pool // *reqState
+}
+
+// reqState is the per-request scratch space, pooled.
+type reqState struct {
+	buf    []byte
+	items  []ratelimit.Item
+	ds     []ratelimit.Decision
+	limits []*Limit
+	keys   []string
+	tmp    []byte
+	ev     Event
+}
+
+// New returns a Middleware for cfg, or an error if a rule is invalid, two
+// limits share a name, a Key has no Append function, or Store is nil.
+func New(cfg Config) (*Middleware, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("httplimit: Config.Store is nil")
+	}
+	if len(cfg.Limits) == 0 {
+		return nil, errors.New("httplimit: Config.Limits is empty")
+	}
+	m := &Middleware{
+		store:      cfg.Store,
+		limits:     make([]Limit, len(cfg.Limits)),
+		shadow:     cfg.Shadow,
+		omit:       cfg.OmitAllowedHeaders,
+		legacy:     cfg.LegacyHeaders,
+		onDecision: cfg.OnDecision,
+		shed:       cfg.Shed,
+		errRetry:   cfg.ErrorRetryAfter,
+	}
+	if m.errRetry <= 0 {
+		m.errRetry = time.Second
+	}
+	names := make(map[string]bool)
+	var all []byte
+	for i, l := range cfg.Limits {
+		if err := l.Rule.Validate(); err != nil {
+			return nil, fmt.Errorf("httplimit: limit %d: %w", i, err)
+		}
+		if names[l.Rule.Name] {
+			return nil, fmt.Errorf("httplimit: two limits are named %q", l.Rule.Name)
+		}
+		names[l.Rule.Name] = true
+		for j, k := range l.Keys {
+			if k.Append == nil {
+				return nil, fmt.Errorf("httplimit: limit %q: key %d (%q) has no Append function", l.Rule.Name, j, k.Scope)
+			}
+		}
+		l.Keys = append([]Key(nil), l.Keys...)
+		m.limits[i] = l
+		p := AppendPolicyItem(nil, &m.limits[i].Rule)
+		m.policies = append(m.policies, p)
+		if i > 0 {
+			all = append(all, ", "...)
+		}
+		all = append(all, p...)
+	}
+	m.allPolicies = []string{string(all)}
+	m.pool.New = func() any {
+		n := len(m.limits)
+		return &reqState{
+			buf:    make([]byte, 0, 512),
+			items:  make([]ratelimit.Item, 0, n),
+			ds:     make([]ratelimit.Decision, 0, n),
+			limits: make([]*Limit, 0, n),
+			keys:   make([]string, 0, n),
+		}
+	}
+	return m, nil
+}
+
+// Handler returns next wrapped by the middleware.
+func (m *Middleware) Handler(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if m.serve(w, r) {
+			next.ServeHTTP(w, r)
+		}
+	})
+}
+
+// serve decides r and answers it if it is refused; it reports whether r
+// should go on to the handler.
+func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
+	st := m.pool.Get().(*reqState)
+	defer m.release(st)
+	st.items, st.ds, st.limits, st.keys = st.items[:0], st.ds[:0], st.limits[:0], st.keys[:0]
+	st.ev = Event{Request: r, Shadow: m.shadow}
+
+	if m.shed != nil {
+		if d, shed := m.shed(r); shed {
+			st.ev.Denied = true
+			return m.refuseOverload(w, st, d)
+		}
+	}
+	for i := range m.limits {
+		l := &m.limits[i]
+		b := append(st.buf[:0], l.Rule.Name...)
+		ok := true
+		for _, k := range l.Keys {
+			b = append(b, '|')
+			if b, ok = k.Append(b, r); !ok {
+				break
+			}
+		}
+		if !ok {
+			st.buf = b
+			continue
+		}
+		if len(b) > maxKeyLen {
+			b = hashKey(b, len(l.Rule.Name))
+		}
+		st.buf = b
+		cost := int64(1)
+		if l.Cost != nil {
+			cost = max(0, l.Cost(r))
+		}
+		key := string(b)
+		st.items = append(st.items, ratelimit.Item{Key: key, Rule: &l.Rule, Cost: cost})
+		st.limits = append(st.limits, l)
+		st.keys = append(st.keys, key)
+	}
+	if len(st.items) == 0 {
+		return true
+	}
+	ds, err := m.store.Decide(r.Context(), st.ds, st.items)
+	st.ds = ds
+	st.ev.Limits, st.ev.Keys, st.ev.Decisions, st.ev.Err = st.limits, st.keys, ds, err
+	if err != nil || len(ds) != len(st.items) {
+		if err == nil {
+			err = fmt.Errorf("httplimit: store returned %d decisions for %d items", len(ds), len(st.items))
+			st.ev.Err = err
+		}
+		st.ev.Denied = true
+		return m.refuseOverload(w, st, m.errRetry)
+	}
+	h := w.Header()
+	if ratelimit.Allowed(ds) {
+		if !m.omit {
+			m.setFields(h, st)
+		}
+		m.report(st)
+		return true
+	}
+	st.ev.Denied = true
+	for i := range ds {
+		if !ds[i].Allowed && ds[i].Reason == ratelimit.ReasonFailClosed {
+			return m.refuseOverload(w, st, ds[i].RetryAfter)
+		}
+	}
+	m.setFields(h, st)
+	if m.shadow {
+		m.report(st)
+		return true
+	}
+	var retry time.Duration
+	for i := range ds {
+		if !ds[i].Allowed && ds[i].Reason == ratelimit.ReasonLimited {
+			retry = max(retry, ds[i].RetryAfter)
+		}
+	}
+	if retry > 0 {
+		h["Retry-After"] = fieldValue(appendInt(st.buf[:0], RetryAfterSeconds(retry)))
+	}
+	st.ev.Status = http.StatusTooManyRequests
+	m.report(st)
+	st.buf = m.appendQuotaProblem(st.buf[:0], st, retry)
+	writeProblem(w, http.StatusTooManyRequests, st.buf)
+	return false
+}
+
+// release returns st to the pool, dropping what it should not keep alive:
+// the request, and buffers grown by an unusual request.
+func (m *Middleware) release(st *reqState) {
+	st.ev = Event{}
+	if cap(st.buf) > 64<<10 || cap(st.tmp) > 64<<10 {
+		return
+	}
+	clear(st.keys[:cap(st.keys)])
+	clear(st.items[:cap(st.items)])
+	m.pool.Put(st)
+}
+
+// maxKeyLen bounds the length of a store key. A longer one (a client can
+// send a header value of a megabyte) is replaced by its rule name and the
+// SHA-256 of the whole key, so that a store never holds keys of a size a
+// client chooses and no crafted value can collide with another's.
+const maxKeyLen = 256
+
+// hashKey replaces the part of key b after its rule name (the first n
+// bytes and the separator) by '#' and the hex SHA-256 of b.
+func hashKey(b []byte, n int) []byte {
+	sum := sha256.Sum256(b)
+	b = append(b[:n], "|#"...)
+	return hex.AppendEncode(b, sum[:])
+}
+
+// refuseOverload answers 503 with Retry-After d (at least one second),
+// unless in shadow mode; it reports whether the request goes on.
+func (m *Middleware) refuseOverload(w http.ResponseWriter, st *reqState, d time.Duration) bool {
+	if m.shadow {
+		m.report(st)
+		return true
+	}
+	st.ev.Status = http.StatusServiceUnavailable
+	m.report(st)
+	w.Header()["Retry-After"] = fieldValue(appendInt(st.buf[:0], RetryAfterSeconds(d)))
+	st.buf = appendOverloadProblem(st.buf[:0], st.ev.Err != nil)
+	writeProblem(w, http.StatusServiceUnavailable, st.buf)
+	return false
+}
+
+func (m *Middleware) report(st *reqState) {
+	if m.onDecision != nil {
+		m.onDecision(&st.ev)
+	}
+}
+
+// setFields sets RateLimit-Policy and RateLimit (and the legacy fields) for
+// the limits that applied.
+func (m *Middleware) setFields(h http.Header, st *reqState) {
+	if len(st.limits) == len(m.limits) {
+		h["Ratelimit-Policy"] = m.allPolicies
+	} else {
+		b := st.buf[:0]
+		for i, l := range st.limits {
+			if i > 0 {
+				b = append(b, ", "...)
+			}
+			b = append(b, m.policies[l.index(m)]...)
+		}
+		st.buf = b
+		h["Ratelimit-Policy"] = fieldValue(b)
+	}
+	b := st.buf[:0]
+	for i := range st.ds {
+		if i > 0 {
+			b = append(b, ", "...)
+		}
+		b = AppendLimitItem(b, &st.ds[i])
+	}
+	st.buf = b
+	h["Ratelimit"] = fieldValue(b)
+	if m.legacy {
+		// The most constrained limit: the least remaining.
+		d := &st.ds[0]
+		for i := range st.ds {
+			if st.ds[i].Remaining < d.Remaining {
+				d = &st.ds[i]
+			}
+		}
+		h["X-Ratelimit-Limit"] = []string{strconv.FormatInt(d.Limit, 10)}
+		h["X-Ratelimit-Remaining"] = []string{strconv.FormatInt(max(0, d.Remaining), 10)}
+		h["X-Ratelimit-Reset"] = []string{strconv.FormatInt(ceilSeconds(d.ResetAfter), 10)}
+	}
+}
+
+// index returns l's position in m.limits.
+func (l *Limit) index(m *Middleware) int {
+	for i := range m.limits {
+		if &m.limits[i] == l {
+			return i
+		}
+	}
+	return -1
+}
+
+// field is a header field's value slice and the bytes of its one value,
+// allocated together.
+type field struct {
+	v   [1]string
+	buf [112]byte
+}
+
+// fieldValue returns a header value slice holding a copy of b in a single
+// allocation where the usual []string{string(b)} takes two: the string
+// points into the same object as the slice. The bytes are written once,
+// here, and never changed, which is what unsafe.String requires.
+func fieldValue(b []byte) []string {
+	if len(b) == 0 || len(b) > len(field{}.buf) {
+		return []string{string(b)}
+	}
+	f := new(field)
+	n := copy(f.buf[:], b)
+	f.v[0] = unsafe.String(&f.buf[0], n)
+	return f.v[:]
+}
+
+var (
+	problemType  = []string{"application/problem+json"}
+	noStore      = []string{"no-store"}
+	quotaTypeURI = "https://iana.org/assignments/http-problem-types#quota-exceeded"
+	overloadURI  = "https://iana.org/assignments/http-problem-types#temporary-reduced-capacity"
+)
+
+func writeProblem(w http.ResponseWriter, status int, body []byte) {
+	h := w.Header()
+	h["Content-Type"] = problemType
+	h["Cache-Control"] = noStore
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+// appendQuotaProblem appends the problem details of a 429: the violated
+// policies, and for each a member of "limits" with its scope, key (unless
+// secret), quota, window, the request's cost, what remains and when to
+// retry, and a detail sentence saying the same for people.
+func (m *Middleware) appendQuotaProblem(b []byte, st *reqState, retry time.Duration) []byte {
+	b = append(b, `{"type":"`...)
+	b = append(b, quotaTypeURI...)
+	b = append(b, `","title":"Request cannot be satisfied as assigned quota has been exceeded","status":429,"detail":`...)
+	// The first violated limit speaks in the detail.
+	first := -1
+	for i := range st.ds {
+		if !st.ds[i].Allowed {
+			first = i
+			break
+		}
+	}
+	st.tmp = appendDetail(st.tmp[:0], st, first, retry)
+	b = appendJSON(b, st.tmp)
+	b = append(b, `,"violated-policies":[`...)
+	n := 0
+	for i := range st.ds {
+		if st.ds[i].Allowed {
+			continue
+		}
+		if n > 0 {
+			b = append(b, ',')
+		}
+		n++
+		b = appendJSON(b, st.ds[i].Rule)
+	}
+	b = append(b, `],"limits":[`...)
+	n = 0
+	for i := range st.ds {
+		d, l, it := &st.ds[i], st.limits[i], &st.items[i]
+		if d.Allowed {
+			continue
+		}
+		if n > 0 {
+			b = append(b, ',')
+		}
+		n++
+		b = append(b, `{"policy":`...)
+		b = appendJSON(b, d.Rule)
+		b = append(b, `,"scope":`...)
+		st.tmp = appendScope(st.tmp[:0], l)
+		b = appendJSON(b, st.tmp)
+		if !secret(l) && len(l.Keys) > 0 {
+			b = append(b, `,"key":`...)
+			b = appendJSON(b, keyValue(l, st.keys[i]))
+		}
+		b = append(b, `,"quota":`...)
+		b = appendInt(b, l.Rule.Capacity())
+		b = append(b, `,"window":`...)
+		b = appendInt(b, PolicyWindow(&l.Rule))
+		b = append(b, `,"cost":`...)
+		b = appendInt(b, it.Cost)
+		b = append(b, `,"remaining":`...)
+		b = appendInt(b, max(0, d.Remaining))
+		if d.Reason == ratelimit.ReasonLimited {
+			b = append(b, `,"retry-after":`...)
+			b = appendInt(b, RetryAfterSeconds(d.RetryAfter))
+		}
+		b = append(b, '}')
+	}
+	return append(b, "]}\n"...)
+}
+
+// appendDetail appends the problem's detail sentence for the i-th
+// decision, unescaped.
+func appendDetail(b []byte, st *reqState, i int, retry time.Duration) []byte {
+	d, l, cost := &st.ds[i], st.limits[i], st.items[i].Cost
+	q, w := l.Rule.Capacity(), PolicyWindow(&l.Rule)
+	b = append(b, "Quota "...)
+	b = appendSFString(b, d.Rule)
+	if len(l.Keys) > 0 {
+		b = append(b, " for "...)
+		b = appendScope(b, l)
+		if !secret(l) {
+			b = append(b, ' ')
+			b = append(b, keyValue(l, st.keys[i])...)
+		}
+	}
+	b = append(b, " allows "...)
+	b = appendInt(b, q)
+	b = append(b, " units per "...)
+	b = appendInt(b, w)
+	b = append(b, " s; this request costs "...)
+	b = appendInt(b, cost)
+	b = append(b, " and "...)
+	b = appendInt(b, max(0, d.Remaining))
+	b = append(b, " remain."...)
+	if d.Reason == ratelimit.ReasonExceedsCapacity {
+		return append(b, " It costs more than the whole quota and can never succeed."...)
+	}
+	if cost > 0 {
+		b = append(b, " At most "...)
+		b = appendInt(b, q/cost)
+		b = append(b, " such requests per "...)
+		b = appendInt(b, w)
+		b = append(b, " s succeed."...)
+	}
+	b = append(b, " Retry in "...)
+	b = appendInt(b, RetryAfterSeconds(retry))
+	return append(b, " s."...)
+}
+
+func appendOverloadProblem(b []byte, storeErr bool) []byte {
+	b = append(b, `{"type":"`...)
+	b = append(b, overloadURI...)
+	b = append(b, `","title":"Temporary reduced capacity","status":503,"detail":"`...)
+	if storeErr {
+		b = append(b, `The rate limiter could not decide; try again later."}`...)
+	} else {
+		b = append(b, `The server is shedding load; try again later."}`...)
+	}
+	return append(b, '\n')
+}
+
+// appendScope appends the scopes of l's keys joined by '|', or "global".
+func appendScope(b []byte, l *Limit) []byte {
+	if len(l.Keys) == 0 {
+		return append(b, "global"...)
+	}
+	for i, k := range l.Keys {
+		if i > 0 {
+			b = append(b, '|')
+		}
+		b = append(b, k.Scope...)
+	}
+	return b
+}
+
+func secret(l *Limit) bool {
+	for _, k := range l.Keys {
+		if k.Secret {
+			return true
+		}
+	}
+	return false
+}
+
+// keyValue is the key's value without the rule name that prefixes it.
+func keyValue(l *Limit, key string) string { return key[min(len(key), len(l.Rule.Name)+1):] }
+
+// appendJSON appends s as a JSON string, escaping what JSON requires and
+// the HTML-sensitive <, > and &; invalid UTF-8 becomes U+FFFD.
+func appendJSON[S ~string | ~[]byte](b []byte, s S) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c >= utf8.RuneSelf {
+			r, n := utf8.DecodeRuneInString(string(s[i:min(len(s), i+utf8.UTFMax)]))
+			if r == utf8.RuneError && n == 1 {
+				b = append(b, `\ufffd`...)
+			} else {
+				b = append(b, s[i:i+n]...)
+			}
+			i += n
+			continue
+		}
+		switch {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20 || c == '<' || c == '>' || c == '&' || c == 0x7f:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		default:
+			b = append(b, c)
+		}
+		i++
+	}
+	return append(b, '"')
+}

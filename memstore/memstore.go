@@ -70,15 +70,15 @@ type Store struct {
 	closeOnce sync.Once
 }
 
-// A shard holds its keys' entries inline in a map keyed by a 64-bit hash of
-// the key, so that a decision touches one map slot and no other memory. A
-// second, independent hash, kept in the entry, tells keys apart when the
-// first collides (with 2^-128 odds of failing); the rare key whose first
-// hash is taken by another key lives in spill, by its full key.
+// A shard maps a 64-bit hash of each key to its entry. A second,
+// independent hash, kept in the entry, tells keys apart when the first
+// collides (with 2^-128 odds of failing); the rare key whose first hash is
+// taken by another key lives in spill, by its full key. Keys are not kept,
+// so a lookup touches no string memory.
 type shard struct {
 	mu    sync.Mutex
-	m     map[uint64]entry
-	spill map[string]entry
+	m     map[uint64]*entry
+	spill map[string]*entry
 	_     [40]byte // keep shards on separate cache lines
 }
 
@@ -94,42 +94,32 @@ type keyRef struct {
 	key      string
 }
 
-func (sh *shard) get(k *keyRef) (entry, bool) {
-	if e, ok := sh.m[k.h]; ok && e.check == k.check {
-		return e, true
+func (sh *shard) get(k *keyRef) *entry {
+	if e := sh.m[k.h]; e != nil && e.check == k.check {
+		return e
 	}
 	if len(sh.spill) > 0 {
-		e, ok := sh.spill[k.key]
-		return e, ok
+		return sh.spill[k.key]
 	}
-	return entry{}, false
+	return nil
 }
 
-func (sh *shard) has(k *keyRef) bool {
-	_, ok := sh.get(k)
-	return ok
-}
-
-func (sh *shard) put(k *keyRef, e entry) {
-	e.check = k.check
-	if len(sh.spill) > 0 {
-		if _, ok := sh.spill[k.key]; ok {
-			sh.spill[k.key] = e
-			return
-		}
-	}
-	if cur, ok := sh.m[k.h]; ok && cur.check != k.check {
+// insert adds a fresh entry for a key that get did not find.
+func (sh *shard) insert(k *keyRef) *entry {
+	e := &entry{check: k.check}
+	if _, taken := sh.m[k.h]; taken {
 		if sh.spill == nil {
-			sh.spill = make(map[string]entry)
+			sh.spill = make(map[string]*entry)
 		}
 		sh.spill[k.key] = e
-		return
+	} else {
+		sh.m[k.h] = e
 	}
-	sh.m[k.h] = e
+	return e
 }
 
 func (sh *shard) del(k *keyRef) {
-	if e, ok := sh.m[k.h]; ok && e.check == k.check {
+	if e := sh.m[k.h]; e != nil && e.check == k.check {
 		delete(sh.m, k.h)
 		return
 	}
@@ -169,7 +159,7 @@ func New(opts Options) *Store {
 		done:        make(chan struct{}),
 	}
 	for i := range s.shards {
-		s.shards[i].m = make(map[uint64]entry)
+		s.shards[i].m = make(map[uint64]*entry)
 	}
 	if opts.JanitorInterval > 0 {
 		go s.janitor(opts.JanitorInterval)
@@ -236,18 +226,20 @@ func (s *Store) decideOne(it *ratelimit.Item, now time.Time) ratelimit.Decision 
 	sh := s.shardOf(&k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e, ok := sh.get(&k)
-	if !ok && it.Cost <= 0 { // a check or refund of a key never seen changes nothing
-		return it.Rule.Peek(&e.state, now, it.Cost)
+	e := sh.get(&k)
+	if e == nil {
+		// Only a key whose state changed is worth a place in the map.
+		var st ratelimit.State
+		d := it.Rule.Decide(&st, now, it.Cost)
+		if d.Allowed && it.Cost > 0 {
+			s.makeRoom(sh, now.UnixNano())
+			e = sh.insert(&k)
+			e.state, e.expires = st, now.UnixNano()+int64(d.ResetAfter)
+		}
+		return d
 	}
 	d := it.Rule.Decide(&e.state, now, it.Cost)
-	if d.Allowed && it.Cost != 0 {
-		if !ok {
-			s.makeRoom(sh, now.UnixNano())
-		}
-		e.expires = now.UnixNano() + int64(d.ResetAfter)
-		sh.put(&k, e)
-	}
+	e.expires = now.UnixNano() + int64(d.ResetAfter)
 	return d
 }
 
@@ -272,17 +264,18 @@ func (s *Store) decideMany(dst []ratelimit.Decision, items []ratelimit.Item, now
 			s.shards[i].mu.Unlock()
 		}
 	}()
-
 	// Make room for new keys first, so that no eviction can touch a key
 	// this request has already decided.
 	for i := range refs {
-		if sh := s.shardOf(&refs[i]); !sh.has(&refs[i]) {
+		if sh := s.shardOf(&refs[i]); sh.get(&refs[i]) == nil {
 			s.makeRoom(sh, now.UnixNano())
 		}
 	}
 	type undo struct {
-		e       entry
-		existed bool
+		e        *entry
+		state    ratelimit.State
+		expires  int64
+		inserted bool
 	}
 	var undoBuf [8]undo
 	undos := undoBuf[:0]
@@ -291,13 +284,15 @@ func (s *Store) decideMany(dst []ratelimit.Decision, items []ratelimit.Item, now
 	for i := range items {
 		it, k := &items[i], &refs[i]
 		sh := s.shardOf(k)
-		e, ok := sh.get(k)
-		u := undo{e: e, existed: ok}
-		u.e.state.Log = slices.Clone(e.state.Log) // Decide may change the log in place
+		e, inserted := sh.get(k), false
+		if e == nil {
+			e, inserted = sh.insert(k), true
+		}
+		u := undo{e: e, state: e.state, expires: e.expires, inserted: inserted}
+		u.state.Log = slices.Clone(e.state.Log) // Decide may change the log in place
 		undos = append(undos, u)
 		d := it.Rule.Decide(&e.state, now, it.Cost)
 		e.expires = now.UnixNano() + int64(d.ResetAfter)
-		sh.put(k, e)
 		dst = append(dst, d)
 		if allowed = d.Allowed; !allowed {
 			break
@@ -307,11 +302,10 @@ func (s *Store) decideMany(dst []ratelimit.Decision, items []ratelimit.Item, now
 		return dst
 	}
 	for i := len(undos) - 1; i >= 0; i-- {
-		sh := s.shardOf(&refs[i])
-		if undos[i].existed {
-			sh.put(&refs[i], undos[i].e)
-		} else {
-			sh.del(&refs[i])
+		u := &undos[i]
+		u.e.state, u.e.expires = u.state, u.expires
+		if u.inserted {
+			s.shardOf(&refs[i]).del(&refs[i])
 		}
 	}
 	// Report every item as it stands: the one that denied keeps its
@@ -321,13 +315,16 @@ func (s *Store) decideMany(dst []ratelimit.Decision, items []ratelimit.Item, now
 	dst = dst[:base]
 	for i := range items {
 		it := &items[i]
-		e, _ := s.shardOf(&refs[i]).get(&refs[i])
-		d := it.Rule.Peek(&e.state, now, it.Cost)
+		var st ratelimit.State
+		if e := s.shardOf(&refs[i]).get(&refs[i]); e != nil {
+			st = e.state
+		}
+		d := it.Rule.Peek(&st, now, it.Cost)
 		switch {
 		case i == denied:
 			d = deniedDecision
 		case d.Allowed:
-			d = it.Rule.Peek(&e.state, now, 0)
+			d = it.Rule.Peek(&st, now, 0)
 		}
 		dst = append(dst, d)
 	}
@@ -391,8 +388,8 @@ func (s *Store) reclaim() {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		n := sh.len()
-		maps.DeleteFunc(sh.m, func(_ uint64, e entry) bool { return e.expires <= now })
-		maps.DeleteFunc(sh.spill, func(_ string, e entry) bool { return e.expires <= now })
+		maps.DeleteFunc(sh.m, func(_ uint64, e *entry) bool { return e.expires <= now })
+		maps.DeleteFunc(sh.spill, func(_ string, e *entry) bool { return e.expires <= now })
 		s.reclaimed.Add(uint64(n - sh.len()))
 		sh.mu.Unlock()
 	}
@@ -416,9 +413,13 @@ func (s *Store) State(key string) (ratelimit.State, bool) {
 	sh := s.shardOf(&k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	e, ok := sh.get(&k)
-	e.state.Log = slices.Clone(e.state.Log)
-	return e.state, ok
+	e := sh.get(&k)
+	if e == nil {
+		return ratelimit.State{}, false
+	}
+	st := e.state
+	st.Log = slices.Clone(st.Log)
+	return st, true
 }
 
 // Reset forgets key, so its next request starts from full capacity.

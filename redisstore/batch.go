@@ -194,7 +194,7 @@ func (b *batcher) send(batch []*call) {
 			if len(g.calls) == 1 {
 				g.req = g.calls[0].req
 			} else {
-				g.req = combine(g.calls)
+				g.req = b.combine(g.calls)
 			}
 		}
 	}
@@ -243,7 +243,7 @@ func (b *batcher) send(batch []*call) {
 }
 
 // combine makes one batch request of several, as decide.lua reads it.
-func combine(calls []*call) request {
+func (b *batcher) combine(calls []*call) request {
 	nk, na, mask := 0, argHeader, 0
 	for _, c := range calls {
 		nk += len(c.req.keys)
@@ -253,7 +253,7 @@ func combine(calls []*call) request {
 	r := request{keys: make([]string, 0, nk), args: make([]any, argHeader, na)}
 	r.args[0], r.args[1] = calls[0].req.args[0], calls[0].req.args[1]
 	r.args[2] = "-" + strconv.Itoa(len(calls))
-	r.args[3] = strconv.Itoa(mask)
+	r.args[3] = b.s.small(int64(mask))
 	for _, c := range calls {
 		off := len(r.keys)
 		r.keys = append(r.keys, c.req.keys...)
@@ -261,7 +261,7 @@ func combine(calls []*call) request {
 		items := c.req.args[argHeader:]
 		for i, ki := range c.req.kis {
 			f := items[10*i : 10*i+10]
-			r.args = append(r.args, strconv.Itoa(ki+off))
+			r.args = append(r.args, b.s.small(int64(ki+off)))
 			r.args = append(r.args, f[1:]...)
 		}
 	}

@@ -155,7 +155,7 @@ func (s *Store) decideExact(ctx context.Context, items []ratelimit.Item, keys []
 				}
 				states[keys[k]] = st
 			}
-			if kinds[k+min(1, len(keys)-1-k)] == "l" && k+1 < len(keys) && st.logKey == "" {
+			if items[i].Rule.Algorithm == ratelimit.SlidingLog && st.logKey == "" { // its log is the next key
 				st.logKey = keys[k+1]
 				if st.orig.Algorithm == ratelimit.SlidingLog && st.raw != "" {
 					st.orig.Log, err = parseLog(v[2+k+1])

@@ -63,6 +63,17 @@ func (b *breaker) done(ok bool) {
 	b.probing = false
 }
 
+// abandon ends a call that says nothing about Redis (its caller gave up):
+// a half-open breaker may send another probe.
+func (b *breaker) abandon() {
+	if b.fails.Load() < b.threshold {
+		return
+	}
+	b.mu.Lock()
+	b.probing = false
+	b.mu.Unlock()
+}
+
 func (b *breaker) isOpen() bool {
 	if b.fails.Load() < b.threshold {
 		return false

@@ -62,6 +62,11 @@ func TestBreaker(t *testing.T) {
 	if !b.allow() || b.allow() {
 		t.Fatal("half-open breaker let zero or two probes through")
 	}
+	// A probe whose caller gave up lets another one go.
+	b.abandon()
+	if !b.allow() || b.allow() {
+		t.Fatal("after an abandoned probe: want exactly one more probe")
+	}
 }
 
 // policyRules have one rule of each failure mode, 10 per hour: a replica

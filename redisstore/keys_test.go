@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -113,8 +112,28 @@ func TestHostileKeys(t *testing.T) {
 			t.Fatalf("key %q: %v", k, err)
 		}
 	}
-	if _, err := def.Decide(ctx, nil, []ratelimit.Item{{Key: "a", Rule: r}, {Key: "b", Rule: r}}); !errors.Is(err, ErrCrossSlot) {
-		t.Fatalf("keys of two tags on a Cluster: err %v, want ErrCrossSlot", err)
+	// Keys of two tags on a Cluster: decided tag by tag, still all or
+	// nothing in outcome.
+	two := &ratelimit.Rule{Name: "two", Algorithm: ratelimit.FixedWindow, Limit: 2, Period: time.Hour}
+	cross := func(ca, cb int64) []ratelimit.Decision {
+		t.Helper()
+		ds, err := def.Decide(ctx, nil, []ratelimit.Item{{Key: "cross-a", Rule: two, Cost: ca}, {Key: "cross-b", Rule: two, Cost: cb}})
+		if err != nil || len(ds) != 2 {
+			t.Fatalf("cross-slot request: %v %+v", err, ds)
+		}
+		return ds
+	}
+	if ds := cross(1, 1); !ratelimit.Allowed(ds) || ds[0].Remaining != 1 || ds[1].Remaining != 1 {
+		t.Fatalf("cross-slot 1+1: %+v", ds)
+	}
+	if ds := cross(1, 2); ratelimit.Allowed(ds) || !ds[0].Allowed || ds[1].Allowed || ds[0].Remaining != 1 {
+		t.Fatalf("cross-slot 1+2 (b over): %+v", ds)
+	}
+	if ds := cross(0, 0); ds[0].Remaining != 1 || ds[1].Remaining != 1 {
+		t.Fatalf("the denied cross-slot request consumed: %+v", ds)
+	}
+	if ds := cross(2, 1); ratelimit.Allowed(ds) || ds[0].Allowed || !ds[1].Allowed || ds[1].Remaining != 1 {
+		t.Fatalf("cross-slot 2+1 (a over): %+v", ds)
 	}
 	ds, err := s.Decide(ctx, nil, []ratelimit.Item{{Key: "victim\x00a", Rule: r, Cost: 0}, {Key: "victim\x00log", Rule: log, Cost: 0}})
 	if err != nil || ds[0].Remaining != 0 || ds[1].Remaining != 0 {

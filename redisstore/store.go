@@ -45,11 +45,14 @@
 // Cluster slot is chosen by a hash tag: Options.HashTag(key), by default
 // HashTag, the part of the key between "{" and "}" as Redis reads tags, or
 // the whole key when it has none. The items of one request are decided in
-// one script, so in Cluster mode they must share a tag: name the keys of a
-// request "{tenant:acme}user:42", "{tenant:acme}endpoint:/x", or set
-// Options.HashTag to a function that extracts the common part (a tenant, a
-// domain). A Cluster request whose items have different tags fails with
-// ErrCrossSlot; on a standalone server or Sentinel any request is atomic.
+// script when they can be: always on a standalone server or Sentinel, and on
+// a Cluster when they share a tag — name the keys of a request
+// "{tenant:acme}user:42", "{tenant:acme}endpoint:/x", or set Options.HashTag
+// to a function that extracts the common part. A Cluster request whose keys
+// have different tags is decided one tag at a time, each group atomically;
+// if a later group denies, what the earlier groups took is refunded, so the
+// outcome is still all or nothing, though for a moment other requests may
+// see the capacity taken (they can only be denied by it, never admitted).
 // Tags and keys are encoded, so no byte a caller sends can move a key to
 // another slot or reach another key's counter.
 //
@@ -82,6 +85,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -195,7 +199,11 @@ type Store struct {
 	read    *redis.Script
 	cas     *redis.Script
 	tagOf   func(string) string
-	cluster bool
+	cluster bool // keys of one script must share a slot (not a single server)
+
+	rules  sync.Map // *ratelimit.Rule → *ruleArgs
+	nrules atomic.Int64
+	smalls [256]any // "0" … "255", boxed
 
 	batch *batcher
 	brk   breaker
@@ -212,9 +220,9 @@ var _ ratelimit.Store = (*Store)(nil)
 // ErrClosed is returned by Decide after Close.
 var ErrClosed = errors.New("redisstore: store closed")
 
-// ErrCrossSlot is returned, in Cluster mode, for a request whose keys do
-// not share a hash tag.
-var ErrCrossSlot = errors.New("redisstore: keys of one request have different hash tags")
+// errCrossSlot is returned by build, on a Cluster, for a request whose keys
+// do not share a hash tag; Decide then decides it group by group.
+var errCrossSlot = errors.New("redisstore: keys of one request have different hash tags")
 
 // New returns a Store. It does not contact Redis: a Store made while Redis
 // is down decides by the failure policy until Redis answers.
@@ -258,6 +266,9 @@ func New(opts Options) (*Store, error) {
 		cas:     redis.NewScript(casLua),
 		closed:  make(chan struct{}),
 	}
+	for i := range s.smalls {
+		s.smalls[i] = strconv.Itoa(i)
+	}
 	s.tagOf = opts.HashTag
 	if s.tagOf == nil {
 		s.tagOf = HashTag
@@ -285,7 +296,11 @@ func New(opts Options) (*Store, error) {
 			Protocol: 2,
 		})
 	}
-	_, s.cluster = s.c.(*redis.ClusterClient)
+	// Only a client of one server (standalone, or Sentinel's failover
+	// client) can take any keys in one script; anything else (Cluster, a
+	// Ring, a wrapper) gets requests whose keys share a tag, one per call.
+	_, single := s.c.(*redis.Client)
+	s.cluster = !single
 	s.brk = breaker{threshold: int64(opts.BreakerThreshold), cooldown: opts.BreakerCooldown, now: time.Now}
 	s.fb = fallback{
 		replicas:   int64(opts.Replicas),
@@ -360,18 +375,22 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 		}
 		calendar = calendar || r.Calendar != ratelimit.NoCalendar
 	}
-	if !s.brk.allow() {
-		return s.fb.decide(dst, items), nil
-	}
 	req, err := s.build(items)
+	if errors.Is(err, errCrossSlot) {
+		return s.decideAcross(ctx, dst, items)
+	}
 	if err != nil {
 		return dst, err
+	}
+	if !s.brk.allow() {
+		return s.fb.decide(dst, items), nil
 	}
 	n := len(dst)
 	dst, err = s.run(ctx, dst, req, items, calendar)
 	if err != nil {
 		dst = dst[:n]
 		if cerr := ctx.Err(); cerr != nil {
+			s.brk.abandon() // the caller gave up: says nothing about Redis
 			return dst, cerr
 		}
 		if isScriptError(err) {
@@ -390,6 +409,77 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 // argHeader is the number of decide.lua's ARGV before the items'.
 const argHeader = 4
 
+// decideAcross decides, on a Cluster, a request whose keys have different
+// hash tags: one group of items per tag, in order of first appearance, each
+// group in one script. When a group is denied, the groups before it are
+// refunded; the groups after it are not asked, and report a check (cost 0)
+// of their keys, Allowed when their cost would fit.
+func (s *Store) decideAcross(ctx context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
+	var tags []string
+	group := make([]int, len(items)) // item → index in tags
+	for i := range items {
+		t := s.tagOf(items[i].Key)
+		g := slices.Index(tags, t)
+		if g < 0 {
+			g = len(tags)
+			tags = append(tags, t)
+		}
+		group[i] = g
+	}
+	out := make([]ratelimit.Decision, len(items))
+	members := func(g int, cost func(int64) int64) (idx []int, sub []ratelimit.Item) {
+		for i := range items {
+			if group[i] == g {
+				it := items[i]
+				it.Cost = cost(it.Cost)
+				idx, sub = append(idx, i), append(sub, it)
+			}
+		}
+		return idx, sub
+	}
+	same := func(c int64) int64 { return c }
+	for g := range tags {
+		idx, sub := members(g, same)
+		ds, err := s.Decide(ctx, nil, sub)
+		if err == nil && ratelimit.Allowed(ds) {
+			for j, i := range idx {
+				out[i] = ds[j]
+			}
+			continue
+		}
+		// Undo the groups already taken, whatever happened to this one.
+		for u := range g {
+			uidx, refund := members(u, func(c int64) int64 { return -c })
+			rds, rerr := s.Decide(context.WithoutCancel(ctx), nil, refund)
+			for j, i := range uidx {
+				if rerr == nil {
+					out[i] = rds[j]
+					out[i].Allowed = true // it was admitted; nothing stays taken
+				}
+			}
+		}
+		if err != nil {
+			return dst, err
+		}
+		for j, i := range idx {
+			out[i] = ds[j]
+		}
+		for rest := g + 1; rest < len(tags); rest++ {
+			ridx, check := members(rest, func(int64) int64 { return 0 })
+			cds, cerr := s.Decide(ctx, nil, check)
+			if cerr != nil {
+				return dst, cerr
+			}
+			for j, i := range ridx {
+				out[i] = cds[j]
+				out[i].Allowed = items[i].Cost <= cds[j].Remaining
+			}
+		}
+		break
+	}
+	return append(dst, out...), nil
+}
+
 // request is one EVALSHA: keys and arguments of decide.lua.
 type request struct {
 	keys []string
@@ -406,7 +496,7 @@ func (s *Store) build(items []ratelimit.Item) (request, error) {
 		args: make([]any, argHeader, argHeader+10*len(items)),
 	}
 	req.args[1] = s.slackMS
-	req.args[2] = strconv.Itoa(len(items))
+	req.args[2] = s.small(int64(len(items)))
 	mask := 0
 	var buf []byte
 	tag0 := s.tagOf(items[0].Key)
@@ -416,7 +506,7 @@ func (s *Store) build(items []ratelimit.Item) (request, error) {
 		tag := tag0
 		if i > 0 {
 			if tag = s.tagOf(it.Key); tag != tag0 && s.cluster {
-				return req, fmt.Errorf("%w: %q and %q", ErrCrossSlot, tag0, tag)
+				return req, errCrossSlot
 			}
 		}
 		buf = appendKey(buf[:0], s.prefix, tag, it.Key)
@@ -427,29 +517,65 @@ func (s *Store) build(items []ratelimit.Item) (request, error) {
 		if r.Algorithm == ratelimit.SlidingLog {
 			req.keys = append(req.keys, key+logSuffix)
 		}
-		c := r.Capacity()
-		iv := interval(r)
-		capT := int64(0)
-		if r.Limit > 0 {
-			capT = c * iv
-		}
+		ra := s.ruleArgs(r)
 		mask |= 1 << r.Algorithm
-		cost := max(it.Cost, -c)
 		req.args = append(req.args,
-			strconv.Itoa(ki),
-			strconv.Itoa(int(r.Algorithm)),
-			strconv.FormatInt(cost, 10),
-			strconv.FormatInt(r.Limit, 10),
-			strconv.FormatInt(c, 10),
-			strconv.FormatInt(iv, 10),
-			strconv.FormatInt(capT, 10),
-			strconv.FormatInt(int64(r.Period), 10),
+			s.small(int64(ki)),
+			ra.alg,
+			s.small(max(it.Cost, -ra.capacity)),
+			ra.limit, ra.capacity_, ra.iv, ra.capT, ra.period,
 			"", "", // calendar window, filled in by run
 		)
 	}
-	req.args[3] = strconv.Itoa(mask)
+	req.args[3] = s.small(int64(mask))
 	req.mask = mask
 	return req, nil
+}
+
+// ruleArgs are a rule's fields as decide.lua reads them, formatted and boxed
+// once: a Rule is immutable once in use.
+type ruleArgs struct {
+	capacity                                int64
+	alg, limit, capacity_, iv, capT, period any
+}
+
+// maxRuleArgs bounds the cache of ruleArgs (callers that make a Rule per
+// request only refill it).
+const maxRuleArgs = 4096
+
+func (s *Store) ruleArgs(r *ratelimit.Rule) *ruleArgs {
+	if ra, ok := s.rules.Load(r); ok {
+		return ra.(*ruleArgs)
+	}
+	c := r.Capacity()
+	iv := interval(r)
+	capT := int64(0)
+	if r.Limit > 0 {
+		capT = c * iv
+	}
+	ra := &ruleArgs{
+		capacity:  c,
+		alg:       strconv.Itoa(int(r.Algorithm)),
+		limit:     strconv.FormatInt(r.Limit, 10),
+		capacity_: strconv.FormatInt(c, 10),
+		iv:        strconv.FormatInt(iv, 10),
+		capT:      strconv.FormatInt(capT, 10),
+		period:    strconv.FormatInt(int64(r.Period), 10),
+	}
+	if s.nrules.Add(1) > maxRuleArgs {
+		s.rules.Clear()
+		s.nrules.Store(1)
+	}
+	s.rules.Store(r, ra)
+	return ra
+}
+
+// small returns n formatted and boxed, without allocating for small n.
+func (s *Store) small(n int64) any {
+	if n >= 0 && n < int64(len(s.smalls)) {
+		return s.smalls[n]
+	}
+	return strconv.FormatInt(n, 10)
 }
 
 // interval is ratelimit's emission interval: Period/Limit rounded up, at

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -60,6 +59,7 @@ type serveConfig struct {
 	store            string
 	redisAddrs       []string
 	redisPrefix      string
+	replicas         int
 	grpcAddr         string
 	httpAddr         string
 	adminAddr        string
@@ -86,6 +86,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&cfg.store, "store", "memory", "where counters live: memory or redis")
 	fs.StringVar(&redisAddr, "redis-addr", "127.0.0.1:6379", "Redis `address`es, comma-separated (two or more: Redis Cluster)")
 	fs.StringVar(&cfg.redisPrefix, "redis-prefix", redisstore.DefaultPrefix, "prefix of every Redis key")
+	fs.IntVar(&cfg.replicas, "replicas", 1, "replicas sharing the limits: while Redis is down, a rule with failure_mode local admits Limit/replicas here")
 	fs.StringVar(&cfg.grpcAddr, "grpc-addr", "127.0.0.1:8081", "gRPC listen `address` (host:port; port 0 picks a free one)")
 	fs.StringVar(&cfg.httpAddr, "http-addr", "127.0.0.1:8080", "HTTP listen `address`")
 	fs.StringVar(&cfg.adminAddr, "admin-addr", "", "admin API listen `address`; empty disables it")
@@ -170,7 +171,7 @@ func openStore(cfg *serveConfig) (ratelimit.Store, closer, httpapi.KeyStore, htt
 		m := memstore.New(memstore.Options{})
 		return m, m, httpapi.LocalKeys(m), &httpapi.MemoryOverrides{}, nil
 	}
-	rs, err := redisstore.New(redisstore.Options{Addrs: cfg.redisAddrs, Prefix: cfg.redisPrefix, HashTag: domainTag})
+	rs, err := redisstore.New(redisstore.Options{Addrs: cfg.redisAddrs, Prefix: cfg.redisPrefix, Replicas: cfg.replicas})
 	if err != nil {
 		return nil, nil, nil, nil, fmt.Errorf("serve: %w", err)
 	}
@@ -179,26 +180,6 @@ func openStore(cfg *serveConfig) (ratelimit.Store, closer, httpapi.KeyStore, htt
 		keys = ks
 	}
 	return rs, rs, keys, httpapi.NewRedisOverrides(rs.Client(), cfg.redisPrefix), nil
-}
-
-// domainTag is the Redis Cluster hash tag of a storage key: its domain, so
-// that all the keys of one request (which has one domain) share a slot and
-// are decided all or nothing in one script. Keys of rules start with the
-// escaped domain and "|"; keys of a bare descriptor override start with
-// "|len:domain".
-func domainTag(key string) string {
-	if rest, ok := strings.CutPrefix(key, "|"); ok {
-		if n, tail, ok := strings.Cut(rest, ":"); ok {
-			if l, err := strconv.Atoi(n); err == nil && l >= 0 && l <= len(tail) {
-				return tail[:l]
-			}
-		}
-		return key
-	}
-	if i := strings.IndexByte(key, '|'); i > 0 {
-		return key[:i]
-	}
-	return key
 }
 
 // ruleCount is the number of limits of set.

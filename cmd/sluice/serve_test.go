@@ -114,23 +114,6 @@ func TestCheckAdminAddr(t *testing.T) {
 	}
 }
 
-func TestDomainTag(t *testing.T) {
-	tests := []struct{ key, want string }{
-		{"edge|remote_address:1.2.3.4#fixed_window/1s", "edge"},
-		{"edge|tenant=acme|user:bob#gcra/1m0s", "edge"},
-		{"|4:edge|2:ip|7:1.2.3.4!o/1xsecond", "edge"},
-		{"|9:a|b|c|d|e|1:k|1:v!o/1xsecond", "a|b|c|d|e"},
-		{"|99:short", "|99:short"},
-		{"|x:y", "|x:y"},
-		{"nodomain", "nodomain"},
-	}
-	for _, tt := range tests {
-		if got := domainTag(tt.key); got != tt.want {
-			t.Errorf("domainTag(%q) = %q, want %q", tt.key, got, tt.want)
-		}
-	}
-}
-
 func TestRulesValidate(t *testing.T) {
 	good := rulesDir(t, map[string]string{"st.yaml": testRuleFile})
 	bad := rulesDir(t, map[string]string{

@@ -141,6 +141,7 @@ func (s *Server) args() []string {
 // launch starts the process and waits for PING to succeed.
 func (s *Server) launch() error {
 	cmd := exec.Command("redis-server", s.args()...)
+	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start redis-server: %w", err)
 	}

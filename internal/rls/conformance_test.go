@@ -20,11 +20,13 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/rls"
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/internal/service"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 // The conformance corpus: testdata/conformance/*.yaml each hold rules and
@@ -97,14 +99,28 @@ func (c *clock) advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-// storeFactories are the stores the corpus runs against; the Redis ones are
-// added by redis_conformance_test.go.
-var storeFactories = map[string]func(t *testing.T, now func() time.Time) ratelimit.Store{
-	"memory": func(t *testing.T, now func() time.Time) ratelimit.Store {
-		s := memstore.New(memstore.Options{Now: now, JanitorInterval: -1})
+// A storeFactory returns a new, empty store whose clock is now.
+type storeFactory func(t *testing.T, now func() time.Time) ratelimit.Store
+
+func memoryStore(t *testing.T, now func() time.Time) ratelimit.Store {
+	s := memstore.New(memstore.Options{Now: now, JanitorInterval: -1})
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// redisStores returns a factory of stores on the Redis at addrs, each with
+// a key prefix of its own.
+func redisStores(addrs []string) storeFactory {
+	n := 0
+	return func(t *testing.T, now func() time.Time) ratelimit.Store {
+		n++
+		s, err := redisstore.New(redisstore.Options{Addrs: addrs, Now: now, Prefix: fmt.Sprintf("conformance%d:", n)})
+		if err != nil {
+			t.Fatal(err)
+		}
 		t.Cleanup(func() { s.Close() })
 		return s
-	},
+	}
 }
 
 func TestConformance(t *testing.T) {
@@ -112,8 +128,17 @@ func TestConformance(t *testing.T) {
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no corpus: %v", err)
 	}
-	for name, newStore := range storeFactories {
-		t.Run(name, func(t *testing.T) {
+	stores := []struct {
+		name string
+		new  func(t *testing.T) storeFactory
+	}{
+		{"memory", func(*testing.T) storeFactory { return memoryStore }},
+		{"redis", func(t *testing.T) storeFactory { return redisStores([]string{redistest.Standalone(t).Addr()}) }},
+		{"redis-cluster", func(t *testing.T) storeFactory { return redisStores(redistest.Cluster(t).Addrs()) }},
+	}
+	for _, st := range stores {
+		t.Run(st.name, func(t *testing.T) {
+			newStore := st.new(t)
 			for _, f := range files {
 				t.Run(strings.TrimSuffix(filepath.Base(f), ".yaml"), func(t *testing.T) {
 					runCase(t, f, newStore)
@@ -123,7 +148,7 @@ func TestConformance(t *testing.T) {
 	}
 }
 
-func runCase(t *testing.T, file string, newStore func(*testing.T, func() time.Time) ratelimit.Store) {
+func runCase(t *testing.T, file string, newStore storeFactory) {
 	data, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)

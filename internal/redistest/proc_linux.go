@@ -1,0 +1,13 @@
+package redistest
+
+import (
+	"os/exec"
+	"syscall"
+)
+
+// dieWithParent makes the kernel kill the server if the test process dies
+// without running its cleanups (a panic in another goroutine, a timeout, a
+// kill): no redis-server outlives the test that started it.
+func dieWithParent(cmd *exec.Cmd) {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+}

@@ -1,0 +1,23 @@
+-- Acquire a permit of one distributed semaphore.
+-- KEYS[1]  the semaphore's sorted set: member = token, score = expiry (ms, server clock)
+-- ARGV[1]  token
+-- ARGV[2]  limit (most holders)
+-- ARGV[3]  ttl in milliseconds
+-- Returns 1 if token holds a permit afterwards, 0 if the semaphore is full.
+local key, token = KEYS[1], ARGV[1]
+local limit, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- Forget holders whose expiry has passed (an expiry equal to now has passed).
+redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+
+if not redis.call('ZSCORE', key, token) and redis.call('ZCARD', key) >= limit then
+  return 0
+end
+redis.call('ZADD', key, now + ttl, token)
+-- The key lives as long as its longest-lived holder.
+if redis.call('PTTL', key) < ttl then
+  redis.call('PEXPIRE', key, ttl)
+end
+return 1

@@ -1,0 +1,416 @@
+package concurrency
+
+import (
+	"context"
+	crand "crypto/rand"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// A Backend stores the holders of distributed semaphores. Each semaphore is
+// identified by its name; its holders are tokens, each with an expiry. Every
+// method must be atomic with respect to the others on the same name, and
+// must never touch a token other than the one it is given.
+//
+// Implementations: MemoryBackend (one process) and RedisBackend (many).
+type Backend interface {
+	// Acquire first forgets the holders of name whose expiry has passed,
+	// then adds token with an expiry ttl from now if fewer than limit
+	// holders remain, and reports whether it did. If token already holds
+	// a permit, its expiry is extended and Acquire reports true.
+	Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (bool, error)
+	// Renew moves token's expiry to ttl from now if token still holds an
+	// unexpired permit of name, and reports whether it did. It never
+	// creates a permit.
+	Renew(ctx context.Context, name, token string, ttl time.Duration) (bool, error)
+	// Release removes token's permit of name, if any, and reports whether
+	// there was one.
+	Release(ctx context.Context, name, token string) (bool, error)
+}
+
+// Errors of Distributed and Permit.
+var (
+	// ErrNoPermit is returned by TryAcquire when every permit is held.
+	ErrNoPermit = errors.New("concurrency: no permit available")
+	// ErrLost is the cause of a Permit's loss: a renewal found the permit
+	// gone, or its validity ran out without a successful renewal.
+	ErrLost = errors.New("concurrency: permit lost")
+	// ErrReleased is returned by Permit.Err after Release.
+	ErrReleased = errors.New("concurrency: permit released")
+)
+
+// Defaults of DistributedOptions.
+const (
+	DefaultTTL        = 10 * time.Second
+	DefaultMinBackoff = 5 * time.Millisecond
+	DefaultMaxBackoff = 250 * time.Millisecond
+)
+
+// DistributedOptions configure a Distributed semaphore. The zero value
+// selects every default.
+type DistributedOptions struct {
+	// TTL is how long a permit lives without renewal: the longest a dead
+	// process can keep its permits. Default DefaultTTL.
+	TTL time.Duration
+	// RenewEvery is the interval between renewals of a held permit, each
+	// jittered by ±10%. Default TTL/3; at most TTL/2.
+	RenewEvery time.Duration
+	// Margin is deducted from every validity period, as allowance for the
+	// rate difference between this machine's clock and the store's.
+	// Default TTL/50 (2%).
+	Margin time.Duration
+	// MinBackoff and MaxBackoff bound the waits between attempts of a
+	// blocked Acquire. The wait doubles from MinBackoff up to MaxBackoff;
+	// each is drawn at random between half of it and all of it, so that
+	// waiters do not retry in step. Defaults DefaultMinBackoff and
+	// DefaultMaxBackoff.
+	MinBackoff, MaxBackoff time.Duration
+}
+
+// A Distributed semaphore admits at most Limit holders of one named
+// semaphore at once, across every process that uses the same Backend and
+// name.
+//
+// # Permits
+//
+// Acquire returns a Permit, which holds one unit until Release. Each permit
+// is stored with a random token and an expiry TTL ahead; a goroutine owned by
+// the Permit renews it about every TTL/3 while it is held, so a process that
+// dies, or stops renewing, loses its permits within one TTL and others can
+// take them. Release and renewal name the permit by its token, so they
+// never remove or extend another holder's permit, even one that took over
+// an expired slot.
+//
+// # Validity and loss
+//
+// The holder is entitled to its permit only until its validity ends: the
+// moment the last successful acquire or renewal request was sent, plus TTL,
+// minus Margin, on this process's monotonic clock. The store measures the
+// TTL from when it received the request, so it never expires a permit
+// before the holder stops believing in it (clock rates aside, which Margin
+// covers). When a renewal finds the permit gone, or validity ends without a
+// successful renewal (the store is unreachable or slow, the process was
+// paused), the Permit is lost: Lost is closed at that instant, even while a
+// renewal is still in flight, and renewals stop. A lost permit is never
+// re-acquired silently; the holder should abandon its work (or finish it if
+// the protected service tolerates it) and Acquire again.
+//
+// # Waiting
+//
+// A blocked Acquire polls the Backend with exponential backoff and jitter
+// between MinBackoff and MaxBackoff, so a permit freed by another process
+// is noticed within about MaxBackoff. A permit released through the same
+// Distributed wakes one of its waiters at once. Waiters are not served in
+// arrival order: after a release, whichever waiter asks first wins.
+//
+// A Distributed is safe for concurrent use. Use NewDistributed; the zero
+// value is not usable.
+type Distributed struct {
+	backend Backend
+	name    string
+	limit   int64
+	o       DistributedOptions
+	// freed gets a value when a permit of this Distributed is released,
+	// so that one of its waiters retries at once instead of after its
+	// backoff.
+	freed chan struct{}
+}
+
+// NewDistributed returns a semaphore named name, of at most limit holders,
+// stored in b. A limit of 0 (or below) admits nobody: Acquire returns
+// ErrExceedsLimit. It returns an error when an option is negative.
+func NewDistributed(b Backend, name string, limit int64, o DistributedOptions) (*Distributed, error) {
+	if b == nil {
+		return nil, errors.New("concurrency: nil Backend")
+	}
+	if o.TTL < 0 || o.RenewEvery < 0 || o.Margin < 0 || o.MinBackoff < 0 || o.MaxBackoff < 0 {
+		return nil, fmt.Errorf("concurrency: negative duration in options %+v", o)
+	}
+	if o.TTL == 0 {
+		o.TTL = DefaultTTL
+	}
+	if o.TTL < time.Millisecond {
+		return nil, fmt.Errorf("concurrency: TTL %v below 1ms", o.TTL)
+	}
+	if o.RenewEvery == 0 {
+		o.RenewEvery = o.TTL / 3
+	}
+	o.RenewEvery = min(o.RenewEvery, o.TTL/2)
+	if o.Margin == 0 {
+		o.Margin = o.TTL / 50
+	}
+	if o.Margin >= o.TTL/2 {
+		return nil, fmt.Errorf("concurrency: Margin %v not below TTL/2", o.Margin)
+	}
+	if o.MinBackoff == 0 {
+		o.MinBackoff = DefaultMinBackoff
+	}
+	if o.MaxBackoff == 0 {
+		o.MaxBackoff = DefaultMaxBackoff
+	}
+	o.MaxBackoff = max(o.MaxBackoff, o.MinBackoff)
+	return &Distributed{backend: b, name: name, limit: limit, o: o, freed: make(chan struct{}, 1)}, nil
+}
+
+// Name returns the semaphore's name.
+func (d *Distributed) Name() string { return d.name }
+
+// Limit returns the most holders the semaphore admits.
+func (d *Distributed) Limit() int64 { return d.limit }
+
+// Acquire waits for a permit until one is granted, ctx ends or the Backend
+// fails. The returned Permit must be released.
+func (d *Distributed) Acquire(ctx context.Context) (*Permit, error) {
+	if d.limit <= 0 {
+		return nil, fmt.Errorf("%w: semaphore %q has limit %d", ErrExceedsLimit, d.name, d.limit)
+	}
+	backoff := d.o.MinBackoff
+	var timer *time.Timer
+	for {
+		p, err := d.TryAcquire(ctx)
+		// A grant answered too late to be valid (ErrLost) is retried too.
+		if !errors.Is(err, ErrNoPermit) && !errors.Is(err, ErrLost) {
+			if timer != nil {
+				timer.Stop()
+			}
+			return p, err
+		}
+		wait := backoff/2 + rand.N(backoff/2+1)
+		backoff = min(2*backoff, d.o.MaxBackoff)
+		if timer == nil {
+			timer = time.NewTimer(wait)
+		} else {
+			timer.Reset(wait)
+		}
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, ctx.Err())
+		case <-d.freed:
+			timer.Stop()
+		case <-timer.C:
+		}
+	}
+}
+
+// TryAcquire makes one attempt to take a permit. It returns ErrNoPermit
+// when every permit is held.
+func (d *Distributed) TryAcquire(ctx context.Context) (*Permit, error) {
+	if d.limit <= 0 {
+		return nil, fmt.Errorf("%w: semaphore %q has limit %d", ErrExceedsLimit, d.name, d.limit)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, err)
+	}
+	token := crand.Text()
+	sent := time.Now()
+	ok, err := d.backend.Acquire(ctx, d.name, token, d.limit, d.o.TTL)
+	if err != nil {
+		// The request may have added the token before failing: remove it
+		// so that it does not hold a slot until it expires.
+		d.releaseDetached(ctx, token)
+		return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, err)
+	}
+	if !ok {
+		return nil, ErrNoPermit
+	}
+	p := d.newPermit(token, sent)
+	if p == nil {
+		// Granted, but the answer came after its validity: give it back.
+		d.releaseDetached(ctx, token)
+		return nil, fmt.Errorf("concurrency: acquire %q: %w: granted after its validity ended", d.name, ErrLost)
+	}
+	return p, nil
+}
+
+// releaseDetached makes a best-effort, bounded attempt to remove token.
+func (d *Distributed) releaseDetached(ctx context.Context, token string) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.o.RenewEvery)
+	defer cancel()
+	d.backend.Release(rctx, d.name, token) //nolint:errcheck // best effort; the permit expires anyway
+}
+
+// A Permit is one held unit of a Distributed semaphore. It renews itself in
+// a goroutine it owns until Release or until it is lost. The end of its
+// validity is kept by a timer (time.AfterFunc), so Lost is closed on time
+// even while that goroutine waits for a slow renewal.
+//
+// A Permit is safe for concurrent use.
+type Permit struct {
+	d     *Distributed
+	token string
+
+	stop   chan struct{} // closed by Release
+	exited chan struct{} // closed when the renewal goroutine returns
+	lost   chan struct{} // closed when the permit is lost
+	cancel context.CancelFunc
+
+	mu       sync.Mutex
+	until    time.Time   // end of validity
+	expire   *time.Timer // fires lose at until
+	err      error       // nil while held
+	released bool
+}
+
+// newPermit starts a permit whose validity counts from sent, or returns
+// nil if that validity has already ended.
+func (d *Distributed) newPermit(token string, sent time.Time) *Permit {
+	until := sent.Add(d.o.TTL - d.o.Margin)
+	left := time.Until(until)
+	if left <= 0 {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &Permit{
+		d:      d,
+		token:  token,
+		stop:   make(chan struct{}),
+		exited: make(chan struct{}),
+		lost:   make(chan struct{}),
+		cancel: cancel,
+	}
+	p.mu.Lock()
+	p.until = until
+	p.expire = time.AfterFunc(left, func() { p.lose(fmt.Errorf("%w: validity ended without a successful renewal", ErrLost)) })
+	p.mu.Unlock()
+	go p.renew(ctx, sent)
+	return p
+}
+
+// Token returns the permit's random token, as stored in the Backend.
+func (p *Permit) Token() string { return p.token }
+
+// Lost returns a channel that is closed when the permit is lost. It is
+// never closed by Release.
+func (p *Permit) Lost() <-chan struct{} { return p.lost }
+
+// Err returns nil while the permit is held, an error wrapping ErrLost once
+// it is lost, and ErrReleased after Release (unless it was lost first).
+func (p *Permit) Err() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
+}
+
+// lose marks the permit lost, once, and closes Lost.
+func (p *Permit) lose(cause error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.err != nil {
+		return
+	}
+	p.err = cause
+	p.expire.Stop()
+	close(p.lost)
+}
+
+// extend moves the validity to sent+TTL-Margin after a successful renewal
+// sent at sent. It reports false if the permit is lost (now or before).
+func (p *Permit) extend(sent time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.err != nil {
+		return false
+	}
+	if !p.expire.Stop() {
+		return false // validity ended; lose has run or is about to
+	}
+	until := sent.Add(p.d.o.TTL - p.d.o.Margin)
+	left := time.Until(until)
+	if left <= 0 {
+		p.err = fmt.Errorf("%w: renewal answered after its validity", ErrLost)
+		close(p.lost)
+		return false
+	}
+	p.until = until
+	p.expire.Reset(left)
+	return true
+}
+
+// renew is the permit's goroutine: it renews at RenewEvery (jittered) after
+// each successful renewal, retries failed ones sooner, and returns on
+// Release or loss.
+func (p *Permit) renew(ctx context.Context, lastSent time.Time) {
+	defer close(p.exited)
+	o := p.d.o
+	retry := max(o.RenewEvery/4, time.Millisecond)
+	timer := time.NewTimer(jitter(o.RenewEvery))
+	defer timer.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-p.lost:
+			return
+		case <-timer.C:
+		}
+		p.mu.Lock()
+		until := p.until
+		p.mu.Unlock()
+		// A renewal answered after the validity ends is of no use: bound it.
+		rctx, cancel := context.WithDeadline(ctx, until)
+		sent := time.Now()
+		ok, err := p.d.backend.Renew(rctx, p.d.name, p.token, o.TTL)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return // released while the renewal was in flight
+		case err != nil:
+			// Try again soon; the validity timer decides when to give up.
+			timer.Reset(jitter(retry))
+		case !ok:
+			p.lose(fmt.Errorf("%w: the store no longer holds it", ErrLost))
+			return
+		default:
+			if !p.extend(sent) {
+				return
+			}
+			lastSent = sent
+			timer.Reset(time.Until(lastSent.Add(jitter(o.RenewEvery))))
+		}
+	}
+}
+
+// jitter returns d scaled by a random factor in [0.9, 1.1].
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return d - d/10 + rand.N(d/5+1)
+}
+
+// Release stops the renewals (waiting for one in flight to return) and
+// removes this permit's token from the store; it never affects another
+// holder. It returns the Backend's error,
+// if any (the permit then expires within one TTL). Calling it again, or
+// after the permit was lost, is harmless.
+func (p *Permit) Release(ctx context.Context) error {
+	p.mu.Lock()
+	if p.released {
+		p.mu.Unlock()
+		return nil
+	}
+	p.released = true
+	if p.err == nil {
+		p.err = ErrReleased
+		p.expire.Stop()
+	}
+	p.mu.Unlock()
+	close(p.stop)
+	p.cancel()
+	<-p.exited
+	ok, err := p.d.backend.Release(ctx, p.d.name, p.token)
+	if err != nil {
+		return fmt.Errorf("concurrency: release %q: %w", p.d.name, err)
+	}
+	if ok {
+		select {
+		case p.d.freed <- struct{}{}:
+		default: // a wake-up is already pending
+		}
+	}
+	return nil
+}

@@ -1,0 +1,136 @@
+package concurrency
+
+import (
+	"context"
+	"crypto/sha256"
+	_ "embed"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed acquire.lua
+var acquireLua string
+
+//go:embed renew.lua
+var renewLua string
+
+// DefaultRedisPrefix is the default RedisOptions.Prefix.
+const DefaultRedisPrefix = "sluice:sem:"
+
+// RedisOptions configure a RedisBackend.
+type RedisOptions struct {
+	// Prefix starts every key the backend writes. Default
+	// DefaultRedisPrefix.
+	Prefix string
+}
+
+// A RedisBackend is a Backend on Redis (standalone, Sentinel or Cluster),
+// shared by every process that uses the same server and prefix.
+//
+// Each semaphore is one sorted set, at Prefix + "{" + enc(name) + "}", where
+// enc is unpadded URL-safe base64 of the name (or "~" and base64 of its
+// SHA-256 for names longer than 128 bytes), so that no byte of a name can
+// reach another semaphore's key or choose its Cluster slot. Members are the
+// holders' tokens, scored by their expiry in milliseconds of the Redis
+// server's clock (TIME), so that holders on machines with different clocks
+// agree. The set expires with its last holder.
+//
+// Every operation is one atomic step: acquire and renew are Lua scripts
+// (EVALSHA, falling back to EVAL) that read TIME; acquire first removes the
+// expired holders, then adds the token if fewer than the limit remain;
+// renew extends a token only if it is present and unexpired; release is a
+// ZREM of the caller's own token. A semaphore therefore costs one round
+// trip per acquire attempt, renewal and release.
+//
+// A server that loses its data (a restart without persistence, a failover
+// to a replica that had not received the writes) forgets the permits: their
+// next renewal fails and each Permit reports Lost. Holders never re-create a
+// permit by renewing it. While Redis is unreachable, renewals fail and every
+// permit is lost when its validity ends.
+//
+// Calls honour the context as far as the client does; configure the
+// client's read and write timeouts (or ContextTimeoutEnabled) to bound them.
+// A Permit reports Lost at the end of its validity whether or not a renewal
+// call has returned.
+//
+// A RedisBackend is safe for concurrent use. Use NewRedisBackend.
+type RedisBackend struct {
+	c       redis.UniversalClient
+	prefix  string
+	acquire *redis.Script
+	renew   *redis.Script
+}
+
+// NewRedisBackend returns a backend that stores semaphores through c, which
+// the caller owns and closes.
+func NewRedisBackend(c redis.UniversalClient, o RedisOptions) (*RedisBackend, error) {
+	if c == nil {
+		return nil, errors.New("concurrency: nil Redis client")
+	}
+	if o.Prefix == "" {
+		o.Prefix = DefaultRedisPrefix
+	}
+	return &RedisBackend{
+		c:       c,
+		prefix:  o.Prefix,
+		acquire: redis.NewScript(acquireLua),
+		renew:   redis.NewScript(renewLua),
+	}, nil
+}
+
+// maxRawName is the longest name stored as itself (encoded) in a key.
+const maxRawName = 128
+
+var keyEnc = base64.RawURLEncoding
+
+// Key returns the Redis key of the semaphore named name.
+func (r *RedisBackend) Key(name string) string {
+	b := make([]byte, 0, len(r.prefix)+2+keyEnc.EncodedLen(min(len(name), maxRawName+1)))
+	b = append(b, r.prefix...)
+	b = append(b, '{')
+	if len(name) <= maxRawName {
+		b = keyEnc.AppendEncode(b, []byte(name))
+	} else {
+		sum := sha256.Sum256([]byte(name))
+		b = append(b, '~')
+		b = keyEnc.AppendEncode(b, sum[:])
+	}
+	return string(append(b, '}'))
+}
+
+// ttlMillis converts ttl to milliseconds, rounded up so that the server
+// never expires a permit before its holder stops relying on it.
+func ttlMillis(ttl time.Duration) int64 {
+	return max(int64((ttl+time.Millisecond-1)/time.Millisecond), 1)
+}
+
+// Acquire implements Backend.
+func (r *RedisBackend) Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (bool, error) {
+	n, err := r.acquire.Run(ctx, r.c, []string{r.Key(name)}, token, limit, ttlMillis(ttl)).Int64()
+	if err != nil {
+		return false, fmt.Errorf("redis acquire: %w", err)
+	}
+	return n == 1, nil
+}
+
+// Renew implements Backend.
+func (r *RedisBackend) Renew(ctx context.Context, name, token string, ttl time.Duration) (bool, error) {
+	n, err := r.renew.Run(ctx, r.c, []string{r.Key(name)}, token, ttlMillis(ttl)).Int64()
+	if err != nil {
+		return false, fmt.Errorf("redis renew: %w", err)
+	}
+	return n == 1, nil
+}
+
+// Release implements Backend.
+func (r *RedisBackend) Release(ctx context.Context, name, token string) (bool, error) {
+	n, err := r.c.ZRem(ctx, r.Key(name), token).Result()
+	if err != nil {
+		return false, fmt.Errorf("redis release: %w", err)
+	}
+	return n == 1, nil
+}

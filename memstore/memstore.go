@@ -195,7 +195,9 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 	}
 	now := s.now()
 	if len(items) == 1 {
-		return append(dst, s.decideOne(&items[0], now)), nil
+		dst = append(dst, ratelimit.Decision{})
+		s.decideOne(&dst[len(dst)-1], &items[0], now)
+		return dst, nil
 	}
 	return s.decideMany(dst, items, now), nil
 }
@@ -221,7 +223,7 @@ func (s *Store) shardOf(k *keyRef) *shard {
 	return &s.shards[k.h&s.mask]
 }
 
-func (s *Store) decideOne(it *ratelimit.Item, now time.Time) ratelimit.Decision {
+func (s *Store) decideOne(d *ratelimit.Decision, it *ratelimit.Item, now time.Time) {
 	k := s.ref(it.Key)
 	sh := s.shardOf(&k)
 	sh.mu.Lock()
@@ -230,17 +232,16 @@ func (s *Store) decideOne(it *ratelimit.Item, now time.Time) ratelimit.Decision 
 	if e == nil {
 		// Only a key whose state changed is worth a place in the map.
 		var st ratelimit.State
-		d := it.Rule.Decide(&st, now, it.Cost)
+		it.Rule.DecideInto(d, &st, now, it.Cost)
 		if d.Allowed && it.Cost > 0 {
 			s.makeRoom(sh, now.UnixNano())
 			e = sh.insert(&k)
 			e.state, e.expires = st, now.UnixNano()+int64(d.ResetAfter)
 		}
-		return d
+		return
 	}
-	d := it.Rule.Decide(&e.state, now, it.Cost)
+	it.Rule.DecideInto(d, &e.state, now, it.Cost)
 	e.expires = now.UnixNano() + int64(d.ResetAfter)
-	return d
 }
 
 // decideMany locks every shard the items touch, in index order, decides the

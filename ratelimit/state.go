@@ -46,25 +46,33 @@ type LogEntry struct {
 // s.Seen is decided as s.Seen, and the difference is added to RetryAfter and
 // ResetAfter, so they stay true for the caller's own clock.
 func (r *Rule) Decide(s *State, now time.Time, cost int64) Decision {
-	return r.decide(s, now.UnixNano(), cost, true)
+	var d Decision
+	r.decide(&d, s, now.UnixNano(), cost, true)
+	return d
+}
+
+// DecideInto is Decide writing the Decision into *d, which it overwrites.
+// Stores use it on their hot path: it spares the copies of a returned
+// Decision, which cost more than the decision itself.
+func (r *Rule) DecideInto(d *Decision, s *State, now time.Time, cost int64) {
+	r.decide(d, s, now.UnixNano(), cost, true)
 }
 
 // Peek returns the Decision that Decide would return, without changing s.
 func (r *Rule) Peek(s *State, now time.Time, cost int64) Decision {
-	return r.decide(s, now.UnixNano(), cost, false)
+	var d Decision
+	r.decide(&d, s, now.UnixNano(), cost, false)
+	return d
 }
 
 // Expired reports whether s is equivalent to a fresh state at now, so a store
 // may forget it.
 func (r *Rule) Expired(s *State, now time.Time) bool {
-	if s.Algorithm != r.Algorithm {
-		return true
-	}
-	d := r.decide(s, now.UnixNano(), 0, false)
-	return d.ResetAfter <= 0
+	return s.Algorithm != r.Algorithm || r.Peek(s, now, 0).ResetAfter <= 0
 }
 
-func (r *Rule) decide(s *State, now, cost int64, commit bool) (d Decision) {
+func (r *Rule) decide(d *Decision, s *State, now, cost int64, commit bool) {
+	*d = Decision{}
 	var fresh State
 	if s.Algorithm != r.Algorithm {
 		// State of another algorithm means nothing here: decide on a fresh
@@ -88,11 +96,11 @@ func (r *Rule) decide(s *State, now, cost int64, commit bool) (d Decision) {
 	}
 	c := r.Capacity()
 	if cost > c {
-		r.run(s, now, 0, false, &d)
+		r.run(s, now, 0, false, d)
 		d.Allowed, d.Reason, d.RetryAfter = false, ReasonExceedsCapacity, Never
 	} else {
 		cost = max(cost, -c)
-		r.run(s, now, cost, commit, &d)
+		r.run(s, now, cost, commit, d)
 		if !d.Allowed {
 			d.Reason = ReasonLimited
 			d.RetryAfter = time.Duration(lag) + max(d.RetryAfter, 1)
@@ -105,7 +113,6 @@ func (r *Rule) decide(s *State, now, cost int64, commit bool) (d Decision) {
 	}
 	d.Limit = c
 	d.Rule = r.Name
-	return d
 }
 
 // run decides with the rule's algorithm at now, which is no earlier than

@@ -840,3 +840,20 @@ func TestDecideInvalidRule(t *testing.T) {
 		t.Errorf("limit -1 admitted cost 0: %+v", d)
 	}
 }
+
+// TestDecideIntoMatchesDecide checks that DecideInto overwrites its target
+// with exactly what Decide returns, and changes the state the same way.
+func TestDecideIntoMatchesDecide(t *testing.T) {
+	r := Rule{Name: "r", Limit: 3, Period: time.Second}
+	var a, b State
+	now := epoch0
+	for i, cost := range []int64{1, 2, 1, 0, -1, 5} {
+		want := r.Decide(&a, now, cost)
+		got := Decision{Allowed: true, Remaining: 99, Rule: "stale"} // overwritten
+		r.DecideInto(&got, &b, now, cost)
+		if got != want || !statesEqual(a, b) {
+			t.Fatalf("step %d: DecideInto %+v state %+v, Decide %+v state %+v", i, got, b, want, a)
+		}
+		now = now.Add(100 * time.Millisecond)
+	}
+}

@@ -1,0 +1,54 @@
+package lease_test
+
+import (
+	"context"
+	"log"
+	"net/http"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice/lease"
+)
+
+// One process of many sharing a service that allows 500 requests a
+// second: it leases its part of the capacity through Redis and sends its
+// queue at that rate.
+func Example() {
+	rc := redis.NewClient(&redis.Options{Addr: "redis.internal:6379"})
+	defer rc.Close()
+	coord, err := lease.NewRedis(rc, "billing-api", lease.RedisOptions{Timeout: 200 * time.Millisecond})
+	if err != nil {
+		log.Fatal(err)
+	}
+	h, err := lease.NewHolder(coord, lease.Config{
+		Capacity:   500, // the service's limit, shared by every process
+		Partitions: 20,  // leased 25 req/s at a time
+		TTL:        3 * time.Second,
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	go h.Run(ctx) //nolint:errcheck // releases everything when ctx ends
+
+	queue := []string{"https://billing.internal/charge/1", "https://billing.internal/charge/2"}
+	h.SetBacklog(len(queue))
+	lim := h.Limiter()
+	for len(queue) > 0 {
+		if err := lim.Wait(ctx); err != nil {
+			log.Fatal(err)
+		}
+		resp, err := http.Get(queue[0])
+		if err != nil {
+			continue
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusTooManyRequests {
+			h.Throttled() // lowers the holder's ceiling for a while
+			continue
+		}
+		queue = queue[1:]
+		h.SetBacklog(len(queue))
+	}
+}

@@ -1,0 +1,803 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// OutagePolicy says what capacity a Holder uses while the store cannot be
+// reached and its leases have run out.
+type OutagePolicy int
+
+const (
+	// OutageReserved falls back to the reserved capacity only: safe, the
+	// service is never overrun, but the pool is idle.
+	OutageReserved OutagePolicy = iota
+	// OutageEvenShare falls back to the holder's weighted share of the
+	// capacity among the members it saw last, C × weight / total weight
+	// (C/N with equal weights), plus its reserved capacity. It keeps work
+	// flowing, and overruns the service only when the members seen last
+	// are not the ones still running.
+	OutageEvenShare
+)
+
+// Defaults of Config.
+const (
+	DefaultTTL        = 3 * time.Second
+	DefaultDrift      = 0.01
+	DefaultHeadroom   = 0.25
+	DefaultHysteresis = 1
+	DefaultDrainTime  = 10 * time.Second
+	DefaultRateWindow = 2 * time.Second
+	DefaultJitter     = 0.1
+	DefaultBackoff    = 0.75
+)
+
+// Config configures a Holder. Capacity and Partitions are required, and
+// must be the same for every member of a service (they share the
+// partitions' numbering); TTL should be too.
+type Config struct {
+	// ID names this holder among the service's members; a random one
+	// (not derived from Seed) when empty.
+	ID string
+	// Capacity is the service's limit C, in units per second, shared by
+	// all the members through the leases.
+	Capacity float64
+	// Partitions is P: the capacity is leased in P partitions of C/P.
+	Partitions int
+	// Reserved is capacity of this holder's own, in units per second,
+	// used at once without leases and through outages. It is not part of
+	// Capacity: set Capacity to the service's limit less every member's
+	// reserved capacity.
+	Reserved float64
+	// Weight is this holder's relative share; 1 when 0 or less.
+	Weight float64
+	// TTL is the lease and presence lifetime in the store; DefaultTTL
+	// when 0.
+	TTL time.Duration
+	// RenewEvery is the period of the holder's work (heartbeat, renew,
+	// acquire, release); TTL/3 when 0. Each period is jittered by
+	// ±Jitter.
+	RenewEvery time.Duration
+	// Jitter is the fraction of RenewEvery by which periods vary at
+	// random; DefaultJitter when 0, none when negative.
+	Jitter float64
+	// Drift is the largest relative difference assumed between the rates
+	// of the holder's and the store's clocks; DefaultDrift when 0.
+	Drift float64
+	// Margin is subtracted from every lease's validity besides the drift
+	// (the time for the caller to use a unit after the limiter admits
+	// it); TTL/30 when 0.
+	Margin time.Duration
+	// Headroom is the fraction added to the demand before turning it into
+	// partitions, so that arrivals that vary do not wait;
+	// DefaultHeadroom when 0, none when negative.
+	Headroom float64
+	// Hysteresis is how many partitions above its need a holder keeps
+	// before releasing; DefaultHysteresis when 0, none when negative.
+	Hysteresis int
+	// DrainTime is the time in which the demand estimate aims to clear
+	// the backlog: demand = arrival rate + backlog / DrainTime;
+	// DefaultDrainTime when 0.
+	DrainTime time.Duration
+	// RateWindow is the time constant with which the arrival-rate
+	// estimate decays; it rises four times faster. DefaultRateWindow when
+	// 0.
+	RateWindow time.Duration
+	// Backoff is the factor by which a throttled response lowers the
+	// ceiling on the rate (the multiplicative decrease of AIMD);
+	// DefaultBackoff when 0 or not below 1.
+	Backoff float64
+	// Outage is the policy while the store is unreachable.
+	Outage OutagePolicy
+	// CallTimeout bounds each store call; RenewEvery/2 when 0.
+	CallTimeout time.Duration
+	// Seed seeds the holder's jitter and partition choice; random when 0.
+	Seed uint64
+}
+
+// Stats are a Holder's figures at one instant. Rates are in units per
+// second.
+type Stats struct {
+	// Granted is the capacity of the valid leases plus the reserved one.
+	Granted float64
+	// Rate is the limiter's rate: Granted, or the outage fallback, capped
+	// by the ceiling.
+	Rate float64
+	// Used is the recent rate of units admitted by the limiter, and Idle
+	// is max(0, Rate − Used).
+	Used, Idle float64
+	// Demand is the estimated demand; Need the partitions it fills and
+	// Want those with the headroom.
+	Demand     float64
+	Need, Want int
+	// Leases is the number of valid leases held.
+	Leases int
+	// Acquisitions, Renewals, Losses and Releases count leases granted,
+	// renewed, lost (refused renewal: expired in the store, or taken by
+	// another member) and released.
+	Acquisitions, Renewals, Losses, Releases uint64
+	// Throttled counts the throttled responses reported; Ceiling is the
+	// AIMD ceiling on Rate, +Inf when there is none.
+	Throttled uint64
+	Ceiling   float64
+	// Outage reports whether the store is unreachable now; Outages counts
+	// the store calls that failed.
+	Outage  bool
+	Outages uint64
+	// StoreCalls counts the store round trips.
+	StoreCalls uint64
+}
+
+// ErrRunning is returned by Run when the Holder already runs.
+var ErrRunning = errors.New("lease: holder already running")
+
+// A Holder takes capacity leases on a shared service for one process and
+// exposes the capacity as a Limiter.
+//
+// # Model
+//
+// The service's capacity C is cut into P partitions of C/P units per
+// second. Every process that calls the service runs one Holder per
+// service, all sharing one Coordinator (the store). A Holder's rate is its
+// reserved capacity plus C/P for every partition it holds a valid lease
+// on. Run, the Holder's one goroutine, wakes every RenewEvery (jittered)
+// and
+//
+//   - estimates the demand: the arrival rate of units at the limiter
+//     (an average that rises fast and decays over RateWindow) plus the
+//     backlog (SetBacklog, and units waiting in WaitN) ÷ DrainTime; the
+//     partitions it needs are ceil(demand / (C/P)), and it wants
+//     ceil(demand × (1 + Headroom) / (C/P)), at most P and never above the
+//     AIMD ceiling;
+//   - publishes its presence, weight, need and want (Heartbeat), and
+//     reads the members and the partitions in the same call;
+//   - computes every member's share: P divided by weight among the needs
+//     (water-filling, so what a member does not need goes to the others),
+//     then what is left among the headrooms, rounded up;
+//   - releases partitions above want + Hysteresis, and yields partitions
+//     above its share while other members are below theirs and there are
+//     no free partitions for them;
+//   - renews the leases it keeps, in one call;
+//   - acquires free partitions, chosen from the view from a random offset
+//     (no blind attempts), up to its want — up to its share while others
+//     wait.
+//
+// While it is below its share and partitions could come to it, or callers
+// wait and it has no capacity at all, it looks again after a quarter of the
+// period, so a newcomer has its share within two periods. While it wants
+// more, and a partition has missed a renewal (its TTL left, a duration the
+// store reports, is below TTL − period), it looks again just after that
+// TTL ends: a dead member's capacity is taken over as soon as the store
+// frees it.
+//
+// # Validity
+//
+// A lease is valid until the instant the acquire or renew call that gave
+// it was sent, plus TTL, less TTL × Drift and Margin, on the monotonic
+// clock; the store expires it TTL after it received the call, by its own
+// clock. So a holder has stopped using a partition before anyone else can
+// be given it, and the Limiter never admits a unit past a deadline, even
+// while the renewal is in flight or Run is stuck in a slow call: it drops
+// capacity by itself at the deadline.
+//
+// # Feedback and outages
+//
+// Throttled lowers a ceiling on the rate to Backoff (¾) of the current
+// rate (at most once per period) and raises it again by one partition per
+// period (AIMD); the lowered ceiling lowers the need, so the partitions go back
+// to the pool. When the store fails, the leases run out at their
+// deadlines and the rate falls to what Config.Outage says.
+//
+// A Holder is safe for concurrent use; Run must be called once. The zero
+// value is not usable: call NewHolder.
+type Holder struct {
+	c       Coordinator
+	cfg     Config
+	partCap float64
+	lim     *ratelimit.Limiter
+	limiter *Limiter
+	wake    chan struct{}
+
+	mu      sync.Mutex
+	running bool
+	leases  map[int]*held
+	rate    float64
+	granted float64
+	horizon time.Time // earliest deadline of the valid leases; zero if none
+	latest  time.Time // the latest instant refreshLocked saw
+	changed chan struct{}
+	ceiling float64
+	lastCut time.Time
+	outage  bool
+	even    float64 // C × weight / total weight, last seen; 0 before any view
+	// demand estimation
+	requested int64 // units asked since the last tick
+	admitted  int64 // units admitted since the last tick
+	waiting   int64 // units waiting in WaitN
+	backlog   int64
+	// lastBacklog is the backlog at the last tick.
+	lastBacklog int64
+	arrival     float64 // units/s
+	used        float64 // units/s
+	demand      float64
+	need        int
+	want        int
+	lastTick    time.Time
+	st          Stats
+}
+
+type held struct {
+	epoch    uint64
+	deadline time.Time
+}
+
+// NewHolder returns a Holder of the service coordinated by c.
+func NewHolder(c Coordinator, cfg Config) (*Holder, error) {
+	if c == nil {
+		return nil, fmt.Errorf("%w: nil coordinator", ErrBadArgument)
+	}
+	if !(cfg.Capacity > 0) || math.IsInf(cfg.Capacity, 0) || cfg.Partitions <= 0 {
+		return nil, fmt.Errorf("%w: capacity %v in %d partitions", ErrBadArgument, cfg.Capacity, cfg.Partitions)
+	}
+	if cfg.Reserved < 0 || math.IsNaN(cfg.Reserved) || math.IsInf(cfg.Reserved, 0) {
+		return nil, fmt.Errorf("%w: reserved capacity %v", ErrBadArgument, cfg.Reserved)
+	}
+	if cfg.Seed == 0 {
+		cfg.Seed = rand.Uint64()
+	}
+	if cfg.ID == "" {
+		cfg.ID = "h-" + strconv.FormatUint(rand.Uint64(), 36)
+	}
+	if !(cfg.Weight > 0) || math.IsInf(cfg.Weight, 0) {
+		cfg.Weight = 1
+	}
+	if cfg.TTL <= 0 {
+		cfg.TTL = DefaultTTL
+	}
+	if cfg.RenewEvery <= 0 {
+		cfg.RenewEvery = cfg.TTL / 3
+	}
+	switch {
+	case cfg.Jitter == 0:
+		cfg.Jitter = DefaultJitter
+	case cfg.Jitter < 0:
+		cfg.Jitter = 0
+	}
+	cfg.Jitter = min(cfg.Jitter, 0.5)
+	if cfg.Drift <= 0 {
+		cfg.Drift = DefaultDrift
+	}
+	if cfg.Margin <= 0 {
+		cfg.Margin = cfg.TTL / 30
+	}
+	switch {
+	case cfg.Headroom == 0:
+		cfg.Headroom = DefaultHeadroom
+	case cfg.Headroom < 0:
+		cfg.Headroom = 0
+	}
+	switch {
+	case cfg.Hysteresis == 0:
+		cfg.Hysteresis = DefaultHysteresis
+	case cfg.Hysteresis < 0:
+		cfg.Hysteresis = 0
+	}
+	if cfg.DrainTime <= 0 {
+		cfg.DrainTime = DefaultDrainTime
+	}
+	if cfg.RateWindow <= 0 {
+		cfg.RateWindow = DefaultRateWindow
+	}
+	if !(cfg.Backoff > 0 && cfg.Backoff < 1) {
+		cfg.Backoff = DefaultBackoff
+	}
+	if cfg.CallTimeout <= 0 {
+		cfg.CallTimeout = cfg.RenewEvery / 2
+	}
+	if v := cfg.TTL - time.Duration(float64(cfg.TTL)*cfg.Drift) - cfg.Margin; v <= cfg.RenewEvery {
+		return nil, fmt.Errorf("%w: a lease valid for %v does not outlive the renewal period %v", ErrBadArgument, v, cfg.RenewEvery)
+	}
+	h := &Holder{
+		c:       c,
+		cfg:     cfg,
+		partCap: cfg.Capacity / float64(cfg.Partitions),
+		wake:    make(chan struct{}, 1),
+		leases:  map[int]*held{},
+		changed: make(chan struct{}),
+		ceiling: math.Inf(1),
+	}
+	h.lim = ratelimit.NewLimiter(0, 0)
+	h.limiter = &Limiter{h: h}
+	now := time.Now()
+	h.mu.Lock()
+	h.refreshLocked(now)
+	h.mu.Unlock()
+	return h, nil
+}
+
+// ID returns the holder's member id.
+func (h *Holder) ID() string { return h.cfg.ID }
+
+// Limiter returns the limiter whose rate follows the holder's leases.
+func (h *Holder) Limiter() *Limiter { return h.limiter }
+
+// SetBacklog reports n units waiting to be sent by the caller (a queue's
+// length), which counts in the demand besides the arrival rate.
+func (h *Holder) SetBacklog(n int) {
+	h.mu.Lock()
+	h.backlog = int64(max(0, n))
+	h.mu.Unlock()
+}
+
+// Throttled reports a throttled (429) response from the service; see
+// ThrottledAt.
+func (h *Holder) Throttled() { h.ThrottledAt(time.Now()) }
+
+// ThrottledAt reports, at now, a throttled response from the service. The
+// first one in a renewal period lowers the ceiling of the holder's rate to
+// Backoff times the current rate (multiplicative decrease); each period
+// then raises it by one partition (additive increase), until the ceiling
+// is gone.
+func (h *Holder) ThrottledAt(now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.st.Throttled++
+	if h.rate <= 0 || (!h.lastCut.IsZero() && now.Sub(h.lastCut) < h.cfg.RenewEvery) {
+		return
+	}
+	h.lastCut = now
+	h.ceiling = max(1, min(h.ceiling, h.rate)*h.cfg.Backoff)
+	h.refreshLocked(now)
+}
+
+// Stats returns the holder's figures now.
+func (h *Holder) Stats() Stats { return h.StatsAt(time.Now()) }
+
+// StatsAt returns the holder's figures at now.
+func (h *Holder) StatsAt(now time.Time) Stats {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.refreshLocked(now)
+	now = h.latest
+	s := h.st
+	s.Granted, s.Rate, s.Used = h.granted, h.rate, h.used
+	s.Idle = max(0, h.rate-h.used)
+	s.Demand, s.Need, s.Want = h.demand, h.need, h.want
+	s.Ceiling, s.Outage = h.ceiling, h.outage
+	for _, l := range h.leases {
+		if l.deadline.After(now) {
+			s.Leases++
+		}
+	}
+	return s
+}
+
+// A Lease is a valid lease of a Holder.
+type Lease struct {
+	Grant
+	// Deadline is the instant, on this process's monotonic clock, after
+	// which the holder no longer uses the lease.
+	Deadline time.Time
+}
+
+// LeasesAt returns the leases valid at now, by partition.
+func (h *Holder) LeasesAt(now time.Time) []Lease {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []Lease
+	for p, l := range h.leases {
+		if l.deadline.After(now) {
+			out = append(out, Lease{Grant: Grant{Partition: p, Epoch: l.epoch}, Deadline: l.deadline})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Partition < out[j].Partition })
+	return out
+}
+
+// validity is how long after sending a call a lease it grants is used.
+func (h *Holder) validity() time.Duration {
+	return h.cfg.TTL - time.Duration(float64(h.cfg.TTL)*h.cfg.Drift) - h.cfg.Margin
+}
+
+// refreshLocked recomputes the rate at now from the leases valid then, the
+// outage policy and the ceiling, and sets the limiter's rate when it
+// changed, waking WaitN callers. An instant earlier than the latest one
+// seen counts as that one: a caller holding a stale instant cannot bring
+// back a lease that has ended. h.mu is held.
+func (h *Holder) refreshLocked(now time.Time) {
+	if now.Before(h.latest) {
+		now = h.latest
+	}
+	h.latest = now
+	n := 0
+	var horizon time.Time
+	for _, l := range h.leases {
+		if !l.deadline.After(now) {
+			continue
+		}
+		n++
+		if horizon.IsZero() || l.deadline.Before(horizon) {
+			horizon = l.deadline
+		}
+	}
+	leased := float64(n) * h.partCap
+	h.granted = h.cfg.Reserved + leased
+	rate := h.granted
+	if h.outage && h.cfg.Outage == OutageEvenShare && h.even > leased {
+		rate = h.cfg.Reserved + h.even
+		horizon = time.Time{}
+	}
+	rate = min(rate, h.ceiling)
+	if rate == h.rate && horizon.Equal(h.horizon) {
+		return
+	}
+	h.horizon = horizon
+	if rate != h.rate {
+		h.rate = rate
+		burst := 0
+		if rate > 0 {
+			burst = max(1, int(math.Ceil(rate/10)))
+		}
+		h.lim.SetLimitAt(now, ratelimit.Limit(rate))
+		if old := h.lim.Burst(); burst > old {
+			// New capacity starts empty: the tokens of a larger burst
+			// are earned at the new rate, not given at once.
+			h.lim.SetBurstAt(now, burst)
+			h.lim.ReserveN(now, burst-old)
+		} else {
+			h.lim.SetBurstAt(now, burst)
+		}
+	}
+	close(h.changed)
+	h.changed = make(chan struct{})
+}
+
+// Run works for the holder until ctx is done, then releases every lease
+// and leaves; it returns the error of that last release, if any. Store
+// errors while running are counted (Stats.Outages), not returned.
+func (h *Holder) Run(ctx context.Context) error {
+	h.mu.Lock()
+	if h.running {
+		h.mu.Unlock()
+		return ErrRunning
+	}
+	h.running = true
+	h.mu.Unlock()
+	rng := rand.New(rand.NewPCG(h.cfg.Seed, 2))
+	tm := time.NewTimer(0)
+	defer tm.Stop()
+	due := time.Now() // when tm fires
+	for {
+		select {
+		case <-ctx.Done():
+			return h.shutdown(ctx)
+		case <-h.wake:
+			// A caller waits with no capacity: tick now, or a quarter
+			// period after the last tick, unless tm fires sooner.
+			h.mu.Lock()
+			at := h.lastTick.Add(h.cfg.RenewEvery / 4)
+			h.mu.Unlock()
+			if d := time.Until(at); d > 0 {
+				if at.Before(due) {
+					tm.Reset(d)
+					due = at
+				}
+				continue
+			}
+		case <-tm.C:
+		}
+		d := h.tick(ctx, rng)
+		if d == 0 {
+			d = h.cfg.RenewEvery
+			d += time.Duration((rng.Float64()*2 - 1) * h.cfg.Jitter * float64(d))
+		}
+		tm.Reset(d)
+		due = time.Now().Add(d)
+	}
+}
+
+func (h *Holder) shutdown(ctx context.Context) error {
+	h.mu.Lock()
+	var all []Grant
+	for p, l := range h.leases {
+		all = append(all, Grant{Partition: p, Epoch: l.epoch})
+	}
+	clear(h.leases)
+	h.refreshLocked(time.Now())
+	h.st.Releases += uint64(len(all))
+	h.running = false
+	h.mu.Unlock()
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.cfg.CallTimeout)
+	defer cancel()
+	var errs []error
+	if len(all) > 0 {
+		if err := h.c.Release(cctx, h.cfg.ID, all); err != nil {
+			errs = append(errs, fmt.Errorf("lease: release on shutdown: %w", err))
+		}
+	}
+	if err := h.c.Leave(cctx, h.cfg.ID); err != nil {
+		errs = append(errs, fmt.Errorf("lease: leave on shutdown: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// estimate updates the demand estimate at now and returns the partitions
+// it fills and those with the headroom. h.mu is held.
+func (h *Holder) estimateLocked(now time.Time) (need, want int) {
+	dt := now.Sub(h.lastTick).Seconds()
+	if h.lastTick.IsZero() || dt <= 0 {
+		dt = 0
+	}
+	h.lastTick = now
+	if dt > 0 {
+		win := h.cfg.RateWindow.Seconds()
+		ewma := func(avg, sample float64) float64 {
+			tau := win
+			if sample > avg {
+				tau = win / 4
+			}
+			a := 1 - math.Exp(-dt/tau)
+			return avg + a*(sample-avg)
+		}
+		// Units arrive when they are asked for, or when the backlog
+		// grows (a queue that fills faster than its drainer asks).
+		grown := max(0, h.backlog-h.lastBacklog)
+		h.arrival = ewma(h.arrival, float64(h.requested+grown)/dt)
+		h.used = ewma(h.used, float64(h.admitted)/dt)
+		h.requested, h.admitted = 0, 0
+	}
+	// Additive increase of the ceiling: one partition a period.
+	if !math.IsInf(h.ceiling, 1) && dt > 0 {
+		h.ceiling += h.partCap * dt / h.cfg.RenewEvery.Seconds()
+		if h.ceiling >= h.cfg.Capacity+h.cfg.Reserved {
+			h.ceiling = math.Inf(1)
+		}
+	}
+	h.lastBacklog = h.backlog
+	h.demand = h.arrival + float64(h.backlog+h.waiting)/h.cfg.DrainTime.Seconds()
+	parts := func(d float64) int {
+		d = min(d, h.ceiling) - h.cfg.Reserved
+		if d <= 0 {
+			return 0
+		}
+		return min(h.cfg.Partitions, int(math.Ceil(d/h.partCap-1e-9)))
+	}
+	h.need, h.want = parts(h.demand), parts(h.demand*(1+h.cfg.Headroom))
+	return h.need, h.want
+}
+
+// call runs one store call bounded by CallTimeout and counts it.
+func (h *Holder) call(ctx context.Context, f func(context.Context) error) error {
+	cctx, cancel := context.WithTimeout(ctx, h.cfg.CallTimeout)
+	defer cancel()
+	err := f(cctx)
+	h.mu.Lock()
+	h.st.StoreCalls++
+	if err != nil && ctx.Err() == nil {
+		h.st.Outages++
+		h.outage = true
+		h.refreshLocked(time.Now())
+	}
+	h.mu.Unlock()
+	return err
+}
+
+// tick does one period's work and returns how long to wait for the next
+// one: 0 for a normal period.
+func (h *Holder) tick(ctx context.Context, rng *rand.Rand) time.Duration {
+	h.mu.Lock()
+	now := time.Now()
+	need, want := h.estimateLocked(now)
+	h.refreshLocked(now)
+	h.mu.Unlock()
+
+	var view View
+	if err := h.call(ctx, func(ctx context.Context) (err error) {
+		view, err = h.c.Heartbeat(ctx, Member{ID: h.cfg.ID, Weight: h.cfg.Weight, Need: need, Want: want}, h.cfg.TTL, h.cfg.Partitions)
+		return err
+	}); err != nil {
+		return 0
+	}
+	recv := time.Now()
+	p := h.plan(view, need, want, rng)
+
+	h.mu.Lock()
+	h.outage = false
+	var totalW float64
+	for _, m := range view.Members {
+		totalW += max(0, m.Weight)
+	}
+	if totalW > 0 {
+		h.even = h.cfg.Capacity * h.cfg.Weight / totalW
+	}
+	// Stop using what is released before the store frees it.
+	for _, g := range p.release {
+		delete(h.leases, g.Partition)
+	}
+	h.st.Releases += uint64(len(p.release))
+	var renew []Grant
+	for part, l := range h.leases {
+		renew = append(renew, Grant{Partition: part, Epoch: l.epoch})
+	}
+	h.refreshLocked(time.Now())
+	h.mu.Unlock()
+
+	if len(p.release) > 0 {
+		_ = h.call(ctx, func(ctx context.Context) error { return h.c.Release(ctx, h.cfg.ID, p.release) })
+	}
+	if len(renew) > 0 {
+		sent := time.Now()
+		var ok []bool
+		if err := h.call(ctx, func(ctx context.Context) (err error) {
+			ok, err = h.c.Renew(ctx, h.cfg.ID, renew, h.cfg.TTL)
+			return err
+		}); err == nil {
+			h.mu.Lock()
+			dl := sent.Add(h.validity())
+			for i, g := range renew {
+				l := h.leases[g.Partition]
+				if l == nil || l.epoch != g.Epoch {
+					continue
+				}
+				if ok[i] {
+					l.deadline = dl
+					h.st.Renewals++
+				} else {
+					delete(h.leases, g.Partition)
+					h.st.Losses++
+				}
+			}
+			h.refreshLocked(time.Now())
+			h.mu.Unlock()
+		}
+	}
+	if len(p.acquire) > 0 {
+		sent := time.Now()
+		var gs []Grant
+		if err := h.call(ctx, func(ctx context.Context) (err error) {
+			gs, err = h.c.Acquire(ctx, h.cfg.ID, p.acquire, h.cfg.TTL)
+			return err
+		}); err == nil {
+			h.mu.Lock()
+			dl := sent.Add(h.validity())
+			for _, g := range gs {
+				h.leases[g.Partition] = &held{epoch: g.Epoch, deadline: dl}
+			}
+			h.st.Acquisitions += uint64(len(gs))
+			h.refreshLocked(time.Now())
+			h.mu.Unlock()
+		}
+	}
+	var next time.Duration
+	if p.starving {
+		next = h.cfg.RenewEvery / 4
+	}
+	if p.stale > 0 {
+		// A partition whose owner missed a renewal frees at the latest
+		// stale after the view was made, by the store's clock; allow for
+		// the drift and the store's millisecond rounding.
+		at := recv.Add(p.stale + time.Duration(float64(p.stale)*h.cfg.Drift) + 2*time.Millisecond)
+		if d := max(time.Millisecond, time.Until(at)); next == 0 || d < next {
+			next = d
+		}
+	}
+	return next
+}
+
+type plan struct {
+	release  []Grant
+	acquire  []int
+	starving bool
+	// stale is, when the holder wants more partitions, the shortest TTL
+	// left of a partition whose owner has missed a renewal; 0 if none.
+	stale time.Duration
+}
+
+// plan decides, from the store's view, what to release and what to
+// acquire for a need of need partitions, want with the headroom.
+func (h *Holder) plan(view View, need, want int, rng *rand.Rand) plan {
+	h.mu.Lock()
+	mine := make(map[int]uint64, len(h.leases))
+	var byDeadline []int
+	for p, l := range h.leases {
+		mine[p] = l.epoch
+		byDeadline = append(byDeadline, p)
+	}
+	sort.Slice(byDeadline, func(i, j int) bool {
+		a, b := h.leases[byDeadline[i]], h.leases[byDeadline[j]]
+		if !a.deadline.Equal(b.deadline) {
+			return a.deadline.Before(b.deadline)
+		}
+		return byDeadline[i] < byDeadline[j]
+	})
+	h.mu.Unlock()
+
+	id := h.cfg.ID
+	members := view.Members
+	found := false
+	for i := range members {
+		if members[i].ID == id {
+			members[i].Need, members[i].Want, members[i].Weight, found = need, want, h.cfg.Weight, true
+		}
+	}
+	if !found {
+		members = append(members, Member{ID: id, Weight: h.cfg.Weight, Need: need, Want: want})
+	}
+	aims := shares(members, h.cfg.Partitions)
+	heldBy := map[string]int{}
+	var free []int
+	for i, ps := range view.Partitions {
+		_, ours := mine[i]
+		switch {
+		case ours:
+		case ps.Owner == "":
+			free = append(free, i)
+		case ps.Owner != id:
+			heldBy[ps.Owner]++
+		}
+	}
+	have := len(mine)
+	myAim := 0
+	deficit, above := 0, false // others'
+	for i, m := range members {
+		if m.ID == id {
+			myAim = aims[i]
+			continue
+		}
+		deficit += max(0, aims[i]-heldBy[m.ID])
+		if heldBy[m.ID] > aims[i] {
+			above = true
+		}
+	}
+	var out plan
+	// Release above need + hysteresis, and yield above the aim while
+	// others lack partitions that are not free.
+	keep := min(have, want+h.cfg.Hysteresis)
+	if short := deficit - len(free); short > 0 && keep > myAim {
+		keep = max(myAim, keep-short)
+	}
+	for _, p := range byDeadline[:have-keep] {
+		out.release = append(out.release, Grant{Partition: p, Epoch: mine[p]})
+	}
+	// Acquire free partitions up to the need, or the aim while others
+	// lack theirs, starting at a random offset among the free ones.
+	limit := want
+	if deficit > 0 {
+		limit = min(want, myAim)
+	}
+	if k := min(limit-keep, len(free)); k > 0 {
+		off := rng.IntN(len(free))
+		for i := range k {
+			out.acquire = append(out.acquire, free[(off+i)%len(free)])
+		}
+	}
+	myDeficit := min(want, myAim) - keep - len(out.acquire)
+	out.starving = myDeficit > 0 && (above || len(free) > len(out.acquire))
+	// Callers wait with no capacity at all: look again soon, whatever
+	// the estimate said (it may not have seen them yet).
+	h.mu.Lock()
+	if h.waiting > 0 && keep+len(out.acquire) == 0 && h.cfg.Reserved == 0 {
+		out.starving = true
+	}
+	h.mu.Unlock()
+	if want > keep+len(out.acquire) {
+		// A lease renewed on time has more than TTL − period left.
+		fresh := h.cfg.TTL - time.Duration(float64(h.cfg.RenewEvery)*(1+h.cfg.Jitter)) - h.cfg.CallTimeout
+		for _, ps := range view.Partitions {
+			if ps.Owner != "" && ps.Owner != id && ps.TTL > 0 && ps.TTL < fresh && (out.stale == 0 || ps.TTL < out.stale) {
+				out.stale = ps.TTL
+			}
+		}
+	}
+	return out
+}

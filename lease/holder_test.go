@@ -1,0 +1,487 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"math"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+func TestShares(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		members []Member
+		p       int
+		want    []int
+	}{
+		{"alone", []Member{{"a", 1, 30, 30}}, 20, []int{20}},
+		{"alone wants less", []Member{{"a", 1, 3, 3}}, 20, []int{3}},
+		{"equal", []Member{{"a", 1, 20, 20}, {"b", 1, 20, 20}}, 20, []int{10, 10}},
+		{"three round up", []Member{{"a", 1, 20, 20}, {"b", 1, 20, 20}, {"c", 1, 20, 20}}, 20, []int{7, 7, 7}},
+		{"weights", []Member{{"a", 1, 20, 20}, {"b", 3, 20, 20}}, 20, []int{5, 15}},
+		{"small want leaves the rest", []Member{{"a", 1, 2, 2}, {"b", 1, 20, 20}, {"c", 1, 20, 20}}, 20, []int{2, 9, 9}},
+		{"want 0 and weight 0", []Member{{"a", 1, 0, 0}, {"b", 0, 20, 20}, {"c", 1, 20, 20}}, 20, []int{0, 0, 20}},
+		{"all small", []Member{{"a", 1, 4, 4}, {"b", 1, 5, 5}}, 20, []int{4, 5}},
+		{"none", nil, 20, []int{}},
+		// Needs before headroom: b's need is served before a's headroom.
+		{"headroom last", []Member{{"a", 1, 4, 5}, {"b", 1, 7, 9}, {"c", 1, 2, 3}, {"d", 1, 6, 7}}, 20, []int{5, 8, 3, 7}},
+		{"needs exceed", []Member{{"a", 1, 4, 5}, {"b", 1, 12, 15}, {"c", 1, 8, 10}}, 20, []int{4, 8, 8}},
+		{"headroom shared", []Member{{"a", 1, 5, 10}, {"b", 1, 5, 10}}, 20, []int{10, 10}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := shares(tc.members, tc.p)
+			if len(got) != len(tc.want) {
+				t.Fatalf("shares = %v, want %v", got, tc.want)
+			}
+			for i := range got {
+				if got[i] != tc.want[i] {
+					t.Fatalf("shares = %v, want %v", got, tc.want)
+				}
+			}
+		})
+	}
+}
+
+func TestNewHolderRejects(t *testing.T) {
+	mem := NewMemory()
+	for _, tc := range []struct {
+		name string
+		c    Coordinator
+		cfg  Config
+	}{
+		{"nil coordinator", nil, Config{Capacity: 10, Partitions: 2}},
+		{"no capacity", mem, Config{Partitions: 2}},
+		{"infinite capacity", mem, Config{Capacity: math.Inf(1), Partitions: 2}},
+		{"no partitions", mem, Config{Capacity: 10}},
+		{"negative reserved", mem, Config{Capacity: 10, Partitions: 2, Reserved: -1}},
+		{"renewal outlives the lease", mem, Config{Capacity: 10, Partitions: 2, TTL: time.Second, RenewEvery: time.Second}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := NewHolder(tc.c, tc.cfg); !errors.Is(err, ErrBadArgument) {
+				t.Fatalf("err = %v, want ErrBadArgument", err)
+			}
+		})
+	}
+}
+
+// scripted wraps a Coordinator with a latency and a switch that makes its
+// calls fail, and lets a test hold Renew calls until it lets them go.
+type scripted struct {
+	Coordinator
+	latency time.Duration
+	mu      sync.Mutex
+	down    bool
+	holdRen chan struct{} // when not nil, Renew waits for it to close
+	renews  int
+}
+
+var errDown = errors.New("store down")
+
+func (s *scripted) gate(ctx context.Context) error {
+	s.mu.Lock()
+	down := s.down
+	s.mu.Unlock()
+	if down {
+		return errDown
+	}
+	if s.latency > 0 {
+		select {
+		case <-time.After(s.latency):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+func (s *scripted) Heartbeat(ctx context.Context, m Member, ttl time.Duration, p int) (View, error) {
+	if err := s.gate(ctx); err != nil {
+		return View{}, err
+	}
+	return s.Coordinator.Heartbeat(ctx, m, ttl, p)
+}
+
+func (s *scripted) Acquire(ctx context.Context, id string, parts []int, ttl time.Duration) ([]Grant, error) {
+	if err := s.gate(ctx); err != nil {
+		return nil, err
+	}
+	return s.Coordinator.Acquire(ctx, id, parts, ttl)
+}
+
+func (s *scripted) Renew(ctx context.Context, id string, ls []Grant, ttl time.Duration) ([]bool, error) {
+	if err := s.gate(ctx); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	hold := s.holdRen
+	s.renews++
+	s.mu.Unlock()
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return s.Coordinator.Renew(ctx, id, ls, ttl)
+}
+
+func (s *scripted) Release(ctx context.Context, id string, ls []Grant) error {
+	if err := s.gate(ctx); err != nil {
+		return err
+	}
+	return s.Coordinator.Release(ctx, id, ls)
+}
+
+func (s *scripted) Leave(ctx context.Context, id string) error {
+	if err := s.gate(ctx); err != nil {
+		return err
+	}
+	return s.Coordinator.Leave(ctx, id)
+}
+
+// runHolder starts h.Run and returns a function that stops it and returns
+// Run's error.
+func runHolder(t *testing.T, h *Holder) (stop func() error) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- h.Run(ctx) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() { cancel(); err = <-errc })
+		return err
+	}
+	t.Cleanup(func() { stop() })
+	return stop
+}
+
+// TestValidityFromSend checks that a lease's deadline counts from the
+// instant its request was sent, not from when the answer came.
+func TestValidityFromSend(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const lat = 200 * time.Millisecond
+		sc := &scripted{Coordinator: NewMemory(), latency: lat}
+		h, err := NewHolder(sc, Config{ID: "a", Capacity: 100, Partitions: 4, TTL: 3 * time.Second, Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.SetBacklog(10000)
+		start := time.Now()
+		runHolder(t, h)
+		// Heartbeat, then Acquire: sent at start+lat, answered at +2 lat.
+		time.Sleep(2*lat + time.Millisecond)
+		synctest.Wait()
+		ls := h.LeasesAt(time.Now())
+		if len(ls) != 4 {
+			t.Fatalf("leases %+v, want 4", ls)
+		}
+		validity := 3*time.Second - 30*time.Millisecond - 100*time.Millisecond // TTL − drift − margin
+		for _, l := range ls {
+			if got := l.Deadline.Sub(start); got != lat+validity {
+				t.Errorf("lease %d: deadline start+%v, want start+%v (sent at +%v)", l.Partition, got, lat+validity, lat)
+			}
+		}
+		if got := h.Limiter().Limit(); got != 100 {
+			t.Errorf("limit %v, want 100", got)
+		}
+	})
+}
+
+// TestNoUseWhileRenewalInFlight checks that capacity stops at a lease's
+// deadline while its renewal hangs, and comes back when it succeeds.
+func TestNoUseWhileRenewalInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		hold := make(chan struct{})
+		sc := &scripted{Coordinator: NewMemory(), holdRen: hold}
+		h, err := NewHolder(sc, Config{ID: "a", Capacity: 100, Partitions: 4, TTL: 3 * time.Second,
+			CallTimeout: 10 * time.Second, Jitter: -1, Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.SetBacklog(10000)
+		start := time.Now()
+		runHolder(t, h)
+		synctest.Wait()
+		lim := h.Limiter()
+		if got := lim.Limit(); got != 100 {
+			t.Fatalf("limit %v after acquiring, want 100", got)
+		}
+		deadline := start.Add(3*time.Second - 130*time.Millisecond)
+		// The renewal sent at start+1s hangs.
+		time.Sleep(time.Until(deadline) - time.Nanosecond)
+		synctest.Wait()
+		if sc.renews == 0 {
+			t.Fatal("no renewal sent")
+		}
+		if !lim.AllowN(time.Now(), 1) {
+			t.Error("AllowN refused just before the deadline")
+		}
+		time.Sleep(time.Nanosecond)
+		if got := lim.Limit(); got != 0 {
+			t.Errorf("limit %v at the deadline with the renewal in flight, want 0", got)
+		}
+		if lim.AllowN(time.Now(), 1) {
+			t.Error("AllowN admitted at the deadline with the renewal in flight")
+		}
+		if s := h.Stats(); s.Leases != 0 || s.Granted != 0 {
+			t.Errorf("stats %+v, want no valid lease", s)
+		}
+		// A stale instant does not bring the leases back.
+		before := deadline.Add(-time.Second)
+		if s := h.StatsAt(before); s.Leases != 0 || s.Rate != 0 {
+			t.Errorf("stats at a stale instant %+v, want no valid lease", s)
+		}
+		if lim.AllowN(before, 1) || lim.LimitAt(before) != 0 {
+			t.Error("a stale instant brought capacity back")
+		}
+		// A waiter blocks until the renewal comes back.
+		waited := make(chan time.Duration, 1)
+		go func() {
+			t0 := time.Now()
+			if err := lim.Wait(context.Background()); err != nil {
+				t.Error(err)
+			}
+			waited <- time.Since(t0)
+		}()
+		time.Sleep(50 * time.Millisecond)
+		close(hold) // the store still has the leases (expiry start+1s+3s)
+		synctest.Wait()
+		if got := lim.Limit(); got != 100 {
+			t.Errorf("limit %v after the renewal came back, want 100", got)
+		}
+		// Not before the renewal; then as soon as the refilled capacity
+		// (which starts empty) allows: within burst/rate.
+		if w := <-waited; w < 50*time.Millisecond || w > 150*time.Millisecond {
+			t.Errorf("waiter waited %v, want from 50ms (the renewal) to 150ms", w)
+		}
+	})
+}
+
+func TestThrottledAIMD(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h, err := NewHolder(NewMemory(), Config{ID: "a", Capacity: 400, Partitions: 16, Backoff: 0.5, Jitter: -1, Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.SetBacklog(1_000_000)
+		runHolder(t, h)
+		synctest.Wait()
+		lim := h.Limiter()
+		if got := lim.Limit(); got != 400 {
+			t.Fatalf("limit %v, want 400", got)
+		}
+		h.Throttled()
+		h.Throttled() // same period: counted, no second cut
+		if got := lim.Limit(); got != 200 {
+			t.Errorf("limit %v after a 429, want 200", got)
+		}
+		s := h.Stats()
+		if s.Throttled != 2 || s.Ceiling != 200 {
+			t.Errorf("stats: throttled %d ceiling %v, want 2 and 200", s.Throttled, s.Ceiling)
+		}
+		// The next period gives back the partitions above the ceiling.
+		time.Sleep(time.Second + time.Millisecond)
+		synctest.Wait()
+		s = h.Stats()
+		if s.Leases > 10 || s.Want > 9 {
+			t.Errorf("after a period under a ceiling of ~225: %d leases, want %d; want ≤ 9 and ≤ 10 leases", s.Leases, s.Want)
+		}
+		// Additive increase: one partition (25/s) a period until no ceiling.
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		if s := h.Stats(); !math.IsInf(s.Ceiling, 1) || s.Rate != 400 {
+			t.Errorf("after 10 periods: ceiling %v rate %v, want +Inf and 400", s.Ceiling, s.Rate)
+		}
+	})
+}
+
+func TestOutagePolicy(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		policy OutagePolicy
+		want   ratelimit.Limit
+	}{
+		{"reserved only", OutageReserved, 10},
+		{"even share", OutageEvenShare, 10 + 400/4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				mem := NewMemory()
+				// Three other members present, so the even share is C/4.
+				for _, id := range []string{"x", "y", "z"} {
+					if _, err := mem.Heartbeat(context.Background(), Member{ID: id, Weight: 1}, time.Hour, 16); err != nil {
+						t.Fatal(err)
+					}
+				}
+				sc := &scripted{Coordinator: mem}
+				h, err := NewHolder(sc, Config{ID: "a", Capacity: 400, Partitions: 16, Reserved: 10,
+					Outage: tc.policy, Jitter: -1, Seed: 1})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := h.Limiter().Limit(); got != 10 {
+					t.Fatalf("limit before any lease %v, want the reserved 10", got)
+				}
+				h.SetBacklog(1_000_000)
+				runHolder(t, h)
+				synctest.Wait()
+				if got := h.Limiter().Limit(); got != 410 {
+					t.Fatalf("limit %v, want 410 (all free partitions + reserved)", got)
+				}
+				sc.mu.Lock()
+				sc.down = true
+				sc.mu.Unlock()
+				time.Sleep(3 * time.Second)
+				synctest.Wait()
+				s := h.Stats()
+				if !s.Outage || s.Outages == 0 {
+					t.Errorf("stats %+v, want an outage", s)
+				}
+				if got := h.Limiter().Limit(); got != tc.want {
+					t.Errorf("limit in the outage %v, want %v", got, tc.want)
+				}
+				sc.mu.Lock()
+				sc.down = false
+				sc.mu.Unlock()
+				time.Sleep(2 * time.Second)
+				synctest.Wait()
+				if s := h.Stats(); s.Outage || s.Rate < 100 {
+					t.Errorf("after the outage: %+v, want leases again", s)
+				}
+			})
+		})
+	}
+}
+
+func TestShutdownReleases(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := NewMemory()
+		h, err := NewHolder(mem, Config{ID: "a", Capacity: 100, Partitions: 4, Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.SetBacklog(1000)
+		stop := runHolder(t, h)
+		synctest.Wait()
+		if err := h.Run(context.Background()); !errors.Is(err, ErrRunning) {
+			t.Errorf("second Run: %v, want ErrRunning", err)
+		}
+		if n := len(h.LeasesAt(time.Now())); n != 4 {
+			t.Fatalf("%d leases, want 4", n)
+		}
+		if err := stop(); err != nil {
+			t.Fatalf("Run returned %v", err)
+		}
+		v, err := mem.Heartbeat(context.Background(), Member{ID: "b", Weight: 1}, time.Second, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, p := range v.Partitions {
+			if p.Owner != "" {
+				t.Errorf("partition %d still owned by %q", i, p.Owner)
+			}
+		}
+		if len(v.Members) != 1 {
+			t.Errorf("members %+v, want only b", v.Members)
+		}
+		if got := h.Limiter().Limit(); got != 0 {
+			t.Errorf("limit after shutdown %v, want 0", got)
+		}
+	})
+}
+
+func TestLimiterWaitErrors(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h, err := NewHolder(NewMemory(), Config{ID: "a", Capacity: 100, Partitions: 4, Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lim := h.Limiter()
+		if err := lim.WaitN(context.Background(), 11); !errors.Is(err, ratelimit.ErrExceedsBurst) {
+			t.Errorf("WaitN(11) with largest burst 10: %v, want ErrExceedsBurst", err)
+		}
+		if err := lim.WaitN(context.Background(), -1); err == nil {
+			t.Error("WaitN(-1) succeeded")
+		}
+		h.SetBacklog(1000)
+		runHolder(t, h)
+		synctest.Wait()
+		// Burst 10 at 100/s: the bucket starts empty, so 10 units need
+		// 100ms; a context of 50ms fails at once.
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		t0 := time.Now()
+		if err := lim.WaitN(ctx, 10); !errors.Is(err, ratelimit.ErrWouldExceedDeadline) {
+			t.Errorf("WaitN(10) with 50ms left: %v, want ErrWouldExceedDeadline", err)
+		}
+		if time.Since(t0) != 0 {
+			t.Error("WaitN waited before failing")
+		}
+		if err := lim.WaitN(context.Background(), 10); err != nil {
+			t.Fatal(err)
+		}
+		if got := time.Since(t0); got != 100*time.Millisecond {
+			t.Errorf("WaitN(10) took %v, want 100ms (new capacity starts empty)", got)
+		}
+	})
+}
+
+// TestStaleHolderFenced pauses a holder's renewal past the TTL: another
+// holder gets the partitions with new epochs, and the stale renewal is
+// refused and counted as losses, never taken as a success.
+func TestStaleHolderFenced(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := NewMemory()
+		hold := make(chan struct{})
+		sa := &scripted{Coordinator: mem, holdRen: hold}
+		a, err := NewHolder(sa, Config{ID: "a", Capacity: 100, Partitions: 4, CallTimeout: time.Minute, Jitter: -1, Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.SetBacklog(10000)
+		runHolder(t, a)
+		synctest.Wait()
+		old := a.LeasesAt(time.Now())
+		if len(old) != 4 {
+			t.Fatalf("a holds %d leases, want 4", len(old))
+		}
+		// a's renewal at 1s hangs; its leases end at 2.87s for a and
+		// 3s for the store. b arrives at 2.5s.
+		time.Sleep(2500 * time.Millisecond)
+		b, err := NewHolder(mem, Config{ID: "b", Capacity: 100, Partitions: 4, Jitter: -1, Seed: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.SetBacklog(10000)
+		runHolder(t, b)
+		// a's presence lasts until 4s (its heartbeat at 1s went through):
+		// until then b aims at half.
+		for range 200 { // 2 s in steps of 10 ms, checking exclusivity
+			time.Sleep(10 * time.Millisecond)
+			synctest.Wait()
+			now := time.Now()
+			if na, nb := len(a.LeasesAt(now)), len(b.LeasesAt(now)); na+nb > 4 {
+				t.Fatalf("at %v: a holds %d and b %d valid leases of 4", now, na, nb)
+			}
+		}
+		if n := len(b.LeasesAt(time.Now())); n != 4 {
+			t.Fatalf("b holds %d leases after a's expired, want 4", n)
+		}
+		close(hold) // a's stale renewal reaches the store
+		synctest.Wait()
+		if s := a.Stats(); s.Losses != 4 || s.Leases != 0 {
+			t.Errorf("a: losses %d leases %d, want 4 and 0", s.Losses, s.Leases)
+		}
+		for _, l := range old {
+			mustValid(t, mem, l.Grant, false)
+			mustValid(t, mem, Grant{Partition: l.Partition, Epoch: l.Epoch + 1}, true)
+		}
+	})
+}

@@ -1,0 +1,226 @@
+package lease
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed lease.lua
+var leaseLua string
+
+// DefaultRedisPrefix starts the keys of Redis coordinators.
+const DefaultRedisPrefix = "sluice:lease:"
+
+// Redis is a Coordinator on Redis, shared by processes on many machines.
+// Each operation is one Lua script call (EVALSHA), atomic in the server and
+// timed by the server's clock (TIME), so the members' clocks never meet.
+//
+// A service's state lives in three keys sharing the hash tag {service}, so
+// that Redis Cluster keeps them in one slot: a ZSET of member ids scored
+// by the expiry of their presence, a hash of their weights and wants, and
+// a hash of the partitions, each "epoch expiry owner". Expired presences
+// are removed by the next heartbeat; an expired partition stays in the
+// hash, with its epoch, until it is leased again, so epochs only grow.
+//
+// A Redis is safe for concurrent use. The zero value is not usable: call
+// NewRedis.
+type Redis struct {
+	c       redis.UniversalClient
+	keys    []string
+	script  *redis.Script
+	timeout time.Duration
+}
+
+// RedisOptions configure NewRedis.
+type RedisOptions struct {
+	// Prefix starts every key; DefaultRedisPrefix when empty.
+	Prefix string
+	// Timeout bounds each call when the context has no earlier deadline;
+	// 0 means no bound of its own.
+	Timeout time.Duration
+}
+
+// NewRedis returns the coordinator of service on client, which it does not
+// close. service must not be empty nor contain '{' or '}'.
+func NewRedis(client redis.UniversalClient, service string, opts RedisOptions) (*Redis, error) {
+	if client == nil {
+		return nil, fmt.Errorf("%w: nil redis client", ErrBadArgument)
+	}
+	if service == "" || strings.ContainsAny(service, "{}") {
+		return nil, fmt.Errorf("%w: service name %q (empty, or has a brace)", ErrBadArgument, service)
+	}
+	if opts.Prefix == "" {
+		opts.Prefix = DefaultRedisPrefix
+	}
+	base := opts.Prefix + "{" + service + "}:"
+	return &Redis{
+		c:       client,
+		keys:    []string{base + "members", base + "info", base + "parts"},
+		script:  redis.NewScript(leaseLua),
+		timeout: opts.Timeout,
+	}, nil
+}
+
+func (r *Redis) run(ctx context.Context, op, id string, ttl time.Duration, args ...any) (any, error) {
+	if r.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, r.timeout)
+		defer cancel()
+	}
+	a := append([]any{op, id, max(1, ttl.Milliseconds())}, args...)
+	v, err := r.script.Run(ctx, r.c, r.keys, a...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("lease: redis %s: %w", op, err)
+	}
+	return v, nil
+}
+
+// Heartbeat implements Coordinator.
+func (r *Redis) Heartbeat(ctx context.Context, m Member, ttl time.Duration, partitions int) (View, error) {
+	if err := checkArgs(m.ID, ttl, true); err != nil {
+		return View{}, err
+	}
+	partitions = max(0, partitions)
+	v, err := r.run(ctx, "heartbeat", m.ID, ttl,
+		strconv.FormatFloat(m.Weight, 'g', -1, 64), m.Need, m.Want, partitions)
+	if err != nil {
+		return View{}, err
+	}
+	a, ok := v.([]any)
+	if !ok || len(a) < 1 {
+		return View{}, fmt.Errorf("lease: redis heartbeat: unexpected reply %T", v)
+	}
+	n, _ := a[0].(int64)
+	if len(a) != 1+4*int(n)+3*partitions {
+		return View{}, fmt.Errorf("lease: redis heartbeat: reply of %d values", len(a))
+	}
+	view := View{Members: make([]Member, n), Partitions: make([]PartitionState, partitions)}
+	for i := range view.Members {
+		f := a[1+4*i:]
+		id, _ := f[0].(string)
+		ws, _ := f[1].(string)
+		needs, _ := f[2].(string)
+		wants, _ := f[3].(string)
+		w, err := strconv.ParseFloat(ws, 64)
+		if err != nil {
+			return View{}, fmt.Errorf("lease: redis heartbeat: weight of %q: %w", id, err)
+		}
+		need, err := strconv.Atoi(needs)
+		if err != nil {
+			return View{}, fmt.Errorf("lease: redis heartbeat: need of %q: %w", id, err)
+		}
+		want, err := strconv.Atoi(wants)
+		if err != nil {
+			return View{}, fmt.Errorf("lease: redis heartbeat: want of %q: %w", id, err)
+		}
+		view.Members[i] = Member{ID: id, Weight: w, Need: need, Want: want}
+	}
+	f := a[1+4*int(n):]
+	for i := range view.Partitions {
+		owner, _ := f[3*i].(string)
+		epoch, _ := f[3*i+1].(int64)
+		left, _ := f[3*i+2].(int64)
+		view.Partitions[i] = PartitionState{Owner: owner, Epoch: uint64(epoch), TTL: time.Duration(left) * time.Millisecond}
+	}
+	return view, nil
+}
+
+// Acquire implements Coordinator.
+func (r *Redis) Acquire(ctx context.Context, id string, parts []int, ttl time.Duration) ([]Grant, error) {
+	if err := checkArgs(id, ttl, true); err != nil {
+		return nil, err
+	}
+	if err := checkParts(parts); err != nil {
+		return nil, err
+	}
+	if len(parts) == 0 {
+		return nil, nil
+	}
+	args := make([]any, len(parts))
+	for i, p := range parts {
+		args[i] = p
+	}
+	v, err := r.run(ctx, "acquire", id, ttl, args...)
+	if err != nil {
+		return nil, err
+	}
+	a, _ := v.([]any)
+	out := make([]Grant, 0, len(a)/2)
+	for i := 0; i+1 < len(a); i += 2 {
+		p, _ := a[i].(int64)
+		e, _ := a[i+1].(int64)
+		out = append(out, Grant{Partition: int(p), Epoch: uint64(e)})
+	}
+	return out, nil
+}
+
+func grantArgs(leases []Grant) []any {
+	args := make([]any, 0, 2*len(leases))
+	for _, g := range leases {
+		args = append(args, g.Partition, g.Epoch)
+	}
+	return args
+}
+
+// Renew implements Coordinator.
+func (r *Redis) Renew(ctx context.Context, id string, leases []Grant, ttl time.Duration) ([]bool, error) {
+	if err := checkArgs(id, ttl, true); err != nil {
+		return nil, err
+	}
+	ok := make([]bool, len(leases))
+	if len(leases) == 0 {
+		return ok, nil
+	}
+	v, err := r.run(ctx, "renew", id, ttl, grantArgs(leases)...)
+	if err != nil {
+		return nil, err
+	}
+	a, _ := v.([]any)
+	if len(a) != len(leases) {
+		return nil, fmt.Errorf("lease: redis renew: %d replies for %d leases", len(a), len(leases))
+	}
+	for i := range a {
+		n, _ := a[i].(int64)
+		ok[i] = n == 1
+	}
+	return ok, nil
+}
+
+// Release implements Coordinator.
+func (r *Redis) Release(ctx context.Context, id string, leases []Grant) error {
+	if err := checkArgs(id, 0, false); err != nil {
+		return err
+	}
+	if len(leases) == 0 {
+		return nil
+	}
+	_, err := r.run(ctx, "release", id, 0, grantArgs(leases)...)
+	return err
+}
+
+// Leave implements Coordinator.
+func (r *Redis) Leave(ctx context.Context, id string) error {
+	if err := checkArgs(id, 0, false); err != nil {
+		return err
+	}
+	_, err := r.run(ctx, "leave", id, 0)
+	return err
+}
+
+// Valid reports whether g is the current, unexpired lease of its
+// partition by the server's clock: the check a protected service makes on
+// a fencing token.
+func (r *Redis) Valid(ctx context.Context, g Grant) (bool, error) {
+	v, err := r.run(ctx, "valid", "-", 0, g.Partition, g.Epoch)
+	if err != nil {
+		return false, err
+	}
+	n, _ := v.(int64)
+	return n == 1, nil
+}

@@ -54,42 +54,54 @@ var benchRule = ratelimit.Rule{Name: "bench", Limit: 1e6, Period: time.Second, B
 
 func fixedNow() time.Time { return time.Unix(1_800_000_000, 0) }
 
-// nextKey is a per-goroutine xorshift over the key set.
-func nextKey(x *uint64, ks []string) string {
-	*x ^= *x << 13
-	*x ^= *x >> 7
-	*x ^= *x << 17
+// nextKey returns the next key of a goroutine's walk over the key set: in
+// order from its own starting point (the keys' memory is read in order, as a
+// request's key would be at hand, so only the stores' own lookups are
+// random), or at random (every key read is also a cache miss, the same for
+// both stores, which dilutes the difference between them).
+func nextKey(x *uint64, ks []string, random bool) string {
+	if random {
+		*x ^= *x << 13
+		*x ^= *x >> 7
+		*x ^= *x << 17
+	} else {
+		*x++
+	}
 	return ks[*x%uint64(len(ks))]
 }
 
 var seedCounter atomic.Uint64
 
 func BenchmarkKeyed(b *testing.B) {
-	for _, nkeys := range []int{1, 1_000_000} {
+	for _, kc := range []struct {
+		n     int
+		order string
+	}{{1, "same"}, {1_000_000, "seq"}, {1_000_000, "random"}} {
+		nkeys, random := kc.n, kc.order == "random"
 		ks := benchKeys(nkeys)
 		for _, clockName := range []string{"fixed", "time.Now"} {
 			now := fixedNow
 			if clockName == "time.Now" {
 				now = time.Now
 			}
-			b.Run(fmt.Sprintf("keys=%d/clock=%s/impl=sluice-memstore", nkeys, clockName), func(b *testing.B) {
+			b.Run(fmt.Sprintf("keys=%d/order=%s/clock=%s/impl=sluice-memstore", nkeys, kc.order, clockName), func(b *testing.B) {
 				s := memstore.New(memstore.Options{Now: now, MaxKeys: 2_000_000, JanitorInterval: -1})
 				defer s.Close()
 				for _, k := range ks { // existing keys: measure decisions, not inserts
 					s.Decide(context.Background(), nil, []ratelimit.Item{{Key: k, Rule: &benchRule, Cost: 1}})
 				}
-				benchParallel(b, ks, func(key string, items []ratelimit.Item, dst []ratelimit.Decision) bool {
+				benchParallel(b, ks, random, func(key string, items []ratelimit.Item, dst []ratelimit.Decision) bool {
 					items[0].Key = key
 					dst, _ = s.Decide(context.Background(), dst[:0], items)
 					return dst[0].Allowed
 				})
 			})
-			b.Run(fmt.Sprintf("keys=%d/clock=%s/impl=xrate-mutex-map", nkeys, clockName), func(b *testing.B) {
+			b.Run(fmt.Sprintf("keys=%d/order=%s/clock=%s/impl=xrate-mutex-map", nkeys, kc.order, clockName), func(b *testing.B) {
 				m := &rateMap{m: make(map[string]*rate.Limiter, nkeys)}
 				for _, k := range ks {
 					m.allow(k, now())
 				}
-				benchParallel(b, ks, func(key string, _ []ratelimit.Item, _ []ratelimit.Decision) bool {
+				benchParallel(b, ks, random, func(key string, _ []ratelimit.Item, _ []ratelimit.Decision) bool {
 					return m.allow(key, now())
 				})
 			})
@@ -98,16 +110,16 @@ func BenchmarkKeyed(b *testing.B) {
 }
 
 // benchParallel runs decide over ks from GOMAXPROCS goroutines.
-func benchParallel(b *testing.B, ks []string, decide func(string, []ratelimit.Item, []ratelimit.Decision) bool) {
+func benchParallel(b *testing.B, ks []string, random bool, decide func(string, []ratelimit.Item, []ratelimit.Decision) bool) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
-		x := seedCounter.Add(0x9E3779B97F4A7C15) | 1
+		x := seedCounter.Add(uint64(len(ks))/7 + 1)
 		items := []ratelimit.Item{{Rule: &benchRule, Cost: 1}}
 		dst := make([]ratelimit.Decision, 0, 1)
 		denied := 0
 		for pb.Next() {
-			if !decide(nextKey(&x, ks), items, dst) {
+			if !decide(nextKey(&x, ks, random), items, dst) {
 				denied++
 			}
 		}

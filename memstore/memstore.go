@@ -227,21 +227,21 @@ func (s *Store) decideOne(d *ratelimit.Decision, it *ratelimit.Item, now time.Ti
 	k := s.ref(it.Key)
 	sh := s.shardOf(&k)
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	e := sh.get(&k)
-	if e == nil {
-		// Only a key whose state changed is worth a place in the map.
-		var st ratelimit.State
-		it.Rule.DecideInto(d, &st, now, it.Cost)
-		if d.Allowed && it.Cost > 0 {
-			s.makeRoom(sh, now.UnixNano())
-			e = sh.insert(&k)
-			e.state, e.expires = st, now.UnixNano()+int64(d.ResetAfter)
-		}
+	if e := sh.get(&k); e != nil {
+		it.Rule.DecideInto(d, &e.state, now, it.Cost)
+		e.expires = now.UnixNano() + int64(d.ResetAfter)
+		sh.mu.Unlock()
 		return
 	}
-	it.Rule.DecideInto(d, &e.state, now, it.Cost)
-	e.expires = now.UnixNano() + int64(d.ResetAfter)
+	// Only a key whose state changed is worth a place in the map.
+	var st ratelimit.State
+	it.Rule.DecideInto(d, &st, now, it.Cost)
+	if d.Allowed && it.Cost > 0 {
+		s.makeRoom(sh, now.UnixNano())
+		e := sh.insert(&k)
+		e.state, e.expires = st, now.UnixNano()+int64(d.ResetAfter)
+	}
+	sh.mu.Unlock()
 }
 
 // decideMany locks every shard the items touch, in index order, decides the

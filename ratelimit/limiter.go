@@ -304,6 +304,14 @@ func (l *Limiter) Wait(ctx context.Context) error { return l.WaitN(ctx, 1) }
 // describes and ctx.Err() is returned.
 func (l *Limiter) WaitN(ctx context.Context, n int) error { return l.waitN(ctx, n, time.Now) }
 
+// timeLeft is the time from now to ctx's deadline, or Never without one.
+func timeLeft(ctx context.Context, now time.Time) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		return max(0, dl.Sub(now))
+	}
+	return Never
+}
+
 func (l *Limiter) waitN(ctx context.Context, n int, clock func() time.Time) error {
 	if n < 0 {
 		return fmt.Errorf("ratelimit: Wait(n=%d): n is negative", n)
@@ -312,10 +320,7 @@ func (l *Limiter) waitN(ctx context.Context, n int, clock func() time.Time) erro
 		return err
 	}
 	now := clock()
-	maxWait := Never
-	if dl, ok := ctx.Deadline(); ok {
-		maxWait = max(0, dl.Sub(now))
-	}
+	maxWait := timeLeft(ctx, now)
 	r, why := l.reserve(now, n, maxWait)
 	switch why {
 	case reserveExceedsBurst:

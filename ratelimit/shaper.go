@@ -137,10 +137,7 @@ func (s *Shaper) waitN(ctx context.Context, n int, clock func() time.Time) error
 		return err
 	}
 	now := clock()
-	maxWait := Never
-	if dl, ok := ctx.Deadline(); ok {
-		maxWait = max(0, dl.Sub(now))
-	}
+	maxWait := timeLeft(ctx, now)
 	tn, err := s.reserve(now, n, maxWait)
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,8 +26,14 @@ import (
 // bigNS is where doubles stop being exact enough.
 const bigNS = 1 << 52
 
-// exactRetries bounds the compare-and-set attempts of one request.
-const exactRetries = 16
+// exactRetries bounds the compare-and-set attempts of one request; after a
+// conflict, an attempt waits a random time of up to exactBackoff << attempt
+// (at most exactMaxBackoff), so that contending replicas spread out.
+const (
+	exactRetries    = 64
+	exactBackoff    = 20 * time.Microsecond
+	exactMaxBackoff = 2 * time.Millisecond
+)
 
 var errContention = errors.New("redisstore: state kept changing under the exact path")
 
@@ -125,7 +132,17 @@ func (s *Store) decideExact(ctx context.Context, items []ratelimit.Item, keys []
 			k++
 		}
 	}
-	for range exactRetries {
+	for attempt := range exactRetries {
+		if attempt > 0 {
+			d := min(exactBackoff<<min(attempt, 16), exactMaxBackoff)
+			t := time.NewTimer(rand.N(d) + 1)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return nil, ctx.Err()
+			case <-t.C:
+			}
+		}
 		v, err := s.read.Run(ctx, s.c, keys, kinds...).Slice()
 		if err != nil {
 			return nil, err

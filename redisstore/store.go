@@ -749,3 +749,48 @@ func isScriptError(err error) bool {
 	msg := re.Error()
 	return strings.HasPrefix(msg, "ERR") && !strings.Contains(msg, "CLUSTERDOWN")
 }
+
+// State returns the state Redis holds for key, if any: for inspection (the
+// admin API). Its times are Unix nanoseconds of the Redis server's clock.
+func (s *Store) State(ctx context.Context, key string) (ratelimit.State, bool, error) {
+	rk := string(appendKey(nil, s.prefix, s.tagOf(key), key))
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	raw, err := s.c.Get(ctx, rk).Result()
+	if errors.Is(err, redis.Nil) {
+		return ratelimit.State{}, false, nil
+	}
+	if err != nil {
+		return ratelimit.State{}, false, fmt.Errorf("redisstore: reading %q: %w", key, err)
+	}
+	st, _, err := parseState(raw)
+	if err != nil {
+		return ratelimit.State{}, false, err
+	}
+	if st.Algorithm == ratelimit.SlidingLog {
+		l, err := s.c.LRange(ctx, rk+logSuffix, 0, -1).Result()
+		if err != nil {
+			return ratelimit.State{}, false, fmt.Errorf("redisstore: reading the log of %q: %w", key, err)
+		}
+		v := make([]any, len(l))
+		for i := range l {
+			v[i] = l[i]
+		}
+		if st.Log, err = parseLog(v); err != nil {
+			return ratelimit.State{}, false, err
+		}
+	}
+	return st, true, nil
+}
+
+// Reset forgets key on Redis, so its next request starts from full
+// capacity (for example after a successful login).
+func (s *Store) Reset(ctx context.Context, key string) error {
+	rk := string(appendKey(nil, s.prefix, s.tagOf(key), key))
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if err := s.c.Del(ctx, rk, rk+logSuffix).Err(); err != nil {
+		return fmt.Errorf("redisstore: resetting %q: %w", key, err)
+	}
+	return nil
+}

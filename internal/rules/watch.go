@@ -110,8 +110,10 @@ func (w *Watcher) Reload() error {
 		}
 		return err
 	}
-	w.log.Info("rules loaded", "dir", w.dir, "domains", len(set.names), "files", len(set.files))
 	w.opts.OnLoad(set)
+	// Logged once the rules are in force, so that whoever reads the log
+	// (the end-to-end test does) may rely on them.
+	w.log.Info("rules loaded", "dir", w.dir, "domains", len(set.names), "files", len(set.files))
 	return nil
 }
 

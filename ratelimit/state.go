@@ -65,12 +65,6 @@ func (r *Rule) Peek(s *State, now time.Time, cost int64) Decision {
 	return d
 }
 
-// Expired reports whether s is equivalent to a fresh state at now, so a store
-// may forget it.
-func (r *Rule) Expired(s *State, now time.Time) bool {
-	return s.Algorithm != r.Algorithm || r.Peek(s, now, 0).ResetAfter <= 0
-}
-
 func (r *Rule) decide(d *Decision, s *State, now, cost int64, commit bool) {
 	*d = Decision{}
 	var fresh State

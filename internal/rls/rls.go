@@ -20,6 +20,8 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -30,6 +32,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/internal/service"
+	"github.com/sluicehq/sluice/ratelimit"
 )
 
 // Options configure a Server.
@@ -45,6 +48,8 @@ type Server struct {
 	svc     *service.Service
 	headers bool
 	pool    sync.Pool // of *call
+	limits  sync.Map  // limitKey → *rlsv3.RateLimitResponse_RateLimit
+	nlimits atomic.Int64
 }
 
 // New returns a Server deciding with svc.
@@ -142,16 +147,16 @@ func (s *Server) response(c *call) *rlsv3.RateLimitResponse {
 	}
 	for i := range c.resp.Statuses {
 		st := &c.resp.Statuses[i]
-		ds := &rlsv3.RateLimitResponse_DescriptorStatus{Code: code(st.Code)}
+		a := new(statusAlloc)
+		ds := &a.status
+		ds.Code = code(st.Code)
 		switch {
 		case st.Rule != nil:
-			ds.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{
-				Name:            st.Rule.Name,
-				RequestsPerUnit: clampU32(st.Rule.Limit),
-				Unit:            rlsv3.RateLimitResponse_RateLimit_Unit(st.Unit),
-			}
+			ds.CurrentLimit = s.currentLimit(st.Rule, st.Unit)
 			ds.LimitRemaining = clampU32(st.Decision.Remaining)
-			ds.DurationUntilReset = durationpb.New(st.Decision.ResetAfter)
+			d := st.Decision.ResetAfter
+			a.reset.Seconds, a.reset.Nanos = int64(d/time.Second), int32(d%time.Second)
+			ds.DurationUntilReset = &a.reset
 		case st.Unlimited:
 			ds.LimitRemaining = math.MaxUint32
 		}
@@ -162,6 +167,41 @@ func (s *Server) response(c *call) *rlsv3.RateLimitResponse {
 	}
 	return out
 }
+
+// statusAlloc allocates a descriptor's status and its duration together.
+type statusAlloc struct {
+	status rlsv3.RateLimitResponse_DescriptorStatus
+	reset  durationpb.Duration
+}
+
+// currentLimit returns the current_limit message of a rule, made once per
+// rule and shared by every response: a message that is only read may be
+// marshalled by many goroutines at once. The cache is emptied when it grows
+// past maxLimits (rules replaced by reloads and overrides).
+func (s *Server) currentLimit(r *ratelimit.Rule, u rules.Unit) *rlsv3.RateLimitResponse_RateLimit {
+	k := limitKey{r, u}
+	if m, ok := s.limits.Load(k); ok {
+		return m.(*rlsv3.RateLimitResponse_RateLimit)
+	}
+	m := &rlsv3.RateLimitResponse_RateLimit{
+		Name:            r.Name,
+		RequestsPerUnit: clampU32(r.Limit),
+		Unit:            rlsv3.RateLimitResponse_RateLimit_Unit(u),
+	}
+	if s.nlimits.Add(1) > maxLimits {
+		s.limits.Clear()
+		s.nlimits.Store(0)
+	}
+	s.limits.Store(k, m)
+	return m
+}
+
+type limitKey struct {
+	rule *ratelimit.Rule
+	unit rules.Unit
+}
+
+const maxLimits = 1 << 14
 
 // headers returns RateLimit-Policy and RateLimit for every decided limit,
 // and Retry-After when the request is over the limit.

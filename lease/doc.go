@@ -40,13 +40,15 @@
 //
 // Every lease is valid, for the holder, until the instant its acquire or
 // renew request was sent plus the TTL, less a drift and safety margin,
-// measured on the monotonic clock; the store expires it a TTL after it
-// received the request, by its own clock. Clocks of different machines are
-// never compared. Each grant carries an epoch that increases with every
-// lease of the partition: a store-side check (Memory.Valid, Redis.Valid)
-// refuses a stale holder, and a stale holder's renewal or release is
-// refused too. A lost lease is reported (Stats.Losses), never silently
-// taken again under the same epoch.
+// measured on the monotonic clock; the store expires it half the safety
+// margin short of a TTL after it received the request, by its own clock,
+// so a dead member's partitions are taken by the others within a TTL of
+// its last renewal. Clocks of different machines are never compared. Each
+// grant carries an epoch that increases with every lease of the
+// partition: a store-side check (Memory.Valid, Redis.Valid) refuses a
+// stale holder, and a stale holder's renewal or release is refused too. A
+// lost lease is reported (Stats.Losses), never silently taken again under
+// the same epoch.
 //
 // # Feedback and outages
 //

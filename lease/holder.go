@@ -61,8 +61,10 @@ type Config struct {
 	Reserved float64
 	// Weight is this holder's relative share; 1 when 0 or less.
 	Weight float64
-	// TTL is the lease and presence lifetime in the store; DefaultTTL
-	// when 0.
+	// TTL bounds the life of a lease or a presence that is no longer
+	// renewed: the store keeps them TTL − Margin/2 after the call that
+	// made or renewed them, so a dead member's capacity is free, and
+	// taken by the others, within TTL of its death. DefaultTTL when 0.
 	TTL time.Duration
 	// RenewEvery is the period of the holder's work (heartbeat, renew,
 	// acquire, release); TTL/3 when 0. Each period is jittered by
@@ -74,9 +76,11 @@ type Config struct {
 	// Drift is the largest relative difference assumed between the rates
 	// of the holder's and the store's clocks; DefaultDrift when 0.
 	Drift float64
-	// Margin is subtracted from every lease's validity besides the drift
-	// (the time for the caller to use a unit after the limiter admits
-	// it); TTL/30 when 0.
+	// Margin is subtracted from every lease's validity besides the drift:
+	// half of it is the time for the caller to use a unit after the
+	// limiter admits it, the other half the time by which the store
+	// frees a lease before TTL has passed, for the others to take it;
+	// TTL/10 when 0.
 	Margin time.Duration
 	// Headroom is the fraction added to the demand before turning it into
 	// partitions, so that arrivals that vary do not wait;
@@ -176,19 +180,24 @@ var ErrRunning = errors.New("lease: holder already running")
 // wait and it has no capacity at all, it looks again after a quarter of the
 // period, so a newcomer has its share within two periods. While it wants
 // more, and a partition has missed a renewal (its TTL left, a duration the
-// store reports, is below TTL − period), it looks again just after that
-// TTL ends: a dead member's capacity is taken over as soon as the store
-// frees it.
+// store reports, is below the store's lifetime less a period), it looks
+// again just after that TTL ends: a dead member's capacity is taken over
+// as soon as the store frees it. When partitions it saw free were taken
+// by another member before its acquire (members that look at the same
+// instant collide), it looks again after a few hundredths of a period.
 //
 // # Validity
 //
 // A lease is valid until the instant the acquire or renew call that gave
 // it was sent, plus TTL, less TTL × Drift and Margin, on the monotonic
-// clock; the store expires it TTL after it received the call, by its own
-// clock. So a holder has stopped using a partition before anyone else can
-// be given it, and the Limiter never admits a unit past a deadline, even
-// while the renewal is in flight or Run is stuck in a slow call: it drops
-// capacity by itself at the deadline.
+// clock; the store expires it TTL − Margin/2 after it received the call,
+// by its own clock (presences too). So a holder has stopped using a
+// partition, and its last admitted units have had Margin/2 to be used,
+// before anyone else can be given it; and a dead member's partitions are
+// free, and taken by the others, within TTL of its last renewal. The
+// Limiter never admits a unit past a deadline, even while the renewal is
+// in flight or Run is stuck in a slow call: it drops capacity by itself
+// at the deadline.
 //
 // # Feedback and outages
 //
@@ -278,7 +287,7 @@ func NewHolder(c Coordinator, cfg Config) (*Holder, error) {
 		cfg.Drift = DefaultDrift
 	}
 	if cfg.Margin <= 0 {
-		cfg.Margin = cfg.TTL / 30
+		cfg.Margin = cfg.TTL / 10
 	}
 	switch {
 	case cfg.Headroom == 0:
@@ -407,6 +416,17 @@ func (h *Holder) LeasesAt(now time.Time) []Lease {
 // validity is how long after sending a call a lease it grants is used.
 func (h *Holder) validity() time.Duration {
 	return h.cfg.TTL - time.Duration(float64(h.cfg.TTL)*h.cfg.Drift) - h.cfg.Margin
+}
+
+// storeTTL is the lifetime the store gives a lease or a presence, from
+// when it receives the call, by its clock: TTL − Margin/2. It exceeds the
+// validity by TTL × Drift + Margin/2, so that however the clocks' rates
+// differ (up to Drift) a unit admitted before the deadline has Margin/2 to
+// be used before the store can lease the partition to another member; and
+// it is below TTL, so that the others take a dead member's partitions
+// within TTL of its last renewal, round trips included.
+func (h *Holder) storeTTL() time.Duration {
+	return h.cfg.TTL - h.cfg.Margin/2
 }
 
 // refreshLocked recomputes the rate at now from the leases valid then, the
@@ -603,7 +623,7 @@ func (h *Holder) tick(ctx context.Context, rng *rand.Rand) time.Duration {
 
 	var view View
 	if err := h.call(ctx, func(ctx context.Context) (err error) {
-		view, err = h.c.Heartbeat(ctx, Member{ID: h.cfg.ID, Weight: h.cfg.Weight, Need: need, Want: want}, h.cfg.TTL, h.cfg.Partitions)
+		view, err = h.c.Heartbeat(ctx, Member{ID: h.cfg.ID, Weight: h.cfg.Weight, Need: need, Want: want}, h.storeTTL(), h.cfg.Partitions)
 		return err
 	}); err != nil {
 		return 0
@@ -639,7 +659,7 @@ func (h *Holder) tick(ctx context.Context, rng *rand.Rand) time.Duration {
 		sent := time.Now()
 		var ok []bool
 		if err := h.call(ctx, func(ctx context.Context) (err error) {
-			ok, err = h.c.Renew(ctx, h.cfg.ID, renew, h.cfg.TTL)
+			ok, err = h.c.Renew(ctx, h.cfg.ID, renew, h.storeTTL())
 			return err
 		}); err == nil {
 			h.mu.Lock()
@@ -661,11 +681,12 @@ func (h *Holder) tick(ctx context.Context, rng *rand.Rand) time.Duration {
 			h.mu.Unlock()
 		}
 	}
+	contended := false
 	if len(p.acquire) > 0 {
 		sent := time.Now()
 		var gs []Grant
 		if err := h.call(ctx, func(ctx context.Context) (err error) {
-			gs, err = h.c.Acquire(ctx, h.cfg.ID, p.acquire, h.cfg.TTL)
+			gs, err = h.c.Acquire(ctx, h.cfg.ID, p.acquire, h.storeTTL())
 			return err
 		}); err == nil {
 			h.mu.Lock()
@@ -676,11 +697,25 @@ func (h *Holder) tick(ctx context.Context, rng *rand.Rand) time.Duration {
 			h.st.Acquisitions += uint64(len(gs))
 			h.refreshLocked(time.Now())
 			h.mu.Unlock()
+			// Partitions seen free were taken by another member
+			// meanwhile: often one that looked at the same instant,
+			// as holders do when a dead member's leases expire.
+			contended = len(gs) < len(p.acquire)
 		}
 	}
 	var next time.Duration
 	if p.starving {
 		next = h.cfg.RenewEvery / 4
+	}
+	if contended {
+		// Look again at once, after a random pause so that those who
+		// collided do not look in step: the view shows who won, and
+		// any partition still free. Each such look follows a partition
+		// taken by another, so they are few.
+		d := time.Duration((0.01 + 0.04*rng.Float64()) * float64(h.cfg.RenewEvery))
+		if next == 0 || d < next {
+			next = max(time.Millisecond, d)
+		}
 	}
 	if p.stale > 0 {
 		// A partition whose owner missed a renewal frees at the latest
@@ -791,8 +826,9 @@ func (h *Holder) plan(view View, need, want int, rng *rand.Rand) plan {
 	}
 	h.mu.Unlock()
 	if want > keep+len(out.acquire) {
-		// A lease renewed on time has more than TTL − period left.
-		fresh := h.cfg.TTL - time.Duration(float64(h.cfg.RenewEvery)*(1+h.cfg.Jitter)) - h.cfg.CallTimeout
+		// A lease renewed on time has more than the store's TTL less a
+		// period (and a call) left.
+		fresh := h.storeTTL() - time.Duration(float64(h.cfg.RenewEvery)*(1+h.cfg.Jitter)) - h.cfg.CallTimeout
 		for _, ps := range view.Partitions {
 			if ps.Owner != "" && ps.Owner != id && ps.TTL > 0 && ps.TTL < fresh && (out.stale == 0 || ps.TTL < out.stale) {
 				out.stale = ps.TTL

@@ -3,6 +3,7 @@ package lease
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"sync"
 	"testing"
@@ -182,7 +183,7 @@ func TestValidityFromSend(t *testing.T) {
 		if len(ls) != 4 {
 			t.Fatalf("leases %+v, want 4", ls)
 		}
-		validity := 3*time.Second - 30*time.Millisecond - 100*time.Millisecond // TTL − drift − margin
+		validity := 3*time.Second - 30*time.Millisecond - 300*time.Millisecond // TTL − drift − margin
 		for _, l := range ls {
 			if got := l.Deadline.Sub(start); got != lat+validity {
 				t.Errorf("lease %d: deadline start+%v, want start+%v (sent at +%v)", l.Partition, got, lat+validity, lat)
@@ -213,7 +214,7 @@ func TestNoUseWhileRenewalInFlight(t *testing.T) {
 		if got := lim.Limit(); got != 100 {
 			t.Fatalf("limit %v after acquiring, want 100", got)
 		}
-		deadline := start.Add(3*time.Second - 130*time.Millisecond)
+		deadline := start.Add(3*time.Second - 330*time.Millisecond)
 		// The renewal sent at start+1s hangs.
 		time.Sleep(time.Until(deadline) - time.Nanosecond)
 		synctest.Wait()
@@ -452,8 +453,8 @@ func TestStaleHolderFenced(t *testing.T) {
 		if len(old) != 4 {
 			t.Fatalf("a holds %d leases, want 4", len(old))
 		}
-		// a's renewal at 1s hangs; its leases end at 2.87s for a and
-		// 3s for the store. b arrives at 2.5s.
+		// a's renewal at 1s hangs; its leases end at 2.67s for a and
+		// 2.85s for the store. b arrives at 2.5s.
 		time.Sleep(2500 * time.Millisecond)
 		b, err := NewHolder(mem, Config{ID: "b", Capacity: 100, Partitions: 4, Jitter: -1, Seed: 2})
 		if err != nil {
@@ -461,7 +462,7 @@ func TestStaleHolderFenced(t *testing.T) {
 		}
 		b.SetBacklog(10000)
 		runHolder(t, b)
-		// a's presence lasts until 4s (its heartbeat at 1s went through):
+		// a's presence lasts until 3.85s (its heartbeat at 1s went through):
 		// until then b aims at half.
 		for range 200 { // 2 s in steps of 10 ms, checking exclusivity
 			time.Sleep(10 * time.Millisecond)
@@ -482,6 +483,60 @@ func TestStaleHolderFenced(t *testing.T) {
 		for _, l := range old {
 			mustValid(t, mem, l.Grant, false)
 			mustValid(t, mem, Grant{Partition: l.Partition, Epoch: l.Epoch + 1}, true)
+		}
+	})
+}
+
+// rival is a Coordinator on which member "x" takes the first two
+// partitions of the holder's first acquire just before it reaches the
+// store, and releases them just after: two members that looked at the
+// same instant, of which the holder lost.
+type rival struct {
+	Coordinator
+	mu   sync.Mutex
+	done bool
+}
+
+func (r *rival) Acquire(ctx context.Context, id string, parts []int, ttl time.Duration) ([]Grant, error) {
+	r.mu.Lock()
+	first := !r.done && len(parts) >= 2
+	r.done = true
+	r.mu.Unlock()
+	if !first {
+		return r.Coordinator.Acquire(ctx, id, parts, ttl)
+	}
+	taken, err := r.Coordinator.Acquire(ctx, "x", parts[:2], ttl)
+	if err != nil || len(taken) != 2 {
+		return nil, fmt.Errorf("rival acquire: %v %v", taken, err)
+	}
+	got, err := r.Coordinator.Acquire(ctx, id, parts, ttl)
+	if err != nil {
+		return nil, err
+	}
+	return got, r.Coordinator.Release(ctx, "x", taken)
+}
+
+// TestLooksAgainAfterContention checks that a holder whose acquire lost
+// partitions to another member looks again within a twentieth of a
+// period, not a period later.
+func TestLooksAgainAfterContention(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rc := &rival{Coordinator: NewMemory()}
+		h, err := NewHolder(rc, Config{ID: "a", Capacity: 100, Partitions: 4, TTL: 3 * time.Second, Jitter: -1, Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.SetBacklog(10000)
+		start := time.Now()
+		runHolder(t, h)
+		synctest.Wait()
+		if n := len(h.LeasesAt(time.Now())); n != 2 {
+			t.Fatalf("a holds %d leases after losing two of four, want 2", n)
+		}
+		time.Sleep(time.Second/20 + time.Millisecond) // period/20
+		synctest.Wait()
+		if n := len(h.LeasesAt(time.Now())); n != 4 {
+			t.Errorf("a holds %d leases %v after losing two, want 4", n, time.Since(start))
 		}
 	})
 }

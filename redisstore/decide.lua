@@ -25,25 +25,44 @@
 -- differences are exact integers while they stay below 2^53 ns (104 days);
 -- products go through mulDiv, exact for divisors below 2^52 ns (52 days).
 
+-- The instant of the call as (seconds, nanoseconds), or nil when it is not
+-- one the fast path takes (before 1970 + 1 s); fnow is it in decimal, made
+-- when first needed.
+local fns, fnn, fnow
+if ARGV[1] == '' then
+  local t = redis.call('TIME')
+  fns, fnn = tonumber(t[1]), tonumber(t[2]) * 1000
+else
+  local str = ARGV[1]
+  local len = #str
+  if len > 9 and string.sub(str, 1, 1) ~= '-' then
+    fns, fnn = tonumber(string.sub(str, 1, len - 9)), tonumber(string.sub(str, len - 8))
+  end
+end
+
 -- Fast path: a request of one GCRA item (the default algorithm). Alone in
--- a call it is decided before anything else is defined, since creating the
--- closures below costs more than the decision; in a batch it is tried
--- first. It handles the usual case (no rule change, no clock behind the
--- state, cost within capacity) and returns nil for every other one, having
+-- a call, or leading a batch, it is decided before anything else is
+-- defined, since creating the closures below costs more than the decision.
+-- It handles the usual case (no rule change, no clock behind the state,
+-- cost within capacity) and returns nil for every other one, having
 -- written nothing, to be decided by the general path further down.
-local function fast(a, ns, nn)
+
+-- fast decides the GCRA item whose fields start at ARGV[a], at (fns, fnn),
+-- on v, the value stored at key (false: none). It returns the decision and
+-- the value key holds afterwards.
+local function fast(a, key, v)
   local cost, iv, capT = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
   if cost > tonumber(ARGV[a + 4]) then return nil end
-  local key = KEYS[tonumber(ARGV[a])]
-  local v = redis.call('GET', key)
+  local ns, nn = fns, fnn
   local debt, g = 0, 0
   if v then
-    local alg, t, n, _, seen, gs = string.match(v, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$')
+    -- T and Seen split into seconds and their last 9 digits (nanoseconds);
+    -- anything else (another algorithm, an instant before 1970 + 1 s) fails.
+    local ts, tn, n, ss, sn, gs = string.match(v, '^0|(%d+)(%d%d%d%d%d%d%d%d%d)|(%d+)|[^|]*|(%d+)(%d%d%d%d%d%d%d%d%d)|(%d+)$')
+    if not gs then return nil end
     g = tonumber(gs)
-    if alg ~= '0' or not g or #seen <= 9 or #t <= 9 then return nil end
-    local sl, tl = #seen, #t
-    local srel = (tonumber(string.sub(seen, 1, sl - 9)) - ns) * 1000000000 + (tonumber(string.sub(seen, sl - 8)) - nn)
-    local trel = (tonumber(string.sub(t, 1, tl - 9)) - ns) * 1000000000 + (tonumber(string.sub(t, tl - 8)) - nn)
+    local srel = (tonumber(ss) - ns) * 1000000000 + (tonumber(sn) - nn)
+    local trel = (tonumber(ts) - ns) * 1000000000 + (tonumber(tn) - nn)
     if srel > 0 or trel >= 4503599627370496 then
       return nil -- a clock behind the state's, or a state far ahead
     elseif trel > 0 then
@@ -65,36 +84,60 @@ local function fast(a, ns, nn)
     local slack = tonumber(ARGV[2])
     if debt <= 0 and slack == 0 then
       redis.call('DEL', key)
+      v = false
     else
       local q = math.floor(debt / 1000000000)
       local r = debt - q * 1000000000
       local ts, tn = ns + q, nn + r
       if tn >= 1000000000 then ts, tn = ts + 1, tn - 1000000000 end
-      -- Concatenation, not string.format (which costs more than the rest):
-      -- x + 10^9 .. '' without its first digit is x on 9 digits.
-      redis.call('SET', key, '0|' .. ts .. string.sub(tn + 1000000000 .. '', 2) .. '|' .. ARGV[a + 5] ..
-        '|0|' .. ns .. string.sub(nn + 1000000000 .. '', 2) .. '|' .. (g + 1) % 1000000000,
-        'PX', math.ceil(debt / 1000000) + slack)
+      -- One string.format with %d: Lua's own number to string (%.14g) is
+      -- several times slower per number.
+      if not fnow then fnow = string.format('%d%09d', ns, nn) end
+      v = string.format('0|%d%09d|%s|0|%s|%d', ts, tn, ARGV[a + 5], fnow, (g + 1) % 1000000000)
+      redis.call('SET', key, v, 'PX', math.ceil(debt / 1000000) + slack)
     end
   end
-  return {allowed, reason, remaining, debt, retry}
+  return {allowed, reason, remaining, debt, retry}, v
 end
 
-if ARGV[3] == '1' and ARGV[6] == '0' then
-  local ns, nn
-  if ARGV[1] == '' then
-    local t = redis.call('TIME')
-    ns, nn = tonumber(t[1]), tonumber(t[2]) * 1000
-  else
-    local str = ARGV[1]
-    local len = #str
-    if len > 9 and string.sub(str, 1, 1) ~= '-' then
-      ns, nn = tonumber(string.sub(str, 1, len - 9)), tonumber(string.sub(str, len - 8))
-    end
+if fns and ARGV[3] == '1' and ARGV[6] == '0' then
+  local key = KEYS[tonumber(ARGV[5])]
+  local res = fast(5, key, redis.call('GET', key))
+  if res then return res end
+end
+
+-- A batch (see the end) whose leading requests are each one GCRA item is
+-- decided here too, with one MGET for their states, until a request that
+-- the fast path does not take; the general path goes on from there. A key
+-- met again sees the value written for it before.
+local bout, ba, bi = nil, 5, 1
+if fns and string.sub(ARGV[3], 1, 1) == '-' then
+  local count = -tonumber(ARGV[3])
+  local keys = {}
+  local a = 5
+  while #keys < count and #keys < 1000 and ARGV[a] == '1' and ARGV[a + 2] == '0' do -- unpack's bound
+    keys[#keys + 1] = KEYS[tonumber(ARGV[a + 1])]
+    a = a + 11
   end
-  if ns then
-    local res = fast(5, ns, nn)
-    if res then return res end
+  bout = {}
+  if #keys > 0 then
+    local vals = redis.call('MGET', unpack(keys))
+    local seen = {}
+    a = 5
+    for i = 1, #keys do
+      local key = keys[i]
+      local v = seen[key]
+      if v == nil then v = vals[i] end
+      local res, nv = fast(a + 1, key, v)
+      if not res then break end
+      seen[key] = nv
+      local o = #bout
+      bout[o + 1], bout[o + 2], bout[o + 3], bout[o + 4], bout[o + 5], bout[o + 6] = 5, res[1], res[2], res[3], res[4], res[5]
+      a = a + 11
+      bi = i + 1
+    end
+    if bi > count then return bout end
+    ba = a
   end
 end
 
@@ -123,9 +166,8 @@ local function parse(str)
   return s, n
 end
 
-if ARGV[1] == '' then
-  local t = redis.call('TIME')
-  nows, nown = tonumber(t[1]), tonumber(t[2]) * 1000
+if ARGV[1] == '' then -- the server's TIME, read above
+  nows, nown = fns, fnn
 else
   nows, nown = parse(ARGV[1])
 end
@@ -682,13 +724,17 @@ if string.sub(n, 1, 1) ~= '-' then return request(5, tonumber(n)) end
 -- A batch: ARGV[3] is minus the number of requests, each given as its
 -- number of items and then the items' fields. The reply is, per request,
 -- the number of its values and then the values. Each request sees the
--- writes of the ones before it, as if they had come one by one.
-local out = {}
-local a = 5
-for _ = 1, -tonumber(n) do
+-- writes of the ones before it, as if they had come one by one. The
+-- requests before the bi-th were decided at the top (their replies in bout).
+local out = bout or {}
+local a = ba
+for _ = bi, -tonumber(n) do
   local m = tonumber(ARGV[a])
   local res = nil
-  if m == 1 and ARGV[a + 2] == '0' and nows > 0 then res = fast(a + 1, nows, nown) end
+  if m == 1 and ARGV[a + 2] == '0' and fns then
+    local key = KEYS[tonumber(ARGV[a + 1])]
+    res = fast(a + 1, key, redis.call('GET', key))
+  end
   if not res then res = request(a + 1, m) end
   out[#out + 1] = #res
   for i = 1, #res do out[#out + 1] = res[i] end

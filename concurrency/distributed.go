@@ -337,7 +337,7 @@ func (p *Permit) renew(ctx context.Context, lastSent time.Time) {
 	defer close(p.exited)
 	o := p.d.o
 	retry := max(o.RenewEvery/4, time.Millisecond)
-	timer := time.NewTimer(jitter(o.RenewEvery))
+	timer := time.NewTimer(time.Until(lastSent.Add(jitter(o.RenewEvery))))
 	defer timer.Stop()
 	for {
 		select {
@@ -368,8 +368,7 @@ func (p *Permit) renew(ctx context.Context, lastSent time.Time) {
 			if !p.extend(sent) {
 				return
 			}
-			lastSent = sent
-			timer.Reset(time.Until(lastSent.Add(jitter(o.RenewEvery))))
+			timer.Reset(time.Until(sent.Add(jitter(o.RenewEvery))))
 		}
 	}
 }

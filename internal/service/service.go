@@ -167,14 +167,13 @@ var ErrInvalidRequest = errors.New("invalid request")
 
 // scratch holds the per-request buffers a Service reuses.
 type scratch struct {
-	entries [][]rules.Entry
-	limits  []rules.Limit
-	checks  []check
-	items   []ratelimit.Item
-	shadow  []ratelimit.Item
-	ds      []ratelimit.Decision
-	sds     []ratelimit.Decision
-	key     []byte
+	limits []rules.Limit
+	checks []check
+	items  []ratelimit.Item
+	shadow []ratelimit.Item
+	ds     []ratelimit.Decision
+	sds    []ratelimit.Decision
+	key    []byte
 }
 
 // A check is one limit to decide for descriptor i.

@@ -507,17 +507,8 @@ func (p *parser) limit(n *yaml.Node, path string, extended bool) *rawLimit {
 			}
 			l.unit = u
 		case "requests_per_unit":
-			v64, iok := p.integer(v, kp)
-			switch {
-			case !iok:
-				ok = false
-			case v64 < 0:
-				p.errorf(v, kp, "requests_per_unit %d is negative", v64)
-				ok = false
-			case v64 > ratelimit.MaxLimit:
-				p.errorf(v, kp, "requests_per_unit %d exceeds %d", v64, int64(ratelimit.MaxLimit))
-				ok = false
-			}
+			v64, iok, good := p.quantity(v, kp, "requests_per_unit", 0, "is negative")
+			ok = ok && good
 			l.rpu, l.hasRPU = v64, iok
 		case "algorithm":
 			algNode = k
@@ -534,17 +525,8 @@ func (p *parser) limit(n *yaml.Node, path string, extended bool) *rawLimit {
 			l.alg, l.hasAlg = a, true
 		case "burst":
 			burstNode = k
-			v64, iok := p.integer(v, kp)
-			switch {
-			case !iok:
-				ok = false
-			case v64 < 1:
-				p.errorf(v, kp, "burst %d must be at least 1 (omit it to mean requests_per_unit)", v64)
-				ok = false
-			case v64 > ratelimit.MaxLimit:
-				p.errorf(v, kp, "burst %d exceeds %d", v64, int64(ratelimit.MaxLimit))
-				ok = false
-			}
+			v64, iok, good := p.quantity(v, kp, "burst", 1, "must be at least 1 (omit it to mean requests_per_unit)")
+			ok = ok && good
 			l.burst, l.hasBurst = v64, iok
 		case "period":
 			l.periodLine = v.Line
@@ -738,4 +720,22 @@ func unitOf(d time.Duration) Unit {
 		}
 	}
 	return UnitUnknown
+}
+
+// quantity reads an integer of at least lo and at most ratelimit.MaxLimit
+// for key name, reporting "<name> <v> <below>" under lo. It returns the
+// value, whether it was an integer, and whether it is within the bounds.
+func (p *parser) quantity(v *yaml.Node, kp, name string, lo int64, below string) (int64, bool, bool) {
+	n, isInt := p.integer(v, kp)
+	switch {
+	case !isInt:
+		return n, false, false
+	case n < lo:
+		p.errorf(v, kp, "%s %d %s", name, n, below)
+		return n, true, false
+	case n > ratelimit.MaxLimit:
+		p.errorf(v, kp, "%s %d exceeds %d", name, n, int64(ratelimit.MaxLimit))
+		return n, true, false
+	}
+	return n, true, true
 }

@@ -12,16 +12,19 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/rls"
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/internal/service"
 	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 // BenchmarkRLSInProcess sends ShouldRateLimit over real gRPC on loopback
 // from 64 callers in this process, over 10,000 keys, to the do-nothing floor
-// (an empty OK) and to Sluice's RLS adapter on the memory store with
-// metrics: the difference is what Sluice adds per request, client side
+// (an empty OK) and to Sluice's RLS adapter with metrics, on the memory
+// store and on a redis-server this benchmark starts: the difference is what Sluice adds per request, client side
 // (decoding a status per descriptor) included.
 
 // floorServer answers OK to everything, as bench/floor does.
@@ -34,7 +37,7 @@ func (floorServer) ShouldRateLimit(context.Context, *rlsv3.RateLimitRequest) (*r
 }
 
 func BenchmarkRLSInProcess(b *testing.B) {
-	for _, name := range []string{"floor", "sluice"} {
+	for _, name := range []string{"floor", "sluice", "sluice-redis"} {
 		b.Run(name, func(b *testing.B) {
 			lis, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
@@ -48,8 +51,19 @@ func BenchmarkRLSInProcess(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				st := memstore.New(memstore.Options{JanitorInterval: -1})
-				defer st.Close()
+				var st ratelimit.Store
+				if name == "sluice-redis" {
+					rs, err := redisstore.New(redisstore.Options{Addrs: []string{redistest.Standalone(b).Addr()}})
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer rs.Close()
+					st = rs
+				} else {
+					ms := memstore.New(memstore.Options{JanitorInterval: -1})
+					defer ms.Close()
+					st = ms
+				}
 				svc, err := service.New(service.Options{Store: st, Rules: set, Metrics: service.NewMetrics(prometheus.NewRegistry())})
 				if err != nil {
 					b.Fatal(err)

@@ -62,25 +62,23 @@ func ParseRateLimitPolicy(v string) ([]PolicyItem, error) {
 		for _, pr := range m.params {
 			switch pr.key {
 			case "q":
-				p.Quota, hasQ = pr.i, pr.kind == sfInteger && pr.i >= 0
-				if !hasQ {
-					return nil, fmt.Errorf("%w: policy %q: q must be a non-negative integer", ErrMalformedField, m.name)
+				if p.Quota, err = pr.count("policy", m.name); err != nil {
+					return nil, err
 				}
+				hasQ = true
 			case "w":
-				if pr.kind != sfInteger || pr.i < 0 {
-					return nil, fmt.Errorf("%w: policy %q: w must be a non-negative integer", ErrMalformedField, m.name)
+				if p.Window, err = pr.count("policy", m.name); err != nil {
+					return nil, err
 				}
-				p.Window = pr.i
 			case "qu":
 				if pr.kind != sfString && pr.kind != sfToken {
 					return nil, fmt.Errorf("%w: policy %q: qu must be a string", ErrMalformedField, m.name)
 				}
 				p.QuotaUnit = pr.s
 			case "pk":
-				if pr.kind != sfBytes {
-					return nil, fmt.Errorf("%w: policy %q: pk must be a byte sequence", ErrMalformedField, m.name)
+				if p.PartitionKey, err = pr.bytes("policy", m.name); err != nil {
+					return nil, err
 				}
-				p.PartitionKey = pr.b
 			}
 		}
 		if !hasQ {
@@ -105,20 +103,18 @@ func ParseRateLimit(v string) ([]LimitItem, error) {
 		for _, pr := range m.params {
 			switch pr.key {
 			case "r":
-				l.Remaining, hasR = pr.i, pr.kind == sfInteger && pr.i >= 0
-				if !hasR {
-					return nil, fmt.Errorf("%w: limit %q: r must be a non-negative integer", ErrMalformedField, m.name)
+				if l.Remaining, err = pr.count("limit", m.name); err != nil {
+					return nil, err
 				}
+				hasR = true
 			case "t":
-				if pr.kind != sfInteger || pr.i < 0 {
-					return nil, fmt.Errorf("%w: limit %q: t must be a non-negative integer", ErrMalformedField, m.name)
+				if l.Reset, err = pr.count("limit", m.name); err != nil {
+					return nil, err
 				}
-				l.Reset = pr.i
 			case "pk":
-				if pr.kind != sfBytes {
-					return nil, fmt.Errorf("%w: limit %q: pk must be a byte sequence", ErrMalformedField, m.name)
+				if l.PartitionKey, err = pr.bytes("limit", m.name); err != nil {
+					return nil, err
 				}
-				l.PartitionKey = pr.b
 			}
 		}
 		if !hasR {
@@ -298,6 +294,23 @@ type sfParam struct {
 	f    float64
 	s    string
 	b    []byte
+}
+
+// count returns the parameter's value when it is a non-negative integer;
+// what and member name the field's item in the error.
+func (pr *sfParam) count(what, member string) (int64, error) {
+	if pr.kind != sfInteger || pr.i < 0 {
+		return 0, fmt.Errorf("%w: %s %q: %s must be a non-negative integer", ErrMalformedField, what, member, pr.key)
+	}
+	return pr.i, nil
+}
+
+// bytes returns the parameter's value when it is a byte sequence.
+func (pr *sfParam) bytes(what, member string) ([]byte, error) {
+	if pr.kind != sfBytes {
+		return nil, fmt.Errorf("%w: %s %q: %s must be a byte sequence", ErrMalformedField, what, member, pr.key)
+	}
+	return pr.b, nil
 }
 
 type sfMember struct {

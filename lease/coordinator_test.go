@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -24,24 +24,6 @@ type coordCase struct {
 	}, advance func(d time.Duration))
 }
 
-// fakeClock is a clock moved by hand.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (f *fakeClock) now() time.Time {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.t
-}
-
-func (f *fakeClock) add(d time.Duration) {
-	f.mu.Lock()
-	f.t = f.t.Add(d)
-	f.mu.Unlock()
-}
-
 // coordCases returns the coordinators under test: Memory on a fake clock,
 // Redis on a standalone server per test, and Redis on one three-master
 // Cluster started lazily for the whole of parent (a service per test).
@@ -52,8 +34,8 @@ func coordCases(parent *testing.T) []coordCase {
 			Coordinator
 			Valid(context.Context, Grant) (bool, error)
 		}, advance func(time.Duration)) {
-			clk := &fakeClock{t: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
-			return NewMemoryClock(clk.now), clk.add
+			clk := fakeclock.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+			return NewMemoryClock(clk.Now), clk.Advance
 		}},
 		{"redis", func(t *testing.T) (c interface {
 			Coordinator

@@ -8,25 +8,17 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
 var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
-// clock is a settable clock for tests.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
-
-func newStore(t *testing.T, opts Options) (*Store, *clock) {
+func newStore(t *testing.T, opts Options) (*Store, *fakeclock.Clock) {
 	t.Helper()
-	c := &clock{t: t0}
+	c := fakeclock.New(t0)
 	if opts.Now == nil {
-		opts.Now = c.now
+		opts.Now = c.Now
 	}
 	s := New(opts)
 	t.Cleanup(func() { s.Close() })
@@ -53,7 +45,7 @@ func TestBoundedKeysEvictExpiredFirst(t *testing.T) {
 	for i := range 3 {
 		decide(t, s, ratelimit.Item{Key: fmt.Sprint("live", i), Rule: long, Cost: 1})
 	}
-	c.add(2 * time.Second) // "expiring" is now equivalent to fresh
+	c.Advance(2 * time.Second) // "expiring" is now equivalent to fresh
 	decide(t, s, ratelimit.Item{Key: "new", Rule: long, Cost: 1})
 	st := s.Stats()
 	if st.Keys != 4 || st.Reclaimed != 1 || st.Evictions != 0 {

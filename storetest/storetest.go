@@ -30,10 +30,10 @@ package storetest
 import (
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -69,37 +69,16 @@ func Run(t *testing.T, newStore NewStore) {
 // minute, hour, day and month in UTC, so epoch-aligned windows start there.
 var start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// A clock is a fake clock, safe for concurrent use, that only moves when
-// told to.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-// Now returns the clock's instant.
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-// Set moves the clock to t, forwards or backwards.
-func (c *clock) Set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = t
-}
-
 // env is one subtest's Store and clock.
 type env struct {
 	t     *testing.T
-	clock *clock
+	clock *fakeclock.Clock
 	store ratelimit.Store
 }
 
 func newEnv(t *testing.T, newStore NewStore) *env {
 	t.Helper()
-	c := &clock{now: start}
+	c := fakeclock.New(start)
 	s := newStore(t, c.Now)
 	if s == nil {
 		t.Fatal("NewStore returned nil")

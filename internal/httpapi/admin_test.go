@@ -203,7 +203,7 @@ func TestAdminOverrides(t *testing.T) {
 		t.Errorf("override not logged:\n%s", af.logs)
 	}
 
-	af.clock.Add(time.Hour) // expired
+	af.clock.Advance(time.Hour) // expired
 	check(2, 3)
 
 	af.call(t, "PUT", "/admin/v1/overrides/t/per_user", `{"limit":1,"ttl":"1h"}`)

@@ -7,12 +7,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/internal/rls"
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/internal/service"
@@ -34,26 +34,13 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 0, name: blocked}
 `
 
-// clock is a settable clock for overrides.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
-
 // fixture is a service on a memory store with the test rules, and its
 // HTTP API.
 type fixture struct {
 	svc       *service.Service
 	mem       *memstore.Store
 	overrides *service.Overrides
-	clock     *clock
+	clock     *fakeclock.Clock
 	reg       *prometheus.Registry
 	api       *API
 	srv       *httptest.Server
@@ -78,7 +65,7 @@ func loadSet(t testing.TB, files ...string) *rules.Set {
 
 func newFixture(t testing.TB, opts Options) *fixture {
 	t.Helper()
-	f := &fixture{clock: &clock{t: time.Unix(1_800_000_000, 0)}, reg: prometheus.NewRegistry()}
+	f := &fixture{clock: fakeclock.New(time.Unix(1_800_000_000, 0)), reg: prometheus.NewRegistry()}
 	set := loadSet(t, testRules)
 	f.mem = memstore.New(memstore.Options{JanitorInterval: -1})
 	t.Cleanup(func() { f.mem.Close() })

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/service"
 )
@@ -57,10 +58,10 @@ func testOverrideStore(t *testing.T, s OverrideStore) {
 func TestMemoryOverrides(t *testing.T) {
 	testOverrideStore(t, &MemoryOverrides{})
 
-	c := &clock{t: time.Unix(1_800_000_000, 0)}
+	c := fakeclock.New(time.Unix(1_800_000_000, 0))
 	m := &MemoryOverrides{Now: c.Now}
 	_ = m.Put(t.Context(), service.RuleOverride{Domain: "t", Rule: "r", Limit: 1}, time.Minute)
-	c.Add(time.Minute)
+	c.Advance(time.Minute)
 	if list, _ := m.List(t.Context()); len(list) != 0 {
 		t.Errorf("expired override listed: %+v", list)
 	}

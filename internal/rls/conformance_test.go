@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/rls"
 	"github.com/sluicehq/sluice/internal/rules"
@@ -79,24 +79,6 @@ type wantStatus struct {
 	Remaining *int   `yaml:"remaining"`
 	Step      int    `yaml:"step"` // added to remaining at each repeat
 	Reset     string `yaml:"reset"`
-}
-
-// A clock is the fake clock of the store under test.
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *clock) advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
 }
 
 // A storeFactory returns a new, empty store whose clock is now.
@@ -167,13 +149,15 @@ func runCase(t *testing.T, file string, newStore storeFactory) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := &clock{t: time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC)}
+	clk := fakeclock.New(time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC))
 	if c.Start != "" {
-		if clk.t, err = time.Parse(time.RFC3339Nano, c.Start); err != nil {
+		start, err := time.Parse(time.RFC3339Nano, c.Start)
+		if err != nil {
 			t.Fatal(err)
 		}
+		clk.Set(start)
 	}
-	svc, err := service.New(service.Options{Store: newStore(t, clk.now), Rules: set, Independent: c.Independent})
+	svc, err := service.New(service.Options{Store: newStore(t, clk.Now), Rules: set, Independent: c.Independent})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,7 +168,7 @@ func runCase(t *testing.T, file string, newStore storeFactory) {
 			if err != nil {
 				t.Fatalf("step %d: %v", i, err)
 			}
-			clk.advance(d)
+			clk.Advance(d)
 		}
 		req := st.request(t, dom.Name())
 		for r := range max(st.Repeat, 1) {

@@ -47,27 +47,45 @@ end
 -- cost within capacity) and returns nil for every other one, having
 -- written nothing, to be decided by the general path further down.
 
+-- Converting a decimal string costs more than the rest of a decision:
+-- num converts each distinct string once per call (a batch repeats its
+-- rules' fields), and by arithmetic coercion, which parses once where
+-- tonumber parses twice. Its arguments are always decimal integers.
+local nums = {}
+local function num(str)
+  local x = nums[str]
+  if x == nil then
+    x = str + 0
+    nums[str] = x
+  end
+  return x
+end
+local slack = num(ARGV[2])
+
 -- fast decides the GCRA item whose fields start at ARGV[a], at (fns, fnn),
 -- on v, the value stored at key (false: none). It returns the decision and
 -- the value key holds afterwards.
 local function fast(a, key, v)
-  local cost, iv, capT = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
-  if cost > tonumber(ARGV[a + 4]) then return nil end
+  local cost, ivs, capT = num(ARGV[a + 2]), ARGV[a + 5], num(ARGV[a + 6])
+  local iv = num(ivs)
+  if cost > num(ARGV[a + 4]) then return nil end
   local ns, nn = fns, fnn
   local debt, g = 0, 0
   if v then
-    -- T and Seen split into seconds and their last 9 digits (nanoseconds);
-    -- anything else (another algorithm, an instant before 1970 + 1 s) fails.
-    local ts, tn, n, ss, sn, gs = string.match(v, '^0|(%d+)(%d%d%d%d%d%d%d%d%d)|(%d+)|[^|]*|(%d+)(%d%d%d%d%d%d%d%d%d)|(%d+)$')
-    if not gs then return nil end
-    g = tonumber(gs)
-    local srel = (tonumber(ss) - ns) * 1000000000 + (tonumber(sn) - nn)
-    local trel = (tonumber(ts) - ns) * 1000000000 + (tonumber(tn) - nn)
+    -- T and Seen are split into seconds and their last 9 digits
+    -- (nanoseconds); anything else (another algorithm, an instant before
+    -- 1970 + 1 s) fails. A pattern without backtracking and string.sub
+    -- cost a fraction of a pattern that splits the digits itself.
+    local t, n, s, gs = string.match(v, '^0|(%d+)|(%d+)|[^|]*|(%d+)|(%d+)$')
+    if not gs or #t < 10 or #s < 10 then return nil end
+    g = gs + 0
+    local srel = (string.sub(s, 1, -10) - ns) * 1000000000 + (string.sub(s, -9) - nn)
+    local trel = (string.sub(t, 1, -10) - ns) * 1000000000 + (string.sub(t, -9) - nn)
     if srel > 0 or trel >= 4503599627370496 then
       return nil -- a clock behind the state's, or a state far ahead
     elseif trel > 0 then
       debt = trel
-      if tonumber(n) ~= iv then return nil end -- the rule changed: rescale
+      if n ~= ivs and n + 0 ~= iv then return nil end -- the rule changed: rescale
     end
   end
   local allowed, reason, remaining, retry = 1, 0, 0, 0
@@ -81,7 +99,6 @@ local function fast(a, key, v)
   local left = capT - debt
   if left > 0 then remaining = math.floor(left / iv) end
   if allowed == 1 and cost ~= 0 then
-    local slack = tonumber(ARGV[2])
     if debt <= 0 and slack == 0 then
       redis.call('DEL', key)
       v = false
@@ -116,7 +133,7 @@ if fns and string.sub(ARGV[3], 1, 1) == '-' then
   local keys = {}
   local a = 5
   while #keys < count and #keys < 1000 and ARGV[a] == '1' and ARGV[a + 2] == '0' do -- unpack's bound
-    keys[#keys + 1] = KEYS[tonumber(ARGV[a + 1])]
+    keys[#keys + 1] = KEYS[#keys + 1] -- one key each, in order
     a = a + 11
   end
   bout = {}
@@ -572,7 +589,6 @@ local function freshAt(r, st)
   return 0
 end
 
-local slack = tonumber(ARGV[2])
 local function num(x) return string.format('%.0f', x) end
 local function tstr(d)
   if d == ZREL then return '0' end

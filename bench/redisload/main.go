@@ -50,6 +50,8 @@ func main() {
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the load generator here")
 	pipelines := flag.Int("pipelines", 0, "Sluice's Options.Pipelines (0: its default)")
 	window := flag.Duration("window", 0, "Sluice's Options.BatchWindow")
+	pace := flag.Float64("pace", 0, "the open-loop rate in decisions per second (0: half of Sluice's peak)")
+	limit := flag.Int64("limit", 1000, "the rule's limit per second per key (set it so that every call is admitted)")
 	flag.Parse()
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -60,7 +62,7 @@ func main() {
 		pprof.StartCPUProfile(f) //nolint:errcheck
 		defer pprof.StopCPUProfile()
 	}
-	if err := run(*addr, min(*dur, time.Minute), *keys, *conc, *only, *pipelines, *window); err != nil {
+	if err := run(*addr, min(*dur, time.Minute), *keys, *conc, *only, *pipelines, *window, *limit, *pace); err != nil {
 		fmt.Fprintln(os.Stderr, "redisload:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1)
@@ -96,7 +98,7 @@ func (r result) row() string {
 		r.name, r.callers, float64(r.decisions)/r.elapsed.Seconds(), p(0.5), p(0.99), p(0.999), perDec, client, r.errs)
 }
 
-func run(addr string, dur time.Duration, nkeys int, concList, only string, pipelines int, window time.Duration) error {
+func run(addr string, dur time.Duration, nkeys int, concList, only string, pipelines int, window time.Duration, limit int64, pace float64) error {
 	if addr == "" {
 		a, stop, err := startRedis()
 		if err != nil {
@@ -125,7 +127,7 @@ func run(addr string, dur time.Duration, nkeys int, concList, only string, pipel
 	for i := range keys {
 		keys[i] = "user:" + strconv.Itoa(i)
 	}
-	rule := &ratelimit.Rule{Name: "bench", Limit: 1 << 30, Period: time.Second}
+	rule := &ratelimit.Rule{Name: "bench", Limit: limit, Period: time.Second}
 
 	type impl struct {
 		name string
@@ -162,13 +164,24 @@ func run(addr string, dur time.Duration, nkeys int, concList, only string, pipel
 		{"redis_rate v10", func() (func(context.Context, string) error, func(), error) {
 			c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 64})
 			l := redis_rate.NewLimiter(c)
-			lim := redis_rate.Limit{Rate: 1 << 30, Burst: 1 << 30, Period: time.Second}
+			lim := redis_rate.Limit{Rate: int(limit), Burst: int(limit), Period: time.Second}
 			decide := func(ctx context.Context, key string) error {
 				res, err := l.Allow(ctx, "rr:"+key, lim)
 				if err == nil && res.Allowed == 0 {
 					err = errors.New("denied")
 				}
 				return err
+			}
+			return decide, func() { c.Close() }, nil
+		}},
+		// The floor: one plain GET per call, no script, no limiter.
+		{"go-redis GET (floor)", func() (func(context.Context, string) error, func(), error) {
+			c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 64})
+			decide := func(ctx context.Context, key string) error {
+				if err := c.Get(ctx, "floor:"+key).Err(); err != nil && !errors.Is(err, redis.Nil) {
+					return err
+				}
+				return nil
 			}
 			return decide, func() { c.Close() }, nil
 		}},
@@ -209,17 +222,25 @@ func run(addr string, dur time.Duration, nkeys int, concList, only string, pipel
 		fmt.Println(base.row())
 	}
 
-	// Half of the peak, open loop, 64 callers.
-	decide, closeFn, err := impls[0].new()
-	if err != nil {
-		return err
+	// Half of the peak (or -pace), open loop, 64 callers.
+	if pace <= 0 {
+		pace = peak / 2
 	}
-	r, err := openLoop(ctx, admin, fmt.Sprintf("sluice (coalescing), paced at %.0f/s", peak/2), 64, peak/2, dur, keys, decide)
-	closeFn()
-	if err != nil {
-		return err
+	for _, im := range impls {
+		if !strings.Contains(im.name, only) {
+			continue
+		}
+		decide, closeFn, err := im.new()
+		if err != nil {
+			return err
+		}
+		r, err := openLoop(ctx, admin, fmt.Sprintf("%s, paced at %.0f/s", im.name, pace), 64, pace, dur, keys, decide)
+		closeFn()
+		if err != nil {
+			return err
+		}
+		fmt.Println(r.row())
 	}
-	fmt.Println(r.row())
 	if stats, err := admin.Info(ctx, "commandstats").Result(); err == nil {
 		fmt.Println()
 		for _, l := range strings.Split(stats, "\n") {
@@ -233,17 +254,16 @@ func run(addr string, dur time.Duration, nkeys int, concList, only string, pipel
 
 // closedLoop runs n callers, each deciding as fast as it can, for dur.
 func closedLoop(ctx context.Context, admin *redis.Client, name string, n int, dur time.Duration, keys []string, decide func(context.Context, string) error) (result, error) {
-	return load(ctx, admin, name, n, dur, func(context.Context) error { return nil }, keys, decide)
+	return load(ctx, admin, name, n, dur, 0, keys, decide)
 }
 
-// openLoop runs n callers that together send at most perSec decisions per
-// second; latency is measured from the moment each call may start.
+// openLoop runs n callers that together start at most perSec decisions
+// per second; latency is measured from the moment each call may start.
 func openLoop(ctx context.Context, admin *redis.Client, name string, n int, perSec float64, dur time.Duration, keys []string, decide func(context.Context, string) error) (result, error) {
-	lim := rate.NewLimiter(rate.Limit(perSec), 1)
-	return load(ctx, admin, name, n, dur, lim.Wait, keys, decide)
+	return load(ctx, admin, name, n, dur, perSec, keys, decide)
 }
 
-func load(ctx context.Context, admin *redis.Client, name string, n int, dur time.Duration, pace func(context.Context) error, keys []string, decide func(context.Context, string) error) (result, error) {
+func load(ctx context.Context, admin *redis.Client, name string, n int, dur time.Duration, perSec float64, keys []string, decide func(context.Context, string) error) (result, error) {
 	cpu0, err := redisCPU(ctx, admin)
 	if err != nil {
 		return result{}, err
@@ -252,15 +272,19 @@ func load(ctx context.Context, admin *redis.Client, name string, n int, dur time
 	lctx, cancel := context.WithTimeout(ctx, dur)
 	defer cancel()
 	start := time.Now()
+	var wg sync.WaitGroup
+	pace := func(context.Context) error { return nil }
+	if perSec > 0 {
+		pace = rate.NewLimiter(rate.Limit(perSec), 1).Wait
+	}
 	lats := make([][]time.Duration, n)
 	errs := make([]int, n)
-	var wg sync.WaitGroup
 	for w := range n {
 		wg.Go(func() {
 			rng := rand.New(rand.NewPCG(uint64(w), 1))
 			lat := make([]time.Duration, 0, 1<<16)
-			for lctx.Err() == nil {
-				if pace(lctx) != nil {
+			for {
+				if lctx.Err() != nil || pace(lctx) != nil {
 					break
 				}
 				t0 := time.Now()

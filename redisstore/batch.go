@@ -28,13 +28,22 @@ type batcher struct {
 	pipelines, batched atomic.Uint64
 }
 
-// A call is one request waiting for its reply.
+// A call is one request waiting for its reply, until deadline.
 type call struct {
-	ctx  context.Context
-	req  request
-	res  []any
-	err  error
-	done chan struct{}
+	ctx      context.Context
+	deadline time.Time
+	req      *request
+	res      []any
+	err      error
+	done     chan struct{} // one send, when res and err are set
+}
+
+var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+
+// answer hands c its reply.
+func (c *call) answer(res []any, err error) {
+	c.res, c.err = res, err
+	c.done <- struct{}{}
 }
 
 func newBatcher(s *Store, size int, window time.Duration, workers int) *batcher {
@@ -59,8 +68,7 @@ func (b *batcher) stop() {
 	for {
 		select {
 		case c := <-b.ch:
-			c.err = ErrClosed
-			close(c.done)
+			c.answer(nil, ErrClosed)
 		default:
 			return
 		}
@@ -68,27 +76,46 @@ func (b *batcher) stop() {
 }
 
 // do queues req and waits for its reply, for ctx's end or for the Store to
-// close, whichever comes first. A caller alone (no other request pending)
-// sends its request itself: a hand-off to a worker would only add latency.
-func (b *batcher) do(ctx context.Context, req request) ([]any, error) {
+// close, whichever comes first; the pipeline that carries req ends by
+// deadline. A caller alone (no other request pending) sends its request
+// itself: a hand-off to a worker would only add latency.
+//
+// Workers take requests in order and every request gets the Store's
+// timeout, so a request is taken before its deadline or answered at once:
+// it needs no timer of its own (one for ctx's own deadline, if earlier).
+func (b *batcher) do(ctx context.Context, deadline time.Time, req *request) ([]any, error) {
 	defer b.pending.Add(-1)
 	if b.pending.Add(1) == 1 {
+		ctx, cancel := context.WithDeadline(ctx, deadline)
+		defer cancel()
 		return b.s.script.Run(ctx, b.s.c, req.keys, req.args...).Slice()
 	}
-	c := &call{ctx: ctx, req: req, done: make(chan struct{})}
+	c := callPool.Get().(*call)
+	c.ctx, c.deadline, c.req = ctx, deadline, req
 	select {
 	case b.ch <- c:
 	case <-ctx.Done():
+		b.recycle(c)
 		return nil, ctx.Err()
 	case <-b.quit:
+		b.recycle(c)
 		return nil, ErrClosed
 	}
 	select {
 	case <-c.done:
-		return c.res, c.err
+		res, err := c.res, c.err
+		b.recycle(c)
+		return res, err
 	case <-ctx.Done():
+		req.abandoned = true // a worker may still read it, and answer c
 		return nil, ctx.Err()
 	}
+}
+
+func (b *batcher) recycle(c *call) {
+	done := c.done
+	*c = call{done: done}
+	callPool.Put(c)
 }
 
 func (b *batcher) work() {
@@ -138,14 +165,18 @@ func (b *batcher) work() {
 func (b *batcher) send(batch []*call) {
 	live := batch[:0]
 	var deadline time.Time
+	now := time.Now()
 	for _, c := range batch {
 		if err := c.ctx.Err(); err != nil {
-			c.err = err
-			close(c.done)
+			c.answer(nil, err)
 			continue
 		}
-		if d, ok := c.ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
-			deadline = d
+		if !c.deadline.After(now) {
+			c.answer(nil, context.DeadlineExceeded)
+			continue
+		}
+		if deadline.IsZero() || c.deadline.Before(deadline) {
+			deadline = c.deadline
 		}
 		live = append(live, c)
 	}
@@ -154,16 +185,11 @@ func (b *batcher) send(batch []*call) {
 	}
 	b.pipelines.Add(1)
 	b.batched.Add(uint64(len(live)))
-	ctx := context.Background()
-	if !deadline.IsZero() {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline)
-		defer cancel()
-	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
 	if len(live) == 1 {
 		c := live[0]
-		c.res, c.err = b.s.script.Run(ctx, b.s.c, c.req.keys, c.req.args...).Slice()
-		close(c.done)
+		c.answer(b.s.script.Run(ctx, b.s.c, c.req.keys, c.req.args...).Slice())
 		return
 	}
 	// Requests at the same instant ("": the server's) share one EVALSHA,
@@ -171,7 +197,7 @@ func (b *batcher) send(batch []*call) {
 	// requests live in different slots, each is its own EVALSHA.
 	type group struct {
 		calls []*call
-		req   request
+		req   *request
 		cmd   *redis.Cmd
 	}
 	var groups []*group
@@ -221,36 +247,35 @@ func (b *batcher) send(batch []*call) {
 	for _, g := range groups {
 		res, err := g.cmd.Slice()
 		if len(g.calls) == 1 {
-			g.calls[0].res, g.calls[0].err = res, err
-			close(g.calls[0].done)
+			g.calls[0].answer(res, err)
 			continue
 		}
 		// Per request: the number of its values, then the values.
 		pos := 0
 		for _, c := range g.calls {
-			c.res, c.err = nil, err
-			if err == nil {
-				if l, ok := res[pos].(int64); ok && pos+1+int(l) <= len(res) {
-					c.res = res[pos+1 : pos+1+int(l)]
-					pos += 1 + int(l)
-				} else {
-					c.err = errors.New("redisstore: malformed batch reply")
-				}
+			if err != nil {
+				c.answer(nil, err)
+				continue
 			}
-			close(c.done)
+			if l, ok := res[pos].(int64); ok && pos+1+int(l) <= len(res) {
+				c.answer(res[pos+1:pos+1+int(l)], nil)
+				pos += 1 + int(l)
+			} else {
+				c.answer(nil, errors.New("redisstore: malformed batch reply"))
+			}
 		}
 	}
 }
 
 // combine makes one batch request of several, as decide.lua reads it.
-func (b *batcher) combine(calls []*call) request {
+func (b *batcher) combine(calls []*call) *request {
 	nk, na, mask := 0, argHeader, 0
 	for _, c := range calls {
 		nk += len(c.req.keys)
 		na += 1 + len(c.req.args) - argHeader
 		mask |= c.req.mask
 	}
-	r := request{keys: make([]string, 0, nk), args: make([]any, argHeader, na)}
+	r := &request{keys: make([]string, 0, nk), args: make([]any, argHeader, na)}
 	r.args[0], r.args[1] = calls[0].req.args[0], calls[0].req.args[1]
 	r.args[2] = "-" + strconv.Itoa(len(calls))
 	r.args[3] = b.s.small(int64(mask))

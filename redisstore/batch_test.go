@@ -97,7 +97,7 @@ func batchDiffRun(t *testing.T, addr string, seed uint64, steps int) {
 				t.Fatal(err)
 			}
 			req.args[0] = strconv.FormatInt(now.UnixNano(), 10)
-			calls[i] = &call{ctx: ctx, req: req, done: make(chan struct{})}
+			calls[i] = &call{ctx: ctx, deadline: time.Now().Add(time.Minute), req: req, done: make(chan struct{}, 1)}
 		}
 		rs.batch.send(calls)
 		for i, items := range reqs {

@@ -387,6 +387,7 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 	}
 	n := len(dst)
 	dst, err = s.run(ctx, dst, req, items, calendar)
+	req.release()
 	if err != nil {
 		dst = dst[:n]
 		if cerr := ctx.Err(); cerr != nil {
@@ -480,25 +481,40 @@ func (s *Store) decideAcross(ctx context.Context, dst []ratelimit.Decision, item
 	return append(dst, out...), nil
 }
 
-// request is one EVALSHA: keys and arguments of decide.lua.
+// request is one EVALSHA: keys and arguments of decide.lua. Decide takes
+// one from reqPool and gives it back when it is done with it.
 type request struct {
 	keys []string
 	args []any
 	mask int   // algorithms present
 	kis  []int // each item's first key, in keys (from 1)
+	// abandoned is set when the caller stopped waiting while a pipeline
+	// may still read the request: it must not be reused.
+	abandoned bool
+}
+
+var reqPool = sync.Pool{New: func() any { return new(request) }}
+
+// maxPooledArgs bounds the requests kept for reuse.
+const maxPooledArgs = 256
+
+func (r *request) release() {
+	if r.abandoned || cap(r.args) > maxPooledArgs {
+		return
+	}
+	clear(r.keys)
+	clear(r.args)
+	reqPool.Put(r)
 }
 
 // build encodes items as decide.lua's KEYS and ARGV; ARGV[1] (the instant)
 // is filled in by run.
-func (s *Store) build(items []ratelimit.Item) (request, error) {
-	req := request{
-		keys: make([]string, 0, len(items)),
-		args: make([]any, argHeader, argHeader+10*len(items)),
-	}
-	req.args[1] = s.slackMS
-	req.args[2] = s.small(int64(len(items)))
+func (s *Store) build(items []ratelimit.Item) (*request, error) {
+	req := reqPool.Get().(*request)
+	req.keys, req.kis = req.keys[:0], req.kis[:0]
+	req.args = append(req.args[:0], nil, s.slackMS, s.small(int64(len(items))), nil)
 	mask := 0
-	var buf []byte
+	var buf [128]byte
 	tag0 := s.tagOf(items[0].Key)
 	for i := range items {
 		it := &items[i]
@@ -506,11 +522,11 @@ func (s *Store) build(items []ratelimit.Item) (request, error) {
 		tag := tag0
 		if i > 0 {
 			if tag = s.tagOf(it.Key); tag != tag0 && s.cluster {
-				return req, errCrossSlot
+				req.release()
+				return nil, errCrossSlot
 			}
 		}
-		buf = appendKey(buf[:0], s.prefix, tag, it.Key)
-		key := string(buf)
+		key := string(appendKey(buf[:0], s.prefix, tag, it.Key))
 		ki := len(req.keys) + 1
 		req.kis = append(req.kis, ki)
 		req.keys = append(req.keys, key)
@@ -529,6 +545,7 @@ func (s *Store) build(items []ratelimit.Item) (request, error) {
 	}
 	req.args[3] = s.small(int64(mask))
 	req.mask = mask
+	req.abandoned = false
 	return req, nil
 }
 
@@ -603,15 +620,24 @@ func calendarWindow(r *ratelimit.Rule, now time.Time) (start, end int64) {
 	return st.T, now.UnixNano() + int64(d.ResetAfter)
 }
 
-// run sends req, after filling in the instant and calendar windows.
-func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req request, items []ratelimit.Item, calendar bool) ([]ratelimit.Decision, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
+// run sends req, after filling in the instant and calendar windows, within
+// the Store's timeout. A coalesced request carries its deadline to the
+// pipeline instead of a context of its own.
+func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req *request, items []ratelimit.Item, calendar bool) ([]ratelimit.Decision, error) {
+	deadline := time.Now().Add(s.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
 	exact := false
 	for i := range items {
 		if r := items[i].Rule; r.Calendar == ratelimit.NoCalendar && needsExact(r, 0) {
 			exact = true
 		}
+	}
+	if exact || calendar || s.batch == nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
 	}
 	if exact {
 		return s.exact(ctx, dst, items, req.keys)
@@ -650,7 +676,7 @@ func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req request, 
 	var res []any
 	var err error
 	if s.batch != nil {
-		res, err = s.batch.do(ctx, req)
+		res, err = s.batch.do(ctx, deadline, req)
 	} else {
 		res, err = s.script.Run(ctx, s.c, req.keys, req.args...).Slice()
 	}
@@ -658,6 +684,8 @@ func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req request, 
 		return dst, err
 	}
 	if len(res) == 1 { // a state too far from now for the script's doubles
+		ctx, cancel := context.WithDeadline(ctx, deadline)
+		defer cancel()
 		return s.exact(ctx, dst, items, req.keys)
 	}
 	return parse(dst, items, res)

@@ -16,6 +16,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -50,6 +51,7 @@ func main() {
 	cpuprofile := flag.String("cpuprofile", "", "write a CPU profile of the load generator here")
 	pipelines := flag.Int("pipelines", 0, "Sluice's Options.Pipelines (0: its default)")
 	window := flag.Duration("window", 0, "Sluice's Options.BatchWindow")
+	runs := flag.Int("runs", 1, "runs of each closed-loop measurement, interleaved across implementations; the median (by decisions/s) is reported")
 	pace := flag.Float64("pace", 0, "the open-loop rate in decisions per second (0: half of Sluice's peak)")
 	limit := flag.Int64("limit", 1000, "the rule's limit per second per key (set it so that every call is admitted)")
 	flag.Parse()
@@ -62,7 +64,7 @@ func main() {
 		pprof.StartCPUProfile(f) //nolint:errcheck
 		defer pprof.StopCPUProfile()
 	}
-	if err := run(*addr, min(*dur, time.Minute), *keys, *conc, *only, *pipelines, *window, *limit, *pace); err != nil {
+	if err := run(*addr, min(*dur, time.Minute), *keys, *conc, *only, *pipelines, *window, *limit, *pace, *runs); err != nil {
 		fmt.Fprintln(os.Stderr, "redisload:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1)
@@ -78,7 +80,11 @@ type result struct {
 	lat       []time.Duration
 	cpu       float64 // Redis CPU seconds
 	client    float64 // this process's CPU seconds
+	spread    string  // runs and their range of decisions/s, when several
 }
+
+// rate is the result's decisions per second.
+func (r result) rate() float64 { return float64(r.decisions) / r.elapsed.Seconds() }
 
 func (r result) row() string {
 	p := func(q float64) string {
@@ -94,11 +100,15 @@ func (r result) row() string {
 			client = fmt.Sprintf("%.1f", r.client*1e6/float64(r.decisions))
 		}
 	}
-	return fmt.Sprintf("| %s | %d | %.0f | %s | %s | %s | %s | %s | %d |",
-		r.name, r.callers, float64(r.decisions)/r.elapsed.Seconds(), p(0.5), p(0.99), p(0.999), perDec, client, r.errs)
+	spread := r.spread
+	if spread == "" {
+		spread = "-"
+	}
+	return fmt.Sprintf("| %s | %d | %.0f | %s | %s | %s | %s | %s | %d | %s |",
+		r.name, r.callers, r.rate(), p(0.5), p(0.99), p(0.999), perDec, client, r.errs, spread)
 }
 
-func run(addr string, dur time.Duration, nkeys int, concList, only string, pipelines int, window time.Duration, limit int64, pace float64) error {
+func run(addr string, dur time.Duration, nkeys int, concList, only string, pipelines int, window time.Duration, limit int64, pace float64, runs int) error {
 	if addr == "" {
 		a, stop, err := startRedis()
 		if err != nil {
@@ -188,29 +198,46 @@ func run(addr string, dur time.Duration, nkeys int, concList, only string, pipel
 	}
 
 	fmt.Printf("Redis %s at %s; %d keys, %v per run, GOMAXPROCS=%s\n\n", redisVersion(ctx, admin), addr, nkeys, dur, os.Getenv("GOMAXPROCS"))
-	fmt.Println("| implementation | callers | decisions/s | p50 µs | p99 µs | p99.9 µs | Redis CPU µs/decision | client CPU µs/decision | errors |")
-	fmt.Println("| --- | --: | --: | --: | --: | --: | --: | --: | --: |")
+	fmt.Println("| implementation | callers | decisions/s | p50 µs | p99 µs | p99.9 µs | Redis CPU µs/decision | client CPU µs/decision | errors | runs: decisions/s |")
+	fmt.Println("| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: |")
 	var peak float64
+	// Each closed-loop measurement is run runs times, round robin across the
+	// implementations, so that a noisy minute on this shared machine does
+	// not fall on one of them only; the median run is reported.
 	for _, n := range callers {
-		for _, im := range impls {
-			if !strings.Contains(im.name, only) {
+		all := make([][]result, len(impls))
+		for range max(runs, 1) {
+			for i, im := range impls {
+				if !strings.Contains(im.name, only) {
+					continue
+				}
+				decide, closeFn, err := im.new()
+				if err != nil {
+					return err
+				}
+				for i := range min(n, 64) * 4 { // warm up: connections, scripts
+					decide(ctx, keys[i%len(keys)]) //nolint:errcheck
+				}
+				r, err := closedLoop(ctx, admin, im.name, n, dur, keys, decide)
+				closeFn()
+				if err != nil {
+					return err
+				}
+				all[i] = append(all[i], r)
+			}
+		}
+		for i, rs := range all {
+			if len(rs) == 0 {
 				continue
 			}
-			decide, closeFn, err := im.new()
-			if err != nil {
-				return err
-			}
-			for i := range min(n, 64) * 4 { // warm up: connections, scripts
-				decide(ctx, keys[i%len(keys)]) //nolint:errcheck
-			}
-			r, err := closedLoop(ctx, admin, im.name, n, dur, keys, decide)
-			closeFn()
-			if err != nil {
-				return err
+			slices.SortFunc(rs, func(a, b result) int { return cmp.Compare(a.rate(), b.rate()) })
+			r := rs[len(rs)/2]
+			if len(rs) > 1 {
+				r.spread = fmt.Sprintf("%d: %.0f–%.0f", len(rs), rs[0].rate(), rs[len(rs)-1].rate())
 			}
 			fmt.Println(r.row())
-			if strings.HasPrefix(im.name, "sluice") {
-				peak = max(peak, float64(r.decisions)/r.elapsed.Seconds())
+			if strings.HasPrefix(impls[i].name, "sluice") {
+				peak = max(peak, r.rate())
 			}
 		}
 	}

@@ -40,7 +40,8 @@ else
   end
 end
 
--- Fast path: a request of one GCRA item (the default algorithm). Alone in
+-- Fast paths: a request of one GCRA item (the default algorithm) or one
+-- fixed-window item (the default of envoy-format rule files). Alone in
 -- a call, or leading a batch, it is decided before anything else is
 -- defined, since creating the closures below costs more than the decision.
 -- It handles the usual case (no rule change, no clock behind the state,
@@ -48,11 +49,11 @@ end
 -- written nothing, to be decided by the general path further down.
 
 -- Converting a decimal string costs more than the rest of a decision:
--- num converts each distinct string once per call (a batch repeats its
+-- tonum converts each distinct string once per call (a batch repeats its
 -- rules' fields), and by arithmetic coercion, which parses once where
 -- tonumber parses twice. Its arguments are always decimal integers.
 local nums = {}
-local function num(str)
+local function tonum(str)
   local x = nums[str]
   if x == nil then
     x = str + 0
@@ -60,15 +61,15 @@ local function num(str)
   end
   return x
 end
-local slack = num(ARGV[2])
+local slack = tonum(ARGV[2])
 
--- fast decides the GCRA item whose fields start at ARGV[a], at (fns, fnn),
--- on v, the value stored at key (false: none). It returns the decision and
--- the value key holds afterwards.
-local function fast(a, key, v)
-  local cost, ivs, capT = num(ARGV[a + 2]), ARGV[a + 5], num(ARGV[a + 6])
-  local iv = num(ivs)
-  if cost > num(ARGV[a + 4]) then return nil end
+-- fastGCRA decides the GCRA item whose fields start at ARGV[a], at (fns,
+-- fnn), on v, the value stored at key (false: none). It returns the
+-- decision and the value key holds afterwards.
+local function fastGCRA(a, key, v)
+  local cost, ivs, capT = tonum(ARGV[a + 2]), ARGV[a + 5], tonum(ARGV[a + 6])
+  local iv = tonum(ivs)
+  if cost > tonum(ARGV[a + 4]) then return nil end
   local ns, nn = fns, fnn
   local debt, g = 0, 0
   if v then
@@ -117,13 +118,74 @@ local function fast(a, key, v)
   return {allowed, reason, remaining, debt, retry}, v
 end
 
-if fns and ARGV[3] == '1' and ARGV[6] == '0' then
+-- windows caches, per period, the start of the fixed window that holds
+-- (fns, fnn), formatted as stored, and the nanoseconds to its end.
+local windows = {}
+
+-- fastFixed decides the fixed-window item whose fields start at ARGV[a],
+-- as fastGCRA does; it takes periods that divide a second or are whole
+-- seconds (every unit of envoy's rule files), without a calendar window.
+local function fastFixed(a, key, v)
+  local cost, limit, p = tonum(ARGV[a + 2]), tonum(ARGV[a + 3]), tonum(ARGV[a + 7])
+  if cost < 0 or cost > tonum(ARGV[a + 4]) or ARGV[a + 8] ~= '' then return nil end
+  local w = windows[p]
+  if not w then
+    local ss, sn, off
+    if p % 1000000000 == 0 then
+      local q = p / 1000000000
+      local m = fns % q
+      ss, sn, off = fns - m, 0, m * 1000000000 + fnn
+    elseif 1000000000 % p == 0 then
+      local m = fnn % p
+      ss, sn, off = fns, fnn - m, m
+    else
+      return nil
+    end
+    if ss < 1 then return nil end
+    w = {string.format('%d%09d', ss, sn), p - off}
+    windows[p] = w
+  end
+  local start, reset = w[1], w[2]
+  local count, pp, g = 0, '0', 0
+  if v then
+    local t, n, pv, s, gs = string.match(v, '^1|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
+    if not gs or #s < 10 then return nil end
+    if (string.sub(s, 1, -10) - fns) * 1000000000 + (string.sub(s, -9) - fnn) > 0 then
+      return nil -- a clock behind the state's
+    end
+    if t == start then count = n + 0 end
+    pp, g = pv, gs + 0
+  end
+  if count + cost > limit then
+    return {0, 1, math.max(0, limit - count), reset, math.max(reset, 1)}, v
+  end
+  count = count + cost
+  if count == 0 then return {1, 0, limit, 0, 0}, v end
+  if cost ~= 0 then
+    if not fnow then fnow = string.format('%d%09d', fns, fnn) end
+    v = string.format('1|%s|%d|%s|%s|%d', start, count, pp, fnow, (g + 1) % 1000000000)
+    redis.call('SET', key, v, 'PX', math.ceil(reset / 1000000) + slack)
+  end
+  return {1, 0, limit - count, reset, 0}, v
+end
+
+-- fast decides the item whose fields start at ARGV[a] on a fast path, or
+-- returns nil.
+local function fast(a, key, v)
+  local alg = ARGV[a + 1]
+  if alg == '0' then return fastGCRA(a, key, v) end
+  if alg == '1' then return fastFixed(a, key, v) end
+  return nil
+end
+
+if fns and ARGV[3] == '1' and (ARGV[6] == '0' or ARGV[6] == '1') then
   local key = KEYS[tonumber(ARGV[5])]
   local res = fast(5, key, redis.call('GET', key))
   if res then return res end
 end
 
--- A batch (see the end) whose leading requests are each one GCRA item is
+-- A batch (see the end) whose leading requests are each one GCRA or fixed
+-- window item is
 -- decided here too, with one MGET for their states, until a request that
 -- the fast path does not take; the general path goes on from there. A key
 -- met again sees the value written for it before.
@@ -132,7 +194,7 @@ if fns and string.sub(ARGV[3], 1, 1) == '-' then
   local count = -tonumber(ARGV[3])
   local keys = {}
   local a = 5
-  while #keys < count and #keys < 1000 and ARGV[a] == '1' and ARGV[a + 2] == '0' do -- unpack's bound
+  while #keys < count and #keys < 1000 and ARGV[a] == '1' and (ARGV[a + 2] == '0' or ARGV[a + 2] == '1') do -- unpack's bound
     keys[#keys + 1] = KEYS[#keys + 1] -- one key each, in order
     a = a + 11
   end
@@ -747,7 +809,7 @@ local a = ba
 for _ = bi, -tonumber(n) do
   local m = tonumber(ARGV[a])
   local res = nil
-  if m == 1 and ARGV[a + 2] == '0' and fns then
+  if m == 1 and fns and (ARGV[a + 2] == '0' or ARGV[a + 2] == '1') then
     local key = KEYS[tonumber(ARGV[a + 1])]
     res = fast(a + 1, key, redis.call('GET', key))
   end

@@ -3,6 +3,7 @@
 # on this machine. Loopback only; every process started here is stopped here.
 #
 #   bash bench/rls.sh [seconds-per-run]      (default 10)
+#   CS="64" KS="10000" bash bench/rls.sh 6   (only these callers and keys)
 #
 # Prints one JSON line per run and a Markdown table at the end. Runs: the
 # floor, Sluice with the memory store and Sluice with Redis (a redis-server
@@ -28,8 +29,8 @@ waitport() { for _ in $(seq 200); do (echo >/dev/tcp/127.0.0.1/"$1") 2>/dev/null
 
 results="$tmp/results.jsonl"
 load() { # name port pid
-	for c in 1 16 64; do
-		for k in 1 10000; do
+	for c in ${CS:-1 16 64}; do
+		for k in ${KS:-1 10000}; do
 			"$tmp/rlsload" -addr "127.0.0.1:$2" -c "$c" -k "$k" -d "${DUR}s" -pid "$3" -name "$1" -json | tee -a "$results"
 		done
 	done

@@ -59,6 +59,8 @@ type serveConfig struct {
 	store            string
 	redisAddrs       []string
 	redisPrefix      string
+	redisPipelines   int
+	redisWindow      time.Duration
 	replicas         int
 	grpcAddr         string
 	httpAddr         string
@@ -86,6 +88,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&cfg.store, "store", "memory", "where counters live: memory or redis")
 	fs.StringVar(&redisAddr, "redis-addr", "127.0.0.1:6379", "Redis `address`es, comma-separated (two or more: Redis Cluster)")
 	fs.StringVar(&cfg.redisPrefix, "redis-prefix", redisstore.DefaultPrefix, "prefix of every Redis key")
+	fs.IntVar(&cfg.redisPipelines, "redis-pipelines", redisstore.DefaultPipelines, "Redis pipelines in flight at once; concurrent decisions wait for one and share it")
+	fs.DurationVar(&cfg.redisWindow, "redis-batch-window", 0, "how long a Redis pipeline waits for more decisions before it is sent")
 	fs.IntVar(&cfg.replicas, "replicas", 1, "replicas sharing the limits: while Redis is down, a rule with failure_mode local admits Limit/replicas here")
 	fs.StringVar(&cfg.grpcAddr, "grpc-addr", "127.0.0.1:8081", "gRPC listen `address` (host:port; port 0 picks a free one)")
 	fs.StringVar(&cfg.httpAddr, "http-addr", "127.0.0.1:8080", "HTTP listen `address`")
@@ -171,7 +175,10 @@ func openStore(cfg *serveConfig) (ratelimit.Store, closer, httpapi.KeyStore, htt
 		m := memstore.New(memstore.Options{})
 		return m, m, httpapi.LocalKeys(m), &httpapi.MemoryOverrides{}, nil
 	}
-	rs, err := redisstore.New(redisstore.Options{Addrs: cfg.redisAddrs, Prefix: cfg.redisPrefix, Replicas: cfg.replicas})
+	rs, err := redisstore.New(redisstore.Options{
+		Addrs: cfg.redisAddrs, Prefix: cfg.redisPrefix, Replicas: cfg.replicas,
+		Pipelines: cfg.redisPipelines, BatchWindow: cfg.redisWindow,
+	})
 	if err != nil {
 		return nil, nil, nil, nil, fmt.Errorf("serve: %w", err)
 	}

@@ -47,6 +47,11 @@ func batchDiffRun(t *testing.T, addr string, seed uint64, steps int) {
 	}
 	others := []*ratelimit.Rule{
 		{Name: "fixed", Algorithm: ratelimit.FixedWindow, Limit: 5, Period: 100 * ms_},
+		// Whole seconds and a period that neither divides nor is a multiple
+		// of a second: the script's fixed-window fast path takes the first,
+		// its general path the second.
+		{Name: "fixed-s", Algorithm: ratelimit.FixedWindow, Limit: 4, Period: time.Second},
+		{Name: "fixed-odd", Algorithm: ratelimit.FixedWindow, Limit: 4, Period: 1500 * ms_},
 		{Name: "log", Algorithm: ratelimit.SlidingLog, Limit: 4, Period: 100 * ms_},
 		{Name: "leaky", Algorithm: ratelimit.LeakyBucket, Limit: 5, Period: 100 * ms_},
 	}

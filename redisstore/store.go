@@ -36,7 +36,8 @@
 // ratelimit's own integer code and writes them back with a compare-and-set
 // script, retrying on a conflict. Every decision is therefore exact; the
 // rare long rules cost two round trips. A request of one GCRA item, the
-// common case, takes a lean path at the top of the script.
+// common case, or of one fixed-window item (the default of envoy-format
+// rules) takes a lean path at the top of the script.
 //
 // # Keys and Cluster slots
 //

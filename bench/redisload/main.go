@@ -197,6 +197,21 @@ func run(addr string, dur time.Duration, nkeys int, concList, only string, pipel
 		}},
 	}
 
+	impls = slices.DeleteFunc(impls, func(im impl) bool { return !strings.Contains(im.name, only) })
+	// measure runs im with n callers for dur, open loop at perSec decisions
+	// per second, or closed loop (each caller as fast as it can) for 0.
+	measure := func(im impl, name string, n int, perSec float64) (result, error) {
+		decide, closeFn, err := im.new()
+		if err != nil {
+			return result{}, err
+		}
+		defer closeFn()
+		for i := range min(n, 64) * 4 { // warm up: connections, scripts
+			decide(ctx, keys[i%len(keys)]) //nolint:errcheck
+		}
+		return load(ctx, admin, name, n, dur, perSec, keys, decide)
+	}
+
 	fmt.Printf("Redis %s at %s; %d keys, %v per run, GOMAXPROCS=%s\n\n", redisVersion(ctx, admin), addr, nkeys, dur, os.Getenv("GOMAXPROCS"))
 	fmt.Println("| implementation | callers | decisions/s | p50 µs | p99 µs | p99.9 µs | Redis CPU µs/decision | client CPU µs/decision | errors | runs: decisions/s |")
 	fmt.Println("| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: |")
@@ -208,18 +223,7 @@ func run(addr string, dur time.Duration, nkeys int, concList, only string, pipel
 		all := make([][]result, len(impls))
 		for range max(runs, 1) {
 			for i, im := range impls {
-				if !strings.Contains(im.name, only) {
-					continue
-				}
-				decide, closeFn, err := im.new()
-				if err != nil {
-					return err
-				}
-				for i := range min(n, 64) * 4 { // warm up: connections, scripts
-					decide(ctx, keys[i%len(keys)]) //nolint:errcheck
-				}
-				r, err := closedLoop(ctx, admin, im.name, n, dur, keys, decide)
-				closeFn()
+				r, err := measure(im, im.name, n, 0)
 				if err != nil {
 					return err
 				}
@@ -227,9 +231,6 @@ func run(addr string, dur time.Duration, nkeys int, concList, only string, pipel
 			}
 		}
 		for i, rs := range all {
-			if len(rs) == 0 {
-				continue
-			}
 			slices.SortFunc(rs, func(a, b result) int { return cmp.Compare(a.rate(), b.rate()) })
 			r := rs[len(rs)/2]
 			if len(rs) > 1 {
@@ -249,20 +250,13 @@ func run(addr string, dur time.Duration, nkeys int, concList, only string, pipel
 		fmt.Println(base.row())
 	}
 
-	// Half of the peak (or -pace), open loop, 64 callers.
+	// Half of the peak (or -pace), open loop, 64 callers; latency is
+	// measured from the moment each call may start.
 	if pace <= 0 {
 		pace = peak / 2
 	}
 	for _, im := range impls {
-		if !strings.Contains(im.name, only) {
-			continue
-		}
-		decide, closeFn, err := im.new()
-		if err != nil {
-			return err
-		}
-		r, err := openLoop(ctx, admin, fmt.Sprintf("%s, paced at %.0f/s", im.name, pace), 64, pace, dur, keys, decide)
-		closeFn()
+		r, err := measure(im, fmt.Sprintf("%s, paced at %.0f/s", im.name, pace), 64, pace)
 		if err != nil {
 			return err
 		}
@@ -279,17 +273,9 @@ func run(addr string, dur time.Duration, nkeys int, concList, only string, pipel
 	return nil
 }
 
-// closedLoop runs n callers, each deciding as fast as it can, for dur.
-func closedLoop(ctx context.Context, admin *redis.Client, name string, n int, dur time.Duration, keys []string, decide func(context.Context, string) error) (result, error) {
-	return load(ctx, admin, name, n, dur, 0, keys, decide)
-}
-
-// openLoop runs n callers that together start at most perSec decisions
-// per second; latency is measured from the moment each call may start.
-func openLoop(ctx context.Context, admin *redis.Client, name string, n int, perSec float64, dur time.Duration, keys []string, decide func(context.Context, string) error) (result, error) {
-	return load(ctx, admin, name, n, dur, perSec, keys, decide)
-}
-
+// load runs n callers for dur, each deciding on random keys: as fast as it
+// can when perSec is 0, else all together at most perSec decisions per
+// second.
 func load(ctx context.Context, admin *redis.Client, name string, n int, dur time.Duration, perSec float64, keys []string, decide func(context.Context, string) error) (result, error) {
 	cpu0, err := redisCPU(ctx, admin)
 	if err != nil {

@@ -63,6 +63,12 @@ local function tonum(str)
 end
 local slack = tonum(ARGV[2])
 
+-- since returns the nanoseconds from (fns, fnn) to a stored instant of at
+-- least 10 digits, split into seconds and their last 9 digits.
+local function since(str)
+  return (string.sub(str, 1, -10) - fns) * 1000000000 + (string.sub(str, -9) - fnn)
+end
+
 -- fastGCRA decides the GCRA item whose fields start at ARGV[a], at (fns,
 -- fnn), on v, the value stored at key (false: none). It returns the
 -- decision and the value key holds afterwards.
@@ -70,19 +76,16 @@ local function fastGCRA(a, key, v)
   local cost, ivs, capT = tonum(ARGV[a + 2]), ARGV[a + 5], tonum(ARGV[a + 6])
   local iv = tonum(ivs)
   if cost > tonum(ARGV[a + 4]) then return nil end
-  local ns, nn = fns, fnn
   local debt, g = 0, 0
   if v then
-    -- T and Seen are split into seconds and their last 9 digits
-    -- (nanoseconds); anything else (another algorithm, an instant before
-    -- 1970 + 1 s) fails. A pattern without backtracking and string.sub
-    -- cost a fraction of a pattern that splits the digits itself.
+    -- Anything but a GCRA state with T and Seen after 1970 + 1 s fails. A
+    -- pattern without backtracking and since's string.sub cost a fraction
+    -- of a pattern that splits the digits itself.
     local t, n, s, gs = string.match(v, '^0|(%d+)|(%d+)|[^|]*|(%d+)|(%d+)$')
     if not gs or #t < 10 or #s < 10 then return nil end
     g = gs + 0
-    local srel = (string.sub(s, 1, -10) - ns) * 1000000000 + (string.sub(s, -9) - nn)
-    local trel = (string.sub(t, 1, -10) - ns) * 1000000000 + (string.sub(t, -9) - nn)
-    if srel > 0 or trel >= 4503599627370496 then
+    local trel = since(t)
+    if since(s) > 0 or trel >= 4503599627370496 then
       return nil -- a clock behind the state's, or a state far ahead
     elseif trel > 0 then
       debt = trel
@@ -106,11 +109,11 @@ local function fastGCRA(a, key, v)
     else
       local q = math.floor(debt / 1000000000)
       local r = debt - q * 1000000000
-      local ts, tn = ns + q, nn + r
+      local ts, tn = fns + q, fnn + r
       if tn >= 1000000000 then ts, tn = ts + 1, tn - 1000000000 end
       -- One string.format with %d: Lua's own number to string (%.14g) is
       -- several times slower per number.
-      if not fnow then fnow = string.format('%d%09d', ns, nn) end
+      if not fnow then fnow = string.format('%d%09d', fns, fnn) end
       v = string.format('0|%d%09d|%s|0|%s|%d', ts, tn, ARGV[a + 5], fnow, (g + 1) % 1000000000)
       redis.call('SET', key, v, 'PX', math.ceil(debt / 1000000) + slack)
     end
@@ -150,9 +153,7 @@ local function fastFixed(a, key, v)
   if v then
     local t, n, pv, s, gs = string.match(v, '^1|(%d+)|(%d+)|(%d+)|(%d+)|(%d+)$')
     if not gs or #s < 10 then return nil end
-    if (string.sub(s, 1, -10) - fns) * 1000000000 + (string.sub(s, -9) - fnn) > 0 then
-      return nil -- a clock behind the state's
-    end
+    if since(s) > 0 then return nil end -- a clock behind the state's
     if t == start then count = n + 0 end
     pp, g = pv, gs + 0
   end
@@ -169,18 +170,12 @@ local function fastFixed(a, key, v)
   return {1, 0, limit - count, reset, 0}, v
 end
 
--- fast decides the item whose fields start at ARGV[a] on a fast path, or
--- returns nil.
-local function fast(a, key, v)
-  local alg = ARGV[a + 1]
-  if alg == '0' then return fastGCRA(a, key, v) end
-  if alg == '1' then return fastFixed(a, key, v) end
-  return nil
-end
+-- fast holds the fast paths by algorithm, as ARGV spells it.
+local fast = {['0'] = fastGCRA, ['1'] = fastFixed}
 
-if fns and ARGV[3] == '1' and (ARGV[6] == '0' or ARGV[6] == '1') then
+if fns and ARGV[3] == '1' and fast[ARGV[6]] then
   local key = KEYS[tonumber(ARGV[5])]
-  local res = fast(5, key, redis.call('GET', key))
+  local res = fast[ARGV[6]](5, key, redis.call('GET', key))
   if res then return res end
 end
 
@@ -194,7 +189,7 @@ if fns and string.sub(ARGV[3], 1, 1) == '-' then
   local count = -tonumber(ARGV[3])
   local keys = {}
   local a = 5
-  while #keys < count and #keys < 1000 and ARGV[a] == '1' and (ARGV[a + 2] == '0' or ARGV[a + 2] == '1') do -- unpack's bound
+  while #keys < count and #keys < 1000 and ARGV[a] == '1' and fast[ARGV[a + 2]] do -- unpack's bound
     keys[#keys + 1] = KEYS[#keys + 1] -- one key each, in order
     a = a + 11
   end
@@ -207,7 +202,7 @@ if fns and string.sub(ARGV[3], 1, 1) == '-' then
       local key = keys[i]
       local v = seen[key]
       if v == nil then v = vals[i] end
-      local res, nv = fast(a + 1, key, v)
+      local res, nv = fast[ARGV[a + 2]](a + 1, key, v)
       if not res then break end
       seen[key] = nv
       local o = #bout
@@ -809,9 +804,9 @@ local a = ba
 for _ = bi, -tonumber(n) do
   local m = tonumber(ARGV[a])
   local res = nil
-  if m == 1 and fns and (ARGV[a + 2] == '0' or ARGV[a + 2] == '1') then
+  if m == 1 and fns and fast[ARGV[a + 2]] then
     local key = KEYS[tonumber(ARGV[a + 1])]
-    res = fast(a + 1, key, redis.call('GET', key))
+    res = fast[ARGV[a + 2]](a + 1, key, redis.call('GET', key))
   end
   if not res then res = request(a + 1, m) end
   out[#out + 1] = #res

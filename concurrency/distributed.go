@@ -164,14 +164,12 @@ func (d *Distributed) Limit() int64 { return d.limit }
 // Acquire waits for a permit until one is granted, ctx ends or the Backend
 // fails. The returned Permit must be released.
 func (d *Distributed) Acquire(ctx context.Context) (*Permit, error) {
-	if d.limit <= 0 {
-		return nil, fmt.Errorf("%w: semaphore %q has limit %d", ErrExceedsLimit, d.name, d.limit)
-	}
 	backoff := d.o.MinBackoff
 	var timer *time.Timer
 	for {
 		p, err := d.TryAcquire(ctx)
-		// A grant answered too late to be valid (ErrLost) is retried too.
+		// A grant answered too late to be valid (ErrLost) is retried too;
+		// ErrExceedsLimit, like any other error, ends the wait.
 		if !errors.Is(err, ErrNoPermit) && !errors.Is(err, ErrLost) {
 			if timer != nil {
 				timer.Stop()
@@ -243,10 +241,9 @@ type Permit struct {
 	d     *Distributed
 	token string
 
-	stop   chan struct{} // closed by Release
-	exited chan struct{} // closed when the renewal goroutine returns
-	lost   chan struct{} // closed when the permit is lost
-	cancel context.CancelFunc
+	exited chan struct{}      // closed when the renewal goroutine returns
+	lost   chan struct{}      // closed when the permit is lost
+	cancel context.CancelFunc // called by Release: ends the renewal goroutine
 
 	mu       sync.Mutex
 	until    time.Time   // end of validity
@@ -267,7 +264,6 @@ func (d *Distributed) newPermit(token string, sent time.Time) *Permit {
 	p := &Permit{
 		d:      d,
 		token:  token,
-		stop:   make(chan struct{}),
 		exited: make(chan struct{}),
 		lost:   make(chan struct{}),
 		cancel: cancel,
@@ -299,6 +295,11 @@ func (p *Permit) Err() error {
 func (p *Permit) lose(cause error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.loseLocked(cause)
+}
+
+// loseLocked is lose with p.mu held.
+func (p *Permit) loseLocked(cause error) {
 	if p.err != nil {
 		return
 	}
@@ -321,8 +322,7 @@ func (p *Permit) extend(sent time.Time) bool {
 	until := sent.Add(p.d.o.TTL - p.d.o.Margin)
 	left := time.Until(until)
 	if left <= 0 {
-		p.err = fmt.Errorf("%w: renewal answered after its validity", ErrLost)
-		close(p.lost)
+		p.loseLocked(fmt.Errorf("%w: renewal answered after its validity", ErrLost))
 		return false
 	}
 	p.until = until
@@ -341,8 +341,8 @@ func (p *Permit) renew(ctx context.Context, lastSent time.Time) {
 	defer timer.Stop()
 	for {
 		select {
-		case <-p.stop:
-			return
+		case <-ctx.Done():
+			return // released
 		case <-p.lost:
 			return
 		case <-timer.C:
@@ -398,7 +398,6 @@ func (p *Permit) Release(ctx context.Context) error {
 		p.expire.Stop()
 	}
 	p.mu.Unlock()
-	close(p.stop)
 	p.cancel()
 	<-p.exited
 	ok, err := p.d.backend.Release(ctx, p.d.name, p.token)

@@ -313,9 +313,6 @@ func NewHolder(c Coordinator, cfg Config) (*Holder, error) {
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = cfg.RenewEvery / 2
 	}
-	if v := cfg.TTL - time.Duration(float64(cfg.TTL)*cfg.Drift) - cfg.Margin; v <= cfg.RenewEvery {
-		return nil, fmt.Errorf("%w: a lease valid for %v does not outlive the renewal period %v", ErrBadArgument, v, cfg.RenewEvery)
-	}
 	h := &Holder{
 		c:       c,
 		cfg:     cfg,
@@ -324,6 +321,9 @@ func NewHolder(c Coordinator, cfg Config) (*Holder, error) {
 		leases:  map[int]*held{},
 		changed: make(chan struct{}),
 		ceiling: math.Inf(1),
+	}
+	if v := h.validity(); v <= cfg.RenewEvery {
+		return nil, fmt.Errorf("%w: a lease valid for %v does not outlive the renewal period %v", ErrBadArgument, v, cfg.RenewEvery)
 	}
 	h.lim = ratelimit.NewLimiter(0, 0)
 	h.limiter = &Limiter{h: h}
@@ -376,18 +376,12 @@ func (h *Holder) Stats() Stats { return h.StatsAt(time.Now()) }
 func (h *Holder) StatsAt(now time.Time) Stats {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.refreshLocked(now)
-	now = h.latest
 	s := h.st
+	s.Leases = h.refreshLocked(now)
 	s.Granted, s.Rate, s.Used = h.granted, h.rate, h.used
 	s.Idle = max(0, h.rate-h.used)
 	s.Demand, s.Need, s.Want = h.demand, h.need, h.want
 	s.Ceiling, s.Outage = h.ceiling, h.outage
-	for _, l := range h.leases {
-		if l.deadline.After(now) {
-			s.Leases++
-		}
-	}
 	return s
 }
 
@@ -433,8 +427,9 @@ func (h *Holder) storeTTL() time.Duration {
 // outage policy and the ceiling, and sets the limiter's rate when it
 // changed, waking WaitN callers. An instant earlier than the latest one
 // seen counts as that one: a caller holding a stale instant cannot bring
-// back a lease that has ended. h.mu is held.
-func (h *Holder) refreshLocked(now time.Time) {
+// back a lease that has ended. It returns the number of leases valid at
+// that instant. h.mu is held.
+func (h *Holder) refreshLocked(now time.Time) (valid int) {
 	if now.Before(h.latest) {
 		now = h.latest
 	}
@@ -459,7 +454,7 @@ func (h *Holder) refreshLocked(now time.Time) {
 	}
 	rate = min(rate, h.ceiling)
 	if rate == h.rate && horizon.Equal(h.horizon) {
-		return
+		return n
 	}
 	h.horizon = horizon
 	if rate != h.rate {
@@ -480,6 +475,7 @@ func (h *Holder) refreshLocked(now time.Time) {
 	}
 	close(h.changed)
 	h.changed = make(chan struct{})
+	return n
 }
 
 // Run works for the holder until ctx is done, then releases every lease

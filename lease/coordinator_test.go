@@ -18,10 +18,14 @@ type coordCase struct {
 	name string
 	// make returns a fresh coordinator and advance, which lets d pass on
 	// the store's clock.
-	make func(t *testing.T) (c interface {
-		Coordinator
-		Valid(context.Context, Grant) (bool, error)
-	}, advance func(d time.Duration))
+	make func(t *testing.T) (c fencedCoordinator, advance func(d time.Duration))
+}
+
+// fencedCoordinator is a Coordinator that also checks fencing tokens, as
+// Memory and Redis do.
+type fencedCoordinator interface {
+	Coordinator
+	Valid(context.Context, Grant) (bool, error)
 }
 
 // coordCases returns the coordinators under test: Memory on a fake clock,
@@ -30,17 +34,11 @@ type coordCase struct {
 func coordCases(parent *testing.T) []coordCase {
 	var cluster *redistest.ClusterSet
 	return []coordCase{
-		{"memory", func(t *testing.T) (c interface {
-			Coordinator
-			Valid(context.Context, Grant) (bool, error)
-		}, advance func(time.Duration)) {
+		{"memory", func(t *testing.T) (c fencedCoordinator, advance func(time.Duration)) {
 			clk := fakeclock.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 			return NewMemoryClock(clk.Now), clk.Advance
 		}},
-		{"redis", func(t *testing.T) (c interface {
-			Coordinator
-			Valid(context.Context, Grant) (bool, error)
-		}, advance func(time.Duration)) {
+		{"redis", func(t *testing.T) (c fencedCoordinator, advance func(time.Duration)) {
 			srv := redistest.Standalone(t)
 			r, err := NewRedis(srv.Client(), "svc:"+t.Name(), RedisOptions{Timeout: 2 * time.Second})
 			if err != nil {
@@ -49,10 +47,7 @@ func coordCases(parent *testing.T) []coordCase {
 			// The server's clock cannot be moved: let the time pass.
 			return r, func(d time.Duration) { <-time.After(d) }
 		}},
-		{"redis-cluster", func(t *testing.T) (c interface {
-			Coordinator
-			Valid(context.Context, Grant) (bool, error)
-		}, advance func(time.Duration)) {
+		{"redis-cluster", func(t *testing.T) (c fencedCoordinator, advance func(time.Duration)) {
 			if cluster == nil {
 				cluster = redistest.Cluster(parent)
 			}

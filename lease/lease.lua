@@ -17,13 +17,17 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local op, id, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 
-local function part(p)
-  local v = redis.call('HGET', KEYS[3], p)
+-- parse splits a partitions hash value, or returns 0, 0, '' for none.
+local function parse(v)
   if not v then
     return 0, 0, ''
   end
   local e, x, o = string.match(v, '^(%d+) (%d+) (.*)$')
   return tonumber(e), tonumber(x), o
+end
+
+local function part(p)
+  return parse(redis.call('HGET', KEYS[3], p))
 end
 
 local function put(p, epoch, expiry, owner)
@@ -61,15 +65,10 @@ if op == 'heartbeat' then
     byP[all[i]] = all[i + 1]
   end
   for p = 0, tonumber(ARGV[7]) - 1 do
-    local v = byP[tostring(p)]
-    local owner, epoch, left = '', 0, 0
-    if v then
-      local e, x, o = string.match(v, '^(%d+) (%d+) (.*)$')
-      epoch = tonumber(e)
-      if tonumber(x) > now then
-        owner = o
-        left = tonumber(x) - now
-      end
+    local epoch, expiry, owner = parse(byP[tostring(p)])
+    local left = expiry - now
+    if left <= 0 then
+      owner, left = '', 0
     end
     out[#out + 1] = owner
     out[#out + 1] = epoch

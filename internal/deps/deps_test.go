@@ -28,6 +28,7 @@ import (
 	"go/parser"
 	"go/token"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,7 +44,6 @@ type pkg struct {
 	Name       string
 	Dir        string
 	Standard   bool
-	Module     *struct{ Path string }
 	GoFiles    []string
 	CgoFiles   []string
 	Imports    []string
@@ -137,13 +137,9 @@ type rule struct {
 	forbidden func(p *pkg) bool
 }
 
+// underAny reports whether rel is one of dirs or lies below one of them.
 func underAny(rel string, dirs ...string) bool {
-	for _, d := range dirs {
-		if rel == d || strings.HasPrefix(rel, d+"/") {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(dirs, func(d string) bool { return hasPathPrefix(rel, d) })
 }
 
 // hasPathPrefix reports whether path is prefix or lies below it.
@@ -199,7 +195,7 @@ func relPath(path, mod string) (string, bool) {
 // which a forbidden package is reached.
 func checkImports(pkgs map[string]*pkg, mod string, rules []rule) []string {
 	var msgs []string
-	for _, path := range sortedKeys(pkgs) {
+	for _, path := range slices.Sorted(maps.Keys(pkgs)) {
 		p := pkgs[path]
 		rel, ok := relPath(path, mod)
 		if !ok {
@@ -244,7 +240,7 @@ func envFuncs() map[string][]string {
 // calls a function of envFuncs in its non-test files.
 func checkFlagsAndEnv(pkgs map[string]*pkg, mod string) ([]string, error) {
 	var msgs []string
-	for _, path := range sortedKeys(pkgs) {
+	for _, path := range slices.Sorted(maps.Keys(pkgs)) {
 		p := pkgs[path]
 		rel, ok := relPath(path, mod)
 		if !ok || (p.Name == "main" && underAny(rel, "cmd", "bench")) {
@@ -317,13 +313,15 @@ func envCalls(filename string, src []byte) ([]string, error) {
 	return calls, nil
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
+// check returns the messages of every rule: the import rules, then the
+// flag and environment rule.
+func check(pkgs map[string]*pkg, mod string) ([]string, error) {
+	msgs := checkImports(pkgs, mod, importRules())
+	more, err := checkFlagsAndEnv(pkgs, mod)
+	if err != nil {
+		return nil, err
 	}
-	slices.Sort(keys)
-	return keys
+	return append(msgs, more...), nil
 }
 
 // TestImportRules checks the module as it is.
@@ -332,12 +330,11 @@ func TestImportRules(t *testing.T) {
 	if pkgs[mod+"/ratelimit"] == nil {
 		t.Fatalf("go list did not find %s/ratelimit; is the test running inside the module?", mod)
 	}
-	msgs := checkImports(pkgs, mod, importRules())
-	more, err := checkFlagsAndEnv(pkgs, mod)
+	msgs, err := check(pkgs, mod)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, m := range slices.Concat(msgs, more) {
+	for _, m := range msgs {
 		t.Error(m)
 	}
 }
@@ -449,12 +446,10 @@ func TestRulesCatchViolations(t *testing.T) {
 			for _, p := range tt.pkgs {
 				pkgs[p.ImportPath] = p
 			}
-			got := checkImports(pkgs, mod, importRules())
-			more, err := checkFlagsAndEnv(pkgs, mod)
+			got, err := check(pkgs, mod)
 			if err != nil {
 				t.Fatal(err)
 			}
-			got = append(got, more...)
 			if len(got) != len(tt.want) {
 				t.Fatalf("got %d messages, want %d:\n%s", len(got), len(tt.want), strings.Join(got, "\n"))
 			}

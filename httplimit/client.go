@@ -447,20 +447,21 @@ type retryBudget struct {
 	ratio float64
 	min   int
 	slot  time.Duration
-	slots [budgetSlots]struct {
-		index             int64 // which slot of time this is
-		requests, retries int64
-	}
+	slots [budgetSlots]budgetSlot
 }
 
-func (b *retryBudget) at(now time.Time) *struct {
-	index             int64
+// A budgetSlot counts the requests and retries of one slot of time.
+type budgetSlot struct {
+	index             int64 // which slot of time this is
 	requests, retries int64
-} {
+}
+
+// at returns the slot of now, reset if it held an older slot of time.
+func (b *retryBudget) at(now time.Time) *budgetSlot {
 	i := now.UnixNano() / int64(max(b.slot, 1))
 	s := &b.slots[(i%budgetSlots+budgetSlots)%budgetSlots]
 	if s.index != i {
-		s.index, s.requests, s.retries = i, 0, 0
+		*s = budgetSlot{index: i}
 	}
 	return s
 }
@@ -468,10 +469,10 @@ func (b *retryBudget) at(now time.Time) *struct {
 func (b *retryBudget) request(now time.Time) { b.at(now).requests++ }
 
 func (b *retryBudget) retry(now time.Time) bool {
-	cur := b.at(now).index
+	cur := b.at(now)
 	var reqs, retries int64
 	for i := range b.slots {
-		if s := &b.slots[i]; cur-s.index < budgetSlots {
+		if s := &b.slots[i]; cur.index-s.index < budgetSlots {
 			reqs += s.requests
 			retries += s.retries
 		}
@@ -479,6 +480,6 @@ func (b *retryBudget) retry(now time.Time) bool {
 	if float64(retries+1) > float64(b.min)+b.ratio*float64(reqs) {
 		return false
 	}
-	b.at(now).retries++
+	cur.retries++
 	return true
 }

@@ -261,21 +261,20 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 		return true
 	}
 	st.ev.Denied = true
+	var retry time.Duration
 	for i := range ds {
-		if !ds[i].Allowed && ds[i].Reason == ratelimit.ReasonFailClosed {
-			return m.refuseOverload(w, st, ds[i].RetryAfter)
+		switch d := &ds[i]; {
+		case d.Allowed:
+		case d.Reason == ratelimit.ReasonFailClosed:
+			return m.refuseOverload(w, st, d.RetryAfter)
+		case d.Reason == ratelimit.ReasonLimited:
+			retry = max(retry, d.RetryAfter)
 		}
 	}
 	m.setFields(h, st)
 	if m.shadow {
 		m.report(st)
 		return true
-	}
-	var retry time.Duration
-	for i := range ds {
-		if !ds[i].Allowed && ds[i].Reason == ratelimit.ReasonLimited {
-			retry = max(retry, ds[i].RetryAfter)
-		}
 	}
 	if retry > 0 {
 		h["Retry-After"] = fieldValue(appendInt(st.buf[:0], RetryAfterSeconds(retry)))
@@ -340,12 +339,17 @@ func (m *Middleware) setFields(h http.Header, st *reqState) {
 	if len(st.limits) == len(m.limits) {
 		h["Ratelimit-Policy"] = m.allPolicies
 	} else {
-		b := st.buf[:0]
-		for i, l := range st.limits {
-			if i > 0 {
+		// st.limits is a subsequence of m.limits, in its order: one walk
+		// finds each one's policy.
+		b, i := st.buf[:0], 0
+		for j, l := range st.limits {
+			for &m.limits[i] != l {
+				i++
+			}
+			if j > 0 {
 				b = append(b, ", "...)
 			}
-			b = append(b, m.policies[l.index(m)]...)
+			b = append(b, m.policies[i]...)
 		}
 		st.buf = b
 		h["Ratelimit-Policy"] = fieldValue(b)
@@ -371,16 +375,6 @@ func (m *Middleware) setFields(h http.Header, st *reqState) {
 		h["X-Ratelimit-Remaining"] = []string{strconv.FormatInt(max(0, d.Remaining), 10)}
 		h["X-Ratelimit-Reset"] = []string{strconv.FormatInt(ceilSeconds(d.ResetAfter), 10)}
 	}
-}
-
-// index returns l's position in m.limits.
-func (l *Limit) index(m *Middleware) int {
-	for i := range m.limits {
-		if &m.limits[i] == l {
-			return i
-		}
-	}
-	return -1
 }
 
 // field is a header field's value slice and the bytes of its one value,

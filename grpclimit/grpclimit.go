@@ -70,20 +70,25 @@ type Key struct {
 // transport has none, as with in-memory connections).
 func ByPeer() Key {
 	return Key{Scope: "peer", Append: func(dst []byte, ctx context.Context, _ string) ([]byte, bool) {
-		p, ok := peer.FromContext(ctx)
-		if !ok || p.Addr == nil {
-			return append(dst, "unknown"...), true
-		}
-		if ap, err := netip.ParseAddrPort(p.Addr.String()); err == nil {
-			return ap.Addr().Unmap().AppendTo(dst), true
-		}
-		if ta, ok := p.Addr.(*net.TCPAddr); ok {
-			if a, ok := netip.AddrFromSlice(ta.IP); ok {
-				return a.Unmap().AppendTo(dst), true
-			}
+		if a := peerAddr(ctx); a.IsValid() {
+			return a.Unmap().AppendTo(dst), true
 		}
 		return append(dst, "unknown"...), true
 	}}
+}
+
+// peerAddr returns the IP address of the calling peer, or the zero Addr.
+func peerAddr(ctx context.Context) netip.Addr {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return netip.Addr{}
+	}
+	if ta, ok := p.Addr.(*net.TCPAddr); ok {
+		// What parsing ta.String() would give, without building the string.
+		return ta.AddrPort().Addr()
+	}
+	ap, _ := netip.ParseAddrPort(p.Addr.String())
+	return ap.Addr()
 }
 
 // ByMetadata keys by the first value of the incoming metadata key name (an
@@ -134,8 +139,7 @@ type Config struct {
 
 // Server holds the server interceptors. It is safe for concurrent use.
 type Server struct {
-	cfg    Config
-	limits []Limit
+	cfg Config // cfg.Limits is the Server's own copy
 }
 
 // NewServer returns a Server for cfg, or an error if cfg is incomplete or a
@@ -165,7 +169,8 @@ func NewServer(cfg Config) (*Server, error) {
 			}
 		}
 	}
-	return &Server{cfg: cfg, limits: append([]Limit(nil), cfg.Limits...)}, nil
+	cfg.Limits = append([]Limit(nil), cfg.Limits...)
+	return &Server{cfg: cfg}, nil
 }
 
 // UnaryInterceptor returns the unary server interceptor.
@@ -198,8 +203,8 @@ func (s *Server) decide(ctx context.Context, method string) error {
 		buf      [128]byte
 	)
 	items, idx := itemsBuf[:0], idxBuf[:0]
-	for i := range s.limits {
-		l := &s.limits[i]
+	for i := range s.cfg.Limits {
+		l := &s.cfg.Limits[i]
 		b := append(buf[:0], l.Rule.Name...)
 		ok := true
 		for _, k := range l.Keys {
@@ -254,7 +259,7 @@ func (s *Server) decide(ctx context.Context, method string) error {
 		if d.Reason == ratelimit.ReasonLimited {
 			retry = max(retry, d.RetryAfter)
 		}
-		l := &s.limits[idx[i]]
+		l := &s.cfg.Limits[idx[i]]
 		names = append(names, d.Rule)
 		qf.Violations = append(qf.Violations, &errdetails.QuotaFailure_Violation{
 			Subject:     scope(l),

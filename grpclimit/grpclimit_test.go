@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
@@ -279,6 +280,32 @@ func TestNewServerRejects(t *testing.T) {
 	} {
 		if _, err := grpclimit.NewServer(cfg); err == nil {
 			t.Errorf("NewServer(%+v) accepted", cfg)
+		}
+	}
+}
+
+// TestByPeer: the peer's IP address, unmapped and without its port, or
+// "unknown" when the peer has none.
+func TestByPeer(t *testing.T) {
+	k := grpclimit.ByPeer()
+	for _, tt := range []struct {
+		addr net.Addr
+		want string
+	}{
+		{&net.TCPAddr{IP: net.ParseIP("192.0.2.1"), Port: 5}, "192.0.2.1"},
+		{&net.TCPAddr{IP: net.ParseIP("2001:db8::1"), Port: 5}, "2001:db8::1"},
+		{&net.TCPAddr{IP: net.ParseIP("fe80::1"), Port: 5, Zone: "eth0"}, "fe80::1%eth0"},
+		{&net.TCPAddr{Port: 5}, "unknown"},
+		{&net.UDPAddr{IP: net.ParseIP("192.0.2.7"), Port: 9}, "192.0.2.7"},
+		{&net.UnixAddr{Name: "/tmp/s", Net: "unix"}, "unknown"},
+		{nil, "unknown"},
+	} {
+		ctx := t.Context()
+		if tt.addr != nil {
+			ctx = peer.NewContext(ctx, &peer.Peer{Addr: tt.addr})
+		}
+		if b, ok := k.Append(nil, ctx, "/m"); !ok || string(b) != tt.want {
+			t.Errorf("ByPeer(%v) = %q, %v; want %q", tt.addr, b, ok, tt.want)
 		}
 	}
 }

@@ -67,19 +67,12 @@ func (r *Rule) Peek(s *State, now time.Time, cost int64) Decision {
 
 func (r *Rule) decide(d *Decision, s *State, now, cost int64, commit bool) {
 	*d = Decision{}
+	orig := s
 	var fresh State
 	if s.Algorithm != r.Algorithm {
 		// State of another algorithm means nothing here: decide on a fresh
 		// one, and replace s only if the decision changes it.
 		fresh.Algorithm = r.Algorithm
-		if commit {
-			orig := s
-			defer func() {
-				if d.Allowed && cost != 0 {
-					*orig = fresh
-				}
-			}()
-		}
 		s = &fresh
 	}
 	// A caller whose clock lags the state's is answered as at the state's
@@ -98,8 +91,11 @@ func (r *Rule) decide(d *Decision, s *State, now, cost int64, commit bool) {
 		if !d.Allowed {
 			d.Reason = ReasonLimited
 			d.RetryAfter = time.Duration(lag) + max(d.RetryAfter, 1)
-		} else if commit && cost != 0 {
+		} else if commit && cost != 0 { // the algorithm changed s
 			s.Seen = now
+			if s != orig {
+				*orig = fresh
+			}
 		}
 	}
 	if d.ResetAfter > 0 {

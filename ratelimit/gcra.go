@@ -12,10 +12,7 @@ import (
 // consumed, not the time owed, carries over.
 func (r *Rule) gcra(s *State, now, cost int64, commit bool, d *Decision) {
 	iv := r.interval()
-	capT := r.Capacity() * iv // Validate keeps this below MaxInt64/2.
-	if r.Limit == 0 {
-		capT = 0
-	}
+	capT := r.Capacity() * iv // Validate keeps this below MaxInt64/2; 0 when Limit is 0.
 	var debt int64
 	if s.T > now {
 		debt = s.T - now

@@ -113,11 +113,8 @@ type Limiter struct {
 	// then tat holds the tokens owed rather than an instant.
 	iv  int64
 	inf bool
-	// base is the instant offsets are measured from, set on first use.
-	base    time.Time
-	started bool
-	// last is the latest offset seen; time never goes back before it.
-	last int64
+	// mono turns instants into offsets that never go back.
+	mono monoClock
 	// tat is the theoretical arrival time: the offset at which the bucket
 	// is full again. The debt at offset t is max(0, tat-t).
 	tat int64
@@ -151,27 +148,35 @@ func (l *Limiter) Burst() int {
 	return l.burst
 }
 
-// offset turns now into an offset from base, setting base on first use and
-// clamping to the latest offset seen, which it advances. l.mu is held.
-func (l *Limiter) offset(now time.Time) int64 {
-	if !l.started {
-		l.base, l.started = now, true
-		return l.last
-	}
-	t := int64(now.Sub(l.base))
-	if t < l.last {
-		return l.last
-	}
-	l.last = t
-	return t
+// A monoClock turns instants into offsets in nanoseconds from the first
+// instant it is given, and never goes back: an instant earlier than the
+// latest one it has seen is taken as that one. The zero value is ready for
+// use; the Limiter's or Shaper's mutex guards it.
+type monoClock struct {
+	// base is the instant offsets are measured from, set on first use.
+	base    time.Time
+	started bool
+	// last is the latest offset seen.
+	last int64
 }
 
-// peekOffset is offset without changing l.
-func (l *Limiter) peekOffset(now time.Time) int64 {
-	if !l.started {
+// advance returns the offset of now, setting base on first use and
+// clamping to the latest offset seen, which it advances.
+func (c *monoClock) advance(now time.Time) int64 {
+	if !c.started {
+		c.base, c.started = now, true
+		return c.last
+	}
+	c.last = max(c.last, int64(now.Sub(c.base)))
+	return c.last
+}
+
+// peek is advance without changing c.
+func (c *monoClock) peek(now time.Time) int64 {
+	if !c.started {
 		return 0
 	}
-	return max(l.last, int64(now.Sub(l.base)))
+	return max(c.last, int64(now.Sub(c.base)))
 }
 
 // unit is the debt one token costs: its interval, or 1 without refill.
@@ -221,7 +226,7 @@ func (l *Limiter) TokensAt(now time.Time) float64 {
 	if l.inf {
 		return float64(l.burst)
 	}
-	d := l.debt(l.peekOffset(now))
+	d := l.debt(l.mono.peek(now))
 	u := l.unit()
 	// Whole tokens exactly; only the fraction goes through float64.
 	return float64(int64(l.burst)-d/u) - float64(d%u)/float64(u)
@@ -237,7 +242,7 @@ func (l *Limiter) SetLimit(limit Limit) { l.SetLimitAt(time.Now(), limit) }
 func (l *Limiter) SetLimitAt(now time.Time, limit Limit) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	t := l.offset(now)
+	t := l.mono.advance(now)
 	d, u := l.debt(t), l.unit()
 	wasInf := l.inf
 	l.limit = limit
@@ -261,7 +266,7 @@ func (l *Limiter) SetBurst(burst int) { l.SetBurstAt(time.Now(), burst) }
 func (l *Limiter) SetBurstAt(now time.Time, burst int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.offset(now)
+	l.mono.advance(now)
 	l.burst = max(0, burst)
 }
 
@@ -274,7 +279,7 @@ func (l *Limiter) Allow() bool { return l.AllowN(time.Now(), 1) }
 // the bucket owing tokens; a negative n is refused.
 func (l *Limiter) AllowN(now time.Time, n int) bool {
 	l.mu.Lock()
-	_, _, why := l.take(l.offset(now), n, 0)
+	_, _, why := l.take(l.mono.advance(now), n, 0)
 	l.mu.Unlock()
 	return why == reserveOK
 }
@@ -365,9 +370,9 @@ const (
 // then describe the refusal.
 func (l *Limiter) reserve(now time.Time, n int, maxWait time.Duration) (Reservation, reserveResult) {
 	l.mu.Lock()
-	t := l.offset(now)
+	t := l.mono.advance(now)
 	act, unit, why := l.take(t, n, maxWait)
-	r := Reservation{lim: l, base: l.base, burst: l.burst}
+	r := Reservation{lim: l, base: l.mono.base, burst: l.burst}
 	l.mu.Unlock()
 	if why == reserveOK {
 		r.ok, r.unit, r.act = true, unit, act
@@ -474,7 +479,7 @@ func (r *Reservation) CancelAt(now time.Time) {
 		return
 	}
 	r.cancelled = true
-	t := l.offset(now)
+	t := l.mono.advance(now)
 	if l.inf || r.n == 0 || r.act < t {
 		return
 	}

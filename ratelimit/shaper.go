@@ -41,11 +41,8 @@ type Shaper struct {
 	mu    sync.Mutex
 	every int64 // ns per unit; <= 0 means no shaping
 	queue int64
-	// base is the instant offsets are measured from, set on first use;
-	// last is the latest offset seen.
-	base    time.Time
-	started bool
-	last    int64
+	// mono turns instants into offsets that never go back.
+	mono monoClock
 	// next is the offset at which the next unit may leave.
 	next int64
 }
@@ -86,11 +83,7 @@ func (s *Shaper) reserve(now time.Time, n int, maxWait time.Duration) (turn, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.started {
-		s.base, s.started = now, true
-	}
-	t := max(s.last, int64(now.Sub(s.base)))
-	s.last = t
+	t := s.mono.advance(now)
 	if s.every <= 0 || n == 0 {
 		return turn{start: t, end: t}, nil
 	}
@@ -112,8 +105,7 @@ func (s *Shaper) reserve(now time.Time, n int, maxWait time.Duration) (turn, err
 func (s *Shaper) cancel(tn turn, now time.Time) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t := max(s.last, int64(now.Sub(s.base)))
-	s.last = t
+	t := s.mono.advance(now)
 	if tn.start <= t {
 		return false
 	}

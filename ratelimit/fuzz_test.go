@@ -161,12 +161,9 @@ func checkAdmitted(t *testing.T, r *Rule, events []fuzzEvent) {
 			}
 		}
 	case FixedWindow, SlidingWindow:
-		// At most Limit in the window of the last admission.
+		// At most Limit in the window of the last admission (epoch-aligned
+		// for SlidingWindow, which has no calendar).
 		start, _ := r.window(last.at)
-		if r.Algorithm == SlidingWindow {
-			p := int64(r.Period)
-			start = last.at - floorMod(last.at, p)
-		}
 		var sum int64
 		for i := len(events) - 1; i >= 0 && events[i].at >= start; i-- {
 			sum += events[i].cost

@@ -51,7 +51,7 @@ func TestLimitInterval(t *testing.T) {
 	}
 }
 
-// step is one call in a step table: at limEpoch+at, AllowN(n) must return ok and
+// A limStep is one call in a step table: at limEpoch+at, AllowN(n) must return ok and
 // (unless tokens is NaN) TokensAt must then return tokens.
 type limStep struct {
 	at     time.Duration

@@ -168,9 +168,7 @@ func testSteps(t *testing.T, newStore NewStore) {
 // numbers): the cost already consumed carries over.
 func testLimitChange(t *testing.T, newStore NewStore) {
 	sec := time.Second
-	rule := func(alg ratelimit.Algorithm, limit int64) *ratelimit.Rule {
-		return &ratelimit.Rule{Name: "r", Algorithm: alg, Limit: limit, Period: sec}
-	}
+	rule := func(alg ratelimit.Algorithm, limit int64) *ratelimit.Rule { return ruleOf(alg, limit, sec) }
 	t.Run("gcra", func(t *testing.T) {
 		r10, r20, r5 := rule(ratelimit.GCRA, 10), rule(ratelimit.GCRA, 20), rule(ratelimit.GCRA, 5)
 		runSteps(t, newStore, r10, []step{

@@ -54,6 +54,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/internal/retrybudget"
+	"github.com/sluicehq/sluice/internal/storekey"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -216,6 +218,7 @@ func (s *Server) decide(ctx context.Context, method string) error {
 		if !ok {
 			continue
 		}
+		b = storekey.Bound(b, len(l.Rule.Name))
 		cost := int64(1)
 		if l.Cost != nil {
 			cost = max(0, l.Cost(ctx, method))
@@ -335,9 +338,11 @@ type Client struct {
 	// MaxDelay caps the delay a RetryInfo may ask for; 0 means 1 minute.
 	MaxDelay time.Duration
 
+	budgetOnce sync.Once
+	budget     *retrybudget.Budget
+
 	mu         sync.Mutex
 	pauseUntil time.Time
-	slots      [budgetSlots]budgetSlot
 	retries    int64
 	refused    int64
 }
@@ -465,63 +470,22 @@ func (c *Client) waitPause(ctx context.Context) error {
 	}
 }
 
-// budgetSlots is the number of slots of the retry budget's sliding window.
-const budgetSlots = 10
-
-// A budgetSlot counts the calls and retries of one tenth of the window.
-type budgetSlot struct {
-	index          int64 // which tenth of time this is
-	calls, retries int64
+// retryBudget returns the Client's retry budget, made on first use.
+func (c *Client) retryBudget() *retrybudget.Budget {
+	c.budgetOnce.Do(func() { c.budget = retrybudget.New(c.RetryRatio, c.MinRetries, c.RetryWindow) })
+	return c.budget
 }
 
-// slot returns the slot of now, reset if it held an older tenth; c.mu is
-// held.
-func (c *Client) slot(now time.Time) *budgetSlot {
-	w := c.RetryWindow
-	if w <= 0 {
-		w = 10 * time.Second
-	}
-	i := now.UnixNano() / int64(max(w/budgetSlots, 1))
-	s := &c.slots[(i%budgetSlots+budgetSlots)%budgetSlots]
-	if s.index != i {
-		*s = budgetSlot{index: i}
-	}
-	return s
-}
-
-func (c *Client) countCall() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.slot(time.Now()).calls++
-}
+func (c *Client) countCall() { c.retryBudget().Request(time.Now()) }
 
 func (c *Client) allowRetry() bool {
+	ok := c.retryBudget().Retry(time.Now())
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	cur := c.slot(time.Now())
-	var calls, retries int64
-	for i := range c.slots {
-		if s := &c.slots[i]; cur.index-s.index < budgetSlots {
-			calls += s.calls
-			retries += s.retries
-		}
-	}
-	ratio := c.RetryRatio
-	if ratio <= 0 {
-		ratio = 0.1
-	}
-	minRetries := c.MinRetries
-	switch {
-	case minRetries == 0:
-		minRetries = 10
-	case minRetries < 0:
-		minRetries = 0
-	}
-	if float64(retries+1) > float64(minRetries)+ratio*float64(calls) {
+	if !ok {
 		c.refused++
 		return false
 	}
-	cur.retries++
 	c.retries++
 	return true
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -307,5 +309,55 @@ func TestByPeer(t *testing.T) {
 		if b, ok := k.Append(nil, ctx, "/m"); !ok || string(b) != tt.want {
 			t.Errorf("ByPeer(%v) = %q, %v; want %q", tt.addr, b, ok, tt.want)
 		}
+	}
+}
+
+// keyRecorder admits every call and records the keys it is asked about.
+type keyRecorder struct {
+	mu   sync.Mutex
+	keys []string
+}
+
+func (r *keyRecorder) Decide(_ context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, it := range items {
+		r.keys = append(r.keys, it.Key)
+		dst = append(dst, ratelimit.Decision{Allowed: true, Limit: it.Rule.Capacity(), Rule: it.Rule.Name})
+	}
+	return dst, nil
+}
+
+// TestLongKeysAreHashed: a key longer than the bound, as a huge metadata
+// value makes, is stored as its rule name and a SHA-256, whatever its
+// length, and distinct values stay distinct.
+func TestLongKeysAreHashed(t *testing.T) {
+	rec := &keyRecorder{}
+	cl, _ := start(t, grpclimit.Config{
+		Store: rec,
+		Limits: []grpclimit.Limit{{
+			Rule: ratelimit.Rule{Name: "k", Limit: 100, Period: time.Second},
+			Keys: []grpclimit.Key{grpclimit.ByMetadata("x-api-key")},
+		}},
+	}, nil)
+	for _, v := range []string{"short", strings.Repeat("a", 5000), strings.Repeat("a", 4999) + "b"} {
+		ctx := metadata.AppendToOutgoingContext(t.Context(), "x-api-key", v)
+		if _, err := cl.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+			t.Fatalf("call with a key of %d bytes: %v", len(v), err)
+		}
+	}
+	rec.mu.Lock()
+	keys := rec.keys
+	rec.mu.Unlock()
+	if len(keys) != 3 || keys[0] != "k|short" {
+		t.Fatalf("keys = %q", keys)
+	}
+	for _, k := range keys[1:] {
+		if len(k) != len("k|#")+64 || !strings.HasPrefix(k, "k|#") {
+			t.Errorf("long key stored as %q… (%d bytes), want k|# and a hex SHA-256", k[:min(len(k), 80)], len(k))
+		}
+	}
+	if keys[1] == keys[2] {
+		t.Error("two long keys collided")
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/retrybudget"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -140,7 +141,7 @@ type Client struct {
 	mu      sync.Mutex
 	started bool
 	pauses  map[string]time.Time
-	budget  retryBudget
+	budget  *retrybudget.Budget
 	// AIMD state, when the Limiter is adjustable.
 	adj                  AdjustableLimiter
 	rate, maxRate        float64
@@ -177,20 +178,7 @@ func (c *Client) start() {
 	}
 	c.started = true
 	c.pauses = make(map[string]time.Time)
-	ratio, window, minRetries := c.RetryRatio, c.RetryWindow, c.MinRetries
-	if ratio <= 0 {
-		ratio = 0.1
-	}
-	if window <= 0 {
-		window = 10 * time.Second
-	}
-	switch {
-	case minRetries == 0:
-		minRetries = 10
-	case minRetries < 0:
-		minRetries = 0
-	}
-	c.budget = retryBudget{ratio: ratio, min: minRetries, slot: window / budgetSlots}
+	c.budget = retrybudget.New(c.RetryRatio, c.MinRetries, c.RetryWindow)
 	if a, ok := c.Limiter.(AdjustableLimiter); ok {
 		c.adj = a
 		c.maxRate = float64(c.MaxRate)
@@ -242,7 +230,7 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	}
 	c.mu.Lock()
 	c.start()
-	c.budget.request(c.now())
+	c.budget.Request(c.now())
 	c.mu.Unlock()
 
 	for attempt := 0; ; attempt++ {
@@ -362,7 +350,7 @@ func (c *Client) throttledResponse(scope string, seq int64, now time.Time, hint 
 	if !mayRetry {
 		return false
 	}
-	if !c.budget.retry(now) {
+	if !c.budget.Retry(now) {
 		c.retryDenied++
 		return false
 	}
@@ -435,51 +423,4 @@ func idempotent(method string) bool {
 		return true
 	}
 	return false
-}
-
-// budgetSlots is the number of slots of a retry budget's sliding window.
-const budgetSlots = 10
-
-// retryBudget counts requests and retries in a sliding window of
-// budgetSlots slots and allows a retry while retries stay within
-// min + ratio × requests.
-type retryBudget struct {
-	ratio float64
-	min   int
-	slot  time.Duration
-	slots [budgetSlots]budgetSlot
-}
-
-// A budgetSlot counts the requests and retries of one slot of time.
-type budgetSlot struct {
-	index             int64 // which slot of time this is
-	requests, retries int64
-}
-
-// at returns the slot of now, reset if it held an older slot of time.
-func (b *retryBudget) at(now time.Time) *budgetSlot {
-	i := now.UnixNano() / int64(max(b.slot, 1))
-	s := &b.slots[(i%budgetSlots+budgetSlots)%budgetSlots]
-	if s.index != i {
-		*s = budgetSlot{index: i}
-	}
-	return s
-}
-
-func (b *retryBudget) request(now time.Time) { b.at(now).requests++ }
-
-func (b *retryBudget) retry(now time.Time) bool {
-	cur := b.at(now)
-	var reqs, retries int64
-	for i := range b.slots {
-		if s := &b.slots[i]; cur.index-s.index < budgetSlots {
-			reqs += s.requests
-			retries += s.retries
-		}
-	}
-	if float64(retries+1) > float64(b.min)+b.ratio*float64(reqs) {
-		return false
-	}
-	cur.retries++
-	return true
 }

@@ -1,8 +1,6 @@
 package httplimit
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/http"
@@ -12,6 +10,7 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
+	"github.com/sluicehq/sluice/internal/storekey"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -225,9 +224,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 			st.buf = b
 			continue
 		}
-		if len(b) > maxKeyLen {
-			b = hashKey(b, len(l.Rule.Name))
-		}
+		b = storekey.Bound(b, len(l.Rule.Name))
 		st.buf = b
 		cost := int64(1)
 		if l.Cost != nil {
@@ -296,20 +293,6 @@ func (m *Middleware) release(st *reqState) {
 	clear(st.keys[:cap(st.keys)])
 	clear(st.items[:cap(st.items)])
 	m.pool.Put(st)
-}
-
-// maxKeyLen bounds the length of a store key. A longer one (a client can
-// send a header value of a megabyte) is replaced by its rule name and the
-// SHA-256 of the whole key, so that a store never holds keys of a size a
-// client chooses and no crafted value can collide with another's.
-const maxKeyLen = 256
-
-// hashKey replaces the part of key b after its rule name (the first n
-// bytes and the separator) by '#' and the hex SHA-256 of b.
-func hashKey(b []byte, n int) []byte {
-	sum := sha256.Sum256(b)
-	b = append(b[:n], "|#"...)
-	return hex.AppendEncode(b, sum[:])
 }
 
 // refuseOverload answers 503 with Retry-After d (at least one second),

@@ -670,21 +670,9 @@ func (l *rawLimit) algorithm() ratelimit.Algorithm {
 // Period and Calendar.
 func (l *rawLimit) window() (name, key string, period time.Duration, cal ratelimit.Calendar) {
 	if l.calendar {
-		cal = ratelimit.Calendar(0)
-		switch l.unit {
-		case Minute:
-			cal = ratelimit.Minute
-		case Hour:
-			cal = ratelimit.Hour
-		case Day:
-			cal = ratelimit.Day
-		case Week:
-			cal = ratelimit.Week
-		case Month:
-			cal = ratelimit.Month
-		case Year:
-			cal = ratelimit.Year
-		}
+		// The calendar units bear the names of the envoy units; second
+		// has none (parsing rejects it) and gives NoCalendar.
+		cal, _ = ratelimit.ParseCalendar(l.unit.String())
 		tz := "UTC"
 		if l.loc != nil {
 			tz = l.loc.String()

@@ -200,23 +200,15 @@ func runRules(_ context.Context, args []string, stdout, stderr io.Writer) error 
 		return usagef("rules: want: sluice rules validate DIR")
 	}
 	dir := fs.Arg(1)
-	if err := rules.Validate(dir); err != nil {
+	set, err := rules.Validate(dir)
+	if err != nil {
 		problems := strings.Split(err.Error(), "\n")
 		for _, p := range problems {
 			fmt.Fprintln(stdout, p)
 		}
 		return fmt.Errorf("rules validate %s: %d problem(s)", dir, len(problems))
 	}
-	set, err := rules.Load(dir)
-	if err != nil {
-		return fmt.Errorf("rules validate %s: %w", dir, err)
-	}
-	n := 0
-	for _, name := range set.Domains() {
-		d, _ := set.Domain(name)
-		n += len(d.Specs())
-	}
 	_, err = fmt.Fprintf(stdout, "OK: %s: %d file(s), %d domain(s) (%s), %d rule(s)\n",
-		dir, len(set.Files()), len(set.Domains()), strings.Join(set.Domains(), ", "), n)
+		dir, len(set.Files()), len(set.Domains()), strings.Join(set.Domains(), ", "), ruleCount(set))
 	return err
 }

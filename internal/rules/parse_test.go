@@ -257,7 +257,7 @@ func TestLoad(t *testing.T) {
 		if len(s.Domains()) == 0 {
 			t.Fatal("no domains in the example rules")
 		}
-		if err := Validate("../../examples/rules"); err != nil {
+		if _, err := Validate("../../examples/rules"); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -335,7 +335,7 @@ func TestLoad(t *testing.T) {
 		if err != nil || len(s.Domains()) != 0 {
 			t.Fatalf("Load(empty) = %v, %v", s, err)
 		}
-		if err := Validate(dir); err == nil || !strings.Contains(err.Error(), "no rule files") {
+		if _, err := Validate(dir); err == nil || !strings.Contains(err.Error(), "no rule files") {
 			t.Fatalf("Validate(empty) = %v", err)
 		}
 		if _, err := Load(filepath.Join(dir, "missing")); err == nil {

@@ -315,6 +315,11 @@ func Load(dir string) (*Set, error) {
 	if err != nil {
 		return nil, err
 	}
+	return loadFiles(files)
+}
+
+// loadFiles parses files, as listed by ruleFiles, into a Set.
+func loadFiles(files []string) (*Set, error) {
 	var (
 		errs    []error
 		domains []*Domain
@@ -343,18 +348,18 @@ func Load(dir string) (*Set, error) {
 }
 
 // Validate checks the rule files of dir as Load does, for `sluice rules
-// validate`. Unlike Load, it reports a directory without rule files as an
-// error, since validating nothing is most likely a wrong path.
-func Validate(dir string) error {
+// validate`, and returns the Set they make. Unlike Load, it reports a
+// directory without rule files as an error, since validating nothing is
+// most likely a wrong path.
+func Validate(dir string) (*Set, error) {
 	files, err := ruleFiles(dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if len(files) == 0 {
-		return fmt.Errorf("rules: no rule files (*.yaml, *.yml) in %s", dir)
+		return nil, fmt.Errorf("rules: no rule files (*.yaml, *.yml) in %s", dir)
 	}
-	_, err = Load(dir)
-	return err
+	return loadFiles(files)
 }
 
 // An Error is one problem of a rule file.

@@ -68,10 +68,20 @@ func (o *RuleOverride) Check(set *rules.Set, now time.Time) (*ratelimit.Rule, er
 	if o.Burst != 0 && sp.Rule.Algorithm != ratelimit.GCRA && sp.Rule.Algorithm != ratelimit.LeakyBucket {
 		return nil, fmt.Errorf("%w: rule %q uses %s, which has no burst", ErrInvalidOverride, o.Rule, sp.Rule.Algorithm)
 	}
-	r := *sp.Rule
+	r, err := o.apply(sp.Rule)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidOverride, err)
+	}
+	return r, nil
+}
+
+// apply returns a copy of the configured rule base with the override's
+// limit and burst, validated.
+func (o *RuleOverride) apply(base *ratelimit.Rule) (*ratelimit.Rule, error) {
+	r := *base
 	r.Limit, r.Burst = o.Limit, o.Burst
 	if err := r.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidOverride, err)
+		return nil, err
 	}
 	return &r, nil
 }
@@ -141,26 +151,13 @@ func (o *Overrides) List() []RuleOverride {
 	return out
 }
 
-// lookup returns the override of r in force now, if any; o may be nil.
-func (o *Overrides) lookup(r *ratelimit.Rule) (*ratelimit.Rule, bool) {
-	if o == nil {
-		return nil, false
-	}
-	t := *o.table.Load()
-	if len(t) == 0 {
-		return nil, false
-	}
-	a, ok := t[r]
-	if !ok || !o.now().Before(a.expires) {
-		return nil, false
-	}
-	return a.rule, true
-}
-
-// Lookup returns the override of one configured rule that is in force now.
+// Lookup returns the override of one configured rule that is in force
+// now, and when it expires. o may be nil (no overrides).
 func (o *Overrides) Lookup(r *ratelimit.Rule) (*ratelimit.Rule, time.Time, bool) {
-	t := *o.table.Load()
-	a, ok := t[r]
+	if o == nil {
+		return nil, time.Time{}, false
+	}
+	a, ok := (*o.table.Load())[r]
 	if !ok || !o.now().Before(a.expires) {
 		return nil, time.Time{}, false
 	}
@@ -202,13 +199,12 @@ func (o *Overrides) rebuild(set, also *rules.Set) error {
 			if sp == nil || sp.Rule == nil {
 				continue
 			}
-			r := *sp.Rule
-			r.Limit, r.Burst = ov.Limit, ov.Burst
-			if err := r.Validate(); err != nil {
+			r, err := ov.apply(sp.Rule)
+			if err != nil {
 				errs = append(errs, fmt.Errorf("override of %s/%s: %w", ov.Domain, ov.Rule, err))
 				continue
 			}
-			t[sp.Rule] = activeOverride{rule: &r, expires: ov.Expires}
+			t[sp.Rule] = activeOverride{rule: r, expires: ov.Expires}
 		}
 	}
 	o.table.Store(&t)

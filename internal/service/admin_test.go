@@ -166,7 +166,7 @@ func TestServiceAppliesOverrides(t *testing.T) {
 func TestOverridesNoAllocWhenEmpty(t *testing.T) {
 	o := NewOverrides(overrideSet(t, runtimeOverrideRules), nil)
 	r := specRule(t, o.set, "fw")
-	if allocs := testing.AllocsPerRun(100, func() { o.lookup(r) }); allocs != 0 {
-		t.Errorf("lookup with no overrides allocates %v times", allocs)
+	if allocs := testing.AllocsPerRun(100, func() { o.Lookup(r) }); allocs != 0 {
+		t.Errorf("Lookup with no overrides allocates %v times", allocs)
 	}
 }

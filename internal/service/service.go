@@ -193,8 +193,6 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *Request, resp *Respo
 	if s.metrics != nil { // the clock read is only for the latency histogram
 		start = time.Now()
 	}
-	sc := s.scratch.Get().(*scratch)
-	defer s.scratch.Put(sc)
 	if err := validate(req); err != nil {
 		return err
 	}
@@ -205,9 +203,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *Request, resp *Respo
 	if !ok {
 		return nil // an unknown domain limits nothing, as in envoyproxy/ratelimit
 	}
-	if err := s.match(sc, dom, req); err != nil {
-		return err
-	}
+	sc := s.scratch.Get().(*scratch)
+	defer s.scratch.Put(sc)
+	s.match(sc, dom, req)
 	if err := s.decide(ctx, sc); err != nil {
 		s.metrics.storeError()
 		return err
@@ -249,7 +247,7 @@ func validate(req *Request) error {
 
 // match turns the request's descriptors into the checks to decide, with
 // their storage keys, replaces applied.
-func (s *Service) match(sc *scratch, dom *rules.Domain, req *Request) error {
+func (s *Service) match(sc *scratch, dom *rules.Domain, req *Request) {
 	sc.limits = sc.limits[:0]
 	for i := range req.Descriptors {
 		sc.limits = dom.Match(i, req.Descriptors[i].Entries, sc.limits)
@@ -270,7 +268,7 @@ func (s *Service) match(sc *scratch, dom *rules.Domain, req *Request) error {
 			sc.key = appendOverrideKey(sc.key, d.Override)
 		} else if l.Unlimited {
 			c.rule = nil
-		} else if r, ok := s.ruleOver.lookup(c.rule); ok {
+		} else if r, _, ok := s.ruleOver.Lookup(c.rule); ok {
 			c.rule = r
 		}
 		s.addCheck(sc, c, req, string(sc.key))
@@ -285,7 +283,6 @@ func (s *Service) match(sc *scratch, dom *rules.Domain, req *Request) error {
 		sc.key = appendOverrideKey(appendEntriesKey(sc.key[:0], dom.Name(), d.Entries), d.Override)
 		s.addCheck(sc, check{desc: i, rule: s.overrides.get(d.Override), unit: d.Override.Unit}, req, string(sc.key))
 	}
-	return nil
 }
 
 func hasCheck(cs []check, desc int) bool {

@@ -24,6 +24,9 @@ type Metrics struct {
 
 	mu     sync.Mutex // serialises prepare
 	byRule atomic.Pointer[map[*rules.Spec]*ruleCounters]
+	// byDomain holds the counters of request overrides, by domain,
+	// resolved on first use.
+	byDomain sync.Map // domain → *ruleCounters
 }
 
 // Outcomes of a decision, the "outcome" label of sluice_decisions_total.
@@ -153,7 +156,11 @@ func (m *Metrics) observe(domain string, sc *scratch, resp *Response, took time.
 // overrideCounters returns the counters of limits that came from a
 // request's override; they share the rule label "override".
 func (m *Metrics) overrideCounters(domain string) *ruleCounters {
-	return m.counters(domain, "override")
+	if rc, ok := m.byDomain.Load(domain); ok {
+		return rc.(*ruleCounters)
+	}
+	rc, _ := m.byDomain.LoadOrStore(domain, m.counters(domain, "override"))
+	return rc.(*ruleCounters)
 }
 
 func outcome(d *ratelimit.Decision, shadow bool) int {

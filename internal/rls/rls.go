@@ -15,7 +15,6 @@ package rls
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
 	"slices"
 	"strconv"
@@ -104,8 +103,8 @@ func (c *call) convert(in *rlsv3.RateLimitRequest) error {
 	}
 	entries, overrides := 0, 0
 	for i, d := range descs {
-		if n := len(d.GetEntries()); n > rules.MaxEntries {
-			return fmt.Errorf("%w: descriptor %d has %d entries; at most %d (MaxEntries) are allowed", rules.ErrBound, i, n, rules.MaxEntries)
+		if err := rules.CheckEntryCount(i, len(d.GetEntries())); err != nil {
+			return err
 		}
 		entries += len(d.GetEntries())
 		if d.GetLimit() != nil {

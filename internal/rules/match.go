@@ -64,11 +64,20 @@ func CheckDescriptorCount(n int) error {
 	return nil
 }
 
+// CheckEntryCount checks the number of entries n of descriptor i of a
+// request: at most MaxEntries. Adapters call it before they copy entries.
+func CheckEntryCount(i, n int) error {
+	if n > MaxEntries {
+		return fmt.Errorf("%w: descriptor %d has %d entries; at most %d (MaxEntries) are allowed", ErrBound, i, n, MaxEntries)
+	}
+	return nil
+}
+
 // CheckDescriptor checks descriptor i of a request: at most MaxEntries
 // entries, keys and values of at most MaxKeyValueBytes.
 func CheckDescriptor(i int, entries []Entry) error {
-	if len(entries) > MaxEntries {
-		return fmt.Errorf("%w: descriptor %d has %d entries; at most %d (MaxEntries) are allowed", ErrBound, i, len(entries), MaxEntries)
+	if err := CheckEntryCount(i, len(entries)); err != nil {
+		return err
 	}
 	for j := range entries {
 		if n := len(entries[j].Key); n > MaxKeyValueBytes {

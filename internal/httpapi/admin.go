@@ -1,10 +1,8 @@
 package httpapi
 
 import (
-	"bytes"
 	"context"
 	"crypto/subtle"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -153,14 +151,12 @@ func (a *Admin) decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 		writeProblem(w, r, http.StatusBadRequest, fmt.Sprintf("reading the body (at most %d bytes): %v", a.opts.MaxBodyBytes, err))
 		return false
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		writeProblem(w, r, http.StatusBadRequest, "decoding the body: "+err.Error())
-		return false
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		writeProblem(w, r, http.StatusBadRequest, "unexpected data after the JSON object")
+	if err := unmarshalStrict(body, v); err != nil {
+		detail := err.Error()
+		if !errors.Is(err, errTrailing) {
+			detail = "decoding the body: " + detail
+		}
+		writeProblem(w, r, http.StatusBadRequest, detail)
 		return false
 	}
 	return true

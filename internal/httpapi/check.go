@@ -65,20 +65,30 @@ func decodeCheck(body []byte, in *checkRequest) error {
 	ds := in.Descriptors[:cap(in.Descriptors)]
 	clear(ds)
 	*in = checkRequest{Descriptors: ds[:0]}
+	err := unmarshalStrict(body, in)
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &te) && te.Field != "":
+		return fmt.Errorf("field %q: want a JSON %s, got %s", te.Field, te.Type, te.Value)
+	case errors.Is(err, io.EOF):
+		return errors.New("empty body: want a JSON object")
+	}
+	return err // names the unknown field: json: unknown field "x"
+}
+
+// errTrailing is unmarshalStrict's error for data after the JSON value.
+var errTrailing = errors.New("unexpected data after the JSON object")
+
+// unmarshalStrict decodes body into v: one JSON value, no unknown fields,
+// nothing after it (errTrailing).
+func unmarshalStrict(body []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(in); err != nil {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) && te.Field != "" {
-			return fmt.Errorf("field %q: want a JSON %s, got %s", te.Field, te.Type, te.Value)
-		}
-		if errors.Is(err, io.EOF) {
-			return errors.New("empty body: want a JSON object")
-		}
-		return err // names the unknown field: json: unknown field "x"
+	if err := dec.Decode(v); err != nil {
+		return err
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return errors.New("unexpected data after the JSON object")
+		return errTrailing
 	}
 	return nil
 }
@@ -96,8 +106,8 @@ func (c *checkCall) convert() error {
 	n := 0
 	for i := range in.Descriptors {
 		d := &in.Descriptors[i]
-		if len(d.Entries) > rules.MaxEntries {
-			return fmt.Errorf("%w: descriptor %d has %d entries; at most %d (MaxEntries) are allowed", rules.ErrBound, i, len(d.Entries), rules.MaxEntries)
+		if err := rules.CheckEntryCount(i, len(d.Entries)); err != nil {
+			return err
 		}
 		if len(d.Entries) == 0 {
 			return fmt.Errorf("descriptors[%d].entries: empty; a descriptor needs at least one entry", i)

@@ -135,26 +135,25 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 
 // demoServer starts the simulated database on loopback and returns its URL,
 // a transport with enough connections for the job, and a stop function.
-func demoServer(budget, cost int) (*throttledtest.DB, string, *http.Transport, func()) {
-	db := &throttledtest.DB{Budget: int64(budget), WriteCost: int64(cost)}
-	srv := httptest.NewServer(db)
+func demoServer(budget, cost int) (string, *http.Transport, func()) {
+	srv := httptest.NewServer(&throttledtest.DB{Budget: int64(budget), WriteCost: int64(cost)})
 	tr := srv.Client().Transport.(*http.Transport).Clone()
 	tr.MaxConnsPerHost = 128
 	tr.MaxIdleConnsPerHost = 128
-	return db, srv.URL + "/items", tr, func() {
+	return srv.URL + "/items", tr, func() {
 		tr.CloseIdleConnections()
 		srv.Close()
 	}
 }
 
 func demoNaive(ctx context.Context, records, budget, cost int) (throttledtest.Result, error) {
-	_, url, tr, stop := demoServer(budget, cost)
+	url, tr, stop := demoServer(budget, cost)
 	defer stop()
 	return throttledtest.Naive(ctx, &http.Client{Transport: tr}, url, records)
 }
 
 func demoSluice(ctx context.Context, records, budget, cost, processes, workers int) (throttledtest.Result, error) {
-	_, url, tr, stop := demoServer(budget, cost)
+	url, tr, stop := demoServer(budget, cost)
 	defer stop()
 	results := make(chan throttledtest.Result, processes)
 	errs := make(chan error, processes)

@@ -168,8 +168,8 @@ func checkAdminAddr(addr string, allowRemote bool) error {
 // closer is a store that must be closed.
 type closer interface{ Close() error }
 
-// openStore opens the configured store. keys is nil when the store cannot
-// inspect or reset keys.
+// openStore opens the configured store, with its key inspection and reset
+// for the admin API and where it keeps runtime overrides.
 func openStore(cfg *serveConfig) (ratelimit.Store, closer, httpapi.KeyStore, httpapi.OverrideStore, error) {
 	if cfg.store == "memory" {
 		m := memstore.New(memstore.Options{})
@@ -182,11 +182,7 @@ func openStore(cfg *serveConfig) (ratelimit.Store, closer, httpapi.KeyStore, htt
 	if err != nil {
 		return nil, nil, nil, nil, fmt.Errorf("serve: %w", err)
 	}
-	var keys httpapi.KeyStore
-	if ks, ok := any(rs).(httpapi.KeyStore); ok {
-		keys = ks
-	}
-	return rs, rs, keys, httpapi.NewRedisOverrides(rs.Client(), cfg.redisPrefix), nil
+	return rs, rs, rs, httpapi.NewRedisOverrides(rs.Client(), cfg.redisPrefix), nil
 }
 
 // ruleCount is the number of limits of set.

@@ -237,7 +237,7 @@ func (s *Store) decideOne(d *ratelimit.Decision, it *ratelimit.Item, now time.Ti
 	var st ratelimit.State
 	it.Rule.DecideInto(d, &st, now, it.Cost)
 	if d.Allowed && it.Cost > 0 {
-		s.makeRoom(sh, now.UnixNano())
+		s.makeRoom(sh, now.UnixNano(), 1, nil)
 		e := sh.insert(&k)
 		e.state, e.expires = st, now.UnixNano()+int64(d.ResetAfter)
 	}
@@ -266,10 +266,18 @@ func (s *Store) decideMany(dst []ratelimit.Decision, items []ratelimit.Item, now
 		}
 	}()
 	// Make room for new keys first, so that no eviction can touch a key
-	// this request has already decided.
+	// this request has already decided: in each shard, as many places as
+	// the request has distinct new keys there.
+	var needBuf [8]int
+	need := append(needBuf[:0], make([]int, len(locked))...)
 	for i := range refs {
-		if sh := s.shardOf(&refs[i]); sh.get(&refs[i]) == nil {
-			s.makeRoom(sh, now.UnixNano())
+		if s.shardOf(&refs[i]).get(&refs[i]) == nil && !slices.Contains(refs[:i], refs[i]) {
+			need[slices.Index(locked, refs[i].h&s.mask)]++
+		}
+	}
+	for j, si := range locked {
+		if need[j] > 0 {
+			s.makeRoom(&s.shards[si], now.UnixNano(), need[j], refs)
 		}
 	}
 	type undo struct {
@@ -332,23 +340,30 @@ func (s *Store) decideMany(dst []ratelimit.Decision, items []ratelimit.Item, now
 	return dst
 }
 
-// makeRoom evicts a key if the shard is full, before a new key is added.
-// The shard is locked.
-func (s *Store) makeRoom(sh *shard, now int64) {
-	if sh.len() < s.maxPerShard {
-		return
+// makeRoom evicts keys until n new ones fit in the shard, never one of
+// keep (the request's own), and stops when nothing else is left. The shard
+// is locked.
+func (s *Store) makeRoom(sh *shard, now int64, n int, keep []keyRef) {
+	for sh.len()+n > s.maxPerShard && s.evictOne(sh, now, keep) {
 	}
-	// An expired key if one is among a few sampled, else the sampled key
-	// closest to expiring.
+}
+
+// evictOne evicts a key that is not one of keep: an expired key if one is
+// among a few sampled, else the sampled key closest to expiring. It reports
+// whether there was one.
+func (s *Store) evictOne(sh *shard, now int64, keep []keyRef) bool {
 	const samples = 8
 	var victim uint64
 	soonest := int64(0)
 	n := 0
 	for h, e := range sh.m {
+		if slices.ContainsFunc(keep, func(k keyRef) bool { return k.h == h && k.check == e.check }) {
+			continue
+		}
 		if e.expires <= now {
 			delete(sh.m, h)
 			s.reclaimed.Add(1)
-			return
+			return true
 		}
 		if n == 0 || e.expires < soonest {
 			victim, soonest = h, e.expires
@@ -359,13 +374,17 @@ func (s *Store) makeRoom(sh *shard, now int64) {
 	}
 	if n > 0 {
 		delete(sh.m, victim)
-	} else {
-		for k := range sh.spill {
-			delete(sh.spill, k)
-			break
+		s.evictions.Add(1)
+		return true
+	}
+	for key := range sh.spill {
+		if !slices.ContainsFunc(keep, func(k keyRef) bool { return k.key == key }) {
+			delete(sh.spill, key)
+			s.evictions.Add(1)
+			return true
 		}
 	}
-	s.evictions.Add(1)
+	return false
 }
 
 func (s *Store) janitor(every time.Duration) {

@@ -73,6 +73,26 @@ func TestBoundedKeysUnderAttack(t *testing.T) {
 	}
 }
 
+// TestBoundedKeysManyNewInOneRequest: a request with several new keys in
+// one full shard (the same key twice counting once) makes room for all of
+// them, so the bound holds after it too.
+func TestBoundedKeysManyNewInOneRequest(t *testing.T) {
+	s, _ := newStore(t, Options{MaxKeys: 4, Shards: 1, JanitorInterval: -1})
+	r := &ratelimit.Rule{Limit: 10, Period: time.Minute}
+	for i := range 4 {
+		decide(t, s, ratelimit.Item{Key: fmt.Sprint("old", i), Rule: r, Cost: 1})
+	}
+	decide(t, s,
+		ratelimit.Item{Key: "a", Rule: r, Cost: 1},
+		ratelimit.Item{Key: "old0", Rule: r, Cost: 1},
+		ratelimit.Item{Key: "b", Rule: r, Cost: 1},
+		ratelimit.Item{Key: "a", Rule: r, Cost: 1},
+	)
+	if st := s.Stats(); st.Keys != 4 || st.Evictions != 2 {
+		t.Fatalf("stats = %+v, want 4 keys after 2 evictions", st)
+	}
+}
+
 func TestChecksAndDenialsOnUnknownKeysStoreNothing(t *testing.T) {
 	s, _ := newStore(t, Options{JanitorInterval: -1})
 	r := &ratelimit.Rule{Limit: 5, Period: time.Second}

@@ -365,7 +365,6 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 	if err := ctx.Err(); err != nil {
 		return dst, err
 	}
-	calendar := false
 	for i := range items {
 		r := items[i].Rule
 		if r == nil {
@@ -374,7 +373,6 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 		if err := r.Validate(); err != nil {
 			return dst, err
 		}
-		calendar = calendar || r.Calendar != ratelimit.NoCalendar
 	}
 	req, err := s.build(items)
 	if errors.Is(err, errCrossSlot) {
@@ -387,7 +385,7 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 		return s.fb.decide(dst, items), nil
 	}
 	n := len(dst)
-	dst, err = s.run(ctx, dst, req, items, calendar)
+	dst, err = s.run(ctx, dst, req, items)
 	req.release()
 	if err != nil {
 		dst = dst[:n]
@@ -489,6 +487,9 @@ type request struct {
 	args []any
 	mask int   // algorithms present
 	kis  []int // each item's first key, in keys (from 1)
+	// exact is set when a rule without a calendar is beyond the script's
+	// doubles, calendar when a rule has a calendar window.
+	exact, calendar bool
 	// abandoned is set when the caller stopped waiting while a pipeline
 	// may still read the request: it must not be reused.
 	abandoned bool
@@ -513,6 +514,7 @@ func (r *request) release() {
 func (s *Store) build(items []ratelimit.Item) (*request, error) {
 	req := reqPool.Get().(*request)
 	req.keys, req.kis = req.keys[:0], req.kis[:0]
+	req.exact, req.calendar = false, false
 	req.args = append(req.args[:0], nil, s.slackMS, s.small(int64(len(items))), nil)
 	mask := 0
 	var buf [128]byte
@@ -536,6 +538,8 @@ func (s *Store) build(items []ratelimit.Item) (*request, error) {
 		}
 		ra := s.ruleArgs(r)
 		mask |= 1 << r.Algorithm
+		req.exact = req.exact || ra.exact
+		req.calendar = req.calendar || r.Calendar != ratelimit.NoCalendar
 		req.args = append(req.args,
 			s.small(int64(ki)),
 			ra.alg,
@@ -554,6 +558,7 @@ func (s *Store) build(items []ratelimit.Item) (*request, error) {
 // once: a Rule is immutable once in use.
 type ruleArgs struct {
 	capacity                                int64
+	exact                                   bool // no calendar, and beyond the script's doubles
 	alg, limit, capacity_, iv, capT, period any
 }
 
@@ -573,6 +578,7 @@ func (s *Store) ruleArgs(r *ratelimit.Rule) *ruleArgs {
 	}
 	ra := &ruleArgs{
 		capacity:  c,
+		exact:     r.Calendar == ratelimit.NoCalendar && needsExact(r, 0),
 		alg:       strconv.Itoa(int(r.Algorithm)),
 		limit:     strconv.FormatInt(r.Limit, 10),
 		capacity_: strconv.FormatInt(c, 10),
@@ -624,30 +630,24 @@ func calendarWindow(r *ratelimit.Rule, now time.Time) (start, end int64) {
 // run sends req, after filling in the instant and calendar windows, within
 // the Store's timeout. A coalesced request carries its deadline to the
 // pipeline instead of a context of its own.
-func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req *request, items []ratelimit.Item, calendar bool) ([]ratelimit.Decision, error) {
+func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req *request, items []ratelimit.Item) ([]ratelimit.Decision, error) {
 	deadline := time.Now().Add(s.timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
-	exact := false
-	for i := range items {
-		if r := items[i].Rule; r.Calendar == ratelimit.NoCalendar && needsExact(r, 0) {
-			exact = true
-		}
-	}
-	if exact || calendar || s.batch == nil {
+	if req.exact || req.calendar || s.batch == nil {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
-	if exact {
+	if req.exact {
 		return s.exact(ctx, dst, items, req.keys)
 	}
 	var now time.Time
 	switch {
 	case s.now != nil:
 		now = s.now()
-	case calendar:
+	case req.calendar:
 		// One round trip to the clock of the node that owns the slot.
 		v, err := s.clock.Run(ctx, s.c, req.keys[:1]).Slice()
 		if err != nil {
@@ -662,7 +662,7 @@ func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req *request,
 	if !now.IsZero() {
 		req.args[0] = strconv.FormatInt(now.UnixNano(), 10)
 	}
-	if calendar {
+	if req.calendar {
 		for i := range items {
 			if r := items[i].Rule; r.Calendar != ratelimit.NoCalendar {
 				start, end := calendarWindow(r, now)

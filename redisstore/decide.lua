@@ -698,6 +698,15 @@ local function clamp(x)
   return x
 end
 
+-- reply appends d's 5 values to res and returns res.
+local function reply(res, d)
+  local al = 0
+  if d.allowed then al = 1 end
+  local o = #res
+  res[o + 1], res[o + 2], res[o + 3], res[o + 4], res[o + 5] = al, d.reason, clamp(d.remaining), clamp(d.reset), clamp(d.retry)
+  return res
+end
+
 -- item reads the item whose fields start at ARGV[a].
 local function item(a)
   local r = {
@@ -720,9 +729,7 @@ local function request(a, n)
     if far(st, r) then return {-1} end
     local d = decide(r, st, cost, true)
     if d.allowed and cost ~= 0 then store(key, logkey, r, st) end
-    local al = 0
-    if d.allowed then al = 1 end
-    return {al, d.reason, clamp(d.remaining), clamp(d.reset), clamp(d.retry)}
+    return reply({}, d)
   end
 
   local items, orig, work = {}, {}, {}
@@ -778,16 +785,7 @@ local function request(a, n)
   end
 
   local res = {}
-  for i = 1, n do
-    local d = out[i]
-    local al = 0
-    if d.allowed then al = 1 end
-    res[#res + 1] = al
-    res[#res + 1] = d.reason
-    res[#res + 1] = clamp(d.remaining)
-    res[#res + 1] = clamp(d.reset)
-    res[#res + 1] = clamp(d.retry)
-  end
+  for i = 1, n do reply(res, out[i]) end
   return res
 end
 

@@ -38,6 +38,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
 
+	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/ratelimit"
 	"github.com/sluicehq/sluice/redisstore"
 )
@@ -110,7 +111,7 @@ func (r result) row() string {
 
 func run(addr string, dur time.Duration, nkeys int, concList, only string, pipelines int, window time.Duration, limit int64, pace float64, runs int) error {
 	if addr == "" {
-		a, stop, err := startRedis()
+		a, stop, err := redistest.Launch()
 		if err != nil {
 			return err
 		}
@@ -393,42 +394,4 @@ func lastLine(s string) string {
 		s = s[i+1:]
 	}
 	return s
-}
-
-// startRedis starts a redis-server on a free loopback port and returns its
-// address and a function that stops it (by its PID).
-func startRedis() (string, func(), error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	dir, err := os.MkdirTemp("", "redisload")
-	if err != nil {
-		return "", nil, err
-	}
-	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", dir, "--logfile", dir+"/redis.log")
-	if err := cmd.Start(); err != nil {
-		os.RemoveAll(dir)
-		return "", nil, err
-	}
-	stop := func() {
-		cmd.Process.Kill() //nolint:errcheck
-		cmd.Wait()         //nolint:errcheck
-		os.RemoveAll(dir)
-	}
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for c.Ping(context.Background()).Err() != nil {
-		if time.Now().After(deadline) {
-			stop()
-			return "", nil, errors.New("redis-server did not start")
-		}
-		time.Sleep(10 * time.Millisecond) // polling, bounded by deadline
-	}
-	return addr, stop, nil
 }

@@ -10,11 +10,15 @@
 //
 // Stop and Start let fault tests kill a server and bring it back on the same
 // port. Readiness is awaited by polling PING with a bounded deadline.
+//
+// Launch starts the same standalone server outside a test, for load
+// generators such as bench/redisload.
 package redistest
 
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -77,33 +81,65 @@ func Standalone(t testing.TB) *Server {
 	return start(t, false)
 }
 
+// Launch starts a standalone redis-server outside a test (a load generator's
+// own server), as Standalone does, in a new temporary directory. It returns
+// the server's address and a function that stops the server, by the process
+// id it was given, and removes the directory.
+func Launch() (addr string, stop func(), err error) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return "", nil, err
+	}
+	dir, err := os.MkdirTemp("", "redistest")
+	if err != nil {
+		return "", nil, err
+	}
+	s, err := launchFree(func() string { return dir }, false)
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	return s.Addr(), func() { s.kill(); os.RemoveAll(dir) }, nil
+}
+
 func start(t testing.TB, cluster bool) *Server {
 	t.Helper()
+	s, err := launchFree(t.TempDir, cluster)
+	if err != nil {
+		t.Fatalf("redistest: cannot start redis-server: %v", err)
+	}
+	s.t = t
+	t.Cleanup(s.kill)
+	return s
+}
+
+// launchFree starts a server on a free port, in a directory that dir
+// returns, trying another port when one fails.
+func launchFree(dir func() string, cluster bool) (*Server, error) {
 	var last error
 	for range 5 { // a free port may be taken by someone else before we bind it
-		s := &Server{t: t, port: freePort(t, cluster), dir: t.TempDir(), cluster: cluster}
+		port, err := freePort(cluster)
+		if err != nil {
+			return nil, err
+		}
+		s := &Server{port: port, dir: dir(), cluster: cluster}
 		if last = s.launch(); last == nil {
-			t.Cleanup(s.kill)
-			return s
+			return s, nil
 		}
 	}
-	t.Fatalf("redistest: cannot start redis-server: %v", last)
-	return nil
+	return nil, last
 }
 
 // freePort returns a loopback port that was free a moment ago; for a cluster
 // node, its bus port (port+10000) was free too.
-func freePort(t testing.TB, cluster bool) int {
-	t.Helper()
+func freePort(cluster bool) (int, error) {
 	for range 100 {
 		p := 20000 + rand.IntN(20000)
 		if p == 6379 || !portFree(p) || (cluster && !portFree(p+10000)) {
 			continue
 		}
-		return p
+		return p, nil
 	}
-	t.Fatal("redistest: no free loopback port")
-	return 0
+	return 0, errors.New("no free loopback port")
 }
 
 func portFree(p int) bool {

@@ -94,7 +94,9 @@ func peerAddr(ctx context.Context) netip.Addr {
 }
 
 // ByMetadata keys by the first value of the incoming metadata key name (an
-// API key, a tenant); the limit does not apply to calls without it.
+// API key, a tenant); the limit does not apply to calls without it. A
+// store key longer than 256 bytes is replaced by its SHA-256 digest, so a
+// caller cannot make the store hold values of any size.
 func ByMetadata(name string) Key {
 	name = strings.ToLower(name)
 	return Key{Scope: "metadata " + name, Append: func(dst []byte, ctx context.Context, _ string) ([]byte, bool) {

@@ -41,7 +41,8 @@ func ByIP(trusted ...netip.Prefix) Key {
 
 // ByHeader keys by the value of the request header field name (its first
 // line), e.g. an API key or a tenant. It does not apply to requests without
-// the field. The key is secret: its value never appears in responses.
+// the field. The key is secret: its value never appears in responses. A
+// store key longer than 256 bytes is replaced by its SHA-256 digest.
 func ByHeader(name string) Key {
 	canon := http.CanonicalHeaderKey(name)
 	return Key{Scope: "header " + canon, Secret: true, Append: func(dst []byte, r *http.Request) ([]byte, bool) {

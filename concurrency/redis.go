@@ -2,14 +2,13 @@ package concurrency
 
 import (
 	"context"
-	"crypto/sha256"
 	_ "embed"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice/internal/rediskey"
 )
 
 //go:embed acquire.lua
@@ -32,12 +31,13 @@ type RedisOptions struct {
 // shared by every process that uses the same server and prefix.
 //
 // Each semaphore is one sorted set, at Prefix + "{" + enc(name) + "}", where
-// enc is unpadded URL-safe base64 of the name (or "~" and base64 of its
-// SHA-256 for names longer than 128 bytes), so that no byte of a name can
-// reach another semaphore's key or choose its Cluster slot. Members are the
-// holders' tokens, scored by their expiry in milliseconds of the Redis
-// server's clock (TIME), so that holders on machines with different clocks
-// agree. The set expires with its last holder.
+// enc is internal/rediskey's encoding: unpadded URL-safe base64 of the name
+// (or "~" and base64 of its SHA-256 for names longer than 128 bytes), so
+// that no byte of a name can reach another semaphore's key or choose its
+// Cluster slot. Members are the holders' tokens, scored by their expiry in
+// milliseconds of the Redis server's clock (TIME), so that holders on
+// machines with different clocks agree. The set expires with its last
+// holder.
 //
 // Every operation is one atomic step: acquire and renew are Lua scripts
 // (EVALSHA, falling back to EVAL) that read TIME; acquire first removes the
@@ -82,23 +82,15 @@ func NewRedisBackend(c redis.UniversalClient, o RedisOptions) (*RedisBackend, er
 	}, nil
 }
 
-// maxRawName is the longest name stored as itself (encoded) in a key.
-const maxRawName = 128
-
-var keyEnc = base64.RawURLEncoding
-
-// Key returns the Redis key of the semaphore named name.
+// Key returns the Redis key of the semaphore named name. The empty name's
+// key is Prefix + "{}", in which Redis Cluster reads no hash tag and so
+// hashes the whole key; that is harmless, since every operation touches one
+// key only, and no other name has that key.
 func (r *RedisBackend) Key(name string) string {
-	b := make([]byte, 0, len(r.prefix)+2+keyEnc.EncodedLen(min(len(name), maxRawName+1)))
+	b := make([]byte, 0, len(r.prefix)+2+rediskey.Len(len(name)))
 	b = append(b, r.prefix...)
 	b = append(b, '{')
-	if len(name) <= maxRawName {
-		b = keyEnc.AppendEncode(b, []byte(name))
-	} else {
-		sum := sha256.Sum256([]byte(name))
-		b = append(b, '~')
-		b = keyEnc.AppendEncode(b, sum[:])
-	}
+	b = rediskey.Append(b, name)
 	return string(append(b, '}'))
 }
 

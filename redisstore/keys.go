@@ -1,9 +1,9 @@
 package redisstore
 
 import (
-	"crypto/sha256"
-	"encoding/base64"
 	"strings"
+
+	"github.com/sluicehq/sluice/internal/rediskey"
 )
 
 // Key layout
@@ -15,26 +15,14 @@ import (
 // or, when the item key is the tag itself, just prefix + "{" + enc(tag) + "}".
 // A sliding_log item also owns the list at that key + "|l".
 //
-// (An empty tag is encoded "~", which no other encoding is.)
-// enc is unpadded URL-safe base64 for strings of up to maxRawKey bytes and
-// "~" + base64 of their SHA-256 above that, so no caller-chosen byte ("{",
-// "}", ":", newlines, anything) appears raw in a Redis key, keys have a
-// bounded length, and distinct (tag, key) pairs never share a Redis key: a
-// caller cannot reach another tenant's counters or move a key to another
-// Cluster slot except through the tag, which is the only thing that decides
-// the slot.
-const maxRawKey = 128
-
-var b64 = base64.RawURLEncoding
-
-func appendEnc(b []byte, s string) []byte {
-	if len(s) <= maxRawKey {
-		return b64.AppendEncode(b, []byte(s))
-	}
-	sum := sha256.Sum256([]byte(s))
-	b = append(b, '~')
-	return b64.AppendEncode(b, sum[:])
-}
+// enc is internal/rediskey's encoding (and an empty tag is encoded "~",
+// which no other encoding is): unpadded URL-safe base64 for strings of up to
+// rediskey.MaxRaw bytes and "~" + base64 of their SHA-256 above that, so no
+// caller-chosen byte ("{", "}", ":", newlines, anything) appears raw in a
+// Redis key, keys have a bounded length, and distinct (tag, key) pairs never
+// share a Redis key: a caller cannot reach another tenant's counters or move
+// a key to another Cluster slot except through the tag, which is the only
+// thing that decides the slot.
 
 // appendTag appends the encoded tag: enc(tag), or "~" for the empty tag,
 // since Redis would not read "{}" as a tag.
@@ -42,7 +30,7 @@ func appendTag(b []byte, tag string) []byte {
 	if tag == "" {
 		return append(b, '~')
 	}
-	return appendEnc(b, tag)
+	return rediskey.Append(b, tag)
 }
 
 // appendKey appends the Redis key of item key k, whose hash tag is tag.
@@ -53,7 +41,7 @@ func appendKey(b []byte, prefix, tag, k string) []byte {
 	b = append(b, '}')
 	if k != tag {
 		b = append(b, ':')
-		b = appendEnc(b, k)
+		b = rediskey.Append(b, k)
 	}
 	return b
 }

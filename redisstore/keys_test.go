@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/rediskey"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -14,8 +15,8 @@ import (
 var nasty = []string{
 	"", "a", "{", "}", "{}", "{a}", "a{b}c", "}{", "{a}{b}", "{{a}}",
 	"a\nb", "a\r\n", "\x00", "\xff\xfe", "a:b", ":", "|l", "a|l", "~", "~abc",
-	"YQ", "sluice:{YQ}", "{YQ}:YQ", strings.Repeat("x", maxRawKey), strings.Repeat("x", maxRawKey+1),
-	strings.Repeat("x", maxRawKey+1) + "y", strings.Repeat("{", 1000), strings.Repeat("é", 4096),
+	"YQ", "sluice:{YQ}", "{YQ}:YQ", strings.Repeat("x", rediskey.MaxRaw), strings.Repeat("x", rediskey.MaxRaw+1),
+	strings.Repeat("x", rediskey.MaxRaw+1) + "y", strings.Repeat("{", 1000), strings.Repeat("é", 4096),
 }
 
 // TestKeyEncodingInjective checks that distinct (tag, key) pairs never
@@ -32,7 +33,7 @@ func TestKeyEncodingInjective(t *testing.T) {
 				}
 				seen[name] = [2]string{tag, k}
 			}
-			if len(rk) > 2*maxRawKey+100 {
+			if len(rk) > 2*rediskey.MaxRaw+100 {
 				t.Errorf("key of (%d-byte tag, %d-byte key) is %d bytes", len(tag), len(k), len(rk))
 			}
 			// Redis Cluster hashes the text between the first { and the

@@ -6,6 +6,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -381,6 +382,14 @@ func TestRedisRestartLosesPermit(t *testing.T) {
 		t.Fatalf("Acquire after restart: %v", err)
 	}
 	q.Release(ctx)
+}
+
+func TestRedisPrefixWithBraceRejected(t *testing.T) {
+	for _, p := range []string{"a{b}:", "x{", "}"} {
+		if _, err := NewRedisBackend(redisNopClient(), RedisOptions{Prefix: p}); err == nil || !strings.Contains(err.Error(), "brace") {
+			t.Errorf("prefix %q: err = %v, want one naming the brace", p, err)
+		}
+	}
 }
 
 func TestRedisKey(t *testing.T) {

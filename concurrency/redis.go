@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -22,8 +23,8 @@ const DefaultRedisPrefix = "sluice:sem:"
 
 // RedisOptions configure a RedisBackend.
 type RedisOptions struct {
-	// Prefix starts every key the backend writes. Default
-	// DefaultRedisPrefix.
+	// Prefix starts every key the backend writes; it must not contain "{"
+	// or "}". Default DefaultRedisPrefix.
 	Prefix string
 }
 
@@ -73,6 +74,11 @@ func NewRedisBackend(c redis.UniversalClient, o RedisOptions) (*RedisBackend, er
 	}
 	if o.Prefix == "" {
 		o.Prefix = DefaultRedisPrefix
+	}
+	if strings.ContainsAny(o.Prefix, "{}") {
+		// A brace would change the hash tag Redis Cluster reads: every
+		// semaphore in one slot, or a tag the names do not choose.
+		return nil, fmt.Errorf("concurrency: Redis prefix %q contains a hash tag brace", o.Prefix)
 	}
 	return &RedisBackend{
 		c:       c,

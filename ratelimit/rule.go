@@ -233,9 +233,16 @@ func (r *Rule) Validate() error {
 	return nil
 }
 
-// interval is the emission interval of GCRA and LeakyBucket: the time one
-// unit of cost takes to refill, rounded up to whole nanoseconds so that
-// rounding never admits more than Limit per Period. At least 1 ns.
+// Interval is the emission interval of GCRA and LeakyBucket: the time one
+// unit of cost takes to refill (or, for LeakyBucket, to leak), Period/Limit
+// rounded up to whole nanoseconds so that rounding never admits more than
+// Limit per Period; at least 1 ns. It is math.MaxInt64 (never) when Limit is
+// 0. Stores that decide elsewhere, as in a script, send it with the rule.
+func (r *Rule) Interval() time.Duration {
+	return time.Duration(r.interval())
+}
+
+// interval is Interval in nanoseconds, as the algorithms compute with it.
 func (r *Rule) interval() int64 {
 	if r.Limit <= 0 {
 		return math.MaxInt64

@@ -6,9 +6,22 @@ import (
 	"time"
 )
 
-// window returns the bounds [start, end) of the window that holds now,
-// aligned to the Unix epoch or, for FixedWindow with a Calendar, to calendar
-// units in the rule's Location.
+// Window returns the bounds [start, end) of the window of a FixedWindow or
+// SlidingWindow rule that holds now: windows of Period aligned to the Unix
+// epoch or, for FixedWindow with a Calendar, calendar units in the rule's
+// Location (nil means UTC), whose length varies with months, leap years and
+// DST changes. A SlidingWindow's window is the current of the two it weighs.
+// Other algorithms have no windows; for them Window returns the Period
+// aligned to the epoch that holds now, which means nothing to them. The
+// bounds are in now's location, as time.Time.Truncate keeps it, and end is
+// capped at the largest instant of Unix nanoseconds. r must be valid.
+func (r *Rule) Window(now time.Time) (start, end time.Time) {
+	s, e := r.window(now.UnixNano())
+	loc := now.Location()
+	return time.Unix(0, s).In(loc), time.Unix(0, e).In(loc)
+}
+
+// window is Window in Unix nanoseconds, as the algorithms compute with it.
 func (r *Rule) window(now int64) (start, end int64) {
 	if r.Calendar == NoCalendar {
 		p := int64(r.Period)

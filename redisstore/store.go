@@ -602,29 +602,16 @@ func (s *Store) small(n int64) any {
 	return strconv.FormatInt(n, 10)
 }
 
-// interval is ratelimit's emission interval: Period/Limit rounded up, at
-// least 1 ns; MaxInt64 for Limit 0.
+// interval is r's emission interval in nanoseconds, as the script reads it.
 func interval(r *ratelimit.Rule) int64 {
-	if r.Limit <= 0 {
-		return 1<<63 - 1
-	}
-	p := int64(r.Period)
-	iv := p / r.Limit
-	if p%r.Limit != 0 {
-		iv++
-	}
-	return max(iv, 1)
+	return int64(r.Interval())
 }
 
-// calendarWindow returns the calendar window of r that holds now, computed
-// by ratelimit itself: a fixed window's state after one admitted unit
-// starts at the window's start, and its ResetAfter runs to the window's end.
+// calendarWindow returns the bounds of r's window that holds now, in Unix
+// nanoseconds, as the script reads them.
 func calendarWindow(r *ratelimit.Rule, now time.Time) (start, end int64) {
-	probe := *r
-	probe.Limit = 1
-	var st ratelimit.State
-	d := probe.Decide(&st, now, 1)
-	return st.T, now.UnixNano() + int64(d.ResetAfter)
+	s, e := r.Window(now)
+	return s.UnixNano(), e.UnixNano()
 }
 
 // run sends req, after filling in the instant and calendar windows, within

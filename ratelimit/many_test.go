@@ -1,0 +1,112 @@
+package ratelimit
+
+import (
+	"fmt"
+	"testing"
+	"time"
+)
+
+// A manyStep decides one request of items at epoch0+at with DecideMany on
+// the states of a map-backed store, and expects want. Limit and Rule of want
+// are filled in from the items' rules.
+type manyStep struct {
+	at    time.Duration
+	items []Item
+	want  []Decision
+}
+
+// mapStore keeps states by key, as a Store would, and decides requests
+// with DecideMany: on copies of its states, kept only if every item is
+// admitted.
+type mapStore map[string]State
+
+func (m mapStore) decide(dst []Decision, items []Item, now time.Time) ([]Decision, bool, error) {
+	working := map[string]*State{}
+	rolledBack := false
+	var errs []error
+	dst, ok := DecideMany(dst, items, now,
+		func(i int) *State {
+			if rolledBack {
+				errs = append(errs, fmt.Errorf("working(%d) called after rollback", i))
+			}
+			st := working[items[i].Key]
+			if st == nil {
+				c := cloneState(m[items[i].Key])
+				st = &c
+				working[items[i].Key] = st
+			}
+			return st
+		},
+		func() {
+			if rolledBack {
+				errs = append(errs, fmt.Errorf("rollback called twice"))
+			}
+			rolledBack = true
+		},
+		func(i int) State {
+			if !rolledBack {
+				errs = append(errs, fmt.Errorf("original(%d) called before rollback", i))
+			}
+			return m[items[i].Key]
+		})
+	if ok == rolledBack {
+		errs = append(errs, fmt.Errorf("admitted %v, rolled back %v", ok, rolledBack))
+	}
+	if ok {
+		for k, st := range working {
+			m[k] = *st
+		}
+	}
+	if len(errs) > 0 {
+		return dst, ok, errs[0]
+	}
+	return dst, ok, nil
+}
+
+func TestDecideMany(t *testing.T) {
+	r := &Rule{Name: "w", Algorithm: FixedWindow, Limit: 3, Period: time.Minute}
+	item := func(key string, cost int64) Item { return Item{Key: key, Rule: r, Cost: cost} }
+	m := time.Minute
+	steps := []manyStep{
+		{items: []Item{item("a", 1), item("b", 1)}, want: []Decision{ok(2, m), ok(2, m)}},
+		// The same key twice: the second item sees what the first consumed.
+		{items: []Item{item("a", 1), item("a", 1)}, want: []Decision{ok(1, m), ok(0, m)}},
+		// a is denied: b, before and after it, reports what it alone would
+		// get, at cost 0 since nothing was taken.
+		{items: []Item{item("b", 1), item("a", 1), item("b", 1)}, want: []Decision{ok(2, m), limited(0, m, m), ok(2, m)}},
+		// The denied item's decision counts what its key's earlier items
+		// consumed; the others report from the state before the request.
+		{items: []Item{item("b", 2), item("b", 1)}, want: []Decision{ok(2, m), limited(0, m, m)}},
+		// An item that alone would be denied reports its own denial, and
+		// items after the first denial are not decided.
+		{items: []Item{item("c", 4), item("a", 1), item("b", 1)}, want: []Decision{never(3, 0), limited(0, m, m), ok(2, m)}},
+		// A check (cost 0) counts as admitted and consumes nothing.
+		{items: []Item{item("b", 0), item("b", 1)}, want: []Decision{ok(2, m), ok(1, m)}},
+		// Only the admitted requests above consumed: a is full, b holds two
+		// units, c none.
+		{items: []Item{item("a", 0), item("b", 1), item("c", 3)}, want: []Decision{ok(0, m), ok(0, m), ok(0, m)}},
+		{at: m, items: []Item{item("a", 3), item("b", 3), item("c", 3)}, want: []Decision{ok(0, m), ok(0, m), ok(0, m)}},
+		// A new key reports from the zero State, fresh.
+		{at: m, items: []Item{item("a", 1), item("d", 1)}, want: []Decision{limited(0, m, m), ok(3, 0)}},
+	}
+	store := mapStore{}
+	sentinel := Decision{Rule: "before"}
+	for i, st := range steps {
+		got, admitted, err := store.decide([]Decision{sentinel}, st.items, epoch0.Add(st.at))
+		if err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if len(got) != 1+len(st.items) || got[0] != sentinel {
+			t.Fatalf("step %d: got %d decisions after %+v, want %d after the sentinel", i, len(got), got[0], len(st.items))
+		}
+		for j, want := range st.want {
+			want.Limit, want.Rule = st.items[j].Rule.Capacity(), st.items[j].Rule.Name
+			if got[1+j] != want {
+				t.Errorf("step %d item %d (%s, cost %d):\n got %+v\nwant %+v", i, j, st.items[j].Key, st.items[j].Cost, got[1+j], want)
+			}
+		}
+		if admitted != Allowed(got[1:]) {
+			t.Errorf("step %d: DecideMany reports admitted %v for %+v", i, admitted, got[1:])
+		}
+	}
+}

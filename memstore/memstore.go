@@ -244,8 +244,10 @@ func (s *Store) decideOne(d *ratelimit.Decision, it *ratelimit.Item, now time.Ti
 	sh.mu.Unlock()
 }
 
-// decideMany locks every shard the items touch, in index order, decides the
-// items in turn and, if any is denied, restores every state it changed.
+// decideMany locks every shard the items touch, in index order, and decides
+// the items with ratelimit.DecideMany on the shards' entries, keeping an
+// undo record of each, so that a denial restores every state it changed.
+// Expiry times change only when every item is admitted.
 func (s *Store) decideMany(dst []ratelimit.Decision, items []ratelimit.Item, now time.Time) []ratelimit.Decision {
 	var refBuf [8]keyRef
 	refs := refBuf[:0]
@@ -283,59 +285,43 @@ func (s *Store) decideMany(dst []ratelimit.Decision, items []ratelimit.Item, now
 	type undo struct {
 		e        *entry
 		state    ratelimit.State
-		expires  int64
 		inserted bool
 	}
 	var undoBuf [8]undo
 	undos := undoBuf[:0]
 	base := len(dst)
-	allowed := true
-	for i := range items {
-		it, k := &items[i], &refs[i]
-		sh := s.shardOf(k)
-		e, inserted := sh.get(k), false
-		if e == nil {
-			e, inserted = sh.insert(k), true
-		}
-		u := undo{e: e, state: e.state, expires: e.expires, inserted: inserted}
-		u.state.Log = slices.Clone(e.state.Log) // Decide may change the log in place
-		undos = append(undos, u)
-		d := it.Rule.Decide(&e.state, now, it.Cost)
-		e.expires = now.UnixNano() + int64(d.ResetAfter)
-		dst = append(dst, d)
-		if allowed = d.Allowed; !allowed {
-			break
-		}
-	}
+	dst, allowed := ratelimit.DecideMany(dst, items, now,
+		func(i int) *ratelimit.State {
+			k := &refs[i]
+			sh := s.shardOf(k)
+			e, inserted := sh.get(k), false
+			if e == nil {
+				e, inserted = sh.insert(k), true
+			}
+			u := undo{e: e, state: e.state, inserted: inserted}
+			u.state.Log = slices.Clone(e.state.Log) // Decide may change the log in place
+			undos = append(undos, u)
+			return &e.state
+		},
+		func() {
+			for i := len(undos) - 1; i >= 0; i-- {
+				u := &undos[i]
+				u.e.state = u.state
+				if u.inserted {
+					s.shardOf(&refs[i]).del(&refs[i])
+				}
+			}
+		},
+		func(i int) ratelimit.State {
+			if e := s.shardOf(&refs[i]).get(&refs[i]); e != nil {
+				return e.state
+			}
+			return ratelimit.State{}
+		})
 	if allowed {
-		return dst
-	}
-	for i := len(undos) - 1; i >= 0; i-- {
-		u := &undos[i]
-		u.e.state, u.e.expires = u.state, u.expires
-		if u.inserted {
-			s.shardOf(&refs[i]).del(&refs[i])
+		for i := range undos {
+			undos[i].e.expires = now.UnixNano() + int64(dst[base+i].ResetAfter)
 		}
-	}
-	// Report every item as it stands: the one that denied keeps its
-	// decision; the others say whether they alone would pass, with
-	// Remaining as nothing was taken.
-	denied, deniedDecision := len(dst)-base-1, dst[len(dst)-1]
-	dst = dst[:base]
-	for i := range items {
-		it := &items[i]
-		var st ratelimit.State
-		if e := s.shardOf(&refs[i]).get(&refs[i]); e != nil {
-			st = e.state
-		}
-		d := it.Rule.Peek(&st, now, it.Cost)
-		switch {
-		case i == denied:
-			d = deniedDecision
-		case d.Allowed:
-			d = it.Rule.Peek(&st, now, 0)
-		}
-		dst = append(dst, d)
 	}
 	return dst
 }

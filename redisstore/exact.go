@@ -158,6 +158,7 @@ func (s *Store) decideExact(ctx context.Context, items []ratelimit.Item, keys []
 			now = s.now()
 		}
 		states := map[string]*exactState{}
+		its := make([]*exactState, len(items))
 		for i := range items {
 			k := itemKey[i]
 			st := states[keys[k]]
@@ -172,6 +173,7 @@ func (s *Store) decideExact(ctx context.Context, items []ratelimit.Item, keys []
 				}
 				states[keys[k]] = st
 			}
+			its[i] = st
 			if items[i].Rule.Algorithm == ratelimit.SlidingLog && st.logKey == "" { // its log is the next key
 				st.logKey = keys[k+1]
 				if st.orig.Algorithm == ratelimit.SlidingLog && st.raw != "" {
@@ -183,11 +185,10 @@ func (s *Store) decideExact(ctx context.Context, items []ratelimit.Item, keys []
 			}
 		}
 		for _, st := range states {
-			st.cur = cloneState(st.orig)
-			st.dirty = false
+			st.cur = cloneState(st.orig) // Decide may change the log in place
 		}
-		ds := exactDecide(items, keys, itemKey, states, now)
-		if !ratelimit.Allowed(ds) {
+		ds, allowed := exactDecide(items, its, now)
+		if !allowed {
 			return ds, nil
 		}
 		ok, err := s.exactWrite(ctx, states, now)
@@ -201,44 +202,22 @@ func (s *Store) decideExact(ctx context.Context, items []ratelimit.Item, keys []
 	return nil, errContention
 }
 
-// exactDecide decides like memstore: items in order on working states,
-// stopping at the first denial; on a denial every other item reports what
-// it alone would get, nothing consumed.
-func exactDecide(items []ratelimit.Item, keys []string, itemKey []int, states map[string]*exactState, now time.Time) []ratelimit.Decision {
-	ds := make([]ratelimit.Decision, 0, len(items))
-	denied := -1
-	for i := range items {
-		it := &items[i]
-		st := states[keys[itemKey[i]]]
-		d := it.Rule.Decide(&st.cur, now, it.Cost)
-		ds = append(ds, d)
-		if !d.Allowed {
-			denied = i
-			break
-		}
-		if it.Cost != 0 {
-			st.dirty, st.rule = true, it.Rule
+// exactDecide decides items all or nothing on the working states (see
+// ratelimit.DecideMany); its states are the items' own, its[i] items[i]'s.
+// When every item is admitted, it marks what the write must store.
+func exactDecide(items []ratelimit.Item, its []*exactState, now time.Time) ([]ratelimit.Decision, bool) {
+	ds, ok := ratelimit.DecideMany(make([]ratelimit.Decision, 0, len(items)), items, now,
+		func(i int) *ratelimit.State { return &its[i].cur },
+		nil, // the working states are only written when every item is admitted
+		func(i int) ratelimit.State { return its[i].orig })
+	if ok {
+		for i := range items {
+			if items[i].Cost != 0 {
+				its[i].dirty, its[i].rule = true, items[i].Rule
+			}
 		}
 	}
-	if denied < 0 {
-		return ds
-	}
-	deniedD := ds[denied]
-	ds = ds[:0]
-	for i := range items {
-		if i == denied {
-			ds = append(ds, deniedD)
-			continue
-		}
-		it := &items[i]
-		st := cloneState(states[keys[itemKey[i]]].orig)
-		d := it.Rule.Peek(&st, now, it.Cost)
-		if d.Allowed {
-			d = it.Rule.Peek(&st, now, 0)
-		}
-		ds = append(ds, d)
-	}
-	return ds
+	return ds, ok
 }
 
 // exactWrite writes the changed states if none changed since they were read.

@@ -94,7 +94,7 @@ func needsExact(r *ratelimit.Rule, win int64) bool {
 		if r.Limit == 0 {
 			return true
 		}
-		iv := interval(r)
+		iv := int64(r.Interval())
 		return iv >= bigNS || r.Capacity()*iv >= bigNS
 	case ratelimit.FixedWindow:
 		if r.Calendar != ratelimit.NoCalendar {
@@ -289,7 +289,7 @@ func freshAt(r *ratelimit.Rule, st *ratelimit.State) int64 {
 		}
 	case ratelimit.LeakyBucket:
 		if st.N > 0 {
-			iv := interval(r)
+			iv := int64(r.Interval())
 			if st.N > math.MaxInt64/iv {
 				return math.MaxInt64
 			}
@@ -302,8 +302,8 @@ func freshAt(r *ratelimit.Rule, st *ratelimit.State) int64 {
 // windowEnd is the end of r's fixed window that starts at start.
 func windowEnd(r *ratelimit.Rule, start int64) int64 {
 	if r.Calendar != ratelimit.NoCalendar {
-		_, end := calendarWindow(r, time.Unix(0, start))
-		return end
+		_, end := r.Window(time.Unix(0, start))
+		return end.UnixNano()
 	}
 	return satAdd(start, int64(r.Period))
 }

@@ -571,7 +571,7 @@ func (s *Store) ruleArgs(r *ratelimit.Rule) *ruleArgs {
 		return ra.(*ruleArgs)
 	}
 	c := r.Capacity()
-	iv := interval(r)
+	iv := int64(r.Interval())
 	capT := int64(0)
 	if r.Limit > 0 {
 		capT = c * iv
@@ -600,18 +600,6 @@ func (s *Store) small(n int64) any {
 		return s.smalls[n]
 	}
 	return strconv.FormatInt(n, 10)
-}
-
-// interval is r's emission interval in nanoseconds, as the script reads it.
-func interval(r *ratelimit.Rule) int64 {
-	return int64(r.Interval())
-}
-
-// calendarWindow returns the bounds of r's window that holds now, in Unix
-// nanoseconds, as the script reads them.
-func calendarWindow(r *ratelimit.Rule, now time.Time) (start, end int64) {
-	s, e := r.Window(now)
-	return s.UnixNano(), e.UnixNano()
 }
 
 // run sends req, after filling in the instant and calendar windows, within
@@ -652,7 +640,8 @@ func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req *request,
 	if req.calendar {
 		for i := range items {
 			if r := items[i].Rule; r.Calendar != ratelimit.NoCalendar {
-				start, end := calendarWindow(r, now)
+				ws, we := r.Window(now)
+				start, end := ws.UnixNano(), we.UnixNano()
 				if needsExact(r, end-start) {
 					return s.exact(ctx, dst, items, req.keys)
 				}

@@ -26,6 +26,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -213,7 +214,7 @@ func run(addr string, dur time.Duration, nkeys int, concList, only string, pipel
 		return load(ctx, admin, name, n, dur, perSec, keys, decide)
 	}
 
-	fmt.Printf("Redis %s at %s; %d keys, %v per run, GOMAXPROCS=%s\n\n", redisVersion(ctx, admin), addr, nkeys, dur, os.Getenv("GOMAXPROCS"))
+	fmt.Printf("Redis %s at %s; %d keys, %v per run, GOMAXPROCS=%d\n\n", redisVersion(ctx, admin), addr, nkeys, dur, runtime.GOMAXPROCS(0))
 	fmt.Println("| implementation | callers | decisions/s | p50 µs | p99 µs | p99.9 µs | Redis CPU µs/decision | client CPU µs/decision | errors | runs: decisions/s |")
 	fmt.Println("| --- | --: | --: | --: | --: | --: | --: | --: | --: | --: |")
 	var peak float64

@@ -267,13 +267,24 @@ func (s *Store) decideMany(dst []ratelimit.Decision, items []ratelimit.Item, now
 			s.shards[i].mu.Unlock()
 		}
 	}()
+	// charged reports whether an item before end on the same key as item i
+	// has a positive cost: only such a key changes state and is kept, as
+	// in decideOne.
+	charged := func(i, end int) bool {
+		for j := range end {
+			if items[j].Cost > 0 && refs[j] == refs[i] {
+				return true
+			}
+		}
+		return false
+	}
 	// Make room for new keys first, so that no eviction can touch a key
 	// this request has already decided: in each shard, as many places as
-	// the request has distinct new keys there.
+	// the request has distinct new keys there that it charges.
 	var needBuf [8]int
 	need := append(needBuf[:0], make([]int, len(locked))...)
 	for i := range refs {
-		if s.shardOf(&refs[i]).get(&refs[i]) == nil && !slices.Contains(refs[:i], refs[i]) {
+		if items[i].Cost > 0 && !charged(i, i) && s.shardOf(&refs[i]).get(&refs[i]) == nil {
 			need[slices.Index(locked, refs[i].h&s.mask)]++
 		}
 	}
@@ -320,6 +331,10 @@ func (s *Store) decideMany(dst []ratelimit.Decision, items []ratelimit.Item, now
 		})
 	if allowed {
 		for i := range undos {
+			if undos[i].inserted && !charged(i, len(items)) {
+				s.shardOf(&refs[i]).del(&refs[i]) // checked or refunded only
+				continue
+			}
 			undos[i].e.expires = now.UnixNano() + int64(dst[base+i].ResetAfter)
 		}
 	}

@@ -106,6 +106,41 @@ func TestChecksAndDenialsOnUnknownKeysStoreNothing(t *testing.T) {
 	}
 }
 
+// TestChecksOnUnknownKeysStoreNothingInManyItems: in a request of several
+// items, a new key that no item charges (cost 0 or a refund) neither takes
+// a place nor makes room for one.
+func TestChecksOnUnknownKeysStoreNothingInManyItems(t *testing.T) {
+	s, _ := newStore(t, Options{MaxKeys: 2, Shards: 1, JanitorInterval: -1})
+	r := &ratelimit.Rule{Limit: 5, Period: time.Minute}
+	decide(t, s, ratelimit.Item{Key: "old0", Rule: r, Cost: 1})
+	decide(t, s, ratelimit.Item{Key: "old1", Rule: r, Cost: 1})
+	decide(t, s,
+		ratelimit.Item{Key: "check", Rule: r, Cost: 0},
+		ratelimit.Item{Key: "old0", Rule: r, Cost: 1},
+		ratelimit.Item{Key: "refund", Rule: r, Cost: -1},
+		ratelimit.Item{Key: "check", Rule: r, Cost: 0},
+	)
+	if st := s.Stats(); st.Keys != 2 || st.Evictions != 0 {
+		t.Fatalf("stats = %+v, want the 2 old keys and no eviction", st)
+	}
+	for _, k := range []string{"check", "refund"} {
+		if _, ok := s.State(k); ok {
+			t.Errorf("%q was stored", k)
+		}
+	}
+	// A key checked first and charged later in the same request is kept.
+	decide(t, s,
+		ratelimit.Item{Key: "new", Rule: r, Cost: 0},
+		ratelimit.Item{Key: "new", Rule: r, Cost: 2},
+	)
+	if st, ok := s.State("new"); !ok || st.T == 0 {
+		t.Fatalf("charged key: state %+v, stored %v", st, ok)
+	}
+	if st := s.Stats(); st.Keys != 2 || st.Evictions != 1 {
+		t.Fatalf("stats = %+v, want 2 keys after 1 eviction", st)
+	}
+}
+
 func TestJanitorReclaimsExpired(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := New(Options{JanitorInterval: time.Minute}) // time.Now is the bubble's fake clock

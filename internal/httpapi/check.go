@@ -93,13 +93,11 @@ func unmarshalStrict(body []byte, v any) error {
 	return nil
 }
 
-// convert fills c.req from c.in, checking the bounds first so that nothing
-// is copied for a request beyond them.
+// convert fills c.req from c.in, checking the counts first so that nothing
+// is copied for a request beyond them. The domain and the entries are
+// validated by Service.ShouldRateLimit, as for every API.
 func (c *checkCall) convert() error {
 	in := &c.in
-	if err := rules.CheckDomain(in.Domain); err != nil {
-		return fmt.Errorf("domain: %w", err)
-	}
 	if err := rules.CheckDescriptorCount(len(in.Descriptors)); err != nil {
 		return fmt.Errorf("descriptors: %w", err)
 	}
@@ -126,9 +124,6 @@ func (c *checkCall) convert() error {
 		d := &in.Descriptors[i]
 		start := len(c.entries)
 		c.entries = toEntries(c.entries, d.Entries)
-		if err := rules.CheckDescriptor(i, c.entries[start:]); err != nil {
-			return err
-		}
 		dc := cost
 		if d.Cost != nil {
 			dc = *d.Cost

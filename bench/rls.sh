@@ -4,10 +4,14 @@
 #
 #   bash bench/rls.sh [seconds-per-run]      (default 10)
 #   CS="64" KS="10000" bash bench/rls.sh 6   (only these callers and keys)
+#   ROUNDS=5 CS=64 KS=10000 bash bench/rls.sh 8   (5 rounds; medians)
 #
-# Prints one JSON line per run and a Markdown table at the end. Runs: the
-# floor, Sluice with the memory store and Sluice with Redis (a redis-server
-# started on a free port), each at C = 1, 16, 64 callers and K = 1, 10000 keys.
+# Starts the floor, Sluice with the memory store and Sluice with Redis (on a
+# redis-server started on a free port), then runs each case (C = 1, 16, 64
+# callers, K = 1, 10000 keys) on the three in turn, ROUNDS times over (1 by
+# default), so that the three see the same machine. Prints one JSON line per
+# run and a Markdown table at the end: medians over the rounds, with the
+# range of requests/s when there are several.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DUR=${1:-10}
@@ -27,47 +31,57 @@ go build -o "$tmp/rlsload" ./bench/rlsload
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
 waitport() { for _ in $(seq 200); do (echo >/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
 
-results="$tmp/results.jsonl"
-load() { # name port pid
-	for c in ${CS:-1 16 64}; do
-		for k in ${KS:-1 10000}; do
-			"$tmp/rlsload" -addr "127.0.0.1:$2" -c "$c" -k "$k" -d "${DUR}s" -pid "$3" -name "$1" -json | tee -a "$results"
-		done
-	done
-}
-
+# systems: name port server-pid store-pid
+systems=()
 port=$(freeport)
 "$tmp/floor" -addr "127.0.0.1:$port" >/dev/null & pids+=($!)
-waitport "$port"
-load floor "$port" "${pids[-1]}"
-kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+systems+=("floor $port $! 0")
 
 gport=$(freeport); hport=$(freeport)
 "$tmp/sluice" serve --rules bench/rules --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" >"$tmp/mem.log" 2>&1 & pids+=($!)
-waitport "$gport"
-load sluice-memory "$gport" "${pids[-1]}"
-kill -TERM "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+systems+=("sluice-memory $gport $! 0")
 
 if command -v redis-server >/dev/null; then
 	rport=$(freeport)
 	redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" >/dev/null & pids+=($!)
+	rpid=$!
 	waitport "$rport"
 	gport=$(freeport); hport=$(freeport)
 	"$tmp/sluice" serve --rules bench/rules --store redis --redis-addr "127.0.0.1:$rport" --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" >"$tmp/redis.log" 2>&1 & pids+=($!)
-	waitport "$gport"
-	load sluice-redis "$gport" "${pids[-1]}"
+	systems+=("sluice-redis $gport $! $rpid")
 fi
+for s in "${systems[@]}"; do
+	set -- $s
+	waitport "$2"
+done
+
+results="$tmp/results.jsonl"
+for _ in $(seq "${ROUNDS:-1}"); do
+	for c in ${CS:-1 16 64}; do
+		for k in ${KS:-1 10000}; do
+			for s in "${systems[@]}"; do
+				set -- $s
+				"$tmp/rlsload" -addr "127.0.0.1:$2" -c "$c" -k "$k" -d "${DUR}s" -pid "$3" -store-pid "$4" -name "$1" -json | tee -a "$results"
+			done
+		done
+	done
+done
 
 python3 - "$results" <<'PY'
-import json, sys
+import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-floor = {(r["callers"], r["keys"]): r for r in rows if r["name"] == "floor"}
-print("\n| system | C | K | req/s | vs floor | p50 µs | p99 µs | p99.9 µs | server CPU µs/req | CPU vs floor |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+cases = {}
 for r in rows:
-    f = floor.get((r["callers"], r["keys"]))
-    ratio = r["rps"] / f["rps"] if f else 0
-    cpu = r.get("server_cpu_us_per_request", 0)
-    fcpu = f.get("server_cpu_us_per_request", 0) if f else 0
-    print(f'| {r["name"]} | {r["callers"]} | {r["keys"]} | {r["rps"]:.0f} | {ratio:.2f} | {r["p50_us"]:.0f} | {r["p99_us"]:.0f} | {r["p999_us"]:.0f} | {cpu:.1f} | {cpu / fcpu if fcpu else 0:.2f} |')
+    cases.setdefault((r["name"], r["callers"], r["keys"]), []).append(r)
+def med(rs, field):
+    return statistics.median(r.get(field, 0) for r in rs)
+print("\n| system | C | K | req/s | vs floor | p50 µs | p99 µs | p99.9 µs | server CPU µs/req | CPU vs floor | Redis CPU µs/req |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+for (name, c, k), rs in cases.items():
+    f = cases.get(("floor", c, k), [])
+    rps, frps = med(rs, "rps"), med(f, "rps") if f else 0
+    cpu, fcpu = med(rs, "server_cpu_us_per_request"), med(f, "server_cpu_us_per_request") if f else 0
+    span = f' ({min(r["rps"] for r in rs):.0f}–{max(r["rps"] for r in rs):.0f})' if len(rs) > 1 else ""
+    store = med(rs, "store_cpu_us_per_request")
+    print(f'| {name} | {c} | {k} | {rps:.0f}{span} | {rps / frps if frps else 0:.2f} | {med(rs, "p50_us"):.0f} | {med(rs, "p99_us"):.0f} | {med(rs, "p999_us"):.0f} | {cpu:.1f} | {cpu / fcpu if fcpu else 0:.2f} | {f"{store:.1f}" if store else "–"} |')
 PY

@@ -38,26 +38,39 @@ type result struct {
 	P99us      float64 `json:"p99_us"`
 	P999us     float64 `json:"p999_us"`
 	CPUPerReqU float64 `json:"server_cpu_us_per_request,omitempty"`
+	StoreCPUU  float64 `json:"store_cpu_us_per_request,omitempty"`
+}
+
+// config is one run's flags.
+type config struct {
+	addr, domain, key, name string
+	callers, keys           int
+	dur                     time.Duration
+	pid, storePID           int
+	asJSON                  bool
 }
 
 func main() {
-	addr := flag.String("addr", "127.0.0.1:8081", "server address; must be loopback")
-	callers := flag.Int("c", 16, "concurrent callers")
-	dur := flag.Duration("d", 5*time.Second, "duration (at most 2m)")
-	keys := flag.Int("k", 10000, "distinct descriptor values")
-	domain := flag.String("domain", "bench", "domain")
-	key := flag.String("key", "remote_address", "descriptor key")
-	pid := flag.Int("pid", 0, "server PID, to report its CPU per request")
-	name := flag.String("name", "", "label for the result")
-	asJSON := flag.Bool("json", false, "print one JSON object")
+	var c config
+	flag.StringVar(&c.addr, "addr", "127.0.0.1:8081", "server address; must be loopback")
+	flag.IntVar(&c.callers, "c", 16, "concurrent callers")
+	flag.DurationVar(&c.dur, "d", 5*time.Second, "duration (at most 2m)")
+	flag.IntVar(&c.keys, "k", 10000, "distinct descriptor values")
+	flag.StringVar(&c.domain, "domain", "bench", "domain")
+	flag.StringVar(&c.key, "key", "remote_address", "descriptor key")
+	flag.IntVar(&c.pid, "pid", 0, "server PID, to report its CPU per request")
+	flag.IntVar(&c.storePID, "store-pid", 0, "the store's PID (a redis-server), to report its CPU per request")
+	flag.StringVar(&c.name, "name", "", "label for the result")
+	flag.BoolVar(&c.asJSON, "json", false, "print one JSON object")
 	flag.Parse()
-	if err := run(*addr, *callers, *dur, *keys, *domain, *key, *pid, *name, *asJSON); err != nil {
+	if err := run(c); err != nil {
 		fmt.Fprintln(os.Stderr, "rlsload:", err)
 		os.Exit(1)
 	}
 }
 
-func run(addr string, callers int, dur time.Duration, keys int, domain, key string, pid int, name string, asJSON bool) error {
+func run(c config) error {
+	addr, callers, dur, keys := c.addr, c.callers, c.dur, c.keys
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return err
@@ -76,8 +89,8 @@ func run(addr string, callers int, dur time.Duration, keys int, domain, key stri
 	client := rlsv3.NewRateLimitServiceClient(conn)
 	reqs := make([]*rlsv3.RateLimitRequest, keys)
 	for i := range reqs {
-		reqs[i] = &rlsv3.RateLimitRequest{Domain: domain, Descriptors: []*commonv3.RateLimitDescriptor{{
-			Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: key, Value: "10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256)}},
+		reqs[i] = &rlsv3.RateLimitRequest{Domain: c.domain, Descriptors: []*commonv3.RateLimitDescriptor{{
+			Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: c.key, Value: "10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256)}},
 		}}}
 	}
 	// Warm up the connection and the server's keys.
@@ -87,7 +100,7 @@ func run(addr string, callers int, dur time.Duration, keys int, domain, key stri
 			return fmt.Errorf("warm-up: %w", err)
 		}
 	}
-	cpu0 := procCPU(pid)
+	cpu0, store0 := procCPU(c.pid), procCPU(c.storePID)
 	start := time.Now()
 	deadline := start.Add(dur)
 	lat := make([][]time.Duration, callers)
@@ -119,10 +132,10 @@ func run(addr string, callers int, dur time.Duration, keys int, domain, key stri
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	cpu1 := procCPU(pid)
+	cpu1, store1 := procCPU(c.pid), procCPU(c.storePID)
 	all := slices.Concat(lat...)
 	slices.Sort(all)
-	r := result{Name: name, Callers: callers, Keys: keys, Seconds: elapsed.Seconds(), Requests: len(all)}
+	r := result{Name: c.name, Callers: callers, Keys: keys, Seconds: elapsed.Seconds(), Requests: len(all)}
 	for w := range callers {
 		r.Errors += errs[w]
 		r.OverLimit += over[w]
@@ -133,15 +146,17 @@ func run(addr string, callers int, dur time.Duration, keys int, domain, key stri
 	pct := func(p float64) float64 { return float64(all[min(len(all)-1, int(p*float64(len(all))))].Microseconds()) }
 	r.RPS = float64(len(all)) / elapsed.Seconds()
 	r.P50us, r.P99us, r.P999us = pct(0.50), pct(0.99), pct(0.999)
-	if pid > 0 && cpu1 > cpu0 {
-		r.CPUPerReqU = float64(cpu1-cpu0) / float64(time.Microsecond) / float64(len(all))
-	}
-	if asJSON {
+	perReq := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(len(all)) }
+	r.CPUPerReqU, r.StoreCPUU = perReq(cpu1-cpu0), perReq(store1-store0)
+	if c.asJSON {
 		return json.NewEncoder(os.Stdout).Encode(r)
 	}
-	fmt.Printf("%s c=%d k=%d: %.0f req/s, p50 %.0fµs p99 %.0fµs p99.9 %.0fµs, errors %d, over-limit %d", name, callers, keys, r.RPS, r.P50us, r.P99us, r.P999us, r.Errors, r.OverLimit)
+	fmt.Printf("%s c=%d k=%d: %.0f req/s, p50 %.0fµs p99 %.0fµs p99.9 %.0fµs, errors %d, over-limit %d", c.name, callers, keys, r.RPS, r.P50us, r.P99us, r.P999us, r.Errors, r.OverLimit)
 	if r.CPUPerReqU > 0 {
 		fmt.Printf(", server CPU %.1fµs/req", r.CPUPerReqU)
+	}
+	if r.StoreCPUU > 0 {
+		fmt.Printf(", store CPU %.1fµs/req", r.StoreCPUU)
 	}
 	fmt.Println()
 	return nil

@@ -1,6 +1,7 @@
 // Package redistest starts real redis-server processes for tests: a
-// standalone server or a three-master Redis Cluster, each on free loopback
-// ports, in a temporary directory, without persistence. Every process is
+// standalone server, a three-master Redis Cluster, or a master with a
+// replica and a Sentinel, each on free loopback ports, in a temporary
+// directory, without persistence. Every process is
 // started by the test that asks for it and stopped, by the process id it
 // was given, in t.Cleanup. Tests never use a Redis they did not start: in
 // particular nothing here ever talks to a shared server on port 6379.
@@ -44,10 +45,11 @@ const (
 
 // A Server is one redis-server process owned by a test.
 type Server struct {
-	t       testing.TB
-	port    int
-	dir     string
-	cluster bool
+	t     testing.TB
+	port  int
+	dir   string
+	kind  kind
+	extra []string // more arguments; a Sentinel's configuration lines
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -59,6 +61,15 @@ func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.It
 
 // Port is the server's TCP port.
 func (s *Server) Port() int { return s.port }
+
+// kind is what a Server runs as.
+type kind int
+
+const (
+	standalone kind = iota
+	clusterNode
+	sentinel
+)
 
 // need skips or fails t when a binary is missing.
 func need(t testing.TB, bins ...string) {
@@ -77,8 +88,16 @@ func need(t testing.TB, bins ...string) {
 // the test ends.
 func Standalone(t testing.TB) *Server {
 	t.Helper()
+	return StandaloneWith(t)
+}
+
+// StandaloneWith starts a standalone redis-server with more command-line
+// arguments, such as "--requirepass", "secret". A server that requires a
+// password is ready when it answers, even to refuse PING.
+func StandaloneWith(t testing.TB, args ...string) *Server {
+	t.Helper()
 	need(t, "redis-server")
-	return start(t, false)
+	return start(t, standalone, args)
 }
 
 // Launch starts a standalone redis-server outside a test (a load generator's
@@ -93,7 +112,7 @@ func Launch() (addr string, stop func(), err error) {
 	if err != nil {
 		return "", nil, err
 	}
-	s, err := launchFree(func() string { return dir }, false)
+	s, err := launchFree(func() string { return dir }, standalone, nil)
 	if err != nil {
 		os.RemoveAll(dir)
 		return "", nil, err
@@ -101,9 +120,9 @@ func Launch() (addr string, stop func(), err error) {
 	return s.Addr(), func() { s.kill(); os.RemoveAll(dir) }, nil
 }
 
-func start(t testing.TB, cluster bool) *Server {
+func start(t testing.TB, k kind, extra []string) *Server {
 	t.Helper()
-	s, err := launchFree(t.TempDir, cluster)
+	s, err := launchFree(t.TempDir, k, extra)
 	if err != nil {
 		t.Fatalf("redistest: cannot start redis-server: %v", err)
 	}
@@ -114,14 +133,14 @@ func start(t testing.TB, cluster bool) *Server {
 
 // launchFree starts a server on a free port, in a directory that dir
 // returns, trying another port when one fails.
-func launchFree(dir func() string, cluster bool) (*Server, error) {
+func launchFree(dir func() string, k kind, extra []string) (*Server, error) {
 	var last error
 	for range 5 { // a free port may be taken by someone else before we bind it
-		port, err := freePort(cluster)
+		port, err := freePort(k == clusterNode)
 		if err != nil {
 			return nil, err
 		}
-		s := &Server{port: port, dir: dir(), cluster: cluster}
+		s := &Server{port: port, dir: dir(), kind: k, extra: extra}
 		if last = s.launch(); last == nil {
 			return s, nil
 		}
@@ -151,7 +170,21 @@ func portFree(p int) bool {
 	return true
 }
 
-func (s *Server) args() []string {
+func (s *Server) args() ([]string, error) {
+	if s.kind == sentinel {
+		// A Sentinel keeps its state in a configuration file it rewrites.
+		conf := filepath.Join(s.dir, "sentinel.conf")
+		if err := os.WriteFile(conf, []byte(strings.Join(s.extra, "\n")+"\n"), 0o600); err != nil {
+			return nil, err
+		}
+		return []string{conf, "--sentinel",
+			"--port", strconv.Itoa(s.port),
+			"--bind", "127.0.0.1",
+			"--dir", s.dir,
+			"--daemonize", "no",
+			"--logfile", filepath.Join(s.dir, "redis.log"),
+		}, nil
+	}
 	a := []string{
 		"--port", strconv.Itoa(s.port),
 		"--bind", "127.0.0.1",
@@ -161,8 +194,9 @@ func (s *Server) args() []string {
 		"--daemonize", "no",
 		"--logfile", filepath.Join(s.dir, "redis.log"),
 		"--enable-debug-command", "local", // DEBUG SLEEP for slow-server tests
+		"--repl-diskless-sync-delay", "0", // a replica syncs at once, not after 5 s
 	}
-	if s.cluster {
+	if s.kind == clusterNode {
 		a = append(a,
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", filepath.Join(s.dir, "nodes.conf"),
@@ -171,12 +205,16 @@ func (s *Server) args() []string {
 			"--cluster-require-full-coverage", "no",
 		)
 	}
-	return a
+	return append(a, s.extra...), nil
 }
 
 // launch starts the process and waits for PING to succeed.
 func (s *Server) launch() error {
-	cmd := exec.Command("redis-server", s.args()...)
+	args, err := s.args()
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command("redis-server", args...)
 	dieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start redis-server: %w", err)
@@ -203,7 +241,8 @@ func (s *Server) waitReady(exit chan struct{}) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		err := c.Ping(ctx).Err()
 		cancel()
-		if err == nil {
+		var rerr redis.Error
+		if err == nil || errors.As(err, &rerr) { // it answered, if only NOAUTH
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -254,7 +293,7 @@ func (s *Server) Start() {
 	if err := s.launch(); err != nil {
 		s.t.Fatalf("redistest: restart: %v", err)
 	}
-	if s.cluster {
+	if s.kind == clusterNode {
 		if err := waitClusterOK([]*Server{s}); err != nil {
 			s.t.Fatalf("redistest: restart: %v", err)
 		}
@@ -292,7 +331,7 @@ func Cluster(t testing.TB) *ClusterSet {
 	need(t, "redis-server", "redis-cli")
 	c := &ClusterSet{}
 	for range 3 {
-		c.Nodes = append(c.Nodes, start(t, true))
+		c.Nodes = append(c.Nodes, start(t, clusterNode, nil))
 	}
 	args := append([]string{"--cluster", "create"}, c.Addrs()...)
 	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
@@ -354,4 +393,125 @@ func clusterOK(info string) bool {
 		}
 	}
 	return ok && slots
+}
+
+// SentinelMaster is the name under which a SentinelSet's Sentinel monitors
+// its master.
+const SentinelMaster = "sluice"
+
+// A SentinelSet is a master, one replica of it, and one Sentinel that
+// monitors them as SentinelMaster (a quorum of one).
+type SentinelSet struct {
+	t                         testing.TB
+	Master, Replica, Sentinel *Server
+}
+
+// Addrs returns the Sentinel's address, as clients in Sentinel mode take it.
+func (ss *SentinelSet) Addrs() []string { return []string{ss.Sentinel.Addr()} }
+
+// Sentinel starts a master, a replica of it and a Sentinel, waits until the
+// replica is in sync and the Sentinel knows it, and stops them all when the
+// test ends.
+func Sentinel(t testing.TB) *SentinelSet {
+	t.Helper()
+	need(t, "redis-server")
+	ss := &SentinelSet{t: t}
+	ss.Master = start(t, standalone, nil)
+	ss.Replica = start(t, standalone, []string{"--replicaof", "127.0.0.1", strconv.Itoa(ss.Master.port)})
+	if err := ss.Replica.waitInSync(); err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	ss.Sentinel = start(t, sentinel, []string{
+		fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1", SentinelMaster, ss.Master.port),
+		fmt.Sprintf("sentinel down-after-milliseconds %s 1000", SentinelMaster),
+		fmt.Sprintf("sentinel failover-timeout %s 10000", SentinelMaster),
+	})
+	if err := ss.waitMaster(ss.Master, true); err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	return ss
+}
+
+// Failover has the Sentinel promote the replica, waits until the Sentinel
+// names it master and it reports the master role, then swaps Master and
+// Replica. The old master becomes a replica when the Sentinel next looks
+// at it (up to ten seconds later).
+func (ss *SentinelSet) Failover() {
+	ss.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	c := ss.Sentinel.Client()
+	if err := c.Do(ctx, "SENTINEL", "FAILOVER", SentinelMaster).Err(); err != nil {
+		ss.t.Fatalf("redistest: SENTINEL FAILOVER: %v", err)
+	}
+	if err := ss.waitMaster(ss.Replica, false); err != nil {
+		ss.t.Fatalf("redistest: failover: %v", err)
+	}
+	ss.Master, ss.Replica = ss.Replica, ss.Master
+}
+
+// waitInSync polls until the replica s reports its link to its master up.
+func (s *Server) waitInSync() error {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+	defer c.Close()
+	err := poll(func(ctx context.Context) (bool, string, error) {
+		info, err := c.Info(ctx, "replication").Result()
+		return strings.Contains(info, "master_link_status:up"), info, err
+	})
+	if err != nil {
+		return fmt.Errorf("replica %s not in sync: %w", s.Addr(), err)
+	}
+	return nil
+}
+
+// waitMaster polls until the Sentinel names m as master, m reports the
+// master role and, when withReplica, the Sentinel knows one replica.
+func (ss *SentinelSet) waitMaster(m *Server, withReplica bool) error {
+	c := redis.NewSentinelClient(&redis.Options{Addr: ss.Sentinel.Addr(), MaxRetries: -1})
+	defer c.Close()
+	mc := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
+	defer mc.Close()
+	return poll(func(ctx context.Context) (bool, string, error) {
+		addr, err := c.GetMasterAddrByName(ctx, SentinelMaster).Result()
+		if err != nil {
+			return false, "", err
+		}
+		if len(addr) != 2 || addr[1] != strconv.Itoa(m.port) {
+			return false, fmt.Sprintf("master is %v", addr), nil
+		}
+		info, err := mc.Info(ctx, "replication").Result()
+		if err != nil || !strings.Contains(info, "role:master") {
+			return false, info, err
+		}
+		if withReplica { // and has heard from it: one it could promote
+			rs, err := c.Replicas(ctx, SentinelMaster).Result()
+			if err != nil || len(rs) != 1 {
+				return false, fmt.Sprintf("replicas %v", rs), err
+			}
+			refresh, _ := strconv.Atoi(rs[0]["info-refresh"])
+			if rs[0]["flags"] != "slave" || rs[0]["master-link-status"] != "ok" || refresh <= 0 || refresh > 5000 {
+				return false, fmt.Sprintf("replica %v", rs[0]), nil
+			}
+		}
+		return true, "", nil
+	})
+}
+
+// poll calls cond until it reports true, at most startTimeout long.
+func poll(cond func(context.Context) (bool, string, error)) error {
+	deadline := time.Now().Add(startTimeout)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		ok, state, err := cond(ctx)
+		cancel()
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not after %v: %s %v", startTimeout, state, err)
+		}
+		<-tick.C
+	}
 }

@@ -81,3 +81,29 @@ func TestLaunch(t *testing.T) {
 		t.Fatal("PING succeeded after stop")
 	}
 }
+
+func TestSentinelFailover(t *testing.T) {
+	ss := Sentinel(t)
+	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: SentinelMaster, SentinelAddrs: ss.Addrs()})
+	t.Cleanup(func() { c.Close() })
+	ctx := context.Background()
+	if err := c.Set(ctx, "k", "before", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Do(ctx, "WAIT", 1, 5000).Err(); err != nil { // the replica has it
+		t.Fatal(err)
+	}
+	old := ss.Master.Port()
+	ss.Failover()
+	if ss.Master.Port() == old || ss.Replica.Port() != old {
+		t.Fatalf("after failover the master is on %d and the replica on %d; the master was on %d", ss.Master.Port(), ss.Replica.Port(), old)
+	}
+	// The new master holds what the old one had, and takes writes.
+	m := ss.Master.Client()
+	if v, err := m.Get(ctx, "k").Result(); err != nil || v != "before" {
+		t.Fatalf("new master: k = %q, %v", v, err)
+	}
+	if err := m.Set(ctx, "k", "after", 0).Err(); err != nil {
+		t.Fatalf("write on the new master: %v", err)
+	}
+}

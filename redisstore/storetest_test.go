@@ -30,6 +30,13 @@ func TestStoretestStandaloneNoCoalesce(t *testing.T) {
 	})
 }
 
+func TestStoretestTLS(t *testing.T) {
+	srv := redistest.StandaloneTLS(t)
+	storetest.Run(t, func(t *testing.T, now func() time.Time) ratelimit.Store {
+		return newTestStore(t, []string{srv.Addr()}, now, func(o *Options) { o.TLS = srv.TLSConfig() })
+	})
+}
+
 func TestStoretestCluster(t *testing.T) {
 	cl := redistest.Cluster(t)
 	storetest.Run(t, func(t *testing.T, now func() time.Time) ratelimit.Store {

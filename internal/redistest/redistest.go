@@ -1,7 +1,7 @@
 // Package redistest starts real redis-server processes for tests: a
-// standalone server, a three-master Redis Cluster, or a master with a
-// replica and a Sentinel, each on free loopback ports, in a temporary
-// directory, without persistence. Every process is
+// standalone server (plain or TLS), a three-master Redis Cluster, or a
+// master with a replica and a Sentinel, each on free loopback ports, in a
+// temporary directory, without persistence. Every process is
 // started by the test that asks for it and stopped, by the process id it
 // was given, in t.Cleanup. Tests never use a Redis they did not start: in
 // particular nothing here ever talks to a shared server on port 6379.
@@ -19,8 +19,16 @@ package redistest
 import (
 	"bufio"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	crand "crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"math/big"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -45,11 +53,13 @@ const (
 
 // A Server is one redis-server process owned by a test.
 type Server struct {
-	t     testing.TB
-	port  int
-	dir   string
-	kind  kind
-	extra []string // more arguments; a Sentinel's configuration lines
+	t      testing.TB
+	port   int
+	dir    string
+	kind   kind
+	extra  []string    // more arguments; a Sentinel's configuration lines
+	tls    *tls.Config // a TLS server's clients' configuration: its CA
+	caFile string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -100,6 +110,98 @@ func StandaloneWith(t testing.TB, args ...string) *Server {
 	return start(t, standalone, args)
 }
 
+// StandaloneTLS starts a standalone redis-server that speaks only TLS, with
+// a certificate for 127.0.0.1 from a CA made for the test (CAFile, and
+// TLSConfig for clients). Clients need no certificate of their own.
+func StandaloneTLS(t testing.TB) *Server {
+	t.Helper()
+	need(t, "redis-server")
+	dir := t.TempDir()
+	cfg, err := writeCerts(dir)
+	if err != nil {
+		t.Fatalf("redistest: certificates: %v", err)
+	}
+	s, err := launchFree(t.TempDir, standalone, nil, func(s *Server) {
+		s.tls = cfg
+		s.extra = []string{"--port", "0", "--tls-port", strconv.Itoa(s.port),
+			"--tls-cert-file", filepath.Join(dir, "server.pem"), "--tls-key-file", filepath.Join(dir, "server.key"),
+			"--tls-ca-cert-file", filepath.Join(dir, "ca.pem"), "--tls-auth-clients", "no"}
+	})
+	if err != nil {
+		t.Fatalf("redistest: cannot start redis-server: %v", err)
+	}
+	s.t = t
+	t.Cleanup(s.kill)
+	s.caFile = filepath.Join(dir, "ca.pem")
+	return s
+}
+
+// CAFile is the PEM file of the CA that signed a TLS server's certificate.
+func (s *Server) CAFile() string { return s.caFile }
+
+// TLSConfig returns a client configuration for a TLS server (nil for
+// others).
+func (s *Server) TLSConfig() *tls.Config {
+	if s.tls == nil {
+		return nil
+	}
+	return s.tls.Clone()
+}
+
+// writeCerts writes ca.pem, server.pem and server.key in dir: a CA and a
+// certificate it signs for 127.0.0.1, valid for a day. It returns a client
+// configuration that trusts the CA.
+func writeCerts(dir string) (*tls.Config, error) {
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), crand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	ca := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "redistest CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(crand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		return nil, err
+	}
+	srvKey, err := ecdsa.GenerateKey(elliptic.P256(), crand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	srv := &x509.Certificate{
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)},
+		KeyUsage:    x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	srvDER, err := x509.CreateCertificate(crand.Reader, srv, ca, &srvKey.PublicKey, caKey)
+	if err != nil {
+		return nil, err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(srvKey)
+	if err != nil {
+		return nil, err
+	}
+	for name, block := range map[string]*pem.Block{
+		"ca.pem":     {Type: "CERTIFICATE", Bytes: caDER},
+		"server.pem": {Type: "CERTIFICATE", Bytes: srvDER},
+		"server.key": {Type: "EC PRIVATE KEY", Bytes: keyDER},
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(block), 0o600); err != nil {
+			return nil, err
+		}
+	}
+	caCert, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(caCert)
+	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
+}
+
 // Launch starts a standalone redis-server outside a test (a load generator's
 // own server), as Standalone does, in a new temporary directory. It returns
 // the server's address and a function that stops the server, by the process
@@ -112,7 +214,7 @@ func Launch() (addr string, stop func(), err error) {
 	if err != nil {
 		return "", nil, err
 	}
-	s, err := launchFree(func() string { return dir }, standalone, nil)
+	s, err := launchFree(func() string { return dir }, standalone, nil, nil)
 	if err != nil {
 		os.RemoveAll(dir)
 		return "", nil, err
@@ -122,7 +224,7 @@ func Launch() (addr string, stop func(), err error) {
 
 func start(t testing.TB, k kind, extra []string) *Server {
 	t.Helper()
-	s, err := launchFree(t.TempDir, k, extra)
+	s, err := launchFree(t.TempDir, k, extra, nil)
 	if err != nil {
 		t.Fatalf("redistest: cannot start redis-server: %v", err)
 	}
@@ -132,8 +234,9 @@ func start(t testing.TB, k kind, extra []string) *Server {
 }
 
 // launchFree starts a server on a free port, in a directory that dir
-// returns, trying another port when one fails.
-func launchFree(dir func() string, k kind, extra []string) (*Server, error) {
+// returns, trying another port when one fails; prep, if not nil, completes
+// the Server once its port is known.
+func launchFree(dir func() string, k kind, extra []string, prep func(*Server)) (*Server, error) {
 	var last error
 	for range 5 { // a free port may be taken by someone else before we bind it
 		port, err := freePort(k == clusterNode)
@@ -141,6 +244,9 @@ func launchFree(dir func() string, k kind, extra []string) (*Server, error) {
 			return nil, err
 		}
 		s := &Server{port: port, dir: dir(), kind: k, extra: extra}
+		if prep != nil {
+			prep(s)
+		}
 		if last = s.launch(); last == nil {
 			return s, nil
 		}
@@ -232,7 +338,7 @@ func (s *Server) launch() error {
 }
 
 func (s *Server) waitReady(exit chan struct{}) error {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond, TLSConfig: s.TLSConfig()})
 	defer c.Close()
 	deadline := time.Now().Add(startTimeout)
 	tick := time.NewTicker(pollEvery)
@@ -303,7 +409,7 @@ func (s *Server) Start() {
 // Client returns a new go-redis client of this server, closed when the test
 // ends. It is meant for test set-up and fault injection.
 func (s *Server) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr()})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), TLSConfig: s.TLSConfig()})
 	s.t.Cleanup(func() { c.Close() })
 	return c
 }

@@ -107,3 +107,21 @@ func TestSentinelFailover(t *testing.T) {
 		t.Fatalf("write on the new master: %v", err)
 	}
 }
+
+func TestStandaloneTLS(t *testing.T) {
+	s := StandaloneTLS(t)
+	ctx := context.Background()
+	if err := s.Client().Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING over TLS: %v", err)
+	}
+	plain := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+	defer plain.Close()
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	if err := plain.Ping(cctx).Err(); err == nil {
+		t.Fatal("PING without TLS succeeded")
+	}
+	if s.CAFile() == "" {
+		t.Fatal("no CA file")
+	}
+}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +18,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -48,6 +51,13 @@ off unless --admin-addr is given. It binds loopback only unless
 --admin-token-file or, failing that, the SLUICE_ADMIN_TOKEN environment
 variable.
 
+With --store redis the counters live in Redis: one server, a Cluster (two
+or more --redis-addr), or the master the Sentinels at --redis-addr name
+(--redis-master). The password comes from --redis-password-file or the
+SLUICE_REDIS_PASSWORD environment variable. A Redis that refuses the
+credentials stops serve at start-up; one that cannot be reached is logged,
+and each rule's failure_mode decides until it can.
+
 On SIGINT or SIGTERM, readiness goes off first (/readyz 503, gRPC health
 NOT_SERVING), in-flight calls finish within --shutdown-timeout, then the
 store is closed and serve exits 0.
@@ -58,6 +68,10 @@ type serveConfig struct {
 	rulesDir         string
 	store            string
 	redisAddrs       []string
+	redisMaster      string
+	redisUsername    string
+	redisPassword    string
+	redisTLS         *tls.Config
 	redisPrefix      string
 	redisPipelines   int
 	redisWindow      time.Duration
@@ -78,15 +92,25 @@ type serveConfig struct {
 // when --admin-token-file is not given.
 const adminTokenEnv = "SLUICE_ADMIN_TOKEN"
 
+// redisPasswordEnv names the environment variable holding the Redis
+// password when --redis-password-file is not given.
+const redisPasswordEnv = "SLUICE_REDIS_PASSWORD"
+
 // runServe parses serve's flags, reads the admin token, and serves until
 // ctx is done.
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("serve", serveUsage, stderr)
 	var cfg serveConfig
-	var redisAddr, tokenFile string
+	var redisAddr, tokenFile, redisPasswordFile, redisCA string
+	var redisTLS bool
 	fs.StringVar(&cfg.rulesDir, "rules", "examples/rules", "`directory` of rule files (*.yaml), relative to the working directory")
 	fs.StringVar(&cfg.store, "store", "memory", "where counters live: memory or redis")
-	fs.StringVar(&redisAddr, "redis-addr", "127.0.0.1:6379", "Redis `address`es, comma-separated (two or more: Redis Cluster)")
+	fs.StringVar(&redisAddr, "redis-addr", "127.0.0.1:6379", "Redis `address`es, comma-separated (two or more: Redis Cluster; with --redis-master: the Sentinels)")
+	fs.StringVar(&cfg.redisMaster, "redis-master", "", "Sentinel mode: the `name` of the master the Sentinels at --redis-addr monitor")
+	fs.StringVar(&cfg.redisUsername, "redis-username", "", "Redis ACL user (default: the default user)")
+	fs.StringVar(&redisPasswordFile, "redis-password-file", "", "`file` holding the Redis password (default: $"+redisPasswordEnv+")")
+	fs.BoolVar(&redisTLS, "redis-tls", false, "connect to Redis over TLS, verified with the system's roots")
+	fs.StringVar(&redisCA, "redis-tls-ca", "", "PEM `file` of the CAs that verify Redis's certificate (implies --redis-tls)")
 	fs.StringVar(&cfg.redisPrefix, "redis-prefix", redisstore.DefaultPrefix, "prefix of every Redis key")
 	fs.IntVar(&cfg.redisPipelines, "redis-pipelines", redisstore.DefaultPipelines, "Redis pipelines in flight at once; concurrent decisions wait for one and share it")
 	fs.DurationVar(&cfg.redisWindow, "redis-batch-window", 0, "how long a Redis pipeline waits for more decisions before it is sent")
@@ -114,6 +138,18 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		if len(cfg.redisAddrs) == 0 {
 			return usagef("serve: --store redis needs --redis-addr")
+		}
+		cfg.redisPassword = os.Getenv(redisPasswordEnv)
+		if redisPasswordFile != "" {
+			b, err := os.ReadFile(redisPasswordFile)
+			if err != nil {
+				return fmt.Errorf("serve: reading the Redis password: %w", err)
+			}
+			cfg.redisPassword = strings.TrimRight(string(b), "\r\n")
+		}
+		var err error
+		if cfg.redisTLS, err = redisTLSConfig(redisTLS, redisCA); err != nil {
+			return err
 		}
 	default:
 		return usagef("serve: --store %q: want memory or redis", cfg.store)
@@ -176,13 +212,55 @@ func openStore(cfg *serveConfig) (ratelimit.Store, closer, httpapi.KeyStore, htt
 		return m, m, httpapi.LocalKeys(m), &httpapi.MemoryOverrides{}, nil
 	}
 	rs, err := redisstore.New(redisstore.Options{
-		Addrs: cfg.redisAddrs, Prefix: cfg.redisPrefix, Replicas: cfg.replicas,
+		Addrs: cfg.redisAddrs, MasterName: cfg.redisMaster,
+		Username: cfg.redisUsername, Password: cfg.redisPassword, TLS: cfg.redisTLS,
+		Prefix: cfg.redisPrefix, Replicas: cfg.replicas,
 		Pipelines: cfg.redisPipelines, BatchWindow: cfg.redisWindow,
 	})
 	if err != nil {
 		return nil, nil, nil, nil, fmt.Errorf("serve: %w", err)
 	}
 	return rs, rs, rs, httpapi.NewRedisOverrides(rs.Client(), cfg.redisPrefix), nil
+}
+
+// redisTLSConfig returns the TLS configuration of --redis-tls and
+// --redis-tls-ca, or nil for none.
+func redisTLSConfig(enabled bool, caFile string) (*tls.Config, error) {
+	if !enabled && caFile == "" {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("serve: reading --redis-tls-ca: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, usagef("serve: --redis-tls-ca %s: no PEM certificate in it", caFile)
+		}
+	}
+	return cfg, nil
+}
+
+// checkRedis pings Redis once at start-up. A refusal (a wrong password, a
+// user without the rights) is a configuration error, returned; a Redis
+// that cannot be reached is only logged: it may come later, and meanwhile
+// every rule's failure_mode decides.
+func checkRedis(ctx context.Context, c redis.UniversalClient, log *slog.Logger) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	err := c.Ping(ctx).Err()
+	var rerr redis.Error
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &rerr):
+		return fmt.Errorf("serve: Redis refused the connection: %w", err)
+	default:
+		log.Warn("Redis is not reachable; each rule's failure_mode decides until it is", "err", err)
+		return nil
+	}
 }
 
 // ruleCount is the number of limits of set.
@@ -220,6 +298,11 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 			log.Error("closing the store", "err", err)
 		}
 	}()
+	if rs, ok := base.(*redisstore.Store); ok {
+		if err := checkRedis(ctx, rs.Client(), log); err != nil {
+			return err
+		}
+	}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -334,6 +417,9 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	}
 	if cfg.store == "redis" {
 		attrs = append(attrs, "redis", strings.Join(cfg.redisAddrs, ","))
+		if cfg.redisMaster != "" {
+			attrs = append(attrs, "redis_master", cfg.redisMaster)
+		}
 	}
 	if adminLn != nil {
 		attrs = append(attrs, "admin", adminLn.Addr().String())

@@ -160,7 +160,7 @@ func (h recordHandler) Enabled(context.Context, slog.Level) bool { return true }
 func (h recordHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
 func (h recordHandler) WithGroup(string) slog.Handler            { return h }
 func (h recordHandler) Handle(_ context.Context, r slog.Record) error {
-	m := map[string]string{"msg": r.Message}
+	m := map[string]string{"msg": r.Message, "level": r.Level.String()}
 	r.Attrs(func(a slog.Attr) bool {
 		m[a.Key] = a.Value.String()
 		return true
@@ -176,9 +176,126 @@ func (h recordHandler) Handle(_ context.Context, r slog.Record) error {
 // decisions, and an override stored in Redis for every replica.
 func TestServeRedis(t *testing.T) {
 	srv := redistest.Standalone(t)
-	testServeRedis(t, []string{srv.Addr()}, func(ctx context.Context, key string) (int64, error) {
+	testServeRedis(t, func(c *serveConfig) { c.redisAddrs = []string{srv.Addr()} }, func(ctx context.Context, key string) (int64, error) {
 		return srv.Client().HLen(ctx, key).Result()
 	})
+}
+
+// TestServeRedisSentinel: with --redis-master, serve finds the master
+// through the Sentinels at --redis-addr.
+func TestServeRedisSentinel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a master, a replica and a Sentinel")
+	}
+	ss := redistest.Sentinel(t)
+	testServeRedis(t, func(c *serveConfig) {
+		c.redisAddrs, c.redisMaster = ss.Addrs(), redistest.SentinelMaster
+	}, func(ctx context.Context, key string) (int64, error) {
+		return ss.Master.Client().HLen(ctx, key).Result()
+	})
+}
+
+// TestServeRedisTLS: --redis-tls-ca makes serve verify Redis's
+// certificate with the CAs of a PEM file.
+func TestServeRedisTLS(t *testing.T) {
+	srv := redistest.StandaloneTLS(t)
+	tlsCfg, err := redisTLSConfig(false, srv.CAFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	testServeRedis(t, func(c *serveConfig) { c.redisAddrs, c.redisTLS = []string{srv.Addr()}, tlsCfg }, func(ctx context.Context, key string) (int64, error) {
+		return srv.Client().HLen(ctx, key).Result()
+	})
+	notPEM := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(notPEM, []byte("not a certificate"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{notPEM, filepath.Join(t.TempDir(), "missing.pem")} {
+		if _, err := redisTLSConfig(false, f); err == nil {
+			t.Errorf("redisTLSConfig(%s) succeeded", f)
+		}
+	}
+	if c, err := redisTLSConfig(true, ""); err != nil || c == nil || c.RootCAs != nil {
+		t.Errorf("--redis-tls alone: %+v, %v; want the system's roots", c, err)
+	}
+	if c, err := redisTLSConfig(false, ""); c != nil || err != nil {
+		t.Errorf("no TLS flag: %+v, %v; want nil", c, err)
+	}
+}
+
+// aclArgs start a Redis whose default user is off: only "sluice", with its
+// password, may connect.
+var aclArgs = []string{"--user", "default", "off", "--user", "sluice", "on", ">s3cret", "~*", "&*", "+@all"}
+
+// TestServeRedisACL: serve connects as an ACL user with its password.
+func TestServeRedisACL(t *testing.T) {
+	srv := redistest.StandaloneWith(t, aclArgs...)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), Username: "sluice", Password: "s3cret"})
+	t.Cleanup(func() { c.Close() })
+	testServeRedis(t, func(cfg *serveConfig) {
+		cfg.redisAddrs, cfg.redisUsername, cfg.redisPassword = []string{srv.Addr()}, "sluice", "s3cret"
+	}, func(ctx context.Context, key string) (int64, error) {
+		return c.HLen(ctx, key).Result()
+	})
+}
+
+// TestServeRedisRefused: a wrong password stops serve at start-up, with
+// Redis's answer; the password is read from --redis-password-file, or else
+// from $SLUICE_REDIS_PASSWORD.
+func TestServeRedisRefused(t *testing.T) {
+	srv := redistest.StandaloneWith(t, aclArgs...)
+	dir := rulesDir(t, map[string]string{"st.yaml": testRuleFile})
+	pw := filepath.Join(t.TempDir(), "pw")
+	if err := os.WriteFile(pw, []byte("wrong\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"serve", "--rules", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+		"--store", "redis", "--redis-addr", srv.Addr(), "--redis-username", "sluice"}
+	t.Setenv(redisPasswordEnv, "also-wrong")
+	for _, extra := range [][]string{{"--redis-password-file", pw}, nil} {
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second) // if it served after all
+		_, stderr, err := runArgs(t, ctx, append(args, extra...)...)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "Redis refused") || !strings.Contains(err.Error(), "WRONGPASS") {
+			t.Errorf("serve %v with a wrong password: %v\n%s", extra, err, stderr)
+		}
+	}
+}
+
+// TestServeRedisUnreachable: a Redis that is down at start-up is logged,
+// and serve serves, deciding by each rule's failure_mode.
+func TestServeRedisUnreachable(t *testing.T) {
+	srv := redistest.Standalone(t)
+	addr := srv.Addr()
+	srv.Stop()
+	dir := rulesDir(t, map[string]string{"st.yaml": testRuleFile})
+	h := recordHandler{ch: make(chan map[string]string, 64)}
+	cfg := serveConfig{
+		rulesDir: dir, store: "redis", redisAddrs: []string{addr}, redisPrefix: "st:",
+		grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0", maxBodyBytes: 1 << 20, shutdownTimeout: 5 * time.Second,
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, cfg, slog.New(h)) }()
+	warned := false
+	for serving := false; !serving; {
+		select {
+		case r := <-h.ch:
+			warned = warned || strings.Contains(r["msg"], "Redis is not reachable")
+			serving = r["msg"] == "sluice serving"
+		case err := <-done:
+			t.Fatalf("serve returned: %v", err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("serve did not start")
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	if !warned {
+		t.Error("no warning that Redis is not reachable")
+	}
 }
 
 // TestServeRedisCluster: on a Cluster, the keys of one request share a
@@ -191,19 +308,22 @@ func TestServeRedisCluster(t *testing.T) {
 	cl := redistest.Cluster(t)
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
 	t.Cleanup(func() { c.Close() })
-	testServeRedis(t, cl.Addrs(), func(ctx context.Context, key string) (int64, error) {
+	testServeRedis(t, func(c *serveConfig) { c.redisAddrs = cl.Addrs() }, func(ctx context.Context, key string) (int64, error) {
 		return c.HLen(ctx, key).Result()
 	})
 }
 
-func testServeRedis(t *testing.T, addrs []string, hlen func(context.Context, string) (int64, error)) {
+// testServeRedis serves on the Redis that mod configures: decisions, and
+// an override kept in the hash that hlen measures.
+func testServeRedis(t *testing.T, mod func(*serveConfig), hlen func(context.Context, string) (int64, error)) {
 	dir := rulesDir(t, map[string]string{"st.yaml": testRuleFile})
 	h := recordHandler{ch: make(chan map[string]string, 64)}
 	cfg := serveConfig{
-		rulesDir: dir, store: "redis", redisAddrs: addrs, redisPrefix: "st:",
+		rulesDir: dir, store: "redis", redisPrefix: "st:",
 		grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0", adminToken: "tok",
 		maxBodyBytes: 1 << 20, shutdownTimeout: 5 * time.Second,
 	}
+	mod(&cfg)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- serve(ctx, cfg, slog.New(h)) }()
@@ -214,13 +334,16 @@ func testServeRedis(t *testing.T, addrs []string, hlen func(context.Context, str
 			if r["msg"] == "sluice serving" {
 				up = r
 			}
+			if r["level"] == "WARN" || r["level"] == "ERROR" {
+				t.Errorf("serve logged at start-up: %v", r)
+			}
 		case err := <-done:
 			t.Fatalf("serve returned early: %v", err)
 		case <-time.After(10 * time.Second):
 			t.Fatal("serve did not start")
 		}
 	}
-	if up["store"] != "redis" || up["redis"] != strings.Join(addrs, ",") {
+	if up["store"] != "redis" || up["redis"] != strings.Join(cfg.redisAddrs, ",") || up["redis_master"] != cfg.redisMaster {
 		t.Errorf("start-up line = %v", up)
 	}
 	check := func(want int) string {

@@ -107,7 +107,7 @@ func Standalone(t testing.TB) *Server {
 func StandaloneWith(t testing.TB, args ...string) *Server {
 	t.Helper()
 	need(t, "redis-server")
-	return start(t, standalone, args)
+	return start(t, standalone, args, nil)
 }
 
 // StandaloneTLS starts a standalone redis-server that speaks only TLS, with
@@ -121,19 +121,12 @@ func StandaloneTLS(t testing.TB) *Server {
 	if err != nil {
 		t.Fatalf("redistest: certificates: %v", err)
 	}
-	s, err := launchFree(t.TempDir, standalone, nil, func(s *Server) {
-		s.tls = cfg
+	return start(t, standalone, nil, func(s *Server) {
+		s.tls, s.caFile = cfg, filepath.Join(dir, "ca.pem")
 		s.extra = []string{"--port", "0", "--tls-port", strconv.Itoa(s.port),
 			"--tls-cert-file", filepath.Join(dir, "server.pem"), "--tls-key-file", filepath.Join(dir, "server.key"),
-			"--tls-ca-cert-file", filepath.Join(dir, "ca.pem"), "--tls-auth-clients", "no"}
+			"--tls-ca-cert-file", s.caFile, "--tls-auth-clients", "no"}
 	})
-	if err != nil {
-		t.Fatalf("redistest: cannot start redis-server: %v", err)
-	}
-	s.t = t
-	t.Cleanup(s.kill)
-	s.caFile = filepath.Join(dir, "ca.pem")
-	return s
 }
 
 // CAFile is the PEM file of the CA that signed a TLS server's certificate.
@@ -222,9 +215,9 @@ func Launch() (addr string, stop func(), err error) {
 	return s.Addr(), func() { s.kill(); os.RemoveAll(dir) }, nil
 }
 
-func start(t testing.TB, k kind, extra []string) *Server {
+func start(t testing.TB, k kind, extra []string, prep func(*Server)) *Server {
 	t.Helper()
-	s, err := launchFree(t.TempDir, k, extra, nil)
+	s, err := launchFree(t.TempDir, k, extra, prep)
 	if err != nil {
 		t.Fatalf("redistest: cannot start redis-server: %v", err)
 	}
@@ -437,7 +430,7 @@ func Cluster(t testing.TB) *ClusterSet {
 	need(t, "redis-server", "redis-cli")
 	c := &ClusterSet{}
 	for range 3 {
-		c.Nodes = append(c.Nodes, start(t, clusterNode, nil))
+		c.Nodes = append(c.Nodes, start(t, clusterNode, nil, nil))
 	}
 	args := append([]string{"--cluster", "create"}, c.Addrs()...)
 	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
@@ -522,8 +515,8 @@ func Sentinel(t testing.TB) *SentinelSet {
 	t.Helper()
 	need(t, "redis-server")
 	ss := &SentinelSet{t: t}
-	ss.Master = start(t, standalone, nil)
-	ss.Replica = start(t, standalone, []string{"--replicaof", "127.0.0.1", strconv.Itoa(ss.Master.port)})
+	ss.Master = start(t, standalone, nil, nil)
+	ss.Replica = start(t, standalone, []string{"--replicaof", "127.0.0.1", strconv.Itoa(ss.Master.port)}, nil)
 	if err := ss.Replica.waitInSync(); err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
@@ -531,7 +524,7 @@ func Sentinel(t testing.TB) *SentinelSet {
 		fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1", SentinelMaster, ss.Master.port),
 		fmt.Sprintf("sentinel down-after-milliseconds %s 1000", SentinelMaster),
 		fmt.Sprintf("sentinel failover-timeout %s 10000", SentinelMaster),
-	})
+	}, nil)
 	if err := ss.waitMaster(ss.Master, true); err != nil {
 		t.Fatalf("redistest: %v", err)
 	}

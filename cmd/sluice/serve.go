@@ -75,6 +75,7 @@ type serveConfig struct {
 	redisPrefix      string
 	redisPipelines   int
 	redisWindow      time.Duration
+	redisTimeout     time.Duration
 	replicas         int
 	grpcAddr         string
 	httpAddr         string
@@ -112,6 +113,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.BoolVar(&redisTLS, "redis-tls", false, "connect to Redis over TLS, verified with the system's roots")
 	fs.StringVar(&redisCA, "redis-tls-ca", "", "PEM `file` of the CAs that verify Redis's certificate (implies --redis-tls)")
 	fs.StringVar(&cfg.redisPrefix, "redis-prefix", redisstore.DefaultPrefix, "prefix of every Redis key")
+	fs.DurationVar(&cfg.redisTimeout, "redis-timeout", redisstore.DefaultTimeout, "bound on each decision's Redis call; past it, the rule's failure_mode decides")
 	fs.IntVar(&cfg.redisPipelines, "redis-pipelines", redisstore.DefaultPipelines, "Redis pipelines in flight at once; concurrent decisions wait for one and share it")
 	fs.DurationVar(&cfg.redisWindow, "redis-batch-window", 0, "how long a Redis pipeline waits for more decisions before it is sent")
 	fs.IntVar(&cfg.replicas, "replicas", 1, "replicas sharing the limits: while Redis is down, a rule with failure_mode local admits Limit/replicas here")
@@ -138,6 +140,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		if len(cfg.redisAddrs) == 0 {
 			return usagef("serve: --store redis needs --redis-addr")
+		}
+		if cfg.redisTimeout <= 0 {
+			return usagef("serve: --redis-timeout must be positive")
 		}
 		cfg.redisPassword = os.Getenv(redisPasswordEnv)
 		if redisPasswordFile != "" {
@@ -215,7 +220,7 @@ func openStore(cfg *serveConfig) (ratelimit.Store, closer, httpapi.KeyStore, htt
 		Addrs: cfg.redisAddrs, MasterName: cfg.redisMaster,
 		Username: cfg.redisUsername, Password: cfg.redisPassword, TLS: cfg.redisTLS,
 		Prefix: cfg.redisPrefix, Replicas: cfg.replicas,
-		Pipelines: cfg.redisPipelines, BatchWindow: cfg.redisWindow,
+		Pipelines: cfg.redisPipelines, BatchWindow: cfg.redisWindow, Timeout: cfg.redisTimeout,
 	})
 	if err != nil {
 		return nil, nil, nil, nil, fmt.Errorf("serve: %w", err)

@@ -448,33 +448,15 @@ func Cluster(t testing.TB) *ClusterSet {
 // waitClusterOK polls CLUSTER INFO on every node until each says
 // cluster_state:ok and knows all 16384 slots.
 func waitClusterOK(nodes []*Server) error {
-	deadline := time.Now().Add(clusterTimeout)
 	for _, n := range nodes {
 		c := redis.NewClient(&redis.Options{Addr: n.Addr(), MaxRetries: -1})
-		err := func() error {
-			defer c.Close()
-			tick := time.NewTicker(20 * time.Millisecond)
-			defer tick.Stop()
-			var last string
-			for {
-				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				info, err := c.ClusterInfo(ctx).Result()
-				cancel()
-				if err == nil && clusterOK(info) {
-					return nil
-				}
-				last = info
-				if err != nil {
-					last = err.Error()
-				}
-				if time.Now().After(deadline) {
-					return fmt.Errorf("cluster node %s not ok after %v: %s", n.Addr(), clusterTimeout, last)
-				}
-				<-tick.C
-			}
-		}()
+		err := poll(clusterTimeout, func(ctx context.Context) (bool, string, error) {
+			info, err := c.ClusterInfo(ctx).Result()
+			return err == nil && clusterOK(info), info, err
+		})
+		c.Close()
 		if err != nil {
-			return err
+			return fmt.Errorf("cluster node %s: %w", n.Addr(), err)
 		}
 	}
 	return nil
@@ -553,7 +535,7 @@ func (ss *SentinelSet) Failover() {
 func (s *Server) waitInSync() error {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
 	defer c.Close()
-	err := poll(func(ctx context.Context) (bool, string, error) {
+	err := poll(startTimeout, func(ctx context.Context) (bool, string, error) {
 		info, err := c.Info(ctx, "replication").Result()
 		return strings.Contains(info, "master_link_status:up"), info, err
 	})
@@ -570,7 +552,7 @@ func (ss *SentinelSet) waitMaster(m *Server, withReplica bool) error {
 	defer c.Close()
 	mc := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
 	defer mc.Close()
-	return poll(func(ctx context.Context) (bool, string, error) {
+	return poll(startTimeout, func(ctx context.Context) (bool, string, error) {
 		addr, err := c.GetMasterAddrByName(ctx, SentinelMaster).Result()
 		if err != nil {
 			return false, "", err
@@ -596,9 +578,10 @@ func (ss *SentinelSet) waitMaster(m *Server, withReplica bool) error {
 	})
 }
 
-// poll calls cond until it reports true, at most startTimeout long.
-func poll(cond func(context.Context) (bool, string, error)) error {
-	deadline := time.Now().Add(startTimeout)
+// poll calls cond until it reports true, at most timeout long; an error
+// says what cond last saw.
+func poll(timeout time.Duration, cond func(context.Context) (bool, string, error)) error {
+	deadline := time.Now().Add(timeout)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -609,7 +592,7 @@ func poll(cond func(context.Context) (bool, string, error)) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("not after %v: %s %v", startTimeout, state, err)
+			return fmt.Errorf("not ready after %v: %s %v", timeout, state, err)
 		}
 		<-tick.C
 	}

@@ -281,16 +281,15 @@ func (s *Store) decideMany(dst []ratelimit.Decision, items []ratelimit.Item, now
 	// Make room for new keys first, so that no eviction can touch a key
 	// this request has already decided: in each shard, as many places as
 	// the request has distinct new keys there that it charges.
-	var needBuf [8]int
-	need := append(needBuf[:0], make([]int, len(locked))...)
-	for i := range refs {
-		if items[i].Cost > 0 && !charged(i, i) && s.shardOf(&refs[i]).get(&refs[i]) == nil {
-			need[slices.Index(locked, refs[i].h&s.mask)]++
+	for _, si := range locked {
+		sh, need := &s.shards[si], 0
+		for i := range refs {
+			if refs[i].h&s.mask == si && items[i].Cost > 0 && !charged(i, i) && sh.get(&refs[i]) == nil {
+				need++
+			}
 		}
-	}
-	for j, si := range locked {
-		if need[j] > 0 {
-			s.makeRoom(&s.shards[si], now.UnixNano(), need[j], refs)
+		if need > 0 {
+			s.makeRoom(sh, now.UnixNano(), need, refs)
 		}
 	}
 	type undo struct {

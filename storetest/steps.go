@@ -8,10 +8,10 @@ import (
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
-// The step tables below are those of package ratelimit's own tests, less
-// the steps where time goes backwards (a Store may keep its clock
-// monotonic; testTimeBackwards checks the weaker promise that an older
-// instant creates nothing).
+// The step tables below are those of package ratelimit's own tests with
+// the steps where time goes backwards left out or replaced by forward ones
+// (a Store may keep its clock monotonic; testTimeBackwards checks the
+// weaker promise that an older instant creates nothing).
 
 // A step decides cost at start+at (or at the absolute instant abs, when
 // set) and expects want. Rule, when set, replaces the table's rule from

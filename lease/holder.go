@@ -276,31 +276,15 @@ func NewHolder(c Coordinator, cfg Config) (*Holder, error) {
 	if cfg.RenewEvery <= 0 {
 		cfg.RenewEvery = cfg.TTL / 3
 	}
-	switch {
-	case cfg.Jitter == 0:
-		cfg.Jitter = DefaultJitter
-	case cfg.Jitter < 0:
-		cfg.Jitter = 0
-	}
-	cfg.Jitter = min(cfg.Jitter, 0.5)
+	cfg.Jitter = min(orDefault(cfg.Jitter, DefaultJitter), 0.5)
 	if cfg.Drift <= 0 {
 		cfg.Drift = DefaultDrift
 	}
 	if cfg.Margin <= 0 {
 		cfg.Margin = cfg.TTL / 10
 	}
-	switch {
-	case cfg.Headroom == 0:
-		cfg.Headroom = DefaultHeadroom
-	case cfg.Headroom < 0:
-		cfg.Headroom = 0
-	}
-	switch {
-	case cfg.Hysteresis == 0:
-		cfg.Hysteresis = DefaultHysteresis
-	case cfg.Hysteresis < 0:
-		cfg.Hysteresis = 0
-	}
+	cfg.Headroom = orDefault(cfg.Headroom, DefaultHeadroom)
+	cfg.Hysteresis = orDefault(cfg.Hysteresis, DefaultHysteresis)
 	if cfg.DrainTime <= 0 {
 		cfg.DrainTime = DefaultDrainTime
 	}
@@ -332,6 +316,18 @@ func NewHolder(c Coordinator, cfg Config) (*Holder, error) {
 	h.refreshLocked(now)
 	h.mu.Unlock()
 	return h, nil
+}
+
+// orDefault returns def for 0 (unset), 0 for a negative v (none), and v
+// otherwise: the rule of Config's Jitter, Headroom and Hysteresis.
+func orDefault[T int | float64](v, def T) T {
+	switch {
+	case v == 0:
+		return def
+	case v < 0:
+		return 0
+	}
+	return v
 }
 
 // ID returns the holder's member id.

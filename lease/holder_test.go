@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -71,12 +72,13 @@ func TestNewHolderRejects(t *testing.T) {
 }
 
 // scripted wraps a Coordinator with a latency and a switch that makes its
-// calls fail, and lets a test hold Renew calls until it lets them go.
+// calls fail (a store outage, or a killed process), and lets a test hold
+// Renew calls until it lets them go.
 type scripted struct {
 	Coordinator
 	latency time.Duration
+	down    atomic.Bool
 	mu      sync.Mutex
-	down    bool
 	holdRen chan struct{} // when not nil, Renew waits for it to close
 	renews  int
 }
@@ -84,10 +86,7 @@ type scripted struct {
 var errDown = errors.New("store down")
 
 func (s *scripted) gate(ctx context.Context) error {
-	s.mu.Lock()
-	down := s.down
-	s.mu.Unlock()
-	if down {
+	if s.down.Load() {
 		return errDown
 	}
 	if s.latency > 0 {
@@ -336,9 +335,7 @@ func TestOutagePolicy(t *testing.T) {
 				if got := h.Limiter().Limit(); got != 410 {
 					t.Fatalf("limit %v, want 410 (all free partitions + reserved)", got)
 				}
-				sc.mu.Lock()
-				sc.down = true
-				sc.mu.Unlock()
+				sc.down.Store(true)
 				time.Sleep(3 * time.Second)
 				synctest.Wait()
 				s := h.Stats()
@@ -348,9 +345,7 @@ func TestOutagePolicy(t *testing.T) {
 				if got := h.Limiter().Limit(); got != tc.want {
 					t.Errorf("limit in the outage %v, want %v", got, tc.want)
 				}
-				sc.mu.Lock()
-				sc.down = false
-				sc.mu.Unlock()
+				sc.down.Store(false)
 				time.Sleep(2 * time.Second)
 				synctest.Wait()
 				if s := h.Stats(); s.Outage || s.Rate < 100 {

@@ -2,12 +2,10 @@ package lease
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -46,54 +44,11 @@ type simConfig struct {
 	holders    []simSpec
 }
 
-// killable is a Coordinator that fails every call once killed.
-type killable struct {
-	Coordinator
-	dead atomic.Bool
-}
-
-var errKilled = errors.New("killed")
-
-func (k *killable) Heartbeat(ctx context.Context, m Member, ttl time.Duration, p int) (View, error) {
-	if k.dead.Load() {
-		return View{}, errKilled
-	}
-	return k.Coordinator.Heartbeat(ctx, m, ttl, p)
-}
-
-func (k *killable) Acquire(ctx context.Context, id string, parts []int, ttl time.Duration) ([]Grant, error) {
-	if k.dead.Load() {
-		return nil, errKilled
-	}
-	return k.Coordinator.Acquire(ctx, id, parts, ttl)
-}
-
-func (k *killable) Renew(ctx context.Context, id string, ls []Grant, ttl time.Duration) ([]bool, error) {
-	if k.dead.Load() {
-		return nil, errKilled
-	}
-	return k.Coordinator.Renew(ctx, id, ls, ttl)
-}
-
-func (k *killable) Release(ctx context.Context, id string, ls []Grant) error {
-	if k.dead.Load() {
-		return errKilled
-	}
-	return k.Coordinator.Release(ctx, id, ls)
-}
-
-func (k *killable) Leave(ctx context.Context, id string) error {
-	if k.dead.Load() {
-		return errKilled
-	}
-	return k.Coordinator.Leave(ctx, id)
-}
-
 // simHolder is a running holder of the simulation.
 type simHolder struct {
 	spec   simSpec
 	h      *Holder
-	coord  *killable
+	coord  *scripted // down once killed
 	cancel context.CancelFunc
 	done   chan struct{}
 	notify chan struct{}
@@ -162,7 +117,7 @@ func runSim(t *testing.T, cfg simConfig, warmup time.Duration) *simResult {
 	}
 	for i, sp := range cfg.holders {
 		sh := &simHolder{spec: sp, served: make([]int, seconds), notify: make(chan struct{}, 1), done: make(chan struct{})}
-		sh.coord = &killable{Coordinator: mem}
+		sh.coord = &scripted{Coordinator: mem}
 		h, err := NewHolder(sh.coord, Config{
 			ID: sp.name, Capacity: cfg.capacity, Partitions: cfg.partitions,
 			TTL: cfg.ttl, Weight: sp.weight, Seed: uint64(i + 1),
@@ -248,7 +203,7 @@ func runSim(t *testing.T, cfg simConfig, warmup time.Duration) *simResult {
 			}
 			if sh.started && !sh.killed && sh.spec.kill > 0 && el >= sh.spec.kill {
 				sh.killed = true
-				sh.coord.dead.Store(true)
+				sh.coord.down.Store(true)
 				sh.cancel()
 				killAt[i] = el
 			}

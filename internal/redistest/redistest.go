@@ -43,8 +43,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// startTimeout bounds how long a server may take to answer PING, and a
-// cluster to report cluster_state:ok.
+// startTimeout bounds how long a server may take to answer PING (or a
+// replica or Sentinel to be ready), clusterTimeout a cluster to report
+// cluster_state:ok; poll asks every pollEvery.
 const (
 	startTimeout   = 10 * time.Second
 	clusterTimeout = 30 * time.Second
@@ -330,29 +331,20 @@ func (s *Server) launch() error {
 	return nil
 }
 
-func (s *Server) waitReady(exit chan struct{}) error {
+// waitReady polls PING until the server answers, it exits or startTimeout
+// passes.
+func (s *Server) waitReady(exit <-chan struct{}) error {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond, TLSConfig: s.TLSConfig()})
 	defer c.Close()
-	deadline := time.Now().Add(startTimeout)
-	tick := time.NewTicker(pollEvery)
-	defer tick.Stop()
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	err := poll(startTimeout, exit, func(ctx context.Context) (bool, string, error) {
 		err := c.Ping(ctx).Err()
-		cancel()
 		var rerr redis.Error
-		if err == nil || errors.As(err, &rerr) { // it answered, if only NOAUTH
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("redis-server on port %d not ready after %v: %w", s.port, startTimeout, err)
-		}
-		select {
-		case <-exit:
-			return fmt.Errorf("redis-server on port %d exited", s.port)
-		case <-tick.C:
-		}
+		return err == nil || errors.As(err, &rerr), "PING:", err // it answered, if only NOAUTH
+	})
+	if err != nil {
+		return fmt.Errorf("redis-server on port %d: %w", s.port, err)
 	}
+	return nil
 }
 
 func (s *Server) logTail() string {
@@ -450,7 +442,7 @@ func Cluster(t testing.TB) *ClusterSet {
 func waitClusterOK(nodes []*Server) error {
 	for _, n := range nodes {
 		c := redis.NewClient(&redis.Options{Addr: n.Addr(), MaxRetries: -1})
-		err := poll(clusterTimeout, func(ctx context.Context) (bool, string, error) {
+		err := poll(clusterTimeout, nil, func(ctx context.Context) (bool, string, error) {
 			info, err := c.ClusterInfo(ctx).Result()
 			return err == nil && clusterOK(info), info, err
 		})
@@ -535,7 +527,7 @@ func (ss *SentinelSet) Failover() {
 func (s *Server) waitInSync() error {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
 	defer c.Close()
-	err := poll(startTimeout, func(ctx context.Context) (bool, string, error) {
+	err := poll(startTimeout, nil, func(ctx context.Context) (bool, string, error) {
 		info, err := c.Info(ctx, "replication").Result()
 		return strings.Contains(info, "master_link_status:up"), info, err
 	})
@@ -552,7 +544,7 @@ func (ss *SentinelSet) waitMaster(m *Server, withReplica bool) error {
 	defer c.Close()
 	mc := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
 	defer mc.Close()
-	return poll(startTimeout, func(ctx context.Context) (bool, string, error) {
+	return poll(startTimeout, nil, func(ctx context.Context) (bool, string, error) {
 		addr, err := c.GetMasterAddrByName(ctx, SentinelMaster).Result()
 		if err != nil {
 			return false, "", err
@@ -578,11 +570,12 @@ func (ss *SentinelSet) waitMaster(m *Server, withReplica bool) error {
 	})
 }
 
-// poll calls cond until it reports true, at most timeout long; an error
-// says what cond last saw.
-func poll(timeout time.Duration, cond func(context.Context) (bool, string, error)) error {
+// poll calls cond every pollEvery until it reports true, at most timeout
+// long, or until exit (if not nil) is closed; an error says what cond last
+// saw.
+func poll(timeout time.Duration, exit <-chan struct{}, cond func(context.Context) (bool, string, error)) error {
 	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(20 * time.Millisecond)
+	tick := time.NewTicker(pollEvery)
 	defer tick.Stop()
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -594,6 +587,10 @@ func poll(timeout time.Duration, cond func(context.Context) (bool, string, error
 		if time.Now().After(deadline) {
 			return fmt.Errorf("not ready after %v: %s %v", timeout, state, err)
 		}
-		<-tick.C
+		select {
+		case <-exit:
+			return errors.New("exited")
+		case <-tick.C:
+		}
 	}
 }

@@ -240,6 +240,11 @@ func TestNewRedisRejects(t *testing.T) {
 			t.Errorf("NewRedis(%q): err = %v, want ErrBadArgument", name, err)
 		}
 	}
+	for _, prefix := range []string{"x{}", "{a}:"} {
+		if _, err := NewRedis(srv.Client(), "svc", RedisOptions{Prefix: prefix}); !errors.Is(err, ErrBadArgument) {
+			t.Errorf("NewRedis(prefix %q): err = %v, want ErrBadArgument", prefix, err)
+		}
+	}
 	if _, err := NewRedis(nil, "x", RedisOptions{}); !errors.Is(err, ErrBadArgument) {
 		t.Errorf("NewRedis(nil): err = %v, want ErrBadArgument", err)
 	}

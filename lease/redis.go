@@ -39,7 +39,8 @@ type Redis struct {
 
 // RedisOptions configure NewRedis.
 type RedisOptions struct {
-	// Prefix starts every key; DefaultRedisPrefix when empty.
+	// Prefix starts every key; it must not contain '{' or '}'.
+	// DefaultRedisPrefix when empty.
 	Prefix string
 	// Timeout bounds each call when the context has no earlier deadline;
 	// 0 means no bound of its own.
@@ -57,6 +58,11 @@ func NewRedis(client redis.UniversalClient, service string, opts RedisOptions) (
 	}
 	if opts.Prefix == "" {
 		opts.Prefix = DefaultRedisPrefix
+	}
+	if strings.ContainsAny(opts.Prefix, "{}") {
+		// A brace would change the hash tag Redis Cluster reads: "x{}"
+		// leaves none, scattering a service's keys over three slots.
+		return nil, fmt.Errorf("%w: key prefix %q has a brace", ErrBadArgument, opts.Prefix)
 	}
 	base := opts.Prefix + "{" + service + "}:"
 	return &Redis{

@@ -237,6 +237,9 @@ func (s *Memory) Release(ctx context.Context, id string, leases []Grant) error {
 
 // Leave implements Coordinator.
 func (s *Memory) Leave(ctx context.Context, id string) error {
+	if err := checkArgs(id, 0, false); err != nil {
+		return err
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}

@@ -223,6 +223,7 @@ func TestCoordinatorContract(t *testing.T) {
 					"negative part": func() error { _, err := c.Acquire(ctx, "a", []int{-1}, cTTL); return err }(),
 					"renew no id":   func() error { _, err := c.Renew(ctx, "", nil, cTTL); return err }(),
 					"release no id": c.Release(ctx, "", nil),
+					"leave no id":   c.Leave(ctx, ""),
 				} {
 					if !errors.Is(err, ErrBadArgument) {
 						t.Errorf("%s: err = %v, want ErrBadArgument", name, err)

@@ -21,8 +21,11 @@ type batcher struct {
 	ch     chan *call
 	size   int
 	window time.Duration
-	quit   chan struct{}
-	wg     sync.WaitGroup
+	quit   chan struct{} // closed by stop: workers take no more requests
+	// stopped is closed by stop once every request that was taken has its
+	// answer; a request queued after that is never taken.
+	stopped chan struct{}
+	wg      sync.WaitGroup
 
 	pending            atomic.Int64 // requests in do
 	pipelines, batched atomic.Uint64
@@ -48,11 +51,12 @@ func (c *call) answer(res []any, err error) {
 
 func newBatcher(s *Store, size int, window time.Duration, workers int) *batcher {
 	b := &batcher{
-		s:      s,
-		ch:     make(chan *call, size*workers),
-		size:   size,
-		window: window,
-		quit:   make(chan struct{}),
+		s:       s,
+		ch:      make(chan *call, size*workers),
+		size:    size,
+		window:  window,
+		quit:    make(chan struct{}),
+		stopped: make(chan struct{}),
 	}
 	b.wg.Add(workers)
 	for range workers {
@@ -70,6 +74,7 @@ func (b *batcher) stop() {
 		case c := <-b.ch:
 			c.answer(nil, ErrClosed)
 		default:
+			close(b.stopped)
 			return
 		}
 	}
@@ -103,13 +108,19 @@ func (b *batcher) do(ctx context.Context, deadline time.Time, req *request) ([]a
 	}
 	select {
 	case <-c.done:
-		res, err := c.res, c.err
-		b.recycle(c)
-		return res, err
 	case <-ctx.Done():
 		req.abandoned = true // a worker may still read it, and answer c
 		return nil, ctx.Err()
+	case <-b.stopped:
+		select {
+		case <-c.done: // taken before stop drained the queue
+		default: // queued after it: nothing will ever take c
+			return nil, ErrClosed
+		}
 	}
+	res, err := c.res, c.err
+	b.recycle(c)
+	return res, err
 }
 
 func (b *batcher) recycle(c *call) {

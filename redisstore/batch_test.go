@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -126,5 +127,31 @@ func batchDiffRun(t *testing.T, addr string, seed uint64, steps int) {
 	}
 	if fastOnly == 0 || fastOnly == steps {
 		t.Errorf("%d of %d batches were GCRA-only: both kinds must be exercised", fastOnly, steps)
+	}
+}
+
+// TestQueuedAfterClose: a request that reaches the queue after Close has
+// drained it gets ErrClosed, instead of waiting for an answer that never
+// comes. Close leaves both the queue and the quit signal ready, so do
+// takes either at random: 100 attempts queue some.
+func TestQueuedAfterClose(t *testing.T) {
+	s, err := New(Options{Addrs: []string{"127.0.0.1:1"}}) // never contacted
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := s.batch
+	s.Close()
+	b.pending.Add(1) // another request pending: do queues its own
+	r := &ratelimit.Rule{Name: "r", Limit: 5, Period: time.Second}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range 100 {
+		req, err := s.build([]ratelimit.Item{{Key: "k", Rule: r, Cost: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.do(ctx, time.Now().Add(time.Minute), req); !errors.Is(err, ErrClosed) {
+			t.Fatalf("attempt %d: err = %v, want ErrClosed", i, err)
+		}
 	}
 }

@@ -55,8 +55,9 @@ With --store redis the counters live in Redis: one server, a Cluster (two
 or more --redis-addr), or the master the Sentinels at --redis-addr name
 (--redis-master). The password comes from --redis-password-file or the
 SLUICE_REDIS_PASSWORD environment variable. A Redis that refuses the
-credentials stops serve at start-up; one that cannot be reached is logged,
-and each rule's failure_mode decides until it can.
+credentials stops serve at start-up; one that cannot be reached, or is not
+ready (loading its data), is logged, and each rule's failure_mode decides
+until it can.
 
 On SIGINT or SIGTERM, readiness goes off first (/readyz 503, gRPC health
 NOT_SERVING), in-flight calls finish within --shutdown-timeout, then the
@@ -250,22 +251,31 @@ func redisTLSConfig(enabled bool, caFile string) (*tls.Config, error) {
 
 // checkRedis pings Redis once at start-up. A refusal (a wrong password, a
 // user without the rights) is a configuration error, returned; a Redis
-// that cannot be reached is only logged: it may come later, and meanwhile
-// every rule's failure_mode decides.
+// that cannot be reached, or is not ready yet, is only logged: it may come
+// later, and meanwhile every rule's failure_mode decides.
 func checkRedis(ctx context.Context, c redis.UniversalClient, log *slog.Logger) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	err := c.Ping(ctx).Err()
-	var rerr redis.Error
 	switch {
 	case err == nil:
 		return nil
-	case errors.As(err, &rerr):
+	case refused(err):
 		return fmt.Errorf("serve: Redis refused the connection: %w", err)
 	default:
-		log.Warn("Redis is not reachable; each rule's failure_mode decides until it is", "err", err)
+		log.Warn("Redis is not reachable or not ready; each rule's failure_mode decides until it is", "err", err)
 		return nil
 	}
+}
+
+// refused reports whether err is Redis refusing this client, rather than
+// a state Redis passes through and leaves by itself: loading its data
+// after a restart, a master down during a failover, a cluster that is
+// down or resharding.
+func refused(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && !redis.IsLoadingError(err) && !redis.IsMasterDownError(err) &&
+		!redis.IsClusterDownError(err) && !redis.IsTryAgainError(err)
 }
 
 // ruleCount is the number of limits of set.

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -298,6 +299,39 @@ func TestServeRedisUnreachable(t *testing.T) {
 	}
 	if !warned {
 		t.Error("no warning that Redis is not reachable")
+	}
+}
+
+// redisErr is an error as Redis answers it.
+type redisErr string
+
+func (e redisErr) Error() string { return string(e) }
+func (redisErr) RedisError()     {}
+
+// TestRefused: only Redis refusing the client stops serve at start-up,
+// not a Redis that is unreachable or passing through a state it leaves by
+// itself.
+func TestRefused(t *testing.T) {
+	tests := []struct {
+		err  error
+		want bool
+	}{
+		{redisErr("WRONGPASS invalid username-password pair or user is disabled."), true},
+		{redisErr("NOAUTH Authentication required."), true},
+		{redisErr("NOPERM this user has no permissions to run the 'ping' command"), true},
+		{redisErr("ERR AUTH <password> called without any password configured for the default user."), true},
+		{fmt.Errorf("dial: %w", redisErr("WRONGPASS invalid username-password pair")), true},
+		{redisErr("LOADING Redis is loading the dataset in memory"), false},
+		{redisErr("MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'."), false},
+		{redisErr("CLUSTERDOWN The cluster is down"), false},
+		{redisErr("TRYAGAIN Multiple keys request during rehashing of slot"), false},
+		{errors.New("dial tcp 127.0.0.1:1: connect: connection refused"), false},
+		{context.DeadlineExceeded, false},
+	}
+	for _, tt := range tests {
+		if got := refused(tt.err); got != tt.want {
+			t.Errorf("refused(%v) = %v, want %v", tt.err, got, tt.want)
+		}
 	}
 }
 

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -295,5 +296,53 @@ func TestClusterNodeRestart(t *testing.T) {
 		if d := decide(k, slack); d.Allowed != (i < 10) {
 			t.Fatalf("after restart, call %d: %+v", i, d)
 		}
+	}
+}
+
+// blockHook holds every command until release is closed, then fails it.
+type blockHook struct{ entered, release chan struct{} }
+
+func (h blockHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h blockHook) ProcessHook(redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.entered <- struct{}{}
+		<-h.release
+		return fmt.Errorf("connection reset")
+	}
+}
+func (h blockHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestCloseDuringCall: a call that Close interrupts returns ErrClosed, as
+// Decide after Close does, not a decision of the failure policy, and is not
+// counted as a Redis error.
+func TestCloseDuringCall(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled: the hook fails first
+	t.Cleanup(func() { c.Close() })
+	h := blockHook{entered: make(chan struct{}), release: make(chan struct{})}
+	c.AddHook(h)
+	s, err := New(Options{Client: c})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &ratelimit.Rule{Name: "r", Limit: 5, Period: time.Second, Failure: ratelimit.FailOpen}
+	type result struct {
+		ds  []ratelimit.Decision
+		err error
+	}
+	done := make(chan result)
+	go func() {
+		ds, err := s.Decide(context.Background(), nil, []ratelimit.Item{{Key: "k", Rule: r, Cost: 1}})
+		done <- result{ds, err}
+	}()
+	<-h.entered
+	s.Close()
+	close(h.release)
+	if res := <-done; !errors.Is(res.err, ErrClosed) {
+		t.Fatalf("Decide during Close = %+v, %v; want ErrClosed", res.ds, res.err)
+	}
+	if st := s.Stats(); st.Errors != 0 || st.FailOpen != 0 {
+		t.Errorf("stats after a call ended by Close: %+v", st)
 	}
 }

@@ -393,6 +393,12 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 			s.brk.abandon() // the caller gave up: says nothing about Redis
 			return dst, cerr
 		}
+		select {
+		case <-s.closed: // Close ended the call: says nothing about Redis
+			s.brk.abandon()
+			return dst, ErrClosed
+		default:
+		}
 		if isScriptError(err) {
 			s.brk.done(true) // Redis answered: it is up
 			return dst, fmt.Errorf("redisstore: %w", err)

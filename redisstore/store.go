@@ -382,6 +382,7 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 		return dst, err
 	}
 	if !s.brk.allow() {
+		req.release()
 		return s.fb.decide(dst, items), nil
 	}
 	n := len(dst)

@@ -92,11 +92,10 @@ func (s *Server) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest
 	return s.response(c), nil
 }
 
-// convert fills c.req from in, checking the bounds before copying.
+// convert fills c.req from in, checking the counts before copying. The
+// domain and the entries are validated by Service.ShouldRateLimit, as for
+// every API.
 func (c *call) convert(in *rlsv3.RateLimitRequest) error {
-	if err := rules.CheckDomain(in.GetDomain()); err != nil {
-		return err
-	}
 	descs := in.GetDescriptors()
 	if err := rules.CheckDescriptorCount(len(descs)); err != nil {
 		return err

@@ -74,3 +74,33 @@ func TestSentinelFailover(t *testing.T) {
 	}
 	t.Logf("%d decisions by the failure policy during the failover", failClosed)
 }
+
+// TestSentinelAuth: a Sentinel that requires a password is reached with
+// SentinelPassword, apart from the data nodes' credentials; without it the
+// store cannot find the master and the rule's failure policy decides.
+func TestSentinelAuth(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a master, a replica and a Sentinel")
+	}
+	ss := redistest.SentinelAuth(t, "sentinel-s3cret")
+	r := &ratelimit.Rule{Name: "r", Limit: 10, Period: time.Hour, Failure: ratelimit.FailClosed}
+	items := []ratelimit.Item{{Key: "k", Rule: r, Cost: 1}}
+	for _, c := range []struct {
+		password string
+		want     ratelimit.Reason
+	}{{"sentinel-s3cret", ratelimit.ReasonOK}, {"", ratelimit.ReasonFailClosed}, {"wrong", ratelimit.ReasonFailClosed}} {
+		s := newTestStore(t, ss.Addrs(), nil, func(o *Options) {
+			o.MasterName, o.SentinelPassword = redistest.SentinelMaster, c.password
+		})
+		ds, err := s.Decide(t.Context(), nil, items)
+		if err != nil {
+			t.Fatalf("Sentinel password %q: %v", c.password, err)
+		}
+		if ds[0].Reason != c.want {
+			t.Errorf("Sentinel password %q: %+v, want %v", c.password, ds[0], c.want)
+		}
+		if errs := s.Stats().Errors; (errs > 0) != (c.want != ratelimit.ReasonOK) {
+			t.Errorf("Sentinel password %q: %d errors", c.password, errs)
+		}
+	}
+}

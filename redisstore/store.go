@@ -127,6 +127,10 @@ type Options struct {
 	MasterName string
 	// Username and Password authenticate (ACL user, or Password alone).
 	Username, Password string
+	// SentinelUsername and SentinelPassword authenticate to the Sentinels,
+	// when they require it (their own requirepass or ACL user): Sentinels
+	// do not share the data nodes' credentials.
+	SentinelUsername, SentinelPassword string
 	// TLS, when not nil, is used for every connection.
 	TLS *tls.Config
 	// PoolSize is the connection pool size per node; 0 is go-redis's default.
@@ -284,8 +288,11 @@ func New(opts Options) (*Store, error) {
 			MasterName: opts.MasterName,
 			Username:   opts.Username,
 			Password:   opts.Password,
-			TLSConfig:  opts.TLS,
-			PoolSize:   opts.PoolSize,
+			// Only a failover client reads these.
+			SentinelUsername: opts.SentinelUsername,
+			SentinelPassword: opts.SentinelPassword,
+			TLSConfig:        opts.TLS,
+			PoolSize:         opts.PoolSize,
 			// Latency is bounded by Timeout; retries would only spend it.
 			MaxRetries:            -1,
 			DialTimeout:           opts.Timeout,

@@ -54,10 +54,11 @@ variable.
 With --store redis the counters live in Redis: one server, a Cluster (two
 or more --redis-addr), or the master the Sentinels at --redis-addr name
 (--redis-master). The password comes from --redis-password-file or the
-SLUICE_REDIS_PASSWORD environment variable. A Redis that refuses the
-credentials stops serve at start-up; one that cannot be reached, or is not
-ready (loading its data), is logged, and each rule's failure_mode decides
-until it can.
+SLUICE_REDIS_PASSWORD environment variable; Sentinels that require their
+own, from --redis-sentinel-password-file or SLUICE_REDIS_SENTINEL_PASSWORD.
+A Redis that refuses the credentials stops serve at start-up; one that
+cannot be reached, or is not ready (loading its data), is logged, and each
+rule's failure_mode decides until it can.
 
 On SIGINT or SIGTERM, readiness goes off first (/readyz 503, gRPC health
 NOT_SERVING), in-flight calls finish within --shutdown-timeout, then the
@@ -72,6 +73,8 @@ type serveConfig struct {
 	redisMaster      string
 	redisUsername    string
 	redisPassword    string
+	sentinelUsername string
+	sentinelPassword string
 	redisTLS         *tls.Config
 	redisPrefix      string
 	redisPipelines   int
@@ -98,12 +101,16 @@ const adminTokenEnv = "SLUICE_ADMIN_TOKEN"
 // password when --redis-password-file is not given.
 const redisPasswordEnv = "SLUICE_REDIS_PASSWORD"
 
+// sentinelPasswordEnv names the environment variable holding the
+// Sentinels' password when --redis-sentinel-password-file is not given.
+const sentinelPasswordEnv = "SLUICE_REDIS_SENTINEL_PASSWORD"
+
 // runServe parses serve's flags, reads the admin token, and serves until
 // ctx is done.
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("serve", serveUsage, stderr)
 	var cfg serveConfig
-	var redisAddr, tokenFile, redisPasswordFile, redisCA string
+	var redisAddr, tokenFile, redisPasswordFile, sentinelPasswordFile, redisCA string
 	var redisTLS bool
 	fs.StringVar(&cfg.rulesDir, "rules", "examples/rules", "`directory` of rule files (*.yaml), relative to the working directory")
 	fs.StringVar(&cfg.store, "store", "memory", "where counters live: memory or redis")
@@ -111,6 +118,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&cfg.redisMaster, "redis-master", "", "Sentinel mode: the `name` of the master the Sentinels at --redis-addr monitor")
 	fs.StringVar(&cfg.redisUsername, "redis-username", "", "Redis ACL user (default: the default user)")
 	fs.StringVar(&redisPasswordFile, "redis-password-file", "", "`file` holding the Redis password (default: $"+redisPasswordEnv+")")
+	fs.StringVar(&cfg.sentinelUsername, "redis-sentinel-username", "", "ACL user of the Sentinels, when they require one (with --redis-master)")
+	fs.StringVar(&sentinelPasswordFile, "redis-sentinel-password-file", "", "`file` holding the Sentinels' password, when they require one (default: $"+sentinelPasswordEnv+")")
 	fs.BoolVar(&redisTLS, "redis-tls", false, "connect to Redis over TLS, verified with the system's roots")
 	fs.StringVar(&redisCA, "redis-tls-ca", "", "PEM `file` of the CAs that verify Redis's certificate (implies --redis-tls)")
 	fs.StringVar(&cfg.redisPrefix, "redis-prefix", redisstore.DefaultPrefix, "prefix of every Redis key")
@@ -145,15 +154,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if cfg.redisTimeout <= 0 {
 			return usagef("serve: --redis-timeout must be positive")
 		}
-		cfg.redisPassword = os.Getenv(redisPasswordEnv)
-		if redisPasswordFile != "" {
-			b, err := os.ReadFile(redisPasswordFile)
-			if err != nil {
-				return fmt.Errorf("serve: reading the Redis password: %w", err)
-			}
-			cfg.redisPassword = strings.TrimRight(string(b), "\r\n")
-		}
 		var err error
+		if cfg.redisPassword, err = secret(redisPasswordFile, redisPasswordEnv); err != nil {
+			return fmt.Errorf("serve: reading the Redis password: %w", err)
+		}
+		if cfg.sentinelPassword, err = secret(sentinelPasswordFile, sentinelPasswordEnv); err != nil {
+			return fmt.Errorf("serve: reading the Sentinels' password: %w", err)
+		}
 		if cfg.redisTLS, err = redisTLSConfig(redisTLS, redisCA); err != nil {
 			return err
 		}
@@ -167,15 +174,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usagef("serve: --max-body-bytes must be positive")
 	}
 	if cfg.adminAddr != "" {
-		if tokenFile != "" {
-			b, err := os.ReadFile(tokenFile)
-			if err != nil {
-				return fmt.Errorf("serve: reading the admin token: %w", err)
-			}
-			cfg.adminToken = strings.TrimSpace(string(b))
-		} else {
-			cfg.adminToken = strings.TrimSpace(os.Getenv(adminTokenEnv))
+		token, err := secret(tokenFile, adminTokenEnv)
+		if err != nil {
+			return fmt.Errorf("serve: reading the admin token: %w", err)
 		}
+		cfg.adminToken = strings.TrimSpace(token)
 		if cfg.adminToken == "" {
 			return usagef("serve: --admin-addr needs a token: --admin-token-file FILE or $%s", adminTokenEnv)
 		}
@@ -220,6 +223,7 @@ func openStore(cfg *serveConfig) (ratelimit.Store, closer, httpapi.KeyStore, htt
 	rs, err := redisstore.New(redisstore.Options{
 		Addrs: cfg.redisAddrs, MasterName: cfg.redisMaster,
 		Username: cfg.redisUsername, Password: cfg.redisPassword, TLS: cfg.redisTLS,
+		SentinelUsername: cfg.sentinelUsername, SentinelPassword: cfg.sentinelPassword,
 		Prefix: cfg.redisPrefix, Replicas: cfg.replicas,
 		Pipelines: cfg.redisPipelines, BatchWindow: cfg.redisWindow, Timeout: cfg.redisTimeout,
 	})
@@ -227,6 +231,16 @@ func openStore(cfg *serveConfig) (ratelimit.Store, closer, httpapi.KeyStore, htt
 		return nil, nil, nil, nil, fmt.Errorf("serve: %w", err)
 	}
 	return rs, rs, rs, httpapi.NewRedisOverrides(rs.Client(), cfg.redisPrefix), nil
+}
+
+// secret returns the content of file without its line ending, or the
+// environment variable env when file is "".
+func secret(file, env string) (string, error) {
+	if file == "" {
+		return os.Getenv(env), nil
+	}
+	b, err := os.ReadFile(file)
+	return strings.TrimRight(string(b), "\r\n"), err
 }
 
 // redisTLSConfig returns the TLS configuration of --redis-tls and

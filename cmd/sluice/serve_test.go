@@ -199,6 +199,47 @@ func TestServeRedisSentinel(t *testing.T) {
 	})
 }
 
+// TestServeRedisSentinelAuth: Sentinels that require a password are
+// reached with --redis-sentinel-password-file (or
+// $SLUICE_REDIS_SENTINEL_PASSWORD); without the right one, serve stops at
+// start-up with the Sentinels' answer.
+func TestServeRedisSentinelAuth(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a master, a replica and a Sentinel")
+	}
+	ss := redistest.SentinelAuth(t, "sentinel-s3cret")
+	testServeRedis(t, func(c *serveConfig) {
+		c.redisAddrs, c.redisMaster, c.sentinelPassword = ss.Addrs(), redistest.SentinelMaster, "sentinel-s3cret"
+	}, func(ctx context.Context, key string) (int64, error) {
+		return ss.Master.Client().HLen(ctx, key).Result()
+	})
+
+	dir := rulesDir(t, map[string]string{"st.yaml": testRuleFile})
+	pw := filepath.Join(t.TempDir(), "pw")
+	if err := os.WriteFile(pw, []byte("wrong\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"serve", "--rules", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+		"--store", "redis", "--redis-addr", ss.Addrs()[0], "--redis-master", redistest.SentinelMaster}
+	for _, c := range []struct {
+		env   string
+		extra []string
+		want  string
+	}{
+		{"", nil, "NOAUTH"},
+		{"also-wrong", nil, "WRONGPASS"},
+		{"sentinel-s3cret", []string{"--redis-sentinel-password-file", pw}, "WRONGPASS"},
+	} {
+		t.Setenv(sentinelPasswordEnv, c.env)
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second) // if it served after all
+		_, stderr, err := runArgs(t, ctx, append(args, c.extra...)...)
+		cancel()
+		if err == nil || !strings.Contains(err.Error(), "Redis refused") || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("serve %v, $%s=%q: %v, want Redis refused … %s\n%s", c.extra, sentinelPasswordEnv, c.env, err, c.want, stderr)
+		}
+	}
+}
+
 // TestServeRedisTLS: --redis-tls-ca makes serve verify Redis's
 // certificate with the CAs of a PEM file.
 func TestServeRedisTLS(t *testing.T) {

@@ -61,6 +61,7 @@ type Server struct {
 	extra  []string    // more arguments; a Sentinel's configuration lines
 	tls    *tls.Config // a TLS server's clients' configuration: its CA
 	caFile string
+	pass   string // the password Client authenticates with
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -394,7 +395,7 @@ func (s *Server) Start() {
 // Client returns a new go-redis client of this server, closed when the test
 // ends. It is meant for test set-up and fault injection.
 func (s *Server) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), TLSConfig: s.TLSConfig()})
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), TLSConfig: s.TLSConfig(), Password: s.pass})
 	s.t.Cleanup(func() { c.Close() })
 	return c
 }
@@ -487,6 +488,13 @@ func (ss *SentinelSet) Addrs() []string { return []string{ss.Sentinel.Addr()} }
 // test ends.
 func Sentinel(t testing.TB) *SentinelSet {
 	t.Helper()
+	return SentinelAuth(t, "")
+}
+
+// SentinelAuth is Sentinel with a Sentinel that requires password (none
+// if empty); the master and replica require none.
+func SentinelAuth(t testing.TB, password string) *SentinelSet {
+	t.Helper()
 	need(t, "redis-server")
 	ss := &SentinelSet{t: t}
 	ss.Master = start(t, standalone, nil, nil)
@@ -494,11 +502,15 @@ func Sentinel(t testing.TB) *SentinelSet {
 	if err := ss.Replica.waitInSync(); err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
-	ss.Sentinel = start(t, sentinel, []string{
+	conf := []string{
 		fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1", SentinelMaster, ss.Master.port),
 		fmt.Sprintf("sentinel down-after-milliseconds %s 1000", SentinelMaster),
 		fmt.Sprintf("sentinel failover-timeout %s 10000", SentinelMaster),
-	}, nil)
+	}
+	if password != "" {
+		conf = append(conf, "requirepass "+strconv.Quote(password))
+	}
+	ss.Sentinel = start(t, sentinel, conf, func(s *Server) { s.pass = password })
 	if err := ss.waitMaster(ss.Master, true); err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
@@ -540,7 +552,7 @@ func (s *Server) waitInSync() error {
 // waitMaster polls until the Sentinel names m as master, m reports the
 // master role and, when withReplica, the Sentinel knows one replica.
 func (ss *SentinelSet) waitMaster(m *Server, withReplica bool) error {
-	c := redis.NewSentinelClient(&redis.Options{Addr: ss.Sentinel.Addr(), MaxRetries: -1})
+	c := redis.NewSentinelClient(&redis.Options{Addr: ss.Sentinel.Addr(), MaxRetries: -1, Password: ss.Sentinel.pass})
 	defer c.Close()
 	mc := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
 	defer mc.Close()

@@ -75,13 +75,13 @@ for r in rows:
     cases.setdefault((r["name"], r["callers"], r["keys"]), []).append(r)
 def med(rs, field):
     return statistics.median(r.get(field, 0) for r in rs)
-print("\n| system | C | K | req/s | vs floor | p50 µs | p99 µs | p99.9 µs | server CPU µs/req | CPU vs floor | Redis CPU µs/req |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+print("\n| system | C | K | req/s | vs floor | p50 µs | p99 µs | p99.9 µs | server CPU µs/req | CPU vs floor | Redis CPU µs/req | load generator CPU µs/req | machine CPU µs/req | machine busy |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for (name, c, k), rs in cases.items():
     f = cases.get(("floor", c, k), [])
     rps, frps = med(rs, "rps"), med(f, "rps") if f else 0
     cpu, fcpu = med(rs, "server_cpu_us_per_request"), med(f, "server_cpu_us_per_request") if f else 0
     span = f' ({min(r["rps"] for r in rs):.0f}–{max(r["rps"] for r in rs):.0f})' if len(rs) > 1 else ""
     store = med(rs, "store_cpu_us_per_request")
-    print(f'| {name} | {c} | {k} | {rps:.0f}{span} | {rps / frps if frps else 0:.2f} | {med(rs, "p50_us"):.0f} | {med(rs, "p99_us"):.0f} | {med(rs, "p999_us"):.0f} | {cpu:.1f} | {cpu / fcpu if fcpu else 0:.2f} | {f"{store:.1f}" if store else "–"} |')
+    print(f'| {name} | {c} | {k} | {rps:.0f}{span} | {rps / frps if frps else 0:.2f} | {med(rs, "p50_us"):.0f} | {med(rs, "p99_us"):.0f} | {med(rs, "p999_us"):.0f} | {cpu:.1f} | {cpu / fcpu if fcpu else 0:.2f} | {f"{store:.1f}" if store else "–"} | {med(rs, "loadgen_cpu_us_per_request"):.1f} | {med(rs, "machine_cpu_us_per_request"):.1f} | {100 * med(rs, "machine_busy"):.0f} % |')
 PY

@@ -2,7 +2,11 @@
 // services: C concurrent callers send ShouldRateLimit for D, each request
 // carrying one descriptor whose value is one of K distinct keys. It reports
 // requests per second and latency percentiles, and, given the server's PID,
-// the server CPU time spent per request (from /proc). Loopback only.
+// the server CPU time spent per request (from /proc), with its own and the
+// whole machine's: on a machine the load generator shares with the server,
+// requests/s is about the busy CPU divided by the machine's CPU per
+// request, so that is where a ratio to another server comes from.
+// Loopback only.
 package main
 
 import (
@@ -39,6 +43,9 @@ type result struct {
 	P999us     float64 `json:"p999_us"`
 	CPUPerReqU float64 `json:"server_cpu_us_per_request,omitempty"`
 	StoreCPUU  float64 `json:"store_cpu_us_per_request,omitempty"`
+	LoadCPUU   float64 `json:"loadgen_cpu_us_per_request"`
+	MachineU   float64 `json:"machine_cpu_us_per_request,omitempty"`
+	Busy       float64 `json:"machine_busy,omitempty"` // fraction of all CPUs
 }
 
 // config is one run's flags.
@@ -100,7 +107,8 @@ func run(c config) error {
 			return fmt.Errorf("warm-up: %w", err)
 		}
 	}
-	cpu0, store0 := procCPU(c.pid), procCPU(c.storePID)
+	cpu0, store0, self0 := procCPU(c.pid), procCPU(c.storePID), procCPU(os.Getpid())
+	busy0, idle0 := machineCPU()
 	start := time.Now()
 	deadline := start.Add(dur)
 	lat := make([][]time.Duration, callers)
@@ -132,7 +140,8 @@ func run(c config) error {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	cpu1, store1 := procCPU(c.pid), procCPU(c.storePID)
+	cpu1, store1, self1 := procCPU(c.pid), procCPU(c.storePID), procCPU(os.Getpid())
+	busy1, idle1 := machineCPU()
 	all := slices.Concat(lat...)
 	slices.Sort(all)
 	r := result{Name: c.name, Callers: callers, Keys: keys, Seconds: elapsed.Seconds(), Requests: len(all)}
@@ -147,7 +156,10 @@ func run(c config) error {
 	r.RPS = float64(len(all)) / elapsed.Seconds()
 	r.P50us, r.P99us, r.P999us = pct(0.50), pct(0.99), pct(0.999)
 	perReq := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(len(all)) }
-	r.CPUPerReqU, r.StoreCPUU = perReq(cpu1-cpu0), perReq(store1-store0)
+	r.CPUPerReqU, r.StoreCPUU, r.LoadCPUU = perReq(cpu1-cpu0), perReq(store1-store0), perReq(self1-self0)
+	if busy, all := busy1-busy0, busy1-busy0+idle1-idle0; all > 0 {
+		r.MachineU, r.Busy = perReq(busy), float64(busy)/float64(all)
+	}
 	if c.asJSON {
 		return json.NewEncoder(os.Stdout).Encode(r)
 	}
@@ -158,9 +170,36 @@ func run(c config) error {
 	if r.StoreCPUU > 0 {
 		fmt.Printf(", store CPU %.1fµs/req", r.StoreCPUU)
 	}
+	fmt.Printf(", load generator CPU %.1fµs/req", r.LoadCPUU)
+	if r.MachineU > 0 {
+		fmt.Printf(", machine CPU %.1fµs/req (%.0f%% busy)", r.MachineU, 100*r.Busy)
+	}
 	fmt.Println()
 	return nil
 }
+
+// machineCPU returns the busy and the idle CPU time of all CPUs since boot
+// (from /proc/stat; iowait counts as idle, steal as neither), or zeros.
+func machineCPU() (busy, idle time.Duration) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line) // cpu user nice system idle iowait irq softirq steal …
+	if len(f) < 8 || f[0] != "cpu" {
+		return 0, 0
+	}
+	var t [7]int64
+	for i := range t {
+		t[i], _ = strconv.ParseInt(f[i+1], 10, 64)
+	}
+	tick := func(n int64) time.Duration { return time.Duration(n) * time.Second / userHZ }
+	return tick(t[0] + t[1] + t[2] + t[5] + t[6]), tick(t[3] + t[4])
+}
+
+// userHZ is the unit of /proc's CPU times on Linux.
+const userHZ = 100
 
 // procCPU returns the user+system CPU time of process pid, or 0.
 func procCPU(pid int) time.Duration {
@@ -178,6 +217,5 @@ func procCPU(pid int) time.Duration {
 	}
 	utime, _ := strconv.ParseInt(f[11], 10, 64)
 	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	const ticks = 100 // USER_HZ on Linux
-	return time.Duration(utime+stime) * time.Second / ticks
+	return time.Duration(utime+stime) * time.Second / userHZ
 }

@@ -157,8 +157,8 @@ func run(c config) error {
 	r.P50us, r.P99us, r.P999us = pct(0.50), pct(0.99), pct(0.999)
 	perReq := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(len(all)) }
 	r.CPUPerReqU, r.StoreCPUU, r.LoadCPUU = perReq(cpu1-cpu0), perReq(store1-store0), perReq(self1-self0)
-	if busy, all := busy1-busy0, busy1-busy0+idle1-idle0; all > 0 {
-		r.MachineU, r.Busy = perReq(busy), float64(busy)/float64(all)
+	if busy, total := busy1-busy0, busy1-busy0+idle1-idle0; total > 0 {
+		r.MachineU, r.Busy = perReq(busy), float64(busy)/float64(total)
 	}
 	if c.asJSON {
 		return json.NewEncoder(os.Stdout).Encode(r)

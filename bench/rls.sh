@@ -5,6 +5,8 @@
 #   bash bench/rls.sh [seconds-per-run]      (default 10)
 #   CS="64" KS="10000" bash bench/rls.sh 6   (only these callers and keys)
 #   ROUNDS=5 CS=64 KS=10000 bash bench/rls.sh 8   (5 rounds; medians)
+#   ALSO="b=/tmp/sluice-b" ROUNDS=3 CS=64 KS=10000 bash bench/rls.sh 6
+#       (A/B: also run another sluice binary, on Redis, as "b-redis")
 #
 # Starts the floor, Sluice with the memory store and Sluice with Redis (on a
 # redis-server started on a free port), then runs each case (C = 1, 16, 64
@@ -41,14 +43,23 @@ gport=$(freeport); hport=$(freeport)
 "$tmp/sluice" serve --rules bench/rules --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" >"$tmp/mem.log" 2>&1 & pids+=($!)
 systems+=("sluice-memory $gport $! 0")
 
-if command -v redis-server >/dev/null; then
+# onredis NAME BINARY: BINARY serves the bench rules on a redis-server of
+# its own, as system NAME.
+onredis() {
+	local rport rpid gport hport
 	rport=$(freeport)
 	redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" >/dev/null & pids+=($!)
 	rpid=$!
 	waitport "$rport"
 	gport=$(freeport); hport=$(freeport)
-	"$tmp/sluice" serve --rules bench/rules --store redis --redis-addr "127.0.0.1:$rport" --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" >"$tmp/redis.log" 2>&1 & pids+=($!)
-	systems+=("sluice-redis $gport $! $rpid")
+	"$2" serve --rules bench/rules --store redis --redis-addr "127.0.0.1:$rport" --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" >"$tmp/$1.log" 2>&1 & pids+=($!)
+	systems+=("$1 $gport $! $rpid")
+}
+if command -v redis-server >/dev/null; then
+	onredis sluice-redis "$tmp/sluice"
+	for a in ${ALSO:-}; do
+		onredis "${a%%=*}-redis" "${a#*=}"
+	done
 fi
 for s in "${systems[@]}"; do
 	set -- $s

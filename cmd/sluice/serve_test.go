@@ -214,13 +214,7 @@ func TestServeRedisSentinelAuth(t *testing.T) {
 		return ss.Master.Client().HLen(ctx, key).Result()
 	})
 
-	dir := rulesDir(t, map[string]string{"st.yaml": testRuleFile})
-	pw := filepath.Join(t.TempDir(), "pw")
-	if err := os.WriteFile(pw, []byte("wrong\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	args := []string{"serve", "--rules", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
-		"--store", "redis", "--redis-addr", ss.Addrs()[0], "--redis-master", redistest.SentinelMaster}
+	args := []string{"--redis-addr", ss.Addrs()[0], "--redis-master", redistest.SentinelMaster}
 	for _, c := range []struct {
 		env   string
 		extra []string
@@ -228,15 +222,10 @@ func TestServeRedisSentinelAuth(t *testing.T) {
 	}{
 		{"", nil, "NOAUTH"},
 		{"also-wrong", nil, "WRONGPASS"},
-		{"sentinel-s3cret", []string{"--redis-sentinel-password-file", pw}, "WRONGPASS"},
+		{"sentinel-s3cret", []string{"--redis-sentinel-password-file", wrongPasswordFile(t)}, "WRONGPASS"},
 	} {
 		t.Setenv(sentinelPasswordEnv, c.env)
-		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second) // if it served after all
-		_, stderr, err := runArgs(t, ctx, append(args, c.extra...)...)
-		cancel()
-		if err == nil || !strings.Contains(err.Error(), "Redis refused") || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("serve %v, $%s=%q: %v, want Redis refused … %s\n%s", c.extra, sentinelPasswordEnv, c.env, err, c.want, stderr)
-		}
+		refusedAtStart(t, c.want, append(args, c.extra...)...)
 	}
 }
 
@@ -289,21 +278,33 @@ func TestServeRedisACL(t *testing.T) {
 // from $SLUICE_REDIS_PASSWORD.
 func TestServeRedisRefused(t *testing.T) {
 	srv := redistest.StandaloneWith(t, aclArgs...)
-	dir := rulesDir(t, map[string]string{"st.yaml": testRuleFile})
+	args := []string{"--redis-addr", srv.Addr(), "--redis-username", "sluice"}
+	t.Setenv(redisPasswordEnv, "also-wrong")
+	for _, extra := range [][]string{{"--redis-password-file", wrongPasswordFile(t)}, nil} {
+		refusedAtStart(t, "WRONGPASS", append(args, extra...)...)
+	}
+}
+
+// wrongPasswordFile returns a file holding a password no server takes.
+func wrongPasswordFile(t *testing.T) string {
+	t.Helper()
 	pw := filepath.Join(t.TempDir(), "pw")
 	if err := os.WriteFile(pw, []byte("wrong\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	args := []string{"serve", "--rules", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
-		"--store", "redis", "--redis-addr", srv.Addr(), "--redis-username", "sluice"}
-	t.Setenv(redisPasswordEnv, "also-wrong")
-	for _, extra := range [][]string{{"--redis-password-file", pw}, nil} {
-		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second) // if it served after all
-		_, stderr, err := runArgs(t, ctx, append(args, extra...)...)
-		cancel()
-		if err == nil || !strings.Contains(err.Error(), "Redis refused") || !strings.Contains(err.Error(), "WRONGPASS") {
-			t.Errorf("serve %v with a wrong password: %v\n%s", extra, err, stderr)
-		}
+	return pw
+}
+
+// refusedAtStart runs serve on Redis with args and checks that it stops
+// at start-up, saying Redis refused it with want.
+func refusedAtStart(t *testing.T, want string, args ...string) {
+	t.Helper()
+	dir := rulesDir(t, map[string]string{"st.yaml": testRuleFile})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second) // if it served after all
+	defer cancel()
+	_, stderr, err := runArgs(t, ctx, append([]string{"serve", "--rules", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--store", "redis"}, args...)...)
+	if err == nil || !strings.Contains(err.Error(), "Redis refused") || !strings.Contains(err.Error(), want) {
+		t.Errorf("serve %v: %v, want Redis refused … %s\n%s", args, err, want, stderr)
 	}
 }
 

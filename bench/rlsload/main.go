@@ -194,12 +194,11 @@ func machineCPU() (busy, idle time.Duration) {
 	for i := range t {
 		t[i], _ = strconv.ParseInt(f[i+1], 10, 64)
 	}
-	tick := func(n int64) time.Duration { return time.Duration(n) * time.Second / userHZ }
-	return tick(t[0] + t[1] + t[2] + t[5] + t[6]), tick(t[3] + t[4])
+	return ticks(t[0] + t[1] + t[2] + t[5] + t[6]), ticks(t[3] + t[4])
 }
 
-// userHZ is the unit of /proc's CPU times on Linux.
-const userHZ = 100
+// ticks converts /proc's CPU times, in USER_HZ (100 on Linux).
+func ticks(n int64) time.Duration { return time.Duration(n) * time.Second / 100 }
 
 // procCPU returns the user+system CPU time of process pid, or 0.
 func procCPU(pid int) time.Duration {
@@ -217,5 +216,5 @@ func procCPU(pid int) time.Duration {
 	}
 	utime, _ := strconv.ParseInt(f[11], 10, 64)
 	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * time.Second / userHZ
+	return ticks(utime + stime)
 }

@@ -91,7 +91,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		b.Cleanup(func() { store.Close() })
 		m, err := httplimit.New(httplimit.Config{
 			Store:              store,
-			Limits:             []httplimit.Limit{{Rule: rule, Keys: []httplimit.Key{httplimit.ByIP()}}},
+			Policies:           []httplimit.Policy{{Rule: rule, Keys: []httplimit.Key{httplimit.ByIP()}}},
 			OmitAllowedHeaders: omit,
 		})
 		if err != nil {
@@ -99,8 +99,8 @@ func BenchmarkMiddleware(b *testing.B) {
 		}
 		return m
 	}
-	open := ratelimit.Rule{Name: "per_ip", Limit: 1e9, Period: time.Second, Burst: 1 << 40}
-	closed := ratelimit.Rule{Name: "per_ip", Limit: 1, Period: time.Hour}
+	open := ratelimit.Rule{Name: "per_ip", Quota: 1e9, Period: time.Second, Burst: 1 << 40}
+	closed := ratelimit.Rule{Name: "per_ip", Quota: 1, Period: time.Hour}
 	b.Run("bare", func(b *testing.B) { serveLoop(b, bareHandler, nil) })
 	b.Run("allowed", func(b *testing.B) { serveLoop(b, newMW(b, open, false).Handler(bareHandler), nil) })
 	b.Run("allowed_no_fields", func(b *testing.B) { serveLoop(b, newMW(b, open, true).Handler(bareHandler), nil) })

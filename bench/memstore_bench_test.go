@@ -50,7 +50,7 @@ func benchKeys(n int) []string {
 // A rule whose burst no benchmark can exhaust, even at a fixed instant, so
 // that every call does the full work of an admission (x/time/rate gets the
 // same rate and burst).
-var benchRule = ratelimit.Rule{Name: "bench", Limit: 1e6, Period: time.Second, Burst: 1 << 40}
+var benchRule = ratelimit.Rule{Name: "bench", Quota: 1e6, Period: time.Second, Burst: 1 << 40}
 
 func fixedNow() time.Time { return time.Unix(1_800_000_000, 0) }
 

@@ -49,7 +49,7 @@ func BenchmarkSemaphoreTry(b *testing.B) {
 // BenchmarkDistributedMemory measures a whole permit's life on the memory
 // backend: acquire (token, validity timer, renewal goroutine) and release.
 func BenchmarkDistributedMemory(b *testing.B) {
-	d, err := NewDistributed(NewMemoryBackend(), "bench", 1<<30, DistributedOptions{})
+	d, err := NewDistributed(NewMemoryStore(), "bench", 1<<30, DistributedOptions{})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -10,13 +10,13 @@ import (
 	"time"
 )
 
-// A Backend stores the holders of distributed semaphores. Each semaphore is
+// A Store stores the holders of distributed semaphores. Each semaphore is
 // identified by its name; its holders are tokens, each with an expiry. Every
 // method must be atomic with respect to the others on the same name, and
 // must never touch a token other than the one it is given.
 //
 // Implementations: MemoryBackend (one process) and RedisBackend (many).
-type Backend interface {
+type Store interface {
 	// Acquire first forgets the holders of name whose expiry has passed,
 	// then adds token with an expiry ttl from now if fewer than limit
 	// holders remain, and reports whether it did. If token already holds
@@ -109,7 +109,7 @@ type DistributedOptions struct {
 // A Distributed is safe for concurrent use. Use NewDistributed; the zero
 // value is not usable.
 type Distributed struct {
-	backend Backend
+	backend Store
 	name    string
 	limit   int64
 	o       DistributedOptions
@@ -122,7 +122,7 @@ type Distributed struct {
 // NewDistributed returns a semaphore named name, of at most limit holders,
 // stored in b. A limit of 0 (or below) admits nobody: Acquire returns
 // ErrExceedsLimit. It returns an error when an option is negative.
-func NewDistributed(b Backend, name string, limit int64, o DistributedOptions) (*Distributed, error) {
+func NewDistributed(b Store, name string, limit int64, o DistributedOptions) (*Distributed, error) {
 	if b == nil {
 		return nil, errors.New("concurrency: nil Backend")
 	}

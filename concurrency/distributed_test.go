@@ -27,13 +27,13 @@ var testOpts = DistributedOptions{TTL: testTTL, MinBackoff: 2 * time.Millisecond
 type backendCase struct {
 	name   string
 	bubble bool
-	make   func(t *testing.T) Backend
+	make   func(t *testing.T) Store
 }
 
 func backendCases() []backendCase {
 	return []backendCase{
-		{"memory", true, func(*testing.T) Backend { return NewMemoryBackend() }},
-		{"redis", false, func(t *testing.T) Backend {
+		{"memory", true, func(*testing.T) Store { return NewMemoryStore() }},
+		{"redis", false, func(t *testing.T) Store {
 			t.Helper()
 			srv := redistest.Standalone(t)
 			b, err := NewRedisBackend(srv.Client(), RedisOptions{})
@@ -49,7 +49,7 @@ func backendCases() []backendCase {
 func TestDistributedBackends(t *testing.T) {
 	tests := []struct {
 		name string
-		run  func(t *testing.T, b Backend, sem string)
+		run  func(t *testing.T, b Store, sem string)
 	}{
 		{"acquire up to the limit", testUpToLimit},
 		{"release lets one in", testReleaseLetsOneIn},
@@ -77,7 +77,7 @@ func TestDistributedBackends(t *testing.T) {
 	}
 }
 
-func newDist(t *testing.T, b Backend, sem string, limit int64) *Distributed {
+func newDist(t *testing.T, b Store, sem string, limit int64) *Distributed {
 	t.Helper()
 	d, err := NewDistributed(b, sem, limit, testOpts)
 	if err != nil {
@@ -107,7 +107,7 @@ func wantFull(t *testing.T, d *Distributed) {
 	}
 }
 
-func testUpToLimit(t *testing.T, b Backend, sem string) {
+func testUpToLimit(t *testing.T, b Store, sem string) {
 	d := newDist(t, b, sem, 3)
 	var ps []*Permit
 	for range 3 {
@@ -137,7 +137,7 @@ func testUpToLimit(t *testing.T, b Backend, sem string) {
 	}
 }
 
-func testReleaseLetsOneIn(t *testing.T, b Backend, sem string) {
+func testReleaseLetsOneIn(t *testing.T, b Store, sem string) {
 	d := newDist(t, b, sem, 2)
 	p1 := mustTry(t, d)
 	mustTry(t, d)
@@ -173,7 +173,7 @@ func testReleaseLetsOneIn(t *testing.T, b Backend, sem string) {
 	}
 }
 
-func testTokenIsolation(t *testing.T, b Backend, sem string) {
+func testTokenIsolation(t *testing.T, b Store, sem string) {
 	ctx := context.Background()
 	d := newDist(t, b, sem, 1)
 	p := mustTry(t, d)
@@ -204,7 +204,7 @@ func testTokenIsolation(t *testing.T, b Backend, sem string) {
 	}
 }
 
-func testNamesSeparate(t *testing.T, b Backend, sem string) {
+func testNamesSeparate(t *testing.T, b Store, sem string) {
 	a := newDist(t, b, sem+"/a", 1)
 	c := newDist(t, b, sem+"/c", 1)
 	mustTry(t, a)
@@ -226,7 +226,7 @@ func waitLost(t *testing.T, p *Permit, limit time.Duration) {
 	}
 }
 
-func testRenewalKeeps(t *testing.T, b Backend, sem string) {
+func testRenewalKeeps(t *testing.T, b Store, sem string) {
 	d := newDist(t, b, sem, 1)
 	p := mustTry(t, d)
 	select {
@@ -242,14 +242,14 @@ func testRenewalKeeps(t *testing.T, b Backend, sem string) {
 
 // stalled is a Backend whose renewals never answer, as for a holder cut off
 // from the store or paused.
-type stalled struct{ Backend }
+type stalled struct{ Store }
 
 func (stalled) Renew(ctx context.Context, _, _ string, _ time.Duration) (bool, error) {
 	<-ctx.Done()
 	return false, ctx.Err()
 }
 
-func testStalledExpires(t *testing.T, b Backend, sem string) {
+func testStalledExpires(t *testing.T, b Store, sem string) {
 	ctx := context.Background()
 	stuck := newDist(t, stalled{b}, sem, 1)
 	sent := time.Now()
@@ -278,7 +278,7 @@ func testStalledExpires(t *testing.T, b Backend, sem string) {
 	wantFull(t, d)
 }
 
-func testRemovedIsLost(t *testing.T, b Backend, sem string) {
+func testRemovedIsLost(t *testing.T, b Store, sem string) {
 	d := newDist(t, b, sem, 1)
 	p := mustTry(t, d)
 	if ok, err := b.Release(context.Background(), sem, p.Token()); !ok || err != nil {
@@ -288,7 +288,7 @@ func testRemovedIsLost(t *testing.T, b Backend, sem string) {
 	waitLost(t, p, testTTL/2)
 }
 
-func testLimitZero(t *testing.T, b Backend, sem string) {
+func testLimitZero(t *testing.T, b Store, sem string) {
 	d := newDist(t, b, sem, 0)
 	if _, err := d.Acquire(context.Background()); !errors.Is(err, ErrExceedsLimit) {
 		t.Fatalf("Acquire with limit 0 = %v, want ErrExceedsLimit", err)
@@ -299,7 +299,7 @@ func testLimitZero(t *testing.T, b Backend, sem string) {
 // permit is renewed and lost.
 func TestPermitLostExactly(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := NewMemoryBackend()
+		b := NewMemoryStore()
 		o := DistributedOptions{TTL: 3 * time.Second, Margin: 30 * time.Millisecond}
 		stuck, err := NewDistributed(stalled{b}, "s", 1, o)
 		if err != nil {
@@ -325,7 +325,7 @@ func TestPermitLostExactly(t *testing.T) {
 }
 
 func TestNewDistributedOptions(t *testing.T) {
-	b := NewMemoryBackend()
+	b := NewMemoryStore()
 	tests := []struct {
 		name    string
 		o       DistributedOptions
@@ -464,20 +464,20 @@ func TestRedisCluster(t *testing.T) {
 
 // counting is a Backend that counts acquire attempts.
 type counting struct {
-	Backend
+	Store
 	acquires atomic.Int64
 }
 
 func (c *counting) Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (bool, error) {
 	c.acquires.Add(1)
-	return c.Backend.Acquire(ctx, name, token, limit, ttl)
+	return c.Store.Acquire(ctx, name, token, limit, ttl)
 }
 
 // TestAcquireBacksOff: a blocked Acquire polls at most once per
 // MaxBackoff/2 once its backoff has grown, never in a tight loop.
 func TestAcquireBacksOff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		b := &counting{Backend: NewMemoryBackend()}
+		b := &counting{Store: NewMemoryStore()}
 		o := DistributedOptions{TTL: time.Minute, MinBackoff: time.Millisecond, MaxBackoff: 100 * time.Millisecond}
 		d, err := NewDistributed(b, "s", 1, o)
 		if err != nil {

@@ -28,7 +28,7 @@ func ExampleSemaphore() {
 
 func ExampleDistributed() {
 	// With RedisBackend instead, the limit holds across processes.
-	backend := concurrency.NewMemoryBackend()
+	backend := concurrency.NewMemoryStore()
 	sem, err := concurrency.NewDistributed(backend, "billing-api", 50, concurrency.DistributedOptions{TTL: 5 * time.Second})
 	if err != nil {
 		fmt.Println(err)

@@ -6,38 +6,38 @@ import (
 	"time"
 )
 
-// A MemoryBackend is a Backend in this process's memory, for tests and for
+// A MemoryStore is a Backend in this process's memory, for tests and for
 // programs that run as a single process. Expiry is measured on the
 // process's monotonic clock. A semaphore's entry is deleted when its last
 // holder leaves, so memory is bounded by the permits held.
 //
-// A MemoryBackend is safe for concurrent use; its zero value is ready to
+// A MemoryStore is safe for concurrent use; its zero value is ready to
 // use.
-type MemoryBackend struct {
+type MemoryStore struct {
 	mu   sync.Mutex
 	sems map[string]map[string]time.Time // name -> token -> expiry
 }
 
-// NewMemoryBackend returns an empty MemoryBackend.
-func NewMemoryBackend() *MemoryBackend { return &MemoryBackend{} }
+// NewMemoryStore returns an empty MemoryBackend.
+func NewMemoryStore() *MemoryStore { return &MemoryStore{} }
 
 // Acquire implements Backend.
-func (m *MemoryBackend) Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (bool, error) {
+func (m *MemoryStore) Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (bool, error) {
 	return m.AcquireAt(time.Now(), name, token, limit, ttl), nil
 }
 
 // Renew implements Backend.
-func (m *MemoryBackend) Renew(ctx context.Context, name, token string, ttl time.Duration) (bool, error) {
+func (m *MemoryStore) Renew(ctx context.Context, name, token string, ttl time.Duration) (bool, error) {
 	return m.RenewAt(time.Now(), name, token, ttl), nil
 }
 
 // Release implements Backend.
-func (m *MemoryBackend) Release(ctx context.Context, name, token string) (bool, error) {
+func (m *MemoryStore) Release(ctx context.Context, name, token string) (bool, error) {
 	return m.ReleaseToken(name, token), nil
 }
 
 // AcquireAt is Acquire at the instant now.
-func (m *MemoryBackend) AcquireAt(now time.Time, name, token string, limit int64, ttl time.Duration) bool {
+func (m *MemoryStore) AcquireAt(now time.Time, name, token string, limit int64, ttl time.Duration) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	holders := m.sems[name]
@@ -62,7 +62,7 @@ func (m *MemoryBackend) AcquireAt(now time.Time, name, token string, limit int64
 }
 
 // RenewAt is Renew at the instant now.
-func (m *MemoryBackend) RenewAt(now time.Time, name, token string, ttl time.Duration) bool {
+func (m *MemoryStore) RenewAt(now time.Time, name, token string, ttl time.Duration) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	holders := m.sems[name]
@@ -81,7 +81,7 @@ func (m *MemoryBackend) RenewAt(now time.Time, name, token string, ttl time.Dura
 
 // ReleaseToken removes token's permit of name and reports whether there was
 // one (expired or not).
-func (m *MemoryBackend) ReleaseToken(name, token string) bool {
+func (m *MemoryStore) ReleaseToken(name, token string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	holders := m.sems[name]
@@ -94,7 +94,7 @@ func (m *MemoryBackend) ReleaseToken(name, token string) bool {
 }
 
 // HoldersAt returns the number of unexpired permits of name at now.
-func (m *MemoryBackend) HoldersAt(now time.Time, name string) int {
+func (m *MemoryStore) HoldersAt(now time.Time, name string) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n := 0
@@ -106,7 +106,7 @@ func (m *MemoryBackend) HoldersAt(now time.Time, name string) int {
 	return n
 }
 
-func (m *MemoryBackend) forgetEmpty(name string, holders map[string]time.Time) {
+func (m *MemoryStore) forgetEmpty(name string, holders map[string]time.Time) {
 	if len(holders) == 0 {
 		delete(m.sems, name)
 	}

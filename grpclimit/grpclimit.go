@@ -115,8 +115,8 @@ func ByMethod() Key {
 	}}
 }
 
-// A Limit is one limit a Server applies.
-type Limit struct {
+// A Policy is one limit a Server applies.
+type Policy struct {
 	// Rule is the limit; its Name must be unique within a Config.
 	Rule ratelimit.Rule
 	// Keys pick the bucket; none means one bucket for every call.
@@ -127,8 +127,8 @@ type Limit struct {
 
 // Config configures a Server. Store and at least one Limit are required.
 type Config struct {
-	Store  ratelimit.Store
-	Limits []Limit
+	Store    ratelimit.Store
+	Policies []Policy
 	// Shadow decides and reports (OnDecision) but never refuses.
 	Shadow bool
 	// OnDecision, if set, is called after each decision with the
@@ -152,14 +152,14 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("grpclimit: Config.Store is nil")
 	}
-	if len(cfg.Limits) == 0 {
+	if len(cfg.Policies) == 0 {
 		return nil, errors.New("grpclimit: Config.Limits is empty")
 	}
 	if cfg.ErrorRetryAfter <= 0 {
 		cfg.ErrorRetryAfter = time.Second
 	}
 	names := make(map[string]bool)
-	for i, l := range cfg.Limits {
+	for i, l := range cfg.Policies {
 		if err := l.Rule.Validate(); err != nil {
 			return nil, fmt.Errorf("grpclimit: limit %d: %w", i, err)
 		}
@@ -173,7 +173,7 @@ func NewServer(cfg Config) (*Server, error) {
 			}
 		}
 	}
-	cfg.Limits = append([]Limit(nil), cfg.Limits...)
+	cfg.Policies = append([]Policy(nil), cfg.Policies...)
 	return &Server{cfg: cfg}, nil
 }
 
@@ -207,8 +207,8 @@ func (s *Server) decide(ctx context.Context, method string) error {
 		buf      [128]byte
 	)
 	items, idx := itemsBuf[:0], idxBuf[:0]
-	for i := range s.cfg.Limits {
-		l := &s.cfg.Limits[i]
+	for i := range s.cfg.Policies {
+		l := &s.cfg.Policies[i]
 		b := append(buf[:0], l.Rule.Name...)
 		ok := true
 		for _, k := range l.Keys {
@@ -264,7 +264,7 @@ func (s *Server) decide(ctx context.Context, method string) error {
 		if d.Reason == ratelimit.ReasonLimited {
 			retry = max(retry, d.RetryAfter)
 		}
-		l := &s.cfg.Limits[idx[i]]
+		l := &s.cfg.Policies[idx[i]]
 		names = append(names, d.Rule)
 		qf.Violations = append(qf.Violations, &errdetails.QuotaFailure_Violation{
 			Subject:     scope(l),
@@ -297,7 +297,7 @@ func withDetails(st *status.Status, details ...protoadapt.MessageV1) error {
 	return st.Err()
 }
 
-func scope(l *Limit) string {
+func scope(l *Policy) string {
 	if len(l.Keys) == 0 {
 		return l.Rule.Name + ": global"
 	}

@@ -79,8 +79,8 @@ func start(t *testing.T, cfg grpclimit.Config, c *grpclimit.Client) (healthpb.He
 }
 
 func TestServerRefusesWithRetryInfo(t *testing.T) {
-	cl, _ := start(t, grpclimit.Config{Limits: []grpclimit.Limit{{
-		Rule: ratelimit.Rule{Name: "per_tenant", Limit: 1, Period: time.Hour},
+	cl, _ := start(t, grpclimit.Config{Policies: []grpclimit.Policy{{
+		Rule: ratelimit.Rule{Name: "per_tenant", Quota: 1, Period: time.Hour},
 		Keys: []grpclimit.Key{grpclimit.ByMetadata("x-tenant"), grpclimit.ByMethod()},
 	}}}, nil)
 	ctx := metadata.AppendToOutgoingContext(t.Context(), "x-tenant", "acme")
@@ -119,8 +119,8 @@ func TestServerRefusesWithRetryInfo(t *testing.T) {
 // interceptor turns their refusal into a shared pause.
 func TestStream(t *testing.T) {
 	c := &grpclimit.Client{}
-	cl, _ := start(t, grpclimit.Config{Limits: []grpclimit.Limit{{
-		Rule: ratelimit.Rule{Name: "all", Limit: 1, Period: time.Hour},
+	cl, _ := start(t, grpclimit.Config{Policies: []grpclimit.Policy{{
+		Rule: ratelimit.Rule{Name: "all", Quota: 1, Period: time.Hour},
 	}}}, c)
 	if _, err := cl.Check(t.Context(), &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatal(err)
@@ -141,8 +141,8 @@ func TestStream(t *testing.T) {
 
 func TestServerUnavailable(t *testing.T) {
 	cl, _ := start(t, grpclimit.Config{
-		Store:  fakeStore{err: errors.New("down")},
-		Limits: []grpclimit.Limit{{Rule: ratelimit.Rule{Name: "a", Limit: 1, Period: time.Second}, Keys: []grpclimit.Key{grpclimit.ByPeer()}}},
+		Store:    fakeStore{err: errors.New("down")},
+		Policies: []grpclimit.Policy{{Rule: ratelimit.Rule{Name: "a", Quota: 1, Period: time.Second}, Keys: []grpclimit.Key{grpclimit.ByPeer()}}},
 	}, nil)
 	_, err := cl.Check(t.Context(), &healthpb.HealthCheckRequest{})
 	if status.Code(err) != codes.Unavailable {
@@ -156,8 +156,8 @@ func TestServerUnavailable(t *testing.T) {
 func TestServerShadow(t *testing.T) {
 	var refused atomic.Int64
 	cl, _ := start(t, grpclimit.Config{
-		Shadow: true,
-		Limits: []grpclimit.Limit{{Rule: ratelimit.Rule{Name: "a", Limit: 1, Period: time.Hour}}},
+		Shadow:   true,
+		Policies: []grpclimit.Policy{{Rule: ratelimit.Rule{Name: "a", Quota: 1, Period: time.Hour}}},
 		OnDecision: func(_ context.Context, _ string, _ []ratelimit.Decision, _ error, r bool) {
 			if r {
 				refused.Add(1)
@@ -185,7 +185,7 @@ type refuseOnce struct {
 func (r *refuseOnce) Decide(_ context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
 	refuse := r.calls.Add(1) == r.n
 	for _, it := range items {
-		d := ratelimit.Decision{Allowed: true, Limit: it.Rule.Capacity(), Rule: it.Rule.Name}
+		d := ratelimit.Decision{Allowed: true, Capacity: it.Rule.Capacity(), Rule: it.Rule.Name}
 		if refuse {
 			d.Allowed, d.Reason, d.RetryAfter = false, ratelimit.ReasonLimited, r.delay
 		}
@@ -198,8 +198,8 @@ func (r *refuseOnce) Decide(_ context.Context, dst []ratelimit.Decision, items [
 func TestClientHonoursRetryInfo(t *testing.T) {
 	c := &grpclimit.Client{}
 	cl, h := start(t, grpclimit.Config{
-		Store:  &refuseOnce{n: 2, delay: 50 * time.Millisecond},
-		Limits: []grpclimit.Limit{{Rule: ratelimit.Rule{Name: "a", Limit: 1, Period: time.Second}}},
+		Store:    &refuseOnce{n: 2, delay: 50 * time.Millisecond},
+		Policies: []grpclimit.Policy{{Rule: ratelimit.Rule{Name: "a", Quota: 1, Period: time.Second}}},
 	}, c)
 	if _, err := cl.Check(t.Context(), &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatal(err)
@@ -222,8 +222,8 @@ func TestClientHonoursRetryInfo(t *testing.T) {
 // TestClientDeadline: a delay past the deadline fails at once.
 func TestClientDeadline(t *testing.T) {
 	c := &grpclimit.Client{}
-	cl, _ := start(t, grpclimit.Config{Limits: []grpclimit.Limit{{
-		Rule: ratelimit.Rule{Name: "a", Limit: 1, Period: time.Hour},
+	cl, _ := start(t, grpclimit.Config{Policies: []grpclimit.Policy{{
+		Rule: ratelimit.Rule{Name: "a", Quota: 1, Period: time.Hour},
 	}}}, c)
 	cl.Check(t.Context(), &healthpb.HealthCheckRequest{})
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
@@ -250,8 +250,8 @@ func TestClientDeadline(t *testing.T) {
 // TestClientBudget: every call is refused; retries stay within the ratio.
 func TestClientBudget(t *testing.T) {
 	c := &grpclimit.Client{MinRetries: -1, RetryRatio: 0.2, MaxRetries: 3, MaxDelay: time.Millisecond}
-	cl, h := start(t, grpclimit.Config{Limits: []grpclimit.Limit{{
-		Rule: ratelimit.Rule{Name: "a", Limit: 1, Period: time.Hour},
+	cl, h := start(t, grpclimit.Config{Policies: []grpclimit.Policy{{
+		Rule: ratelimit.Rule{Name: "a", Quota: 1, Period: time.Hour},
 	}}}, c)
 	const calls = 20
 	for range calls {
@@ -272,13 +272,13 @@ func TestClientBudget(t *testing.T) {
 func TestNewServerRejects(t *testing.T) {
 	st := memstore.New(memstore.Options{JanitorInterval: -1})
 	t.Cleanup(func() { st.Close() })
-	good := grpclimit.Limit{Rule: ratelimit.Rule{Name: "a", Limit: 1, Period: time.Second}}
+	good := grpclimit.Policy{Rule: ratelimit.Rule{Name: "a", Quota: 1, Period: time.Second}}
 	for _, cfg := range []grpclimit.Config{
-		{Limits: []grpclimit.Limit{good}},
+		{Policies: []grpclimit.Policy{good}},
 		{Store: st},
-		{Store: st, Limits: []grpclimit.Limit{good, good}},
-		{Store: st, Limits: []grpclimit.Limit{{Rule: ratelimit.Rule{Name: "b"}}}},
-		{Store: st, Limits: []grpclimit.Limit{{Rule: good.Rule, Keys: []grpclimit.Key{{Scope: "x"}}}}},
+		{Store: st, Policies: []grpclimit.Policy{good, good}},
+		{Store: st, Policies: []grpclimit.Policy{{Rule: ratelimit.Rule{Name: "b"}}}},
+		{Store: st, Policies: []grpclimit.Policy{{Rule: good.Rule, Keys: []grpclimit.Key{{Scope: "x"}}}}},
 	} {
 		if _, err := grpclimit.NewServer(cfg); err == nil {
 			t.Errorf("NewServer(%+v) accepted", cfg)
@@ -323,7 +323,7 @@ func (r *keyRecorder) Decide(_ context.Context, dst []ratelimit.Decision, items 
 	defer r.mu.Unlock()
 	for _, it := range items {
 		r.keys = append(r.keys, it.Key)
-		dst = append(dst, ratelimit.Decision{Allowed: true, Limit: it.Rule.Capacity(), Rule: it.Rule.Name})
+		dst = append(dst, ratelimit.Decision{Allowed: true, Capacity: it.Rule.Capacity(), Rule: it.Rule.Name})
 	}
 	return dst, nil
 }
@@ -335,8 +335,8 @@ func TestLongKeysAreHashed(t *testing.T) {
 	rec := &keyRecorder{}
 	cl, _ := start(t, grpclimit.Config{
 		Store: rec,
-		Limits: []grpclimit.Limit{{
-			Rule: ratelimit.Rule{Name: "k", Limit: 100, Period: time.Second},
+		Policies: []grpclimit.Policy{{
+			Rule: ratelimit.Rule{Name: "k", Quota: 100, Period: time.Second},
 			Keys: []grpclimit.Key{grpclimit.ByMetadata("x-api-key")},
 		}},
 	}, nil)

@@ -21,11 +21,11 @@ import (
 func ExampleMiddleware() {
 	store := memstore.New(memstore.Options{})
 	defer store.Close()
-	limits, err := httplimit.New(httplimit.Config{Store: store, Limits: []httplimit.Limit{
-		{Rule: ratelimit.Rule{Name: "tenant", Limit: 1000, Period: time.Minute},
+	limits, err := httplimit.New(httplimit.Config{Store: store, Policies: []httplimit.Policy{
+		{Rule: ratelimit.Rule{Name: "tenant", Quota: 1000, Period: time.Minute},
 			Keys: []httplimit.Key{httplimit.ByHeader("X-Tenant")},
 			Cost: httplimit.CostByMethod(map[string]int64{"POST": 10, "PUT": 10}, 1)},
-		{Rule: ratelimit.Rule{Name: "ip", Limit: 10, Period: time.Minute},
+		{Rule: ratelimit.Rule{Name: "ip", Quota: 10, Period: time.Minute},
 			Keys: []httplimit.Key{httplimit.ByIP()}},
 	}})
 	if err != nil {

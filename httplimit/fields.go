@@ -17,9 +17,9 @@ func PolicyWindow(r *ratelimit.Rule) int64 {
 	case r.Calendar != ratelimit.NoCalendar:
 		w = calendarNominal[r.Calendar]
 	case r.Algorithm == ratelimit.GCRA || r.Algorithm == ratelimit.LeakyBucket:
-		if r.Limit > 0 {
-			// capacity × Period / Limit, without overflow for any valid rule.
-			w = time.Duration(float64(r.Capacity()) * float64(r.Period) / float64(r.Limit))
+		if r.Quota > 0 {
+			// capacity × Period / Quota, without overflow for any valid rule.
+			w = time.Duration(float64(r.Capacity()) * float64(r.Period) / float64(r.Quota))
 		}
 	default:
 		w = r.Period

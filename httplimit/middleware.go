@@ -14,9 +14,9 @@ import (
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
-// A Limit is one limit the middleware applies: a Rule counted per bucket,
+// A Policy is one limit the middleware applies: a Rule counted per bucket,
 // the Keys that pick the bucket, and the cost of a request.
-type Limit struct {
+type Policy struct {
 	// Rule is the limit; its Name names the policy in the RateLimit fields
 	// and must be unique within a Config.
 	Rule ratelimit.Rule
@@ -33,10 +33,10 @@ type Config struct {
 	// Store decides the limits; ratelimit.Store implementations include
 	// memstore (one process) and redisstore (shared).
 	Store ratelimit.Store
-	// Limits are decided all or nothing: a request passes when every limit
+	// Policies are decided all or nothing: a request passes when every limit
 	// that applies admits it, and then consumes from each; a denied
 	// request consumes nothing.
-	Limits []Limit
+	Policies []Policy
 	// Shadow decides and reports (headers, OnDecision) but never blocks:
 	// every request reaches the handler.
 	Shadow bool
@@ -64,9 +64,9 @@ type Config struct {
 // An Event reports one decision to Config.OnDecision.
 type Event struct {
 	Request *http.Request
-	// Limits are the limits that applied, Keys their store keys and
+	// Policies are the limits that applied, Keys their store keys and
 	// Decisions their decisions, index for index.
-	Limits    []*Limit
+	Policies  []*Policy
 	Keys      []string
 	Decisions []ratelimit.Decision
 	// Status is the status the middleware answered (429 or 503), or 0 when
@@ -102,7 +102,7 @@ type Event struct {
 //     Store returned an error.
 type Middleware struct {
 	store      ratelimit.Store
-	limits     []Limit
+	limits     []Policy
 	shadow     bool
 	omit       bool
 	legacy     bool
@@ -121,7 +121,7 @@ type reqState struct {
 	buf    []byte
 	items  []ratelimit.Item
 	ds     []ratelimit.Decision
-	limits []*Limit
+	limits []*Policy
 	keys   []string
 	tmp    []byte
 	ev     Event
@@ -133,12 +133,12 @@ func New(cfg Config) (*Middleware, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("httplimit: Config.Store is nil")
 	}
-	if len(cfg.Limits) == 0 {
+	if len(cfg.Policies) == 0 {
 		return nil, errors.New("httplimit: Config.Limits is empty")
 	}
 	m := &Middleware{
 		store:      cfg.Store,
-		limits:     make([]Limit, len(cfg.Limits)),
+		limits:     make([]Policy, len(cfg.Policies)),
 		shadow:     cfg.Shadow,
 		omit:       cfg.OmitAllowedHeaders,
 		legacy:     cfg.LegacyHeaders,
@@ -151,7 +151,7 @@ func New(cfg Config) (*Middleware, error) {
 	}
 	names := make(map[string]bool)
 	var all []byte
-	for i, l := range cfg.Limits {
+	for i, l := range cfg.Policies {
 		if err := l.Rule.Validate(); err != nil {
 			return nil, fmt.Errorf("httplimit: limit %d: %w", i, err)
 		}
@@ -180,7 +180,7 @@ func New(cfg Config) (*Middleware, error) {
 			buf:    make([]byte, 0, 512),
 			items:  make([]ratelimit.Item, 0, n),
 			ds:     make([]ratelimit.Decision, 0, n),
-			limits: make([]*Limit, 0, n),
+			limits: make([]*Policy, 0, n),
 			keys:   make([]string, 0, n),
 		}
 	}
@@ -240,7 +240,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 	}
 	ds, err := m.store.Decide(r.Context(), st.ds, st.items)
 	st.ds = ds
-	st.ev.Limits, st.ev.Keys, st.ev.Decisions, st.ev.Err = st.limits, st.keys, ds, err
+	st.ev.Policies, st.ev.Keys, st.ev.Decisions, st.ev.Err = st.limits, st.keys, ds, err
 	if err != nil || len(ds) != len(st.items) {
 		if err == nil {
 			err = fmt.Errorf("httplimit: store returned %d decisions for %d items", len(ds), len(st.items))
@@ -354,7 +354,7 @@ func (m *Middleware) setFields(h http.Header, st *reqState) {
 				d = &st.ds[i]
 			}
 		}
-		h["X-Ratelimit-Limit"] = []string{strconv.FormatInt(d.Limit, 10)}
+		h["X-Ratelimit-Limit"] = []string{strconv.FormatInt(d.Capacity, 10)}
 		h["X-Ratelimit-Remaining"] = []string{strconv.FormatInt(max(0, d.Remaining), 10)}
 		h["X-Ratelimit-Reset"] = []string{strconv.FormatInt(ceilSeconds(d.ResetAfter), 10)}
 	}
@@ -515,7 +515,7 @@ func appendOverloadProblem(b []byte, storeErr bool) []byte {
 }
 
 // appendScope appends the scopes of l's keys joined by '|', or "global".
-func appendScope(b []byte, l *Limit) []byte {
+func appendScope(b []byte, l *Policy) []byte {
 	if len(l.Keys) == 0 {
 		return append(b, "global"...)
 	}
@@ -528,7 +528,7 @@ func appendScope(b []byte, l *Limit) []byte {
 	return b
 }
 
-func secret(l *Limit) bool {
+func secret(l *Policy) bool {
 	for _, k := range l.Keys {
 		if k.Secret {
 			return true
@@ -538,7 +538,7 @@ func secret(l *Limit) bool {
 }
 
 // keyValue is the key's value without the rule name that prefixes it.
-func keyValue(l *Limit, key string) string { return key[min(len(key), len(l.Rule.Name)+1):] }
+func keyValue(l *Policy, key string) string { return key[min(len(key), len(l.Rule.Name)+1):] }
 
 // appendJSON appends s as a JSON string, escaping what JSON requires and
 // the HTML-sensitive <, > and &; invalid UTF-8 becomes U+FFFD.

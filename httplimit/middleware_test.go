@@ -48,7 +48,7 @@ func (f fakeStore) Decide(_ context.Context, dst []ratelimit.Decision, items []r
 	}
 	for _, it := range items {
 		allowed := f.reason == ratelimit.ReasonOK || f.reason == ratelimit.ReasonFailOpen
-		dst = append(dst, ratelimit.Decision{Allowed: allowed, Reason: f.reason, Limit: it.Rule.Capacity(), RetryAfter: f.retry, Rule: it.Rule.Name})
+		dst = append(dst, ratelimit.Decision{Allowed: allowed, Reason: f.reason, Capacity: it.Rule.Capacity(), RetryAfter: f.retry, Rule: it.Rule.Name})
 	}
 	return dst, nil
 }
@@ -103,17 +103,17 @@ func checkGolden(t *testing.T, name string, got []byte) {
 }
 
 func TestMiddlewareGolden(t *testing.T) {
-	perIP := httplimit.Limit{
-		Rule: ratelimit.Rule{Name: "per_ip", Limit: 2, Period: time.Second},
+	perIP := httplimit.Policy{
+		Rule: ratelimit.Rule{Name: "per_ip", Quota: 2, Period: time.Second},
 		Keys: []httplimit.Key{httplimit.ByIP()},
 	}
-	tenant := httplimit.Limit{
-		Rule: ratelimit.Rule{Name: "tenant", Algorithm: ratelimit.FixedWindow, Limit: 15, Period: time.Minute},
+	tenant := httplimit.Policy{
+		Rule: ratelimit.Rule{Name: "tenant", Algorithm: ratelimit.FixedWindow, Quota: 15, Period: time.Minute},
 		Keys: []httplimit.Key{httplimit.ByHeader("X-Tenant")},
 		Cost: httplimit.CostByMethod(map[string]int64{"POST": 10}, 1),
 	}
-	writes := httplimit.Limit{
-		Rule: ratelimit.Rule{Name: "writes", Algorithm: ratelimit.FixedWindow, Limit: 30, Period: time.Minute},
+	writes := httplimit.Policy{
+		Rule: ratelimit.Rule{Name: "writes", Algorithm: ratelimit.FixedWindow, Quota: 30, Period: time.Minute},
 		Keys: []httplimit.Key{httplimit.ByMethod(), httplimit.ByIP()},
 		Cost: httplimit.CostByMethod(map[string]int64{"GET": 0}, 20),
 	}
@@ -124,29 +124,29 @@ func TestMiddlewareGolden(t *testing.T) {
 		header http.Header
 		before int // requests sent before the one dumped
 	}{
-		{name: "allowed", cfg: httplimit.Config{Limits: []httplimit.Limit{perIP}}, method: "GET"},
-		{name: "denied", cfg: httplimit.Config{Limits: []httplimit.Limit{perIP}}, method: "GET", before: 2},
-		{name: "denied_legacy", cfg: httplimit.Config{Limits: []httplimit.Limit{perIP}, LegacyHeaders: true}, method: "GET", before: 2},
-		{name: "allowed_omit", cfg: httplimit.Config{Limits: []httplimit.Limit{perIP}, OmitAllowedHeaders: true}, method: "GET"},
+		{name: "allowed", cfg: httplimit.Config{Policies: []httplimit.Policy{perIP}}, method: "GET"},
+		{name: "denied", cfg: httplimit.Config{Policies: []httplimit.Policy{perIP}}, method: "GET", before: 2},
+		{name: "denied_legacy", cfg: httplimit.Config{Policies: []httplimit.Policy{perIP}, LegacyHeaders: true}, method: "GET", before: 2},
+		{name: "allowed_omit", cfg: httplimit.Config{Policies: []httplimit.Policy{perIP}, OmitAllowedHeaders: true}, method: "GET"},
 		{
-			name: "multi_denied_secret_key", cfg: httplimit.Config{Limits: []httplimit.Limit{tenant, writes}},
+			name: "multi_denied_secret_key", cfg: httplimit.Config{Policies: []httplimit.Policy{tenant, writes}},
 			method: "POST", header: http.Header{"X-Tenant": {"acme-secret"}}, before: 1,
 		},
 		{
-			name: "multi_one_applies", cfg: httplimit.Config{Limits: []httplimit.Limit{tenant, writes}},
+			name: "multi_one_applies", cfg: httplimit.Config{Policies: []httplimit.Policy{tenant, writes}},
 			method: "GET",
 		},
 		{
-			name: "exceeds_capacity", cfg: httplimit.Config{Limits: []httplimit.Limit{{
-				Rule: ratelimit.Rule{Name: "big", Limit: 5, Period: time.Second},
+			name: "exceeds_capacity", cfg: httplimit.Config{Policies: []httplimit.Policy{{
+				Rule: ratelimit.Rule{Name: "big", Quota: 5, Period: time.Second},
 				Cost: func(*http.Request) int64 { return 6 },
 			}}},
 			method: "PUT",
 		},
-		{name: "fail_closed", cfg: httplimit.Config{Limits: []httplimit.Limit{perIP}, Store: fakeStore{reason: ratelimit.ReasonFailClosed, retry: 1500 * time.Millisecond}}, method: "GET"},
-		{name: "store_error", cfg: httplimit.Config{Limits: []httplimit.Limit{perIP}, Store: fakeStore{err: errors.New("backend down")}}, method: "GET"},
-		{name: "shed", cfg: httplimit.Config{Limits: []httplimit.Limit{perIP}, Shed: func(*http.Request) (time.Duration, bool) { return 3 * time.Second, true }}, method: "GET"},
-		{name: "shadow_denied", cfg: httplimit.Config{Limits: []httplimit.Limit{perIP}, Shadow: true}, method: "GET", before: 2},
+		{name: "fail_closed", cfg: httplimit.Config{Policies: []httplimit.Policy{perIP}, Store: fakeStore{reason: ratelimit.ReasonFailClosed, retry: 1500 * time.Millisecond}}, method: "GET"},
+		{name: "store_error", cfg: httplimit.Config{Policies: []httplimit.Policy{perIP}, Store: fakeStore{err: errors.New("backend down")}}, method: "GET"},
+		{name: "shed", cfg: httplimit.Config{Policies: []httplimit.Policy{perIP}, Shed: func(*http.Request) (time.Duration, bool) { return 3 * time.Second, true }}, method: "GET"},
+		{name: "shadow_denied", cfg: httplimit.Config{Policies: []httplimit.Policy{perIP}, Shadow: true}, method: "GET", before: 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -219,9 +219,9 @@ func refused(name string) bool {
 // nothing from the first.
 func TestMiddlewareAllOrNothing(t *testing.T) {
 	store := newStore(t)
-	m, err := httplimit.New(httplimit.Config{Store: store, Limits: []httplimit.Limit{
-		{Rule: ratelimit.Rule{Name: "user", Limit: 10, Period: time.Second}, Keys: []httplimit.Key{httplimit.ByHeader("X-User")}},
-		{Rule: ratelimit.Rule{Name: "endpoint", Limit: 1, Period: time.Hour}, Keys: []httplimit.Key{httplimit.ByRoute(nil)}},
+	m, err := httplimit.New(httplimit.Config{Store: store, Policies: []httplimit.Policy{
+		{Rule: ratelimit.Rule{Name: "user", Quota: 10, Period: time.Second}, Keys: []httplimit.Key{httplimit.ByHeader("X-User")}},
+		{Rule: ratelimit.Rule{Name: "endpoint", Quota: 1, Period: time.Hour}, Keys: []httplimit.Key{httplimit.ByRoute(nil)}},
 	}})
 	if err != nil {
 		t.Fatal(err)
@@ -258,8 +258,8 @@ func TestMiddlewareRouteOutsideMux(t *testing.T) {
 	var keys []string
 	m, err := httplimit.New(httplimit.Config{
 		Store: newStore(t),
-		Limits: []httplimit.Limit{{
-			Rule: ratelimit.Rule{Name: "r", Limit: 100, Period: time.Second},
+		Policies: []httplimit.Policy{{
+			Rule: ratelimit.Rule{Name: "r", Quota: 100, Period: time.Second},
 			Keys: []httplimit.Key{httplimit.ByRoute(mux)},
 			Cost: httplimit.CostByRoute(mux, map[string]int64{"POST /orders": 7}, 1),
 		}},
@@ -278,18 +278,18 @@ func TestMiddlewareRouteOutsideMux(t *testing.T) {
 }
 
 func TestNewRejects(t *testing.T) {
-	good := httplimit.Limit{Rule: ratelimit.Rule{Name: "a", Limit: 1, Period: time.Second}}
+	good := httplimit.Policy{Rule: ratelimit.Rule{Name: "a", Quota: 1, Period: time.Second}}
 	store := newStore(t)
 	tests := []struct {
 		name string
 		cfg  httplimit.Config
 		want string
 	}{
-		{"no store", httplimit.Config{Limits: []httplimit.Limit{good}}, "Store is nil"},
+		{"no store", httplimit.Config{Policies: []httplimit.Policy{good}}, "Store is nil"},
 		{"no limits", httplimit.Config{Store: store}, "Limits is empty"},
-		{"duplicate", httplimit.Config{Store: store, Limits: []httplimit.Limit{good, good}}, `two limits are named "a"`},
-		{"invalid rule", httplimit.Config{Store: store, Limits: []httplimit.Limit{{Rule: ratelimit.Rule{Name: "x", Limit: 1}}}}, "invalid rule"},
-		{"nil append", httplimit.Config{Store: store, Limits: []httplimit.Limit{{Rule: good.Rule, Keys: []httplimit.Key{{Scope: "s"}}}}}, "no Append"},
+		{"duplicate", httplimit.Config{Store: store, Policies: []httplimit.Policy{good, good}}, `two limits are named "a"`},
+		{"invalid rule", httplimit.Config{Store: store, Policies: []httplimit.Policy{{Rule: ratelimit.Rule{Name: "x", Quota: 1}}}}, "invalid rule"},
+		{"nil append", httplimit.Config{Store: store, Policies: []httplimit.Policy{{Rule: good.Rule, Keys: []httplimit.Key{{Scope: "s"}}}}}, "no Append"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -305,8 +305,8 @@ func TestByIPTrusted(t *testing.T) {
 	var got []string
 	m, err := httplimit.New(httplimit.Config{
 		Store: newStore(t),
-		Limits: []httplimit.Limit{{
-			Rule: ratelimit.Rule{Name: "ip", Limit: 100, Period: time.Second},
+		Policies: []httplimit.Policy{{
+			Rule: ratelimit.Rule{Name: "ip", Quota: 100, Period: time.Second},
 			Keys: []httplimit.Key{httplimit.ByIP(netip.MustParsePrefix("10.0.0.0/8"))},
 		}},
 		OnDecision: func(e *httplimit.Event) { got = append(got, e.Keys[0]) },
@@ -334,8 +334,8 @@ func TestLongKeysAreHashed(t *testing.T) {
 	var keys []string
 	m, err := httplimit.New(httplimit.Config{
 		Store: newStore(t),
-		Limits: []httplimit.Limit{{
-			Rule: ratelimit.Rule{Name: "k", Limit: 100, Period: time.Second},
+		Policies: []httplimit.Policy{{
+			Rule: ratelimit.Rule{Name: "k", Quota: 100, Period: time.Second},
 			Keys: []httplimit.Key{httplimit.ByHeader("X-Api-Key")},
 		}},
 		OnDecision: func(e *httplimit.Event) { keys = append(keys, e.Keys[0]) },
@@ -368,8 +368,8 @@ func TestProblemEscaping(t *testing.T) {
 	const name, key = "we\"ird</name>", "k\"\\<\x01\xff\u00e9"
 	m, err := httplimit.New(httplimit.Config{
 		Store: newStore(t),
-		Limits: []httplimit.Limit{{
-			Rule: ratelimit.Rule{Name: name, Limit: 1, Period: time.Hour},
+		Policies: []httplimit.Policy{{
+			Rule: ratelimit.Rule{Name: name, Quota: 1, Period: time.Hour},
 			Keys: []httplimit.Key{httplimit.KeyFunc("odd", false, func(*http.Request) (string, bool) { return key, true })},
 		}},
 	})

@@ -73,7 +73,7 @@ func TestParseRateLimit(t *testing.T) {
 
 // TestFieldsRoundTrip: what the middleware writes, the client parses back.
 func TestFieldsRoundTrip(t *testing.T) {
-	r := ratelimit.Rule{Name: `we"ird`, Limit: 10, Period: time.Minute, Burst: 20}
+	r := ratelimit.Rule{Name: `we"ird`, Quota: 10, Period: time.Minute, Burst: 20}
 	d := ratelimit.Decision{Rule: r.Name, Remaining: 7, ResetAfter: 1500 * time.Millisecond}
 	ps, err := ParseRateLimitPolicy(string(AppendPolicyItem(nil, &r)))
 	if err != nil || len(ps) != 1 || ps[0].Name != r.Name || ps[0].Quota != 20 || ps[0].Window != PolicyWindow(&r) {

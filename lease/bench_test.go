@@ -13,7 +13,7 @@ import (
 // that the limiter's cost is measured, not its waits.
 func benchHolder(b *testing.B) *Holder {
 	b.Helper()
-	h, err := NewHolder(NewMemory(), Config{ID: "bench", Capacity: 1e9, Partitions: 20, TTL: time.Minute, Seed: 1})
+	h, err := NewHolder(NewMemoryStore(), Config{ID: "bench", Capacity: 1e9, Partitions: 20, TTL: time.Minute, Seed: 1})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -60,7 +60,7 @@ func BenchmarkLimiterWait(b *testing.B) {
 
 // benchCoordinator measures one period's store work of a holder of 10
 // leases among 20: a heartbeat and a renewal.
-func benchCoordinator(b *testing.B, c Coordinator) {
+func benchCoordinator(b *testing.B, c Store) {
 	ctx := context.Background()
 	parts := make([]int, 10)
 	for i := range parts {
@@ -86,7 +86,7 @@ func benchCoordinator(b *testing.B, c Coordinator) {
 }
 
 func BenchmarkCoordinatorPeriod(b *testing.B) {
-	b.Run("memory", func(b *testing.B) { benchCoordinator(b, NewMemory()) })
+	b.Run("memory", func(b *testing.B) { benchCoordinator(b, NewMemoryStore()) })
 	b.Run("redis", func(b *testing.B) {
 		srv := redistest.Standalone(b)
 		r, err := NewRedis(srv.Client(), fmt.Sprint("bench-", time.Now().UnixNano()), RedisOptions{})

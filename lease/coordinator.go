@@ -55,14 +55,14 @@ type Grant struct {
 	Epoch     uint64
 }
 
-// A Coordinator is what a Holder needs from the store shared by all the
+// A Store is what a Holder needs from the store shared by all the
 // members of one service. Every operation is atomic in the store. Expiry
 // instants are computed by the store's own clock (the Redis server's, or
 // the process's for Memory) from the TTL given as a duration; no instant
 // is ever compared across machines.
 //
 // Memory and Redis implement it.
-type Coordinator interface {
+type Store interface {
 	// Heartbeat registers or refreshes m's presence for ttl, drops the
 	// members whose presence expired, and returns the view of the service
 	// with its first partitions partitions.
@@ -97,13 +97,13 @@ func checkArgs(id string, ttl time.Duration, ttlNeeded bool) error {
 	return nil
 }
 
-// Memory is a Coordinator for the holders of one process (and the
-// simulation): one Memory is the shared state of one service. Expiry is
+// MemoryStore is a Coordinator for the holders of one process (and the
+// simulation): one MemoryStore is the shared state of one service. Expiry is
 // measured by its clock, time.Now unless NewMemoryClock set another.
 //
-// The zero value is not usable: call NewMemory. A Memory is safe for
+// The zero value is not usable: call NewMemory. A MemoryStore is safe for
 // concurrent use.
-type Memory struct {
+type MemoryStore struct {
 	now func() time.Time
 
 	mu      sync.Mutex
@@ -122,17 +122,17 @@ type memPart struct {
 	expiry time.Time
 }
 
-// NewMemory returns an empty Memory on the process's clock.
-func NewMemory() *Memory { return NewMemoryClock(time.Now) }
+// NewMemoryStore returns an empty Memory on the process's clock.
+func NewMemoryStore() *MemoryStore { return NewMemoryStoreClock(time.Now) }
 
-// NewMemoryClock returns an empty Memory whose expiry instants are read
+// NewMemoryStoreClock returns an empty Memory whose expiry instants are read
 // from now.
-func NewMemoryClock(now func() time.Time) *Memory {
-	return &Memory{now: now, members: map[string]memMember{}, parts: map[int]memPart{}}
+func NewMemoryStoreClock(now func() time.Time) *MemoryStore {
+	return &MemoryStore{now: now, members: map[string]memMember{}, parts: map[int]memPart{}}
 }
 
 // Heartbeat implements Coordinator.
-func (s *Memory) Heartbeat(ctx context.Context, m Member, ttl time.Duration, partitions int) (View, error) {
+func (s *MemoryStore) Heartbeat(ctx context.Context, m Member, ttl time.Duration, partitions int) (View, error) {
 	if err := checkArgs(m.ID, ttl, true); err != nil {
 		return View{}, err
 	}
@@ -165,7 +165,7 @@ func (s *Memory) Heartbeat(ctx context.Context, m Member, ttl time.Duration, par
 }
 
 // Acquire implements Coordinator.
-func (s *Memory) Acquire(ctx context.Context, id string, parts []int, ttl time.Duration) ([]Grant, error) {
+func (s *MemoryStore) Acquire(ctx context.Context, id string, parts []int, ttl time.Duration) ([]Grant, error) {
 	if err := checkArgs(id, ttl, true); err != nil {
 		return nil, err
 	}
@@ -192,7 +192,7 @@ func (s *Memory) Acquire(ctx context.Context, id string, parts []int, ttl time.D
 }
 
 // Renew implements Coordinator.
-func (s *Memory) Renew(ctx context.Context, id string, leases []Grant, ttl time.Duration) ([]bool, error) {
+func (s *MemoryStore) Renew(ctx context.Context, id string, leases []Grant, ttl time.Duration) ([]bool, error) {
 	if err := checkArgs(id, ttl, true); err != nil {
 		return nil, err
 	}
@@ -216,7 +216,7 @@ func (s *Memory) Renew(ctx context.Context, id string, leases []Grant, ttl time.
 }
 
 // Release implements Coordinator.
-func (s *Memory) Release(ctx context.Context, id string, leases []Grant) error {
+func (s *MemoryStore) Release(ctx context.Context, id string, leases []Grant) error {
 	if err := checkArgs(id, 0, false); err != nil {
 		return err
 	}
@@ -236,7 +236,7 @@ func (s *Memory) Release(ctx context.Context, id string, leases []Grant) error {
 }
 
 // Leave implements Coordinator.
-func (s *Memory) Leave(ctx context.Context, id string) error {
+func (s *MemoryStore) Leave(ctx context.Context, id string) error {
 	if err := checkArgs(id, 0, false); err != nil {
 		return err
 	}
@@ -251,7 +251,7 @@ func (s *Memory) Leave(ctx context.Context, id string) error {
 
 // Valid reports whether g is the current, unexpired lease of its
 // partition: the check a protected service makes on a fencing token.
-func (s *Memory) Valid(ctx context.Context, g Grant) (bool, error) {
+func (s *MemoryStore) Valid(ctx context.Context, g Grant) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}

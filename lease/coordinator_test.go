@@ -24,7 +24,7 @@ type coordCase struct {
 // fencedCoordinator is a Coordinator that also checks fencing tokens, as
 // Memory and Redis do.
 type fencedCoordinator interface {
-	Coordinator
+	Store
 	Valid(context.Context, Grant) (bool, error)
 }
 
@@ -36,7 +36,7 @@ func coordCases(parent *testing.T) []coordCase {
 	return []coordCase{
 		{"memory", func(t *testing.T) (c fencedCoordinator, advance func(time.Duration)) {
 			clk := fakeclock.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
-			return NewMemoryClock(clk.Now), clk.Advance
+			return NewMemoryStoreClock(clk.Now), clk.Advance
 		}},
 		{"redis", func(t *testing.T) (c fencedCoordinator, advance func(time.Duration)) {
 			srv := redistest.Standalone(t)

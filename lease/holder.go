@@ -210,7 +210,7 @@ var ErrRunning = errors.New("lease: holder already running")
 // A Holder is safe for concurrent use; Run must be called once. The zero
 // value is not usable: call NewHolder.
 type Holder struct {
-	c       Coordinator
+	c       Store
 	cfg     Config
 	partCap float64
 	lim     *ratelimit.Limiter
@@ -251,7 +251,7 @@ type held struct {
 }
 
 // NewHolder returns a Holder of the service coordinated by c.
-func NewHolder(c Coordinator, cfg Config) (*Holder, error) {
+func NewHolder(c Store, cfg Config) (*Holder, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: nil coordinator", ErrBadArgument)
 	}

@@ -50,10 +50,10 @@ func TestShares(t *testing.T) {
 }
 
 func TestNewHolderRejects(t *testing.T) {
-	mem := NewMemory()
+	mem := NewMemoryStore()
 	for _, tc := range []struct {
 		name string
-		c    Coordinator
+		c    Store
 		cfg  Config
 	}{
 		{"nil coordinator", nil, Config{Capacity: 10, Partitions: 2}},
@@ -75,7 +75,7 @@ func TestNewHolderRejects(t *testing.T) {
 // calls fail (a store outage, or a killed process), and lets a test hold
 // Renew calls until it lets them go.
 type scripted struct {
-	Coordinator
+	Store
 	latency time.Duration
 	down    atomic.Bool
 	mu      sync.Mutex
@@ -103,14 +103,14 @@ func (s *scripted) Heartbeat(ctx context.Context, m Member, ttl time.Duration, p
 	if err := s.gate(ctx); err != nil {
 		return View{}, err
 	}
-	return s.Coordinator.Heartbeat(ctx, m, ttl, p)
+	return s.Store.Heartbeat(ctx, m, ttl, p)
 }
 
 func (s *scripted) Acquire(ctx context.Context, id string, parts []int, ttl time.Duration) ([]Grant, error) {
 	if err := s.gate(ctx); err != nil {
 		return nil, err
 	}
-	return s.Coordinator.Acquire(ctx, id, parts, ttl)
+	return s.Store.Acquire(ctx, id, parts, ttl)
 }
 
 func (s *scripted) Renew(ctx context.Context, id string, ls []Grant, ttl time.Duration) ([]bool, error) {
@@ -128,21 +128,21 @@ func (s *scripted) Renew(ctx context.Context, id string, ls []Grant, ttl time.Du
 			return nil, ctx.Err()
 		}
 	}
-	return s.Coordinator.Renew(ctx, id, ls, ttl)
+	return s.Store.Renew(ctx, id, ls, ttl)
 }
 
 func (s *scripted) Release(ctx context.Context, id string, ls []Grant) error {
 	if err := s.gate(ctx); err != nil {
 		return err
 	}
-	return s.Coordinator.Release(ctx, id, ls)
+	return s.Store.Release(ctx, id, ls)
 }
 
 func (s *scripted) Leave(ctx context.Context, id string) error {
 	if err := s.gate(ctx); err != nil {
 		return err
 	}
-	return s.Coordinator.Leave(ctx, id)
+	return s.Store.Leave(ctx, id)
 }
 
 // runHolder starts h.Run and returns a function that stops it and returns
@@ -167,7 +167,7 @@ func runHolder(t *testing.T, h *Holder) (stop func() error) {
 func TestValidityFromSend(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const lat = 200 * time.Millisecond
-		sc := &scripted{Coordinator: NewMemory(), latency: lat}
+		sc := &scripted{Store: NewMemoryStore(), latency: lat}
 		h, err := NewHolder(sc, Config{ID: "a", Capacity: 100, Partitions: 4, TTL: 3 * time.Second, Seed: 1})
 		if err != nil {
 			t.Fatal(err)
@@ -199,7 +199,7 @@ func TestValidityFromSend(t *testing.T) {
 func TestNoUseWhileRenewalInFlight(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		hold := make(chan struct{})
-		sc := &scripted{Coordinator: NewMemory(), holdRen: hold}
+		sc := &scripted{Store: NewMemoryStore(), holdRen: hold}
 		h, err := NewHolder(sc, Config{ID: "a", Capacity: 100, Partitions: 4, TTL: 3 * time.Second,
 			CallTimeout: 10 * time.Second, Jitter: -1, Seed: 1})
 		if err != nil {
@@ -266,7 +266,7 @@ func TestNoUseWhileRenewalInFlight(t *testing.T) {
 
 func TestThrottledAIMD(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h, err := NewHolder(NewMemory(), Config{ID: "a", Capacity: 400, Partitions: 16, Backoff: 0.5, Jitter: -1, Seed: 1})
+		h, err := NewHolder(NewMemoryStore(), Config{ID: "a", Capacity: 400, Partitions: 16, Backoff: 0.5, Jitter: -1, Seed: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -313,14 +313,14 @@ func TestOutagePolicy(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				mem := NewMemory()
+				mem := NewMemoryStore()
 				// Three other members present, so the even share is C/4.
 				for _, id := range []string{"x", "y", "z"} {
 					if _, err := mem.Heartbeat(context.Background(), Member{ID: id, Weight: 1}, time.Hour, 16); err != nil {
 						t.Fatal(err)
 					}
 				}
-				sc := &scripted{Coordinator: mem}
+				sc := &scripted{Store: mem}
 				h, err := NewHolder(sc, Config{ID: "a", Capacity: 400, Partitions: 16, Reserved: 10,
 					Outage: tc.policy, Jitter: -1, Seed: 1})
 				if err != nil {
@@ -358,7 +358,7 @@ func TestOutagePolicy(t *testing.T) {
 
 func TestShutdownReleases(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		mem := NewMemory()
+		mem := NewMemoryStore()
 		h, err := NewHolder(mem, Config{ID: "a", Capacity: 100, Partitions: 4, Seed: 1})
 		if err != nil {
 			t.Fatal(err)
@@ -395,7 +395,7 @@ func TestShutdownReleases(t *testing.T) {
 
 func TestLimiterWaitErrors(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h, err := NewHolder(NewMemory(), Config{ID: "a", Capacity: 100, Partitions: 4, Seed: 1})
+		h, err := NewHolder(NewMemoryStore(), Config{ID: "a", Capacity: 100, Partitions: 4, Seed: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -434,9 +434,9 @@ func TestLimiterWaitErrors(t *testing.T) {
 // refused and counted as losses, never taken as a success.
 func TestStaleHolderFenced(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		mem := NewMemory()
+		mem := NewMemoryStore()
 		hold := make(chan struct{})
-		sa := &scripted{Coordinator: mem, holdRen: hold}
+		sa := &scripted{Store: mem, holdRen: hold}
 		a, err := NewHolder(sa, Config{ID: "a", Capacity: 100, Partitions: 4, CallTimeout: time.Minute, Jitter: -1, Seed: 1})
 		if err != nil {
 			t.Fatal(err)
@@ -487,7 +487,7 @@ func TestStaleHolderFenced(t *testing.T) {
 // store, and releases them just after: two members that looked at the
 // same instant, of which the holder lost.
 type rival struct {
-	Coordinator
+	Store
 	mu   sync.Mutex
 	done bool
 }
@@ -498,17 +498,17 @@ func (r *rival) Acquire(ctx context.Context, id string, parts []int, ttl time.Du
 	r.done = true
 	r.mu.Unlock()
 	if !first {
-		return r.Coordinator.Acquire(ctx, id, parts, ttl)
+		return r.Store.Acquire(ctx, id, parts, ttl)
 	}
-	taken, err := r.Coordinator.Acquire(ctx, "x", parts[:2], ttl)
+	taken, err := r.Store.Acquire(ctx, "x", parts[:2], ttl)
 	if err != nil || len(taken) != 2 {
 		return nil, fmt.Errorf("rival acquire: %v %v", taken, err)
 	}
-	got, err := r.Coordinator.Acquire(ctx, id, parts, ttl)
+	got, err := r.Store.Acquire(ctx, id, parts, ttl)
 	if err != nil {
 		return nil, err
 	}
-	return got, r.Coordinator.Release(ctx, "x", taken)
+	return got, r.Store.Release(ctx, "x", taken)
 }
 
 // TestLooksAgainAfterContention checks that a holder whose acquire lost
@@ -516,7 +516,7 @@ func (r *rival) Acquire(ctx context.Context, id string, parts []int, ttl time.Du
 // period, not a period later.
 func TestLooksAgainAfterContention(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		rc := &rival{Coordinator: NewMemory()}
+		rc := &rival{Store: NewMemoryStore()}
 		h, err := NewHolder(rc, Config{ID: "a", Capacity: 100, Partitions: 4, TTL: 3 * time.Second, Jitter: -1, Seed: 1})
 		if err != nil {
 			t.Fatal(err)

@@ -95,7 +95,7 @@ func simulate(t *testing.T, cfg simConfig, warmup time.Duration) *simResult {
 }
 
 func runSim(t *testing.T, cfg simConfig, warmup time.Duration) *simResult {
-	mem := NewMemory()
+	mem := NewMemoryStore()
 	svc := ratelimit.NewLimiter(ratelimit.Limit(cfg.capacity), int(cfg.capacity/10))
 	begin := time.Now()
 	seconds := int(cfg.duration / time.Second)
@@ -117,7 +117,7 @@ func runSim(t *testing.T, cfg simConfig, warmup time.Duration) *simResult {
 	}
 	for i, sp := range cfg.holders {
 		sh := &simHolder{spec: sp, served: make([]int, seconds), notify: make(chan struct{}, 1), done: make(chan struct{})}
-		sh.coord = &scripted{Coordinator: mem}
+		sh.coord = &scripted{Store: mem}
 		h, err := NewHolder(sh.coord, Config{
 			ID: sp.name, Capacity: cfg.capacity, Partitions: cfg.partitions,
 			TTL: cfg.ttl, Weight: sp.weight, Seed: uint64(i + 1),
@@ -242,7 +242,7 @@ func runSim(t *testing.T, cfg simConfig, warmup time.Duration) *simResult {
 
 // check verifies the capacity property at now and records the instants
 // the other properties are measured by.
-func (r *simResult) check(now time.Time, el time.Duration, mem *Memory, killAt map[int]time.Duration) {
+func (r *simResult) check(now time.Time, el time.Duration, mem *MemoryStore, killAt map[int]time.Duration) {
 	P := r.cfg.partitions
 	owner := make([]int, P)
 	for i := range owner {

@@ -14,7 +14,7 @@ import (
 func BenchmarkDecide(b *testing.B) {
 	fixed := time.Unix(1_800_000_000, 0)
 	for _, alg := range []ratelimit.Algorithm{ratelimit.GCRA, ratelimit.FixedWindow, ratelimit.SlidingLog, ratelimit.SlidingWindow, ratelimit.LeakyBucket} {
-		r := &ratelimit.Rule{Name: "b", Algorithm: alg, Limit: 1 << 16, Period: time.Nanosecond << 15} // twice the rate the loop asks for
+		r := &ratelimit.Rule{Name: "b", Algorithm: alg, Quota: 1 << 16, Period: time.Nanosecond << 15} // twice the rate the loop asks for
 		b.Run(alg.String(), func(b *testing.B) {
 			now := fixed
 			s := New(Options{Now: func() time.Time { return now }, JanitorInterval: -1})
@@ -37,7 +37,7 @@ func BenchmarkDecide(b *testing.B) {
 // BenchmarkAlgorithm measures the pure decision functions, without a store.
 func BenchmarkAlgorithm(b *testing.B) {
 	for _, alg := range []ratelimit.Algorithm{ratelimit.GCRA, ratelimit.FixedWindow, ratelimit.SlidingLog, ratelimit.SlidingWindow, ratelimit.LeakyBucket} {
-		r := &ratelimit.Rule{Name: "b", Algorithm: alg, Limit: 1 << 16, Period: time.Nanosecond << 15} // twice the rate the loop asks for
+		r := &ratelimit.Rule{Name: "b", Algorithm: alg, Quota: 1 << 16, Period: time.Nanosecond << 15} // twice the rate the loop asks for
 		b.Run(alg.String(), func(b *testing.B) {
 			var st ratelimit.State
 			now := time.Unix(1_800_000_000, 0)
@@ -53,7 +53,7 @@ func BenchmarkAlgorithm(b *testing.B) {
 }
 
 func BenchmarkDecideMany(b *testing.B) {
-	r := &ratelimit.Rule{Name: "b", Limit: 1 << 30, Period: time.Second}
+	r := &ratelimit.Rule{Name: "b", Quota: 1 << 30, Period: time.Second}
 	s := New(Options{JanitorInterval: -1})
 	defer s.Close()
 	var items []ratelimit.Item

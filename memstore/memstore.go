@@ -209,7 +209,7 @@ func check(it *ratelimit.Item) error {
 	switch {
 	case r == nil:
 		return fmt.Errorf("%w: item %q has no rule", ratelimit.ErrInvalidRule, it.Key)
-	case r.Calendar == ratelimit.NoCalendar && r.Period <= 0, r.Limit < 0, r.Burst < 0:
+	case r.Calendar == ratelimit.NoCalendar && r.Period <= 0, r.Quota < 0, r.Burst < 0:
 		return r.Validate()
 	}
 	return nil

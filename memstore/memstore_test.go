@@ -39,8 +39,8 @@ func decide(t *testing.T, s *Store, items ...ratelimit.Item) []ratelimit.Decisio
 
 func TestBoundedKeysEvictExpiredFirst(t *testing.T) {
 	s, c := newStore(t, Options{MaxKeys: 4, Shards: 1, JanitorInterval: -1})
-	short := &ratelimit.Rule{Name: "short", Limit: 1, Period: time.Second}
-	long := &ratelimit.Rule{Name: "long", Limit: 1, Period: time.Hour}
+	short := &ratelimit.Rule{Name: "short", Quota: 1, Period: time.Second}
+	long := &ratelimit.Rule{Name: "long", Quota: 1, Period: time.Hour}
 	decide(t, s, ratelimit.Item{Key: "expiring", Rule: short, Cost: 1})
 	for i := range 3 {
 		decide(t, s, ratelimit.Item{Key: fmt.Sprint("live", i), Rule: long, Cost: 1})
@@ -60,7 +60,7 @@ func TestBoundedKeysEvictExpiredFirst(t *testing.T) {
 
 func TestBoundedKeysUnderAttack(t *testing.T) {
 	s, _ := newStore(t, Options{MaxKeys: 64, Shards: 4, JanitorInterval: -1})
-	r := &ratelimit.Rule{Limit: 10, Period: time.Minute}
+	r := &ratelimit.Rule{Quota: 10, Period: time.Minute}
 	for i := range 10_000 {
 		decide(t, s, ratelimit.Item{Key: fmt.Sprint("attacker", i), Rule: r, Cost: 1})
 	}
@@ -78,7 +78,7 @@ func TestBoundedKeysUnderAttack(t *testing.T) {
 // them, so the bound holds after it too.
 func TestBoundedKeysManyNewInOneRequest(t *testing.T) {
 	s, _ := newStore(t, Options{MaxKeys: 4, Shards: 1, JanitorInterval: -1})
-	r := &ratelimit.Rule{Limit: 10, Period: time.Minute}
+	r := &ratelimit.Rule{Quota: 10, Period: time.Minute}
 	for i := range 4 {
 		decide(t, s, ratelimit.Item{Key: fmt.Sprint("old", i), Rule: r, Cost: 1})
 	}
@@ -95,7 +95,7 @@ func TestBoundedKeysManyNewInOneRequest(t *testing.T) {
 
 func TestChecksAndDenialsOnUnknownKeysStoreNothing(t *testing.T) {
 	s, _ := newStore(t, Options{JanitorInterval: -1})
-	r := &ratelimit.Rule{Limit: 5, Period: time.Second}
+	r := &ratelimit.Rule{Quota: 5, Period: time.Second}
 	decide(t, s, ratelimit.Item{Key: "check", Rule: r, Cost: 0})
 	decide(t, s, ratelimit.Item{Key: "refund", Rule: r, Cost: -3})
 	if d := decide(t, s, ratelimit.Item{Key: "huge", Rule: r, Cost: 6})[0]; d.Reason != ratelimit.ReasonExceedsCapacity {
@@ -111,7 +111,7 @@ func TestChecksAndDenialsOnUnknownKeysStoreNothing(t *testing.T) {
 // a place nor makes room for one.
 func TestChecksOnUnknownKeysStoreNothingInManyItems(t *testing.T) {
 	s, _ := newStore(t, Options{MaxKeys: 2, Shards: 1, JanitorInterval: -1})
-	r := &ratelimit.Rule{Limit: 5, Period: time.Minute}
+	r := &ratelimit.Rule{Quota: 5, Period: time.Minute}
 	decide(t, s, ratelimit.Item{Key: "old0", Rule: r, Cost: 1})
 	decide(t, s, ratelimit.Item{Key: "old1", Rule: r, Cost: 1})
 	decide(t, s,
@@ -145,7 +145,7 @@ func TestJanitorReclaimsExpired(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := New(Options{JanitorInterval: time.Minute}) // time.Now is the bubble's fake clock
 		defer s.Close()
-		r := &ratelimit.Rule{Limit: 1, Period: time.Second}
+		r := &ratelimit.Rule{Quota: 1, Period: time.Second}
 		for i := range 100 {
 			decide(t, s, ratelimit.Item{Key: fmt.Sprint(i), Rule: r, Cost: 1})
 		}
@@ -166,7 +166,7 @@ func TestCloseStopsJanitorAndDecide(t *testing.T) {
 		if err := s.Close(); err != nil { // idempotent
 			t.Fatal(err)
 		}
-		r := &ratelimit.Rule{Limit: 1, Period: time.Second}
+		r := &ratelimit.Rule{Quota: 1, Period: time.Second}
 		if _, err := s.Decide(context.Background(), nil, []ratelimit.Item{{Key: "k", Rule: r, Cost: 1}}); err != ErrClosed {
 			t.Fatalf("Decide after Close: %v, want ErrClosed", err)
 		}
@@ -176,9 +176,9 @@ func TestCloseStopsJanitorAndDecide(t *testing.T) {
 
 func TestAllOrNothingRollsBackEveryKind(t *testing.T) {
 	s, _ := newStore(t, Options{JanitorInterval: -1})
-	log := &ratelimit.Rule{Name: "log", Algorithm: ratelimit.SlidingLog, Limit: 3, Period: time.Second}
-	gcra := &ratelimit.Rule{Name: "gcra", Limit: 3, Period: time.Second}
-	tight := &ratelimit.Rule{Name: "tight", Algorithm: ratelimit.FixedWindow, Limit: 1, Period: time.Second}
+	log := &ratelimit.Rule{Name: "log", Algorithm: ratelimit.SlidingLog, Quota: 3, Period: time.Second}
+	gcra := &ratelimit.Rule{Name: "gcra", Quota: 3, Period: time.Second}
+	tight := &ratelimit.Rule{Name: "tight", Algorithm: ratelimit.FixedWindow, Quota: 1, Period: time.Second}
 	decide(t, s, ratelimit.Item{Key: "log", Rule: log, Cost: 1})
 	decide(t, s, ratelimit.Item{Key: "tight", Rule: tight, Cost: 1})
 	before, _ := s.State("log")
@@ -212,7 +212,7 @@ func TestAllOrNothingRollsBackEveryKind(t *testing.T) {
 
 func TestAllOrNothingSameKeyTwice(t *testing.T) {
 	s, _ := newStore(t, Options{JanitorInterval: -1})
-	r := &ratelimit.Rule{Name: "r", Algorithm: ratelimit.SlidingLog, Limit: 3, Period: time.Second}
+	r := &ratelimit.Rule{Name: "r", Algorithm: ratelimit.SlidingLog, Quota: 3, Period: time.Second}
 	ds := decide(t, s, ratelimit.Item{Key: "k", Rule: r, Cost: 2}, ratelimit.Item{Key: "k", Rule: r, Cost: 2})
 	if ratelimit.Allowed(ds) {
 		t.Fatalf("2+2 admitted on one key of capacity 3: %+v", ds)
@@ -227,7 +227,7 @@ func TestAllOrNothingSameKeyTwice(t *testing.T) {
 
 func TestConcurrentOneKeyExact(t *testing.T) {
 	s, _ := newStore(t, Options{JanitorInterval: -1})
-	r := &ratelimit.Rule{Limit: 1000, Period: time.Hour}
+	r := &ratelimit.Rule{Quota: 1000, Period: time.Hour}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	admitted := 0
@@ -255,8 +255,8 @@ func TestInvalidRule(t *testing.T) {
 	s, _ := newStore(t, Options{JanitorInterval: -1})
 	for _, it := range []ratelimit.Item{
 		{Key: "nil"},
-		{Key: "noperiod", Rule: &ratelimit.Rule{Limit: 1}},
-		{Key: "negative", Rule: &ratelimit.Rule{Limit: -1, Period: time.Second}},
+		{Key: "noperiod", Rule: &ratelimit.Rule{Quota: 1}},
+		{Key: "negative", Rule: &ratelimit.Rule{Quota: -1, Period: time.Second}},
 	} {
 		if _, err := s.Decide(context.Background(), nil, []ratelimit.Item{it}); err == nil {
 			t.Errorf("%s: no error", it.Key)
@@ -266,7 +266,7 @@ func TestInvalidRule(t *testing.T) {
 
 func TestNoAllocationOnExistingKey(t *testing.T) {
 	s, _ := newStore(t, Options{JanitorInterval: -1})
-	r := &ratelimit.Rule{Limit: 1 << 30, Period: time.Second}
+	r := &ratelimit.Rule{Quota: 1 << 30, Period: time.Second}
 	items := []ratelimit.Item{{Key: "k", Rule: r, Cost: 1}}
 	dst := make([]ratelimit.Decision, 0, 1)
 	ctx := context.Background()

@@ -60,7 +60,7 @@ func ruleStepsErr(r *Rule, steps []ruleStep) error {
 			now = st.abs
 		}
 		want := st.want
-		want.Limit, want.Rule = r.Capacity(), r.Name
+		want.Capacity, want.Rule = r.Capacity(), r.Name
 		before := cloneState(s)
 		r.Peek(&s, now, st.cost)
 		if !statesEqual(before, s) {
@@ -209,11 +209,11 @@ func TestSteps(t *testing.T) {
 		rule  Rule
 		steps []ruleStep
 	}{
-		{"gcra", Rule{Name: "g", Limit: 10, Period: sec, Burst: 5}, append(gcraSteps(), gcraStaleSteps()...)},
-		{"leaky_bucket", Rule{Name: "l", Algorithm: LeakyBucket, Limit: 10, Period: sec, Burst: 5}, gcraSteps()},
-		{"fixed_window", Rule{Name: "f", Algorithm: FixedWindow, Limit: 3, Period: sec}, fixedWindowSteps()},
-		{"sliding_log", Rule{Name: "s", Algorithm: SlidingLog, Limit: 3, Period: sec}, slidingLogSteps()},
-		{"sliding_window", Rule{Name: "w", Algorithm: SlidingWindow, Limit: 10, Period: sec}, slidingWindowSteps()},
+		{"gcra", Rule{Name: "g", Quota: 10, Period: sec, Burst: 5}, append(gcraSteps(), gcraStaleSteps()...)},
+		{"leaky_bucket", Rule{Name: "l", Algorithm: LeakyBucket, Quota: 10, Period: sec, Burst: 5}, gcraSteps()},
+		{"fixed_window", Rule{Name: "f", Algorithm: FixedWindow, Quota: 3, Period: sec}, fixedWindowSteps()},
+		{"sliding_log", Rule{Name: "s", Algorithm: SlidingLog, Quota: 3, Period: sec}, slidingLogSteps()},
+		{"sliding_window", Rule{Name: "w", Algorithm: SlidingWindow, Quota: 10, Period: sec}, slidingWindowSteps()},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -225,7 +225,7 @@ func TestSteps(t *testing.T) {
 	}
 	t.Run("leaky_bucket_stale_clock", func(t *testing.T) {
 		// LeakyBucket promises to decide exactly as GCRA.
-		r := Rule{Name: "g", Algorithm: LeakyBucket, Limit: 10, Period: sec, Burst: 5}
+		r := Rule{Name: "g", Algorithm: LeakyBucket, Quota: 10, Period: sec, Burst: 5}
 		if err := ruleStepsErr(&r, append(gcraSteps(), gcraStaleSteps()...)); err != nil {
 			t.Fatalf("leaky bucket differs from GCRA when time goes back: %v", err)
 		}
@@ -238,9 +238,9 @@ func TestLimitChange(t *testing.T) {
 	sec := time.Second
 	for _, alg := range []Algorithm{GCRA, LeakyBucket} {
 		t.Run(alg.String(), func(t *testing.T) {
-			r10 := Rule{Name: "r", Algorithm: alg, Limit: 10, Period: sec}
-			r20 := Rule{Name: "r", Algorithm: alg, Limit: 20, Period: sec}
-			r5 := Rule{Name: "r", Algorithm: alg, Limit: 5, Period: sec}
+			r10 := Rule{Name: "r", Algorithm: alg, Quota: 10, Period: sec}
+			r20 := Rule{Name: "r", Algorithm: alg, Quota: 20, Period: sec}
+			r5 := Rule{Name: "r", Algorithm: alg, Quota: 5, Period: sec}
 			runRuleSteps(t, &r10, []ruleStep{
 				{at: 0, cost: 6, want: ok(4, 600*milli)},
 				// 6 consumed of 20: the debt is rescaled to 6 × 50ms.
@@ -254,9 +254,9 @@ func TestLimitChange(t *testing.T) {
 		})
 	}
 	t.Run("fixed_window", func(t *testing.T) {
-		r5 := Rule{Name: "r", Algorithm: FixedWindow, Limit: 5, Period: sec}
-		r3 := Rule{Name: "r", Algorithm: FixedWindow, Limit: 3, Period: sec}
-		r6 := Rule{Name: "r", Algorithm: FixedWindow, Limit: 6, Period: sec}
+		r5 := Rule{Name: "r", Algorithm: FixedWindow, Quota: 5, Period: sec}
+		r3 := Rule{Name: "r", Algorithm: FixedWindow, Quota: 3, Period: sec}
+		r6 := Rule{Name: "r", Algorithm: FixedWindow, Quota: 6, Period: sec}
 		runRuleSteps(t, &r5, []ruleStep{
 			{at: 100 * milli, cost: 4, want: ok(1, 900*milli)},
 			{at: 200 * milli, rule: &r3, cost: 0, want: limited(0, 800*milli, 800*milli)},
@@ -266,9 +266,9 @@ func TestLimitChange(t *testing.T) {
 		})
 	})
 	t.Run("sliding_log", func(t *testing.T) {
-		r5 := Rule{Name: "r", Algorithm: SlidingLog, Limit: 5, Period: sec}
-		r3 := Rule{Name: "r", Algorithm: SlidingLog, Limit: 3, Period: sec}
-		r6 := Rule{Name: "r", Algorithm: SlidingLog, Limit: 6, Period: sec}
+		r5 := Rule{Name: "r", Algorithm: SlidingLog, Quota: 5, Period: sec}
+		r3 := Rule{Name: "r", Algorithm: SlidingLog, Quota: 3, Period: sec}
+		r6 := Rule{Name: "r", Algorithm: SlidingLog, Quota: 6, Period: sec}
 		runRuleSteps(t, &r5, []ruleStep{
 			{at: 100 * milli, cost: 4, want: ok(1, sec)},
 			{at: 200 * milli, rule: &r3, cost: 1, want: limited(0, 900*milli, 900*milli)},
@@ -277,8 +277,8 @@ func TestLimitChange(t *testing.T) {
 		})
 	})
 	t.Run("sliding_window", func(t *testing.T) {
-		r10 := Rule{Name: "r", Algorithm: SlidingWindow, Limit: 10, Period: sec}
-		r5 := Rule{Name: "r", Algorithm: SlidingWindow, Limit: 5, Period: sec}
+		r10 := Rule{Name: "r", Algorithm: SlidingWindow, Quota: 10, Period: sec}
+		r5 := Rule{Name: "r", Algorithm: SlidingWindow, Quota: 5, Period: sec}
 		runRuleSteps(t, &r10, []ruleStep{
 			{at: 100 * milli, cost: 6, want: ok(4, 1900*milli)},
 			// 6 > 5: only in the next window, once 6 × (1-e) ≤ 5: e = 1/6 s rounded up.
@@ -302,7 +302,7 @@ func TestCalendar(t *testing.T) {
 		rule  Rule
 		steps []ruleStep
 	}{
-		{"month_new_york", Rule{Name: "m", Algorithm: FixedWindow, Calendar: Month, Location: ny, Limit: 3}, []ruleStep{
+		{"month_new_york", Rule{Name: "m", Algorithm: FixedWindow, Calendar: Month, Location: ny, Quota: 3}, []ruleStep{
 			// 19:00 on Jan 31 in New York is already Feb 1 in UTC.
 			{abs: at(ny, 2026, 1, 31, 19, 0), cost: 2, want: ok(1, 5*h)},
 			{abs: at(ny, 2026, 1, 31, 23, 0), cost: 1, want: ok(0, h)},
@@ -311,38 +311,38 @@ func TestCalendar(t *testing.T) {
 			{abs: at(ny, 2026, 2, 28, 23, 0), cost: 1, want: limited(0, h, h)},
 			{abs: at(ny, 2026, 3, 1, 0, 0), cost: 3, want: ok(0, 31*24*h-h)}, // March loses an hour to DST
 		}},
-		{"day_dst_spring", Rule{Name: "d", Algorithm: FixedWindow, Calendar: Day, Location: ny, Limit: 1}, []ruleStep{
+		{"day_dst_spring", Rule{Name: "d", Algorithm: FixedWindow, Calendar: Day, Location: ny, Quota: 1}, []ruleStep{
 			// 2026-03-08 in New York lasts 23 hours.
 			{abs: at(ny, 2026, 3, 8, 1, 0), cost: 1, want: ok(0, 22*h)},
 			{abs: at(ny, 2026, 3, 8, 23, 59), cost: 1, want: limited(0, time.Minute, time.Minute)},
 			{abs: at(ny, 2026, 3, 9, 0, 0), cost: 1, want: ok(0, 24*h)},
 		}},
-		{"day_dst_autumn", Rule{Name: "d", Algorithm: FixedWindow, Calendar: Day, Location: ny, Limit: 1}, []ruleStep{
+		{"day_dst_autumn", Rule{Name: "d", Algorithm: FixedWindow, Calendar: Day, Location: ny, Quota: 1}, []ruleStep{
 			// 2026-11-01 in New York lasts 25 hours; 01:00 EDT is 24h before its end.
 			{abs: at(ny, 2026, 11, 1, 1, 0), cost: 1, want: ok(0, 24*h)},
 			{abs: time.Date(2026, 11, 1, 6, 0, 0, 0, time.UTC), cost: 1, want: limited(0, 23*h, 23*h)}, // 01:00 EST
 			{abs: at(ny, 2026, 11, 2, 0, 0), cost: 1, want: ok(0, 24*h)},
 		}},
-		{"hour_dst_spring", Rule{Name: "h", Algorithm: FixedWindow, Calendar: Hour, Location: ny, Limit: 1}, []ruleStep{
+		{"hour_dst_spring", Rule{Name: "h", Algorithm: FixedWindow, Calendar: Hour, Location: ny, Quota: 1}, []ruleStep{
 			{abs: at(ny, 2026, 3, 8, 1, 30), cost: 1, want: ok(0, 30*time.Minute)},
 			{abs: at(ny, 2026, 3, 8, 3, 0), cost: 1, want: ok(0, h)}, // 02:00 does not exist
 		}},
-		{"hour_kolkata", Rule{Name: "h", Algorithm: FixedWindow, Calendar: Hour, Location: kolkata, Limit: 2}, []ruleStep{
+		{"hour_kolkata", Rule{Name: "h", Algorithm: FixedWindow, Calendar: Hour, Location: kolkata, Quota: 2}, []ruleStep{
 			// Local hours start at :30 UTC.
 			{abs: at(kolkata, 2026, 1, 1, 10, 15), cost: 2, want: ok(0, 45*time.Minute)},
 			{abs: time.Date(2026, 1, 1, 5, 0, 0, 0, time.UTC), cost: 1, want: limited(0, 30*time.Minute, 30*time.Minute)},
 			{abs: time.Date(2026, 1, 1, 5, 30, 0, 0, time.UTC), cost: 2, want: ok(0, h)},
 		}},
-		{"minute_kolkata", Rule{Name: "n", Algorithm: FixedWindow, Calendar: Minute, Location: kolkata, Limit: 1}, []ruleStep{
+		{"minute_kolkata", Rule{Name: "n", Algorithm: FixedWindow, Calendar: Minute, Location: kolkata, Quota: 1}, []ruleStep{
 			{abs: at(kolkata, 2026, 1, 1, 10, 15).Add(20 * time.Second), cost: 1, want: ok(0, 40*time.Second)},
 		}},
-		{"week_utc", Rule{Name: "w", Algorithm: FixedWindow, Calendar: Week, Limit: 1}, []ruleStep{
+		{"week_utc", Rule{Name: "w", Algorithm: FixedWindow, Calendar: Week, Quota: 1}, []ruleStep{
 			// 2026-01-01 is a Thursday; the week ends on Monday 2026-01-05.
 			{abs: epoch0, cost: 1, want: ok(0, 4*24*h)},
 			{abs: time.Date(2025, 12, 29, 0, 0, 0, 0, time.UTC), cost: 1, want: limited(0, 7*24*h, 7*24*h)}, // backwards: same week
 			{abs: time.Date(2026, 1, 5, 0, 0, 0, 0, time.UTC), cost: 1, want: ok(0, 7*24*h)},
 		}},
-		{"year_utc", Rule{Name: "y", Algorithm: FixedWindow, Calendar: Year, Limit: 1}, []ruleStep{
+		{"year_utc", Rule{Name: "y", Algorithm: FixedWindow, Calendar: Year, Quota: 1}, []ruleStep{
 			{abs: time.Date(2026, 12, 31, 23, 0, 0, 0, time.UTC), cost: 1, want: ok(0, h)},
 			{abs: time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC), cost: 1, want: ok(0, 365*24*h)},
 		}},
@@ -372,7 +372,7 @@ func TestEdgeRules(t *testing.T) {
 	year := 365 * 24 * time.Hour
 	for alg := range numAlgorithms {
 		t.Run("limit0_"+alg.String(), func(t *testing.T) {
-			r := Rule{Name: "z", Algorithm: alg, Limit: 0, Period: time.Second}
+			r := Rule{Name: "z", Algorithm: alg, Quota: 0, Period: time.Second}
 			runRuleSteps(t, &r, []ruleStep{
 				{at: 0, cost: 0, want: ok(0, 0)},
 				{at: 0, cost: 1, want: never(0, 0)},
@@ -384,7 +384,7 @@ func TestEdgeRules(t *testing.T) {
 	for _, alg := range []Algorithm{GCRA, LeakyBucket} {
 		t.Run("limit0_burst_"+alg.String(), func(t *testing.T) {
 			// Limit 0 admits nothing but cost-0 checks, whatever the burst.
-			r := Rule{Name: "z", Algorithm: alg, Limit: 0, Period: time.Second, Burst: 4}
+			r := Rule{Name: "z", Algorithm: alg, Quota: 0, Period: time.Second, Burst: 4}
 			var s State
 			for _, cost := range []int64{1, 2, 3, 4} {
 				if d := r.Decide(&s, epoch0, cost); d.Allowed {
@@ -393,7 +393,7 @@ func TestEdgeRules(t *testing.T) {
 			}
 		})
 		t.Run("one_per_year_"+alg.String(), func(t *testing.T) {
-			r := Rule{Name: "y", Algorithm: alg, Limit: 1, Period: year}
+			r := Rule{Name: "y", Algorithm: alg, Quota: 1, Period: year}
 			runRuleSteps(t, &r, []ruleStep{
 				{at: 0, cost: 1, want: ok(0, year)},
 				{at: 0, cost: 1, want: limited(0, year, year)},
@@ -404,7 +404,7 @@ func TestEdgeRules(t *testing.T) {
 			})
 		})
 		t.Run("max_period_"+alg.String(), func(t *testing.T) {
-			r := Rule{Name: "p", Algorithm: alg, Limit: 1, Period: MaxPeriod}
+			r := Rule{Name: "p", Algorithm: alg, Quota: 1, Period: MaxPeriod}
 			runRuleSteps(t, &r, []ruleStep{
 				{at: 0, cost: 1, want: ok(0, MaxPeriod)},
 				{at: 0, cost: 1, want: limited(0, MaxPeriod, MaxPeriod)},
@@ -413,23 +413,23 @@ func TestEdgeRules(t *testing.T) {
 		})
 		t.Run("max_limit_"+alg.String(), func(t *testing.T) {
 			// 2^40 per second: the interval rounds up to 1ns.
-			r := Rule{Name: "m", Algorithm: alg, Limit: MaxLimit, Period: time.Second, Burst: MaxLimit}
+			r := Rule{Name: "m", Algorithm: alg, Quota: MaxQuota, Period: time.Second, Burst: MaxQuota}
 			if err := r.Validate(); err != nil {
 				t.Fatal(err)
 			}
 			runRuleSteps(t, &r, []ruleStep{
-				{at: 0, cost: MaxLimit, want: ok(0, MaxLimit)},
-				{at: 0, cost: 1, want: limited(0, MaxLimit, 1)},
-				{at: MaxLimit, cost: MaxLimit + 1, want: never(MaxLimit, 0)},
-				{at: MaxLimit, cost: MaxLimit, want: ok(0, MaxLimit)},
+				{at: 0, cost: MaxQuota, want: ok(0, MaxQuota)},
+				{at: 0, cost: 1, want: limited(0, MaxQuota, 1)},
+				{at: MaxQuota, cost: MaxQuota + 1, want: never(MaxQuota, 0)},
+				{at: MaxQuota, cost: MaxQuota, want: ok(0, MaxQuota)},
 			})
 		})
 	}
 	t.Run("huge_cost_windows", func(t *testing.T) {
 		for _, alg := range []Algorithm{FixedWindow, SlidingLog, SlidingWindow} {
-			r := Rule{Name: "h", Algorithm: alg, Limit: 2, Period: year}
+			r := Rule{Name: "h", Algorithm: alg, Quota: 2, Period: year}
 			var s State
-			for _, cost := range []int64{math.MaxInt64, math.MaxInt64 / 2, 3, MaxLimit} {
+			for _, cost := range []int64{math.MaxInt64, math.MaxInt64 / 2, 3, MaxQuota} {
 				if d := r.Decide(&s, epoch0, cost); d.Allowed || d.Reason != ReasonExceedsCapacity || d.RetryAfter != Never {
 					t.Errorf("%s: cost %d: got %+v, want exceeds capacity", alg, cost, d)
 				}
@@ -444,25 +444,25 @@ func TestEdgeRules(t *testing.T) {
 func TestValidate(t *testing.T) {
 	sec := time.Second
 	bad := []Rule{
-		{Algorithm: numAlgorithms, Limit: 1, Period: sec},
-		{Failure: numFailureModes, Limit: 1, Period: sec},
-		{Limit: -1, Period: sec},
-		{Limit: MaxLimit + 1, Period: sec},
-		{Limit: 1, Period: sec, Burst: -1},
-		{Limit: 1, Period: sec, Burst: MaxLimit + 1},
-		{Limit: 1},
-		{Limit: 1, Period: -sec},
-		{Limit: 1, Period: MaxPeriod + 1},
-		{Algorithm: FixedWindow, Limit: 1, Calendar: numCalendars},
-		{Algorithm: GCRA, Limit: 1, Calendar: Day},
-		{Algorithm: SlidingWindow, Limit: 1, Calendar: Day},
-		{Algorithm: FixedWindow, Limit: 1, Period: sec, Calendar: Day},
-		{Algorithm: FixedWindow, Limit: 1, Period: sec, Burst: 1},
-		{Algorithm: SlidingLog, Limit: 1, Period: sec, Burst: 1},
-		{Algorithm: SlidingWindow, Limit: 1, Period: sec, Burst: 1},
-		{Algorithm: SlidingLog, Limit: MaxSlidingLogLimit + 1, Period: sec},
-		{Algorithm: GCRA, Limit: 1, Period: MaxPeriod, Burst: 2},        // burst × interval overflows
-		{Algorithm: LeakyBucket, Limit: 1, Period: MaxPeriod, Burst: 2}, // idem
+		{Algorithm: numAlgorithms, Quota: 1, Period: sec},
+		{Failure: numFailureModes, Quota: 1, Period: sec},
+		{Quota: -1, Period: sec},
+		{Quota: MaxQuota + 1, Period: sec},
+		{Quota: 1, Period: sec, Burst: -1},
+		{Quota: 1, Period: sec, Burst: MaxQuota + 1},
+		{Quota: 1},
+		{Quota: 1, Period: -sec},
+		{Quota: 1, Period: MaxPeriod + 1},
+		{Algorithm: FixedWindow, Quota: 1, Calendar: numCalendars},
+		{Algorithm: GCRA, Quota: 1, Calendar: Day},
+		{Algorithm: SlidingWindow, Quota: 1, Calendar: Day},
+		{Algorithm: FixedWindow, Quota: 1, Period: sec, Calendar: Day},
+		{Algorithm: FixedWindow, Quota: 1, Period: sec, Burst: 1},
+		{Algorithm: SlidingLog, Quota: 1, Period: sec, Burst: 1},
+		{Algorithm: SlidingWindow, Quota: 1, Period: sec, Burst: 1},
+		{Algorithm: SlidingLog, Quota: MaxSlidingLogQuota + 1, Period: sec},
+		{Algorithm: GCRA, Quota: 1, Period: MaxPeriod, Burst: 2},        // burst × interval overflows
+		{Algorithm: LeakyBucket, Quota: 1, Period: MaxPeriod, Burst: 2}, // idem
 	}
 	for i, r := range bad {
 		r.Name = fmt.Sprintf("bad%d", i)
@@ -472,15 +472,15 @@ func TestValidate(t *testing.T) {
 		}
 	}
 	good := []Rule{
-		{Limit: 0, Period: sec},
-		{Limit: 1, Period: 1},
-		{Limit: MaxLimit, Period: sec, Burst: MaxLimit},
-		{Limit: 1, Period: MaxPeriod},
-		{Algorithm: LeakyBucket, Limit: 3, Period: sec, Burst: 10},
-		{Algorithm: FixedWindow, Limit: 1, Calendar: Month, Location: time.UTC},
-		{Algorithm: FixedWindow, Limit: 1, Calendar: Year},
-		{Algorithm: SlidingLog, Limit: MaxSlidingLogLimit, Period: sec},
-		{Algorithm: SlidingWindow, Limit: MaxLimit, Period: MaxPeriod},
+		{Quota: 0, Period: sec},
+		{Quota: 1, Period: 1},
+		{Quota: MaxQuota, Period: sec, Burst: MaxQuota},
+		{Quota: 1, Period: MaxPeriod},
+		{Algorithm: LeakyBucket, Quota: 3, Period: sec, Burst: 10},
+		{Algorithm: FixedWindow, Quota: 1, Calendar: Month, Location: time.UTC},
+		{Algorithm: FixedWindow, Quota: 1, Calendar: Year},
+		{Algorithm: SlidingLog, Quota: MaxSlidingLogQuota, Period: sec},
+		{Algorithm: SlidingWindow, Quota: MaxQuota, Period: MaxPeriod},
 	}
 	for _, r := range good {
 		if err := r.Validate(); err != nil {
@@ -493,7 +493,7 @@ func TestValidate(t *testing.T) {
 // that random sequences reach its limits.
 func randomRule(rng *rand.Rand, alg Algorithm) Rule {
 	periods := []time.Duration{7, time.Millisecond, time.Second, 3 * time.Second, time.Minute}
-	r := Rule{Name: "rand", Algorithm: alg, Limit: 1 + rng.Int64N(20), Period: periods[rng.IntN(len(periods))]}
+	r := Rule{Name: "rand", Algorithm: alg, Quota: 1 + rng.Int64N(20), Period: periods[rng.IntN(len(periods))]}
 	if (alg == GCRA || alg == LeakyBucket) && rng.IntN(2) == 0 {
 		r.Burst = 1 + rng.Int64N(30)
 	}
@@ -507,7 +507,7 @@ func randomStep(rng *rand.Rand, r *Rule) (time.Duration, int64) {
 	switch rng.IntN(4) {
 	case 0:
 	case 1:
-		dt = time.Duration(rng.Int64N(int64(r.Period)/int64(r.Limit) + 1))
+		dt = time.Duration(rng.Int64N(int64(r.Period)/int64(r.Quota) + 1))
 	default:
 		dt = time.Duration(rng.Int64N(2 * int64(r.Period)))
 	}
@@ -674,14 +674,14 @@ func TestSlidingLogExact(t *testing.T) {
 				}
 			}
 			d := r.Decide(&s, now, cost)
-			want := cost <= r.Limit && used+cost <= r.Limit
+			want := cost <= r.Quota && used+cost <= r.Quota
 			if d.Allowed != want {
 				t.Fatalf("%+v at %v: cost %d with %d used in the last period: got %+v", r, now.Sub(epoch0), cost, used, d)
 			}
 			if d.Allowed {
 				log = append(log, adm{now, cost})
-				if d.Remaining != r.Limit-used-cost {
-					t.Fatalf("%+v at %v: Remaining %d, want %d", r, now.Sub(epoch0), d.Remaining, r.Limit-used-cost)
+				if d.Remaining != r.Quota-used-cost {
+					t.Fatalf("%+v at %v: Remaining %d, want %d", r, now.Sub(epoch0), d.Remaining, r.Quota-used-cost)
 				}
 			}
 		}
@@ -709,14 +709,14 @@ func TestSlidingWindowWeighting(t *testing.T) {
 			weighted := (prev*(p-elapsed) + p - 1) / p // small numbers: no overflow
 			used := counts[k] + weighted
 			d := r.Decide(&s, now, cost)
-			want := cost <= r.Limit && used+cost <= r.Limit
+			want := cost <= r.Quota && used+cost <= r.Quota
 			if d.Allowed != want {
 				t.Fatalf("%+v at %v: cost %d, estimate %d+%d: got %+v", r, now.Sub(epoch0), cost, counts[k], weighted, d)
 			}
 			if d.Allowed {
 				counts[k] += cost
-				if d.Remaining != r.Limit-used-cost {
-					t.Fatalf("%+v at %v: Remaining %d, want %d", r, now.Sub(epoch0), d.Remaining, r.Limit-used-cost)
+				if d.Remaining != r.Quota-used-cost {
+					t.Fatalf("%+v at %v: Remaining %d, want %d", r, now.Sub(epoch0), d.Remaining, r.Quota-used-cost)
 				}
 			}
 		}
@@ -764,7 +764,7 @@ func TestRefundStaleClock(t *testing.T) {
 	sec := time.Second
 	for _, alg := range []Algorithm{GCRA, LeakyBucket} {
 		t.Run(alg.String(), func(t *testing.T) {
-			r := Rule{Name: "g", Algorithm: alg, Limit: 10, Period: sec, Burst: 5}
+			r := Rule{Name: "g", Algorithm: alg, Quota: 10, Period: sec, Burst: 5}
 			var s State
 			r.Decide(&s, epoch0.Add(sec), 5)
 			d := r.Decide(&s, epoch0, -1)
@@ -783,7 +783,7 @@ func TestStaleRefundMintsNothing(t *testing.T) {
 	for _, alg := range []Algorithm{GCRA, LeakyBucket} {
 		t.Run(alg.String(), func(t *testing.T) {
 			// 8 per second, burst 48: one unit per 125ms.
-			r := Rule{Name: "g", Algorithm: alg, Limit: 8, Period: sec, Burst: 48}
+			r := Rule{Name: "g", Algorithm: alg, Quota: 8, Period: sec, Burst: 48}
 			var s State
 			steps := []struct {
 				at   time.Duration
@@ -802,7 +802,7 @@ func TestStaleRefundMintsNothing(t *testing.T) {
 		})
 	}
 	t.Run("sliding_log", func(t *testing.T) {
-		r := Rule{Name: "s", Algorithm: SlidingLog, Limit: 3, Period: sec}
+		r := Rule{Name: "s", Algorithm: SlidingLog, Quota: 3, Period: sec}
 		var s State
 		r.Decide(&s, epoch0.Add(6*sec), 3)
 		r.Decide(&s, epoch0.Add(6*sec), -3) // the log is empty again
@@ -819,7 +819,7 @@ func TestStaleRefundMintsNothing(t *testing.T) {
 // TestDecideInvalidRule decides with a rule that Validate rejects: Decide
 // must not crash (a Store may validate only part of a rule).
 func TestDecideInvalidRule(t *testing.T) {
-	r := Rule{Name: "neg", Algorithm: FixedWindow, Limit: -1, Period: time.Second}
+	r := Rule{Name: "neg", Algorithm: FixedWindow, Quota: -1, Period: time.Second}
 	var s State
 	if d := r.Decide(&s, epoch0, 0); d.Allowed {
 		t.Errorf("limit -1 admitted cost 0: %+v", d)
@@ -829,7 +829,7 @@ func TestDecideInvalidRule(t *testing.T) {
 // TestDecideIntoMatchesDecide checks that DecideInto overwrites its target
 // with exactly what Decide returns, and changes the state the same way.
 func TestDecideIntoMatchesDecide(t *testing.T) {
-	r := Rule{Name: "r", Limit: 3, Period: time.Second}
+	r := Rule{Name: "r", Quota: 3, Period: time.Second}
 	var a, b State
 	now := epoch0
 	for i, cost := range []int64{1, 2, 1, 0, -1, 5} {

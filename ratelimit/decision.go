@@ -51,8 +51,8 @@ type Decision struct {
 	Allowed bool
 	// Reason says why.
 	Reason Reason
-	// Limit is the rule's capacity (see Rule.Capacity).
-	Limit int64
+	// Capacity is the rule's capacity (see Rule.Capacity).
+	Capacity int64
 	// Remaining is the cost that could still be admitted now, after this
 	// decision.
 	Remaining int64

@@ -4,10 +4,10 @@
 //
 // # Model
 //
-// A Rule admits Limit units of cost per Period, counted by one Algorithm:
+// A Rule admits Quota units of cost per Period, counted by one Algorithm:
 // GCRA (the default; a token bucket kept as one timestamp), FixedWindow
 // (optionally aligned to calendar units in a time zone), SlidingLog (exact:
-// never more than Limit in any window of Period), SlidingWindow (a weighted
+// never more than Quota in any window of Period), SlidingWindow (a weighted
 // estimate from two fixed windows) and LeakyBucket (a meter). Every
 // algorithm is a pure function of (State, now, cost): Rule.Decide reads no
 // clock, so tests step time by hand and a Store chooses the clock (its own
@@ -28,7 +28,7 @@
 //     creates capacity: an instant older than the state is treated as the
 //     state's own.
 //   - Arithmetic is in integer nanoseconds with 128-bit intermediates where
-//     products could overflow; the emission interval Period/Limit is rounded
+//     products could overflow; the emission interval Period/Quota is rounded
 //     up, so rounding never admits more than the rule says.
 //
 // # Concurrency

@@ -21,7 +21,7 @@ func fuzzRule(data []byte) (r Rule, rest []byte, ok bool) {
 	r = Rule{
 		Name:      "fuzz",
 		Algorithm: Algorithm(data[0] % byte(numAlgorithms)),
-		Limit:     int64(data[1] % 40),
+		Quota:     int64(data[1] % 40),
 		Period:    fuzzPeriods[int(data[2]>>4)%len(fuzzPeriods)],
 	}
 	if r.Algorithm == GCRA || r.Algorithm == LeakyBucket {
@@ -107,7 +107,7 @@ func checkDecision(t *testing.T, r *Rule, cost int64, d Decision) {
 		t.Helper()
 		t.Fatalf("%+v cost %d: %s: %+v", r, cost, what, d)
 	}
-	if d.Limit != c || d.Rule != r.Name {
+	if d.Capacity != c || d.Rule != r.Name {
 		bad("wrong Limit or Rule")
 	}
 	if d.Remaining < 0 || d.Remaining > c {
@@ -168,8 +168,8 @@ func checkAdmitted(t *testing.T, r *Rule, events []fuzzEvent) {
 		for i := len(events) - 1; i >= 0 && events[i].at >= start; i-- {
 			sum += events[i].cost
 		}
-		if sum > r.Limit {
-			t.Fatalf("%+v: %d admitted in the window from %d: more than %d; events %v", r, sum, start, r.Limit, events)
+		if sum > r.Quota {
+			t.Fatalf("%+v: %d admitted in the window from %d: more than %d; events %v", r, sum, start, r.Quota, events)
 		}
 	case SlidingLog:
 		// At most Limit in the Period ending with the last admission.
@@ -177,8 +177,8 @@ func checkAdmitted(t *testing.T, r *Rule, events []fuzzEvent) {
 		for i := len(events) - 1; i >= 0 && events[i].at > last.at-int64(r.Period); i-- {
 			sum += events[i].cost
 		}
-		if sum > r.Limit {
-			t.Fatalf("%+v: %d admitted in the period up to %d: more than %d; events %v", r, sum, last.at, r.Limit, events)
+		if sum > r.Quota {
+			t.Fatalf("%+v: %d admitted in the period up to %d: more than %d; events %v", r, sum, last.at, r.Quota, events)
 		}
 	}
 }

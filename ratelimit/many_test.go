@@ -64,7 +64,7 @@ func (m mapStore) decide(dst []Decision, items []Item, now time.Time) ([]Decisio
 }
 
 func TestDecideMany(t *testing.T) {
-	r := &Rule{Name: "w", Algorithm: FixedWindow, Limit: 3, Period: time.Minute}
+	r := &Rule{Name: "w", Algorithm: FixedWindow, Quota: 3, Period: time.Minute}
 	item := func(key string, cost int64) Item { return Item{Key: key, Rule: r, Cost: cost} }
 	m := time.Minute
 	steps := []manyStep{
@@ -100,7 +100,7 @@ func TestDecideMany(t *testing.T) {
 			t.Fatalf("step %d: got %d decisions after %+v, want %d after the sentinel", i, len(got), got[0], len(st.items))
 		}
 		for j, want := range st.want {
-			want.Limit, want.Rule = st.items[j].Rule.Capacity(), st.items[j].Rule.Name
+			want.Capacity, want.Rule = st.items[j].Rule.Capacity(), st.items[j].Rule.Name
 			if got[1+j] != want {
 				t.Errorf("step %d item %d (%s, cost %d):\n got %+v\nwant %+v", i, j, st.items[j].Key, st.items[j].Cost, got[1+j], want)
 			}

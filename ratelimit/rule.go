@@ -13,23 +13,23 @@ type Algorithm uint8
 
 const (
 	// GCRA is the generic cell rate algorithm: a token bucket whose whole
-	// state is one timestamp. Capacity is Burst (or Limit), refilled
-	// continuously at Limit per Period.
+	// state is one timestamp. Capacity is Burst (or Quota), refilled
+	// continuously at Quota per Period.
 	GCRA Algorithm = iota
 	// FixedWindow counts cost in windows of Period aligned to the Unix epoch,
-	// or to calendar units when Rule.Calendar is set. It admits up to Limit
-	// per window, so up to 2×Limit across a window boundary.
+	// or to calendar units when Rule.Calendar is set. It admits up to Quota
+	// per window, so up to 2×Quota across a window boundary.
 	FixedWindow
 	// SlidingLog remembers every admitted request of the last Period and
-	// admits at most Limit in any window of length Period. Exact; memory grows
-	// with Limit (bounded by MaxSlidingLogLimit).
+	// admits at most Quota in any window of length Period. Exact; memory grows
+	// with Quota (bounded by MaxSlidingLogQuota).
 	SlidingLog
 	// SlidingWindow estimates the sliding count from two fixed windows: the
 	// previous window's count weighted by how much of it still overlaps, plus
 	// the current count (the Cloudflare estimate).
 	SlidingWindow
-	// LeakyBucket is a meter: a bucket of capacity Burst (or Limit) that
-	// drains one unit every Period/Limit; a request that would overflow it is
+	// LeakyBucket is a meter: a bucket of capacity Burst (or Quota) that
+	// drains one unit every Period/Quota; a request that would overflow it is
 	// rejected. It decides exactly as GCRA does for the same Rule; it keeps
 	// its state as a level rather than a timestamp.
 	LeakyBucket
@@ -128,38 +128,38 @@ func ParseFailureMode(s string) (FailureMode, error) {
 
 // Bounds on a Rule. They keep every computation inside int64 nanoseconds.
 const (
-	// MaxLimit bounds Limit and Burst.
-	MaxLimit = 1 << 40
+	// MaxQuota bounds Quota and Burst.
+	MaxQuota = 1 << 40
 	// MaxPeriod bounds Period: 100 years.
 	MaxPeriod = 100 * 365 * 24 * time.Hour
-	// MaxSlidingLogLimit bounds Limit for SlidingLog, whose memory per key
+	// MaxSlidingLogQuota bounds Quota for SlidingLog, whose memory per key
 	// grows with it. Use SlidingWindow above it.
-	MaxSlidingLogLimit = 1 << 16
+	MaxSlidingLogQuota = 1 << 16
 )
 
 // ErrInvalidRule is wrapped by every error Rule.Validate returns.
 var ErrInvalidRule = errors.New("ratelimit: invalid rule")
 
-// A Rule is one limit: Limit units of cost per Period, counted with
+// A Rule is one limit: Quota units of cost per Period, counted with
 // Algorithm. A Rule is a value; a Store never keeps or changes it, so a rule
 // changed between two calls applies from the second call on, against the
 // cost already consumed under the old one.
 //
-// Limit 0 admits nothing but cost-0 checks. There is no "infinite" rule:
+// Quota 0 admits nothing but cost-0 checks. There is no "infinite" rule:
 // callers that want none simply ask for no decision.
 type Rule struct {
 	// Name identifies the rule in decisions, headers and metrics.
 	Name string
 	// Algorithm counts cost; the zero value is GCRA.
 	Algorithm Algorithm
-	// Limit is the cost admitted per Period (the refill rate for GCRA and
+	// Quota is the cost admitted per Period (the refill rate for GCRA and
 	// LeakyBucket, the quota of one window for the window algorithms).
-	Limit int64
+	Quota int64
 	// Period is the window length or the refill period. It must be zero
 	// when Calendar is set.
 	Period time.Duration
 	// Burst is the capacity of GCRA and LeakyBucket: how much cost can be
-	// admitted at once after a long idle time. Zero means Limit. The window
+	// admitted at once after a long idle time. Zero means Quota. The window
 	// algorithms have no burst; it must be zero for them.
 	Burst int64
 	// Calendar aligns FixedWindow windows to calendar units in Location
@@ -172,16 +172,16 @@ type Rule struct {
 }
 
 // Capacity is the largest cost a single request can have and still succeed:
-// Burst (or Limit when Burst is 0) for GCRA and LeakyBucket, Limit otherwise;
-// 0 when Limit is 0.
+// Burst (or Quota when Burst is 0) for GCRA and LeakyBucket, Quota otherwise;
+// 0 when Quota is 0.
 func (r *Rule) Capacity() int64 {
-	if r.Limit <= 0 {
+	if r.Quota <= 0 {
 		return 0 // nothing is ever admitted, whatever the burst
 	}
 	if r.Burst > 0 && (r.Algorithm == GCRA || r.Algorithm == LeakyBucket) {
 		return r.Burst
 	}
-	return r.Limit
+	return r.Quota
 }
 
 // Validate reports whether r is well formed; its errors wrap ErrInvalidRule.
@@ -195,11 +195,11 @@ func (r *Rule) Validate() error {
 	if r.Failure >= numFailureModes {
 		return bad("unknown failure mode %d", r.Failure)
 	}
-	if r.Limit < 0 || r.Limit > MaxLimit {
-		return bad("limit %d out of range [0, %d]", r.Limit, int64(MaxLimit))
+	if r.Quota < 0 || r.Quota > MaxQuota {
+		return bad("limit %d out of range [0, %d]", r.Quota, int64(MaxQuota))
 	}
-	if r.Burst < 0 || r.Burst > MaxLimit {
-		return bad("burst %d out of range [0, %d]", r.Burst, int64(MaxLimit))
+	if r.Burst < 0 || r.Burst > MaxQuota {
+		return bad("burst %d out of range [0, %d]", r.Burst, int64(MaxQuota))
 	}
 	if r.Calendar >= numCalendars {
 		return bad("unknown calendar unit %d", r.Calendar)
@@ -220,23 +220,23 @@ func (r *Rule) Validate() error {
 			return bad("burst is not used by %s; leave it 0", r.Algorithm)
 		}
 	case GCRA, LeakyBucket:
-		if r.Limit > 0 {
+		if r.Quota > 0 {
 			iv := r.interval()
 			if hi, lo := bits.Mul64(uint64(r.Capacity()), uint64(iv)); hi != 0 || lo > math.MaxInt64/2 {
 				return bad("burst %d × interval %v overflows; lower the burst or raise the rate", r.Capacity(), time.Duration(iv))
 			}
 		}
 	}
-	if r.Algorithm == SlidingLog && r.Limit > MaxSlidingLogLimit {
-		return bad("sliding_log keeps one entry per request; limit %d exceeds %d, use sliding_window", r.Limit, MaxSlidingLogLimit)
+	if r.Algorithm == SlidingLog && r.Quota > MaxSlidingLogQuota {
+		return bad("sliding_log keeps one entry per request; limit %d exceeds %d, use sliding_window", r.Quota, MaxSlidingLogQuota)
 	}
 	return nil
 }
 
 // Interval is the emission interval of GCRA and LeakyBucket: the time one
-// unit of cost takes to refill (or, for LeakyBucket, to leak), Period/Limit
+// unit of cost takes to refill (or, for LeakyBucket, to leak), Period/Quota
 // rounded up to whole nanoseconds so that rounding never admits more than
-// Limit per Period; at least 1 ns. It is math.MaxInt64 (never) when Limit is
+// Quota per Period; at least 1 ns. It is math.MaxInt64 (never) when Quota is
 // 0. Stores that decide elsewhere, as in a script, send it with the rule.
 func (r *Rule) Interval() time.Duration {
 	return time.Duration(r.interval())
@@ -244,12 +244,12 @@ func (r *Rule) Interval() time.Duration {
 
 // interval is Interval in nanoseconds, as the algorithms compute with it.
 func (r *Rule) interval() int64 {
-	if r.Limit <= 0 {
+	if r.Quota <= 0 {
 		return math.MaxInt64
 	}
 	p := int64(r.Period)
-	iv := p / r.Limit
-	if p%r.Limit != 0 {
+	iv := p / r.Quota
+	if p%r.Quota != 0 {
 		iv++
 	}
 	return max(iv, 1)

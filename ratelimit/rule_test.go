@@ -13,13 +13,13 @@ func TestInterval(t *testing.T) {
 		rule Rule
 		want time.Duration
 	}{
-		{Rule{Limit: 4, Period: time.Second}, 250 * time.Millisecond},
-		{Rule{Limit: 3, Period: time.Second}, 333333334},
-		{Rule{Limit: 1, Period: MaxPeriod}, MaxPeriod},
-		{Rule{Limit: 10, Period: 5}, 1},
-		{Rule{Limit: MaxLimit, Period: 1}, 1},
-		{Rule{Algorithm: LeakyBucket, Limit: 7, Period: time.Minute, Burst: 100}, 8571428572},
-		{Rule{Limit: 0, Period: time.Second}, math.MaxInt64},
+		{Rule{Quota: 4, Period: time.Second}, 250 * time.Millisecond},
+		{Rule{Quota: 3, Period: time.Second}, 333333334},
+		{Rule{Quota: 1, Period: MaxPeriod}, MaxPeriod},
+		{Rule{Quota: 10, Period: 5}, 1},
+		{Rule{Quota: MaxQuota, Period: 1}, 1},
+		{Rule{Algorithm: LeakyBucket, Quota: 7, Period: time.Minute, Burst: 100}, 8571428572},
+		{Rule{Quota: 0, Period: time.Second}, math.MaxInt64},
 	}
 	for _, tt := range tests {
 		if got := tt.rule.Interval(); got != tt.want {
@@ -37,7 +37,7 @@ func TestWindow(t *testing.T) {
 	kolkata := loadLocation(t, "Asia/Kolkata")
 	utc := func(y int, m time.Month, d, h, min int) time.Time { return time.Date(y, m, d, h, min, 0, 0, time.UTC) }
 	fixed := func(c Calendar, loc *time.Location) Rule {
-		return Rule{Algorithm: FixedWindow, Limit: 5, Calendar: c, Location: loc}
+		return Rule{Algorithm: FixedWindow, Quota: 5, Calendar: c, Location: loc}
 	}
 	tests := []struct {
 		name       string
@@ -45,10 +45,10 @@ func TestWindow(t *testing.T) {
 		now        time.Time
 		start, end time.Time
 	}{
-		{"fixed_minute", Rule{Algorithm: FixedWindow, Limit: 5, Period: time.Minute}, epoch0.Add(90 * time.Second), epoch0.Add(time.Minute), epoch0.Add(2 * time.Minute)},
-		{"fixed_at_start", Rule{Algorithm: FixedWindow, Limit: 5, Period: time.Minute}, epoch0, epoch0, epoch0.Add(time.Minute)},
-		{"fixed_before_epoch", Rule{Algorithm: FixedWindow, Limit: 5, Period: time.Second}, time.Unix(0, -5e8), time.Unix(-1, 0), time.Unix(0, 0)},
-		{"sliding", Rule{Algorithm: SlidingWindow, Limit: 5, Period: 10 * time.Second}, epoch0.Add(25 * time.Second), epoch0.Add(20 * time.Second), epoch0.Add(30 * time.Second)},
+		{"fixed_minute", Rule{Algorithm: FixedWindow, Quota: 5, Period: time.Minute}, epoch0.Add(90 * time.Second), epoch0.Add(time.Minute), epoch0.Add(2 * time.Minute)},
+		{"fixed_at_start", Rule{Algorithm: FixedWindow, Quota: 5, Period: time.Minute}, epoch0, epoch0, epoch0.Add(time.Minute)},
+		{"fixed_before_epoch", Rule{Algorithm: FixedWindow, Quota: 5, Period: time.Second}, time.Unix(0, -5e8), time.Unix(-1, 0), time.Unix(0, 0)},
+		{"sliding", Rule{Algorithm: SlidingWindow, Quota: 5, Period: 10 * time.Second}, epoch0.Add(25 * time.Second), epoch0.Add(20 * time.Second), epoch0.Add(30 * time.Second)},
 		{"minute_kolkata", fixed(Minute, kolkata), utc(2026, 1, 1, 0, 10).Add(30 * time.Second), utc(2026, 1, 1, 0, 10), utc(2026, 1, 1, 0, 11)},
 		{"hour_kolkata", fixed(Hour, kolkata), utc(2026, 1, 1, 0, 10), utc(2025, 12, 31, 23, 30), utc(2026, 1, 1, 0, 30)},
 		{"hour_dst_spring", fixed(Hour, ny), utc(2026, 3, 8, 7, 30), utc(2026, 3, 8, 7, 0), utc(2026, 3, 8, 8, 0)},

@@ -4,7 +4,7 @@ import "time"
 
 // slidingLog keeps every admitted request of the last Period in s.Log and
 // their total cost in s.N; it admits a cost when the total of the entries
-// younger than Period plus the cost is at most Limit. Entries are pruned by
+// younger than Period plus the cost is at most Quota. Entries are pruned by
 // reslicing.
 func (r *Rule) slidingLog(s *State, now, cost int64, commit bool, d *Decision) {
 	p := int64(r.Period)
@@ -16,9 +16,9 @@ func (r *Rule) slidingLog(s *State, now, cost int64, commit bool, d *Decision) {
 		k++
 	}
 	log = log[k:]
-	if cost >= 0 && used+cost > r.Limit {
+	if cost >= 0 && used+cost > r.Quota {
 		// The earliest instant at which enough old entries have left.
-		left := used + cost - r.Limit
+		left := used + cost - r.Quota
 		for _, e := range log {
 			left -= e.Cost
 			if left <= 0 {
@@ -26,12 +26,12 @@ func (r *Rule) slidingLog(s *State, now, cost int64, commit bool, d *Decision) {
 				break
 			}
 		}
-		d.Remaining = max(0, r.Limit-used)
+		d.Remaining = max(0, r.Quota-used)
 		d.ResetAfter = time.Duration(log[len(log)-1].At + p - now)
 		return
 	}
 	d.Allowed = true
-	d.Remaining = max(0, r.Limit-max(0, used+cost))
+	d.Remaining = max(0, r.Quota-max(0, used+cost))
 	// newest is the index of the newest entry left after the decision, or
 	// -1; a positive cost adds an entry at now.
 	newest := len(log) - 1

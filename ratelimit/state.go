@@ -101,7 +101,7 @@ func (r *Rule) decide(d *Decision, s *State, now, cost int64, commit bool) {
 	if d.ResetAfter > 0 {
 		d.ResetAfter += time.Duration(lag)
 	}
-	d.Limit = c
+	d.Capacity = c
 	d.Rule = r.Name
 }
 

@@ -70,14 +70,14 @@ func (r *Rule) fixedWindow(s *State, now, cost int64, commit bool, d *Decision) 
 		count = s.N
 	}
 	d.ResetAfter = time.Duration(max(0, end-now))
-	if cost >= 0 && count+cost > r.Limit {
+	if cost >= 0 && count+cost > r.Quota {
 		d.RetryAfter = time.Duration(end - now)
-		d.Remaining = max(0, r.Limit-count)
+		d.Remaining = max(0, r.Quota-count)
 		return
 	}
 	count = max(0, count+cost)
 	d.Allowed = true
-	d.Remaining = max(0, r.Limit-count)
+	d.Remaining = max(0, r.Quota-count)
 	if count == 0 {
 		d.ResetAfter = 0
 	}
@@ -104,8 +104,8 @@ func (r *Rule) slidingWindow(s *State, now, cost int64, commit bool, d *Decision
 	weighted := ceilMulDiv(prev, p-elapsed, p)
 	used := cur + weighted
 	end := start + p
-	if cost >= 0 && used+cost > r.Limit {
-		need := r.Limit - cost // what used must fall to
+	if cost >= 0 && used+cost > r.Quota {
+		need := r.Quota - cost // what used must fall to
 		if cur <= need {
 			// Within this window, once prev's weight has faded enough.
 			e := p - mulDiv(need-cur, p, prev)
@@ -115,7 +115,7 @@ func (r *Rule) slidingWindow(s *State, now, cost int64, commit bool, d *Decision
 			e := p - mulDiv(need, p, cur)
 			d.RetryAfter = time.Duration(end - now + e)
 		}
-		d.Remaining = max(0, r.Limit-used)
+		d.Remaining = max(0, r.Quota-used)
 		d.ResetAfter = time.Duration(slidingReset(cur, prev, end-now, p))
 		return
 	}
@@ -129,7 +129,7 @@ func (r *Rule) slidingWindow(s *State, now, cost int64, commit bool, d *Decision
 		cur += cost
 	}
 	d.Allowed = true
-	d.Remaining = max(0, r.Limit-cur-ceilMulDiv(prev, p-elapsed, p))
+	d.Remaining = max(0, r.Quota-cur-ceilMulDiv(prev, p-elapsed, p))
 	d.ResetAfter = time.Duration(slidingReset(cur, prev, end-now, p))
 	if commit && cost != 0 {
 		s.T, s.N, s.Prev = start, cur, prev

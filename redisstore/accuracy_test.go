@@ -21,7 +21,7 @@ func TestReplicasAccuracy(t *testing.T) {
 	srv := redistest.Standalone(t)
 	admin := srv.Client()
 	ctx := context.Background()
-	r := &ratelimit.Rule{Name: "shared", Limit: 1000, Period: time.Second, Burst: 1000} // the burst absorbs scheduling stalls of up to 0.5 s
+	r := &ratelimit.Rule{Name: "shared", Quota: 1000, Period: time.Second, Burst: 1000} // the burst absorbs scheduling stalls of up to 0.5 s
 	const replicas, callers = 4, 4
 	stores := make([]*Store, replicas)
 	for i := range stores {

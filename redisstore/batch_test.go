@@ -42,19 +42,19 @@ func batchDiffRun(t *testing.T, addr string, seed uint64, steps int) {
 	t.Cleanup(func() { ms.Close() })
 	ms_ := time.Millisecond
 	gcra := []*ratelimit.Rule{
-		{Name: "gcra", Limit: 5, Period: 100 * ms_},
-		{Name: "gcra-burst", Limit: 3, Period: 100 * ms_, Burst: 7},
-		{Name: "gcra-uneven", Limit: 3, Period: 1000*ms_ + 1},
+		{Name: "gcra", Quota: 5, Period: 100 * ms_},
+		{Name: "gcra-burst", Quota: 3, Period: 100 * ms_, Burst: 7},
+		{Name: "gcra-uneven", Quota: 3, Period: 1000*ms_ + 1},
 	}
 	others := []*ratelimit.Rule{
-		{Name: "fixed", Algorithm: ratelimit.FixedWindow, Limit: 5, Period: 100 * ms_},
+		{Name: "fixed", Algorithm: ratelimit.FixedWindow, Quota: 5, Period: 100 * ms_},
 		// Whole seconds and a period that neither divides nor is a multiple
 		// of a second: the script's fixed-window fast path takes the first,
 		// its general path the second.
-		{Name: "fixed-s", Algorithm: ratelimit.FixedWindow, Limit: 4, Period: time.Second},
-		{Name: "fixed-odd", Algorithm: ratelimit.FixedWindow, Limit: 4, Period: 1500 * ms_},
-		{Name: "log", Algorithm: ratelimit.SlidingLog, Limit: 4, Period: 100 * ms_},
-		{Name: "leaky", Algorithm: ratelimit.LeakyBucket, Limit: 5, Period: 100 * ms_},
+		{Name: "fixed-s", Algorithm: ratelimit.FixedWindow, Quota: 4, Period: time.Second},
+		{Name: "fixed-odd", Algorithm: ratelimit.FixedWindow, Quota: 4, Period: 1500 * ms_},
+		{Name: "log", Algorithm: ratelimit.SlidingLog, Quota: 4, Period: 100 * ms_},
+		{Name: "leaky", Algorithm: ratelimit.LeakyBucket, Quota: 5, Period: 100 * ms_},
 	}
 	keys := []string{"a", "b", "c", "d"}
 	ctx := context.Background()
@@ -142,7 +142,7 @@ func TestQueuedAfterClose(t *testing.T) {
 	b := s.batch
 	s.Close()
 	b.pending.Add(1) // another request pending: do queues its own
-	r := &ratelimit.Rule{Name: "r", Limit: 5, Period: time.Second}
+	r := &ratelimit.Rule{Name: "r", Quota: 5, Period: time.Second}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for i := range 100 {

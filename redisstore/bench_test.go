@@ -16,7 +16,7 @@ import (
 // latency percentiles and the comparison with redis_rate.
 func BenchmarkDecide(b *testing.B) {
 	srv := redistest.Standalone(b)
-	r := &ratelimit.Rule{Name: "b", Limit: 1 << 30, Period: time.Second}
+	r := &ratelimit.Rule{Name: "b", Quota: 1 << 30, Period: time.Second}
 	for _, bc := range []struct {
 		name       string
 		noCoalesce bool

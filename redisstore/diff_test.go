@@ -34,29 +34,29 @@ func newTestStore(t testing.TB, addrs []string, now func() time.Time, mod func(*
 func diffRules() []*ratelimit.Rule {
 	ms := time.Millisecond
 	return []*ratelimit.Rule{
-		{Name: "gcra", Limit: 5, Period: 100 * ms},
-		{Name: "gcra-burst", Limit: 3, Period: 100 * ms, Burst: 7},
-		{Name: "gcra-uneven", Limit: 3, Period: 1000*ms + 1},
-		{Name: "gcra-fast", Limit: 10, Period: 50 * ms},
-		{Name: "gcra-zero", Limit: 0, Period: time.Second},
-		{Name: "gcra-long", Limit: 7, Period: 40 * 24 * time.Hour},
-		{Name: "fixed", Algorithm: ratelimit.FixedWindow, Limit: 5, Period: 100 * ms},
-		{Name: "fixed-odd", Algorithm: ratelimit.FixedWindow, Limit: 4, Period: 77*ms + 3},
-		{Name: "fixed-minute", Algorithm: ratelimit.FixedWindow, Limit: 6, Calendar: ratelimit.Minute},
-		{Name: "fixed-day", Algorithm: ratelimit.FixedWindow, Limit: 6, Calendar: ratelimit.Day, Location: time.FixedZone("x", 5*3600+1800)},
-		{Name: "log", Algorithm: ratelimit.SlidingLog, Limit: 5, Period: 100 * ms},
-		{Name: "log-odd", Algorithm: ratelimit.SlidingLog, Limit: 4, Period: 77*ms + 3},
-		{Name: "sliding", Algorithm: ratelimit.SlidingWindow, Limit: 5, Period: 100 * ms},
-		{Name: "sliding-odd", Algorithm: ratelimit.SlidingWindow, Limit: 7, Period: 77*ms + 3},
-		{Name: "sliding-long", Algorithm: ratelimit.SlidingWindow, Limit: 1000, Period: 30 * 24 * time.Hour},
-		{Name: "leaky", Algorithm: ratelimit.LeakyBucket, Limit: 5, Period: 100 * ms},
+		{Name: "gcra", Quota: 5, Period: 100 * ms},
+		{Name: "gcra-burst", Quota: 3, Period: 100 * ms, Burst: 7},
+		{Name: "gcra-uneven", Quota: 3, Period: 1000*ms + 1},
+		{Name: "gcra-fast", Quota: 10, Period: 50 * ms},
+		{Name: "gcra-zero", Quota: 0, Period: time.Second},
+		{Name: "gcra-long", Quota: 7, Period: 40 * 24 * time.Hour},
+		{Name: "fixed", Algorithm: ratelimit.FixedWindow, Quota: 5, Period: 100 * ms},
+		{Name: "fixed-odd", Algorithm: ratelimit.FixedWindow, Quota: 4, Period: 77*ms + 3},
+		{Name: "fixed-minute", Algorithm: ratelimit.FixedWindow, Quota: 6, Calendar: ratelimit.Minute},
+		{Name: "fixed-day", Algorithm: ratelimit.FixedWindow, Quota: 6, Calendar: ratelimit.Day, Location: time.FixedZone("x", 5*3600+1800)},
+		{Name: "log", Algorithm: ratelimit.SlidingLog, Quota: 5, Period: 100 * ms},
+		{Name: "log-odd", Algorithm: ratelimit.SlidingLog, Quota: 4, Period: 77*ms + 3},
+		{Name: "sliding", Algorithm: ratelimit.SlidingWindow, Quota: 5, Period: 100 * ms},
+		{Name: "sliding-odd", Algorithm: ratelimit.SlidingWindow, Quota: 7, Period: 77*ms + 3},
+		{Name: "sliding-long", Algorithm: ratelimit.SlidingWindow, Quota: 1000, Period: 30 * 24 * time.Hour},
+		{Name: "leaky", Algorithm: ratelimit.LeakyBucket, Quota: 5, Period: 100 * ms},
 		// Beyond the script's doubles: decided on the exact path.
-		{Name: "gcra-year", Limit: 3, Period: 365 * 24 * time.Hour},
-		{Name: "fixed-year", Algorithm: ratelimit.FixedWindow, Limit: 6, Calendar: ratelimit.Year},
-		{Name: "log-year", Algorithm: ratelimit.SlidingLog, Limit: 4, Period: 365 * 24 * time.Hour},
-		{Name: "sliding-year", Algorithm: ratelimit.SlidingWindow, Limit: 9, Period: 365 * 24 * time.Hour},
-		{Name: "leaky-year", Algorithm: ratelimit.LeakyBucket, Limit: 2, Period: 365 * 24 * time.Hour},
-		{Name: "leaky-burst", Algorithm: ratelimit.LeakyBucket, Limit: 3, Period: 100*ms + 1, Burst: 6},
+		{Name: "gcra-year", Quota: 3, Period: 365 * 24 * time.Hour},
+		{Name: "fixed-year", Algorithm: ratelimit.FixedWindow, Quota: 6, Calendar: ratelimit.Year},
+		{Name: "log-year", Algorithm: ratelimit.SlidingLog, Quota: 4, Period: 365 * 24 * time.Hour},
+		{Name: "sliding-year", Algorithm: ratelimit.SlidingWindow, Quota: 9, Period: 365 * 24 * time.Hour},
+		{Name: "leaky-year", Algorithm: ratelimit.LeakyBucket, Quota: 2, Period: 365 * 24 * time.Hour},
+		{Name: "leaky-burst", Algorithm: ratelimit.LeakyBucket, Quota: 3, Period: 100*ms + 1, Burst: 6},
 	}
 }
 
@@ -153,7 +153,7 @@ func sameDecision(a, b ratelimit.Decision) bool {
 		return d < 1e-12*float64(y) && -d < 1e-12*float64(y)
 	}
 	return close(a.ResetAfter, b.ResetAfter) && close(a.RetryAfter, b.RetryAfter) &&
-		a.Allowed == b.Allowed && a.Reason == b.Reason && a.Limit == b.Limit &&
+		a.Allowed == b.Allowed && a.Reason == b.Reason && a.Capacity == b.Capacity &&
 		a.Remaining == b.Remaining && a.Rule == b.Rule
 }
 

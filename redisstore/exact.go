@@ -16,7 +16,7 @@ import (
 
 // The exact path. decide.lua computes in doubles, exact while the durations
 // involved stay below 2^52 ns (about 52 days). A request with a rule beyond
-// that (a period of months, one unit per year, Limit 0), or whose stored
+// that (a period of months, one unit per year, Quota 0), or whose stored
 // state is that far from now, is decided here instead, with ratelimit's own
 // integer code: read the states (readLua), decide in Go, and write them back
 // only if none changed meanwhile (casLua compares each state's value, which
@@ -91,7 +91,7 @@ return 1`
 func needsExact(r *ratelimit.Rule, win int64) bool {
 	switch r.Algorithm {
 	case ratelimit.GCRA, ratelimit.LeakyBucket:
-		if r.Limit == 0 {
+		if r.Quota == 0 {
 			return true
 		}
 		iv := int64(r.Interval())

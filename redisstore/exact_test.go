@@ -18,17 +18,17 @@ func TestNeedsExact(t *testing.T) {
 		win  time.Duration
 		want bool
 	}{
-		{ratelimit.Rule{Limit: 100, Period: time.Second}, 0, false},
-		{ratelimit.Rule{Limit: 0, Period: time.Second}, 0, true},
-		{ratelimit.Rule{Limit: 1, Period: year}, 0, true},
-		{ratelimit.Rule{Limit: 1000, Period: 30 * 24 * time.Hour}, 0, false},
-		{ratelimit.Rule{Limit: 10, Period: time.Hour, Burst: 20000}, 0, true}, // capacity × interval ≥ 2^52
-		{ratelimit.Rule{Algorithm: ratelimit.FixedWindow, Limit: 5, Period: 40 * 24 * time.Hour}, 0, false},
-		{ratelimit.Rule{Algorithm: ratelimit.FixedWindow, Limit: 5, Period: year}, 0, true},
-		{ratelimit.Rule{Algorithm: ratelimit.FixedWindow, Limit: 5, Calendar: ratelimit.Month}, 31 * 24 * time.Hour, false},
-		{ratelimit.Rule{Algorithm: ratelimit.FixedWindow, Limit: 5, Calendar: ratelimit.Year}, year, true},
-		{ratelimit.Rule{Algorithm: ratelimit.SlidingWindow, Limit: 5, Period: 30 * 24 * time.Hour}, 0, true}, // two periods
-		{ratelimit.Rule{Algorithm: ratelimit.SlidingLog, Limit: 5, Period: 20 * 24 * time.Hour}, 0, false},
+		{ratelimit.Rule{Quota: 100, Period: time.Second}, 0, false},
+		{ratelimit.Rule{Quota: 0, Period: time.Second}, 0, true},
+		{ratelimit.Rule{Quota: 1, Period: year}, 0, true},
+		{ratelimit.Rule{Quota: 1000, Period: 30 * 24 * time.Hour}, 0, false},
+		{ratelimit.Rule{Quota: 10, Period: time.Hour, Burst: 20000}, 0, true}, // capacity × interval ≥ 2^52
+		{ratelimit.Rule{Algorithm: ratelimit.FixedWindow, Quota: 5, Period: 40 * 24 * time.Hour}, 0, false},
+		{ratelimit.Rule{Algorithm: ratelimit.FixedWindow, Quota: 5, Period: year}, 0, true},
+		{ratelimit.Rule{Algorithm: ratelimit.FixedWindow, Quota: 5, Calendar: ratelimit.Month}, 31 * 24 * time.Hour, false},
+		{ratelimit.Rule{Algorithm: ratelimit.FixedWindow, Quota: 5, Calendar: ratelimit.Year}, year, true},
+		{ratelimit.Rule{Algorithm: ratelimit.SlidingWindow, Quota: 5, Period: 30 * 24 * time.Hour}, 0, true}, // two periods
+		{ratelimit.Rule{Algorithm: ratelimit.SlidingLog, Quota: 5, Period: 20 * 24 * time.Hour}, 0, false},
 	} {
 		if got := needsExact(&tc.rule, int64(tc.win)); got != tc.want {
 			t.Errorf("needsExact(%+v, %v) = %v, want %v", tc.rule, tc.win, got, tc.want)
@@ -41,7 +41,7 @@ func TestNeedsExact(t *testing.T) {
 func TestExactConcurrent(t *testing.T) {
 	srv := redistest.Standalone(t)
 	s := newTestStore(t, []string{srv.Addr()}, nil, nil)
-	r := &ratelimit.Rule{Name: "yearly", Limit: 40, Period: 365 * 24 * time.Hour}
+	r := &ratelimit.Rule{Name: "yearly", Quota: 40, Period: 365 * 24 * time.Hour}
 	var admitted atomic.Int64
 	var wg sync.WaitGroup
 	for range 8 {

@@ -23,8 +23,8 @@ func Example() {
 		return
 	}
 	defer s.Close()
-	tenant := &ratelimit.Rule{Name: "tenant", Limit: 1000, Period: time.Second, Failure: ratelimit.FailOpen}
-	user := &ratelimit.Rule{Name: "user", Limit: 10, Period: time.Second, Failure: ratelimit.FailLocal}
+	tenant := &ratelimit.Rule{Name: "tenant", Quota: 1000, Period: time.Second, Failure: ratelimit.FailOpen}
+	user := &ratelimit.Rule{Name: "user", Quota: 10, Period: time.Second, Failure: ratelimit.FailLocal}
 	ds, err := s.Decide(context.Background(), nil, []ratelimit.Item{
 		{Key: "{acme}tenant", Rule: tenant, Cost: 1},
 		{Key: "{acme}user:42", Rule: user, Cost: 1},

@@ -112,8 +112,8 @@ func (f *fallback) share(r *ratelimit.Rule) *ratelimit.Rule {
 		f.rules = make(map[*ratelimit.Rule]*ratelimit.Rule)
 	}
 	l := *r
-	if l.Limit > 0 {
-		l.Limit = max(1, l.Limit/f.replicas)
+	if l.Quota > 0 {
+		l.Quota = max(1, l.Quota/f.replicas)
 	}
 	if l.Burst > 0 {
 		l.Burst = max(1, l.Burst/f.replicas)
@@ -149,7 +149,7 @@ func (f *fallback) decide(dst []ratelimit.Decision, items []ratelimit.Item) []ra
 	j := 0
 	for i := range items {
 		r := items[i].Rule
-		d := ratelimit.Decision{Limit: r.Capacity(), Rule: r.Name}
+		d := ratelimit.Decision{Capacity: r.Capacity(), Rule: r.Name}
 		switch r.Failure {
 		case ratelimit.FailClosed:
 			d.Reason, d.RetryAfter = ratelimit.ReasonFailClosed, max(f.retryAfter, 1)

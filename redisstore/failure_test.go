@@ -73,9 +73,9 @@ func TestBreaker(t *testing.T) {
 // policyRules have one rule of each failure mode, 10 per hour: a replica
 // of 2 decides locally at 5.
 func policyRules() (open, closed, local *ratelimit.Rule) {
-	open = &ratelimit.Rule{Name: "open", Limit: 10, Period: time.Hour, Failure: ratelimit.FailOpen}
-	closed = &ratelimit.Rule{Name: "closed", Limit: 10, Period: time.Hour, Failure: ratelimit.FailClosed}
-	local = &ratelimit.Rule{Name: "local", Limit: 10, Period: time.Hour, Failure: ratelimit.FailLocal}
+	open = &ratelimit.Rule{Name: "open", Quota: 10, Period: time.Hour, Failure: ratelimit.FailOpen}
+	closed = &ratelimit.Rule{Name: "closed", Quota: 10, Period: time.Hour, Failure: ratelimit.FailClosed}
+	local = &ratelimit.Rule{Name: "local", Quota: 10, Period: time.Hour, Failure: ratelimit.FailLocal}
 	return
 }
 
@@ -326,7 +326,7 @@ func TestCloseDuringCall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := &ratelimit.Rule{Name: "r", Limit: 5, Period: time.Second, Failure: ratelimit.FailOpen}
+	r := &ratelimit.Rule{Name: "r", Quota: 5, Period: time.Second, Failure: ratelimit.FailOpen}
 	type result struct {
 		ds  []ratelimit.Decision
 		err error

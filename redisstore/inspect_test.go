@@ -13,8 +13,8 @@ func TestStateAndReset(t *testing.T) {
 	srv := redistest.Standalone(t)
 	s := newTestStore(t, []string{srv.Addr()}, nil, nil)
 	ctx := context.Background()
-	gcra := &ratelimit.Rule{Name: "g", Limit: 5, Period: time.Minute}
-	log := &ratelimit.Rule{Name: "l", Algorithm: ratelimit.SlidingLog, Limit: 5, Period: time.Minute}
+	gcra := &ratelimit.Rule{Name: "g", Quota: 5, Period: time.Minute}
+	log := &ratelimit.Rule{Name: "l", Algorithm: ratelimit.SlidingLog, Quota: 5, Period: time.Minute}
 	for _, it := range []ratelimit.Item{{Key: "{t}g", Rule: gcra, Cost: 5}, {Key: "{t}l", Rule: log, Cost: 2}, {Key: "{t}l", Rule: log, Cost: 1}} {
 		if ds, err := s.Decide(ctx, nil, []ratelimit.Item{it}); err != nil || !ds[0].Allowed {
 			t.Fatalf("%s: %v %+v", it.Key, err, ds)

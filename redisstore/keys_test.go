@@ -76,8 +76,8 @@ func TestHashTag(t *testing.T) {
 func TestHostileKeys(t *testing.T) {
 	cl := redistest.Cluster(t)
 	ctx := context.Background()
-	r := &ratelimit.Rule{Name: "r", Limit: 2, Period: time.Hour}
-	log := &ratelimit.Rule{Name: "log", Algorithm: ratelimit.SlidingLog, Limit: 2, Period: time.Hour}
+	r := &ratelimit.Rule{Name: "r", Quota: 2, Period: time.Hour}
+	log := &ratelimit.Rule{Name: "log", Algorithm: ratelimit.SlidingLog, Quota: 2, Period: time.Hour}
 	// Each test tenant's keys are "tenant\x00rest"; the tag is the tenant.
 	tenantOf := func(k string) string { t, _, _ := strings.Cut(k, "\x00"); return t }
 	s := newTestStore(t, cl.Addrs(), nil, func(o *Options) { o.HashTag = tenantOf })
@@ -115,7 +115,7 @@ func TestHostileKeys(t *testing.T) {
 	}
 	// Keys of two tags on a Cluster: decided tag by tag, still all or
 	// nothing in outcome.
-	two := &ratelimit.Rule{Name: "two", Algorithm: ratelimit.FixedWindow, Limit: 2, Period: time.Hour}
+	two := &ratelimit.Rule{Name: "two", Algorithm: ratelimit.FixedWindow, Quota: 2, Period: time.Hour}
 	cross := func(ca, cb int64) []ratelimit.Decision {
 		t.Helper()
 		ds, err := def.Decide(ctx, nil, []ratelimit.Item{{Key: "cross-a", Rule: two, Cost: ca}, {Key: "cross-b", Rule: two, Cost: cb}})

@@ -32,7 +32,7 @@ func TestSentinelFailover(t *testing.T) {
 		o.MasterName = redistest.SentinelMaster
 		o.BreakerCooldown = 100 * time.Millisecond
 	})
-	r := &ratelimit.Rule{Name: "r", Limit: 10, Period: time.Hour, Failure: ratelimit.FailClosed}
+	r := &ratelimit.Rule{Name: "r", Quota: 10, Period: time.Hour, Failure: ratelimit.FailClosed}
 	ctx := context.Background()
 	decide := func() ratelimit.Decision {
 		t.Helper()
@@ -83,7 +83,7 @@ func TestSentinelAuth(t *testing.T) {
 		t.Skip("starts a master, a replica and a Sentinel")
 	}
 	ss := redistest.SentinelAuth(t, "sentinel-s3cret")
-	r := &ratelimit.Rule{Name: "r", Limit: 10, Period: time.Hour, Failure: ratelimit.FailClosed}
+	r := &ratelimit.Rule{Name: "r", Quota: 10, Period: time.Hour, Failure: ratelimit.FailClosed}
 	items := []ratelimit.Item{{Key: "k", Rule: r, Cost: 1}}
 	for _, c := range []struct {
 		password string

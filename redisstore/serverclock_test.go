@@ -20,13 +20,13 @@ func TestServerClock(t *testing.T) {
 	ctx := context.Background()
 	s := newTestStore(t, []string{srv.Addr()}, nil, nil)
 	rules := []*ratelimit.Rule{
-		{Name: "gcra", Limit: 5, Period: time.Minute},
-		{Name: "fixed", Algorithm: ratelimit.FixedWindow, Limit: 5, Period: time.Minute},
-		{Name: "log", Algorithm: ratelimit.SlidingLog, Limit: 5, Period: time.Minute},
-		{Name: "sliding", Algorithm: ratelimit.SlidingWindow, Limit: 5, Period: time.Minute},
-		{Name: "leaky", Algorithm: ratelimit.LeakyBucket, Limit: 5, Period: time.Minute},
-		{Name: "calendar", Algorithm: ratelimit.FixedWindow, Limit: 5, Calendar: ratelimit.Hour, Location: time.FixedZone("+0530", 5*3600+1800)},
-		{Name: "yearly", Limit: 5, Period: 365 * 24 * time.Hour},
+		{Name: "gcra", Quota: 5, Period: time.Minute},
+		{Name: "fixed", Algorithm: ratelimit.FixedWindow, Quota: 5, Period: time.Minute},
+		{Name: "log", Algorithm: ratelimit.SlidingLog, Quota: 5, Period: time.Minute},
+		{Name: "sliding", Algorithm: ratelimit.SlidingWindow, Quota: 5, Period: time.Minute},
+		{Name: "leaky", Algorithm: ratelimit.LeakyBucket, Quota: 5, Period: time.Minute},
+		{Name: "calendar", Algorithm: ratelimit.FixedWindow, Quota: 5, Calendar: ratelimit.Hour, Location: time.FixedZone("+0530", 5*3600+1800)},
+		{Name: "yearly", Quota: 5, Period: 365 * 24 * time.Hour},
 	}
 	for _, r := range rules {
 		t.Run(r.Name, func(t *testing.T) {

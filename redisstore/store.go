@@ -30,7 +30,7 @@
 // nanoseconds) pairs and computes relative to now, so its decisions are
 // exact to the nanosecond, as in Go, while the durations involved (periods,
 // capacity × interval, debts) stay below 2^52 ns, about 52 days. A request
-// with a rule beyond that (one unit a year, a yearly calendar window, Limit
+// with a rule beyond that (one unit a year, a yearly calendar window, Quota
 // 0), or a key whose stored state is that far from now, is decided on the
 // exact path instead (exact.go): Go reads the states, decides with
 // ratelimit's own integer code and writes them back with a compare-and-set
@@ -75,7 +75,7 @@
 // themselves. While Redis cannot decide, each item is decided by its rule's
 // Failure mode: FailOpen admits (ReasonFailOpen), FailClosed denies
 // (ReasonFailClosed) and FailLocal decides in process, at this replica's
-// share of the limit, Limit/Options.Replicas (ReasonLocal). Stats counts them.
+// share of the limit, Quota/Options.Replicas (ReasonLocal). Stats counts them.
 //
 // A Store is safe for concurrent use. Its zero value is not usable: call New.
 package redisstore
@@ -167,7 +167,7 @@ type Options struct {
 	Pipelines int
 
 	// Replicas is the number of replicas sharing the limits; a FailLocal
-	// rule decides in process at Limit/Replicas. Default 1.
+	// rule decides in process at Quota/Replicas. Default 1.
 	Replicas int
 	// BreakerThreshold is the number of consecutive failed calls that opens
 	// the circuit breaker; default DefaultBreakerThreshold.
@@ -587,14 +587,14 @@ func (s *Store) ruleArgs(r *ratelimit.Rule) *ruleArgs {
 	c := r.Capacity()
 	iv := int64(r.Interval())
 	capT := int64(0)
-	if r.Limit > 0 {
+	if r.Quota > 0 {
 		capT = c * iv
 	}
 	ra := &ruleArgs{
 		capacity:  c,
 		exact:     r.Calendar == ratelimit.NoCalendar && needsExact(r, 0),
 		alg:       strconv.Itoa(int(r.Algorithm)),
-		limit:     strconv.FormatInt(r.Limit, 10),
+		limit:     strconv.FormatInt(r.Quota, 10),
 		capacity_: strconv.FormatInt(c, 10),
 		iv:        strconv.FormatInt(iv, 10),
 		capT:      strconv.FormatInt(capT, 10),
@@ -731,7 +731,7 @@ func parse(dst []ratelimit.Decision, items []ratelimit.Item, res []any) ([]ratel
 		r := items[i].Rule
 		d := ratelimit.Decision{
 			Allowed:    f[0] == 1,
-			Limit:      r.Capacity(),
+			Capacity:   r.Capacity(),
 			Remaining:  f[2],
 			ResetAfter: dur(f[3]),
 			RetryAfter: dur(f[4]),

@@ -134,7 +134,7 @@ func randomStep(rng *rand.Rand, r *ratelimit.Rule) (time.Duration, int64) {
 	switch n := rng.IntN(10); {
 	case n < 2:
 	case n < 6:
-		dt = rng.Int64N(p/r.Limit + 1)
+		dt = rng.Int64N(p/r.Quota + 1)
 	case n < 9:
 		dt = rng.Int64N(p / 2)
 	default:
@@ -243,7 +243,7 @@ func checkDecision(t *testing.T, r *ratelimit.Rule, cost int64, d ratelimit.Deci
 		t.Fatalf("cost %d: %s: %+v", cost, what, d)
 	}
 	switch {
-	case d.Limit != c || d.Rule != r.Name:
+	case d.Capacity != c || d.Rule != r.Name:
 		fail("wrong Limit or Rule")
 	case d.Remaining < 0 || d.Remaining > c:
 		fail("Remaining out of [0, capacity]")
@@ -264,15 +264,15 @@ func checkDecision(t *testing.T, r *ratelimit.Rule, cost int64, d ratelimit.Deci
 // what the rule's algorithm promises:
 //
 //   - GCRA and LeakyBucket: from any admission to any later one, at most
-//     Capacity + ⌊elapsed / interval⌋, where interval is Period/Limit
+//     Capacity + ⌊elapsed / interval⌋, where interval is Period/Quota
 //     rounded up to a nanosecond;
-//   - FixedWindow: at most Limit in each window (aligned to the Unix
-//     epoch), hence at most 2×Limit in any span of Period;
-//   - SlidingLog: at most Limit in any span of Period;
-//   - SlidingWindow: at most Limit in each epoch-aligned window, and in the
+//   - FixedWindow: at most Quota in each window (aligned to the Unix
+//     epoch), hence at most 2×Quota in any span of Period;
+//   - SlidingLog: at most Quota in any span of Period;
+//   - SlidingWindow: at most Quota in each epoch-aligned window, and in the
 //     span of Period that ends at an instant t, elapsed e into its window,
-//     at most Limit + ⌊prev × e / Period⌋, prev being the cost admitted in
-//     the previous window (so always less than 2×Limit). The estimate
+//     at most Quota + ⌊prev × e / Period⌋, prev being the cost admitted in
+//     the previous window (so always less than 2×Quota). The estimate
 //     counts prev × (Period−e)/Period of the previous window, rounded up,
 //     while up to all of prev may lie in the span.
 func checkBounds(t *testing.T, r *ratelimit.Rule, adm []admission) {
@@ -287,7 +287,7 @@ func checkBounds(t *testing.T, r *ratelimit.Rule, adm []admission) {
 		k := tj / p
 		switch r.Algorithm {
 		case ratelimit.GCRA, ratelimit.LeakyBucket:
-			iv := (p + r.Limit - 1) / r.Limit
+			iv := (p + r.Quota - 1) / r.Quota
 			var sum int64
 			for i := j; i >= 0; i-- {
 				sum += adm[i].cost
@@ -299,20 +299,20 @@ func checkBounds(t *testing.T, r *ratelimit.Rule, adm []admission) {
 			}
 			continue
 		case ratelimit.FixedWindow, ratelimit.SlidingWindow:
-			if s := windowSums[k]; s > r.Limit {
-				t.Fatalf("%d admitted in the window of %v: more than %d", s, last.at.Sub(start), r.Limit)
+			if s := windowSums[k]; s > r.Quota {
+				t.Fatalf("%d admitted in the window of %v: more than %d", s, last.at.Sub(start), r.Quota)
 			}
 		}
 		var span int64 // admitted in (tj-p, tj]
 		for i := j; i >= 0 && adm[i].at.UnixNano() > tj-p; i-- {
 			span += adm[i].cost
 		}
-		bound := r.Limit
+		bound := r.Quota
 		switch r.Algorithm {
 		case ratelimit.FixedWindow:
-			bound = 2 * r.Limit
+			bound = 2 * r.Quota
 		case ratelimit.SlidingWindow:
-			bound = r.Limit + windowSums[k-1]*(tj-k*p)/p
+			bound = r.Quota + windowSums[k-1]*(tj-k*p)/p
 		}
 		if span > bound {
 			t.Fatalf("%d admitted in the %v up to %v: more than %d", span, r.Period, last.at.Sub(start), bound)

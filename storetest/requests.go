@@ -12,7 +12,7 @@ import (
 // ruleOf returns a rule of algorithm alg admitting limit per period; its
 // capacity is limit.
 func ruleOf(alg ratelimit.Algorithm, limit int64, period time.Duration) *ratelimit.Rule {
-	return &ratelimit.Rule{Name: alg.String(), Algorithm: alg, Limit: limit, Period: period}
+	return &ratelimit.Rule{Name: alg.String(), Algorithm: alg, Quota: limit, Period: period}
 }
 
 // forEachAlgorithm runs f in one subtest per algorithm.
@@ -146,7 +146,7 @@ func testCostZero(t *testing.T, newStore NewStore) {
 		e := newEnv(t, newStore)
 		k := e.key("k")
 		r := ruleOf(alg, 5, time.Hour)
-		want := ratelimit.Decision{Allowed: true, Limit: 5, Remaining: 5, Rule: r.Name}
+		want := ratelimit.Decision{Allowed: true, Capacity: 5, Remaining: 5, Rule: r.Name}
 		if d := e.one(k, r, 0); d != want {
 			t.Fatalf("cost 0 on a new key: got %+v, want %+v", d, want)
 		}
@@ -170,9 +170,9 @@ func testExceedsCapacity(t *testing.T, newStore NewStore) {
 		e := newEnv(t, newStore)
 		k := e.key("k")
 		r := ruleOf(alg, 5, time.Hour)
-		for _, cost := range []int64{6, ratelimit.MaxLimit + 1, math.MaxInt64} {
+		for _, cost := range []int64{6, ratelimit.MaxQuota + 1, math.MaxInt64} {
 			d := e.one(k, r, cost)
-			want := ratelimit.Decision{Reason: ratelimit.ReasonExceedsCapacity, Limit: 5, Remaining: 5, RetryAfter: ratelimit.Never, Rule: r.Name}
+			want := ratelimit.Decision{Reason: ratelimit.ReasonExceedsCapacity, Capacity: 5, Remaining: 5, RetryAfter: ratelimit.Never, Rule: r.Name}
 			if d != want {
 				t.Fatalf("cost %d: got %+v, want %+v", cost, d, want)
 			}
@@ -233,10 +233,10 @@ func testInvalidRule(t *testing.T, newStore NewStore) {
 	good := ruleOf(ratelimit.GCRA, 3, time.Hour)
 	bad := []*ratelimit.Rule{
 		nil,
-		{Name: "negative_limit", Limit: -1, Period: time.Second},
-		{Name: "negative_burst", Limit: 1, Period: time.Second, Burst: -1},
-		{Name: "no_period", Limit: 1},
-		{Name: "negative_period", Algorithm: ratelimit.SlidingWindow, Limit: 1, Period: -time.Second},
+		{Name: "negative_limit", Quota: -1, Period: time.Second},
+		{Name: "negative_burst", Quota: 1, Period: time.Second, Burst: -1},
+		{Name: "no_period", Quota: 1},
+		{Name: "negative_period", Algorithm: ratelimit.SlidingWindow, Quota: 1, Period: -time.Second},
 	}
 	k := e.key("k")
 	for _, r := range bad {

@@ -15,7 +15,7 @@ import (
 
 // A step decides cost at start+at (or at the absolute instant abs, when
 // set) and expects want. Rule, when set, replaces the table's rule from
-// this step on. Limit and Rule of want are filled in from the rule.
+// this step on. Capacity and Rule of want are filled in from the rule.
 type step struct {
 	at   time.Duration
 	abs  time.Time
@@ -51,7 +51,7 @@ func runSteps(t *testing.T, newStore NewStore, r *ratelimit.Rule, steps []step) 
 		}
 		e.clock.Set(now)
 		want := st.want
-		want.Limit, want.Rule = r.Capacity(), r.Name
+		want.Capacity, want.Rule = r.Capacity(), r.Name
 		if got := e.one(key, r, st.cost); got != want {
 			t.Fatalf("step %d (rule %s, at %v, cost %d):\n got %+v\nwant %+v", i, r.Name, now.Sub(start), st.cost, got, want)
 		}
@@ -151,11 +151,11 @@ func testSteps(t *testing.T, newStore NewStore) {
 		rule  ratelimit.Rule
 		steps []step
 	}{
-		{"gcra", ratelimit.Rule{Name: "g", Limit: 10, Period: sec, Burst: 5}, gcraSteps()},
-		{"leaky_bucket", ratelimit.Rule{Name: "l", Algorithm: ratelimit.LeakyBucket, Limit: 10, Period: sec, Burst: 5}, gcraSteps()},
-		{"fixed_window", ratelimit.Rule{Name: "f", Algorithm: ratelimit.FixedWindow, Limit: 3, Period: sec}, fixedWindowSteps()},
-		{"sliding_log", ratelimit.Rule{Name: "s", Algorithm: ratelimit.SlidingLog, Limit: 3, Period: sec}, slidingLogSteps()},
-		{"sliding_window", ratelimit.Rule{Name: "w", Algorithm: ratelimit.SlidingWindow, Limit: 10, Period: sec}, slidingWindowSteps()},
+		{"gcra", ratelimit.Rule{Name: "g", Quota: 10, Period: sec, Burst: 5}, gcraSteps()},
+		{"leaky_bucket", ratelimit.Rule{Name: "l", Algorithm: ratelimit.LeakyBucket, Quota: 10, Period: sec, Burst: 5}, gcraSteps()},
+		{"fixed_window", ratelimit.Rule{Name: "f", Algorithm: ratelimit.FixedWindow, Quota: 3, Period: sec}, fixedWindowSteps()},
+		{"sliding_log", ratelimit.Rule{Name: "s", Algorithm: ratelimit.SlidingLog, Quota: 3, Period: sec}, slidingLogSteps()},
+		{"sliding_window", ratelimit.Rule{Name: "w", Algorithm: ratelimit.SlidingWindow, Quota: 10, Period: sec}, slidingWindowSteps()},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -232,7 +232,7 @@ func testCalendar(t *testing.T, newStore NewStore) {
 	utc := func(y int, m time.Month, d, h, min int) time.Time { return at(time.UTC, y, m, d, h, min) }
 	h := time.Hour
 	cal := func(name string, c ratelimit.Calendar, loc *time.Location, limit int64) ratelimit.Rule {
-		return ratelimit.Rule{Name: name, Algorithm: ratelimit.FixedWindow, Calendar: c, Location: loc, Limit: limit}
+		return ratelimit.Rule{Name: name, Algorithm: ratelimit.FixedWindow, Calendar: c, Location: loc, Quota: limit}
 	}
 	tests := []struct {
 		name  string
@@ -294,7 +294,7 @@ func testEdgeRules(t *testing.T, newStore NewStore) {
 	year := 365 * 24 * time.Hour
 	for _, alg := range algorithms {
 		t.Run("limit0_"+alg.String(), func(t *testing.T) {
-			r := ratelimit.Rule{Name: "z", Algorithm: alg, Limit: 0, Period: time.Second}
+			r := ratelimit.Rule{Name: "z", Algorithm: alg, Quota: 0, Period: time.Second}
 			runSteps(t, newStore, &r, []step{
 				{at: 0, cost: 0, want: ok(0, 0)},
 				{at: 0, cost: 1, want: never(0, 0)},
@@ -305,7 +305,7 @@ func testEdgeRules(t *testing.T, newStore NewStore) {
 	}
 	for _, alg := range []ratelimit.Algorithm{ratelimit.GCRA, ratelimit.LeakyBucket} {
 		t.Run("one_per_year_"+alg.String(), func(t *testing.T) {
-			r := ratelimit.Rule{Name: "y", Algorithm: alg, Limit: 1, Period: year}
+			r := ratelimit.Rule{Name: "y", Algorithm: alg, Quota: 1, Period: year}
 			runSteps(t, newStore, &r, []step{
 				{at: 0, cost: 1, want: ok(0, year)},
 				{at: 0, cost: 1, want: limited(0, year, year)},
@@ -317,20 +317,20 @@ func testEdgeRules(t *testing.T, newStore NewStore) {
 		})
 		t.Run("max_limit_"+alg.String(), func(t *testing.T) {
 			// 2^40 per second: one unit per nanosecond, rounded up.
-			r := ratelimit.Rule{Name: "m", Algorithm: alg, Limit: ratelimit.MaxLimit, Period: time.Second, Burst: ratelimit.MaxLimit}
+			r := ratelimit.Rule{Name: "m", Algorithm: alg, Quota: ratelimit.MaxQuota, Period: time.Second, Burst: ratelimit.MaxQuota}
 			runSteps(t, newStore, &r, []step{
-				{at: 0, cost: ratelimit.MaxLimit, want: ok(0, ratelimit.MaxLimit)},
-				{at: 0, cost: 1, want: limited(0, ratelimit.MaxLimit, 1)},
-				{at: ratelimit.MaxLimit, cost: ratelimit.MaxLimit + 1, want: never(ratelimit.MaxLimit, 0)},
-				{at: ratelimit.MaxLimit, cost: ratelimit.MaxLimit, want: ok(0, ratelimit.MaxLimit)},
+				{at: 0, cost: ratelimit.MaxQuota, want: ok(0, ratelimit.MaxQuota)},
+				{at: 0, cost: 1, want: limited(0, ratelimit.MaxQuota, 1)},
+				{at: ratelimit.MaxQuota, cost: ratelimit.MaxQuota + 1, want: never(ratelimit.MaxQuota, 0)},
+				{at: ratelimit.MaxQuota, cost: ratelimit.MaxQuota, want: ok(0, ratelimit.MaxQuota)},
 			})
 		})
 	}
 	t.Run("max_period_sliding_window", func(t *testing.T) {
-		r := ratelimit.Rule{Name: "p", Algorithm: ratelimit.SlidingWindow, Limit: ratelimit.MaxLimit, Period: ratelimit.MaxPeriod}
+		r := ratelimit.Rule{Name: "p", Algorithm: ratelimit.SlidingWindow, Quota: ratelimit.MaxQuota, Period: ratelimit.MaxPeriod}
 		e := newEnv(t, newStore)
 		key := e.key("k")
-		if d := e.one(key, &r, ratelimit.MaxLimit); !d.Allowed || d.Remaining != 0 {
+		if d := e.one(key, &r, ratelimit.MaxQuota); !d.Allowed || d.Remaining != 0 {
 			t.Fatalf("cost MaxLimit: %+v", d)
 		}
 		if d := e.one(key, &r, 1); d.Allowed || d.Reason != ratelimit.ReasonLimited || d.RetryAfter <= 0 || d.RetryAfter == ratelimit.Never {

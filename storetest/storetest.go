@@ -9,7 +9,7 @@
 // tables probe instants 1ns before RetryAfter has passed. It checks:
 //
 //   - step tables with fixed instants for every algorithm: exact Allowed,
-//     Reason, Limit, Remaining, ResetAfter and RetryAfter at each step;
+//     Reason, Capacity, Remaining, ResetAfter and RetryAfter at each step;
 //   - limit changes mid-window and calendar windows across a month boundary,
 //     DST changes and half-hour zones;
 //   - requests of several items, decided all or nothing, including one key

@@ -139,7 +139,7 @@ func run(addr string, dur time.Duration, nkeys int, concList, only string, pipel
 	for i := range keys {
 		keys[i] = "user:" + strconv.Itoa(i)
 	}
-	rule := &ratelimit.Rule{Name: "bench", Limit: limit, Period: time.Second}
+	rule := &ratelimit.Rule{Name: "bench", Quota: limit, Period: time.Second}
 
 	type impl struct {
 		name string

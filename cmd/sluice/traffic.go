@@ -158,7 +158,7 @@ func simulate(l *load, arr []int64) []result {
 	}
 	var out []result
 	for _, alg := range algorithms {
-		rule := ratelimit.Rule{Name: alg.String(), Algorithm: alg, Limit: l.Limit, Period: l.Period}
+		rule := ratelimit.Rule{Name: alg.String(), Algorithm: alg, Quota: l.Limit, Period: l.Period}
 		res := result{Algorithm: alg.String()}
 		if err := rule.Validate(); err != nil {
 			res.Error = err.Error()

@@ -214,7 +214,7 @@ func viewRule(sp *rules.Spec) ruleView {
 		v.Unit = sp.Unit.String()
 	}
 	if r := sp.Rule; r != nil {
-		v.Algorithm, v.Limit, v.Burst = r.Algorithm.String(), r.Limit, r.Burst
+		v.Algorithm, v.Limit, v.Burst = r.Algorithm.String(), r.Quota, r.Burst
 		v.FailureMode = r.Failure.String()
 		if r.Period > 0 {
 			v.Period = r.Period.String()
@@ -390,7 +390,7 @@ func (a *Admin) inspectKey(w http.ResponseWriter, r *http.Request) {
 			if a.opts.Overrides != nil {
 				if or, exp, ok := a.opts.Overrides.Lookup(rule); ok {
 					rule = or
-					v.Override = &overrideView{Domain: kr.Domain, Rule: mk.spec.Name, Limit: or.Limit, Burst: or.Burst, ExpiresInMS: exp.Sub(now).Milliseconds()}
+					v.Override = &overrideView{Domain: kr.Domain, Rule: mk.spec.Name, Limit: or.Quota, Burst: or.Burst, ExpiresInMS: exp.Sub(now).Milliseconds()}
 				}
 			}
 			// A cost-0 check decides nothing and stores nothing: it reads
@@ -400,7 +400,7 @@ func (a *Admin) inspectKey(w http.ResponseWriter, r *http.Request) {
 				decisionError(w, r, err)
 				return
 			}
-			v.Limit, v.Remaining, v.ResetAfterMS = ds[0].Limit, ds[0].Remaining, ceilMillis(ds[0].ResetAfter)
+			v.Limit, v.Remaining, v.ResetAfterMS = ds[0].Capacity, ds[0].Remaining, ceilMillis(ds[0].ResetAfter)
 		}
 		if a.opts.Keys != nil {
 			st, found, err := a.opts.Keys.State(r.Context(), mk.key)

@@ -128,8 +128,8 @@ func (c *checkCall) convert() error {
 		if d.Cost != nil {
 			dc = *d.Cost
 		}
-		if dc < -ratelimit.MaxLimit || dc > ratelimit.MaxLimit {
-			return fmt.Errorf("descriptors[%d].cost: %d is beyond ±%d (ratelimit.MaxLimit)", i, dc, int64(ratelimit.MaxLimit))
+		if dc < -ratelimit.MaxQuota || dc > ratelimit.MaxQuota {
+			return fmt.Errorf("descriptors[%d].cost: %d is beyond ±%d (ratelimit.MaxQuota)", i, dc, int64(ratelimit.MaxQuota))
 		}
 		sd := service.Descriptor{Entries: c.entries[start:len(c.entries):len(c.entries)], HasHits: true}
 		if dc < 0 {
@@ -218,7 +218,7 @@ func (a *API) appendCheckResponse(b []byte, resp *service.Response) []byte {
 			b = append(b, `,"matched":true,"rule":`...)
 			b = appendJSONString(b, d.Rule)
 			b = append(b, `,"limit":`...)
-			b = strconv.AppendInt(b, d.Limit, 10)
+			b = strconv.AppendInt(b, d.Capacity, 10)
 			b = append(b, `,"remaining":`...)
 			b = strconv.AppendInt(b, max(d.Remaining, 0), 10)
 			b = append(b, `,"reset_after_ms":`...)

@@ -128,8 +128,8 @@ func TestRedisOverridesReachEveryReplica(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		if r, _, ok := ovB.Lookup(rule); ok {
-			if r.Limit != 42 {
-				t.Fatalf("replica B applies limit %d, want 42", r.Limit)
+			if r.Quota != 42 {
+				t.Fatalf("replica B applies limit %d, want 42", r.Quota)
 			}
 			break
 		}

@@ -183,7 +183,7 @@ func (s *Server) currentLimit(r *ratelimit.Rule, u rules.Unit) *rlsv3.RateLimitR
 	}
 	m := &rlsv3.RateLimitResponse_RateLimit{
 		Name:            r.Name,
-		RequestsPerUnit: clampU32(r.Limit),
+		RequestsPerUnit: clampU32(r.Quota),
 		Unit:            rlsv3.RateLimitResponse_RateLimit_Unit(u),
 	}
 	if s.nlimits.Add(1) > maxLimits {

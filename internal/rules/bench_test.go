@@ -34,7 +34,7 @@ func BenchmarkMatch(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
-				dst := make([]Limit, 0, 8)
+				dst := make([]Match, 0, 8)
 				buf := make([]byte, 0, 256)
 				for pb.Next() {
 					dst = s.Match(c.domain, c.entries, dst[:0])
@@ -59,7 +59,7 @@ func BenchmarkRequest(b *testing.B) {
 	}
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
-		dst := make([]Limit, 0, 16)
+		dst := make([]Match, 0, 16)
 		buf := make([]byte, 0, 1024)
 		for pb.Next() {
 			if err := CheckRequest("demo", req); err != nil {

@@ -199,7 +199,7 @@ func (b *builder) specs(n *node, rd *rawDesc, path []ancestor) {
 			}
 			s.Rule = &ratelimit.Rule{
 				Algorithm: alg,
-				Limit:     l.rpu,
+				Quota:     l.rpu,
 				Period:    period,
 				Burst:     l.burst,
 				Calendar:  cal,

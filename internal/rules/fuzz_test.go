@@ -37,7 +37,7 @@ func FuzzParse(f *testing.F) {
 			}
 			return
 		}
-		var dst []Limit
+		var dst []Match
 		buf := make([]byte, 0, 64)
 		for _, s := range d.Specs() {
 			if s.Rule != nil {

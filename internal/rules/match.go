@@ -95,7 +95,7 @@ func CheckDescriptor(i int, entries []Entry) error {
 // unknown domain, like a descriptor that matches no rule, appends nothing;
 // use Set.Domain to tell them apart. Match does not allocate when dst has
 // room.
-func (s *Set) Match(domain string, entries []Entry, dst []Limit) []Limit {
+func (s *Set) Match(domain string, entries []Entry, dst []Match) []Match {
 	d, ok := s.Domain(domain)
 	if !ok {
 		return dst
@@ -114,13 +114,13 @@ func (s *Set) Match(domain string, entries []Entry, dst []Limit) []Limit {
 // tried for the next entry. The limits are those of the descriptor matched
 // by the last entry; a descriptor with N entries never gets the limits of a
 // shallower or deeper rule.
-func (d *Domain) Match(i int, entries []Entry, dst []Limit) []Limit {
+func (d *Domain) Match(i int, entries []Entry, dst []Match) []Match {
 	n := d.find(entries)
 	if n == nil {
 		return dst
 	}
 	for _, s := range n.specs {
-		dst = append(dst, Limit{Spec: s, Descriptor: i})
+		dst = append(dst, Match{Spec: s, Descriptor: i})
 	}
 	return dst
 }
@@ -168,7 +168,7 @@ func (lv level) find(key, value string) *node {
 // `replaces` of envoyproxy/ratelimit), and returns the shortened slice.
 // A replaced limit's own replaces still apply. It does not allocate for up
 // to MaxDescriptors×MaxLimitsPerDescriptor limits.
-func ApplyReplaces(limits []Limit) []Limit {
+func ApplyReplaces(limits []Match) []Match {
 	any := false
 	for i := range limits {
 		if len(limits[i].Replaces) > 0 {

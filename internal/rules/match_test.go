@@ -93,7 +93,7 @@ func e(kv ...string) []Entry {
 	return out
 }
 
-func names(ls []Limit) string {
+func names(ls []Match) string {
 	var n []string
 	for _, l := range ls {
 		n = append(n, l.Name)
@@ -201,7 +201,7 @@ func TestApplyReplaces(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			var ls []Limit
+			var ls []Match
 			for i, entries := range tt.req {
 				ls = d.Match(i, entries, ls)
 			}
@@ -265,7 +265,7 @@ func TestCheckRequest(t *testing.T) {
 
 func TestMatchAllocs(t *testing.T) {
 	s := mustSet(t, mustParse(t, "m.yaml", matchRules))
-	dst := make([]Limit, 0, 8)
+	dst := make([]Match, 0, 8)
 	entries := e("tenant", "acme", "user", "alice")
 	buf := make([]byte, 0, 256)
 	if n := testing.AllocsPerRun(100, func() {
@@ -315,7 +315,7 @@ func TestExampleRules(t *testing.T) {
 		t.Error("healthcheck is not unlimited")
 	}
 	ls := s.Match("demo", e("user", "alice"), nil)
-	if r := ls[0].Rule; r.Algorithm.String() != "gcra" || r.Burst != 50 || r.Limit != 10 {
+	if r := ls[0].Rule; r.Algorithm.String() != "gcra" || r.Burst != 50 || r.Quota != 10 {
 		t.Errorf("user_rate = %+v", r)
 	}
 	if r := ls[1].Rule; r.Algorithm.String() != "fixed_window" || r.Calendar.String() != "day" || r.Location.String() != "Europe/Paris" || r.Failure.String() != "local" {

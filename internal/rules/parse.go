@@ -710,7 +710,7 @@ func unitOf(d time.Duration) Unit {
 	return UnitUnknown
 }
 
-// quantity reads an integer of at least lo and at most ratelimit.MaxLimit
+// quantity reads an integer of at least lo and at most ratelimit.MaxQuota
 // for key name, reporting "<name> <v> <below>" under lo. It returns the
 // value, whether it was an integer, and whether it is within the bounds.
 func (p *parser) quantity(v *yaml.Node, kp, name string, lo int64, below string) (int64, bool, bool) {
@@ -721,8 +721,8 @@ func (p *parser) quantity(v *yaml.Node, kp, name string, lo int64, below string)
 	case n < lo:
 		p.errorf(v, kp, "%s %d %s", name, n, below)
 		return n, true, false
-	case n > ratelimit.MaxLimit:
-		p.errorf(v, kp, "%s %d exceeds %d", name, n, int64(ratelimit.MaxLimit))
+	case n > ratelimit.MaxQuota:
+		p.errorf(v, kp, "%s %d exceeds %d", name, n, int64(ratelimit.MaxQuota))
 		return n, true, false
 	}
 	return n, true, true

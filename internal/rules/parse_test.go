@@ -25,7 +25,7 @@ func describeDomain(d *Domain) string {
 			sb.WriteString(" unlimited")
 		} else {
 			r := s.Rule
-			fmt.Fprintf(&sb, " %s limit=%d", r.Algorithm, r.Limit)
+			fmt.Fprintf(&sb, " %s limit=%d", r.Algorithm, r.Quota)
 			if r.Period != 0 {
 				fmt.Fprintf(&sb, " period=%v", r.Period)
 			}

@@ -141,8 +141,8 @@ type Spec struct {
 // Depth is the number of entries a request descriptor has when it matches s.
 func (s *Spec) Depth() int { return len(s.levels) }
 
-// A Limit is one Spec matched by a request descriptor.
-type Limit struct {
+// A Match is one Spec matched by a request descriptor.
+type Match struct {
 	*Spec
 	// Descriptor is the index of the request descriptor that matched.
 	Descriptor int

@@ -79,7 +79,7 @@ func (h *watchHarness) loadWith(t *testing.T, d string, n int64) *Set {
 	for {
 		select {
 		case s := <-h.loads:
-			if dom, ok := s.Domain(d); ok && dom.Specs()[0].Rule.Limit == n {
+			if dom, ok := s.Domain(d); ok && dom.Specs()[0].Rule.Quota == n {
 				return s
 			}
 		case <-h.errs:
@@ -96,7 +96,7 @@ func limitOf(t *testing.T, s *Set, domain string) int64 {
 	if !ok {
 		t.Fatalf("domain %q not loaded; have %v", domain, s.Domains())
 	}
-	return d.Specs()[0].Rule.Limit
+	return d.Specs()[0].Rule.Quota
 }
 
 func TestWatcherReloadsOnWrite(t *testing.T) {

@@ -79,7 +79,7 @@ func (o *RuleOverride) Check(set *rules.Set, now time.Time) (*ratelimit.Rule, er
 // limit and burst, validated.
 func (o *RuleOverride) apply(base *ratelimit.Rule) (*ratelimit.Rule, error) {
 	r := *base
-	r.Limit, r.Burst = o.Limit, o.Burst
+	r.Quota, r.Burst = o.Limit, o.Burst
 	if err := r.Validate(); err != nil {
 		return nil, err
 	}

@@ -55,7 +55,7 @@ func TestRuleOverrideCheck(t *testing.T) {
 		{"unknown rule", RuleOverride{Domain: "o", Rule: "x", Limit: 1, Expires: now.Add(time.Hour)}, ErrNoSuchRule},
 		{"unlimited", RuleOverride{Domain: "o", Rule: "u", Limit: 1, Expires: now.Add(time.Hour)}, ErrInvalidOverride},
 		{"negative", RuleOverride{Domain: "o", Rule: "fw", Limit: -1, Expires: now.Add(time.Hour)}, ErrInvalidOverride},
-		{"too large", RuleOverride{Domain: "o", Rule: "fw", Limit: ratelimit.MaxLimit + 1, Expires: now.Add(time.Hour)}, ErrInvalidOverride},
+		{"too large", RuleOverride{Domain: "o", Rule: "fw", Limit: ratelimit.MaxQuota + 1, Expires: now.Add(time.Hour)}, ErrInvalidOverride},
 		{"burst on a window", RuleOverride{Domain: "o", Rule: "fw", Limit: 1, Burst: 2, Expires: now.Add(time.Hour)}, ErrInvalidOverride},
 		{"expired", RuleOverride{Domain: "o", Rule: "fw", Limit: 1, Expires: now}, ErrInvalidOverride},
 		{"too long", RuleOverride{Domain: "o", Rule: "fw", Limit: 1, Expires: now.Add(MaxOverrideTTL + time.Second)}, ErrInvalidOverride},
@@ -64,7 +64,7 @@ func TestRuleOverrideCheck(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			r, err := tt.o.Check(set, now)
 			if tt.want == nil {
-				if err != nil || r.Limit != tt.o.Limit || r.Burst != tt.o.Burst {
+				if err != nil || r.Quota != tt.o.Limit || r.Burst != tt.o.Burst {
 					t.Fatalf("Check = %+v, %v", r, err)
 				}
 				orig := specRule(t, set, tt.o.Rule)
@@ -86,7 +86,7 @@ type recorder struct{ rules []*ratelimit.Rule }
 func (r *recorder) Decide(_ context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
 	for _, it := range items {
 		r.rules = append(r.rules, it.Rule)
-		dst = append(dst, ratelimit.Decision{Allowed: true, Limit: it.Rule.Capacity()})
+		dst = append(dst, ratelimit.Decision{Allowed: true, Capacity: it.Rule.Capacity()})
 	}
 	return dst, nil
 }
@@ -126,7 +126,7 @@ func TestServiceAppliesOverrides(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := decide()
-	if got[0].Limit != 99 || got[0].Name != "fw" || got[1] != g {
+	if got[0].Quota != 99 || got[0].Name != "fw" || got[1] != g {
 		t.Errorf("with an override: %+v, %+v", got[0], got[1])
 	}
 	if list := o.List(); len(list) != 1 {
@@ -141,7 +141,7 @@ func TestServiceAppliesOverrides(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range []*ratelimit.Rule{fw, nextFW} {
-		if or, _, ok := o.Lookup(r); !ok || or.Limit != 99 {
+		if or, _, ok := o.Lookup(r); !ok || or.Quota != 99 {
 			t.Errorf("during the switch, Lookup(%p) = %v, %v", r, or, ok)
 		}
 	}

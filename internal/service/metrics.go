@@ -147,7 +147,7 @@ func (m *Metrics) observe(domain string, sc *scratch, resp *Response, took time.
 		}
 		d := sc.decision(&c)
 		rc.outcome[outcome(d, c.shadow)].Inc()
-		if d.Allowed && d.Remaining*5 < d.Limit {
+		if d.Allowed && d.Remaining*5 < d.Capacity {
 			rc.nearLimit.Inc()
 		}
 	}

@@ -167,7 +167,7 @@ var ErrInvalidRequest = errors.New("invalid request")
 
 // scratch holds the per-request buffers a Service reuses.
 type scratch struct {
-	limits []rules.Limit
+	limits []rules.Match
 	checks []check
 	items  []ratelimit.Item
 	shadow []ratelimit.Item
@@ -230,8 +230,8 @@ func validate(req *Request) error {
 		if len(d.Entries) == 0 {
 			return fmt.Errorf("%w: descriptor %d has no entries", ErrInvalidRequest, i)
 		}
-		if d.HasHits && d.Hits > ratelimit.MaxLimit {
-			return fmt.Errorf("%w: descriptor %d: hits_addend %d exceeds %d", ErrInvalidRequest, i, d.Hits, int64(ratelimit.MaxLimit))
+		if d.HasHits && d.Hits > ratelimit.MaxQuota {
+			return fmt.Errorf("%w: descriptor %d: hits_addend %d exceeds %d", ErrInvalidRequest, i, d.Hits, int64(ratelimit.MaxQuota))
 		}
 		if o := d.Override; o != nil {
 			if o.Unit.Duration() == 0 {
@@ -435,7 +435,7 @@ func (o *overrideRules) get(ov *Override) *ratelimit.Rule {
 	r = &ratelimit.Rule{
 		Name:      fmt.Sprintf("override_%d_per_%dx%s", ov.RequestsPerUnit, max(ov.Multiplier, 1), ov.Unit),
 		Algorithm: ratelimit.FixedWindow,
-		Limit:     int64(ov.RequestsPerUnit),
+		Quota:     int64(ov.RequestsPerUnit),
 		Period:    ov.period(),
 	}
 	o.mu.Lock()

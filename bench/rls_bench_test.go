@@ -53,7 +53,12 @@ func BenchmarkRLSInProcess(b *testing.B) {
 				}
 				var st ratelimit.Store
 				if name == "sluice-redis" {
-					rs, err := redisstore.New(redisstore.Options{Addrs: []string{redistest.Standalone(b).Addr()}})
+					c, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{redistest.Standalone(b).Addr()}})
+					if err != nil {
+						b.Fatal(err)
+					}
+					defer c.Close()
+					rs, err := redisstore.New(c, redisstore.Options{})
 					if err != nil {
 						b.Fatal(err)
 					}

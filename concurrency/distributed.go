@@ -15,7 +15,8 @@ import (
 // method must be atomic with respect to the others on the same name, and
 // must never touch a token other than the one it is given.
 //
-// Implementations: MemoryBackend (one process) and RedisBackend (many).
+// Implementations: MemoryStore (one process) and redisstore.SemaphoreStore
+// (many processes, on Redis).
 type Store interface {
 	// Acquire first forgets the holders of name whose expiry has passed,
 	// then adds token with an expiry ttl from now if fewer than limit
@@ -71,7 +72,7 @@ type DistributedOptions struct {
 }
 
 // A Distributed semaphore admits at most Limit holders of one named
-// semaphore at once, across every process that uses the same Backend and
+// semaphore at once, across every process that uses the same Store and
 // name.
 //
 // # Permits
@@ -100,7 +101,7 @@ type DistributedOptions struct {
 //
 // # Waiting
 //
-// A blocked Acquire polls the Backend with exponential backoff and jitter
+// A blocked Acquire polls the Store with exponential backoff and jitter
 // between MinBackoff and MaxBackoff, so a permit freed by another process
 // is noticed within about MaxBackoff. A permit released through the same
 // Distributed wakes one of its waiters at once. Waiters are not served in
@@ -124,7 +125,7 @@ type Distributed struct {
 // ErrExceedsLimit. It returns an error when an option is negative.
 func NewDistributed(b Store, name string, limit int64, o DistributedOptions) (*Distributed, error) {
 	if b == nil {
-		return nil, errors.New("concurrency: nil Backend")
+		return nil, errors.New("concurrency: nil Store")
 	}
 	if o.TTL < 0 || o.RenewEvery < 0 || o.Margin < 0 || o.MinBackoff < 0 || o.MaxBackoff < 0 {
 		return nil, fmt.Errorf("concurrency: negative duration in options %+v", o)
@@ -161,7 +162,7 @@ func (d *Distributed) Name() string { return d.name }
 // Limit returns the most holders the semaphore admits.
 func (d *Distributed) Limit() int64 { return d.limit }
 
-// Acquire waits for a permit until one is granted, ctx ends or the Backend
+// Acquire waits for a permit until one is granted, ctx ends or the Store
 // fails. The returned Permit must be released.
 func (d *Distributed) Acquire(ctx context.Context) (*Permit, error) {
 	backoff := d.o.MinBackoff
@@ -276,7 +277,7 @@ func (d *Distributed) newPermit(token string, sent time.Time) *Permit {
 	return p
 }
 
-// Token returns the permit's random token, as stored in the Backend.
+// Token returns the permit's random token, as stored in the Store.
 func (p *Permit) Token() string { return p.token }
 
 // Lost returns a channel that is closed when the permit is lost. It is
@@ -383,7 +384,7 @@ func jitter(d time.Duration) time.Duration {
 
 // Release stops the renewals (waiting for one in flight to return) and
 // removes this permit's token from the store; it never affects another
-// holder. It returns the Backend's error,
+// holder. It returns the Store's error,
 // if any (the permit then expires within one TTL). Calling it again, or
 // after the permit was lost, is harmless.
 func (p *Permit) Release(ctx context.Context) error {

@@ -8,7 +8,8 @@
 //     of small ones, and a waiter whose context ends leaves the queue at once.
 //
 //   - Distributed, a counting semaphore shared by many processes through a
-//     Backend (MemoryBackend in one process, RedisBackend across processes).
+//     Store (MemoryStore in one process, redisstore.SemaphoreStore across
+//     processes).
 //     At most Limit permits of one named semaphore are held at any moment.
 //     Every permit expires after a TTL unless renewed, so a process that dies
 //     gives its permits back by itself within one TTL; a Permit renews itself

@@ -27,9 +27,10 @@ func ExampleSemaphore() {
 }
 
 func ExampleDistributed() {
-	// With RedisBackend instead, the limit holds across processes.
-	backend := concurrency.NewMemoryStore()
-	sem, err := concurrency.NewDistributed(backend, "billing-api", 50, concurrency.DistributedOptions{TTL: 5 * time.Second})
+	// With redisstore.SemaphoreStore instead, the limit holds across
+	// processes.
+	store := concurrency.NewMemoryStore()
+	sem, err := concurrency.NewDistributed(store, "billing-api", 50, concurrency.DistributedOptions{TTL: 5 * time.Second})
 	if err != nil {
 		fmt.Println(err)
 		return

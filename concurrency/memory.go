@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// A MemoryStore is a Backend in this process's memory, for tests and for
+// A MemoryStore is a Store in this process's memory, for tests and for
 // programs that run as a single process. Expiry is measured on the
 // process's monotonic clock. A semaphore's entry is deleted when its last
 // holder leaves, so memory is bounded by the permits held.
@@ -18,20 +18,20 @@ type MemoryStore struct {
 	sems map[string]map[string]time.Time // name -> token -> expiry
 }
 
-// NewMemoryStore returns an empty MemoryBackend.
+// NewMemoryStore returns an empty MemoryStore.
 func NewMemoryStore() *MemoryStore { return &MemoryStore{} }
 
-// Acquire implements Backend.
+// Acquire implements Store.
 func (m *MemoryStore) Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (bool, error) {
 	return m.AcquireAt(time.Now(), name, token, limit, ttl), nil
 }
 
-// Renew implements Backend.
+// Renew implements Store.
 func (m *MemoryStore) Renew(ctx context.Context, name, token string, ttl time.Duration) (bool, error) {
 	return m.RenewAt(time.Now(), name, token, ttl), nil
 }
 
-// Release implements Backend.
+// Release implements Store.
 func (m *MemoryStore) Release(ctx context.Context, name, token string) (bool, error) {
 	return m.ReleaseToken(name, token), nil
 }

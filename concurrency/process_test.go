@@ -1,4 +1,4 @@
-package concurrency
+package concurrency_test
 
 import (
 	"bufio"
@@ -18,7 +18,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice/concurrency"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 // The multi-process test runs this test binary again as child processes;
@@ -40,7 +42,7 @@ const (
 	procTTL     = time.Second
 )
 
-var procOpts = DistributedOptions{TTL: procTTL}
+var procOpts = concurrency.DistributedOptions{TTL: procTTL}
 
 // TestSemWorkerProcess is not a test: it is the body of a child process of
 // TestSemaphoreProcesses, and skips when run normally.
@@ -58,11 +60,11 @@ func TestSemWorkerProcess(t *testing.T) {
 	}
 	c := redis.NewClient(&redis.Options{Addr: os.Getenv(envRedis), PoolSize: 64})
 	defer c.Close()
-	b, err := NewRedisBackend(c, RedisOptions{})
+	b, err := redisstore.NewSemaphoreStore(c, redisstore.SemaphoreOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := NewDistributed(b, "procs", int64(atoi(envLimit)), procOpts)
+	d, err := concurrency.NewDistributed(b, "procs", int64(atoi(envLimit)), procOpts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +80,7 @@ func TestSemWorkerProcess(t *testing.T) {
 
 // childWork runs workers that each, iters times, acquire a permit, call the
 // test server inside the critical section, and release.
-func childWork(t *testing.T, d *Distributed, url string, workers, iters int) {
+func childWork(t *testing.T, d *concurrency.Distributed, url string, workers, iters int) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers}}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -126,7 +128,7 @@ func childWork(t *testing.T, d *Distributed, url string, workers, iters int) {
 
 // childHold acquires n permits, says so on stdout, and keeps them (renewing)
 // until its stdin closes or it is killed.
-func childHold(t *testing.T, d *Distributed, n int) {
+func childHold(t *testing.T, d *concurrency.Distributed, n int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for range n {
@@ -263,16 +265,18 @@ func TestSemaphoreProcesses(t *testing.T) {
 	if line := <-holder.lines; line != fmt.Sprintf("held=%d", procLimit) {
 		t.Fatalf("holder said %q", line)
 	}
-	b, err := NewRedisBackend(srv.Client(), RedisOptions{})
+	b, err := redisstore.NewSemaphoreStore(srv.Client(), redisstore.SemaphoreOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Poll every few milliseconds, to time the return of the permits closely.
-	d, err := NewDistributed(b, "procs", procLimit, DistributedOptions{TTL: procTTL, MinBackoff: 2 * time.Millisecond, MaxBackoff: 5 * time.Millisecond})
+	d, err := concurrency.NewDistributed(b, "procs", procLimit, concurrency.DistributedOptions{TTL: procTTL, MinBackoff: 2 * time.Millisecond, MaxBackoff: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantFull(t, d)
+	if _, err := d.TryAcquire(context.Background()); !errors.Is(err, concurrency.ErrNoPermit) {
+		t.Fatalf("TryAcquire while the holder holds every permit = %v, want ErrNoPermit", err)
+	}
 	if err := holder.cmd.Process.Kill(); err != nil { // SIGKILL
 		t.Fatal(err)
 	}

@@ -6,8 +6,8 @@
 // A service that allows C units a second (requests, or any cost) is cut
 // into P partitions of C/P each: 500 req/s as 20 partitions of 25. Each
 // process runs one Holder per service; the holders of a service share a
-// Coordinator, a store that grants leases on partitions: Memory for the
-// holders of one process, Redis for processes on many machines. A holder's
+// Store that grants leases on partitions: MemoryStore for the holders of
+// one process, redisstore.LeaseStore for processes on many machines. A holder's
 // rate is the sum of its valid leases plus an optional reserved capacity
 // of its own, and its Limiter releases work at that rate, smoothly (burst
 // of a tenth of a second). A process that stops needing capacity releases
@@ -45,7 +45,7 @@
 // so a dead member's partitions are taken by the others within a TTL of
 // its last renewal. Clocks of different machines are never compared. Each
 // grant carries an epoch that increases with every lease of the
-// partition: a store-side check (Memory.Valid, Redis.Valid) refuses a
+// partition: a store-side check (MemoryStore.Valid, redisstore.LeaseStore.Valid) refuses a
 // stale holder, and a stale holder's renewal or release is refused too. A
 // lost lease is reported (Stats.Losses), never silently taken again under
 // the same epoch.

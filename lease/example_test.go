@@ -6,21 +6,24 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 // One process of many sharing a service that allows 500 requests a
 // second: it leases its part of the capacity through Redis and sends its
 // queue at that rate.
 func Example() {
-	rc := redis.NewClient(&redis.Options{Addr: "redis.internal:6379"})
-	defer rc.Close()
-	coord, err := lease.NewRedis(rc, "billing-api", lease.RedisOptions{Timeout: 200 * time.Millisecond})
+	rc, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{"redis.internal:6379"}})
 	if err != nil {
 		log.Fatal(err)
 	}
-	h, err := lease.NewHolder(coord, lease.Config{
+	defer rc.Close()
+	store, err := redisstore.NewLeaseStore(rc, "billing-api", redisstore.LeaseOptions{Timeout: 200 * time.Millisecond})
+	if err != nil {
+		log.Fatal(err)
+	}
+	h, err := lease.NewHolder(store, lease.Config{
 		Capacity:   500, // the service's limit, shared by every process
 		Partitions: 20,  // leased 25 req/s at a time
 		TTL:        3 * time.Second,

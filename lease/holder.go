@@ -152,7 +152,7 @@ var ErrRunning = errors.New("lease: holder already running")
 //
 // The service's capacity C is cut into P partitions of C/P units per
 // second. Every process that calls the service runs one Holder per
-// service, all sharing one Coordinator (the store). A Holder's rate is its
+// service, all sharing one Store. A Holder's rate is its
 // reserved capacity plus C/P for every partition it holds a valid lease
 // on. Run, the Holder's one goroutine, wakes every RenewEvery (jittered)
 // and

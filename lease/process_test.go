@@ -1,4 +1,4 @@
-package lease
+package lease_test
 
 import (
 	"bufio"
@@ -16,7 +16,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 // The real-process test: three OS processes (this test binary, started
@@ -209,11 +211,11 @@ func TestLeaseChildProcess(t *testing.T) {
 	id := os.Getenv("SLUICE_LEASE_ID")
 	rc := redis.NewClient(&redis.Options{Addr: os.Getenv("SLUICE_LEASE_REDIS")})
 	defer rc.Close()
-	coord, err := NewRedis(rc, "proc-test", RedisOptions{Timeout: 500 * time.Millisecond})
+	store, err := redisstore.NewLeaseStore(rc, "proc-test", redisstore.LeaseOptions{Timeout: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := NewHolder(coord, Config{ID: "p" + id, Capacity: procCapacity, Partitions: procParts, TTL: procTTL})
+	h, err := lease.NewHolder(store, lease.Config{ID: "p" + id, Capacity: procCapacity, Partitions: procParts, TTL: procTTL})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,7 +25,7 @@ func TestReplicasAccuracy(t *testing.T) {
 	const replicas, callers = 4, 4
 	stores := make([]*Store, replicas)
 	for i := range stores {
-		stores[i] = newTestStore(t, []string{srv.Addr()}, nil, func(o *Options) { o.Prefix = "acc:" })
+		stores[i] = newTestStore(t, []string{srv.Addr()}, nil, func(o *testConfig) { o.Prefix = "acc:" })
 	}
 	// Warm up: connections dialled and the script loaded before t0.
 	for _, s := range stores {

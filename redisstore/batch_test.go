@@ -135,7 +135,7 @@ func batchDiffRun(t *testing.T, addr string, seed uint64, steps int) {
 // comes. Close leaves both the queue and the quit signal ready, so do
 // takes either at random: 100 attempts queue some.
 func TestQueuedAfterClose(t *testing.T) {
-	s, err := New(Options{Addrs: []string{"127.0.0.1:1"}}) // never contacted
+	s, err := New(nopClient(t), Options{}) // never contacted
 	if err != nil {
 		t.Fatal(err)
 	}

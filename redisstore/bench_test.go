@@ -22,7 +22,7 @@ func BenchmarkDecide(b *testing.B) {
 		noCoalesce bool
 	}{{"coalesce", false}, {"direct", true}} {
 		b.Run(bc.name, func(b *testing.B) {
-			s := newTestStore(b, []string{srv.Addr()}, nil, func(o *Options) { o.NoCoalesce = bc.noCoalesce })
+			s := newTestStore(b, []string{srv.Addr()}, nil, func(o *testConfig) { o.NoCoalesce = bc.noCoalesce })
 			var worker atomic.Int64
 			b.ReportAllocs()
 			b.SetParallelism(8)

@@ -12,15 +12,37 @@ import (
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
-// newTestStore returns a Store on addrs with a client clock, closed when the
-// test ends.
-func newTestStore(t testing.TB, addrs []string, now func() time.Time, mod func(*Options)) *Store {
+// testConfig is what a test may change in newTestStore: how the client
+// connects and how the Store decides.
+type testConfig struct {
+	Client ClientOptions
+	Options
+}
+
+// newTestStore returns a Store on addrs with a client clock, closed (with
+// its client) when the test ends.
+func newTestStore(t testing.TB, addrs []string, now func() time.Time, mod func(*testConfig)) *Store {
 	t.Helper()
-	o := Options{Addrs: addrs, Now: now, Prefix: fmt.Sprintf("t%d:", rand.Uint64()), Timeout: time.Second}
-	if mod != nil {
-		mod(&o)
+	cfg := testConfig{
+		Client:  ClientOptions{Addrs: addrs, Timeout: time.Second},
+		Options: Options{Now: now, Prefix: fmt.Sprintf("t%d:", rand.Uint64()), Timeout: time.Second},
 	}
-	s, err := New(o)
+	if mod != nil {
+		mod(&cfg)
+	}
+	return newStoreOn(t, cfg.Client, cfg.Options)
+}
+
+// newStoreOn returns a Store on a client made from co, both closed when the
+// test ends.
+func newStoreOn(t testing.TB, co ClientOptions, o Options) *Store {
+	t.Helper()
+	c, err := NewClient(co)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s, err := New(c, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +97,7 @@ func diffRun(t *testing.T, addrs []string, seed uint64, steps int) {
 	rng := rand.New(rand.NewPCG(seed, seed))
 	now := time.Unix(1_800_000_000, 123_456_789)
 	clock := func() time.Time { return now }
-	rs := newTestStore(t, addrs, clock, func(o *Options) { o.NoCoalesce = seed%2 == 0 })
+	rs := newTestStore(t, addrs, clock, func(o *testConfig) { o.NoCoalesce = seed%2 == 0 })
 	ms := memstore.New(memstore.Options{Now: clock, JanitorInterval: -1})
 	t.Cleanup(func() { ms.Close() })
 	rules := diffRules()

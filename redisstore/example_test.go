@@ -14,10 +14,15 @@ import (
 // all or nothing. When Redis is down, the tenant limit fails open and the
 // user limit is kept in process at this replica's share (3 replicas).
 func Example() {
-	s, err := redisstore.New(redisstore.Options{
-		Addrs:    []string{"127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"},
-		Replicas: 3,
+	c, err := redisstore.NewClient(redisstore.ClientOptions{
+		Addrs: []string{"127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"},
 	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer c.Close()
+	s, err := redisstore.New(c, redisstore.Options{Replicas: 3})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,10 +15,15 @@ import (
 // counts consecutive failures; at threshold it opens for cooldown, during
 // which allow says no; then it lets one probe through (half-open): the
 // probe's success closes it, its failure opens it again.
+//
+// An outage, for the log, runs from the failure that first opens the
+// breaker to the success that closes it: one line at each end, however
+// many times the breaker re-opens in between.
 type breaker struct {
 	threshold int64
 	cooldown  time.Duration
 	now       func() time.Time // time.Now; tests replace it
+	log       *slog.Logger
 
 	fails atomic.Int64 // consecutive failures
 	trips atomic.Uint64
@@ -25,6 +31,7 @@ type breaker struct {
 	mu        sync.Mutex
 	openUntil time.Time
 	probing   bool
+	outage    time.Time // when the current outage began; zero when none
 }
 
 func (b *breaker) allow() bool {
@@ -43,12 +50,18 @@ func (b *breaker) allow() bool {
 	return true
 }
 
-func (b *breaker) done(ok bool) {
-	if ok {
+// done records the outcome of a call: err is nil when Redis answered.
+func (b *breaker) done(err error) {
+	if err == nil {
 		if b.fails.Load() != 0 {
 			b.mu.Lock()
 			b.fails.Store(0)
 			b.probing = false
+			if !b.outage.IsZero() {
+				b.log.Info("Redis answers again; decisions are back on Redis",
+					"outage", b.now().Sub(b.outage).Round(time.Millisecond).String())
+				b.outage = time.Time{}
+			}
 			b.mu.Unlock()
 		}
 		return
@@ -57,8 +70,14 @@ func (b *breaker) done(ok bool) {
 	defer b.mu.Unlock()
 	n := b.fails.Add(1)
 	if n >= b.threshold && (n == b.threshold || b.probing) {
-		b.openUntil = b.now().Add(b.cooldown)
+		now := b.now()
+		b.openUntil = now.Add(b.cooldown)
 		b.trips.Add(1)
+		if b.outage.IsZero() {
+			b.outage = now
+			b.log.Warn("Redis does not answer; deciding by each rule's failure mode until it does",
+				"failures", n, "err", err)
+		}
 	}
 	b.probing = false
 }

@@ -1,9 +1,11 @@
 package redisstore
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -23,9 +25,21 @@ const margin = 300 * time.Millisecond
 // loading): they only must not hang.
 const slack = 5 * time.Second
 
+// errDown stands for a failed call to Redis.
+var errDown = errors.New("connection refused")
+
 func TestBreaker(t *testing.T) {
 	now := time.Unix(0, 0)
-	b := breaker{threshold: 3, cooldown: time.Second, now: func() time.Time { return now }}
+	var logged bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			if a.Key == slog.TimeKey {
+				return slog.Attr{}
+			}
+			return a
+		},
+	}))
+	b := breaker{threshold: 3, cooldown: time.Second, now: func() time.Time { return now }, log: log}
 	steps := []struct {
 		name  string
 		at    time.Duration // since the start
@@ -48,17 +62,30 @@ func TestBreaker(t *testing.T) {
 			t.Fatalf("%s: allow() = %v, want %v", st.name, got, st.allow)
 		}
 		if st.allow {
-			b.done(st.ok)
+			var err error
+			if !st.ok {
+				err = errDown
+			}
+			b.done(err)
 		}
 	}
 	if b.trips.Load() != 2 {
 		t.Fatalf("trips = %d, want 2", b.trips.Load())
 	}
+	// One outage, logged once when it began and once when it ended, however
+	// often the breaker opened in between.
+	wantLog := `level=WARN msg="Redis does not answer; deciding by each rule's failure mode until it does" failures=3 err="connection refused"
+level=INFO msg="Redis answers again; decisions are back on Redis" outage=2s
+`
+	if got := logged.String(); got != wantLog {
+		t.Fatalf("log:\n%s\nwant:\n%s", got, wantLog)
+	}
+	logged.Reset()
 	// While a probe is out, nobody else goes through.
 	now = now.Add(time.Hour)
-	b.done(false)
-	b.done(false)
-	b.done(false)
+	b.done(errDown)
+	b.done(errDown)
+	b.done(errDown)
 	now = now.Add(time.Hour)
 	if !b.allow() || b.allow() {
 		t.Fatal("half-open breaker let zero or two probes through")
@@ -111,14 +138,10 @@ func TestServerDown(t *testing.T) {
 			noLeak(t)
 			srv := redistest.Standalone(t)
 			const timeout = 50 * time.Millisecond
-			s, err := New(Options{
-				Addrs: []string{srv.Addr()}, Timeout: timeout, Replicas: 2,
+			s := newStoreOn(t, ClientOptions{Addrs: []string{srv.Addr()}, Timeout: timeout}, Options{
+				Timeout: timeout, Replicas: 2,
 				BreakerThreshold: 3, BreakerCooldown: 100 * time.Millisecond, NoCoalesce: !coalesce,
 			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
 			open, closed, local := policyRules()
 			bound := timeout + margin
 			for _, r := range []*ratelimit.Rule{open, closed, local} {
@@ -181,11 +204,7 @@ func TestSlowServer(t *testing.T) {
 	noLeak(t)
 	srv := redistest.Standalone(t)
 	const timeout = 30 * time.Millisecond
-	s, err := New(Options{Addrs: []string{srv.Addr()}, Timeout: timeout, BreakerCooldown: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := newStoreOn(t, ClientOptions{Addrs: []string{srv.Addr()}, Timeout: timeout}, Options{Timeout: timeout, BreakerCooldown: 50 * time.Millisecond})
 	_, closed, _ := policyRules()
 	item := ratelimit.Item{Key: "k", Rule: closed, Cost: 0}
 	if d := timed(t, s, slack, item)[0]; d.Reason != ratelimit.ReasonOK {
@@ -237,18 +256,14 @@ func TestSlowServer(t *testing.T) {
 func TestClusterNodeRestart(t *testing.T) {
 	cl := redistest.Cluster(t)
 	const timeout = 100 * time.Millisecond
-	s, err := New(Options{Addrs: cl.Addrs(), Timeout: timeout, BreakerThreshold: 1000})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := newStoreOn(t, ClientOptions{Addrs: cl.Addrs(), Timeout: timeout}, Options{Timeout: timeout, BreakerThreshold: 1000})
 	_, closed, _ := policyRules()
 	ctx := context.Background()
 	// Find keys on each node.
 	keys := map[string]string{} // node address → key
 	for i := 0; len(keys) < 3 && i < 1000; i++ {
 		k := fmt.Sprint("k", i)
-		m, err := s.Client().(*redis.ClusterClient).MasterForKey(ctx, string(appendKey(nil, s.prefix, HashTag(k), k)))
+		m, err := s.c.(*redis.ClusterClient).MasterForKey(ctx, string(appendKey(nil, s.prefix, HashTag(k), k)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -322,7 +337,7 @@ func TestCloseDuringCall(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	h := blockHook{entered: make(chan struct{}), release: make(chan struct{})}
 	c.AddHook(h)
-	s, err := New(Options{Client: c})
+	s, err := New(c, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

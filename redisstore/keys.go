@@ -1,9 +1,9 @@
 package redisstore
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
 	"strings"
-
-	"github.com/sluicehq/sluice/internal/rediskey"
 )
 
 // Key layout
@@ -15,9 +15,9 @@ import (
 // or, when the item key is the tag itself, just prefix + "{" + enc(tag) + "}".
 // A sliding_log item also owns the list at that key + "|l".
 //
-// enc is internal/rediskey's encoding (and an empty tag is encoded "~",
+// enc is appendEncoded's encoding (and an empty tag is encoded "~",
 // which no other encoding is): unpadded URL-safe base64 for strings of up to
-// rediskey.MaxRaw bytes and "~" + base64 of their SHA-256 above that, so no
+// maxRaw bytes and "~" + base64 of their SHA-256 above that, so no
 // caller-chosen byte ("{", "}", ":", newlines, anything) appears raw in a
 // Redis key, keys have a bounded length, and distinct (tag, key) pairs never
 // share a Redis key: a caller cannot reach another tenant's counters or move
@@ -30,7 +30,7 @@ func appendTag(b []byte, tag string) []byte {
 	if tag == "" {
 		return append(b, '~')
 	}
-	return rediskey.Append(b, tag)
+	return appendEncoded(b, tag)
 }
 
 // appendKey appends the Redis key of item key k, whose hash tag is tag.
@@ -41,7 +41,7 @@ func appendKey(b []byte, prefix, tag, k string) []byte {
 	b = append(b, '}')
 	if k != tag {
 		b = append(b, ':')
-		b = rediskey.Append(b, k)
+		b = appendEncoded(b, k)
 	}
 	return b
 }
@@ -59,4 +59,42 @@ func HashTag(k string) string {
 		}
 	}
 	return k
+}
+
+// Every caller-chosen string that this package puts into a Redis key (a
+// rate-limit key or its hash tag, a semaphore's name, a lease service's
+// name) goes through appendEncoded: unpadded URL-safe base64 of the string
+// when it has at most maxRaw bytes, and "~" followed by unpadded URL-safe
+// base64 of its SHA-256 above that. So no byte a caller sends ("{", "}",
+// ":", a newline, anything) appears raw in a Redis key: none can end a hash
+// tag early, move a key to another Cluster slot or reach another key.
+// Encodings have a bounded length, and distinct strings of up to maxRaw
+// bytes never share one; a hashed one starts with "~", which base64 never
+// produces.
+//
+// The encoding is part of the keys already stored in deployed Redis
+// servers: changing it orphans every existing counter and semaphore.
+
+// maxRaw is the length of the longest string encoded as itself rather than
+// as its SHA-256.
+const maxRaw = 128
+
+var b64 = base64.RawURLEncoding
+
+// appendEncoded appends the encoding of s to b and returns the extended slice.
+func appendEncoded(b []byte, s string) []byte {
+	if len(s) <= maxRaw {
+		return b64.AppendEncode(b, []byte(s))
+	}
+	sum := sha256.Sum256([]byte(s))
+	b = append(b, '~')
+	return b64.AppendEncode(b, sum[:])
+}
+
+// encodedLen returns the length of the encoding of a string of n bytes.
+func encodedLen(n int) int {
+	if n <= maxRaw {
+		return b64.EncodedLen(n)
+	}
+	return 1 + b64.EncodedLen(sha256.Size)
 }

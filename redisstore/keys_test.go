@@ -2,11 +2,11 @@ package redisstore
 
 import (
 	"context"
+	"github.com/redis/go-redis/v9"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/rediskey"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -15,8 +15,8 @@ import (
 var nasty = []string{
 	"", "a", "{", "}", "{}", "{a}", "a{b}c", "}{", "{a}{b}", "{{a}}",
 	"a\nb", "a\r\n", "\x00", "\xff\xfe", "a:b", ":", "|l", "a|l", "~", "~abc",
-	"YQ", "sluice:{YQ}", "{YQ}:YQ", strings.Repeat("x", rediskey.MaxRaw), strings.Repeat("x", rediskey.MaxRaw+1),
-	strings.Repeat("x", rediskey.MaxRaw+1) + "y", strings.Repeat("{", 1000), strings.Repeat("é", 4096),
+	"YQ", "sluice:{YQ}", "{YQ}:YQ", strings.Repeat("x", maxRaw), strings.Repeat("x", maxRaw+1),
+	strings.Repeat("x", maxRaw+1) + "y", strings.Repeat("{", 1000), strings.Repeat("é", 4096),
 }
 
 // TestKeyEncodingInjective checks that distinct (tag, key) pairs never
@@ -33,7 +33,7 @@ func TestKeyEncodingInjective(t *testing.T) {
 				}
 				seen[name] = [2]string{tag, k}
 			}
-			if len(rk) > 2*rediskey.MaxRaw+100 {
+			if len(rk) > 2*maxRaw+100 {
 				t.Errorf("key of (%d-byte tag, %d-byte key) is %d bytes", len(tag), len(k), len(rk))
 			}
 			// Redis Cluster hashes the text between the first { and the
@@ -46,9 +46,16 @@ func TestKeyEncodingInjective(t *testing.T) {
 	}
 }
 
+// nopClient returns a client that is never used to connect.
+func nopClient(t testing.TB) redis.UniversalClient {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 func TestPrefixWithBraceRejected(t *testing.T) {
 	for _, p := range []string{"a{", "}b", "{x}"} {
-		if _, err := New(Options{Addrs: []string{"127.0.0.1:1"}, Prefix: p}); err == nil {
+		if _, err := New(nopClient(t), Options{Prefix: p}); err == nil {
 			t.Errorf("prefix %q accepted", p)
 		}
 	}
@@ -80,7 +87,7 @@ func TestHostileKeys(t *testing.T) {
 	log := &ratelimit.Rule{Name: "log", Algorithm: ratelimit.SlidingLog, Quota: 2, Period: time.Hour}
 	// Each test tenant's keys are "tenant\x00rest"; the tag is the tenant.
 	tenantOf := func(k string) string { t, _, _ := strings.Cut(k, "\x00"); return t }
-	s := newTestStore(t, cl.Addrs(), nil, func(o *Options) { o.HashTag = tenantOf })
+	s := newTestStore(t, cl.Addrs(), nil, func(o *testConfig) { o.HashTag = tenantOf })
 	victim := []ratelimit.Item{{Key: "victim\x00a", Rule: r, Cost: 2}, {Key: "victim\x00log", Rule: log, Cost: 2}}
 	if ds, err := s.Decide(ctx, nil, victim); err != nil || !ratelimit.Allowed(ds) {
 		t.Fatalf("victim: %v %+v", err, ds)
@@ -144,5 +151,39 @@ func TestHostileKeys(t *testing.T) {
 	big := strings.Repeat("\n{}", 1<<18)
 	if ds, err := def.Decide(ctx, nil, []ratelimit.Item{{Key: big, Rule: r, Cost: 1}}); err != nil || !ds[0].Allowed {
 		t.Fatalf("1 MB key: %v %+v", err, ds)
+	}
+}
+
+// TestAppend pins the encoding: it is part of the keys in deployed Redis
+// servers, so every output here is a fixed literal, not recomputed.
+func TestAppendEncoded(t *testing.T) {
+	x128 := strings.Repeat("x", maxRaw)
+	tests := []struct{ name, in, want string }{
+		{"empty", "", ""},
+		{"open brace", "{", "ew"},
+		{"close brace", "}", "fQ"},
+		{"empty tag", "{}", "e30"},
+		{"newline", "\n", "Cg"},
+		{"braces inside", "a}{b", "YX17Yg"},
+		{"plain", "api", "YXBp"},
+		{"invalid UTF-8", "\xff\xfe", "__4"},
+		{"tilde", "~", "fg"},
+		{"exactly MaxRaw bytes", x128, strings.Repeat("eHh4", 42) + "eHg"},
+		{"MaxRaw+1 bytes", x128 + "x", "~DsnrM-dFELzdHy6lUgboLyFknFwr7L8rQz60dbNMAb0"},
+		{"MaxRaw+1 bytes, last differs", x128 + "y", "~CwOJGktzBXu2ongjQ8Kk4ud18TQ1CfsrNGcYtuXykzo"},
+		{"one megabyte", strings.Repeat("\n{}", 1<<18), "~i1fIpxP9FBHli0Obvs1uhqp1Q6WdLkhjNbUvdzOVneY"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := string(appendEncoded(nil, tt.in)); got != tt.want {
+				t.Errorf("appendEncoded(%d bytes) = %q, want %q", len(tt.in), got, tt.want)
+			}
+			if got := string(appendEncoded([]byte("p:{"), tt.in)); got != "p:{"+tt.want {
+				t.Errorf("appendEncoded(\"p:{\", %d bytes) = %q, want %q", len(tt.in), got, "p:{"+tt.want)
+			}
+			if got := encodedLen(len(tt.in)); got != len(tt.want) {
+				t.Errorf("encodedLen(%d) = %d, want %d", len(tt.in), got, len(tt.want))
+			}
+		})
 	}
 }

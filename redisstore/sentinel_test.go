@@ -16,7 +16,7 @@ func TestStoretestSentinel(t *testing.T) {
 	}
 	ss := redistest.Sentinel(t)
 	storetest.Run(t, func(t *testing.T, now func() time.Time) ratelimit.Store {
-		return newTestStore(t, ss.Addrs(), now, func(o *Options) { o.MasterName = redistest.SentinelMaster })
+		return newTestStore(t, ss.Addrs(), now, func(o *testConfig) { o.Client.MasterName = redistest.SentinelMaster })
 	})
 }
 
@@ -28,8 +28,8 @@ func TestSentinelFailover(t *testing.T) {
 		t.Skip("starts a master, a replica and a Sentinel")
 	}
 	ss := redistest.Sentinel(t)
-	s := newTestStore(t, ss.Addrs(), nil, func(o *Options) {
-		o.MasterName = redistest.SentinelMaster
+	s := newTestStore(t, ss.Addrs(), nil, func(o *testConfig) {
+		o.Client.MasterName = redistest.SentinelMaster
 		o.BreakerCooldown = 100 * time.Millisecond
 	})
 	r := &ratelimit.Rule{Name: "r", Quota: 10, Period: time.Hour, Failure: ratelimit.FailClosed}
@@ -89,8 +89,8 @@ func TestSentinelAuth(t *testing.T) {
 		password string
 		want     ratelimit.Reason
 	}{{"sentinel-s3cret", ratelimit.ReasonOK}, {"", ratelimit.ReasonFailClosed}, {"wrong", ratelimit.ReasonFailClosed}} {
-		s := newTestStore(t, ss.Addrs(), nil, func(o *Options) {
-			o.MasterName, o.SentinelPassword = redistest.SentinelMaster, c.password
+		s := newTestStore(t, ss.Addrs(), nil, func(o *testConfig) {
+			o.Client.MasterName, o.Client.SentinelPassword = redistest.SentinelMaster, c.password
 		})
 		ds, err := s.Decide(t.Context(), nil, items)
 		if err != nil {

@@ -82,10 +82,10 @@ package redisstore
 
 import (
 	"context"
-	"crypto/tls"
 	_ "embed"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -117,28 +117,8 @@ const (
 // clientClockSlack is how much longer keys live when Options.Now is set.
 const clientClockSlack = time.Minute
 
-// Options configure a Store. Only Addrs (or Client) is required.
+// Options configure a Store. The zero value selects every default.
 type Options struct {
-	// Addrs are the Redis addresses: one for a standalone server, the
-	// Sentinels with MasterName, or any Cluster nodes (two or more select
-	// Cluster mode, as go-redis's UniversalClient does).
-	Addrs []string
-	// MasterName selects Sentinel mode: the name of the monitored master.
-	MasterName string
-	// Username and Password authenticate (ACL user, or Password alone).
-	Username, Password string
-	// SentinelUsername and SentinelPassword authenticate to the Sentinels,
-	// when they require it (their own requirepass or ACL user): Sentinels
-	// do not share the data nodes' credentials.
-	SentinelUsername, SentinelPassword string
-	// TLS, when not nil, is used for every connection.
-	TLS *tls.Config
-	// PoolSize is the connection pool size per node; 0 is go-redis's default.
-	PoolSize int
-	// Client, when not nil, is used instead of a client built from the
-	// options above; the Store does not close it.
-	Client redis.UniversalClient
-
 	// Timeout bounds each call to Redis, including time queued for a
 	// pipeline; default DefaultTimeout.
 	Timeout time.Duration
@@ -175,6 +155,10 @@ type Options struct {
 	// BreakerCooldown is how long an open breaker answers without Redis
 	// before probing it; default DefaultBreakerCooldown.
 	BreakerCooldown time.Duration
+
+	// Logger logs an outage once when it starts (the breaker opens) and
+	// once when it ends, with its duration; nil discards.
+	Logger *slog.Logger
 }
 
 // Stats are counters of a Store's life.
@@ -194,7 +178,6 @@ type Stats struct {
 // Store is the Redis ratelimit.Store.
 type Store struct {
 	c       redis.UniversalClient
-	own     bool
 	prefix  string
 	now     func() time.Time
 	slackMS string
@@ -229,11 +212,13 @@ var ErrClosed = errors.New("redisstore: store closed")
 // do not share a hash tag; Decide then decides it group by group.
 var errCrossSlot = errors.New("redisstore: keys of one request have different hash tags")
 
-// New returns a Store. It does not contact Redis: a Store made while Redis
-// is down decides by the failure policy until Redis answers.
-func New(opts Options) (*Store, error) {
-	if opts.Client == nil && len(opts.Addrs) == 0 {
-		return nil, errors.New("redisstore: no Addrs and no Client")
+// New returns a Store that decides through c, which the caller owns and
+// closes after the Store. It does not contact Redis: a Store made while
+// Redis is down decides by the failure policy until Redis answers. Use
+// NewClient for a client with the settings the Store expects.
+func New(c redis.UniversalClient, opts Options) (*Store, error) {
+	if c == nil {
+		return nil, errors.New("redisstore: nil Redis client")
 	}
 	if opts.Prefix == "" {
 		opts.Prefix = DefaultPrefix
@@ -260,7 +245,7 @@ func New(opts Options) (*Store, error) {
 		opts.BreakerCooldown = DefaultBreakerCooldown
 	}
 	s := &Store{
-		c:       opts.Client,
+		c:       c,
 		prefix:  opts.Prefix,
 		now:     opts.Now,
 		slackMS: "0",
@@ -281,35 +266,15 @@ func New(opts Options) (*Store, error) {
 	if s.now != nil {
 		s.slackMS = strconv.FormatInt(clientClockSlack.Milliseconds(), 10)
 	}
-	if s.c == nil {
-		s.own = true
-		s.c = redis.NewUniversalClient(&redis.UniversalOptions{
-			Addrs:      opts.Addrs,
-			MasterName: opts.MasterName,
-			Username:   opts.Username,
-			Password:   opts.Password,
-			// Only a failover client reads these.
-			SentinelUsername: opts.SentinelUsername,
-			SentinelPassword: opts.SentinelPassword,
-			TLSConfig:        opts.TLS,
-			PoolSize:         opts.PoolSize,
-			// Latency is bounded by Timeout; retries would only spend it.
-			MaxRetries:            -1,
-			DialTimeout:           opts.Timeout,
-			ReadTimeout:           opts.Timeout,
-			WriteTimeout:          opts.Timeout,
-			PoolTimeout:           opts.Timeout,
-			ContextTimeoutEnabled: true,
-			// RESP2: RESP3's push notifications cost a socket poll per call.
-			Protocol: 2,
-		})
-	}
 	// Only a client of one server (standalone, or Sentinel's failover
 	// client) can take any keys in one script; anything else (Cluster, a
 	// Ring, a wrapper) gets requests whose keys share a tag, one per call.
 	_, single := s.c.(*redis.Client)
 	s.cluster = !single
-	s.brk = breaker{threshold: int64(opts.BreakerThreshold), cooldown: opts.BreakerCooldown, now: time.Now}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	s.brk = breaker{threshold: int64(opts.BreakerThreshold), cooldown: opts.BreakerCooldown, now: time.Now, log: opts.Logger}
 	s.fb = fallback{
 		replicas:   int64(opts.Replicas),
 		retryAfter: opts.BreakerCooldown,
@@ -321,25 +286,18 @@ func New(opts Options) (*Store, error) {
 	return s, nil
 }
 
-// Close stops the Store's goroutines and closes the Redis client it made.
+// Close stops the Store's goroutines; it does not close the client.
 // Decide returns ErrClosed after Close.
 func (s *Store) Close() error {
-	var err error
 	s.closeOnce.Do(func() {
 		close(s.closed)
 		if s.batch != nil {
 			s.batch.stop()
 		}
 		s.fb.local.Close()
-		if s.own {
-			err = s.c.Close()
-		}
 	})
-	return err
+	return nil
 }
-
-// Client returns the Redis client the Store uses.
-func (s *Store) Client() redis.UniversalClient { return s.c }
 
 // Stats returns the Store's counters.
 func (s *Store) Stats() Stats {
@@ -408,14 +366,14 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 		default:
 		}
 		if isScriptError(err) {
-			s.brk.done(true) // Redis answered: it is up
+			s.brk.done(nil) // Redis answered: it is up
 			return dst, fmt.Errorf("redisstore: %w", err)
 		}
 		s.errors.Add(1)
-		s.brk.done(false)
+		s.brk.done(err)
 		return s.fb.decide(dst, items), nil
 	}
-	s.brk.done(true)
+	s.brk.done(nil)
 	s.requests.Add(1)
 	return dst, nil
 }

@@ -26,14 +26,14 @@ func TestStoretestStandaloneNoCoalesce(t *testing.T) {
 	}
 	srv := redistest.Standalone(t)
 	storetest.Run(t, func(t *testing.T, now func() time.Time) ratelimit.Store {
-		return newTestStore(t, []string{srv.Addr()}, now, func(o *Options) { o.NoCoalesce = true })
+		return newTestStore(t, []string{srv.Addr()}, now, func(o *testConfig) { o.NoCoalesce = true })
 	})
 }
 
 func TestStoretestTLS(t *testing.T) {
 	srv := redistest.StandaloneTLS(t)
 	storetest.Run(t, func(t *testing.T, now func() time.Time) ratelimit.Store {
-		return newTestStore(t, []string{srv.Addr()}, now, func(o *Options) { o.TLS = srv.TLSConfig() })
+		return newTestStore(t, []string{srv.Addr()}, now, func(o *testConfig) { o.Client.TLS = srv.TLSConfig() })
 	})
 }
 
@@ -42,7 +42,7 @@ func TestStoretestCluster(t *testing.T) {
 	storetest.Run(t, func(t *testing.T, now func() time.Time) ratelimit.Store {
 		// A subtest's keys are "<test name>/<key>": all of a subtest's
 		// keys share a slot, as a tenant's would.
-		return newTestStore(t, cl.Addrs(), now, func(o *Options) {
+		return newTestStore(t, cl.Addrs(), now, func(o *testConfig) {
 			o.HashTag = func(k string) string { return k[:strings.LastIndexByte(k, '/')+1] }
 		})
 	})

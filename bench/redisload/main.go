@@ -147,11 +147,16 @@ func run(addr string, dur time.Duration, nkeys int, concList, only string, pipel
 	}
 	sluice := func(coalesce bool) func() (func(context.Context, string) error, func(), error) {
 		return func() (func(context.Context, string) error, func(), error) {
-			s, err := redisstore.New(redisstore.Options{
-				Addrs: []string{addr}, NoCoalesce: !coalesce, Timeout: time.Second,
-				Prefix: fmt.Sprintf("bench%d:", rand.Uint32()), PoolSize: 64, Pipelines: pipelines, BatchWindow: window,
+			c, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{addr}, PoolSize: 64, Timeout: time.Second})
+			if err != nil {
+				return nil, nil, err
+			}
+			s, err := redisstore.New(c, redisstore.Options{
+				NoCoalesce: !coalesce, Timeout: time.Second,
+				Prefix: fmt.Sprintf("bench%d:", rand.Uint32()), Pipelines: pipelines, BatchWindow: window,
 			})
 			if err != nil {
+				c.Close()
 				return nil, nil, err
 			}
 			decide := func(ctx context.Context, key string) error {
@@ -167,6 +172,7 @@ func run(addr string, dur time.Duration, nkeys int, concList, only string, pipel
 					fmt.Fprintf(os.Stderr, "  (%d pipelines, %.1f requests each)\n", st.Pipelines, float64(st.Batched)/float64(st.Pipelines))
 				}
 				s.Close()
+				c.Close()
 			}, nil
 		}
 	}

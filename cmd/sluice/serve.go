@@ -114,7 +114,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var redisTLS bool
 	fs.StringVar(&cfg.rulesDir, "rules", "examples/rules", "`directory` of rule files (*.yaml), relative to the working directory")
 	fs.StringVar(&cfg.store, "store", "memory", "where counters live: memory or redis")
-	fs.StringVar(&redisAddr, "redis-addr", "127.0.0.1:6379", "Redis `address`es, comma-separated (two or more: Redis Cluster; with --redis-master: the Sentinels)")
+	fs.StringVar(&redisAddr, "redis-addr", "", "Redis `address`es, comma-separated (two or more: Redis Cluster; with --redis-master: the Sentinels); required with --store redis")
 	fs.StringVar(&cfg.redisMaster, "redis-master", "", "Sentinel mode: the `name` of the master the Sentinels at --redis-addr monitor")
 	fs.StringVar(&cfg.redisUsername, "redis-username", "", "Redis ACL user (default: the default user)")
 	fs.StringVar(&redisPasswordFile, "redis-password-file", "", "`file` holding the Redis password (default: $"+redisPasswordEnv+")")
@@ -149,7 +149,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			}
 		}
 		if len(cfg.redisAddrs) == 0 {
-			return usagef("serve: --store redis needs --redis-addr")
+			return usagef("serve: --store redis needs --redis-addr HOST:PORT: one server, two or more Cluster nodes, or the Sentinels with --redis-master NAME")
 		}
 		if cfg.redisTimeout <= 0 {
 			return usagef("serve: --redis-timeout must be positive")
@@ -186,13 +186,22 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 	}
-	var h slog.Handler
-	if cfg.logFormat == "json" {
-		h = slog.NewJSONHandler(stderr, nil)
-	} else {
-		h = slog.NewTextHandler(stderr, nil)
+	return serve(ctx, cfg, newLogger(cfg.logFormat, stderr))
+}
+
+// newLogger returns serve's logger in format "text" or "json". Durations
+// print as Go durations ("1.5s") in both, not as integer nanoseconds.
+func newLogger(format string, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Value.Kind() == slog.KindDuration {
+			a.Value = slog.StringValue(a.Value.Duration().String())
+		}
+		return a
+	}}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
 	}
-	return serve(ctx, cfg, slog.New(h))
+	return slog.New(slog.NewTextHandler(w, opts))
 }
 
 // checkAdminAddr refuses a non-loopback admin address unless allowed.
@@ -210,27 +219,72 @@ func checkAdminAddr(addr string, allowRemote bool) error {
 	return nil
 }
 
-// closer is a store that must be closed.
-type closer interface{ Close() error }
+// A backend is where the service keeps its state, and what else comes
+// with it: key inspection and reset for the admin API, where runtime
+// overrides live, and how to close it all.
+type backend struct {
+	store     ratelimit.Store
+	keys      httpapi.KeyStore
+	overrides httpapi.OverrideStore
+	// shared reports that other replicas see the same state, so that the
+	// overrides must be polled for their changes.
+	shared bool
+	// errors counts the calls to the store's backend that failed, when the
+	// store answers them by each rule's failure_mode instead of an error.
+	errors func() uint64
+	// closers close what was opened, last first.
+	closers []func() error
+}
 
-// openStore opens the configured store, with its key inspection and reset
-// for the admin API and where it keeps runtime overrides.
-func openStore(cfg *serveConfig) (ratelimit.Store, closer, httpapi.KeyStore, httpapi.OverrideStore, error) {
+// close closes the backend, logging what fails.
+func (b *backend) close(log *slog.Logger) {
+	for i := len(b.closers) - 1; i >= 0; i-- {
+		if err := b.closers[i](); err != nil {
+			log.Error("closing the store", "err", err)
+		}
+	}
+}
+
+// openBackend opens the configured store. A Redis that refuses the
+// credentials is an error; one that is not reachable yet is only logged.
+func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*backend, error) {
 	if cfg.store == "memory" {
 		m := memstore.New(memstore.Options{})
-		return m, m, httpapi.LocalKeys(m), &httpapi.MemoryOverrides{}, nil
+		return &backend{store: m, keys: httpapi.LocalKeys(m), overrides: &httpapi.MemoryOverrides{}, closers: []func() error{m.Close}}, nil
 	}
-	rs, err := redisstore.New(redisstore.Options{
+	redisstore.LogTo(log)
+	c, err := redisstore.NewClient(redisstore.ClientOptions{
 		Addrs: cfg.redisAddrs, MasterName: cfg.redisMaster,
 		Username: cfg.redisUsername, Password: cfg.redisPassword, TLS: cfg.redisTLS,
 		SentinelUsername: cfg.sentinelUsername, SentinelPassword: cfg.sentinelPassword,
-		Prefix: cfg.redisPrefix, Replicas: cfg.replicas,
-		Pipelines: cfg.redisPipelines, BatchWindow: cfg.redisWindow, Timeout: cfg.redisTimeout,
+		Timeout: cfg.redisTimeout,
 	})
 	if err != nil {
-		return nil, nil, nil, nil, fmt.Errorf("serve: %w", err)
+		return nil, fmt.Errorf("serve: %w", err)
 	}
-	return rs, rs, rs, httpapi.NewRedisOverrides(rs.Client(), cfg.redisPrefix), nil
+	b := &backend{shared: true, closers: []func() error{c.Close}}
+	if err := checkRedis(ctx, c, log); err != nil {
+		b.close(log)
+		return nil, err
+	}
+	rs, err := redisstore.New(c, redisstore.Options{
+		Prefix: cfg.redisPrefix, Replicas: cfg.replicas,
+		Pipelines: cfg.redisPipelines, BatchWindow: cfg.redisWindow, Timeout: cfg.redisTimeout,
+		Logger: log,
+	})
+	if err != nil {
+		b.close(log)
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	b.closers = append(b.closers, rs.Close)
+	h, err := redisstore.NewExpiringHash(c, cfg.redisPrefix+"overrides")
+	if err != nil {
+		b.close(log)
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	b.store, b.keys, b.overrides = rs, rs, httpapi.NewRedisOverrides(h)
+	b.errors = func() uint64 { return rs.Stats().Errors }
+	return b, nil
 }
 
 // secret returns the content of file without its line ending, or the
@@ -302,44 +356,79 @@ func ruleCount(set *rules.Set) int {
 	return n
 }
 
-// serve runs the service until ctx is done.
+// serve runs the service until ctx is done: it loads the rules, opens the
+// store, builds the servers, listens, and runs them until ctx ends or one
+// fails; then it drains.
 func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
-	if fi, err := os.Stat(cfg.rulesDir); err != nil || !fi.IsDir() {
+	set, err := loadRules(cfg.rulesDir)
+	if err != nil {
+		return err
+	}
+	b, err := openBackend(ctx, &cfg, log)
+	if err != nil {
+		return err
+	}
+	defer b.close(log)
+	srv, err := newServers(&cfg, set, b, log)
+	if err != nil {
+		return err
+	}
+	lns, err := listen(ctx, &cfg)
+	if err != nil {
+		return err
+	}
+	defer lns.close()
+	return srv.run(ctx, &cfg, set, lns, log)
+}
+
+// loadRules loads the rules directory, with an error that says what to do
+// when it is missing.
+func loadRules(dir string) (*rules.Set, error) {
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 		if errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("serve: rules directory %q does not exist (paths are relative to the working directory; run from the repository root or pass --rules DIR)", cfg.rulesDir)
+			return nil, fmt.Errorf("serve: rules directory %q does not exist (paths are relative to the working directory; run from the repository root or pass --rules DIR)", dir)
 		}
 		if err == nil {
 			err = errors.New("not a directory")
 		}
-		return fmt.Errorf("serve: rules directory %q: %w", cfg.rulesDir, err)
+		return nil, fmt.Errorf("serve: rules directory %q: %w", dir, err)
 	}
-	set, err := rules.Load(cfg.rulesDir)
+	set, err := rules.Load(dir)
 	if err != nil {
-		return fmt.Errorf("serve: loading the rules:\n%w", err)
+		return nil, fmt.Errorf("serve: loading the rules:\n%w", err)
 	}
+	return set, nil
+}
 
-	base, closeStore, keys, overrideStore, err := openStore(&cfg)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err := closeStore.Close(); err != nil {
-			log.Error("closing the store", "err", err)
-		}
-	}()
-	if rs, ok := base.(*redisstore.Store); ok {
-		if err := checkRedis(ctx, rs.Client(), log); err != nil {
-			return err
-		}
-	}
+// servers are the service and everything that serves it.
+type servers struct {
+	watcher      *rules.Watcher
+	overrideSync *httpapi.OverrideSync
+	pollShared   bool // poll the overrides: other replicas change them
+	grpc         *grpc.Server
+	health       *health.Server
+	api          *httpapi.API
+	http         *http.Server
+	admin        *http.Server // nil when the admin API is off
+}
 
+// rlsName is the gRPC service name of Envoy's rate limit service, as the
+// health service reports it.
+const rlsName = "envoy.service.ratelimit.v3.RateLimitService"
+
+// newServers builds the decision service on b and its servers; nothing
+// runs yet.
+func newServers(cfg *serveConfig, set *rules.Set, b *backend, log *slog.Logger) (*servers, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := service.NewMetrics(reg)
+	if b.errors != nil {
+		metrics.CountStoreErrors(b.errors)
+	}
 	overrides := service.NewOverrides(set, nil)
-	svc, err := service.New(service.Options{Store: base, Rules: set, Independent: cfg.independent, Overrides: overrides, Metrics: metrics, Logger: log})
+	svc, err := service.New(service.Options{Store: b.store, Rules: set, Independent: cfg.independent, Overrides: overrides, Metrics: metrics, Logger: log})
 	if err != nil {
-		return fmt.Errorf("serve: %w", err)
+		return nil, fmt.Errorf("serve: %w", err)
 	}
 	watcher, err := rules.NewWatcher(cfg.rulesDir, rules.WatchOptions{
 		OnLoad: func(next *rules.Set) {
@@ -354,61 +443,79 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 		Logger:  log,
 	})
 	if err != nil {
-		return fmt.Errorf("serve: %w", err)
+		return nil, fmt.Errorf("serve: %w", err)
 	}
-	overrideSync := &httpapi.OverrideSync{Store: overrideStore, Overrides: overrides, Logger: log}
-
+	s := &servers{
+		watcher:      watcher,
+		overrideSync: &httpapi.OverrideSync{Store: b.overrides, Overrides: overrides, Logger: log},
+		pollShared:   b.shared,
+		grpc:         grpc.NewServer(grpc.MaxRecvMsgSize(int(min(cfg.maxBodyBytes, 1<<30)))),
+		health:       health.NewServer(),
+	}
 	rlsServer := rls.New(svc, rls.Options{Headers: cfg.headers})
-	grpcServer := grpc.NewServer(grpc.MaxRecvMsgSize(int(min(cfg.maxBodyBytes, 1<<30))))
-	rlsServer.Register(grpcServer)
-	healthServer := health.NewServer()
-	healthpb.RegisterHealthServer(grpcServer, healthServer)
-	reflection.Register(grpcServer)
-	const rlsName = "envoy.service.ratelimit.v3.RateLimitService"
-	healthServer.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
-	healthServer.SetServingStatus(rlsName, healthpb.HealthCheckResponse_NOT_SERVING)
+	rlsServer.Register(s.grpc)
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	s.health.SetServingStatus(rlsName, healthpb.HealthCheckResponse_NOT_SERVING)
 
-	api, err := httpapi.New(httpapi.Options{Service: svc, RLS: rlsServer, Gatherer: reg, MaxBodyBytes: cfg.maxBodyBytes})
-	if err != nil {
-		return fmt.Errorf("serve: %w", err)
+	if s.api, err = httpapi.New(httpapi.Options{Service: svc, RLS: rlsServer, Gatherer: reg, MaxBodyBytes: cfg.maxBodyBytes}); err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
 	}
-	httpServer := &http.Server{Handler: api, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-
-	var adminServer *http.Server
+	s.http = &http.Server{Handler: s.api, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	if cfg.adminAddr != "" {
 		admin, err := httpapi.NewAdmin(httpapi.AdminOptions{
-			Token: cfg.adminToken, Service: svc, Store: base, Keys: keys,
-			Overrides: overrides, OverrideSync: overrideSync,
+			Token: cfg.adminToken, Service: svc, Store: b.store, Keys: b.keys,
+			Overrides: overrides, OverrideSync: s.overrideSync,
 			Reload: watcher.Reload, Status: watcher.Status, Logger: log,
 		})
 		if err != nil {
-			return fmt.Errorf("serve: %w", err)
+			return nil, fmt.Errorf("serve: %w", err)
 		}
-		adminServer = &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second}
+		s.admin = &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second}
 	}
+	return s, nil
+}
 
-	// Listen on everything before serving anything, so that a taken port
-	// fails the start-up cleanly.
+// listeners are serve's listening sockets.
+type listeners struct {
+	grpc, http, admin net.Listener // admin is nil when the admin API is off
+}
+
+// listen opens every listener before anything is served, so that a taken
+// port fails the start-up cleanly.
+func listen(ctx context.Context, cfg *serveConfig) (*listeners, error) {
 	var lc net.ListenConfig
-	grpcLn, err := lc.Listen(ctx, "tcp", cfg.grpcAddr)
-	if err != nil {
-		return fmt.Errorf("serve: gRPC listener: %w", err)
+	var l listeners
+	var err error
+	if l.grpc, err = lc.Listen(ctx, "tcp", cfg.grpcAddr); err != nil {
+		return nil, fmt.Errorf("serve: gRPC listener: %w", err)
 	}
-	defer grpcLn.Close()
-	httpLn, err := lc.Listen(ctx, "tcp", cfg.httpAddr)
-	if err != nil {
-		return fmt.Errorf("serve: HTTP listener: %w", err)
+	if l.http, err = lc.Listen(ctx, "tcp", cfg.httpAddr); err != nil {
+		l.close()
+		return nil, fmt.Errorf("serve: HTTP listener: %w", err)
 	}
-	defer httpLn.Close()
-	var adminLn net.Listener
-	if adminServer != nil {
-		if adminLn, err = lc.Listen(ctx, "tcp", cfg.adminAddr); err != nil {
-			return fmt.Errorf("serve: admin listener: %w", err)
+	if cfg.adminAddr != "" {
+		if l.admin, err = lc.Listen(ctx, "tcp", cfg.adminAddr); err != nil {
+			l.close()
+			return nil, fmt.Errorf("serve: admin listener: %w", err)
 		}
-		defer adminLn.Close()
 	}
+	return &l, nil
+}
 
-	// Every goroutine below is owned here and waited for before return.
+func (l *listeners) close() {
+	for _, ln := range []net.Listener{l.grpc, l.http, l.admin} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
+}
+
+// run serves on lns until ctx is done or a server fails, then turns
+// readiness off and drains within cfg.shutdownTimeout. Every goroutine it
+// starts is waited for before it returns.
+func (s *servers) run(ctx context.Context, cfg *serveConfig, set *rules.Set, lns *listeners, log *slog.Logger) error {
 	bgCtx, stopBackground := context.WithCancel(context.Background())
 	defer stopBackground()
 	var wg sync.WaitGroup
@@ -422,39 +529,22 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	}
 	goRun("gRPC server", func() error {
 		// A stop that comes before Serve starts is not a failure.
-		if err := grpcServer.Serve(grpcLn); !errors.Is(err, grpc.ErrServerStopped) {
+		if err := s.grpc.Serve(lns.grpc); !errors.Is(err, grpc.ErrServerStopped) {
 			return err
 		}
 		return nil
 	})
-	goRun("HTTP server", func() error { return ignoreClosed(httpServer.Serve(httpLn)) })
-	if adminServer != nil {
-		goRun("admin server", func() error { return ignoreClosed(adminServer.Serve(adminLn)) })
+	goRun("HTTP server", func() error { return ignoreClosed(s.http.Serve(lns.http)) })
+	if s.admin != nil {
+		goRun("admin server", func() error { return ignoreClosed(s.admin.Serve(lns.admin)) })
 	}
-	goRun("rules watcher", func() error { return watcher.Run(bgCtx) })
-	if cfg.store == "redis" {
-		goRun("override poller", func() error { return overrideSync.Run(bgCtx) })
+	goRun("rules watcher", func() error { return s.watcher.Run(bgCtx) })
+	if s.pollShared {
+		goRun("override poller", func() error { return s.overrideSync.Run(bgCtx) })
 	}
 
-	api.SetReady(true)
-	healthServer.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	healthServer.SetServingStatus(rlsName, healthpb.HealthCheckResponse_SERVING)
-	attrs := []any{
-		"grpc", grpcLn.Addr().String(), "http", httpLn.Addr().String(),
-		"rules", cfg.rulesDir, "domains", strings.Join(set.Domains(), ","), "rule_count", ruleCount(set),
-		"store", cfg.store,
-	}
-	if cfg.store == "redis" {
-		attrs = append(attrs, "redis", strings.Join(cfg.redisAddrs, ","))
-		if cfg.redisMaster != "" {
-			attrs = append(attrs, "redis_master", cfg.redisMaster)
-		}
-	}
-	if adminLn != nil {
-		attrs = append(attrs, "admin", adminLn.Addr().String())
-	}
-	log.Info("sluice serving", attrs...)
-
+	s.setReady(true)
+	log.Info("sluice serving", servingAttrs(cfg, set, lns)...)
 	var runErr error
 	select {
 	case <-ctx.Done():
@@ -462,35 +552,9 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 		log.Error("stopping after a failure", "err", runErr)
 	}
 
-	// Readiness off first, then drain within the deadline.
-	api.SetReady(false)
-	healthServer.Shutdown() // every service NOT_SERVING
+	s.setReady(false)
 	log.Info("sluice draining", "timeout", cfg.shutdownTimeout)
-	sctx, cancel := context.WithTimeout(context.Background(), cfg.shutdownTimeout)
-	defer cancel()
-	stopped := make(chan struct{})
-	go func() {
-		grpcServer.GracefulStop()
-		close(stopped)
-	}()
-	var shutdownErr error
-	if err := httpServer.Shutdown(sctx); err != nil {
-		shutdownErr = fmt.Errorf("serve: HTTP shutdown: %w", err)
-	}
-	if adminServer != nil {
-		if err := adminServer.Shutdown(sctx); err != nil && shutdownErr == nil {
-			shutdownErr = fmt.Errorf("serve: admin shutdown: %w", err)
-		}
-	}
-	select {
-	case <-stopped:
-	case <-sctx.Done():
-		grpcServer.Stop() // cancels the calls still running
-		<-stopped
-		if shutdownErr == nil {
-			shutdownErr = fmt.Errorf("serve: gRPC calls still running after %v; cancelled", cfg.shutdownTimeout)
-		}
-	}
+	shutdownErr := s.drain(cfg.shutdownTimeout)
 	stopBackground()
 	wg.Wait()
 	close(failed)
@@ -507,6 +571,69 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	}
 	log.Info("sluice stopped")
 	return nil
+}
+
+// setReady turns readiness on or off: /readyz, and gRPC health for every
+// service. Off is final: the health server answers NOT_SERVING from then on.
+func (s *servers) setReady(ready bool) {
+	s.api.SetReady(ready)
+	if !ready {
+		s.health.Shutdown()
+		return
+	}
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(rlsName, healthpb.HealthCheckResponse_SERVING)
+}
+
+// drain lets in-flight calls finish within timeout, then cancels the gRPC
+// calls still running.
+func (s *servers) drain(timeout time.Duration) error {
+	sctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	stopped := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(stopped)
+	}()
+	var err error
+	if herr := s.http.Shutdown(sctx); herr != nil {
+		err = fmt.Errorf("serve: HTTP shutdown: %w", herr)
+	}
+	if s.admin != nil {
+		if aerr := s.admin.Shutdown(sctx); aerr != nil && err == nil {
+			err = fmt.Errorf("serve: admin shutdown: %w", aerr)
+		}
+	}
+	select {
+	case <-stopped:
+	case <-sctx.Done():
+		s.grpc.Stop() // cancels the calls still running
+		<-stopped
+		if err == nil {
+			err = fmt.Errorf("serve: gRPC calls still running after %v; cancelled", timeout)
+		}
+	}
+	return err
+}
+
+// servingAttrs are the attributes of the start-up line: where serve
+// listens and what it loaded.
+func servingAttrs(cfg *serveConfig, set *rules.Set, lns *listeners) []any {
+	attrs := []any{
+		"grpc", lns.grpc.Addr().String(), "http", lns.http.Addr().String(),
+		"rules", cfg.rulesDir, "domains", strings.Join(set.Domains(), ","), "rule_count", ruleCount(set),
+		"store", cfg.store,
+	}
+	if cfg.store == "redis" {
+		attrs = append(attrs, "redis", strings.Join(cfg.redisAddrs, ","))
+		if cfg.redisMaster != "" {
+			attrs = append(attrs, "redis_master", cfg.redisMaster)
+		}
+	}
+	if lns.admin != nil {
+		attrs = append(attrs, "admin", lns.admin.Addr().String())
+	}
+	return attrs
 }
 
 func ignoreClosed(err error) error {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -68,9 +69,12 @@ func TestServeErrors(t *testing.T) {
 		{"broken rules", []string{"--rules", bad}, false, "st.yaml:4"},
 		{"unknown store", []string{"--rules", good, "--store", "disk"}, true, `"disk"`},
 		{"redis without address", []string{"--rules", good, "--store", "redis", "--redis-addr", " , "}, true, "--redis-addr"},
-		{"redis timeout zero", []string{"--rules", good, "--store", "redis", "--redis-timeout", "0s"}, true, "--redis-timeout"},
-		{"redis password file missing", []string{"--rules", good, "--store", "redis", "--redis-password-file", tokenFile + "x"}, false, "Redis password"},
-		{"redis CA not PEM", []string{"--rules", good, "--store", "redis", "--redis-tls-ca", tokenFile}, true, "no PEM"},
+		// No default address: a Redis that happens to run on 6379 is never
+		// used by accident.
+		{"redis, no --redis-addr", []string{"--rules", good, "--store", "redis"}, true, "--store redis needs --redis-addr HOST:PORT"},
+		{"redis timeout zero", []string{"--rules", good, "--store", "redis", "--redis-addr", "127.0.0.1:1", "--redis-timeout", "0s"}, true, "--redis-timeout"},
+		{"redis password file missing", []string{"--rules", good, "--store", "redis", "--redis-addr", "127.0.0.1:1", "--redis-password-file", tokenFile + "x"}, false, "Redis password"},
+		{"redis CA not PEM", []string{"--rules", good, "--store", "redis", "--redis-addr", "127.0.0.1:1", "--redis-tls-ca", tokenFile}, true, "no PEM"},
 		{"admin without token", []string{"--rules", good, "--admin-addr", "127.0.0.1:0", "--admin-token-file", tokenFile}, true, "token"},
 		{"admin token file missing", []string{"--rules", good, "--admin-addr", "127.0.0.1:0", "--admin-token-file", tokenFile + "x"}, false, "admin token"},
 		{"bad log format", []string{"--rules", good, "--log-format", "xml"}, true, "xml"},
@@ -324,16 +328,40 @@ func TestServeRedisUnreachable(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- serve(ctx, cfg, slog.New(h)) }()
 	warned := false
-	for serving := false; !serving; {
+	var up map[string]string
+	for up == nil {
 		select {
 		case r := <-h.ch:
 			warned = warned || strings.Contains(r["msg"], "Redis is not reachable")
-			serving = r["msg"] == "sluice serving"
+			if r["msg"] == "sluice serving" {
+				up = r
+			}
 		case err := <-done:
 			t.Fatalf("serve returned: %v", err)
 		case <-time.After(10 * time.Second):
 			t.Fatal("serve did not start")
 		}
+	}
+	// A decision while Redis is down follows the rule's failure_mode
+	// (fail_open here) and counts as a store error.
+	resp, err := http.Post("http://"+up["http"]+"/v1/check", "application/json",
+		strings.NewReader(`{"domain":"st","descriptors":[{"entries":[{"key":"user","value":"r"}]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"reason":"fail_open"`) {
+		t.Fatalf("check with Redis down: %d %s", resp.StatusCode, body)
+	}
+	resp, err = http.Get("http://" + up["http"] + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if m := regexp.MustCompile(`(?m)^sluice_store_errors_total (\d+)$`).FindSubmatch(metrics); m == nil || string(m[1]) == "0" {
+		t.Errorf("sluice_store_errors_total after a decision with Redis down: %q, want at least 1", m)
 	}
 	cancel()
 	if err := <-done; err != nil {
@@ -469,5 +497,17 @@ func testServeRedis(t *testing.T, mod func(*serveConfig), hlen func(context.Cont
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("serve did not stop")
+	}
+}
+
+// TestLoggerDurations: both log formats print durations as Go durations;
+// slog's JSON handler alone would print integer nanoseconds.
+func TestLoggerDurations(t *testing.T) {
+	for format, want := range map[string]string{"json": `"timeout":"10s"`, "text": "timeout=10s"} {
+		var b strings.Builder
+		newLogger(format, &b).Info("x", "timeout", 10*time.Second)
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("%s log %q lacks %q", format, b.String(), want)
+		}
 	}
 }

@@ -1,5 +1,5 @@
 // Package deps holds no code: its test enforces the import rules of
-// DESIGN.md over the whole module, in the spirit of the Go tree's
+// ARCHITECTURE.md over the whole module, in the spirit of the Go tree's
 // go/build/deps_test.go.
 //
 //   - ratelimit depends on the standard library only.
@@ -7,6 +7,9 @@
 //     gRPC, a YAML package or Prometheus — except that grpclimit, whose
 //     whole purpose is gRPC interceptors, may depend on gRPC (and on
 //     nothing else of the three).
+//   - Only redisstore, among the library packages, depends on go-redis:
+//     a program that keeps its state in memory links no Redis code.
+
 //   - Only package main under cmd/ imports flag or reads the environment
 //     (os.Getenv, os.LookupEnv, os.Environ, os.ExpandEnv, syscall.Getenv,
 //     syscall.Environ). The load-test programs under bench/ are commands
@@ -160,7 +163,17 @@ func isHeavy(path string) bool {
 // grpcAllowed is the one library package that may depend on gRPC.
 const grpcAllowed = "grpclimit"
 
-func importRules() []rule {
+// redisAllowed is the one library package that may depend on go-redis.
+const redisAllowed = "redisstore"
+
+// isRedis reports whether path is a Redis client package.
+func isRedis(path string) bool { return strings.HasPrefix(path, "github.com/redis/") }
+
+// isLibrary reports whether the package at rel is a library package: one
+// that users of the module import.
+func isLibrary(rel string) bool { return !underAny(rel, "cmd", "internal", "bench") }
+
+func importRules(mod string) []rule {
 	return []rule{
 		{
 			name:      "ratelimit may depend on the standard library only",
@@ -169,8 +182,13 @@ func importRules() []rule {
 		},
 		{
 			name:      "library packages (outside cmd/, internal/ and bench/) may not depend on gRPC, YAML or Prometheus",
-			applies:   func(rel string) bool { return !underAny(rel, "cmd", "internal", "bench") && rel != grpcAllowed },
+			applies:   func(rel string) bool { return isLibrary(rel) && rel != grpcAllowed },
 			forbidden: func(p *pkg) bool { return isHeavy(p.ImportPath) },
+		},
+		{
+			name:      "only redisstore, of the library packages, may depend on go-redis: a memory-only program links no Redis code",
+			applies:   func(rel string) bool { return isLibrary(rel) && rel != redisAllowed },
+			forbidden: func(p *pkg) bool { return isRedis(p.ImportPath) },
 		},
 		{
 			name:      "grpclimit may depend on gRPC, but not on YAML or Prometheus",
@@ -316,7 +334,7 @@ func envCalls(filename string, src []byte) ([]string, error) {
 // check returns the messages of every rule: the import rules, then the
 // flag and environment rule.
 func check(pkgs map[string]*pkg, mod string) ([]string, error) {
-	msgs := checkImports(pkgs, mod, importRules())
+	msgs := checkImports(pkgs, mod, importRules(mod))
 	more, err := checkFlagsAndEnv(pkgs, mod)
 	if err != nil {
 		return nil, err
@@ -414,6 +432,20 @@ func TestRulesCatchViolations(t *testing.T) {
 			name: "grpclimit imports yaml",
 			pkgs: []*pkg{ext("gopkg.in/yaml.v3"), own("grpclimit", "grpclimit", "gopkg.in/yaml.v3")},
 			want: []string{"package example.com/m/grpclimit imports gopkg.in/yaml.v3: grpclimit may depend on gRPC, but not on YAML or Prometheus"},
+		},
+		{
+			name: "library links go-redis",
+			pkgs: []*pkg{
+				ext("github.com/redis/go-redis/v9"),
+				own("redisstore", "redisstore", "github.com/redis/go-redis/v9"), // allowed
+				own("lease", "lease", mod+"/redisstore"),
+				own("memstore", "memstore", "github.com/redis/go-redis/v9"),
+				own("internal/httpapi", "httpapi", mod+"/redisstore"), // allowed
+			},
+			want: []string{
+				"package example.com/m/lease imports example.com/m/redisstore, which depends on github.com/redis/go-redis/v9: only redisstore",
+				"package example.com/m/memstore imports github.com/redis/go-redis/v9: only redisstore",
+			},
 		},
 		{
 			name: "library reaches grpc through a dependency",

@@ -272,8 +272,8 @@ func TestCheckBadInput(t *testing.T) {
 		{"long key", `{"domain":"t","descriptors":[{"entries":[{"key":"` + strings.Repeat("k", 257) + `","value":"v"}]}]}`, "MaxKeyValueBytes"},
 		{"long value", `{"domain":"t","descriptors":[{"entries":[{"key":"k","value":"` + strings.Repeat("v", 257) + `"}]}]}`, "MaxKeyValueBytes"},
 		{"long domain", `{"domain":"` + strings.Repeat("d", 257) + `","descriptors":[{"entries":[` + entry + `]}]}`, "MaxKeyValueBytes"},
-		{"huge cost", `{"domain":"t","descriptors":[{"entries":[` + entry + `],"cost":1099511627777}]}`, "MaxLimit"},
-		{"huge negative cost", `{"domain":"t","cost":-1099511627777,"descriptors":[{"entries":[` + entry + `]}]}`, "MaxLimit"},
+		{"huge cost", `{"domain":"t","descriptors":[{"entries":[` + entry + `],"cost":1099511627777}]}`, "MaxQuota"},
+		{"huge negative cost", `{"domain":"t","cost":-1099511627777,"descriptors":[{"entries":[` + entry + `]}]}`, "MaxQuota"},
 		{"cost overflow", `{"domain":"t","cost":99999999999999999999,"descriptors":[{"entries":[` + entry + `]}]}`, `field "cost"`},
 		{"body too large", `{"domain":"` + strings.Repeat("d", 5000) + `"}`, "MaxBodyBytes"},
 	}

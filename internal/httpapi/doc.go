@@ -57,7 +57,7 @@
 // wrong type, trailing data and values beyond a bound are answered 400.
 // Every error is an RFC 9457 application/problem+json object whose detail
 // names the field or the bound (MaxDescriptors, MaxEntries,
-// MaxKeyValueBytes, MaxBodyBytes, MaxLimit). A store that cannot decide
+// MaxKeyValueBytes, MaxBodyBytes, MaxQuota). A store that cannot decide
 // gives 503.
 //
 // # Concurrency and cost

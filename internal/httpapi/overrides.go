@@ -6,13 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
-	"strconv"
 	"sync"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/sluicehq/sluice/internal/service"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 // An OverrideStore keeps the runtime overrides of rule limits where every
@@ -96,50 +94,20 @@ func sortOverrides(list []service.RuleOverride) {
 	})
 }
 
-// RedisOverrides is an OverrideStore in one Redis hash, shared by every
-// replica that uses the same Redis and prefix. Expiry is kept as an
-// instant of the Redis server's clock (TIME) and compared with it only,
-// so replicas never compare their own clocks. Replicas learn of a change
-// by polling (see OverrideSync), so a change reaches every replica within
-// one poll interval plus a round trip; the replica that made it applies it
-// at once.
+// RedisOverrides is an OverrideStore in a redisstore.ExpiringHash, shared
+// by every replica that uses the same Redis and prefix: each override is
+// one entry, expiring by the Redis server's clock. Replicas learn of a
+// change by polling (see OverrideSync), so a change reaches every replica
+// within one poll interval plus a round trip; the replica that made it
+// applies it at once.
 type RedisOverrides struct {
-	c         redis.UniversalClient
-	key       string
-	put, list *redis.Script
+	h *redisstore.ExpiringHash
 }
 
-// NewRedisOverrides returns a RedisOverrides in the hash prefix+"overrides".
-func NewRedisOverrides(c redis.UniversalClient, prefix string) *RedisOverrides {
-	return &RedisOverrides{c: c, key: prefix + "overrides", put: redis.NewScript(putLua), list: redis.NewScript(listLua)}
+// NewRedisOverrides returns a RedisOverrides in h.
+func NewRedisOverrides(h *redisstore.ExpiringHash) *RedisOverrides {
+	return &RedisOverrides{h: h}
 }
-
-// Both scripts read the server's clock in milliseconds.
-const (
-	// putLua: KEYS[1] hash, ARGV[1] field, ARGV[2] value, ARGV[3] ttl ms.
-	putLua = `local t = redis.call('TIME')
-local exp = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], ARGV[1], string.format('%d', exp) .. '|' .. ARGV[2])
-return 1`
-	// listLua: returns the server time in ms and the fields in force with
-	// their remaining ms; deletes the expired ones.
-	listLua = `local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local all = redis.call('HGETALL', KEYS[1])
-local out = {}
-for i = 1, #all, 2 do
-  local v = all[i + 1]
-  local sep = string.find(v, '|', 1, true)
-  local exp = sep and tonumber(string.sub(v, 1, sep - 1))
-  if not exp or exp <= now then
-    redis.call('HDEL', KEYS[1], all[i])
-  else
-    table.insert(out, string.format('%d', exp - now))
-    table.insert(out, string.sub(v, sep + 1))
-  end
-end
-return out`
-)
 
 // redisOverride is the JSON value of one override in the hash.
 type redisOverride struct {
@@ -159,25 +127,21 @@ func redisField(domain, rule string) string {
 // List implements OverrideStore.
 func (r *RedisOverrides) List(ctx context.Context) ([]service.RuleOverride, error) {
 	start := time.Now()
-	res, err := r.list.Run(ctx, r.c, []string{r.key}).StringSlice()
+	entries, err := r.h.List(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("httpapi: listing overrides in Redis: %w", err)
+		return nil, fmt.Errorf("httpapi: listing overrides: %w", err)
 	}
-	out := make([]service.RuleOverride, 0, len(res)/2)
-	for i := 0; i+1 < len(res); i += 2 {
-		ms, err := strconv.ParseInt(res[i], 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("httpapi: override expiry %q: %w", res[i], err)
-		}
+	out := make([]service.RuleOverride, 0, len(entries))
+	for _, e := range entries {
 		var v redisOverride
-		if err := json.Unmarshal([]byte(res[i+1]), &v); err != nil {
-			return nil, fmt.Errorf("httpapi: override value %q: %w", res[i+1], err)
+		if err := json.Unmarshal([]byte(e.Value), &v); err != nil {
+			return nil, fmt.Errorf("httpapi: override value %q: %w", e.Value, err)
 		}
 		out = append(out, service.RuleOverride{
 			Domain: v.Domain, Rule: v.Rule, Limit: v.Limit, Burst: v.Burst, By: v.By, Reason: v.Reason,
 			// Measured from before the call: an override never lasts
 			// longer here than on the server.
-			Expires: start.Add(time.Duration(ms) * time.Millisecond),
+			Expires: start.Add(e.TTL),
 		})
 	}
 	sortOverrides(out)
@@ -190,20 +154,19 @@ func (r *RedisOverrides) Put(ctx context.Context, o service.RuleOverride, ttl ti
 	if err != nil {
 		return err
 	}
-	ms := max(ttl.Milliseconds(), 1)
-	if err := r.put.Run(ctx, r.c, []string{r.key}, redisField(o.Domain, o.Rule), string(v), ms).Err(); err != nil {
-		return fmt.Errorf("httpapi: storing an override in Redis: %w", err)
+	if err := r.h.Put(ctx, redisField(o.Domain, o.Rule), string(v), ttl); err != nil {
+		return fmt.Errorf("httpapi: storing an override: %w", err)
 	}
 	return nil
 }
 
 // Delete implements OverrideStore.
 func (r *RedisOverrides) Delete(ctx context.Context, domain, rule string) (bool, error) {
-	n, err := r.c.HDel(ctx, r.key, redisField(domain, rule)).Result()
+	ok, err := r.h.Delete(ctx, redisField(domain, rule))
 	if err != nil {
-		return false, fmt.Errorf("httpapi: deleting an override in Redis: %w", err)
+		return false, fmt.Errorf("httpapi: deleting an override: %w", err)
 	}
-	return n > 0, nil
+	return ok, nil
 }
 
 // DefaultOverridePoll is how often OverrideSync re-reads a shared store

@@ -6,9 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/service"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 // testOverrideStore runs the OverrideStore contract against s.
@@ -67,15 +69,25 @@ func TestMemoryOverrides(t *testing.T) {
 	}
 }
 
+// redisOverrides returns a RedisOverrides in the hash prefix+"overrides".
+func redisOverrides(t *testing.T, c redis.UniversalClient, prefix string) *RedisOverrides {
+	t.Helper()
+	h, err := redisstore.NewExpiringHash(c, prefix+"overrides")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return NewRedisOverrides(h)
+}
+
 func TestRedisOverrides(t *testing.T) {
 	srv := redistest.Standalone(t)
 	c := srv.Client()
 	t.Cleanup(func() { c.Close() })
-	testOverrideStore(t, NewRedisOverrides(c, "test:"))
+	testOverrideStore(t, redisOverrides(t, c, "test:"))
 
 	// Expiry is measured on the Redis server's clock: a 1 ms override
 	// is gone once the server's clock has moved past it.
-	s := NewRedisOverrides(c, "exp:")
+	s := redisOverrides(t, c, "exp:")
 	if err := s.Put(t.Context(), service.RuleOverride{Domain: "t", Rule: "r", Limit: 1}, time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +118,7 @@ func TestRedisOverridesReachEveryReplica(t *testing.T) {
 	set := loadSet(t, testRules)
 	replica := func() (*service.Overrides, *OverrideSync) {
 		ov := service.NewOverrides(set, nil)
-		return ov, &OverrideSync{Store: NewRedisOverrides(c, "shared:"), Overrides: ov, Every: 10 * time.Millisecond}
+		return ov, &OverrideSync{Store: redisOverrides(t, c, "shared:"), Overrides: ov, Every: 10 * time.Millisecond}
 	}
 	_, syncA := replica()
 	ovB, syncB := replica()

@@ -99,7 +99,12 @@ func redisStores(addrs []string) storeFactory {
 	n := 0
 	return func(t *testing.T, now func() time.Time) ratelimit.Store {
 		n++
-		s, err := redisstore.New(redisstore.Options{Addrs: addrs, Now: now, Prefix: fmt.Sprintf("conformance%d:", n), Timeout: 10 * time.Second})
+		c, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: addrs, Timeout: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		s, err := redisstore.New(c, redisstore.Options{Now: now, Prefix: fmt.Sprintf("conformance%d:", n), Timeout: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -18,7 +18,8 @@ type Metrics struct {
 	decisions *prometheus.CounterVec
 	nearLimit *prometheus.CounterVec
 	latency   prometheus.Histogram
-	storeErrs prometheus.Counter
+	storeErrs atomic.Uint64                 // requests answered with a store error
+	backend   atomic.Pointer[func() uint64] // the store's own count of failed calls
 	reloads   *prometheus.CounterVec
 	ruleCount prometheus.Gauge
 
@@ -64,10 +65,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time to decide one request, from validation to answer.",
 			Buckets: []float64{25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3},
 		}),
-		storeErrs: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sluice_store_errors_total",
-			Help: "Requests the store could not decide (answered with an error).",
-		}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_rule_reloads_total",
 			Help: "Rule loads by result (ok, error).",
@@ -77,7 +74,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Limits in the rule set in use.",
 		}),
 	}
-	reg.MustRegister(m.decisions, m.nearLimit, m.latency, m.storeErrs, m.reloads, m.ruleCount)
+	storeErrs := prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "sluice_store_errors_total",
+		Help: "Failed calls to the store: requests answered with an error, and calls the store answered by each rule's failure_mode (fail_open, fail_closed, local) because its backend failed.",
+	}, func() float64 {
+		n := m.storeErrs.Load()
+		if f := m.backend.Load(); f != nil {
+			n += (*f)()
+		}
+		return float64(n)
+	})
+	reg.MustRegister(m.decisions, m.nearLimit, m.latency, storeErrs, m.reloads, m.ruleCount)
 	empty := map[*rules.Spec]*ruleCounters{}
 	m.byRule.Store(&empty)
 	return m
@@ -125,8 +132,16 @@ func (m *Metrics) prepare(set *rules.Set) {
 
 func (m *Metrics) storeError() {
 	if m != nil {
-		m.storeErrs.Inc()
+		m.storeErrs.Add(1)
 	}
+}
+
+// CountStoreErrors adds to sluice_store_errors_total the failed calls that
+// a store counts itself, through errors (a counter that only grows): a
+// Redis store answers a failed call by each rule's failure_mode, not with
+// an error, so the service alone would not see it.
+func (m *Metrics) CountStoreErrors(errors func() uint64) {
+	m.backend.Store(&errors)
 }
 
 // observe counts the decisions of one request.

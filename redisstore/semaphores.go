@@ -1,4 +1,4 @@
-package concurrency
+package redisstore
 
 import (
 	"context"
@@ -9,33 +9,33 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/sluicehq/sluice/internal/rediskey"
+	"github.com/sluicehq/sluice/concurrency"
 )
 
-//go:embed acquire.lua
-var acquireLua string
+//go:embed semaphore_acquire.lua
+var semaphoreAcquireLua string
 
-//go:embed renew.lua
-var renewLua string
+//go:embed semaphore_renew.lua
+var semaphoreRenewLua string
 
-// DefaultRedisPrefix is the default RedisOptions.Prefix.
-const DefaultRedisPrefix = "sluice:sem:"
+// DefaultSemaphorePrefix is the default SemaphoreOptions.Prefix.
+const DefaultSemaphorePrefix = "sluice:sem:"
 
-// RedisOptions configure a RedisBackend.
-type RedisOptions struct {
-	// Prefix starts every key the backend writes; it must not contain "{"
-	// or "}". Default DefaultRedisPrefix.
+// SemaphoreOptions configure a SemaphoreStore.
+type SemaphoreOptions struct {
+	// Prefix starts every key the store writes; it must not contain "{"
+	// or "}". Default DefaultSemaphorePrefix.
 	Prefix string
 }
 
-// A RedisBackend is a Backend on Redis (standalone, Sentinel or Cluster),
-// shared by every process that uses the same server and prefix.
+// A SemaphoreStore is a concurrency.Store on Redis (standalone, Sentinel or
+// Cluster), shared by every process that uses the same server and prefix.
 //
 // Each semaphore is one sorted set, at Prefix + "{" + enc(name) + "}", where
-// enc is internal/rediskey's encoding: unpadded URL-safe base64 of the name
-// (or "~" and base64 of its SHA-256 for names longer than 128 bytes), so
-// that no byte of a name can reach another semaphore's key or choose its
-// Cluster slot. Members are the holders' tokens, scored by their expiry in
+// enc is the encoding of every caller-chosen string in this package's keys
+// (see keys.go): unpadded URL-safe base64 of the name (or "~" and base64 of
+// its SHA-256 for names longer than 128 bytes), so that no byte of a name
+// can reach another semaphore's key or choose its Cluster slot. Members are the holders' tokens, scored by their expiry in
 // milliseconds of the Redis server's clock (TIME), so that holders on
 // machines with different clocks agree. The set expires with its last
 // holder.
@@ -58,33 +58,35 @@ type RedisOptions struct {
 // A Permit reports Lost at the end of its validity whether or not a renewal
 // call has returned.
 //
-// A RedisBackend is safe for concurrent use. Use NewRedisBackend.
-type RedisBackend struct {
+// A SemaphoreStore is safe for concurrent use. Use NewSemaphoreStore.
+type SemaphoreStore struct {
 	c       redis.UniversalClient
 	prefix  string
 	acquire *redis.Script
 	renew   *redis.Script
 }
 
-// NewRedisBackend returns a backend that stores semaphores through c, which
-// the caller owns and closes.
-func NewRedisBackend(c redis.UniversalClient, o RedisOptions) (*RedisBackend, error) {
+var _ concurrency.Store = (*SemaphoreStore)(nil)
+
+// NewSemaphoreStore returns a store of semaphores on c, which the caller
+// owns and closes.
+func NewSemaphoreStore(c redis.UniversalClient, o SemaphoreOptions) (*SemaphoreStore, error) {
 	if c == nil {
-		return nil, errors.New("concurrency: nil Redis client")
+		return nil, errors.New("redisstore: nil Redis client")
 	}
 	if o.Prefix == "" {
-		o.Prefix = DefaultRedisPrefix
+		o.Prefix = DefaultSemaphorePrefix
 	}
 	if strings.ContainsAny(o.Prefix, "{}") {
 		// A brace would change the hash tag Redis Cluster reads: every
 		// semaphore in one slot, or a tag the names do not choose.
-		return nil, fmt.Errorf("concurrency: Redis prefix %q contains a hash tag brace", o.Prefix)
+		return nil, fmt.Errorf("redisstore: semaphore prefix %q contains a hash tag brace", o.Prefix)
 	}
-	return &RedisBackend{
+	return &SemaphoreStore{
 		c:       c,
 		prefix:  o.Prefix,
-		acquire: redis.NewScript(acquireLua),
-		renew:   redis.NewScript(renewLua),
+		acquire: redis.NewScript(semaphoreAcquireLua),
+		renew:   redis.NewScript(semaphoreRenewLua),
 	}, nil
 }
 
@@ -92,11 +94,11 @@ func NewRedisBackend(c redis.UniversalClient, o RedisOptions) (*RedisBackend, er
 // key is Prefix + "{}", in which Redis Cluster reads no hash tag and so
 // hashes the whole key; that is harmless, since every operation touches one
 // key only, and no other name has that key.
-func (r *RedisBackend) Key(name string) string {
-	b := make([]byte, 0, len(r.prefix)+2+rediskey.Len(len(name)))
+func (r *SemaphoreStore) Key(name string) string {
+	b := make([]byte, 0, len(r.prefix)+2+encodedLen(len(name)))
 	b = append(b, r.prefix...)
 	b = append(b, '{')
-	b = rediskey.Append(b, name)
+	b = appendEncoded(b, name)
 	return string(append(b, '}'))
 }
 
@@ -106,29 +108,29 @@ func ttlMillis(ttl time.Duration) int64 {
 	return max(int64((ttl+time.Millisecond-1)/time.Millisecond), 1)
 }
 
-// Acquire implements Backend.
-func (r *RedisBackend) Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (bool, error) {
+// Acquire implements concurrency.Store.
+func (r *SemaphoreStore) Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (bool, error) {
 	n, err := r.acquire.Run(ctx, r.c, []string{r.Key(name)}, token, limit, ttlMillis(ttl)).Int64()
 	if err != nil {
-		return false, fmt.Errorf("redis acquire: %w", err)
+		return false, fmt.Errorf("redisstore: semaphore acquire: %w", err)
 	}
 	return n == 1, nil
 }
 
-// Renew implements Backend.
-func (r *RedisBackend) Renew(ctx context.Context, name, token string, ttl time.Duration) (bool, error) {
+// Renew implements concurrency.Store.
+func (r *SemaphoreStore) Renew(ctx context.Context, name, token string, ttl time.Duration) (bool, error) {
 	n, err := r.renew.Run(ctx, r.c, []string{r.Key(name)}, token, ttlMillis(ttl)).Int64()
 	if err != nil {
-		return false, fmt.Errorf("redis renew: %w", err)
+		return false, fmt.Errorf("redisstore: semaphore renew: %w", err)
 	}
 	return n == 1, nil
 }
 
-// Release implements Backend.
-func (r *RedisBackend) Release(ctx context.Context, name, token string) (bool, error) {
+// Release implements concurrency.Store.
+func (r *SemaphoreStore) Release(ctx context.Context, name, token string) (bool, error) {
 	n, err := r.c.ZRem(ctx, r.Key(name), token).Result()
 	if err != nil {
-		return false, fmt.Errorf("redis release: %w", err)
+		return false, fmt.Errorf("redisstore: semaphore release: %w", err)
 	}
 	return n == 1, nil
 }

@@ -1,4 +1,4 @@
-package lease
+package redisstore
 
 import (
 	"context"
@@ -9,15 +9,17 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice/lease"
 )
 
 //go:embed lease.lua
 var leaseLua string
 
-// DefaultRedisPrefix starts the keys of Redis coordinators.
-const DefaultRedisPrefix = "sluice:lease:"
+// DefaultLeasePrefix starts the keys of lease stores.
+const DefaultLeasePrefix = "sluice:lease:"
 
-// Redis is a Coordinator on Redis, shared by processes on many machines.
+// A LeaseStore is a lease.Store on Redis, shared by processes on many
+// machines.
 // Each operation is one Lua script call (EVALSHA), atomic in the server and
 // timed by the server's clock (TIME), so the members' clocks never meet.
 //
@@ -28,44 +30,46 @@ const DefaultRedisPrefix = "sluice:lease:"
 // are removed by the next heartbeat; an expired partition stays in the
 // hash, with its epoch, until it is leased again, so epochs only grow.
 //
-// A Redis is safe for concurrent use. The zero value is not usable: call
-// NewRedis.
-type Redis struct {
+// A LeaseStore is safe for concurrent use. The zero value is not usable:
+// call NewLeaseStore.
+type LeaseStore struct {
 	c       redis.UniversalClient
 	keys    []string
 	script  *redis.Script
 	timeout time.Duration
 }
 
-// RedisOptions configure NewRedis.
-type RedisOptions struct {
+var _ lease.Store = (*LeaseStore)(nil)
+
+// LeaseOptions configure NewLeaseStore.
+type LeaseOptions struct {
 	// Prefix starts every key; it must not contain '{' or '}'.
-	// DefaultRedisPrefix when empty.
+	// DefaultLeasePrefix when empty.
 	Prefix string
 	// Timeout bounds each call when the context has no earlier deadline;
 	// 0 means no bound of its own.
 	Timeout time.Duration
 }
 
-// NewRedis returns the coordinator of service on client, which it does not
-// close. service must not be empty nor contain '{' or '}'.
-func NewRedis(client redis.UniversalClient, service string, opts RedisOptions) (*Redis, error) {
+// NewLeaseStore returns the lease store of service on client, which the
+// caller owns and closes. service must not be empty nor contain '{' or '}'.
+func NewLeaseStore(client redis.UniversalClient, service string, opts LeaseOptions) (*LeaseStore, error) {
 	if client == nil {
-		return nil, fmt.Errorf("%w: nil redis client", ErrBadArgument)
+		return nil, fmt.Errorf("%w: nil redis client", lease.ErrBadArgument)
 	}
 	if service == "" || strings.ContainsAny(service, "{}") {
-		return nil, fmt.Errorf("%w: service name %q (empty, or has a brace)", ErrBadArgument, service)
+		return nil, fmt.Errorf("%w: service name %q (empty, or has a brace)", lease.ErrBadArgument, service)
 	}
 	if opts.Prefix == "" {
-		opts.Prefix = DefaultRedisPrefix
+		opts.Prefix = DefaultLeasePrefix
 	}
 	if strings.ContainsAny(opts.Prefix, "{}") {
 		// A brace would change the hash tag Redis Cluster reads: "x{}"
 		// leaves none, scattering a service's keys over three slots.
-		return nil, fmt.Errorf("%w: key prefix %q has a brace", ErrBadArgument, opts.Prefix)
+		return nil, fmt.Errorf("%w: key prefix %q has a brace", lease.ErrBadArgument, opts.Prefix)
 	}
 	base := opts.Prefix + "{" + service + "}:"
-	return &Redis{
+	return &LeaseStore{
 		c:       client,
 		keys:    []string{base + "members", base + "info", base + "parts"},
 		script:  redis.NewScript(leaseLua),
@@ -73,7 +77,7 @@ func NewRedis(client redis.UniversalClient, service string, opts RedisOptions) (
 	}, nil
 }
 
-func (r *Redis) run(ctx context.Context, op, id string, ttl time.Duration, args ...any) (any, error) {
+func (r *LeaseStore) run(ctx context.Context, op, id string, ttl time.Duration, args ...any) (any, error) {
 	if r.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, r.timeout)
@@ -82,31 +86,31 @@ func (r *Redis) run(ctx context.Context, op, id string, ttl time.Duration, args 
 	a := append([]any{op, id, max(1, ttl.Milliseconds())}, args...)
 	v, err := r.script.Run(ctx, r.c, r.keys, a...).Result()
 	if err != nil {
-		return nil, fmt.Errorf("lease: redis %s: %w", op, err)
+		return nil, fmt.Errorf("redisstore: lease %s: %w", op, err)
 	}
 	return v, nil
 }
 
-// Heartbeat implements Coordinator.
-func (r *Redis) Heartbeat(ctx context.Context, m Member, ttl time.Duration, partitions int) (View, error) {
-	if err := checkArgs(m.ID, ttl, true); err != nil {
-		return View{}, err
+// Heartbeat implements lease.Store.
+func (r *LeaseStore) Heartbeat(ctx context.Context, m lease.Member, ttl time.Duration, partitions int) (lease.View, error) {
+	if err := lease.CheckArgs(m.ID, ttl, true); err != nil {
+		return lease.View{}, err
 	}
 	partitions = max(0, partitions)
 	v, err := r.run(ctx, "heartbeat", m.ID, ttl,
 		strconv.FormatFloat(m.Weight, 'g', -1, 64), m.Need, m.Want, partitions)
 	if err != nil {
-		return View{}, err
+		return lease.View{}, err
 	}
 	a, ok := v.([]any)
 	if !ok || len(a) < 1 {
-		return View{}, fmt.Errorf("lease: redis heartbeat: unexpected reply %T", v)
+		return lease.View{}, fmt.Errorf("redisstore: lease heartbeat: unexpected reply %T", v)
 	}
 	n, _ := a[0].(int64)
 	if len(a) != 1+4*int(n)+3*partitions {
-		return View{}, fmt.Errorf("lease: redis heartbeat: reply of %d values", len(a))
+		return lease.View{}, fmt.Errorf("redisstore: lease heartbeat: reply of %d values", len(a))
 	}
-	view := View{Members: make([]Member, n), Partitions: make([]PartitionState, partitions)}
+	view := lease.View{Members: make([]lease.Member, n), Partitions: make([]lease.PartitionState, partitions)}
 	for i := range view.Members {
 		f := a[1+4*i:]
 		id, _ := f[0].(string)
@@ -115,34 +119,34 @@ func (r *Redis) Heartbeat(ctx context.Context, m Member, ttl time.Duration, part
 		wants, _ := f[3].(string)
 		w, err := strconv.ParseFloat(ws, 64)
 		if err != nil {
-			return View{}, fmt.Errorf("lease: redis heartbeat: weight of %q: %w", id, err)
+			return lease.View{}, fmt.Errorf("redisstore: lease heartbeat: weight of %q: %w", id, err)
 		}
 		need, err := strconv.Atoi(needs)
 		if err != nil {
-			return View{}, fmt.Errorf("lease: redis heartbeat: need of %q: %w", id, err)
+			return lease.View{}, fmt.Errorf("redisstore: lease heartbeat: need of %q: %w", id, err)
 		}
 		want, err := strconv.Atoi(wants)
 		if err != nil {
-			return View{}, fmt.Errorf("lease: redis heartbeat: want of %q: %w", id, err)
+			return lease.View{}, fmt.Errorf("redisstore: lease heartbeat: want of %q: %w", id, err)
 		}
-		view.Members[i] = Member{ID: id, Weight: w, Need: need, Want: want}
+		view.Members[i] = lease.Member{ID: id, Weight: w, Need: need, Want: want}
 	}
 	f := a[1+4*int(n):]
 	for i := range view.Partitions {
 		owner, _ := f[3*i].(string)
 		epoch, _ := f[3*i+1].(int64)
 		left, _ := f[3*i+2].(int64)
-		view.Partitions[i] = PartitionState{Owner: owner, Epoch: uint64(epoch), TTL: time.Duration(left) * time.Millisecond}
+		view.Partitions[i] = lease.PartitionState{Owner: owner, Epoch: uint64(epoch), TTL: time.Duration(left) * time.Millisecond}
 	}
 	return view, nil
 }
 
-// Acquire implements Coordinator.
-func (r *Redis) Acquire(ctx context.Context, id string, parts []int, ttl time.Duration) ([]Grant, error) {
-	if err := checkArgs(id, ttl, true); err != nil {
+// Acquire implements lease.Store.
+func (r *LeaseStore) Acquire(ctx context.Context, id string, parts []int, ttl time.Duration) ([]lease.Grant, error) {
+	if err := lease.CheckArgs(id, ttl, true); err != nil {
 		return nil, err
 	}
-	if err := checkParts(parts); err != nil {
+	if err := lease.CheckPartitions(parts); err != nil {
 		return nil, err
 	}
 	if len(parts) == 0 {
@@ -157,16 +161,16 @@ func (r *Redis) Acquire(ctx context.Context, id string, parts []int, ttl time.Du
 		return nil, err
 	}
 	a, _ := v.([]any)
-	out := make([]Grant, 0, len(a)/2)
+	out := make([]lease.Grant, 0, len(a)/2)
 	for i := 0; i+1 < len(a); i += 2 {
 		p, _ := a[i].(int64)
 		e, _ := a[i+1].(int64)
-		out = append(out, Grant{Partition: int(p), Epoch: uint64(e)})
+		out = append(out, lease.Grant{Partition: int(p), Epoch: uint64(e)})
 	}
 	return out, nil
 }
 
-func grantArgs(leases []Grant) []any {
+func grantArgs(leases []lease.Grant) []any {
 	args := make([]any, 0, 2*len(leases))
 	for _, g := range leases {
 		args = append(args, g.Partition, g.Epoch)
@@ -174,9 +178,9 @@ func grantArgs(leases []Grant) []any {
 	return args
 }
 
-// Renew implements Coordinator.
-func (r *Redis) Renew(ctx context.Context, id string, leases []Grant, ttl time.Duration) ([]bool, error) {
-	if err := checkArgs(id, ttl, true); err != nil {
+// Renew implements lease.Store.
+func (r *LeaseStore) Renew(ctx context.Context, id string, leases []lease.Grant, ttl time.Duration) ([]bool, error) {
+	if err := lease.CheckArgs(id, ttl, true); err != nil {
 		return nil, err
 	}
 	ok := make([]bool, len(leases))
@@ -189,7 +193,7 @@ func (r *Redis) Renew(ctx context.Context, id string, leases []Grant, ttl time.D
 	}
 	a, _ := v.([]any)
 	if len(a) != len(leases) {
-		return nil, fmt.Errorf("lease: redis renew: %d replies for %d leases", len(a), len(leases))
+		return nil, fmt.Errorf("redisstore: lease renew: %d replies for %d leases", len(a), len(leases))
 	}
 	for i := range a {
 		n, _ := a[i].(int64)
@@ -198,9 +202,9 @@ func (r *Redis) Renew(ctx context.Context, id string, leases []Grant, ttl time.D
 	return ok, nil
 }
 
-// Release implements Coordinator.
-func (r *Redis) Release(ctx context.Context, id string, leases []Grant) error {
-	if err := checkArgs(id, 0, false); err != nil {
+// Release implements lease.Store.
+func (r *LeaseStore) Release(ctx context.Context, id string, leases []lease.Grant) error {
+	if err := lease.CheckArgs(id, 0, false); err != nil {
 		return err
 	}
 	if len(leases) == 0 {
@@ -210,9 +214,9 @@ func (r *Redis) Release(ctx context.Context, id string, leases []Grant) error {
 	return err
 }
 
-// Leave implements Coordinator.
-func (r *Redis) Leave(ctx context.Context, id string) error {
-	if err := checkArgs(id, 0, false); err != nil {
+// Leave implements lease.Store.
+func (r *LeaseStore) Leave(ctx context.Context, id string) error {
+	if err := lease.CheckArgs(id, 0, false); err != nil {
 		return err
 	}
 	_, err := r.run(ctx, "leave", id, 0)
@@ -222,7 +226,7 @@ func (r *Redis) Leave(ctx context.Context, id string) error {
 // Valid reports whether g is the current, unexpired lease of its
 // partition by the server's clock: the check a protected service makes on
 // a fencing token.
-func (r *Redis) Valid(ctx context.Context, g Grant) (bool, error) {
+func (r *LeaseStore) Valid(ctx context.Context, g lease.Grant) (bool, error) {
 	v, err := r.run(ctx, "valid", "-", 0, g.Partition, g.Epoch)
 	if err != nil {
 		return false, err

@@ -87,7 +87,10 @@ type Store interface {
 // an empty member id or a TTL that is not positive.
 var ErrBadArgument = errors.New("lease: bad argument")
 
-func checkArgs(id string, ttl time.Duration, ttlNeeded bool) error {
+// CheckArgs is the argument check every Store makes before it touches its
+// state: an error wrapping ErrBadArgument for an empty member id, or, when
+// ttlNeeded, a TTL that is not positive.
+func CheckArgs(id string, ttl time.Duration, ttlNeeded bool) error {
 	if id == "" {
 		return fmt.Errorf("%w: empty member id", ErrBadArgument)
 	}
@@ -97,7 +100,7 @@ func checkArgs(id string, ttl time.Duration, ttlNeeded bool) error {
 	return nil
 }
 
-// MemoryStore is a Coordinator for the holders of one process (and the
+// MemoryStore is a Store for the holders of one process (and the
 // simulation): one MemoryStore is the shared state of one service. Expiry is
 // measured by its clock, time.Now unless NewMemoryClock set another.
 //
@@ -131,9 +134,9 @@ func NewMemoryStoreClock(now func() time.Time) *MemoryStore {
 	return &MemoryStore{now: now, members: map[string]memMember{}, parts: map[int]memPart{}}
 }
 
-// Heartbeat implements Coordinator.
+// Heartbeat implements Store.
 func (s *MemoryStore) Heartbeat(ctx context.Context, m Member, ttl time.Duration, partitions int) (View, error) {
-	if err := checkArgs(m.ID, ttl, true); err != nil {
+	if err := CheckArgs(m.ID, ttl, true); err != nil {
 		return View{}, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -164,12 +167,12 @@ func (s *MemoryStore) Heartbeat(ctx context.Context, m Member, ttl time.Duration
 	return v, nil
 }
 
-// Acquire implements Coordinator.
+// Acquire implements Store.
 func (s *MemoryStore) Acquire(ctx context.Context, id string, parts []int, ttl time.Duration) ([]Grant, error) {
-	if err := checkArgs(id, ttl, true); err != nil {
+	if err := CheckArgs(id, ttl, true); err != nil {
 		return nil, err
 	}
-	if err := checkParts(parts); err != nil {
+	if err := CheckPartitions(parts); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -191,9 +194,9 @@ func (s *MemoryStore) Acquire(ctx context.Context, id string, parts []int, ttl t
 	return out, nil
 }
 
-// Renew implements Coordinator.
+// Renew implements Store.
 func (s *MemoryStore) Renew(ctx context.Context, id string, leases []Grant, ttl time.Duration) ([]bool, error) {
-	if err := checkArgs(id, ttl, true); err != nil {
+	if err := CheckArgs(id, ttl, true); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -215,9 +218,9 @@ func (s *MemoryStore) Renew(ctx context.Context, id string, leases []Grant, ttl 
 	return ok, nil
 }
 
-// Release implements Coordinator.
+// Release implements Store.
 func (s *MemoryStore) Release(ctx context.Context, id string, leases []Grant) error {
-	if err := checkArgs(id, 0, false); err != nil {
+	if err := CheckArgs(id, 0, false); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -235,9 +238,9 @@ func (s *MemoryStore) Release(ctx context.Context, id string, leases []Grant) er
 	return nil
 }
 
-// Leave implements Coordinator.
+// Leave implements Store.
 func (s *MemoryStore) Leave(ctx context.Context, id string) error {
-	if err := checkArgs(id, 0, false); err != nil {
+	if err := CheckArgs(id, 0, false); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -261,7 +264,9 @@ func (s *MemoryStore) Valid(ctx context.Context, g Grant) (bool, error) {
 	return found && p.owner != "" && p.epoch == g.Epoch && p.expiry.After(s.now()), nil
 }
 
-func checkParts(parts []int) error {
+// CheckPartitions returns an error wrapping ErrBadArgument for a negative
+// partition index, as every Store's Acquire does.
+func CheckPartitions(parts []int) error {
 	for _, p := range parts {
 		if p < 0 {
 			return fmt.Errorf("%w: partition %d", ErrBadArgument, p)

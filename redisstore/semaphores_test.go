@@ -1,0 +1,201 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice/concurrency"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/storetest"
+)
+
+// TestSemaphoreStore runs the conformance suite of concurrency stores on a
+// standalone server and on a three-master Cluster, where the suite's
+// semaphores live on different nodes.
+func TestSemaphoreStore(t *testing.T) {
+	t.Run("standalone", func(t *testing.T) {
+		srv := redistest.Standalone(t)
+		storetest.RunSemaphores(t, func(t *testing.T) concurrency.Store {
+			s, err := NewSemaphoreStore(srv.Client(), SemaphoreOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		}, false)
+	})
+	t.Run("cluster", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("starts a Redis Cluster")
+		}
+		cs := redistest.Cluster(t)
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cs.Addrs()})
+		t.Cleanup(func() { c.Close() })
+		s, err := NewSemaphoreStore(c, SemaphoreOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes := map[int64]bool{}
+		for i := range 8 { // the suite's semaphore names
+			slot, err := c.ClusterKeySlot(context.Background(), s.Key(fmt.Sprintf("test-%d", i))).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			nodes[slot*3/16384] = true // which third of the slots: which node
+		}
+		if len(nodes) < 2 {
+			t.Fatalf("the suite's semaphores all fall on one node")
+		}
+		storetest.RunSemaphores(t, func(*testing.T) concurrency.Store { return s }, false)
+	})
+}
+
+// TestSemaphoreStoreRestartLosesPermit: a Redis restart without persistence
+// forgets the permits; holders report Lost (they never re-create a permit
+// by renewing) and can acquire again.
+func TestSemaphoreStoreRestartLosesPermit(t *testing.T) {
+	srv := redistest.Standalone(t)
+	b, err := NewSemaphoreStore(srv.Client(), SemaphoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const ttl = time.Second
+	d, err := concurrency.NewDistributed(b, "restart", 1, concurrency.DistributedOptions{TTL: ttl, MinBackoff: 2 * time.Millisecond, MaxBackoff: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	p, err := d.TryAcquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	srv.Start()
+	select {
+	case <-p.Lost():
+	case <-time.After(2 * ttl):
+		t.Fatalf("permit not lost %v after the restart", 2*ttl)
+	}
+	if !errors.Is(p.Err(), concurrency.ErrLost) {
+		t.Fatalf("Err after the restart = %v, want ErrLost", p.Err())
+	}
+	actx, cancel := context.WithTimeout(ctx, ttl)
+	defer cancel()
+	q, err := d.Acquire(actx)
+	if err != nil {
+		t.Fatalf("Acquire after restart: %v", err)
+	}
+	q.Release(ctx)
+}
+
+func TestSemaphorePrefixWithBraceRejected(t *testing.T) {
+	for _, p := range []string{"a{b}:", "x{", "}"} {
+		if _, err := NewSemaphoreStore(nopClient(t), SemaphoreOptions{Prefix: p}); err == nil || !strings.Contains(err.Error(), "brace") {
+			t.Errorf("prefix %q: err = %v, want one naming the brace", p, err)
+		}
+	}
+}
+
+func TestSemaphoreKey(t *testing.T) {
+	b, err := NewSemaphoreStore(nopClient(t), SemaphoreOptions{Prefix: "p:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := string(make([]byte, 200))
+	tests := []struct{ name, want string }{
+		{"", "p:{}"},
+		{"api", "p:{YXBp}"},
+		{"a}{b", "p:{YX17Yg}"},
+		{long, "p:{~" + base64.RawURLEncoding.EncodeToString(sha(long)) + "}"},
+	}
+	seen := map[string]bool{}
+	for _, tt := range tests {
+		got := b.Key(tt.name)
+		if got != tt.want {
+			t.Errorf("Key(%q) = %q, want %q", tt.name, got, tt.want)
+		}
+		if seen[got] {
+			t.Errorf("Key %q repeated", got)
+		}
+		seen[got] = true
+	}
+}
+
+func sha(s string) []byte {
+	sum := sha256.Sum256([]byte(s))
+	return sum[:]
+}
+
+// BenchmarkSemaphoreStore measures round trips to a local redis-server: the store
+// operations alone (acquire script, renew script, release) and a whole
+// permit (acquire + release, two round trips). It reports round trips per
+// second (rt/s); ns/op is per operation as named.
+func BenchmarkSemaphoreStore(b *testing.B) {
+	srv := redistest.Standalone(b)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: 64})
+	b.Cleanup(func() { c.Close() })
+	be, err := NewSemaphoreStore(c, SemaphoreOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	var seq atomic.Int64
+	token := func() string { return "t" + strconv.FormatInt(seq.Add(1), 10) }
+	run := func(b *testing.B, rtPerOp int, body func() error) {
+		b.Helper()
+		b.ReportAllocs()
+		b.SetParallelism(8) // keep several requests in flight, as many holders do
+		start := time.Now()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if err := body(); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+		b.ReportMetric(float64(b.N*rtPerOp)/time.Since(start).Seconds(), "rt/s")
+	}
+	b.Run("acquire+release", func(b *testing.B) {
+		run(b, 2, func() error {
+			tok := token()
+			ok, err := be.Acquire(ctx, "bench", tok, 1<<30, time.Minute)
+			if err != nil || !ok {
+				return errors.Join(err, errors.New("not acquired"))
+			}
+			_, err = be.Release(ctx, "bench", tok)
+			return err
+		})
+	})
+	b.Run("renew", func(b *testing.B) {
+		tok := token()
+		if _, err := be.Acquire(ctx, "bench-renew", tok, 1, time.Minute); err != nil {
+			b.Fatal(err)
+		}
+		run(b, 1, func() error {
+			_, err := be.Renew(ctx, "bench-renew", tok, time.Minute)
+			return err
+		})
+	})
+	b.Run("permit", func(b *testing.B) {
+		d, err := concurrency.NewDistributed(be, "bench-permit", 1<<30, concurrency.DistributedOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		run(b, 2, func() error {
+			p, err := d.TryAcquire(ctx)
+			if err != nil {
+				return err
+			}
+			return p.Release(ctx)
+		})
+	})
+}

@@ -1,0 +1,277 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluicehq/sluice/concurrency"
+)
+
+// NewSemaphoreStore returns a store of semaphores for the calling test.
+type NewSemaphoreStore func(t *testing.T) concurrency.Store
+
+// RunSemaphores runs the conformance suite of concurrency.Store against a
+// store that newStore returns, through concurrency.Distributed: permits up
+// to the limit and no more, a release that lets exactly one waiter in,
+// tokens that never touch each other's permits, separate names, renewal
+// that keeps a permit past its TTL, a stalled holder that loses its permit
+// within a TTL while the store hands the slot on, a permit removed from the
+// store reported lost, and limit 0.
+//
+// With fakeTime, each test runs in a testing/synctest bubble: for stores
+// that take their time from time.Now in this process. A store on a server's
+// clock (Redis) runs in real time; the suite then takes a few seconds.
+func RunSemaphores(t *testing.T, newStore NewSemaphoreStore, fakeTime bool) {
+	tests := []struct {
+		name string
+		run  func(t *testing.T, b concurrency.Store, sem string)
+	}{
+		{"acquire up to the limit", testUpToLimit},
+		{"release lets one in", testReleaseLetsOneIn},
+		{"token isolation", testTokenIsolation},
+		{"named semaphores are separate", testNamesSeparate},
+		{"renewal keeps the permit", testRenewalKeeps},
+		{"stalled holder expires", testStalledExpires},
+		{"permit removed from the store is lost", testRemovedIsLost},
+		{"limit zero", testLimitZero},
+	}
+	b := newStore(t)
+	for i, tt := range tests {
+		sem := fmt.Sprintf("test-%d", i)
+		t.Run(tt.name, func(t *testing.T) {
+			if fakeTime {
+				synctest.Test(t, func(t *testing.T) { tt.run(t, b, sem) })
+				return
+			}
+			tt.run(t, b, sem)
+		})
+	}
+}
+
+// testTTL is the permit TTL of the shared tests: short, so that expiry is
+// quick on a real Redis too.
+const testTTL = time.Second
+
+var testOpts = concurrency.DistributedOptions{TTL: testTTL, MinBackoff: 2 * time.Millisecond, MaxBackoff: 20 * time.Millisecond}
+
+func newDist(t *testing.T, b concurrency.Store, sem string, limit int64) *concurrency.Distributed {
+	t.Helper()
+	d, err := concurrency.NewDistributed(b, sem, limit, testOpts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func mustTry(t *testing.T, d *concurrency.Distributed) *concurrency.Permit {
+	t.Helper()
+	p, err := d.TryAcquire(context.Background())
+	if err != nil {
+		t.Fatalf("TryAcquire: %v", err)
+	}
+	t.Cleanup(func() { p.Release(context.Background()) })
+	return p
+}
+
+func wantFull(t *testing.T, d *concurrency.Distributed) {
+	t.Helper()
+	p, err := d.TryAcquire(context.Background())
+	if !errors.Is(err, concurrency.ErrNoPermit) {
+		if p != nil {
+			p.Release(context.Background())
+		}
+		t.Fatalf("TryAcquire on a full semaphore = %v, want concurrency.ErrNoPermit", err)
+	}
+}
+
+func testUpToLimit(t *testing.T, b concurrency.Store, sem string) {
+	d := newDist(t, b, sem, 3)
+	var ps []*concurrency.Permit
+	for range 3 {
+		ps = append(ps, mustTry(t, d))
+	}
+	wantFull(t, d)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if p, err := d.Acquire(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire on a full semaphore = %v, %v; want DeadlineExceeded", p, err)
+	}
+	seen := map[string]bool{}
+	for _, p := range ps {
+		if seen[p.Token()] || p.Token() == "" {
+			t.Fatalf("token %q repeated or empty", p.Token())
+		}
+		seen[p.Token()] = true
+		if err := p.Release(context.Background()); err != nil {
+			t.Fatalf("Release: %v", err)
+		}
+		if !errors.Is(p.Err(), concurrency.ErrReleased) {
+			t.Fatalf("Err after Release = %v, want concurrency.ErrReleased", p.Err())
+		}
+	}
+	for range 3 {
+		mustTry(t, d)
+	}
+}
+
+func testReleaseLetsOneIn(t *testing.T, b concurrency.Store, sem string) {
+	d := newDist(t, b, sem, 2)
+	p1 := mustTry(t, d)
+	mustTry(t, d)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type result struct {
+		p   *concurrency.Permit
+		err error
+	}
+	results := make(chan result, 2)
+	for range 2 {
+		go func() {
+			p, err := d.Acquire(ctx)
+			results <- result{p, err}
+		}()
+	}
+	if err := p1.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	first := <-results
+	if first.err != nil {
+		t.Fatalf("first waiter after a release: %v", first.err)
+	}
+	t.Cleanup(func() { first.p.Release(context.Background()) })
+	wantFull(t, d) // the freed slot went to exactly one waiter
+	cancel()
+	second := <-results
+	if !errors.Is(second.err, context.Canceled) {
+		if second.p != nil {
+			second.p.Release(context.Background())
+		}
+		t.Fatalf("second waiter = %v, want context.Canceled", second.err)
+	}
+}
+
+func testTokenIsolation(t *testing.T, b concurrency.Store, sem string) {
+	ctx := context.Background()
+	d := newDist(t, b, sem, 1)
+	p := mustTry(t, d)
+	if ok, err := b.Release(ctx, sem, "not-a-token"); ok || err != nil {
+		t.Fatalf("Release with a wrong token = %v, %v; want false, nil", ok, err)
+	}
+	if ok, err := b.Renew(ctx, sem, "not-a-token", testTTL); ok || err != nil {
+		t.Fatalf("Renew with a wrong token = %v, %v; want false, nil", ok, err)
+	}
+	wantFull(t, d) // neither freed a slot nor created one
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	q := mustTry(t, d)
+	// Releasing p again, or with its token directly, leaves q alone.
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := b.Release(ctx, sem, p.Token()); ok || err != nil {
+		t.Fatalf("Release of a released token = %v, %v; want false, nil", ok, err)
+	}
+	wantFull(t, d)
+	if ok, err := b.Renew(ctx, sem, q.Token(), testTTL); !ok || err != nil {
+		t.Fatalf("Renew of the holder's token = %v, %v; want true, nil", ok, err)
+	}
+	if q.Err() != nil {
+		t.Fatalf("holder's Err = %v, want nil", q.Err())
+	}
+}
+
+func testNamesSeparate(t *testing.T, b concurrency.Store, sem string) {
+	a := newDist(t, b, sem+"/a", 1)
+	c := newDist(t, b, sem+"/c", 1)
+	mustTry(t, a)
+	mustTry(t, c)
+	wantFull(t, a)
+	wantFull(t, c)
+}
+
+// waitLost waits for p's loss, failing after limit.
+func waitLost(t *testing.T, p *concurrency.Permit, limit time.Duration) {
+	t.Helper()
+	select {
+	case <-p.Lost():
+	case <-time.After(limit):
+		t.Fatalf("permit not lost after %v", limit)
+	}
+	if !errors.Is(p.Err(), concurrency.ErrLost) {
+		t.Fatalf("Err after loss = %v, want concurrency.ErrLost", p.Err())
+	}
+}
+
+func testRenewalKeeps(t *testing.T, b concurrency.Store, sem string) {
+	d := newDist(t, b, sem, 1)
+	p := mustTry(t, d)
+	select {
+	case <-p.Lost():
+		t.Fatalf("permit lost while renewing: %v", p.Err())
+	case <-time.After(testTTL * 3 / 2): // longer than one TTL
+	}
+	wantFull(t, d)
+	if p.Err() != nil {
+		t.Fatalf("Err = %v, want nil", p.Err())
+	}
+}
+
+// stalled is a store whose renewals never answer, as for a holder cut off
+// from the store or paused.
+type stalled struct{ concurrency.Store }
+
+func (stalled) Renew(ctx context.Context, _, _ string, _ time.Duration) (bool, error) {
+	<-ctx.Done()
+	return false, ctx.Err()
+}
+
+func testStalledExpires(t *testing.T, b concurrency.Store, sem string) {
+	ctx := context.Background()
+	stuck := newDist(t, stalled{b}, sem, 1)
+	sent := time.Now()
+	p := mustTry(t, stuck)
+	waitLost(t, p, 3*testTTL)
+	if lostAfter := time.Since(sent); lostAfter > testTTL {
+		t.Fatalf("stalled holder lost its permit after %v, want at most TTL %v", lostAfter, testTTL)
+	}
+	// Others get the slot once the store expires it, one TTL after the
+	// acquire, plus at most a backoff.
+	d := newDist(t, b, sem, 1)
+	actx, cancel := context.WithTimeout(ctx, 3*testTTL)
+	defer cancel()
+	q, err := d.Acquire(actx)
+	if err != nil {
+		t.Fatalf("Acquire after the holder stalled: %v", err)
+	}
+	defer q.Release(ctx)
+	if took := time.Since(sent); took > testTTL+testOpts.MaxBackoff+200*time.Millisecond {
+		t.Errorf("slot returned %v after the stalled acquire, want about TTL %v", took, testTTL)
+	}
+	// The stalled holder's release does not free the new holder's slot.
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantFull(t, d)
+}
+
+func testRemovedIsLost(t *testing.T, b concurrency.Store, sem string) {
+	d := newDist(t, b, sem, 1)
+	p := mustTry(t, d)
+	if ok, err := b.Release(context.Background(), sem, p.Token()); !ok || err != nil {
+		t.Fatalf("removing the permit: %v, %v", ok, err)
+	}
+	// The next renewal, at most 1.1 × RenewEvery later, finds it gone.
+	waitLost(t, p, testTTL/2)
+}
+
+func testLimitZero(t *testing.T, b concurrency.Store, sem string) {
+	d := newDist(t, b, sem, 0)
+	if _, err := d.Acquire(context.Background()); !errors.Is(err, concurrency.ErrExceedsLimit) {
+		t.Fatalf("Acquire with limit 0 = %v, want concurrency.ErrExceedsLimit", err)
+	}
+}

@@ -42,12 +42,16 @@ Columns:
 
 // A comparison is the report of one compare run; -json prints it as is.
 type comparison struct {
-	Pattern  pattern  `json:"pattern"`
-	Rate     float64  `json:"rate"`
-	Limit    int64    `json:"limit"`
-	Period   string   `json:"period"`
-	Duration string   `json:"duration"`
-	Offered  int      `json:"offered"`
+	Pattern  pattern `json:"pattern"`
+	Rate     float64 `json:"rate"`
+	Limit    int64   `json:"limit"`
+	Period   string  `json:"period"`
+	Duration string  `json:"duration"`
+	Offered  int     `json:"offered"`
+	// MeanRate is what was offered per second on average. It is Rate but
+	// for the boundary pattern, which spaces its requests at Rate and
+	// offers them in bursts.
+	MeanRate float64  `json:"mean_rate"`
 	Results  []result `json:"results"`
 }
 
@@ -91,14 +95,15 @@ func compare(l *load) *comparison {
 		Period:   l.Period.String(),
 		Duration: l.Duration.String(),
 		Offered:  len(arr),
+		MeanRate: float64(len(arr)) / l.Duration.Seconds(),
 		Results:  simulate(l, arr),
 	}
 }
 
 // print writes c as a table.
 func (c *comparison) print(w io.Writer) error {
-	fmt.Fprintf(w, "pattern %s: %d requests offered at %v/s over %s; limit %d per %s\n\n",
-		c.Pattern, c.Offered, c.Rate, c.Duration, c.Limit, c.Period)
+	fmt.Fprintf(w, "pattern %s: %d requests offered over %s (%.3g/s on average); limit %d per %s\n\n",
+		c.Pattern, c.Offered, c.Duration, c.MeanRate, c.Limit, c.Period)
 	tw := tabwriter.NewWriter(w, 0, 8, 2, ' ', 0)
 	fmt.Fprintln(tw, "algorithm\tadmitted\tdenied\tmax/period\tmax/(period/10)\tcv")
 	for _, r := range c.Results {

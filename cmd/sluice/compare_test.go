@@ -226,7 +226,7 @@ func TestCompareOutput(t *testing.T) {
 	}
 	text := out.String()
 	for _, want := range []string{
-		"pattern boundary: 100 requests offered",
+		"pattern boundary: 100 requests offered over 10s (10/s on average); limit 10 per 1s",
 		"max/period",
 		"fixed_window    100       0       20",
 		"sliding_log     50        50      10",

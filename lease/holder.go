@@ -543,15 +543,11 @@ func (h *Holder) shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// estimate updates the demand estimate at now and returns the partitions
-// it fills and those with the headroom. h.mu is held.
+// estimateLocked updates the demand estimate at now, and the ceiling, and
+// returns the partitions the demand fills and those with the headroom.
+// h.mu is held.
 func (h *Holder) estimateLocked(now time.Time) (need, want int) {
-	dt := now.Sub(h.lastTick).Seconds()
-	if h.lastTick.IsZero() || dt <= 0 {
-		dt = 0
-	}
-	h.lastTick = now
-	if dt > 0 {
+	if dt := now.Sub(h.lastTick).Seconds(); !h.lastTick.IsZero() && dt > 0 {
 		win := h.cfg.RateWindow.Seconds()
 		ewma := func(avg, sample float64) float64 {
 			tau := win
@@ -567,14 +563,15 @@ func (h *Holder) estimateLocked(now time.Time) (need, want int) {
 		h.arrival = ewma(h.arrival, float64(h.requested+grown)/dt)
 		h.used = ewma(h.used, float64(h.admitted)/dt)
 		h.requested, h.admitted = 0, 0
-	}
-	// Additive increase of the ceiling: one partition a period.
-	if !math.IsInf(h.ceiling, 1) && dt > 0 {
-		h.ceiling += h.partCap * dt / h.cfg.RenewEvery.Seconds()
-		if h.ceiling >= h.cfg.Capacity+h.cfg.Reserved {
-			h.ceiling = math.Inf(1)
+		// Additive increase of the ceiling: one partition a period.
+		if !math.IsInf(h.ceiling, 1) {
+			h.ceiling += h.partCap * dt / h.cfg.RenewEvery.Seconds()
+			if h.ceiling >= h.cfg.Capacity+h.cfg.Reserved {
+				h.ceiling = math.Inf(1)
+			}
 		}
 	}
+	h.lastTick = now
 	h.lastBacklog = h.backlog
 	h.demand = h.arrival + float64(h.backlog+h.waiting)/h.cfg.DrainTime.Seconds()
 	parts := func(d float64) int {

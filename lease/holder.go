@@ -455,10 +455,7 @@ func (h *Holder) refreshLocked(now time.Time) (valid int) {
 	h.horizon = horizon
 	if rate != h.rate {
 		h.rate = rate
-		burst := 0
-		if rate > 0 {
-			burst = max(1, int(math.Ceil(rate/10)))
-		}
+		burst := burstFor(rate)
 		h.lim.SetLimitAt(now, ratelimit.Limit(rate))
 		if old := h.lim.Burst(); burst > old {
 			// New capacity starts empty: the tokens of a larger burst

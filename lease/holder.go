@@ -515,12 +515,11 @@ func (h *Holder) Run(ctx context.Context) error {
 	}
 }
 
+// shutdown ends Run: it stops using every lease, then releases them all
+// and leaves, within one CallTimeout counted after ctx is done.
 func (h *Holder) shutdown(ctx context.Context) error {
 	h.mu.Lock()
-	var all []Grant
-	for p, l := range h.leases {
-		all = append(all, Grant{Partition: p, Epoch: l.epoch})
-	}
+	all := h.grantsLocked()
 	clear(h.leases)
 	h.refreshLocked(time.Now())
 	h.st.Releases += uint64(len(all))
@@ -829,7 +828,7 @@ func (h *Holder) planLocked(me Member, members []Member, parts []PartitionState,
 	// Release above need + hysteresis, and yield above the aim while
 	// others lack partitions that are not free; the leases released are
 	// those that run out first.
-	mine := h.byDeadlineLocked()
+	mine := h.grantsLocked()
 	keep := min(len(mine), want+h.cfg.Hysteresis)
 	if short := c.deficit - len(c.free); short > 0 && keep > c.aim {
 		keep = max(c.aim, keep-short)
@@ -899,9 +898,9 @@ func (h *Holder) censusLocked(id string, members []Member, parts []PartitionStat
 	return c
 }
 
-// byDeadlineLocked returns the holder's leases, valid or not, in the order
-// of their deadlines (then of their partitions). h.mu is held.
-func (h *Holder) byDeadlineLocked() []Grant {
+// grantsLocked returns the holder's leases, valid or not, in the order of
+// their deadlines (then of their partitions). h.mu is held.
+func (h *Holder) grantsLocked() []Grant {
 	gs := make([]Grant, 0, len(h.leases))
 	for p, l := range h.leases {
 		gs = append(gs, Grant{Partition: p, Epoch: l.epoch})

@@ -152,10 +152,9 @@ var ErrRunning = errors.New("lease: holder already running")
 //
 // The service's capacity C is cut into P partitions of C/P units per
 // second. Every process that calls the service runs one Holder per
-// service, all sharing one Coordinator (the store). A Holder's rate is its
-// reserved capacity plus C/P for every partition it holds a valid lease
-// on. Run, the Holder's one goroutine, wakes every RenewEvery (jittered)
-// and
+// service, all sharing one Store. A Holder's rate is its reserved
+// capacity plus C/P for every partition it holds a valid lease on. Run,
+// the Holder's one goroutine, wakes every RenewEvery (jittered) and
 //
 //   - estimates the demand: the arrival rate of units at the limiter
 //     (an average that rises fast and decays over RateWindow) plus the

@@ -592,8 +592,8 @@ func (h *Holder) estimateLocked(now time.Time) (need, want int) {
 //
 //   - after the heartbeat, to plan from the view and the holder's leases,
 //     and to stop using the leases the plan releases before the release is
-//     sent: the store may give them to another member as soon as it has
-//     it;
+//     sent: the store may lease them to another member as soon as the
+//     release reaches it;
 //   - after the release, only to count it: when it fails the outage takes
 //     effect at once, as after any call that fails (Config.Outage);
 //   - after the renewal, so that the new deadlines, and the lost leases,

@@ -152,10 +152,9 @@ var ErrRunning = errors.New("lease: holder already running")
 //
 // The service's capacity C is cut into P partitions of C/P units per
 // second. Every process that calls the service runs one Holder per
-// service, all sharing one Store. A Holder's rate is its
-// reserved capacity plus C/P for every partition it holds a valid lease
-// on. Run, the Holder's one goroutine, wakes every RenewEvery (jittered)
-// and
+// service, all sharing one Store. A Holder's rate is its reserved
+// capacity plus C/P for every partition it holds a valid lease on. Run,
+// the Holder's one goroutine, wakes every RenewEvery (jittered) and
 //
 //   - estimates the demand: the arrival rate of units at the limiter
 //     (an average that rises fast and decays over RateWindow) plus the
@@ -455,10 +454,7 @@ func (h *Holder) refreshLocked(now time.Time) (valid int) {
 	h.horizon = horizon
 	if rate != h.rate {
 		h.rate = rate
-		burst := 0
-		if rate > 0 {
-			burst = max(1, int(math.Ceil(rate/10)))
-		}
+		burst := burstFor(rate)
 		h.lim.SetLimitAt(now, ratelimit.Limit(rate))
 		if old := h.lim.Burst(); burst > old {
 			// New capacity starts empty: the tokens of a larger burst
@@ -518,12 +514,11 @@ func (h *Holder) Run(ctx context.Context) error {
 	}
 }
 
+// shutdown ends Run: it stops using every lease, then releases them all
+// and leaves, within one CallTimeout counted after ctx is done.
 func (h *Holder) shutdown(ctx context.Context) error {
 	h.mu.Lock()
-	var all []Grant
-	for p, l := range h.leases {
-		all = append(all, Grant{Partition: p, Epoch: l.epoch})
-	}
+	all := h.grantsLocked()
 	clear(h.leases)
 	h.refreshLocked(time.Now())
 	h.st.Releases += uint64(len(all))
@@ -543,15 +538,11 @@ func (h *Holder) shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// estimate updates the demand estimate at now and returns the partitions
-// it fills and those with the headroom. h.mu is held.
+// estimateLocked updates the demand estimate at now, and the ceiling, and
+// returns the partitions the demand fills and those with the headroom.
+// h.mu is held.
 func (h *Holder) estimateLocked(now time.Time) (need, want int) {
-	dt := now.Sub(h.lastTick).Seconds()
-	if h.lastTick.IsZero() || dt <= 0 {
-		dt = 0
-	}
-	h.lastTick = now
-	if dt > 0 {
+	if dt := now.Sub(h.lastTick).Seconds(); !h.lastTick.IsZero() && dt > 0 {
 		win := h.cfg.RateWindow.Seconds()
 		ewma := func(avg, sample float64) float64 {
 			tau := win
@@ -567,14 +558,15 @@ func (h *Holder) estimateLocked(now time.Time) (need, want int) {
 		h.arrival = ewma(h.arrival, float64(h.requested+grown)/dt)
 		h.used = ewma(h.used, float64(h.admitted)/dt)
 		h.requested, h.admitted = 0, 0
-	}
-	// Additive increase of the ceiling: one partition a period.
-	if !math.IsInf(h.ceiling, 1) && dt > 0 {
-		h.ceiling += h.partCap * dt / h.cfg.RenewEvery.Seconds()
-		if h.ceiling >= h.cfg.Capacity+h.cfg.Reserved {
-			h.ceiling = math.Inf(1)
+		// Additive increase of the ceiling: one partition a period.
+		if !math.IsInf(h.ceiling, 1) {
+			h.ceiling += h.partCap * dt / h.cfg.RenewEvery.Seconds()
+			if h.ceiling >= h.cfg.Capacity+h.cfg.Reserved {
+				h.ceiling = math.Inf(1)
+			}
 		}
 	}
+	h.lastTick = now
 	h.lastBacklog = h.backlog
 	h.demand = h.arrival + float64(h.backlog+h.waiting)/h.cfg.DrainTime.Seconds()
 	parts := func(d float64) int {
@@ -588,45 +580,78 @@ func (h *Holder) estimateLocked(now time.Time) (need, want int) {
 	return h.need, h.want
 }
 
-// call runs one store call bounded by CallTimeout and counts it.
-func (h *Holder) call(ctx context.Context, f func(context.Context) error) error {
-	cctx, cancel := context.WithTimeout(ctx, h.cfg.CallTimeout)
-	defer cancel()
-	err := f(cctx)
-	h.mu.Lock()
-	h.st.StoreCalls++
-	if err != nil && ctx.Err() == nil {
-		h.st.Outages++
-		h.outage = true
-		h.refreshLocked(time.Now())
+// tick does one period's work, a round, and returns how long to wait for
+// the next one: 0 for a normal period.
+//
+// A round sends up to four store calls, in this order and never with h.mu
+// held: the heartbeat, which publishes the demand and reads the view; the
+// release of the leases the plan gives up; the renewal of those it keeps;
+// the acquisition of free partitions. h.mu is taken once before the
+// heartbeat, to estimate the demand it publishes, and once after each
+// call, to apply what the call returned as soon as it returns:
+//
+//   - after the heartbeat, to plan from the view and the holder's leases,
+//     and to stop using the leases the plan releases before the release is
+//     sent: the store may lease them to another member as soon as the
+//     release reaches it;
+//   - after the release, only to count it: when it fails the outage takes
+//     effect at once, as after any call that fails (Config.Outage);
+//   - after the renewal, so that the new deadlines, and the lost leases,
+//     take effect before the acquisition is sent: capacity does not lapse,
+//     nor a lost lease stay in use, while that call is in flight;
+//   - after the acquisition, to use what it granted.
+func (h *Holder) tick(ctx context.Context, rng *rand.Rand) time.Duration {
+	me := h.startRound()
+	p, recv, ok := h.heartbeat(ctx, me, rng)
+	if !ok {
+		return 0
 	}
-	h.mu.Unlock()
-	return err
+	if len(p.release) > 0 {
+		h.release(ctx, p.release)
+	}
+	if len(p.renew) > 0 {
+		h.renew(ctx, p.renew)
+	}
+	contended := false
+	if len(p.acquire) > 0 {
+		contended = h.acquire(ctx, p.acquire)
+	}
+	return h.nextLook(p, contended, recv, rng)
 }
 
-// tick does one period's work and returns how long to wait for the next
-// one: 0 for a normal period.
-func (h *Holder) tick(ctx context.Context, rng *rand.Rand) time.Duration {
+// startRound estimates the demand at the start of a round and returns the
+// entry the heartbeat publishes for the holder.
+func (h *Holder) startRound() Member {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	now := time.Now()
 	need, want := h.estimateLocked(now)
 	h.refreshLocked(now)
-	h.mu.Unlock()
+	return Member{ID: h.cfg.ID, Weight: h.cfg.Weight, Need: need, Want: want}
+}
 
-	var view View
-	if err := h.call(ctx, func(ctx context.Context) (err error) {
-		view, err = h.c.Heartbeat(ctx, Member{ID: h.cfg.ID, Weight: h.cfg.Weight, Need: need, Want: want}, h.storeTTL(), h.cfg.Partitions)
-		return err
-	}); err != nil {
-		return 0
-	}
-	recv := time.Now()
-	p := h.plan(view, need, want, rng)
+// heartbeat publishes me and reads the view; then it plans the round from
+// the view and stops using the leases the plan releases. It returns the
+// plan and when the view arrived, or false when the call failed (the
+// round ends there).
+func (h *Holder) heartbeat(ctx context.Context, me Member, rng *rand.Rand) (p plan, recv time.Time, ok bool) {
+	cctx, cancel := context.WithTimeout(ctx, h.cfg.CallTimeout)
+	view, err := h.c.Heartbeat(cctx, me, h.storeTTL(), h.cfg.Partitions)
+	cancel()
+	recv = time.Now()
 
 	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.recordLocked(ctx, err) {
+		return plan{}, recv, false
+	}
 	h.outage = false
+	members := withSelf(view.Members, me)
+	p = h.planLocked(me, members, view.Partitions, rng)
+	// The even share of the capacity among the members seen, for
+	// OutageEvenShare.
 	var totalW float64
-	for _, m := range view.Members {
+	for _, m := range members {
 		totalW += max(0, m.Weight)
 	}
 	if totalW > 0 {
@@ -637,73 +662,114 @@ func (h *Holder) tick(ctx context.Context, rng *rand.Rand) time.Duration {
 		delete(h.leases, g.Partition)
 	}
 	h.st.Releases += uint64(len(p.release))
-	var renew []Grant
-	for part, l := range h.leases {
-		renew = append(renew, Grant{Partition: part, Epoch: l.epoch})
+	h.refreshLocked(time.Now())
+	return p, recv, true
+}
+
+// release gives leases, no longer used, back to the store. Its outcome
+// counts only in the stats and the outage: if it fails, the leases expire
+// in the store by themselves.
+func (h *Holder) release(ctx context.Context, leases []Grant) {
+	cctx, cancel := context.WithTimeout(ctx, h.cfg.CallTimeout)
+	err := h.c.Release(cctx, h.cfg.ID, leases)
+	cancel()
+
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.recordLocked(ctx, err)
+}
+
+// renew renews leases. Each one renewed is valid for validity from when
+// the call was sent; each one refused is lost, and dropped. When the call
+// fails, nothing changes: the leases run out at their deadlines.
+func (h *Holder) renew(ctx context.Context, leases []Grant) {
+	sent := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, h.cfg.CallTimeout)
+	ok, err := h.c.Renew(cctx, h.cfg.ID, leases, h.storeTTL())
+	cancel()
+
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.recordLocked(ctx, err) {
+		return
+	}
+	dl := sent.Add(h.validity())
+	for i, g := range leases {
+		// Only Run's goroutine changes h.leases, so every lease sent is
+		// still there; the check keeps an answer from ever applying to
+		// another epoch of the partition.
+		l := h.leases[g.Partition]
+		if l == nil || l.epoch != g.Epoch {
+			continue
+		}
+		if ok[i] {
+			l.deadline = dl
+			h.st.Renewals++
+		} else {
+			delete(h.leases, g.Partition)
+			h.st.Losses++
+		}
 	}
 	h.refreshLocked(time.Now())
-	h.mu.Unlock()
+}
 
-	if len(p.release) > 0 {
-		_ = h.call(ctx, func(ctx context.Context) error { return h.c.Release(ctx, h.cfg.ID, p.release) })
+// acquire asks the store for the free partitions parts; each one granted
+// is valid for validity from when the call was sent. It reports whether
+// some were not granted: other members took them since the view.
+func (h *Holder) acquire(ctx context.Context, parts []int) (contended bool) {
+	sent := time.Now()
+	cctx, cancel := context.WithTimeout(ctx, h.cfg.CallTimeout)
+	gs, err := h.c.Acquire(cctx, h.cfg.ID, parts, h.storeTTL())
+	cancel()
+
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.recordLocked(ctx, err) {
+		return false
 	}
-	if len(renew) > 0 {
-		sent := time.Now()
-		var ok []bool
-		if err := h.call(ctx, func(ctx context.Context) (err error) {
-			ok, err = h.c.Renew(ctx, h.cfg.ID, renew, h.storeTTL())
-			return err
-		}); err == nil {
-			h.mu.Lock()
-			dl := sent.Add(h.validity())
-			for i, g := range renew {
-				l := h.leases[g.Partition]
-				if l == nil || l.epoch != g.Epoch {
-					continue
-				}
-				if ok[i] {
-					l.deadline = dl
-					h.st.Renewals++
-				} else {
-					delete(h.leases, g.Partition)
-					h.st.Losses++
-				}
-			}
-			h.refreshLocked(time.Now())
-			h.mu.Unlock()
-		}
+	dl := sent.Add(h.validity())
+	for _, g := range gs {
+		h.leases[g.Partition] = &held{epoch: g.Epoch, deadline: dl}
 	}
-	contended := false
-	if len(p.acquire) > 0 {
-		sent := time.Now()
-		var gs []Grant
-		if err := h.call(ctx, func(ctx context.Context) (err error) {
-			gs, err = h.c.Acquire(ctx, h.cfg.ID, p.acquire, h.storeTTL())
-			return err
-		}); err == nil {
-			h.mu.Lock()
-			dl := sent.Add(h.validity())
-			for _, g := range gs {
-				h.leases[g.Partition] = &held{epoch: g.Epoch, deadline: dl}
-			}
-			h.st.Acquisitions += uint64(len(gs))
-			h.refreshLocked(time.Now())
-			h.mu.Unlock()
-			// Partitions seen free were taken by another member
-			// meanwhile: often one that looked at the same instant,
-			// as holders do when a dead member's leases expire.
-			contended = len(gs) < len(p.acquire)
-		}
+	h.st.Acquisitions += uint64(len(gs))
+	h.refreshLocked(time.Now())
+	return len(gs) < len(parts)
+}
+
+// recordLocked counts a store call that returned err. A call that failed
+// while the holder runs (not because ctx is done) marks an outage, and the
+// rate is refreshed at once for the outage policy to apply. It reports
+// whether the call succeeded. h.mu is held.
+func (h *Holder) recordLocked(ctx context.Context, err error) (ok bool) {
+	h.st.StoreCalls++
+	if err == nil {
+		return true
 	}
+	if ctx.Err() == nil {
+		h.st.Outages++
+		h.outage = true
+		h.refreshLocked(time.Now())
+	}
+	return false
+}
+
+// nextLook returns how long after a round of plan p to look again: 0 for
+// a normal period. contended reports that partitions seen free were taken
+// by another member before the acquisition; recv is when the view
+// arrived.
+func (h *Holder) nextLook(p plan, contended bool, recv time.Time, rng *rand.Rand) time.Duration {
 	var next time.Duration
 	if p.starving {
 		next = h.cfg.RenewEvery / 4
 	}
 	if contended {
-		// Look again at once, after a random pause so that those who
-		// collided do not look in step: the view shows who won, and
-		// any partition still free. Each such look follows a partition
-		// taken by another, so they are few.
+		// Partitions seen free were taken by another member since the
+		// view: often one that looked at the same instant, as holders
+		// do when a dead member's leases expire. Look again at once,
+		// after a random pause so that those who collided do not look
+		// in step: the view shows who won, and any partition still
+		// free. Each such look follows a partition taken by another, so
+		// they are few.
 		d := time.Duration((0.01 + 0.04*rng.Float64()) * float64(h.cfg.RenewEvery))
 		if next == 0 || d < next {
 			next = max(time.Millisecond, d)
@@ -721,111 +787,144 @@ func (h *Holder) tick(ctx context.Context, rng *rand.Rand) time.Duration {
 	return next
 }
 
+// A plan is what a round does after the heartbeat.
 type plan struct {
-	release  []Grant
-	acquire  []int
+	// release and renew share the holder's leases: those given up and
+	// those kept.
+	release, renew []Grant
+	// acquire lists free partitions to ask for.
+	acquire []int
+	// starving says to look again after a quarter of a period.
 	starving bool
 	// stale is, when the holder wants more partitions, the shortest TTL
 	// left of a partition whose owner has missed a renewal; 0 if none.
 	stale time.Duration
 }
 
-// plan decides, from the store's view, what to release and what to
-// acquire for a need of need partitions, want with the headroom.
-func (h *Holder) plan(view View, need, want int, rng *rand.Rand) plan {
-	h.mu.Lock()
-	mine := make(map[int]uint64, len(h.leases))
-	var byDeadline []int
-	for p, l := range h.leases {
-		mine[p] = l.epoch
-		byDeadline = append(byDeadline, p)
-	}
-	sort.Slice(byDeadline, func(i, j int) bool {
-		a, b := h.leases[byDeadline[i]], h.leases[byDeadline[j]]
-		if !a.deadline.Equal(b.deadline) {
-			return a.deadline.Before(b.deadline)
-		}
-		return byDeadline[i] < byDeadline[j]
-	})
-	h.mu.Unlock()
-
-	id := h.cfg.ID
-	members := view.Members
+// withSelf returns the members of a view with the holder's own entry as it
+// has just published it, me: in the place of the store's copy, or
+// appended if the view lacks it. It may overwrite elements of members.
+func withSelf(members []Member, me Member) []Member {
 	found := false
 	for i := range members {
-		if members[i].ID == id {
-			members[i].Need, members[i].Want, members[i].Weight, found = need, want, h.cfg.Weight, true
+		if members[i].ID == me.ID {
+			members[i], found = me, true
 		}
 	}
 	if !found {
-		members = append(members, Member{ID: id, Weight: h.cfg.Weight, Need: need, Want: want})
+		members = append(members, me)
 	}
-	aims := shares(members, h.cfg.Partitions)
+	return members
+}
+
+// planLocked decides, from the view (members, with the holder's own entry
+// me, and the partitions' states), what the holder releases, renews and
+// acquires. h.mu is held.
+func (h *Holder) planLocked(me Member, members []Member, parts []PartitionState, rng *rand.Rand) plan {
+	want := me.Want
+	c := h.censusLocked(me.ID, members, parts)
+	var out plan
+	// Release above need + hysteresis, and yield above the aim while
+	// others lack partitions that are not free; the leases released are
+	// those that run out first.
+	mine := h.grantsLocked()
+	keep := min(len(mine), want+h.cfg.Hysteresis)
+	if short := c.deficit - len(c.free); short > 0 && keep > c.aim {
+		keep = max(c.aim, keep-short)
+	}
+	out.release, out.renew = mine[:len(mine)-keep], mine[len(mine)-keep:]
+	// Acquire free partitions up to the need, or the aim while others
+	// lack theirs, starting at a random offset among the free ones.
+	limit := want
+	if c.deficit > 0 {
+		limit = min(want, c.aim)
+	}
+	if k := min(limit-keep, len(c.free)); k > 0 {
+		off := rng.IntN(len(c.free))
+		for i := range k {
+			out.acquire = append(out.acquire, c.free[(off+i)%len(c.free)])
+		}
+	}
+	myDeficit := min(want, c.aim) - keep - len(out.acquire)
+	out.starving = myDeficit > 0 && (c.above || len(c.free) > len(out.acquire))
+	// Callers wait with no capacity at all: look again soon, whatever
+	// the estimate said (it may not have seen them yet).
+	if h.waiting > 0 && keep+len(out.acquire) == 0 && h.cfg.Reserved == 0 {
+		out.starving = true
+	}
+	if want > keep+len(out.acquire) {
+		out.stale = h.staleTTL(me.ID, parts)
+	}
+	return out
+}
+
+// A census is what a plan needs to know of the view besides the holder's
+// own leases.
+type census struct {
+	free    []int // the free partitions, in order
+	aim     int   // the holder's share, in partitions
+	deficit int   // the partitions the other members lack to reach theirs
+	above   bool  // whether another member holds more than its share
+}
+
+// censusLocked counts, in the view, the free partitions and every member's
+// share and holdings. A partition the holder leases counts as its own
+// whatever the view says (until a renewal says otherwise). h.mu is held.
+func (h *Holder) censusLocked(id string, members []Member, parts []PartitionState) census {
+	var c census
 	heldBy := map[string]int{}
-	var free []int
-	for i, ps := range view.Partitions {
-		_, ours := mine[i]
+	for i, ps := range parts {
+		_, ours := h.leases[i]
 		switch {
 		case ours:
 		case ps.Owner == "":
-			free = append(free, i)
+			c.free = append(c.free, i)
 		case ps.Owner != id:
 			heldBy[ps.Owner]++
 		}
 	}
-	have := len(mine)
-	myAim := 0
-	deficit, above := 0, false // others'
+	aims := shares(members, h.cfg.Partitions)
 	for i, m := range members {
 		if m.ID == id {
-			myAim = aims[i]
+			c.aim = aims[i]
 			continue
 		}
-		deficit += max(0, aims[i]-heldBy[m.ID])
+		c.deficit += max(0, aims[i]-heldBy[m.ID])
 		if heldBy[m.ID] > aims[i] {
-			above = true
+			c.above = true
 		}
 	}
-	var out plan
-	// Release above need + hysteresis, and yield above the aim while
-	// others lack partitions that are not free.
-	keep := min(have, want+h.cfg.Hysteresis)
-	if short := deficit - len(free); short > 0 && keep > myAim {
-		keep = max(myAim, keep-short)
+	return c
+}
+
+// grantsLocked returns the holder's leases, valid or not, in the order of
+// their deadlines (then of their partitions). h.mu is held.
+func (h *Holder) grantsLocked() []Grant {
+	gs := make([]Grant, 0, len(h.leases))
+	for p, l := range h.leases {
+		gs = append(gs, Grant{Partition: p, Epoch: l.epoch})
 	}
-	for _, p := range byDeadline[:have-keep] {
-		out.release = append(out.release, Grant{Partition: p, Epoch: mine[p]})
-	}
-	// Acquire free partitions up to the need, or the aim while others
-	// lack theirs, starting at a random offset among the free ones.
-	limit := want
-	if deficit > 0 {
-		limit = min(want, myAim)
-	}
-	if k := min(limit-keep, len(free)); k > 0 {
-		off := rng.IntN(len(free))
-		for i := range k {
-			out.acquire = append(out.acquire, free[(off+i)%len(free)])
+	sort.Slice(gs, func(i, j int) bool {
+		a, b := h.leases[gs[i].Partition], h.leases[gs[j].Partition]
+		if !a.deadline.Equal(b.deadline) {
+			return a.deadline.Before(b.deadline)
+		}
+		return gs[i].Partition < gs[j].Partition
+	})
+	return gs
+}
+
+// staleTTL returns the shortest TTL left of a partition held by another
+// member than id that has missed a renewal, 0 if none.
+func (h *Holder) staleTTL(id string, parts []PartitionState) time.Duration {
+	// A lease renewed on time has more than the store's TTL less a
+	// period (and a call) left.
+	fresh := h.storeTTL() - time.Duration(float64(h.cfg.RenewEvery)*(1+h.cfg.Jitter)) - h.cfg.CallTimeout
+	var stale time.Duration
+	for _, ps := range parts {
+		if ps.Owner != "" && ps.Owner != id && ps.TTL > 0 && ps.TTL < fresh && (stale == 0 || ps.TTL < stale) {
+			stale = ps.TTL
 		}
 	}
-	myDeficit := min(want, myAim) - keep - len(out.acquire)
-	out.starving = myDeficit > 0 && (above || len(free) > len(out.acquire))
-	// Callers wait with no capacity at all: look again soon, whatever
-	// the estimate said (it may not have seen them yet).
-	h.mu.Lock()
-	if h.waiting > 0 && keep+len(out.acquire) == 0 && h.cfg.Reserved == 0 {
-		out.starving = true
-	}
-	h.mu.Unlock()
-	if want > keep+len(out.acquire) {
-		// A lease renewed on time has more than the store's TTL less a
-		// period (and a call) left.
-		fresh := h.storeTTL() - time.Duration(float64(h.cfg.RenewEvery)*(1+h.cfg.Jitter)) - h.cfg.CallTimeout
-		for _, ps := range view.Partitions {
-			if ps.Owner != "" && ps.Owner != id && ps.TTL > 0 && ps.TTL < fresh && (out.stale == 0 || ps.TTL < out.stale) {
-				out.stale = ps.TTL
-			}
-		}
-	}
-	return out
+	return stale
 }

@@ -77,9 +77,18 @@ func (h *Holder) refreshDueLocked(now time.Time) {
 	}
 }
 
+// burstFor is the Limiter's burst at rate: a tenth of it, at least 1, or 0
+// when there is no rate.
+func burstFor(rate float64) int {
+	if rate <= 0 {
+		return 0
+	}
+	return max(1, int(math.Ceil(rate/10)))
+}
+
 // maxBurst is the burst at the largest rate the holder can have.
 func (h *Holder) maxBurst() int {
-	return max(1, int(math.Ceil((h.cfg.Capacity+h.cfg.Reserved)/10)))
+	return burstFor(h.cfg.Capacity + h.cfg.Reserved)
 }
 
 // Wait is WaitN(ctx, 1).

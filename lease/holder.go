@@ -252,7 +252,7 @@ type held struct {
 // NewHolder returns a Holder of the service coordinated by c.
 func NewHolder(c Store, cfg Config) (*Holder, error) {
 	if c == nil {
-		return nil, fmt.Errorf("%w: nil coordinator", ErrBadArgument)
+		return nil, fmt.Errorf("%w: nil Store", ErrBadArgument)
 	}
 	if !(cfg.Capacity > 0) || math.IsInf(cfg.Capacity, 0) || cfg.Partitions <= 0 {
 		return nil, fmt.Errorf("%w: capacity %v in %d partitions", ErrBadArgument, cfg.Capacity, cfg.Partitions)

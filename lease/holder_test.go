@@ -56,7 +56,7 @@ func TestNewHolderRejects(t *testing.T) {
 		c    Store
 		cfg  Config
 	}{
-		{"nil coordinator", nil, Config{Capacity: 10, Partitions: 2}},
+		{"nil store", nil, Config{Capacity: 10, Partitions: 2}},
 		{"no capacity", mem, Config{Partitions: 2}},
 		{"infinite capacity", mem, Config{Capacity: math.Inf(1), Partitions: 2}},
 		{"no partitions", mem, Config{Capacity: 10}},

@@ -13,7 +13,7 @@ import (
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
-// The simulation runs holders sharing a Memory coordinator and a simulated
+// The simulation runs holders sharing a MemoryStore and a simulated
 // service that enforces C per second, in the fake time of testing/synctest,
 // and checks the properties of issue 6 at every step of simStep.
 

@@ -58,10 +58,11 @@ type Grant struct {
 // A Store is what a Holder needs from the store shared by all the
 // members of one service. Every operation is atomic in the store. Expiry
 // instants are computed by the store's own clock (the Redis server's, or
-// the process's for Memory) from the TTL given as a duration; no instant
-// is ever compared across machines.
+// the process's for MemoryStore) from the TTL given as a duration; no
+// instant is ever compared across machines.
 //
-// Memory and Redis implement it.
+// MemoryStore and redisstore.LeaseStore implement it; storetest.RunLeases
+// is the conformance suite every implementation must pass.
 type Store interface {
 	// Heartbeat registers or refreshes m's presence for ttl, drops the
 	// members whose presence expired, and returns the view of the service

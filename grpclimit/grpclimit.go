@@ -53,9 +53,9 @@ import (
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/retrybudget"
 	"github.com/sluicehq/sluice/internal/storekey"
+	"github.com/sluicehq/sluice/limitheader"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -268,7 +268,7 @@ func (s *Server) decide(ctx context.Context, method string) error {
 		names = append(names, d.Rule)
 		qf.Violations = append(qf.Violations, &errdetails.QuotaFailure_Violation{
 			Subject:     scope(l),
-			Description: fmt.Sprintf("quota %q allows %d units per %d s; this call costs %d and %d remain", d.Rule, l.Rule.Capacity(), httplimit.PolicyWindow(&l.Rule), items[i].Cost, max(0, d.Remaining)),
+			Description: fmt.Sprintf("quota %q allows %d units per %d s; this call costs %d and %d remain", d.Rule, l.Rule.Capacity(), limitheader.PolicyWindow(&l.Rule), items[i].Cost, max(0, d.Remaining)),
 		})
 	}
 	st := status.New(codes.ResourceExhausted, "quota exceeded: "+strings.Join(names, ", "))

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/retrybudget"
+	"github.com/sluicehq/sluice/limitheader"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -258,7 +259,7 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 			return resp, nil
 		}
 		now := c.now()
-		hint, hinted := RetryDelay(resp.Header, now)
+		hint, hinted := limitheader.RetryDelay(resp.Header, now)
 		hint = min(hint, c.maxPause())
 		retry := c.throttledResponse(scope, seq, now, hint, hinted, retryable && attempt < maxRetries)
 		if !retry {

@@ -19,14 +19,16 @@
 // Client wraps an *http.Client for calling a service that throttles: it
 // paces requests with a Limiter (any Sluice limiter; WithCost sets a
 // request's cost), pauses every goroutine sharing it when the service asks
-// for a pause (RetryDelay reads every form of the request), retries only
-// what may be retried within a retry budget, lowers and raises its rate
-// (AIMD), and fails at once when a wait would outlast the deadline.
+// for a pause (limitheader.RetryDelay reads every form of the request),
+// retries only what may be retried within a retry budget, lowers and
+// raises its rate (AIMD), and fails at once when a wait would outlast the
+// deadline.
 //
 // # The fields
 //
-// AppendPolicyItem, AppendLimitItem and RetryAfterSeconds write the header
-// fields; ParseRateLimitPolicy, ParseRateLimit and RetryDelay read them.
+// Package limitheader writes the RateLimit, RateLimit-Policy and
+// Retry-After fields the middleware sends and reads those the Client
+// receives; use it directly to format or parse them elsewhere.
 //
 // Package throttledtest holds a simulated throttled database for tests and
 // demonstrations; package grpclimit does for gRPC what this package does

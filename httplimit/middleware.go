@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/sluicehq/sluice/internal/storekey"
+	"github.com/sluicehq/sluice/limitheader"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -166,7 +167,7 @@ func New(cfg Config) (*Middleware, error) {
 		}
 		l.Keys = append([]Key(nil), l.Keys...)
 		m.limits[i] = l
-		p := AppendPolicyItem(nil, &m.limits[i].Rule)
+		p := limitheader.AppendPolicyItem(nil, &m.limits[i].Rule)
 		m.policies = append(m.policies, p)
 		if i > 0 {
 			all = append(all, ", "...)
@@ -274,7 +275,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 		return true
 	}
 	if retry > 0 {
-		h["Retry-After"] = fieldValue(appendInt(st.buf[:0], RetryAfterSeconds(retry)))
+		h["Retry-After"] = fieldValue(appendInt(st.buf[:0], limitheader.RetryAfterSeconds(retry)))
 	}
 	st.ev.Status = http.StatusTooManyRequests
 	m.report(st)
@@ -304,7 +305,7 @@ func (m *Middleware) refuseOverload(w http.ResponseWriter, st *reqState, d time.
 	}
 	st.ev.Status = http.StatusServiceUnavailable
 	m.report(st)
-	w.Header()["Retry-After"] = fieldValue(appendInt(st.buf[:0], RetryAfterSeconds(d)))
+	w.Header()["Retry-After"] = fieldValue(appendInt(st.buf[:0], limitheader.RetryAfterSeconds(d)))
 	st.buf = appendOverloadProblem(st.buf[:0], st.ev.Err != nil)
 	writeProblem(w, http.StatusServiceUnavailable, st.buf)
 	return false
@@ -342,7 +343,7 @@ func (m *Middleware) setFields(h http.Header, st *reqState) {
 		if i > 0 {
 			b = append(b, ", "...)
 		}
-		b = AppendLimitItem(b, &st.ds[i])
+		b = limitheader.AppendLimitItem(b, &st.ds[i])
 	}
 	st.buf = b
 	h["Ratelimit"] = fieldValue(b)
@@ -356,7 +357,7 @@ func (m *Middleware) setFields(h http.Header, st *reqState) {
 		}
 		h["X-Ratelimit-Limit"] = []string{strconv.FormatInt(d.Capacity, 10)}
 		h["X-Ratelimit-Remaining"] = []string{strconv.FormatInt(max(0, d.Remaining), 10)}
-		h["X-Ratelimit-Reset"] = []string{strconv.FormatInt(ceilSeconds(d.ResetAfter), 10)}
+		h["X-Ratelimit-Reset"] = []string{strconv.FormatInt(limitheader.ResetSeconds(d.ResetAfter), 10)}
 	}
 }
 
@@ -449,14 +450,14 @@ func (m *Middleware) appendQuotaProblem(b []byte, st *reqState, retry time.Durat
 		b = append(b, `,"quota":`...)
 		b = appendInt(b, l.Rule.Capacity())
 		b = append(b, `,"window":`...)
-		b = appendInt(b, PolicyWindow(&l.Rule))
+		b = appendInt(b, limitheader.PolicyWindow(&l.Rule))
 		b = append(b, `,"cost":`...)
 		b = appendInt(b, it.Cost)
 		b = append(b, `,"remaining":`...)
 		b = appendInt(b, max(0, d.Remaining))
 		if d.Reason == ratelimit.ReasonLimited {
 			b = append(b, `,"retry-after":`...)
-			b = appendInt(b, RetryAfterSeconds(d.RetryAfter))
+			b = appendInt(b, limitheader.RetryAfterSeconds(d.RetryAfter))
 		}
 		b = append(b, '}')
 	}
@@ -467,9 +468,9 @@ func (m *Middleware) appendQuotaProblem(b []byte, st *reqState, retry time.Durat
 // decision, unescaped.
 func appendDetail(b []byte, st *reqState, i int, retry time.Duration) []byte {
 	d, l, cost := &st.ds[i], st.limits[i], st.items[i].Cost
-	q, w := l.Rule.Capacity(), PolicyWindow(&l.Rule)
+	q, w := l.Rule.Capacity(), limitheader.PolicyWindow(&l.Rule)
 	b = append(b, "Quota "...)
-	b = appendSFString(b, d.Rule)
+	b = limitheader.AppendPolicyName(b, d.Rule)
 	if len(l.Keys) > 0 {
 		b = append(b, " for "...)
 		b = appendScope(b, l)
@@ -498,7 +499,7 @@ func appendDetail(b []byte, st *reqState, i int, retry time.Duration) []byte {
 		b = append(b, " s succeed."...)
 	}
 	b = append(b, " Retry in "...)
-	b = appendInt(b, RetryAfterSeconds(retry))
+	b = appendInt(b, limitheader.RetryAfterSeconds(retry))
 	return append(b, " s."...)
 }
 

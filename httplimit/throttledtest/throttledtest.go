@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/limitheader"
 )
 
 // DB is the simulated database, an http.Handler. Writes (POST, PUT, PATCH,
@@ -184,7 +185,7 @@ func Naive(ctx context.Context, hc *http.Client, url string, records int) (Resul
 					return
 				}
 				throttled.Add(1)
-				d, _ := httplimit.RetryDelay(resp.Header, time.Now())
+				d, _ := limitheader.RetryDelay(resp.Header, time.Now())
 				select {
 				case <-time.After(d):
 				case <-ctx.Done():

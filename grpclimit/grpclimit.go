@@ -53,10 +53,10 @@ import (
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/sluicehq/sluice/internal/retrybudget"
 	"github.com/sluicehq/sluice/internal/storekey"
 	"github.com/sluicehq/sluice/limitheader"
 	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/retry"
 )
 
 // A Key names one dimension of a limit: what picks a call's bucket.
@@ -341,7 +341,7 @@ type Client struct {
 	MaxDelay time.Duration
 
 	budgetOnce sync.Once
-	budget     *retrybudget.Budget
+	budget     *retry.Budget
 
 	mu         sync.Mutex
 	pauseUntil time.Time
@@ -354,17 +354,15 @@ type Client struct {
 // asks for outlasts the call's deadline.
 var ErrWouldExceedDeadline = ratelimit.ErrWouldExceedDeadline
 
-// deadlineError is a wait that outlasts the deadline: it matches
-// ErrWouldExceedDeadline and context.DeadlineExceeded, and gRPC sees it as
-// codes.DeadlineExceeded.
-type deadlineError struct{ wait, left time.Duration }
+// deadlineError is a pause that outlasts the deadline: it wraps
+// retry.Wait's refusal, so it matches ErrWouldExceedDeadline and
+// context.DeadlineExceeded, and gRPC sees it as codes.DeadlineExceeded.
+type deadlineError struct{ err *retry.DeadlineError }
 
 func (e deadlineError) Error() string {
-	return fmt.Sprintf("grpclimit: the server asks to wait %v, %v left: %v", e.wait, e.left, ErrWouldExceedDeadline)
+	return "grpclimit: the server asks for " + e.err.Error()
 }
-func (e deadlineError) Unwrap() []error {
-	return []error{ErrWouldExceedDeadline, context.DeadlineExceeded}
-}
+func (e deadlineError) Unwrap() error { return e.err }
 func (e deadlineError) GRPCStatus() *status.Status {
 	return status.New(codes.DeadlineExceeded, e.Error())
 }
@@ -382,12 +380,10 @@ func (c *Client) UnaryInterceptor() grpc.UnaryClientInterceptor {
 				return err
 			}
 			err := invoker(ctx, method, req, reply, cc, opts...)
-			delay, ok := c.observe(err)
-			if !ok || attempt >= maxRetries || !c.allowRetry() {
+			// The retry waits in waitPause for the pause observe has just
+			// extended, failing at once if it outlasts the deadline.
+			if !c.observe(err) || attempt >= maxRetries || !c.allowRetry() {
 				return err
-			}
-			if dl, has := ctx.Deadline(); has && time.Until(dl) < delay {
-				return deadlineError{wait: delay, left: time.Until(dl)}
 			}
 		}
 	}
@@ -424,18 +420,18 @@ func (s *observedStream) RecvMsg(m any) error {
 }
 
 // observe starts or extends the pause when err is a refusal with
-// RetryInfo, and returns its delay.
-func (c *Client) observe(err error) (time.Duration, bool) {
+// RetryInfo, and reports whether it was one.
+func (c *Client) observe(err error) bool {
 	if err == nil {
-		return 0, false
+		return false
 	}
 	code := status.Code(err)
 	if code != codes.ResourceExhausted && code != codes.Unavailable {
-		return 0, false
+		return false
 	}
 	d, ok := RetryDelay(err)
 	if !ok {
-		return 0, false
+		return false
 	}
 	maxDelay := c.MaxDelay
 	if maxDelay <= 0 {
@@ -447,34 +443,31 @@ func (c *Client) observe(err error) (time.Duration, bool) {
 		c.pauseUntil = until
 	}
 	c.mu.Unlock()
-	return d, true
+	return true
 }
 
 // waitPause waits while a pause is on, failing at once if it outlasts the
 // deadline.
 func (c *Client) waitPause(ctx context.Context) error {
 	c.mu.Lock()
-	d := time.Until(c.pauseUntil)
+	until := c.pauseUntil
 	c.mu.Unlock()
-	if d <= 0 {
+	now := time.Now()
+	err := retry.Wait(ctx, now, until.Sub(now))
+	var de *retry.DeadlineError
+	switch {
+	case err == nil:
 		return nil
-	}
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
-		return deadlineError{wait: d, left: time.Until(dl)}
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return status.FromContextError(ctx.Err()).Err()
+	case errors.As(err, &de):
+		return deadlineError{de}
+	default:
+		return status.FromContextError(err).Err()
 	}
 }
 
 // retryBudget returns the Client's retry budget, made on first use.
-func (c *Client) retryBudget() *retrybudget.Budget {
-	c.budgetOnce.Do(func() { c.budget = retrybudget.New(c.RetryRatio, c.MinRetries, c.RetryWindow) })
+func (c *Client) retryBudget() *retry.Budget {
+	c.budgetOnce.Do(func() { c.budget = retry.NewBudget(c.RetryRatio, c.MinRetries, c.RetryWindow) })
 	return c.budget
 }
 

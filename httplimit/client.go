@@ -2,6 +2,7 @@ package httplimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -9,9 +10,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/retrybudget"
 	"github.com/sluicehq/sluice/limitheader"
 	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/retry"
 )
 
 // A Limiter paces a Client: WaitN blocks until n units of cost may be spent,
@@ -142,7 +143,7 @@ type Client struct {
 	mu      sync.Mutex
 	started bool
 	pauses  map[string]time.Time
-	budget  *retrybudget.Budget
+	budget  *retry.Budget
 	// AIMD state, when the Limiter is adjustable.
 	adj                  AdjustableLimiter
 	rate, maxRate        float64
@@ -179,7 +180,7 @@ func (c *Client) start() {
 	}
 	c.started = true
 	c.pauses = make(map[string]time.Time)
-	c.budget = retrybudget.New(c.RetryRatio, c.MinRetries, c.RetryWindow)
+	c.budget = retry.NewBudget(c.RetryRatio, c.MinRetries, c.RetryWindow)
 	if a, ok := c.Limiter.(AdjustableLimiter); ok {
 		c.adj = a
 		c.maxRate = float64(c.MaxRate)
@@ -261,22 +262,16 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 		now := c.now()
 		hint, hinted := limitheader.RetryDelay(resp.Header, now)
 		hint = min(hint, c.maxPause())
-		retry := c.throttledResponse(scope, seq, now, hint, hinted, retryable && attempt < maxRetries)
-		if !retry {
+		if !c.throttledResponse(scope, seq, now, hint, hinted, retryable && attempt < maxRetries) {
 			return resp, nil
 		}
 		// The retry waits for the shared pause (in await) and then for its
 		// own jitter; all of it must fit before the deadline.
 		jitter := c.backoff(attempt)
 		wait := c.pauseLeft(scope, func() time.Time { return now }) + jitter
-		if dl, ok := ctx.Deadline(); ok && now.Add(wait).After(dl) {
-			discard(resp)
-			return nil, fmt.Errorf("httplimit: %s %s: retrying needs %v, %v left: %w (%w)",
-				req.Method, req.URL.Redacted(), wait, dl.Sub(now), ErrWouldExceedDeadline, context.DeadlineExceeded)
-		}
 		discard(resp)
-		if err := c.sleep(ctx, wait); err != nil {
-			return nil, err
+		if err := retry.Wait(ctx, now, wait); err != nil {
+			return nil, explainWait(err, "httplimit: %s %s: retrying", req.Method, req.URL.Redacted())
 		}
 	}
 }
@@ -291,12 +286,8 @@ func (c *Client) await(ctx context.Context, scope string, cost int) error {
 			// pause, so that they do not all return at one instant; the
 			// Limiter, whose rate was just lowered, spaces them further.
 			d += c.backoff(0)
-			if dl, ok := ctx.Deadline(); ok && now.Add(d).After(dl) {
-				return fmt.Errorf("httplimit: calls to %q are paused for %v, %v left: %w (%w)",
-					scope, d, dl.Sub(now), ErrWouldExceedDeadline, context.DeadlineExceeded)
-			}
-			if err := c.sleep(ctx, d); err != nil {
-				return err
+			if err := retry.Wait(ctx, now, d); err != nil {
+				return explainWait(err, "httplimit: calls to %q are paused", scope)
 			}
 		}
 		if c.Limiter != nil && cost > 0 {
@@ -395,19 +386,15 @@ func (c *Client) backoff(attempt int) time.Duration {
 	return time.Duration(r() * float64(d))
 }
 
-// sleep waits d or until ctx is done.
-func (c *Client) sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return nil
+// explainWait returns the error of retry.Wait: a refusal to outlast the
+// deadline prefixed with what was waited for (format and args), which it
+// wraps; a done context's error as it is.
+func explainWait(err error, format string, args ...any) error {
+	var de *retry.DeadlineError
+	if !errors.As(err, &de) {
+		return err
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return fmt.Errorf(format+": %w", append(args, err)...)
 }
 
 // discard reads a little of a body that is not returned, so that the

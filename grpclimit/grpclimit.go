@@ -53,7 +53,7 @@ import (
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/sluicehq/sluice/internal/storekey"
+	"github.com/sluicehq/sluice/admit"
 	"github.com/sluicehq/sluice/limitheader"
 	"github.com/sluicehq/sluice/ratelimit"
 	"github.com/sluicehq/sluice/retry"
@@ -209,18 +209,12 @@ func (s *Server) decide(ctx context.Context, method string) error {
 	items, idx := itemsBuf[:0], idxBuf[:0]
 	for i := range s.cfg.Policies {
 		l := &s.cfg.Policies[i]
-		b := append(buf[:0], l.Rule.Name...)
-		ok := true
-		for _, k := range l.Keys {
-			b = append(b, '|')
-			if b, ok = k.Append(b, ctx, method); !ok {
-				break
-			}
-		}
+		b, ok := admit.AppendKey(buf[:0], l.Rule.Name, len(l.Keys), func(dst []byte, j int) ([]byte, bool) {
+			return l.Keys[j].Append(dst, ctx, method)
+		})
 		if !ok {
 			continue
 		}
-		b = storekey.Bound(b, len(l.Rule.Name))
 		cost := int64(1)
 		if l.Cost != nil {
 			cost = max(0, l.Cost(ctx, method))
@@ -231,18 +225,15 @@ func (s *Server) decide(ctx context.Context, method string) error {
 	if len(items) == 0 {
 		return nil
 	}
-	ds, err := s.cfg.Store.Decide(ctx, dsBuf[:0], items)
-	if err == nil && len(ds) != len(items) {
-		err = fmt.Errorf("grpclimit: store returned %d decisions for %d items", len(ds), len(items))
-	}
-	if err != nil {
-		s.report(ctx, method, nil, err, true)
+	ds, v := admit.Decide(ctx, s.cfg.Store, dsBuf[:0], items)
+	if v.Err != nil {
+		s.report(ctx, method, nil, v.Err, true)
 		if s.cfg.Shadow {
 			return nil
 		}
 		return unavailable(s.cfg.ErrorRetryAfter, "the rate limiter could not decide")
 	}
-	if ratelimit.Allowed(ds) {
+	if v.Outcome == admit.Admitted {
 		s.report(ctx, method, ds, nil, false)
 		return nil
 	}
@@ -250,19 +241,16 @@ func (s *Server) decide(ctx context.Context, method string) error {
 	if s.cfg.Shadow {
 		return nil
 	}
-	var retry time.Duration
+	if v.Outcome == admit.Unavailable {
+		return unavailable(v.RetryAfter, "the rate limiter is unavailable")
+	}
+	retry := v.RetryAfter
 	qf := &errdetails.QuotaFailure{}
 	var names []string
 	for i := range ds {
 		d := &ds[i]
 		if d.Allowed {
 			continue
-		}
-		if d.Reason == ratelimit.ReasonFailClosed {
-			return unavailable(d.RetryAfter, "the rate limiter is unavailable")
-		}
-		if d.Reason == ratelimit.ReasonLimited {
-			retry = max(retry, d.RetryAfter)
 		}
 		l := &s.cfg.Policies[idx[i]]
 		names = append(names, d.Rule)
@@ -453,16 +441,20 @@ func (c *Client) waitPause(ctx context.Context) error {
 	until := c.pauseUntil
 	c.mu.Unlock()
 	now := time.Now()
-	err := retry.Wait(ctx, now, until.Sub(now))
-	var de *retry.DeadlineError
-	switch {
-	case err == nil:
-		return nil
-	case errors.As(err, &de):
-		return deadlineError{de}
-	default:
-		return status.FromContextError(err).Err()
+	if err := retry.Wait(ctx, now, until.Sub(now)); err != nil {
+		return waitError(err)
 	}
+	return nil
+}
+
+// waitError returns the error of a call whose wait failed with err (from
+// retry.Wait): a DEADLINE_EXCEEDED deadlineError when the wait would have
+// outlasted the deadline, the status of the context's error otherwise.
+func waitError(err error) error {
+	if de, ok := errors.AsType[*retry.DeadlineError](err); ok {
+		return deadlineError{de}
+	}
+	return status.FromContextError(err).Err()
 }
 
 // retryBudget returns the Client's retry budget, made on first use.

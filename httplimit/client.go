@@ -390,8 +390,7 @@ func (c *Client) backoff(attempt int) time.Duration {
 // deadline prefixed with what was waited for (format and args), which it
 // wraps; a done context's error as it is.
 func explainWait(err error, format string, args ...any) error {
-	var de *retry.DeadlineError
-	if !errors.As(err, &de) {
+	if _, ok := errors.AsType[*retry.DeadlineError](err); !ok {
 		return err
 	}
 	return fmt.Errorf(format+": %w", append(args, err)...)

@@ -10,7 +10,7 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
-	"github.com/sluicehq/sluice/internal/storekey"
+	"github.com/sluicehq/sluice/admit"
 	"github.com/sluicehq/sluice/limitheader"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -213,20 +213,13 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 	}
 	for i := range m.limits {
 		l := &m.limits[i]
-		b := append(st.buf[:0], l.Rule.Name...)
-		ok := true
-		for _, k := range l.Keys {
-			b = append(b, '|')
-			if b, ok = k.Append(b, r); !ok {
-				break
-			}
-		}
+		b, ok := admit.AppendKey(st.buf[:0], l.Rule.Name, len(l.Keys), func(dst []byte, j int) ([]byte, bool) {
+			return l.Keys[j].Append(dst, r)
+		})
+		st.buf = b
 		if !ok {
-			st.buf = b
 			continue
 		}
-		b = storekey.Bound(b, len(l.Rule.Name))
-		st.buf = b
 		cost := int64(1)
 		if l.Cost != nil {
 			cost = max(0, l.Cost(r))
@@ -239,36 +232,26 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 	if len(st.items) == 0 {
 		return true
 	}
-	ds, err := m.store.Decide(r.Context(), st.ds, st.items)
+	ds, v := admit.Decide(r.Context(), m.store, st.ds, st.items)
 	st.ds = ds
-	st.ev.Policies, st.ev.Keys, st.ev.Decisions, st.ev.Err = st.limits, st.keys, ds, err
-	if err != nil || len(ds) != len(st.items) {
-		if err == nil {
-			err = fmt.Errorf("httplimit: store returned %d decisions for %d items", len(ds), len(st.items))
-			st.ev.Err = err
-		}
-		st.ev.Denied = true
-		return m.refuseOverload(w, st, m.errRetry)
-	}
+	st.ev.Policies, st.ev.Keys, st.ev.Decisions, st.ev.Err = st.limits, st.keys, ds, v.Err
 	h := w.Header()
-	if ratelimit.Allowed(ds) {
+	switch v.Outcome {
+	case admit.Admitted:
 		if !m.omit {
 			m.setFields(h, st)
 		}
 		m.report(st)
 		return true
+	case admit.Unavailable:
+		st.ev.Denied = true
+		if v.Err != nil {
+			return m.refuseOverload(w, st, m.errRetry)
+		}
+		return m.refuseOverload(w, st, v.RetryAfter)
 	}
 	st.ev.Denied = true
-	var retry time.Duration
-	for i := range ds {
-		switch d := &ds[i]; {
-		case d.Allowed:
-		case d.Reason == ratelimit.ReasonFailClosed:
-			return m.refuseOverload(w, st, d.RetryAfter)
-		case d.Reason == ratelimit.ReasonLimited:
-			retry = max(retry, d.RetryAfter)
-		}
-	}
+	retry := v.RetryAfter
 	m.setFields(h, st)
 	if m.shadow {
 		m.report(st)

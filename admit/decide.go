@@ -38,9 +38,9 @@ func (o Outcome) String() string {
 type Verdict struct {
 	Outcome Outcome
 	// RetryAfter is when to come back. For OverQuota it is the longest
-	// RetryAfter of the denials that a later request can pass (those of
-	// ratelimit.ReasonLimited), or 0 when none can: every denial is of a
-	// cost above the rule's capacity. For Unavailable it is the RetryAfter
+	// RetryAfter of the denials that a later request can pass (see
+	// Retryable), or 0 when none can: every denial is of a cost above the
+	// rule's capacity. For Unavailable it is the RetryAfter
 	// of the first decision that failed closed, or 0 after an error, when
 	// the edge applies its own default.
 	RetryAfter time.Duration
@@ -76,11 +76,29 @@ func verdict(ds []ratelimit.Decision) Verdict {
 		case d.Allowed:
 		case d.Reason == ratelimit.ReasonFailClosed:
 			return Verdict{Outcome: Unavailable, RetryAfter: d.RetryAfter}
-		case d.Reason == ratelimit.ReasonLimited:
+		case Retryable(d):
 			v.Outcome, v.RetryAfter = OverQuota, max(v.RetryAfter, d.RetryAfter)
 		default:
 			v.Outcome = OverQuota
 		}
 	}
 	return v
+}
+
+// Retryable reports whether d is a quota's denial that the same request
+// can pass later, after d.RetryAfter: one of ratelimit.ReasonLimited, or of
+// ratelimit.ReasonLocal (the store is out and a rule that fails locally
+// decided at this replica's share, which is still a quota) unless its cost
+// exceeds the capacity. A denial that failed closed is not a quota's.
+func Retryable(d *ratelimit.Decision) bool {
+	if d.Allowed {
+		return false
+	}
+	switch d.Reason {
+	case ratelimit.ReasonLimited:
+		return true
+	case ratelimit.ReasonLocal:
+		return d.RetryAfter != ratelimit.Never
+	}
+	return false
 }

@@ -33,7 +33,31 @@ var (
 	closed = func(d time.Duration) ratelimit.Decision {
 		return ratelimit.Decision{Reason: ratelimit.ReasonFailClosed, RetryAfter: d}
 	}
+	local = func(d time.Duration) ratelimit.Decision {
+		return ratelimit.Decision{Reason: ratelimit.ReasonLocal, RetryAfter: d}
+	}
 )
+
+func TestRetryable(t *testing.T) {
+	localOK := ratelimit.Decision{Allowed: true, Reason: ratelimit.ReasonLocal}
+	for _, tt := range []struct {
+		name string
+		d    ratelimit.Decision
+		want bool
+	}{
+		{"admitted", ok, false},
+		{"admitted locally", localOK, false},
+		{"limited", limited(time.Second), true},
+		{"denied locally", local(time.Second), true},
+		{"denied locally, too big", local(ratelimit.Never), false},
+		{"too big", tooBig, false},
+		{"failed closed", closed(time.Second), false},
+	} {
+		if got := admit.Retryable(&tt.d); got != tt.want {
+			t.Errorf("%s: Retryable = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
 
 func TestDecide(t *testing.T) {
 	tests := []struct {
@@ -48,6 +72,8 @@ func TestDecide(t *testing.T) {
 		{"limited: the longest wait", []ratelimit.Decision{limited(time.Second), ok, limited(3 * time.Second)}, nil, admit.OverQuota, 3 * time.Second},
 		{"too big: no retry", []ratelimit.Decision{tooBig, ok}, nil, admit.OverQuota, 0},
 		{"too big and limited", []ratelimit.Decision{tooBig, limited(time.Second)}, nil, admit.OverQuota, time.Second},
+		{"local denial: a quota's", []ratelimit.Decision{local(2 * time.Second), limited(time.Second)}, nil, admit.OverQuota, 2 * time.Second},
+		{"local denial too big", []ratelimit.Decision{local(ratelimit.Never)}, nil, admit.OverQuota, 0},
 		{"failed closed", []ratelimit.Decision{ok, closed(2 * time.Second)}, nil, admit.Unavailable, 2 * time.Second},
 		{"failed closed beats limited, either order", []ratelimit.Decision{limited(time.Minute), closed(2 * time.Second)}, nil, admit.Unavailable, 2 * time.Second},
 		{"failed closed beats limited", []ratelimit.Decision{closed(2 * time.Second), limited(time.Minute)}, nil, admit.Unavailable, 2 * time.Second},

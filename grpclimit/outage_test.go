@@ -75,3 +75,21 @@ func TestStoreOutageIsNeverResourceExhausted(t *testing.T) {
 		})
 	}
 }
+
+// TestLocalDenial: while the store is out, a rule that fails locally
+// (ratelimit.FailLocal) still enforces its quota, at this replica's share:
+// its denial is RESOURCE_EXHAUSTED, with a RetryInfo as a store's denial.
+func TestLocalDenial(t *testing.T) {
+	local := ratelimit.Decision{Reason: ratelimit.ReasonLocal, RetryAfter: 1500 * time.Millisecond}
+	cl, _ := start(t, grpclimit.Config{
+		Store:    listStore{ds: []ratelimit.Decision{local}},
+		Policies: []grpclimit.Policy{{Rule: ratelimit.Rule{Name: "a", Quota: 1, Period: time.Second}}},
+	}, nil)
+	_, err := cl.Check(t.Context(), &healthpb.HealthCheckRequest{})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("err = %v, want RESOURCE_EXHAUSTED", err)
+	}
+	if d, ok := grpclimit.RetryDelay(err); !ok || d != 1500*time.Millisecond {
+		t.Errorf("RetryInfo %v, %v; want 1.5s", d, ok)
+	}
+}

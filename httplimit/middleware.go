@@ -438,7 +438,7 @@ func (m *Middleware) appendQuotaProblem(b []byte, st *reqState, retry time.Durat
 		b = appendInt(b, it.Cost)
 		b = append(b, `,"remaining":`...)
 		b = appendInt(b, max(0, d.Remaining))
-		if d.Reason == ratelimit.ReasonLimited {
+		if admit.Retryable(d) {
 			b = append(b, `,"retry-after":`...)
 			b = appendInt(b, limitheader.RetryAfterSeconds(d.RetryAfter))
 		}

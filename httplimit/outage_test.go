@@ -87,3 +87,29 @@ func TestStoreOutageIsNever429(t *testing.T) {
 		})
 	}
 }
+
+// TestLocalDenial: while the store is out, a rule that fails locally
+// (ratelimit.FailLocal) still enforces its quota, at this replica's share:
+// its denial is the caller's quota spent, a 429, and tells when to retry as
+// a store's denial does.
+func TestLocalDenial(t *testing.T) {
+	local := ratelimit.Decision{Reason: ratelimit.ReasonLocal, RetryAfter: 1500 * time.Millisecond}
+	m, err := httplimit.New(httplimit.Config{
+		Store:    listStore{ds: []ratelimit.Decision{local}},
+		Policies: []httplimit.Policy{{Rule: ratelimit.Rule{Name: "a", Quota: 1, Period: time.Second}}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	m.Handler(http.NotFoundHandler()).ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+	if rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("status %d, want 429", rec.Code)
+	}
+	if got := rec.Header().Get("Retry-After"); got != "2" {
+		t.Errorf("Retry-After %q, want 2", got)
+	}
+	if !strings.Contains(rec.Body.String(), `"retry-after":2`) || !strings.Contains(rec.Body.String(), "Retry in 2 s.") {
+		t.Errorf("problem %s, want a retry-after of 2 s", rec.Body)
+	}
+}

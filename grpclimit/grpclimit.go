@@ -3,13 +3,15 @@
 // google.rpc.RetryInfo detail saying when to come back, and client
 // interceptors that honour that detail.
 //
-// It is the one library package allowed to import gRPC (see DESIGN.md's
-// import rules); the rest of Sluice's HTTP integration lives in httplimit.
+// It is the one library package allowed to import gRPC (the module's
+// import rules, which internal/deps checks); what it shares with httplimit,
+// the HTTP edge, lives in admit (store keys and verdicts), retry (the retry
+// budget and the deadline-aware wait) and limitheader (policy windows).
 //
 // # Server
 //
 // A Server decides each call (once per stream for streaming calls) against
-// a Store, all limits of a call all or nothing, like httplimit's
+// a Store, all policies of a call all or nothing, like httplimit's
 // middleware:
 //
 //   - a call a quota refuses fails with codes.ResourceExhausted, a
@@ -59,12 +61,12 @@ import (
 	"github.com/sluicehq/sluice/retry"
 )
 
-// A Key names one dimension of a limit: what picks a call's bucket.
+// A Key names one dimension of a policy: what picks a call's bucket.
 type Key struct {
 	// Scope describes the key in QuotaFailure details, e.g. "peer".
 	Scope string
 	// Append appends the key's value for the call to dst; ok false means
-	// the limit does not apply to the call.
+	// the policy does not apply to the call.
 	Append func(dst []byte, ctx context.Context, fullMethod string) (b []byte, ok bool)
 }
 
@@ -94,7 +96,7 @@ func peerAddr(ctx context.Context) netip.Addr {
 }
 
 // ByMetadata keys by the first value of the incoming metadata key name (an
-// API key, a tenant); the limit does not apply to calls without it. A
+// API key, a tenant); the policy does not apply to calls without it. A
 // store key longer than 256 bytes is replaced by its SHA-256 digest, so a
 // caller cannot make the store hold values of any size.
 func ByMetadata(name string) Key {
@@ -125,17 +127,17 @@ type Policy struct {
 	Cost func(ctx context.Context, fullMethod string) int64
 }
 
-// Config configures a Server. Store and at least one Limit are required.
+// Config configures a Server. Store and at least one Policy are required.
 type Config struct {
 	Store    ratelimit.Store
 	Policies []Policy
 	// Shadow decides and reports (OnDecision) but never refuses.
 	Shadow bool
 	// OnDecision, if set, is called after each decision with the
-	// decisions of the limits that applied (nil on a Store error), the
+	// decisions of the policies that applied (nil on a Store error), the
 	// Store's error, and whether the call is (or in shadow mode would be)
-	// refused.
-	OnDecision func(ctx context.Context, fullMethod string, ds []ratelimit.Decision, err error, refused bool)
+	// denied.
+	OnDecision func(ctx context.Context, fullMethod string, ds []ratelimit.Decision, err error, denied bool)
 	// ErrorRetryAfter is the RetryInfo delay of the UNAVAILABLE answered
 	// when the Store returns an error; default one second.
 	ErrorRetryAfter time.Duration
@@ -143,7 +145,7 @@ type Config struct {
 
 // Server holds the server interceptors. It is safe for concurrent use.
 type Server struct {
-	cfg Config // cfg.Limits is the Server's own copy
+	cfg Config // cfg.Policies is the Server's own copy
 }
 
 // NewServer returns a Server for cfg, or an error if cfg is incomplete or a
@@ -153,7 +155,7 @@ func NewServer(cfg Config) (*Server, error) {
 		return nil, errors.New("grpclimit: Config.Store is nil")
 	}
 	if len(cfg.Policies) == 0 {
-		return nil, errors.New("grpclimit: Config.Limits is empty")
+		return nil, errors.New("grpclimit: Config.Policies is empty")
 	}
 	if cfg.ErrorRetryAfter <= 0 {
 		cfg.ErrorRetryAfter = time.Second
@@ -161,15 +163,15 @@ func NewServer(cfg Config) (*Server, error) {
 	names := make(map[string]bool)
 	for i, l := range cfg.Policies {
 		if err := l.Rule.Validate(); err != nil {
-			return nil, fmt.Errorf("grpclimit: limit %d: %w", i, err)
+			return nil, fmt.Errorf("grpclimit: policy %d: %w", i, err)
 		}
 		if names[l.Rule.Name] {
-			return nil, fmt.Errorf("grpclimit: two limits are named %q", l.Rule.Name)
+			return nil, fmt.Errorf("grpclimit: two policies are named %q", l.Rule.Name)
 		}
 		names[l.Rule.Name] = true
 		for j, k := range l.Keys {
 			if k.Append == nil {
-				return nil, fmt.Errorf("grpclimit: limit %q: key %d (%q) has no Append function", l.Rule.Name, j, k.Scope)
+				return nil, fmt.Errorf("grpclimit: policy %q: key %d (%q) has no Append function", l.Rule.Name, j, k.Scope)
 			}
 		}
 	}
@@ -268,9 +270,9 @@ func (s *Server) decide(ctx context.Context, method string) error {
 	return withDetails(st, details...)
 }
 
-func (s *Server) report(ctx context.Context, method string, ds []ratelimit.Decision, err error, refused bool) {
+func (s *Server) report(ctx context.Context, method string, ds []ratelimit.Decision, err error, denied bool) {
 	if s.cfg.OnDecision != nil {
-		s.cfg.OnDecision(ctx, method, ds, err, refused)
+		s.cfg.OnDecision(ctx, method, ds, err, denied)
 	}
 }
 
@@ -325,8 +327,10 @@ type Client struct {
 	RetryRatio  float64
 	RetryWindow time.Duration
 	MinRetries  int
-	// MaxDelay caps the delay a RetryInfo may ask for; 0 means 1 minute.
-	MaxDelay time.Duration
+	// MaxPause caps the pause (and the wait before a retry) that a
+	// RetryInfo may ask for; 0 means 1 minute. httplimit.Client's MaxPause
+	// does the same for HTTP.
+	MaxPause time.Duration
 
 	budgetOnce sync.Once
 	budget     *retry.Budget
@@ -334,7 +338,7 @@ type Client struct {
 	mu         sync.Mutex
 	pauseUntil time.Time
 	retries    int64
-	refused    int64
+	denied     int64
 }
 
 // ErrWouldExceedDeadline is ratelimit.ErrWouldExceedDeadline: a Client
@@ -421,11 +425,11 @@ func (c *Client) observe(err error) bool {
 	if !ok {
 		return false
 	}
-	maxDelay := c.MaxDelay
-	if maxDelay <= 0 {
-		maxDelay = time.Minute
+	maxPause := c.MaxPause
+	if maxPause <= 0 {
+		maxPause = time.Minute
 	}
-	d = min(d, maxDelay)
+	d = min(d, maxPause)
 	c.mu.Lock()
 	if until := time.Now().Add(d); until.After(c.pauseUntil) {
 		c.pauseUntil = until
@@ -470,16 +474,17 @@ func (c *Client) allowRetry() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !ok {
-		c.refused++
+		c.denied++
 		return false
 	}
 	c.retries++
 	return true
 }
 
-// Retries returns the retries made and those the budget refused.
-func (c *Client) Retries() (made, refused int64) {
+// Retries returns the retries made and those the retry budget denied (as
+// httplimit.ClientStats' Retries and RetriesDenied).
+func (c *Client) Retries() (made, denied int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.retries, c.refused
+	return c.retries, c.denied
 }

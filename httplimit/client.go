@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"sync"
@@ -43,17 +44,26 @@ type costKey struct{}
 
 // WithCost returns a context whose requests cost n units of the Client's
 // Limiter (e.g. request units of a database) instead of 1. A negative n
-// counts as 0: the request is not paced.
-func WithCost(ctx context.Context, n int) context.Context {
+// counts as 0: the request is not paced. Costs are int64 throughout
+// Sluice; Limiter.WaitN, in the style of golang.org/x/time/rate, takes an
+// int, and a cost above math.MaxInt (on a 32-bit platform) is asked for as
+// math.MaxInt, more than any such Limiter grants at once.
+func WithCost(ctx context.Context, n int64) context.Context {
 	return context.WithValue(ctx, costKey{}, max(0, n))
 }
 
 // costOf returns the cost WithCost put in ctx, or 1.
-func costOf(ctx context.Context) int {
-	if n, ok := ctx.Value(costKey{}).(int); ok {
+func costOf(ctx context.Context) int64 {
+	if n, ok := ctx.Value(costKey{}).(int64); ok {
 		return n
 	}
 	return 1
+}
+
+// waitCost converts a cost (never negative) to the int that Limiter.WaitN
+// takes, saturating where int is narrower than int64.
+func waitCost(n int64) int {
+	return int(min(n, math.MaxInt))
 }
 
 // Client is a client-level wrapper of an *http.Client for calling a service
@@ -278,7 +288,7 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 
 // await waits for the scope's shared pause and then for the Limiter,
 // again if a pause began while it waited.
-func (c *Client) await(ctx context.Context, scope string, cost int) error {
+func (c *Client) await(ctx context.Context, scope string, cost int64) error {
 	for {
 		var now time.Time
 		if d := c.pauseLeft(scope, func() time.Time { now = c.now(); return now }); d > 0 {
@@ -291,7 +301,7 @@ func (c *Client) await(ctx context.Context, scope string, cost int) error {
 			}
 		}
 		if c.Limiter != nil && cost > 0 {
-			if err := c.Limiter.WaitN(ctx, cost); err != nil {
+			if err := c.Limiter.WaitN(ctx, waitCost(cost)); err != nil {
 				return fmt.Errorf("httplimit: pacing: %w", err)
 			}
 		}

@@ -3,10 +3,10 @@
 // # Inbound: the middleware
 //
 // New builds a Middleware from a Config: a ratelimit.Store (memstore for
-// one process, redisstore for many) and Limits, each a ratelimit.Rule, the
+// one process, redisstore for many) and Policies, each a ratelimit.Rule, the
 // Keys that pick its bucket (ByIP, ByHeader, ByRoute, ByMethod, KeyFunc)
 // and a CostFunc (CostByMethod, CostByRoute: reads cheap, writes dear). The
-// limits that apply to a request are decided all or nothing. A refused
+// policies that apply to a request are decided all or nothing. A refused
 // request is answered at once, before its body is read: 429 with
 // Retry-After, the RateLimit and RateLimit-Policy fields of the IETF draft
 // "RateLimit header fields for HTTP" (draft-ietf-httpapi-ratelimit-

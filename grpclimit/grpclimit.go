@@ -335,10 +335,11 @@ type Client struct {
 	budgetOnce sync.Once
 	budget     *retry.Budget
 
-	mu         sync.Mutex
-	pauseUntil time.Time
-	retries    int64
-	denied     int64
+	pause retry.Pauses // one scope, "": the whole Client
+
+	mu      sync.Mutex
+	retries int64
+	denied  int64
 }
 
 // ErrWouldExceedDeadline is ratelimit.ErrWouldExceedDeadline: a Client
@@ -430,22 +431,20 @@ func (c *Client) observe(err error) bool {
 		maxPause = time.Minute
 	}
 	d = min(d, maxPause)
-	c.mu.Lock()
-	if until := time.Now().Add(d); until.After(c.pauseUntil) {
-		c.pauseUntil = until
-	}
-	c.mu.Unlock()
+	now := time.Now()
+	c.pause.Extend("", now, now.Add(d))
 	return true
 }
 
 // waitPause waits while a pause is on, failing at once if it outlasts the
 // deadline.
 func (c *Client) waitPause(ctx context.Context) error {
-	c.mu.Lock()
-	until := c.pauseUntil
-	c.mu.Unlock()
-	now := time.Now()
-	if err := retry.Wait(ctx, now, until.Sub(now)); err != nil {
+	var now time.Time
+	d := c.pause.Left("", func() time.Time { now = time.Now(); return now })
+	if d <= 0 {
+		return nil
+	}
+	if err := retry.Wait(ctx, now, d); err != nil {
 		return waitError(err)
 	}
 	return nil

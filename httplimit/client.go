@@ -150,9 +150,10 @@ type Client struct {
 	// math/rand/v2.Float64.
 	Rand func() float64
 
+	pauses retry.Pauses // by PauseScope
+
 	mu      sync.Mutex
 	started bool
-	pauses  map[string]time.Time
 	budget  *retry.Budget
 	// AIMD state, when the Limiter is adjustable.
 	adj                  AdjustableLimiter
@@ -189,7 +190,6 @@ func (c *Client) start() {
 		return
 	}
 	c.started = true
-	c.pauses = make(map[string]time.Time)
 	c.budget = retry.NewBudget(c.RetryRatio, c.MinRetries, c.RetryWindow)
 	if a, ok := c.Limiter.(AdjustableLimiter); ok {
 		c.adj = a
@@ -278,7 +278,7 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 		// The retry waits for the shared pause (in await) and then for its
 		// own jitter; all of it must fit before the deadline.
 		jitter := c.backoff(attempt)
-		wait := c.pauseLeft(scope, func() time.Time { return now }) + jitter
+		wait := c.pauses.Left(scope, func() time.Time { return now }) + jitter
 		discard(resp)
 		if err := retry.Wait(ctx, now, wait); err != nil {
 			return nil, explainWait(err, "httplimit: %s %s: retrying", req.Method, req.URL.Redacted())
@@ -291,7 +291,7 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 func (c *Client) await(ctx context.Context, scope string, cost int64) error {
 	for {
 		var now time.Time
-		if d := c.pauseLeft(scope, func() time.Time { now = c.now(); return now }); d > 0 {
+		if d := c.pauses.Left(scope, func() time.Time { now = c.now(); return now }); d > 0 {
 			// Waiters are spread over the first backoff step after the
 			// pause, so that they do not all return at one instant; the
 			// Limiter, whose rate was just lowered, spaces them further.
@@ -305,41 +305,22 @@ func (c *Client) await(ctx context.Context, scope string, cost int64) error {
 				return fmt.Errorf("httplimit: pacing: %w", err)
 			}
 		}
-		if c.pauseLeft(scope, c.now) <= 0 {
+		if c.pauses.Left(scope, c.now) <= 0 {
 			return nil
 		}
 	}
-}
-
-// pauseLeft returns how long the scope's pause lasts after now(), which it
-// calls only when a pause is on.
-func (c *Client) pauseLeft(scope string, now func() time.Time) time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	until, ok := c.pauses[scope]
-	if !ok {
-		return 0
-	}
-	return max(0, until.Sub(now()))
 }
 
 // throttledResponse records a 429 or 503 received at now for the seq-th
 // request sent: it extends the shared pause, lowers the rate, and reports
 // whether the request may be retried (mayRetry, and the budget allows).
 func (c *Client) throttledResponse(scope string, seq int64, now time.Time, hint time.Duration, hinted, mayRetry bool) bool {
+	if hinted && hint > 0 {
+		c.pauses.Extend(scope, now, now.Add(hint))
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.throttled++
-	if hinted && hint > 0 {
-		if until := now.Add(hint); until.After(c.pauses[scope]) {
-			c.pauses[scope] = until
-		}
-	}
-	for s, until := range c.pauses {
-		if !until.After(now) {
-			delete(c.pauses, s) // keep the map small
-		}
-	}
 	if c.adj != nil && seq > c.decreasedAt {
 		dec := c.Decrease
 		if !(dec > 0 && dec < 1) {

@@ -21,7 +21,8 @@ const MaxKeyLen = 256
 // part reports false when its key, and so the policy, does not apply to
 // the request (the header is absent, say); AppendKey then stops and reports
 // false, and the bytes it appended are garbage. A key longer than MaxKeyLen
-// bytes becomes name|# and the hex SHA-256 of the whole key.
+// bytes becomes name|# and the hex SHA-256 of the whole key (longer than
+// MaxKeyLen only if the name itself is nearly as long).
 //
 // part is called before AppendKey returns and never kept, so a closure
 // over the request costs no allocation; AppendKey allocates only when dst
@@ -36,15 +37,19 @@ func AppendKey(dst []byte, name string, parts int, part func(dst []byte, i int) 
 			return b, false
 		}
 	}
-	// bound rewrites a long key in place, within the key's own bytes.
-	k := bound(b[start:], len(name))
-	return b[:start+len(k)], true
+	if len(b)-start <= MaxKeyLen {
+		return b, true
+	}
+	// bound rewrites the key within its own bytes, unless the rule name
+	// alone is so long that the digest does not fit them; append copies
+	// the result in place either way.
+	return append(b[:start], bound(b[start:], len(name))...), true
 }
 
 // bound returns key b, which begins with a rule name of n bytes, unchanged
 // if it is at most MaxKeyLen bytes long; otherwise it replaces what follows
-// the rule name by "|#" and the hex SHA-256 of b, in b's array (which the
-// replacement, shorter than MaxKeyLen, always fits).
+// the rule name by "|#" and the hex SHA-256 of b, in b's array when it fits
+// there.
 func bound(b []byte, n int) []byte {
 	if len(b) <= MaxKeyLen {
 		return b

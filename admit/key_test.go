@@ -92,3 +92,44 @@ func TestAppendKeyAllocs(t *testing.T) {
 		t.Errorf("%v allocations per run, want 0", allocs)
 	}
 }
+
+// FuzzAppendKey: whatever the parts, a key is the plain join when it fits
+// MaxKeyLen, and otherwise the rule name, "|#" and 64 hex digits.
+func FuzzAppendKey(f *testing.F) {
+	f.Add("rule", "acme", "/pkg.Svc/Get")
+	f.Add("r", strings.Repeat("x", 300), "")
+	f.Add("", "|", "#")
+	f.Fuzz(func(t *testing.T, name, a, b string) {
+		vals := []string{a, b}
+		key, ok := AppendKey(nil, name, 2, func(dst []byte, i int) ([]byte, bool) {
+			return append(dst, vals[i]...), true
+		})
+		if !ok {
+			t.Fatal("a part that applies was refused")
+		}
+		plain := name + "|" + a + "|" + b
+		if len(plain) <= MaxKeyLen {
+			if string(key) != plain {
+				t.Fatalf("key %q, want %q", key, plain)
+			}
+			return
+		}
+		sum := sha256.Sum256([]byte(plain))
+		if want := name + "|#" + hex.EncodeToString(sum[:]); string(key) != want {
+			t.Fatalf("key of %d bytes = %q, want %q", len(plain), key, want)
+		}
+	})
+}
+
+// TestAppendKeyLongName: a rule name so long that name|#digest outgrows
+// the key it replaces (ratelimit does not bound names) still gives
+// name|#digest, after what dst holds.
+func TestAppendKeyLongName(t *testing.T) {
+	name := strings.Repeat("n", MaxKeyLen+1)
+	sum := sha256.Sum256([]byte(name + "|v"))
+	want := "xyz" + name + "|#" + hex.EncodeToString(sum[:])
+	b, ok := AppendKey([]byte("xyz"), name, 1, parts("v"))
+	if !ok || string(b) != want {
+		t.Errorf("AppendKey = %q, %v; want %q", b, ok, want)
+	}
+}

@@ -3,13 +3,15 @@
 // google.rpc.RetryInfo detail saying when to come back, and client
 // interceptors that honour that detail.
 //
-// It is the one library package allowed to import gRPC (see DESIGN.md's
-// import rules); the rest of Sluice's HTTP integration lives in httplimit.
+// It is the one library package allowed to import gRPC (the module's
+// import rules, which internal/deps checks); what it shares with httplimit,
+// the HTTP edge, lives in admit (store keys and verdicts), retry (the retry
+// budget and the deadline-aware wait) and limitheader (policy windows).
 //
 // # Server
 //
 // A Server decides each call (once per stream for streaming calls) against
-// a Store, all limits of a call all or nothing, like httplimit's
+// a Store, all policies of a call all or nothing, like httplimit's
 // middleware:
 //
 //   - a call a quota refuses fails with codes.ResourceExhausted, a
@@ -53,18 +55,18 @@ import (
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/sluicehq/sluice/httplimit"
-	"github.com/sluicehq/sluice/internal/retrybudget"
-	"github.com/sluicehq/sluice/internal/storekey"
+	"github.com/sluicehq/sluice/admit"
+	"github.com/sluicehq/sluice/limitheader"
 	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/retry"
 )
 
-// A Key names one dimension of a limit: what picks a call's bucket.
+// A Key names one dimension of a policy: what picks a call's bucket.
 type Key struct {
 	// Scope describes the key in QuotaFailure details, e.g. "peer".
 	Scope string
 	// Append appends the key's value for the call to dst; ok false means
-	// the limit does not apply to the call.
+	// the policy does not apply to the call.
 	Append func(dst []byte, ctx context.Context, fullMethod string) (b []byte, ok bool)
 }
 
@@ -94,7 +96,7 @@ func peerAddr(ctx context.Context) netip.Addr {
 }
 
 // ByMetadata keys by the first value of the incoming metadata key name (an
-// API key, a tenant); the limit does not apply to calls without it. A
+// API key, a tenant); the policy does not apply to calls without it. A
 // store key longer than 256 bytes is replaced by its SHA-256 digest, so a
 // caller cannot make the store hold values of any size.
 func ByMetadata(name string) Key {
@@ -125,17 +127,17 @@ type Policy struct {
 	Cost func(ctx context.Context, fullMethod string) int64
 }
 
-// Config configures a Server. Store and at least one Limit are required.
+// Config configures a Server. Store and at least one Policy are required.
 type Config struct {
 	Store    ratelimit.Store
 	Policies []Policy
 	// Shadow decides and reports (OnDecision) but never refuses.
 	Shadow bool
 	// OnDecision, if set, is called after each decision with the
-	// decisions of the limits that applied (nil on a Store error), the
+	// decisions of the policies that applied (nil on a Store error), the
 	// Store's error, and whether the call is (or in shadow mode would be)
-	// refused.
-	OnDecision func(ctx context.Context, fullMethod string, ds []ratelimit.Decision, err error, refused bool)
+	// denied.
+	OnDecision func(ctx context.Context, fullMethod string, ds []ratelimit.Decision, err error, denied bool)
 	// ErrorRetryAfter is the RetryInfo delay of the UNAVAILABLE answered
 	// when the Store returns an error; default one second.
 	ErrorRetryAfter time.Duration
@@ -143,7 +145,7 @@ type Config struct {
 
 // Server holds the server interceptors. It is safe for concurrent use.
 type Server struct {
-	cfg Config // cfg.Limits is the Server's own copy
+	cfg Config // cfg.Policies is the Server's own copy
 }
 
 // NewServer returns a Server for cfg, or an error if cfg is incomplete or a
@@ -153,7 +155,7 @@ func NewServer(cfg Config) (*Server, error) {
 		return nil, errors.New("grpclimit: Config.Store is nil")
 	}
 	if len(cfg.Policies) == 0 {
-		return nil, errors.New("grpclimit: Config.Limits is empty")
+		return nil, errors.New("grpclimit: Config.Policies is empty")
 	}
 	if cfg.ErrorRetryAfter <= 0 {
 		cfg.ErrorRetryAfter = time.Second
@@ -161,15 +163,15 @@ func NewServer(cfg Config) (*Server, error) {
 	names := make(map[string]bool)
 	for i, l := range cfg.Policies {
 		if err := l.Rule.Validate(); err != nil {
-			return nil, fmt.Errorf("grpclimit: limit %d: %w", i, err)
+			return nil, fmt.Errorf("grpclimit: policy %d: %w", i, err)
 		}
 		if names[l.Rule.Name] {
-			return nil, fmt.Errorf("grpclimit: two limits are named %q", l.Rule.Name)
+			return nil, fmt.Errorf("grpclimit: two policies are named %q", l.Rule.Name)
 		}
 		names[l.Rule.Name] = true
 		for j, k := range l.Keys {
 			if k.Append == nil {
-				return nil, fmt.Errorf("grpclimit: limit %q: key %d (%q) has no Append function", l.Rule.Name, j, k.Scope)
+				return nil, fmt.Errorf("grpclimit: policy %q: key %d (%q) has no Append function", l.Rule.Name, j, k.Scope)
 			}
 		}
 	}
@@ -209,18 +211,12 @@ func (s *Server) decide(ctx context.Context, method string) error {
 	items, idx := itemsBuf[:0], idxBuf[:0]
 	for i := range s.cfg.Policies {
 		l := &s.cfg.Policies[i]
-		b := append(buf[:0], l.Rule.Name...)
-		ok := true
-		for _, k := range l.Keys {
-			b = append(b, '|')
-			if b, ok = k.Append(b, ctx, method); !ok {
-				break
-			}
-		}
+		b, ok := admit.AppendKey(buf[:0], l.Rule.Name, len(l.Keys), func(dst []byte, j int) ([]byte, bool) {
+			return l.Keys[j].Append(dst, ctx, method)
+		})
 		if !ok {
 			continue
 		}
-		b = storekey.Bound(b, len(l.Rule.Name))
 		cost := int64(1)
 		if l.Cost != nil {
 			cost = max(0, l.Cost(ctx, method))
@@ -231,18 +227,15 @@ func (s *Server) decide(ctx context.Context, method string) error {
 	if len(items) == 0 {
 		return nil
 	}
-	ds, err := s.cfg.Store.Decide(ctx, dsBuf[:0], items)
-	if err == nil && len(ds) != len(items) {
-		err = fmt.Errorf("grpclimit: store returned %d decisions for %d items", len(ds), len(items))
-	}
-	if err != nil {
-		s.report(ctx, method, nil, err, true)
+	ds, v := admit.Decide(ctx, s.cfg.Store, dsBuf[:0], items)
+	if v.Err != nil {
+		s.report(ctx, method, nil, v.Err, true)
 		if s.cfg.Shadow {
 			return nil
 		}
 		return unavailable(s.cfg.ErrorRetryAfter, "the rate limiter could not decide")
 	}
-	if ratelimit.Allowed(ds) {
+	if v.Outcome == admit.Admitted {
 		s.report(ctx, method, ds, nil, false)
 		return nil
 	}
@@ -250,7 +243,10 @@ func (s *Server) decide(ctx context.Context, method string) error {
 	if s.cfg.Shadow {
 		return nil
 	}
-	var retry time.Duration
+	if v.Outcome == admit.Unavailable {
+		return unavailable(v.RetryAfter, "the rate limiter is unavailable")
+	}
+	retry := v.RetryAfter
 	qf := &errdetails.QuotaFailure{}
 	var names []string
 	for i := range ds {
@@ -258,17 +254,11 @@ func (s *Server) decide(ctx context.Context, method string) error {
 		if d.Allowed {
 			continue
 		}
-		if d.Reason == ratelimit.ReasonFailClosed {
-			return unavailable(d.RetryAfter, "the rate limiter is unavailable")
-		}
-		if d.Reason == ratelimit.ReasonLimited {
-			retry = max(retry, d.RetryAfter)
-		}
 		l := &s.cfg.Policies[idx[i]]
 		names = append(names, d.Rule)
 		qf.Violations = append(qf.Violations, &errdetails.QuotaFailure_Violation{
 			Subject:     scope(l),
-			Description: fmt.Sprintf("quota %q allows %d units per %d s; this call costs %d and %d remain", d.Rule, l.Rule.Capacity(), httplimit.PolicyWindow(&l.Rule), items[i].Cost, max(0, d.Remaining)),
+			Description: fmt.Sprintf("quota %q allows %d units per %d s; this call costs %d and %d remain", d.Rule, l.Rule.Capacity(), limitheader.PolicyWindow(&l.Rule), items[i].Cost, max(0, d.Remaining)),
 		})
 	}
 	st := status.New(codes.ResourceExhausted, "quota exceeded: "+strings.Join(names, ", "))
@@ -280,9 +270,9 @@ func (s *Server) decide(ctx context.Context, method string) error {
 	return withDetails(st, details...)
 }
 
-func (s *Server) report(ctx context.Context, method string, ds []ratelimit.Decision, err error, refused bool) {
+func (s *Server) report(ctx context.Context, method string, ds []ratelimit.Decision, err error, denied bool) {
 	if s.cfg.OnDecision != nil {
-		s.cfg.OnDecision(ctx, method, ds, err, refused)
+		s.cfg.OnDecision(ctx, method, ds, err, denied)
 	}
 }
 
@@ -337,16 +327,19 @@ type Client struct {
 	RetryRatio  float64
 	RetryWindow time.Duration
 	MinRetries  int
-	// MaxDelay caps the delay a RetryInfo may ask for; 0 means 1 minute.
-	MaxDelay time.Duration
+	// MaxPause caps the pause (and the wait before a retry) that a
+	// RetryInfo may ask for; 0 means 1 minute. httplimit.Client's MaxPause
+	// does the same for HTTP.
+	MaxPause time.Duration
 
 	budgetOnce sync.Once
-	budget     *retrybudget.Budget
+	budget     *retry.Budget
 
-	mu         sync.Mutex
-	pauseUntil time.Time
-	retries    int64
-	refused    int64
+	pause retry.Pauses // one scope, "": the whole Client
+
+	mu      sync.Mutex
+	retries int64
+	denied  int64
 }
 
 // ErrWouldExceedDeadline is ratelimit.ErrWouldExceedDeadline: a Client
@@ -354,17 +347,15 @@ type Client struct {
 // asks for outlasts the call's deadline.
 var ErrWouldExceedDeadline = ratelimit.ErrWouldExceedDeadline
 
-// deadlineError is a wait that outlasts the deadline: it matches
-// ErrWouldExceedDeadline and context.DeadlineExceeded, and gRPC sees it as
-// codes.DeadlineExceeded.
-type deadlineError struct{ wait, left time.Duration }
+// deadlineError is a pause that outlasts the deadline: it wraps
+// retry.Wait's refusal, so it matches ErrWouldExceedDeadline and
+// context.DeadlineExceeded, and gRPC sees it as codes.DeadlineExceeded.
+type deadlineError struct{ err *retry.DeadlineError }
 
 func (e deadlineError) Error() string {
-	return fmt.Sprintf("grpclimit: the server asks to wait %v, %v left: %v", e.wait, e.left, ErrWouldExceedDeadline)
+	return "grpclimit: the server asks for " + e.err.Error()
 }
-func (e deadlineError) Unwrap() []error {
-	return []error{ErrWouldExceedDeadline, context.DeadlineExceeded}
-}
+func (e deadlineError) Unwrap() error { return e.err }
 func (e deadlineError) GRPCStatus() *status.Status {
 	return status.New(codes.DeadlineExceeded, e.Error())
 }
@@ -382,12 +373,10 @@ func (c *Client) UnaryInterceptor() grpc.UnaryClientInterceptor {
 				return err
 			}
 			err := invoker(ctx, method, req, reply, cc, opts...)
-			delay, ok := c.observe(err)
-			if !ok || attempt >= maxRetries || !c.allowRetry() {
+			// The retry waits in waitPause for the pause observe has just
+			// extended, failing at once if it outlasts the deadline.
+			if !c.observe(err) || attempt >= maxRetries || !c.allowRetry() {
 				return err
-			}
-			if dl, has := ctx.Deadline(); has && time.Until(dl) < delay {
-				return deadlineError{wait: delay, left: time.Until(dl)}
 			}
 		}
 	}
@@ -424,57 +413,56 @@ func (s *observedStream) RecvMsg(m any) error {
 }
 
 // observe starts or extends the pause when err is a refusal with
-// RetryInfo, and returns its delay.
-func (c *Client) observe(err error) (time.Duration, bool) {
+// RetryInfo, and reports whether it was one.
+func (c *Client) observe(err error) bool {
 	if err == nil {
-		return 0, false
+		return false
 	}
 	code := status.Code(err)
 	if code != codes.ResourceExhausted && code != codes.Unavailable {
-		return 0, false
+		return false
 	}
 	d, ok := RetryDelay(err)
 	if !ok {
-		return 0, false
+		return false
 	}
-	maxDelay := c.MaxDelay
-	if maxDelay <= 0 {
-		maxDelay = time.Minute
+	maxPause := c.MaxPause
+	if maxPause <= 0 {
+		maxPause = time.Minute
 	}
-	d = min(d, maxDelay)
-	c.mu.Lock()
-	if until := time.Now().Add(d); until.After(c.pauseUntil) {
-		c.pauseUntil = until
-	}
-	c.mu.Unlock()
-	return d, true
+	d = min(d, maxPause)
+	now := time.Now()
+	c.pause.Extend("", now, now.Add(d))
+	return true
 }
 
 // waitPause waits while a pause is on, failing at once if it outlasts the
 // deadline.
 func (c *Client) waitPause(ctx context.Context) error {
-	c.mu.Lock()
-	d := time.Until(c.pauseUntil)
-	c.mu.Unlock()
+	var now time.Time
+	d := c.pause.Left("", func() time.Time { now = time.Now(); return now })
 	if d <= 0 {
 		return nil
 	}
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < d {
-		return deadlineError{wait: d, left: time.Until(dl)}
+	if err := retry.Wait(ctx, now, d); err != nil {
+		return waitError(err)
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return status.FromContextError(ctx.Err()).Err()
+	return nil
+}
+
+// waitError returns the error of a call whose wait failed with err (from
+// retry.Wait): a DEADLINE_EXCEEDED deadlineError when the wait would have
+// outlasted the deadline, the status of the context's error otherwise.
+func waitError(err error) error {
+	if de, ok := errors.AsType[*retry.DeadlineError](err); ok {
+		return deadlineError{de}
 	}
+	return status.FromContextError(err).Err()
 }
 
 // retryBudget returns the Client's retry budget, made on first use.
-func (c *Client) retryBudget() *retrybudget.Budget {
-	c.budgetOnce.Do(func() { c.budget = retrybudget.New(c.RetryRatio, c.MinRetries, c.RetryWindow) })
+func (c *Client) retryBudget() *retry.Budget {
+	c.budgetOnce.Do(func() { c.budget = retry.NewBudget(c.RetryRatio, c.MinRetries, c.RetryWindow) })
 	return c.budget
 }
 
@@ -485,16 +473,17 @@ func (c *Client) allowRetry() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !ok {
-		c.refused++
+		c.denied++
 		return false
 	}
 	c.retries++
 	return true
 }
 
-// Retries returns the retries made and those the budget refused.
-func (c *Client) Retries() (made, refused int64) {
+// Retries returns the retries made and those the retry budget denied (as
+// httplimit.ClientStats' Retries and RetriesDenied).
+func (c *Client) Retries() (made, denied int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.retries, c.refused
+	return c.retries, c.denied
 }

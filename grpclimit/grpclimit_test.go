@@ -249,7 +249,7 @@ func TestClientDeadline(t *testing.T) {
 
 // TestClientBudget: every call is refused; retries stay within the ratio.
 func TestClientBudget(t *testing.T) {
-	c := &grpclimit.Client{MinRetries: -1, RetryRatio: 0.2, MaxRetries: 3, MaxDelay: time.Millisecond}
+	c := &grpclimit.Client{MinRetries: -1, RetryRatio: 0.2, MaxRetries: 3, MaxPause: time.Millisecond}
 	cl, h := start(t, grpclimit.Config{Policies: []grpclimit.Policy{{
 		Rule: ratelimit.Rule{Name: "a", Quota: 1, Period: time.Hour},
 	}}}, c)

@@ -2,15 +2,18 @@ package httplimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/retrybudget"
+	"github.com/sluicehq/sluice/limitheader"
 	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/retry"
 )
 
 // A Limiter paces a Client: WaitN blocks until n units of cost may be spent,
@@ -41,17 +44,26 @@ type costKey struct{}
 
 // WithCost returns a context whose requests cost n units of the Client's
 // Limiter (e.g. request units of a database) instead of 1. A negative n
-// counts as 0: the request is not paced.
-func WithCost(ctx context.Context, n int) context.Context {
+// counts as 0: the request is not paced. Costs are int64 throughout
+// Sluice; Limiter.WaitN, in the style of golang.org/x/time/rate, takes an
+// int, and a cost above math.MaxInt (on a 32-bit platform) is asked for as
+// math.MaxInt, more than any such Limiter grants at once.
+func WithCost(ctx context.Context, n int64) context.Context {
 	return context.WithValue(ctx, costKey{}, max(0, n))
 }
 
 // costOf returns the cost WithCost put in ctx, or 1.
-func costOf(ctx context.Context) int {
-	if n, ok := ctx.Value(costKey{}).(int); ok {
+func costOf(ctx context.Context) int64 {
+	if n, ok := ctx.Value(costKey{}).(int64); ok {
 		return n
 	}
 	return 1
+}
+
+// waitCost converts a cost (never negative) to the int that Limiter.WaitN
+// takes, saturating where int is narrower than int64.
+func waitCost(n int64) int {
+	return int(min(n, math.MaxInt))
 }
 
 // Client is a client-level wrapper of an *http.Client for calling a service
@@ -138,10 +150,11 @@ type Client struct {
 	// math/rand/v2.Float64.
 	Rand func() float64
 
+	pauses retry.Pauses // by PauseScope
+
 	mu      sync.Mutex
 	started bool
-	pauses  map[string]time.Time
-	budget  *retrybudget.Budget
+	budget  *retry.Budget
 	// AIMD state, when the Limiter is adjustable.
 	adj                  AdjustableLimiter
 	rate, maxRate        float64
@@ -177,8 +190,7 @@ func (c *Client) start() {
 		return
 	}
 	c.started = true
-	c.pauses = make(map[string]time.Time)
-	c.budget = retrybudget.New(c.RetryRatio, c.MinRetries, c.RetryWindow)
+	c.budget = retry.NewBudget(c.RetryRatio, c.MinRetries, c.RetryWindow)
 	if a, ok := c.Limiter.(AdjustableLimiter); ok {
 		c.adj = a
 		c.maxRate = float64(c.MaxRate)
@@ -258,86 +270,57 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 			return resp, nil
 		}
 		now := c.now()
-		hint, hinted := RetryDelay(resp.Header, now)
+		hint, hinted := limitheader.RetryDelay(resp.Header, now)
 		hint = min(hint, c.maxPause())
-		retry := c.throttledResponse(scope, seq, now, hint, hinted, retryable && attempt < maxRetries)
-		if !retry {
+		if !c.throttledResponse(scope, seq, now, hint, hinted, retryable && attempt < maxRetries) {
 			return resp, nil
 		}
 		// The retry waits for the shared pause (in await) and then for its
 		// own jitter; all of it must fit before the deadline.
 		jitter := c.backoff(attempt)
-		wait := c.pauseLeft(scope, func() time.Time { return now }) + jitter
-		if dl, ok := ctx.Deadline(); ok && now.Add(wait).After(dl) {
-			discard(resp)
-			return nil, fmt.Errorf("httplimit: %s %s: retrying needs %v, %v left: %w (%w)",
-				req.Method, req.URL.Redacted(), wait, dl.Sub(now), ErrWouldExceedDeadline, context.DeadlineExceeded)
-		}
+		wait := c.pauses.Left(scope, func() time.Time { return now }) + jitter
 		discard(resp)
-		if err := c.sleep(ctx, wait); err != nil {
-			return nil, err
+		if err := retry.Wait(ctx, now, wait); err != nil {
+			return nil, explainWait(err, "httplimit: %s %s: retrying", req.Method, req.URL.Redacted())
 		}
 	}
 }
 
 // await waits for the scope's shared pause and then for the Limiter,
 // again if a pause began while it waited.
-func (c *Client) await(ctx context.Context, scope string, cost int) error {
+func (c *Client) await(ctx context.Context, scope string, cost int64) error {
 	for {
 		var now time.Time
-		if d := c.pauseLeft(scope, func() time.Time { now = c.now(); return now }); d > 0 {
+		if d := c.pauses.Left(scope, func() time.Time { now = c.now(); return now }); d > 0 {
 			// Waiters are spread over the first backoff step after the
 			// pause, so that they do not all return at one instant; the
 			// Limiter, whose rate was just lowered, spaces them further.
 			d += c.backoff(0)
-			if dl, ok := ctx.Deadline(); ok && now.Add(d).After(dl) {
-				return fmt.Errorf("httplimit: calls to %q are paused for %v, %v left: %w (%w)",
-					scope, d, dl.Sub(now), ErrWouldExceedDeadline, context.DeadlineExceeded)
-			}
-			if err := c.sleep(ctx, d); err != nil {
-				return err
+			if err := retry.Wait(ctx, now, d); err != nil {
+				return explainWait(err, "httplimit: calls to %q are paused", scope)
 			}
 		}
 		if c.Limiter != nil && cost > 0 {
-			if err := c.Limiter.WaitN(ctx, cost); err != nil {
+			if err := c.Limiter.WaitN(ctx, waitCost(cost)); err != nil {
 				return fmt.Errorf("httplimit: pacing: %w", err)
 			}
 		}
-		if c.pauseLeft(scope, c.now) <= 0 {
+		if c.pauses.Left(scope, c.now) <= 0 {
 			return nil
 		}
 	}
-}
-
-// pauseLeft returns how long the scope's pause lasts after now(), which it
-// calls only when a pause is on.
-func (c *Client) pauseLeft(scope string, now func() time.Time) time.Duration {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	until, ok := c.pauses[scope]
-	if !ok {
-		return 0
-	}
-	return max(0, until.Sub(now()))
 }
 
 // throttledResponse records a 429 or 503 received at now for the seq-th
 // request sent: it extends the shared pause, lowers the rate, and reports
 // whether the request may be retried (mayRetry, and the budget allows).
 func (c *Client) throttledResponse(scope string, seq int64, now time.Time, hint time.Duration, hinted, mayRetry bool) bool {
+	if hinted && hint > 0 {
+		c.pauses.Extend(scope, now, now.Add(hint))
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.throttled++
-	if hinted && hint > 0 {
-		if until := now.Add(hint); until.After(c.pauses[scope]) {
-			c.pauses[scope] = until
-		}
-	}
-	for s, until := range c.pauses {
-		if !until.After(now) {
-			delete(c.pauses, s) // keep the map small
-		}
-	}
 	if c.adj != nil && seq > c.decreasedAt {
 		dec := c.Decrease
 		if !(dec > 0 && dec < 1) {
@@ -394,19 +377,14 @@ func (c *Client) backoff(attempt int) time.Duration {
 	return time.Duration(r() * float64(d))
 }
 
-// sleep waits d or until ctx is done.
-func (c *Client) sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return nil
+// explainWait returns the error of retry.Wait: a refusal to outlast the
+// deadline prefixed with what was waited for (format and args), which it
+// wraps; a done context's error as it is.
+func explainWait(err error, format string, args ...any) error {
+	if _, ok := errors.AsType[*retry.DeadlineError](err); !ok {
+		return err
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return fmt.Errorf(format+": %w", append(args, err)...)
 }
 
 // discard reads a little of a body that is not returned, so that the

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -21,56 +20,6 @@ import (
 
 // *ratelimit.Limiter is what the Client is built for.
 var _ httplimit.AdjustableLimiter = (*ratelimit.Limiter)(nil)
-
-func TestRetryDelay(t *testing.T) {
-	now := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
-	tests := []struct {
-		name   string
-		header http.Header
-		want   time.Duration
-		ok     bool
-	}{
-		{"none", http.Header{}, 0, false},
-		{"seconds", http.Header{"Retry-After": {"7"}}, 7 * time.Second, true},
-		{"seconds zero", http.Header{"Retry-After": {"0"}}, 0, true},
-		{"seconds spaces", http.Header{"Retry-After": {" 3 "}}, 3 * time.Second, true},
-		{"seconds huge", http.Header{"Retry-After": {"99999999999999999999999"}}, 1<<63 - 1, true},
-		{"negative", http.Header{"Retry-After": {"-5"}}, 0, false},
-		{"date relative to Date", http.Header{
-			"Retry-After": {"Mon, 30 Nov 2026 09:00:30 GMT"},
-			"Date":        {"Mon, 30 Nov 2026 09:00:00 GMT"}, // an hour behind our clock
-		}, 30 * time.Second, true},
-		{"date without Date", http.Header{"Retry-After": {"Mon, 30 Nov 2026 10:00:12 GMT"}}, 12 * time.Second, true},
-		{"date RFC 850", http.Header{"Retry-After": {"Monday, 30-Nov-26 10:00:05 GMT"}}, 5 * time.Second, true},
-		{"date asctime", http.Header{"Retry-After": {"Mon Nov 30 10:00:04 2026"}}, 4 * time.Second, true},
-		{"date in the past", http.Header{"Retry-After": {"Mon, 30 Nov 2026 09:59:00 GMT"}}, 0, true},
-		{"garbage", http.Header{"Retry-After": {"soon"}}, 0, false},
-		{"retry-after-ms", http.Header{"Retry-After-Ms": {"250"}, "Retry-After": {"9"}}, 250 * time.Millisecond, true},
-		{"x-ms-retry-after-ms", http.Header{"X-Ms-Retry-After-Ms": {"1500"}}, 1500 * time.Millisecond, true},
-		{"ms decimal", http.Header{"X-Ms-Retry-After-Ms": {"12.5"}}, 12500 * time.Microsecond, true},
-		{"ms garbage falls back", http.Header{"X-Ms-Retry-After-Ms": {"abc"}, "Retry-After": {"2"}}, 2 * time.Second, true},
-		{"ratelimit t", http.Header{"Ratelimit": {`"burst";r=0;t=4, "day";r=10;t=8000`}}, 4 * time.Second, true},
-		{"ratelimit two exhausted", http.Header{"Ratelimit": {`"a";r=0;t=4`, `"b";r=0;t=9`}}, 9 * time.Second, true},
-		{"ratelimit none exhausted", http.Header{"Ratelimit": {`"a";r=3;t=4`}}, 0, false},
-		{"retry-after wins over t", http.Header{"Ratelimit": {`"a";r=0;t=4`}, "Retry-After": {"6"}}, 6 * time.Second, true},
-		{"malformed ratelimit", http.Header{"Ratelimit": {`"a";r=0;t=`}}, 0, false},
-		{"legacy seconds", http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {"42"}}, 42 * time.Second, true},
-		{"legacy epoch", http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {strconv.FormatInt(now.Unix()+9, 10)}}, 9 * time.Second, true},
-		{"legacy epoch relative to Date", http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {strconv.FormatInt(now.Unix()+9, 10)},
-			"Date": {now.Add(5 * time.Second).Format(http.TimeFormat)}}, 4 * time.Second, true},
-		{"legacy date", http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {now.Add(3 * time.Second).Format(http.TimeFormat)}}, 3 * time.Second, true},
-		{"legacy with quota left", http.Header{"X-Ratelimit-Remaining": {"5"}, "X-Ratelimit-Reset": {"42"}}, 0, false},
-		{"ratelimit wins over legacy", http.Header{"Ratelimit": {`"a";r=0;t=4`}, "X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {"42"}}, 4 * time.Second, true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, ok := httplimit.RetryDelay(tt.header, now)
-			if got != tt.want || ok != tt.ok {
-				t.Errorf("RetryDelay = %v, %v; want %v, %v", got, ok, tt.want, tt.ok)
-			}
-		})
-	}
-}
 
 // script is a test server answering from a list of responses in turn (the
 // last one repeats) and recording when each request arrived, with its body.

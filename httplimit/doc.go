@@ -3,10 +3,10 @@
 // # Inbound: the middleware
 //
 // New builds a Middleware from a Config: a ratelimit.Store (memstore for
-// one process, redisstore for many) and Limits, each a ratelimit.Rule, the
+// one process, redisstore for many) and Policies, each a ratelimit.Rule, the
 // Keys that pick its bucket (ByIP, ByHeader, ByRoute, ByMethod, KeyFunc)
 // and a CostFunc (CostByMethod, CostByRoute: reads cheap, writes dear). The
-// limits that apply to a request are decided all or nothing. A refused
+// policies that apply to a request are decided all or nothing. A refused
 // request is answered at once, before its body is read: 429 with
 // Retry-After, the RateLimit and RateLimit-Policy fields of the IETF draft
 // "RateLimit header fields for HTTP" (draft-ietf-httpapi-ratelimit-
@@ -19,14 +19,16 @@
 // Client wraps an *http.Client for calling a service that throttles: it
 // paces requests with a Limiter (any Sluice limiter; WithCost sets a
 // request's cost), pauses every goroutine sharing it when the service asks
-// for a pause (RetryDelay reads every form of the request), retries only
-// what may be retried within a retry budget, lowers and raises its rate
-// (AIMD), and fails at once when a wait would outlast the deadline.
+// for a pause (limitheader.RetryDelay reads every form of the request),
+// retries only what may be retried within a retry budget, lowers and
+// raises its rate (AIMD), and fails at once when a wait would outlast the
+// deadline.
 //
 // # The fields
 //
-// AppendPolicyItem, AppendLimitItem and RetryAfterSeconds write the header
-// fields; ParseRateLimitPolicy, ParseRateLimit and RetryDelay read them.
+// Package limitheader writes the RateLimit, RateLimit-Policy and
+// Retry-After fields the middleware sends and reads those the Client
+// receives; use it directly to format or parse them elsewhere.
 //
 // Package throttledtest holds a simulated throttled database for tests and
 // demonstrations; package grpclimit does for gRPC what this package does

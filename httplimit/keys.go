@@ -7,8 +7,8 @@ import (
 	"strconv"
 )
 
-// A Key names one dimension of a limit: the part of the request that picks
-// its bucket (the client's address, an API key, the route...). A Limit with
+// A Key names one dimension of a policy: the part of the request that picks
+// its bucket (the client's address, an API key, the route...). A Policy with
 // several Keys has one bucket per combination, e.g. per route and client.
 type Key struct {
 	// Scope describes the key in problem details, e.g. "ip" or
@@ -19,7 +19,7 @@ type Key struct {
 	// keys, tokens) must be secret.
 	Secret bool
 	// Append appends the key's value for r to dst and returns the extended
-	// slice; ok false means the limit does not apply to r (e.g. the header
+	// slice; ok false means the policy does not apply to r (e.g. the header
 	// is absent). It must not keep dst.
 	Append func(dst []byte, r *http.Request) (b []byte, ok bool)
 }
@@ -76,7 +76,7 @@ func ByMethod() Key {
 	}}
 }
 
-// KeyFunc keys by any function of the request; ok false means the limit
+// KeyFunc keys by any function of the request; ok false means the policy
 // does not apply. The value appears in responses unless secret is true.
 func KeyFunc(scope string, secret bool, f func(r *http.Request) (key string, ok bool)) Key {
 	return Key{Scope: scope, Secret: secret, Append: func(dst []byte, r *http.Request) ([]byte, bool) {

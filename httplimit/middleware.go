@@ -10,7 +10,8 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
-	"github.com/sluicehq/sluice/internal/storekey"
+	"github.com/sluicehq/sluice/admit"
+	"github.com/sluicehq/sluice/limitheader"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -21,19 +22,19 @@ type Policy struct {
 	// and must be unique within a Config.
 	Rule ratelimit.Rule
 	// Keys pick the bucket; none means one bucket for every request. If
-	// any Key does not apply to a request, neither does the Limit.
+	// any Key does not apply to a request, neither does the Policy.
 	Keys []Key
 	// Cost is the cost of a request; nil means 1.
 	Cost CostFunc
 }
 
 // Config configures the middleware. Its zero values are the defaults
-// documented on each field; Store and at least one Limit are required.
+// documented on each field; Store and at least one Policy are required.
 type Config struct {
 	// Store decides the limits; ratelimit.Store implementations include
 	// memstore (one process) and redisstore (shared).
 	Store ratelimit.Store
-	// Policies are decided all or nothing: a request passes when every limit
+	// Policies are decided all or nothing: a request passes when every policy
 	// that applies admits it, and then consumes from each; a denied
 	// request consumes nothing.
 	Policies []Policy
@@ -47,7 +48,7 @@ type Config struct {
 	// X-RateLimit-Reset (seconds until the reset) for the most constrained
 	// limit, for clients that predate the RateLimit fields.
 	LegacyHeaders bool
-	// OnDecision, if set, is called once per request that any limit
+	// OnDecision, if set, is called once per request that any policy
 	// applies to (or that Shed sheds), after the decision and before the
 	// response, for metrics and logs. The Event is valid only during the
 	// call. It must be safe for concurrent use.
@@ -64,7 +65,7 @@ type Config struct {
 // An Event reports one decision to Config.OnDecision.
 type Event struct {
 	Request *http.Request
-	// Policies are the limits that applied, Keys their store keys and
+	// Policies are the policies that applied, Keys their store keys and
 	// Decisions their decisions, index for index.
 	Policies  []*Policy
 	Keys      []string
@@ -102,43 +103,44 @@ type Event struct {
 //     Store returned an error.
 type Middleware struct {
 	store      ratelimit.Store
-	limits     []Policy
+	policies   []Policy
 	shadow     bool
 	omit       bool
 	legacy     bool
 	onDecision func(*Event)
 	shed       func(*http.Request) (time.Duration, bool)
 	errRetry   time.Duration
-	// policies[i] is limits[i]'s RateLimit-Policy member; allPolicies the
-	// field value when every limit applies, shared by every response.
-	policies    [][]byte
-	allPolicies []string
-	pool        sync.Pool // *reqState
+	// policyItems[i] is policies[i]'s RateLimit-Policy member;
+	// allPolicyItems the field value when every policy applies, shared by
+	// every response.
+	policyItems    [][]byte
+	allPolicyItems []string
+	pool           sync.Pool // *reqState
 }
 
 // reqState is the per-request scratch space, pooled.
 type reqState struct {
-	buf    []byte
-	items  []ratelimit.Item
-	ds     []ratelimit.Decision
-	limits []*Policy
-	keys   []string
-	tmp    []byte
-	ev     Event
+	buf      []byte
+	items    []ratelimit.Item
+	ds       []ratelimit.Decision
+	policies []*Policy
+	keys     []string
+	tmp      []byte
+	ev       Event
 }
 
 // New returns a Middleware for cfg, or an error if a rule is invalid, two
-// limits share a name, a Key has no Append function, or Store is nil.
+// policies share a name, a Key has no Append function, or Store is nil.
 func New(cfg Config) (*Middleware, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("httplimit: Config.Store is nil")
 	}
 	if len(cfg.Policies) == 0 {
-		return nil, errors.New("httplimit: Config.Limits is empty")
+		return nil, errors.New("httplimit: Config.Policies is empty")
 	}
 	m := &Middleware{
 		store:      cfg.Store,
-		limits:     make([]Policy, len(cfg.Policies)),
+		policies:   make([]Policy, len(cfg.Policies)),
 		shadow:     cfg.Shadow,
 		omit:       cfg.OmitAllowedHeaders,
 		legacy:     cfg.LegacyHeaders,
@@ -153,35 +155,35 @@ func New(cfg Config) (*Middleware, error) {
 	var all []byte
 	for i, l := range cfg.Policies {
 		if err := l.Rule.Validate(); err != nil {
-			return nil, fmt.Errorf("httplimit: limit %d: %w", i, err)
+			return nil, fmt.Errorf("httplimit: policy %d: %w", i, err)
 		}
 		if names[l.Rule.Name] {
-			return nil, fmt.Errorf("httplimit: two limits are named %q", l.Rule.Name)
+			return nil, fmt.Errorf("httplimit: two policies are named %q", l.Rule.Name)
 		}
 		names[l.Rule.Name] = true
 		for j, k := range l.Keys {
 			if k.Append == nil {
-				return nil, fmt.Errorf("httplimit: limit %q: key %d (%q) has no Append function", l.Rule.Name, j, k.Scope)
+				return nil, fmt.Errorf("httplimit: policy %q: key %d (%q) has no Append function", l.Rule.Name, j, k.Scope)
 			}
 		}
 		l.Keys = append([]Key(nil), l.Keys...)
-		m.limits[i] = l
-		p := AppendPolicyItem(nil, &m.limits[i].Rule)
-		m.policies = append(m.policies, p)
+		m.policies[i] = l
+		p := limitheader.AppendPolicyItem(nil, &m.policies[i].Rule)
+		m.policyItems = append(m.policyItems, p)
 		if i > 0 {
 			all = append(all, ", "...)
 		}
 		all = append(all, p...)
 	}
-	m.allPolicies = []string{string(all)}
+	m.allPolicyItems = []string{string(all)}
 	m.pool.New = func() any {
-		n := len(m.limits)
+		n := len(m.policies)
 		return &reqState{
-			buf:    make([]byte, 0, 512),
-			items:  make([]ratelimit.Item, 0, n),
-			ds:     make([]ratelimit.Decision, 0, n),
-			limits: make([]*Policy, 0, n),
-			keys:   make([]string, 0, n),
+			buf:      make([]byte, 0, 512),
+			items:    make([]ratelimit.Item, 0, n),
+			ds:       make([]ratelimit.Decision, 0, n),
+			policies: make([]*Policy, 0, n),
+			keys:     make([]string, 0, n),
 		}
 	}
 	return m, nil
@@ -201,7 +203,7 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 	st := m.pool.Get().(*reqState)
 	defer m.release(st)
-	st.items, st.ds, st.limits, st.keys = st.items[:0], st.ds[:0], st.limits[:0], st.keys[:0]
+	st.items, st.ds, st.policies, st.keys = st.items[:0], st.ds[:0], st.policies[:0], st.keys[:0]
 	st.ev = Event{Request: r, Shadow: m.shadow}
 
 	if m.shed != nil {
@@ -210,71 +212,54 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 			return m.refuseOverload(w, st, d)
 		}
 	}
-	for i := range m.limits {
-		l := &m.limits[i]
-		b := append(st.buf[:0], l.Rule.Name...)
-		ok := true
-		for _, k := range l.Keys {
-			b = append(b, '|')
-			if b, ok = k.Append(b, r); !ok {
-				break
-			}
-		}
+	for i := range m.policies {
+		l := &m.policies[i]
+		b, ok := admit.AppendKey(st.buf[:0], l.Rule.Name, len(l.Keys), func(dst []byte, j int) ([]byte, bool) {
+			return l.Keys[j].Append(dst, r)
+		})
+		st.buf = b
 		if !ok {
-			st.buf = b
 			continue
 		}
-		b = storekey.Bound(b, len(l.Rule.Name))
-		st.buf = b
 		cost := int64(1)
 		if l.Cost != nil {
 			cost = max(0, l.Cost(r))
 		}
 		key := string(b)
 		st.items = append(st.items, ratelimit.Item{Key: key, Rule: &l.Rule, Cost: cost})
-		st.limits = append(st.limits, l)
+		st.policies = append(st.policies, l)
 		st.keys = append(st.keys, key)
 	}
 	if len(st.items) == 0 {
 		return true
 	}
-	ds, err := m.store.Decide(r.Context(), st.ds, st.items)
+	ds, v := admit.Decide(r.Context(), m.store, st.ds, st.items)
 	st.ds = ds
-	st.ev.Policies, st.ev.Keys, st.ev.Decisions, st.ev.Err = st.limits, st.keys, ds, err
-	if err != nil || len(ds) != len(st.items) {
-		if err == nil {
-			err = fmt.Errorf("httplimit: store returned %d decisions for %d items", len(ds), len(st.items))
-			st.ev.Err = err
-		}
-		st.ev.Denied = true
-		return m.refuseOverload(w, st, m.errRetry)
-	}
+	st.ev.Policies, st.ev.Keys, st.ev.Decisions, st.ev.Err = st.policies, st.keys, ds, v.Err
 	h := w.Header()
-	if ratelimit.Allowed(ds) {
+	switch v.Outcome {
+	case admit.Admitted:
 		if !m.omit {
 			m.setFields(h, st)
 		}
 		m.report(st)
 		return true
+	case admit.Unavailable:
+		st.ev.Denied = true
+		if v.Err != nil {
+			return m.refuseOverload(w, st, m.errRetry)
+		}
+		return m.refuseOverload(w, st, v.RetryAfter)
 	}
 	st.ev.Denied = true
-	var retry time.Duration
-	for i := range ds {
-		switch d := &ds[i]; {
-		case d.Allowed:
-		case d.Reason == ratelimit.ReasonFailClosed:
-			return m.refuseOverload(w, st, d.RetryAfter)
-		case d.Reason == ratelimit.ReasonLimited:
-			retry = max(retry, d.RetryAfter)
-		}
-	}
+	retry := v.RetryAfter
 	m.setFields(h, st)
 	if m.shadow {
 		m.report(st)
 		return true
 	}
 	if retry > 0 {
-		h["Retry-After"] = fieldValue(appendInt(st.buf[:0], RetryAfterSeconds(retry)))
+		h["Retry-After"] = fieldValue(appendInt(st.buf[:0], limitheader.RetryAfterSeconds(retry)))
 	}
 	st.ev.Status = http.StatusTooManyRequests
 	m.report(st)
@@ -304,7 +289,7 @@ func (m *Middleware) refuseOverload(w http.ResponseWriter, st *reqState, d time.
 	}
 	st.ev.Status = http.StatusServiceUnavailable
 	m.report(st)
-	w.Header()["Retry-After"] = fieldValue(appendInt(st.buf[:0], RetryAfterSeconds(d)))
+	w.Header()["Retry-After"] = fieldValue(appendInt(st.buf[:0], limitheader.RetryAfterSeconds(d)))
 	st.buf = appendOverloadProblem(st.buf[:0], st.ev.Err != nil)
 	writeProblem(w, http.StatusServiceUnavailable, st.buf)
 	return false
@@ -317,22 +302,22 @@ func (m *Middleware) report(st *reqState) {
 }
 
 // setFields sets RateLimit-Policy and RateLimit (and the legacy fields) for
-// the limits that applied.
+// the policies that applied.
 func (m *Middleware) setFields(h http.Header, st *reqState) {
-	if len(st.limits) == len(m.limits) {
-		h["Ratelimit-Policy"] = m.allPolicies
+	if len(st.policies) == len(m.policies) {
+		h["Ratelimit-Policy"] = m.allPolicyItems
 	} else {
-		// st.limits is a subsequence of m.limits, in its order: one walk
+		// st.policies is a subsequence of m.policies, in its order: one walk
 		// finds each one's policy.
 		b, i := st.buf[:0], 0
-		for j, l := range st.limits {
-			for &m.limits[i] != l {
+		for j, l := range st.policies {
+			for &m.policies[i] != l {
 				i++
 			}
 			if j > 0 {
 				b = append(b, ", "...)
 			}
-			b = append(b, m.policies[i]...)
+			b = append(b, m.policyItems[i]...)
 		}
 		st.buf = b
 		h["Ratelimit-Policy"] = fieldValue(b)
@@ -342,7 +327,7 @@ func (m *Middleware) setFields(h http.Header, st *reqState) {
 		if i > 0 {
 			b = append(b, ", "...)
 		}
-		b = AppendLimitItem(b, &st.ds[i])
+		b = limitheader.AppendLimitItem(b, &st.ds[i])
 	}
 	st.buf = b
 	h["Ratelimit"] = fieldValue(b)
@@ -356,7 +341,7 @@ func (m *Middleware) setFields(h http.Header, st *reqState) {
 		}
 		h["X-Ratelimit-Limit"] = []string{strconv.FormatInt(d.Capacity, 10)}
 		h["X-Ratelimit-Remaining"] = []string{strconv.FormatInt(max(0, d.Remaining), 10)}
-		h["X-Ratelimit-Reset"] = []string{strconv.FormatInt(ceilSeconds(d.ResetAfter), 10)}
+		h["X-Ratelimit-Reset"] = []string{strconv.FormatInt(limitheader.ResetSeconds(d.ResetAfter), 10)}
 	}
 }
 
@@ -429,7 +414,7 @@ func (m *Middleware) appendQuotaProblem(b []byte, st *reqState, retry time.Durat
 	b = append(b, `],"limits":[`...)
 	n = 0
 	for i := range st.ds {
-		d, l, it := &st.ds[i], st.limits[i], &st.items[i]
+		d, l, it := &st.ds[i], st.policies[i], &st.items[i]
 		if d.Allowed {
 			continue
 		}
@@ -449,14 +434,14 @@ func (m *Middleware) appendQuotaProblem(b []byte, st *reqState, retry time.Durat
 		b = append(b, `,"quota":`...)
 		b = appendInt(b, l.Rule.Capacity())
 		b = append(b, `,"window":`...)
-		b = appendInt(b, PolicyWindow(&l.Rule))
+		b = appendInt(b, limitheader.PolicyWindow(&l.Rule))
 		b = append(b, `,"cost":`...)
 		b = appendInt(b, it.Cost)
 		b = append(b, `,"remaining":`...)
 		b = appendInt(b, max(0, d.Remaining))
-		if d.Reason == ratelimit.ReasonLimited {
+		if admit.Retryable(d) {
 			b = append(b, `,"retry-after":`...)
-			b = appendInt(b, RetryAfterSeconds(d.RetryAfter))
+			b = appendInt(b, limitheader.RetryAfterSeconds(d.RetryAfter))
 		}
 		b = append(b, '}')
 	}
@@ -466,10 +451,10 @@ func (m *Middleware) appendQuotaProblem(b []byte, st *reqState, retry time.Durat
 // appendDetail appends the problem's detail sentence for the i-th
 // decision, unescaped.
 func appendDetail(b []byte, st *reqState, i int, retry time.Duration) []byte {
-	d, l, cost := &st.ds[i], st.limits[i], st.items[i].Cost
-	q, w := l.Rule.Capacity(), PolicyWindow(&l.Rule)
+	d, l, cost := &st.ds[i], st.policies[i], st.items[i].Cost
+	q, w := l.Rule.Capacity(), limitheader.PolicyWindow(&l.Rule)
 	b = append(b, "Quota "...)
-	b = appendSFString(b, d.Rule)
+	b = limitheader.AppendPolicyName(b, d.Rule)
 	if len(l.Keys) > 0 {
 		b = append(b, " for "...)
 		b = appendScope(b, l)
@@ -498,7 +483,7 @@ func appendDetail(b []byte, st *reqState, i int, retry time.Duration) []byte {
 		b = append(b, " s succeed."...)
 	}
 	b = append(b, " Retry in "...)
-	b = appendInt(b, RetryAfterSeconds(retry))
+	b = appendInt(b, limitheader.RetryAfterSeconds(retry))
 	return append(b, " s."...)
 }
 

@@ -286,8 +286,8 @@ func TestNewRejects(t *testing.T) {
 		want string
 	}{
 		{"no store", httplimit.Config{Policies: []httplimit.Policy{good}}, "Store is nil"},
-		{"no limits", httplimit.Config{Store: store}, "Limits is empty"},
-		{"duplicate", httplimit.Config{Store: store, Policies: []httplimit.Policy{good, good}}, `two limits are named "a"`},
+		{"no limits", httplimit.Config{Store: store}, "Policies is empty"},
+		{"duplicate", httplimit.Config{Store: store, Policies: []httplimit.Policy{good, good}}, `two policies are named "a"`},
 		{"invalid rule", httplimit.Config{Store: store, Policies: []httplimit.Policy{{Rule: ratelimit.Rule{Name: "x", Quota: 1}}}}, "invalid rule"},
 		{"nil append", httplimit.Config{Store: store, Policies: []httplimit.Policy{{Rule: good.Rule, Keys: []httplimit.Key{{Scope: "s"}}}}}, "no Append"},
 	}

@@ -171,7 +171,7 @@ func demoSluice(ctx context.Context, records, budget, cost, processes, workers i
 				HTTP:    &http.Client{Transport: tr},
 				Limiter: ratelimit.NewLimiter(ratelimit.Limit(float64(budget)/float64(processes)), 5*cost),
 			}
-			r, err := throttledtest.Paced(ctx, c, url, n, workers, cost)
+			r, err := throttledtest.Paced(ctx, c, url, n, workers, int64(cost))
 			results <- r
 			errs <- err
 		}()

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/limitheader"
 )
 
 // DB is the simulated database, an http.Handler. Writes (POST, PUT, PATCH,
@@ -184,7 +185,7 @@ func Naive(ctx context.Context, hc *http.Client, url string, records int) (Resul
 					return
 				}
 				throttled.Add(1)
-				d, _ := httplimit.RetryDelay(resp.Header, time.Now())
+				d, _ := limitheader.RetryDelay(resp.Header, time.Now())
 				select {
 				case <-time.After(d):
 				case <-ctx.Done():
@@ -209,7 +210,7 @@ func Naive(ctx context.Context, hc *http.Client, url string, records int) (Resul
 // write costing cost units of c's Limiter. A write that c returns refused
 // (its retry budget spent) is sent again through c. Sent and Throttled are
 // the growth of c's counters, so give each job its own Client.
-func Paced(ctx context.Context, c *httplimit.Client, url string, records, workers, cost int) (Result, error) {
+func Paced(ctx context.Context, c *httplimit.Client, url string, records, workers int, cost int64) (Result, error) {
 	before := c.Stats()
 	start := time.Now()
 	next := make(chan int)

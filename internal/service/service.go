@@ -29,8 +29,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/rules"
+	"github.com/sluicehq/sluice/limitheader"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -463,8 +463,8 @@ func (r *Response) AppendFields(policy, limit []byte) ([]byte, []byte, int64) {
 		if len(limit) > 0 {
 			policy, limit = append(policy, ", "...), append(limit, ", "...)
 		}
-		policy = httplimit.AppendPolicyItem(policy, st.Rule)
-		limit = httplimit.AppendLimitItem(limit, &st.Decision)
+		policy = limitheader.AppendPolicyItem(policy, st.Rule)
+		limit = limitheader.AppendLimitItem(limit, &st.Decision)
 		if st.Code == OverLimit {
 			retry = max(retry, st.Decision.RetryAfter)
 		}
@@ -472,5 +472,5 @@ func (r *Response) AppendFields(policy, limit []byte) ([]byte, []byte, int64) {
 	if r.Code != OverLimit || retry <= 0 || retry == ratelimit.Never {
 		return policy, limit, 0
 	}
-	return policy, limit, httplimit.RetryAfterSeconds(retry)
+	return policy, limit, limitheader.RetryAfterSeconds(retry)
 }

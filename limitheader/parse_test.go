@@ -1,9 +1,8 @@
-package httplimit
+package limitheader
 
 import (
 	"errors"
 	"net/http"
-	"net/netip"
 	"reflect"
 	"strconv"
 	"strings"
@@ -85,35 +84,95 @@ func TestFieldsRoundTrip(t *testing.T) {
 	}
 }
 
-func TestClientIP(t *testing.T) {
-	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8:ffff::/48")}
+func TestRetryDelay(t *testing.T) {
+	now := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
 	tests := []struct {
 		name   string
-		remote string
 		header http.Header
-		want   string
+		want   time.Duration
+		ok     bool
 	}{
-		{"untrusted peer ignores headers", "203.0.113.5:1234", http.Header{"X-Forwarded-For": {"1.2.3.4"}}, "203.0.113.5"},
-		{"trusted peer, one hop", "10.0.0.1:1234", http.Header{"X-Forwarded-For": {"198.51.100.7"}}, "198.51.100.7"},
-		{"skip trusted hops from the right", "10.0.0.1:1", http.Header{"X-Forwarded-For": {"6.6.6.6, 198.51.100.7, 10.2.2.2"}}, "198.51.100.7"},
-		{"several lines", "10.0.0.1:1", http.Header{"X-Forwarded-For": {"6.6.6.6", "198.51.100.7, 10.2.2.2"}}, "198.51.100.7"},
-		{"garbage stops at the last trusted hop", "10.0.0.1:1", http.Header{"X-Forwarded-For": {"1.1.1.1, garbage, 10.3.3.3"}}, "10.3.3.3"},
-		{"all trusted: leftmost", "10.0.0.1:1", http.Header{"X-Forwarded-For": {"10.9.9.9, 10.3.3.3"}}, "10.9.9.9"},
-		{"no header", "10.0.0.1:1", nil, "10.0.0.1"},
-		{"forwarded", "10.0.0.1:1", http.Header{"Forwarded": {`for=192.0.2.60;proto=http;by=203.0.113.43, for="[2001:db8:cafe::17]:4711"`}}, "2001:db8:cafe::17"},
-		{"forwarded skips trusted v6", "10.0.0.1:1", http.Header{"Forwarded": {`for=192.0.2.60, for="[2001:db8:ffff::1]"`}}, "192.0.2.60"},
-		{"forwarded obfuscated", "10.0.0.1:1", http.Header{"Forwarded": {`for=192.0.2.60, for=_hidden`}}, "10.0.0.1"},
-		{"forwarded wins over xff", "10.0.0.1:1", http.Header{"Forwarded": {`for=192.0.2.60`}, "X-Forwarded-For": {"6.6.6.6"}}, "192.0.2.60"},
-		{"forwarded without for", "10.0.0.1:1", http.Header{"Forwarded": {`proto=https, for=192.0.2.61;by=x`}}, "192.0.2.61"},
-		{"mapped v4", "[::ffff:10.0.0.1]:1", http.Header{"X-Forwarded-For": {"::ffff:198.51.100.9"}}, "198.51.100.9"},
-		{"zone dropped", "[fe80::1%eth0]:1", nil, "fe80::1"},
-		{"not an address", "pipe", nil, "invalid IP"},
+		{"none", http.Header{}, 0, false},
+		{"seconds", http.Header{"Retry-After": {"7"}}, 7 * time.Second, true},
+		{"seconds zero", http.Header{"Retry-After": {"0"}}, 0, true},
+		{"seconds spaces", http.Header{"Retry-After": {" 3 "}}, 3 * time.Second, true},
+		{"seconds huge", http.Header{"Retry-After": {"99999999999999999999999"}}, 1<<63 - 1, true},
+		{"negative", http.Header{"Retry-After": {"-5"}}, 0, false},
+		{"date relative to Date", http.Header{
+			"Retry-After": {"Mon, 30 Nov 2026 09:00:30 GMT"},
+			"Date":        {"Mon, 30 Nov 2026 09:00:00 GMT"}, // an hour behind our clock
+		}, 30 * time.Second, true},
+		{"date without Date", http.Header{"Retry-After": {"Mon, 30 Nov 2026 10:00:12 GMT"}}, 12 * time.Second, true},
+		{"date RFC 850", http.Header{"Retry-After": {"Monday, 30-Nov-26 10:00:05 GMT"}}, 5 * time.Second, true},
+		{"date asctime", http.Header{"Retry-After": {"Mon Nov 30 10:00:04 2026"}}, 4 * time.Second, true},
+		{"date in the past", http.Header{"Retry-After": {"Mon, 30 Nov 2026 09:59:00 GMT"}}, 0, true},
+		{"garbage", http.Header{"Retry-After": {"soon"}}, 0, false},
+		{"retry-after-ms", http.Header{"Retry-After-Ms": {"250"}, "Retry-After": {"9"}}, 250 * time.Millisecond, true},
+		{"x-ms-retry-after-ms", http.Header{"X-Ms-Retry-After-Ms": {"1500"}}, 1500 * time.Millisecond, true},
+		{"ms decimal", http.Header{"X-Ms-Retry-After-Ms": {"12.5"}}, 12500 * time.Microsecond, true},
+		{"ms garbage falls back", http.Header{"X-Ms-Retry-After-Ms": {"abc"}, "Retry-After": {"2"}}, 2 * time.Second, true},
+		{"ratelimit t", http.Header{"Ratelimit": {`"burst";r=0;t=4, "day";r=10;t=8000`}}, 4 * time.Second, true},
+		{"ratelimit two exhausted", http.Header{"Ratelimit": {`"a";r=0;t=4`, `"b";r=0;t=9`}}, 9 * time.Second, true},
+		{"ratelimit none exhausted", http.Header{"Ratelimit": {`"a";r=3;t=4`}}, 0, false},
+		{"retry-after wins over t", http.Header{"Ratelimit": {`"a";r=0;t=4`}, "Retry-After": {"6"}}, 6 * time.Second, true},
+		{"malformed ratelimit", http.Header{"Ratelimit": {`"a";r=0;t=`}}, 0, false},
+		{"legacy seconds", http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {"42"}}, 42 * time.Second, true},
+		{"legacy epoch", http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {strconv.FormatInt(now.Unix()+9, 10)}}, 9 * time.Second, true},
+		{"legacy epoch relative to Date", http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {strconv.FormatInt(now.Unix()+9, 10)},
+			"Date": {now.Add(5 * time.Second).Format(http.TimeFormat)}}, 4 * time.Second, true},
+		{"legacy date", http.Header{"X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {now.Add(3 * time.Second).Format(http.TimeFormat)}}, 3 * time.Second, true},
+		{"legacy with quota left", http.Header{"X-Ratelimit-Remaining": {"5"}, "X-Ratelimit-Reset": {"42"}}, 0, false},
+		{"ratelimit wins over legacy", http.Header{"Ratelimit": {`"a";r=0;t=4`}, "X-Ratelimit-Remaining": {"0"}, "X-Ratelimit-Reset": {"42"}}, 4 * time.Second, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := &http.Request{RemoteAddr: tt.remote, Header: tt.header}
-			if got := ClientIP(r, trusted).String(); got != tt.want {
-				t.Errorf("ClientIP = %s, want %s", got, tt.want)
+			got, ok := RetryDelay(tt.header, now)
+			if got != tt.want || ok != tt.ok {
+				t.Errorf("RetryDelay = %v, %v; want %v, %v", got, ok, tt.want, tt.ok)
+			}
+		})
+	}
+}
+
+// TestParseBounds: values over the bounds are malformed, just under them
+// they parse.
+func TestParseBounds(t *testing.T) {
+	member := func(i int) string { return `"p` + strconv.Itoa(i) + `";q=1` }
+	list := func(n int) string {
+		ms := make([]string, n)
+		for i := range ms {
+			ms[i] = member(i)
+		}
+		return strings.Join(ms, ", ")
+	}
+	params := func(n int) string {
+		var b strings.Builder
+		b.WriteString(`"a";q=1`)
+		for i := 1; i < n; i++ {
+			b.WriteString(";x" + strconv.Itoa(i))
+		}
+		return b.String()
+	}
+	tests := []struct {
+		name string
+		in   string
+		ok   bool
+	}{
+		{"members at the bound", list(maxMembers), true},
+		{"members over the bound", list(maxMembers + 1), false},
+		{"parameters at the bound", params(maxParams), true},
+		{"parameters over the bound", params(maxParams + 1), false},
+		{"repeated parameters count once", `"a";q=1` + strings.Repeat(";x", 2*maxParams), true},
+		{"long value", `"` + strings.Repeat("n", maxFieldLen) + `";q=1`, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ParseRateLimitPolicy(tt.in)
+			if (err == nil) != tt.ok {
+				t.Fatalf("ParseRateLimitPolicy(%d bytes) = %v, want ok %v", len(tt.in), err, tt.ok)
+			}
+			if err != nil && !errors.Is(err, ErrMalformedField) {
+				t.Errorf("error %v does not wrap ErrMalformedField", err)
 			}
 		})
 	}
@@ -170,7 +229,7 @@ func FuzzRateLimitFields(f *testing.F) {
 				if i > 0 {
 					b = append(b, ", "...)
 				}
-				b = appendSFString(b, p.Name)
+				b = AppendPolicyName(b, p.Name)
 				b = append(b, ";q="...)
 				b = strconv.AppendInt(b, p.Quota, 10)
 				b = append(b, ";w="...)
@@ -205,49 +264,18 @@ func printable(s string) bool {
 	return true
 }
 
-func FuzzClientIP(f *testing.F) {
-	f.Add("10.0.0.1:80", "1.2.3.4, 10.0.0.2", "")
-	f.Add("10.0.0.1:80", "", `for=192.0.2.60;proto=http, for="[2001:db8::1]:80"`)
-	f.Add("[::ffff:10.0.0.1]:80", "garbage,,", `for="_x", for=unknown`)
-	f.Add("203.0.113.1:1", "1.1.1.1", "")
-	trusted := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8::/32")}
-	f.Fuzz(func(t *testing.T, remote, xff, fwd string) {
-		h := http.Header{}
-		if xff != "" {
-			h.Set("X-Forwarded-For", xff)
-		}
-		if fwd != "" {
-			h.Set("Forwarded", fwd)
-		}
-		r := &http.Request{RemoteAddr: remote, Header: h}
-		got := ClientIP(r, trusted)
-		peer := parseHostAddr(remote)
-		// An untrusted peer is always the answer, whatever the headers.
-		if !isTrusted(peer, trusted) && got != peer {
-			t.Fatalf("untrusted peer %v, got %v", peer, got)
-		}
-		if got.IsValid() {
-			if got.Is4In6() || got.Zone() != "" {
-				t.Fatalf("address %v not canonical", got)
-			}
-			// The answer comes from the peer or from the headers.
-			if got != peer && !strings.Contains(xff+fwd, got.String()) && !containsAddr(xff+fwd, got) {
-				t.Fatalf("ClientIP = %v, found neither in peer %q nor headers %q %q", got, remote, xff, fwd)
-			}
-		}
-		// Without trusted proxies the headers are never read.
-		if ClientIP(r, nil) != peer {
-			t.Fatal("headers read without trusted proxies")
+// FuzzHTTPDate: parseHTTPDate agrees with net/http.ParseTime, which it
+// stands in for.
+func FuzzHTTPDate(f *testing.F) {
+	f.Add("Wed, 21 Oct 2015 07:28:00 GMT")
+	f.Add("Sunday, 06-Nov-94 08:49:37 GMT")
+	f.Add("Sun Nov  6 08:49:37 1994")
+	f.Add("garbage")
+	f.Fuzz(func(t *testing.T, v string) {
+		got, gotErr := parseHTTPDate(v)
+		want, wantErr := http.ParseTime(v)
+		if (gotErr == nil) != (wantErr == nil) || !got.Equal(want) {
+			t.Fatalf("parseHTTPDate(%q) = %v, %v; http.ParseTime = %v, %v", v, got, gotErr, want, wantErr)
 		}
 	})
-}
-
-// containsAddr reports whether some token of s parses to a.
-func containsAddr(s string, a netip.Addr) bool {
-	for _, tok := range strings.FieldsFunc(s, func(r rune) bool { return strings.ContainsRune(",;= \t\"", r) }) {
-		if parseHostAddr(tok) == a || parseHostAddr(strings.TrimPrefix(strings.TrimPrefix(tok, "for"), "FOR")) == a {
-			return true
-		}
-	}
-	return false
 }

@@ -1,4 +1,4 @@
-package retrybudget_test
+package retry_test
 
 import (
 	"sync"
@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/retrybudget"
+	"github.com/sluicehq/sluice/retry"
 )
 
 // A step is one call at a fixed instant, at after the case's start:
@@ -130,7 +130,7 @@ func TestBudget(t *testing.T) {
 			if t0.IsZero() {
 				t0 = start
 			}
-			b := retrybudget.New(tt.ratio, tt.min, tt.window)
+			b := retry.NewBudget(tt.ratio, tt.min, tt.window)
 			for i, s := range tt.steps {
 				now := t0.Add(s.at)
 				if s.requests > 0 {
@@ -152,7 +152,7 @@ func TestBudget(t *testing.T) {
 // allowed.
 func TestBudgetConcurrent(t *testing.T) {
 	now := time.Unix(1_000_000, 0)
-	b := retrybudget.New(0.1, -1, 10*time.Second)
+	b := retry.NewBudget(0.1, -1, 10*time.Second)
 	var wg sync.WaitGroup
 	for range 10 {
 		wg.Go(func() {

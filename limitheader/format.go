@@ -1,4 +1,4 @@
-package httplimit
+package limitheader
 
 import (
 	"strconv"
@@ -36,13 +36,18 @@ var calendarNominal = [...]time.Duration{
 	ratelimit.Year:   365 * 24 * time.Hour,
 }
 
-// ceilSeconds rounds d up to whole seconds.
+// ceilSeconds rounds d up to whole seconds; 0 for d <= 0.
 func ceilSeconds(d time.Duration) int64 {
 	if d <= 0 {
 		return 0
 	}
 	return int64((d + time.Second - 1) / time.Second)
 }
+
+// ResetSeconds is the number of seconds until a quota resets that the t
+// parameter of a RateLimit item (and X-RateLimit-Reset) carries for d, a
+// Decision's ResetAfter: rounded up, 0 when d is not positive.
+func ResetSeconds(d time.Duration) int64 { return ceilSeconds(d) }
 
 // RetryAfterSeconds is the delay-seconds value of Retry-After for d: rounded
 // up, and never 0 for a request that was denied (d > 0).
@@ -51,9 +56,10 @@ func RetryAfterSeconds(d time.Duration) int64 {
 }
 
 // AppendPolicyItem appends one member of a RateLimit-Policy list for the
-// decision's rule: "name";q=quota;w=window.
+// rule r: "name";q=quota;w=window, where the quota is r's capacity and the
+// window is PolicyWindow(r).
 func AppendPolicyItem(b []byte, r *ratelimit.Rule) []byte {
-	b = appendSFString(b, r.Name)
+	b = AppendPolicyName(b, r.Name)
 	b = append(b, ";q="...)
 	b = strconv.AppendInt(b, r.Capacity(), 10)
 	b = append(b, ";w="...)
@@ -63,20 +69,21 @@ func AppendPolicyItem(b []byte, r *ratelimit.Rule) []byte {
 // AppendLimitItem appends one member of a RateLimit list for d:
 // "name";r=remaining;t=seconds-until-reset.
 func AppendLimitItem(b []byte, d *ratelimit.Decision) []byte {
-	b = appendSFString(b, d.Rule)
+	b = AppendPolicyName(b, d.Rule)
 	b = append(b, ";r="...)
 	b = strconv.AppendInt(b, max(0, d.Remaining), 10)
 	b = append(b, ";t="...)
-	return strconv.AppendInt(b, ceilSeconds(d.ResetAfter), 10)
+	return strconv.AppendInt(b, ResetSeconds(d.ResetAfter), 10)
 }
 
-// appendSFString appends s as a Structured Field String (RFC 9651 §3.3.3):
-// quoted, with '"' and '\' escaped. Characters outside printable ASCII have
-// no representation there and are replaced by '?'.
-func appendSFString(b []byte, s string) []byte {
+// AppendPolicyName appends a policy's name as the items of both fields
+// carry it: a Structured Field String (RFC 9651 §3.3.3), quoted, with '"'
+// and '\' escaped. Bytes outside printable ASCII have no representation
+// there and are each replaced by '?'.
+func AppendPolicyName(b []byte, name string) []byte {
 	b = append(b, '"')
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
+	for i := 0; i < len(name); i++ {
+		switch c := name[i]; {
 		case c == '"' || c == '\\':
 			b = append(b, '\\', c)
 		case c < 0x20 || c > 0x7e:

@@ -1,11 +1,10 @@
-package httplimit
+package limitheader
 
 import (
 	"encoding/base64"
 	"errors"
 	"fmt"
 	"math"
-	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -44,12 +43,14 @@ type LimitItem struct {
 // ErrMalformedField is wrapped by the errors of ParseRateLimit and
 // ParseRateLimitPolicy. The draft asks clients to ignore a malformed field
 // as a whole.
-var ErrMalformedField = errors.New("httplimit: malformed structured field")
+var ErrMalformedField = errors.New("limitheader: malformed structured field")
 
 // ParseRateLimitPolicy parses the value of a RateLimit-Policy field (the
 // members of several field lines joined by ", "). Parameters it does not
 // know are ignored, as RFC 9651 requires; a member without q, a negative q
-// or w, or a syntax error makes the whole field malformed.
+// or w, or a syntax error makes the whole field malformed, and so does a
+// value over 16 KiB, of more than 256 members or with a member of more
+// than 32 parameters.
 func ParseRateLimitPolicy(v string) ([]PolicyItem, error) {
 	members, err := parseSFList(v)
 	if err != nil || len(members) == 0 {
@@ -90,7 +91,8 @@ func ParseRateLimitPolicy(v string) ([]PolicyItem, error) {
 }
 
 // ParseRateLimit parses the value of a RateLimit field. A member without r,
-// a negative r or t, or a syntax error makes the whole field malformed.
+// a negative r or t, or a syntax error makes the whole field malformed, as
+// do the bounds of ParseRateLimitPolicy.
 func ParseRateLimit(v string) ([]LimitItem, error) {
 	members, err := parseSFList(v)
 	if err != nil || len(members) == 0 {
@@ -141,20 +143,24 @@ func ParseRateLimit(v string) ([]LimitItem, error) {
 //
 // A date in the past gives 0. Values that overflow a time.Duration saturate;
 // callers cap the result. It reports false when no field gives a delay.
-func RetryDelay(h http.Header, now time.Time) (time.Duration, bool) {
+//
+// h is a response's header, an http.Header (or any map keyed by canonical
+// field names, as net/http and net/textproto key theirs); the type is
+// spelled out so that this package need not import net/http.
+func RetryDelay(h map[string][]string, now time.Time) (time.Duration, bool) {
 	for _, name := range [...]string{"Retry-After-Ms", "X-Ms-Retry-After-Ms"} {
-		if v := h.Get(name); v != "" {
+		if v := first(h, name); v != "" {
 			if d, ok := parseMillis(v); ok {
 				return d, true
 			}
 		}
 	}
-	if v := h.Get("Retry-After"); v != "" {
-		if d, ok := parseRetryAfter(v, h.Get("Date"), now); ok {
+	if v := first(h, "Retry-After"); v != "" {
+		if d, ok := parseRetryAfter(v, first(h, "Date"), now); ok {
 			return d, true
 		}
 	}
-	if vs := h.Values("Ratelimit"); len(vs) > 0 {
+	if vs := h["Ratelimit"]; len(vs) > 0 {
 		items, err := ParseRateLimit(strings.Join(vs, ", "))
 		if err != nil {
 			return 0, false
@@ -169,12 +175,42 @@ func RetryDelay(h http.Header, now time.Time) (time.Duration, bool) {
 			return secondsDuration(best), true
 		}
 	}
-	if strings.TrimSpace(h.Get("X-Ratelimit-Remaining")) == "0" {
-		if v := strings.TrimSpace(h.Get("X-Ratelimit-Reset")); v != "" {
-			return parseLegacyReset(v, h.Get("Date"), now)
+	if strings.TrimSpace(first(h, "X-Ratelimit-Remaining")) == "0" {
+		if v := strings.TrimSpace(first(h, "X-Ratelimit-Reset")); v != "" {
+			return parseLegacyReset(v, first(h, "Date"), now)
 		}
 	}
 	return 0, false
+}
+
+// first returns the first value of the field named name (canonical), as
+// http.Header.Get does, or "".
+func first(h map[string][]string, name string) string {
+	if vs := h[name]; len(vs) > 0 {
+		return vs[0]
+	}
+	return ""
+}
+
+// httpDateLayouts are the three forms of an HTTP-date that RFC 9110 §5.6.7
+// requires a recipient to accept: IMF-fixdate, the obsolete RFC 850 form
+// and asctime.
+var httpDateLayouts = [...]string{
+	"Mon, 02 Jan 2006 15:04:05 GMT",
+	time.RFC850,
+	time.ANSIC,
+}
+
+// parseHTTPDate parses an HTTP-date, as net/http.ParseTime does.
+func parseHTTPDate(v string) (time.Time, error) {
+	var err error
+	for _, layout := range httpDateLayouts {
+		var t time.Time
+		if t, err = time.Parse(layout, v); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, err
 }
 
 // epochThreshold tells a legacy reset given in Unix seconds (an instant
@@ -186,7 +222,7 @@ const epochThreshold = 1_000_000_000
 // seconds, as Unix seconds, or as an HTTP-date; instants are taken relative
 // to the response's Date (or now).
 func parseLegacyReset(v, date string, now time.Time) (time.Duration, bool) {
-	if ref, err := http.ParseTime(date); err == nil {
+	if ref, err := parseHTTPDate(date); err == nil {
 		now = ref
 	}
 	if isDigits(v) {
@@ -199,7 +235,7 @@ func parseLegacyReset(v, date string, now time.Time) (time.Duration, bool) {
 		}
 		return max(0, time.Unix(n, 0).Sub(now)), true
 	}
-	if at, err := http.ParseTime(v); err == nil {
+	if at, err := parseHTTPDate(v); err == nil {
 		return max(0, at.Sub(now)), true
 	}
 	return 0, false
@@ -219,11 +255,11 @@ func parseRetryAfter(v, date string, now time.Time) (time.Duration, bool) {
 		}
 		return secondsDuration(n), true
 	}
-	at, err := http.ParseTime(v)
+	at, err := parseHTTPDate(v)
 	if err != nil {
 		return 0, false
 	}
-	if ref, err := http.ParseTime(date); err == nil {
+	if ref, err := parseHTTPDate(date); err == nil {
 		now = ref
 	}
 	return max(0, at.Sub(now)), true
@@ -318,7 +354,20 @@ type sfMember struct {
 	params []sfParam
 }
 
+// Bounds on what the parsers accept, far above what any server sends: a
+// field value of at most maxFieldLen bytes, at most maxMembers members and
+// at most maxParams distinct parameters per member. They keep the work and
+// the memory of parsing a hostile field small.
+const (
+	maxFieldLen = 16 << 10
+	maxMembers  = 256
+	maxParams   = 32
+)
+
 func parseSFList(v string) ([]sfMember, error) {
+	if len(v) > maxFieldLen {
+		return nil, fmt.Errorf("%w: %d bytes, more than %d", ErrMalformedField, len(v), maxFieldLen)
+	}
 	p := sfParser{s: v}
 	p.skipSP()
 	var members []sfMember
@@ -329,6 +378,9 @@ func parseSFList(v string) ([]sfMember, error) {
 		m, err := p.member()
 		if err != nil {
 			return nil, err
+		}
+		if len(members) == maxMembers {
+			return nil, p.errorf("more than %d members", maxMembers)
 		}
 		members = append(members, m)
 		p.skipOWS()
@@ -404,6 +456,9 @@ func (p *sfParser) member() (sfMember, error) {
 			}
 		}
 		if !replaced {
+			if len(m.params) == maxParams {
+				return m, p.errorf("more than %d parameters", maxParams)
+			}
 			m.params = append(m.params, pr)
 		}
 	}

@@ -1,29 +1,32 @@
-// Package retrybudget is the retry budget of Sluice's clients (httplimit
-// and grpclimit): it counts requests and retries in a sliding window and
-// allows a retry while retries stay within a fraction of the requests,
-// plus a minimum, so that retries cannot multiply the load on a service
-// that is already refusing it.
-package retrybudget
+package retry
 
 import (
 	"sync"
 	"time"
 )
 
-// Default values of New's arguments, the clients' documented defaults.
+// Default values of NewBudget's arguments, the clients' documented
+// defaults.
 const (
-	DefaultRatio  = 0.1
-	DefaultWindow = 10 * time.Second
-	DefaultMin    = 10
+	DefaultRatio      = 0.1
+	DefaultWindow     = 10 * time.Second
+	DefaultMinRetries = 10
 )
 
 // slots is the number of slots of the sliding window.
 const slots = 10
 
-// A Budget counts requests and retries in a sliding window of ten slots and
-// allows a retry while retries, that one included, stay within
-// min + ratio × requests. Its methods take the time, so that tests may use
-// fixed instants. A Budget is safe for concurrent use.
+// A Budget bounds the retries of a client, in the spirit of gRPC's retry
+// throttling: it counts requests and retries in a sliding window of ten
+// slots and allows a retry while retries, that one included, stay within
+// minRetries + ratio × requests. A client that shares one Budget among all
+// its calls thus adds at most that fraction of load to a service that is
+// refusing it, however many calls fail at once, while a quiet client may
+// still retry minRetries times per window.
+//
+// Its methods take the time, so that tests may use fixed instants (or a
+// caller its own clock). Make one with NewBudget; the zero value is not
+// usable. A Budget is safe for concurrent use.
 type Budget struct {
 	ratio float64
 	min   int64
@@ -39,10 +42,10 @@ type slot struct {
 	requests, retries int64
 }
 
-// New returns a Budget that allows ratio retries per request of the last
-// window, plus minRetries. Each takes its default when 0 (ratio and window
-// also when negative); a negative minRetries means none.
-func New(ratio float64, minRetries int, window time.Duration) *Budget {
+// NewBudget returns a Budget that allows ratio retries per request of the
+// last window, plus minRetries. Each takes its default when 0 (ratio and
+// window also when negative); a negative minRetries means none.
+func NewBudget(ratio float64, minRetries int, window time.Duration) *Budget {
 	if ratio <= 0 {
 		ratio = DefaultRatio
 	}
@@ -51,7 +54,7 @@ func New(ratio float64, minRetries int, window time.Duration) *Budget {
 	}
 	switch {
 	case minRetries == 0:
-		minRetries = DefaultMin
+		minRetries = DefaultMinRetries
 	case minRetries < 0:
 		minRetries = 0
 	}

@@ -1,0 +1,32 @@
+// Package limitheader writes and reads the header fields in which a
+// rate-limited service tells its clients where they stand: RateLimit-Policy
+// and RateLimit (the IETF draft "RateLimit header fields for HTTP",
+// draft-ietf-httpapi-ratelimit-headers-11, whose values are RFC 9651
+// Structured Field lists) and Retry-After, with the older and vendor forms
+// a client meets in practice (Retry-After-Ms, X-Ms-Retry-After-Ms,
+// X-RateLimit-Reset).
+//
+// It is a codec and nothing more: it knows no transport and imports only
+// the standard library (not even net/http) and ratelimit, so that every
+// edge of Sluice — the HTTP middleware and client in httplimit, the gRPC
+// interceptors in grpclimit, the rate-limit service — formats the fields
+// and the windows they announce the same way.
+//
+// # Writing
+//
+// AppendPolicyItem and AppendLimitItem append one member of a
+// RateLimit-Policy or RateLimit list for a ratelimit.Rule or Decision;
+// PolicyWindow, ResetSeconds and RetryAfterSeconds give the whole seconds
+// those fields carry. The Append functions follow strconv's: they append to
+// a caller's buffer and allocate only when it must grow.
+//
+// # Reading
+//
+// ParseRateLimitPolicy and ParseRateLimit parse the two fields into
+// PolicyItems and LimitItems, strictly (a malformed field is rejected as a
+// whole, as the draft asks) and within the bounds of RFC 9651. RetryDelay
+// finds, among all the forms servers use, how long a response asks its
+// client to wait.
+//
+// Every function is safe for concurrent use; none keeps its arguments.
+package limitheader

@@ -1,0 +1,16 @@
+// Package retry holds what Sluice's clients share for coming back to a
+// service that throttles them, whatever the transport:
+//
+//   - Pauses, the pause a refusal asks for, per scope, shared by every
+//     call of that scope instead of each retrying on its own;
+//   - Wait, which waits out a pause or a backoff — or fails at once, with
+//     a *DeadlineError, when the caller's deadline comes first, rather
+//     than sleeping only to fail later;
+//   - Budget, which keeps retries to a fraction of the calls, so that
+//     retrying never multiplies the load on a service already refusing it.
+//
+// httplimit.Client (HTTP 429 and 503) and grpclimit.Client
+// (RESOURCE_EXHAUSTED and UNAVAILABLE with RetryInfo) are built on it; so
+// can a client of any other transport. Every type is safe for concurrent
+// use. It imports the standard library and ratelimit only.
+package retry

@@ -258,7 +258,7 @@ func (s *Server) decide(ctx context.Context, method string) error {
 		names = append(names, d.Rule)
 		qf.Violations = append(qf.Violations, &errdetails.QuotaFailure_Violation{
 			Subject:     scope(l),
-			Description: fmt.Sprintf("quota %q allows %d units per %d s; this call costs %d and %d remain", d.Rule, l.Rule.Capacity(), limitheader.PolicyWindow(&l.Rule), items[i].Cost, max(0, d.Remaining)),
+			Description: fmt.Sprintf("quota %q allows %d units per %d s; this call costs %d and %d remain", d.Rule, l.Rule.Capacity(), limitheader.PolicyWindow(l.Rule.QuotaWindow()), items[i].Cost, max(0, d.Remaining)),
 		})
 	}
 	st := status.New(codes.ResourceExhausted, "quota exceeded: "+strings.Join(names, ", "))

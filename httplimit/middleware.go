@@ -168,7 +168,7 @@ func New(cfg Config) (*Middleware, error) {
 		}
 		l.Keys = append([]Key(nil), l.Keys...)
 		m.policies[i] = l
-		p := limitheader.AppendPolicyItem(nil, &m.policies[i].Rule)
+		p := limitheader.AppendPolicyItem(nil, m.policies[i].Rule.Name, m.policies[i].Rule.Capacity(), m.policies[i].Rule.QuotaWindow())
 		m.policyItems = append(m.policyItems, p)
 		if i > 0 {
 			all = append(all, ", "...)
@@ -327,7 +327,7 @@ func (m *Middleware) setFields(h http.Header, st *reqState) {
 		if i > 0 {
 			b = append(b, ", "...)
 		}
-		b = limitheader.AppendLimitItem(b, &st.ds[i])
+		b = limitheader.AppendLimitItem(b, st.ds[i].Rule, st.ds[i].Remaining, st.ds[i].ResetAfter)
 	}
 	st.buf = b
 	h["Ratelimit"] = fieldValue(b)
@@ -434,7 +434,7 @@ func (m *Middleware) appendQuotaProblem(b []byte, st *reqState, retry time.Durat
 		b = append(b, `,"quota":`...)
 		b = appendInt(b, l.Rule.Capacity())
 		b = append(b, `,"window":`...)
-		b = appendInt(b, limitheader.PolicyWindow(&l.Rule))
+		b = appendInt(b, limitheader.PolicyWindow(l.Rule.QuotaWindow()))
 		b = append(b, `,"cost":`...)
 		b = appendInt(b, it.Cost)
 		b = append(b, `,"remaining":`...)
@@ -452,7 +452,7 @@ func (m *Middleware) appendQuotaProblem(b []byte, st *reqState, retry time.Durat
 // decision, unescaped.
 func appendDetail(b []byte, st *reqState, i int, retry time.Duration) []byte {
 	d, l, cost := &st.ds[i], st.policies[i], st.items[i].Cost
-	q, w := l.Rule.Capacity(), limitheader.PolicyWindow(&l.Rule)
+	q, w := l.Rule.Capacity(), limitheader.PolicyWindow(l.Rule.QuotaWindow())
 	b = append(b, "Quota "...)
 	b = limitheader.AppendPolicyName(b, d.Rule)
 	if len(l.Keys) > 0 {

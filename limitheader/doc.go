@@ -6,18 +6,18 @@
 // a client meets in practice (Retry-After-Ms, X-Ms-Retry-After-Ms,
 // X-RateLimit-Reset).
 //
-// It is a codec and nothing more: it knows no transport and imports only
-// the standard library (not even net/http) and ratelimit, so that every
+// It is a codec and nothing more: it knows no transport and no rule, and
+// imports only the standard library (not even net/http), so that every
 // edge of Sluice — the HTTP middleware and client in httplimit, the gRPC
 // interceptors in grpclimit, the rate-limit service — formats the fields
-// and the windows they announce the same way.
+// the same way. The window a rule announces is the rule's own business
+// (ratelimit.Rule.QuotaWindow).
 //
 // # Writing
 //
 // AppendPolicyItem and AppendLimitItem append one member of a
-// RateLimit-Policy or RateLimit list for a ratelimit.Rule or Decision;
-// PolicyWindow, ResetSeconds and RetryAfterSeconds give the whole seconds
-// those fields carry. The Append functions follow strconv's: they append to
+// RateLimit-Policy or RateLimit list; PolicyWindow, ResetSeconds and
+// RetryAfterSeconds give the whole seconds those fields carry. The Append functions follow strconv's: they append to
 // a caller's buffer and allocate only when it must grow.
 //
 // # Reading

@@ -3,37 +3,13 @@ package limitheader
 import (
 	"strconv"
 	"time"
-
-	"github.com/sluicehq/sluice/ratelimit"
 )
 
-// PolicyWindow is the window that a RateLimit-Policy item announces for r:
-// the period of a window algorithm, the nominal length of a calendar unit,
-// or, for GCRA and LeakyBucket, the time an empty bucket takes to refill its
-// whole capacity. It is rounded up to whole seconds, at least one.
-func PolicyWindow(r *ratelimit.Rule) int64 {
-	var w time.Duration
-	switch {
-	case r.Calendar != ratelimit.NoCalendar:
-		w = calendarNominal[r.Calendar]
-	case r.Algorithm == ratelimit.GCRA || r.Algorithm == ratelimit.LeakyBucket:
-		if r.Quota > 0 {
-			// capacity × Period / Quota, without overflow for any valid rule.
-			w = time.Duration(float64(r.Capacity()) * float64(r.Period) / float64(r.Quota))
-		}
-	default:
-		w = r.Period
-	}
-	return max(1, ceilSeconds(w))
-}
-
-var calendarNominal = [...]time.Duration{
-	ratelimit.Minute: time.Minute,
-	ratelimit.Hour:   time.Hour,
-	ratelimit.Day:    24 * time.Hour,
-	ratelimit.Week:   7 * 24 * time.Hour,
-	ratelimit.Month:  30 * 24 * time.Hour,
-	ratelimit.Year:   365 * 24 * time.Hour,
+// PolicyWindow is the w parameter of a RateLimit-Policy item for a quota
+// measured over window (for a rule, ratelimit.Rule.QuotaWindow): whole
+// seconds, rounded up, at least one.
+func PolicyWindow(window time.Duration) int64 {
+	return max(1, ceilSeconds(window))
 }
 
 // ceilSeconds rounds d up to whole seconds; 0 for d <= 0.
@@ -55,25 +31,26 @@ func RetryAfterSeconds(d time.Duration) int64 {
 	return max(1, ceilSeconds(d))
 }
 
-// AppendPolicyItem appends one member of a RateLimit-Policy list for the
-// rule r: "name";q=quota;w=window, where the quota is r's capacity and the
-// window is PolicyWindow(r).
-func AppendPolicyItem(b []byte, r *ratelimit.Rule) []byte {
-	b = AppendPolicyName(b, r.Name)
+// AppendPolicyItem appends one member of a RateLimit-Policy list:
+// "name";q=quota;w=window, the window in PolicyWindow's seconds. For a rule
+// r: AppendPolicyItem(b, r.Name, r.Capacity(), r.QuotaWindow()).
+func AppendPolicyItem(b []byte, name string, quota int64, window time.Duration) []byte {
+	b = AppendPolicyName(b, name)
 	b = append(b, ";q="...)
-	b = strconv.AppendInt(b, r.Capacity(), 10)
+	b = strconv.AppendInt(b, quota, 10)
 	b = append(b, ";w="...)
-	return strconv.AppendInt(b, PolicyWindow(r), 10)
+	return strconv.AppendInt(b, PolicyWindow(window), 10)
 }
 
-// AppendLimitItem appends one member of a RateLimit list for d:
-// "name";r=remaining;t=seconds-until-reset.
-func AppendLimitItem(b []byte, d *ratelimit.Decision) []byte {
-	b = AppendPolicyName(b, d.Rule)
+// AppendLimitItem appends one member of a RateLimit list:
+// "name";r=remaining;t=seconds-until-reset (remaining below 0 is written
+// 0). For a decision d: AppendLimitItem(b, d.Rule, d.Remaining, d.ResetAfter).
+func AppendLimitItem(b []byte, name string, remaining int64, resetAfter time.Duration) []byte {
+	b = AppendPolicyName(b, name)
 	b = append(b, ";r="...)
-	b = strconv.AppendInt(b, max(0, d.Remaining), 10)
+	b = strconv.AppendInt(b, max(0, remaining), 10)
 	b = append(b, ";t="...)
-	return strconv.AppendInt(b, ResetSeconds(d.ResetAfter), 10)
+	return strconv.AppendInt(b, ResetSeconds(resetAfter), 10)
 }
 
 // AppendPolicyName appends a policy's name as the items of both fields

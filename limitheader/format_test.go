@@ -35,10 +35,10 @@ func TestPolicyAndLimitItems(t *testing.T) {
 		},
 	}
 	for _, tt := range tests {
-		if got := string(AppendPolicyItem(nil, &tt.rule)); got != tt.policy {
+		if got := string(AppendPolicyItem(nil, tt.rule.Name, tt.rule.Capacity(), tt.rule.QuotaWindow())); got != tt.policy {
 			t.Errorf("policy item = %s, want %s", got, tt.policy)
 		}
-		if got := string(AppendLimitItem(nil, &tt.d)); got != tt.rl {
+		if got := string(AppendLimitItem(nil, tt.d.Rule, tt.d.Remaining, tt.d.ResetAfter)); got != tt.rl {
 			t.Errorf("limit item = %s, want %s", got, tt.rl)
 		}
 	}

@@ -74,11 +74,11 @@ func TestParseRateLimit(t *testing.T) {
 func TestFieldsRoundTrip(t *testing.T) {
 	r := ratelimit.Rule{Name: `we"ird`, Quota: 10, Period: time.Minute, Burst: 20}
 	d := ratelimit.Decision{Rule: r.Name, Remaining: 7, ResetAfter: 1500 * time.Millisecond}
-	ps, err := ParseRateLimitPolicy(string(AppendPolicyItem(nil, &r)))
-	if err != nil || len(ps) != 1 || ps[0].Name != r.Name || ps[0].Quota != 20 || ps[0].Window != PolicyWindow(&r) {
+	ps, err := ParseRateLimitPolicy(string(AppendPolicyItem(nil, r.Name, r.Capacity(), r.QuotaWindow())))
+	if err != nil || len(ps) != 1 || ps[0].Name != r.Name || ps[0].Quota != 20 || ps[0].Window != PolicyWindow(r.QuotaWindow()) {
 		t.Errorf("policy round trip: %+v, %v", ps, err)
 	}
-	ls, err := ParseRateLimit(string(AppendLimitItem(nil, &d)))
+	ls, err := ParseRateLimit(string(AppendLimitItem(nil, d.Rule, d.Remaining, d.ResetAfter)))
 	if err != nil || len(ls) != 1 || ls[0].Name != r.Name || ls[0].Remaining != 7 || ls[0].Reset != 2 {
 		t.Errorf("limit round trip: %+v, %v", ls, err)
 	}

@@ -233,6 +233,41 @@ func (r *Rule) Validate() error {
 	return nil
 }
 
+// QuotaWindow is the span over which the rule admits its Capacity, as a
+// RateLimit-Policy header field announces it: Period for the window
+// algorithms, the nominal length of a calendar unit (a month is 30 days, a
+// year 365), and for GCRA and LeakyBucket the time an empty bucket takes to
+// refill its whole capacity, Capacity × Period / Quota (0 when Quota is 0).
+func (r *Rule) QuotaWindow() time.Duration {
+	switch {
+	case r.Calendar != NoCalendar:
+		if r.Calendar < numCalendars {
+			return calendarNominal[r.Calendar]
+		}
+		return 0
+	case r.Algorithm == GCRA || r.Algorithm == LeakyBucket:
+		if r.Quota <= 0 {
+			return 0
+		}
+		w := float64(r.Capacity()) * float64(r.Period) / float64(r.Quota)
+		if w >= math.MaxInt64 { // only for rules Validate refuses
+			return math.MaxInt64
+		}
+		return time.Duration(w)
+	}
+	return r.Period
+}
+
+// calendarNominal is the nominal length of each calendar unit.
+var calendarNominal = [numCalendars]time.Duration{
+	Minute: time.Minute,
+	Hour:   time.Hour,
+	Day:    24 * time.Hour,
+	Week:   7 * 24 * time.Hour,
+	Month:  30 * 24 * time.Hour,
+	Year:   365 * 24 * time.Hour,
+}
+
 // Interval is the emission interval of GCRA and LeakyBucket: the time one
 // unit of cost takes to refill (or, for LeakyBucket, to leak), Period/Quota
 // rounded up to whole nanoseconds so that rounding never admits more than

@@ -84,3 +84,24 @@ func TestWindow(t *testing.T) {
 		})
 	}
 }
+
+func TestQuotaWindow(t *testing.T) {
+	tests := []struct {
+		r    Rule
+		want time.Duration
+	}{
+		{Rule{Algorithm: FixedWindow, Quota: 100, Period: time.Minute}, time.Minute},
+		{Rule{Algorithm: SlidingLog, Quota: 5, Period: 3 * time.Second}, 3 * time.Second},
+		{Rule{Quota: 10, Period: time.Second}, time.Second},                        // GCRA: capacity = quota
+		{Rule{Quota: 10, Period: time.Second, Burst: 25}, 2500 * time.Millisecond}, // 25 units at 10/s
+		{Rule{Algorithm: LeakyBucket, Quota: 2, Period: time.Minute, Burst: 1}, 30 * time.Second},
+		{Rule{Quota: 0, Period: time.Second}, 0},
+		{Rule{Algorithm: FixedWindow, Quota: 5000, Calendar: Month}, 30 * 24 * time.Hour},
+		{Rule{Algorithm: FixedWindow, Quota: 1, Calendar: Year}, 365 * 24 * time.Hour},
+	}
+	for _, tt := range tests {
+		if got := tt.r.QuotaWindow(); got != tt.want {
+			t.Errorf("%+v: QuotaWindow() = %v, want %v", tt.r, got, tt.want)
+		}
+	}
+}

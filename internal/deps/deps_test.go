@@ -2,7 +2,8 @@
 // ARCHITECTURE.md over the whole module, in the spirit of the Go tree's
 // go/build/deps_test.go.
 //
-//   - ratelimit depends on the standard library only.
+//   - ratelimit, and limitheader (the codec of the RateLimit header
+//     fields), depend on the standard library only.
 //   - No library package (outside cmd/, internal/ and bench/) depends on
 //     gRPC, a YAML package or Prometheus — except that grpclimit, whose
 //     whole purpose is gRPC interceptors, may depend on gRPC (and on
@@ -176,8 +177,8 @@ func isLibrary(rel string) bool { return !underAny(rel, "cmd", "internal", "benc
 func importRules(mod string) []rule {
 	return []rule{
 		{
-			name:      "ratelimit may depend on the standard library only",
-			applies:   func(rel string) bool { return rel == "ratelimit" },
+			name:      "ratelimit and the header codec limitheader may depend on the standard library only",
+			applies:   func(rel string) bool { return rel == "ratelimit" || rel == "limitheader" },
 			forbidden: func(p *pkg) bool { return !p.Standard },
 		},
 		{
@@ -385,7 +386,7 @@ func TestRulesCatchViolations(t *testing.T) {
 		{
 			name: "ratelimit imports a module",
 			pkgs: []*pkg{ext("github.com/x/y"), own("ratelimit", "ratelimit", "github.com/x/y")},
-			want: []string{"package example.com/m/ratelimit imports github.com/x/y: ratelimit may depend on the standard library only"},
+			want: []string{"package example.com/m/ratelimit imports github.com/x/y: ratelimit and the header codec limitheader may depend on the standard library only"},
 		},
 		{
 			name: "ratelimit imports another module package",
@@ -394,7 +395,7 @@ func TestRulesCatchViolations(t *testing.T) {
 				own("clock", "clock", "github.com/x/y"),
 				own("ratelimit", "ratelimit", mod+"/clock"),
 			},
-			want: []string{"package example.com/m/ratelimit imports example.com/m/clock: ratelimit may depend on the standard library only"},
+			want: []string{"package example.com/m/ratelimit imports example.com/m/clock: ratelimit and the header codec limitheader may depend on the standard library only"},
 		},
 		{
 			name: "library imports grpc, yaml and prometheus",
@@ -432,6 +433,11 @@ func TestRulesCatchViolations(t *testing.T) {
 			name: "grpclimit imports yaml",
 			pkgs: []*pkg{ext("gopkg.in/yaml.v3"), own("grpclimit", "grpclimit", "gopkg.in/yaml.v3")},
 			want: []string{"package example.com/m/grpclimit imports gopkg.in/yaml.v3: grpclimit may depend on gRPC, but not on YAML or Prometheus"},
+		},
+		{
+			name: "the header codec imports ratelimit",
+			pkgs: []*pkg{own("ratelimit", "ratelimit", "time"), std("time"), own("limitheader", "limitheader", mod+"/ratelimit")},
+			want: []string{"package example.com/m/limitheader imports example.com/m/ratelimit: ratelimit and the header codec limitheader may depend on the standard library only"},
 		},
 		{
 			name: "library links go-redis",

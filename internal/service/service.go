@@ -463,8 +463,8 @@ func (r *Response) AppendFields(policy, limit []byte) ([]byte, []byte, int64) {
 		if len(limit) > 0 {
 			policy, limit = append(policy, ", "...), append(limit, ", "...)
 		}
-		policy = limitheader.AppendPolicyItem(policy, st.Rule)
-		limit = limitheader.AppendLimitItem(limit, &st.Decision)
+		policy = limitheader.AppendPolicyItem(policy, st.Rule.Name, st.Rule.Capacity(), st.Rule.QuotaWindow())
+		limit = limitheader.AppendLimitItem(limit, st.Decision.Rule, st.Decision.Remaining, st.Decision.ResetAfter)
 		if st.Code == OverLimit {
 			retry = max(retry, st.Decision.RetryAfter)
 		}

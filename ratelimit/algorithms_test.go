@@ -61,7 +61,7 @@ func ruleStepsErr(r *Rule, steps []ruleStep) error {
 		}
 		want := st.want
 		want.Capacity, want.Rule = r.Capacity(), r.Name
-		before := cloneState(s)
+		before := s.clone()
 		r.Peek(&s, now, st.cost)
 		if !statesEqual(before, s) {
 			return fmt.Errorf("step %d: Peek changed the state from %+v to %+v", i, before, s)
@@ -75,12 +75,6 @@ func ruleStepsErr(r *Rule, steps []ruleStep) error {
 		}
 	}
 	return nil
-}
-
-func cloneState(s State) State {
-	c := s
-	c.Log = append([]LogEntry(nil), s.Log...)
-	return c
 }
 
 func statesEqual(a, b State) bool {
@@ -736,7 +730,7 @@ func TestPeek(t *testing.T) {
 				for i := range 40 {
 					dt, cost := randomStep(rng, &r)
 					now = now.Add(dt)
-					before := cloneState(s)
+					before := s.clone()
 					peek := r.Peek(&s, now, cost)
 					if !statesEqual(before, s) {
 						t.Fatalf("%+v step %d: Peek(cost %d) changed the state from %+v to %+v", r, i, cost, before, s)

@@ -12,8 +12,8 @@ import "time"
 // state, work[i]: the state as the key's previous item in the request left
 // it, or as kept for the key's first item. So a key's second item sees what
 // its first consumed. Deciding stops at the first denial. work must hold at
-// least len(items) states; DecideMany overwrites them. It appends one Decision
-// per item to dst and reports whether every item was admitted.
+// least len(items) states, which DecideMany overwrites. It appends one
+// Decision per item to dst and reports whether every item was admitted.
 //
 // When every item is admitted, work[i] is the state of the key of items[i]
 // after that item, and the Store keeps, for each key, the work of its last

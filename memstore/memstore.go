@@ -245,14 +245,23 @@ func (s *Store) decideOne(d *ratelimit.Decision, it *ratelimit.Item, now time.Ti
 }
 
 // decideMany locks every shard the items touch, in index order, and decides
-// the items with ratelimit.DecideMany on the shards' entries, keeping an
-// undo record of each, so that a denial restores every state it changed.
-// Expiry times change only when every item is admitted.
+// the items with ratelimit.DecideMany against their keys' entries. Only
+// when every item is admitted does it store the working states and update
+// the keys' expiry; a new key takes a place only once an item charges it
+// (a positive cost), as in decideOne, and room is made for it without
+// evicting a key of the request.
 func (s *Store) decideMany(dst []ratelimit.Decision, items []ratelimit.Item, now time.Time) []ratelimit.Decision {
-	var refBuf [8]keyRef
-	refs := refBuf[:0]
-	var lockedBuf [8]uint64
-	locked := lockedBuf[:0]
+	var (
+		refBuf    [8]keyRef
+		lockedBuf [8]uint64
+		entBuf    [8]*entry
+		keptBuf   [8]*ratelimit.State
+		workBuf   [8]ratelimit.State
+	)
+	refs, locked, ents, kept, work := refBuf[:0], lockedBuf[:0], entBuf[:0], keptBuf[:0], workBuf[:]
+	if len(items) > len(work) {
+		work = make([]ratelimit.State, len(items))
+	}
 	for i := range items {
 		refs = append(refs, s.ref(items[i].Key))
 		locked = append(locked, refs[i].h&s.mask)
@@ -267,75 +276,33 @@ func (s *Store) decideMany(dst []ratelimit.Decision, items []ratelimit.Item, now
 			s.shards[i].mu.Unlock()
 		}
 	}()
-	// charged reports whether an item before end on the same key as item i
-	// has a positive cost: only such a key changes state and is kept, as
-	// in decideOne.
-	charged := func(i, end int) bool {
-		for j := range end {
-			if items[j].Cost > 0 && refs[j] == refs[i] {
-				return true
-			}
+	for i := range refs {
+		e := s.shardOf(&refs[i]).get(&refs[i])
+		var st *ratelimit.State
+		if e != nil {
+			st = &e.state
 		}
-		return false
+		ents, kept = append(ents, e), append(kept, st)
 	}
-	// Make room for new keys first, so that no eviction can touch a key
-	// this request has already decided: in each shard, as many places as
-	// the request has distinct new keys there that it charges.
-	for _, si := range locked {
-		sh, need := &s.shards[si], 0
-		for i := range refs {
-			if refs[i].h&s.mask == si && items[i].Cost > 0 && !charged(i, i) && sh.get(&refs[i]) == nil {
-				need++
-			}
-		}
-		if need > 0 {
-			s.makeRoom(sh, now.UnixNano(), need, refs)
-		}
-	}
-	type undo struct {
-		e        *entry
-		state    ratelimit.State
-		inserted bool
-	}
-	var undoBuf [8]undo
-	undos := undoBuf[:0]
 	base := len(dst)
-	dst, allowed := ratelimit.DecideMany(dst, items, now,
-		func(i int) *ratelimit.State {
+	dst, allowed := ratelimit.DecideMany(dst, items, now, kept, work)
+	if !allowed {
+		return dst
+	}
+	// In order, so that a key's last item leaves its state and expiry.
+	for i, e := range ents {
+		if e == nil { // new, or inserted by an earlier item
 			k := &refs[i]
 			sh := s.shardOf(k)
-			e, inserted := sh.get(k), false
-			if e == nil {
-				e, inserted = sh.insert(k), true
-			}
-			u := undo{e: e, state: e.state, inserted: inserted}
-			u.state.Log = slices.Clone(e.state.Log) // Decide may change the log in place
-			undos = append(undos, u)
-			return &e.state
-		},
-		func() {
-			for i := len(undos) - 1; i >= 0; i-- {
-				u := &undos[i]
-				u.e.state = u.state
-				if u.inserted {
-					s.shardOf(&refs[i]).del(&refs[i])
+			if e = sh.get(k); e == nil {
+				if items[i].Cost <= 0 {
+					continue // checked or refunded only
 				}
+				s.makeRoom(sh, now.UnixNano(), 1, refs)
+				e = sh.insert(k)
 			}
-		},
-		func(i int) ratelimit.State {
-			if e := s.shardOf(&refs[i]).get(&refs[i]); e != nil {
-				return e.state
-			}
-			return ratelimit.State{}
-		})
-	if allowed {
-		for i := range undos {
-			if undos[i].inserted && !charged(i, len(items)) {
-				s.shardOf(&refs[i]).del(&refs[i]) // checked or refunded only
-				continue
-			}
-			undos[i].e.expires = now.UnixNano() + int64(dst[base+i].ResetAfter)
 		}
+		e.state, e.expires = work[i], now.UnixNano()+int64(dst[base+i].ResetAfter)
 	}
 	return dst
 }

@@ -78,7 +78,7 @@ func FuzzAlgorithms(f *testing.F) {
 				return
 			}
 			cost := int64(int8(data[1]))
-			before := cloneState(s)
+			before := s.clone()
 			d := r.Decide(&s, time.Unix(0, now), cost)
 			checkDecision(t, &r, cost, d)
 			if !d.Allowed {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 )
@@ -100,6 +101,13 @@ var (
 // flaw of golang.org/x/time/rate reported in golang/go issues 65508 and
 // 71360.
 //
+// # Reservations
+//
+// A reservation that must wait is remembered (its instant, 8 bytes) until it
+// is due or cancelled, so that Reservation.CancelAt can tell which tokens
+// the reservations still waiting rely on; reservations that are due are
+// forgotten when the memory would grow.
+//
 // # Zero value and concurrency
 //
 // The zero value is a valid Limiter with limit 0 and burst 0: it admits
@@ -118,9 +126,12 @@ type Limiter struct {
 	// tat is the theoretical arrival time: the offset at which the bucket
 	// is full again. The debt at offset t is max(0, tat-t).
 	tat int64
-	// lastAct is the latest act offset of any reservation, used by
-	// CancelAt to find the tokens that later reservations depend on.
-	lastAct int64
+	// waiting holds, in increasing order, the act offsets of the
+	// reservations that took tokens and had to wait, until they are
+	// cancelled; offsets already past may linger until the slice must
+	// grow. Its last element is the latest reservation that CancelAt must
+	// count as relying on earlier ones.
+	waiting []int64
 }
 
 // NewLimiter returns a Limiter that admits events at rate limit with a
@@ -373,13 +384,17 @@ func (l *Limiter) reserve(now time.Time, n int, maxWait time.Duration) (Reservat
 	t := l.mono.advance(now)
 	act, unit, why := l.take(t, n, maxWait)
 	r := Reservation{lim: l, base: l.mono.base, burst: l.burst}
-	l.mu.Unlock()
 	if why == reserveOK {
 		r.ok, r.unit, r.act = true, unit, act
 		if unit != 0 { // at Inf nothing was taken
 			r.n = int64(n)
 		}
-	} else if why == reserveTooLong {
+		if r.waits = r.n > 0 && act > t; r.waits {
+			l.addWaiting(t, act)
+		}
+	}
+	l.mu.Unlock()
+	if why == reserveTooLong {
 		r.wait = time.Duration(act - t)
 	}
 	return r, why
@@ -415,8 +430,31 @@ func (l *Limiter) take(t int64, n int, maxWait time.Duration) (act, unit int64, 
 		return t + wait, u, reserveTooLong
 	}
 	l.setDebt(t, next)
-	l.lastAct = max(l.lastAct, t+wait)
 	return t + wait, u, reserveOK
+}
+
+// addWaiting records a reservation at offset t that waits until act. When
+// the slice is full, it first drops the offsets before t: no reservation
+// due then can give anything back. l.mu is held.
+func (l *Limiter) addWaiting(t, act int64) {
+	w := l.waiting
+	if len(w) == cap(w) {
+		past, _ := slices.BinarySearch(w, t)
+		w = w[:copy(w, w[past:])]
+	}
+	i := len(w)
+	if i > 0 && w[i-1] > act { // after a cancel, act may precede others
+		i, _ = slices.BinarySearch(w, act)
+	}
+	l.waiting = slices.Insert(w, i, act)
+}
+
+// dropWaiting forgets one waiting reservation at offset act. Reservations
+// at one offset are alike, so any of them will do. l.mu is held.
+func (l *Limiter) dropWaiting(act int64) {
+	if i, found := slices.BinarySearch(l.waiting, act); found {
+		l.waiting = slices.Delete(l.waiting, i, i+1)
+	}
 }
 
 // A Reservation holds tokens taken by Limiter.ReserveN for events that may
@@ -427,8 +465,9 @@ type Reservation struct {
 	base time.Time
 	ok   bool
 	// n tokens of unit debt each were taken; the events may happen at
-	// offset act.
+	// offset act. waits tells that act is in the Limiter's waiting list.
 	n, unit, act int64
+	waits        bool
 	cancelled    bool
 	// burst and wait describe a refusal.
 	burst int
@@ -462,8 +501,9 @@ func (r *Reservation) Cancel() { r.CancelAt(time.Now()) }
 //     before: a reservation is given back at most once;
 //   - otherwise its n tokens less those that later reservations rely on,
 //     counted as the time between this reservation's instant and the
-//     latest reserved one, so the schedule already promised to later
-//     reservations stays within the rate;
+//     latest instant of a reservation still waiting, so the schedule
+//     already promised to them stays within the rate; a reservation
+//     cancelled before is not one that others rely on;
 //   - and never more than fills the bucket to its burst.
 //
 // Cancelling at the same instant as the reservation gives everything back
@@ -480,10 +520,19 @@ func (r *Reservation) CancelAt(now time.Time) {
 	}
 	r.cancelled = true
 	t := l.mono.advance(now)
-	if l.inf || r.n == 0 || r.act < t {
+	if r.act < t {
 		return
 	}
-	give := satMul(r.n, r.unit) - (l.lastAct - r.act)
+	if r.waits {
+		l.dropWaiting(r.act)
+	}
+	if l.inf || r.n == 0 {
+		return
+	}
+	give := satMul(r.n, r.unit)
+	if w := l.waiting; len(w) > 0 && w[len(w)-1] > r.act {
+		give -= w[len(w)-1] - r.act
+	}
 	if give <= 0 {
 		return
 	}

@@ -1,9 +1,11 @@
 package ratelimit
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
+	"maps"
 	"math"
 	"slices"
 	"sync"
@@ -281,6 +283,109 @@ func TestReservationCancel(t *testing.T) {
 			}
 			if got := l.TokensAt(limEpoch.Add(at)); math.Abs(got-tt.tokens) > 1e-9 {
 				t.Errorf("TokensAt = %v; want %v", got, tt.tokens)
+			}
+		})
+	}
+}
+
+// TestReservationCancelOutOfOrder cancels reservations in another order than
+// they were made. A cancelled reservation is not one that later
+// reservations rely on: what a cancel gives back is counted against the
+// latest reservation still pending, not against the latest ever made.
+func TestReservationCancelOutOfOrder(t *testing.T) {
+	// A resStep at limEpoch+at either reserves n tokens, which must be due
+	// at limEpoch+due, or (when cancel >= 0) cancels the reservation made
+	// by step number cancel; then TokensAt must return tokens, unless it is
+	// anyTokens.
+	type resStep struct {
+		at     time.Duration
+		n      int
+		due    time.Duration
+		cancel int
+		tokens float64
+	}
+	res := func(at time.Duration, n int, due time.Duration, tokens float64) resStep {
+		return resStep{at: at, n: n, due: due, cancel: -1, tokens: tokens}
+	}
+	cancel := func(at time.Duration, step int, tokens float64) resStep {
+		return resStep{at: at, cancel: step, tokens: tokens}
+	}
+	// Every table starts the same way at 10 per second, burst 4: the
+	// bucket emptied at once (step 0), then A of 3 tokens, B of 1 and C of
+	// 1 reserved, due at 300, 400 and 500ms (steps 1, 2 and 3).
+	queue := []resStep{
+		res(0, 4, 0, 0), res(0, 3, 300*milli, -3), res(0, 1, 400*milli, -4), res(0, 1, 500*milli, -5),
+	}
+	tests := []struct {
+		name  string
+		steps []resStep
+	}{
+		// The case as it was reported: only the due instant is checked.
+		{"the last, then the first", []resStep{
+			cancel(0, 3, anyTokens), // C: all of it, nothing waits behind it
+			// A: B still relies on 1 of its 3 tokens; C is gone.
+			cancel(100*milli, 1, anyTokens),
+			res(100*milli, 3, 500*milli, anyTokens),
+		}},
+		{"the last, then the first, token by token", []resStep{
+			cancel(0, 3, -4),
+			cancel(100*milli, 1, -1),
+			res(100*milli, 3, 500*milli, -4),
+		}},
+		{"the middle, then the last, then the first", []resStep{
+			cancel(0, 2, -5), // B: C relies on its token
+			cancel(0, 3, -4), // C: all of it
+			cancel(0, 1, -1), // A: all of it, B and C are gone
+			res(0, 1, 200*milli, -2),
+		}},
+		{"the first, then the last, then the middle", []resStep{
+			cancel(0, 1, -4), // A: B and C rely on 2 of its tokens
+			cancel(0, 3, -3), // C: all of it
+			cancel(0, 2, -2), // B: all of it, C is gone
+			res(0, 1, 300*milli, -3),
+		}},
+		{"a reservation due before one made earlier", []resStep{
+			cancel(0, 3, -4), // C
+			cancel(0, 1, -2), // A: B relies on 1 of its tokens
+			// D is due at 300ms, before B at 400ms.
+			res(0, 1, 300*milli, -3),
+			cancel(0, 2, -2), // B: D is due before it and relies on nothing of it
+			cancel(0, 6, -1), // D: all of it, B is gone
+			res(0, 1, 200*milli, -2),
+		}},
+		{"the last two, then the first", []resStep{
+			cancel(0, 3, -4),        // C
+			cancel(0, 2, -3),        // B: all of it, C is gone
+			cancel(100*milli, 1, 1), // A: all of it; 1 token refilled since 0
+			res(100*milli, 2, 200*milli, -1),
+		}},
+		{"cancels at an older instant count at the latest one", []resStep{
+			cancel(0, 3, -4),         // C
+			cancel(450*milli, 2, .5), // B was due at 400ms: nothing back
+			cancel(100*milli, 1, .5), // taken as at 450ms: A was due too
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l := NewLimiter(10, 4)
+			rs := map[int]*Reservation{}
+			for i, s := range append(slices.Clip(queue), tt.steps...) {
+				now := limEpoch.Add(s.at)
+				if s.cancel >= 0 {
+					rs[s.cancel].CancelAt(now)
+				} else {
+					r := l.ReserveN(now, s.n)
+					if !r.OK() {
+						t.Fatalf("step %d: ReserveN(limEpoch+%v, %d) not OK", i, s.at, s.n)
+					}
+					if due := s.at + r.DelayFrom(now); due != s.due {
+						t.Fatalf("step %d: ReserveN(limEpoch+%v, %d) due at limEpoch+%v; want +%v", i, s.at, s.n, due, s.due)
+					}
+					rs[i] = r
+				}
+				if got := l.TokensAt(now); !math.IsNaN(s.tokens) && math.Abs(got-s.tokens) > 1e-9 {
+					t.Fatalf("step %d: TokensAt(limEpoch+%v) = %v; want %v", i, s.at, got, s.tokens)
+				}
 			}
 		})
 	}
@@ -589,6 +694,74 @@ func FuzzLimiter(f *testing.F) {
 			if bound := burst + int((latest-first)/every); admitted > bound {
 				t.Fatalf("admitted %d; bound %d (burst %d, every %v, elapsed %v)",
 					admitted, bound, burst, every, latest-first)
+			}
+		}
+	})
+}
+
+// FuzzReservations drives a Limiter with reservations, cancellations and
+// AllowN calls at instants that may go backwards, and checks the schedule
+// it promised: the events that will happen (every admitted AllowN, every
+// reservation not cancelled before it was due) never exceed burst + rate ×
+// the time between the first and the last of any run of them, and the
+// tokens never exceed burst.
+func FuzzReservations(f *testing.F) {
+	// The tables of TestReservationCancelOutOfOrder, roughly: empty the
+	// bucket, reserve three, cancel them in turn, reserve again.
+	f.Add([]byte{100, 4, 0, 0, 4, 0, 0, 3, 0, 0, 1, 0, 0, 1, 1, 0, 3, 1, 0, 1, 0, 0, 3})
+	f.Add([]byte{100, 4, 0, 0, 4, 0, 0, 3, 0, 0, 1, 1, 0, 0, 0, 0, 1, 1, 0, 1, 2, 0, 1, 1, 0, 2})
+	f.Add([]byte{6, 3, 2, 0, 1, 0, 0, 2, 0, 0, 2, 1, 0xff, 1, 0, 0, 1, 1, 4, 0, 2, 0xfe, 2})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) < 2 {
+			return
+		}
+		every := (time.Duration(data[0]) + 1) * milli / 7
+		burst := int(data[1] % 8)
+		l := NewLimiter(Every(every), burst)
+		type event struct{ act, n int64 }
+		var rs []*Reservation
+		events := map[*Reservation]event{} // the reservations that will happen
+		var allowed []event
+		var at time.Duration
+		for i := 2; i+3 <= len(data); i += 3 {
+			at += time.Duration(int8(data[i+1])) * every / 3
+			now := limEpoch.Add(at)
+			// The instants of the schedule are the Limiter's offsets, which
+			// never go back: l.mono.last is the latest after each call.
+			switch arg := int(data[i+2]); data[i] % 3 {
+			case 0:
+				r := l.ReserveN(now, arg%(burst+2))
+				if r.OK() && r.n > 0 {
+					rs = append(rs, r)
+					events[r] = event{r.act, r.n}
+				}
+			case 1:
+				if len(rs) > 0 {
+					r := rs[arg%len(rs)]
+					r.CancelAt(now)
+					if r.act >= l.mono.last {
+						delete(events, r)
+					}
+				}
+			default:
+				if n := arg % (burst + 2); l.AllowN(now, n) && n > 0 {
+					allowed = append(allowed, event{l.mono.last, int64(n)})
+				}
+			}
+			if tok := l.TokensAt(now); tok > float64(burst) {
+				t.Fatalf("tokens %v exceed burst %d", tok, burst)
+			}
+		}
+		all := slices.AppendSeq(allowed, maps.Values(events))
+		slices.SortFunc(all, func(a, b event) int { return cmp.Compare(a.act, b.act) })
+		for j := range all {
+			var sum int64
+			for i := j; i >= 0; i-- {
+				sum += all[i].n
+				if sum*l.iv > int64(burst)*l.iv+all[j].act-all[i].act {
+					t.Fatalf("%d tokens' events from %v to %v: more than burst %d at one per %v; events %v",
+						sum, time.Duration(all[i].act), time.Duration(all[j].act), burst, time.Duration(l.iv), all)
+				}
 			}
 		}
 	})

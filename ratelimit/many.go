@@ -2,34 +2,45 @@ package ratelimit
 
 import "time"
 
-// DecideMany decides items all or nothing, as a Store must, against states
-// that the Store keeps; it appends one Decision per item to dst and reports
-// whether every item was admitted.
+// DecideMany decides the items of one request all or nothing, as a Store
+// must, against the states the Store keeps, which it only reads: kept[i]
+// is the state of the key of items[i], or nil for a key the Store does not
+// hold (the zero State). Items of one key are those with the same kept
+// state or, for keys not held, the same Key.
 //
-// The items are decided in order, each against the working state
-// *working(i), and deciding stops at the first denial. working must return
-// the same State for items of the same key, so that a key's second item
-// sees what its first consumed. When every item is admitted, the working
-// states are the request's outcome, for the Store to keep.
+// The items are decided in order, each on a working copy of its key's
+// state, work[i]: the state as the key's previous item in the request left
+// it, or as kept for the key's first item. So a key's second item sees what
+// its first consumed. Deciding stops at the first denial. work must hold at
+// least len(items) states, which DecideMany overwrites. It appends one
+// Decision per item to dst and reports whether every item was admitted.
 //
-// When an item is denied, nothing may be consumed. DecideMany then calls
-// rollback, if not nil, which must put back every state it changed, and
-// reports each item as it stands: the denied item with its decision (taken
-// against the working state, so after what earlier items of the same key
-// consumed); every other item with what it alone would get, a Peek at its
-// cost against original(i), the item's state before the request (the zero
-// State for a new key), which Peek only reads. An item that would be
-// admitted alone is reported as a check at cost 0, since nothing was taken:
-// Allowed, with Remaining as it stands. working is not called after
-// rollback, and original only after it.
-func DecideMany(dst []Decision, items []Item, now time.Time, working func(i int) *State, rollback func(), original func(i int) State) ([]Decision, bool) {
+// When every item is admitted, work[i] is the state of the key of items[i]
+// after that item, and the Store keeps, for each key, the work of its last
+// item (as it does when it stores work[0], work[1] and so on in turn). When
+// an item is denied, the Store keeps nothing, so nothing is consumed, and
+// the decisions report each item as it stands: the denied item with its
+// decision (taken on its working state, so after what earlier items of its
+// key consumed); every other item with what it alone would get, a Peek at
+// its cost against its kept state. An item that would be admitted alone is
+// reported as a check at cost 0, since nothing was taken: Allowed, with
+// Remaining as it stands.
+func DecideMany(dst []Decision, items []Item, now time.Time, kept []*State, work []State) ([]Decision, bool) {
 	base := len(dst)
 	denied := -1
 	for i := range items {
+		switch j := sameKeyBefore(items, kept, i); {
+		case j >= 0:
+			work[i] = work[j].clone()
+		case kept[i] != nil:
+			work[i] = kept[i].clone()
+		default:
+			work[i] = State{}
+		}
 		it := &items[i]
 		dst = append(dst, Decision{})
 		d := &dst[len(dst)-1]
-		it.Rule.DecideInto(d, working(i), now, it.Cost)
+		it.Rule.DecideInto(d, &work[i], now, it.Cost)
 		if !d.Allowed {
 			denied = i
 			break
@@ -38,21 +49,31 @@ func DecideMany(dst []Decision, items []Item, now time.Time, working func(i int)
 	if denied < 0 {
 		return dst, true
 	}
-	if rollback != nil {
-		rollback()
-	}
 	dst = append(dst, make([]Decision, len(items)-denied-1)...)
+	var fresh State
 	for i := range items {
 		if i == denied {
 			continue
 		}
-		it := &items[i]
-		st := original(i)
-		d := it.Rule.Peek(&st, now, it.Cost)
+		it, st := &items[i], kept[i]
+		if st == nil {
+			st = &fresh
+		}
+		d := it.Rule.Peek(st, now, it.Cost)
 		if d.Allowed {
-			d = it.Rule.Peek(&st, now, 0)
+			d = it.Rule.Peek(st, now, 0)
 		}
 		dst[base+i] = d
 	}
 	return dst, false
+}
+
+// sameKeyBefore returns the last item before item i on the same key, or -1.
+func sameKeyBefore(items []Item, kept []*State, i int) int {
+	for j := i - 1; j >= 0; j-- {
+		if kept[j] == kept[i] && (kept[i] != nil || items[j].Key == items[i].Key) {
+			return j
+		}
+	}
+	return -1
 }

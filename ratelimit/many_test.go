@@ -7,8 +7,8 @@ import (
 )
 
 // A manyStep decides one request of items at epoch0+at with DecideMany on
-// the states of a map-backed store, and expects want. Limit and Rule of want
-// are filled in from the items' rules.
+// the states of a map-backed store, and expects want. Capacity and Rule of
+// want are filled in from the items' rules.
 type manyStep struct {
 	at    time.Duration
 	items []Item
@@ -16,49 +16,29 @@ type manyStep struct {
 }
 
 // mapStore keeps states by key, as a Store would, and decides requests
-// with DecideMany: on copies of its states, kept only if every item is
-// admitted.
-type mapStore map[string]State
+// with DecideMany, keeping the working states only if every item is
+// admitted. It fails when DecideMany changes a kept state.
+type mapStore map[string]*State
 
 func (m mapStore) decide(dst []Decision, items []Item, now time.Time) ([]Decision, bool, error) {
-	working := map[string]*State{}
-	rolledBack := false
-	var errs []error
-	dst, ok := DecideMany(dst, items, now,
-		func(i int) *State {
-			if rolledBack {
-				errs = append(errs, fmt.Errorf("working(%d) called after rollback", i))
-			}
-			st := working[items[i].Key]
-			if st == nil {
-				c := cloneState(m[items[i].Key])
-				st = &c
-				working[items[i].Key] = st
-			}
-			return st
-		},
-		func() {
-			if rolledBack {
-				errs = append(errs, fmt.Errorf("rollback called twice"))
-			}
-			rolledBack = true
-		},
-		func(i int) State {
-			if !rolledBack {
-				errs = append(errs, fmt.Errorf("original(%d) called before rollback", i))
-			}
-			return m[items[i].Key]
-		})
-	if ok == rolledBack {
-		errs = append(errs, fmt.Errorf("admitted %v, rolled back %v", ok, rolledBack))
-	}
-	if ok {
-		for k, st := range working {
-			m[k] = *st
+	kept := make([]*State, len(items))
+	before := map[string]State{}
+	for i, it := range items {
+		if kept[i] = m[it.Key]; kept[i] != nil {
+			before[it.Key] = kept[i].clone()
 		}
 	}
-	if len(errs) > 0 {
-		return dst, ok, errs[0]
+	work := make([]State, len(items))
+	dst, ok := DecideMany(dst, items, now, kept, work)
+	for k, st := range before {
+		if !statesEqual(st, *m[k]) {
+			return dst, ok, fmt.Errorf("DecideMany changed the kept state of %q from %+v to %+v", k, st, *m[k])
+		}
+	}
+	if ok {
+		for i, it := range items {
+			m[it.Key] = &work[i]
+		}
 	}
 	return dst, ok, nil
 }
@@ -66,8 +46,15 @@ func (m mapStore) decide(dst []Decision, items []Item, now time.Time) ([]Decisio
 func TestDecideMany(t *testing.T) {
 	r := &Rule{Name: "w", Algorithm: FixedWindow, Quota: 3, Period: time.Minute}
 	item := func(key string, cost int64) Item { return Item{Key: key, Rule: r, Cost: cost} }
+	lg := &Rule{Name: "l", Algorithm: SlidingLog, Quota: 3, Period: time.Minute}
+	logItem := func(cost int64) Item { return Item{Key: "log", Rule: lg, Cost: cost} }
 	m := time.Minute
 	steps := []manyStep{
+		// A sliding log's items at one instant add to its newest entry in
+		// place: a denied request must leave the kept log as it was.
+		{items: []Item{logItem(1)}, want: []Decision{ok(2, m)}},
+		{items: []Item{logItem(1), logItem(1), item("x", 4)}, want: []Decision{ok(2, m), ok(2, m), never(3, 0)}},
+		{items: []Item{logItem(1), logItem(1)}, want: []Decision{ok(1, m), ok(0, m)}},
 		{items: []Item{item("a", 1), item("b", 1)}, want: []Decision{ok(2, m), ok(2, m)}},
 		// The same key twice: the second item sees what the first consumed.
 		{items: []Item{item("a", 1), item("a", 1)}, want: []Decision{ok(1, m), ok(0, m)}},

@@ -105,3 +105,12 @@ func TestQuotaWindow(t *testing.T) {
 		}
 	}
 }
+
+func loadLocation(t *testing.T, name string) *time.Location {
+	t.Helper()
+	loc, err := time.LoadLocation(name)
+	if err != nil {
+		t.Skipf("time zone database: %v", err)
+	}
+	return loc
+}

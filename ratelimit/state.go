@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"math"
 	"math/bits"
+	"slices"
 	"time"
 )
 
@@ -30,6 +31,13 @@ type State struct {
 	Seen int64
 	// Log holds the admitted requests, oldest first (SlidingLog).
 	Log []LogEntry
+}
+
+// clone returns a copy of s with a Log of its own: Decide changes the
+// entries of a Log in place.
+func (s State) clone() State {
+	s.Log = slices.Clone(s.Log)
+	return s
 }
 
 // A LogEntry is one admitted request of a SlidingLog.

@@ -202,16 +202,20 @@ func (s *Store) decideExact(ctx context.Context, items []ratelimit.Item, keys []
 	return nil, errContention
 }
 
-// exactDecide decides items all or nothing on the working states (see
-// ratelimit.DecideMany); its states are the items' own, its[i] items[i]'s.
-// When every item is admitted, it marks what the write must store.
+// exactDecide decides items all or nothing on the states read (see
+// ratelimit.DecideMany); its[i] is the state of items[i]'s key, shared by
+// the items of one key. When every item is admitted, it sets each state's
+// cur to what its key's last item left and marks what the write must store.
 func exactDecide(items []ratelimit.Item, its []*exactState, now time.Time) ([]ratelimit.Decision, bool) {
-	ds, ok := ratelimit.DecideMany(make([]ratelimit.Decision, 0, len(items)), items, now,
-		func(i int) *ratelimit.State { return &its[i].cur },
-		nil, // the working states are only written when every item is admitted
-		func(i int) ratelimit.State { return its[i].orig })
+	kept := make([]*ratelimit.State, len(items))
+	for i, st := range its {
+		kept[i] = &st.orig
+	}
+	work := make([]ratelimit.State, len(items))
+	ds, ok := ratelimit.DecideMany(make([]ratelimit.Decision, 0, len(items)), items, now, kept, work)
 	if ok {
 		for i := range items {
+			its[i].cur = work[i]
 			if items[i].Cost != 0 {
 				its[i].dirty, its[i].rule = true, items[i].Rule
 			}

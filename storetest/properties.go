@@ -162,7 +162,7 @@ func testBounds(t *testing.T, newStore NewStore) {
 		k := e.key("k")
 		r := boundsRule(alg)
 		rng := rand.New(rand.NewPCG(uint64(alg)+1, 42))
-		now := start
+		now := Start
 		var adm []admission
 		probes := 0
 		for range 1000 {
@@ -185,14 +185,14 @@ func testBounds(t *testing.T, newStore NewStore) {
 			e.clock.Set(now)
 			if early := e.one(k, r, cost); early.Allowed {
 				t.Fatalf("cost %d denied at %v with RetryAfter %v, admitted 1ns before that: %+v",
-					cost, now.Sub(start)-d.RetryAfter+1, d.RetryAfter, early)
+					cost, now.Sub(Start)-d.RetryAfter+1, d.RetryAfter, early)
 			}
 			now = now.Add(1)
 			e.clock.Set(now)
 			later := e.one(k, r, cost)
 			if !later.Allowed {
 				t.Fatalf("cost %d denied at %v with RetryAfter %v, denied again after it: %+v",
-					cost, now.Sub(start)-d.RetryAfter, d.RetryAfter, later)
+					cost, now.Sub(Start)-d.RetryAfter, d.RetryAfter, later)
 			}
 			adm = append(adm, admission{now, cost})
 		}
@@ -212,7 +212,7 @@ func testTimeBackwardsBounds(t *testing.T, newStore NewStore) {
 		k := e.key("k")
 		r := boundsRule(alg)
 		rng := rand.New(rand.NewPCG(uint64(alg)+1, 43))
-		now, newest := start, start
+		now, newest := Start, Start
 		var adm []admission
 		for range 600 {
 			dt, cost := randomStep(rng, r)
@@ -294,13 +294,13 @@ func checkBounds(t *testing.T, r *ratelimit.Rule, adm []admission) {
 				elapsed := tj - adm[i].at.UnixNano()
 				if sum > r.Capacity()+elapsed/iv {
 					t.Fatalf("%d admitted from %v to %v: more than capacity %d + %v/%v",
-						sum, adm[i].at.Sub(start), last.at.Sub(start), r.Capacity(), time.Duration(elapsed), time.Duration(iv))
+						sum, adm[i].at.Sub(Start), last.at.Sub(Start), r.Capacity(), time.Duration(elapsed), time.Duration(iv))
 				}
 			}
 			continue
 		case ratelimit.FixedWindow, ratelimit.SlidingWindow:
 			if s := windowSums[k]; s > r.Quota {
-				t.Fatalf("%d admitted in the window of %v: more than %d", s, last.at.Sub(start), r.Quota)
+				t.Fatalf("%d admitted in the window of %v: more than %d", s, last.at.Sub(Start), r.Quota)
 			}
 		}
 		var span int64 // admitted in (tj-p, tj]
@@ -315,7 +315,7 @@ func checkBounds(t *testing.T, r *ratelimit.Rule, adm []admission) {
 			bound = r.Quota + windowSums[k-1]*(tj-k*p)/p
 		}
 		if span > bound {
-			t.Fatalf("%d admitted in the %v up to %v: more than %d", span, r.Period, last.at.Sub(start), bound)
+			t.Fatalf("%d admitted in the %v up to %v: more than %d", span, r.Period, last.at.Sub(Start), bound)
 		}
 	}
 }
@@ -337,7 +337,7 @@ func testSaturation(t *testing.T, newStore NewStore) {
 		var adm []admission
 		var total int64
 		for i := range steps {
-			now := start.Add(time.Duration(i) * dt)
+			now := Start.Add(time.Duration(i) * dt)
 			e.clock.Set(now)
 			d := e.one(k, r, cost)
 			if d.Allowed {

@@ -301,7 +301,7 @@ func testRollbackSlidingLog(t *testing.T, newStore NewStore) {
 	expect := func(k string, cost int64, allowed bool, rem int64) {
 		t.Helper()
 		if d := e.one(k, rl, cost); d.Allowed != allowed || d.Remaining != rem {
-			t.Fatalf("%s:%d at %v: got %+v, want allowed %v, remaining %d", k, cost, e.clock.Now().Sub(start), d, allowed, rem)
+			t.Fatalf("%s:%d at %v: got %+v, want allowed %v, remaining %d", k, cost, e.clock.Now().Sub(Start), d, allowed, rem)
 		}
 	}
 	same, refund := e.key("same_instant"), e.key("refund")

@@ -12,7 +12,7 @@ import (
 )
 
 // refStore is the smallest Store that should pass the suite: one mutex,
-// a map of states, and Rule.Decide with a snapshot to roll back.
+// a map of states, and ratelimit.DecideMany.
 type refStore struct {
 	now    func() time.Time
 	mu     sync.Mutex
@@ -33,27 +33,15 @@ func (s *refStore) Decide(ctx context.Context, dst []ratelimit.Decision, items [
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	now := s.now()
-	saved := make(map[string]ratelimit.State, len(items))
-	allowed := true
-	for _, it := range items {
-		st, ok := s.states[it.Key]
-		if !ok {
-			st = &ratelimit.State{}
-			s.states[it.Key] = st
-		}
-		if _, ok := saved[it.Key]; !ok {
-			c := *st
-			c.Log = append([]ratelimit.LogEntry(nil), st.Log...)
-			saved[it.Key] = c
-		}
-		d := it.Rule.Decide(st, now, it.Cost)
-		allowed = allowed && d.Allowed
-		dst = append(dst, d)
+	kept := make([]*ratelimit.State, len(items))
+	for i, it := range items {
+		kept[i] = s.states[it.Key]
 	}
-	if !allowed {
-		for k, st := range saved {
-			*s.states[k] = st
+	work := make([]ratelimit.State, len(items))
+	dst, ok := ratelimit.DecideMany(dst, items, s.now(), kept, work)
+	if ok {
+		for i, it := range items {
+			s.states[it.Key] = &work[i]
 		}
 	}
 	return dst, nil

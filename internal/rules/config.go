@@ -180,9 +180,10 @@ func (ll *limitList) UnmarshalYAML(n *yaml.Node) error {
 	return ps.soften()
 }
 
-// limitConfig is a rate_limit block or an entry of a limits list. Once
-// decoded, its zero values are filled in with their defaults (see
-// finish): Algorithm is always set, and Period is set unless Calendar.
+// limitConfig is a rate_limit block or an entry of a limits list. Once it
+// decoded without a hard problem, finish has filled in what it leaves
+// out: Algorithm, and unless Calendar, Period from Unit or Unit from
+// Period (UnitUnknown for a period that is not one unit long).
 type limitConfig struct {
 	Unit            Unit
 	RequestsPerUnit int64

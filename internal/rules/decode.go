@@ -39,7 +39,11 @@ type problems []problem
 func (ps problems) Error() string {
 	msgs := make([]string, len(ps))
 	for i, pr := range ps {
-		msgs[i] = fmt.Sprintf("line %d: %s: %v", pr.line, pr.key, pr.err)
+		if pr.key == "" {
+			msgs[i] = fmt.Sprintf("line %d: %v", pr.line, pr.err)
+		} else {
+			msgs[i] = fmt.Sprintf("line %d: %s: %v", pr.line, pr.key, pr.err)
+		}
 	}
 	return strings.Join(msgs, "\n")
 }

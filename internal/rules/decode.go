@@ -17,8 +17,8 @@ import (
 // problems become the errors of Parse.
 //
 // A problem is hard when the value it is about cannot be used, and soft
-// when decoding went on without it: an unknown key is skipped, a flag
-// that is not a boolean is false. A value with a hard problem is left out
+// when decoding went on without it: an unknown key is skipped, a
+// shadow_mode that is not a boolean is false. A value with a hard problem is left out
 // (a limit with a bad unit is not built, nor checked against its
 // siblings); how far that reaches is up to what holds it.
 

@@ -234,14 +234,26 @@ func (l *limitConfig) UnmarshalYAML(n *yaml.Node) error {
 	return ps.err()
 }
 
-// finish checks how the keys of l, the mapping n, combine, and fills in
-// the defaults of those it leaves out.
+// finish fills in the defaults of the keys l, the mapping n, leaves out,
+// then checks how its keys combine.
 func (l *limitConfig) finish(n *yaml.Node, ps *problems) {
 	if l.Unlimited {
 		l.checkUnlimited(ps)
 		return
 	}
 	rpu, unit, period := l.given.get("requests_per_unit"), l.given.get("unit"), l.given.get("period")
+	alg := l.given.get("algorithm")
+	if alg == nil {
+		l.Algorithm = l.defaultAlgorithm()
+	}
+	if !l.Calendar {
+		if period != nil {
+			l.Unit = unitOf(l.Period)
+		} else {
+			l.Period = l.Unit.Duration()
+		}
+	}
+
 	if rpu == nil {
 		ps.errorf(n, join(l.path, "requests_per_unit"), "missing requests_per_unit (or unlimited: true)")
 	}
@@ -250,10 +262,6 @@ func (l *limitConfig) finish(n *yaml.Node, ps *problems) {
 		ps.errorf(n, join(l.path, "unit"), "missing unit (or period)")
 	case unit != nil && period != nil:
 		ps.errorf(unit.key, join(l.path, "unit"), "give unit or period, not both")
-	}
-	alg := l.given.get("algorithm")
-	if alg == nil {
-		l.Algorithm = l.defaultAlgorithm()
 	}
 	if l.Calendar {
 		cal := l.given.get("calendar").key
@@ -266,15 +274,8 @@ func (l *limitConfig) finish(n *yaml.Node, ps *problems) {
 		if alg != nil && l.Algorithm != ratelimit.FixedWindow {
 			ps.errorf(alg.key, join(l.path, "algorithm"), "calendar windows need algorithm fixed_window, not %s", l.Algorithm)
 		}
-	} else {
-		if tz := l.given.get("timezone"); tz != nil {
-			ps.errorf(tz.value, join(l.path, "timezone"), "timezone applies to calendar windows only; add calendar: true")
-		}
-		if period != nil {
-			l.Unit = unitOf(l.Period)
-		} else {
-			l.Period = l.Unit.Duration()
-		}
+	} else if tz := l.given.get("timezone"); tz != nil {
+		ps.errorf(tz.value, join(l.path, "timezone"), "timezone applies to calendar windows only; add calendar: true")
 	}
 	if burst := l.given.get("burst"); burst != nil {
 		switch {

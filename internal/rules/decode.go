@@ -162,7 +162,7 @@ func (ps pairs) get(name string) *pair {
 // (<<), a duplicate key or one that is not among fields is reported and
 // skipped; each other key's value is decoded by its field.
 func decodeMapping(n *yaml.Node, path string, fields []field, ps *problems) pairs {
-	var given pairs
+	given := make(pairs, 0, len(n.Content)/2)
 	seen := make(map[string]int, len(n.Content)/2)
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := resolve(n.Content[i]), resolve(n.Content[i+1])
@@ -174,18 +174,21 @@ func decodeMapping(n *yaml.Node, path string, fields []field, ps *problems) pair
 			ps.softf(k, path, "merge keys (<<) are not supported; repeat the keys or use an alias for the whole block")
 			continue
 		}
-		name, key := k.Value, join(path, k.Value)
+		name := k.Value
 		if line, dup := seen[name]; dup {
-			ps.softf(k, key, "duplicate key %q (first at line %d)", name, line)
+			ps.softf(k, join(path, name), "duplicate key %q (first at line %d)", name, line)
 			continue
 		}
 		seen[name] = k.Line
 		f := findField(fields, name)
 		if f == nil {
-			ps.softf(k, key, "unknown key %q (want one of %s)", name, fieldNames(fields))
+			ps.softf(k, join(path, name), "unknown key %q (want one of %s)", name, fieldNames(fields))
 			continue
 		}
-		failed := ps.add(k, v, key, f.value.UnmarshalYAML(v))
+		failed := false
+		if err := f.value.UnmarshalYAML(v); err != nil {
+			failed = ps.add(k, v, join(path, name), err)
+		}
 		given = append(given, pair{name: name, key: k, value: v, failed: failed})
 	}
 	return given

@@ -55,58 +55,57 @@ type builder struct {
 }
 
 type pendingReplace struct {
-	spec  *Spec
-	lines []int
-	paths []string
+	spec    *Spec
+	entries []*replaceConfig
 }
 
 // build turns the parsed descriptors into a Domain. complete says whether
 // parsing found no error; when it did, the limits that failed are missing,
 // so replaces are not checked against the names.
-func (p *parser) build(domain string, descs []*rawDesc, complete bool) *Domain {
+func (p *parser) build(domain string, descs []*descriptorConfig, complete bool) *Domain {
 	b := &builder{p: p, d: &Domain{name: domain, file: p.file}, names: make(map[string]int)}
 	b.d.root = b.level(descs, nil)
 	for _, pr := range b.pending {
-		for i, r := range pr.spec.Replaces {
-			switch _, ok := b.names[r]; {
-			case r == pr.spec.Name:
-				p.add(pr.lines[i], pr.paths[i], fmt.Errorf("replaces should not name its own rule %q", r))
+		for _, r := range pr.entries {
+			switch _, ok := b.names[r.Name]; {
+			case r.Name == pr.spec.Name:
+				p.add(r.line, r.path, fmt.Errorf("replaces should not name its own rule %q", r.Name))
 			case !ok && complete:
-				p.add(pr.lines[i], pr.paths[i], fmt.Errorf("replaces names no rule %q of domain %q", r, domain))
+				p.add(r.line, r.path, fmt.Errorf("replaces names no rule %q of domain %q", r.Name, domain))
 			}
 		}
 	}
 	return b.d
 }
 
-func (b *builder) level(descs []*rawDesc, path []ancestor) level {
+func (b *builder) level(descs []*descriptorConfig, path []ancestor) level {
 	if len(descs) == 0 {
 		return nil
 	}
 	lv := make(level)
 	for _, rd := range descs {
-		g := lv[rd.key]
+		g := lv[rd.Key]
 		if g == nil {
 			g = &group{}
-			lv[rd.key] = g
+			lv[rd.Key] = g
 		}
 		n := &node{}
-		stat := rd.key
-		if rd.value != "" {
-			stat += "_" + rd.value
+		stat := rd.Key
+		if rd.Value != "" {
+			stat += "_" + rd.Value
 		}
 		full := b.statPath(path, stat)
 		switch {
-		case rd.value == "":
+		case rd.Value == "":
 			n.kind = kindAny
 			if g.any != nil {
 				b.p.add(rd.line, rd.path, fmt.Errorf("duplicate descriptor %q (first at line %d)", full, g.anyLine))
 				continue
 			}
 			g.any, g.anyLine = n, rd.line
-		case strings.HasSuffix(rd.value, "*"):
+		case strings.HasSuffix(rd.Value, "*"):
 			n.kind = kindWild
-			n.pattern = rd.value[:len(rd.value)-1]
+			n.pattern = rd.Value[:len(rd.Value)-1]
 			dup := false
 			for i, w := range g.wild {
 				if w.pattern == n.pattern {
@@ -121,20 +120,20 @@ func (b *builder) level(descs []*rawDesc, path []ancestor) level {
 			g.wildLine = append(g.wildLine, rd.line)
 		default:
 			n.kind = kindExact
-			n.pattern = rd.value
-			if line, dup := g.exactLine[rd.value]; dup {
+			n.pattern = rd.Value
+			if line, dup := g.exactLine[rd.Value]; dup {
 				b.p.add(rd.line, rd.path, fmt.Errorf("duplicate descriptor %q (first at line %d)", full, line))
 				continue
 			}
 			if g.exact == nil {
 				g.exact, g.exactLine = make(map[string]*node), make(map[string]int)
 			}
-			g.exact[rd.value], g.exactLine[rd.value] = n, rd.line
+			g.exact[rd.Value], g.exactLine[rd.Value] = n, rd.line
 		}
-		kl := newKeyLevel(rd.key, n.kind, n.pattern, rd.share)
+		kl := newKeyLevel(rd.Key, n.kind, n.pattern, rd.ShareThreshold)
 		here := append(path[:len(path):len(path)], ancestor{stat: stat, key: kl})
 		b.specs(n, rd, here)
-		n.children = b.level(rd.children, here)
+		n.children = b.level(rd.Descriptors, here)
 	}
 	return lv
 }
@@ -152,7 +151,7 @@ func (b *builder) statPath(path []ancestor, last string) string {
 }
 
 // specs turns the limits of rd into Specs of n.
-func (b *builder) specs(n *node, rd *rawDesc, path []ancestor) {
+func (b *builder) specs(n *node, rd *descriptorConfig, path []ancestor) {
 	stat := b.statPath(path[:len(path)-1], path[len(path)-1].stat)
 	levels := make([]keyLevel, len(path))
 	for i, a := range path {
@@ -160,30 +159,28 @@ func (b *builder) specs(n *node, rd *rawDesc, path []ancestor) {
 	}
 	domainKey := escape(b.d.name)
 	seenWindow := make(map[string]int)
-	for _, l := range rd.limits {
+	for _, l := range rd.Limits {
 		s := &Spec{
 			Domain:         b.d.name,
 			Source:         fmt.Sprintf("%s:%d", b.p.file, l.line),
-			Unlimited:      l.unlimited,
-			Shadow:         rd.shadow,
-			QuotaMode:      rd.quota,
-			DetailedMetric: rd.detailed,
-			ValueToMetric:  rd.valueToMetric,
-			Replaces:       l.replaces,
+			Unit:           l.Unit,
+			Unlimited:      l.Unlimited,
+			Shadow:         rd.ShadowMode,
+			QuotaMode:      rd.QuotaMode,
+			DetailedMetric: rd.DetailedMetric,
+			ValueToMetric:  rd.ValueToMetric,
 			domainKey:      domainKey,
 			levels:         levels,
 		}
-		if l.unlimited {
+		for _, r := range l.Replaces {
+			s.Replaces = append(s.Replaces, r.Name)
+		}
+		if l.Unlimited {
 			s.Name = stat
 		} else {
-			name, key, period, cal := l.window()
-			alg := l.algorithm()
+			name, key, cal := l.window()
 			s.Name = stat + "." + name
-			s.Unit = l.unit
-			if l.periodLine != 0 {
-				s.Unit = unitOf(period)
-			}
-			s.tail = "#" + alg.String() + "/" + key
+			s.tail = "#" + l.Algorithm.String() + "/" + key
 			ok := true
 			for _, w := range []string{"name:" + name, "key:" + key} {
 				if line, dup := seenWindow[w]; dup {
@@ -198,17 +195,17 @@ func (b *builder) specs(n *node, rd *rawDesc, path []ancestor) {
 				continue
 			}
 			s.Rule = &ratelimit.Rule{
-				Algorithm: alg,
-				Quota:     l.rpu,
-				Period:    period,
-				Burst:     l.burst,
+				Algorithm: l.Algorithm,
+				Quota:     l.RequestsPerUnit,
+				Period:    l.Period,
+				Burst:     l.Burst,
 				Calendar:  cal,
-				Location:  l.loc,
-				Failure:   l.failure,
+				Location:  l.Timezone,
+				Failure:   l.FailureMode,
 			}
 		}
-		if l.name != "" {
-			s.Name = l.name
+		if l.Name != "" {
+			s.Name = l.Name
 		}
 		if s.Rule != nil {
 			s.Rule.Name = s.Name
@@ -218,12 +215,12 @@ func (b *builder) specs(n *node, rd *rawDesc, path []ancestor) {
 			}
 		}
 		line := l.line
-		if l.nameLine != 0 {
-			line = l.nameLine
+		if name := l.given.get("name"); name != nil {
+			line = name.key.Line
 		}
 		if first, dup := b.names[s.Name]; dup {
 			what := "rule name"
-			if l.name == "" {
+			if l.Name == "" {
 				what = "generated rule name"
 			}
 			b.p.add(line, l.path, fmt.Errorf("duplicate %s %q (first at line %d); names must be unique in a domain", what, s.Name, first))
@@ -231,7 +228,7 @@ func (b *builder) specs(n *node, rd *rawDesc, path []ancestor) {
 		}
 		b.names[s.Name] = line
 		if len(s.Replaces) > 0 {
-			b.pending = append(b.pending, &pendingReplace{spec: s, lines: l.replLines, paths: l.replPaths})
+			b.pending = append(b.pending, &pendingReplace{spec: s, entries: l.Replaces})
 		}
 		n.specs = append(n.specs, s)
 		b.d.specs = append(b.d.specs, s)

@@ -101,7 +101,7 @@
 // key-only sibling is not tried for deeper levels. A matched descriptor
 // without limits (neither rate_limit nor limits) answers "no limit". An
 // unlimited rule matches but is never counted; a shadow_mode rule is
-// decided and counted, and its Limit says Shadow so the service answers
+// decided and counted, and its Spec says Shadow so the service answers
 // OK. ApplyReplaces then drops the rules that other matched rules replace.
 //
 // Spec.AppendKey builds the storage key of a matched limit; see its

@@ -6,8 +6,9 @@ import (
 	"strings"
 )
 
-// Bounds on a request, checked by CheckRequest. Sluice rejects a request
-// beyond them (gRPC INVALID_ARGUMENT, HTTP 400) rather than truncate it.
+// Bounds on a request, checked by CheckDomain, CheckDescriptorCount and
+// CheckDescriptor (or CheckEntryCount). Sluice rejects a request beyond
+// them (gRPC INVALID_ARGUMENT, HTTP 400) rather than truncate it.
 const (
 	// MaxDescriptors bounds the descriptors of one request.
 	MaxDescriptors = 64
@@ -17,28 +18,10 @@ const (
 	MaxKeyValueBytes = 256
 )
 
-// ErrBound is wrapped by every error CheckRequest returns.
+// ErrBound is wrapped by every error of the request checks below. Their
+// errors name the bound, and they do not allocate when the request is
+// within it.
 var ErrBound = errors.New("request exceeds a bound")
-
-// CheckRequest reports whether a request is within the bounds: a non-empty
-// domain of at most MaxKeyValueBytes, 1 to MaxDescriptors descriptors, at
-// most MaxEntries entries a descriptor, and keys and values of at most
-// MaxKeyValueBytes. Its errors wrap ErrBound and name the bound. It does not
-// allocate when the request is within the bounds.
-func CheckRequest(domain string, descriptors [][]Entry) error {
-	if err := CheckDomain(domain); err != nil {
-		return err
-	}
-	if err := CheckDescriptorCount(len(descriptors)); err != nil {
-		return err
-	}
-	for i, d := range descriptors {
-		if err := CheckDescriptor(i, d); err != nil {
-			return err
-		}
-	}
-	return nil
-}
 
 // CheckDomain checks the domain of a request: not empty, at most
 // MaxKeyValueBytes.

@@ -218,34 +218,30 @@ func TestApplyReplaces(t *testing.T) {
 	}
 }
 
-func TestCheckRequest(t *testing.T) {
+func TestRequestBounds(t *testing.T) {
 	long := strings.Repeat("v", MaxKeyValueBytes+1)
 	ok := strings.Repeat("v", MaxKeyValueBytes)
-	many := make([][]Entry, MaxDescriptors+1)
-	for i := range many {
-		many[i] = e("k", "v")
-	}
 	tests := []struct {
-		name   string
-		domain string
-		descs  [][]Entry
-		want   string
+		name  string
+		check func() error
+		want  string
 	}{
-		{"ok", "d", [][]Entry{e("k", ok)}, ""},
-		{"at the bounds", ok, append(many[:MaxDescriptors-1:MaxDescriptors-1], make([]Entry, MaxEntries)), ""},
-		{"max descriptors", "d", many[:MaxDescriptors], ""},
-		{"empty domain", "", [][]Entry{e("k", "v")}, "domain is empty"},
-		{"long domain", long, [][]Entry{e("k", "v")}, "(MaxKeyValueBytes)"},
-		{"no descriptors", "d", nil, "no descriptors"},
-		{"too many descriptors", "d", many, "65 descriptors; at most 64 (MaxDescriptors)"},
-		{"too many entries", "d", [][]Entry{make([]Entry, MaxEntries+1)}, "descriptor 0 has 17 entries; at most 16 (MaxEntries)"},
-		{"max entries", "d", [][]Entry{make([]Entry, MaxEntries)}, ""},
-		{"long key", "d", [][]Entry{e("k", "v"), e("a", "b", long, "v")}, "descriptor 1 entry 1: key is 257 bytes; at most 256 bytes (MaxKeyValueBytes)"},
-		{"long value", "d", [][]Entry{e("k", long)}, "descriptor 0 entry 0: value is 257 bytes"},
+		{"ok", func() error { return CheckDescriptor(0, e("k", ok)) }, ""},
+		{"domain at the bound", func() error { return CheckDomain(ok) }, ""},
+		{"max descriptors", func() error { return CheckDescriptorCount(MaxDescriptors) }, ""},
+		{"max entries", func() error { return CheckDescriptor(MaxDescriptors-1, make([]Entry, MaxEntries)) }, ""},
+		{"empty domain", func() error { return CheckDomain("") }, "domain is empty"},
+		{"long domain", func() error { return CheckDomain(long) }, "(MaxKeyValueBytes)"},
+		{"no descriptors", func() error { return CheckDescriptorCount(0) }, "no descriptors"},
+		{"too many descriptors", func() error { return CheckDescriptorCount(MaxDescriptors + 1) }, "65 descriptors; at most 64 (MaxDescriptors)"},
+		{"too many entries", func() error { return CheckDescriptor(0, make([]Entry, MaxEntries+1)) }, "descriptor 0 has 17 entries; at most 16 (MaxEntries)"},
+		{"too many entries, counted", func() error { return CheckEntryCount(0, MaxEntries+1) }, "descriptor 0 has 17 entries; at most 16 (MaxEntries)"},
+		{"long key", func() error { return CheckDescriptor(1, e("a", "b", long, "v")) }, "descriptor 1 entry 1: key is 257 bytes; at most 256 bytes (MaxKeyValueBytes)"},
+		{"long value", func() error { return CheckDescriptor(0, e("k", long)) }, "descriptor 0 entry 0: value is 257 bytes"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := CheckRequest(tt.domain, tt.descs)
+			err := tt.check()
 			if tt.want == "" {
 				if err != nil {
 					t.Fatal(err)
@@ -253,13 +249,19 @@ func TestCheckRequest(t *testing.T) {
 				return
 			}
 			if err == nil || !strings.Contains(err.Error(), tt.want) || !errors.Is(err, ErrBound) {
-				t.Fatalf("CheckRequest = %v; want an ErrBound containing %q", err, tt.want)
+				t.Fatalf("got %v; want an ErrBound containing %q", err, tt.want)
 			}
 		})
 	}
 	descs := [][]Entry{e("k", "v", "k2", "v2"), e("x", "y")}
-	if n := testing.AllocsPerRun(100, func() { _ = CheckRequest("d", descs) }); n != 0 {
-		t.Errorf("CheckRequest allocates %v times", n)
+	if n := testing.AllocsPerRun(100, func() {
+		_ = CheckDomain("d")
+		_ = CheckDescriptorCount(len(descs))
+		for i, d := range descs {
+			_ = CheckDescriptor(i, d)
+		}
+	}); n != 0 {
+		t.Errorf("the request checks allocate %v times", n)
 	}
 }
 

@@ -372,16 +372,7 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 	if err := ctx.Err(); err != nil {
 		return dst, err
 	}
-	for i := range items {
-		r := items[i].Rule
-		if r == nil {
-			return dst, fmt.Errorf("%w: item %q has no rule", ratelimit.ErrInvalidRule, items[i].Key)
-		}
-		if err := r.Validate(); err != nil {
-			return dst, err
-		}
-	}
-	req, err := s.build(items)
+	req, err := s.build(items) // checks the rules
 	if errors.Is(err, errCrossSlot) {
 		return s.decideAcross(ctx, dst, items)
 	}
@@ -420,8 +411,52 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 	return dst, nil
 }
 
-// argHeader is the number of decide.lua's ARGV before the items'.
-const argHeader = 4
+// The layout of decide.lua's ARGV and of its reply. decide.lua declares the
+// same names with the same values at its top; TestScriptLayout fails when
+// the two disagree. Indices count from 0: request.args[x] is ARGV[1+x].
+const (
+	// The header, ahead of the items.
+	argNow    = 0 // the instant in Unix ns, or "" for the server's TIME
+	argSlack  = 1 // milliseconds added to every TTL
+	argCount  = 2 // the number of items; "-n" for a batch of n requests
+	argMask   = 3 // the algorithms present, a bit mask
+	argHeader = 4 // values in the header
+
+	// An item's fields, from its first one.
+	fieldKey      = 0 // index of its state key in KEYS, from 1
+	fieldAlg      = 1 // ratelimit.Algorithm
+	fieldCost     = 2
+	fieldQuota    = 3
+	fieldCapacity = 4
+	fieldInterval = 5 // ns
+	fieldCapT     = 6 // capacity × interval, ns; 0 when Quota is 0
+	fieldPeriod   = 7 // ns
+	fieldWinStart = 8 // the calendar window in Unix ns; "" without a calendar
+	fieldWinEnd   = 9
+	itemFields    = 10 // fields per item
+
+	// In a batch, each request is its number of items and then their
+	// fields; its reply is its number of values and then the values.
+	batchReqHeader = 1
+
+	// The reply: replyFields values per item, or the one value replyFar
+	// (a state too far from now for doubles: nothing written).
+	replyAllowed   = 0 // 1 or 0
+	replyReason    = 1 // one of reasonOK, reasonLimited, reasonExceeds
+	replyRemaining = 2
+	replyReset     = 3 // ns
+	replyRetry     = 4 // ns
+	replyFields    = 5 // values per item
+	replyFar       = -1
+
+	reasonOK      = 0
+	reasonLimited = 1
+	reasonExceeds = 2 // cost beyond capacity
+
+	// maxDuration is where the script saturates durations: the largest
+	// double below 2^63 (2^63 - 1024), which parse reads as "never".
+	maxDuration = 1<<63 - 1024
+)
 
 // decideAcross decides, on a Cluster, a request whose keys have different
 // hash tags: one group of items per tag, in order of first appearance, each
@@ -523,24 +558,43 @@ func (r *request) release() {
 	reqPool.Put(r)
 }
 
-// build encodes items as decide.lua's KEYS and ARGV; ARGV[1] (the instant)
-// is filled in by run.
+// build encodes items as decide.lua's KEYS and ARGV; ARGV's instant and
+// calendar windows are filled in by run. It is also where rules are
+// checked: an item without a rule, or the first invalid rule in order, is
+// the error (ruleArgs validates a rule once, when it is first seen). On a
+// Cluster, a request whose keys have different hash tags is errCrossSlot,
+// once every rule has been checked.
 func (s *Store) build(items []ratelimit.Item) (*request, error) {
 	req := reqPool.Get().(*request)
 	req.keys, req.kis = req.keys[:0], req.kis[:0]
 	req.exact, req.calendar = false, false
-	req.args = append(req.args[:0], nil, s.slackMS, s.small(int64(len(items))), nil)
+	req.args = append(req.args[:0], make([]any, argHeader)...)
+	req.args[argSlack] = s.slackMS
+	req.args[argCount] = s.small(int64(len(items)))
 	mask := 0
+	cross := false
 	var buf [128]byte
 	tag0 := s.tagOf(items[0].Key)
 	for i := range items {
 		it := &items[i]
 		r := it.Rule
+		if r == nil {
+			req.release()
+			return nil, fmt.Errorf("%w: item %q has no rule", ratelimit.ErrInvalidRule, it.Key)
+		}
+		ra, err := s.ruleArgs(r)
+		if err != nil {
+			req.release()
+			return nil, err
+		}
+		if cross {
+			continue // decided group by group: only the rules are checked
+		}
 		tag := tag0
 		if i > 0 {
 			if tag = s.tagOf(it.Key); tag != tag0 && s.cluster {
-				req.release()
-				return nil, errCrossSlot
+				cross = true
+				continue
 			}
 		}
 		key := string(appendKey(buf[:0], s.prefix, tag, it.Key))
@@ -550,39 +604,49 @@ func (s *Store) build(items []ratelimit.Item) (*request, error) {
 		if r.Algorithm == ratelimit.SlidingLog {
 			req.keys = append(req.keys, key+logSuffix)
 		}
-		ra := s.ruleArgs(r)
 		mask |= 1 << r.Algorithm
 		req.exact = req.exact || ra.exact
 		req.calendar = req.calendar || r.Calendar != ratelimit.NoCalendar
-		req.args = append(req.args,
-			s.small(int64(ki)),
-			ra.alg,
-			s.small(max(it.Cost, -ra.capacity)),
-			ra.limit, ra.capacity_, ra.iv, ra.capT, ra.period,
-			"", "", // calendar window, filled in by run
-		)
+		base := len(req.args)
+		req.args = append(req.args, ra.fields[:]...)
+		f := req.args[base : base+itemFields]
+		f[fieldKey] = s.small(int64(ki))
+		f[fieldCost] = s.small(max(it.Cost, -ra.capacity))
 	}
-	req.args[3] = s.small(int64(mask))
+	if cross {
+		req.release()
+		return nil, errCrossSlot
+	}
+	req.args[argMask] = s.small(int64(mask))
 	req.mask = mask
 	req.abandoned = false
 	return req, nil
 }
 
 // ruleArgs are a rule's fields as decide.lua reads them, formatted and boxed
-// once: a Rule is immutable once in use.
+// once. A Rule is immutable once in use, so the Store also validates it only
+// once, when it builds them.
 type ruleArgs struct {
-	capacity                                int64
-	exact                                   bool // no calendar, and beyond the script's doubles
-	alg, limit, capacity_, iv, capT, period any
+	capacity int64
+	exact    bool // no calendar, and beyond the script's doubles
+	// fields are an item's fields under the rule; fieldKey and fieldCost
+	// are left for build, the calendar window ("" here) for run.
+	fields [itemFields]any
 }
 
 // maxRuleArgs bounds the cache of ruleArgs (callers that make a Rule per
 // request only refill it).
 const maxRuleArgs = 4096
 
-func (s *Store) ruleArgs(r *ratelimit.Rule) *ruleArgs {
+// ruleArgs returns r's cached arguments, building them on first use after
+// r.Validate; an invalid rule is not cached, and reports Validate's error
+// on every call.
+func (s *Store) ruleArgs(r *ratelimit.Rule) (*ruleArgs, error) {
 	if ra, ok := s.rules.Load(r); ok {
-		return ra.(*ruleArgs)
+		return ra.(*ruleArgs), nil
+	}
+	if err := r.Validate(); err != nil {
+		return nil, err
 	}
 	c := r.Capacity()
 	iv := int64(r.Interval())
@@ -591,21 +655,23 @@ func (s *Store) ruleArgs(r *ratelimit.Rule) *ruleArgs {
 		capT = c * iv
 	}
 	ra := &ruleArgs{
-		capacity:  c,
-		exact:     r.Calendar == ratelimit.NoCalendar && needsExact(r, 0),
-		alg:       strconv.Itoa(int(r.Algorithm)),
-		limit:     strconv.FormatInt(r.Quota, 10),
-		capacity_: strconv.FormatInt(c, 10),
-		iv:        strconv.FormatInt(iv, 10),
-		capT:      strconv.FormatInt(capT, 10),
-		period:    strconv.FormatInt(int64(r.Period), 10),
+		capacity: c,
+		exact:    r.Calendar == ratelimit.NoCalendar && needsExact(r, 0),
 	}
+	f := &ra.fields
+	f[fieldAlg] = strconv.Itoa(int(r.Algorithm))
+	f[fieldQuota] = strconv.FormatInt(r.Quota, 10)
+	f[fieldCapacity] = strconv.FormatInt(c, 10)
+	f[fieldInterval] = strconv.FormatInt(iv, 10)
+	f[fieldCapT] = strconv.FormatInt(capT, 10)
+	f[fieldPeriod] = strconv.FormatInt(int64(r.Period), 10)
+	f[fieldWinStart], f[fieldWinEnd] = "", ""
 	if s.nrules.Add(1) > maxRuleArgs {
 		s.rules.Clear()
 		s.nrules.Store(1)
 	}
 	s.rules.Store(r, ra)
-	return ra
+	return ra, nil
 }
 
 // small returns n formatted and boxed, without allocating for small n.
@@ -647,9 +713,9 @@ func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req *request,
 			return dst, err
 		}
 	}
-	req.args[0] = ""
+	req.args[argNow] = ""
 	if !now.IsZero() {
-		req.args[0] = strconv.FormatInt(now.UnixNano(), 10)
+		req.args[argNow] = strconv.FormatInt(now.UnixNano(), 10)
 	}
 	if req.calendar {
 		for i := range items {
@@ -659,8 +725,9 @@ func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req *request,
 				if needsExact(r, end-start) {
 					return s.exact(ctx, dst, items, req.keys)
 				}
-				req.args[argHeader+10*i+8] = strconv.FormatInt(start, 10)
-				req.args[argHeader+10*i+9] = strconv.FormatInt(end, 10)
+				f := req.args[argHeader+itemFields*i:][:itemFields]
+				f[fieldWinStart] = strconv.FormatInt(start, 10)
+				f[fieldWinEnd] = strconv.FormatInt(end, 10)
 			}
 		}
 	}
@@ -674,7 +741,7 @@ func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req *request,
 	if err != nil {
 		return dst, err
 	}
-	if len(res) == 1 { // a state too far from now for the script's doubles
+	if len(res) == 1 && res[0] == int64(replyFar) { // a state too far from now for the script's doubles
 		ctx, cancel := context.WithDeadline(ctx, deadline)
 		defer cancel()
 		return s.exact(ctx, dst, items, req.keys)
@@ -716,33 +783,33 @@ func parseTime(v []any) (time.Time, error) {
 
 // parse turns decide.lua's reply into decisions.
 func parse(dst []ratelimit.Decision, items []ratelimit.Item, res []any) ([]ratelimit.Decision, error) {
-	if len(res) != 5*len(items) {
+	if len(res) != replyFields*len(items) {
 		return dst, fmt.Errorf("redisstore: script returned %d values for %d items", len(res), len(items))
 	}
 	for i := range items {
-		var f [5]int64
+		var f [replyFields]int64
 		for j := range f {
-			v, ok := res[5*i+j].(int64)
+			v, ok := res[replyFields*i+j].(int64)
 			if !ok {
-				return dst, fmt.Errorf("redisstore: script returned %T", res[5*i+j])
+				return dst, fmt.Errorf("redisstore: script returned %T", res[replyFields*i+j])
 			}
 			f[j] = v
 		}
 		r := items[i].Rule
 		d := ratelimit.Decision{
-			Allowed:    f[0] == 1,
+			Allowed:    f[replyAllowed] == 1,
 			Capacity:   r.Capacity(),
-			Remaining:  f[2],
-			ResetAfter: dur(f[3]),
-			RetryAfter: dur(f[4]),
+			Remaining:  f[replyRemaining],
+			ResetAfter: dur(f[replyReset]),
+			RetryAfter: dur(f[replyRetry]),
 			Rule:       r.Name,
 		}
-		switch f[1] {
-		case 0:
+		switch f[replyReason] {
+		case reasonOK:
 			d.Reason = ratelimit.ReasonOK
-		case 1:
+		case reasonLimited:
 			d.Reason = ratelimit.ReasonLimited
-		default:
+		default: // reasonExceeds
 			d.Reason, d.RetryAfter = ratelimit.ReasonExceedsCapacity, ratelimit.Never
 		}
 		dst = append(dst, d)
@@ -752,7 +819,7 @@ func parse(dst []ratelimit.Decision, items []ratelimit.Item, res []any) ([]ratel
 
 // dur maps the script's saturated durations back to MaxInt64.
 func dur(ns int64) time.Duration {
-	if ns >= 9223372036854774784 {
+	if ns >= maxDuration {
 		return time.Duration(1<<63 - 1)
 	}
 	return time.Duration(ns)

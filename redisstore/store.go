@@ -13,6 +13,48 @@
 // TTL that ends when its state has become equivalent to a fresh one, so
 // nothing outlives its use, not even state of a deleted rule.
 //
+// # Decision paths
+//
+// Decide first checks the items (build, which validates each rule once, on
+// first use). Then a request is decided by the first of these paths that
+// takes it (Stats.Exact counts the exact path):
+//
+//   - Cross-slot (decideAcross): on a Cluster only, a request whose keys
+//     have different hash tags, which no single script may touch. Each
+//     tag's items are decided as a request of their own by the paths
+//     below, in order; a denial refunds the groups already taken.
+//   - Exact path (exact.go): a rule whose durations reach 2^52 ns
+//     (needsExact), beyond what the script's doubles hold exactly, or a
+//     request the script answered with replyFar because a stored state is
+//     that far from now. Go reads the states, decides with ratelimit's
+//     integer code and writes them back by compare-and-set: two round
+//     trips, exact whatever the rule.
+//   - Script, fast path (fastGCRA and fastFixed at the top of decide.lua):
+//     a request of one GCRA item, or of one fixed-window item whose period
+//     divides a second or is whole seconds and has no calendar, in the usual
+//     case: cost within capacity (not negative for a fixed window), no
+//     stored state of another algorithm (or, in debt, another GCRA
+//     interval), no clock behind the state's. It runs before the rest of
+//     the script is even defined, since defining the general path's
+//     closures costs more than such a decision; in a coalesced batch the
+//     leading requests it takes share one MGET. It exists for speed only,
+//     for the common request (GCRA is the default algorithm, fixed windows
+//     the default of envoy-format rules); bench/RESULTS.md section 3 has
+//     its figures. What it does not take it leaves, untouched, to:
+//   - Script, general path (request in decide.lua): every other request:
+//     several items decided all or nothing, every algorithm, refunds, costs
+//     beyond capacity, rule changes, a caller whose clock lags the state,
+//     calendar windows (computed in Go by run, after a TIME round trip when
+//     the server's clock is used).
+//
+// Both script paths go through the coalescer (batch.go) unless
+// Options.NoCoalesce is set: a caller alone sends its own EVALSHA, others
+// are sent by a worker in a pipeline, and on a standalone server or
+// Sentinel the requests of one pipeline at the same instant are one
+// EVALSHA (decide.lua's batch form). The exact path's calls and the
+// calendar's TIME read are sent directly. When Redis cannot answer, or the
+// breaker is open, failure.go decides by each rule's Failure mode instead.
+//
 // # Clock
 //
 // By default the clock is the Redis server's (TIME, read inside the script),
@@ -35,9 +77,7 @@
 // exact path instead (exact.go): Go reads the states, decides with
 // ratelimit's own integer code and writes them back with a compare-and-set
 // script, retrying on a conflict. Every decision is therefore exact; the
-// rare long rules cost two round trips. A request of one GCRA item, the
-// common case, or of one fixed-window item (the default of envoy-format
-// rules) takes a lean path at the top of the script.
+// rare long rules cost two round trips.
 //
 // # Keys and Cluster slots
 //

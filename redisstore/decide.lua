@@ -36,7 +36,9 @@
 -- the same values (argNow … maxDuration) and TestScriptLayout runs this
 -- block to check that they agree. Offsets count from 0, as in Go: Go's
 -- args[x] is ARGV[1 + x], and field f of an item whose fields start at
--- ARGV[a] is ARGV[a + f].
+-- ARGV[a] is ARGV[a + f]. When store.go loads the script it writes the
+-- values in place of the names below (inlineLayout: upvalues cost every
+-- call), so never declare a local, parameter or field of these names.
 local argNow, argSlack, argCount, argMask, argHeader = 0, 1, 2, 3, 4
 local fieldKey, fieldAlg, fieldCost, fieldQuota, fieldCapacity = 0, 1, 2, 3, 4
 local fieldInterval, fieldCapT, fieldPeriod, fieldWinStart, fieldWinEnd = 5, 6, 7, 8, 9

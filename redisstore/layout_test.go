@@ -9,46 +9,26 @@ import (
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
-// goLayout is store.go's layout of decide.lua's ARGV and reply, by the
-// names decide.lua gives the same facts.
-var goLayout = []struct {
-	name  string
-	value int64
-}{
-	{"argNow", argNow}, {"argSlack", argSlack}, {"argCount", argCount}, {"argMask", argMask},
-	{"argHeader", argHeader},
-	{"fieldKey", fieldKey}, {"fieldAlg", fieldAlg}, {"fieldCost", fieldCost},
-	{"fieldQuota", fieldQuota}, {"fieldCapacity", fieldCapacity},
-	{"fieldInterval", fieldInterval}, {"fieldCapT", fieldCapT}, {"fieldPeriod", fieldPeriod},
-	{"fieldWinStart", fieldWinStart}, {"fieldWinEnd", fieldWinEnd}, {"itemFields", itemFields},
-	{"batchReqHeader", batchReqHeader},
-	{"replyAllowed", replyAllowed}, {"replyReason", replyReason}, {"replyRemaining", replyRemaining},
-	{"replyReset", replyReset}, {"replyRetry", replyRetry}, {"replyFields", replyFields},
-	{"replyFar", replyFar},
-	{"reasonOK", reasonOK}, {"reasonLimited", reasonLimited}, {"reasonExceeds", reasonExceeds},
-	{"maxDuration", maxDuration},
-}
-
-// scriptLayout returns the block at the top of decide.lua that declares the
+// layoutBlock returns the block at the top of decide.lua that declares the
 // layout.
-func scriptLayout(t *testing.T) string {
+func layoutBlock(t *testing.T) string {
 	t.Helper()
-	start := strings.Index(decideLua, "\n-- Layout of ARGV")
-	end := strings.Index(decideLua, "\n-- End of the layout.")
+	start := strings.Index(decideSource, layoutStart)
+	end := strings.Index(decideSource, layoutEnd)
 	if start < 0 || end < start {
-		t.Fatal("decide.lua has no layout block (\"-- Layout of ARGV\" … \"-- End of the layout.\")")
+		t.Fatal("decide.lua has no layout block")
 	}
-	return decideLua[start:end]
+	return decideSource[start:end]
 }
 
 // TestScriptLayout runs decide.lua's layout block in Redis's Lua and
 // requires the values Go encodes and decodes with: the same names, the
 // same numbers, none missing on either side.
 func TestScriptLayout(t *testing.T) {
-	block := scriptLayout(t)
+	block := layoutBlock(t)
 	// Every name the block declares must be one Go knows.
 	known := map[string]bool{}
-	for _, l := range goLayout {
+	for _, l := range scriptLayout {
 		known[l.name] = true
 	}
 	decl := regexp.MustCompile(`(?m)^local ([A-Za-z_][\w, ]*?) =`)
@@ -62,15 +42,15 @@ func TestScriptLayout(t *testing.T) {
 			}
 		}
 	}
-	if n != len(goLayout) {
-		t.Errorf("decide.lua declares %d layout names, store.go %d", n, len(goLayout))
+	if n != len(scriptLayout) {
+		t.Errorf("decide.lua declares %d layout names, store.go %d", n, len(scriptLayout))
 	}
 
 	// Their values, as Lua computes them (a name Lua lacks is "nil").
 	var b strings.Builder
 	b.WriteString(block)
 	b.WriteString("\nlocal function v(x) if x == nil then return 'nil' end return string.format('%.0f', x) end\nreturn {")
-	for i, l := range goLayout {
+	for i, l := range scriptLayout {
 		if i > 0 {
 			b.WriteString(", ")
 		}
@@ -82,12 +62,42 @@ func TestScriptLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != len(goLayout) {
-		t.Fatalf("the layout block returned %d values for %d names", len(got), len(goLayout))
+	if len(got) != len(scriptLayout) {
+		t.Fatalf("the layout block returned %d values for %d names", len(got), len(scriptLayout))
 	}
-	for i, l := range goLayout {
+	for i, l := range scriptLayout {
 		if want := strconv.FormatInt(l.value, 10); got[i] != want {
 			t.Errorf("%s is %s in decide.lua and %s in store.go", l.name, got[i], want)
+		}
+	}
+}
+
+// TestInlineLayout: the script as loaded has the values where decide.lua
+// has the names, on the same lines, and decide.lua never rebinds a layout
+// name (a local, a parameter, an assignment or a table field of that name
+// would make the substitution change what the file means).
+func TestInlineLayout(t *testing.T) {
+	if got, want := strings.Count(decideLua, "\n"), strings.Count(decideSource, "\n"); got != want {
+		t.Errorf("the loaded script has %d lines, decide.lua %d", got, want)
+	}
+	start := strings.Index(decideSource, layoutStart)
+	loaded := decideLua[start:] // the header comment before the block is left as it is
+	end := strings.Index(decideSource, layoutEnd) + len(layoutEnd)
+	rest := decideSource[end:]
+	for _, l := range scriptLayout {
+		n := regexp.QuoteMeta(l.name)
+		if regexp.MustCompile(`\b` + n + `\b`).MatchString(loaded) {
+			t.Errorf("%s is still in the loaded script", l.name)
+		}
+		for _, bad := range []string{
+			`(?m)^\s*local\b[^=\n]*\b` + n + `\b`, // a local of that name
+			`function\b[^)]*\b` + n + `\b[^)]*\)`, // a parameter
+			`[.:]` + n + `\b`,                     // a field or method
+			`\b` + n + `\s*=[^=]`,                 // an assignment or table key
+		} {
+			if m := regexp.MustCompile(bad).FindString(rest); m != "" {
+				t.Errorf("decide.lua rebinds layout name %s: %q", l.name, m)
+			}
 		}
 	}
 }

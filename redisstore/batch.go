@@ -219,10 +219,10 @@ func (b *batcher) send(batch []*call) {
 	} else {
 		byNow := map[any]*group{}
 		for _, c := range live {
-			g := byNow[c.req.args[0]]
+			g := byNow[c.req.args[argNow]]
 			if g == nil {
 				g = &group{}
-				byNow[c.req.args[0]] = g
+				byNow[c.req.args[argNow]] = g
 				groups = append(groups, g)
 			}
 			g.calls = append(g.calls, c)
@@ -268,9 +268,9 @@ func (b *batcher) send(batch []*call) {
 				c.answer(nil, err)
 				continue
 			}
-			if l, ok := res[pos].(int64); ok && pos+1+int(l) <= len(res) {
-				c.answer(res[pos+1:pos+1+int(l)], nil)
-				pos += 1 + int(l)
+			if l, ok := res[pos].(int64); ok && l >= 0 && pos+batchReqHeader+int(l) <= len(res) {
+				c.answer(res[pos+batchReqHeader:pos+batchReqHeader+int(l)], nil)
+				pos += batchReqHeader + int(l)
 			} else {
 				c.answer(nil, errors.New("redisstore: malformed batch reply"))
 			}
@@ -278,27 +278,29 @@ func (b *batcher) send(batch []*call) {
 	}
 }
 
-// combine makes one batch request of several, as decide.lua reads it.
+// combine makes one batch request of several, as decide.lua reads it: the
+// header, then per request its number of items and their fields, with key
+// indices shifted to the batch's KEYS.
 func (b *batcher) combine(calls []*call) *request {
 	nk, na, mask := 0, argHeader, 0
 	for _, c := range calls {
 		nk += len(c.req.keys)
-		na += 1 + len(c.req.args) - argHeader
+		na += batchReqHeader + len(c.req.args) - argHeader
 		mask |= c.req.mask
 	}
 	r := &request{keys: make([]string, 0, nk), args: make([]any, argHeader, na)}
-	r.args[0], r.args[1] = calls[0].req.args[0], calls[0].req.args[1]
-	r.args[2] = "-" + strconv.Itoa(len(calls))
-	r.args[3] = b.s.small(int64(mask))
+	r.args[argNow], r.args[argSlack] = calls[0].req.args[argNow], calls[0].req.args[argSlack]
+	r.args[argCount] = "-" + strconv.Itoa(len(calls))
+	r.args[argMask] = b.s.small(int64(mask))
 	for _, c := range calls {
 		off := len(r.keys)
 		r.keys = append(r.keys, c.req.keys...)
-		r.args = append(r.args, c.req.args[2]) // its number of items
+		r.args = append(r.args, c.req.args[argCount]) // batchReqHeader: its number of items
 		items := c.req.args[argHeader:]
 		for i, ki := range c.req.kis {
-			f := items[10*i : 10*i+10]
-			r.args = append(r.args, b.s.small(int64(ki+off)))
-			r.args = append(r.args, f[1:]...)
+			base := len(r.args)
+			r.args = append(r.args, items[itemFields*i:itemFields*(i+1)]...)
+			r.args[base+fieldKey] = b.s.small(int64(ki + off))
 		}
 	}
 	return r

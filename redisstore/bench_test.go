@@ -39,3 +39,35 @@ func BenchmarkDecide(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkBuild measures what Decide does before it calls Redis: check the
+// items' rules and encode the request's KEYS and ARGV. No server is
+// contacted.
+func BenchmarkBuild(b *testing.B) {
+	s, err := New(nopClient(b), Options{NoCoalesce: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	gcra := &ratelimit.Rule{Name: "gcra", Quota: 100, Period: time.Second}
+	fixed := &ratelimit.Rule{Name: "fixed", Algorithm: ratelimit.FixedWindow, Quota: 100, Period: time.Minute}
+	log := &ratelimit.Rule{Name: "log", Algorithm: ratelimit.SlidingLog, Quota: 10, Period: time.Second}
+	for _, bc := range []struct {
+		name  string
+		items []ratelimit.Item
+	}{
+		{"1item", []ratelimit.Item{{Key: "{t}a", Rule: gcra, Cost: 1}}},
+		{"3items", []ratelimit.Item{{Key: "{t}a", Rule: gcra, Cost: 1}, {Key: "{t}b", Rule: fixed, Cost: 1}, {Key: "{t}c", Rule: log, Cost: 1}}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				req, err := s.build(bc.items)
+				if err != nil {
+					b.Fatal(err)
+				}
+				req.release()
+			}
+		})
+	}
+}

@@ -1,19 +1,26 @@
 -- Sluice: decide every item of one request, all or nothing.
 --
--- ARGV[1]  the instant in Unix nanoseconds, or "" to read the server's TIME
--- ARGV[2]  milliseconds added to every TTL (clock slack; 0 with TIME)
--- ARGV[3]  the number of items (negative: a batch of requests, see the end)
--- ARGV[4]  the algorithms present, a bit mask (1 << algorithm)
--- then 10 fields per item:
---   key index (into KEYS; a sliding_log item's log list is the next key),
---   algorithm (0 gcra, 1 fixed_window, 2 sliding_log, 3 sliding_window,
---   4 leaky_bucket), cost, limit, capacity, interval, capacity*interval,
---   period, calendar window start and end (Unix ns; "" when not calendar).
+-- ARGV is a header of argHeader values, then itemFields fields per item
+-- (the names are declared just below):
+--   argNow    the instant in Unix nanoseconds, or "" to read the server's TIME
+--   argSlack  milliseconds added to every TTL (clock slack; 0 with TIME)
+--   argCount  the number of items (negative: a batch of requests, see the end)
+--   argMask   the algorithms present, a bit mask (1 << algorithm)
+-- and per item:
+--   fieldKey       key index (into KEYS; a sliding_log item's log list is
+--                  the next key)
+--   fieldAlg       algorithm (0 gcra, 1 fixed_window, 2 sliding_log,
+--                  3 sliding_window, 4 leaky_bucket)
+--   fieldCost, fieldQuota, fieldCapacity, fieldInterval,
+--   fieldCapT      capacity*interval, fieldPeriod,
+--   fieldWinStart, fieldWinEnd  the calendar window (Unix ns; "" when not
+--                  calendar).
 --
--- Returns 5 integers per item: allowed (0/1), reason (0 ok, 1 limited,
--- 2 exceeds capacity), remaining, reset-after (ns), retry-after (ns); or
--- the single integer -1, having written nothing, when a state is too far
--- from now for doubles (see far): the caller then decides in Go.
+-- Returns replyFields integers per item: replyAllowed (0/1), replyReason
+-- (reasonOK, reasonLimited, reasonExceeds: beyond capacity),
+-- replyRemaining, replyReset and replyRetry (ns, saturated at maxDuration);
+-- or the single integer replyFar, having written nothing, when a state is
+-- too far from now for doubles (see far): the caller then decides in Go.
 --
 -- State of a key: a string "alg|T|N|P|S|G": Algorithm, T, N, Prev and Seen
 -- of ratelimit.State (T and S in Unix ns) and a generation G that every
@@ -25,15 +32,37 @@
 -- differences are exact integers while they stay below 2^53 ns (104 days);
 -- products go through mulDiv, exact for divisors below 2^52 ns (52 days).
 
+-- Layout of ARGV and of the reply. store.go declares the same names with
+-- the same values (argNow … maxDuration) and TestScriptLayout runs this
+-- block to check that they agree. Offsets count from 0, as in Go: Go's
+-- args[x] is ARGV[1 + x], and field f of an item whose fields start at
+-- ARGV[a] is ARGV[a + f]. When store.go loads the script it writes the
+-- values in place of the names below (inlineLayout: upvalues cost every
+-- call), so never declare a local, parameter or field of these names.
+local argNow, argSlack, argCount, argMask, argHeader = 0, 1, 2, 3, 4
+local fieldKey, fieldAlg, fieldCost, fieldQuota, fieldCapacity = 0, 1, 2, 3, 4
+local fieldInterval, fieldCapT, fieldPeriod, fieldWinStart, fieldWinEnd = 5, 6, 7, 8, 9
+local itemFields = 10
+-- A batched request: its number of items, then their fields; its reply:
+-- its number of values, then the values.
+local batchReqHeader = 1
+local replyAllowed, replyReason, replyRemaining, replyReset, replyRetry = 0, 1, 2, 3, 4
+local replyFields = 5
+local replyFar = -1
+local reasonOK, reasonLimited, reasonExceeds = 0, 1, 2
+local maxDuration = 9223372036854774784 -- 2^63 - 1024, the largest double below 2^63
+-- End of the layout.
+
 -- The instant of the call as (seconds, nanoseconds), or nil when it is not
 -- one the fast path takes (before 1970 + 1 s); fnow is it in decimal, made
 -- when first needed.
 local fns, fnn, fnow
-if ARGV[1] == '' then
+local nowArg = ARGV[1 + argNow]
+if nowArg == '' then
   local t = redis.call('TIME')
   fns, fnn = tonumber(t[1]), tonumber(t[2]) * 1000
 else
-  local str = ARGV[1]
+  local str = nowArg
   local len = #str
   if len > 9 and string.sub(str, 1, 1) ~= '-' then
     fns, fnn = tonumber(string.sub(str, 1, len - 9)), tonumber(string.sub(str, len - 8))
@@ -61,7 +90,7 @@ local function tonum(str)
   end
   return x
 end
-local slack = tonum(ARGV[2])
+local slack = tonum(ARGV[1 + argSlack])
 
 -- since returns the nanoseconds from (fns, fnn) to a stored instant of at
 -- least 10 digits, split into seconds and their last 9 digits.
@@ -73,9 +102,9 @@ end
 -- fnn), on v, the value stored at key (false: none). It returns the
 -- decision and the value key holds afterwards.
 local function fastGCRA(a, key, v)
-  local cost, ivs, capT = tonum(ARGV[a + 2]), ARGV[a + 5], tonum(ARGV[a + 6])
+  local cost, ivs, capT = tonum(ARGV[a + fieldCost]), ARGV[a + fieldInterval], tonum(ARGV[a + fieldCapT])
   local iv = tonum(ivs)
-  if cost > tonum(ARGV[a + 4]) then return nil end
+  if cost > tonum(ARGV[a + fieldCapacity]) then return nil end
   local debt, g = 0, 0
   if v then
     -- Anything but a GCRA state with T and Seen after 1970 + 1 s fails. A
@@ -92,9 +121,9 @@ local function fastGCRA(a, key, v)
       if n ~= ivs and n + 0 ~= iv then return nil end -- the rule changed: rescale
     end
   end
-  local allowed, reason, remaining, retry = 1, 0, 0, 0
+  local allowed, reason, remaining, retry = 1, reasonOK, 0, 0
   if cost >= 0 and debt + cost * iv > capT then
-    allowed, reason, retry = 0, 1, math.max(debt + cost * iv - capT, 1)
+    allowed, reason, retry = 0, reasonLimited, math.max(debt + cost * iv - capT, 1)
   elseif cost >= 0 then
     debt = debt + cost * iv
   else
@@ -114,11 +143,11 @@ local function fastGCRA(a, key, v)
       -- One string.format with %d: Lua's own number to string (%.14g) is
       -- several times slower per number.
       if not fnow then fnow = string.format('%d%09d', fns, fnn) end
-      v = string.format('0|%d%09d|%s|0|%s|%d', ts, tn, ARGV[a + 5], fnow, (g + 1) % 1000000000)
+      v = string.format('0|%d%09d|%s|0|%s|%d', ts, tn, ivs, fnow, (g + 1) % 1000000000)
       redis.call('SET', key, v, 'PX', math.ceil(debt / 1000000) + slack)
     end
   end
-  return {allowed, reason, remaining, debt, retry}, v
+  return {allowed, reason, remaining, debt, retry}, v -- in reply order
 end
 
 -- windows caches, per period, the start of the fixed window that holds
@@ -129,8 +158,8 @@ local windows = {}
 -- as fastGCRA does; it takes periods that divide a second or are whole
 -- seconds (every unit of envoy's rule files), without a calendar window.
 local function fastFixed(a, key, v)
-  local cost, limit, p = tonum(ARGV[a + 2]), tonum(ARGV[a + 3]), tonum(ARGV[a + 7])
-  if cost < 0 or cost > tonum(ARGV[a + 4]) or ARGV[a + 8] ~= '' then return nil end
+  local cost, limit, p = tonum(ARGV[a + fieldCost]), tonum(ARGV[a + fieldQuota]), tonum(ARGV[a + fieldPeriod])
+  if cost < 0 or cost > tonum(ARGV[a + fieldCapacity]) or ARGV[a + fieldWinStart] ~= '' then return nil end
   local w = windows[p]
   if not w then
     local ss, sn, off
@@ -158,24 +187,25 @@ local function fastFixed(a, key, v)
     pp, g = pv, gs + 0
   end
   if count + cost > limit then
-    return {0, 1, math.max(0, limit - count), reset, math.max(reset, 1)}, v
+    return {0, reasonLimited, math.max(0, limit - count), reset, math.max(reset, 1)}, v -- in reply order
   end
   count = count + cost
-  if count == 0 then return {1, 0, limit, 0, 0}, v end
+  if count == 0 then return {1, reasonOK, limit, 0, 0}, v end
   if cost ~= 0 then
     if not fnow then fnow = string.format('%d%09d', fns, fnn) end
     v = string.format('1|%s|%d|%s|%s|%d', start, count, pp, fnow, (g + 1) % 1000000000)
     redis.call('SET', key, v, 'PX', math.ceil(reset / 1000000) + slack)
   end
-  return {1, 0, limit - count, reset, 0}, v
+  return {1, reasonOK, limit - count, reset, 0}, v
 end
 
 -- fast holds the fast paths by algorithm, as ARGV spells it.
 local fast = {['0'] = fastGCRA, ['1'] = fastFixed}
 
-if fns and ARGV[3] == '1' and fast[ARGV[6]] then
-  local key = KEYS[tonumber(ARGV[5])]
-  local res = fast[ARGV[6]](5, key, redis.call('GET', key))
+local first = 1 + argHeader -- the first item's first field
+if fns and ARGV[1 + argCount] == '1' and fast[ARGV[first + fieldAlg]] then
+  local key = KEYS[tonumber(ARGV[first + fieldKey])]
+  local res = fast[ARGV[first + fieldAlg]](first, key, redis.call('GET', key))
   if res then return res end
 end
 
@@ -184,30 +214,33 @@ end
 -- decided here too, with one MGET for their states, until a request that
 -- the fast path does not take; the general path goes on from there. A key
 -- met again sees the value written for it before.
-local bout, ba, bi = nil, 5, 1
-if fns and string.sub(ARGV[3], 1, 1) == '-' then
-  local count = -tonumber(ARGV[3])
+-- a is where a batched request starts (its number of items), and its item's
+-- fields start at a + batchReqHeader.
+local bout, ba, bi = nil, first, 1
+if fns and string.sub(ARGV[1 + argCount], 1, 1) == '-' then
+  local count = -tonumber(ARGV[1 + argCount])
   local keys = {}
-  local a = 5
-  while #keys < count and #keys < 1000 and ARGV[a] == '1' and fast[ARGV[a + 2]] do -- unpack's bound
+  local a = first
+  while #keys < count and #keys < 1000 and ARGV[a] == '1' and fast[ARGV[a + batchReqHeader + fieldAlg]] do -- unpack's bound
     keys[#keys + 1] = KEYS[#keys + 1] -- one key each, in order
-    a = a + 11
+    a = a + batchReqHeader + itemFields
   end
   bout = {}
   if #keys > 0 then
     local vals = redis.call('MGET', unpack(keys))
     local seen = {}
-    a = 5
+    a = first
     for i = 1, #keys do
       local key = keys[i]
       local v = seen[key]
       if v == nil then v = vals[i] end
-      local res, nv = fast[ARGV[a + 2]](a + 1, key, v)
+      local res, nv = fast[ARGV[a + batchReqHeader + fieldAlg]](a + batchReqHeader, key, v)
       if not res then break end
       seen[key] = nv
       local o = #bout
-      bout[o + 1], bout[o + 2], bout[o + 3], bout[o + 4], bout[o + 5], bout[o + 6] = 5, res[1], res[2], res[3], res[4], res[5]
-      a = a + 11
+      bout[o + 1] = replyFields -- batchReqHeader: the number of values
+      for j = 1, replyFields do bout[o + 1 + j] = res[j] end
+      a = a + batchReqHeader + itemFields
       bi = i + 1
     end
     if bi > count then return bout end
@@ -220,7 +253,7 @@ local E9 = 1000000000
 local TWO53 = 9007199254740992
 local MAXI = 9223372036854775807 -- rounds to 2^63 as a double
 
-local mask = tonumber(ARGV[4])
+local mask = tonumber(ARGV[1 + argMask])
 local function has(alg) return floor(mask / 2 ^ alg) % 2 == 1 end
 
 local nows, nown
@@ -240,10 +273,10 @@ local function parse(str)
   return s, n
 end
 
-if ARGV[1] == '' then -- the server's TIME, read above
+if nowArg == '' then -- the server's TIME, read above
   nows, nown = fns, fnn
 else
-  nows, nown = parse(ARGV[1])
+  nows, nown = parse(nowArg)
 end
 
 -- rel turns an instant into nanoseconds after now.
@@ -351,7 +384,7 @@ end
 
 end
 
-local function newd() return {allowed = false, reason = 0, remaining = 0, reset = 0, retry = 0} end
+local function newd() return {allowed = false, reason = reasonOK, remaining = 0, reset = 0, retry = 0} end
 
 -- Algorithms. Times are ns relative to the script's instant; now is the
 -- instant decided at (later than it when the state has seen a later one),
@@ -547,12 +580,12 @@ local function decide(r, st, cost, commit)
   end
   if cost > r.cap then
     algos[r.alg](r, st, now, 0, false, d)
-    d.allowed, d.reason, d.retry = false, 2, 0
+    d.allowed, d.reason, d.retry = false, reasonExceeds, 0
   else
     if cost < -r.cap then cost = -r.cap end
     algos[r.alg](r, st, now, cost, commit, d)
     if not d.allowed then
-      d.reason = 1
+      d.reason = reasonLimited
       d.retry = lag + math.max(d.retry, 1)
     elseif commit and cost ~= 0 then
       st.seen, st.ss, st.sn = now, ns_, nn_
@@ -693,40 +726,42 @@ end
 
 local function clamp(x)
   if x ~= x then return 0 end
-  if x > 9223372036854774784 then return 9223372036854774784 end
-  if x < -9223372036854774784 then return -9223372036854774784 end
+  if x > maxDuration then return maxDuration end
+  if x < -maxDuration then return -maxDuration end
   return x
 end
 
--- reply appends d's 5 values to res and returns res.
+-- reply appends d's replyFields values to res and returns res.
 local function reply(res, d)
   local al = 0
   if d.allowed then al = 1 end
-  local o = #res
-  res[o + 1], res[o + 2], res[o + 3], res[o + 4], res[o + 5] = al, d.reason, clamp(d.remaining), clamp(d.reset), clamp(d.retry)
+  local o = #res + 1
+  res[o + replyAllowed], res[o + replyReason] = al, d.reason
+  res[o + replyRemaining], res[o + replyReset], res[o + replyRetry] = clamp(d.remaining), clamp(d.reset), clamp(d.retry)
   return res
 end
 
 -- item reads the item whose fields start at ARGV[a].
 local function item(a)
   local r = {
-    alg = tonumber(ARGV[a + 1]), limit = tonumber(ARGV[a + 3]), cap = tonumber(ARGV[a + 4]),
-    iv = tonumber(ARGV[a + 5]), capT = tonumber(ARGV[a + 6]), p = tonumber(ARGV[a + 7]),
+    alg = tonumber(ARGV[a + fieldAlg]), limit = tonumber(ARGV[a + fieldQuota]), cap = tonumber(ARGV[a + fieldCapacity]),
+    iv = tonumber(ARGV[a + fieldInterval]), capT = tonumber(ARGV[a + fieldCapT]), p = tonumber(ARGV[a + fieldPeriod]),
   }
-  if ARGV[a + 8] ~= '' then r.ws, r.we = relstr(ARGV[a + 8]), relstr(ARGV[a + 9]) end
-  local ki = tonumber(ARGV[a])
+  if ARGV[a + fieldWinStart] ~= '' then r.ws, r.we = relstr(ARGV[a + fieldWinStart]), relstr(ARGV[a + fieldWinEnd]) end
+  local ki = tonumber(ARGV[a + fieldKey])
   local logkey = nil
   if r.alg == 2 then logkey = KEYS[ki + 1] end
-  return r, tonumber(ARGV[a + 2]), KEYS[ki], logkey
+  return r, tonumber(ARGV[a + fieldCost]), KEYS[ki], logkey
 end
 
 -- request decides the n items whose fields start at ARGV[a], all or
--- nothing, and returns 5 values per item, or {-1} having written nothing.
+-- nothing, and returns replyFields values per item, or {replyFar} having
+-- written nothing.
 local function request(a, n)
   if n == 1 then -- the common case, without the bookkeeping of several items
     local r, cost, key, logkey = item(a)
     local st = view(load(key), r.alg, logkey)
-    if far(st, r) then return {-1} end
+    if far(st, r) then return {replyFar} end
     local d = decide(r, st, cost, true)
     if d.allowed and cost ~= 0 then store(key, logkey, r, st) end
     return reply({}, d)
@@ -736,7 +771,7 @@ local function request(a, n)
   local out = {}
   local denied = nil
   for i = 1, n do
-    local r, cost, key, logkey = item(a + 10 * (i - 1))
+    local r, cost, key, logkey = item(a + itemFields * (i - 1))
     items[i] = {r = r, cost = cost, key = key, logkey = logkey}
     if not denied then
       if not orig[key] then orig[key] = load(key) end
@@ -751,7 +786,7 @@ local function request(a, n)
         w.log = copy(orig[key]).log
         w.logLoaded = true
       end
-      if far(v, r) then return {-1} end
+      if far(v, r) then return {replyFar} end
       local d = decide(r, v, cost, true)
       out[i] = d
       if not d.allowed then
@@ -772,7 +807,7 @@ local function request(a, n)
         local o = orig[it.key]
         if not o then o = load(it.key); orig[it.key] = o end
         local st = copy(view(o, it.r.alg, it.logkey))
-        if far(st, it.r) then return {-1} end
+        if far(st, it.r) then return {replyFar} end
         local d = decide(it.r, st, it.cost, false)
         if d.allowed then d = decide(it.r, st, 0, false) end
         out[i] = d
@@ -789,26 +824,28 @@ local function request(a, n)
   return res
 end
 
-local n = ARGV[3]
-if string.sub(n, 1, 1) ~= '-' then return request(5, tonumber(n)) end
+local n = ARGV[1 + argCount]
+if string.sub(n, 1, 1) ~= '-' then return request(first, tonumber(n)) end
 
--- A batch: ARGV[3] is minus the number of requests, each given as its
--- number of items and then the items' fields. The reply is, per request,
--- the number of its values and then the values. Each request sees the
--- writes of the ones before it, as if they had come one by one. The
--- requests before the bi-th were decided at the top (their replies in bout).
+-- A batch: ARGV[1 + argCount] is minus the number of requests, each given
+-- as its number of items (batchReqHeader) and then the items' fields. The
+-- reply is, per request, the number of its values and then the values.
+-- Each request sees the writes of the ones before it, as if they had come
+-- one by one. The requests before the bi-th were decided at the top (their
+-- replies in bout).
 local out = bout or {}
 local a = ba
 for _ = bi, -tonumber(n) do
   local m = tonumber(ARGV[a])
+  local f = a + batchReqHeader -- its first item's first field
   local res = nil
-  if m == 1 and fns and fast[ARGV[a + 2]] then
-    local key = KEYS[tonumber(ARGV[a + 1])]
-    res = fast[ARGV[a + 2]](a + 1, key, redis.call('GET', key))
+  if m == 1 and fns and fast[ARGV[f + fieldAlg]] then
+    local key = KEYS[tonumber(ARGV[f + fieldKey])]
+    res = fast[ARGV[f + fieldAlg]](f, key, redis.call('GET', key))
   end
-  if not res then res = request(a + 1, m) end
+  if not res then res = request(f, m) end
   out[#out + 1] = #res
   for i = 1, #res do out[#out + 1] = res[i] end
-  a = a + 1 + 10 * m
+  a = f + itemFields * m
 end
 return out

@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"github.com/redis/go-redis/v9"
 	"strings"
 	"testing"
@@ -142,6 +143,17 @@ func TestHostileKeys(t *testing.T) {
 	}
 	if ds := cross(2, 1); ratelimit.Allowed(ds) || ds[0].Allowed || !ds[1].Allowed || ds[1].Remaining != 1 {
 		t.Fatalf("cross-slot 2+1 (a over): %+v", ds)
+	}
+	// Every rule of a cross-slot request is checked before any group is
+	// decided.
+	for _, bad := range []*ratelimit.Rule{nil, {Name: "bad", Quota: -1, Period: time.Second}} {
+		_, err := def.Decide(ctx, nil, []ratelimit.Item{{Key: "cross-a", Rule: two, Cost: 1}, {Key: "cross-b", Rule: bad, Cost: 1}})
+		if !errors.Is(err, ratelimit.ErrInvalidRule) {
+			t.Fatalf("cross-slot request with rule %v: error %v, want ErrInvalidRule", bad, err)
+		}
+	}
+	if ds := cross(0, 0); ds[0].Remaining != 1 || ds[1].Remaining != 1 {
+		t.Fatalf("the cross-slot requests with an invalid rule consumed: %+v", ds)
 	}
 	ds, err := s.Decide(ctx, nil, []ratelimit.Item{{Key: "victim\x00a", Rule: r, Cost: 0}, {Key: "victim\x00log", Rule: log, Cost: 0}})
 	if err != nil || ds[0].Remaining != 0 || ds[1].Remaining != 0 {

@@ -13,6 +13,48 @@
 // TTL that ends when its state has become equivalent to a fresh one, so
 // nothing outlives its use, not even state of a deleted rule.
 //
+// # Decision paths
+//
+// Decide first checks the items (build, which validates each rule once, on
+// first use). Then a request is decided by the first of these paths that
+// takes it (Stats.Exact counts the exact path):
+//
+//   - Cross-slot (decideAcross): on a Cluster only, a request whose keys
+//     have different hash tags, which no single script may touch. Each
+//     tag's items are decided as a request of their own by the paths
+//     below, in order; a denial refunds the groups already taken.
+//   - Exact path (exact.go): a rule whose durations reach 2^52 ns
+//     (needsExact), beyond what the script's doubles hold exactly, or a
+//     request the script answered with replyFar because a stored state is
+//     that far from now. Go reads the states, decides with ratelimit's
+//     integer code and writes them back by compare-and-set: two round
+//     trips, exact whatever the rule.
+//   - Script, fast path (fastGCRA and fastFixed at the top of decide.lua):
+//     a request of one GCRA item, or of one fixed-window item whose period
+//     divides a second or is whole seconds and has no calendar, in the usual
+//     case: cost within capacity (not negative for a fixed window), no
+//     stored state of another algorithm (or, in debt, another GCRA
+//     interval), no clock behind the state's. It runs before the rest of
+//     the script is even defined, since defining the general path's
+//     closures costs more than such a decision; in a coalesced batch the
+//     leading requests it takes share one MGET. It exists for speed only,
+//     for the common request (GCRA is the default algorithm, fixed windows
+//     the default of envoy-format rules); bench/RESULTS.md section 3 has
+//     its figures. What it does not take it leaves, untouched, to:
+//   - Script, general path (request in decide.lua): every other request:
+//     several items decided all or nothing, every algorithm, refunds, costs
+//     beyond capacity, rule changes, a caller whose clock lags the state,
+//     calendar windows (computed in Go by run, after a TIME round trip when
+//     the server's clock is used).
+//
+// Both script paths go through the coalescer (batch.go) unless
+// Options.NoCoalesce is set: a caller alone sends its own EVALSHA, others
+// are sent by a worker in a pipeline, and on a standalone server or
+// Sentinel the requests of one pipeline at the same instant are one
+// EVALSHA (decide.lua's batch form). The exact path's calls and the
+// calendar's TIME read are sent directly. When Redis cannot answer, or the
+// breaker is open, failure.go decides by each rule's Failure mode instead.
+//
 // # Clock
 //
 // By default the clock is the Redis server's (TIME, read inside the script),
@@ -35,9 +77,7 @@
 // exact path instead (exact.go): Go reads the states, decides with
 // ratelimit's own integer code and writes them back with a compare-and-set
 // script, retrying on a conflict. Every decision is therefore exact; the
-// rare long rules cost two round trips. A request of one GCRA item, the
-// common case, or of one fixed-window item (the default of envoy-format
-// rules) takes a lean path at the top of the script.
+// rare long rules cost two round trips.
 //
 // # Keys and Cluster slots
 //
@@ -86,6 +126,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -99,7 +140,11 @@ import (
 )
 
 //go:embed decide.lua
-var decideLua string
+var decideSource string
+
+// decideLua is the script as it is loaded: decide.lua with its layout names
+// replaced by their values (see inlineLayout).
+var decideLua = inlineLayout(decideSource)
 
 // timeLua reads the clock of the node that owns KEYS[1]'s slot.
 const timeLua = "return redis.call('TIME')"
@@ -330,16 +375,7 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 	if err := ctx.Err(); err != nil {
 		return dst, err
 	}
-	for i := range items {
-		r := items[i].Rule
-		if r == nil {
-			return dst, fmt.Errorf("%w: item %q has no rule", ratelimit.ErrInvalidRule, items[i].Key)
-		}
-		if err := r.Validate(); err != nil {
-			return dst, err
-		}
-	}
-	req, err := s.build(items)
+	req, err := s.build(items) // checks the rules
 	if errors.Is(err, errCrossSlot) {
 		return s.decideAcross(ctx, dst, items)
 	}
@@ -378,8 +414,112 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 	return dst, nil
 }
 
-// argHeader is the number of decide.lua's ARGV before the items'.
-const argHeader = 4
+// The layout of decide.lua's ARGV and of its reply. decide.lua declares the
+// same names with the same values in a block at its top; TestScriptLayout
+// fails when the two disagree, and inlineLayout puts these values in place
+// of the names when the script is loaded. Indices count from 0:
+// request.args[x] is ARGV[1+x].
+const (
+	// The header, ahead of the items.
+	argNow    = 0 // the instant in Unix ns, or "" for the server's TIME
+	argSlack  = 1 // milliseconds added to every TTL
+	argCount  = 2 // the number of items; "-n" for a batch of n requests
+	argMask   = 3 // the algorithms present, a bit mask
+	argHeader = 4 // values in the header
+
+	// An item's fields, from its first one.
+	fieldKey      = 0 // index of its state key in KEYS, from 1
+	fieldAlg      = 1 // ratelimit.Algorithm
+	fieldCost     = 2
+	fieldQuota    = 3
+	fieldCapacity = 4
+	fieldInterval = 5 // ns
+	fieldCapT     = 6 // capacity × interval, ns; 0 when Quota is 0
+	fieldPeriod   = 7 // ns
+	fieldWinStart = 8 // the calendar window in Unix ns; "" without a calendar
+	fieldWinEnd   = 9
+	itemFields    = 10 // fields per item
+
+	// In a batch, each request is its number of items and then their
+	// fields; its reply is its number of values and then the values.
+	batchReqHeader = 1
+
+	// The reply: replyFields values per item, or the one value replyFar
+	// (a state too far from now for doubles: nothing written).
+	replyAllowed   = 0 // 1 or 0
+	replyReason    = 1 // one of reasonOK, reasonLimited, reasonExceeds
+	replyRemaining = 2
+	replyReset     = 3 // ns
+	replyRetry     = 4 // ns
+	replyFields    = 5 // values per item
+	replyFar       = -1
+
+	reasonOK      = 0
+	reasonLimited = 1
+	reasonExceeds = 2 // cost beyond capacity
+
+	// maxDuration is where the script saturates durations: the largest
+	// double below 2^63 (2^63 - 1024), which parse reads as "never".
+	maxDuration = 1<<63 - 1024
+)
+
+// scriptLayout names the layout constants as decide.lua does.
+var scriptLayout = []struct {
+	name  string
+	value int64
+}{
+	{"argNow", argNow}, {"argSlack", argSlack}, {"argCount", argCount}, {"argMask", argMask},
+	{"argHeader", argHeader},
+	{"fieldKey", fieldKey}, {"fieldAlg", fieldAlg}, {"fieldCost", fieldCost},
+	{"fieldQuota", fieldQuota}, {"fieldCapacity", fieldCapacity},
+	{"fieldInterval", fieldInterval}, {"fieldCapT", fieldCapT}, {"fieldPeriod", fieldPeriod},
+	{"fieldWinStart", fieldWinStart}, {"fieldWinEnd", fieldWinEnd}, {"itemFields", itemFields},
+	{"batchReqHeader", batchReqHeader},
+	{"replyAllowed", replyAllowed}, {"replyReason", replyReason}, {"replyRemaining", replyRemaining},
+	{"replyReset", replyReset}, {"replyRetry", replyRetry}, {"replyFields", replyFields},
+	{"replyFar", replyFar},
+	{"reasonOK", reasonOK}, {"reasonLimited", reasonLimited}, {"reasonExceeds", reasonExceeds},
+	{"maxDuration", maxDuration},
+}
+
+// The lines that open and close decide.lua's layout block.
+const (
+	layoutStart = "\n-- Layout of ARGV"
+	layoutEnd   = "\n-- End of the layout.\n"
+)
+
+// inlineLayout returns the script src with its layout block blanked out
+// (its lines kept, so that Lua's line numbers still match decide.lua's) and
+// every layout name after it replaced by its value in scriptLayout.
+//
+// The script runs its whole chunk on every call, and a function that reads
+// a local of the chunk captures it as an upvalue, which each call allocates,
+// links and closes again: with the names left as locals, a lone GCRA
+// decision cost Redis about 5 % more instructions, a general-path one 8 %
+// (callgrind). Values in place cost nothing. TestScriptLayout checks that
+// the block declares the same values, so the file reads, and runs, as what
+// is loaded.
+func inlineLayout(src string) string {
+	start := strings.Index(src, layoutStart)
+	end := strings.Index(src, layoutEnd)
+	if start < 0 || end < start {
+		panic("redisstore: decide.lua has no layout block")
+	}
+	end += len(layoutEnd)
+	vals := make(map[string]string, len(scriptLayout))
+	names := make([]string, 0, len(scriptLayout))
+	for _, l := range scriptLayout {
+		v := strconv.FormatInt(l.value, 10)
+		if l.value < 0 {
+			v = "(" + v + ")" // so that "- name" cannot become a comment
+		}
+		vals[l.name] = v
+		names = append(names, l.name)
+	}
+	re := regexp.MustCompile(`\b(` + strings.Join(names, "|") + `)\b`)
+	blank := strings.Repeat("\n", strings.Count(src[start:end], "\n"))
+	return src[:start] + blank + re.ReplaceAllStringFunc(src[end:], func(n string) string { return vals[n] })
+}
 
 // decideAcross decides, on a Cluster, a request whose keys have different
 // hash tags: one group of items per tag, in order of first appearance, each
@@ -481,24 +621,43 @@ func (r *request) release() {
 	reqPool.Put(r)
 }
 
-// build encodes items as decide.lua's KEYS and ARGV; ARGV[1] (the instant)
-// is filled in by run.
+// build encodes items as decide.lua's KEYS and ARGV; ARGV's instant and
+// calendar windows are filled in by run. It is also where rules are
+// checked: an item without a rule, or the first invalid rule in order, is
+// the error (ruleArgs validates a rule once, when it is first seen). On a
+// Cluster, a request whose keys have different hash tags is errCrossSlot,
+// once every rule has been checked.
 func (s *Store) build(items []ratelimit.Item) (*request, error) {
 	req := reqPool.Get().(*request)
 	req.keys, req.kis = req.keys[:0], req.kis[:0]
 	req.exact, req.calendar = false, false
-	req.args = append(req.args[:0], nil, s.slackMS, s.small(int64(len(items))), nil)
+	req.args = append(req.args[:0], make([]any, argHeader)...)
+	req.args[argSlack] = s.slackMS
+	req.args[argCount] = s.small(int64(len(items)))
 	mask := 0
+	cross := false
 	var buf [128]byte
 	tag0 := s.tagOf(items[0].Key)
 	for i := range items {
 		it := &items[i]
 		r := it.Rule
+		if r == nil {
+			req.release()
+			return nil, fmt.Errorf("%w: item %q has no rule", ratelimit.ErrInvalidRule, it.Key)
+		}
+		ra, err := s.ruleArgs(r)
+		if err != nil {
+			req.release()
+			return nil, err
+		}
+		if cross {
+			continue // decided group by group: only the rules are checked
+		}
 		tag := tag0
 		if i > 0 {
 			if tag = s.tagOf(it.Key); tag != tag0 && s.cluster {
-				req.release()
-				return nil, errCrossSlot
+				cross = true
+				continue
 			}
 		}
 		key := string(appendKey(buf[:0], s.prefix, tag, it.Key))
@@ -508,39 +667,49 @@ func (s *Store) build(items []ratelimit.Item) (*request, error) {
 		if r.Algorithm == ratelimit.SlidingLog {
 			req.keys = append(req.keys, key+logSuffix)
 		}
-		ra := s.ruleArgs(r)
 		mask |= 1 << r.Algorithm
 		req.exact = req.exact || ra.exact
 		req.calendar = req.calendar || r.Calendar != ratelimit.NoCalendar
-		req.args = append(req.args,
-			s.small(int64(ki)),
-			ra.alg,
-			s.small(max(it.Cost, -ra.capacity)),
-			ra.limit, ra.capacity_, ra.iv, ra.capT, ra.period,
-			"", "", // calendar window, filled in by run
-		)
+		base := len(req.args)
+		req.args = append(req.args, ra.fields[:]...)
+		f := req.args[base : base+itemFields]
+		f[fieldKey] = s.small(int64(ki))
+		f[fieldCost] = s.small(max(it.Cost, -ra.capacity))
 	}
-	req.args[3] = s.small(int64(mask))
+	if cross {
+		req.release()
+		return nil, errCrossSlot
+	}
+	req.args[argMask] = s.small(int64(mask))
 	req.mask = mask
 	req.abandoned = false
 	return req, nil
 }
 
 // ruleArgs are a rule's fields as decide.lua reads them, formatted and boxed
-// once: a Rule is immutable once in use.
+// once. A Rule is immutable once in use, so the Store also validates it only
+// once, when it builds them.
 type ruleArgs struct {
-	capacity                                int64
-	exact                                   bool // no calendar, and beyond the script's doubles
-	alg, limit, capacity_, iv, capT, period any
+	capacity int64
+	exact    bool // no calendar, and beyond the script's doubles
+	// fields are an item's fields under the rule; fieldKey and fieldCost
+	// are left for build, the calendar window ("" here) for run.
+	fields [itemFields]any
 }
 
 // maxRuleArgs bounds the cache of ruleArgs (callers that make a Rule per
 // request only refill it).
 const maxRuleArgs = 4096
 
-func (s *Store) ruleArgs(r *ratelimit.Rule) *ruleArgs {
+// ruleArgs returns r's cached arguments, building them on first use after
+// r.Validate; an invalid rule is not cached, and reports Validate's error
+// on every call.
+func (s *Store) ruleArgs(r *ratelimit.Rule) (*ruleArgs, error) {
 	if ra, ok := s.rules.Load(r); ok {
-		return ra.(*ruleArgs)
+		return ra.(*ruleArgs), nil
+	}
+	if err := r.Validate(); err != nil {
+		return nil, err
 	}
 	c := r.Capacity()
 	iv := int64(r.Interval())
@@ -549,21 +718,23 @@ func (s *Store) ruleArgs(r *ratelimit.Rule) *ruleArgs {
 		capT = c * iv
 	}
 	ra := &ruleArgs{
-		capacity:  c,
-		exact:     r.Calendar == ratelimit.NoCalendar && needsExact(r, 0),
-		alg:       strconv.Itoa(int(r.Algorithm)),
-		limit:     strconv.FormatInt(r.Quota, 10),
-		capacity_: strconv.FormatInt(c, 10),
-		iv:        strconv.FormatInt(iv, 10),
-		capT:      strconv.FormatInt(capT, 10),
-		period:    strconv.FormatInt(int64(r.Period), 10),
+		capacity: c,
+		exact:    r.Calendar == ratelimit.NoCalendar && needsExact(r, 0),
 	}
+	f := &ra.fields
+	f[fieldAlg] = strconv.Itoa(int(r.Algorithm))
+	f[fieldQuota] = strconv.FormatInt(r.Quota, 10)
+	f[fieldCapacity] = strconv.FormatInt(c, 10)
+	f[fieldInterval] = strconv.FormatInt(iv, 10)
+	f[fieldCapT] = strconv.FormatInt(capT, 10)
+	f[fieldPeriod] = strconv.FormatInt(int64(r.Period), 10)
+	f[fieldWinStart], f[fieldWinEnd] = "", ""
 	if s.nrules.Add(1) > maxRuleArgs {
 		s.rules.Clear()
 		s.nrules.Store(1)
 	}
 	s.rules.Store(r, ra)
-	return ra
+	return ra, nil
 }
 
 // small returns n formatted and boxed, without allocating for small n.
@@ -605,9 +776,9 @@ func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req *request,
 			return dst, err
 		}
 	}
-	req.args[0] = ""
+	req.args[argNow] = ""
 	if !now.IsZero() {
-		req.args[0] = strconv.FormatInt(now.UnixNano(), 10)
+		req.args[argNow] = strconv.FormatInt(now.UnixNano(), 10)
 	}
 	if req.calendar {
 		for i := range items {
@@ -617,8 +788,9 @@ func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req *request,
 				if needsExact(r, end-start) {
 					return s.exact(ctx, dst, items, req.keys)
 				}
-				req.args[argHeader+10*i+8] = strconv.FormatInt(start, 10)
-				req.args[argHeader+10*i+9] = strconv.FormatInt(end, 10)
+				f := req.args[argHeader+itemFields*i:][:itemFields]
+				f[fieldWinStart] = strconv.FormatInt(start, 10)
+				f[fieldWinEnd] = strconv.FormatInt(end, 10)
 			}
 		}
 	}
@@ -632,7 +804,7 @@ func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req *request,
 	if err != nil {
 		return dst, err
 	}
-	if len(res) == 1 { // a state too far from now for the script's doubles
+	if len(res) == 1 && res[0] == int64(replyFar) { // a state too far from now for the script's doubles
 		ctx, cancel := context.WithDeadline(ctx, deadline)
 		defer cancel()
 		return s.exact(ctx, dst, items, req.keys)
@@ -674,33 +846,33 @@ func parseTime(v []any) (time.Time, error) {
 
 // parse turns decide.lua's reply into decisions.
 func parse(dst []ratelimit.Decision, items []ratelimit.Item, res []any) ([]ratelimit.Decision, error) {
-	if len(res) != 5*len(items) {
+	if len(res) != replyFields*len(items) {
 		return dst, fmt.Errorf("redisstore: script returned %d values for %d items", len(res), len(items))
 	}
 	for i := range items {
-		var f [5]int64
+		var f [replyFields]int64
 		for j := range f {
-			v, ok := res[5*i+j].(int64)
+			v, ok := res[replyFields*i+j].(int64)
 			if !ok {
-				return dst, fmt.Errorf("redisstore: script returned %T", res[5*i+j])
+				return dst, fmt.Errorf("redisstore: script returned %T", res[replyFields*i+j])
 			}
 			f[j] = v
 		}
 		r := items[i].Rule
 		d := ratelimit.Decision{
-			Allowed:    f[0] == 1,
+			Allowed:    f[replyAllowed] == 1,
 			Capacity:   r.Capacity(),
-			Remaining:  f[2],
-			ResetAfter: dur(f[3]),
-			RetryAfter: dur(f[4]),
+			Remaining:  f[replyRemaining],
+			ResetAfter: dur(f[replyReset]),
+			RetryAfter: dur(f[replyRetry]),
 			Rule:       r.Name,
 		}
-		switch f[1] {
-		case 0:
+		switch f[replyReason] {
+		case reasonOK:
 			d.Reason = ratelimit.ReasonOK
-		case 1:
+		case reasonLimited:
 			d.Reason = ratelimit.ReasonLimited
-		default:
+		default: // reasonExceeds
 			d.Reason, d.RetryAfter = ratelimit.ReasonExceedsCapacity, ratelimit.Never
 		}
 		dst = append(dst, d)
@@ -710,7 +882,7 @@ func parse(dst []ratelimit.Decision, items []ratelimit.Item, res []any) ([]ratel
 
 // dur maps the script's saturated durations back to MaxInt64.
 func dur(ns int64) time.Duration {
-	if ns >= 9223372036854774784 {
+	if ns >= maxDuration {
 		return time.Duration(1<<63 - 1)
 	}
 	return time.Duration(ns)

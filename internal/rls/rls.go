@@ -4,17 +4,17 @@
 // the one translation between Envoy's conventions and the service's; the
 // JSON endpoint of internal/httpapi uses it too (Server.Decide).
 //
-// Supported: domain; descriptors with entries, a limit override
-// (requests_per_unit, unit, unit_multiplier: a service.InlineLimit),
-// per-descriptor hits_addend and is_negative_hits; the request's
-// hits_addend. A descriptor's cost is its own hits_addend when it carries
-// one (0 checks without counting), else the request's (0 counts as 1), and
-// is_negative_hits makes it a refund. The response carries overall_code
-// and one status per descriptor with code, current_limit (name,
-// requests_per_unit, unit), limit_remaining and duration_until_reset, and,
-// when enabled, RateLimit-Policy, RateLimit and Retry-After in
-// response_headers_to_add. Not produced: request_headers_to_add, raw_body,
-// dynamic_metadata, quota.
+// Supported: domain; descriptors with entries, a limit (Envoy's
+// RateLimitOverride: requests_per_unit, unit, unit_multiplier, which
+// becomes a service.InlineLimit), hits_addend and is_negative_hits; the
+// request's hits_addend. A descriptor's cost is its own hits_addend when it
+// carries one (0 checks without counting), else the request's (0 counts
+// as 1), and is_negative_hits makes it a refund. The response carries
+// overall_code and one status per descriptor with code, current_limit
+// (name, requests_per_unit, unit), limit_remaining and
+// duration_until_reset, and, when enabled, RateLimit-Policy, RateLimit and
+// Retry-After in response_headers_to_add. Not produced:
+// request_headers_to_add, raw_body, dynamic_metadata, quota.
 //
 // Errors: a request that is malformed or beyond a bound is
 // INVALID_ARGUMENT, with the message service.Request.Validate gives on

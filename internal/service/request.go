@@ -20,9 +20,9 @@ type Request struct {
 type Descriptor struct {
 	Entries []rules.Entry
 	// Cost is what the descriptor takes from each limit it matches, as an
-	// Item's Cost in package ratelimit: 0 checks without counting, a
-	// negative cost refunds (never above a limit's capacity). |Cost| is at
-	// most ratelimit.MaxQuota.
+	// Item's Cost in package ratelimit: 0 (the zero value) checks without
+	// counting, a negative cost refunds (never above a limit's capacity).
+	// |Cost| is at most ratelimit.MaxQuota.
 	Cost int64
 	// InlineLimit, if not nil, replaces the limits the descriptor matches;
 	// it limits the descriptor even when it matches no rule.

@@ -432,9 +432,7 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, log *slog.Logger) 
 	}
 	watcher, err := rules.NewWatcher(cfg.rulesDir, rules.WatchOptions{
 		OnLoad: func(next *rules.Set) {
-			_ = overrides.SetRules(next, true)
-			svc.SetRules(next)
-			if err := overrides.SetRules(next, false); err != nil {
+			if err := svc.SetRules(next); err != nil {
 				log.Warn("some overrides do not apply to the new rules", "err", err)
 			}
 			metrics.Reloaded(true)

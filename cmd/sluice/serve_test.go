@@ -14,7 +14,11 @@ import (
 	"testing"
 	"time"
 
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluicehq/sluice/internal/redistest"
 )
@@ -313,12 +317,16 @@ func refusedAtStart(t *testing.T, want string, args ...string) {
 }
 
 // TestServeRedisUnreachable: a Redis that is down at start-up is logged,
-// and serve serves, deciding by each rule's failure_mode.
+// and serve serves, deciding by each rule's failure_mode; a rule that
+// fails closed is answered 503 over HTTP, never 429, and OVER_LIMIT over
+// gRPC (see package rls).
 func TestServeRedisUnreachable(t *testing.T) {
 	srv := redistest.Standalone(t)
 	addr := srv.Addr()
 	srv.Stop()
-	dir := rulesDir(t, map[string]string{"st.yaml": testRuleFile})
+	dir := rulesDir(t, map[string]string{"st.yaml": testRuleFile + `  - key: login
+    rate_limit: {unit: minute, requests_per_unit: 5, name: login, failure_mode: fail_closed}
+`})
 	h := recordHandler{ch: make(chan map[string]string, 64)}
 	cfg := serveConfig{
 		rulesDir: dir, store: "redis", redisAddrs: []string{addr}, redisPrefix: "st:",
@@ -353,6 +361,30 @@ func TestServeRedisUnreachable(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || !strings.Contains(string(body), `"reason":"fail_open"`) {
 		t.Fatalf("check with Redis down: %d %s", resp.StatusCode, body)
+	}
+	login := `{"domain":"st","descriptors":[{"entries":[{"key":"login","value":"r"}]}]}`
+	for _, path := range []string{"/v1/check", "/json"} {
+		resp, err := http.Post("http://"+up["http"]+path, "application/json", strings.NewReader(login))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Content-Type") != "application/problem+json" ||
+			resp.Header.Get("Retry-After") == "" || !strings.Contains(string(body), `rule \"login\" of domain \"st\" fails closed`) {
+			t.Errorf("%s of a fail_closed rule with Redis down: %d, Retry-After %q, %s; want 503 with Retry-After and a problem naming the rule",
+				path, resp.StatusCode, resp.Header.Get("Retry-After"), body)
+		}
+	}
+	conn, err := grpc.NewClient(up["grpc"], grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	out, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "st",
+		Descriptors: []*commonv3.RateLimitDescriptor{{Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "login", Value: "r"}}}}})
+	if err != nil || out.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Errorf("gRPC of a fail_closed rule with Redis down: %v, %v; want OVER_LIMIT", out, err)
 	}
 	resp, err = http.Get("http://" + up["http"] + "/metrics")
 	if err != nil {

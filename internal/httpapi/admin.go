@@ -1,11 +1,11 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
 	"crypto/subtle"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -146,12 +146,11 @@ func actor(r *http.Request) string {
 // decodeBody decodes a bounded JSON body strictly into v; on error it has
 // answered the request.
 func (a *Admin) decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.opts.MaxBodyBytes))
-	if err != nil {
-		writeProblem(w, r, http.StatusBadRequest, fmt.Sprintf("reading the body (at most %d bytes): %v", a.opts.MaxBodyBytes, err))
+	var body bytes.Buffer
+	if !readBody(w, r, a.opts.MaxBodyBytes, &body) {
 		return false
 	}
-	if err := unmarshalStrict(body, v); err != nil {
+	if err := unmarshalStrict(body.Bytes(), v); err != nil {
 		detail := err.Error()
 		if !errors.Is(err, errTrailing) {
 			detail = "decoding the body: " + detail
@@ -189,8 +188,8 @@ type overrideView struct {
 	Reason      string `json:"reason,omitempty"`
 }
 
-func viewOverride(o *service.RuleOverride, now time.Time) *overrideView {
-	return &overrideView{Domain: o.Domain, Rule: o.Rule, Limit: o.Limit, Burst: o.Burst,
+func viewOverride(o *service.Override, now time.Time) *overrideView {
+	return &overrideView{Domain: o.Domain, Rule: o.Rule, Limit: o.Quota, Burst: o.Burst,
 		ExpiresInMS: o.Expires.Sub(now).Milliseconds(), By: o.By, Reason: o.Reason}
 }
 
@@ -233,8 +232,8 @@ func viewRule(sp *rules.Spec) ruleView {
 func (a *Admin) listRules(w http.ResponseWriter, r *http.Request) {
 	set := a.opts.Service.Rules()
 	now := time.Now()
-	byRule := map[[2]string]*service.RuleOverride{}
-	var overrides []service.RuleOverride
+	byRule := map[[2]string]*service.Override{}
+	var overrides []service.Override
 	if a.opts.Overrides != nil {
 		overrides = a.opts.Overrides.List()
 		for i := range overrides {
@@ -312,17 +311,10 @@ type matchedKey struct {
 // match returns the limits a descriptor matches and their storage keys;
 // on error it has answered the request.
 func (a *Admin) match(w http.ResponseWriter, r *http.Request, kr *keyRequest) ([]matchedKey, bool) {
-	if err := rules.CheckDomain(kr.Domain); err != nil {
-		writeProblem(w, r, http.StatusBadRequest, "domain: "+err.Error())
-		return nil, false
-	}
 	entries := toEntries(nil, kr.Entries)
-	if err := rules.CheckDescriptor(0, entries); err != nil {
+	req := service.Request{Domain: kr.Domain, Descriptors: []service.Descriptor{{Entries: entries}}}
+	if err := req.Validate(); err != nil {
 		writeProblem(w, r, http.StatusBadRequest, err.Error())
-		return nil, false
-	}
-	if len(kr.Entries) == 0 {
-		writeProblem(w, r, http.StatusBadRequest, "entries: empty; a descriptor needs at least one entry")
 		return nil, false
 	}
 	d, ok := a.opts.Service.Rules().Domain(kr.Domain)
@@ -397,7 +389,7 @@ func (a *Admin) inspectKey(w http.ResponseWriter, r *http.Request) {
 			// the key's remaining capacity in any store.
 			ds, err := a.opts.Store.Decide(r.Context(), nil, []ratelimit.Item{{Key: mk.key, Rule: rule}})
 			if err != nil {
-				decisionError(w, r, err)
+				decisionError(w, r, &service.UnavailableError{Err: err})
 				return
 			}
 			v.Limit, v.Remaining, v.ResetAfterMS = ds[0].Capacity, ds[0].Remaining, ceilMillis(ds[0].ResetAfter)
@@ -405,7 +397,7 @@ func (a *Admin) inspectKey(w http.ResponseWriter, r *http.Request) {
 		if a.opts.Keys != nil {
 			st, found, err := a.opts.Keys.State(r.Context(), mk.key)
 			if err != nil {
-				decisionError(w, r, err)
+				decisionError(w, r, &service.UnavailableError{Err: err})
 				return
 			}
 			v.Stored = &found
@@ -436,7 +428,7 @@ func (a *Admin) resetKey(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		if err := a.opts.Keys.Reset(r.Context(), mk.key); err != nil {
-			decisionError(w, r, err)
+			decisionError(w, r, &service.UnavailableError{Err: err})
 			return
 		}
 		reset = append(reset, mk.key)
@@ -486,9 +478,9 @@ func (a *Admin) putOverride(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, http.StatusBadRequest, fmt.Sprintf(`field "ttl": want a duration such as "30m" or "24h", at most %v: %v`, service.MaxOverrideTTL, err))
 		return
 	}
-	o := service.RuleOverride{
+	o := service.Override{
 		Domain: r.PathValue("domain"), Rule: r.PathValue("rule"),
-		Limit: *req.Limit, Burst: req.Burst, By: actor(r), Reason: req.Reason,
+		Quota: *req.Limit, Burst: req.Burst, By: actor(r), Reason: req.Reason,
 	}
 	now := time.Now()
 	o.Expires = now.Add(ttl)
@@ -509,7 +501,7 @@ func (a *Admin) putOverride(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	a.log.LogAttrs(r.Context(), slog.LevelInfo, "admin: override set", who(r),
-		slog.String("domain", o.Domain), slog.String("rule", o.Rule), slog.Int64("limit", o.Limit),
+		slog.String("domain", o.Domain), slog.String("rule", o.Rule), slog.Int64("limit", o.Quota),
 		slog.Int64("burst", o.Burst), slog.Duration("ttl", ttl), slog.String("reason", o.Reason))
 	writeJSON(w, http.StatusOK, viewOverride(&o, now))
 }

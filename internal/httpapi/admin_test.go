@@ -159,6 +159,7 @@ func TestAdminInspectAndReset(t *testing.T) {
 		{"GET", "/admin/v1/keys?entry=a=b", "", 400, "domain is empty"},
 		{"POST", "/admin/v1/keys/reset", `{"domain":"t","entries":[{"key":"user","value":"x"}],"extra":1}`, 400, `unknown field "extra"`},
 		{"POST", "/admin/v1/keys/reset", `{"domain":"t","entries":[{"key":"user","value":"` + strings.Repeat("v", 300) + `"}]}`, 400, "MaxKeyValueBytes"},
+		{"POST", "/admin/v1/keys/reset", `{"domain":"` + strings.Repeat("d", 70_000) + `"}`, 413, "exceeds 65536 bytes (MaxBodyBytes)"},
 	}
 	for _, b := range bad {
 		assertProblem(t, af.call(t, b.method, b.path, b.body), b.status, b.detail)

@@ -7,27 +7,27 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/internal/service"
+	"github.com/sluicehq/sluice/limitheader"
 )
 
 // DefaultMaxBodyBytes bounds a request body when Options.MaxBodyBytes is 0.
 const DefaultMaxBodyBytes = 1 << 20
 
 // RLS is the part of the Envoy RLS adapter (*rls.Server) that POST /json
-// calls: the gRPC method itself, so both APIs answer alike.
+// calls: its translation of Envoy's conventions, so that /json and gRPC
+// decide alike. Decide returns the service's errors (see rls.Server.Decide).
 type RLS interface {
-	ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error)
+	Decide(ctx context.Context, in *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error)
 }
 
 // Options configure an API.
@@ -111,18 +111,28 @@ func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTT
 func (a *API) readBody(w http.ResponseWriter, r *http.Request) (*bytes.Buffer, bool) {
 	buf := a.bodies.Get().(*bytes.Buffer)
 	buf.Reset()
-	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, a.maxBody))
-	if err != nil {
+	if !readBody(w, r, a.maxBody, buf) {
 		a.putBody(buf)
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			writeProblem(w, r, http.StatusBadRequest, fmt.Sprintf("request body exceeds %d bytes (MaxBodyBytes)", mbe.Limit))
-		} else {
-			writeProblem(w, r, http.StatusBadRequest, "reading the request body: "+err.Error())
-		}
 		return nil, false
 	}
 	return buf, true
+}
+
+// readBody reads r's body, at most limit bytes, into buf. On error it has
+// answered the request: 413 Content Too Large past the limit, which it
+// names, 400 otherwise.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64, buf *bytes.Buffer) bool {
+	_, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit))
+	if err == nil {
+		return true
+	}
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		writeProblem(w, r, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body exceeds %d bytes (MaxBodyBytes)", mbe.Limit))
+	} else {
+		writeProblem(w, r, http.StatusBadRequest, "reading the request body: "+err.Error())
+	}
+	return false
 }
 
 func (a *API) putBody(buf *bytes.Buffer) {
@@ -133,8 +143,8 @@ func (a *API) putBody(buf *bytes.Buffer) {
 }
 
 // envoyJSON answers POST /json: a RateLimitRequest in proto3 JSON, decided
-// by the gRPC method itself; 200 with the RateLimitResponse when OK, 429
-// when OVER_LIMIT.
+// as gRPC decides it; 200 with the RateLimitResponse when OK, 429 when
+// OVER_LIMIT, and a problem as decisionError says otherwise.
 func (a *API) envoyJSON(w http.ResponseWriter, r *http.Request) {
 	buf, ok := a.readBody(w, r)
 	if !ok {
@@ -147,10 +157,9 @@ func (a *API) envoyJSON(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, http.StatusBadRequest, "decoding the RateLimitRequest: "+err.Error())
 		return
 	}
-	out, err := a.rls.ShouldRateLimit(r.Context(), &in)
+	out, err := a.rls.Decide(r.Context(), &in)
 	if err != nil {
-		st, _ := status.FromError(err)
-		writeProblem(w, r, httpStatus(st.Code()), st.Message())
+		decisionError(w, r, err)
 		return
 	}
 	body, err := protojson.Marshal(out)
@@ -171,27 +180,22 @@ func (a *API) envoyJSON(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(body)
 }
 
-// httpStatus maps the gRPC code of a failed decision to an HTTP status.
-func httpStatus(c codes.Code) int {
-	switch c {
-	case codes.InvalidArgument:
-		return http.StatusBadRequest
-	case codes.DeadlineExceeded:
-		return http.StatusGatewayTimeout
-	case codes.Unavailable, codes.Canceled:
-		return http.StatusServiceUnavailable
-	}
-	return http.StatusInternalServerError
-}
-
-// decisionError answers a failed service decision.
+// decisionError answers a failed decision: 400 for an invalid request, 504
+// when the deadline passed, and otherwise (a *service.UnavailableError: the
+// store could not decide, or a limit failed closed) 503, with Retry-After
+// when the store said when it retries. Never 429: the request was not
+// found over a limit.
 func decisionError(w http.ResponseWriter, r *http.Request, err error) {
+	var ue *service.UnavailableError
 	switch {
-	case errors.Is(err, service.ErrInvalidRequest), errors.Is(err, rules.ErrBound):
+	case errors.Is(err, service.ErrInvalidRequest):
 		writeProblem(w, r, http.StatusBadRequest, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		writeProblem(w, r, http.StatusGatewayTimeout, err.Error())
 	default:
-		writeProblem(w, r, http.StatusServiceUnavailable, "the store could not decide: "+err.Error())
+		if errors.As(err, &ue) && ue.RetryAfter > 0 {
+			w.Header()["Retry-After"] = []string{strconv.FormatInt(limitheader.RetryAfterSeconds(ue.RetryAfter), 10)}
+		}
+		writeProblem(w, r, http.StatusServiceUnavailable, err.Error())
 	}
 }

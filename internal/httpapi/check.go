@@ -93,24 +93,20 @@ func unmarshalStrict(body []byte, v any) error {
 	return nil
 }
 
-// convert fills c.req from c.in, checking the counts first so that nothing
-// is copied for a request beyond them. The domain and the entries are
-// validated by Service.ShouldRateLimit, as for every API.
+// convert fills c.req from c.in: the costs pass through as they are. It
+// checks the counts before it copies anything, with the service's own
+// checks; Service.ShouldRateLimit validates the rest.
 func (c *checkCall) convert() error {
 	in := &c.in
-	if err := rules.CheckDescriptorCount(len(in.Descriptors)); err != nil {
-		return fmt.Errorf("descriptors: %w", err)
+	if err := service.CheckDescriptorCount(len(in.Descriptors)); err != nil {
+		return err
 	}
 	n := 0
 	for i := range in.Descriptors {
-		d := &in.Descriptors[i]
-		if err := rules.CheckEntryCount(i, len(d.Entries)); err != nil {
+		if err := service.CheckEntryCount(i, len(in.Descriptors[i].Entries)); err != nil {
 			return err
 		}
-		if len(d.Entries) == 0 {
-			return fmt.Errorf("descriptors[%d].entries: empty; a descriptor needs at least one entry", i)
-		}
-		n += len(d.Entries)
+		n += len(in.Descriptors[i].Entries)
 	}
 	cost := int64(1)
 	if in.Cost != nil {
@@ -118,24 +114,14 @@ func (c *checkCall) convert() error {
 	}
 	c.entries = slices.Grow(c.entries[:0], n) // sub-slices never move
 	c.req.Domain = in.Domain
-	c.req.Hits = 0
 	c.req.Descriptors = c.req.Descriptors[:0]
 	for i := range in.Descriptors {
 		d := &in.Descriptors[i]
 		start := len(c.entries)
 		c.entries = toEntries(c.entries, d.Entries)
-		dc := cost
+		sd := service.Descriptor{Entries: c.entries[start:len(c.entries):len(c.entries)], Cost: cost}
 		if d.Cost != nil {
-			dc = *d.Cost
-		}
-		if dc < -ratelimit.MaxQuota || dc > ratelimit.MaxQuota {
-			return fmt.Errorf("descriptors[%d].cost: %d is beyond ±%d (ratelimit.MaxQuota)", i, dc, int64(ratelimit.MaxQuota))
-		}
-		sd := service.Descriptor{Entries: c.entries[start:len(c.entries):len(c.entries)], HasHits: true}
-		if dc < 0 {
-			sd.Hits, sd.Refund = uint64(-dc), true
-		} else {
-			sd.Hits = uint64(dc)
+			sd.Cost = *d.Cost
 		}
 		c.req.Descriptors = append(c.req.Descriptors, sd)
 	}
@@ -157,7 +143,7 @@ func (a *API) check(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := c.convert(); err != nil {
-		writeProblem(w, r, http.StatusBadRequest, err.Error())
+		decisionError(w, r, err)
 		return
 	}
 	if err := a.svc.ShouldRateLimit(r.Context(), &c.req, &c.resp); err != nil {

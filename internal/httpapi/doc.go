@@ -7,10 +7,11 @@
 // envoyproxy/ratelimit's JSON endpoint: the body is a RateLimitRequest of
 // Envoy's rate limit service API in proto3 JSON (either field spelling,
 // "hitsAddend" or "hits_addend"; unknown fields are an error). It is
-// decided by the gRPC method itself (internal/rls), so both answer alike:
+// translated and decided as over gRPC (internal/rls), so both answer alike:
 // the RateLimitResponse in proto3 JSON, with status 200 when overall_code
 // is OK and 429 when it is OVER_LIMIT, and the response_headers_to_add as
-// HTTP headers.
+// HTTP headers. (A request denied because the store is down is 503, where
+// gRPC can only say OVER_LIMIT; see Errors below.)
 //
 // # POST /v1/check
 //
@@ -26,8 +27,9 @@
 //
 // Keys and values are at most 256 bytes. A cost of 0 checks without
 // counting; a negative cost refunds (never above the limit's capacity);
-// |cost| is at most 2^40. The answer, with status 200 when every
-// descriptor is allowed and 429 otherwise:
+// |cost| is at most 2^40. The costs go to the service as they are. The
+// answer, with status 200 when every descriptor is allowed and 429 when a
+// limit denies (for a store outage, see Errors):
 //
 //	{"allowed": true, "code": "OK",     or false and "OVER_LIMIT"
 //	 "descriptors": [{                  one per request descriptor, in order
@@ -52,13 +54,21 @@
 //
 // # Errors and bounds
 //
-// Bodies are read through http.MaxBytesReader (Options.MaxBodyBytes,
-// 1 MiB by default) and decoded strictly: unknown fields, values of the
-// wrong type, trailing data and values beyond a bound are answered 400.
 // Every error is an RFC 9457 application/problem+json object whose detail
-// names the field or the bound (MaxDescriptors, MaxEntries,
-// MaxKeyValueBytes, MaxBodyBytes, MaxQuota). A store that cannot decide
-// gives 503.
+// says what is wrong. Bodies are read through http.MaxBytesReader
+// (Options.MaxBodyBytes, 1 MiB by default): a larger one is 413 naming
+// MaxBodyBytes. They are decoded strictly: unknown fields, values of the
+// wrong type and trailing data are 400 naming the field. The request is
+// then validated by the service (service.Request.Validate), with the
+// message every transport gives for it, gRPC included: 400 for an empty
+// domain, no descriptors, a descriptor without entries, or a value beyond
+// a bound (MaxDescriptors, MaxEntries, MaxKeyValueBytes, MaxQuota).
+//
+// A store outage is never 429. A store that cannot decide, or a request
+// denied only by limits whose failure_mode is fail_closed while the store
+// cannot reach its backend, is 503 with a detail naming the cause (the
+// rule that failed closed) and, when the store said when it retries,
+// Retry-After. A deadline that passed is 504.
 //
 // # Concurrency and cost
 //

@@ -19,10 +19,10 @@ import (
 // into instants of this process's clock.
 type OverrideStore interface {
 	// List returns the overrides in force.
-	List(ctx context.Context) ([]service.RuleOverride, error)
+	List(ctx context.Context) ([]service.Override, error)
 	// Put sets the override of o.Domain/o.Rule (o.Expires is ignored) for
 	// ttl, replacing any previous one.
-	Put(ctx context.Context, o service.RuleOverride, ttl time.Duration) error
+	Put(ctx context.Context, o service.Override, ttl time.Duration) error
 	// Delete removes the override of domain/rule and reports whether
 	// there was one.
 	Delete(ctx context.Context, domain, rule string) (bool, error)
@@ -36,7 +36,7 @@ type MemoryOverrides struct {
 	Now func() time.Time // nil means time.Now
 
 	mu sync.Mutex
-	m  map[[2]string]service.RuleOverride
+	m  map[[2]string]service.Override
 }
 
 func (m *MemoryOverrides) now() time.Time {
@@ -47,11 +47,11 @@ func (m *MemoryOverrides) now() time.Time {
 }
 
 // List implements OverrideStore; it forgets expired overrides.
-func (m *MemoryOverrides) List(context.Context) ([]service.RuleOverride, error) {
+func (m *MemoryOverrides) List(context.Context) ([]service.Override, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.now()
-	out := make([]service.RuleOverride, 0, len(m.m))
+	out := make([]service.Override, 0, len(m.m))
 	for k, o := range m.m {
 		if !now.Before(o.Expires) {
 			delete(m.m, k)
@@ -64,11 +64,11 @@ func (m *MemoryOverrides) List(context.Context) ([]service.RuleOverride, error) 
 }
 
 // Put implements OverrideStore.
-func (m *MemoryOverrides) Put(_ context.Context, o service.RuleOverride, ttl time.Duration) error {
+func (m *MemoryOverrides) Put(_ context.Context, o service.Override, ttl time.Duration) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.m == nil {
-		m.m = make(map[[2]string]service.RuleOverride)
+		m.m = make(map[[2]string]service.Override)
 	}
 	o.Expires = m.now().Add(ttl)
 	m.m[[2]string{o.Domain, o.Rule}] = o
@@ -85,7 +85,7 @@ func (m *MemoryOverrides) Delete(_ context.Context, domain, rule string) (bool, 
 	return ok, nil
 }
 
-func sortOverrides(list []service.RuleOverride) {
+func sortOverrides(list []service.Override) {
 	sort.Slice(list, func(i, j int) bool {
 		if list[i].Domain != list[j].Domain {
 			return list[i].Domain < list[j].Domain
@@ -125,20 +125,20 @@ func redisField(domain, rule string) string {
 }
 
 // List implements OverrideStore.
-func (r *RedisOverrides) List(ctx context.Context) ([]service.RuleOverride, error) {
+func (r *RedisOverrides) List(ctx context.Context) ([]service.Override, error) {
 	start := time.Now()
 	entries, err := r.h.List(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("httpapi: listing overrides: %w", err)
 	}
-	out := make([]service.RuleOverride, 0, len(entries))
+	out := make([]service.Override, 0, len(entries))
 	for _, e := range entries {
 		var v redisOverride
 		if err := json.Unmarshal([]byte(e.Value), &v); err != nil {
 			return nil, fmt.Errorf("httpapi: override value %q: %w", e.Value, err)
 		}
-		out = append(out, service.RuleOverride{
-			Domain: v.Domain, Rule: v.Rule, Limit: v.Limit, Burst: v.Burst, By: v.By, Reason: v.Reason,
+		out = append(out, service.Override{
+			Domain: v.Domain, Rule: v.Rule, Quota: v.Limit, Burst: v.Burst, By: v.By, Reason: v.Reason,
 			// Measured from before the call: an override never lasts
 			// longer here than on the server.
 			Expires: start.Add(e.TTL),
@@ -149,8 +149,8 @@ func (r *RedisOverrides) List(ctx context.Context) ([]service.RuleOverride, erro
 }
 
 // Put implements OverrideStore.
-func (r *RedisOverrides) Put(ctx context.Context, o service.RuleOverride, ttl time.Duration) error {
-	v, err := json.Marshal(redisOverride{Domain: o.Domain, Rule: o.Rule, Limit: o.Limit, Burst: o.Burst, By: o.By, Reason: o.Reason})
+func (r *RedisOverrides) Put(ctx context.Context, o service.Override, ttl time.Duration) error {
+	v, err := json.Marshal(redisOverride{Domain: o.Domain, Rule: o.Rule, Limit: o.Quota, Burst: o.Burst, By: o.By, Reason: o.Reason})
 	if err != nil {
 		return err
 	}

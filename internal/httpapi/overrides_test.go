@@ -21,25 +21,25 @@ func testOverrideStore(t *testing.T, s OverrideStore) {
 		t.Fatalf("empty List = %v, %v", list, err)
 	}
 	before := time.Now()
-	if err := s.Put(ctx, service.RuleOverride{Domain: "t", Rule: "per_user", Limit: 10, By: "alice", Reason: "why"}, time.Hour); err != nil {
+	if err := s.Put(ctx, service.Override{Domain: "t", Rule: "per_user", Quota: 10, By: "alice", Reason: "why"}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Put(ctx, service.RuleOverride{Domain: "a|b", Rule: "x\"y", Limit: 1, Burst: 2}, time.Minute); err != nil {
+	if err := s.Put(ctx, service.Override{Domain: "a|b", Rule: "x\"y", Quota: 1, Burst: 2}, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	// Replacing keeps one entry per rule.
-	if err := s.Put(ctx, service.RuleOverride{Domain: "t", Rule: "per_user", Limit: 20, By: "bob"}, 2*time.Hour); err != nil {
+	if err := s.Put(ctx, service.Override{Domain: "t", Rule: "per_user", Quota: 20, By: "bob"}, 2*time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	list, err = s.List(ctx)
 	if err != nil || len(list) != 2 {
 		t.Fatalf("List = %+v, %v; want 2 entries", list, err)
 	}
-	if o := list[0]; o.Domain != "a|b" || o.Rule != "x\"y" || o.Limit != 1 || o.Burst != 2 {
+	if o := list[0]; o.Domain != "a|b" || o.Rule != "x\"y" || o.Quota != 1 || o.Burst != 2 {
 		t.Errorf("first = %+v", o)
 	}
 	o := list[1]
-	if o.Domain != "t" || o.Rule != "per_user" || o.Limit != 20 || o.By != "bob" {
+	if o.Domain != "t" || o.Rule != "per_user" || o.Quota != 20 || o.By != "bob" {
 		t.Errorf("second = %+v", o)
 	}
 	if ttl := o.Expires.Sub(before); ttl < 2*time.Hour-5*time.Second || ttl > 2*time.Hour+5*time.Second {
@@ -62,7 +62,7 @@ func TestMemoryOverrides(t *testing.T) {
 
 	c := fakeclock.New(time.Unix(1_800_000_000, 0))
 	m := &MemoryOverrides{Now: c.Now}
-	_ = m.Put(t.Context(), service.RuleOverride{Domain: "t", Rule: "r", Limit: 1}, time.Minute)
+	_ = m.Put(t.Context(), service.Override{Domain: "t", Rule: "r", Quota: 1}, time.Minute)
 	c.Advance(time.Minute)
 	if list, _ := m.List(t.Context()); len(list) != 0 {
 		t.Errorf("expired override listed: %+v", list)
@@ -88,7 +88,7 @@ func TestRedisOverrides(t *testing.T) {
 	// Expiry is measured on the Redis server's clock: a 1 ms override
 	// is gone once the server's clock has moved past it.
 	s := redisOverrides(t, c, "exp:")
-	if err := s.Put(t.Context(), service.RuleOverride{Domain: "t", Rule: "r", Limit: 1}, time.Millisecond); err != nil {
+	if err := s.Put(t.Context(), service.Override{Domain: "t", Rule: "r", Quota: 1}, time.Millisecond); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
@@ -132,7 +132,7 @@ func TestRedisOverridesReachEveryReplica(t *testing.T) {
 		}
 	})
 
-	if err := syncA.Store.Put(t.Context(), service.RuleOverride{Domain: "t", Rule: "per_user", Limit: 42}, time.Hour); err != nil {
+	if err := syncA.Store.Put(t.Context(), service.Override{Domain: "t", Rule: "per_user", Quota: 42}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	d, _ := set.Domain("t")

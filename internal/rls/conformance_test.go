@@ -53,12 +53,12 @@ type caseStep struct {
 }
 
 // A descriptor is written [k=v, ...] or {entries: [k=v], hits, refund,
-// override: N/unit}.
+// inline: N/unit}, the last an inline limit.
 type descriptor struct {
-	Entries  []string `yaml:"entries"`
-	Hits     *uint64  `yaml:"hits"`
-	Refund   bool     `yaml:"refund"`
-	Override string   `yaml:"override"`
+	Entries []string `yaml:"entries"`
+	Hits    *uint64  `yaml:"hits"`
+	Refund  bool     `yaml:"refund"`
+	Inline  string   `yaml:"inline"`
 }
 
 func (d *descriptor) UnmarshalYAML(n *yaml.Node) error {
@@ -238,11 +238,11 @@ func (st *caseStep) request(t *testing.T, domain string) *rlsv3.RateLimitRequest
 		if d.Hits != nil {
 			pd.HitsAddend = wrapperspb.UInt64(*d.Hits)
 		}
-		if d.Override != "" {
-			n, unit, _ := strings.Cut(d.Override, "/")
+		if d.Inline != "" {
+			n, unit, _ := strings.Cut(d.Inline, "/")
 			rpu, err := strconv.ParseUint(n, 10, 32)
 			if err != nil || units[unit] == 0 {
-				t.Fatalf("bad override %q", d.Override)
+				t.Fatalf("bad inline limit %q", d.Inline)
 			}
 			pd.Limit = &commonv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: uint32(rpu), Unit: units[unit]}
 		}

@@ -1,15 +1,43 @@
 // Package rls serves Envoy's rate limit service API
 // (envoy.service.ratelimit.v3.RateLimitService) over gRPC on top of the
-// decision service, with the generated types of go-control-plane.
+// decision service, with the generated types of go-control-plane. It is
+// the one translation between Envoy's conventions and the service's; the
+// JSON endpoint of internal/httpapi uses it too (Server.Decide).
 //
-// Supported: domain; descriptors with entries, a limit override
-// (requests_per_unit, unit, unit_multiplier), per-descriptor hits_addend
-// (0 checks only) and is_negative_hits (a refund); the request's
-// hits_addend (0 counts as 1). The response carries overall_code and one
-// status per descriptor with code, current_limit (name, requests_per_unit,
-// unit), limit_remaining and duration_until_reset, and, when enabled,
-// RateLimit-Policy, RateLimit and Retry-After in response_headers_to_add.
-// Not produced: request_headers_to_add, raw_body, dynamic_metadata, quota.
+// Supported: domain; descriptors with entries, a limit (Envoy's
+// RateLimitOverride: requests_per_unit, unit, unit_multiplier, which
+// becomes a service.InlineLimit), hits_addend and is_negative_hits; the
+// request's hits_addend. A descriptor's cost is its own hits_addend when it
+// carries one (0 checks without counting), else the request's (0 counts
+// as 1), and is_negative_hits makes it a refund. The response carries
+// overall_code and one status per descriptor with code, current_limit
+// (name, requests_per_unit, unit), limit_remaining and
+// duration_until_reset, and, when enabled, RateLimit-Policy, RateLimit and
+// Retry-After in response_headers_to_add. Not produced:
+// request_headers_to_add, raw_body, dynamic_metadata, quota.
+//
+// Errors: a request that is malformed or beyond a bound is
+// INVALID_ARGUMENT, with the message service.Request.Validate gives on
+// every transport; a store that returns an error is UNAVAILABLE, and Envoy
+// applies its failure_mode_deny (nothing was decided).
+//
+// # A store outage under failure_mode: fail_closed
+//
+// When the store cannot reach its backend and a limit that fails closed
+// denies a request, HTTP answers 503, but Envoy's API has no code for it:
+// a response is OK or OVER_LIMIT, and any gRPC error hands the decision to
+// Envoy's failure_mode_deny, a single switch for the whole filter that
+// defaults to letting requests through (the README's example keeps it so,
+// to survive Sluice being unreachable). Answering UNAVAILABLE would thus
+// quietly turn every fail_closed rule into fail_open behind such an Envoy,
+// which is what fail_closed exists to prevent. So ShouldRateLimit answers
+// OVER_LIMIT, with the failed-closed descriptors OVER_LIMIT and, when
+// headers are enabled, a Retry-After of when the store retries its
+// backend: the rule's failure_mode decides, as on every transport. Envoy
+// then answers its client with its rate_limited_status (429 unless
+// configured); the outage shows in Sluice's sluice_decisions_total{outcome=
+// "fail_closed"} and sluice_store_errors_total. Server.Decide, for HTTP,
+// reports it as the *service.UnavailableError it is.
 package rls
 
 import (
@@ -65,73 +93,109 @@ func (s *Server) Register(g *grpc.Server) {
 
 // call holds the buffers one request reuses.
 type call struct {
-	req       service.Request
-	resp      service.Response
-	entries   []rules.Entry
-	overrides []service.Override
-	policy    []byte
-	limit     []byte
+	req     service.Request
+	resp    service.Response
+	entries []rules.Entry
+	inline  []service.InlineLimit
+	policy  []byte
+	limit   []byte
 }
 
-// ShouldRateLimit implements the RLS v3 API.
+// ShouldRateLimit implements the RLS v3 API. A request denied because the
+// store is unavailable and its limits fail closed is answered OVER_LIMIT
+// (see the package documentation).
 func (s *Server) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	c := s.pool.Get().(*call)
 	defer s.pool.Put(c)
-	if err := c.convert(in); err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
-	}
-	if err := s.svc.ShouldRateLimit(ctx, &c.req, &c.resp); err != nil {
-		if errors.Is(err, service.ErrInvalidRequest) {
-			return nil, status.Error(codes.InvalidArgument, err.Error())
-		}
-		if ctx.Err() != nil {
-			return nil, status.FromContextError(ctx.Err()).Err()
-		}
-		return nil, status.Error(codes.Unavailable, err.Error())
+	if err := s.decide(ctx, c, in); err != nil && !failedClosed(err) {
+		return nil, grpcError(ctx, err)
 	}
 	return s.response(c), nil
 }
 
-// convert fills c.req from in, checking the counts before copying. The
-// domain and the entries are validated by Service.ShouldRateLimit, as for
-// every API.
-func (c *call) convert(in *rlsv3.RateLimitRequest) error {
-	descs := in.GetDescriptors()
-	if err := rules.CheckDescriptorCount(len(descs)); err != nil {
+// Decide decides in as ShouldRateLimit does, for the JSON endpoint, but
+// returns the service's errors as they are: an invalid request wraps
+// service.ErrInvalidRequest, and a request the store could not decide,
+// failed-closed limits included, is a *service.UnavailableError.
+func (s *Server) Decide(ctx context.Context, in *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	c := s.pool.Get().(*call)
+	defer s.pool.Put(c)
+	if err := s.decide(ctx, c, in); err != nil {
+		return nil, err
+	}
+	return s.response(c), nil
+}
+
+func (s *Server) decide(ctx context.Context, c *call, in *rlsv3.RateLimitRequest) error {
+	if err := c.convert(in); err != nil {
 		return err
 	}
-	entries, overrides := 0, 0
+	return s.svc.ShouldRateLimit(ctx, &c.req, &c.resp)
+}
+
+// failedClosed reports whether err is a request denied by limits that
+// failed closed.
+func failedClosed(err error) bool {
+	var ue *service.UnavailableError
+	return errors.As(err, &ue) && ue.FailedClosed()
+}
+
+// grpcError returns the gRPC status of a failed decision.
+func grpcError(ctx context.Context, err error) error {
+	switch {
+	case errors.Is(err, service.ErrInvalidRequest):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case ctx.Err() != nil:
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	return status.Error(codes.Unavailable, err.Error())
+}
+
+// convert fills c.req from in in the service's terms (see the package
+// documentation). It checks the counts before it copies anything, with the
+// service's own checks; Service.ShouldRateLimit validates the rest.
+func (c *call) convert(in *rlsv3.RateLimitRequest) error {
+	descs := in.GetDescriptors()
+	if err := service.CheckDescriptorCount(len(descs)); err != nil {
+		return err
+	}
+	entries, inline := 0, 0
 	for i, d := range descs {
-		if err := rules.CheckEntryCount(i, len(d.GetEntries())); err != nil {
+		if err := service.CheckEntryCount(i, len(d.GetEntries())); err != nil {
 			return err
 		}
 		entries += len(d.GetEntries())
 		if d.GetLimit() != nil {
-			overrides++
+			inline++
 		}
 	}
 	// Sized up front, so that the descriptors' sub-slices never move.
 	c.entries = slices.Grow(c.entries[:0], entries)
-	c.overrides = slices.Grow(c.overrides[:0], overrides)
+	c.inline = slices.Grow(c.inline[:0], inline)
 	c.req.Domain = in.GetDomain()
-	c.req.Hits = in.GetHitsAddend()
 	c.req.Descriptors = c.req.Descriptors[:0]
+	cost := int64(max(in.GetHitsAddend(), 1))
 	for _, d := range descs {
 		start := len(c.entries)
 		for _, e := range d.GetEntries() {
 			c.entries = append(c.entries, rules.Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
-		sd := service.Descriptor{Entries: c.entries[start:len(c.entries):len(c.entries)], Refund: d.GetIsNegativeHits()}
+		sd := service.Descriptor{Entries: c.entries[start:len(c.entries):len(c.entries)], Cost: cost}
 		if h := d.GetHitsAddend(); h != nil {
-			sd.Hits, sd.HasHits = h.GetValue(), true
+			// Saturated: anything past MaxInt64 is refused by Validate
+			// as beyond MaxQuota all the same.
+			sd.Cost = int64(min(h.GetValue(), math.MaxInt64))
+		}
+		if d.GetIsNegativeHits() {
+			sd.Cost = -sd.Cost
 		}
 		if l := d.GetLimit(); l != nil {
-			c.overrides = append(c.overrides, service.Override{
+			c.inline = append(c.inline, service.InlineLimit{
 				RequestsPerUnit: l.GetRequestsPerUnit(),
 				Unit:            rules.Unit(l.GetUnit()),
 				Multiplier:      l.GetUnitMultiplier().GetValue(),
 			})
-			sd.Override = &c.overrides[len(c.overrides)-1]
+			sd.InlineLimit = &c.inline[len(c.inline)-1]
 		}
 		c.req.Descriptors = append(c.req.Descriptors, sd)
 	}
@@ -175,7 +239,7 @@ type statusAlloc struct {
 // currentLimit returns the current_limit message of a rule, made once per
 // rule and shared by every response: a message that is only read may be
 // marshalled by many goroutines at once. The cache is emptied when it grows
-// past maxLimits (rules replaced by reloads and overrides).
+// past maxLimits (rules replaced by reloads, overrides and inline limits).
 func (s *Server) currentLimit(r *ratelimit.Rule, u rules.Unit) *rlsv3.RateLimitResponse_RateLimit {
 	k := limitKey{r, u}
 	if m, ok := s.limits.Load(k); ok {

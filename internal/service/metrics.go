@@ -25,8 +25,8 @@ type Metrics struct {
 
 	mu     sync.Mutex // serialises prepare
 	byRule atomic.Pointer[map[*rules.Spec]*ruleCounters]
-	// byDomain holds the counters of request overrides, by domain,
-	// resolved on first use.
+	// byDomain holds the counters of inline limits, by domain, resolved
+	// on first use.
 	byDomain sync.Map // domain → *ruleCounters
 }
 
@@ -153,8 +153,8 @@ func (m *Metrics) observe(domain string, sc *scratch, resp *Response, took time.
 	byRule := *m.byRule.Load()
 	for _, c := range sc.checks {
 		rc := byRule[c.spec]
-		if rc == nil { // an override: its rule is made per request
-			rc = m.overrideCounters(domain)
+		if rc == nil { // an inline limit: its rule comes with the request
+			rc = m.inlineCounters(domain)
 		}
 		if c.rule == nil {
 			rc.outcome[outUnlimited].Inc()
@@ -168,13 +168,14 @@ func (m *Metrics) observe(domain string, sc *scratch, resp *Response, took time.
 	}
 }
 
-// overrideCounters returns the counters of limits that came from a
-// request's override; they share the rule label "override".
-func (m *Metrics) overrideCounters(domain string) *ruleCounters {
+// inlineCounters returns the counters of the inline limits of a domain;
+// they share the rule label "inline". (A rule under a runtime override
+// keeps its own label.)
+func (m *Metrics) inlineCounters(domain string) *ruleCounters {
 	if rc, ok := m.byDomain.Load(domain); ok {
 		return rc.(*ruleCounters)
 	}
-	rc, _ := m.byDomain.LoadOrStore(domain, m.counters(domain, "override"))
+	rc, _ := m.byDomain.LoadOrStore(domain, m.counters(domain, "inline"))
 	return rc.(*ruleCounters)
 }
 

@@ -1,8 +1,10 @@
 // Package service is Sluice's transport-agnostic decision service: it
 // matches a request's descriptors against the loaded rules, decides their
-// limits in a ratelimit.Store, and answers in the terms of Envoy's rate
-// limit service. The gRPC (internal/rls) and HTTP (internal/httpapi)
-// adapters translate to and from it.
+// limits in a ratelimit.Store, and answers with a status per descriptor.
+// It speaks Sluice's terms (a signed cost per descriptor, as package
+// ratelimit); the gRPC (internal/rls) and HTTP (internal/httpapi) adapters
+// translate to and from their protocols, and Request.Validate is the one
+// check of a request for all of them.
 //
 // Semantics, where they differ from envoyproxy/ratelimit:
 //
@@ -15,9 +17,10 @@
 //     one that denied or, when all admitted, the one with least remaining.
 //   - Shadow-mode limits are decided apart from the others, so a shadow
 //     denial never blocks or un-counts a real limit.
-//   - A descriptor's hits_addend of 0 checks without counting; the
-//     request's hits_addend of 0 counts as 1 (both as in Envoy's API).
 //   - quota_mode is not acted on: such limits are decided like the others.
+//   - A request denied only because the store could not reach its backend
+//     and its limits fail closed is an *UnavailableError, not a request
+//     over the limit (see ShouldRateLimit).
 package service
 
 import (
@@ -45,6 +48,7 @@ type Options struct {
 	Independent bool
 	// Overrides, if not nil, holds runtime overrides of configured rules;
 	// an overridden rule is decided, and reported, with its override.
+	// SetRules keeps them in step with the rules.
 	Overrides *Overrides
 	// Metrics, if not nil, receives every decision.
 	Metrics *Metrics
@@ -59,8 +63,9 @@ type Service struct {
 	metrics     *Metrics
 	log         *slog.Logger
 	rules       atomic.Pointer[rules.Set]
-	ruleOver    *Overrides
-	overrides   overrideRules
+	setting     sync.Mutex // serialises SetRules
+	overrides   *Overrides
+	inline      inlineRules
 	scratch     sync.Pool // of *scratch
 }
 
@@ -72,59 +77,40 @@ func New(opts Options) (*Service, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Service{store: opts.Store, independent: opts.Independent, metrics: opts.Metrics, log: opts.Logger, ruleOver: opts.Overrides}
+	s := &Service{store: opts.Store, independent: opts.Independent, metrics: opts.Metrics, log: opts.Logger, overrides: opts.Overrides}
 	s.scratch.New = func() any { return new(scratch) }
-	s.SetRules(opts.Rules)
+	// Overrides that do not apply to the first rules are kept; whoever
+	// set them (Overrides.Replace) was told.
+	_ = s.SetRules(opts.Rules)
 	return s, nil
 }
 
 // SetRules replaces the rule set at once: requests already being decided
-// finish with the old set, the next ones use the new one.
-func (s *Service) SetRules(set *rules.Set) {
+// finish with the old set, the next ones use the new one. The runtime
+// overrides follow without a gap: while the sets change, the rules of both
+// are overridden, so no request sees its set without its overrides. It
+// returns, joined, an error for each override that does not apply to set
+// (its rule is gone, unlimited, or cannot take its quota), for the caller
+// to log; such overrides are kept, and apply again once a set brings their
+// rule back.
+func (s *Service) SetRules(set *rules.Set) error {
 	if set == nil {
 		set = &rules.Set{}
 	}
+	s.setting.Lock()
+	defer s.setting.Unlock()
 	s.metrics.prepare(set)
+	if s.overrides == nil {
+		s.rules.Store(set)
+		return nil
+	}
+	_ = s.overrides.setRules(set, true) // the last step reports the same errors
 	s.rules.Store(set)
+	return s.overrides.setRules(set, false)
 }
 
 // Rules returns the rule set in use.
 func (s *Service) Rules() *rules.Set { return s.rules.Load() }
-
-// A Request asks whether a request may go: Envoy's RateLimitRequest.
-type Request struct {
-	Domain      string
-	Descriptors []Descriptor
-	// Hits is the cost of every descriptor that does not carry its own;
-	// 0 counts as 1.
-	Hits uint32
-}
-
-// A Descriptor is one list of entries of a Request.
-type Descriptor struct {
-	Entries []rules.Entry
-	// Override, if not nil, replaces the limits the descriptor matches
-	// with a fixed window of RequestsPerUnit per Unit.
-	Override *Override
-	// Hits, when HasHits, is this descriptor's cost; 0 checks only.
-	Hits    uint64
-	HasHits bool
-	// Refund gives Hits back instead of taking them (is_negative_hits).
-	Refund bool
-}
-
-// An Override is a limit carried in a request descriptor.
-type Override struct {
-	RequestsPerUnit uint32
-	Unit            rules.Unit
-	// Multiplier multiplies the window (Envoy's unit_multiplier); 0 means 1.
-	Multiplier uint32
-}
-
-// period is the override's window.
-func (o *Override) period() time.Duration {
-	return o.Unit.Duration() * time.Duration(max(o.Multiplier, 1))
-}
 
 // Code is the answer for a request or a descriptor.
 type Code uint8
@@ -145,7 +131,7 @@ type Response struct {
 type Status struct {
 	Code Code
 	// Spec is the configured rule that decided; nil when none matched or
-	// the limit came from an override.
+	// the limit is an InlineLimit.
 	Spec *rules.Spec
 	// Rule is the limit that decided; nil when none applies or the
 	// matched rule is unlimited.
@@ -160,10 +146,6 @@ type Status struct {
 	// Decision is the store's answer for Rule.
 	Decision ratelimit.Decision
 }
-
-// ErrInvalidRequest is wrapped by the errors of requests beyond a bound
-// or malformed; adapters answer them with INVALID_ARGUMENT or 400.
-var ErrInvalidRequest = errors.New("invalid request")
 
 // scratch holds the per-request buffers a Service reuses.
 type scratch struct {
@@ -187,13 +169,18 @@ type check struct {
 }
 
 // ShouldRateLimit decides req into resp. An error means the request was
-// invalid (wrapping ErrInvalidRequest) or the store could not decide.
+// invalid (wrapping ErrInvalidRequest) or the store could not decide (an
+// *UnavailableError). A request that is denied only by limits that failed
+// closed is an *UnavailableError whose FailedClosed is true, and resp then
+// holds its statuses (OverLimit), for a protocol that has no other way to
+// deny it; when a limit denies the request by itself, it is over the limit
+// and there is no error.
 func (s *Service) ShouldRateLimit(ctx context.Context, req *Request, resp *Response) error {
 	var start time.Time
 	if s.metrics != nil { // the clock read is only for the latency histogram
 		start = time.Now()
 	}
-	if err := validate(req); err != nil {
+	if err := req.Validate(); err != nil {
 		return err
 	}
 	resp.Code = OK
@@ -208,39 +195,12 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *Request, resp *Respo
 	s.match(sc, dom, req)
 	if err := s.decide(ctx, sc); err != nil {
 		s.metrics.storeError()
-		return err
+		return &UnavailableError{Err: err}
 	}
-	s.answer(sc, resp)
+	closed := s.answer(sc, resp)
 	s.metrics.observe(req.Domain, sc, resp, time.Since(start))
-	return nil
-}
-
-func validate(req *Request) error {
-	if err := rules.CheckDomain(req.Domain); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
-	}
-	if err := rules.CheckDescriptorCount(len(req.Descriptors)); err != nil {
-		return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
-	}
-	for i := range req.Descriptors {
-		d := &req.Descriptors[i]
-		if err := rules.CheckDescriptor(i, d.Entries); err != nil {
-			return fmt.Errorf("%w: %w", ErrInvalidRequest, err)
-		}
-		if len(d.Entries) == 0 {
-			return fmt.Errorf("%w: descriptor %d has no entries", ErrInvalidRequest, i)
-		}
-		if d.HasHits && d.Hits > ratelimit.MaxQuota {
-			return fmt.Errorf("%w: descriptor %d: hits_addend %d exceeds %d", ErrInvalidRequest, i, d.Hits, int64(ratelimit.MaxQuota))
-		}
-		if o := d.Override; o != nil {
-			if o.Unit.Duration() == 0 {
-				return fmt.Errorf("%w: descriptor %d: limit override has unknown unit %d", ErrInvalidRequest, i, o.Unit)
-			}
-			if p := o.period(); p <= 0 || p > ratelimit.MaxPeriod || p/o.Unit.Duration() != time.Duration(max(o.Multiplier, 1)) {
-				return fmt.Errorf("%w: descriptor %d: limit override window %d × %s exceeds %v", ErrInvalidRequest, i, o.Multiplier, o.Unit, ratelimit.MaxPeriod)
-			}
-		}
+	if closed != nil {
+		return &UnavailableError{Domain: req.Domain, Rule: closed.rule.Name, RetryAfter: sc.decision(closed).RetryAfter}
 	}
 	return nil
 }
@@ -254,34 +214,34 @@ func (s *Service) match(sc *scratch, dom *rules.Domain, req *Request) {
 	}
 	sc.limits = rules.ApplyReplaces(sc.limits)
 	sc.checks, sc.items, sc.shadow = sc.checks[:0], sc.items[:0], sc.shadow[:0]
-	overridden := -1
+	inlined := -1
 	for _, l := range sc.limits {
 		d := &req.Descriptors[l.Descriptor]
 		c := check{desc: l.Descriptor, spec: l.Spec, rule: l.Rule, unit: l.Unit, shadow: l.Shadow}
 		sc.key = l.AppendKey(sc.key[:0], d.Entries)
-		if d.Override != nil {
-			if overridden == l.Descriptor {
-				continue // one override limit replaces all the descriptor's limits
+		if d.InlineLimit != nil {
+			if inlined == l.Descriptor {
+				continue // one inline limit replaces all the descriptor's limits
 			}
-			overridden = l.Descriptor
-			c.rule, c.unit, c.spec = s.overrides.get(d.Override), d.Override.Unit, nil
-			sc.key = appendOverrideKey(sc.key, d.Override)
+			inlined = l.Descriptor
+			c.rule, c.unit, c.spec = s.inline.get(d.InlineLimit), d.InlineLimit.Unit, nil
+			sc.key = appendInlineKey(sc.key, d.InlineLimit)
 		} else if l.Unlimited {
 			c.rule = nil
-		} else if r, _, ok := s.ruleOver.Lookup(c.rule); ok {
+		} else if r, _, ok := s.overrides.Lookup(c.rule); ok {
 			c.rule = r
 		}
 		s.addCheck(sc, c, req, string(sc.key))
 	}
-	// An override on a descriptor that matched no rule still limits it,
-	// as in envoyproxy/ratelimit (the domain must exist).
+	// An inline limit on a descriptor that matched no rule still limits
+	// it, as in envoyproxy/ratelimit (the domain must exist).
 	for i := range req.Descriptors {
 		d := &req.Descriptors[i]
-		if d.Override == nil || hasCheck(sc.checks, i) {
+		if d.InlineLimit == nil || hasCheck(sc.checks, i) {
 			continue
 		}
-		sc.key = appendOverrideKey(appendEntriesKey(sc.key[:0], dom.Name(), d.Entries), d.Override)
-		s.addCheck(sc, check{desc: i, rule: s.overrides.get(d.Override), unit: d.Override.Unit}, req, string(sc.key))
+		sc.key = appendInlineKey(appendEntriesKey(sc.key[:0], dom.Name(), d.Entries), d.InlineLimit)
+		s.addCheck(sc, check{desc: i, rule: s.inline.get(d.InlineLimit), unit: d.InlineLimit.Unit}, req, string(sc.key))
 	}
 }
 
@@ -300,15 +260,7 @@ func (s *Service) addCheck(sc *scratch, c check, req *Request, key string) {
 		sc.checks = append(sc.checks, c)
 		return
 	}
-	d := &req.Descriptors[c.desc]
-	cost := int64(max(req.Hits, 1))
-	if d.HasHits {
-		cost = int64(d.Hits)
-	}
-	if d.Refund {
-		cost = -cost
-	}
-	it := ratelimit.Item{Key: key, Rule: c.rule, Cost: cost}
+	it := ratelimit.Item{Key: key, Rule: c.rule, Cost: req.Descriptors[c.desc].Cost}
 	if c.shadow {
 		c.result = len(sc.shadow)
 		sc.shadow = append(sc.shadow, it)
@@ -349,8 +301,12 @@ func (s *Service) decideItems(ctx context.Context, dst []ratelimit.Decision, ite
 
 // answer fills one status per descriptor from the decisions: a denial
 // (of a non-shadow limit) wins; otherwise the limit with least remaining.
-func (s *Service) answer(sc *scratch, resp *Response) {
-	for _, c := range sc.checks {
+// When the request is denied and every denial is a limit that failed
+// closed, it returns the one that retries last.
+func (s *Service) answer(sc *scratch, resp *Response) (closed *check) {
+	limited := false // a limit denied by itself
+	for i := range sc.checks {
+		c := &sc.checks[i]
 		st := &resp.Statuses[c.desc]
 		if c.rule == nil {
 			if st.Rule == nil {
@@ -358,7 +314,14 @@ func (s *Service) answer(sc *scratch, resp *Response) {
 			}
 			continue
 		}
-		d := sc.decision(&c)
+		d := sc.decision(c)
+		if !d.Allowed && !c.shadow {
+			if d.Reason != ratelimit.ReasonFailClosed {
+				limited = true
+			} else if closed == nil || d.RetryAfter > sc.decision(closed).RetryAfter {
+				closed = c
+			}
+		}
 		if !better(st, d, c.shadow) {
 			continue
 		}
@@ -368,6 +331,10 @@ func (s *Service) answer(sc *scratch, resp *Response) {
 			resp.Code = OverLimit
 		}
 	}
+	if limited {
+		return nil
+	}
+	return closed
 }
 
 // decision returns the store's decision for c.
@@ -395,7 +362,7 @@ func better(st *Status, d *ratelimit.Decision, shadow bool) bool {
 }
 
 // appendEntriesKey appends a storage key for entries that matched no rule
-// (a bare override): the domain and length-prefixed keys and values.
+// (a bare inline limit): the domain and length-prefixed keys and values.
 func appendEntriesKey(b []byte, domain string, entries []rules.Entry) []byte {
 	b = appendLenString(b, domain)
 	for _, e := range entries {
@@ -409,43 +376,44 @@ func appendLenString(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-// appendOverrideKey marks a key as an override's, with its window; rule
-// keys never contain "!o/" (their '/' is escaped).
-func appendOverrideKey(b []byte, o *Override) []byte {
-	return fmt.Appendf(b, "!o/%dx%s", max(o.Multiplier, 1), o.Unit)
+// appendInlineKey marks a key as an inline limit's, with its window; rule
+// keys never contain "!o/" (their '/' is escaped). The marker predates the
+// name InlineLimit and stays: it is part of keys already stored.
+func appendInlineKey(b []byte, l *InlineLimit) []byte {
+	return fmt.Appendf(b, "!o/%dx%s", max(l.Multiplier, 1), l.Unit)
 }
 
-// overrideRules caches the rules of descriptor overrides, so that the same
-// override does not allocate a rule per request. Bounded: past maxOverrides
-// distinct overrides, rules are made per request.
-type overrideRules struct {
+// inlineRules caches the rules of inline limits, so that the same inline
+// limit does not allocate a rule per request. Bounded: past maxInlineRules
+// distinct inline limits, rules are made per request.
+type inlineRules struct {
 	mu sync.RWMutex
-	m  map[Override]*ratelimit.Rule
+	m  map[InlineLimit]*ratelimit.Rule
 }
 
-const maxOverrides = 4096
+const maxInlineRules = 4096
 
-func (o *overrideRules) get(ov *Override) *ratelimit.Rule {
-	o.mu.RLock()
-	r := o.m[*ov]
-	o.mu.RUnlock()
+func (c *inlineRules) get(l *InlineLimit) *ratelimit.Rule {
+	c.mu.RLock()
+	r := c.m[*l]
+	c.mu.RUnlock()
 	if r != nil {
 		return r
 	}
 	r = &ratelimit.Rule{
-		Name:      fmt.Sprintf("override_%d_per_%dx%s", ov.RequestsPerUnit, max(ov.Multiplier, 1), ov.Unit),
+		Name:      fmt.Sprintf("inline_%d_per_%dx%s", l.RequestsPerUnit, max(l.Multiplier, 1), l.Unit),
 		Algorithm: ratelimit.FixedWindow,
-		Quota:     int64(ov.RequestsPerUnit),
-		Period:    ov.period(),
+		Quota:     int64(l.RequestsPerUnit),
+		Period:    l.period(),
 	}
-	o.mu.Lock()
-	if o.m == nil {
-		o.m = make(map[Override]*ratelimit.Rule)
+	c.mu.Lock()
+	if c.m == nil {
+		c.m = make(map[InlineLimit]*ratelimit.Rule)
 	}
-	if len(o.m) < maxOverrides {
-		o.m[*ov] = r
+	if len(c.m) < maxInlineRules {
+		c.m[*l] = r
 	}
-	o.mu.Unlock()
+	c.mu.Unlock()
 	return r
 }
 

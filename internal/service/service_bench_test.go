@@ -61,7 +61,7 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 			svc := newBenchService(b, metrics)
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
-				req := service.Request{Domain: "bench", Descriptors: []service.Descriptor{{Entries: []rules.Entry{{Key: "remote_address"}}}}}
+				req := service.Request{Domain: "bench", Descriptors: []service.Descriptor{{Entries: []rules.Entry{{Key: "remote_address"}}, Cost: 1}}}
 				var resp service.Response
 				i := 0
 				for pb.Next() {
@@ -78,8 +78,8 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				req := service.Request{Domain: "bench", Descriptors: []service.Descriptor{
-					{Entries: []rules.Entry{{Key: "remote_address"}}},
-					{Entries: []rules.Entry{{Key: "tenant", Value: "acme"}, {Key: "user"}}},
+					{Entries: []rules.Entry{{Key: "remote_address"}}, Cost: 1},
+					{Entries: []rules.Entry{{Key: "tenant", Value: "acme"}, {Key: "user"}}, Cost: 1},
 				}}
 				var resp service.Response
 				i := 0

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -39,32 +40,32 @@ func specRule(t *testing.T, set *rules.Set, name string) *ratelimit.Rule {
 	return d.Spec(name).Rule
 }
 
-func TestRuleOverrideCheck(t *testing.T) {
+func TestOverrideCheck(t *testing.T) {
 	set := overrideSet(t, runtimeOverrideRules)
 	now := time.Unix(1_800_000_000, 0)
 	tests := []struct {
 		name string
-		o    RuleOverride
+		o    Override
 		want error // nil: valid
 	}{
-		{"fixed window limit", RuleOverride{Domain: "o", Rule: "fw", Limit: 100, Expires: now.Add(time.Hour)}, nil},
-		{"gcra burst", RuleOverride{Domain: "o", Rule: "g", Limit: 1, Burst: 3, Expires: now.Add(time.Hour)}, nil},
-		{"limit 0 blocks", RuleOverride{Domain: "o", Rule: "fw", Limit: 0, Expires: now.Add(time.Minute)}, nil},
-		{"max ttl", RuleOverride{Domain: "o", Rule: "fw", Limit: 1, Expires: now.Add(MaxOverrideTTL)}, nil},
-		{"unknown domain", RuleOverride{Domain: "x", Rule: "fw", Limit: 1, Expires: now.Add(time.Hour)}, ErrNoSuchRule},
-		{"unknown rule", RuleOverride{Domain: "o", Rule: "x", Limit: 1, Expires: now.Add(time.Hour)}, ErrNoSuchRule},
-		{"unlimited", RuleOverride{Domain: "o", Rule: "u", Limit: 1, Expires: now.Add(time.Hour)}, ErrInvalidOverride},
-		{"negative", RuleOverride{Domain: "o", Rule: "fw", Limit: -1, Expires: now.Add(time.Hour)}, ErrInvalidOverride},
-		{"too large", RuleOverride{Domain: "o", Rule: "fw", Limit: ratelimit.MaxQuota + 1, Expires: now.Add(time.Hour)}, ErrInvalidOverride},
-		{"burst on a window", RuleOverride{Domain: "o", Rule: "fw", Limit: 1, Burst: 2, Expires: now.Add(time.Hour)}, ErrInvalidOverride},
-		{"expired", RuleOverride{Domain: "o", Rule: "fw", Limit: 1, Expires: now}, ErrInvalidOverride},
-		{"too long", RuleOverride{Domain: "o", Rule: "fw", Limit: 1, Expires: now.Add(MaxOverrideTTL + time.Second)}, ErrInvalidOverride},
+		{"fixed window limit", Override{Domain: "o", Rule: "fw", Quota: 100, Expires: now.Add(time.Hour)}, nil},
+		{"gcra burst", Override{Domain: "o", Rule: "g", Quota: 1, Burst: 3, Expires: now.Add(time.Hour)}, nil},
+		{"limit 0 blocks", Override{Domain: "o", Rule: "fw", Quota: 0, Expires: now.Add(time.Minute)}, nil},
+		{"max ttl", Override{Domain: "o", Rule: "fw", Quota: 1, Expires: now.Add(MaxOverrideTTL)}, nil},
+		{"unknown domain", Override{Domain: "x", Rule: "fw", Quota: 1, Expires: now.Add(time.Hour)}, ErrNoSuchRule},
+		{"unknown rule", Override{Domain: "o", Rule: "x", Quota: 1, Expires: now.Add(time.Hour)}, ErrNoSuchRule},
+		{"unlimited", Override{Domain: "o", Rule: "u", Quota: 1, Expires: now.Add(time.Hour)}, ErrInvalidOverride},
+		{"negative", Override{Domain: "o", Rule: "fw", Quota: -1, Expires: now.Add(time.Hour)}, ErrInvalidOverride},
+		{"too large", Override{Domain: "o", Rule: "fw", Quota: ratelimit.MaxQuota + 1, Expires: now.Add(time.Hour)}, ErrInvalidOverride},
+		{"burst on a window", Override{Domain: "o", Rule: "fw", Quota: 1, Burst: 2, Expires: now.Add(time.Hour)}, ErrInvalidOverride},
+		{"expired", Override{Domain: "o", Rule: "fw", Quota: 1, Expires: now}, ErrInvalidOverride},
+		{"too long", Override{Domain: "o", Rule: "fw", Quota: 1, Expires: now.Add(MaxOverrideTTL + time.Second)}, ErrInvalidOverride},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r, err := tt.o.Check(set, now)
 			if tt.want == nil {
-				if err != nil || r.Quota != tt.o.Limit || r.Burst != tt.o.Burst {
+				if err != nil || r.Quota != tt.o.Quota || r.Burst != tt.o.Burst {
 					t.Fatalf("Check = %+v, %v", r, err)
 				}
 				orig := specRule(t, set, tt.o.Rule)
@@ -122,7 +123,7 @@ func TestServiceAppliesOverrides(t *testing.T) {
 	if got := decide(); got[0] != fw || got[1] != g {
 		t.Fatal("rules substituted with no override")
 	}
-	if err := o.Replace([]RuleOverride{{Domain: "o", Rule: "fw", Limit: 99, Expires: now.Add(time.Minute)}}); err != nil {
+	if err := o.Replace([]Override{{Domain: "o", Rule: "fw", Quota: 99, Expires: now.Add(time.Minute)}}); err != nil {
 		t.Fatal(err)
 	}
 	got := decide()
@@ -137,7 +138,7 @@ func TestServiceAppliesOverrides(t *testing.T) {
 	// both the old and the new rules are.
 	next := overrideSet(t, runtimeOverrideRules)
 	nextFW := specRule(t, next, "fw")
-	if err := o.SetRules(next, true); err != nil {
+	if err := o.setRules(next, true); err != nil { // SetRules's first step
 		t.Fatal(err)
 	}
 	for _, r := range []*ratelimit.Rule{fw, nextFW} {
@@ -145,16 +146,20 @@ func TestServiceAppliesOverrides(t *testing.T) {
 			t.Errorf("during the switch, Lookup(%p) = %v, %v", r, or, ok)
 		}
 	}
-	_ = o.SetRules(next, false)
+	if err := svc.SetRules(next); err != nil {
+		t.Fatal(err)
+	}
 	if _, _, ok := o.Lookup(fw); ok {
 		t.Error("the old set's rule is still overridden after the switch")
+	}
+	if or, _, ok := o.Lookup(nextFW); !ok || or.Quota != 99 {
+		t.Errorf("after the switch, the new set's rule is not overridden: %v, %v", or, ok)
 	}
 
 	now = now.Add(time.Minute) // expired
 	if _, _, ok := o.Lookup(nextFW); ok {
 		t.Error("expired override still applies")
 	}
-	svc.SetRules(next)
 	if got := decide(); got[0] != nextFW {
 		t.Errorf("expired override used by Decide: %+v", got[0])
 	}
@@ -168,5 +173,39 @@ func TestOverridesNoAllocWhenEmpty(t *testing.T) {
 	r := specRule(t, o.set, "fw")
 	if allocs := testing.AllocsPerRun(100, func() { o.Lookup(r) }); allocs != 0 {
 		t.Errorf("Lookup with no overrides allocates %v times", allocs)
+	}
+}
+
+// TestSetRulesReportsOverridesThatNoLongerApply: a reload that drops an
+// overridden rule reports the override, keeps it, and applies it again
+// once a reload brings the rule back.
+func TestSetRulesReportsOverridesThatNoLongerApply(t *testing.T) {
+	set := overrideSet(t, runtimeOverrideRules)
+	now := time.Unix(1_800_000_000, 0)
+	o := NewOverrides(set, func() time.Time { return now })
+	svc, err := New(Options{Store: &recorder{}, Rules: set, Overrides: o})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Replace([]Override{
+		{Domain: "o", Rule: "fw", Quota: 99, Expires: now.Add(time.Hour)},
+		{Domain: "o", Rule: "gone", Quota: 1, Expires: now.Add(-time.Second)}, // expired: never reported
+	}); err != nil {
+		t.Fatalf("Replace = %v; an expired override is no error", err)
+	}
+	without := overrideSet(t, "domain: o\ndescriptors:\n  - key: g\n    rate_limit: {unit: second, requests_per_unit: 5, name: g}\n")
+	err = svc.SetRules(without)
+	if !errors.Is(err, ErrNoSuchRule) || !strings.Contains(err.Error(), "override of o/fw") || strings.Contains(err.Error(), "gone") {
+		t.Fatalf("SetRules without the overridden rule = %v; want the override of o/fw reported, and nothing of the expired one", err)
+	}
+	if len(o.List()) != 1 {
+		t.Errorf("the override was dropped: %+v", o.List())
+	}
+	back := overrideSet(t, runtimeOverrideRules)
+	if err := svc.SetRules(back); err != nil {
+		t.Fatalf("SetRules with the rule back = %v", err)
+	}
+	if r, _, ok := o.Lookup(specRule(t, back, "fw")); !ok || r.Quota != 99 {
+		t.Errorf("the override does not apply again: %v, %v", r, ok)
 	}
 }

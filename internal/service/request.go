@@ -1,0 +1,164 @@
+package service
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/rules"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// A Request asks whether a request may go: the domain whose rules apply
+// and the descriptors to decide.
+type Request struct {
+	Domain      string
+	Descriptors []Descriptor
+}
+
+// A Descriptor is one list of entries of a Request and what it costs.
+type Descriptor struct {
+	Entries []rules.Entry
+	// Cost is what the descriptor takes from each limit it matches, as an
+	// Item's Cost in package ratelimit: 0 (the zero value) checks without
+	// counting, a negative cost refunds (never above a limit's capacity).
+	// |Cost| is at most ratelimit.MaxQuota.
+	Cost int64
+	// InlineLimit, if not nil, replaces the limits the descriptor matches;
+	// it limits the descriptor even when it matches no rule.
+	InlineLimit *InlineLimit
+}
+
+// An InlineLimit is a limit carried in a request descriptor instead of a
+// rule file (Envoy's per-descriptor RateLimitOverride): a fixed window of
+// RequestsPerUnit per Multiplier × Unit.
+type InlineLimit struct {
+	RequestsPerUnit uint32
+	Unit            rules.Unit
+	// Multiplier multiplies the window (Envoy's unit_multiplier); 0 means 1.
+	Multiplier uint32
+}
+
+// period is the inline limit's window.
+func (l *InlineLimit) period() time.Duration {
+	return l.Unit.Duration() * time.Duration(max(l.Multiplier, 1))
+}
+
+// ErrInvalidRequest is wrapped by the errors of requests that are
+// malformed or beyond a bound; adapters answer them with INVALID_ARGUMENT
+// or 400.
+var ErrInvalidRequest = errors.New("invalid request")
+
+// invalid returns an error wrapping ErrInvalidRequest.
+func invalid(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidRequest, fmt.Sprintf(format, a...))
+}
+
+// CheckDescriptorCount checks the number of descriptors of a request: 1 to
+// rules.MaxDescriptors. An adapter that must refuse a request before it
+// copies it calls CheckDescriptorCount and CheckEntryCount, the first two
+// checks of Validate, so that its answer is Validate's.
+func CheckDescriptorCount(n int) error {
+	if n == 0 {
+		return invalid("no descriptors: a request needs at least one")
+	}
+	if n > rules.MaxDescriptors {
+		return invalid("%d descriptors; at most %d (MaxDescriptors)", n, rules.MaxDescriptors)
+	}
+	return nil
+}
+
+// CheckEntryCount checks the number of entries n of descriptor i of a
+// request: 1 to rules.MaxEntries. See CheckDescriptorCount.
+func CheckEntryCount(i, n int) error {
+	if n == 0 {
+		return invalid("descriptor %d has no entries; a descriptor needs at least one entry", i)
+	}
+	if n > rules.MaxEntries {
+		return invalid("descriptor %d has %d entries; at most %d (MaxEntries)", i, n, rules.MaxEntries)
+	}
+	return nil
+}
+
+// Validate reports whether r is well formed and within the bounds, with an
+// error wrapping ErrInvalidRequest that names what is wrong. In order: the
+// number of descriptors, the number of entries of each, the domain (not
+// empty, at most rules.MaxKeyValueBytes), then for each descriptor its keys
+// and values (at most rules.MaxKeyValueBytes), its cost and its inline
+// limit. It is the one check of a request, which ShouldRateLimit makes
+// before anything else; it does not allocate when r is valid.
+func (r *Request) Validate() error {
+	if err := CheckDescriptorCount(len(r.Descriptors)); err != nil {
+		return err
+	}
+	for i := range r.Descriptors {
+		if err := CheckEntryCount(i, len(r.Descriptors[i].Entries)); err != nil {
+			return err
+		}
+	}
+	if r.Domain == "" {
+		return invalid("domain is empty")
+	}
+	if n := len(r.Domain); n > rules.MaxKeyValueBytes {
+		return invalid("domain is %d bytes; at most %d (MaxKeyValueBytes)", n, rules.MaxKeyValueBytes)
+	}
+	for i := range r.Descriptors {
+		if err := r.Descriptors[i].validate(i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validate checks descriptor i but for its number of entries.
+func (d *Descriptor) validate(i int) error {
+	for j := range d.Entries {
+		if n := len(d.Entries[j].Key); n > rules.MaxKeyValueBytes {
+			return invalid("descriptor %d entry %d: key is %d bytes; at most %d (MaxKeyValueBytes)", i, j, n, rules.MaxKeyValueBytes)
+		}
+		if n := len(d.Entries[j].Value); n > rules.MaxKeyValueBytes {
+			return invalid("descriptor %d entry %d: value is %d bytes; at most %d (MaxKeyValueBytes)", i, j, n, rules.MaxKeyValueBytes)
+		}
+	}
+	if d.Cost < -ratelimit.MaxQuota || d.Cost > ratelimit.MaxQuota {
+		return invalid("descriptor %d: cost %d is beyond ±%d (MaxQuota)", i, d.Cost, int64(ratelimit.MaxQuota))
+	}
+	if l := d.InlineLimit; l != nil {
+		unit := l.Unit.Duration()
+		if unit == 0 {
+			return invalid("descriptor %d: inline limit has unknown unit %d", i, l.Unit)
+		}
+		if p := l.period(); p <= 0 || p > ratelimit.MaxPeriod || p/unit != time.Duration(max(l.Multiplier, 1)) {
+			return invalid("descriptor %d: inline limit window %d × %s exceeds %v", i, l.Multiplier, l.Unit, ratelimit.MaxPeriod)
+		}
+	}
+	return nil
+}
+
+// An UnavailableError is the error of a request the store could not
+// decide: the store returned an error (Err), or it could not reach its
+// backend and a limit whose failure_mode is fail_closed denied the request
+// (Rule; Err is nil). Neither is the request being over a limit: HTTP
+// answers 503, never 429.
+type UnavailableError struct {
+	// Domain and Rule name the limit that failed closed.
+	Domain, Rule string
+	// RetryAfter is the time after which the store tries its backend
+	// again, as the fail_closed decision gave it; 0 when unknown.
+	RetryAfter time.Duration
+	// Err is the store's error; nil when a limit failed closed.
+	Err error
+}
+
+func (e *UnavailableError) Error() string {
+	if e.Err != nil {
+		return "the store could not decide: " + e.Err.Error()
+	}
+	return fmt.Sprintf("the store could not decide, and rule %q of domain %q fails closed (failure_mode: fail_closed)", e.Rule, e.Domain)
+}
+
+func (e *UnavailableError) Unwrap() error { return e.Err }
+
+// FailedClosed reports whether a limit failed closed: the request was
+// decided (denied), and the Response holds its statuses.
+func (e *UnavailableError) FailedClosed() bool { return e.Err == nil }

@@ -1,0 +1,132 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/rules"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// outageStore decides as a store whose backend is down, by each rule's
+// failure_mode, except the rules named in limited, which it denies as over
+// their limit; with err set, it fails instead.
+type outageStore struct {
+	limited map[string]bool
+	err     error
+}
+
+func (s outageStore) Decide(_ context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
+	if s.err != nil {
+		return dst, s.err
+	}
+	for _, it := range items {
+		d := ratelimit.Decision{Capacity: it.Rule.Capacity(), Rule: it.Rule.Name}
+		switch {
+		case s.limited[it.Rule.Name]:
+			d.Reason, d.RetryAfter = ratelimit.ReasonLimited, time.Minute
+		case it.Rule.Failure == ratelimit.FailClosed:
+			d.Reason, d.RetryAfter = ratelimit.ReasonFailClosed, time.Duration(len(it.Rule.Name))*time.Second
+		default:
+			d.Allowed, d.Reason = true, ratelimit.ReasonFailOpen
+		}
+		dst = append(dst, d)
+	}
+	return dst, nil
+}
+
+const outageRules = `domain: o
+descriptors:
+  - key: login
+    rate_limit: {unit: minute, requests_per_unit: 5, name: login, failure_mode: fail_closed}
+  - key: signup
+    rate_limit: {unit: minute, requests_per_unit: 5, name: signup_form, failure_mode: fail_closed}
+  - key: page
+    rate_limit: {unit: minute, requests_per_unit: 5, name: page}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5, name: shadow, failure_mode: fail_closed}
+`
+
+func descs(kvs ...string) []Descriptor {
+	var ds []Descriptor
+	for _, kv := range kvs {
+		k, v, _ := strings.Cut(kv, "=")
+		ds = append(ds, Descriptor{Entries: []rules.Entry{{Key: k, Value: v}}, Cost: 1})
+	}
+	return ds
+}
+
+// TestFailedClosedIsUnavailable: a request denied only by limits that
+// failed closed is an *UnavailableError naming the one that retries last,
+// with the statuses filled; a limit over its own quota makes it a plain
+// denial; a store error is an *UnavailableError wrapping it.
+func TestFailedClosedIsUnavailable(t *testing.T) {
+	set := overrideSet(t, outageRules)
+	tests := []struct {
+		name    string
+		store   outageStore
+		descs   []Descriptor
+		code    Code
+		rule    string // of the UnavailableError; "" for no error
+		retry   time.Duration
+		errText string
+	}{
+		{"fail_open admits", outageStore{}, descs("page=a"), OK, "", 0, ""},
+		{"fail_closed", outageStore{}, descs("page=a", "login=a"), OverLimit, "login", 5 * time.Second, `rule "login" of domain "o" fails closed (failure_mode: fail_closed)`},
+		{"the last retry", outageStore{}, descs("login=a", "signup=a"), OverLimit, "signup_form", 11 * time.Second, `"signup_form"`},
+		{"a shadow limit does not deny", outageStore{}, descs("shadow=a"), OK, "", 0, ""},
+		{"over a limit as well", outageStore{limited: map[string]bool{"page": true}}, descs("login=a", "page=a"), OverLimit, "", 0, ""},
+		{"store error", outageStore{err: errors.New("connection refused")}, descs("page=a"), OK, "", 0, "the store could not decide: connection refused"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			svc, err := New(Options{Store: tt.store, Rules: set})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var resp Response
+			err = svc.ShouldRateLimit(t.Context(), &Request{Domain: "o", Descriptors: tt.descs}, &resp)
+			if tt.errText == "" {
+				if err != nil || resp.Code != tt.code {
+					t.Fatalf("ShouldRateLimit = %v, code %v; want no error, code %v", err, resp.Code, tt.code)
+				}
+				return
+			}
+			var ue *UnavailableError
+			if !errors.As(err, &ue) || !strings.Contains(err.Error(), tt.errText) {
+				t.Fatalf("ShouldRateLimit = %v; want an *UnavailableError containing %q", err, tt.errText)
+			}
+			if tt.store.err != nil {
+				if !errors.Is(err, tt.store.err) || ue.FailedClosed() {
+					t.Errorf("a store error: %#v; want it wrapped, not failed closed", ue)
+				}
+				return
+			}
+			if !ue.FailedClosed() || ue.Rule != tt.rule || ue.Domain != "o" || ue.RetryAfter != tt.retry {
+				t.Errorf("error = %#v; want rule %q of domain o failed closed, retry after %v", ue, tt.rule, tt.retry)
+			}
+			if resp.Code != tt.code || len(resp.Statuses) != len(tt.descs) {
+				t.Errorf("response code %v with %d statuses; want %v with %d", resp.Code, len(resp.Statuses), tt.code, len(tt.descs))
+			}
+		})
+	}
+}
+
+// TestValidateDoesNotAllocate: the one check of every request costs no
+// allocation when the request is valid.
+func TestValidateDoesNotAllocate(t *testing.T) {
+	req := Request{Domain: "o", Descriptors: []Descriptor{
+		{Entries: []rules.Entry{{Key: "k", Value: "v"}}, Cost: -3},
+		{Entries: []rules.Entry{{Key: "k", Value: "v"}, {Key: "k2"}}, InlineLimit: &InlineLimit{RequestsPerUnit: 5, Unit: rules.Minute, Multiplier: 2}},
+	}}
+	if err := req.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = req.Validate() }); n != 0 {
+		t.Errorf("Validate allocates %v times", n)
+	}
+}

@@ -4,7 +4,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/storetest"
 )
@@ -13,7 +12,7 @@ import (
 // on a fake clock.
 func TestMemoryStore(t *testing.T) {
 	storetest.RunLeases(t, func(t *testing.T) (storetest.FencedLeaseStore, func(time.Duration)) {
-		clk := fakeclock.New(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+		clk := storetest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
 		return lease.NewMemoryStoreClock(clk.Now), clk.Advance
 	})
 }

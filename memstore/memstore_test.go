@@ -8,15 +8,15 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
-func newStore(t *testing.T, opts Options) (*Store, *fakeclock.Clock) {
+func newStore(t *testing.T, opts Options) (*Store, *storetest.Clock) {
 	t.Helper()
-	c := fakeclock.New(t0)
+	c := storetest.NewClock(t0)
 	if opts.Now == nil {
 		opts.Now = c.Now
 	}

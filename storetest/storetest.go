@@ -34,7 +34,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -67,13 +66,13 @@ func Run(t *testing.T, newStore NewStore) {
 // env is one subtest's Store and clock.
 type env struct {
 	t     *testing.T
-	clock *fakeclock.Clock
+	clock *Clock
 	store ratelimit.Store
 }
 
 func newEnv(t *testing.T, newStore NewStore) *env {
 	t.Helper()
-	c := fakeclock.New(Start)
+	c := NewClock(Start)
 	s := newStore(t, c.Now)
 	if s == nil {
 		t.Fatal("NewStore returned nil")

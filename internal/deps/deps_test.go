@@ -10,6 +10,8 @@
 //     nothing else of the three).
 //   - Only redisstore, among the library packages, depends on go-redis:
 //     a program that keeps its state in memory links no Redis code.
+//   - No library package imports a package under internal/: what a
+//     library needs is public, so its users can see and use it too.
 
 //   - Only package main under cmd/ imports flag or reads the environment
 //     (os.Getenv, os.LookupEnv, os.Environ, os.ExpandEnv, syscall.Getenv,
@@ -190,6 +192,11 @@ func importRules(mod string) []rule {
 			name:      "only redisstore, of the library packages, may depend on go-redis: a memory-only program links no Redis code",
 			applies:   func(rel string) bool { return isLibrary(rel) && rel != redisAllowed },
 			forbidden: func(p *pkg) bool { return isRedis(p.ImportPath) },
+		},
+		{
+			name:      "library packages may not import the module's internal/ packages",
+			applies:   isLibrary,
+			forbidden: func(p *pkg) bool { return hasPathPrefix(p.ImportPath, mod+"/internal") },
 		},
 		{
 			name:      "grpclimit may depend on gRPC, but not on YAML or Prometheus",
@@ -452,6 +459,18 @@ func TestRulesCatchViolations(t *testing.T) {
 				"package example.com/m/lease imports example.com/m/redisstore, which depends on github.com/redis/go-redis/v9: only redisstore",
 				"package example.com/m/memstore imports github.com/redis/go-redis/v9: only redisstore",
 			},
+		},
+		{
+			name: "library imports internal",
+			pkgs: []*pkg{
+				own("internal/storekey", "storekey"),
+				own("httplimit", "httplimit", mod+"/internal/storekey"),
+				own("internal/service", "service", mod+"/internal/storekey"), // allowed
+				own("cmd/sluice", "main", mod+"/internal/storekey"),          // allowed
+				std("internal/race"),
+				own("ratelimitx", "ratelimitx", "internal/race"), // the standard library's own
+			},
+			want: []string{"package example.com/m/httplimit imports example.com/m/internal/storekey: library packages may not import"},
 		},
 		{
 			name: "library reaches grpc through a dependency",

@@ -12,11 +12,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/internal/rls"
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/internal/service"
 	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 const testRules = `domain: t
@@ -40,7 +40,7 @@ type fixture struct {
 	svc       *service.Service
 	mem       *memstore.Store
 	overrides *service.Overrides
-	clock     *fakeclock.Clock
+	clock     *storetest.Clock
 	reg       *prometheus.Registry
 	api       *API
 	srv       *httptest.Server
@@ -65,7 +65,7 @@ func loadSet(t testing.TB, files ...string) *rules.Set {
 
 func newFixture(t testing.TB, opts Options) *fixture {
 	t.Helper()
-	f := &fixture{clock: fakeclock.New(time.Unix(1_800_000_000, 0)), reg: prometheus.NewRegistry()}
+	f := &fixture{clock: storetest.NewClock(time.Unix(1_800_000_000, 0)), reg: prometheus.NewRegistry()}
 	set := loadSet(t, testRules)
 	f.mem = memstore.New(memstore.Options{JanitorInterval: -1})
 	t.Cleanup(func() { f.mem.Close() })

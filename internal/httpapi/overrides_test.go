@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/service"
 	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 // testOverrideStore runs the OverrideStore contract against s.
@@ -60,7 +60,7 @@ func testOverrideStore(t *testing.T, s OverrideStore) {
 func TestMemoryOverrides(t *testing.T) {
 	testOverrideStore(t, &MemoryOverrides{})
 
-	c := fakeclock.New(time.Unix(1_800_000_000, 0))
+	c := storetest.NewClock(time.Unix(1_800_000_000, 0))
 	m := &MemoryOverrides{Now: c.Now}
 	_ = m.Put(t.Context(), service.Override{Domain: "t", Rule: "r", Quota: 1}, time.Minute)
 	c.Advance(time.Minute)

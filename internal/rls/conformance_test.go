@@ -19,7 +19,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/sluicehq/sluice/internal/fakeclock"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/internal/rls"
 	"github.com/sluicehq/sluice/internal/rules"
@@ -27,6 +26,7 @@ import (
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/ratelimit"
 	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 // The conformance corpus: testdata/conformance/*.yaml each hold rules and
@@ -162,7 +162,7 @@ func runCase(t *testing.T, file string, newStore storeFactory) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := fakeclock.New(time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC))
+	clk := storetest.NewClock(time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC))
 	if c.Start != "" {
 		start, err := time.Parse(time.RFC3339Nano, c.Start)
 		if err != nil {

@@ -62,17 +62,6 @@ func BenchmarkRequest(b *testing.B) {
 		dst := make([]Match, 0, 16)
 		buf := make([]byte, 0, 1024)
 		for pb.Next() {
-			if err := CheckDomain("demo"); err != nil {
-				b.Fatal(err)
-			}
-			if err := CheckDescriptorCount(len(req)); err != nil {
-				b.Fatal(err)
-			}
-			for i, entries := range req {
-				if err := CheckDescriptor(i, entries); err != nil {
-					b.Fatal(err)
-				}
-			}
 			d, _ := s.Domain("demo")
 			dst = dst[:0]
 			for i, entries := range req {

@@ -1,8 +1,6 @@
 package rules
 
 import (
-	"errors"
-	"fmt"
 	"strings"
 )
 
@@ -17,61 +15,6 @@ const (
 	// MaxKeyValueBytes bounds the domain and every key and value, in bytes.
 	MaxKeyValueBytes = 256
 )
-
-// ErrBound is wrapped by every error of the request checks below. Their
-// errors name the bound, and they do not allocate when the request is
-// within it.
-var ErrBound = errors.New("request exceeds a bound")
-
-// CheckDomain checks the domain of a request: not empty, at most
-// MaxKeyValueBytes.
-func CheckDomain(domain string) error {
-	if domain == "" {
-		return fmt.Errorf("%w: domain is empty", ErrBound)
-	}
-	if len(domain) > MaxKeyValueBytes {
-		return fmt.Errorf("%w: domain is %d bytes; at most %d bytes (MaxKeyValueBytes) are allowed", ErrBound, len(domain), MaxKeyValueBytes)
-	}
-	return nil
-}
-
-// CheckDescriptorCount checks the number of descriptors of a request:
-// 1 to MaxDescriptors.
-func CheckDescriptorCount(n int) error {
-	if n == 0 {
-		return fmt.Errorf("%w: no descriptors", ErrBound)
-	}
-	if n > MaxDescriptors {
-		return fmt.Errorf("%w: %d descriptors; at most %d (MaxDescriptors) are allowed", ErrBound, n, MaxDescriptors)
-	}
-	return nil
-}
-
-// CheckEntryCount checks the number of entries n of descriptor i of a
-// request: at most MaxEntries. Adapters call it before they copy entries.
-func CheckEntryCount(i, n int) error {
-	if n > MaxEntries {
-		return fmt.Errorf("%w: descriptor %d has %d entries; at most %d (MaxEntries) are allowed", ErrBound, i, n, MaxEntries)
-	}
-	return nil
-}
-
-// CheckDescriptor checks descriptor i of a request: at most MaxEntries
-// entries, keys and values of at most MaxKeyValueBytes.
-func CheckDescriptor(i int, entries []Entry) error {
-	if err := CheckEntryCount(i, len(entries)); err != nil {
-		return err
-	}
-	for j := range entries {
-		if n := len(entries[j].Key); n > MaxKeyValueBytes {
-			return fmt.Errorf("%w: descriptor %d entry %d: key is %d bytes; at most %d bytes (MaxKeyValueBytes) are allowed", ErrBound, i, j, n, MaxKeyValueBytes)
-		}
-		if n := len(entries[j].Value); n > MaxKeyValueBytes {
-			return fmt.Errorf("%w: descriptor %d entry %d: value is %d bytes; at most %d bytes (MaxKeyValueBytes) are allowed", ErrBound, i, j, n, MaxKeyValueBytes)
-		}
-	}
-	return nil
-}
 
 // Match appends to dst the limits of domain that apply to one request
 // descriptor and returns the extended slice; their Descriptor is 0. An

@@ -218,53 +218,6 @@ func TestApplyReplaces(t *testing.T) {
 	}
 }
 
-func TestRequestBounds(t *testing.T) {
-	long := strings.Repeat("v", MaxKeyValueBytes+1)
-	ok := strings.Repeat("v", MaxKeyValueBytes)
-	tests := []struct {
-		name  string
-		check func() error
-		want  string
-	}{
-		{"ok", func() error { return CheckDescriptor(0, e("k", ok)) }, ""},
-		{"domain at the bound", func() error { return CheckDomain(ok) }, ""},
-		{"max descriptors", func() error { return CheckDescriptorCount(MaxDescriptors) }, ""},
-		{"max entries", func() error { return CheckDescriptor(MaxDescriptors-1, make([]Entry, MaxEntries)) }, ""},
-		{"empty domain", func() error { return CheckDomain("") }, "domain is empty"},
-		{"long domain", func() error { return CheckDomain(long) }, "(MaxKeyValueBytes)"},
-		{"no descriptors", func() error { return CheckDescriptorCount(0) }, "no descriptors"},
-		{"too many descriptors", func() error { return CheckDescriptorCount(MaxDescriptors + 1) }, "65 descriptors; at most 64 (MaxDescriptors)"},
-		{"too many entries", func() error { return CheckDescriptor(0, make([]Entry, MaxEntries+1)) }, "descriptor 0 has 17 entries; at most 16 (MaxEntries)"},
-		{"too many entries, counted", func() error { return CheckEntryCount(0, MaxEntries+1) }, "descriptor 0 has 17 entries; at most 16 (MaxEntries)"},
-		{"long key", func() error { return CheckDescriptor(1, e("a", "b", long, "v")) }, "descriptor 1 entry 1: key is 257 bytes; at most 256 bytes (MaxKeyValueBytes)"},
-		{"long value", func() error { return CheckDescriptor(0, e("k", long)) }, "descriptor 0 entry 0: value is 257 bytes"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			err := tt.check()
-			if tt.want == "" {
-				if err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			if err == nil || !strings.Contains(err.Error(), tt.want) || !errors.Is(err, ErrBound) {
-				t.Fatalf("got %v; want an ErrBound containing %q", err, tt.want)
-			}
-		})
-	}
-	descs := [][]Entry{e("k", "v", "k2", "v2"), e("x", "y")}
-	if n := testing.AllocsPerRun(100, func() {
-		_ = CheckDomain("d")
-		_ = CheckDescriptorCount(len(descs))
-		for i, d := range descs {
-			_ = CheckDescriptor(i, d)
-		}
-	}); n != 0 {
-		t.Errorf("the request checks allocate %v times", n)
-	}
-}
-
 func TestMatchAllocs(t *testing.T) {
 	s := mustSet(t, mustParse(t, "m.yaml", matchRules))
 	dst := make([]Match, 0, 8)

@@ -130,3 +130,51 @@ func TestValidateDoesNotAllocate(t *testing.T) {
 		t.Errorf("Validate allocates %v times", n)
 	}
 }
+
+// TestValidateBounds: every bound of a request, at it and past it, with an
+// error that names what is wrong.
+func TestValidateBounds(t *testing.T) {
+	long := strings.Repeat("v", rules.MaxKeyValueBytes+1)
+	ok := strings.Repeat("v", rules.MaxKeyValueBytes)
+	entries := func(n int) []rules.Entry { return make([]rules.Entry, n) }
+	many := func(n int) []Descriptor {
+		ds := make([]Descriptor, n)
+		for i := range ds {
+			ds[i].Entries = entries(1)
+		}
+		return ds
+	}
+	tests := []struct {
+		name string
+		req  Request
+		want string // "" when valid
+	}{
+		{"ok", Request{Domain: "d", Descriptors: []Descriptor{{Entries: []rules.Entry{{Key: "k", Value: ok}}}}}, ""},
+		{"domain at the bound", Request{Domain: ok, Descriptors: many(1)}, ""},
+		{"max descriptors", Request{Domain: "d", Descriptors: many(rules.MaxDescriptors)}, ""},
+		{"max entries", Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries(rules.MaxEntries)}}}, ""},
+		{"empty domain", Request{Descriptors: many(1)}, "domain is empty"},
+		{"long domain", Request{Domain: long, Descriptors: many(1)}, "(MaxKeyValueBytes)"},
+		{"no descriptors", Request{Domain: "d"}, "no descriptors: a request needs at least one"},
+		{"too many descriptors", Request{Domain: "d", Descriptors: many(rules.MaxDescriptors + 1)}, "65 descriptors; at most 64 (MaxDescriptors)"},
+		{"no entries", Request{Domain: "d", Descriptors: []Descriptor{{}}}, "descriptor 0 has no entries"},
+		{"too many entries", Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries(rules.MaxEntries + 1)}}}, "descriptor 0 has 17 entries; at most 16 (MaxEntries)"},
+		{"long key", Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries(1)}, {Entries: []rules.Entry{{Key: "a", Value: "b"}, {Key: long, Value: "v"}}}}}, "descriptor 1 entry 1: key is 257 bytes; at most 256 (MaxKeyValueBytes)"},
+		{"long value", Request{Domain: "d", Descriptors: []Descriptor{{Entries: []rules.Entry{{Key: "k", Value: long}}}}}, "descriptor 0 entry 0: value is 257 bytes"},
+		{"huge cost", Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries(1), Cost: ratelimit.MaxQuota + 1}}}, "(MaxQuota)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.req.Validate()
+			if tt.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) || !errors.Is(err, ErrInvalidRequest) {
+				t.Fatalf("got %v; want an ErrInvalidRequest containing %q", err, tt.want)
+			}
+		})
+	}
+}

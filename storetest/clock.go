@@ -1,20 +1,22 @@
-// Package fakeclock is a clock for tests that moves only when told to. It
-// is safe for concurrent use; stores under test read it through Now.
-package fakeclock
+package storetest
 
 import (
 	"sync"
 	"time"
 )
 
-// A Clock is a settable instant. The zero value reads the zero time.
+// A Clock is a clock for tests that moves only when told to: a settable
+// instant. Stores under test read it through Now, which Run passes to
+// NewStore; tests of other stores and of code that takes a clock use it
+// the same way. It is safe for concurrent use. The zero value reads the
+// zero time.
 type Clock struct {
 	mu sync.Mutex
 	t  time.Time
 }
 
-// New returns a Clock at t.
-func New(t time.Time) *Clock { return &Clock{t: t} }
+// NewClock returns a Clock at t.
+func NewClock(t time.Time) *Clock { return &Clock{t: t} }
 
 // Now returns the clock's instant.
 func (c *Clock) Now() time.Time {

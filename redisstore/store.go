@@ -1,6 +1,24 @@
-// Package redisstore is a ratelimit.Store on Redis, Redis Sentinel or Redis
-// Cluster, so that every replica of a service shares the same counters and
-// gets the same exact decisions.
+// Package redisstore keeps Sluice's shared state in Redis, Redis Sentinel or
+// Redis Cluster, so that every replica of a service, and every process
+// sharing a downstream, sees the same state. It is the one home of
+// Sluice's Redis code: every Lua script (embedded), every key encoding and
+// hash tag.
+//
+//   - Store is a ratelimit.Store: exact rate-limit decisions, shared by
+//     every replica. Most of this documentation is about it.
+//   - SemaphoreStore is a concurrency.Store: distributed semaphores with
+//     expiring permits.
+//   - LeaseStore is a lease.Store: capacity leases on partitions of a
+//     downstream's limit.
+//   - ExpiringHash is a small table of entries with their own TTLs, for
+//     settings every replica must see (the service's runtime overrides).
+//
+// All of them are built on a redis.UniversalClient that the caller owns and
+// closes; NewClient makes one with the settings they expect (every call
+// bounded, no retries), for a standalone server, Sentinel or Cluster. All of
+// them time what they store by the Redis server's clock (TIME inside their
+// scripts), never by a client's. LogTo routes go-redis's own log lines
+// through log/slog.
 //
 // # Model
 //
@@ -117,7 +135,8 @@
 // (ReasonFailClosed) and FailLocal decides in process, at this replica's
 // share of the limit, Quota/Options.Replicas (ReasonLocal). Stats counts them.
 //
-// A Store is safe for concurrent use. Its zero value is not usable: call New.
+// Every type of the package is safe for concurrent use; none has a usable
+// zero value: call its constructor.
 package redisstore
 
 import (

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -81,4 +82,15 @@ func TestLeaseStoreUnreachable(t *testing.T) {
 	if _, err := r.Heartbeat(context.Background(), lease.Member{ID: "a", Weight: 1}, ttl, 2); err != nil {
 		t.Fatalf("heartbeat after restart: %v", err)
 	}
+}
+
+// BenchmarkLeaseStorePeriod measures one renewal period's store work of a
+// holder on a standalone server: two script calls.
+func BenchmarkLeaseStorePeriod(b *testing.B) {
+	srv := redistest.Standalone(b)
+	s, err := NewLeaseStore(srv.Client(), fmt.Sprint("bench-", time.Now().UnixNano()), LeaseOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	storetest.BenchmarkLeasePeriod(b, s)
 }

@@ -1,7 +1,6 @@
 package grpclimit_test
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
@@ -12,24 +11,8 @@ import (
 
 	"github.com/sluicehq/sluice/grpclimit"
 	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/storetest"
 )
-
-// listStore answers each Decide with its decisions, one per item as far as
-// it has them (the Rule names filled in), and err.
-type listStore struct {
-	ds  []ratelimit.Decision
-	err error
-}
-
-func (s listStore) Decide(_ context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
-	for i, d := range s.ds {
-		if i < len(items) {
-			d.Rule, d.Capacity = items[i].Rule.Name, items[i].Rule.Capacity()
-		}
-		dst = append(dst, d)
-	}
-	return dst, s.err
-}
 
 // TestStoreOutageIsNeverResourceExhausted: whenever the store cannot
 // decide — an error, a wrong number of decisions, a decision that failed
@@ -41,16 +24,16 @@ func TestStoreOutageIsNeverResourceExhausted(t *testing.T) {
 	admitted := ratelimit.Decision{Allowed: true}
 	tests := []struct {
 		name  string
-		store listStore
+		store storetest.Canned
 		retry time.Duration
 	}{
-		{"error", listStore{err: errors.New("down")}, 3 * time.Second},
-		{"error after decisions", listStore{ds: []ratelimit.Decision{limited, limited}, err: errors.New("down")}, 3 * time.Second},
-		{"too few decisions", listStore{ds: []ratelimit.Decision{limited}}, 3 * time.Second},
-		{"too many decisions", listStore{ds: []ratelimit.Decision{admitted, admitted, admitted}}, 3 * time.Second},
-		{"failed closed", listStore{ds: []ratelimit.Decision{closed, admitted}}, 2500 * time.Millisecond},
-		{"limited, then failed closed", listStore{ds: []ratelimit.Decision{limited, closed}}, 2500 * time.Millisecond},
-		{"failed closed, then limited", listStore{ds: []ratelimit.Decision{closed, limited}}, 2500 * time.Millisecond},
+		{"error", storetest.Canned{Err: errors.New("down")}, 3 * time.Second},
+		{"error after decisions", storetest.Canned{Decisions: []ratelimit.Decision{limited, limited}, Err: errors.New("down")}, 3 * time.Second},
+		{"too few decisions", storetest.Canned{Decisions: []ratelimit.Decision{limited}}, 3 * time.Second},
+		{"too many decisions", storetest.Canned{Decisions: []ratelimit.Decision{admitted, admitted, admitted}}, 3 * time.Second},
+		{"failed closed", storetest.Canned{Decisions: []ratelimit.Decision{closed, admitted}}, 2500 * time.Millisecond},
+		{"limited, then failed closed", storetest.Canned{Decisions: []ratelimit.Decision{limited, closed}}, 2500 * time.Millisecond},
+		{"failed closed, then limited", storetest.Canned{Decisions: []ratelimit.Decision{closed, limited}}, 2500 * time.Millisecond},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -82,7 +65,7 @@ func TestStoreOutageIsNeverResourceExhausted(t *testing.T) {
 func TestLocalDenial(t *testing.T) {
 	local := ratelimit.Decision{Reason: ratelimit.ReasonLocal, RetryAfter: 1500 * time.Millisecond}
 	cl, _ := start(t, grpclimit.Config{
-		Store:    listStore{ds: []ratelimit.Decision{local}},
+		Store:    storetest.Canned{Decisions: []ratelimit.Decision{local}},
 		Policies: []grpclimit.Policy{{Rule: ratelimit.Rule{Name: "a", Quota: 1, Period: time.Second}}},
 	}, nil)
 	_, err := cl.Check(t.Context(), &healthpb.HealthCheckRequest{})

@@ -1,7 +1,6 @@
 package httplimit_test
 
 import (
-	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -11,24 +10,8 @@ import (
 
 	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/storetest"
 )
-
-// listStore answers each Decide with its decisions, one per item as far as
-// it has them (the Rule names filled in), and err.
-type listStore struct {
-	ds  []ratelimit.Decision
-	err error
-}
-
-func (s listStore) Decide(_ context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
-	for i, d := range s.ds {
-		if i < len(items) {
-			d.Rule, d.Capacity = items[i].Rule.Name, items[i].Rule.Capacity()
-		}
-		dst = append(dst, d)
-	}
-	return dst, s.err
-}
 
 // TestStoreOutageIsNever429: whenever the store cannot decide — an error,
 // a wrong number of decisions, a decision that failed closed, whatever
@@ -39,16 +22,16 @@ func TestStoreOutageIsNever429(t *testing.T) {
 	admitted := ratelimit.Decision{Allowed: true}
 	tests := []struct {
 		name  string
-		store listStore
+		store storetest.Canned
 		retry string
 	}{
-		{"error", listStore{err: errors.New("down")}, "4"},
-		{"error after decisions", listStore{ds: []ratelimit.Decision{limited, limited}, err: errors.New("down")}, "4"},
-		{"too few decisions", listStore{ds: []ratelimit.Decision{limited}}, "4"},
-		{"too many decisions", listStore{ds: []ratelimit.Decision{admitted, admitted, admitted}}, "4"},
-		{"failed closed", listStore{ds: []ratelimit.Decision{closed, admitted}}, "3"},
-		{"limited, then failed closed", listStore{ds: []ratelimit.Decision{limited, closed}}, "3"},
-		{"failed closed, then limited", listStore{ds: []ratelimit.Decision{closed, limited}}, "3"},
+		{"error", storetest.Canned{Err: errors.New("down")}, "4"},
+		{"error after decisions", storetest.Canned{Decisions: []ratelimit.Decision{limited, limited}, Err: errors.New("down")}, "4"},
+		{"too few decisions", storetest.Canned{Decisions: []ratelimit.Decision{limited}}, "4"},
+		{"too many decisions", storetest.Canned{Decisions: []ratelimit.Decision{admitted, admitted, admitted}}, "4"},
+		{"failed closed", storetest.Canned{Decisions: []ratelimit.Decision{closed, admitted}}, "3"},
+		{"limited, then failed closed", storetest.Canned{Decisions: []ratelimit.Decision{limited, closed}}, "3"},
+		{"failed closed, then limited", storetest.Canned{Decisions: []ratelimit.Decision{closed, limited}}, "3"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -81,7 +64,7 @@ func TestStoreOutageIsNever429(t *testing.T) {
 			if ev.Status != http.StatusServiceUnavailable || !ev.Denied {
 				t.Errorf("event status %d, denied %v; want 503, denied", ev.Status, ev.Denied)
 			}
-			if wantErr := tt.store.err != nil || len(tt.store.ds) != 2; (ev.Err != nil) != wantErr {
+			if wantErr := tt.store.Err != nil || len(tt.store.Decisions) != 2; (ev.Err != nil) != wantErr {
 				t.Errorf("event error %v, want one: %v", ev.Err, wantErr)
 			}
 		})
@@ -95,7 +78,7 @@ func TestStoreOutageIsNever429(t *testing.T) {
 func TestLocalDenial(t *testing.T) {
 	local := ratelimit.Decision{Reason: ratelimit.ReasonLocal, RetryAfter: 1500 * time.Millisecond}
 	m, err := httplimit.New(httplimit.Config{
-		Store:    listStore{ds: []ratelimit.Decision{local}},
+		Store:    storetest.Canned{Decisions: []ratelimit.Decision{local}},
 		Policies: []httplimit.Policy{{Rule: ratelimit.Rule{Name: "a", Quota: 1, Period: time.Second}}},
 	})
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -183,9 +182,6 @@ func (s *Store) decideExact(ctx context.Context, items []ratelimit.Item, keys []
 					}
 				}
 			}
-		}
-		for _, st := range states {
-			st.cur = cloneState(st.orig) // Decide may change the log in place
 		}
 		ds, allowed := exactDecide(items, its, now)
 		if !allowed {
@@ -366,9 +362,4 @@ func parseLog(v any) ([]ratelimit.LogEntry, error) {
 		log = append(log, ratelimit.LogEntry{At: a, Cost: c})
 	}
 	return log, nil
-}
-
-func cloneState(s ratelimit.State) ratelimit.State {
-	s.Log = slices.Clone(s.Log)
-	return s
 }

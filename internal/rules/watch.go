@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,7 +30,19 @@ type WatchOptions struct {
 	Debounce time.Duration
 	// Logger logs reloads and their errors; nil discards.
 	Logger *slog.Logger
+	// Current is the set in force before the Watcher's first load (the
+	// one the program started with), which the first load is compared
+	// with; nil means none.
+	Current *Set
+	// RefuseEmpty refuses a load that would leave no domain while some
+	// are in force (every rule file deleted, a volume mounted empty): it
+	// fails like a broken file, with ErrNoDomains, and the last good set
+	// stays. Without it such a load applies, and every request is OK.
+	RefuseEmpty bool
 }
+
+// ErrNoDomains is the error of a load refused by WatchOptions.RefuseEmpty.
+var ErrNoDomains = errors.New("rules: the directory holds no domain any more; keeping the rules in force (RefuseEmpty)")
 
 // A Watcher reloads a rules directory when it changes: it watches the
 // directory (not its files, so editors that save by renaming a new file
@@ -46,7 +59,8 @@ type Watcher struct {
 	opts WatchOptions
 	log  *slog.Logger
 
-	load sync.Mutex // serialises loads and their callbacks
+	load    sync.Mutex // serialises loads and their callbacks
+	current *Set       // the set in force: the last good load; guarded by load
 
 	mu     sync.Mutex
 	status WatchStatus
@@ -76,7 +90,7 @@ func NewWatcher(dir string, opts WatchOptions) (*Watcher, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Watcher{dir: dir, opts: opts, log: log}, nil
+	return &Watcher{dir: dir, opts: opts, log: log, current: opts.Current}, nil
 }
 
 // Status returns the outcome of the loads so far.
@@ -92,6 +106,9 @@ func (w *Watcher) Reload() error {
 	w.load.Lock()
 	defer w.load.Unlock()
 	set, err := Load(w.dir)
+	if err == nil && w.opts.RefuseEmpty && len(set.names) == 0 && len(w.current.Domains()) > 0 {
+		err = ErrNoDomains
+	}
 	now := time.Now()
 	w.mu.Lock()
 	w.status.Loads++
@@ -110,11 +127,29 @@ func (w *Watcher) Reload() error {
 		}
 		return err
 	}
+	removed := removedDomains(w.current, set)
 	w.opts.OnLoad(set)
+	w.current = set
 	// Logged once the rules are in force, so that whoever reads the log
-	// (the end-to-end test does) may rely on them.
-	w.log.Info("rules loaded", "dir", w.dir, "domains", len(set.names), "files", len(set.files))
+	// (the end-to-end test does) may rely on them. A domain that went away
+	// is a change worth a warning: its requests are now all OK.
+	if len(removed) > 0 {
+		w.log.Warn("rules loaded; domains removed, their requests are no longer limited", "dir", w.dir, "removed", strings.Join(removed, ","), "domains", len(set.names), "files", len(set.files))
+	} else {
+		w.log.Info("rules loaded", "dir", w.dir, "domains", len(set.names), "files", len(set.files))
+	}
 	return nil
+}
+
+// removedDomains returns the domains of prev that next does not hold.
+func removedDomains(prev, next *Set) []string {
+	var out []string
+	for _, d := range prev.Domains() {
+		if _, ok := next.Domain(d); !ok {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // Run watches the directory until ctx is done, then returns nil. Once the

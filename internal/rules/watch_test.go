@@ -2,7 +2,9 @@ package rules
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -231,5 +233,67 @@ func TestWatcherMissingDir(t *testing.T) {
 	}
 	if err := w.Run(t.Context()); err == nil {
 		t.Error("Run on a missing directory returned nil")
+	}
+}
+
+// TestWatcherRemovedDomains: a reload that drops a domain (its file
+// deleted) says which, at Warn; with RefuseEmpty, a reload that would drop
+// every domain is refused and the rules in force stay.
+func TestWatcherRemovedDomains(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "a.yaml"), ruleFile("a", 1))
+	writeFile(t, filepath.Join(dir, "b.yaml"), ruleFile("b", 2))
+	start, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var log strings.Builder
+	var got *Set
+	w, err := NewWatcher(dir, WatchOptions{
+		OnLoad:      func(s *Set) { got = s },
+		Logger:      slog.New(slog.NewTextHandler(&log, nil)),
+		Current:     start,
+		RefuseEmpty: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "b.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(log.String(), "level=WARN") || !strings.Contains(log.String(), "removed=b") {
+		t.Errorf("removing b's file logged %q, want a warning naming b", log.String())
+	}
+	if _, ok := got.Domain("b"); ok {
+		t.Error("b is still loaded")
+	}
+
+	if err := os.Remove(filepath.Join(dir, "a.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Reload(); !errors.Is(err, ErrNoDomains) {
+		t.Fatalf("a reload with no domain left = %v, want ErrNoDomains", err)
+	}
+	if limitOf(t, got, "a") != 1 {
+		t.Error("the refused reload replaced the set")
+	}
+	if st := w.Status(); st.Failures != 1 || !errors.Is(st.LastError, ErrNoDomains) {
+		t.Errorf("status after the refusal: %+v", st)
+	}
+
+	// Without RefuseEmpty, the empty directory applies, with a warning.
+	log.Reset()
+	w2, err := NewWatcher(dir, WatchOptions{OnLoad: func(s *Set) { got = s }, Logger: slog.New(slog.NewTextHandler(&log, nil)), Current: start})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w2.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Domains()) != 0 || !strings.Contains(log.String(), "removed=a,b") {
+		t.Errorf("empty reload: domains %v, log %q", got.Domains(), log.String())
 	}
 }

@@ -67,7 +67,7 @@ import (
 
 // Options configure a Store. The zero value is a good default.
 type Options struct {
-	// MaxKeys bounds the number of keys held; default 1<<20 (about 120 MB,
+	// MaxKeys bounds the number of keys held; default 1<<20 (about 140 MB,
 	// not counting the entries of sliding logs).
 	MaxKeys int
 	// Shards is the number of independently locked shards, rounded up to

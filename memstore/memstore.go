@@ -53,7 +53,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
-	"iter"
 	"maps"
 	"math/bits"
 	"runtime"
@@ -120,8 +119,9 @@ type Store struct {
 // A shard maps a 64-bit hash of each key to its entry. A second,
 // independent hash, kept in the entry, tells keys apart when the first
 // collides (with 2^-128 odds of failing); the rare key whose first hash is
-// taken by another key lives in spill, by its full key. Keys are not kept,
-// so a lookup touches no string memory.
+// taken by another key lives in spill, by its full key, where it is
+// reclaimed once expired but never evicted. Keys are not kept, so a lookup
+// touches no string memory.
 type shard struct {
 	mu    sync.Mutex
 	m     map[uint64]*entry
@@ -175,6 +175,9 @@ func shareOf(d *ratelimit.Decision) share {
 // less reports whether a is a smaller share than b. A key without capacity
 // has nothing in use.
 func (a share) less(b share) bool {
+	if a.of == b.of { // the same rule, most often
+		return a.used < b.used
+	}
 	ah, al := bits.Mul64(uint64(a.used), uint64(max(b.of, 1)))
 	bh, bl := bits.Mul64(uint64(b.used), uint64(max(a.of, 1)))
 	return ah < bh || ah == bh && al < bl
@@ -188,9 +191,6 @@ type keyRef struct {
 	h, check uint64
 	key      string
 }
-
-// is reports whether k and o refer to the same key.
-func (k keyRef) is(o keyRef) bool { return k.h == o.h && k.check == o.check }
 
 func (sh *shard) get(k *keyRef) *entry {
 	if e := sh.m[k.h]; e != nil && e.check == k.check {
@@ -225,23 +225,6 @@ func (sh *shard) del(k *keyRef) {
 }
 
 func (sh *shard) len() int { return len(sh.m) + len(sh.spill) }
-
-// entries yields the shard's keys and their entries; the references of the
-// keys in m have no key string.
-func (s *Store) entries(sh *shard) iter.Seq2[keyRef, *entry] {
-	return func(yield func(keyRef, *entry) bool) {
-		for h, e := range sh.m {
-			if !yield(keyRef{h: h, check: e.check}, e) {
-				return
-			}
-		}
-		for key, e := range sh.spill {
-			if !yield(s.ref(key), e) {
-				return
-			}
-		}
-	}
-}
 
 var _ ratelimit.Store = (*Store)(nil)
 
@@ -435,7 +418,7 @@ const samples = 8
 
 // makeRoom makes room in the shard for a new key whose first decision left
 // fresh of its capacity in use, and reports whether the key may be kept. In
-// a full shard, it weighs up to samples keys that are not of keep (the
+// a full shard, it weighs up to samples keys of m that are not of keep (the
 // request's own): it reclaims the first expired one, or evicts the one
 // with the least share in use, the soonest to expire among equals, unless
 // that share is greater than fresh. The shard is locked.
@@ -444,23 +427,23 @@ func (s *Store) makeRoom(sh *shard, now int64, fresh share, keep []keyRef) bool 
 		return true
 	}
 	var (
-		victim  keyRef
-		cost    share
-		expires int64
-		n       int
+		victim uint64
+		v      *entry
+		cost   share
+		n      int
 	)
-	for k, e := range s.entries(sh) {
-		if slices.ContainsFunc(keep, k.is) {
+	for h, e := range sh.m {
+		if slices.ContainsFunc(keep, func(k keyRef) bool { return k.h == h && k.check == e.check }) {
 			continue
 		}
 		if e.expires <= now {
-			sh.del(&k)
+			delete(sh.m, h)
 			s.reclaimed.Add(1)
 			return true
 		}
 		c := e.inUse(now)
-		if n == 0 || c.less(cost) || !cost.less(c) && e.expires < expires {
-			victim, cost, expires = k, c, e.expires
+		if n == 0 || c.less(cost) || !cost.less(c) && e.expires < v.expires {
+			victim, v, cost = h, e, c
 		}
 		if n++; n == samples {
 			break
@@ -471,7 +454,7 @@ func (s *Store) makeRoom(sh *shard, now int64, fresh share, keep []keyRef) bool 
 		s.gaveBack.Add(uint64(fresh.used))
 		return false
 	}
-	sh.del(&victim)
+	delete(sh.m, victim)
 	s.evictions.Add(1)
 	if cost.exhausted() {
 		s.evictedExhausted.Add(1)

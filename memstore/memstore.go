@@ -16,10 +16,10 @@
 // store weighs it as a share of the key's capacity: what the key's last
 // decision left in use, less what a bucket (GCRA, LeakyBucket) has refilled
 // since. The window and log algorithms are weighed as their last decision
-// left them until they expire, which is exact for a fixed window and, for a
-// sliding one, overstates what it has refilled, never understates it. A key
-// with most of its capacity left is cheap to forget; an exhausted key, as a
-// key is while it is denied at cost 1, costs its whole capacity.
+// left them until they expire, which is exact for a fixed window and, for
+// the sliding ones, may overstate the share in use but never understates
+// it. A key with most of its capacity left is cheap to forget; an exhausted
+// key, as a key is while it is denied at cost 1, costs its whole capacity.
 //
 // When a new key needs a place in a full shard, the store samples a few of
 // the shard's other keys. It reclaims an expired one if it finds one;

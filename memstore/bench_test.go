@@ -66,3 +66,37 @@ func BenchmarkDecideMany(b *testing.B) {
 		dst, _ = s.Decide(context.Background(), dst[:0], items)
 	}
 }
+
+// BenchmarkDecideNewKey measures one decision on a new key in a full store
+// (1,024 keys, 8 in each of 128 shards), which makes room by evicting one
+// of the sampled keys: the path a flood of fresh keys takes. The only
+// allocation is the new key's entry.
+func BenchmarkDecideNewKey(b *testing.B) {
+	keys := make([]string, 1<<16) // far more than the store holds: every key is new again when it comes back
+	for i := range keys {
+		keys[i] = fmt.Sprint("flood:", i)
+	}
+	for _, alg := range []ratelimit.Algorithm{ratelimit.GCRA, ratelimit.FixedWindow} {
+		r := &ratelimit.Rule{Name: "b", Algorithm: alg, Quota: 10, Period: time.Hour}
+		b.Run(alg.String(), func(b *testing.B) {
+			now := time.Unix(1_800_000_000, 0).Truncate(time.Hour)
+			s := New(Options{MaxKeys: 1024, Shards: 128, Now: func() time.Time { return now }, JanitorInterval: -1})
+			defer s.Close()
+			items := []ratelimit.Item{{Rule: r, Cost: 1}}
+			dst := make([]ratelimit.Decision, 0, 1)
+			ctx := context.Background()
+			for i := range 4096 { // fill the store
+				items[0].Key = keys[i]
+				s.Decide(ctx, dst[:0], items)
+			}
+			i := 4096
+			b.ReportAllocs()
+			for b.Loop() {
+				now = now.Add(time.Nanosecond)
+				items[0].Key = keys[i%len(keys)]
+				i++
+				dst, _ = s.Decide(ctx, dst[:0], items)
+			}
+		})
+	}
+}

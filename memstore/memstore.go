@@ -2,16 +2,50 @@
 // set-up, exact decisions.
 //
 // Keys are spread over shards, each a map guarded by its own mutex, so
-// unrelated keys rarely contend. The store is bounded: it holds at most
-// Options.MaxKeys keys, and when a shard is full a new key evicts an expired
-// key or, failing that, the sampled key closest to expiring (its state is
-// the least valuable to keep), so an attacker who chooses keys cannot
-// exhaust memory — at worst they make the store forget nearly expired
-// state. A janitor goroutine, owned by the Store and stopped by Close,
-// reclaims expired keys.
+// unrelated keys rarely contend. Deciding an existing key allocates nothing.
+// A Store is safe for concurrent use; its zero value is not usable, call New.
 //
-// Deciding an existing key allocates nothing. A Store is safe for
-// concurrent use; its zero value is not usable, call New.
+// # Bounded memory
+//
+// The store holds at most Options.MaxKeys keys, so an attacker who chooses
+// keys cannot exhaust memory. A janitor goroutine, owned by the Store and
+// stopped by Close, reclaims expired keys, whose state equals a fresh one.
+//
+// A live key's state is worth what forgetting it would give back: the
+// capacity it has in use, which its holder could spend again at once. The
+// store weighs it as a share of the key's capacity: what the key's last
+// decision left in use, less what a bucket (GCRA, LeakyBucket) has refilled
+// since. The window and log algorithms are weighed as their last decision
+// left them until they expire, which is exact for a fixed window and, for
+// the sliding ones, may overstate the share in use but never understates
+// it. A key with most of its capacity left is cheap to forget; an exhausted
+// key, as a key is while it is denied at cost 1, costs its whole capacity.
+//
+// When a new key needs a place in a full shard, the store samples a few of
+// the shard's other keys. It reclaims an expired one if it finds one;
+// otherwise it takes the one with the least share in use (the soonest to
+// expire among equals) and evicts it only if that share is no greater than
+// the share the new key's own first decision used. If it is greater, the
+// new key is decided (admitted, as any new key's first request is) but not
+// kept: its charge is given back instead, and the shard's keys stay as they
+// were. Hence:
+//
+//   - The store never forgets a key to keep one that has used a smaller
+//     share of its capacity: an exhausted key is forgotten only for a new
+//     key that its own first request exhausted, never for a fresh one.
+//   - A flood of new keys, each charged part of its capacity, resets no key
+//     that has used a larger share, however many keys the flood brings:
+//     they evict one another, or are not kept.
+//   - A new key costs one sample of a few keys. A key of a request is
+//     never evicted to make room for another key of the same request; a
+//     new key that finds only those is not kept.
+//
+// Not keeping a new key has a price, paid by that key alone: until its
+// shard holds a key no costlier than it (a bucket refills, a window ends),
+// each of its requests is decided as a first request, so its own limit is
+// not enforced. A store whose MaxKeys exceeds its working set never gets
+// there; Stats counts evictions, keys not kept and what both gave back, so
+// that an operator can tell.
 package memstore
 
 import (
@@ -32,11 +66,11 @@ import (
 
 // Options configure a Store. The zero value is a good default.
 type Options struct {
-	// MaxKeys bounds the number of keys held; default 1<<20 (about 100 MB
-	// at the largest state).
+	// MaxKeys bounds the number of keys held; default 1<<20 (about 140 MB,
+	// not counting the entries of sliding logs).
 	MaxKeys int
 	// Shards is the number of independently locked shards, rounded up to
-	// a power of two; default 64 per CPU.
+	// a power of two and down to no more than MaxKeys; default 64 per CPU.
 	Shards int
 	// Now is the clock; default time.Now.
 	Now func() time.Time
@@ -46,11 +80,25 @@ type Options struct {
 	JanitorInterval time.Duration
 }
 
-// Stats are counters of a Store's life.
+// Stats are counters of a Store's life. Evictions, Unkept and GaveBack are
+// what bounding the number of keys cost (see the package doc); they stay
+// zero in a store whose MaxKeys exceeds its working set.
 type Stats struct {
-	Keys      int    // keys held now
-	Evictions uint64 // live keys evicted to make room
-	Reclaimed uint64 // expired keys removed
+	// Keys is the number of keys held now.
+	Keys int
+	// Reclaimed counts expired keys removed, which gave nothing back.
+	Reclaimed uint64
+	// Evictions counts live keys forgotten to make room for a new key, and
+	// EvictedExhausted those of them that had no capacity left.
+	Evictions        uint64
+	EvictedExhausted uint64
+	// Unkept counts new keys decided but not kept, because their shard
+	// had no key to evict that was as cheap to forget.
+	Unkept uint64
+	// GaveBack is the capacity, in units of cost summed over every rule,
+	// that evicted and unkept keys had in use when they were forgotten:
+	// what their holders may spend again.
+	GaveBack uint64
 }
 
 // Store is the in-memory ratelimit.Store.
@@ -59,10 +107,8 @@ type Store struct {
 	mask        uint64
 	seed, seed2 maphash.Seed
 	now         func() time.Time
-	maxPerShard int
 
-	evictions atomic.Uint64
-	reclaimed atomic.Uint64
+	reclaimed, evictions, evictedExhausted, unkept, gaveBack atomic.Uint64
 
 	closed    atomic.Bool
 	stop      chan struct{}
@@ -73,20 +119,72 @@ type Store struct {
 // A shard maps a 64-bit hash of each key to its entry. A second,
 // independent hash, kept in the entry, tells keys apart when the first
 // collides (with 2^-128 odds of failing); the rare key whose first hash is
-// taken by another key lives in spill, by its full key. Keys are not kept,
-// so a lookup touches no string memory.
+// taken by another key lives in spill, by its full key, where it is
+// reclaimed once expired but never evicted. Keys are not kept, so a lookup
+// touches no string memory.
 type shard struct {
 	mu    sync.Mutex
 	m     map[uint64]*entry
 	spill map[string]*entry
-	_     [40]byte // keep shards on separate cache lines
+	max   int      // the number of keys the shard may hold
+	_     [32]byte // keep shards on separate cache lines
 }
 
 type entry struct {
 	check   uint64 // the key's second hash
 	expires int64  // Unix ns from which the state equals a fresh one
+	last    share  // the capacity in use after the last decision
 	state   ratelimit.State
 }
+
+// decided records what a decision at now (Unix ns) left of the entry's key.
+func (e *entry) decided(d *ratelimit.Decision, now int64) {
+	e.expires, e.last = now+int64(d.ResetAfter), shareOf(d)
+}
+
+// inUse is the share of its capacity the entry's key has in use at now,
+// before it expires: what forgetting it would give back. A bucket refills
+// one unit per interval until it expires, full: a GCRA state keeps its
+// interval in N, and a leaky bucket's level N leaks from T to the expiry.
+// Other algorithms hold what their last decision left until they expire.
+func (e *entry) inUse(now int64) share {
+	left := e.expires - now
+	var unit int64
+	switch st := &e.state; st.Algorithm {
+	case ratelimit.GCRA:
+		unit = st.N
+	case ratelimit.LeakyBucket:
+		if st.N > 0 {
+			unit = (e.expires - st.T) / st.N
+		}
+	}
+	if unit <= 0 {
+		return e.last
+	}
+	return share{min(e.last.used, (left-1)/unit+1), e.last.of}
+}
+
+// A share is used units of cost in use of a capacity of units.
+type share struct{ used, of int64 }
+
+// shareOf is the share a decision left in use.
+func shareOf(d *ratelimit.Decision) share {
+	return share{d.Capacity - d.Remaining, d.Capacity}
+}
+
+// less reports whether a is a smaller share than b. A key without capacity
+// has nothing in use.
+func (a share) less(b share) bool {
+	if a.of == b.of { // the same rule, most often
+		return a.used < b.used
+	}
+	ah, al := bits.Mul64(uint64(a.used), uint64(max(b.of, 1)))
+	bh, bl := bits.Mul64(uint64(b.used), uint64(max(a.of, 1)))
+	return ah < bh || ah == bh && al < bl
+}
+
+// exhausted reports whether nothing of the capacity is left.
+func (a share) exhausted() bool { return a.of > 0 && a.used >= a.of }
 
 // A keyRef is a key and its two hashes.
 type keyRef struct {
@@ -142,6 +240,9 @@ func New(opts Options) *Store {
 		opts.Shards = 64 * runtime.GOMAXPROCS(0)
 	}
 	n := 1 << bits.Len(uint(opts.Shards-1))
+	if n > opts.MaxKeys {
+		n = 1 << (bits.Len(uint(opts.MaxKeys)) - 1)
+	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -149,17 +250,21 @@ func New(opts Options) *Store {
 		opts.JanitorInterval = 10 * time.Second
 	}
 	s := &Store{
-		shards:      make([]shard, n),
-		mask:        uint64(n - 1),
-		seed:        maphash.MakeSeed(),
-		seed2:       maphash.MakeSeed(),
-		now:         opts.Now,
-		maxPerShard: max(1, (opts.MaxKeys+n-1)/n),
-		stop:        make(chan struct{}),
-		done:        make(chan struct{}),
+		shards: make([]shard, n),
+		mask:   uint64(n - 1),
+		seed:   maphash.MakeSeed(),
+		seed2:  maphash.MakeSeed(),
+		now:    opts.Now,
+		stop:   make(chan struct{}),
+		done:   make(chan struct{}),
 	}
 	for i := range s.shards {
-		s.shards[i].m = make(map[uint64]*entry)
+		sh := &s.shards[i]
+		sh.m = make(map[uint64]*entry)
+		sh.max = opts.MaxKeys / n
+		if i < opts.MaxKeys%n {
+			sh.max++
+		}
 	}
 	if opts.JanitorInterval > 0 {
 		go s.janitor(opts.JanitorInterval)
@@ -229,17 +334,17 @@ func (s *Store) decideOne(d *ratelimit.Decision, it *ratelimit.Item, now time.Ti
 	sh.mu.Lock()
 	if e := sh.get(&k); e != nil {
 		it.Rule.DecideInto(d, &e.state, now, it.Cost)
-		e.expires = now.UnixNano() + int64(d.ResetAfter)
+		e.decided(d, now.UnixNano())
 		sh.mu.Unlock()
 		return
 	}
 	// Only a key whose state changed is worth a place in the map.
 	var st ratelimit.State
 	it.Rule.DecideInto(d, &st, now, it.Cost)
-	if d.Allowed && it.Cost > 0 {
-		s.makeRoom(sh, now.UnixNano(), 1, nil)
+	if d.Allowed && it.Cost > 0 && s.makeRoom(sh, now.UnixNano(), shareOf(d), nil) {
 		e := sh.insert(&k)
-		e.state, e.expires = st, now.UnixNano()+int64(d.ResetAfter)
+		e.state = st
+		e.decided(d, now.UnixNano())
 	}
 	sh.mu.Unlock()
 }
@@ -248,7 +353,7 @@ func (s *Store) decideOne(d *ratelimit.Decision, it *ratelimit.Item, now time.Ti
 // the items with ratelimit.DecideMany against their keys' entries. Only
 // when every item is admitted does it store the working states and update
 // the keys' expiry; a new key takes a place only once an item charges it
-// (a positive cost), as in decideOne, and room is made for it without
+// (a positive cost) and makeRoom finds it one, as in decideOne, without
 // evicting a key of the request.
 func (s *Store) decideMany(dst []ratelimit.Decision, items []ratelimit.Item, now time.Time) []ratelimit.Decision {
 	var (
@@ -291,38 +396,42 @@ func (s *Store) decideMany(dst []ratelimit.Decision, items []ratelimit.Item, now
 	}
 	// In order, so that a key's last item leaves its state and expiry.
 	for i, e := range ents {
+		d := &dst[base+i]
 		if e == nil { // new, or inserted by an earlier item
 			k := &refs[i]
 			sh := s.shardOf(k)
 			if e = sh.get(k); e == nil {
-				if items[i].Cost <= 0 {
-					continue // checked or refunded only
+				if items[i].Cost <= 0 || !s.makeRoom(sh, now.UnixNano(), shareOf(d), refs) {
+					continue // checked or refunded only, or not kept
 				}
-				s.makeRoom(sh, now.UnixNano(), 1, refs)
 				e = sh.insert(k)
 			}
 		}
-		e.state, e.expires = work[i], now.UnixNano()+int64(dst[base+i].ResetAfter)
+		e.state = work[i]
+		e.decided(d, now.UnixNano())
 	}
 	return dst
 }
 
-// makeRoom evicts keys until n new ones fit in the shard, never one of
-// keep (the request's own), and stops when nothing else is left. The shard
-// is locked.
-func (s *Store) makeRoom(sh *shard, now int64, n int, keep []keyRef) {
-	for sh.len()+n > s.maxPerShard && s.evictOne(sh, now, keep) {
-	}
-}
+// samples is the number of keys weighed to make room for a new one.
+const samples = 8
 
-// evictOne evicts a key that is not one of keep: an expired key if one is
-// among a few sampled, else the sampled key closest to expiring. It reports
-// whether there was one.
-func (s *Store) evictOne(sh *shard, now int64, keep []keyRef) bool {
-	const samples = 8
-	var victim uint64
-	soonest := int64(0)
-	n := 0
+// makeRoom makes room in the shard for a new key whose first decision left
+// fresh of its capacity in use, and reports whether the key may be kept. In
+// a full shard, it weighs up to samples keys of m that are not of keep (the
+// request's own): it reclaims the first expired one, or evicts the one
+// with the least share in use, the soonest to expire among equals, unless
+// that share is greater than fresh. The shard is locked.
+func (s *Store) makeRoom(sh *shard, now int64, fresh share, keep []keyRef) bool {
+	if sh.len() < sh.max {
+		return true
+	}
+	var (
+		victim uint64
+		v      *entry
+		cost   share
+		n      int
+	)
 	for h, e := range sh.m {
 		if slices.ContainsFunc(keep, func(k keyRef) bool { return k.h == h && k.check == e.check }) {
 			continue
@@ -332,26 +441,26 @@ func (s *Store) evictOne(sh *shard, now int64, keep []keyRef) bool {
 			s.reclaimed.Add(1)
 			return true
 		}
-		if n == 0 || e.expires < soonest {
-			victim, soonest = h, e.expires
+		c := e.inUse(now)
+		if n == 0 || c.less(cost) || !cost.less(c) && e.expires < v.expires {
+			victim, v, cost = h, e, c
 		}
 		if n++; n == samples {
 			break
 		}
 	}
-	if n > 0 {
-		delete(sh.m, victim)
-		s.evictions.Add(1)
-		return true
+	if n == 0 || fresh.less(cost) {
+		s.unkept.Add(1)
+		s.gaveBack.Add(uint64(fresh.used))
+		return false
 	}
-	for key := range sh.spill {
-		if !slices.ContainsFunc(keep, func(k keyRef) bool { return k.key == key }) {
-			delete(sh.spill, key)
-			s.evictions.Add(1)
-			return true
-		}
+	delete(sh.m, victim)
+	s.evictions.Add(1)
+	if cost.exhausted() {
+		s.evictedExhausted.Add(1)
 	}
-	return false
+	s.gaveBack.Add(uint64(cost.used))
+	return true
 }
 
 func (s *Store) janitor(every time.Duration) {
@@ -384,7 +493,13 @@ func (s *Store) reclaim() {
 
 // Stats returns the store's counters.
 func (s *Store) Stats() Stats {
-	st := Stats{Evictions: s.evictions.Load(), Reclaimed: s.reclaimed.Load()}
+	st := Stats{
+		Reclaimed:        s.reclaimed.Load(),
+		Evictions:        s.evictions.Load(),
+		EvictedExhausted: s.evictedExhausted.Load(),
+		Unkept:           s.unkept.Load(),
+		GaveBack:         s.gaveBack.Load(),
+	}
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()

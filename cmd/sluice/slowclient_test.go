@@ -207,17 +207,13 @@ func dataStep(streams []uint32) func(net.Conn) error {
 	}
 }
 
-// prefaceStep returns the step that sends the HTTP/2 preface one byte at a
-// time, never its last byte.
+// prefaceStep returns the step that sends the HTTP/2 preface one byte at
+// a time, over and over: a handshake that never completes.
 func prefaceStep() func(net.Conn) error {
 	next := 0
 	return func(c net.Conn) error {
-		if next < len(h2Preface)-1 {
-			next++
-			_, err := c.Write([]byte{h2Preface[next-1]})
-			return err
-		}
-		_, err := c.Write(nil)
+		_, err := c.Write([]byte{h2Preface[next%len(h2Preface)]})
+		next++
 		return err
 	}
 }

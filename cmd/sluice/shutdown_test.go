@@ -80,6 +80,21 @@ func TestServeShutdownCutsSlowClients(t *testing.T) {
 	if took < timeout || took > timeout+time.Second {
 		t.Errorf("serve stopped %v after the cancel; want between %v and %v", took, timeout, timeout+time.Second)
 	}
+	// The operator is told what was cut, listener by listener.
+	for {
+		select {
+		case r := <-h.ch:
+			if r["msg"] != "shutdown deadline passed; closing the connections still open" {
+				continue
+			}
+			if r["level"] != "WARN" || r["http"] != "1" || r["admin"] != "1" || r["grpc"] != "1" {
+				t.Errorf("the deadline's log record: %v; want a warning with one connection on each listener", r)
+			}
+		default:
+			t.Error("nothing logged about the connections cut at the deadline")
+		}
+		return
+	}
 }
 
 // TestSIGTERMWithSlowClients: the binary, sent SIGTERM while slow clients

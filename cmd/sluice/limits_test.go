@@ -432,3 +432,59 @@ func TestServeLimitFlags(t *testing.T) {
 		t.Errorf("withDefaults = %+v, want %+v", got, want)
 	}
 }
+
+// TestDrainReportsStuckCalls: a call that has not returned a second after
+// its connection was closed at the shutdown deadline is stuck in the
+// service itself, not waiting on its client: drain reports it, so that
+// serve exits 1.
+func TestDrainReportsStuckCalls(t *testing.T) {
+	lim := defaultLimits()
+	entered, release := make(chan struct{}), make(chan struct{})
+	hs := newHTTPServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		close(entered)
+		<-release // deaf to its request's context: stuck
+	}), &lim)
+	var lc net.ListenConfig
+	lns := &listeners{}
+	var err error
+	if lns.http, err = listenCapped(t.Context(), &lc, "127.0.0.1:0", 4); err != nil {
+		t.Fatal(err)
+	}
+	if lns.grpc, err = listenCapped(t.Context(), &lc, "127.0.0.1:0", 4); err != nil {
+		t.Fatal(err)
+	}
+	defer lns.close()
+	s := &servers{grpc: grpc.NewServer(), http: hs}
+	served := make(chan error, 2)
+	go func() { served <- ignoreClosed(hs.Serve(lns.http)) }()
+	go func() { served <- s.grpc.Serve(lns.grpc) }()
+	called := make(chan error, 1)
+	go func() {
+		resp, err := http.Get("http://" + lns.http.Addr().String() + "/")
+		if err == nil {
+			resp.Body.Close()
+		}
+		called <- err
+	}()
+	<-entered
+
+	cfg := &serveConfig{store: "memory", shutdownTimeout: 100 * time.Millisecond}
+	start := time.Now()
+	err = s.drain(cfg, lns, slog.New(slog.DiscardHandler))
+	took := time.Since(start)
+	close(release)
+	if err == nil || !strings.Contains(err.Error(), "HTTP calls still running 1s after their connections were closed") {
+		t.Errorf("drain with a stuck call: %v; want the stuck calls reported", err)
+	}
+	if took < cfg.shutdownTimeout+cutGrace(cfg) || took > cfg.shutdownTimeout+cutGrace(cfg)+time.Second {
+		t.Errorf("drain took %v; want the timeout and the grace, %v", took, cfg.shutdownTimeout+cutGrace(cfg))
+	}
+	if err := <-called; err == nil {
+		t.Error("the stuck call's client got an answer; want its connection closed")
+	}
+	for range 2 {
+		if err := <-served; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			t.Errorf("serve: %v", err)
+		}
+	}
+}

@@ -37,9 +37,92 @@ func (r logRecord) str(k string) string { s, _ := r[k].(string); return s }
 
 // sluiceProcess is a running sluice binary and its log.
 type sluiceProcess struct {
-	cmd  *exec.Cmd
-	logs chan logRecord
-	exit chan error
+	cmd    *exec.Cmd
+	logs   chan logRecord
+	exit   chan error
+	exited bool
+}
+
+// buildSluice builds the binary into a temporary directory.
+func buildSluice(t *testing.T) string {
+	t.Helper()
+	start := time.Now()
+	bin := filepath.Join(t.TempDir(), "sluice")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	t.Logf("built in %v", time.Since(start).Round(time.Millisecond))
+	return bin
+}
+
+// startSluice starts bin with args, env added to this process's
+// environment, and reads its JSON log. When the test ends, a process that
+// has not exited is killed, and its whole log is shown if the test failed.
+func startSluice(t *testing.T, bin string, env []string, args ...string) *sluiceProcess {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &sluiceProcess{cmd: cmd, logs: make(chan logRecord, 256), exit: make(chan error, 1)}
+	var (
+		logMu   sync.Mutex
+		logText strings.Builder
+	)
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		defer close(p.logs)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			logMu.Lock()
+			logText.Write(sc.Bytes())
+			logText.WriteByte('\n')
+			logMu.Unlock()
+			var r logRecord
+			if json.Unmarshal(sc.Bytes(), &r) == nil {
+				p.logs <- r
+			}
+		}
+	}()
+	go func() {
+		<-readDone // Wait closes the pipe: read it to its end first
+		p.exit <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		if !p.exited {
+			_ = cmd.Process.Kill() // only the process this test started
+			for range p.logs {
+			}
+			<-p.exit
+		}
+		if t.Failed() {
+			logMu.Lock()
+			t.Log(logText.String())
+			logMu.Unlock()
+		}
+	})
+	return p
+}
+
+// waitExit waits for the process to exit, within d, and returns how it
+// exited. At most 256 log records may wait unread meanwhile.
+func (p *sluiceProcess) waitExit(t *testing.T, d time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-p.exit:
+		p.exited = true
+		return err
+	case <-time.After(d):
+		t.Fatalf("sluice did not exit within %v", d)
+		return nil
+	}
 }
 
 // next waits for the next log record with message msg and returns it.
@@ -104,12 +187,7 @@ func TestEndToEnd(t *testing.T) {
 		t.Skip("builds and runs the binary")
 	}
 	start := time.Now()
-	bin := filepath.Join(t.TempDir(), "sluice")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	t.Logf("built in %v", time.Since(start).Round(time.Millisecond))
+	bin := buildSluice(t)
 
 	dir := t.TempDir()
 	ruleFile := filepath.Join(dir, "e2e.yaml")
@@ -122,56 +200,10 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cmd := exec.Command(bin, "serve", "--rules", dir, "--log-format", "json",
+	p := startSluice(t, bin, []string{"SLUICE_ADMIN_TOKEN="}, // the file wins anyway
+		"serve", "--rules", dir, "--log-format", "json",
 		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
 		"--admin-addr", "127.0.0.1:0", "--admin-token-file", tokenFile)
-	cmd.Env = append(os.Environ(), "SLUICE_ADMIN_TOKEN=") // the file wins anyway
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &sluiceProcess{cmd: cmd, logs: make(chan logRecord, 256), exit: make(chan error, 1)}
-	var (
-		logMu   sync.Mutex
-		logText strings.Builder
-	)
-	readDone := make(chan struct{})
-	go func() {
-		defer close(readDone)
-		defer close(p.logs)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			logMu.Lock()
-			logText.Write(sc.Bytes())
-			logText.WriteByte('\n')
-			logMu.Unlock()
-			var r logRecord
-			if json.Unmarshal(sc.Bytes(), &r) == nil {
-				p.logs <- r
-			}
-		}
-	}()
-	go func() {
-		<-readDone // Wait closes the pipe: read it to its end first
-		p.exit <- cmd.Wait()
-	}()
-	exited := false
-	t.Cleanup(func() {
-		if !exited {
-			_ = cmd.Process.Kill() // only the process this test started
-			for range p.logs {
-			}
-			<-p.exit
-		}
-		if t.Failed() {
-			logMu.Lock()
-			t.Log(logText.String())
-			logMu.Unlock()
-		}
-	})
 
 	// The start-up line, and the watcher's first load (from then on,
 	// changes are seen), in either order.
@@ -287,18 +319,12 @@ func TestEndToEnd(t *testing.T) {
 
 	// SIGTERM: readiness off, drain, exit 0 within a bound.
 	sent := time.Now()
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	p.next(t, "sluice stopped", 10*time.Second)
-	select {
-	case err := <-p.exit:
-		exited = true
-		if err != nil {
-			t.Fatalf("exit after SIGTERM: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("sluice did not exit within 10s of SIGTERM")
+	if err := p.waitExit(t, 10*time.Second); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
 	}
 	t.Logf("stopped %v after SIGTERM; whole test %v", time.Since(sent).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"iter"
 	"log/slog"
 	"net"
 	"net/http"
@@ -24,6 +25,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/sluicehq/sluice/internal/connlimit"
 	"github.com/sluicehq/sluice/internal/httpapi"
 	"github.com/sluicehq/sluice/internal/rls"
 	"github.com/sluicehq/sluice/internal/rules"
@@ -60,9 +62,22 @@ A Redis that refuses the credentials stops serve at start-up; one that
 cannot be reached, or is not ready (loading its data), is logged, and each
 rule's failure_mode decides until it can.
 
+Every listener keeps at most --http-max-conns, --grpc-max-conns or
+--admin-max-conns connections open; beyond them a new connection is closed
+at once and counted in sluice_connections_refused_total{listener}. An HTTP
+or admin request must arrive whole within --http-read-timeout (its header
+within --http-read-header-timeout) and be answered within
+--http-write-timeout. A gRPC connection must complete its handshake within
+--grpc-handshake-timeout, carries at most --grpc-max-streams calls at once,
+is closed after --grpc-max-conn-idle without a call and asked to go away
+after --grpc-max-conn-age; clients that ping too often are disconnected.
+
 On SIGINT or SIGTERM, readiness goes off first (/readyz 503, gRPC health
-NOT_SERVING), in-flight calls finish within --shutdown-timeout, then the
-store is closed and serve exits 0.
+NOT_SERVING), in-flight calls finish within --shutdown-timeout, and the
+connections still open then (clients too slow to finish) are closed. Then
+the store is closed and serve exits 0; it exits 1 only if the service
+itself failed, such as a call still running after its connection was
+closed.
 `
 
 // serveConfig is everything serve needs, from flags and the environment.
@@ -91,6 +106,7 @@ type serveConfig struct {
 	maxBodyBytes     int64
 	shutdownTimeout  time.Duration
 	logFormat        string
+	limits           limitsConfig
 }
 
 // adminTokenEnv names the environment variable holding the admin token
@@ -137,7 +153,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Int64Var(&cfg.maxBodyBytes, "max-body-bytes", httpapi.DefaultMaxBodyBytes, "bound on HTTP request bodies and gRPC messages, in bytes")
 	fs.DurationVar(&cfg.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight calls may take to finish on shutdown")
 	fs.StringVar(&cfg.logFormat, "log-format", "text", "log format: text or json")
+	addLimitFlags(fs, &cfg.limits)
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := cfg.limits.validate(); err != nil {
 		return err
 	}
 	switch cfg.store {
@@ -172,6 +192,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if cfg.maxBodyBytes <= 0 {
 		return usagef("serve: --max-body-bytes must be positive")
+	}
+	if cfg.shutdownTimeout <= 0 {
+		return usagef("serve: --shutdown-timeout must be positive")
 	}
 	if cfg.adminAddr != "" {
 		token, err := secret(tokenFile, adminTokenEnv)
@@ -357,9 +380,10 @@ func ruleCount(set *rules.Set) int {
 }
 
 // serve runs the service until ctx is done: it loads the rules, opens the
-// store, builds the servers, listens, and runs them until ctx ends or one
+// store, listens, builds the servers, and runs them until ctx ends or one
 // fails; then it drains.
 func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
+	cfg.limits = cfg.limits.withDefaults()
 	set, err := loadRules(cfg.rulesDir)
 	if err != nil {
 		return err
@@ -369,15 +393,15 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 		return err
 	}
 	defer b.close(log)
-	srv, err := newServers(&cfg, set, b, log)
-	if err != nil {
-		return err
-	}
 	lns, err := listen(ctx, &cfg)
 	if err != nil {
 		return err
 	}
 	defer lns.close()
+	srv, err := newServers(&cfg, set, b, lns, log)
+	if err != nil {
+		return err
+	}
 	return srv.run(ctx, &cfg, set, lns, log)
 }
 
@@ -408,19 +432,20 @@ type servers struct {
 	grpc         *grpc.Server
 	health       *health.Server
 	api          *httpapi.API
-	http         *http.Server
-	admin        *http.Server // nil when the admin API is off
+	http         *httpServer
+	admin        *httpServer // nil when the admin API is off
 }
 
 // rlsName is the gRPC service name of Envoy's rate limit service, as the
 // health service reports it.
 const rlsName = "envoy.service.ratelimit.v3.RateLimitService"
 
-// newServers builds the decision service on b and its servers; nothing
-// runs yet.
-func newServers(cfg *serveConfig, set *rules.Set, b *backend, log *slog.Logger) (*servers, error) {
+// newServers builds the decision service on b and the servers that will
+// serve it on lns; nothing runs yet.
+func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, log *slog.Logger) (*servers, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(newConnCollector(lns))
 	metrics := service.NewMetrics(reg)
 	if b.errors != nil {
 		metrics.CountStoreErrors(b.errors)
@@ -443,11 +468,12 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, log *slog.Logger) 
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
+	grpcOpts := append(cfg.limits.grpcOptions(), grpc.MaxRecvMsgSize(int(min(cfg.maxBodyBytes, 1<<30))))
 	s := &servers{
 		watcher:      watcher,
 		overrideSync: &httpapi.OverrideSync{Store: b.overrides, Overrides: overrides, Logger: log},
 		pollShared:   b.shared,
-		grpc:         grpc.NewServer(grpc.MaxRecvMsgSize(int(min(cfg.maxBodyBytes, 1<<30)))),
+		grpc:         grpc.NewServer(grpcOpts...),
 		health:       health.NewServer(),
 	}
 	rlsServer := rls.New(svc, rls.Options{Headers: cfg.headers})
@@ -460,7 +486,7 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, log *slog.Logger) 
 	if s.api, err = httpapi.New(httpapi.Options{Service: svc, RLS: rlsServer, Gatherer: reg, MaxBodyBytes: cfg.maxBodyBytes}); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
-	s.http = &http.Server{Handler: s.api, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	s.http = newHTTPServer(s.api, &cfg.limits)
 	if cfg.adminAddr != "" {
 		admin, err := httpapi.NewAdmin(httpapi.AdminOptions{
 			Token: cfg.adminToken, Service: svc, Store: b.store, Keys: b.keys,
@@ -470,14 +496,15 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, log *slog.Logger) 
 		if err != nil {
 			return nil, fmt.Errorf("serve: %w", err)
 		}
-		s.admin = &http.Server{Handler: admin, ReadHeaderTimeout: 10 * time.Second}
+		s.admin = newHTTPServer(admin, &cfg.limits)
 	}
 	return s, nil
 }
 
-// listeners are serve's listening sockets.
+// listeners are serve's listening sockets, each keeping its connections
+// under its cap.
 type listeners struct {
-	grpc, http, admin net.Listener // admin is nil when the admin API is off
+	grpc, http, admin *connlimit.Listener // admin is nil when the admin API is off
 }
 
 // listen opens every listener before anything is served, so that a taken
@@ -486,15 +513,15 @@ func listen(ctx context.Context, cfg *serveConfig) (*listeners, error) {
 	var lc net.ListenConfig
 	var l listeners
 	var err error
-	if l.grpc, err = lc.Listen(ctx, "tcp", cfg.grpcAddr); err != nil {
+	if l.grpc, err = listenCapped(ctx, &lc, cfg.grpcAddr, cfg.limits.grpcMaxConns); err != nil {
 		return nil, fmt.Errorf("serve: gRPC listener: %w", err)
 	}
-	if l.http, err = lc.Listen(ctx, "tcp", cfg.httpAddr); err != nil {
+	if l.http, err = listenCapped(ctx, &lc, cfg.httpAddr, cfg.limits.httpMaxConns); err != nil {
 		l.close()
 		return nil, fmt.Errorf("serve: HTTP listener: %w", err)
 	}
 	if cfg.adminAddr != "" {
-		if l.admin, err = lc.Listen(ctx, "tcp", cfg.adminAddr); err != nil {
+		if l.admin, err = listenCapped(ctx, &lc, cfg.adminAddr, cfg.limits.adminMaxConns); err != nil {
 			l.close()
 			return nil, fmt.Errorf("serve: admin listener: %w", err)
 		}
@@ -502,11 +529,23 @@ func listen(ctx context.Context, cfg *serveConfig) (*listeners, error) {
 	return &l, nil
 }
 
-func (l *listeners) close() {
-	for _, ln := range []net.Listener{l.grpc, l.http, l.admin} {
-		if ln != nil {
-			ln.Close()
+// each yields the listeners that are open, by name.
+func (l *listeners) each() iter.Seq2[string, *connlimit.Listener] {
+	return func(yield func(string, *connlimit.Listener) bool) {
+		for _, nl := range []struct {
+			name string
+			ln   *connlimit.Listener
+		}{{"grpc", l.grpc}, {"http", l.http}, {"admin", l.admin}} {
+			if nl.ln != nil && !yield(nl.name, nl.ln) {
+				return
+			}
 		}
+	}
+}
+
+func (l *listeners) close() {
+	for _, ln := range l.each() {
+		ln.Close()
 	}
 }
 
@@ -552,7 +591,7 @@ func (s *servers) run(ctx context.Context, cfg *serveConfig, set *rules.Set, lns
 
 	s.setReady(false)
 	log.Info("sluice draining", "timeout", cfg.shutdownTimeout)
-	shutdownErr := s.drain(cfg.shutdownTimeout)
+	shutdownErr := s.drain(cfg, lns, log)
 	stopBackground()
 	wg.Wait()
 	close(failed)
@@ -583,35 +622,101 @@ func (s *servers) setReady(ready bool) {
 	s.health.SetServingStatus(rlsName, healthpb.HealthCheckResponse_SERVING)
 }
 
-// drain lets in-flight calls finish within timeout, then cancels the gRPC
-// calls still running.
-func (s *servers) drain(timeout time.Duration) error {
-	sctx, cancel := context.WithTimeout(context.Background(), timeout)
+// httpServers yields the HTTP servers, by the name their errors use.
+func (s *servers) httpServers() iter.Seq2[string, *httpServer] {
+	return func(yield func(string, *httpServer) bool) {
+		if !yield("HTTP", s.http) {
+			return
+		}
+		if s.admin != nil {
+			yield("admin", s.admin)
+		}
+	}
+}
+
+// cutGrace is how long the calls of the connections closed at the shutdown
+// deadline have to return. A call waiting on its client (a body still
+// arriving, a response not read) returns as soon as its connection is
+// closed, and one in the store within the store's own timeout; a call
+// still running after that is stuck in the service itself.
+func cutGrace(cfg *serveConfig) time.Duration {
+	if cfg.store == "redis" {
+		return time.Second + cfg.redisTimeout
+	}
+	return time.Second
+}
+
+// drain lets in-flight calls finish within cfg.shutdownTimeout. At the
+// deadline it closes the connections still open, which cancels their calls:
+// their clients were too slow to finish, which is no failure of the
+// service's. It returns an error only when a server fails to shut down, or
+// when calls are still running cutGrace after their connections were
+// closed; their goroutines are then left behind, and serve exits 1.
+func (s *servers) drain(cfg *serveConfig, lns *listeners, log *slog.Logger) error {
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.shutdownTimeout)
 	defer cancel()
-	stopped := make(chan struct{})
+	grpcStopped := make(chan struct{})
 	go func() {
 		s.grpc.GracefulStop()
-		close(stopped)
+		close(grpcStopped)
 	}()
-	var err error
-	if herr := s.http.Shutdown(sctx); herr != nil {
-		err = fmt.Errorf("serve: HTTP shutdown: %w", herr)
+	var (
+		mu   sync.Mutex
+		errs []error
+		late []*httpServer // still serving connections at the deadline
+		wg   sync.WaitGroup
+	)
+	for name, hs := range s.httpServers() {
+		wg.Go(func() {
+			err := hs.Shutdown(ctx)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+			case errors.Is(err, context.DeadlineExceeded):
+				late = append(late, hs)
+			default:
+				errs = append(errs, fmt.Errorf("serve: %s shutdown: %w", name, err))
+			}
+		})
 	}
-	if s.admin != nil {
-		if aerr := s.admin.Shutdown(sctx); aerr != nil && err == nil {
-			err = fmt.Errorf("serve: admin shutdown: %w", aerr)
+	wg.Wait()
+	grpcLate := false
+	select {
+	case <-grpcStopped:
+	case <-ctx.Done():
+		grpcLate = true
+	}
+	if len(late) == 0 && !grpcLate {
+		return errors.Join(errs...)
+	}
+
+	attrs := []any{"timeout", cfg.shutdownTimeout}
+	for name, ln := range lns.each() {
+		attrs = append(attrs, name, ln.Stats().Open)
+	}
+	log.Warn("shutdown deadline passed; closing the connections still open", attrs...)
+	for _, hs := range late {
+		hs.Close()
+	}
+	if grpcLate {
+		s.grpc.Stop()
+	}
+	gctx, gcancel := context.WithTimeout(context.Background(), cutGrace(cfg))
+	defer gcancel()
+	for name, hs := range s.httpServers() {
+		select {
+		case <-hs.live.idle():
+		case <-gctx.Done():
+			errs = append(errs, fmt.Errorf("serve: %s calls still running %v after their connections were closed", name, cutGrace(cfg)))
 		}
 	}
 	select {
-	case <-stopped:
-	case <-sctx.Done():
-		s.grpc.Stop() // cancels the calls still running
-		<-stopped
-		if err == nil {
-			err = fmt.Errorf("serve: gRPC calls still running after %v; cancelled", timeout)
-		}
+	case <-grpcStopped:
+	case <-gctx.Done():
+		errs = append(errs, fmt.Errorf("serve: gRPC calls still running %v after their connections were closed", cutGrace(cfg)))
 	}
-	return err
+	return errors.Join(errs...)
 }
 
 // servingAttrs are the attributes of the start-up line: where serve

@@ -45,7 +45,15 @@ POST /v1/check), GET /metrics, GET /healthz and GET /readyz.
 With no flags it loads ./examples/rules, keeps counters in memory, and
 listens on 127.0.0.1:8081 (gRPC) and 127.0.0.1:8080 (HTTP). The rules
 directory is watched: a valid change applies at once, an invalid one is
-logged (file:line) and the last good rules stay in force.
+logged (file:line) and the last good rules stay in force. A change that
+removes a domain (its file deleted) is logged as such; with
+--rules-refuse-empty a change that would remove every domain is refused.
+
+The memory store holds at most --memory-max-keys keys. When it is full, a
+new key evicts the one whose loss gives back the least capacity: a key with
+most of its capacity left before one that is spent, so a flood of new keys
+cannot reset the counters of keys that are denied
+(sluice_store_evictions_total and what they gave back are exported).
 
 The admin API (rules, reload, key state and reset, runtime overrides) is
 off unless --admin-addr is given. It binds loopback only unless
@@ -83,7 +91,9 @@ closed.
 // serveConfig is everything serve needs, from flags and the environment.
 type serveConfig struct {
 	rulesDir         string
+	rulesRefuseEmpty bool
 	store            string
+	memoryMaxKeys    int
 	redisAddrs       []string
 	redisMaster      string
 	redisUsername    string
@@ -130,6 +140,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var redisTLS bool
 	fs.StringVar(&cfg.rulesDir, "rules", "examples/rules", "`directory` of rule files (*.yaml), relative to the working directory")
 	fs.StringVar(&cfg.store, "store", "memory", "where counters live: memory or redis")
+	fs.IntVar(&cfg.memoryMaxKeys, "memory-max-keys", 1<<20, "with --store memory, the most keys held (about 132 bytes each); past it, new keys evict those whose loss gives back the least capacity")
+	fs.BoolVar(&cfg.rulesRefuseEmpty, "rules-refuse-empty", false, "refuse a reload that would leave no domain (such as every rule file deleted), keeping the rules in force")
 	fs.StringVar(&redisAddr, "redis-addr", "", "Redis `address`es, comma-separated (two or more: Redis Cluster; with --redis-master: the Sentinels); required with --store redis")
 	fs.StringVar(&cfg.redisMaster, "redis-master", "", "Sentinel mode: the `name` of the master the Sentinels at --redis-addr monitor")
 	fs.StringVar(&cfg.redisUsername, "redis-username", "", "Redis ACL user (default: the default user)")
@@ -196,6 +208,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if cfg.shutdownTimeout <= 0 {
 		return usagef("serve: --shutdown-timeout must be positive")
 	}
+	if cfg.memoryMaxKeys <= 0 {
+		return usagef("serve: --memory-max-keys must be positive")
+	}
 	if cfg.adminAddr != "" {
 		token, err := secret(tokenFile, adminTokenEnv)
 		if err != nil {
@@ -255,6 +270,9 @@ type backend struct {
 	// errors counts the calls to the store's backend that failed, when the
 	// store answers them by each rule's failure_mode instead of an error.
 	errors func() uint64
+	// metrics, when not nil, are the store's own metrics, registered with
+	// the service's.
+	metrics prometheus.Collector
 	// closers close what was opened, last first.
 	closers []func() error
 }
@@ -268,12 +286,40 @@ func (b *backend) close(log *slog.Logger) {
 	}
 }
 
+// memstoreCollector exports a memory store's eviction counters.
+type memstoreCollector struct{ s *memstore.Store }
+
+var (
+	memKeysDesc      = prometheus.NewDesc("sluice_store_keys", "Keys held by the memory store.", nil, nil)
+	memEvictionsDesc = prometheus.NewDesc("sluice_store_evictions_total", "Live keys the memory store forgot to make room for new ones.", nil, nil)
+	memExhaustedDesc = prometheus.NewDesc("sluice_store_evicted_exhausted_total", "Evicted keys that had nothing of their capacity left.", nil, nil)
+	memGaveBackDesc  = prometheus.NewDesc("sluice_store_evictions_gave_back_total", "Capacity units that evicted and unkept keys had in use when they were forgotten: what a key flood gave back.", nil, nil)
+	memUnkeptDesc    = prometheus.NewDesc("sluice_store_unkept_total", "New keys decided but not kept, because every key their shard could evict had used more of its capacity (a sign that --memory-max-keys is too small, or of a key flood).", nil, nil)
+	memReclaimedDesc = prometheus.NewDesc("sluice_store_reclaimed_total", "Expired keys removed.", nil, nil)
+)
+
+func (memstoreCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{memKeysDesc, memEvictionsDesc, memExhaustedDesc, memGaveBackDesc, memUnkeptDesc, memReclaimedDesc} {
+		ch <- d
+	}
+}
+
+func (c memstoreCollector) Collect(ch chan<- prometheus.Metric) {
+	st := c.s.Stats()
+	ch <- prometheus.MustNewConstMetric(memKeysDesc, prometheus.GaugeValue, float64(st.Keys))
+	ch <- prometheus.MustNewConstMetric(memEvictionsDesc, prometheus.CounterValue, float64(st.Evictions))
+	ch <- prometheus.MustNewConstMetric(memExhaustedDesc, prometheus.CounterValue, float64(st.EvictedExhausted))
+	ch <- prometheus.MustNewConstMetric(memGaveBackDesc, prometheus.CounterValue, float64(st.GaveBack))
+	ch <- prometheus.MustNewConstMetric(memUnkeptDesc, prometheus.CounterValue, float64(st.Unkept))
+	ch <- prometheus.MustNewConstMetric(memReclaimedDesc, prometheus.CounterValue, float64(st.Reclaimed))
+}
+
 // openBackend opens the configured store. A Redis that refuses the
 // credentials is an error; one that is not reachable yet is only logged.
 func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*backend, error) {
 	if cfg.store == "memory" {
-		m := memstore.New(memstore.Options{})
-		return &backend{store: m, keys: httpapi.LocalKeys(m), overrides: &httpapi.MemoryOverrides{}, closers: []func() error{m.Close}}, nil
+		m := memstore.New(memstore.Options{MaxKeys: cfg.memoryMaxKeys})
+		return &backend{store: m, keys: httpapi.LocalKeys(m), overrides: &httpapi.MemoryOverrides{}, metrics: memstoreCollector{m}, closers: []func() error{m.Close}}, nil
 	}
 	redisstore.LogTo(log)
 	c, err := redisstore.NewClient(redisstore.ClientOptions{
@@ -447,6 +493,9 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(newConnCollector(lns))
 	metrics := service.NewMetrics(reg)
+	if b.metrics != nil {
+		reg.MustRegister(b.metrics)
+	}
 	if b.errors != nil {
 		metrics.CountStoreErrors(b.errors)
 	}
@@ -462,8 +511,10 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 			}
 			metrics.Reloaded(true)
 		},
-		OnError: func(error) { metrics.Reloaded(false) },
-		Logger:  log,
+		OnError:     func(error) { metrics.Reloaded(false) },
+		Logger:      log,
+		Current:     set,
+		RefuseEmpty: cfg.rulesRefuseEmpty,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)

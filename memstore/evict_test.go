@@ -3,6 +3,7 @@ package memstore
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 	"time"
 
@@ -222,4 +223,40 @@ func TestInUseIsWhatForgettingGivesBack(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestFloodMemoryBounded: the heap a flood leaves behind is the bound's,
+// not the flood's. 300,000 new keys into a store bounded at 4,096 may grow
+// the live heap by what 4,096 keys take (about 132 bytes each) and some
+// slack, far less than the 40 MB the flood's keys would take if kept.
+func TestFloodMemoryBounded(t *testing.T) {
+	const (
+		maxKeys = 4096
+		flood   = 300_000
+		bound   = 8 << 20 // bytes: 4,096 keys and their map are under 1 MB
+	)
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	s, _ := newStore(t, Options{MaxKeys: maxKeys, JanitorInterval: -1})
+	hourly := &ratelimit.Rule{Name: "hourly", Algorithm: ratelimit.FixedWindow, Quota: 10, Period: time.Hour}
+	before := heap()
+	key := make([]byte, 0, 32)
+	for i := range flood {
+		key = fmt.Appendf(key[:0], "flood-key-%d", i)
+		decide(t, s, ratelimit.Item{Key: string(key), Rule: hourly, Cost: 1})
+	}
+	after := heap()
+	grew := int64(after) - int64(before)
+	t.Logf("live heap %d bytes before a flood of %d keys, %d after (%+d)", before, flood, after, grew)
+	if grew > bound {
+		t.Errorf("a flood of %d keys into a store of %d grew the live heap by %d bytes, want at most %d", flood, maxKeys, grew, bound)
+	}
+	if n := s.Stats().Keys; n > maxKeys {
+		t.Errorf("the store holds %d keys, bound %d", n, maxKeys)
+	}
+	runtime.KeepAlive(s)
 }

@@ -3,13 +3,14 @@ package httpapi
 import (
 	"bytes"
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/internal/service"
@@ -68,6 +69,20 @@ type AdminOptions struct {
 	Logger *slog.Logger
 	// MaxBodyBytes bounds request bodies; 0 means 64 KiB.
 	MaxBodyBytes int64
+
+	// AuthFailures is the burst of failed authentications a client
+	// address may make, and AuthFailurePeriod how long it takes to win
+	// one back; AuthMaxClients bounds the addresses remembered. Zero means
+	// DefaultAuthFailures, DefaultAuthFailurePeriod, DefaultAuthMaxClients.
+	AuthFailures      int
+	AuthFailurePeriod time.Duration
+	AuthMaxClients    int
+	// Registerer, if not nil, registers sluice_admin_auth_failures_total
+	// and sluice_admin_auth_refused_total.
+	Registerer prometheus.Registerer
+	// Now is the clock of the failed-authentication budget; nil means
+	// time.Now.
+	Now func() time.Time
 }
 
 // Admin is the admin API, to be served on its own listener:
@@ -80,13 +95,33 @@ type AdminOptions struct {
 //	PUT    /admin/v1/overrides/{domain}/{rule}  {"limit","burst"?,"ttl","reason"?}: override a limit
 //	DELETE /admin/v1/overrides/{domain}/{rule}  remove an override
 //
-// Every request needs "Authorization: Bearer <token>". An optional
+// Every request needs "Authorization: Bearer <token>" (the scheme name in
+// any case, RFC 9110); the token is compared in constant time. An optional
 // X-Sluice-Actor header names the person or tool acting; it is logged with
 // the client address (it is not authenticated: the token is).
+//
+// # Failed authentications
+//
+// Each client address has a budget of AuthFailures failed
+// authentications, winning one back every AuthFailurePeriod (5, one every
+// 10 s, by default). An IPv4 address is one client; IPv6 addresses are
+// counted by their /64. The address is the connection's: a proxy in front
+// of the admin listener makes every client one. Once an address's budget
+// is spent, its requests are refused with 429 and a Retry-After (when one
+// failure is back) without their token being compared, even a right one;
+// a request that authenticates costs nothing. Refusals are logged at Warn,
+// at most authLogBurst lines at once and then one every AuthFailurePeriod
+// over all addresses, each line counting those held back; the token is
+// never logged. They are counted in sluice_admin_auth_failures_total (401)
+// and sluice_admin_auth_refused_total (429). At most AuthMaxClients
+// addresses are remembered (memstore's bounded store, see its package
+// doc): an attacker holding more addresses than that, each kept out of
+// budget, can make the newest addresses' failures go uncounted.
 type Admin struct {
 	opts AdminOptions
 	log  *slog.Logger
 	mux  *http.ServeMux
+	auth *authGuard
 }
 
 // NewAdmin returns an Admin.
@@ -104,6 +139,10 @@ func NewAdmin(opts AdminOptions) (*Admin, error) {
 	if a.log == nil {
 		a.log = slog.New(slog.DiscardHandler)
 	}
+	var err error
+	if a.auth, err = newAuthGuard(&opts, a.log); err != nil {
+		return nil, err
+	}
 	a.mux.HandleFunc("GET /admin/v1/rules", a.listRules)
 	if opts.Reload != nil {
 		a.mux.HandleFunc("POST /admin/v1/reload", a.reload)
@@ -120,12 +159,10 @@ func NewAdmin(opts AdminOptions) (*Admin, error) {
 	return a, nil
 }
 
-// ServeHTTP implements http.Handler: it checks the token, then routes.
+// ServeHTTP implements http.Handler: it checks the token within the
+// client's failed-authentication budget, then routes.
 func (a *Admin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || subtle.ConstantTimeCompare([]byte(tok), []byte(a.opts.Token)) != 1 {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice-admin"`)
-		writeProblem(w, r, http.StatusUnauthorized, "a valid bearer token is required")
+	if !a.auth.check(w, r) {
 		return
 	}
 	a.mux.ServeHTTP(w, r)

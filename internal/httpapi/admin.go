@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"path"
 	"strings"
 	"time"
 
@@ -95,6 +96,10 @@ type AdminOptions struct {
 //	PUT    /admin/v1/overrides/{domain}/{rule}  {"limit","burst"?,"ttl","reason"?}: override a limit
 //	DELETE /admin/v1/overrides/{domain}/{rule}  remove an override
 //
+// Domain and rule go in the path percent-encoded; a path with an empty,
+// "." or ".." segment is refused (400), not redirected to its cleaned form,
+// which could name another override, and so is a name that is not UTF-8.
+//
 // Every request needs "Authorization: Bearer <token>" (the scheme name in
 // any case, RFC 9110); the token is compared in constant time. An optional
 // X-Sluice-Actor header names the person or tool acting; it is logged with
@@ -165,7 +170,23 @@ func (a *Admin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !a.auth.check(w, r) {
 		return
 	}
+	// ServeMux would redirect a path with an empty, "." or ".." segment
+	// to its clean form, which may name another override ("./a%2Fb"
+	// becomes "a/b"): refuse it instead.
+	if p := r.URL.EscapedPath(); p != cleanPath(p) {
+		writeProblem(w, r, http.StatusBadRequest, fmt.Sprintf("path %q has an empty, \".\" or \"..\" segment; a domain or rule so named cannot be addressed", p))
+		return
+	}
 	a.mux.ServeHTTP(w, r)
+}
+
+// cleanPath is path.Clean keeping a trailing slash, as ServeMux cleans.
+func cleanPath(p string) string {
+	c := path.Clean("/" + p)
+	if strings.HasSuffix(p, "/") && c != "/" {
+		c += "/"
+	}
+	return c
 }
 
 // who returns the log attributes naming the caller.
@@ -173,9 +194,11 @@ func who(r *http.Request) slog.Attr {
 	return slog.Group("by", "remote", r.RemoteAddr, "actor", r.Header.Get("X-Sluice-Actor"))
 }
 
+// actor names the caller in an override's By: X-Sluice-Actor, made valid
+// UTF-8 (a header may carry any byte), and the client address.
 func actor(r *http.Request) string {
 	if a := r.Header.Get("X-Sluice-Actor"); a != "" {
-		return a + " (" + r.RemoteAddr + ")"
+		return strings.ToValidUTF8(a, "\uFFFD") + " (" + r.RemoteAddr + ")"
 	}
 	return r.RemoteAddr
 }
@@ -515,6 +538,10 @@ func (a *Admin) putOverride(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, http.StatusBadRequest, fmt.Sprintf(`field "ttl": want a duration such as "30m" or "24h", at most %v: %v`, service.MaxOverrideTTL, err))
 		return
 	}
+	if err := validTarget(r.PathValue("domain"), r.PathValue("rule")); err != nil {
+		writeProblem(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
 	o := service.Override{
 		Domain: r.PathValue("domain"), Rule: r.PathValue("rule"),
 		Quota: *req.Limit, Burst: req.Burst, By: actor(r), Reason: req.Reason,
@@ -546,6 +573,10 @@ func (a *Admin) putOverride(w http.ResponseWriter, r *http.Request) {
 // deleteOverride answers DELETE /admin/v1/overrides/{domain}/{rule}.
 func (a *Admin) deleteOverride(w http.ResponseWriter, r *http.Request) {
 	domain, rule := r.PathValue("domain"), r.PathValue("rule")
+	if err := validTarget(domain, rule); err != nil {
+		writeProblem(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
 	found, err := a.opts.OverrideSync.Store.Delete(r.Context(), domain, rule)
 	if err != nil {
 		writeProblem(w, r, http.StatusServiceUnavailable, err.Error())

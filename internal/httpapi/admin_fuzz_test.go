@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"encoding/json"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -207,6 +208,47 @@ func FuzzRedisOverrideEncoding(f *testing.F) {
 		}
 		if err1 != nil && !strings.Contains(err1.Error(), "UTF-8") {
 			t.Errorf("error %q does not say why", err1)
+		}
+	})
+}
+
+// FuzzAdminAuth: a request authenticates exactly when its Authorization
+// header is the scheme Bearer, in any case, one or more spaces and the
+// token; and the ports of one remote address share one client key.
+func FuzzAdminAuth(f *testing.F) {
+	for _, s := range [][2]string{
+		{"Bearer " + testToken, "192.0.2.1:1"},
+		{"bEARER   " + testToken, "[2001:db8::1]:80"},
+		{"Bearer\t" + testToken, "[::ffff:10.0.0.1]:2"},
+		{"Basic " + testToken, "pipe"},
+		{"Bearer  " + testToken + " ", "[fe80::1%eth0]:9"},
+		{"bearer", ""},
+	} {
+		f.Add(s[0], s[1])
+	}
+	fx := newFixture(f, Options{})
+	f.Fuzz(func(t *testing.T, auth, remote string) {
+		admin, err := NewAdmin(AdminOptions{Token: testToken, Service: fx.svc, Store: fx.mem})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := httptest.NewRequest("GET", "/admin/v1/rules", nil)
+		req.RemoteAddr = remote
+		req.Header["Authorization"] = []string{auth}
+		w := httptest.NewRecorder()
+		admin.ServeHTTP(w, req)
+		scheme, rest, _ := strings.Cut(auth, " ")
+		want := len(auth) > len("Bearer ") && strings.EqualFold(scheme, "bearer") && strings.TrimLeft(rest, " ") == testToken
+		if (w.Code == http.StatusOK) != want {
+			t.Fatalf("Authorization %q: %d, want authenticated %v", auth, w.Code, want)
+		}
+		if !want && w.Code != http.StatusUnauthorized {
+			t.Fatalf("Authorization %q: %d, want 401", auth, w.Code)
+		}
+		if host, _, err := net.SplitHostPort(remote); err == nil {
+			if k1, k2 := clientKey(net.JoinHostPort(host, "1")), clientKey(net.JoinHostPort(host, "65535")); k1 != k2 {
+				t.Fatalf("%q: ports 1 and 65535 have keys %q and %q", remote, k1, k2)
+			}
 		}
 	})
 }

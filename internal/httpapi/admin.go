@@ -115,7 +115,7 @@ type AdminOptions struct {
 // is spent, its requests are refused with 429 and a Retry-After (when one
 // failure is back) without their token being compared, even a right one;
 // a request that authenticates costs nothing. Refusals are logged at Warn,
-// at most authLogBurst lines at once and then one every AuthFailurePeriod
+// at most 10 lines at once and then one every AuthFailurePeriod
 // over all addresses, each line counting those held back; the token is
 // never logged. They are counted in sluice_admin_auth_failures_total (401)
 // and sluice_admin_auth_refused_total (429). At most AuthMaxClients

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/sluicehq/sluice/internal/connlimit"
+	"github.com/sluicehq/sluice/internal/httpapi"
 )
 
 // limitsConfig bounds what a client can hold on serve's listeners: how many
@@ -46,6 +47,11 @@ type limitsConfig struct {
 	grpcKeepaliveTimeout  time.Duration
 	grpcPingMinTime       time.Duration
 	grpcPingWithoutStream bool // false by default, as its zero value
+
+	// The admin API's budget of failed authentications per client
+	// address: a burst, and how long winning one back takes.
+	adminAuthFailures      int
+	adminAuthFailurePeriod time.Duration
 }
 
 // defaultLimits are the limits serve applies unless told otherwise.
@@ -68,6 +74,9 @@ func defaultLimits() limitsConfig {
 		grpcKeepaliveTime:    time.Minute,
 		grpcKeepaliveTimeout: 20 * time.Second,
 		grpcPingMinTime:      10 * time.Second,
+
+		adminAuthFailures:      httpapi.DefaultAuthFailures,
+		adminAuthFailurePeriod: httpapi.DefaultAuthFailurePeriod,
 	}
 }
 
@@ -100,6 +109,8 @@ func (l *limitsConfig) flags() []limitFlag {
 		{name: "grpc-keepalive-timeout", d: &l.grpcKeepaliveTimeout, usage: "a gRPC client that does not answer serve's ping within this is disconnected"},
 		{name: "grpc-keepalive-min-time", d: &l.grpcPingMinTime, usage: "the shortest interval between a gRPC client's pings; a client that pings more often is disconnected (GOAWAY too_many_pings)"},
 		{name: "grpc-keepalive-permit-without-stream", b: &l.grpcPingWithoutStream, usage: "allow gRPC clients to ping while they have no call open (by default such pings count against the client)"},
+		{name: "admin-auth-failures", n: &l.adminAuthFailures, usage: "failed admin authentications a client address (IPv6: its /64) may make before its requests are refused with 429, unchecked, counted in sluice_admin_auth_refused_total"},
+		{name: "admin-auth-failure-period", d: &l.adminAuthFailurePeriod, usage: "how long a client address takes to win back one failed admin authentication"},
 	}
 }
 

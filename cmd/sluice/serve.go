@@ -543,6 +543,8 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 			Token: cfg.adminToken, Service: svc, Store: b.store, Keys: b.keys,
 			Overrides: overrides, OverrideSync: s.overrideSync,
 			Reload: watcher.Reload, Status: watcher.Status, Logger: log,
+			AuthFailures: cfg.limits.adminAuthFailures, AuthFailurePeriod: cfg.limits.adminAuthFailurePeriod,
+			Registerer: reg,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("serve: %w", err)

@@ -3,13 +3,15 @@ package httpapi
 import (
 	"bytes"
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"path"
 	"strings"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/internal/service"
@@ -68,6 +70,20 @@ type AdminOptions struct {
 	Logger *slog.Logger
 	// MaxBodyBytes bounds request bodies; 0 means 64 KiB.
 	MaxBodyBytes int64
+
+	// AuthFailures is the burst of failed authentications a client
+	// address may make, and AuthFailurePeriod how long it takes to win
+	// one back; AuthMaxClients bounds the addresses remembered. Zero means
+	// DefaultAuthFailures, DefaultAuthFailurePeriod, DefaultAuthMaxClients.
+	AuthFailures      int
+	AuthFailurePeriod time.Duration
+	AuthMaxClients    int
+	// Registerer, if not nil, registers sluice_admin_auth_failures_total
+	// and sluice_admin_auth_refused_total.
+	Registerer prometheus.Registerer
+	// Now is the clock of the failed-authentication budget; nil means
+	// time.Now.
+	Now func() time.Time
 }
 
 // Admin is the admin API, to be served on its own listener:
@@ -80,13 +96,37 @@ type AdminOptions struct {
 //	PUT    /admin/v1/overrides/{domain}/{rule}  {"limit","burst"?,"ttl","reason"?}: override a limit
 //	DELETE /admin/v1/overrides/{domain}/{rule}  remove an override
 //
-// Every request needs "Authorization: Bearer <token>". An optional
+// Domain and rule go in the path percent-encoded; a path with an empty,
+// "." or ".." segment is refused (400), not redirected to its cleaned form,
+// which could name another override, and so is a name that is not UTF-8.
+//
+// Every request needs "Authorization: Bearer <token>" (the scheme name in
+// any case, RFC 9110); the token is compared in constant time. An optional
 // X-Sluice-Actor header names the person or tool acting; it is logged with
 // the client address (it is not authenticated: the token is).
+//
+// # Failed authentications
+//
+// Each client address has a budget of AuthFailures failed
+// authentications, winning one back every AuthFailurePeriod (5, one every
+// 10 s, by default). An IPv4 address is one client; IPv6 addresses are
+// counted by their /64. The address is the connection's: a proxy in front
+// of the admin listener makes every client one. Once an address's budget
+// is spent, its requests are refused with 429 and a Retry-After (when one
+// failure is back) without their token being compared, even a right one;
+// a request that authenticates costs nothing. Refusals are logged at Warn,
+// at most 10 lines at once and then one every AuthFailurePeriod
+// over all addresses, each line counting those held back; the token is
+// never logged. They are counted in sluice_admin_auth_failures_total (401)
+// and sluice_admin_auth_refused_total (429). At most AuthMaxClients
+// addresses are remembered (memstore's bounded store, see its package
+// doc): an attacker holding more addresses than that, each kept out of
+// budget, can make the newest addresses' failures go uncounted.
 type Admin struct {
 	opts AdminOptions
 	log  *slog.Logger
 	mux  *http.ServeMux
+	auth *authGuard
 }
 
 // NewAdmin returns an Admin.
@@ -104,6 +144,10 @@ func NewAdmin(opts AdminOptions) (*Admin, error) {
 	if a.log == nil {
 		a.log = slog.New(slog.DiscardHandler)
 	}
+	var err error
+	if a.auth, err = newAuthGuard(&opts, a.log); err != nil {
+		return nil, err
+	}
 	a.mux.HandleFunc("GET /admin/v1/rules", a.listRules)
 	if opts.Reload != nil {
 		a.mux.HandleFunc("POST /admin/v1/reload", a.reload)
@@ -120,15 +164,29 @@ func NewAdmin(opts AdminOptions) (*Admin, error) {
 	return a, nil
 }
 
-// ServeHTTP implements http.Handler: it checks the token, then routes.
+// ServeHTTP implements http.Handler: it checks the token within the
+// client's failed-authentication budget, then routes.
 func (a *Admin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || subtle.ConstantTimeCompare([]byte(tok), []byte(a.opts.Token)) != 1 {
-		w.Header().Set("WWW-Authenticate", `Bearer realm="sluice-admin"`)
-		writeProblem(w, r, http.StatusUnauthorized, "a valid bearer token is required")
+	if !a.auth.check(w, r) {
+		return
+	}
+	// ServeMux would redirect a path with an empty, "." or ".." segment
+	// to its clean form, which may name another override ("./a%2Fb"
+	// becomes "a/b"): refuse it instead.
+	if p := r.URL.EscapedPath(); p != cleanPath(p) {
+		writeProblem(w, r, http.StatusBadRequest, fmt.Sprintf("path %q has an empty, \".\" or \"..\" segment; a domain or rule so named cannot be addressed", p))
 		return
 	}
 	a.mux.ServeHTTP(w, r)
+}
+
+// cleanPath is path.Clean keeping a trailing slash, as ServeMux cleans.
+func cleanPath(p string) string {
+	c := path.Clean("/" + p)
+	if strings.HasSuffix(p, "/") && c != "/" {
+		c += "/"
+	}
+	return c
 }
 
 // who returns the log attributes naming the caller.
@@ -136,9 +194,11 @@ func who(r *http.Request) slog.Attr {
 	return slog.Group("by", "remote", r.RemoteAddr, "actor", r.Header.Get("X-Sluice-Actor"))
 }
 
+// actor names the caller in an override's By: X-Sluice-Actor, made valid
+// UTF-8 (a header may carry any byte), and the client address.
 func actor(r *http.Request) string {
 	if a := r.Header.Get("X-Sluice-Actor"); a != "" {
-		return a + " (" + r.RemoteAddr + ")"
+		return strings.ToValidUTF8(a, "\uFFFD") + " (" + r.RemoteAddr + ")"
 	}
 	return r.RemoteAddr
 }
@@ -478,6 +538,10 @@ func (a *Admin) putOverride(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, http.StatusBadRequest, fmt.Sprintf(`field "ttl": want a duration such as "30m" or "24h", at most %v: %v`, service.MaxOverrideTTL, err))
 		return
 	}
+	if err := validTarget(r.PathValue("domain"), r.PathValue("rule")); err != nil {
+		writeProblem(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
 	o := service.Override{
 		Domain: r.PathValue("domain"), Rule: r.PathValue("rule"),
 		Quota: *req.Limit, Burst: req.Burst, By: actor(r), Reason: req.Reason,
@@ -509,6 +573,10 @@ func (a *Admin) putOverride(w http.ResponseWriter, r *http.Request) {
 // deleteOverride answers DELETE /admin/v1/overrides/{domain}/{rule}.
 func (a *Admin) deleteOverride(w http.ResponseWriter, r *http.Request) {
 	domain, rule := r.PathValue("domain"), r.PathValue("rule")
+	if err := validTarget(domain, rule); err != nil {
+		writeProblem(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
 	found, err := a.opts.OverrideSync.Store.Delete(r.Context(), domain, rule)
 	if err != nil {
 		writeProblem(w, r, http.StatusServiceUnavailable, err.Error())

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sluicehq/sluice/internal/service"
 	"github.com/sluicehq/sluice/redisstore"
@@ -119,9 +120,49 @@ type redisOverride struct {
 	Reason string `json:"reason,omitempty"`
 }
 
+// validTarget refuses a domain or rule name that is not valid UTF-8: no
+// rule file can define one, and JSON, which replaces invalid bytes, would
+// store two such names under one field.
+func validTarget(domain, rule string) error {
+	if !utf8.ValidString(domain) || !utf8.ValidString(rule) {
+		return fmt.Errorf("override of %q/%q: a domain or rule name must be valid UTF-8", domain, rule)
+	}
+	return nil
+}
+
+// redisField is the hash field of the override of domain/rule: the JSON
+// array [domain, rule], one field per target since both are valid UTF-8
+// (validTarget).
 func redisField(domain, rule string) string {
 	b, _ := json.Marshal([2]string{domain, rule})
 	return string(b)
+}
+
+// encodeOverride returns the hash field and value of o. It refuses o
+// unless every string in it is valid UTF-8, so that decodeOverride gives
+// o back (its expiry aside) and distinct targets never share a field.
+func encodeOverride(o *service.Override) (field, value string, err error) {
+	if err := validTarget(o.Domain, o.Rule); err != nil {
+		return "", "", fmt.Errorf("httpapi: %w", err)
+	}
+	if !utf8.ValidString(o.By) || !utf8.ValidString(o.Reason) {
+		return "", "", fmt.Errorf("httpapi: override of %q/%q: by and reason must be valid UTF-8", o.Domain, o.Rule)
+	}
+	v, err := json.Marshal(redisOverride{Domain: o.Domain, Rule: o.Rule, Limit: o.Quota, Burst: o.Burst, By: o.By, Reason: o.Reason})
+	if err != nil {
+		return "", "", err
+	}
+	return redisField(o.Domain, o.Rule), string(v), nil
+}
+
+// decodeOverride decodes the value of a hash entry; the override expires
+// at expires.
+func decodeOverride(value string, expires time.Time) (service.Override, error) {
+	var v redisOverride
+	if err := json.Unmarshal([]byte(value), &v); err != nil {
+		return service.Override{}, fmt.Errorf("httpapi: override value %q: %w", value, err)
+	}
+	return service.Override{Domain: v.Domain, Rule: v.Rule, Quota: v.Limit, Burst: v.Burst, By: v.By, Reason: v.Reason, Expires: expires}, nil
 }
 
 // List implements OverrideStore.
@@ -133,16 +174,13 @@ func (r *RedisOverrides) List(ctx context.Context) ([]service.Override, error) {
 	}
 	out := make([]service.Override, 0, len(entries))
 	for _, e := range entries {
-		var v redisOverride
-		if err := json.Unmarshal([]byte(e.Value), &v); err != nil {
-			return nil, fmt.Errorf("httpapi: override value %q: %w", e.Value, err)
+		// Measured from before the call: an override never lasts longer
+		// here than on the server.
+		o, err := decodeOverride(e.Value, start.Add(e.TTL))
+		if err != nil {
+			return nil, err
 		}
-		out = append(out, service.Override{
-			Domain: v.Domain, Rule: v.Rule, Quota: v.Limit, Burst: v.Burst, By: v.By, Reason: v.Reason,
-			// Measured from before the call: an override never lasts
-			// longer here than on the server.
-			Expires: start.Add(e.TTL),
-		})
+		out = append(out, o)
 	}
 	sortOverrides(out)
 	return out, nil
@@ -150,11 +188,11 @@ func (r *RedisOverrides) List(ctx context.Context) ([]service.Override, error) {
 
 // Put implements OverrideStore.
 func (r *RedisOverrides) Put(ctx context.Context, o service.Override, ttl time.Duration) error {
-	v, err := json.Marshal(redisOverride{Domain: o.Domain, Rule: o.Rule, Limit: o.Quota, Burst: o.Burst, By: o.By, Reason: o.Reason})
+	field, v, err := encodeOverride(&o)
 	if err != nil {
 		return err
 	}
-	if err := r.h.Put(ctx, redisField(o.Domain, o.Rule), string(v), ttl); err != nil {
+	if err := r.h.Put(ctx, field, v, ttl); err != nil {
 		return fmt.Errorf("httpapi: storing an override: %w", err)
 	}
 	return nil
@@ -162,6 +200,9 @@ func (r *RedisOverrides) Put(ctx context.Context, o service.Override, ttl time.D
 
 // Delete implements OverrideStore.
 func (r *RedisOverrides) Delete(ctx context.Context, domain, rule string) (bool, error) {
+	if err := validTarget(domain, rule); err != nil {
+		return false, fmt.Errorf("httpapi: %w", err)
+	}
 	ok, err := r.h.Delete(ctx, redisField(domain, rule))
 	if err != nil {
 		return false, fmt.Errorf("httpapi: deleting an override: %w", err)

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -106,6 +107,29 @@ func TestRedisOverrides(t *testing.T) {
 	}
 	if n, _ := c.HLen(t.Context(), "exp:overrides").Result(); n != 0 {
 		t.Errorf("expired field not deleted: %d left", n)
+	}
+}
+
+// TestRedisOverridesInvalidUTF8: names that JSON would turn into U+FFFD
+// are refused, so deleting "\xff" cannot remove the override of "\ufffd"
+// and putting one cannot replace it.
+func TestRedisOverridesInvalidUTF8(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c := srv.Client()
+	t.Cleanup(func() { c.Close() })
+	s := redisOverrides(t, c, "utf8:")
+	ctx := t.Context()
+	if err := s.Put(ctx, service.Override{Domain: "\ufffd", Rule: "r", Quota: 1}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(ctx, service.Override{Domain: "\xff", Rule: "r", Quota: 2}, time.Hour); err == nil || !strings.Contains(err.Error(), "UTF-8") {
+		t.Errorf("Put of domain \\xff: %v, want an error naming UTF-8", err)
+	}
+	if found, err := s.Delete(ctx, "\xff", "r"); err == nil || found {
+		t.Errorf("Delete of domain \\xff = %v, %v; want an error", found, err)
+	}
+	if list, err := s.List(ctx); err != nil || len(list) != 1 || list[0].Domain != "\ufffd" || list[0].Quota != 1 {
+		t.Errorf("List = %+v, %v; want the override of \\ufffd untouched", list, err)
 	}
 }
 

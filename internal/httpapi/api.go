@@ -152,6 +152,16 @@ func (a *API) envoyJSON(w http.ResponseWriter, r *http.Request) {
 	}
 	var in rlsv3.RateLimitRequest
 	err := protojson.Unmarshal(buf.Bytes(), &in)
+	if err != nil {
+		// protojson refuses what encoding/json would decode with a
+		// loss, but says of an escaped lone surrogate only "unexpected
+		// EOF": name it.
+		var scan strictScan
+		var ie *inputError
+		if errors.As(scan.check(buf.Bytes(), false), &ie) && ie.Surrogate {
+			err = ie
+		}
+	}
 	a.putBody(buf)
 	if err != nil {
 		writeProblem(w, r, http.StatusBadRequest, "decoding the RateLimitRequest: "+err.Error())

@@ -275,6 +275,21 @@ func TestCheckBadInput(t *testing.T) {
 		{"huge cost", `{"domain":"t","descriptors":[{"entries":[` + entry + `],"cost":1099511627777}]}`, "MaxQuota"},
 		{"huge negative cost", `{"domain":"t","cost":-1099511627777,"descriptors":[{"entries":[` + entry + `]}]}`, "MaxQuota"},
 		{"cost overflow", `{"domain":"t","cost":99999999999999999999,"descriptors":[{"entries":[` + entry + `]}]}`, `field "cost"`},
+		// What encoding/json decodes with a loss, so that two requests
+		// would share a key: refused, naming the field.
+		{"invalid UTF-8 value", `{"domain":"t","descriptors":[{"entries":[` + entry + `,{"key":"k","value":"a` + "\xff" + `"}]}]}`, `field "descriptors[0].entries[1].value": invalid UTF-8 (byte 0xff at offset`},
+		{"invalid UTF-8 domain", `{"domain":"` + "\xc3(" + `","descriptors":[{"entries":[` + entry + `]}]}`, `field "domain": invalid UTF-8 (byte 0xc3`},
+		{"UTF-16 surrogate as UTF-8", `{"domain":"t","descriptors":[{"entries":[{"key":"` + "\xed\xa0\x80" + `","value":"v"}]}]}`, `field "descriptors[0].entries[0].key": invalid UTF-8`},
+		{"lone high surrogate", `{"domain":"t","descriptors":[{"entries":[{"key":"k","value":"\ud800"}]}]}`, `field "descriptors[0].entries[0].value": \ud800 at offset 61 is a lone surrogate`},
+		{"lone low surrogate", `{"domain":"t","descriptors":[{"entries":[{"key":"k","value":"x\uDC00"}]}]}`, `field "descriptors[0].entries[0].value": \uDC00 at offset`},
+		{"high surrogate then no low one", `{"domain":"\ud83d\u0041","descriptors":[{"entries":[` + entry + `]}]}`, `field "domain": \ud83d at offset 11 is a lone surrogate`},
+		{"duplicate top-level member", `{"domain":"t","descriptors":[{"entries":[` + entry + `]}],"domain":"u"}`, `field "domain": given twice (at offsets 1 and 71)`},
+		{"duplicate member by case", `{"domain":"t","descriptors":[{"entries":[` + entry + `]}],"DOMAIN":"u"}`, `field "DOMAIN": given twice`},
+		{"duplicate escaped member", `{"domain":"t","descriptors":[{"entries":[` + entry + `]}],"\u0064omain":"u"}`, `field "domain": given twice`},
+		{"duplicate entry key", `{"domain":"t","descriptors":[{"entries":[{"key":"a","value":"b","key":"c"}]}]}`, `field "descriptors[0].entries[0].key": given twice`},
+		{"duplicate descriptor member", `{"domain":"t","descriptors":[{"entries":[` + entry + `]},{"cost":1,"entries":[` + entry + `],"cost":2}]}`, `field "descriptors[1].cost": given twice`},
+		{"empty key", `{"domain":"t","descriptors":[{"entries":[{"key":"","value":"b"}]}]}`, "descriptor 0 entry 0: key is empty"},
+		{"absent key", `{"domain":"t","descriptors":[{"entries":[` + entry + `]},{"entries":[{"value":"b"}]}]}`, "descriptor 1 entry 0: key is empty"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -365,6 +380,11 @@ func TestEnvoyJSON(t *testing.T) {
 		{"too many entries", `{"domain":"t","descriptors":[{"entries":[` + strings.TrimSuffix(strings.Repeat(`{"key":"a","value":"b"},`, 17), ",") + `]}]}`, "MaxEntries"},
 		{"long value", `{"domain":"t","descriptors":[{"entries":[{"key":"a","value":"` + strings.Repeat("v", 300) + `"}]}]}`, "MaxKeyValueBytes"},
 		{"bad unit override", `{"domain":"t","descriptors":[{"entries":[{"key":"a","value":"b"}],"limit":{"requestsPerUnit":1,"unit":"UNKNOWN"}}]}`, "unit"},
+		{"invalid UTF-8", `{"domain":"t","descriptors":[{"entries":[{"key":"a","value":"` + "\xff" + `"}]}]}`, "invalid UTF-8"},
+		{"lone surrogate", `{"domain":"t","descriptors":[{"entries":[{"key":"a","value":"\udfff"}]}]}`, `field "descriptors[0].entries[0].value": \udfff at offset 61 is a lone surrogate`},
+		{"duplicate member", `{"domain":"t","descriptors":[{"entries":[{"key":"a","value":"b","value":"c"}]}]}`, `duplicate field "value"`},
+		{"duplicate member in both spellings", `{"domain":"t","hitsAddend":1,"hits_addend":2,"descriptors":[{"entries":[{"key":"a","value":"b"}]}]}`, `duplicate field "hits_addend"`},
+		{"empty key", `{"domain":"t","descriptors":[{"entries":[{"key":"","value":"b"}]}]}`, "descriptor 0 entry 0: key is empty"},
 	}
 	for _, tt := range bad {
 		t.Run(tt.name, func(t *testing.T) {
@@ -440,4 +460,18 @@ func BenchmarkCheck(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkDecodeCheck measures the strict decoding of a /v1/check body
+// alone, the part a JSON check adds to every call.
+func BenchmarkDecodeCheck(b *testing.B) {
+	body := []byte(`{"domain":"edge","descriptors":[{"entries":[{"key":"tenant","value":"acme"},{"key":"user","value":"alice"}],"cost":3},{"entries":[{"key":"path","value":"/v1/orders"}]}],"cost":1}`)
+	var in checkRequest
+	var scan strictScan
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := decodeCheck(body, &in, &scan); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

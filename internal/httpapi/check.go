@@ -51,14 +51,18 @@ type checkCall struct {
 	entries []rules.Entry
 	req     service.Request
 	resp    service.Response
+	scan    strictScan
 	out     []byte
 	policy  []byte
 	limit   []byte
 }
 
 // decodeCheck decodes a /v1/check body strictly into in: one JSON object,
-// no unknown fields, nothing after it. Errors name the offending field.
-func decodeCheck(body []byte, in *checkRequest) error {
+// no unknown fields, nothing after it, and nothing that encoding/json
+// would decode with a loss (invalid UTF-8, escaped lone surrogates,
+// duplicate members; see strictScan), which scan finds. Errors name the
+// offending field.
+func decodeCheck(body []byte, in *checkRequest, scan *strictScan) error {
 	// encoding/json decodes array elements into the slice's old elements
 	// without zeroing them, so clear them: a field absent from this body
 	// must not keep the last request's value.
@@ -72,8 +76,10 @@ func decodeCheck(body []byte, in *checkRequest) error {
 		return fmt.Errorf("field %q: want a JSON %s, got %s", te.Field, te.Type, te.Value)
 	case errors.Is(err, io.EOF):
 		return errors.New("empty body: want a JSON object")
+	case err != nil:
+		return err // names the unknown field: json: unknown field "x"
 	}
-	return err // names the unknown field: json: unknown field "x"
+	return scan.check(body, true)
 }
 
 // errTrailing is unmarshalStrict's error for data after the JSON value.
@@ -136,7 +142,7 @@ func (a *API) check(w http.ResponseWriter, r *http.Request) {
 	}
 	c := a.calls.Get().(*checkCall)
 	defer a.calls.Put(c)
-	err := decodeCheck(buf.Bytes(), &c.in)
+	err := decodeCheck(buf.Bytes(), &c.in, &c.scan)
 	a.putBody(buf)
 	if err != nil {
 		writeProblem(w, r, http.StatusBadRequest, "decoding the check request: "+err.Error())

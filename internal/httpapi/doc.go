@@ -57,12 +57,21 @@
 // Every error is an RFC 9457 application/problem+json object whose detail
 // says what is wrong. Bodies are read through http.MaxBytesReader
 // (Options.MaxBodyBytes, 1 MiB by default): a larger one is 413 naming
-// MaxBodyBytes. They are decoded strictly: unknown fields, values of the
-// wrong type and trailing data are 400 naming the field. The request is
-// then validated by the service (service.Request.Validate), with the
-// message every transport gives for it, gRPC included: 400 for an empty
-// domain, no descriptors, a descriptor without entries, or a value beyond
-// a bound (MaxDescriptors, MaxEntries, MaxKeyValueBytes, MaxQuota).
+// MaxBodyBytes. They are decoded strictly, and nothing is repaired: unknown
+// fields, values of the wrong type, trailing data, invalid UTF-8 (which
+// encoding/json would replace by U+FFFD), an escaped lone surrogate such as
+// "\ud800" (decoded as U+FFFD too), and a member given twice in one object
+// (names compared as encoding/json matches them to fields, ignoring case;
+// it would keep the last) are 400 naming the field, as in
+// `field "descriptors[0].entries[1].value": invalid UTF-8 (byte 0xff at
+// offset 97)`. Otherwise two different bodies could decode to one request
+// and count on one key. POST /json is as strict (protojson refuses all of
+// these). The request is then validated by the service
+// (service.Request.Validate), with the message every transport gives for
+// it, gRPC included: 400 for an empty domain, an empty entry key (an empty
+// value is allowed), no descriptors, a descriptor without entries, or a
+// value beyond a bound (MaxDescriptors, MaxEntries, MaxKeyValueBytes,
+// MaxQuota).
 //
 // A store outage is never 429. A store that cannot decide, or a request
 // denied only by limits whose failure_mode is fail_closed while the store
@@ -73,6 +82,7 @@
 // # Concurrency and cost
 //
 // API and Admin are safe for concurrent use. A /v1/check call reuses
-// pooled buffers and encodes its answer without reflection; nothing is
+// pooled buffers and encodes its answer without reflection; the strict
+// checks are one pass over the body that allocates nothing; nothing is
 // logged per request.
 package httpapi

@@ -15,6 +15,12 @@ func fuzzPost(t *testing.T, f *fixture, path string, body []byte) {
 	req := httptest.NewRequest("POST", path, strings.NewReader(string(body)))
 	w := httptest.NewRecorder()
 	f.api.ServeHTTP(w, req)
+	checkAnswer(t, w, body)
+}
+
+// checkAnswer checks the answer w to body as fuzzPost says.
+func checkAnswer(t *testing.T, w *httptest.ResponseRecorder, body []byte) {
+	t.Helper()
 	switch w.Code {
 	case 200, 429:
 		if !json.Valid(w.Body.Bytes()) {

@@ -18,7 +18,10 @@
 //
 // Errors: a request that is malformed or beyond a bound is
 // INVALID_ARGUMENT, with the message service.Request.Validate gives on
-// every transport; a store that returns an error is UNAVAILABLE, and Envoy
+// every transport, and so is one that does not decode as a
+// RateLimitRequest (a string that is not valid UTF-8, which proto3
+// forbids; Register installs the decoding that says so, where gRPC's own
+// would answer INTERNAL); a store that returns an error is UNAVAILABLE, and Envoy
 // applies its failure_mode_deny (nothing was decided).
 //
 // # A store outage under failure_mode: fail_closed
@@ -49,13 +52,18 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/internal/service"
@@ -86,9 +94,112 @@ func New(svc *service.Service, opts Options) *Server {
 	return s
 }
 
-// Register registers the rate limit service on g.
+// Register registers the rate limit service on g, with the decoding of
+// requests described by the package documentation (Errors).
 func (s *Server) Register(g *grpc.Server) {
-	rlsv3.RegisterRateLimitServiceServer(g, s)
+	g.RegisterService(&serviceDesc, s)
+}
+
+// serviceDesc is rlsv3.RateLimitService_ServiceDesc with its own handler:
+// the generated one lets gRPC decode the request, and gRPC answers a
+// request it cannot decode INTERNAL — a proto3 string that is not valid
+// UTF-8 among them, which is the client's error, not the server's.
+var serviceDesc = grpc.ServiceDesc{
+	ServiceName: rlsv3.RateLimitService_ServiceDesc.ServiceName,
+	HandlerType: (*rlsv3.RateLimitServiceServer)(nil),
+	Methods:     []grpc.MethodDesc{{MethodName: "ShouldRateLimit", Handler: shouldRateLimitHandler}},
+	Metadata:    rlsv3.RateLimitService_ServiceDesc.Metadata,
+}
+
+// shouldRateLimitHandler decodes the request itself, so that a request
+// that is well-formed protobuf but not a valid RateLimitRequest is
+// INVALID_ARGUMENT. gRPC decodes the message into an Empty, which keeps
+// every field as unknown bytes and checks nothing but the wire format
+// (what gRPC still answers INTERNAL: the body is not protobuf); those
+// bytes are then decoded as the RateLimitRequest.
+func shouldRateLimitHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+	var raw emptypb.Empty
+	if err := dec(&raw); err != nil {
+		return nil, err
+	}
+	in, err := decodeRequest(raw.ProtoReflect().GetUnknown())
+	if err != nil {
+		return nil, err
+	}
+	s := srv.(rlsv3.RateLimitServiceServer)
+	if interceptor == nil {
+		return s.ShouldRateLimit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: rlsv3.RateLimitService_ShouldRateLimit_FullMethodName}
+	return interceptor(ctx, in, info, func(ctx context.Context, req any) (any, error) {
+		return s.ShouldRateLimit(ctx, req.(*rlsv3.RateLimitRequest))
+	})
+}
+
+// decodeRequest decodes a RateLimitRequest from its protobuf encoding as
+// the gRPC service does; a request that does not decode (invalid UTF-8 in
+// a string, a malformed field) is a gRPC INVALID_ARGUMENT status, naming
+// the string that is not UTF-8.
+func decodeRequest(b []byte) (*rlsv3.RateLimitRequest, error) {
+	in := new(rlsv3.RateLimitRequest)
+	if err := proto.Unmarshal(b, in); err != nil {
+		msg := err.Error()
+		if f := invalidUTF8(b, in.ProtoReflect().Descriptor(), ""); f != "" {
+			msg = "field " + f + " is not valid UTF-8"
+		}
+		return nil, status.Error(codes.InvalidArgument, "decoding the RateLimitRequest: "+msg)
+	}
+	return in, nil
+}
+
+// invalidUTF8 returns the path (descriptors[0].entries[1].value) of the
+// first string field of message md encoded in b that is not valid UTF-8,
+// or "". It explains an error of proto.Unmarshal, which does not name the
+// field; it stops at anything malformed.
+func invalidUTF8(b []byte, md protoreflect.MessageDescriptor, path string) string {
+	var seen map[protowire.Number]int // occurrences of repeated fields
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return ""
+		}
+		b = b[n:]
+		fd := md.Fields().ByNumber(num)
+		if fd == nil || typ != protowire.BytesType {
+			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
+				return ""
+			}
+			b = b[n:]
+			continue
+		}
+		v, n := protowire.ConsumeBytes(b)
+		if n < 0 {
+			return ""
+		}
+		b = b[n:]
+		name := string(fd.Name())
+		if path != "" {
+			name = path + "." + name
+		}
+		if fd.IsList() {
+			if seen == nil {
+				seen = make(map[protowire.Number]int)
+			}
+			name += "[" + strconv.Itoa(seen[num]) + "]"
+			seen[num]++
+		}
+		switch fd.Kind() {
+		case protoreflect.StringKind:
+			if !utf8.Valid(v) {
+				return name
+			}
+		case protoreflect.MessageKind:
+			if f := invalidUTF8(v, fd.Message(), name); f != "" {
+				return f
+			}
+		}
+	}
+	return ""
 }
 
 // call holds the buffers one request reuses.

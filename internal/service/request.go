@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/ratelimit"
@@ -83,10 +84,16 @@ func CheckEntryCount(i, n int) error {
 // Validate reports whether r is well formed and within the bounds, with an
 // error wrapping ErrInvalidRequest that names what is wrong. In order: the
 // number of descriptors, the number of entries of each, the domain (not
-// empty, at most rules.MaxKeyValueBytes), then for each descriptor its keys
-// and values (at most rules.MaxKeyValueBytes), its cost and its inline
+// empty, valid UTF-8, at most rules.MaxKeyValueBytes), then for each
+// descriptor its keys (not empty) and values (either may be empty), both
+// valid UTF-8 and at most rules.MaxKeyValueBytes, its cost and its inline
 // limit. It is the one check of a request, which ShouldRateLimit makes
 // before anything else; it does not allocate when r is valid.
+//
+// Valid UTF-8 is required because a transport that repairs it (replacing
+// each invalid byte by U+FFFD, as encoding/json does) would count two
+// different requests against one key; the transports refuse such input
+// before it gets here, and Validate makes sure for any other caller.
 func (r *Request) Validate() error {
 	if err := CheckDescriptorCount(len(r.Descriptors)); err != nil {
 		return err
@@ -102,6 +109,9 @@ func (r *Request) Validate() error {
 	if n := len(r.Domain); n > rules.MaxKeyValueBytes {
 		return invalid("domain is %d bytes; at most %d (MaxKeyValueBytes)", n, rules.MaxKeyValueBytes)
 	}
+	if !utf8.ValidString(r.Domain) {
+		return invalid("domain is not valid UTF-8")
+	}
 	for i := range r.Descriptors {
 		if err := r.Descriptors[i].validate(i); err != nil {
 			return err
@@ -113,11 +123,20 @@ func (r *Request) Validate() error {
 // validate checks descriptor i but for its number of entries.
 func (d *Descriptor) validate(i int) error {
 	for j := range d.Entries {
-		if n := len(d.Entries[j].Key); n > rules.MaxKeyValueBytes {
+		e := &d.Entries[j]
+		switch n := len(e.Key); {
+		case n == 0:
+			return invalid("descriptor %d entry %d: key is empty", i, j)
+		case n > rules.MaxKeyValueBytes:
 			return invalid("descriptor %d entry %d: key is %d bytes; at most %d (MaxKeyValueBytes)", i, j, n, rules.MaxKeyValueBytes)
+		case !utf8.ValidString(e.Key):
+			return invalid("descriptor %d entry %d: key is not valid UTF-8", i, j)
 		}
-		if n := len(d.Entries[j].Value); n > rules.MaxKeyValueBytes {
+		if n := len(e.Value); n > rules.MaxKeyValueBytes {
 			return invalid("descriptor %d entry %d: value is %d bytes; at most %d (MaxKeyValueBytes)", i, j, n, rules.MaxKeyValueBytes)
+		}
+		if !utf8.ValidString(e.Value) {
+			return invalid("descriptor %d entry %d: value is not valid UTF-8", i, j)
 		}
 	}
 	if d.Cost < -ratelimit.MaxQuota || d.Cost > ratelimit.MaxQuota {

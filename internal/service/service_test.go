@@ -136,7 +136,13 @@ func TestValidateDoesNotAllocate(t *testing.T) {
 func TestValidateBounds(t *testing.T) {
 	long := strings.Repeat("v", rules.MaxKeyValueBytes+1)
 	ok := strings.Repeat("v", rules.MaxKeyValueBytes)
-	entries := func(n int) []rules.Entry { return make([]rules.Entry, n) }
+	entries := func(n int) []rules.Entry {
+		es := make([]rules.Entry, n)
+		for i := range es {
+			es[i].Key = "k"
+		}
+		return es
+	}
 	many := func(n int) []Descriptor {
 		ds := make([]Descriptor, n)
 		for i := range ds {
@@ -162,6 +168,12 @@ func TestValidateBounds(t *testing.T) {
 		{"long key", Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries(1)}, {Entries: []rules.Entry{{Key: "a", Value: "b"}, {Key: long, Value: "v"}}}}}, "descriptor 1 entry 1: key is 257 bytes; at most 256 (MaxKeyValueBytes)"},
 		{"long value", Request{Domain: "d", Descriptors: []Descriptor{{Entries: []rules.Entry{{Key: "k", Value: long}}}}}, "descriptor 0 entry 0: value is 257 bytes"},
 		{"huge cost", Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries(1), Cost: ratelimit.MaxQuota + 1}}}, "(MaxQuota)"},
+		{"empty value", Request{Domain: "d", Descriptors: []Descriptor{{Entries: []rules.Entry{{Key: "k"}}}}}, ""},
+		{"empty key", Request{Domain: "d", Descriptors: []Descriptor{{Entries: entries(1)}, {Entries: []rules.Entry{{Key: "a", Value: "b"}, {Value: "v"}}}}}, "descriptor 1 entry 1: key is empty"},
+		{"invalid UTF-8 domain", Request{Domain: "d\xff", Descriptors: many(1)}, "domain is not valid UTF-8"},
+		{"invalid UTF-8 key", Request{Domain: "d", Descriptors: []Descriptor{{Entries: []rules.Entry{{Key: "\xffk", Value: "v"}}}}}, "descriptor 0 entry 0: key is not valid UTF-8"},
+		{"invalid UTF-8 value", Request{Domain: "d", Descriptors: []Descriptor{{Entries: []rules.Entry{{Key: "k", Value: "\xed\xa0\x80"}}}}}, "descriptor 0 entry 0: value is not valid UTF-8"},
+		{"U+FFFD is valid", Request{Domain: "\ufffd", Descriptors: []Descriptor{{Entries: []rules.Entry{{Key: "\ufffd", Value: "\ufffd"}}}}}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -58,6 +58,7 @@ func TestAppendKey(t *testing.T) {
 		{"a part that does not apply", "", []string{"acme", ""}, "", false},
 		{"long", "", []string{"a", long}, "rule|#" + hex.EncodeToString(sum[:]), true},
 		{"long after what dst holds", "xyz", []string{"a", long}, "xyzrule|#" + hex.EncodeToString(sum[:]), true},
+		{"delimiters escaped", "", []string{"a|b", "#1%"}, "rule|a%7Cb|%231%25", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -93,12 +94,14 @@ func TestAppendKeyAllocs(t *testing.T) {
 	}
 }
 
-// FuzzAppendKey: whatever the parts, a key is the plain join when it fits
-// MaxKeyLen, and otherwise the rule name, "|#" and 64 hex digits.
+// FuzzAppendKey: whatever the parts, a key is the escaped join when it
+// fits MaxKeyLen, and otherwise the escaped rule name, "|#" and 64 hex
+// digits.
 func FuzzAppendKey(f *testing.F) {
 	f.Add("rule", "acme", "/pkg.Svc/Get")
 	f.Add("r", strings.Repeat("x", 300), "")
 	f.Add("", "|", "#")
+	f.Add("a|b", "%7C", "%")
 	f.Fuzz(func(t *testing.T, name, a, b string) {
 		vals := []string{a, b}
 		key, ok := AppendKey(nil, name, 2, func(dst []byte, i int) ([]byte, bool) {
@@ -107,7 +110,8 @@ func FuzzAppendKey(f *testing.F) {
 		if !ok {
 			t.Fatal("a part that applies was refused")
 		}
-		plain := name + "|" + a + "|" + b
+		esc := strings.NewReplacer("%", "%25", "|", "%7C", "#", "%23")
+		plain := esc.Replace(name) + "|" + esc.Replace(a) + "|" + esc.Replace(b)
 		if len(plain) <= MaxKeyLen {
 			if string(key) != plain {
 				t.Fatalf("key %q, want %q", key, plain)
@@ -115,8 +119,35 @@ func FuzzAppendKey(f *testing.F) {
 			return
 		}
 		sum := sha256.Sum256([]byte(plain))
-		if want := name + "|#" + hex.EncodeToString(sum[:]); string(key) != want {
+		if want := esc.Replace(name) + "|#" + hex.EncodeToString(sum[:]); string(key) != want {
 			t.Fatalf("key of %d bytes = %q, want %q", len(plain), key, want)
+		}
+	})
+}
+
+// FuzzAppendKeyInjective: two policies' keys are equal only when their
+// names and parts are: no value a client sends, delimiters and digests
+// included, puts it on another's counter.
+func FuzzAppendKeyInjective(f *testing.F) {
+	sum := sha256.Sum256([]byte("r|" + strings.Repeat("x", 300)))
+	f.Add("r", "a|b", "c", "r", "a", "b|c")
+	f.Add("r|a", "b", "", "r", "a|b", "")
+	f.Add("r", "#"+hex.EncodeToString(sum[:]), "", "r", strings.Repeat("x", 300), "")
+	f.Add("r", "%7C", "", "r", "|", "")
+	f.Fuzz(func(t *testing.T, n1, a1, b1, n2, a2, b2 string) {
+		key := func(name string, vals ...string) string {
+			k, _ := AppendKey(nil, name, len(vals), func(dst []byte, i int) ([]byte, bool) {
+				return append(dst, vals[i]...), true
+			})
+			return string(k)
+		}
+		// One part and two: a policy with fewer parts never meets one with
+		// more on a key either.
+		if k1, k2 := key(n1, a1, b1), key(n2, a2, b2); k1 == k2 && (n1 != n2 || a1 != a2 || b1 != b2) {
+			t.Fatalf("(%q, %q, %q) and (%q, %q, %q) share the key %q", n1, a1, b1, n2, a2, b2, k1)
+		}
+		if k1, k2 := key(n1, a1), key(n2, a2, b2); k1 == k2 {
+			t.Fatalf("(%q, %q) and (%q, %q, %q) share the key %q", n1, a1, n2, a2, b2, k1)
 		}
 	})
 }

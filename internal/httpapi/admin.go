@@ -203,8 +203,8 @@ func actor(r *http.Request) string {
 	return r.RemoteAddr
 }
 
-// decodeBody decodes a bounded JSON body strictly into v; on error it has
-// answered the request.
+// decodeBody decodes a bounded JSON body strictly into v, as /v1/check
+// does (decodeCheck); on error it has answered the request.
 func (a *Admin) decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	var body bytes.Buffer
 	if !readBody(w, r, a.opts.MaxBodyBytes, &body) {
@@ -216,6 +216,11 @@ func (a *Admin) decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 			detail = "decoding the body: " + detail
 		}
 		writeProblem(w, r, http.StatusBadRequest, detail)
+		return false
+	}
+	var scan strictScan
+	if err := scan.check(body.Bytes(), true); err != nil {
+		writeProblem(w, r, http.StatusBadRequest, err.Error())
 		return false
 	}
 	return true

@@ -232,6 +232,11 @@ func TestAdminOverrides(t *testing.T) {
 		{"/admin/v1/overrides/t/per_user", `{"ttl":"1h"}`, 400, `"limit"`},
 		{"/admin/v1/overrides/t/per_user", `{"limit":1,"ttl":"1h","burst":5}`, 400, "no burst"},
 		{"/admin/v1/overrides/t/per_user", `{"limit":1,"ttl":"1h","lmit":2}`, 400, `unknown field "lmit"`},
+		// Decoded strictly, as /v1/check: nothing JSON would decode with a loss.
+		{"/admin/v1/overrides/t/per_user", `{"limit":1,"ttl":"1h","limit":1000}`, 400, `given twice`},
+		{"/admin/v1/overrides/t/per_user", `{"limit":1,"ttl":"1h","LIMIT":1000}`, 400, `given twice`},
+		{"/admin/v1/overrides/t/per_user", "{\"limit\":1,\"ttl\":\"1h\",\"reason\":\"\xff\"}", 400, `invalid UTF-8`},
+		{"/admin/v1/overrides/t/per_user", `{"limit":1,"ttl":"1h","reason":"\ud800"}`, 400, `surrogate`},
 	}
 	for _, b := range bad {
 		assertProblem(t, af.call(t, "PUT", b.path, b.body), b.status, b.detail)

@@ -66,7 +66,7 @@
 // `field "descriptors[0].entries[1].value": invalid UTF-8 (byte 0xff at
 // offset 97)`. Otherwise two different bodies could decode to one request
 // and count on one key. POST /json is as strict (protojson refuses all of
-// these). The request is then validated by the service
+// these), and so are the admin API's bodies. The request is then validated by the service
 // (service.Request.Validate), with the message every transport gives for
 // it, gRPC included: 400 for an empty domain, an empty entry key (an empty
 // value is allowed), no descriptors, a descriptor without entries, or a

@@ -33,6 +33,7 @@ var (
 	figuresIdle  = flag.Int("figures.idle", 1000, "TestFigures: idle gRPC connections")
 	figuresWait  = flag.Duration("figures.wait", 15*time.Second, "TestFigures: how long the slow and idle clients stay before they go")
 	figuresFlood = flag.Int("figures.flood", 3000, "TestFigures: connections of the gRPC flood")
+	figuresGuess = flag.Duration("figures.guess", 2*time.Second, "TestFigures: how long one client guesses admin tokens")
 	figuresCalm  = flag.Duration("figures.calm", 150*time.Second, "TestFigures: when to read memory again after the idle gRPC clients went (the runtime collects at least every 2 minutes, then returns memory to the OS)")
 )
 
@@ -232,6 +233,39 @@ func TestFigures(t *testing.T) {
 		}
 		pause(3 * time.Second)
 		t.Logf("3s after the flood went: %v", f.sample(t))
+	})
+	t.Run("admin-guess", func(t *testing.T) {
+		// One client guesses the admin token as fast as one keep-alive
+		// connection allows, for --figures.guess.
+		dir := rulesDir(t, map[string]string{"st.yaml": testRuleFile})
+		p := startSluice(t, *figuresBin, []string{adminTokenEnv + "=the-token"}, "serve", "--rules", dir, "--log-format", "json",
+			"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0")
+		up := p.next(t, "sluice serving", 10*time.Second)
+		go func() {
+			for range p.logs { // the warnings of a limited build: counted below
+			}
+		}()
+		web := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 1}, Timeout: 10 * time.Second}
+		codes := map[int]int{}
+		start := time.Now()
+		for i := 0; time.Since(start) < *figuresGuess; i++ {
+			req, _ := http.NewRequest("GET", "http://"+up.str("admin")+"/admin/v1/rules", nil)
+			req.Header.Set("Authorization", fmt.Sprintf("Bearer guess-%d", i))
+			resp, err := web.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			codes[resp.StatusCode]++
+		}
+		took := time.Since(start)
+		total := 0
+		for _, n := range codes {
+			total += n
+		}
+		t.Logf("%d wrong tokens in %v (%.0f/s), answered %v; 401s (tokens checked): %.0f/s",
+			total, took.Round(time.Millisecond), float64(total)/took.Seconds(), codes, float64(codes[http.StatusUnauthorized])/took.Seconds())
 	})
 	t.Run("sigterm-slow-body", func(t *testing.T) {
 		f := startFigures(t)

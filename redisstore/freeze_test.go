@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -498,5 +499,84 @@ func TestExactFreeze(t *testing.T) {
 	}
 	if el := time.Since(start); el > 10*time.Second {
 		t.Errorf("took %v", el)
+	}
+}
+
+// TestLeaseFreeze freezes Redis while lease acquires are in flight: each
+// fails within the store's timeout, and when Redis resumes and runs them,
+// none grants a partition: no lease is held by a member that was told it
+// failed.
+func TestLeaseFreeze(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c, err := NewClient(ClientOptions{Addrs: []string{srv.Addr()}, Timeout: faultTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	ls, err := NewLeaseStore(c, fmt.Sprint("svc", time.Now().UnixNano()), LeaseOptions{Timeout: faultTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const n = 8 // members, one partition each
+	// Open connections and sample the clock: every partition acquired at
+	// once, then released.
+	warm := make(chan error, n)
+	for i := range n {
+		go func() {
+			id := fmt.Sprint("m", i)
+			gs, err := ls.Acquire(ctx, id, []int{i}, time.Hour)
+			if err == nil && len(gs) != 1 {
+				err = fmt.Errorf("granted %v", gs)
+			}
+			if err == nil {
+				err = ls.Release(ctx, id, gs)
+			}
+			warm <- err
+		}()
+	}
+	for range n {
+		if err := <-warm; err != nil {
+			t.Fatalf("acquire and release with Redis up: %v", err)
+		}
+	}
+
+	srv.Freeze()
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			start := time.Now()
+			gs, err := ls.Acquire(ctx, fmt.Sprint("m", i), []int{i}, time.Hour)
+			if el := time.Since(start); el > faultTimeout+margin {
+				err = fmt.Errorf("acquire took %v, bound %v", el, faultTimeout+margin)
+			} else if err == nil {
+				err = fmt.Errorf("acquire on a frozen server granted %v, nil error", gs)
+			} else {
+				err = nil
+			}
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	srv.Thaw()
+
+	admin := srv.Client()
+	// As in TestSemaphoreFreeze: look for owners for a while (polling an
+	// external process, bounded).
+	for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); {
+		parts, err := admin.HGetAll(ctx, ls.keys[2]).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for p, v := range parts {
+			if f := strings.Fields(v); len(f) == 3 {
+				t.Fatalf("after the thaw, partition %s is leased (%q): acquires answered as failed took it", p, v)
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

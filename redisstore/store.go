@@ -82,7 +82,9 @@
 // request's slot in a separate tiny round trip, then decides at that
 // instant. Options.Now replaces the server clock by a client one (tests
 // step time with it); keys then live one minute longer than they need, as
-// allowance for the client clock's distance from the server's.
+// allowance for the client clock's distance from the server's. The script
+// still reads TIME then, for its cutoff (see Deadlines), which is always in
+// the server's clock.
 //
 // # Precision
 //
@@ -120,9 +122,12 @@
 // Concurrent Decide calls are coalesced: a few worker goroutines, owned by
 // the Store and stopped by Close, each take every request waiting (up to
 // Options.BatchSize, waiting at most Options.BatchWindow for more) and send
-// them in one pipeline; in Cluster mode go-redis splits a pipeline per node.
-// A caller with no other request pending sends its own at once, so a lone
-// caller pays no hand-off. Options.NoCoalesce turns coalescing off.
+// them in one pipeline; on a Cluster, one pipeline per node, each sent by a
+// goroutine of its own that the worker does not wait for, so that a node
+// that does not answer holds neither the other nodes' calls nor the
+// workers. A caller with no other request pending sends its own at once,
+// so a lone caller pays no hand-off. Options.NoCoalesce turns coalescing
+// off.
 //
 // # Failures
 //
@@ -134,6 +139,43 @@
 // Failure mode: FailOpen admits (ReasonFailOpen), FailClosed denies
 // (ReasonFailClosed) and FailLocal decides in process, at this replica's
 // share of the limit, Quota/Options.Replicas (ReasonLocal). Stats counts them.
+//
+// # Deadlines
+//
+// A call answered as timed out never takes effect later. A command the
+// client gave up on may still be in a socket buffer, or in a server that
+// was paused (SIGSTOP, a frozen VM or container, a stalled disk) and reads
+// it when it resumes; if it ran then, a request answered by the failure
+// mode (denied, under FailClosed) would consume capacity after all. So
+// every script call that consumes (a positive cost: decide.lua on every
+// path, batch or not, the exact path's compare-and-set, SemaphoreStore's
+// and LeaseStore's acquire) carries a cutoff in the Redis server's own clock, and the
+// script, having read TIME, does nothing past it and answers "expired",
+// which the caller takes as a timeout. Checks and refunds carry none: they
+// take nothing, and a late refund only gives back.
+//
+// The cutoff is the instant the client gives up on the call (the earlier
+// of the call's deadline, from Options.Timeout or the context, and now
+// plus the client's read timeout), mapped to the server's clock by a lower
+// bound, so that it is never later than the server's clock at that
+// instant: the server's TIME from a round trip, plus the client's
+// monotonic time elapsed since its reply arrived (TIME was read before
+// that), less 1000 ppm of that time for drift and 100 µs. Each node's
+// clock has its own estimate (each master of a Cluster); a caller takes a
+// new sample (one TIME round trip before its call) when the node has none
+// or it is a second old, or when the node answered "expired" before the
+// deadline. A sample replaces the kept one when it bounds the clock more
+// tightly, or contradicts it (the server's clock stepped back). The cost is
+// that a call reaching Redis within a round trip of its deadline may be
+// answered "expired" although the client would still have waited for it.
+// What the estimate does not cover: a Sentinel failover to a master whose
+// clock is behind the old one's, for up to a second, and on a Cluster a
+// call redirected (MOVED) to a node whose clock is behind its slot's old
+// owner's; keep the servers' clocks synchronised (NTP).
+//
+// A caller that cancels its context (rather than reaching its deadline)
+// gets the context's error, not a decision: that call may still take
+// effect.
 //
 // Every type of the package is safe for concurrent use; none has a usable
 // zero value: call its constructor.

@@ -296,12 +296,14 @@ func (b *batcher) pipeline(now, deadline time.Time, live []*call) {
 	// Cluster.
 	var cut int64
 	var cutErr error
-	for i, g := range groups {
+	have := false
+	for _, g := range groups {
 		if !g.req.takes {
 			continue
 		}
-		if i == 0 || b.s.cluster {
+		if !have || b.s.cluster {
 			cut, cutErr = b.s.sclock.cutoff(ctx, g.req.keys[0], now, deadline)
+			have = true
 		}
 		g.err = cutErr
 		g.req.setCutoff(cut)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -578,5 +579,33 @@ func TestLeaseFreeze(t *testing.T) {
 			}
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestBatchCutoffs sends one pipeline, by hand, of requests at two
+// instants (two groups): first a check, which carries no cutoff, then a
+// request that takes. The second gets the pipeline's cutoff, not none or
+// one in the past: it is decided.
+func TestBatchCutoffs(t *testing.T) {
+	srv := redistest.Standalone(t)
+	s, _ := faultStore(t, []string{srv.Addr()}, time.Second, false)
+	r := &ratelimit.Rule{Name: "r", Quota: 10, Period: time.Hour}
+	ready(t, s, ratelimit.Item{Key: "a", Rule: r})
+	now := time.Now()
+	var calls []*call
+	for i, cost := range []int64{0, 1} {
+		req, err := s.build([]ratelimit.Item{{Key: fmt.Sprint("k", i), Rule: r, Cost: cost}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.args[argNow] = strconv.FormatInt(now.UnixNano()+int64(i), 10)
+		calls = append(calls, &call{ctx: context.Background(), deadline: now.Add(time.Second), req: req, done: make(chan struct{}, 1)})
+	}
+	s.batch.send(calls)
+	for i, c := range calls {
+		<-c.done
+		if c.err != nil || len(c.res) != replyFields || c.res[replyAllowed] != int64(1) {
+			t.Errorf("request %d (cost %d): %v %v, want admitted", i, i, c.res, c.err)
+		}
 	}
 }

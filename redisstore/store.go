@@ -149,9 +149,9 @@
 // mode (denied, under FailClosed) would consume capacity after all. So
 // every script call that consumes (a positive cost: decide.lua on every
 // path, batch or not, the exact path's compare-and-set, SemaphoreStore's
-// and LeaseStore's acquire) carries a cutoff in the Redis server's own clock, and the
-// script, having read TIME, does nothing past it and answers "expired",
-// which the caller takes as a timeout. Checks and refunds carry none: they
+// and LeaseStore's acquire) carries a cutoff in the Redis server's own
+// clock, and the script, having read TIME, does nothing past it and
+// answers "expired", which the caller takes as a timeout. Checks and refunds carry none: they
 // take nothing, and a late refund only gives back.
 //
 // The cutoff is the instant the client gives up on the call (the earlier

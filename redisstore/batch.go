@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,7 +16,8 @@ import (
 // batcher coalesces concurrent requests into pipelines. Each of its workers
 // waits for a request, takes every other request already waiting (up to
 // size), waits at most window for more, and sends them all in one pipeline
-// whose deadline is the earliest of theirs.
+// whose deadline is the earliest of theirs (on a Cluster, one pipeline per
+// node, in goroutines of their own: see send).
 type batcher struct {
 	s      *Store
 	ch     chan *call
@@ -171,8 +173,9 @@ func (b *batcher) work() {
 	}
 }
 
-// send runs batch as one pipeline and hands each call its reply. Calls
-// whose context has ended are answered at once and not sent.
+// send runs batch as one pipeline (on a Cluster, one per node, which it
+// does not wait for) and hands each call its reply. Calls whose context has
+// ended are answered at once and not sent.
 func (b *batcher) send(batch []*call) {
 	live := batch[:0]
 	var deadline time.Time
@@ -196,6 +199,57 @@ func (b *batcher) send(batch []*call) {
 	}
 	b.pipelines.Add(1)
 	b.batched.Add(uint64(len(live)))
+	if b.s.sclock.cluster == nil {
+		b.pipeline(now, deadline, live)
+		return
+	}
+	// On a Cluster, a node that does not answer must not hold the others'
+	// calls: neither in the pipeline (when its commands time out, go-redis
+	// retries them and, once the deadline ends the retry, fails every
+	// command of the pipeline, answered or not) nor in the worker, which
+	// would take no more requests until the deadline. So one pipeline per
+	// node, each in a goroutine of its own, which the worker does not wait
+	// for (stop does): a pipeline's calls are each in no other, so they
+	// bound the goroutines.
+	for _, p := range b.byNode(live) {
+		dl := p[0].deadline
+		for _, c := range p[1:] {
+			if c.deadline.Before(dl) {
+				dl = c.deadline
+			}
+		}
+		b.wg.Add(1) // the worker's own count is held: stop's Wait waits for this one
+		go func() {
+			defer b.wg.Done()
+			b.pipeline(now, dl, p)
+		}()
+	}
+}
+
+// byNode splits calls by the Cluster master that holds their keys, in
+// order of first appearance, in new slices.
+func (b *batcher) byNode(calls []*call) [][]*call {
+	var parts [][]*call
+	var addrs []string
+	for _, c := range calls {
+		addr := "" // unknown: the pipeline finds it
+		if m, err := b.s.sclock.cluster.MasterForKey(c.ctx, c.req.keys[0]); err == nil {
+			addr = m.Options().Addr
+		}
+		i := slices.Index(addrs, addr)
+		if i < 0 {
+			i = len(addrs)
+			addrs = append(addrs, addr)
+			parts = append(parts, nil)
+		}
+		parts[i] = append(parts[i], c)
+	}
+	return parts
+}
+
+// pipeline sends calls, taken at now, in one pipeline that ends at
+// deadline, and hands each its reply.
+func (b *batcher) pipeline(now, deadline time.Time, live []*call) {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	if len(live) == 1 {
@@ -210,6 +264,7 @@ func (b *batcher) send(batch []*call) {
 		calls []*call
 		req   *request
 		cmd   *redis.Cmd
+		err   error // the cutoff could not be computed: not sent
 	}
 	var groups []*group
 	if b.s.cluster {
@@ -235,16 +290,39 @@ func (b *batcher) send(batch []*call) {
 			}
 		}
 	}
+	// Every call of the pipeline is abandoned at its deadline, the
+	// earliest of theirs: so is every cutoff (each call's own, set by run,
+	// may be later). One cutoff for a single server, one per node on a
+	// Cluster.
+	var cut int64
+	var cutErr error
+	have := false
+	for _, g := range groups {
+		if !g.req.takes {
+			continue
+		}
+		if !have || b.s.cluster {
+			cut, cutErr = b.s.sclock.cutoff(ctx, g.req.keys[0], now, deadline)
+			have = true
+		}
+		g.err = cutErr
+		g.req.setCutoff(cut)
+	}
 	sha := b.s.script.Hash()
 	pipe := b.s.c.Pipeline()
 	for _, g := range groups {
-		g.cmd = pipe.EvalSha(ctx, sha, g.req.keys, g.req.args...)
+		if g.err == nil {
+			g.cmd = pipe.EvalSha(ctx, sha, g.req.keys, g.req.args...)
+		}
 	}
 	pipe.Exec(ctx) //nolint:errcheck // each command carries its own error
 	// A node that does not know the script yet answers NOSCRIPT: send
 	// those commands again with the script's source.
 	var retry redis.Pipeliner
 	for _, g := range groups {
+		if g.err != nil {
+			continue
+		}
 		if err := g.cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
 			if retry == nil {
 				retry = b.s.c.Pipeline()
@@ -256,10 +334,17 @@ func (b *batcher) send(batch []*call) {
 		retry.Exec(ctx) //nolint:errcheck // as above
 	}
 	for _, g := range groups {
-		res, err := g.cmd.Slice()
+		var res []any
+		err := g.err
+		if err == nil {
+			res, err = g.cmd.Slice()
+		}
 		if len(g.calls) == 1 {
 			g.calls[0].answer(res, err)
 			continue
+		}
+		if err == nil && len(res) == 1 && res[0] == int64(replyExpired) { // the whole batch did nothing
+			err = errExpired
 		}
 		// Per request: the number of its values, then the values.
 		pos := 0
@@ -282,14 +367,16 @@ func (b *batcher) send(batch []*call) {
 // header, then per request its number of items and their fields, with key
 // indices shifted to the batch's KEYS.
 func (b *batcher) combine(calls []*call) *request {
-	nk, na, mask := 0, argHeader, 0
+	nk, na, mask, takes := 0, argHeader, 0, false
 	for _, c := range calls {
 		nk += len(c.req.keys)
 		na += batchReqHeader + len(c.req.args) - argHeader
 		mask |= c.req.mask
+		takes = takes || c.req.takes
 	}
-	r := &request{keys: make([]string, 0, nk), args: make([]any, argHeader, na)}
+	r := &request{keys: make([]string, 0, nk), args: make([]any, argHeader, na), takes: takes}
 	r.args[argNow], r.args[argSlack] = calls[0].req.args[argNow], calls[0].req.args[argSlack]
+	r.args[argDeadline] = "" // set by send when a request takes
 	r.args[argCount] = "-" + strconv.Itoa(len(calls))
 	r.args[argMask] = b.s.small(int64(mask))
 	for _, c := range calls {

@@ -6,6 +6,9 @@
 --   argSlack  milliseconds added to every TTL (clock slack; 0 with TIME)
 --   argCount  the number of items (negative: a batch of requests, see the end)
 --   argMask   the algorithms present, a bit mask (1 << algorithm)
+--   argDeadline  the cutoff, Unix ns of the server's TIME, or "" for none:
+--             past it the script writes nothing and returns replyExpired,
+--             since the client has given up on the call (see clock.go)
 -- and per item:
 --   fieldKey       key index (into KEYS; a sliding_log item's log list is
 --                  the next key)
@@ -20,7 +23,9 @@
 -- (reasonOK, reasonLimited, reasonExceeds: beyond capacity),
 -- replyRemaining, replyReset and replyRetry (ns, saturated at maxDuration);
 -- or the single integer replyFar, having written nothing, when a state is
--- too far from now for doubles (see far): the caller then decides in Go.
+-- too far from now for doubles (see far): the caller then decides in Go;
+-- or the single integer replyExpired, having written nothing, past the
+-- cutoff.
 --
 -- State of a key: a string "alg|T|N|P|S|G": Algorithm, T, N, Prev and Seen
 -- of ratelimit.State (T and S in Unix ns) and a generation G that every
@@ -39,7 +44,7 @@
 -- ARGV[a] is ARGV[a + f]. When store.go loads the script it writes the
 -- values in place of the names below (inlineLayout: upvalues cost every
 -- call), so never declare a local, parameter or field of these names.
-local argNow, argSlack, argCount, argMask, argHeader = 0, 1, 2, 3, 4
+local argNow, argSlack, argCount, argMask, argDeadline, argHeader = 0, 1, 2, 3, 4, 5
 local fieldKey, fieldAlg, fieldCost, fieldQuota, fieldCapacity = 0, 1, 2, 3, 4
 local fieldInterval, fieldCapT, fieldPeriod, fieldWinStart, fieldWinEnd = 5, 6, 7, 8, 9
 local itemFields = 10
@@ -48,7 +53,7 @@ local itemFields = 10
 local batchReqHeader = 1
 local replyAllowed, replyReason, replyRemaining, replyReset, replyRetry = 0, 1, 2, 3, 4
 local replyFields = 5
-local replyFar = -1
+local replyFar, replyExpired = -1, -2
 local reasonOK, reasonLimited, reasonExceeds = 0, 1, 2
 local maxDuration = 9223372036854774784 -- 2^63 - 1024, the largest double below 2^63
 -- End of the layout.
@@ -58,9 +63,17 @@ local maxDuration = 9223372036854774784 -- 2^63 - 1024, the largest double below
 -- when first needed.
 local fns, fnn, fnow
 local nowArg = ARGV[1 + argNow]
+local cut = ARGV[1 + argDeadline]
+local tnow
+if nowArg == '' or cut ~= '' then tnow = redis.call('TIME') end
+-- Past the cutoff the client has given up on this call (a server stopped
+-- and resumed, a command late in a buffer): it must not take effect. The
+-- cutoff has at least 10 digits (see setCutoff).
+if cut ~= '' and (string.sub(cut, 1, -10) - tnow[1]) * 1000000000 + (string.sub(cut, -9) - tnow[2] * 1000) < 0 then
+  return {replyExpired}
+end
 if nowArg == '' then
-  local t = redis.call('TIME')
-  fns, fnn = tonumber(t[1]), tonumber(t[2]) * 1000
+  fns, fnn = tonumber(tnow[1]), tonumber(tnow[2]) * 1000
 else
   local str = nowArg
   local len = #str

@@ -47,12 +47,19 @@ end
 return out`
 
 // casLua checks that every state key still holds its expected value ("" for
-// none) and, only then, writes them all. ARGV: the number of keys, then per
-// key: expected, new value ("" deletes), TTL in ms, the number of log
-// entries (-1: no log key follows in KEYS), and the entries.
+// none) and, only then, writes them all. ARGV: the cutoff (see clock.go; ""
+// for none), the number of keys, then per key: expected, new value (""
+// deletes), TTL in ms, the number of log entries (-1: no log key follows in
+// KEYS), and the entries. It returns 1 when written, 0 on a conflict, -1
+// (having written nothing) past the cutoff.
 const casLua = `
-local n = tonumber(ARGV[1])
-local a, k = 2, 1
+local cut = ARGV[1]
+if cut ~= '' then
+  local t = redis.call('TIME')
+  if (string.sub(cut, 1, -10) - t[1]) * 1000000000 + (string.sub(cut, -9) - t[2] * 1000) < 0 then return -1 end
+end
+local n = tonumber(ARGV[2])
+local a, k = 3, 1
 local w = {}
 for i = 1, n do
   local exp, new, ttl, nlog = ARGV[a], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3])
@@ -187,7 +194,7 @@ func (s *Store) decideExact(ctx context.Context, items []ratelimit.Item, keys []
 		if !allowed {
 			return ds, nil
 		}
-		ok, err := s.exactWrite(ctx, states, now)
+		ok, err := s.exactWrite(ctx, states, now, takes(items))
 		if err != nil {
 			return nil, err
 		}
@@ -220,10 +227,22 @@ func exactDecide(items []ratelimit.Item, its []*exactState, now time.Time) ([]ra
 	return ds, ok
 }
 
-// exactWrite writes the changed states if none changed since they were read.
-func (s *Store) exactWrite(ctx context.Context, states map[string]*exactState, now time.Time) (bool, error) {
+// takes reports whether an item has a positive cost.
+func takes(items []ratelimit.Item) bool {
+	for i := range items {
+		if items[i].Cost > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// exactWrite writes the changed states if none changed since they were
+// read. When take is set, the write carries the cutoff of ctx's deadline
+// (see clock.go).
+func (s *Store) exactWrite(ctx context.Context, states map[string]*exactState, now time.Time, take bool) (bool, error) {
 	var keys []string
-	args := []any{0}
+	args := []any{"", 0}
 	n := 0
 	for key, st := range states {
 		if !st.dirty {
@@ -262,8 +281,21 @@ func (s *Store) exactWrite(ctx context.Context, states map[string]*exactState, n
 	if n == 0 {
 		return true, nil
 	}
-	args[0] = strconv.Itoa(n)
+	args[1] = strconv.Itoa(n)
+	if d, ok := ctx.Deadline(); ok && take {
+		cut, err := s.sclock.cutoff(ctx, keys[0], time.Now(), d)
+		if err != nil {
+			return false, err
+		}
+		args[0] = strconv.FormatInt(max(cut, 1e9), 10)
+	}
 	r, err := s.cas.Run(ctx, s.c, keys, args...).Int()
+	if err == nil && r == -1 {
+		if d, ok := ctx.Deadline(); ok && time.Now().Before(d) {
+			s.sclock.expired(ctx, keys[0])
+		}
+		return false, errExpired
+	}
 	return r == 1, err
 }
 

@@ -76,9 +76,16 @@ if op == 'heartbeat' then
   end
   return out
 elseif op == 'acquire' then
-  -- ARGV[4..] partitions. Returns {p1, epoch1, p2, epoch2, ...} granted.
+  -- ARGV[4] the cutoff: Unix ns of the server's clock past which the
+  -- caller has given up on the call, or "" for none (see clock.go);
+  -- ARGV[5..] partitions. Returns {p1, epoch1, p2, epoch2, ...} granted;
+  -- past the cutoff, -1, having granted nothing.
+  local cut = ARGV[4]
+  if cut ~= '' and (string.sub(cut, 1, -10) - t[1]) * 1000000000 + (string.sub(cut, -9) - t[2] * 1000) < 0 then
+    return -1
+  end
   local out = {}
-  for i = 4, #ARGV do
+  for i = 5, #ARGV do
     local p = ARGV[i]
     local epoch, expiry, owner = part(p)
     if expiry <= now or owner == id then

@@ -30,6 +30,16 @@ const DefaultLeasePrefix = "sluice:lease:"
 // are removed by the next heartbeat; an expired partition stays in the
 // hash, with its epoch, until it is leased again, so epochs only grow.
 //
+// An acquire with a deadline (the context's, the store's Timeout or the
+// client's read timeout) carries a cutoff in the server's clock, as Store's
+// decisions do (see Deadlines in the package documentation): one that Redis
+// runs only after its caller gave up grants nothing, so that no partition
+// is leased to a member that does not know it holds it. Its first call on
+// a node, and one a second, takes a TIME round trip more. The other
+// operations carry none: a late renewal extends only a lease its member
+// held, a late release or leave gives up, a late heartbeat records a
+// presence that the next one renews or that expires.
+//
 // A LeaseStore is safe for concurrent use. The zero value is not usable:
 // call NewLeaseStore.
 type LeaseStore struct {
@@ -37,6 +47,7 @@ type LeaseStore struct {
 	keys    []string
 	script  *redis.Script
 	timeout time.Duration
+	sclock  *serverClock
 }
 
 var _ lease.Store = (*LeaseStore)(nil)
@@ -73,16 +84,22 @@ func NewLeaseStore(client redis.UniversalClient, service string, opts LeaseOptio
 		c:       client,
 		keys:    []string{base + "members", base + "info", base + "parts"},
 		script:  redis.NewScript(leaseLua),
+		sclock:  newServerClock(client, redis.NewScript(timeLua)),
 		timeout: opts.Timeout,
 	}, nil
 }
 
-func (r *LeaseStore) run(ctx context.Context, op, id string, ttl time.Duration, args ...any) (any, error) {
+// bound returns ctx bounded by the store's timeout, if it has one.
+func (r *LeaseStore) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	if r.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, r.timeout)
-		defer cancel()
+		return context.WithTimeout(ctx, r.timeout)
 	}
+	return ctx, func() {}
+}
+
+func (r *LeaseStore) run(ctx context.Context, op, id string, ttl time.Duration, args ...any) (any, error) {
+	ctx, cancel := r.bound(ctx)
+	defer cancel()
 	a := append([]any{op, id, max(1, ttl.Milliseconds())}, args...)
 	v, err := r.script.Run(ctx, r.c, r.keys, a...).Result()
 	if err != nil {
@@ -152,11 +169,31 @@ func (r *LeaseStore) Acquire(ctx context.Context, id string, parts []int, ttl ti
 	if len(parts) == 0 {
 		return nil, nil
 	}
-	args := make([]any, len(parts))
+	args := make([]any, 1+len(parts))
+	args[0] = "" // the cutoff
 	for i, p := range parts {
-		args[i] = p
+		args[1+i] = p
+	}
+	ctx, cancel := r.bound(ctx)
+	defer cancel()
+	now := time.Now()
+	if d, ok := ctx.Deadline(); ok || r.sclock.readTimeout > 0 {
+		if !ok {
+			d = now.Add(r.sclock.readTimeout)
+		}
+		cut, err := r.sclock.cutoff(ctx, r.keys[0], now, d)
+		if err != nil {
+			return nil, fmt.Errorf("redisstore: lease acquire: reading the server's clock: %w", err)
+		}
+		args[0] = strconv.FormatInt(max(cut, 1e9), 10)
 	}
 	v, err := r.run(ctx, "acquire", id, ttl, args...)
+	if n, ok := v.(int64); err == nil && ok && n == -1 {
+		if d, ok := ctx.Deadline(); ok && time.Now().Before(d) {
+			r.sclock.expired(ctx, r.keys[0])
+		}
+		err = fmt.Errorf("redisstore: lease acquire: %w", errExpired)
+	}
 	if err != nil {
 		return nil, err
 	}

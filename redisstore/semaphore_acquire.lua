@@ -3,10 +3,17 @@
 -- ARGV[1]  token
 -- ARGV[2]  limit (most holders)
 -- ARGV[3]  ttl in milliseconds
--- Returns 1 if token holds a permit afterwards, 0 if the semaphore is full.
+-- ARGV[4]  the cutoff: Unix ns of the server's clock past which the caller
+--          has given up on the call, or "" for none (see clock.go)
+-- Returns 1 if token holds a permit afterwards, 0 if the semaphore is full,
+-- -1 (having done nothing) past the cutoff.
 local key, token = KEYS[1], ARGV[1]
 local limit, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
 local t = redis.call('TIME')
+local cut = ARGV[4]
+if cut ~= '' and (string.sub(cut, 1, -10) - t[1]) * 1000000000 + (string.sub(cut, -9) - t[2] * 1000) < 0 then
+  return -1
+end
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 -- Forget holders whose expiry has passed (an expiry equal to now has passed).

@@ -5,6 +5,7 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -45,7 +46,15 @@ type SemaphoreOptions struct {
 // expired holders, then adds the token if fewer than the limit remain;
 // renew extends a token only if it is present and unexpired; release is a
 // ZREM of the caller's own token. A semaphore therefore costs one round
-// trip per acquire attempt, renewal and release.
+// trip per acquire attempt, renewal and release, and an acquire with a
+// deadline one more (TIME) when the store has not sampled the node's clock
+// for a second.
+//
+// An acquire with a deadline (the context's, or the client's read timeout)
+// carries a cutoff in the server's clock, as Store's decisions do (see
+// Deadlines in the package documentation): an acquire that Redis runs only
+// after its caller gave up adds no holder, so that no permit is held that
+// nobody owns. One without a deadline has no cutoff.
 //
 // A server that loses its data (a restart without persistence, a failover
 // to a replica that had not received the writes) forgets the permits: their
@@ -64,6 +73,7 @@ type SemaphoreStore struct {
 	prefix  string
 	acquire *redis.Script
 	renew   *redis.Script
+	sclock  *serverClock
 }
 
 var _ concurrency.Store = (*SemaphoreStore)(nil)
@@ -87,6 +97,7 @@ func NewSemaphoreStore(c redis.UniversalClient, o SemaphoreOptions) (*SemaphoreS
 		prefix:  o.Prefix,
 		acquire: redis.NewScript(semaphoreAcquireLua),
 		renew:   redis.NewScript(semaphoreRenewLua),
+		sclock:  newServerClock(c, redis.NewScript(timeLua)),
 	}, nil
 }
 
@@ -108,9 +119,31 @@ func ttlMillis(ttl time.Duration) int64 {
 	return max(int64((ttl+time.Millisecond-1)/time.Millisecond), 1)
 }
 
-// Acquire implements concurrency.Store.
+// Acquire implements concurrency.Store. A call with a deadline (the
+// context's, or the client's read timeout) carries its cutoff: if Redis
+// runs it only after the caller gave up, it adds no holder (see the
+// package documentation, Deadlines).
 func (r *SemaphoreStore) Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (bool, error) {
-	n, err := r.acquire.Run(ctx, r.c, []string{r.Key(name)}, token, limit, ttlMillis(ttl)).Int64()
+	key := r.Key(name)
+	cut := ""
+	now := time.Now()
+	if d, ok := ctx.Deadline(); ok || r.sclock.readTimeout > 0 {
+		if !ok {
+			d = now.Add(r.sclock.readTimeout)
+		}
+		ns, err := r.sclock.cutoff(ctx, key, now, d)
+		if err != nil {
+			return false, fmt.Errorf("redisstore: semaphore acquire: reading the server's clock: %w", err)
+		}
+		cut = strconv.FormatInt(max(ns, 1e9), 10)
+	}
+	n, err := r.acquire.Run(ctx, r.c, []string{key}, token, limit, ttlMillis(ttl), cut).Int64()
+	if err == nil && n == -1 {
+		if d, ok := ctx.Deadline(); ok && time.Now().Before(d) {
+			r.sclock.expired(ctx, key) // answered in time, yet past the cutoff: measure again
+		}
+		err = errExpired
+	}
 	if err != nil {
 		return false, fmt.Errorf("redisstore: semaphore acquire: %w", err)
 	}

@@ -82,7 +82,9 @@
 // request's slot in a separate tiny round trip, then decides at that
 // instant. Options.Now replaces the server clock by a client one (tests
 // step time with it); keys then live one minute longer than they need, as
-// allowance for the client clock's distance from the server's.
+// allowance for the client clock's distance from the server's. The script
+// still reads TIME then, for its cutoff (see Deadlines), which is always in
+// the server's clock.
 //
 // # Precision
 //
@@ -120,9 +122,12 @@
 // Concurrent Decide calls are coalesced: a few worker goroutines, owned by
 // the Store and stopped by Close, each take every request waiting (up to
 // Options.BatchSize, waiting at most Options.BatchWindow for more) and send
-// them in one pipeline; in Cluster mode go-redis splits a pipeline per node.
-// A caller with no other request pending sends its own at once, so a lone
-// caller pays no hand-off. Options.NoCoalesce turns coalescing off.
+// them in one pipeline; on a Cluster, one pipeline per node, each sent by a
+// goroutine of its own that the worker does not wait for, so that a node
+// that does not answer holds neither the other nodes' calls nor the
+// workers. A caller with no other request pending sends its own at once,
+// so a lone caller pays no hand-off. Options.NoCoalesce turns coalescing
+// off.
 //
 // # Failures
 //
@@ -134,6 +139,43 @@
 // Failure mode: FailOpen admits (ReasonFailOpen), FailClosed denies
 // (ReasonFailClosed) and FailLocal decides in process, at this replica's
 // share of the limit, Quota/Options.Replicas (ReasonLocal). Stats counts them.
+//
+// # Deadlines
+//
+// A call answered as timed out never takes effect later. A command the
+// client gave up on may still be in a socket buffer, or in a server that
+// was paused (SIGSTOP, a frozen VM or container, a stalled disk) and reads
+// it when it resumes; if it ran then, a request answered by the failure
+// mode (denied, under FailClosed) would consume capacity after all. So
+// every script call that consumes (a positive cost: decide.lua on every
+// path, batch or not, the exact path's compare-and-set, SemaphoreStore's
+// and LeaseStore's acquire) carries a cutoff in the Redis server's own
+// clock, and the script, having read TIME, does nothing past it and
+// answers "expired", which the caller takes as a timeout. Checks and refunds carry none: they
+// take nothing, and a late refund only gives back.
+//
+// The cutoff is the instant the client gives up on the call (the earlier
+// of the call's deadline, from Options.Timeout or the context, and now
+// plus the client's read timeout), mapped to the server's clock by a lower
+// bound, so that it is never later than the server's clock at that
+// instant: the server's TIME from a round trip, plus the client's
+// monotonic time elapsed since its reply arrived (TIME was read before
+// that), less 1000 ppm of that time for drift and 100 µs. Each node's
+// clock has its own estimate (each master of a Cluster); a caller takes a
+// new sample (one TIME round trip before its call) when the node has none
+// or it is a second old, or when the node answered "expired" before the
+// deadline. A sample replaces the kept one when it bounds the clock more
+// tightly, or contradicts it (the server's clock stepped back). The cost is
+// that a call reaching Redis within a round trip of its deadline may be
+// answered "expired" although the client would still have waited for it.
+// What the estimate does not cover: a Sentinel failover to a master whose
+// clock is behind the old one's, for up to a second, and on a Cluster a
+// call redirected (MOVED) to a node whose clock is behind its slot's old
+// owner's; keep the servers' clocks synchronised (NTP).
+//
+// A caller that cancels its context (rather than reaching its deadline)
+// gets the context's error, not a decision: that call may still take
+// effect.
 //
 // Every type of the package is safe for concurrent use; none has a usable
 // zero value: call its constructor.
@@ -250,6 +292,7 @@ type Store struct {
 	clock   *redis.Script
 	read    *redis.Script
 	cas     *redis.Script
+	sclock  *serverClock // the nodes' clocks, for cutoffs
 	tagOf   func(string) string
 	cluster bool // keys of one script must share a slot (not a single server)
 
@@ -271,6 +314,20 @@ var _ ratelimit.Store = (*Store)(nil)
 
 // ErrClosed is returned by Decide after Close.
 var ErrClosed = errors.New("redisstore: store closed")
+
+// errExpired is a call that reached Redis after its cutoff, so that the
+// script did nothing (see clock.go): the caller had given up on it, or was
+// about to. It is a context.DeadlineExceeded; Decide answers it by the
+// failure mode, as a timeout.
+var errExpired error = expiredError{}
+
+type expiredError struct{}
+
+func (expiredError) Error() string {
+	return "redisstore: the call reached Redis after its deadline: nothing was done"
+}
+
+func (expiredError) Is(target error) bool { return target == context.DeadlineExceeded }
 
 // errCrossSlot is returned by build, on a Cluster, for a request whose keys
 // do not share a hash tag; Decide then decides it group by group.
@@ -323,6 +380,7 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 	for i := range s.smalls {
 		s.smalls[i] = strconv.Itoa(i)
 	}
+	s.sclock = newServerClock(c, s.clock)
 	s.tagOf = opts.HashTag
 	if s.tagOf == nil {
 		s.tagOf = HashTag
@@ -440,11 +498,15 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 // request.args[x] is ARGV[1+x].
 const (
 	// The header, ahead of the items.
-	argNow    = 0 // the instant in Unix ns, or "" for the server's TIME
-	argSlack  = 1 // milliseconds added to every TTL
-	argCount  = 2 // the number of items; "-n" for a batch of n requests
-	argMask   = 3 // the algorithms present, a bit mask
-	argHeader = 4 // values in the header
+	argNow   = 0 // the instant in Unix ns, or "" for the server's TIME
+	argSlack = 1 // milliseconds added to every TTL
+	argCount = 2 // the number of items; "-n" for a batch of n requests
+	argMask  = 3 // the algorithms present, a bit mask
+	// argDeadline is the cutoff, Unix ns of the server's clock (TIME),
+	// past which the script does nothing and answers replyExpired; "" for
+	// none (a request that consumes nothing). See clock.go.
+	argDeadline = 4
+	argHeader   = 5 // values in the header
 
 	// An item's fields, from its first one.
 	fieldKey      = 0 // index of its state key in KEYS, from 1
@@ -472,6 +534,9 @@ const (
 	replyRetry     = 4 // ns
 	replyFields    = 5 // values per item
 	replyFar       = -1
+	// replyExpired, alone, says that the script ran past argDeadline and
+	// did nothing.
+	replyExpired = -2
 
 	reasonOK      = 0
 	reasonLimited = 1
@@ -488,7 +553,7 @@ var scriptLayout = []struct {
 	value int64
 }{
 	{"argNow", argNow}, {"argSlack", argSlack}, {"argCount", argCount}, {"argMask", argMask},
-	{"argHeader", argHeader},
+	{"argDeadline", argDeadline}, {"argHeader", argHeader},
 	{"fieldKey", fieldKey}, {"fieldAlg", fieldAlg}, {"fieldCost", fieldCost},
 	{"fieldQuota", fieldQuota}, {"fieldCapacity", fieldCapacity},
 	{"fieldInterval", fieldInterval}, {"fieldCapT", fieldCapT}, {"fieldPeriod", fieldPeriod},
@@ -496,7 +561,7 @@ var scriptLayout = []struct {
 	{"batchReqHeader", batchReqHeader},
 	{"replyAllowed", replyAllowed}, {"replyReason", replyReason}, {"replyRemaining", replyRemaining},
 	{"replyReset", replyReset}, {"replyRetry", replyRetry}, {"replyFields", replyFields},
-	{"replyFar", replyFar},
+	{"replyFar", replyFar}, {"replyExpired", replyExpired},
 	{"reasonOK", reasonOK}, {"reasonLimited", reasonLimited}, {"reasonExceeds", reasonExceeds},
 	{"maxDuration", maxDuration},
 }
@@ -624,9 +689,30 @@ type request struct {
 	// abandoned is set when the caller stopped waiting while a pipeline
 	// may still read the request: it must not be reused.
 	abandoned bool
+	// takes is set when an item has a positive cost: only then does the
+	// request carry a cutoff (a late refund only gives back).
+	takes bool
+	// cut holds the cutoff's digits and cutArg them boxed once (a []byte
+	// over cut's array), so that setting a cutoff allocates nothing.
+	cut    [19]byte
+	cutArg any
 }
 
-var reqPool = sync.Pool{New: func() any { return new(request) }}
+var reqPool = sync.Pool{New: func() any {
+	r := new(request)
+	r.cutArg = r.cut[:]
+	return r
+}}
+
+// setCutoff sets the request's cutoff, ns in the server's clock.
+func (r *request) setCutoff(ns int64) {
+	if ns < 1e18 || r.cutArg == nil { // not 19 digits (before 2001): rare enough to allocate
+		r.args[argDeadline] = strconv.FormatInt(max(ns, 1e9), 10)
+		return
+	}
+	strconv.AppendInt(r.cut[:0], ns, 10)
+	r.args[argDeadline] = r.cutArg
+}
 
 // maxPooledArgs bounds the requests kept for reuse.
 const maxPooledArgs = 256
@@ -649,9 +735,10 @@ func (r *request) release() {
 func (s *Store) build(items []ratelimit.Item) (*request, error) {
 	req := reqPool.Get().(*request)
 	req.keys, req.kis = req.keys[:0], req.kis[:0]
-	req.exact, req.calendar = false, false
+	req.exact, req.calendar, req.takes = false, false, false
 	req.args = append(req.args[:0], make([]any, argHeader)...)
 	req.args[argSlack] = s.slackMS
+	req.args[argDeadline] = ""
 	req.args[argCount] = s.small(int64(len(items)))
 	mask := 0
 	cross := false
@@ -694,6 +781,7 @@ func (s *Store) build(items []ratelimit.Item) (*request, error) {
 		f := req.args[base : base+itemFields]
 		f[fieldKey] = s.small(int64(ki))
 		f[fieldCost] = s.small(max(it.Cost, -ra.capacity))
+		req.takes = req.takes || it.Cost > 0
 	}
 	if cross {
 		req.release()
@@ -768,7 +856,8 @@ func (s *Store) small(n int64) any {
 // the Store's timeout. A coalesced request carries its deadline to the
 // pipeline instead of a context of its own.
 func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req *request, items []ratelimit.Item) ([]ratelimit.Decision, error) {
-	deadline := time.Now().Add(s.timeout)
+	start := time.Now()
+	deadline := start.Add(s.timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
 	}
@@ -813,12 +902,25 @@ func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req *request,
 			}
 		}
 	}
+	if req.takes {
+		cut, err := s.sclock.cutoff(ctx, req.keys[0], start, deadline)
+		if err != nil {
+			return dst, err
+		}
+		req.setCutoff(cut)
+	}
 	var res []any
 	var err error
 	if s.batch != nil {
 		res, err = s.batch.do(ctx, deadline, req)
 	} else {
 		res, err = s.script.Run(ctx, s.c, req.keys, req.args...).Slice()
+	}
+	if err == nil && len(res) == 1 && res[0] == int64(replyExpired) {
+		err = errExpired
+	}
+	if errors.Is(err, errExpired) && time.Now().Before(deadline) {
+		s.sclock.expired(ctx, req.keys[0]) // answered in time, yet past the cutoff: measure again
 	}
 	if err != nil {
 		return dst, err

@@ -5,6 +5,12 @@ import (
 	"syscall"
 )
 
+// The signals of Freeze and Thaw.
+const (
+	freezeSignal = syscall.SIGSTOP
+	thawSignal   = syscall.SIGCONT
+)
+
 // dieWithParent makes the kernel kill the server if the test process dies
 // without running its cleanups (a panic in another goroutine, a timeout, a
 // kill): no redis-server outlives the test that started it.

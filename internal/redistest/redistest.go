@@ -378,6 +378,38 @@ func (s *Server) Stop() {
 	s.kill()
 }
 
+// Freeze stops the server's process with SIGSTOP, as a long pause would
+// (a VM or container frozen, a stalled fork): it keeps its connections and
+// its data, and reads what clients sent it once Thaw resumes it. A frozen
+// server is killed at the end of the test as any other (SIGKILL ends a
+// stopped process).
+func (s *Server) Freeze() {
+	s.t.Helper()
+	s.signal(freezeSignal, "freeze")
+}
+
+// Thaw resumes a frozen server with SIGCONT.
+func (s *Server) Thaw() {
+	s.t.Helper()
+	s.signal(thawSignal, "thaw")
+}
+
+func (s *Server) signal(sig os.Signal, what string) {
+	s.t.Helper()
+	if sig == nil {
+		s.t.Skipf("redistest: cannot %s a process on this system", what)
+	}
+	s.mu.Lock()
+	cmd := s.cmd
+	s.mu.Unlock()
+	if cmd == nil {
+		s.t.Fatalf("redistest: %s: server on port %d is not running", what, s.port)
+	}
+	if err := cmd.Process.Signal(sig); err != nil {
+		s.t.Fatalf("redistest: %s: %v", what, err)
+	}
+}
+
 // Start starts a stopped server again on the same port and waits until it
 // answers; a cluster node also waits until its cluster state is ok.
 func (s *Server) Start() {

@@ -125,3 +125,34 @@ func TestStandaloneTLS(t *testing.T) {
 		t.Fatal("no CA file")
 	}
 }
+
+// TestFreezeThaw: a frozen server answers nothing but keeps its data;
+// thawed, it serves again, a call in flight across the thaw included.
+func TestFreezeThaw(t *testing.T) {
+	s := Standalone(t)
+	c := s.Client()
+	ctx := context.Background()
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.Freeze()
+	cctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if err := c.Ping(cctx).Err(); err == nil {
+		t.Fatal("PING succeeded on a frozen server")
+	}
+	// Started while frozen (sent before or after the thaw: either way it
+	// must be served), with no deadline.
+	late := s.Client()
+	done := make(chan error, 1)
+	go func() { done <- late.Set(ctx, "late", "1", 0).Err() }()
+	s.Thaw()
+	if err := <-done; err != nil {
+		t.Fatalf("SET sent while frozen: %v", err)
+	}
+	for _, k := range []string{"k", "late"} {
+		if n, err := c.Exists(ctx, k).Result(); err != nil || n != 1 {
+			t.Fatalf("after thaw, key %q: n=%d err=%v", k, n, err)
+		}
+	}
+}

@@ -1,0 +1,611 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// The fault suite: Redis stopped with SIGSTOP (a pause: it keeps what was
+// sent to it and runs it when it resumes) or SIGKILL (a crash) in the
+// middle of a load. Every decision is answered within the timeout and a
+// margin, by the failure mode while Redis cannot answer; afterwards the
+// counting is exact again, and nothing that was answered as a timeout was
+// consumed when Redis resumed.
+
+// faultTimeout is the per-call timeout of the fault suite.
+const faultTimeout = 80 * time.Millisecond
+
+// hourly are fail_closed rules of 100 per hour: one unit of GCRA comes back
+// every 36 s, a fixed window resets on the hour, so that a test of a few
+// seconds sees no capacity come back (see sameHour).
+func hourly() []*ratelimit.Rule {
+	return []*ratelimit.Rule{
+		{Name: "gcra", Quota: 100, Period: time.Hour, Failure: ratelimit.FailClosed},
+		{Name: "fixed", Algorithm: ratelimit.FixedWindow, Quota: 100, Period: time.Hour, Failure: ratelimit.FailClosed},
+	}
+}
+
+// sameHour skips t when the hour changed since start: a fixed window of an
+// hour has been reset, and its count says nothing.
+func sameHour(t *testing.T, start time.Time) {
+	t.Helper()
+	if !start.Truncate(time.Hour).Equal(time.Now().Truncate(time.Hour)) {
+		t.Skip("the hour changed during the test: the fixed window was reset")
+	}
+}
+
+// faultStore returns a store whose calls give up after timeout, with a
+// breaker that does not open (every call goes to Redis), and a referee: a
+// store of the same keys with a timeout of slack, which counts what is left
+// (a decision slowed by a loaded machine is then not mistaken for a fault).
+func faultStore(t *testing.T, addrs []string, timeout time.Duration, noCoalesce bool) (s, ref *Store) {
+	t.Helper()
+	s = newStoreOn(t, ClientOptions{Addrs: addrs, Timeout: timeout}, Options{
+		Timeout: timeout, BreakerThreshold: 1 << 30, NoCoalesce: noCoalesce,
+	})
+	ref = newStoreOn(t, ClientOptions{Addrs: addrs, Timeout: slack}, Options{Timeout: slack, Prefix: s.prefix})
+	return s, ref
+}
+
+// ready waits until Redis decides each item (a check, cost 0, which also
+// loads the script on its node) and has s sample its node's clock, so that
+// the calls under test do not spend their short timeout on set-up.
+func ready(t *testing.T, s *Store, items ...ratelimit.Item) {
+	t.Helper()
+	for _, it := range items {
+		awaitRedis(t, s, it, slack)
+		key := string(appendKey(nil, s.prefix, HashTag(it.Key), it.Key))
+		now := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), slack)
+		_, err := s.sclock.cutoff(ctx, key, now, now.Add(slack))
+		cancel()
+		if err != nil {
+			t.Fatalf("sampling the clock of %s's node: %v", it.Key, err)
+		}
+	}
+}
+
+// warm opens connections: n concurrent checks (cost 0) of each item, with
+// Redis up. Calls in flight when Redis stops are then on connections it
+// has accepted, whose commands it reads when it resumes (a new connection
+// may wait in the listen backlog and be dropped).
+func warm(t *testing.T, s *Store, n int, items ...ratelimit.Item) {
+	t.Helper()
+	checks := make([]ratelimit.Item, len(items))
+	for i, it := range items {
+		it.Cost = 0
+		checks[i] = it
+	}
+	ch := inFlight(s, n, checks...)
+	for range n * len(checks) {
+		<-ch // whatever the answer (a slow one is a failure mode): a call made
+	}
+}
+
+// take decides n units of item one at a time with Redis up and fails t
+// unless all are admitted by Redis.
+func take(t *testing.T, s *Store, item ratelimit.Item, n int) {
+	t.Helper()
+	for i := range n {
+		if d := timed(t, s, slack, item)[0]; !d.Allowed || d.Reason != ratelimit.ReasonOK {
+			t.Fatalf("%s: unit %d of %d with Redis up: %+v", item.Key, i+1, n, d)
+		}
+	}
+}
+
+// drain decides item until Redis denies it and returns how many units it
+// admitted; it fails t on a decision not made by Redis, or past 200.
+func drain(t *testing.T, s *Store, item ratelimit.Item) int {
+	t.Helper()
+	for n := 0; n <= 200; n++ {
+		d := timed(t, s, slack, item)[0]
+		switch {
+		case d.Reason == ratelimit.ReasonLimited && !d.Allowed:
+			return n
+		case d.Reason != ratelimit.ReasonOK || !d.Allowed:
+			t.Fatalf("%s: unit %d: %+v", item.Key, n+1, d)
+		}
+	}
+	t.Fatalf("%s: admitted more than 200", item.Key)
+	return 0
+}
+
+// flight is one decision made concurrently with others.
+type flight struct {
+	key  string
+	d    ratelimit.Decision
+	err  error
+	took time.Duration
+}
+
+// inFlight starts n decisions of each item at once and returns a channel
+// that receives every one of them.
+func inFlight(s *Store, n int, items ...ratelimit.Item) <-chan flight {
+	out := make(chan flight, n*len(items))
+	for range n {
+		for _, it := range items {
+			go func() {
+				start := time.Now()
+				ds, err := s.Decide(context.Background(), nil, []ratelimit.Item{it})
+				f := flight{key: it.Key, err: err, took: time.Since(start)}
+				if err == nil {
+					f.d = ds[0]
+				}
+				out <- f
+			}()
+		}
+	}
+	return out
+}
+
+// await receives n flights and fails t unless each came within bound and
+// was decided for a reason in want (by key, "" for any other key).
+func await(t *testing.T, ch <-chan flight, n int, bound time.Duration, want map[string]ratelimit.Reason) {
+	t.Helper()
+	timer := time.NewTimer(bound + slack)
+	defer timer.Stop()
+	var worst time.Duration
+	for range n {
+		var f flight
+		select {
+		case f = <-ch:
+		case <-timer.C:
+			t.Fatalf("decisions still in flight %v after they were started", bound+slack)
+		}
+		worst = max(worst, f.took)
+		if f.err != nil {
+			t.Fatalf("%s: %v", f.key, f.err)
+		}
+		if f.took > bound {
+			t.Errorf("%s: decided in %v, bound %v", f.key, f.took, bound)
+		}
+		r, ok := want[f.key]
+		if !ok {
+			r = want[""]
+		}
+		if f.d.Reason != r || f.d.Allowed != (r == ratelimit.ReasonOK) {
+			t.Errorf("%s: %+v, want %v", f.key, f.d, r)
+		}
+	}
+	t.Logf("%d decisions, slowest %v", n, worst)
+}
+
+// awaitRedis polls with a check (cost 0) of item until Redis decides it
+// again, for at most limit.
+func awaitRedis(t *testing.T, s *Store, item ratelimit.Item, limit time.Duration) {
+	t.Helper()
+	item.Cost = 0
+	deadline := time.Now().Add(limit)
+	for {
+		if d := timed(t, s, slack, item)[0]; d.Reason == ratelimit.ReasonOK {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Redis still not deciding %s %v after it came back", item.Key, limit)
+		}
+		time.Sleep(5 * time.Millisecond) // polling an external process, bounded by deadline
+	}
+}
+
+// TestFreezeConsumesNothing freezes a standalone Redis (SIGSTOP) while
+// decisions are in flight: they are answered fail_closed within the
+// timeout, and when Redis resumes (SIGCONT) and reads them, their scripts
+// are past their cutoff and do nothing, so the keys still admit exactly
+// what was left before the freeze. Coalesced (pipelines, one EVALSHA for
+// the batch) and not (a connection per call).
+func TestFreezeConsumesNothing(t *testing.T) {
+	for _, noCoalesce := range []bool{false, true} {
+		t.Run(fmt.Sprint("noCoalesce=", noCoalesce), func(t *testing.T) {
+			noLeak(t)
+			start := time.Now()
+			srv := redistest.Standalone(t)
+			s, ref := faultStore(t, []string{srv.Addr()}, faultTimeout, noCoalesce)
+			var items []ratelimit.Item
+			for _, r := range hourly() {
+				it := ratelimit.Item{Key: r.Name, Rule: r, Cost: 1}
+				ready(t, s, it)
+				take(t, ref, it, 10)
+				items = append(items, it)
+			}
+			warm(t, s, 20, items...)
+
+			srv.Freeze()
+			const n = 20
+			await(t, inFlight(s, n, items...), n*len(items), faultTimeout+margin,
+				map[string]ratelimit.Reason{"": ratelimit.ReasonFailClosed})
+			srv.Thaw()
+
+			awaitRedis(t, s, items[0], 5*time.Second)
+			for _, it := range items {
+				if got := drain(t, ref, it); got != 90 {
+					t.Errorf("%s: %d admitted after the thaw, want 90: the calls answered fail_closed consumed %d", it.Key, got, 90-got)
+				}
+			}
+			if st := s.Stats(); st.FailClosed < n*uint64(len(items)) {
+				t.Errorf("stats: %+v, want FailClosed >= %d", st, n*len(items))
+			}
+			sameHour(t, start)
+			if el := time.Since(start); el > 10*time.Second {
+				t.Errorf("took %v", el)
+			}
+		})
+	}
+}
+
+// TestKillMidLoad kills a standalone Redis (SIGKILL) under a load of
+// concurrent callers and starts it again on the same port: during the
+// outage every decision is fail_closed within the timeout; afterwards the
+// server, which persists nothing, has lost every state, and the keys admit
+// exactly their capacity again.
+func TestKillMidLoad(t *testing.T) {
+	noLeak(t)
+	start := time.Now()
+	srv := redistest.Standalone(t)
+	s, ref := faultStore(t, []string{srv.Addr()}, faultTimeout, false)
+	var items []ratelimit.Item
+	for _, r := range hourly() {
+		it := ratelimit.Item{Key: r.Name, Rule: r, Cost: 1}
+		ready(t, s, it)
+		take(t, ref, it, 10)
+		items = append(items, it)
+	}
+	// The load: callers on keys of their own, each one decision after the
+	// other until stop, every one within the bound.
+	load := &ratelimit.Rule{Name: "load", Quota: 1 << 30, Period: time.Second, Failure: ratelimit.FailClosed}
+	stop := make(chan struct{})
+	slowest := make(chan time.Duration, 4)
+	for w := range cap(slowest) {
+		go func() {
+			var worst time.Duration
+			it := []ratelimit.Item{{Key: fmt.Sprint("load", w), Rule: load, Cost: 1}}
+			for {
+				select {
+				case <-stop:
+					slowest <- worst
+					return
+				default:
+				}
+				t0 := time.Now()
+				if _, err := s.Decide(context.Background(), nil, it); err != nil {
+					t.Error(err)
+				}
+				worst = max(worst, time.Since(t0))
+			}
+		}()
+	}
+
+	srv.Stop()
+	const n = 20
+	await(t, inFlight(s, n, items...), n*len(items), faultTimeout+margin,
+		map[string]ratelimit.Reason{"": ratelimit.ReasonFailClosed})
+	srv.Start()
+	awaitRedis(t, s, items[0], 5*time.Second)
+	close(stop)
+	for range cap(slowest) {
+		if w := <-slowest; w > faultTimeout+margin {
+			t.Errorf("a decision of the load took %v, bound %v", w, faultTimeout+margin)
+		}
+	}
+	for _, it := range items {
+		if got := drain(t, ref, it); got != 100 {
+			t.Errorf("%s: %d admitted after the restart, want 100 (the restarted server is empty)", it.Key, got)
+		}
+	}
+	sameHour(t, start)
+	if el := time.Since(start); el > 10*time.Second {
+		t.Errorf("took %v", el)
+	}
+}
+
+// TestClusterFreeze freezes one master of three: keys on the other two are
+// still decided by Redis, keys on the frozen one fail_closed, all within
+// the timeout; after SIGCONT, the frozen node's keys admit exactly what
+// was left, so nothing answered as a timeout was consumed.
+func TestClusterFreeze(t *testing.T) {
+	cl := redistest.Cluster(t)
+	start := time.Now()
+	// A longer timeout: the live nodes' calls must be answered by Redis
+	// within it on a loaded machine.
+	const timeout = 3 * faultTimeout
+	s, ref := faultStore(t, cl.Addrs(), timeout, false)
+	victim := cl.Nodes[1]
+	ctx := context.Background()
+	// Two keys on the victim (one per rule), one on each other node.
+	rules := hourly()
+	var frozen, live []ratelimit.Item
+	others := map[string]bool{}
+	for i := 0; (len(frozen) < len(rules) || len(others) < 2) && i < 10000; i++ {
+		k := fmt.Sprint("k", i)
+		m, err := s.c.(*redis.ClusterClient).MasterForKey(ctx, string(appendKey(nil, s.prefix, HashTag(k), k)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch addr := m.Options().Addr; {
+		case addr == victim.Addr() && len(frozen) < len(rules):
+			frozen = append(frozen, ratelimit.Item{Key: k, Rule: rules[len(frozen)], Cost: 1})
+		case addr != victim.Addr() && !others[addr]:
+			others[addr] = true
+			live = append(live, ratelimit.Item{Key: k, Rule: rules[0], Cost: 1})
+		}
+	}
+	if len(frozen) < len(rules) || len(live) != 2 {
+		t.Fatalf("keys: %d on the victim, %d on the others", len(frozen), len(live))
+	}
+	ready(t, s, append(frozen, live...)...)
+	for _, it := range append(frozen, live...) {
+		take(t, ref, it, 10)
+	}
+	warm(t, s, 10, append(frozen, live...)...)
+
+	victim.Freeze()
+	const n = 10
+	want := map[string]ratelimit.Reason{"": ratelimit.ReasonOK}
+	for _, it := range frozen {
+		want[it.Key] = ratelimit.ReasonFailClosed
+	}
+	await(t, inFlight(s, n, append(frozen, live...)...), n*(len(frozen)+len(live)), timeout+margin, want)
+	victim.Thaw()
+
+	awaitRedis(t, s, frozen[0], 5*time.Second)
+	for _, it := range frozen {
+		if got := drain(t, ref, it); got != 90 {
+			t.Errorf("%s (%s, frozen node): %d admitted after the thaw, want 90", it.Key, it.Rule.Name, got)
+		}
+	}
+	for _, it := range live {
+		if got := drain(t, ref, it); got != 90-n {
+			t.Errorf("%s (live node): %d admitted, want %d", it.Key, got, 90-n)
+		}
+	}
+	sameHour(t, start)
+	if el := time.Since(start); el > 10*time.Second {
+		t.Errorf("took %v after the cluster was up", el)
+	}
+}
+
+// TestSemaphoreFreeze freezes Redis while acquires are in flight: each
+// fails within its deadline, and when Redis resumes and runs them, none
+// adds a holder: no permit is held that nobody owns.
+func TestSemaphoreFreeze(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c, err := NewClient(ClientOptions{Addrs: []string{srv.Addr()}, Timeout: faultTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	sem, err := NewSemaphoreStore(c, SemaphoreOptions{Prefix: fmt.Sprintf("t%d:", time.Now().UnixNano())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const n = 10
+	// Open connections and sample the clock: n holders at once, released.
+	warm := make(chan error, n)
+	for i := range n {
+		go func() {
+			tok := fmt.Sprint("warm", i)
+			ok, err := sem.Acquire(ctx, "s", tok, n, time.Hour)
+			if err == nil && !ok {
+				err = errors.New("no permit")
+			}
+			if err == nil {
+				_, err = sem.Release(ctx, "s", tok)
+			}
+			warm <- err
+		}()
+	}
+	for range n {
+		if err := <-warm; err != nil {
+			t.Fatalf("acquire and release with Redis up: %v", err)
+		}
+	}
+
+	srv.Freeze()
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			cctx, cancel := context.WithTimeout(ctx, faultTimeout)
+			defer cancel()
+			start := time.Now()
+			ok, err := sem.Acquire(cctx, "s", fmt.Sprint("frozen", i), n, time.Hour)
+			if el := time.Since(start); el > faultTimeout+margin {
+				err = fmt.Errorf("acquire took %v, bound %v", el, faultTimeout+margin)
+			} else if err == nil {
+				err = fmt.Errorf("acquire on a frozen server: %v, nil error", ok)
+			} else {
+				err = nil
+			}
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	srv.Thaw()
+
+	admin := srv.Client()
+	// What the frozen server was sent runs as soon as it resumes, but not
+	// necessarily before a command of a new connection: look for holders
+	// for a while (polling an external process, bounded).
+	for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); {
+		if held, err := admin.ZCard(ctx, sem.Key("s")).Result(); err != nil || held != 0 {
+			t.Fatalf("after the thaw: %d holders (err %v), want 0: acquires answered as failed took permits", held, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// freezeOnHook freezes srv when armed and a command is an EVALSHA of sha,
+// just before the command is sent.
+type freezeOnHook struct {
+	srv   *redistest.Server
+	sha   string
+	armed *atomic.Bool
+}
+
+func (h freezeOnHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h freezeOnHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if a := cmd.Args(); len(a) > 1 && a[0] == "evalsha" && a[1] == h.sha && h.armed.CompareAndSwap(true, false) {
+			h.srv.Freeze()
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h freezeOnHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// TestExactFreeze: on the exact path (a yearly rule), Redis is frozen
+// after it answered the read and before it receives the compare-and-set:
+// the call is answered fail_closed within the timeout, and the write, run
+// when Redis resumes, is past its cutoff and does nothing.
+func TestExactFreeze(t *testing.T) {
+	start := time.Now()
+	srv := redistest.Standalone(t)
+	s, ref := faultStore(t, []string{srv.Addr()}, faultTimeout, true)
+	armed := new(atomic.Bool)
+	s.c.AddHook(freezeOnHook{srv: srv, sha: s.cas.Hash(), armed: armed})
+	r := &ratelimit.Rule{Name: "yearly", Quota: 100, Period: 365 * 24 * time.Hour, Failure: ratelimit.FailClosed}
+	it := ratelimit.Item{Key: "yearly", Rule: r, Cost: 1}
+	ready(t, s, it)
+	take(t, s, it, 1) // loads the compare-and-set script
+	take(t, ref, it, 9)
+
+	armed.Store(true)
+	if d := timed(t, s, faultTimeout+margin, it)[0]; d.Reason != ratelimit.ReasonFailClosed {
+		t.Fatalf("decision while frozen: %+v", d)
+	}
+	if armed.Load() {
+		t.Fatal("the compare-and-set was never sent")
+	}
+	srv.Thaw()
+	if got := drain(t, ref, it); got != 90 {
+		t.Errorf("%d admitted after the thaw, want 90: the call answered fail_closed consumed %d", got, 90-got)
+	}
+	if st := s.Stats(); st.Exact == 0 {
+		t.Error("the yearly rule did not take the exact path")
+	}
+	if el := time.Since(start); el > 10*time.Second {
+		t.Errorf("took %v", el)
+	}
+}
+
+// TestLeaseFreeze freezes Redis while lease acquires are in flight: each
+// fails within the store's timeout, and when Redis resumes and runs them,
+// none grants a partition: no lease is held by a member that was told it
+// failed.
+func TestLeaseFreeze(t *testing.T) {
+	srv := redistest.Standalone(t)
+	c, err := NewClient(ClientOptions{Addrs: []string{srv.Addr()}, Timeout: faultTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	ls, err := NewLeaseStore(c, fmt.Sprint("svc", time.Now().UnixNano()), LeaseOptions{Timeout: faultTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	const n = 8 // members, one partition each
+	// Open connections and sample the clock: every partition acquired at
+	// once, then released.
+	warm := make(chan error, n)
+	for i := range n {
+		go func() {
+			id := fmt.Sprint("m", i)
+			gs, err := ls.Acquire(ctx, id, []int{i}, time.Hour)
+			if err == nil && len(gs) != 1 {
+				err = fmt.Errorf("granted %v", gs)
+			}
+			if err == nil {
+				err = ls.Release(ctx, id, gs)
+			}
+			warm <- err
+		}()
+	}
+	for range n {
+		if err := <-warm; err != nil {
+			t.Fatalf("acquire and release with Redis up: %v", err)
+		}
+	}
+
+	srv.Freeze()
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			start := time.Now()
+			gs, err := ls.Acquire(ctx, fmt.Sprint("m", i), []int{i}, time.Hour)
+			if el := time.Since(start); el > faultTimeout+margin {
+				err = fmt.Errorf("acquire took %v, bound %v", el, faultTimeout+margin)
+			} else if err == nil {
+				err = fmt.Errorf("acquire on a frozen server granted %v, nil error", gs)
+			} else {
+				err = nil
+			}
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+	srv.Thaw()
+
+	admin := srv.Client()
+	// As in TestSemaphoreFreeze: look for owners for a while (polling an
+	// external process, bounded).
+	for end := time.Now().Add(200 * time.Millisecond); time.Now().Before(end); {
+		parts, err := admin.HGetAll(ctx, ls.keys[2]).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for p, v := range parts {
+			if f := strings.Fields(v); len(f) == 3 {
+				t.Fatalf("after the thaw, partition %s is leased (%q): acquires answered as failed took it", p, v)
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestBatchCutoffs sends one pipeline, by hand, of requests at two
+// instants (two groups): first a check, which carries no cutoff, then a
+// request that takes. The second gets the pipeline's cutoff, not none or
+// one in the past: it is decided.
+func TestBatchCutoffs(t *testing.T) {
+	srv := redistest.Standalone(t)
+	s, _ := faultStore(t, []string{srv.Addr()}, time.Second, false)
+	r := &ratelimit.Rule{Name: "r", Quota: 10, Period: time.Hour}
+	ready(t, s, ratelimit.Item{Key: "a", Rule: r})
+	now := time.Now()
+	var calls []*call
+	for i, cost := range []int64{0, 1} {
+		req, err := s.build([]ratelimit.Item{{Key: fmt.Sprint("k", i), Rule: r, Cost: cost}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.args[argNow] = strconv.FormatInt(now.UnixNano()+int64(i), 10)
+		calls = append(calls, &call{ctx: context.Background(), deadline: now.Add(time.Second), req: req, done: make(chan struct{}, 1)})
+	}
+	s.batch.send(calls)
+	for i, c := range calls {
+		<-c.done
+		if c.err != nil || len(c.res) != replyFields || c.res[replyAllowed] != int64(1) {
+			t.Errorf("request %d (cost %d): %v %v, want admitted", i, i, c.res, c.err)
+		}
+	}
+}

@@ -11,8 +11,11 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // TestServeMemoryFloodAndEmptyRules runs serve on a small memory store
@@ -120,5 +123,128 @@ func TestServeMemoryFloodAndEmptyRules(t *testing.T) {
 	}
 	if code := check("spent"); code != http.StatusTooManyRequests {
 		t.Errorf("the spent key after its rule file was deleted under --rules-refuse-empty: %d, want 429", code)
+	}
+}
+
+// TestServeRedisFreeze is the issue's measurement through serve: a
+// fail_closed 100/hour key, Redis frozen (SIGSTOP) while 20 decisions are
+// in flight. Each is answered 503 within --redis-timeout and a margin;
+// once Redis resumes (SIGCONT) and reads them, they take nothing, so the
+// key admits exactly the 80 it had left.
+func TestServeRedisFreeze(t *testing.T) {
+	srv := redistest.Standalone(t)
+	dir := rulesDir(t, map[string]string{"st.yaml": `domain: st
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 100, name: hourly, failure_mode: fail_closed}
+`})
+	h := recordHandler{ch: make(chan map[string]string, 64)}
+	const timeout = 100 * time.Millisecond
+	cfg := serveConfig{
+		rulesDir: dir, store: "redis", redisAddrs: []string{srv.Addr()}, redisPrefix: "fz:", redisTimeout: timeout,
+		redisPipelines: 4, grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0", maxBodyBytes: 1 << 20, shutdownTimeout: 5 * time.Second,
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, cfg, slog.New(h)) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	}()
+	var up map[string]string
+	for up == nil {
+		select {
+		case r := <-h.ch:
+			if r["msg"] == "sluice serving" {
+				up = r
+			}
+		case err := <-done:
+			t.Fatalf("serve returned: %v", err)
+		case <-time.After(10 * time.Second):
+			t.Fatal("serve did not start")
+		}
+	}
+	// Keep-alive connections, opened before the freeze, as a proxy's are.
+	web := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 32}, Timeout: 10 * time.Second}
+	check := func() int {
+		resp, err := web.Post("http://"+up["http"]+"/v1/check", "application/json",
+			strings.NewReader(`{"domain":"st","descriptors":[{"entries":[{"key":"user","value":"frozen"}]}]}`))
+		if err != nil {
+			t.Error(err)
+			return 0
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	const inFlight = 20
+	// The warm-up opens the connections the frozen calls will use, and
+	// spends 20 of the key's 100.
+	var wg sync.WaitGroup
+	for range inFlight {
+		wg.Go(func() {
+			if c := check(); c != http.StatusOK {
+				t.Errorf("warm-up: %d", c)
+			}
+		})
+	}
+	wg.Wait()
+	left := 100 - inFlight
+
+	srv.Freeze()
+	codes := make(chan int, inFlight)
+	took := make(chan time.Duration, inFlight)
+	for range inFlight {
+		wg.Go(func() {
+			start := time.Now()
+			codes <- check()
+			took <- time.Since(start)
+		})
+	}
+	wg.Wait()
+	srv.Thaw()
+	close(codes)
+	close(took)
+	for c := range codes {
+		if c != http.StatusServiceUnavailable {
+			t.Errorf("a decision while Redis was frozen: %d, want 503 (fail_closed)", c)
+		}
+	}
+	worst := time.Duration(0)
+	for d := range took {
+		worst = max(worst, d)
+	}
+	// The breaker may answer later calls at once; none waits much past the
+	// timeout (the margin is for a loaded machine running -race).
+	if worst > timeout+time.Second {
+		t.Errorf("slowest decision while Redis was frozen: %v, want within %v and a margin", worst, timeout)
+	}
+	t.Logf("slowest of %d decisions with Redis frozen: %v", inFlight, worst)
+
+	// Redis is back; once the breaker lets calls through, the key admits
+	// exactly what it had left.
+	deadline := time.Now().Add(10 * time.Second)
+	admitted := 0
+	for {
+		c := check()
+		if c == http.StatusOK {
+			admitted = 1
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Redis resumed but decisions are still %d", c)
+		}
+		time.Sleep(20 * time.Millisecond) // polling the breaker's probe, bounded by the deadline
+	}
+	for check() == http.StatusOK {
+		admitted++
+		if admitted > 100 {
+			break
+		}
+	}
+	if admitted != left {
+		t.Errorf("after the freeze the key admitted %d, want the %d it had left: %d denied calls consumed capacity", admitted, left, left-admitted)
 	}
 }

@@ -25,20 +25,10 @@ import (
 // spent key stays denied.
 func TestServeMemoryFloodAndEmptyRules(t *testing.T) {
 	dir := rulesDir(t, map[string]string{"st.yaml": testRuleFile})
-	h := recordHandler{ch: make(chan map[string]string, 1024)}
-	cfg := serveConfig{
+	up, h, done := serveInProcess(t, serveConfig{
 		rulesDir: dir, store: "memory", memoryMaxKeys: 64, rulesRefuseEmpty: true,
 		grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0", maxBodyBytes: 1 << 20, shutdownTimeout: 5 * time.Second,
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- serve(ctx, cfg, slog.New(h)) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	}()
+	})
 	// waitLog waits for a log record for which match is true.
 	waitLog := func(what string, match func(map[string]string) bool) map[string]string {
 		t.Helper()
@@ -56,7 +46,6 @@ func TestServeMemoryFloodAndEmptyRules(t *testing.T) {
 			}
 		}
 	}
-	up := waitLog("serving", func(r map[string]string) bool { return r["msg"] == "sluice serving" })
 	base := "http://" + up["http"]
 	check := func(user string) int {
 		t.Helper()
@@ -138,34 +127,11 @@ descriptors:
   - key: user
     rate_limit: {unit: hour, requests_per_unit: 100, name: hourly, failure_mode: fail_closed}
 `})
-	h := recordHandler{ch: make(chan map[string]string, 64)}
 	const timeout = 100 * time.Millisecond
-	cfg := serveConfig{
+	up, _, _ := serveInProcess(t, serveConfig{
 		rulesDir: dir, store: "redis", redisAddrs: []string{srv.Addr()}, redisPrefix: "fz:", redisTimeout: timeout,
 		redisPipelines: 4, grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0", maxBodyBytes: 1 << 20, shutdownTimeout: 5 * time.Second,
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- serve(ctx, cfg, slog.New(h)) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	}()
-	var up map[string]string
-	for up == nil {
-		select {
-		case r := <-h.ch:
-			if r["msg"] == "sluice serving" {
-				up = r
-			}
-		case err := <-done:
-			t.Fatalf("serve returned: %v", err)
-		case <-time.After(10 * time.Second):
-			t.Fatal("serve did not start")
-		}
-	}
+	})
 	// Keep-alive connections, opened before the freeze, as a proxy's are.
 	web := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 32}, Timeout: 10 * time.Second}
 	check := func() int {
@@ -247,4 +213,28 @@ descriptors:
 	if admitted != left {
 		t.Errorf("after the freeze the key admitted %d, want the %d it had left: %d denied calls consumed capacity", admitted, left, left-admitted)
 	}
+}
+
+// serveInProcess runs serve with cfg until the test ends, and returns
+// where it listens, its log records from then on, and its result (read
+// only by the cleanup, which checks it).
+func serveInProcess(t *testing.T, cfg serveConfig) (map[string]string, recordHandler, <-chan error) {
+	t.Helper()
+	h := recordHandler{ch: make(chan map[string]string, 1024)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, cfg, slog.New(h)) }()
+	up := waitServing(t, h, done)
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("serve: %v", err)
+			}
+		case <-time.After(15 * time.Second): // or a test read its result
+			t.Error("serve did not stop")
+		}
+	})
+	return up, h, done
 }

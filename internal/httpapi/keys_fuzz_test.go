@@ -2,12 +2,11 @@ package httpapi
 
 import (
 	"bytes"
-	"context"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -18,68 +17,31 @@ import (
 	"github.com/sluicehq/sluice/internal/rls"
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/internal/service"
-	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/storetest"
 )
 
-// keyRules has a limit at every kind of level a key is built from: key
-// only, exact value, nested, wildcard (without share_threshold, whose
-// values share a key on purpose).
-const keyRules = `domain: d
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 5}
-  - key: tenant
-    value: acme
-    rate_limit: {unit: second, requests_per_unit: 5}
-    descriptors:
-      - key: user
-        rate_limit: {unit: hour, requests_per_unit: 5}
-  - key: path
-    value: /v1*
-    rate_limit: {unit: day, requests_per_unit: 5}
-  - key: path
-    rate_limit: {unit: second, requests_per_unit: 9}
-`
-
-// recorder is a ratelimit.Store that admits everything and records the
-// keys it is asked to decide.
-type recorder struct {
-	mu   sync.Mutex
-	keys []string
-}
-
-func (r *recorder) Decide(_ context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, it := range items {
-		r.keys = append(r.keys, it.Key)
-		dst = append(dst, ratelimit.Decision{Allowed: true, Capacity: it.Rule.Capacity(), Remaining: 1, Rule: it.Rule.Name})
-	}
-	return dst, nil
-}
-
-// take returns the keys recorded since the last take, sorted.
-func (r *recorder) take() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	k := r.keys
-	r.keys = nil
-	slices.Sort(k)
-	return k
-}
-
-// keyFixture is an API on a recorder, with keyRules.
+// keyFixture is an API on a recorder, with the rules of the key fuzz
+// targets (../rls/testdata/keys.yaml).
 type keyFixture struct {
-	rec *recorder
+	rec *storetest.Recorder
 	svc *service.Service
 	rls *rls.Server
 	api *API
 }
 
+// keyRules returns the rules of the key fuzz targets.
+func keyRules(t testing.TB) string {
+	b, err := os.ReadFile("../rls/testdata/keys.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
 func newKeyFixture(t testing.TB) *keyFixture {
-	f := &keyFixture{rec: new(recorder)}
+	f := &keyFixture{rec: new(storetest.Recorder)}
 	var err error
-	if f.svc, err = service.New(service.Options{Store: f.rec, Rules: loadSet(t, keyRules)}); err != nil {
+	if f.svc, err = service.New(service.Options{Store: f.rec, Rules: loadSet(t, keyRules(t))}); err != nil {
 		t.Fatal(err)
 	}
 	f.rls = rls.New(f.svc, rls.Options{})
@@ -92,12 +54,12 @@ func newKeyFixture(t testing.TB) *keyFixture {
 // post answers body at path as fuzzPost checks it and, when it was decided,
 // returns the keys it was decided on.
 func (f *keyFixture) post(t *testing.T, path string, body []byte) (keys []string, decided bool) {
-	f.rec.take()
+	f.rec.Take()
 	req := httptest.NewRequest("POST", path, bytes.NewReader(body))
 	w := httptest.NewRecorder()
 	f.api.ServeHTTP(w, req)
 	checkAnswer(t, w, body)
-	return f.rec.take(), w.Code == 200 || w.Code == 429
+	return f.rec.Take(), w.Code == 200 || w.Code == 429
 }
 
 // owners maps each key to the identity of the descriptor it was decided
@@ -199,7 +161,7 @@ func FuzzCheckKeys(f *testing.F) {
 				if err := fx.svc.ShouldRateLimit(t.Context(), &one, &resp); err != nil {
 					t.Fatalf("%q was decided, but not its descriptor %v: %v", body, es, err)
 				}
-				mine := fx.rec.take()
+				mine := fx.rec.Take()
 				own.add(t, mine, identity(domain, es, ""))
 				all = append(all, mine...)
 			}
@@ -252,7 +214,7 @@ func FuzzEnvoyJSONKeys(f *testing.F) {
 				if l := d.GetLimit(); l != nil {
 					window = strconv.Itoa(int(max(l.GetUnitMultiplier().GetValue(), 1))) + "x" + l.GetUnit().String()
 				}
-				mine := fx.rec.take()
+				mine := fx.rec.Take()
 				own.add(t, mine, identity(in.GetDomain(), es, window))
 				all = append(all, mine...)
 			}

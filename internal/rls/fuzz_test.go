@@ -1,11 +1,10 @@
 package rls
 
 import (
-	"context"
 	"errors"
+	"os"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -17,53 +16,8 @@ import (
 
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/internal/service"
-	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/storetest"
 )
-
-// keyRules has a limit at every kind of level a key is built from: key
-// only, exact value, nested, wildcard (without share_threshold, whose
-// values share a key on purpose).
-const keyRules = `domain: d
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 5}
-  - key: tenant
-    value: acme
-    rate_limit: {unit: second, requests_per_unit: 5}
-    descriptors:
-      - key: user
-        rate_limit: {unit: hour, requests_per_unit: 5}
-  - key: path
-    value: /v1*
-    rate_limit: {unit: day, requests_per_unit: 5}
-  - key: path
-    rate_limit: {unit: second, requests_per_unit: 9}
-`
-
-// recorder is a ratelimit.Store that admits everything and records the
-// keys it is asked to decide.
-type recorder struct {
-	mu   sync.Mutex
-	keys []string
-}
-
-func (r *recorder) Decide(_ context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, it := range items {
-		r.keys = append(r.keys, it.Key)
-		dst = append(dst, ratelimit.Decision{Allowed: true, Capacity: it.Rule.Capacity(), Remaining: 1, Rule: it.Rule.Name})
-	}
-	return dst, nil
-}
-
-func (r *recorder) take() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	k := r.keys
-	r.keys = nil
-	return k
-}
 
 // identity is what a descriptor's keys must depend on, and all they may:
 // the domain, the entries and the window of an inline limit (whose quota
@@ -111,8 +65,12 @@ func FuzzRequestKeys(f *testing.F) {
 	add(enc("d", desc("user", "a"), desc("user", "a")), enc("e", desc("user", "a")))
 	add([]byte{0xff}, nil)
 
-	rec := new(recorder)
-	set, err := rules.Parse("keys.yaml", []byte(keyRules))
+	rec := new(storetest.Recorder)
+	data, err := os.ReadFile("testdata/keys.yaml")
+	if err != nil {
+		f.Fatal(err)
+	}
+	set, err := rules.Parse("keys.yaml", data)
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -127,7 +85,7 @@ func FuzzRequestKeys(f *testing.F) {
 	// The recorder sees the keys (else the property holds vacuously).
 	var resp service.Response
 	probe := service.Request{Domain: "d", Descriptors: []service.Descriptor{{Entries: []rules.Entry{{Key: "tenant", Value: "acme"}, {Key: "user", Value: "x"}}}}}
-	if err := svc.ShouldRateLimit(f.Context(), &probe, &resp); err != nil || len(rec.take()) != 1 {
+	if err := svc.ShouldRateLimit(f.Context(), &probe, &resp); err != nil || len(rec.Take()) != 1 {
 		f.Fatalf("the nested rule decided no key (%v)", err)
 	}
 	f.Fuzz(func(t *testing.T, a, b []byte) {
@@ -161,7 +119,7 @@ func FuzzRequestKeys(f *testing.F) {
 					t.Fatalf("a valid descriptor: %v", err)
 				}
 				id := identity(c.req.Domain, d)
-				for _, k := range rec.take() {
+				for _, k := range rec.Take() {
 					if prev, ok := owner[k]; ok && prev != id {
 						t.Fatalf("key %q is both %s's and %s's", k, prev, id)
 					}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"net"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,6 +23,7 @@ import (
 	"github.com/sluicehq/sluice/grpclimit"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 type fakeStore struct{ err error }
@@ -312,27 +312,11 @@ func TestByPeer(t *testing.T) {
 	}
 }
 
-// keyRecorder admits every call and records the keys it is asked about.
-type keyRecorder struct {
-	mu   sync.Mutex
-	keys []string
-}
-
-func (r *keyRecorder) Decide(_ context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, it := range items {
-		r.keys = append(r.keys, it.Key)
-		dst = append(dst, ratelimit.Decision{Allowed: true, Capacity: it.Rule.Capacity(), Rule: it.Rule.Name})
-	}
-	return dst, nil
-}
-
 // TestLongKeysAreHashed: a key longer than the bound, as a huge metadata
 // value makes, is stored as its rule name and a SHA-256, whatever its
 // length, and distinct values stay distinct.
 func TestLongKeysAreHashed(t *testing.T) {
-	rec := &keyRecorder{}
+	rec := new(storetest.Recorder)
 	cl, _ := start(t, grpclimit.Config{
 		Store: rec,
 		Policies: []grpclimit.Policy{{
@@ -346,18 +330,16 @@ func TestLongKeysAreHashed(t *testing.T) {
 			t.Fatalf("call with a key of %d bytes: %v", len(v), err)
 		}
 	}
-	rec.mu.Lock()
-	keys := rec.keys
-	rec.mu.Unlock()
-	if len(keys) != 3 || keys[0] != "k|short" {
+	keys := rec.Take() // sorted: "k|#…" before "k|short"
+	if len(keys) != 3 || keys[2] != "k|short" {
 		t.Fatalf("keys = %q", keys)
 	}
-	for _, k := range keys[1:] {
+	for _, k := range keys[:2] {
 		if len(k) != len("k|#")+64 || !strings.HasPrefix(k, "k|#") {
 			t.Errorf("long key stored as %q… (%d bytes), want k|# and a hex SHA-256", k[:min(len(k), 80)], len(k))
 		}
 	}
-	if keys[1] == keys[2] {
+	if keys[0] == keys[1] {
 		t.Error("two long keys collided")
 	}
 }

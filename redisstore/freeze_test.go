@@ -373,6 +373,32 @@ func TestClusterFreeze(t *testing.T) {
 	}
 }
 
+// failFrozen makes n acquires at once on a frozen server and checks that
+// each fails within faultTimeout and the margin.
+func failFrozen(t *testing.T, n int, acquire func(i int) (any, error)) {
+	t.Helper()
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			start := time.Now()
+			got, err := acquire(i)
+			if el := time.Since(start); el > faultTimeout+margin {
+				err = fmt.Errorf("acquire took %v, bound %v", el, faultTimeout+margin)
+			} else if err == nil {
+				err = fmt.Errorf("acquire on a frozen server: %v, nil error", got)
+			} else {
+				err = nil
+			}
+			errs <- err
+		}()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Error(err)
+		}
+	}
+}
+
 // TestSemaphoreFreeze freezes Redis while acquires are in flight: each
 // fails within its deadline, and when Redis resumes and runs them, none
 // adds a holder: no permit is held that nobody owns.
@@ -411,28 +437,11 @@ func TestSemaphoreFreeze(t *testing.T) {
 	}
 
 	srv.Freeze()
-	errs := make(chan error, n)
-	for i := range n {
-		go func() {
-			cctx, cancel := context.WithTimeout(ctx, faultTimeout)
-			defer cancel()
-			start := time.Now()
-			ok, err := sem.Acquire(cctx, "s", fmt.Sprint("frozen", i), n, time.Hour)
-			if el := time.Since(start); el > faultTimeout+margin {
-				err = fmt.Errorf("acquire took %v, bound %v", el, faultTimeout+margin)
-			} else if err == nil {
-				err = fmt.Errorf("acquire on a frozen server: %v, nil error", ok)
-			} else {
-				err = nil
-			}
-			errs <- err
-		}()
-	}
-	for range n {
-		if err := <-errs; err != nil {
-			t.Error(err)
-		}
-	}
+	failFrozen(t, n, func(i int) (any, error) {
+		cctx, cancel := context.WithTimeout(ctx, faultTimeout)
+		defer cancel()
+		return sem.Acquire(cctx, "s", fmt.Sprint("frozen", i), n, time.Hour)
+	})
 	srv.Thaw()
 
 	admin := srv.Client()
@@ -543,26 +552,9 @@ func TestLeaseFreeze(t *testing.T) {
 	}
 
 	srv.Freeze()
-	errs := make(chan error, n)
-	for i := range n {
-		go func() {
-			start := time.Now()
-			gs, err := ls.Acquire(ctx, fmt.Sprint("m", i), []int{i}, time.Hour)
-			if el := time.Since(start); el > faultTimeout+margin {
-				err = fmt.Errorf("acquire took %v, bound %v", el, faultTimeout+margin)
-			} else if err == nil {
-				err = fmt.Errorf("acquire on a frozen server granted %v, nil error", gs)
-			} else {
-				err = nil
-			}
-			errs <- err
-		}()
-	}
-	for range n {
-		if err := <-errs; err != nil {
-			t.Error(err)
-		}
-	}
+	failFrozen(t, n, func(i int) (any, error) {
+		return ls.Acquire(ctx, fmt.Sprint("m", i), []int{i}, time.Hour)
+	})
 	srv.Thaw()
 
 	admin := srv.Client()

@@ -33,7 +33,9 @@ func simGuard(t testing.TB, seed uint64, ctrl Controller) *Guard {
 	return g
 }
 
-func constLoad(x float64) func(time.Duration) float64 { return func(time.Duration) float64 { return x } }
+func constLoad(x float64) func(time.Duration) float64 {
+	return func(time.Duration) float64 { return x }
+}
 
 func baseSim(load func(time.Duration) float64, g *Guard) simConfig {
 	c := simConfig{
@@ -128,7 +130,7 @@ func TestSimStep(t *testing.T) {
 // first (a larger share of it than of normal, of normal than of critical).
 func TestSimPriorities(t *testing.T) {
 	mixes := []struct {
-		name                         string
+		name                        string
 		critical, normal, sheddable float64
 	}{
 		{"critical 20% of capacity", 0.2 / 3, 0.3 * (1 - 0.2/3) / 0.8, 0.5 * (1 - 0.2/3) / 0.8},

@@ -81,11 +81,11 @@ func (h *eventHeap) Pop() any {
 // simResult holds per-second counts, by priority, and the latencies of
 // admitted requests (a request given up counts with its deadline).
 type simResult struct {
-	cfg      simConfig
-	offered  [][NumPriorities]int
-	refused  [][NumPriorities]int
-	good     [][NumPriorities]int // completed within the deadline
-	lat      []simLat
+	cfg     simConfig
+	offered [][NumPriorities]int
+	refused [][NumPriorities]int
+	good    [][NumPriorities]int // completed within the deadline
+	lat     []simLat
 }
 
 type simLat struct {

@@ -2,8 +2,9 @@
 // ARCHITECTURE.md over the whole module, in the spirit of the Go tree's
 // go/build/deps_test.go.
 //
-//   - ratelimit, and limitheader (the codec of the RateLimit header
-//     fields), depend on the standard library only.
+//   - ratelimit, limitheader (the codec of the RateLimit header fields)
+//     and adaptive (overload protection) depend on the standard library
+//     only.
 //   - No library package (outside cmd/, internal/ and bench/) depends on
 //     gRPC, a YAML package or Prometheus — except that grpclimit, whose
 //     whole purpose is gRPC interceptors, may depend on gRPC (and on
@@ -179,8 +180,8 @@ func isLibrary(rel string) bool { return !underAny(rel, "cmd", "internal", "benc
 func importRules(mod string) []rule {
 	return []rule{
 		{
-			name:      "ratelimit and the header codec limitheader may depend on the standard library only",
-			applies:   func(rel string) bool { return rel == "ratelimit" || rel == "limitheader" },
+			name:      "ratelimit, the header codec limitheader and adaptive may depend on the standard library only",
+			applies:   func(rel string) bool { return rel == "ratelimit" || rel == "limitheader" || rel == "adaptive" },
 			forbidden: func(p *pkg) bool { return !p.Standard },
 		},
 		{
@@ -393,7 +394,7 @@ func TestRulesCatchViolations(t *testing.T) {
 		{
 			name: "ratelimit imports a module",
 			pkgs: []*pkg{ext("github.com/x/y"), own("ratelimit", "ratelimit", "github.com/x/y")},
-			want: []string{"package example.com/m/ratelimit imports github.com/x/y: ratelimit and the header codec limitheader may depend on the standard library only"},
+			want: []string{"package example.com/m/ratelimit imports github.com/x/y: ratelimit, the header codec limitheader and adaptive may depend on the standard library only"},
 		},
 		{
 			name: "ratelimit imports another module package",
@@ -402,7 +403,7 @@ func TestRulesCatchViolations(t *testing.T) {
 				own("clock", "clock", "github.com/x/y"),
 				own("ratelimit", "ratelimit", mod+"/clock"),
 			},
-			want: []string{"package example.com/m/ratelimit imports example.com/m/clock: ratelimit and the header codec limitheader may depend on the standard library only"},
+			want: []string{"package example.com/m/ratelimit imports example.com/m/clock: ratelimit, the header codec limitheader and adaptive may depend on the standard library only"},
 		},
 		{
 			name: "library imports grpc, yaml and prometheus",
@@ -444,7 +445,7 @@ func TestRulesCatchViolations(t *testing.T) {
 		{
 			name: "the header codec imports ratelimit",
 			pkgs: []*pkg{own("ratelimit", "ratelimit", "time"), std("time"), own("limitheader", "limitheader", mod+"/ratelimit")},
-			want: []string{"package example.com/m/limitheader imports example.com/m/ratelimit: ratelimit and the header codec limitheader may depend on the standard library only"},
+			want: []string{"package example.com/m/limitheader imports example.com/m/ratelimit: ratelimit, the header codec limitheader and adaptive may depend on the standard library only"},
 		},
 		{
 			name: "library links go-redis",
@@ -477,9 +478,14 @@ func TestRulesCatchViolations(t *testing.T) {
 			pkgs: []*pkg{
 				ext("google.golang.org/grpc"),
 				ext("github.com/x/wrapper", "google.golang.org/grpc"),
-				own("adaptive", "adaptive", "github.com/x/wrapper"),
+				own("drain", "drain", "github.com/x/wrapper"),
 			},
-			want: []string{"package example.com/m/adaptive imports github.com/x/wrapper, which depends on google.golang.org/grpc"},
+			want: []string{"package example.com/m/drain imports github.com/x/wrapper, which depends on google.golang.org/grpc"},
+		},
+		{
+			name: "adaptive imports a module",
+			pkgs: []*pkg{ext("github.com/x/y"), own("adaptive", "adaptive", "github.com/x/y")},
+			want: []string{"package example.com/m/adaptive imports github.com/x/y: ratelimit, the header codec limitheader and adaptive may depend on the standard library only"},
 		},
 		{
 			name: "flag outside main under cmd",

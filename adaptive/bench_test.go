@@ -1,0 +1,48 @@
+package adaptive
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// BenchmarkAcquireDone measures Acquire + Done on a Limiter with room,
+// from one goroutine and from parallel ones, and TryAcquireAt + DoneAt.
+func BenchmarkAcquireDone(b *testing.B) {
+	ctx := context.Background()
+	b.Run("serial", func(b *testing.B) {
+		l, _ := NewLimiter(Options{Max: 1 << 20, Initial: 1 << 20})
+		b.ReportAllocs()
+		for b.Loop() {
+			p, err := l.Acquire(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			p.Done()
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		l, _ := NewLimiter(Options{Max: 1 << 20, Initial: 1 << 20})
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				p, err := l.Acquire(ctx)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				p.Done()
+			}
+		})
+	})
+	b.Run("guard-at", func(b *testing.B) {
+		g, _ := NewGuard(GuardOptions{Limiter: Options{Max: 1 << 20, Initial: 1 << 20},
+			Shedder: &ShedderOptions{Objective: Objective{Latency: time.Second}}})
+		now := time.Now()
+		b.ReportAllocs()
+		for b.Loop() {
+			p, _ := g.TryAcquireAt(now, Normal)
+			p.DoneAt(now)
+		}
+	})
+}

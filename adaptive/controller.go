@@ -1,0 +1,235 @@
+package adaptive
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// A Sample is what a Limiter measured over one window, handed to its
+// Controller when the window closes.
+type Sample struct {
+	// Window is how long the window lasted.
+	Window time.Duration
+	// Limit is the limit in force during the window.
+	Limit float64
+	// Latency is the window's latency quantile (Options.Quantile) over
+	// the completions reported with Done, measured from the moment each
+	// was admitted; 0 when there were none.
+	Latency time.Duration
+	// Completed and Dropped count the permits ended with Done and with
+	// Dropped in the window. Ignored ones are in neither.
+	Completed, Dropped int
+	// InFlight is the time-weighted mean of the permits held during the
+	// window, and MaxInFlight the most held at once.
+	InFlight    float64
+	MaxInFlight int
+	// Throughput is Completed per second of Window.
+	Throughput float64
+}
+
+// A Controller turns a window's Sample into the next limit. The Limiter
+// calls it under its lock, once per window, and then bounds the answer to
+// [Options.Min, Options.Max] and holds it from growing while the limiter
+// is not the bottleneck (MaxInFlight below half the limit). A Controller
+// belongs to one Limiter; its methods need not be safe for concurrent use.
+//
+// Gradient and AIMD are the two supplied; NewLimiter fills in their
+// defaults and refuses invalid parameters. A Controller returning NaN
+// leaves the limit as it was.
+type Controller interface {
+	// Update returns the limit for the next window.
+	Update(s Sample) float64
+}
+
+// A validator is a Controller that fills in its defaults and checks its
+// parameters when a Limiter is built.
+type validator interface{ validate() error }
+
+// Gradient is a gradient controller in the manner of Netflix's Gradient2:
+// each window it scales the limit by the ratio of the latency it aims for
+// to the latency it observed, adds a small queue allowance, and smooths the
+// result:
+//
+//	gradient = clamp(aim / observed, 0.5, MaxGrowth)
+//	limit    = limit + Smoothing·(limit·gradient + Queue − limit)
+//
+// The latency aimed for is Target when it is set: the limit then settles
+// where the latency quantile equals Target (the queue allowance keeps it a
+// little above). Without Target it is Tolerance times a baseline, the
+// lowest latency quantile seen recently: the baseline moves a quarter of
+// the way to a lower window (one lucky window does not set it) and to a
+// higher one slowly (moving 1/BaselineWindows of the
+// way each window), so it forgets a faster past over about BaselineWindows
+// windows. A window without completions leaves the limit as it is; a window
+// whose drops are more than a tenth of its permits counts as the steepest
+// decrease (gradient 0.5).
+//
+// Use Target when the latency a request may take is known (a share of the
+// caller's deadline or of the latency objective): it is robust to a server
+// that becomes uniformly slower, where a baseline mistakes slowness for
+// queueing until it forgets. Use the baseline when no target is known.
+//
+// The zero value is valid: Tolerance 1.5, Smoothing 0.2, Queue 1,
+// MaxGrowth 1.1, BaselineWindows 100.
+type Gradient struct {
+	// Target is the latency aimed for; 0 means Tolerance × baseline.
+	Target time.Duration
+	// Tolerance is how much above the baseline the latency may be before
+	// the limit shrinks (> 1; default 1.5). Unused with Target.
+	Tolerance float64
+	// Smoothing is the fraction of the way to the new limit moved each
+	// window (0 < Smoothing <= 1; default 0.2).
+	Smoothing float64
+	// Queue is the allowance added each window (>= 0; default 1): it lets
+	// the limit probe upwards and keeps it from sticking at its minimum.
+	Queue float64
+	// MaxGrowth bounds the gradient above (>= 1; default 1.1): how much
+	// faster than the queue allowance the limit may grow in one window
+	// when latency is well below its aim.
+	MaxGrowth float64
+	// BaselineWindows is the number of windows over which the baseline
+	// forgets (>= 1; default 100).
+	BaselineWindows int
+
+	baseline time.Duration
+}
+
+func (g *Gradient) validate() error {
+	if g.Target < 0 {
+		return fmt.Errorf("adaptive: Gradient.Target %v is negative", g.Target)
+	}
+	if g.Tolerance == 0 {
+		g.Tolerance = 1.5
+	}
+	if g.Smoothing == 0 {
+		g.Smoothing = 0.2
+	}
+	if g.Queue == 0 {
+		g.Queue = 1
+	}
+	if g.MaxGrowth == 0 {
+		g.MaxGrowth = 1.1
+	}
+	if g.BaselineWindows == 0 {
+		g.BaselineWindows = 100
+	}
+	switch {
+	case !(g.Tolerance > 1) || math.IsInf(g.Tolerance, 0):
+		return fmt.Errorf("adaptive: Gradient.Tolerance %v must be above 1", g.Tolerance)
+	case !(g.Smoothing > 0 && g.Smoothing <= 1):
+		return fmt.Errorf("adaptive: Gradient.Smoothing %v must be in (0, 1]", g.Smoothing)
+	case !(g.Queue >= 0) || math.IsInf(g.Queue, 0):
+		return fmt.Errorf("adaptive: Gradient.Queue %v must be a finite number >= 0", g.Queue)
+	case !(g.MaxGrowth >= 1) || math.IsInf(g.MaxGrowth, 0):
+		return fmt.Errorf("adaptive: Gradient.MaxGrowth %v must be a finite number >= 1", g.MaxGrowth)
+	case g.BaselineWindows < 0:
+		return fmt.Errorf("adaptive: Gradient.BaselineWindows %d is negative", g.BaselineWindows)
+	}
+	return nil
+}
+
+// Update implements Controller.
+func (g *Gradient) Update(s Sample) float64 {
+	gradient := 0.0
+	switch {
+	case s.Dropped*10 > s.Completed+s.Dropped:
+		gradient = 0.5
+	case s.Latency <= 0:
+		return s.Limit
+	default:
+		aim := g.Target
+		if aim == 0 {
+			switch {
+			case g.baseline == 0:
+				g.baseline = s.Latency
+			case s.Latency < g.baseline:
+				g.baseline -= (g.baseline - s.Latency) / 4
+			default:
+				g.baseline += (s.Latency - g.baseline) / time.Duration(g.BaselineWindows)
+			}
+			aim = time.Duration(g.Tolerance * float64(g.baseline))
+		}
+		gradient = min(max(float64(aim)/float64(s.Latency), 0.5), g.MaxGrowth)
+	}
+	next := s.Limit*gradient + g.Queue
+	return s.Limit + g.Smoothing*(next-s.Limit)
+}
+
+// Baseline returns the baseline latency the controller compares against:
+// Target when set, else the recent lowest quantile (0 before the first
+// window).
+func (g *Gradient) Baseline() time.Duration {
+	if g.Target > 0 {
+		return g.Target
+	}
+	return g.baseline
+}
+
+// AIMD is an additive-increase, multiplicative-decrease controller, TCP's
+// rule: a window with congestion multiplies the limit by Backoff, any other
+// window adds Increase. Congestion is any of: a drop (a permit ended with
+// Dropped), a latency quantile above Target when Target is set, and —
+// when Target is not set — queueing seen in in-flight against throughput:
+// the mean in-flight rose by more than a tenth since the previous window
+// while throughput rose by less than a third as much, so the extra work
+// waited instead of being served.
+//
+// AIMD reacts only to thresholds, so its limit saws around the point of
+// congestion; it needs no latency baseline, which makes it the controller
+// for a dependency whose overload shows as errors and timeouts rather than
+// latency. Prefer Gradient when latency is the signal.
+//
+// The zero value is valid: Increase 1, Backoff 0.9, no Target.
+type AIMD struct {
+	// Target is the latency quantile above which a window is congested;
+	// 0 detects queueing from in-flight and throughput instead.
+	Target time.Duration
+	// Increase is added to the limit after a window without congestion
+	// (> 0; default 1).
+	Increase float64
+	// Backoff multiplies the limit after a congested window (in (0, 1);
+	// default 0.9).
+	Backoff float64
+
+	prevInFlight, prevThroughput float64
+}
+
+func (a *AIMD) validate() error {
+	if a.Target < 0 {
+		return fmt.Errorf("adaptive: AIMD.Target %v is negative", a.Target)
+	}
+	if a.Increase == 0 {
+		a.Increase = 1
+	}
+	if a.Backoff == 0 {
+		a.Backoff = 0.9
+	}
+	switch {
+	case !(a.Increase > 0) || math.IsInf(a.Increase, 0):
+		return fmt.Errorf("adaptive: AIMD.Increase %v must be a finite number above 0", a.Increase)
+	case !(a.Backoff > 0 && a.Backoff < 1):
+		return fmt.Errorf("adaptive: AIMD.Backoff %v must be in (0, 1)", a.Backoff)
+	}
+	return nil
+}
+
+// Update implements Controller.
+func (a *AIMD) Update(s Sample) float64 {
+	congested := s.Dropped > 0
+	if a.Target > 0 {
+		congested = congested || s.Latency > a.Target
+	} else if a.prevInFlight > 0 && a.prevThroughput > 0 {
+		inflightGain := s.InFlight/a.prevInFlight - 1
+		throughputGain := s.Throughput/a.prevThroughput - 1
+		congested = congested || (inflightGain > 0.1 && throughputGain < inflightGain/3)
+	}
+	a.prevInFlight, a.prevThroughput = s.InFlight, s.Throughput
+	if congested {
+		return s.Limit * a.Backoff
+	}
+	if s.Completed == 0 {
+		return s.Limit
+	}
+	return s.Limit + a.Increase
+}

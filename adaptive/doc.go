@@ -1,0 +1,97 @@
+// Package adaptive protects a service from overload: an adaptive
+// concurrency limit, SLO-driven shedding by priority, a computed retry
+// hint, and features switched off under load. It depends on the standard
+// library only.
+//
+// Overload is not quota. A rate limit (package ratelimit) refuses a
+// principal what is over its share; this package refuses work because the
+// server cannot do it in time, whoever sends it. An edge answers its
+// refusals as overload — HTTP 503, gRPC UNAVAILABLE, with the Refusal's
+// RetryAfter — never as 429.
+//
+// # The limiter
+//
+// A Limiter admits a request while fewer than its limit are in flight
+// (TryAcquireAt, or Acquire, which may wait in a bounded queue) and is told
+// how each ended: Permit.Done (completed; its latency from grant is a
+// sample), Permit.Dropped (timed out, or the work below said it is
+// overloaded) or Permit.Ignore (cancelled by the caller, or not
+// representative: health checks, fast failures, cache hits — none of them
+// may poison the latency baseline). Once per window (Options.Window,
+// default 100ms, and at least Options.MinSamples, default 10, completions)
+// the window's Sample — its latency quantile (Options.Quantile, default
+// p90), completions, drops, mean and peak in-flight, throughput — goes to
+// a Controller, which returns the next limit. The Limiter bounds it to
+// [Options.Min, Options.Max], where Max is fixed and never exceeded, and
+// does not let it grow while the peak in-flight is below half the limit:
+// a limiter that is not the bottleneck learns nothing from flat latency,
+// and growing then is how limits run away (a server whose latency is a
+// constant timeout looks healthy at any limit).
+//
+// Requests have a Priority (carried in the context: WithPriority,
+// PriorityFrom; at the edges the header PriorityHeader and the gRPC key
+// PriorityMetadata). A priority may fill only its share of the limit
+// (Options.Shares, default 80% for Sheddable rising to 100% for
+// Critical), so the top of the limit is kept for the work that matters; the
+// queue serves the highest priority first.
+//
+// # The controllers
+//
+// Gradient (the default) scales the limit by aim/observed latency, bounded
+// to [0.5, MaxGrowth], adds a queue allowance and smooths: with Target set
+// it holds the latency quantile at Target; without, at Tolerance (1.5)
+// times a slowly forgetting baseline of the lowest latency seen. Use it
+// when latency is the signal, with Target when you know the latency a
+// request may take. AIMD adds Increase (1) after a good window and
+// multiplies by Backoff (0.9) after a congested one — a drop, a latency
+// above its Target, or, without Target, in-flight rising while throughput
+// stays flat (queueing); use it when overload shows as errors and
+// timeouts. Their parameters and defaults are documented on each type;
+// NewLimiter fills the defaults in and refuses invalid values with an
+// error naming them.
+//
+// # Shedding by objective
+//
+// A Shedder is given a latency Objective (p99 ≤ 250ms) and sheds a
+// fraction of arrivals that grows as the measured quantile approaches it:
+// a PI controller (velocity form, bounded output) holds the quantile at
+// Setpoint (80%) of the objective. It is told too when what it let through
+// was refused below (OverloadedAt), and then moves its fraction half way
+// towards what would have let just enough through, a gain independent of
+// how deep the overload is, so the rejection ratio is steady under steady
+// overload and falls back to zero when it ends. The fraction is taken from
+// the lowest priorities up, each tier whole before the next, and the tier
+// at the boundary is thinned at random (ShedderOptions.Float64), not cut
+// off at once.
+//
+// # The Guard
+//
+// A Guard is what an edge uses: its Shedder in front of its Limiter, the
+// Limiter's refusals fed back to the Shedder, a load level (Level: the
+// share of the limit in use, above 1 while refusing, or the quantile over
+// the objective plus the fraction shed, whichever is larger) and named
+// Features that it switches off at their Off level and on again at their
+// On level (Enabled). Stats is the snapshot the edges export as metrics:
+// limit, in flight, queued, latency quantile, throughput, refusals by
+// priority, shed fraction, load level, features off.
+//
+// # Retry hints
+//
+// Every Refusal carries a RetryAfter computed from the controller's
+// state: the demand refused in the latest window (plus the callers
+// queued) divided by the throughput measured, that is how long the excess
+// takes to drain, bounded to [MinRetryAfter, MaxRetryAfter]. It grows with
+// the depth of the overload; it is never a constant.
+//
+// # Time, zero values and concurrency
+//
+// The *At forms take the instant; the others are one-line wrappers that
+// pass time.Now(), so tests run the controllers on a virtual clock. Time
+// never goes backwards for a Limiter or a Shedder. The decision path
+// (TryAcquireAt, Permit.DoneAt, Shedder.AllowAt) does not allocate;
+// Acquire allocates only to wait, and an error return boxes its Refusal.
+// Limiter, Shedder and Guard are safe for concurrent use (a mutex each,
+// held for tens of nanoseconds) and must not be copied; their zero values
+// admit nothing (the Shedder's sheds nothing); build them with NewLimiter,
+// NewShedder and NewGuard.
+package adaptive

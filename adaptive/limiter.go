@@ -1,0 +1,592 @@
+package adaptive
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+)
+
+// The bounds of every RetryAfter a refusal carries.
+const (
+	MinRetryAfter = 10 * time.Millisecond
+	MaxRetryAfter = time.Minute
+)
+
+// DefaultShares are the fractions of the limit each priority may fill,
+// Sheddable first: see Options.Shares.
+var DefaultShares = [NumPriorities]float64{0.8, 0.85, 0.9, 0.95, 1}
+
+// Options configure a Limiter. Only Max is required.
+type Options struct {
+	// Max is the fixed maximum of the limit, which it never exceeds
+	// (required, >= 1).
+	Max int
+	// Min is the least the limit falls to (default 1, at most Max).
+	Min int
+	// Initial is the limit at the start (default Min + (Max-Min)/10,
+	// clamped to [Min, Max]).
+	Initial int
+	// Controller moves the limit once per window (default a zero
+	// Gradient, with a latency baseline). NewLimiter fills in its
+	// defaults; a Controller belongs to one Limiter.
+	Controller Controller
+	// Window is the shortest time over which a Sample is measured
+	// (default 100ms). A window closes at the first event after it has
+	// lasted Window and seen MinSamples completions, or at the first
+	// event after 10·Window whatever it has seen.
+	Window time.Duration
+	// MinSamples is the number of Done and Dropped a window waits for
+	// (default 10).
+	MinSamples int
+	// Quantile is the latency quantile a Sample reports, in (0, 1]
+	// (default 0.9).
+	Quantile float64
+	// Shares are the fractions of the limit (in (0, 1], Sheddable first,
+	// Critical last, not decreasing) that requests of each priority may
+	// fill: a Sheddable request is refused once 80% of the limit is held
+	// with the defaults, so the last fifth stays for higher priorities.
+	// All zero means DefaultShares.
+	Shares [NumPriorities]float64
+	// QueueSize bounds the callers that Acquire keeps waiting for a slot
+	// when the limit is reached (default 0: Acquire fails at once).
+	// Waiters are served highest priority first, in arrival order within a
+	// priority. TryAcquireAt never waits.
+	QueueSize int
+	// MaxWait bounds a wait in the queue (required when QueueSize > 0);
+	// a caller still waiting then is refused with ReasonQueueTimeout.
+	MaxWait time.Duration
+}
+
+// A Reason says why a request was refused; the zero Reason is not a
+// refusal.
+type Reason uint8
+
+const (
+	// ReasonLimit: the concurrency limit (or the request priority's share
+	// of it) was reached, and the request could not or would not wait.
+	ReasonLimit Reason = iota + 1
+	// ReasonQueueFull: the limit was reached and the queue was full.
+	ReasonQueueFull
+	// ReasonQueueTimeout: the request waited MaxWait without a slot.
+	ReasonQueueTimeout
+	// ReasonShed: the SLO shedder refused the request's share of the
+	// load.
+	ReasonShed
+)
+
+func (r Reason) String() string {
+	switch r {
+	case 0:
+		return "admitted"
+	case ReasonLimit:
+		return "concurrency limit reached"
+	case ReasonQueueFull:
+		return "queue full"
+	case ReasonQueueTimeout:
+		return "queue wait timed out"
+	case ReasonShed:
+		return "shed to keep the latency objective"
+	}
+	return fmt.Sprintf("reason(%d)", uint8(r))
+}
+
+// ErrOverloaded matches (errors.Is) every Refusal.
+var ErrOverloaded = errors.New("adaptive: overloaded")
+
+// A Refusal is the answer to a request shed because of overload, and the
+// error Acquire returns for it (errors.As(err, &r) with r a Refusal). Its
+// RetryAfter is computed from the controller's state when the request was
+// refused: the refused demand of the latest window plus the callers
+// waiting, divided by the throughput measured — how long the excess takes
+// to drain — bounded to [MinRetryAfter, MaxRetryAfter]. An edge answers
+// it as overload (HTTP 503, gRPC UNAVAILABLE), never as a quota refusal.
+//
+// The zero Refusal (Reason 0) means admitted; TryAcquireAt returns it
+// by value, so refusing allocates nothing.
+type Refusal struct {
+	Reason     Reason
+	Priority   Priority
+	RetryAfter time.Duration
+}
+
+// Refused reports whether r is a refusal (its Reason is set).
+func (r Refusal) Refused() bool { return r.Reason != 0 }
+
+func (r Refusal) Error() string {
+	return fmt.Sprintf("adaptive: overloaded, %s request refused (%s); retry after %v", r.Priority, r.Reason, r.RetryAfter)
+}
+
+// Is makes errors.Is(r, ErrOverloaded) true.
+func (r Refusal) Is(target error) bool { return target == ErrOverloaded }
+
+// A Limiter is an adaptive concurrency limit: it admits a request while
+// fewer than its limit are in flight, and moves the limit between
+// Options.Min and the fixed Options.Max by what it measures. See the
+// package documentation for the model.
+//
+// A Limiter is safe for concurrent use; its methods hold a mutex for tens
+// of nanoseconds (and for one pass over a 496-bucket histogram when a
+// window closes). The zero value has limit 0 and admits nothing; use
+// NewLimiter. It must not be copied after first use.
+type Limiter struct {
+	mu     sync.Mutex
+	opt    Options
+	ctrl   Controller
+	limit  float64
+	clock  monoClock
+	held   int
+	queued int
+	queue  [NumPriorities][]*waiter
+
+	// The open window.
+	winStart     int64
+	lastEvent    int64
+	area         float64 // ∫ held dt over the window, in permit·ns
+	hist         histogram
+	done, drops  int
+	maxHeld      int
+	acquired     int
+	refusedInWin int
+
+	// The latest closed window.
+	last   Sample
+	lastRf int
+	level  float64
+
+	refused [NumPriorities]uint64
+}
+
+// waiter is a caller queued in Acquire. Its fields are guarded by the
+// Limiter's mutex; ready is closed when granted is set.
+type waiter struct {
+	ready   chan struct{}
+	granted bool
+	start   int64
+}
+
+// NewLimiter returns a Limiter with the given options, or an error naming
+// the first invalid one.
+func NewLimiter(opt Options) (*Limiter, error) {
+	if opt.Max < 1 {
+		return nil, fmt.Errorf("adaptive: Options.Max %d must be at least 1", opt.Max)
+	}
+	if opt.Min == 0 {
+		opt.Min = 1
+	}
+	if opt.Min < 1 || opt.Min > opt.Max {
+		return nil, fmt.Errorf("adaptive: Options.Min %d must be in [1, Max=%d]", opt.Min, opt.Max)
+	}
+	if opt.Initial == 0 {
+		opt.Initial = opt.Min + (opt.Max-opt.Min)/10
+	}
+	if opt.Initial < opt.Min || opt.Initial > opt.Max {
+		return nil, fmt.Errorf("adaptive: Options.Initial %d must be in [Min=%d, Max=%d]", opt.Initial, opt.Min, opt.Max)
+	}
+	if opt.Controller == nil {
+		opt.Controller = &Gradient{}
+	}
+	if v, ok := opt.Controller.(validator); ok {
+		if err := v.validate(); err != nil {
+			return nil, err
+		}
+	}
+	if opt.Window == 0 {
+		opt.Window = 100 * time.Millisecond
+	}
+	if opt.Window < 0 {
+		return nil, fmt.Errorf("adaptive: Options.Window %v is negative", opt.Window)
+	}
+	if opt.MinSamples == 0 {
+		opt.MinSamples = 10
+	}
+	if opt.MinSamples < 0 {
+		return nil, fmt.Errorf("adaptive: Options.MinSamples %d is negative", opt.MinSamples)
+	}
+	if opt.Quantile == 0 {
+		opt.Quantile = 0.9
+	}
+	if !(opt.Quantile > 0 && opt.Quantile <= 1) {
+		return nil, fmt.Errorf("adaptive: Options.Quantile %v must be in (0, 1]", opt.Quantile)
+	}
+	if opt.Shares == ([NumPriorities]float64{}) {
+		opt.Shares = DefaultShares
+	}
+	for i, s := range opt.Shares {
+		if !(s > 0 && s <= 1) || (i > 0 && s < opt.Shares[i-1]) {
+			return nil, fmt.Errorf("adaptive: Options.Shares %v must be in (0, 1] and not decrease with priority", opt.Shares)
+		}
+	}
+	if opt.QueueSize < 0 {
+		return nil, fmt.Errorf("adaptive: Options.QueueSize %d is negative", opt.QueueSize)
+	}
+	if opt.QueueSize > 0 && opt.MaxWait <= 0 {
+		return nil, fmt.Errorf("adaptive: Options.MaxWait %v must be positive when QueueSize is %d", opt.MaxWait, opt.QueueSize)
+	}
+	return &Limiter{opt: opt, ctrl: opt.Controller, limit: float64(opt.Initial)}, nil
+}
+
+// A Permit is one admitted request's slot. End it exactly once, with Done
+// when the request completed (its latency then feeds the controller),
+// Dropped when it failed for lack of capacity — it timed out, or the work
+// below answered that it is overloaded — or Ignore when its outcome says
+// nothing about capacity: the caller cancelled it, or it is not
+// representative (a health check, a request that failed fast on invalid
+// input, a cache hit). Ending a Permit a second time does nothing; so does
+// ending the zero Permit. A Permit is a small value; it must not be copied
+// and ended twice through the copies.
+type Permit struct {
+	l       *Limiter
+	s       *Shedder
+	arrived int64 // on l's clock, when the request asked
+	start   int64 // on l's clock, when it was granted
+}
+
+// Done ends the permit as a completion; see DoneAt.
+func (p *Permit) Done() { p.DoneAt(time.Now()) }
+
+// DoneAt ends the permit as a completion at now: its latency, from grant
+// to now, is a sample of the window.
+func (p *Permit) DoneAt(now time.Time) { p.end(now, endDone) }
+
+// Dropped ends the permit as a drop; see DroppedAt.
+func (p *Permit) Dropped() { p.DroppedAt(time.Now()) }
+
+// DroppedAt ends the permit as a drop at now: it counts against the
+// limit, and its latency is no sample (a timeout's latency is the
+// caller's deadline, not the server's).
+func (p *Permit) DroppedAt(now time.Time) { p.end(now, endDrop) }
+
+// Ignore ends the permit without a signal: the slot is given back and
+// nothing is measured.
+func (p *Permit) Ignore() { p.end(time.Time{}, endIgnore) }
+
+type endKind uint8
+
+const (
+	endDone endKind = iota
+	endDrop
+	endIgnore
+)
+
+func (p *Permit) end(now time.Time, k endKind) {
+	l, s := p.l, p.s
+	if l == nil {
+		return
+	}
+	p.l, p.s = nil, nil
+	l.mu.Lock()
+	t := l.lastEvent
+	if k != endIgnore {
+		t = l.clock.advance(now)
+	}
+	l.account(t)
+	l.held = max(l.held-1, 0)
+	switch k {
+	case endDone:
+		l.done++
+		l.hist.record(time.Duration(t - p.start))
+	case endDrop:
+		l.drops++
+	}
+	l.maybeClose(t)
+	l.grant(t)
+	l.mu.Unlock()
+	if s != nil && k != endIgnore {
+		s.ObserveAt(now, time.Duration(t-p.arrived))
+	}
+}
+
+// account adds the permits held since the latest event to the window's
+// area and moves the latest event to t. Called with l.mu held.
+func (l *Limiter) account(t int64) {
+	if t > l.lastEvent {
+		l.area += float64(l.held) * float64(t-l.lastEvent)
+		l.lastEvent = t
+	}
+}
+
+// maybeClose closes the window if it is due at t. Called with l.mu held.
+func (l *Limiter) maybeClose(t int64) {
+	dur := t - l.winStart
+	w := int64(l.opt.Window)
+	if l.ctrl == nil || dur < w || (l.done+l.drops < l.opt.MinSamples && dur < 10*w) {
+		return
+	}
+	s := Sample{
+		Window:      time.Duration(dur),
+		Limit:       l.limit,
+		Latency:     l.hist.quantile(l.opt.Quantile),
+		Completed:   l.done,
+		Dropped:     l.drops,
+		InFlight:    l.area / float64(dur),
+		MaxInFlight: l.maxHeld,
+		Throughput:  float64(l.done) / time.Duration(dur).Seconds(),
+	}
+	next := l.ctrl.Update(s)
+	switch {
+	case math.IsNaN(next):
+		next = l.limit
+	case next > l.limit && 2*s.MaxInFlight < int(l.limit):
+		next = l.limit // not the bottleneck: do not grow on flat latency
+	}
+	l.limit = min(max(next, float64(l.opt.Min)), float64(l.opt.Max))
+	l.last, l.lastRf = s, l.refusedInWin
+	l.level = min(s.InFlight/s.Limit, 1)
+	if n := l.acquired + l.refusedInWin; l.refusedInWin > 0 {
+		l.level += float64(l.refusedInWin) / float64(n)
+	}
+	l.winStart = t
+	l.hist.reset()
+	l.done, l.drops, l.area, l.acquired, l.refusedInWin = 0, 0, 0, 0, 0
+	l.maxHeld = l.held
+}
+
+// capFor returns how many permits a request of priority p may find held
+// and still be admitted. Called with l.mu held.
+func (l *Limiter) capFor(p Priority) int {
+	if l.opt.Max == 0 {
+		return 0 // the zero Limiter admits nothing
+	}
+	if !p.Valid() {
+		p = Normal
+	}
+	c := int(l.limit * l.opt.Shares[p.index()])
+	if p == Critical {
+		c = int(l.limit)
+	}
+	return max(c, 1)
+}
+
+// take admits one permit at t. Called with l.mu held.
+func (l *Limiter) take(t int64) {
+	l.held++
+	l.acquired++
+	l.maxHeld = max(l.maxHeld, l.held)
+}
+
+// refuse counts a refusal of p and returns it with its retry hint. Called
+// with l.mu held.
+func (l *Limiter) refuse(r Reason, p Priority) Refusal {
+	if !p.Valid() {
+		p = Normal
+	}
+	l.refused[p.index()]++
+	l.refusedInWin++
+	return Refusal{Reason: r, Priority: p, RetryAfter: l.retryAfter()}
+}
+
+// retryAfter returns the time the latest excess takes to drain at the
+// throughput measured. Called with l.mu held.
+func (l *Limiter) retryAfter() time.Duration {
+	x := l.last.Throughput
+	if !(x > 0) {
+		// Nothing measured yet: Little's law on the limit.
+		lat := l.last.Latency
+		if lat <= 0 {
+			lat = l.opt.Window
+		}
+		x = max(l.limit, 1) / lat.Seconds()
+	}
+	excess := float64(max(l.lastRf, l.refusedInWin) + l.queued + 1)
+	return boundRetry(excess / x)
+}
+
+// boundRetry returns sec seconds bounded to [MinRetryAfter, MaxRetryAfter].
+func boundRetry(sec float64) time.Duration {
+	if !(sec < MaxRetryAfter.Seconds()) {
+		return MaxRetryAfter
+	}
+	return max(time.Duration(sec*float64(time.Second)), MinRetryAfter)
+}
+
+// TryAcquireAt admits a request of priority p at now if fewer permits are
+// held than p's share of the limit (and nobody of p's priority or higher
+// is queued), and never waits. It returns the Permit and the zero Refusal,
+// or the zero Permit and a Refusal with ReasonLimit. It does not allocate.
+func (l *Limiter) TryAcquireAt(now time.Time, p Priority) (Permit, Refusal) {
+	l.mu.Lock()
+	t := l.clock.advance(now)
+	l.account(t)
+	l.maybeClose(t)
+	if l.held >= l.capFor(p) || l.queuedAtOrAbove(p) {
+		r := l.refuse(ReasonLimit, p)
+		l.mu.Unlock()
+		return Permit{}, r
+	}
+	l.take(t)
+	l.mu.Unlock()
+	return Permit{l: l, arrived: t, start: t}, Refusal{}
+}
+
+// queuedAtOrAbove reports whether a waiter of priority p or higher is
+// queued. Called with l.mu held.
+func (l *Limiter) queuedAtOrAbove(p Priority) bool {
+	if l.queued == 0 {
+		return false
+	}
+	if !p.Valid() {
+		p = Normal
+	}
+	for i := p.index(); i < NumPriorities; i++ {
+		if len(l.queue[i]) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// Acquire admits a request of the priority ctx carries (PriorityFrom). When
+// the limit is reached it waits in the queue, if Options.QueueSize allows,
+// at most Options.MaxWait and until ctx ends; otherwise it fails at once.
+// It returns a Permit, or an error: a Refusal (ReasonLimit, ReasonQueueFull
+// or ReasonQueueTimeout), or ctx's error wrapped when ctx ended first
+// (nothing is then counted as refused: the caller went away). Admitted at
+// once it does not allocate; waiting allocates the waiter and a timer.
+func (l *Limiter) Acquire(ctx context.Context) (Permit, error) {
+	p := PriorityFrom(ctx)
+	now := time.Now()
+	l.mu.Lock()
+	t := l.clock.advance(now)
+	l.account(t)
+	l.maybeClose(t)
+	if l.held < l.capFor(p) && !l.queuedAtOrAbove(p) {
+		l.take(t)
+		l.mu.Unlock()
+		return Permit{l: l, arrived: t, start: t}, nil
+	}
+	if l.opt.QueueSize == 0 {
+		r := l.refuse(ReasonLimit, p)
+		l.mu.Unlock()
+		return Permit{}, r
+	}
+	if l.queued >= l.opt.QueueSize {
+		r := l.refuse(ReasonQueueFull, p)
+		l.mu.Unlock()
+		return Permit{}, r
+	}
+	if err := ctx.Err(); err != nil {
+		l.mu.Unlock()
+		return Permit{}, fmt.Errorf("adaptive: acquire: %w", err)
+	}
+	w := &waiter{ready: make(chan struct{})}
+	i := p.index()
+	if !p.Valid() {
+		i = Normal.index()
+	}
+	l.queue[i] = append(l.queue[i], w)
+	l.queued++
+	l.mu.Unlock()
+
+	timer := time.NewTimer(l.opt.MaxWait)
+	defer timer.Stop()
+	var cause error
+	select {
+	case <-w.ready:
+		return Permit{l: l, arrived: t, start: w.start}, nil
+	case <-ctx.Done():
+		cause = ctx.Err()
+	case <-timer.C:
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w.granted {
+		// Granted while we were leaving: the slot is ours.
+		return Permit{l: l, arrived: t, start: w.start}, nil
+	}
+	q := l.queue[i]
+	for j, x := range q {
+		if x == w {
+			l.queue[i] = append(q[:j], q[j+1:]...)
+			break
+		}
+	}
+	l.queued--
+	// Leaving may unblock lower priorities waiting behind us.
+	l.grant(l.lastEvent)
+	if cause != nil {
+		return Permit{}, fmt.Errorf("adaptive: acquire: %w", cause)
+	}
+	return Permit{}, l.refuse(ReasonQueueTimeout, p)
+}
+
+// grant serves queued waiters, highest priority first, while their
+// priority's share has room. Called with l.mu held.
+func (l *Limiter) grant(t int64) {
+	for l.queued > 0 {
+		i := NumPriorities - 1
+		for len(l.queue[i]) == 0 {
+			i--
+		}
+		if l.held >= l.capFor(Priority(i)+Sheddable) {
+			return
+		}
+		w := l.queue[i][0]
+		l.queue[i][0] = nil
+		l.queue[i] = l.queue[i][1:]
+		l.queued--
+		l.take(t)
+		w.granted, w.start = true, t
+		close(w.ready)
+	}
+}
+
+// LimiterStats is a snapshot of a Limiter.
+type LimiterStats struct {
+	// Limit is the current limit, Max the fixed maximum.
+	Limit float64
+	Max   int
+	// InFlight is the permits held, Queued the callers waiting.
+	InFlight, Queued int
+	// Latency and Throughput are the latest window's quantile and
+	// completions per second.
+	Latency    time.Duration
+	Throughput float64
+	// Level is the load level of the latest window: the mean share of
+	// the limit in use (0 to 1), plus the fraction of requests refused.
+	Level float64
+	// Refused counts the requests refused since the start, by priority,
+	// Sheddable first.
+	Refused [NumPriorities]uint64
+}
+
+// Stats returns a snapshot of l. It does not allocate.
+func (l *Limiter) Stats() LimiterStats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return LimiterStats{
+		Limit: l.limit, Max: l.opt.Max,
+		InFlight: l.held, Queued: l.queued,
+		Latency: l.last.Latency, Throughput: l.last.Throughput,
+		Level:   l.level,
+		Refused: l.refused,
+	}
+}
+
+// Limit returns the current limit.
+func (l *Limiter) Limit() float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.limit
+}
+
+// A monoClock turns instants into offsets in nanoseconds from the first
+// instant it is given, and never goes back: an instant earlier than the
+// latest one it has seen is taken as that one. The zero value is ready for
+// use; the owner's mutex guards it.
+type monoClock struct {
+	base    time.Time
+	started bool
+	last    int64
+}
+
+func (c *monoClock) advance(now time.Time) int64 {
+	if !c.started {
+		c.base, c.started = now, true
+		return c.last
+	}
+	c.last = max(c.last, int64(now.Sub(c.base)))
+	return c.last
+}

@@ -1,0 +1,223 @@
+package adaptive
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+var t0 = time.Unix(1_000_000, 0)
+
+func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+
+func TestOptionsRefused(t *testing.T) {
+	for _, tt := range []struct {
+		opt  Options
+		want string
+	}{
+		{Options{}, "Options.Max 0 must be at least 1"},
+		{Options{Max: 5, Min: 6}, "Options.Min 6"},
+		{Options{Max: 5, Initial: 9}, "Options.Initial 9"},
+		{Options{Max: 5, Quantile: 1.5}, "Options.Quantile"},
+		{Options{Max: 5, Window: -1}, "Options.Window"},
+		{Options{Max: 5, QueueSize: 3}, "Options.MaxWait"},
+		{Options{Max: 5, Shares: [NumPriorities]float64{1, 0.5, 1, 1, 1}}, "Options.Shares"},
+		{Options{Max: 5, Controller: &Gradient{Smoothing: 2}}, "Gradient.Smoothing"},
+		{Options{Max: 5, Controller: &AIMD{Backoff: 1}}, "AIMD.Backoff"},
+	} {
+		if _, err := NewLimiter(tt.opt); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("NewLimiter(%+v) = %v, want an error containing %q", tt.opt, err, tt.want)
+		}
+	}
+	if _, err := NewShedder(ShedderOptions{}); err == nil || !strings.Contains(err.Error(), "Objective.Latency") {
+		t.Errorf("NewShedder({}) = %v, want an error naming Objective.Latency", err)
+	}
+	if _, err := NewGuard(GuardOptions{Limiter: Options{Max: 1}, Features: []Feature{{Name: "x", Off: 0.5, On: 0.6}}}); err == nil {
+		t.Error("NewGuard accepted a feature with On above Off")
+	}
+}
+
+func TestZeroValues(t *testing.T) {
+	var l Limiter
+	if _, r := l.TryAcquireAt(at(0), Critical); r.Reason != ReasonLimit {
+		t.Errorf("zero Limiter: refusal %+v, want ReasonLimit", r)
+	}
+	var s Shedder
+	if r := s.AllowAt(at(0), Sheddable); r.Refused() {
+		t.Errorf("zero Shedder refused: %+v", r)
+	}
+	var g Guard
+	if _, r := g.TryAcquireAt(at(0), Critical); !r.Refused() {
+		t.Error("zero Guard admitted")
+	}
+	var p Permit
+	p.Done() // the zero Permit: nothing happens
+}
+
+func TestDoneTwiceDroppedIgnore(t *testing.T) {
+	l, err := NewLimiter(Options{Max: 2, Initial: 2, Shares: [NumPriorities]float64{1, 1, 1, 1, 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := l.TryAcquireAt(at(0), Normal)
+	b, _ := l.TryAcquireAt(at(0), Normal)
+	if _, r := l.TryAcquireAt(at(0), Normal); r.Reason != ReasonLimit {
+		t.Fatalf("third permit: %+v, want ReasonLimit", r)
+	}
+	a.DoneAt(at(5))
+	a.DoneAt(at(6)) // a second end does nothing
+	if st := l.Stats(); st.InFlight != 1 {
+		t.Fatalf("in flight after Done twice = %d, want 1", st.InFlight)
+	}
+	b.Ignore()
+	c, _ := l.TryAcquireAt(at(7), Normal)
+	c.DroppedAt(at(8))
+	l.mu.Lock()
+	done, drops, n := l.done, l.drops, l.hist.n
+	l.mu.Unlock()
+	if done != 1 || drops != 1 || n != 1 {
+		t.Errorf("done %d, drops %d, latency samples %d; want 1, 1, 1 (Ignore counts nowhere, Dropped gives no latency)", done, drops, n)
+	}
+}
+
+func TestRefusalError(t *testing.T) {
+	l, _ := NewLimiter(Options{Max: 1, Initial: 1})
+	ctx := WithPriority(context.Background(), Low)
+	p, err := l.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Ignore()
+	_, err = l.Acquire(ctx)
+	var r Refusal
+	if !errors.Is(err, ErrOverloaded) || !errors.As(err, &r) || r.Priority != Low || r.RetryAfter < MinRetryAfter || r.RetryAfter > MaxRetryAfter {
+		t.Errorf("err = %v (%+v), want a Refusal of a low request with a bounded RetryAfter", err, r)
+	}
+}
+
+// TestRetryAfterComputed: the hint grows with the refused demand.
+func TestRetryAfterComputed(t *testing.T) {
+	l, _ := NewLimiter(Options{Max: 10, Initial: 10, MinSamples: 1, Controller: &AIMD{Increase: 1e-9}})
+	hint := func(extra int) time.Duration {
+		var ps []Permit
+		for len(ps) < 10 {
+			p, r := l.TryAcquireAt(at(0), Critical)
+			if r.Refused() {
+				break
+			}
+			ps = append(ps, p)
+		}
+		var r Refusal
+		for range extra {
+			_, r = l.TryAcquireAt(at(0), Critical)
+		}
+		for i := range ps {
+			ps[i].DoneAt(at(100))
+		}
+		return r.RetryAfter
+	}
+	_ = hint(0)
+	small := hint(5)
+	l2, _ := NewLimiter(Options{Max: 10, Initial: 10})
+	_ = l2
+	big := hint(500)
+	if !(big > small) {
+		t.Errorf("RetryAfter with 500 refused %v, with 5 %v: want it to grow with the excess", big, small)
+	}
+}
+
+func TestQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, err := NewLimiter(Options{Max: 1, Initial: 1, QueueSize: 1, MaxWait: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		held, _ := l.Acquire(context.Background())
+
+		// Queue timeout.
+		start := time.Now()
+		_, err = l.Acquire(context.Background())
+		var r Refusal
+		if !errors.As(err, &r) || r.Reason != ReasonQueueTimeout || time.Since(start) != time.Second {
+			t.Errorf("queued past MaxWait: %v after %v, want ReasonQueueTimeout after 1s", err, time.Since(start))
+		}
+
+		// Cancelled while queued: ctx's error, not a refusal.
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error)
+		go func() { _, err := l.Acquire(ctx); errc <- err }()
+		synctest.Wait()
+		// Queue full meanwhile.
+		if _, err := l.Acquire(context.Background()); !errors.As(err, &r) || r.Reason != ReasonQueueFull {
+			t.Errorf("with the queue full: %v, want ReasonQueueFull", err)
+		}
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) || errors.Is(err, ErrOverloaded) {
+			t.Errorf("cancelled while queued: %v, want context.Canceled", err)
+		}
+
+		// Granted when the holder ends.
+		got := make(chan Permit)
+		go func() {
+			p, err := l.Acquire(WithPriority(context.Background(), Critical))
+			if err != nil {
+				t.Error(err)
+			}
+			got <- p
+		}()
+		synctest.Wait()
+		held.Done()
+		p := <-got
+		if st := l.Stats(); st.InFlight != 1 || st.Queued != 0 {
+			t.Errorf("after handing over: %+v, want 1 in flight, none queued", st)
+		}
+		p.Done()
+	})
+}
+
+// TestFeaturesHysteresis steps the load level through a table: a feature
+// goes off at Off, stays off until the level falls to On, and back on.
+func TestFeaturesHysteresis(t *testing.T) {
+	st := &featureState{f: Feature{Name: "recommendations", Off: 0.8, On: 0.3}}
+	st.on.Store(true)
+	for i, s := range []struct {
+		level float64
+		want  bool
+	}{{0.5, true}, {0.79, true}, {0.8, false}, {0.5, false}, {0.31, false}, {0.3, true}, {0.7, true}, {1.5, false}} {
+		if got := st.update(s.level); got != s.want {
+			t.Errorf("step %d, level %v: enabled %v, want %v", i, s.level, got, s.want)
+		}
+	}
+}
+
+// TestGuardFeatureUnderLoad: in the simulator at 3×, the feature is off
+// while overloaded and on again once the load has fallen to 0.2×.
+func TestGuardFeatureUnderLoad(t *testing.T) {
+	g := simGuard(t, 5, nil)
+	cfg := baseSim(func(t time.Duration) float64 {
+		if t < 3*time.Second {
+			return 3
+		}
+		return 0.2
+	}, g)
+	cfg.duration = 6 * time.Second
+	var during, after bool = true, false
+	cfg.probe = func(at time.Duration) {
+		switch {
+		case at > 2*time.Second && at < 3*time.Second:
+			during = during && g.Enabled("recommendations")
+		case at > 5*time.Second:
+			after = g.Enabled("recommendations")
+		}
+	}
+	runSim(cfg)
+	if during || !after {
+		t.Errorf("recommendations enabled during overload %v, after %v; want false, true", during, after)
+	}
+	if !g.Enabled("unknown") {
+		t.Error("an unknown feature is disabled")
+	}
+}

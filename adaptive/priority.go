@@ -1,0 +1,126 @@
+package adaptive
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+)
+
+// A Priority says how much a request matters when the server must refuse
+// some. Shedding takes the lowest priority first: Sheddable, then Low,
+// Normal, High and, last of all, Critical. The zero value is Normal, so a
+// request that carries no priority is an ordinary one.
+type Priority int8
+
+// The priorities, lowest first.
+const (
+	// Sheddable is work that may be refused whenever the server is busy:
+	// prefetches, batch jobs, retries of best-effort work.
+	Sheddable Priority = -2
+	// Low is work a user would notice only after a while.
+	Low Priority = -1
+	// Normal is the default: a user is waiting.
+	Normal Priority = 0
+	// High is work that other work depends on.
+	High Priority = 1
+	// Critical is what must go through even in deep overload: health of
+	// the business (checkout, login), control traffic.
+	Critical Priority = 2
+)
+
+// NumPriorities is the number of priorities; arrays indexed by priority
+// (Stats.Shed) have this length, Sheddable first and Critical last.
+const NumPriorities = 5
+
+// The names under which the edges carry a request's priority to the next
+// service. The value is a priority's name (Priority.String, ParsePriority).
+const (
+	// PriorityHeader is the HTTP header field.
+	PriorityHeader = "Sluice-Priority"
+	// PriorityMetadata is the gRPC metadata key (gRPC keys are lower case).
+	PriorityMetadata = "sluice-priority"
+)
+
+// ErrUnknownPriority is returned (wrapped) by ParsePriority for a name that
+// is not a priority's.
+var ErrUnknownPriority = errors.New("adaptive: unknown priority")
+
+var priorityNames = [NumPriorities]string{"sheddable", "low", "normal", "high", "critical"}
+
+// Valid reports whether p is one of the five priorities.
+func (p Priority) Valid() bool { return p >= Sheddable && p <= Critical }
+
+// index returns p's position in arrays indexed by priority: 0 for
+// Sheddable up to NumPriorities-1 for Critical. p must be valid.
+func (p Priority) index() int { return int(p) - int(Sheddable) }
+
+// String returns p's name as ParsePriority reads it ("critical", "high",
+// "normal", "low", "sheddable"), or "priority(N)" for an invalid p.
+func (p Priority) String() string {
+	if !p.Valid() {
+		return "priority(" + strconv.Itoa(int(p)) + ")"
+	}
+	return priorityNames[p.index()]
+}
+
+// maxPriorityName bounds what ParsePriority looks at, so that an
+// attacker's megabyte header is refused without being copied or folded.
+const maxPriorityName = len("sheddable")
+
+// ParsePriority returns the priority named s, ignoring ASCII case: one of
+// "critical", "high", "normal", "low" and "sheddable". Anything else —
+// including the empty string, surrounding spaces and digits — is an error
+// wrapping ErrUnknownPriority; an edge then treats the request as Normal
+// (or refuses it, as it documents). It does not allocate unless it fails.
+func ParsePriority(s string) (Priority, error) {
+	if len(s) <= maxPriorityName {
+		for i, name := range priorityNames {
+			if equalFoldASCII(s, name) {
+				return Priority(i) + Sheddable, nil
+			}
+		}
+	}
+	if len(s) > 32 {
+		s = s[:32] + "..."
+	}
+	return Normal, fmt.Errorf("%w %q: want one of critical, high, normal, low, sheddable", ErrUnknownPriority, s)
+}
+
+// equalFoldASCII reports whether s equals lower (lower-case ASCII letters)
+// ignoring the case of ASCII letters in s only: "ſ" (U+017F) is not "s".
+func equalFoldASCII(s, lower string) bool {
+	if len(s) != len(lower) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if 'A' <= c && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != lower[i] {
+			return false
+		}
+	}
+	return true
+}
+
+type priorityKey struct{}
+
+// WithPriority returns a copy of ctx carrying priority p. An invalid p is
+// carried as Normal.
+func WithPriority(ctx context.Context, p Priority) context.Context {
+	if !p.Valid() {
+		p = Normal
+	}
+	return context.WithValue(ctx, priorityKey{}, p)
+}
+
+// PriorityFrom returns the priority ctx carries, or Normal if it carries
+// none. It does not allocate.
+func PriorityFrom(ctx context.Context) Priority {
+	if p, ok := ctx.Value(priorityKey{}).(Priority); ok {
+		return p
+	}
+	return Normal
+}

@@ -1,0 +1,288 @@
+package adaptive
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// An Objective is a latency service-level objective: the Quantile of
+// request latencies must stay at or below Latency (p99 ≤ 250ms is
+// Objective{Quantile: 0.99, Latency: 250 * time.Millisecond}).
+type Objective struct {
+	Quantile float64
+	Latency  time.Duration
+}
+
+// ShedderOptions configure a Shedder. Only Objective.Latency is required.
+type ShedderOptions struct {
+	// Objective is the latency objective (Latency required; Quantile
+	// default 0.99, in (0, 1]).
+	Objective Objective
+	// Setpoint is the fraction of Objective.Latency at which the
+	// controller holds the measured quantile (in (0, 1]; default 0.8):
+	// shedding starts as the quantile approaches the objective, before
+	// it is missed.
+	Setpoint float64
+	// Interval is the control interval (default 500ms): the quantile is
+	// measured and the shed fraction moved once per Interval.
+	Interval time.Duration
+	// MinSamples is the number of observations an interval needs to
+	// measure a quantile (default 50); with fewer, only the capacity
+	// signal (OverloadedAt) moves the shed fraction.
+	MinSamples int
+	// Kp and Ki are the proportional and integral gains of the latency
+	// controller, per unit of error and per unit of error-second
+	// (defaults 0.1 and 0.5). The error is log2 of the measured quantile
+	// over the setpoint, bounded to [-1, 1].
+	Kp, Ki float64
+	// Float64 returns a uniform number in [0, 1): the coin that thins a
+	// tier. Default math/rand/v2.Float64; tests inject a seeded one. It is
+	// called under the Shedder's lock.
+	Float64 func() float64
+}
+
+// A Shedder refuses a growing fraction of requests as a latency quantile
+// approaches its objective, lowest priorities first. See the package
+// documentation for the model.
+//
+// A Shedder is safe for concurrent use. The zero value sheds nothing; use
+// NewShedder. It must not be copied after first use.
+type Shedder struct {
+	mu    sync.Mutex
+	opt   ShedderOptions
+	clock monoClock
+
+	start   int64
+	hist    histogram
+	arrived [NumPriorities]float64
+	over    int // overload signals (limiter refusals) in the interval
+	passed  int // requests let through in the interval
+	shedN   int // requests shed in the interval
+
+	share    [NumPriorities]float64 // smoothed share of arrivals
+	fraction float64                // of all arrivals to shed
+	prob     [NumPriorities]float64 // of shedding one request, by priority
+	prevErr  float64
+	quantile time.Duration
+	through  float64 // observations per second, latest interval
+	lastShed int
+
+	shed [NumPriorities]uint64
+}
+
+// NewShedder returns a Shedder with the given options, or an error naming
+// the first invalid one.
+func NewShedder(opt ShedderOptions) (*Shedder, error) {
+	if opt.Objective.Latency <= 0 {
+		return nil, fmt.Errorf("adaptive: ShedderOptions.Objective.Latency %v must be positive", opt.Objective.Latency)
+	}
+	if opt.Objective.Quantile == 0 {
+		opt.Objective.Quantile = 0.99
+	}
+	if !(opt.Objective.Quantile > 0 && opt.Objective.Quantile <= 1) {
+		return nil, fmt.Errorf("adaptive: ShedderOptions.Objective.Quantile %v must be in (0, 1]", opt.Objective.Quantile)
+	}
+	if opt.Setpoint == 0 {
+		opt.Setpoint = 0.8
+	}
+	if !(opt.Setpoint > 0 && opt.Setpoint <= 1) {
+		return nil, fmt.Errorf("adaptive: ShedderOptions.Setpoint %v must be in (0, 1]", opt.Setpoint)
+	}
+	if opt.Interval == 0 {
+		opt.Interval = 500 * time.Millisecond
+	}
+	if opt.Interval < 0 {
+		return nil, fmt.Errorf("adaptive: ShedderOptions.Interval %v is negative", opt.Interval)
+	}
+	if opt.MinSamples == 0 {
+		opt.MinSamples = 50
+	}
+	if opt.MinSamples < 0 {
+		return nil, fmt.Errorf("adaptive: ShedderOptions.MinSamples %d is negative", opt.MinSamples)
+	}
+	if opt.Kp == 0 {
+		opt.Kp = 0.1
+	}
+	if opt.Ki == 0 {
+		opt.Ki = 0.5
+	}
+	if !(opt.Kp >= 0) || math.IsInf(opt.Kp, 0) || !(opt.Ki > 0) || math.IsInf(opt.Ki, 0) {
+		return nil, fmt.Errorf("adaptive: ShedderOptions gains Kp %v and Ki %v must be finite, Kp >= 0 and Ki > 0", opt.Kp, opt.Ki)
+	}
+	if opt.Float64 == nil {
+		opt.Float64 = rand.Float64
+	}
+	return &Shedder{opt: opt}, nil
+}
+
+// ObserveAt reports a request that ended at now after latency (from its
+// arrival, as its caller saw it, queueing included). Requests that were
+// cancelled or are not representative should not be observed.
+func (s *Shedder) ObserveAt(now time.Time, latency time.Duration) {
+	s.mu.Lock()
+	t := s.clock.advance(now)
+	s.hist.record(latency)
+	s.maybeClose(t)
+	s.mu.Unlock()
+}
+
+// OverloadedAt reports that a request the Shedder let through at now was
+// then refused for lack of capacity (a Guard calls it when its Limiter
+// refuses). The controller treats more than a twentieth of such refusals
+// as overload, as it treats a quantile above the setpoint, so that the
+// load is shed here, by priority, rather than there, by arrival.
+func (s *Shedder) OverloadedAt(now time.Time) {
+	s.mu.Lock()
+	s.clock.advance(now)
+	s.over++
+	s.mu.Unlock()
+}
+
+// overShare is the fraction of the requests let through that may be
+// refused below before the Shedder counts it as overload.
+const overShare = 0.05
+
+// AllowAt decides at now whether to let a request of priority p through.
+// It returns the zero Refusal, or a Refusal with ReasonShed and its retry
+// hint. It does not allocate.
+func (s *Shedder) AllowAt(now time.Time, p Priority) Refusal {
+	if !p.Valid() {
+		p = Normal
+	}
+	i := p.index()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.opt.Float64 == nil {
+		return Refusal{} // the zero Shedder
+	}
+	t := s.clock.advance(now)
+	s.maybeClose(t)
+	s.arrived[i]++
+	if pr := s.prob[i]; pr > 0 && (pr >= 1 || s.opt.Float64() < pr) {
+		s.shed[i]++
+		s.shedN++
+		return Refusal{Reason: ReasonShed, Priority: p, RetryAfter: s.retryAfter()}
+	}
+	s.passed++
+	return Refusal{}
+}
+
+// retryAfter returns how long the latest interval's shed demand takes to
+// drain at the throughput observed. Called with s.mu held.
+func (s *Shedder) retryAfter() time.Duration {
+	x := s.through
+	if !(x > 0) {
+		return boundRetry(s.opt.Interval.Seconds())
+	}
+	return boundRetry(float64(max(s.lastShed, s.shedN)+1) / x)
+}
+
+// maybeClose ends the control interval if it is due at t. Called with
+// s.mu held.
+func (s *Shedder) maybeClose(t int64) {
+	dur := t - s.start
+	if dur < int64(s.opt.Interval) {
+		return
+	}
+	sec := time.Duration(dur).Seconds()
+	var arrivals float64
+	for _, a := range s.arrived {
+		arrivals += a
+	}
+	// The latency term: a PI controller in velocity form (no integral to
+	// wind up; the output itself is bounded) on the error log2(quantile /
+	// setpoint), bounded to [-1, 1]; an interval with too few samples has
+	// error 0 (no evidence either way).
+	var err float64
+	if int(s.hist.n) >= s.opt.MinSamples {
+		s.quantile = s.hist.quantile(s.opt.Objective.Quantile)
+		aim := s.opt.Setpoint * float64(s.opt.Objective.Latency)
+		err = min(max(math.Log2(max(float64(s.quantile), 1)/aim), -1), 1)
+	}
+	step := s.opt.Kp*(err-s.prevErr) + s.opt.Ki*err*min(sec, 10*s.opt.Interval.Seconds())
+	s.prevErr = err
+	// The capacity term: the fraction that would have let through just
+	// enough for the layer below to refuse overShare of it, reached half
+	// way each interval. Its gain does not depend on how deep the
+	// overload is, so it is as damped at 10× as at 2×.
+	if arrivals > 0 {
+		pass := 1 - s.fraction
+		if s.over > 0 {
+			accepted := float64(s.passed - min(s.over, s.passed))
+			pass = accepted / ((1 - overShare) * arrivals)
+		} else {
+			pass *= 1.25 // nothing refused below: probe for more
+		}
+		want := 1 - min(max(pass, 0.01), 1)
+		// Shed more when either term says so; relax as fast as the
+		// faster one allows when both agree.
+		if c := 0.5 * (want - s.fraction); c > 0 || step > 0 {
+			step = max(step, c)
+		} else {
+			step = min(step, c)
+		}
+	}
+	s.fraction = min(max(s.fraction+step, 0), 0.99)
+	s.through = float64(s.hist.n) / sec
+	s.lastShed = s.shedN
+	// Share of arrivals by priority, smoothed over a few intervals.
+	if arrivals > 0 {
+		for i := range s.share {
+			s.share[i] = 0.5*s.share[i] + 0.5*s.arrived[i]/arrivals
+		}
+	}
+	// Take the fraction from the lowest priorities up: each tier is shed
+	// whole before the next is touched, and the tier at the boundary is
+	// thinned at random.
+	left := s.fraction
+	for i := range s.prob {
+		switch {
+		case left <= 0:
+			s.prob[i] = 0
+		case s.share[i] <= left:
+			s.prob[i] = 1 // a tier with no recent arrivals is shed whole too
+			left -= s.share[i]
+		default:
+			s.prob[i] = left / s.share[i]
+			left = 0
+		}
+	}
+	s.start = t
+	s.hist.reset()
+	s.arrived = [NumPriorities]float64{}
+	s.over, s.passed, s.shedN = 0, 0, 0
+}
+
+// ShedderStats is a snapshot of a Shedder.
+type ShedderStats struct {
+	// Quantile is the latest interval's latency quantile of the objective.
+	Quantile time.Duration
+	// Fraction is the fraction of arrivals the controller sheds, and
+	// Probability the chance of shedding a request of each priority,
+	// Sheddable first.
+	Fraction    float64
+	Probability [NumPriorities]float64
+	// Shed counts the requests shed since the start, by priority.
+	Shed [NumPriorities]uint64
+}
+
+// Stats returns a snapshot of s. It does not allocate.
+func (s *Shedder) Stats() ShedderStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return ShedderStats{Quantile: s.quantile, Fraction: s.fraction, Probability: s.prob, Shed: s.shed}
+}
+
+// Level returns the load level the Shedder sees: the latest quantile over
+// the objective's latency, plus the fraction shed.
+func (s *Shedder) Level() float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.opt.Objective.Latency <= 0 {
+		return 0
+	}
+	return float64(s.quantile)/float64(s.opt.Objective.Latency) + s.fraction
+}

@@ -453,6 +453,17 @@ func BenchmarkThrottle(b *testing.B) {
 			}
 		}
 	})
+	b.Run("AllowAt+AcceptAt/parallel", func(b *testing.B) {
+		th := newThrottle(b, adaptive.ThrottleOptions{})
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if th.AllowAt(start) {
+					th.AcceptAt(start)
+				}
+			}
+		})
+	})
 	b.Run("Allow+Accept/parallel", func(b *testing.B) {
 		th := newThrottle(b, adaptive.ThrottleOptions{})
 		b.ReportAllocs()

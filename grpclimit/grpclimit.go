@@ -34,12 +34,22 @@
 // matches ratelimit.ErrWouldExceedDeadline and carries codes.DeadlineExceeded.
 // Streams are not retried (their messages may already have been consumed);
 // their refusals still start the pause.
+//
+// With a Throttle (adaptive.Throttle), the Client also throttles itself
+// while the server is overloaded: before anything else, a call (and each
+// retry) may be rejected locally, with a probability that grows as the
+// server refuses more of the calls sent lately. A call so rejected fails
+// at once with codes.Unavailable, a message saying it was "throttled
+// locally", and an error matching ErrThrottled; nothing is sent. The
+// server's own refusals (RESOURCE_EXHAUSTED, UNAVAILABLE) are returned to
+// the caller as they came, after the retries.
 package grpclimit
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"strings"
@@ -55,6 +65,7 @@ import (
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/admit"
 	"github.com/sluicehq/sluice/limitheader"
 	"github.com/sluicehq/sluice/ratelimit"
@@ -331,6 +342,18 @@ type Client struct {
 	// RetryInfo may ask for; 0 means 1 minute. httplimit.Client's MaxPause
 	// does the same for HTTP.
 	MaxPause time.Duration
+	// Throttle rejects calls locally while the server is overloaded
+	// (adaptive throttling); nil means off. The order is: throttle, pause,
+	// call — a call the Throttle rejects fails at once instead of sitting
+	// out a pause first. Every attempt, retries included, is one request
+	// of the Throttle; a retry it rejects is not made and the server's
+	// refusal is returned. An attempt counts as accepted when the server
+	// answers with any code but RESOURCE_EXHAUSTED, UNAVAILABLE or
+	// DEADLINE_EXCEEDED (INVALID_ARGUMENT or NOT_FOUND too: it did its
+	// work), or the caller cancels it; a stream, when its first message
+	// or its end arrives. Share one Throttle among every client of the
+	// same server.
+	Throttle *adaptive.Throttle
 
 	budgetOnce sync.Once
 	budget     *retry.Budget
@@ -346,6 +369,43 @@ type Client struct {
 // returns it, wrapped in a DEADLINE_EXCEEDED status, when the wait a pause
 // asks for outlasts the call's deadline.
 var ErrWouldExceedDeadline = ratelimit.ErrWouldExceedDeadline
+
+// ErrThrottled is adaptive.ErrThrottled: the error of a call the Client's
+// Throttle rejected locally, carried by a codes.Unavailable status whose
+// message says "throttled locally". errors.Is tells it from an
+// UNAVAILABLE the server sent.
+var ErrThrottled = adaptive.ErrThrottled
+
+// throttledError is a call the Throttle rejected.
+type throttledError struct{ method string }
+
+func (e throttledError) Error() string {
+	return "grpclimit: " + e.method + ": " + adaptive.ErrThrottled.Error()
+}
+func (e throttledError) Unwrap() error { return adaptive.ErrThrottled }
+func (e throttledError) GRPCStatus() *status.Status {
+	return status.New(codes.Unavailable, e.Error())
+}
+
+// allow reports whether the Throttle, if any, lets a call through.
+func (c *Client) allow() bool { return c.Throttle == nil || c.Throttle.Allow() }
+
+// settle records the outcome err of a call the Throttle let through (see
+// Client.Throttle).
+func (c *Client) settle(err error) {
+	if c.Throttle == nil {
+		return
+	}
+	if err == nil || err == io.EOF {
+		c.Throttle.Accept()
+		return
+	}
+	switch status.Code(err) {
+	case codes.ResourceExhausted, codes.Unavailable, codes.DeadlineExceeded:
+	default:
+		c.Throttle.Accept()
+	}
+}
 
 // deadlineError is a pause that outlasts the deadline: it wraps
 // retry.Wait's refusal, so it matches ErrWouldExceedDeadline and
@@ -368,11 +428,16 @@ func (c *Client) UnaryInterceptor() grpc.UnaryClientInterceptor {
 			maxRetries = 3
 		}
 		c.countCall()
+		if !c.allow() {
+			return throttledError{method}
+		}
 		for attempt := 0; ; attempt++ {
 			if err := c.waitPause(ctx); err != nil {
+				c.settle(err)
 				return err
 			}
 			err := invoker(ctx, method, req, reply, cc, opts...)
+			c.settle(err)
 			// The retry waits in waitPause for the pause observe has just
 			// extended, failing at once if it outlasts the deadline.
 			if !c.observe(err) || attempt >= maxRetries || !c.allowRetry() {
@@ -384,30 +449,45 @@ func (c *Client) UnaryInterceptor() grpc.UnaryClientInterceptor {
 
 // StreamInterceptor returns the stream client interceptor: it waits for a
 // pause before opening a stream and starts one when the stream ends with a
-// refusal carrying RetryInfo. It does not retry.
+// refusal carrying RetryInfo. It does not retry. With a Throttle, a
+// stream is one request, accepted (or not) by its first message or its
+// end.
 func (c *Client) StreamInterceptor() grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		if !c.allow() {
+			return nil, throttledError{method}
+		}
 		if err := c.waitPause(ctx); err != nil {
+			c.settle(err)
 			return nil, err
 		}
 		cs, err := streamer(ctx, desc, cc, method, opts...)
 		if err != nil {
 			c.observe(err)
+			c.settle(err)
 			return nil, err
 		}
-		return &observedStream{ClientStream: cs, c: c}, nil
+		return &observedStream{ClientStream: cs, c: c, unsettled: c.Throttle != nil}, nil
 	}
 }
 
 type observedStream struct {
 	grpc.ClientStream
 	c *Client
+	// unsettled is true until the stream's outcome is given to the
+	// Throttle. RecvMsg is not called concurrently (gRPC's rule), so it
+	// needs no lock.
+	unsettled bool
 }
 
 func (s *observedStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
 	if err != nil {
 		s.c.observe(err)
+	}
+	if s.unsettled {
+		s.unsettled = false
+		s.c.settle(err)
 	}
 	return err
 }
@@ -468,8 +548,14 @@ func (c *Client) retryBudget() *retry.Budget {
 
 func (c *Client) countCall() { c.retryBudget().Request(time.Now()) }
 
+// allowRetry reports whether the retry budget and the Throttle allow a
+// retry. The budget's share is spent even if the Throttle rejects it: the
+// budget only errs on the side of fewer retries.
 func (c *Client) allowRetry() bool {
 	ok := c.retryBudget().Retry(time.Now())
+	if ok && !c.allow() {
+		return false
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !ok {

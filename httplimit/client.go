@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/limitheader"
 	"github.com/sluicehq/sluice/ratelimit"
 	"github.com/sluicehq/sluice/retry"
@@ -39,6 +40,14 @@ type AdjustableLimiter interface {
 // one errors.Is covers the Limiter's refusal too; when the Client decides
 // this itself, the error also matches context.DeadlineExceeded.
 var ErrWouldExceedDeadline = ratelimit.ErrWouldExceedDeadline
+
+// ErrThrottled is returned by Client.Do, wrapped, when the Client's
+// Throttle rejects a request locally, without sending it, because the
+// service has lately been overloaded (see adaptive.Throttle). It is
+// adaptive.ErrThrottled itself, which grpclimit's client returns too; it
+// does not match ErrWouldExceedDeadline, so a caller tells a local
+// rejection from a wait that would outlast its deadline.
+var ErrThrottled = adaptive.ErrThrottled
 
 type costKey struct{}
 
@@ -70,10 +79,15 @@ func waitCost(n int64) int {
 // that throttles its callers. It does what a good client of such a service
 // does, in this order, on every Do:
 //
-//  1. Pacing: it waits for the Limiter (if any) to grant the request's cost
+//  1. Adaptive throttling: if the Client has a Throttle, it may reject the
+//     request locally, before anything else, with a probability that grows
+//     as the service refuses more of the requests sent lately (429, 503 or
+//     an error of the transport); Do then fails at once with an error
+//     matching ErrThrottled, and nothing is sent. See adaptive.Throttle.
+//  2. Pacing: it waits for the Limiter (if any) to grant the request's cost
 //     (WithCost), so that calls stay under the service's limit instead of
 //     discovering it through 429s.
-//  2. Shared pause: when a response is 429 or 503 and says how long to wait
+//  3. Shared pause: when a response is 429 or 503 and says how long to wait
 //     (Retry-After as delay-seconds or HTTP-date, Retry-After-Ms,
 //     X-Ms-Retry-After-Ms, or RateLimit's t; see RetryDelay), capped at
 //     MaxPause, every request of the same scope (the host, by default) made
@@ -82,23 +96,36 @@ func waitCost(n int64) int {
 //     waiting requests are spread over the first backoff step (full
 //     jitter) and pass through the Limiter again, whose rate has just been
 //     lowered, so traffic resumes gradually.
-//  3. AIMD: on each throttling episode it multiplies the Limiter's rate by
+//  4. AIMD: on each throttling episode it multiplies the Limiter's rate by
 //     Decrease (never below MinRate), and on each success adds Increase
 //     (never above MaxRate). Throttled responses to requests sent before
 //     the last decrease do not lower it again.
-//  4. Retries: a throttled request is retried only if it may be (an
+//  5. Retries: a throttled request is retried only if it may be (an
 //     idempotent method without a body, or any request with GetBody), at
 //     most MaxRetries times, after the shared pause plus a full-jitter
 //     exponential backoff, and only while the retry budget lasts: retries
 //     may be at most RetryRatio of the requests of the last RetryWindow
 //     (plus MinRetries). Otherwise the throttled response is returned to the
 //     caller — backpressure travels upstream instead of piling on.
-//  5. Deadlines: if a wait it must make is longer than the time left before
+//  6. Deadlines: if a wait it must make is longer than the time left before
 //     the request context's deadline, Do fails at once with an error
 //     matching ErrWouldExceedDeadline.
 //
 // Errors of the transport are returned as they are, never retried: that is
 // the transport's business.
+//
+// The order of the waits is: throttle, shared pause, Limiter, send. The
+// throttle comes first so that a request it rejects fails at once, rather
+// than after sitting out a pause or a pacing wait for nothing, and takes
+// no capacity from the Limiter, which is the service's to give to
+// requests that are sent. Every attempt, retries included, is one request
+// of the Throttle; a retry it rejects is not made, and the service's
+// throttled response is returned instead. An attempt counts as accepted
+// when the service answers anything but 429 or 503 (a 400 or a 404 too:
+// it did its work); a 429, a 503, an error of the transport, a timeout,
+// or a wait that would outlast the deadline are not accepts, and a request
+// whose context was cancelled counts as one, since it says nothing
+// against the service.
 //
 // The zero value is a Client with defaults for every field: no Limiter
 // (pacing and AIMD off), http.DefaultClient, the host as pause scope. A
@@ -110,6 +137,11 @@ type Client struct {
 	// Limiter paces requests; nil means no pacing. If it is an
 	// AdjustableLimiter, the Client adjusts its rate (AIMD).
 	Limiter Limiter
+	// Throttle rejects requests locally while the service is overloaded
+	// (adaptive throttling; see the list above); nil means off. Share one
+	// Throttle among every client of the same service. It reads its own
+	// clock (adaptive.ThrottleOptions.Now), not Now.
+	Throttle *adaptive.Throttle
 
 	// MaxRate is the AIMD ceiling; 0 means the Limiter's rate at first use.
 	MaxRate ratelimit.Limit
@@ -245,8 +277,12 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	c.budget.Request(c.now())
 	c.mu.Unlock()
 
+	if c.Throttle != nil && !c.Throttle.Allow() {
+		return nil, fmt.Errorf("httplimit: %s %s: %w", req.Method, req.URL.Redacted(), ErrThrottled)
+	}
 	for attempt := 0; ; attempt++ {
 		if err := c.await(ctx, scope, cost); err != nil {
+			c.settle(ctx, false)
 			return nil, err
 		}
 		if attempt > 0 && req.GetBody != nil {
@@ -263,9 +299,11 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 		c.mu.Unlock()
 		resp, err := hc.Do(req)
 		if err != nil {
+			c.settle(ctx, false)
 			return nil, err
 		}
 		if resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable {
+			c.settle(ctx, true)
 			c.succeeded()
 			return resp, nil
 		}
@@ -281,6 +319,7 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 		wait := c.pauses.Left(scope, func() time.Time { return now }) + jitter
 		discard(resp)
 		if err := retry.Wait(ctx, now, wait); err != nil {
+			c.settle(ctx, false)
 			return nil, explainWait(err, "httplimit: %s %s: retrying", req.Method, req.URL.Redacted())
 		}
 	}
@@ -313,7 +352,8 @@ func (c *Client) await(ctx context.Context, scope string, cost int64) error {
 
 // throttledResponse records a 429 or 503 received at now for the seq-th
 // request sent: it extends the shared pause, lowers the rate, and reports
-// whether the request may be retried (mayRetry, and the budget allows).
+// whether the request may be retried (mayRetry, the budget allows, and
+// the Throttle lets the retry through).
 func (c *Client) throttledResponse(scope string, seq int64, now time.Time, hint time.Duration, hinted, mayRetry bool) bool {
 	if hinted && hint > 0 {
 		c.pauses.Extend(scope, now, now.Add(hint))
@@ -337,8 +377,23 @@ func (c *Client) throttledResponse(scope string, seq int64, now time.Time, hint 
 		c.retryDenied++
 		return false
 	}
+	// The budget's share is spent even if the Throttle rejects the retry:
+	// the budget only errs on the side of fewer retries.
+	if c.Throttle != nil && !c.Throttle.Allow() {
+		return false
+	}
 	c.retries++
 	return true
+}
+
+// settle records the outcome of an attempt that the Throttle let through:
+// accepted by the service, or ended by the caller's cancellation (which
+// says nothing against the service); otherwise nothing is recorded, and
+// the attempt is a request without an accept.
+func (c *Client) settle(ctx context.Context, accepted bool) {
+	if c.Throttle != nil && (accepted || errors.Is(ctx.Err(), context.Canceled)) {
+		c.Throttle.Accept()
+	}
 }
 
 func (c *Client) succeeded() {

@@ -22,7 +22,11 @@
 // for a pause (limitheader.RetryDelay reads every form of the request),
 // retries only what may be retried within a retry budget, lowers and
 // raises its rate (AIMD), and fails at once when a wait would outlast the
-// deadline.
+// deadline. With a Throttle (adaptive.Throttle), it also rejects requests
+// locally, at once and with ErrThrottled, while the service refuses many
+// of those it is sent — adaptive throttling in the style of Google's SRE
+// book — and lets them through again as the service recovers; the
+// service's own 429s and 503s are still returned to the caller.
 //
 // # The fields
 //

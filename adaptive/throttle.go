@@ -1,0 +1,272 @@
+package adaptive
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// Defaults of ThrottleOptions, and of the zero Throttle.
+const (
+	// DefaultThrottleK is the multiplier K: a Throttle lets through about
+	// K requests per request the dependency accepts.
+	DefaultThrottleK = 2
+	// DefaultThrottleWindow is the span over which requests and accepts
+	// are counted.
+	DefaultThrottleWindow = 2 * time.Minute
+)
+
+// throttleBuckets is the number of buckets of a Throttle's window.
+const throttleBuckets = 20
+
+// ErrThrottled is the error of a call that a Throttle rejected locally,
+// without sending it, because the dependency has lately been refusing
+// calls (overloaded, or failing). Sluice's clients return it wrapped
+// (httplimit.Client) or inside an UNAVAILABLE status (grpclimit.Client), so
+// errors.Is(err, ErrThrottled) tells a local rejection from a refusal the
+// dependency sent and from a wait that would outlast a deadline.
+var ErrThrottled = errors.New("throttled locally: the dependency is overloaded")
+
+// ThrottleOptions configure a Throttle made by NewThrottle. The zero value
+// of each field means its default.
+type ThrottleOptions struct {
+	// K is the number of requests let through per request the dependency
+	// accepts, at least 1: 0 means DefaultThrottleK (2). A K near 1 rejects
+	// as soon as anything fails, wasting little of the dependency's work on
+	// requests it refuses but reacting to a few failures; a larger K
+	// tolerates more refusals before rejecting locally.
+	K float64
+	// Window is the span over which requests and accepts are counted: 0
+	// means DefaultThrottleWindow (2 minutes). It is kept in 20 buckets of
+	// Window/20 each (rounded down to the nanosecond; Window must be at
+	// least 20 ns), so a count is forgotten between Window−Window/20 and
+	// Window after it was made.
+	Window time.Duration
+	// Rand returns a random number in [0, 1); nil means
+	// math/rand/v2.Float64. It is called with the Throttle's lock held, so
+	// a source that is not safe for concurrent use (rand.New of a seeded
+	// PCG, for a test) may be given. It is called only when the rejection
+	// probability is above zero.
+	Rand func() float64
+	// Now is the clock of Allow and Accept; nil means time.Now. AllowAt,
+	// AcceptAt and StatsAt take the time instead.
+	Now func() time.Time
+}
+
+// Throttle is client-side adaptive throttling, as described in the
+// chapter "Handling Overload" of Google's Site Reliability Engineering
+// book: a client that sees its dependency refuse requests rejects some of
+// its own requests locally, before sending them, so that an overloaded
+// dependency spends less work on requests it would refuse anyway.
+//
+// The model. Over a sliding window (2 minutes by default) a Throttle
+// counts requests, the calls the application attempted, and accepts, those
+// the dependency accepted. Before each request it computes
+//
+//	p = max(0, (requests − K·accepts) / (requests + 1))
+//
+// from the counts of the window (without the request itself) and rejects
+// the request with probability p. Every request is counted, those it
+// rejects included, as the book has it: while the dependency accepts
+// nothing, p approaches 1 (but never reaches it, so some requests still
+// probe it); while it accepts at least one request in K, p is 0. Under a
+// steady demand D and a dependency that accepts C < D/K of it, p settles
+// near 1 − K·C/D and about K·C requests reach the dependency. When it
+// recovers, every request sent is accepted again and the accepts of the
+// window grow as e^(K·t/W): p falls to zero after about
+// W/K · ln((1 − q) / (q·(K − 1))), q being the accepts per request of the
+// window when the dependency recovered. That is within one window after a
+// moderate overload (for K 2, one that rejected up to about 3 requests in
+// 4), and longer after a deeper one, since the window still holds the
+// Throttle's own rejections of the first moments of the recovery: after
+// an outage in which nothing was accepted, p is near 1 − 1/requests and
+// recovering takes several windows (4.5 in httplimit's test, after 300
+// requests refused in a row).
+//
+// What counts as an accept is the caller's decision, recorded with
+// Accept or AcceptAt after the answer. Sluice's clients count an answer as
+// an accept when the dependency did its work, even if it refused the
+// request for its content (HTTP 400 or 404, gRPC INVALID_ARGUMENT), and not
+// when it was overloaded (HTTP 429 or 503, gRPC RESOURCE_EXHAUSTED or
+// UNAVAILABLE), timed out, or could not be reached; a call whose caller
+// cancelled it counts as an accept, since it says nothing against the
+// dependency.
+//
+// Time. AllowAt, AcceptAt and StatsAt take the instant, in the style of
+// golang.org/x/time/rate, so tests step time by hand; Allow, Accept and
+// Stats are one-line wrappers reading ThrottleOptions.Now. An instant older
+// than the last one seen is counted in the newest bucket: time going
+// backwards neither loses counts nor brings back old ones. The window is
+// a ring of 20 buckets with running totals, so every call costs O(1),
+// and the decision path allocates nothing.
+//
+// The zero value is a Throttle with every default: K 2, a window of 2
+// minutes, math/rand/v2 and time.Now. NewThrottle makes one with other
+// options, refusing invalid ones. A Throttle is safe for concurrent use
+// and must not be copied after first use; one Throttle is meant to be
+// shared by every call to one dependency (several clients of the same
+// dependency may share it).
+type Throttle struct {
+	k      float64          // 0 means DefaultThrottleK
+	bucket int64            // the length of a bucket in ns; 0 means the default
+	rand   func() float64   // nil means rand.Float64
+	now    func() time.Time // nil means time.Now
+
+	mu      sync.Mutex
+	started bool
+	cur     int64 // the index (time / bucket) of the newest bucket
+	ring    [throttleBuckets]throttleBucket
+	// The sums of the ring.
+	requests, accepts int64
+	// Since the Throttle was made.
+	totalRequests, totalAccepts, totalRejected int64
+}
+
+// A throttleBucket counts the requests and accepts of one bucket of time.
+type throttleBucket struct{ requests, accepts int64 }
+
+// ThrottleStats are a Throttle's counts, for metrics.
+type ThrottleStats struct {
+	// Requests and Accepts are the counts of the window.
+	Requests, Accepts int64
+	// Probability is the probability with which a request made now would
+	// be rejected.
+	Probability float64
+	// TotalRequests, TotalAccepts and TotalRejected count the requests
+	// (those rejected included), the accepts and the local rejections
+	// since the Throttle was made; they only grow.
+	TotalRequests, TotalAccepts, TotalRejected int64
+}
+
+// NewThrottle returns a Throttle with the options o, or an error naming
+// the first invalid one: a K below 1 or not finite, a negative Window or
+// one shorter than 20 ns.
+func NewThrottle(o ThrottleOptions) (*Throttle, error) {
+	switch {
+	case math.IsNaN(o.K) || math.IsInf(o.K, 0):
+		return nil, fmt.Errorf("adaptive: ThrottleOptions.K is %v; it must be a number, at least 1 (0 means %d)", o.K, DefaultThrottleK)
+	case o.K != 0 && o.K < 1:
+		return nil, fmt.Errorf("adaptive: ThrottleOptions.K is %v; it must be at least 1 (0 means %d)", o.K, DefaultThrottleK)
+	case o.Window < 0:
+		return nil, fmt.Errorf("adaptive: ThrottleOptions.Window is %v; it must be positive (0 means %v)", o.Window, DefaultThrottleWindow)
+	case o.Window > 0 && o.Window < throttleBuckets:
+		return nil, fmt.Errorf("adaptive: ThrottleOptions.Window is %v; it must be at least %d ns, one per bucket", o.Window, throttleBuckets)
+	}
+	return &Throttle{k: o.K, bucket: int64(o.Window / throttleBuckets), rand: o.Rand, now: o.Now}, nil
+}
+
+// Allow is AllowAt(now), now from ThrottleOptions.Now.
+func (t *Throttle) Allow() bool { return t.AllowAt(t.clock()) }
+
+// Accept is AcceptAt(now), now from ThrottleOptions.Now.
+func (t *Throttle) Accept() { t.AcceptAt(t.clock()) }
+
+// Stats is StatsAt(now), now from ThrottleOptions.Now.
+func (t *Throttle) Stats() ThrottleStats { return t.StatsAt(t.clock()) }
+
+// AllowAt counts a request made at now and reports whether it may be sent:
+// false means it is rejected locally, with the probability the type's doc
+// gives. A request that is sent should be followed, once answered, by
+// AcceptAt if the dependency accepted it.
+func (t *Throttle) AllowAt(now time.Time) bool {
+	t.mu.Lock()
+	b := t.advance(now)
+	p := t.probability()
+	b.requests++
+	t.requests++
+	t.totalRequests++
+	allow := p <= 0 || t.random() >= p
+	if !allow {
+		t.totalRejected++
+	}
+	t.mu.Unlock()
+	return allow
+}
+
+// AcceptAt records that a request sent was accepted by the dependency,
+// answered at now.
+func (t *Throttle) AcceptAt(now time.Time) {
+	t.mu.Lock()
+	b := t.advance(now)
+	b.accepts++
+	t.accepts++
+	t.totalAccepts++
+	t.mu.Unlock()
+}
+
+// StatsAt returns the Throttle's counts at now.
+func (t *Throttle) StatsAt(now time.Time) ThrottleStats {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.advance(now)
+	return ThrottleStats{
+		Requests:      t.requests,
+		Accepts:       t.accepts,
+		Probability:   max(0, t.probability()),
+		TotalRequests: t.totalRequests,
+		TotalAccepts:  t.totalAccepts,
+		TotalRejected: t.totalRejected,
+	}
+}
+
+// probability returns the rejection probability of the window's counts,
+// which is 0 or less when nothing is to be rejected; t.mu is held.
+func (t *Throttle) probability() float64 {
+	k := t.k
+	if k == 0 {
+		k = DefaultThrottleK
+	}
+	return (float64(t.requests) - k*float64(t.accepts)) / float64(t.requests+1)
+}
+
+// advance moves the window to now, forgetting the buckets that have slid
+// out of it, and returns the bucket of now (the newest bucket if now is
+// older); t.mu is held.
+func (t *Throttle) advance(now time.Time) *throttleBucket {
+	size := t.bucket
+	if size == 0 {
+		size = int64(DefaultThrottleWindow / throttleBuckets)
+	}
+	ns := now.UnixNano()
+	i := ns / size
+	if ns%size < 0 {
+		i-- // floor, for instants before 1970
+	}
+	switch {
+	case !t.started:
+		t.started, t.cur = true, i
+	case i-t.cur >= throttleBuckets:
+		t.ring = [throttleBuckets]throttleBucket{}
+		t.requests, t.accepts = 0, 0
+		t.cur = i
+	case i > t.cur:
+		for j := t.cur + 1; j <= i; j++ {
+			b := &t.ring[slot(j)]
+			t.requests -= b.requests
+			t.accepts -= b.accepts
+			*b = throttleBucket{}
+		}
+		t.cur = i
+	}
+	return &t.ring[slot(t.cur)]
+}
+
+// slot returns the place in the ring of the bucket of index i.
+func slot(i int64) int64 { return (i%throttleBuckets + throttleBuckets) % throttleBuckets }
+
+func (t *Throttle) random() float64 {
+	if t.rand != nil {
+		return t.rand()
+	}
+	return rand.Float64()
+}
+
+func (t *Throttle) clock() time.Time {
+	if t.now != nil {
+		return t.now()
+	}
+	return time.Now()
+}

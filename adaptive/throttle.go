@@ -17,6 +17,10 @@ const (
 	// DefaultThrottleWindow is the span over which requests and accepts
 	// are counted.
 	DefaultThrottleWindow = 2 * time.Minute
+	// DefaultThrottleMaxProbability caps the rejection probability: at
+	// least one request in ten still reaches the dependency, so that its
+	// recovery is seen within about a window.
+	DefaultThrottleMaxProbability = 0.9
 )
 
 // throttleBuckets is the number of buckets of a Throttle's window.
@@ -45,6 +49,16 @@ type ThrottleOptions struct {
 	// least 20 ns), so a count is forgotten between Window−Window/20 and
 	// Window after it was made.
 	Window time.Duration
+	// MaxProbability caps the rejection probability, in (0, 1]: 0 means
+	// DefaultThrottleMaxProbability (0.9). Uncapped (1), the book's
+	// formula approaches 1 during an outage, the window fills with the
+	// Throttle's own rejections, and after the dependency recovers the
+	// few requests still sent take several windows to bring it back to 0
+	// (see the type's doc); capped, the requests that still probe the
+	// dependency during an outage are what brings it back within about a
+	// window once the dependency answers again. (Envoy's admission control
+	// caps it at 0.8 by default, for the same reason.)
+	MaxProbability float64
 	// Rand returns a random number in [0, 1); nil means
 	// math/rand/v2.Float64. It is called with the Throttle's lock held, so
 	// a source that is not safe for concurrent use (rand.New of a seeded
@@ -69,7 +83,8 @@ type ThrottleOptions struct {
 //	p = max(0, (requests − K·accepts) / (requests + 1))
 //
 // from the counts of the window (without the request itself) and rejects
-// the request with probability p. Every request is counted, those it
+// the request with probability p, capped at MaxProbability (0.9 by
+// default; 1 is the book's formula, see the recovery below). Every request is counted, those it
 // rejects included, as the book has it: while the dependency accepts
 // nothing, p approaches 1 (but never reaches it, so some requests still
 // probe it); while it accepts at least one request in K, p is 0. Under a
@@ -82,9 +97,12 @@ type ThrottleOptions struct {
 // moderate overload (for K 2, one that rejected up to about 3 requests in
 // 4), and longer after a deeper one, since the window still holds the
 // Throttle's own rejections of the first moments of the recovery: after
-// an outage in which nothing was accepted, p is near 1 − 1/requests and
-// recovering takes several windows (4.5 in httplimit's test, after 300
-// requests refused in a row).
+// an outage in which nothing was accepted, the book's p is near
+// 1 − 1/requests and recovering takes several windows (4 after an outage
+// of two windows in TestThrottleCap). Hence MaxProbability, 0.9 by
+// default: the one request in ten still sent during the outage is what
+// brings p back to zero within about two windows once the dependency
+// answers (1.8 in the same test).
 //
 // What counts as an accept is the caller's decision, recorded with
 // Accept or AcceptAt after the answer. Sluice's clients count an answer as
@@ -111,6 +129,7 @@ type ThrottleOptions struct {
 // dependency may share it).
 type Throttle struct {
 	k      float64          // 0 means DefaultThrottleK
+	maxP   float64          // 0 means DefaultThrottleMaxProbability
 	bucket int64            // the length of a bucket in ns; 0 means the default
 	rand   func() float64   // nil means rand.Float64
 	now    func() time.Time // nil means time.Now
@@ -154,8 +173,10 @@ func NewThrottle(o ThrottleOptions) (*Throttle, error) {
 		return nil, fmt.Errorf("adaptive: ThrottleOptions.Window is %v; it must be positive (0 means %v)", o.Window, DefaultThrottleWindow)
 	case o.Window > 0 && o.Window < throttleBuckets:
 		return nil, fmt.Errorf("adaptive: ThrottleOptions.Window is %v; it must be at least %d ns, one per bucket", o.Window, throttleBuckets)
+	case !(o.MaxProbability >= 0 && o.MaxProbability <= 1):
+		return nil, fmt.Errorf("adaptive: ThrottleOptions.MaxProbability is %v; it must be in (0, 1] (0 means %v)", o.MaxProbability, DefaultThrottleMaxProbability)
 	}
-	return &Throttle{k: o.K, bucket: int64(o.Window / throttleBuckets), rand: o.Rand, now: o.Now}, nil
+	return &Throttle{k: o.K, maxP: o.MaxProbability, bucket: int64(o.Window / throttleBuckets), rand: o.Rand, now: o.Now}, nil
 }
 
 // Allow is AllowAt(now), now from ThrottleOptions.Now.
@@ -213,13 +234,17 @@ func (t *Throttle) StatsAt(now time.Time) ThrottleStats {
 }
 
 // probability returns the rejection probability of the window's counts,
-// which is 0 or less when nothing is to be rejected; t.mu is held.
+// capped at MaxProbability, which is 0 or less when nothing is to be
+// rejected; t.mu is held.
 func (t *Throttle) probability() float64 {
-	k := t.k
+	k, maxP := t.k, t.maxP
 	if k == 0 {
 		k = DefaultThrottleK
 	}
-	return (float64(t.requests) - k*float64(t.accepts)) / float64(t.requests+1)
+	if maxP == 0 {
+		maxP = DefaultThrottleMaxProbability
+	}
+	return min(maxP, (float64(t.requests)-k*float64(t.accepts))/float64(t.requests+1))
 }
 
 // advance moves the window to now, forgetting the buckets that have slid

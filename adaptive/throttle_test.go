@@ -78,7 +78,7 @@ func TestThrottleProbability(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			th := newThrottle(t, adaptive.ThrottleOptions{K: tt.k, Window: 20 * time.Second, Rand: seeded()})
+			th := newThrottle(t, adaptive.ThrottleOptions{K: tt.k, Window: 20 * time.Second, MaxProbability: 1, Rand: seeded()})
 			for i, s := range tt.steps {
 				at := start.Add(s.at)
 				count(th, at, s.requests, s.accepts)
@@ -226,7 +226,7 @@ const demand = 100.0 // requests a second, of overloaded
 func TestThrottleConverges(t *testing.T) {
 	window := 20 * time.Second
 	for _, c := range []struct{ k, capacity float64 }{{2, 20}, {3, 20}, {2, 10}, {1.5, 50}, {2, 2}} {
-		th := newThrottle(t, adaptive.ThrottleOptions{K: c.k, Window: window, Rand: seeded()})
+		th := newThrottle(t, adaptive.ThrottleOptions{K: c.k, Window: window, MaxProbability: 1, Rand: seeded()})
 		rejected, sent, accepted := overloaded(th, start, 4*window, c.capacity, window)
 		want := 1 - c.k*c.capacity/demand
 		ratio := float64(rejected) / float64(rejected+sent)
@@ -257,7 +257,7 @@ func TestThrottleRecovers(t *testing.T) {
 		k, capacity  float64
 		withinWindow bool
 	}{{2, 20, true}, {3, 10, true}, {2, 5, false}} {
-		th := newThrottle(t, adaptive.ThrottleOptions{K: c.k, Window: window, Rand: seeded()})
+		th := newThrottle(t, adaptive.ThrottleOptions{K: c.k, Window: window, MaxProbability: 1, Rand: seeded()})
 		overloaded(th, start, 4*window, c.capacity, window)
 		recovered := start.Add(4 * window)
 		st := th.StatsAt(recovered)
@@ -299,7 +299,7 @@ func TestThrottleFractionOfWhatItGets(t *testing.T) {
 		f        float64
 		min, max float64 // of the rejection ratio in the last window
 	}{{0.6, 0, 0}, {0.9, 0, 0}, {0.4, 0.9, 1}, {0.1, 0.95, 1}} {
-		th := newThrottle(t, adaptive.ThrottleOptions{Window: window, Rand: seeded()})
+		th := newThrottle(t, adaptive.ThrottleOptions{Window: window, MaxProbability: 1, Rand: seeded()})
 		credit := 0.0
 		rejected, requests := 0, 0
 		for at := time.Duration(0); at < 3*window; at += 10 * time.Millisecond {
@@ -336,6 +336,9 @@ func TestNewThrottleRejects(t *testing.T) {
 		{adaptive.ThrottleOptions{K: math.Inf(1)}, "K is +Inf"},
 		{adaptive.ThrottleOptions{Window: -time.Second}, "Window is -1s; it must be positive"},
 		{adaptive.ThrottleOptions{Window: 19}, "Window is 19ns; it must be at least 20 ns"},
+		{adaptive.ThrottleOptions{MaxProbability: 1.5}, "MaxProbability is 1.5; it must be in (0, 1]"},
+		{adaptive.ThrottleOptions{MaxProbability: -0.1}, "MaxProbability is -0.1"},
+		{adaptive.ThrottleOptions{MaxProbability: math.NaN()}, "MaxProbability is NaN"},
 	} {
 		th, err := adaptive.NewThrottle(c.o)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -484,4 +487,40 @@ func BenchmarkThrottle(b *testing.B) {
 			}
 		})
 	})
+}
+
+// TestThrottleCap: by default the probability stops at 0.9, so that during
+// an outage one request in ten still probes the dependency, and after an
+// outage throttling ends sooner than with the book's uncapped formula.
+func TestThrottleCap(t *testing.T) {
+	window := 20 * time.Second
+	recovery := func(maxP float64) (time.Duration, float64) {
+		th := newThrottle(t, adaptive.ThrottleOptions{Window: window, MaxProbability: maxP, Rand: seeded()})
+		// An outage: 10 requests a second for two windows, none accepted.
+		at := start
+		for ; at.Before(start.Add(2 * window)); at = at.Add(100 * time.Millisecond) {
+			th.AllowAt(at)
+		}
+		peak := th.StatsAt(at).Probability
+		for d := time.Duration(0); d < 10*window; d += 100 * time.Millisecond {
+			now := at.Add(d)
+			if th.StatsAt(now).Probability == 0 {
+				return d, peak
+			}
+			if th.AllowAt(now) {
+				th.AcceptAt(now)
+			}
+		}
+		t.Fatalf("MaxProbability %v: still throttling 10 windows after the outage", maxP)
+		return 0, 0
+	}
+	capped, cappedPeak := recovery(0)
+	book, bookPeak := recovery(1)
+	t.Logf("after an outage of two windows: throttling stops %v later capped at 0.9 (peak %.3f), %v later uncapped (peak %.3f)", capped, cappedPeak, book, bookPeak)
+	if cappedPeak != adaptive.DefaultThrottleMaxProbability || bookPeak <= 0.99 {
+		t.Errorf("peak probability %v capped, %v uncapped; want %v and above 0.99", cappedPeak, bookPeak, adaptive.DefaultThrottleMaxProbability)
+	}
+	if capped > 2*window || capped >= book {
+		t.Errorf("capped, throttling stopped %v after the outage (uncapped %v); want within two windows and sooner", capped, book)
+	}
 }

@@ -14,6 +14,17 @@
 // or the Store cannot decide. Shadow mode decides and reports without
 // refusing. ClientIP finds the client behind trusted proxies only.
 //
+// # Inbound: overload protection
+//
+// Protect guards a handler with an adaptive.Guard: a request whose priority
+// (the Sluice-Priority header, trusted up to ProtectOptions.MaxPriority,
+// Normal by default; or ProtectOptions.Priority) the Guard sheds is answered
+// 503 with a Retry-After computed from the Guard's state and a problem of
+// type temporary-reduced-capacity — overload, never a 429. Put it inside
+// the rate limits (m.Handler(Protect(g, opt)(h))): a request over its
+// quota then takes no overload capacity. The priority goes into the
+// request's context, and from there, through Client, to the next service.
+//
 // # Outbound: the client
 //
 // Client wraps an *http.Client for calling a service that throttles: it
@@ -22,7 +33,8 @@
 // for a pause (limitheader.RetryDelay reads every form of the request),
 // retries only what may be retried within a retry budget, lowers and
 // raises its rate (AIMD), and fails at once when a wait would outlast the
-// deadline.
+// deadline. It sends the priority of the request's context (other than
+// Normal) as Sluice-Priority when the request has none of its own.
 //
 // # The fields
 //

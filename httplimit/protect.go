@@ -25,6 +25,11 @@ type ProtectOptions struct {
 	// that reaches the server is trusted (a service mesh, an internal
 	// network).
 	MaxPriority adaptive.Priority
+	// Overloaded, if set, reports whether a status the handler answered
+	// says that the work below is overloaded, so that the request counts
+	// as a drop; nil means 503 and 429. A handler whose 429s are answers
+	// rather than failures (a rate limit service's "over limit") sets it.
+	Overloaded func(status int) bool
 }
 
 // Protect returns middleware that guards a handler against overload with
@@ -55,9 +60,10 @@ type ProtectOptions struct {
 // handler returns:
 //
 //   - Dropped when the handler answered 503 or 429 itself (the work below
-//     is overloaded) or the request's context deadline passed (it took too
-//     long): both count against the limit, as timeouts and overload
-//     answers from below should;
+//     is overloaded; ProtectOptions.Overloaded changes which statuses say
+//     so) or the request's context deadline passed (it took too long):
+//     both count against the limit, as timeouts and overload answers from
+//     below should;
 //   - Ignore when the client went away (the context was cancelled) or the
 //     handler panicked: neither says anything about capacity;
 //   - Done otherwise, its latency a sample of the Guard's controllers.
@@ -105,14 +111,21 @@ func Protect(g *adaptive.Guard, opt ProtectOptions) func(http.Handler) http.Hand
 			switch {
 			case errors.Is(ctx.Err(), context.Canceled):
 				pm.Ignore()
-			case sw.status == http.StatusServiceUnavailable || sw.status == http.StatusTooManyRequests ||
-				errors.Is(ctx.Err(), context.DeadlineExceeded):
+			case overloadedStatus(&opt, sw.status) || errors.Is(ctx.Err(), context.DeadlineExceeded):
 				pm.Dropped()
 			default:
 				pm.Done()
 			}
 		})
 	}
+}
+
+// overloadedStatus reports whether status is an overload answer from below.
+func overloadedStatus(opt *ProtectOptions, status int) bool {
+	if opt.Overloaded != nil {
+		return opt.Overloaded(status)
+	}
+	return status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests
 }
 
 // requestPriority returns r's priority, and whether it is set (by the hook

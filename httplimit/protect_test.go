@@ -265,13 +265,18 @@ func TestProtectOutcomes(t *testing.T) {
 		{"deadline passed", "/late", false, 0, 1},
 		{"client went away", "/wait", true, 0, 0},
 		{"panic", "/panic", false, 0, 0},
+		{"429 as an answer", "/quota", false, 1, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			g, rec := fixedGuard(t, 4, nil)
+			var opt httplimit.ProtectOptions
+			if c.name == "429 as an answer" {
+				opt.Overloaded = func(status int) bool { return status == http.StatusServiceUnavailable }
+			}
 			entered := make(chan struct{})
 			returned := make(chan struct{})
-			inner := httplimit.Protect(g, httplimit.ProtectOptions{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			inner := httplimit.Protect(g, opt)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				switch r.URL.Path {
 				case "/busy":
 					w.WriteHeader(http.StatusServiceUnavailable)

@@ -23,6 +23,16 @@
 //     codes.Unavailable and a RetryInfo — the server is overloaded, not the
 //     caller over its quota.
 //
+// # Overload protection
+//
+// ProtectUnary and ProtectStream guard the calls with an adaptive.Guard:
+// the priority comes from the sluice-priority metadata (trusted up to
+// ProtectOptions.MaxPriority, Normal by default), and a call the Guard
+// sheds fails with codes.Unavailable and a RetryInfo whose delay is
+// computed from the Guard's state — overload, never RESOURCE_EXHAUSTED.
+// Chain them after the rate-limit interceptors, so a call over its quota
+// takes no overload capacity.
+//
 // # Client
 //
 // A Client's interceptors wait before each call while a pause is on: a
@@ -43,6 +53,9 @@
 // locally", and an error matching ErrThrottled; nothing is sent. The
 // server's own refusals (RESOURCE_EXHAUSTED, UNAVAILABLE) are returned to
 // the caller as they came, after the retries.
+//
+// Both interceptors send the priority of the call's context (other than
+// Normal) as sluice-priority metadata, unless the call sets its own.
 package grpclimit
 
 import (
@@ -423,6 +436,7 @@ func (e deadlineError) GRPCStatus() *status.Status {
 // UnaryInterceptor returns the unary client interceptor.
 func (c *Client) UnaryInterceptor() grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		ctx = withOutgoingPriority(ctx)
 		maxRetries := c.MaxRetries
 		if maxRetries == 0 {
 			maxRetries = 3
@@ -454,6 +468,7 @@ func (c *Client) UnaryInterceptor() grpc.UnaryClientInterceptor {
 // end.
 func (c *Client) StreamInterceptor() grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		ctx = withOutgoingPriority(ctx)
 		if !c.allow() {
 			return nil, throttledError{method}
 		}

@@ -259,6 +259,7 @@ func (c *Client) scope(req *http.Request) string {
 // budget is spent, or an error. As with http.Client.Do, a response's body
 // must be closed by the caller.
 func (c *Client) Do(req *http.Request) (*http.Response, error) {
+	req = withPriority(req) // the caller's priority goes on to the service
 	ctx := req.Context()
 	cost := costOf(ctx)
 	scope := c.scope(req)

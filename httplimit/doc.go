@@ -14,6 +14,17 @@
 // or the Store cannot decide. Shadow mode decides and reports without
 // refusing. ClientIP finds the client behind trusted proxies only.
 //
+// # Inbound: overload protection
+//
+// Protect guards a handler with an adaptive.Guard: a request whose priority
+// (the Sluice-Priority header, trusted up to ProtectOptions.MaxPriority,
+// Normal by default; or ProtectOptions.Priority) the Guard sheds is answered
+// 503 with a Retry-After computed from the Guard's state and a problem of
+// type temporary-reduced-capacity — overload, never a 429. Put it inside
+// the rate limits (m.Handler(Protect(g, opt)(h))): a request over its
+// quota then takes no overload capacity. The priority goes into the
+// request's context, and from there, through Client, to the next service.
+//
 // # Outbound: the client
 //
 // Client wraps an *http.Client for calling a service that throttles: it
@@ -27,6 +38,8 @@
 // of those it is sent — adaptive throttling in the style of Google's SRE
 // book — and lets them through again as the service recovers; the
 // service's own 429s and 503s are still returned to the caller.
+// It sends the priority of the request's context (other than
+// Normal) as Sluice-Priority when the request has none of its own.
 //
 // # The fields
 //

@@ -289,8 +289,13 @@ func (m *Middleware) refuseOverload(w http.ResponseWriter, st *reqState, d time.
 	}
 	st.ev.Status = http.StatusServiceUnavailable
 	m.report(st)
-	w.Header()["Retry-After"] = fieldValue(appendInt(st.buf[:0], limitheader.RetryAfterSeconds(d)))
-	st.buf = appendOverloadProblem(st.buf[:0], st.ev.Err != nil)
+	secs := limitheader.RetryAfterSeconds(d)
+	w.Header()["Retry-After"] = fieldValue(appendInt(st.buf[:0], secs))
+	detail := "The server is shedding load; try again later."
+	if st.ev.Err != nil {
+		detail = "The rate limiter could not decide; try again later."
+	}
+	st.buf = appendOverloadProblem(st.buf[:0], detail, secs, nil)
 	writeProblem(w, http.StatusServiceUnavailable, st.buf)
 	return false
 }
@@ -487,16 +492,23 @@ func appendDetail(b []byte, st *reqState, i int, retry time.Duration) []byte {
 	return append(b, " s."...)
 }
 
-func appendOverloadProblem(b []byte, storeErr bool) []byte {
+// appendOverloadProblem appends the problem details of a 503 answered
+// because the server cannot take the request now (type
+// temporary-reduced-capacity): the detail sentence, "retry-after" in
+// seconds, and the members more appends (each led by a comma), if more is
+// not nil. Both the rate-limit middleware and Protect write their 503s
+// with it.
+func appendOverloadProblem[S ~string | ~[]byte](b []byte, detail S, retrySeconds int64, more func([]byte) []byte) []byte {
 	b = append(b, `{"type":"`...)
 	b = append(b, overloadURI...)
-	b = append(b, `","title":"Temporary reduced capacity","status":503,"detail":"`...)
-	if storeErr {
-		b = append(b, `The rate limiter could not decide; try again later."}`...)
-	} else {
-		b = append(b, `The server is shedding load; try again later."}`...)
+	b = append(b, `","title":"Temporary reduced capacity","status":503,"detail":`...)
+	b = appendJSON(b, detail)
+	b = append(b, `,"retry-after":`...)
+	b = appendInt(b, retrySeconds)
+	if more != nil {
+		b = more(b)
 	}
-	return append(b, '\n')
+	return append(b, "}\n"...)
 }
 
 // appendScope appends the scopes of l's keys joined by '|', or "global".

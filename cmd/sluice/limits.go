@@ -6,6 +6,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"runtime"
 	"sync"
 	"time"
 
@@ -52,6 +53,14 @@ type limitsConfig struct {
 	// address: a burst, and how long winning one back takes.
 	adminAuthFailures      int
 	adminAuthFailurePeriod time.Duration
+
+	// Overload protection of the decision endpoints (gRPC ShouldRateLimit,
+	// POST /json, POST /v1/check): an adaptive.Guard whose concurrency
+	// limit never exceeds overloadMaxConcurrency and whose Shedder holds
+	// the p99 latency under overloadObjective; off with overloadOff.
+	overloadOff            bool // on by default, as its zero value
+	overloadMaxConcurrency int
+	overloadObjective      time.Duration
 }
 
 // defaultLimits are the limits serve applies unless told otherwise.
@@ -77,6 +86,9 @@ func defaultLimits() limitsConfig {
 
 		adminAuthFailures:      httpapi.DefaultAuthFailures,
 		adminAuthFailurePeriod: httpapi.DefaultAuthFailurePeriod,
+
+		overloadMaxConcurrency: 256 * runtime.GOMAXPROCS(0),
+		overloadObjective:      100 * time.Millisecond,
 	}
 }
 
@@ -111,6 +123,9 @@ func (l *limitsConfig) flags() []limitFlag {
 		{name: "grpc-keepalive-permit-without-stream", b: &l.grpcPingWithoutStream, usage: "allow gRPC clients to ping while they have no call open (by default such pings count against the client)"},
 		{name: "admin-auth-failures", n: &l.adminAuthFailures, usage: "failed admin authentications a client address (IPv6: its /64) may make before its requests are refused with 429, unchecked, counted in sluice_admin_auth_refused_total"},
 		{name: "admin-auth-failure-period", d: &l.adminAuthFailurePeriod, usage: "how long a client address takes to win back one failed admin authentication"},
+		{name: "overload-off", b: &l.overloadOff, usage: "turn off the overload protection of the decision endpoints (gRPC ShouldRateLimit, POST /json, POST /v1/check)"},
+		{name: "overload-max-concurrency", n: &l.overloadMaxConcurrency, usage: "decisions in flight at once, at most (default 256 × GOMAXPROCS): the fixed maximum of the adaptive concurrency limit; beyond the limit a decision is refused at once, 503 or UNAVAILABLE with a computed retry hint, counted in sluice_overload_refused_total"},
+		{name: "overload-objective", d: &l.overloadObjective, usage: "p99 latency objective of a decision: as it is approached, a growing share of the lowest-priority decisions (Sluice-Priority header, sluice-priority metadata) is shed"},
 	}
 }
 

@@ -80,6 +80,17 @@ within --http-read-header-timeout) and be answered within
 is closed after --grpc-max-conn-idle without a call and asked to go away
 after --grpc-max-conn-age; clients that ping too often are disconnected.
 
+The decision endpoints (gRPC ShouldRateLimit, POST /json, POST /v1/check;
+not /metrics, the health checks or the admin API) are guarded against
+overload: at most an adaptive limit of decisions (never above
+--overload-max-concurrency) are in flight, and as their p99 latency
+approaches --overload-objective a growing share of the lowest priorities
+(the Sluice-Priority header or sluice-priority metadata, trusted up to
+normal) is shed. A refused decision is answered at once, 503 or
+UNAVAILABLE with a Retry-After or RetryInfo computed from the load, instead
+of queueing; sluice_overload_* metrics show the limit and what is refused.
+--overload-off turns it off.
+
 On SIGINT or SIGTERM, readiness goes off first (/readyz 503, gRPC health
 NOT_SERVING), in-flight calls finish within --shutdown-timeout, and the
 connections still open then (clients too slow to finish) are closed. Then
@@ -519,7 +530,13 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
+	ov, err := newOverload(&cfg.limits)
+	if err != nil {
+		return nil, err
+	}
+	reg.MustRegister(newOverloadCollector(ov))
 	grpcOpts := append(cfg.limits.grpcOptions(), grpc.MaxRecvMsgSize(int(min(cfg.maxBodyBytes, 1<<30))))
+	grpcOpts = append(grpcOpts, ov.grpcOptions()...)
 	s := &servers{
 		watcher:      watcher,
 		overrideSync: &httpapi.OverrideSync{Store: b.overrides, Overrides: overrides, Logger: log},
@@ -534,7 +551,7 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	s.health.SetServingStatus(rlsName, healthpb.HealthCheckResponse_NOT_SERVING)
 
-	if s.api, err = httpapi.New(httpapi.Options{Service: svc, RLS: rlsServer, Gatherer: reg, MaxBodyBytes: cfg.maxBodyBytes}); err != nil {
+	if s.api, err = httpapi.New(httpapi.Options{Service: svc, RLS: rlsServer, Gatherer: reg, MaxBodyBytes: cfg.maxBodyBytes, Protect: ov.http()}); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	s.http = newHTTPServer(s.api, &cfg.limits)

@@ -40,6 +40,10 @@ type Options struct {
 	Gatherer prometheus.Gatherer
 	// MaxBodyBytes bounds request bodies; 0 means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// Protect, if set, wraps the decision endpoints (POST /v1/check and
+	// POST /json), and only them: serve puts its overload guard there,
+	// so that metrics and health checks are answered whatever the load.
+	Protect func(http.Handler) http.Handler
 }
 
 // API is the HTTP face of the decision service:
@@ -76,9 +80,13 @@ func New(opts Options) (*API, error) {
 	a := &API{svc: opts.Service, rls: opts.RLS, maxBody: opts.MaxBodyBytes, mux: http.NewServeMux()}
 	a.calls.New = func() any { return new(checkCall) }
 	a.bodies.New = func() any { return new(bytes.Buffer) }
-	a.mux.HandleFunc("POST /v1/check", a.check)
+	protect := opts.Protect
+	if protect == nil {
+		protect = func(h http.Handler) http.Handler { return h }
+	}
+	a.mux.Handle("POST /v1/check", protect(http.HandlerFunc(a.check)))
 	if a.rls != nil {
-		a.mux.HandleFunc("POST /json", a.envoyJSON)
+		a.mux.Handle("POST /json", protect(http.HandlerFunc(a.envoyJSON)))
 	}
 	if opts.Gatherer != nil {
 		a.mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{}))

@@ -1,0 +1,122 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/grpclimit"
+	"github.com/sluicehq/sluice/httplimit"
+)
+
+// shouldRateLimit is the one gRPC method serve guards against overload:
+// health checks and reflection are answered whatever the load.
+const shouldRateLimit = "/" + rlsName + "/ShouldRateLimit"
+
+// overload is serve's protection against overload: a Guard in front of the
+// decision endpoints, the middleware and interceptor that apply it, and
+// its metrics. The zero value (protection off) wraps nothing.
+type overload struct {
+	guard    *adaptive.Guard
+	features []string // the Guard's features, by name
+}
+
+// newOverload returns the overload protection that l configures.
+func newOverload(l *limitsConfig) (*overload, error) {
+	if l.overloadOff {
+		return &overload{}, nil
+	}
+	g, err := adaptive.NewGuard(adaptive.GuardOptions{
+		Limiter: adaptive.Options{Max: l.overloadMaxConcurrency},
+		Shedder: &adaptive.ShedderOptions{Objective: adaptive.Objective{Quantile: 0.99, Latency: l.overloadObjective}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("serve: overload protection: %w", err)
+	}
+	return &overload{guard: g}, nil
+}
+
+// http returns the middleware for the decision endpoints, or nil when
+// protection is off. A 429 of theirs is an answer ("over limit"), not an
+// overload from below; only their 503 (the store could not decide) is.
+func (o *overload) http() func(http.Handler) http.Handler {
+	if o.guard == nil {
+		return nil
+	}
+	return httplimit.Protect(o.guard, httplimit.ProtectOptions{
+		Overloaded: func(status int) bool { return status == http.StatusServiceUnavailable },
+	})
+}
+
+// grpcOptions are the gRPC server options that guard ShouldRateLimit.
+func (o *overload) grpcOptions() []grpc.ServerOption {
+	if o.guard == nil {
+		return nil
+	}
+	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(grpclimit.ProtectUnary(o.guard, grpclimit.ProtectOptions{
+		Skip: func(m string) bool { return m != shouldRateLimit },
+	}))}
+}
+
+// overloadCollector exports a Guard's Stats as Prometheus metrics.
+type overloadCollector struct {
+	o                                           *overload
+	limit, max, inFlight, queued, latency       *prometheus.Desc
+	refused, shedFraction, level, featureEnable *prometheus.Desc
+}
+
+func newOverloadCollector(o *overload) *overloadCollector {
+	return &overloadCollector{
+		o:             o,
+		limit:         prometheus.NewDesc("sluice_overload_limit", "The adaptive concurrency limit of the decision endpoints.", nil, nil),
+		max:           prometheus.NewDesc("sluice_overload_limit_max", "The fixed maximum of the concurrency limit (--overload-max-concurrency).", nil, nil),
+		inFlight:      prometheus.NewDesc("sluice_overload_in_flight", "Decisions in flight now.", nil, nil),
+		queued:        prometheus.NewDesc("sluice_overload_queued", "Decisions waiting for a slot now.", nil, nil),
+		latency:       prometheus.NewDesc("sluice_overload_latency_seconds", "Decision latency at a quantile, over the latest window: 0.9 is the limiter's signal, 0.99 the shedder's, held under --overload-objective.", []string{"quantile"}, nil),
+		refused:       prometheus.NewDesc("sluice_overload_refused_total", "Decisions refused because serve was overloaded (503, UNAVAILABLE), by priority.", []string{"priority"}, nil),
+		shedFraction:  prometheus.NewDesc("sluice_overload_shed_fraction", "The fraction of arrivals the latency shedder refuses now, lowest priorities first.", nil, nil),
+		level:         prometheus.NewDesc("sluice_overload_level", "The load level: the share of the limit in use, or the latency over the objective plus the fraction shed; above 1 while refusing.", nil, nil),
+		featureEnable: prometheus.NewDesc("sluice_overload_feature_enabled", "1 while the named feature is on, 0 while the load has switched it off.", []string{"feature"}, nil),
+	}
+}
+
+func (c *overloadCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.limit, c.max, c.inFlight, c.queued, c.latency, c.refused, c.shedFraction, c.level, c.featureEnable} {
+		ch <- d
+	}
+}
+
+func (c *overloadCollector) Collect(ch chan<- prometheus.Metric) {
+	g := c.o.guard
+	if g == nil {
+		return
+	}
+	st := g.Stats()
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	gauge(c.limit, st.Limit)
+	gauge(c.max, float64(st.Max))
+	gauge(c.inFlight, float64(st.InFlight))
+	gauge(c.queued, float64(st.Queued))
+	gauge(c.latency, st.Latency.Seconds(), "0.9")
+	gauge(c.latency, st.Shedder.Quantile.Seconds(), "0.99")
+	for i, n := range st.Shed {
+		ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(n), (adaptive.Priority(i) + adaptive.Sheddable).String())
+	}
+	gauge(c.shedFraction, st.Shedder.Fraction)
+	gauge(c.level, st.Level)
+	for _, f := range c.o.features {
+		gauge(c.featureEnable, boolGauge(g.Enabled(f)), f)
+	}
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

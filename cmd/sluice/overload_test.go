@@ -1,0 +1,283 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/grpclimit"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// gatedStore is a store that is slow on purpose: every Decide waits until
+// the gate is opened (or its context ends), counting the calls inside.
+type gatedStore struct {
+	ratelimit.Store
+	gate      chan struct{}
+	inside    atomic.Int64
+	peak      atomic.Int64
+	entered   chan struct{} // one value per call that entered
+	closeOnce sync.Once
+}
+
+func (s *gatedStore) Decide(ctx context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
+	n := s.inside.Add(1)
+	defer s.inside.Add(-1)
+	for p := s.peak.Load(); n > p && !s.peak.CompareAndSwap(p, n); p = s.peak.Load() {
+	}
+	select {
+	case s.entered <- struct{}{}:
+	default:
+	}
+	select {
+	case <-s.gate:
+	case <-ctx.Done():
+		return dst, ctx.Err()
+	}
+	return s.Store.Decide(ctx, dst, items)
+}
+
+func (s *gatedStore) open() { s.closeOnce.Do(func() { close(s.gate) }) }
+
+// serveGated runs serve in this process on store wrapped in a gatedStore,
+// with limits changed by mod, and returns the HTTP and gRPC addresses.
+func serveGated(t *testing.T, mod func(*limitsConfig)) (*gatedStore, string, string) {
+	t.Helper()
+	cfg := serveConfig{
+		rulesDir: rulesDir(t, map[string]string{"st.yaml": testRuleFile}), store: "memory", memoryMaxKeys: 1 << 16,
+		grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0",
+		maxBodyBytes: 1 << 20, shutdownTimeout: 5 * time.Second, limits: defaultLimits(),
+	}
+	mod(&cfg.limits)
+	log := slog.New(slog.DiscardHandler)
+	set, err := loadRules(cfg.rulesDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	b, err := openBackend(ctx, &cfg, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := &gatedStore{Store: b.store, gate: make(chan struct{}), entered: make(chan struct{}, 1024)}
+	b.store = gs
+	lns, err := listen(ctx, &cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := newServers(&cfg, set, b, lns, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.run(ctx, &cfg, set, lns, log) }()
+	t.Cleanup(func() {
+		gs.open()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+		lns.close()
+		b.close(log)
+	})
+	return gs, lns.http.Addr().String(), lns.grpc.Addr().String()
+}
+
+// outcome is how serve answered one call.
+type outcome struct {
+	code  int // HTTP status, or 0 for gRPC OK and 503 for UNAVAILABLE
+	retry time.Duration
+	took  time.Duration
+	err   error
+}
+
+// checkHTTP asks POST /v1/check about user u.
+func checkHTTP(ctx context.Context, c *http.Client, addr, u string) outcome {
+	start := time.Now()
+	req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+addr+"/v1/check",
+		strings.NewReader(`{"domain":"st","descriptors":[{"entries":[{"key":"user","value":"`+u+`"}]}]}`))
+	resp, err := c.Do(req)
+	if err != nil {
+		return outcome{err: err}
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	o := outcome{code: resp.StatusCode, took: time.Since(start)}
+	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
+		o.retry = time.Duration(s) * time.Second
+	}
+	return o
+}
+
+// checkGRPC asks ShouldRateLimit about user u.
+func checkGRPC(ctx context.Context, c rlsv3.RateLimitServiceClient, u string) outcome {
+	start := time.Now()
+	_, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "st",
+		Descriptors: []*commonv3.RateLimitDescriptor{{Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "user", Value: u}}}}})
+	o := outcome{took: time.Since(start)}
+	switch status.Code(err) {
+	case codes.OK:
+	case codes.Unavailable:
+		o.code = 503
+		o.retry, _ = grpclimit.RetryDelay(err)
+	default:
+		o.err = err
+	}
+	return o
+}
+
+// TestServeShedsOverload: with a store so slow that every decision waits,
+// serve at 8× and then 80× its maximum concurrency answers the calls beyond
+// its limit at once — 503 with Retry-After, UNAVAILABLE with RetryInfo —
+// while the store sees no more than the maximum; refused calls hold no
+// goroutines (ten times the calls, the same goroutine count); the metrics
+// show the refusals; and once the store is fast again, well-behaved calls
+// are answered again.
+func TestServeShedsOverload(t *testing.T) {
+	const maxConc = 8
+	gs, httpAddr, grpcAddr := serveGated(t, func(l *limitsConfig) { l.overloadMaxConcurrency = maxConc })
+	tr := &http.Transport{MaxConnsPerHost: 64, MaxIdleConnsPerHost: 64}
+	defer tr.CloseIdleConnections()
+	web := &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rls := rlsv3.NewRateLimitServiceClient(conn)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+
+	// flood sends n calls on each transport at once and returns the
+	// outcomes of those answered before the gate opens (all but the
+	// admitted ones, which wait in the store), and the admitted count.
+	var seq atomic.Int64
+	type wave struct {
+		out      chan outcome
+		admitted int
+	}
+	var waves []wave
+	flood := func(n int) []outcome {
+		base := gs.inside.Load()
+		out := make(chan outcome, 2*n)
+		for range n {
+			go func() { out <- checkHTTP(ctx, web, httpAddr, fmt.Sprint("u", seq.Add(1))) }()
+			go func() { out <- checkGRPC(ctx, rls, fmt.Sprint("u", seq.Add(1))) }()
+		}
+		var got []outcome
+		deadline := time.After(20 * time.Second)
+		for len(got)+int(gs.inside.Load()-base) < 2*n {
+			select {
+			case o := <-out:
+				got = append(got, o)
+			case <-gs.entered:
+			case <-deadline:
+				t.Fatalf("after 20 s only %d of %d calls answered, %d in the store: serve queues instead of refusing", len(got), 2*n, gs.inside.Load()-base)
+			}
+		}
+		waves = append(waves, wave{out, 2*n - len(got)})
+		return got
+	}
+	check := func(wave string, got []outcome) {
+		t.Helper()
+		for _, o := range got {
+			if o.err != nil {
+				t.Fatalf("%s: %v", wave, o.err)
+			}
+			if o.code != 503 || o.retry <= 0 {
+				t.Fatalf("%s: answered %d with retry %v before the store answered anything; want 503/UNAVAILABLE with a retry hint", wave, o.code, o.retry)
+			}
+			if o.took > 5*time.Second {
+				t.Errorf("%s: a refusal took %v", wave, o.took)
+			}
+		}
+	}
+
+	w1 := flood(64)
+	check("8×", w1)
+	g1 := runtime.NumGoroutine()
+	w2 := flood(640)
+	check("80×", w2)
+	g2 := runtime.NumGoroutine()
+	inStore := gs.inside.Load()
+	if p := gs.peak.Load(); p > maxConc || p < 1 {
+		t.Errorf("the store saw %d decisions at once; want 1 to %d", p, maxConc)
+	}
+	if len(w1)+len(w2) < 2*(64+640)-maxConc {
+		t.Errorf("%d refused of %d", len(w1)+len(w2), 2*(64+640))
+	}
+	// A refused call holds no goroutine: ten times the calls, about the
+	// same count (the senders of the admitted calls still wait).
+	if g2 > g1+128 {
+		t.Errorf("goroutines: %d after 128 calls, %d after 1280 more; refused calls should hold none", g1, g2)
+	}
+	t.Logf("8×: %d refused; 80×: %d refused; %d admitted; peak in the store %d; goroutines %d → %d", len(w1), len(w2), inStore, gs.peak.Load(), g1, g2)
+
+	// The metrics say so.
+	resp, err := web.Get("http://" + httpAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	m := regexp.MustCompile(`(?m)^sluice_overload_refused_total\{priority="normal"\} (\S+)$`).FindSubmatch(body)
+	if m == nil {
+		t.Fatalf("no sluice_overload_refused_total{priority=\"normal\"} in\n%s", body)
+	}
+	if v, _ := strconv.ParseFloat(string(m[1]), 64); int(v) != len(w1)+len(w2) {
+		t.Errorf("sluice_overload_refused_total{normal} = %s, want %d", m[1], len(w1)+len(w2))
+	}
+	for _, name := range []string{"sluice_overload_limit ", "sluice_overload_in_flight ", "sluice_overload_queued ", `sluice_overload_latency_seconds{quantile="0.99"}`, "sluice_overload_shed_fraction ", "sluice_overload_level "} {
+		if !strings.Contains(string(body), "\n"+name) {
+			t.Errorf("no %s in the metrics", name)
+		}
+	}
+
+	// The store is fast again: the admitted calls are answered, and
+	// well-behaved calls, one at a time, are answered again within a few
+	// of the controllers' intervals (the shed fraction decays).
+	gs.open()
+	for _, w := range waves {
+		for range w.admitted {
+			if o := <-w.out; o.err != nil || o.code != 0 && o.code != 200 {
+				t.Errorf("an admitted call: %+v", o)
+			}
+		}
+	}
+	start := time.Now()
+	tick := time.NewTicker(2 * time.Millisecond) // a well-behaved client's pace
+	defer tick.Stop()
+	for ok := 0; ok < 50; {
+		if time.Since(start) > 15*time.Second {
+			t.Fatalf("well-behaved calls still refused %v after the overload", time.Since(start))
+		}
+		<-tick.C
+		h, g := checkHTTP(ctx, web, httpAddr, fmt.Sprint("w", seq.Add(1))), checkGRPC(ctx, rls, fmt.Sprint("w", seq.Add(1)))
+		if h.err != nil || g.err != nil {
+			t.Fatal(h.err, g.err)
+		}
+		if h.code == 200 && g.code == 0 {
+			ok++
+		} else {
+			ok = 0
+		}
+	}
+	t.Logf("well-behaved calls answered again, 50 in a row, %v after the overload", time.Since(start))
+}

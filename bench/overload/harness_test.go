@@ -21,8 +21,8 @@ import (
 )
 
 // The harness. A server of cfg.workers goroutines takes requests from a
-// FIFO queue (a channel as long as the whole run, so unbounded in effect)
-// and serves each for its service time with time.Sleep. An arrival
+// queue without bound, in arrival order, and serves each for its service
+// time with time.Sleep. An arrival
 // goroutine replays a trace: an open-loop Poisson process that sleeps each
 // exponential gap and then offers one request, never waiting for answers.
 // A contender's admission sits between the arrivals and the queue; a

@@ -18,8 +18,12 @@
 //     (os.Getenv, os.LookupEnv, os.Environ, os.ExpandEnv, syscall.Getenv,
 //     syscall.Environ). The load-test programs under bench/ are commands
 //     too (package main, never imported) and are allowed the same.
+//   - Only bench/ imports the benchmark-only modules (failsafe-go, the
+//     adaptive limiter Sluice is compared with, and gonum, which draws the
+//     plots), and this rule binds test files too: they are in go.mod for
+//     the comparison alone.
 //
-// Test files are exempt from all three rules. So are test-support packages
+// Test files are exempt from the other rules. So are test-support packages
 // (those that import "testing", such as internal/redistest) from the
 // environment rule, as the Go tree exempts its internal/testenv: they run
 // only inside tests, where reading CI=true is how a test learns that a
@@ -55,6 +59,10 @@ type pkg struct {
 	CgoFiles   []string
 	Imports    []string
 	Deps       []string
+	// TestImports and XTestImports are the imports of the package's test
+	// files; only rules with tests set look at them.
+	TestImports  []string
+	XTestImports []string
 }
 
 // goTool returns the go command that runs this test.
@@ -142,6 +150,8 @@ type rule struct {
 	applies func(rel string) bool
 	// forbidden reports whether depending on p is against the rule.
 	forbidden func(p *pkg) bool
+	// tests makes the rule bind the direct imports of test files too.
+	tests bool
 }
 
 // underAny reports whether rel is one of dirs or lies below one of them.
@@ -169,6 +179,12 @@ const grpcAllowed = "grpclimit"
 
 // redisAllowed is the one library package that may depend on go-redis.
 const redisAllowed = "redisstore"
+
+// isBenchOnly reports whether path is in a module that only the
+// benchmarks may import.
+func isBenchOnly(path string) bool {
+	return strings.HasPrefix(path, "github.com/failsafe-go/") || strings.HasPrefix(path, "gonum.org/")
+}
 
 // isRedis reports whether path is a Redis client package.
 func isRedis(path string) bool { return strings.HasPrefix(path, "github.com/redis/") }
@@ -198,6 +214,12 @@ func importRules(mod string) []rule {
 			name:      "library packages may not import the module's internal/ packages",
 			applies:   isLibrary,
 			forbidden: func(p *pkg) bool { return hasPathPrefix(p.ImportPath, mod+"/internal") },
+		},
+		{
+			name:      "only bench/ may import the benchmark-only modules failsafe-go and gonum, in tests too",
+			applies:   func(rel string) bool { return !underAny(rel, "bench") },
+			forbidden: func(p *pkg) bool { return isBenchOnly(p.ImportPath) },
+			tests:     true,
 		},
 		{
 			name:      "grpclimit may depend on gRPC, but not on YAML or Prometheus",
@@ -231,6 +253,13 @@ func checkImports(pkgs map[string]*pkg, mod string, rules []rule) []string {
 		for _, r := range rules {
 			if !r.applies(rel) {
 				continue
+			}
+			if r.tests {
+				for _, imp := range slices.Concat(p.TestImports, p.XTestImports) {
+					if r.forbidden(&pkg{ImportPath: imp}) {
+						msgs = append(msgs, fmt.Sprintf("package %s imports %s in a test: %s", path, imp, r.name))
+					}
+				}
 			}
 			for _, imp := range p.Imports {
 				ip := pkgs[imp]
@@ -486,6 +515,19 @@ func TestRulesCatchViolations(t *testing.T) {
 			name: "adaptive imports a module",
 			pkgs: []*pkg{ext("github.com/x/y"), own("adaptive", "adaptive", "github.com/x/y")},
 			want: []string{"package example.com/m/adaptive imports github.com/x/y: ratelimit, the header codec limitheader and adaptive may depend on the standard library only"},
+		},
+		{
+			name: "benchmark-only modules outside bench",
+			pkgs: []*pkg{
+				ext("github.com/failsafe-go/failsafe-go/adaptivelimiter"), ext("gonum.org/v1/plot"),
+				own("drain", "drain", "github.com/failsafe-go/failsafe-go/adaptivelimiter"),
+				{ImportPath: mod + "/adaptive", Name: "adaptive", TestImports: []string{"gonum.org/v1/plot"}},
+				{ImportPath: mod + "/bench/overload", Name: "overload", XTestImports: []string{"github.com/failsafe-go/failsafe-go/adaptivelimiter"}}, // allowed
+			},
+			want: []string{
+				"package example.com/m/adaptive imports gonum.org/v1/plot in a test: only bench/",
+				"package example.com/m/drain imports github.com/failsafe-go/failsafe-go/adaptivelimiter: only bench/",
+			},
 		},
 		{
 			name: "flag outside main under cmd",

@@ -367,6 +367,18 @@ type Client struct {
 	// or its end arrives. Share one Throttle among every client of the
 	// same server.
 	Throttle *adaptive.Throttle
+	// Concurrency bounds the unary calls in flight to the server with an
+	// adaptive limit (see adaptive.Limiter) that shrinks when the server
+	// slows down or answers RESOURCE_EXHAUSTED, UNAVAILABLE or
+	// DEADLINE_EXCEEDED and grows back gradually; nil means no bound. Each
+	// attempt holds a slot while it is in flight: its latency is then a
+	// sample, an overload answer a drop, a call its caller cancelled
+	// neither. A call that finds no slot (after the Limiter's queue, if it
+	// has one) fails at once with codes.Unavailable and an error matching
+	// adaptive.ErrOverloaded. Streams take no slot: a stream's life is not
+	// a service time. Share one Limiter among every client of the same
+	// server.
+	Concurrency *adaptive.Limiter
 
 	budgetOnce sync.Once
 	budget     *retry.Budget
@@ -420,6 +432,21 @@ func (c *Client) settle(err error) {
 	}
 }
 
+// concurrencyError is a call that found no slot of the Client's
+// Concurrency limiter: UNAVAILABLE, matching adaptive.ErrOverloaded.
+type concurrencyError struct {
+	method string
+	err    error
+}
+
+func (e concurrencyError) Error() string {
+	return "grpclimit: " + e.method + ": too many calls in flight to the server: " + e.err.Error()
+}
+func (e concurrencyError) Unwrap() error { return e.err }
+func (e concurrencyError) GRPCStatus() *status.Status {
+	return status.New(codes.Unavailable, e.Error())
+}
+
 // deadlineError is a pause that outlasts the deadline: it wraps
 // retry.Wait's refusal, so it matches ErrWouldExceedDeadline and
 // context.DeadlineExceeded, and gRPC sees it as codes.DeadlineExceeded.
@@ -450,7 +477,16 @@ func (c *Client) UnaryInterceptor() grpc.UnaryClientInterceptor {
 				c.settle(err)
 				return err
 			}
+			var permit adaptive.Permit
+			if c.Concurrency != nil {
+				var err error
+				if permit, err = c.Concurrency.Acquire(ctx); err != nil {
+					c.settle(err)
+					return concurrencyError{method, err}
+				}
+			}
 			err := invoker(ctx, method, req, reply, cc, opts...)
+			endPermit(ctx, &permit, err)
 			c.settle(err)
 			// The retry waits in waitPause for the pause observe has just
 			// extended, failing at once if it outlasts the deadline.

@@ -145,7 +145,8 @@ func callPriority(ctx context.Context, opt *ProtectOptions, method string) (adap
 	return min(p, opt.MaxPriority), true
 }
 
-// endPermit ends a unary call's permit by its outcome.
+// endPermit ends a unary call's permit by its outcome, on the server
+// (ProtectUnary) and on the client (Client.Concurrency) alike.
 func endPermit(ctx context.Context, pm *adaptive.Permit, err error) {
 	switch {
 	case status.Code(err) == codes.Canceled || errors.Is(ctx.Err(), context.Canceled):

@@ -110,11 +110,15 @@ func waitCost(n int64) int {
 //  6. Deadlines: if a wait it must make is longer than the time left before
 //     the request context's deadline, Do fails at once with an error
 //     matching ErrWouldExceedDeadline.
+//  7. Concurrency: with a Concurrency limiter, each attempt holds one of
+//     its slots while it is in flight; the limit adapts to the service's
+//     latency and overload answers (see the field).
 //
 // Errors of the transport are returned as they are, never retried: that is
 // the transport's business.
 //
-// The order of the waits is: throttle, shared pause, Limiter, send. The
+// The order of the waits is: throttle, shared pause, Limiter, concurrency
+// slot, send (a slot is held only while a request is in flight). The
 // throttle comes first so that a request it rejects fails at once, rather
 // than after sitting out a pause or a pacing wait for nothing, and takes
 // no capacity from the Limiter, which is the service's to give to
@@ -142,6 +146,17 @@ type Client struct {
 	// Throttle among every client of the same service. It reads its own
 	// clock (adaptive.ThrottleOptions.Now), not Now.
 	Throttle *adaptive.Throttle
+	// Concurrency bounds the requests in flight to the service with an
+	// adaptive limit (see adaptive.Limiter) that shrinks when the service
+	// slows down or answers 429 or 503 and grows back gradually; nil means
+	// no bound. Each attempt holds a slot from just before it is sent until
+	// its response's header arrives: its latency then is a sample, an
+	// overload answer or an error of the transport a drop, a request the
+	// caller cancelled neither. A request that finds no slot (after the
+	// Limiter's queue, if it has one) fails at once with the Limiter's
+	// adaptive.Refusal, matching adaptive.ErrOverloaded. Share one Limiter
+	// among every client of the same service.
+	Concurrency *adaptive.Limiter
 
 	// MaxRate is the AIMD ceiling; 0 means the Limiter's rate at first use.
 	MaxRate ratelimit.Limit
@@ -294,11 +309,20 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 			req = req.Clone(ctx)
 			req.Body = body
 		}
+		var permit adaptive.Permit
+		if c.Concurrency != nil {
+			var err error
+			if permit, err = c.Concurrency.Acquire(ctx); err != nil {
+				c.settle(ctx, false)
+				return nil, fmt.Errorf("httplimit: %s %s: concurrency: %w", req.Method, req.URL.Redacted(), err)
+			}
+		}
 		c.mu.Lock()
 		c.requests++
 		seq := c.requests
 		c.mu.Unlock()
 		resp, err := hc.Do(req)
+		endPermit(&permit, ctx, err != nil || resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable)
 		if err != nil {
 			c.settle(ctx, false)
 			return nil, err

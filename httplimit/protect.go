@@ -108,15 +108,23 @@ func Protect(g *adaptive.Guard, opt ProtectOptions) func(http.Handler) http.Hand
 			}()
 			next.ServeHTTP(sw, r)
 			finished = true
-			switch {
-			case errors.Is(ctx.Err(), context.Canceled):
-				pm.Ignore()
-			case overloadedStatus(&opt, sw.status) || errors.Is(ctx.Err(), context.DeadlineExceeded):
-				pm.Dropped()
-			default:
-				pm.Done()
-			}
+			endPermit(&pm, ctx, overloadedStatus(&opt, sw.status))
 		})
+	}
+}
+
+// endPermit ends a permit by the outcome of its request, on the server
+// (Protect) and on the client (Client.Concurrency) alike: nothing for a
+// request its caller cancelled, a drop for an overload answer or one that
+// ran out of time, a completion otherwise.
+func endPermit(pm *adaptive.Permit, ctx context.Context, overloaded bool) {
+	switch {
+	case errors.Is(ctx.Err(), context.Canceled):
+		pm.Ignore()
+	case overloaded || errors.Is(ctx.Err(), context.DeadlineExceeded):
+		pm.Dropped()
+	default:
+		pm.Done()
 	}
 }
 

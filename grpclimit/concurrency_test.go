@@ -1,0 +1,59 @@
+package grpclimit_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/grpclimit"
+)
+
+// TestClientConcurrency: against a real server on loopback answering
+// UNAVAILABLE, the Client's Concurrency limit shrinks (each answer is a
+// drop) and the server's refusals are passed on; once the limit holds
+// no slot for a call, it fails at once with UNAVAILABLE matching
+// adaptive.ErrOverloaded, without reaching the server.
+func TestClientConcurrency(t *testing.T) {
+	h := &flakyHealth{}
+	h.code.Store(uint32(codes.Unavailable))
+	l, err := adaptive.NewLimiter(adaptive.Options{Max: 20, Min: 1, Initial: 20, Window: time.Millisecond, MinSamples: 1, Controller: &adaptive.AIMD{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &grpclimit.Client{Concurrency: l, MaxRetries: -1}
+	hc := startLoopback(t, h, c)
+	for i := 0; l.Stats().Limit > 4; i++ {
+		if i == 5000 {
+			t.Fatalf("the limit is still %v after 5,000 answers UNAVAILABLE", l.Stats().Limit)
+		}
+		_, err := hc.Check(t.Context(), &healthpb.HealthCheckRequest{})
+		if status.Code(err) != codes.Unavailable || errors.Is(err, adaptive.ErrOverloaded) {
+			t.Fatalf("%v; want the server's UNAVAILABLE passed on", err)
+		}
+	}
+	if st := l.Stats(); st.InFlight != 0 {
+		t.Errorf("%d slots held with no call in flight", st.InFlight)
+	}
+	// Hold every slot the limit has: a call then finds none.
+	var held []adaptive.Permit
+	for {
+		pm, r := l.TryAcquireAt(time.Now(), adaptive.Critical)
+		if r.Refused() {
+			break
+		}
+		held = append(held, pm)
+	}
+	before := h.calls.Load()
+	_, err = hc.Check(t.Context(), &healthpb.HealthCheckRequest{})
+	if status.Code(err) != codes.Unavailable || !errors.Is(err, adaptive.ErrOverloaded) || h.calls.Load() != before {
+		t.Errorf("a call with every slot held: %v (server calls %d → %d); want UNAVAILABLE matching ErrOverloaded, not sent", err, before, h.calls.Load())
+	}
+	for i := range held {
+		held[i].Ignore()
+	}
+}

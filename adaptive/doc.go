@@ -40,7 +40,10 @@
 // Gradient (the default) scales the limit by aim/observed latency, bounded
 // to [0.5, MaxGrowth], adds a queue allowance and smooths: with Target set
 // it holds the latency quantile at Target; without, at Tolerance (1.5)
-// times a slowly forgetting baseline of the lowest latency seen. Use it
+// times a baseline, the latency without a queue, which it tells from a
+// slower server by Little's law (a queue raises latency at the same
+// throughput; a slower server raises it and serves less) and rescales by
+// the change in throughput when the server slows down or recovers. Use it
 // when latency is the signal, with Target when you know the latency a
 // request may take. AIMD adds Increase (1) after a good window and
 // multiplies by Backoff (0.9) after a congested one — a drop, a latency

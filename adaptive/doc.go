@@ -88,11 +88,14 @@
 //
 // # Time, zero values and concurrency
 //
-// The *At forms take the instant; the others are one-line wrappers that
-// pass time.Now(), so tests run the controllers on a virtual clock. Time
-// never goes backwards for a Limiter or a Shedder. The decision path
-// (TryAcquireAt, Permit.DoneAt, Shedder.AllowAt) does not allocate;
-// Acquire allocates only to wait, and an error return boxes its Refusal.
+// The *At forms take the instant, so tests run the controllers on a
+// virtual clock; Acquire, Done and Dropped read the monotonic clock once
+// each (the time since the Limiter was built: no wall-clock read), which
+// is most of their cost, and Guard.Acquire reads it once for its Shedder
+// and Limiter both. Time never goes backwards for a Limiter or a Shedder.
+// The decision path (Acquire when admitted at once, TryAcquireAt, Done,
+// DoneAt, Shedder.AllowAt) does not allocate; Acquire allocates only to
+// wait, and an error return boxes its Refusal.
 // Limiter, Shedder and Guard are safe for concurrent use (a mutex each,
 // held for tens of nanoseconds) and must not be copied; their zero values
 // admit nothing (the Shedder's sheds nothing); build them with NewLimiter,

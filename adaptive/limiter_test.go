@@ -121,12 +121,44 @@ func TestRetryAfterComputed(t *testing.T) {
 	}
 	_ = hint(0)
 	small := hint(5)
-	l2, _ := NewLimiter(Options{Max: 10, Initial: 10})
-	_ = l2
 	big := hint(500)
 	if !(big > small) {
 		t.Errorf("RetryAfter with 500 refused %v, with 5 %v: want it to grow with the excess", big, small)
 	}
+}
+
+// TestAcquireDoneClock: Acquire, Done and Dropped read the time as the
+// monotonic time since the Limiter was built; the latency they measure is
+// the time between them, and a Limiter whose clock was started by an *At
+// call measures on the same clock.
+func TestAcquireDoneClock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		for _, startAt := range []bool{false, true} {
+			l, _ := NewLimiter(Options{Max: 10, Initial: 10, MinSamples: 1, Window: 100 * time.Millisecond, Quantile: 1})
+			if startAt {
+				p, _ := l.TryAcquireAt(time.Now().Add(-time.Hour), Normal)
+				p.Ignore()
+			}
+			p, err := l.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(70 * time.Millisecond) // virtual time in the bubble
+			if startAt {
+				p.DoneAt(time.Now()) // the *At clock and the monotonic one agree
+			} else {
+				p.Done()
+			}
+			time.Sleep(50 * time.Millisecond)
+			p, _ = l.Acquire(ctx) // closes the window
+			p.Ignore()
+			lat := l.Stats().Latency
+			if lat < 66*time.Millisecond || lat > 76*time.Millisecond {
+				t.Errorf("started by an At call %v: latency %v measured, want 70ms (within its histogram bucket, 67–75.5ms)", startAt, lat)
+			}
+		}
+	})
 }
 
 func TestQueue(t *testing.T) {

@@ -105,7 +105,7 @@ type Gradient struct {
 	BaselineWindows int
 
 	baseline time.Duration
-	refX     float64 // recent throughput, completions per second
+	refX     float64 // recent throughput, completions per second (upper envelope)
 	slower   int     // consecutive windows that look like a slower server
 	warm     int     // windows seen, up to warmWindows
 }
@@ -190,12 +190,9 @@ func (g *Gradient) rebase(s Sample) time.Duration {
 		g.baseline += (s.Latency - g.baseline) / time.Duration(g.warm)
 		g.refX += (s.Throughput - g.refX) / float64(g.warm)
 		return time.Duration(g.Tolerance * float64(g.baseline))
-	case float64(s.Latency)*slowerBy <= float64(g.baseline) && s.Throughput >= slowerBy*g.refX:
-		// Faster and serving more: the server is faster. Scale the
-		// baseline by the larger of the two changes (a queue hides
-		// part of the fall in latency).
-		f := min(g.refX/s.Throughput, float64(s.Latency)/float64(g.baseline))
-		g.baseline = time.Duration(f * float64(g.baseline))
+	case float64(s.Latency)*slowerBy <= float64(g.baseline):
+		// Far below the baseline, queue and all: the server is faster.
+		g.baseline = s.Latency
 		g.slower = 0
 	case s.Latency < g.baseline:
 		g.baseline -= (g.baseline - s.Latency) / 4

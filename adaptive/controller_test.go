@@ -57,8 +57,8 @@ func TestControllerSteps(t *testing.T) {
 	// quarter of the way to a lower window; a higher one at the same
 	// throughput (a queue) leaves it; a higher one with the throughput
 	// fallen by a quarter or more, twice running (a slower server),
-	// scales it by the fall in throughput; a lower one with the
-	// throughput up by a quarter (a faster server) scales it down.
+	// scales it by the fall in throughput; one a quarter or more below
+	// it (a faster server) replaces it.
 	b := &Gradient{}
 	_ = b.validate()
 	for i, s := range []struct {
@@ -67,11 +67,11 @@ func TestControllerSteps(t *testing.T) {
 		base time.Duration
 	}{
 		{30 * ms, 1000, 30 * ms}, {50 * ms, 1000, 40 * ms}, {40 * ms, 1000, 40 * ms}, {40 * ms, 1000, 40 * ms}, {40 * ms, 1000, 40 * ms},
-		{20 * ms, 1000, 35 * ms},  // lower: a quarter of the way
-		{135 * ms, 1000, 35 * ms}, // queueing: held
-		{100 * ms, 500, 35 * ms},  // slower, once: held
-		{100 * ms, 500, 70 * ms},  // slower, twice: ×2 (the fall in throughput)
-		{30 * ms, 1000, 30 * ms},  // faster: ×min(refX/x, 30/70)
+		{36 * ms, 1000, 39 * ms},  // lower: a quarter of the way
+		{135 * ms, 1000, 39 * ms}, // queueing: held
+		{100 * ms, 500, 39 * ms},  // slower, once: held
+		{100 * ms, 500, 78 * ms},  // slower, twice: ×2 (the fall in throughput)
+		{30 * ms, 1000, 30 * ms},  // far below (a faster server): taken
 	} {
 		b.Update(Sample{Limit: 10, Latency: s.lat, Completed: 10, Throughput: s.x})
 		if b.Baseline() != s.base {

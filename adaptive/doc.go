@@ -56,12 +56,19 @@
 // # Shedding by objective
 //
 // A Shedder is given a latency Objective (p99 ≤ 250ms) and sheds a
-// fraction of arrivals that grows as the measured quantile approaches it:
-// a PI controller (velocity form, bounded output) holds the quantile at
-// Setpoint (80%) of the objective. It is told too when what it let through
-// was refused below (OverloadedAt), and then moves its fraction half way
-// towards what would have let just enough through, a gain independent of
-// how deep the overload is, so the rejection ratio is steady under steady
+// fraction of arrivals that grows as the measured quantile nears it,
+// holding it at Setpoint (80%) of the objective. Above the setpoint the
+// server is saturated and what it completes is its capacity, so the
+// Shedder lets through that rate less a margin that grows with the error
+// (ShedderOptions.Kp), which drains the backlog at once instead of by
+// integrating; at or below the setpoint it raises the rate it lets through
+// slowly (Ki), faster the further below, and so stops short of the rate
+// that saturated the server: a saturating server's latency gives no
+// warning before the cliff, and a PI controller on latency alone swings
+// across it. It is told too when what it let through was refused below
+// (OverloadedAt), and then moves its fraction half way towards what would
+// have let just enough through, a gain independent of how deep the
+// overload is, so the rejection ratio is steady under steady
 // overload and falls back to zero when it ends. The fraction is taken from
 // the lowest priorities up, each tier whole before the next, and the tier
 // at the boundary is thinned at random (ShedderOptions.Float64), not cut

@@ -33,7 +33,8 @@
 // PriorityMetadata). A priority may fill only its share of the limit
 // (Options.Shares, default 80% for Sheddable rising to 100% for
 // Critical), so the top of the limit is kept for the work that matters; the
-// queue serves the highest priority first.
+// queue serves the highest priority first, and when full lets a higher
+// priority in by refusing its lowest-priority waiter.
 //
 // # The controllers
 //

@@ -53,7 +53,10 @@ type Options struct {
 	// QueueSize bounds the callers that Acquire keeps waiting for a slot
 	// when the limit is reached (default 0: Acquire fails at once).
 	// Waiters are served highest priority first, in arrival order within a
-	// priority. TryAcquireAt never waits.
+	// priority; when the queue is full, a newcomer of higher priority than
+	// some waiter takes the place of the lowest-priority waiter that came
+	// last, which is refused with ReasonQueueFull. TryAcquireAt never
+	// waits.
 	QueueSize int
 	// MaxWait bounds a wait in the queue (required when QueueSize > 0);
 	// a caller still waiting then is refused with ReasonQueueTimeout.
@@ -68,7 +71,9 @@ const (
 	// ReasonLimit: the concurrency limit (or the request priority's share
 	// of it) was reached, and the request could not or would not wait.
 	ReasonLimit Reason = iota + 1
-	// ReasonQueueFull: the limit was reached and the queue was full.
+	// ReasonQueueFull: the limit was reached and the queue was full (of
+	// requests of the same or higher priority), or a waiter was pushed
+	// out of it by one of higher priority.
 	ReasonQueueFull
 	// ReasonQueueTimeout: the request waited MaxWait without a slot.
 	ReasonQueueTimeout
@@ -173,6 +178,7 @@ type waiter struct {
 	ready   chan struct{}
 	granted bool
 	start   int64
+	evicted Refusal // set, and ready closed, when a higher priority took its place
 }
 
 // NewLimiter returns a Limiter with the given options, or an error naming
@@ -541,14 +547,14 @@ func (l *Limiter) acquire(ctx context.Context, p Priority, d time.Duration) (Per
 		l.mu.Unlock()
 		return Permit{}, r
 	}
-	if l.queued >= l.opt.QueueSize {
-		r := l.refuse(ReasonQueueFull, p)
-		l.mu.Unlock()
-		return Permit{}, r
-	}
 	if err := ctx.Err(); err != nil {
 		l.mu.Unlock()
 		return Permit{}, fmt.Errorf("adaptive: acquire: %w", err)
+	}
+	if l.queued >= l.opt.QueueSize && !l.evictBelow(p) {
+		r := l.refuse(ReasonQueueFull, p)
+		l.mu.Unlock()
+		return Permit{}, r
 	}
 	w := &waiter{ready: make(chan struct{})}
 	i := p.index()
@@ -564,6 +570,9 @@ func (l *Limiter) acquire(ctx context.Context, p Priority, d time.Duration) (Per
 	var cause error
 	select {
 	case <-w.ready:
+		if w.evicted.Refused() {
+			return Permit{}, w.evicted
+		}
 		return Permit{l: l, arrived: t, start: w.start}, nil
 	case <-ctx.Done():
 		cause = ctx.Err()
@@ -571,9 +580,13 @@ func (l *Limiter) acquire(ctx context.Context, p Priority, d time.Duration) (Per
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if w.granted {
+	switch {
+	case w.granted:
 		// Granted while we were leaving: the slot is ours.
 		return Permit{l: l, arrived: t, start: w.start}, nil
+	case w.evicted.Refused():
+		// Evicted while we were leaving: already out of the queue.
+		return Permit{}, w.evicted
 	}
 	q := l.queue[i]
 	for j, x := range q {
@@ -589,6 +602,31 @@ func (l *Limiter) acquire(ctx context.Context, p Priority, d time.Duration) (Per
 		return Permit{}, fmt.Errorf("adaptive: acquire: %w", cause)
 	}
 	return Permit{}, l.refuse(ReasonQueueTimeout, p)
+}
+
+// evictBelow makes room in the full queue for a request of priority p by
+// refusing (ReasonQueueFull) the waiter of the lowest priority below p
+// that arrived last, and reports whether it did: a full queue of
+// sheddable work does not keep out a critical request. Called with l.mu
+// held.
+func (l *Limiter) evictBelow(p Priority) bool {
+	if !p.Valid() {
+		p = Normal
+	}
+	for i := 0; i < p.index(); i++ {
+		q := l.queue[i]
+		if len(q) == 0 {
+			continue
+		}
+		w := q[len(q)-1]
+		q[len(q)-1] = nil
+		l.queue[i] = q[:len(q)-1]
+		l.queued--
+		w.evicted = l.refuse(ReasonQueueFull, Priority(i)+Sheddable)
+		close(w.ready)
+		return true
+	}
+	return false
 }
 
 // grant serves queued waiters, highest priority first, while their

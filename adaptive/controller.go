@@ -57,18 +57,28 @@ type validator interface{ validate() error }
 // The latency aimed for is Target when it is set: the limit then settles
 // where the latency quantile equals Target (the queue allowance keeps it a
 // little above). Without Target it is Tolerance times a baseline, the
-// lowest latency quantile seen recently: the baseline moves a quarter of
-// the way to a lower window (one lucky window does not set it) and to a
-// higher one slowly (moving 1/BaselineWindows of the
-// way each window), so it forgets a faster past over about BaselineWindows
-// windows. A window without completions leaves the limit as it is; a window
-// whose drops are more than a tenth of its permits counts as the steepest
-// decrease (gradient 0.5).
+// latency of the server without a queue: the mean of the first five
+// windows, then moved a quarter of the way to any lower window (one lucky
+// window does not set it). It does not forget upwards — under a steady
+// queue the latency sits above the baseline by design, and a baseline that
+// followed it would chase its own queueing until the limit ran away.
+// Instead it reads Little's law: a queue raises the latency at the same
+// throughput, a slower server raises the latency and serves less. Two
+// windows running above the aim with the throughput a quarter or more below
+// its recent level scale the baseline up by the fall in throughput (bounded
+// by the rise in latency); a window with the latency a quarter below the
+// baseline and the throughput a quarter above scales it down by the larger
+// change. A server whose workers each become 2× slower keeps its limit
+// (the concurrency it can serve is the same), and gets back its baseline
+// when it recovers. A window without completions leaves the limit as it
+// is; a window whose drops are more than a tenth of its permits counts as
+// the steepest decrease (gradient 0.5).
 //
 // Use Target when the latency a request may take is known (a share of the
-// caller's deadline or of the latency objective): it is robust to a server
-// that becomes uniformly slower, where a baseline mistakes slowness for
-// queueing until it forgets. Use the baseline when no target is known.
+// caller's deadline or of the latency objective) and the server's own
+// latency will stay below it; a Target under the latency of a slowed
+// server cuts the limit below its workers. Use the baseline when no
+// target is known.
 //
 // The zero value is valid: Tolerance 1.5, Smoothing 0.2, Queue 1,
 // MaxGrowth 1.1, BaselineWindows 100.
@@ -88,11 +98,16 @@ type Gradient struct {
 	// faster than the queue allowance the limit may grow in one window
 	// when latency is well below its aim.
 	MaxGrowth float64
-	// BaselineWindows is the number of windows over which the baseline
-	// forgets (>= 1; default 100).
+	// BaselineWindows is the number of windows over which the recent
+	// throughput the baseline is compared with forgets a higher past
+	// (>= 1; default 100); it follows a higher window a quarter of the
+	// way.
 	BaselineWindows int
 
 	baseline time.Duration
+	refX     float64 // recent throughput, completions per second (upper envelope)
+	slower   int     // consecutive windows that look like a slower server
+	warm     int     // windows seen, up to warmWindows
 }
 
 func (g *Gradient) validate() error {
@@ -140,20 +155,65 @@ func (g *Gradient) Update(s Sample) float64 {
 	default:
 		aim := g.Target
 		if aim == 0 {
-			switch {
-			case g.baseline == 0:
-				g.baseline = s.Latency
-			case s.Latency < g.baseline:
-				g.baseline -= (g.baseline - s.Latency) / 4
-			default:
-				g.baseline += (s.Latency - g.baseline) / time.Duration(g.BaselineWindows)
-			}
-			aim = time.Duration(g.Tolerance * float64(g.baseline))
+			aim = g.rebase(s)
 		}
 		gradient = min(max(float64(aim)/float64(s.Latency), 0.5), g.MaxGrowth)
 	}
 	next := s.Limit*gradient + g.Queue
 	return s.Limit + g.Smoothing*(next-s.Limit)
+}
+
+// slowerBy is how much the throughput must fall, with the latency above
+// its aim, for a window to count as evidence that the server is slower.
+const slowerBy = 1.25
+
+// warmWindows is the number of windows whose mean sets the first baseline.
+const warmWindows = 5
+
+// rebase moves the baseline with window s and returns the latency aimed
+// for, Tolerance × baseline. A window faster than the baseline pulls it a
+// quarter of the way down. A window slower than the aim, in which the
+// throughput fell by slowerBy or more from its recent level for the
+// second window running, is a slower server, not a queue (Little's law: a
+// queue raises latency at the same throughput; a slower server raises it
+// and serves less): the baseline is scaled by the fall in throughput,
+// bounded by the rise in latency. Any other window moves the baseline
+// 1/BaselineWindows of the way up if it is within the aim, and leaves it
+// otherwise: a baseline that forgot upwards under a steady queue would
+// chase its own queueing, and the limit would run away.
+func (g *Gradient) rebase(s Sample) time.Duration {
+	switch {
+	case g.warm < warmWindows:
+		// The first windows see the requests that finished first, the
+		// faster ones: the baseline is the mean of a few windows.
+		g.warm++
+		g.baseline += (s.Latency - g.baseline) / time.Duration(g.warm)
+		g.refX += (s.Throughput - g.refX) / float64(g.warm)
+		return time.Duration(g.Tolerance * float64(g.baseline))
+	case float64(s.Latency)*slowerBy <= float64(g.baseline):
+		// Far below the baseline, queue and all: the server is faster.
+		g.baseline = s.Latency
+		g.slower = 0
+	case s.Latency < g.baseline:
+		g.baseline -= (g.baseline - s.Latency) / 4
+		g.slower = 0
+	case float64(s.Latency) > g.Tolerance*float64(g.baseline) && s.Throughput*slowerBy <= g.refX:
+		if g.slower++; g.slower >= 2 {
+			f := min(g.refX/s.Throughput, float64(s.Latency)/float64(g.baseline))
+			g.baseline = time.Duration(f * float64(g.baseline))
+			g.refX, g.slower = s.Throughput, 0
+			return time.Duration(g.Tolerance * float64(g.baseline))
+		}
+		return time.Duration(g.Tolerance * float64(g.baseline))
+	default:
+		g.slower = 0
+	}
+	if s.Throughput > g.refX {
+		g.refX += (s.Throughput - g.refX) / 4
+	} else {
+		g.refX -= (g.refX - s.Throughput) / float64(g.BaselineWindows)
+	}
+	return time.Duration(g.Tolerance * float64(g.baseline))
 }
 
 // Baseline returns the baseline latency the controller compares against:

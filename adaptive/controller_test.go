@@ -53,12 +53,27 @@ func TestControllerSteps(t *testing.T) {
 		}
 	}
 
-	// Gradient with a baseline: it follows a lower window a quarter of
-	// the way and a higher one by 1/BaselineWindows.
+	// Gradient with a baseline: the mean of the first windows, then a
+	// quarter of the way to a lower window; a higher one at the same
+	// throughput (a queue) leaves it; a higher one with the throughput
+	// fallen by a quarter or more, twice running (a slower server),
+	// scales it by the fall in throughput; one a quarter or more below
+	// it (a faster server) replaces it.
 	b := &Gradient{}
 	_ = b.validate()
-	for i, s := range []struct{ lat, base time.Duration }{{40 * ms, 40 * ms}, {20 * ms, 35 * ms}, {135 * ms, 36 * ms}} {
-		b.Update(Sample{Limit: 10, Latency: s.lat, Completed: 10})
+	for i, s := range []struct {
+		lat  time.Duration
+		x    float64
+		base time.Duration
+	}{
+		{30 * ms, 1000, 30 * ms}, {50 * ms, 1000, 40 * ms}, {40 * ms, 1000, 40 * ms}, {40 * ms, 1000, 40 * ms}, {40 * ms, 1000, 40 * ms},
+		{36 * ms, 1000, 39 * ms},  // lower: a quarter of the way
+		{135 * ms, 1000, 39 * ms}, // queueing: held
+		{100 * ms, 500, 39 * ms},  // slower, once: held
+		{100 * ms, 500, 78 * ms},  // slower, twice: ×2 (the fall in throughput)
+		{30 * ms, 1000, 30 * ms},  // far below (a faster server): taken
+	} {
+		b.Update(Sample{Limit: 10, Latency: s.lat, Completed: 10, Throughput: s.x})
 		if b.Baseline() != s.base {
 			t.Errorf("baseline step %d: %v, want %v", i, b.Baseline(), s.base)
 		}

@@ -33,14 +33,18 @@
 // PriorityMetadata). A priority may fill only its share of the limit
 // (Options.Shares, default 80% for Sheddable rising to 100% for
 // Critical), so the top of the limit is kept for the work that matters; the
-// queue serves the highest priority first.
+// queue serves the highest priority first, and when full lets a higher
+// priority in by refusing its lowest-priority waiter.
 //
 // # The controllers
 //
 // Gradient (the default) scales the limit by aim/observed latency, bounded
 // to [0.5, MaxGrowth], adds a queue allowance and smooths: with Target set
 // it holds the latency quantile at Target; without, at Tolerance (1.5)
-// times a slowly forgetting baseline of the lowest latency seen. Use it
+// times a baseline, the latency without a queue, which it tells from a
+// slower server by Little's law (a queue raises latency at the same
+// throughput; a slower server raises it and serves less) and rescales by
+// the change in throughput when the server slows down or recovers. Use it
 // when latency is the signal, with Target when you know the latency a
 // request may take. AIMD adds Increase (1) after a good window and
 // multiplies by Backoff (0.9) after a congested one — a drop, a latency
@@ -53,12 +57,19 @@
 // # Shedding by objective
 //
 // A Shedder is given a latency Objective (p99 ≤ 250ms) and sheds a
-// fraction of arrivals that grows as the measured quantile approaches it:
-// a PI controller (velocity form, bounded output) holds the quantile at
-// Setpoint (80%) of the objective. It is told too when what it let through
-// was refused below (OverloadedAt), and then moves its fraction half way
-// towards what would have let just enough through, a gain independent of
-// how deep the overload is, so the rejection ratio is steady under steady
+// fraction of arrivals that grows as the measured quantile nears it,
+// holding it at Setpoint (80%) of the objective. Above the setpoint the
+// server is saturated and what it completes is its capacity, so the
+// Shedder lets through that rate less a margin that grows with the error
+// (ShedderOptions.Kp), which drains the backlog at once instead of by
+// integrating; at or below the setpoint it raises the rate it lets through
+// slowly (Ki), faster the further below, and so stops short of the rate
+// that saturated the server: a saturating server's latency gives no
+// warning before the cliff, and a PI controller on latency alone swings
+// across it. It is told too when what it let through was refused below
+// (OverloadedAt), and then moves its fraction half way towards what would
+// have let just enough through, a gain independent of how deep the
+// overload is, so the rejection ratio is steady under steady
 // overload and falls back to zero when it ends. The fraction is taken from
 // the lowest priorities up, each tier whole before the next, and the tier
 // at the boundary is thinned at random (ShedderOptions.Float64), not cut
@@ -85,11 +96,14 @@
 //
 // # Time, zero values and concurrency
 //
-// The *At forms take the instant; the others are one-line wrappers that
-// pass time.Now(), so tests run the controllers on a virtual clock. Time
-// never goes backwards for a Limiter or a Shedder. The decision path
-// (TryAcquireAt, Permit.DoneAt, Shedder.AllowAt) does not allocate;
-// Acquire allocates only to wait, and an error return boxes its Refusal.
+// The *At forms take the instant, so tests run the controllers on a
+// virtual clock; Acquire, Done and Dropped read the monotonic clock once
+// each (the time since the Limiter was built: no wall-clock read), which
+// is most of their cost, and Guard.Acquire reads it once for its Shedder
+// and Limiter both. Time never goes backwards for a Limiter or a Shedder.
+// The decision path (Acquire when admitted at once, TryAcquireAt, Done,
+// DoneAt, Shedder.AllowAt) does not allocate; Acquire allocates only to
+// wait, and an error return boxes its Refusal.
 // Limiter, Shedder and Guard are safe for concurrent use (a mutex each,
 // held for tens of nanoseconds) and must not be copied; their zero values
 // admit nothing (the Shedder's sheds nothing); build them with NewLimiter,

@@ -115,12 +115,13 @@ func (g *Guard) Acquire(ctx context.Context) (Permit, error) {
 	if g.l == nil {
 		return Permit{}, Refusal{Reason: ReasonLimit, Priority: PriorityFrom(ctx), RetryAfter: MaxRetryAfter}
 	}
+	p, d := PriorityFrom(ctx), time.Since(g.l.epoch)
 	if g.s != nil {
-		if r := g.s.AllowAt(time.Now(), PriorityFrom(ctx)); r.Refused() {
+		if r := g.s.AllowAt(g.l.epoch.Add(d), p); r.Refused() {
 			return Permit{}, r
 		}
 	}
-	pm, err := g.l.Acquire(ctx)
+	pm, err := g.l.acquire(ctx, p, d)
 	if err != nil {
 		if _, ok := err.(Refusal); ok && g.s != nil {
 			g.s.OverloadedAt(time.Now())

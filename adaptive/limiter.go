@@ -53,7 +53,10 @@ type Options struct {
 	// QueueSize bounds the callers that Acquire keeps waiting for a slot
 	// when the limit is reached (default 0: Acquire fails at once).
 	// Waiters are served highest priority first, in arrival order within a
-	// priority. TryAcquireAt never waits.
+	// priority; when the queue is full, a newcomer of higher priority than
+	// some waiter takes the place of the lowest-priority waiter that came
+	// last, which is refused with ReasonQueueFull. TryAcquireAt never
+	// waits.
 	QueueSize int
 	// MaxWait bounds a wait in the queue (required when QueueSize > 0);
 	// a caller still waiting then is refused with ReasonQueueTimeout.
@@ -68,7 +71,9 @@ const (
 	// ReasonLimit: the concurrency limit (or the request priority's share
 	// of it) was reached, and the request could not or would not wait.
 	ReasonLimit Reason = iota + 1
-	// ReasonQueueFull: the limit was reached and the queue was full.
+	// ReasonQueueFull: the limit was reached and the queue was full (of
+	// requests of the same or higher priority), or a waiter was pushed
+	// out of it by one of higher priority.
 	ReasonQueueFull
 	// ReasonQueueTimeout: the request waited MaxWait without a slot.
 	ReasonQueueTimeout
@@ -132,14 +137,22 @@ func (r Refusal) Is(target error) bool { return target == ErrOverloaded }
 // window closes). The zero value has limit 0 and admits nothing; use
 // NewLimiter. It must not be copied after first use.
 type Limiter struct {
-	mu     sync.Mutex
-	opt    Options
-	ctrl   Controller
-	limit  float64
-	clock  monoClock
-	held   int
-	queued int
-	queue  [NumPriorities][]*waiter
+	mu sync.Mutex
+	// epoch is when the Limiter was built, with a monotonic reading:
+	// Acquire, Done and Dropped read the time as time.Since(epoch), one
+	// read of the monotonic clock and none of the wall clock, and
+	// monoOff is the epoch's offset on clock, set once monoReady.
+	epoch     time.Time
+	monoOff   int64
+	monoReady bool
+	opt       Options
+	ctrl      Controller
+	limit     float64
+	caps      [NumPriorities]int // see setLimit
+	clock     monoClock
+	held      int
+	queued    int
+	queue     [NumPriorities][]*waiter
 
 	// The open window.
 	winStart     int64
@@ -165,6 +178,7 @@ type waiter struct {
 	ready   chan struct{}
 	granted bool
 	start   int64
+	evicted Refusal // set, and ready closed, when a higher priority took its place
 }
 
 // NewLimiter returns a Limiter with the given options, or an error naming
@@ -225,7 +239,9 @@ func NewLimiter(opt Options) (*Limiter, error) {
 	if opt.QueueSize > 0 && opt.MaxWait <= 0 {
 		return nil, fmt.Errorf("adaptive: Options.MaxWait %v must be positive when QueueSize is %d", opt.MaxWait, opt.QueueSize)
 	}
-	return &Limiter{opt: opt, ctrl: opt.Controller, limit: float64(opt.Initial)}, nil
+	l := &Limiter{opt: opt, ctrl: opt.Controller, epoch: time.Now()}
+	l.setLimit(float64(opt.Initial))
+	return l, nil
 }
 
 // A Permit is one admitted request's slot. End it exactly once, with Done
@@ -245,14 +261,22 @@ type Permit struct {
 }
 
 // Done ends the permit as a completion; see DoneAt.
-func (p *Permit) Done() { p.DoneAt(time.Now()) }
+func (p *Permit) Done() {
+	if l := p.l; l != nil {
+		p.endMono(time.Since(l.epoch), endDone)
+	}
+}
 
 // DoneAt ends the permit as a completion at now: its latency, from grant
 // to now, is a sample of the window.
 func (p *Permit) DoneAt(now time.Time) { p.end(now, endDone) }
 
 // Dropped ends the permit as a drop; see DroppedAt.
-func (p *Permit) Dropped() { p.DroppedAt(time.Now()) }
+func (p *Permit) Dropped() {
+	if l := p.l; l != nil {
+		p.endMono(time.Since(l.epoch), endDrop)
+	}
+}
 
 // DroppedAt ends the permit as a drop at now: it counts against the
 // limit, and its latency is no sample (a timeout's latency is the
@@ -271,6 +295,7 @@ const (
 	endIgnore
 )
 
+// end ends the permit at now (unused for endIgnore).
 func (p *Permit) end(now time.Time, k endKind) {
 	l, s := p.l, p.s
 	if l == nil {
@@ -282,21 +307,63 @@ func (p *Permit) end(now time.Time, k endKind) {
 	if k != endIgnore {
 		t = l.clock.advance(now)
 	}
+	l.finish(t, p.start, k)
+	l.mu.Unlock()
+	if s != nil && k != endIgnore {
+		s.ObserveAt(now, time.Duration(t-p.arrived))
+	}
+}
+
+// endMono ends the permit at d after its Limiter's epoch: Done and
+// Dropped, which read the monotonic clock once and build no time.Time
+// unless a Shedder is to be told.
+func (p *Permit) endMono(d time.Duration, k endKind) {
+	l, s := p.l, p.s
+	p.l, p.s = nil, nil
+	l.mu.Lock()
+	t := l.advanceMono(d)
+	l.finish(t, p.start, k)
+	l.mu.Unlock()
+	if s != nil {
+		s.ObserveAt(l.epoch.Add(d), time.Duration(t-p.arrived))
+	}
+}
+
+// finish gives back a permit granted at start, ended at t as k. Called
+// with l.mu held.
+func (l *Limiter) finish(t, start int64, k endKind) {
 	l.account(t)
 	l.held = max(l.held-1, 0)
 	switch k {
 	case endDone:
 		l.done++
-		l.hist.record(time.Duration(t - p.start))
+		l.hist.record(time.Duration(t - start))
 	case endDrop:
 		l.drops++
 	}
 	l.maybeClose(t)
-	l.grant(t)
-	l.mu.Unlock()
-	if s != nil && k != endIgnore {
-		s.ObserveAt(now, time.Duration(t-p.arrived))
+	if l.queued > 0 {
+		l.grant(t)
 	}
+}
+
+// advanceMono moves l's clock to the instant d after l.epoch and returns
+// it on the clock. Called with l.mu held; small enough to be inlined.
+func (l *Limiter) advanceMono(d time.Duration) int64 {
+	if !l.monoReady {
+		l.initMono()
+	}
+	l.clock.last = max(l.clock.last, int64(d)+l.monoOff)
+	return l.clock.last
+}
+
+// initMono starts the clock at the epoch unless an *At call started it,
+// and sets the epoch's offset on it. Called with l.mu held.
+func (l *Limiter) initMono() {
+	if !l.clock.started {
+		l.clock.base, l.clock.started = l.epoch, true
+	}
+	l.monoOff, l.monoReady = int64(l.epoch.Sub(l.clock.base)), true
 }
 
 // account adds the permits held since the latest event to the window's
@@ -308,11 +375,20 @@ func (l *Limiter) account(t int64) {
 	}
 }
 
-// maybeClose closes the window if it is due at t. Called with l.mu held.
+// maybeClose closes the window if it is due at t. Called with l.mu held;
+// small enough to be inlined, since it is on every path.
 func (l *Limiter) maybeClose(t int64) {
+	if t-l.winStart >= int64(l.opt.Window) {
+		l.closeWindow(t)
+	}
+}
+
+// closeWindow closes the window if it has lasted Window and seen
+// MinSamples, or lasted 10·Window. Called with l.mu held.
+func (l *Limiter) closeWindow(t int64) {
 	dur := t - l.winStart
 	w := int64(l.opt.Window)
-	if l.ctrl == nil || dur < w || (l.done+l.drops < l.opt.MinSamples && dur < 10*w) {
+	if l.ctrl == nil || (l.done+l.drops < l.opt.MinSamples && dur < 10*w) {
 		return
 	}
 	s := Sample{
@@ -332,7 +408,7 @@ func (l *Limiter) maybeClose(t int64) {
 	case next > l.limit && 2*s.MaxInFlight < int(l.limit):
 		next = l.limit // not the bottleneck: do not grow on flat latency
 	}
-	l.limit = min(max(next, float64(l.opt.Min)), float64(l.opt.Max))
+	l.setLimit(min(max(next, float64(l.opt.Min)), float64(l.opt.Max)))
 	l.last, l.lastRf = s, l.refusedInWin
 	l.level = min(s.InFlight/s.Limit, 1)
 	if n := l.acquired + l.refusedInWin; l.refusedInWin > 0 {
@@ -347,17 +423,21 @@ func (l *Limiter) maybeClose(t int64) {
 // capFor returns how many permits a request of priority p may find held
 // and still be admitted. Called with l.mu held.
 func (l *Limiter) capFor(p Priority) int {
-	if l.opt.Max == 0 {
-		return 0 // the zero Limiter admits nothing
-	}
 	if !p.Valid() {
 		p = Normal
 	}
-	c := int(l.limit * l.opt.Shares[p.index()])
-	if p == Critical {
-		c = int(l.limit)
+	return l.caps[p.index()] // all 0 in the zero Limiter, which admits nothing
+}
+
+// setLimit sets the limit and the priorities' caps on it: each its share
+// of the limit, at least 1; Critical the whole limit. Called with l.mu
+// held.
+func (l *Limiter) setLimit(limit float64) {
+	l.limit = limit
+	for i, sh := range l.opt.Shares {
+		l.caps[i] = max(int(limit*sh), 1)
 	}
-	return max(c, 1)
+	l.caps[Critical.index()] = max(int(limit), 1)
 }
 
 // take admits one permit at t. Called with l.mu held.
@@ -446,10 +526,15 @@ func (l *Limiter) queuedAtOrAbove(p Priority) bool {
 // (nothing is then counted as refused: the caller went away). Admitted at
 // once it does not allocate; waiting allocates the waiter and a timer.
 func (l *Limiter) Acquire(ctx context.Context) (Permit, error) {
-	p := PriorityFrom(ctx)
-	now := time.Now()
+	return l.acquire(ctx, PriorityFrom(ctx), time.Since(l.epoch))
+}
+
+// acquire is Acquire for priority p at d after l.epoch. It reads the
+// monotonic clock once (time.Since of the epoch, which reads no wall
+// clock), which is most of its cost.
+func (l *Limiter) acquire(ctx context.Context, p Priority, d time.Duration) (Permit, error) {
 	l.mu.Lock()
-	t := l.clock.advance(now)
+	t := l.advanceMono(d)
 	l.account(t)
 	l.maybeClose(t)
 	if l.held < l.capFor(p) && !l.queuedAtOrAbove(p) {
@@ -462,14 +547,14 @@ func (l *Limiter) Acquire(ctx context.Context) (Permit, error) {
 		l.mu.Unlock()
 		return Permit{}, r
 	}
-	if l.queued >= l.opt.QueueSize {
-		r := l.refuse(ReasonQueueFull, p)
-		l.mu.Unlock()
-		return Permit{}, r
-	}
 	if err := ctx.Err(); err != nil {
 		l.mu.Unlock()
 		return Permit{}, fmt.Errorf("adaptive: acquire: %w", err)
+	}
+	if l.queued >= l.opt.QueueSize && !l.evictBelow(p) {
+		r := l.refuse(ReasonQueueFull, p)
+		l.mu.Unlock()
+		return Permit{}, r
 	}
 	w := &waiter{ready: make(chan struct{})}
 	i := p.index()
@@ -485,6 +570,9 @@ func (l *Limiter) Acquire(ctx context.Context) (Permit, error) {
 	var cause error
 	select {
 	case <-w.ready:
+		if w.evicted.Refused() {
+			return Permit{}, w.evicted
+		}
 		return Permit{l: l, arrived: t, start: w.start}, nil
 	case <-ctx.Done():
 		cause = ctx.Err()
@@ -492,9 +580,13 @@ func (l *Limiter) Acquire(ctx context.Context) (Permit, error) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if w.granted {
+	switch {
+	case w.granted:
 		// Granted while we were leaving: the slot is ours.
 		return Permit{l: l, arrived: t, start: w.start}, nil
+	case w.evicted.Refused():
+		// Evicted while we were leaving: already out of the queue.
+		return Permit{}, w.evicted
 	}
 	q := l.queue[i]
 	for j, x := range q {
@@ -510,6 +602,31 @@ func (l *Limiter) Acquire(ctx context.Context) (Permit, error) {
 		return Permit{}, fmt.Errorf("adaptive: acquire: %w", cause)
 	}
 	return Permit{}, l.refuse(ReasonQueueTimeout, p)
+}
+
+// evictBelow makes room in the full queue for a request of priority p by
+// refusing (ReasonQueueFull) the waiter of the lowest priority below p
+// that arrived last, and reports whether it did: a full queue of
+// sheddable work does not keep out a critical request. Called with l.mu
+// held.
+func (l *Limiter) evictBelow(p Priority) bool {
+	if !p.Valid() {
+		p = Normal
+	}
+	for i := 0; i < p.index(); i++ {
+		q := l.queue[i]
+		if len(q) == 0 {
+			continue
+		}
+		w := q[len(q)-1]
+		q[len(q)-1] = nil
+		l.queue[i] = q[:len(q)-1]
+		l.queued--
+		w.evicted = l.refuse(ReasonQueueFull, Priority(i)+Sheddable)
+		close(w.ready)
+		return true
+	}
+	return false
 }
 
 // grant serves queued waiters, highest priority first, while their

@@ -121,12 +121,44 @@ func TestRetryAfterComputed(t *testing.T) {
 	}
 	_ = hint(0)
 	small := hint(5)
-	l2, _ := NewLimiter(Options{Max: 10, Initial: 10})
-	_ = l2
 	big := hint(500)
 	if !(big > small) {
 		t.Errorf("RetryAfter with 500 refused %v, with 5 %v: want it to grow with the excess", big, small)
 	}
+}
+
+// TestAcquireDoneClock: Acquire, Done and Dropped read the time as the
+// monotonic time since the Limiter was built; the latency they measure is
+// the time between them, and a Limiter whose clock was started by an *At
+// call measures on the same clock.
+func TestAcquireDoneClock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		for _, startAt := range []bool{false, true} {
+			l, _ := NewLimiter(Options{Max: 10, Initial: 10, MinSamples: 1, Window: 100 * time.Millisecond, Quantile: 1})
+			if startAt {
+				p, _ := l.TryAcquireAt(time.Now().Add(-time.Hour), Normal)
+				p.Ignore()
+			}
+			p, err := l.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(70 * time.Millisecond) // virtual time in the bubble
+			if startAt {
+				p.DoneAt(time.Now()) // the *At clock and the monotonic one agree
+			} else {
+				p.Done()
+			}
+			time.Sleep(50 * time.Millisecond)
+			p, _ = l.Acquire(ctx) // closes the window
+			p.Ignore()
+			lat := l.Stats().Latency
+			if lat < 66*time.Millisecond || lat > 76*time.Millisecond {
+				t.Errorf("started by an At call %v: latency %v measured, want 70ms (within its histogram bucket, 67–75.5ms)", startAt, lat)
+			}
+		}
+	})
 }
 
 func TestQueue(t *testing.T) {
@@ -220,4 +252,63 @@ func TestGuardFeatureUnderLoad(t *testing.T) {
 	if !g.Enabled("unknown") {
 		t.Error("an unknown feature is disabled")
 	}
+}
+
+// TestQueueEvictsLowerPriority: a full queue lets a newcomer of higher
+// priority in by refusing the lowest-priority waiter (the one that came
+// last among them), which gets a Refusal with ReasonQueueFull at once; a
+// newcomer of the same or lower priority is refused itself.
+func TestQueueEvictsLowerPriority(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, err := NewLimiter(Options{Max: 1, Initial: 1, QueueSize: 2, MaxWait: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		held, _ := l.Acquire(WithPriority(context.Background(), Critical))
+		type result struct {
+			name string
+			p    Permit
+			err  error
+		}
+		res := make(chan result, 4)
+		wait := func(name string, p Priority) {
+			go func() {
+				pm, err := l.Acquire(WithPriority(context.Background(), p))
+				res <- result{name, pm, err}
+			}()
+			synctest.Wait()
+		}
+		wait("sheddable-1", Sheddable)
+		wait("sheddable-2", Sheddable)
+		// Full of sheddable work: another sheddable request is refused.
+		if _, err := l.Acquire(WithPriority(context.Background(), Sheddable)); !errors.Is(err, ErrOverloaded) {
+			t.Fatalf("sheddable newcomer with the queue full: %v, want a refusal", err)
+		}
+		// A critical one takes the place of the last sheddable waiter.
+		wait("critical", Critical)
+		var r Refusal
+		select {
+		case got := <-res:
+			if got.name != "sheddable-2" || !errors.As(got.err, &r) || r.Reason != ReasonQueueFull || r.Priority != Sheddable || r.RetryAfter <= 0 {
+				t.Errorf("evicted %s with %v, want sheddable-2 refused with ReasonQueueFull and a retry hint", got.name, got.err)
+			}
+		default:
+			t.Fatal("nobody was evicted for the critical request")
+		}
+		if st := l.Stats(); st.Queued != 2 || st.Refused[Sheddable.index()] != 2 {
+			t.Errorf("after the eviction: %d queued, %d sheddable refused; want 2 and 2", st.Queued, st.Refused[Sheddable.index()])
+		}
+		// The critical request is served first, then the sheddable one.
+		held.Done()
+		got := <-res
+		if got.name != "critical" || got.err != nil {
+			t.Fatalf("first served: %s (%v), want critical", got.name, got.err)
+		}
+		got.p.Done()
+		got = <-res
+		if got.name != "sheddable-1" || got.err != nil {
+			t.Fatalf("then served: %s (%v), want sheddable-1", got.name, got.err)
+		}
+		got.p.Done()
+	})
 }

@@ -33,10 +33,13 @@ type ShedderOptions struct {
 	// measure a quantile (default 50); with fewer, only the capacity
 	// signal (OverloadedAt) moves the shed fraction.
 	MinSamples int
-	// Kp and Ki are the proportional and integral gains of the latency
-	// controller, per unit of error and per unit of error-second
-	// (defaults 0.1 and 0.5). The error is log2 of the measured quantile
-	// over the setpoint, bounded to [-1, 1].
+	// Kp and Ki are the gains of the latency term (defaults 1 and 0.25),
+	// on the error log2(quantile / setpoint), bounded to [-3, 1]. Above
+	// the setpoint the term lets through the rate the server completed,
+	// less overShare, times 2^(−Kp·error): the margin that drains the
+	// backlog. At or below, it raises that rate by 2^(−Ki·error) a second,
+	// so the fraction relaxes faster the further the quantile is below
+	// the setpoint.
 	Kp, Ki float64
 	// Float64 returns a uniform number in [0, 1): the coin that thins a
 	// tier. Default math/rand/v2.Float64; tests inject a seeded one. It is
@@ -65,7 +68,7 @@ type Shedder struct {
 	share    [NumPriorities]float64 // smoothed share of arrivals
 	fraction float64                // of all arrivals to shed
 	prob     [NumPriorities]float64 // of shedding one request, by priority
-	prevErr  float64
+	capacity float64                // the latency term's estimate, per second; 0: none
 	quantile time.Duration
 	through  float64 // observations per second, latest interval
 	lastShed int
@@ -104,10 +107,10 @@ func NewShedder(opt ShedderOptions) (*Shedder, error) {
 		return nil, fmt.Errorf("adaptive: ShedderOptions.MinSamples %d is negative", opt.MinSamples)
 	}
 	if opt.Kp == 0 {
-		opt.Kp = 0.1
+		opt.Kp = 1
 	}
 	if opt.Ki == 0 {
-		opt.Ki = 0.5
+		opt.Ki = 0.25
 	}
 	if !(opt.Kp >= 0) || math.IsInf(opt.Kp, 0) || !(opt.Ki > 0) || math.IsInf(opt.Ki, 0) {
 		return nil, fmt.Errorf("adaptive: ShedderOptions gains Kp %v and Ki %v must be finite, Kp >= 0 and Ki > 0", opt.Kp, opt.Ki)
@@ -140,6 +143,10 @@ func (s *Shedder) OverloadedAt(now time.Time) {
 	s.over++
 	s.mu.Unlock()
 }
+
+// minRelax is the least a falling shed fraction falls in an interval
+// (unless it reaches its target first).
+const minRelax = 0.05
 
 // overShare is the fraction of the requests let through that may be
 // refused below before the Shedder counts it as overload.
@@ -192,38 +199,71 @@ func (s *Shedder) maybeClose(t int64) {
 	for _, a := range s.arrived {
 		arrivals += a
 	}
-	// The latency term: a PI controller in velocity form (no integral to
-	// wind up; the output itself is bounded) on the error log2(quantile /
-	// setpoint), bounded to [-1, 1]; an interval with too few samples has
-	// error 0 (no evidence either way).
+	// The latency term. Above the setpoint the server is saturated, and
+	// what it completes is what it can do: the term takes that rate, less
+	// overShare and less a proportional margin 2^(−Kp·err), as the
+	// capacity it lets through. At or below the setpoint it raises that
+	// capacity by 2^(−Ki·err) a second (faster the further below), so
+	// that the fraction relaxes at a pace set by the evidence and stops
+	// short of the rate that saturated the server last; the latency of a
+	// saturating server gives no warning before the cliff, so a
+	// controller on latency alone swings across it. The error is
+	// log2(quantile / setpoint), bounded to [-3, 1]. An interval with too
+	// few samples to measure the quantile has no evidence, unless even its
+	// slowest sample is below the setpoint: evidence to relax (as when
+	// most is shed), never to shed more.
+	aim := s.opt.Setpoint * float64(s.opt.Objective.Latency)
 	var err float64
-	if int(s.hist.n) >= s.opt.MinSamples {
+	evidence := true
+	switch {
+	case int(s.hist.n) >= s.opt.MinSamples:
 		s.quantile = s.hist.quantile(s.opt.Objective.Quantile)
-		aim := s.opt.Setpoint * float64(s.opt.Objective.Latency)
-		err = min(max(math.Log2(max(float64(s.quantile), 1)/aim), -1), 1)
+		err = min(max(math.Log2(max(float64(s.quantile), 1)/aim), -3), 1)
+	case s.hist.n > 0 && s.fraction > 0 && float64(s.hist.quantile(1)) < aim:
+		s.quantile = s.hist.quantile(1)
+		err = max(math.Log2(max(float64(s.quantile), 1)/aim), -3)
+	default:
+		evidence = false
 	}
-	step := s.opt.Kp*(err-s.prevErr) + s.opt.Ki*err*min(sec, 10*s.opt.Interval.Seconds())
-	s.prevErr = err
+	rate, done := arrivals/sec, float64(s.hist.n)/sec
+	switch {
+	case !evidence || arrivals == 0:
+	case err > 0:
+		s.capacity = (1 - overShare) * done * math.Exp2(-s.opt.Kp*err)
+	case s.capacity > 0:
+		s.capacity *= math.Exp2(-s.opt.Ki * err * min(sec, 10*s.opt.Interval.Seconds()))
+		if s.capacity > 2*rate {
+			s.capacity = 0 // far above the demand: no constraint
+		}
+	}
+	target := 0.0
+	if s.capacity > 0 && rate > 0 {
+		target = 1 - min(s.capacity/rate, 1)
+	}
 	// The capacity term: the fraction that would have let through just
-	// enough for the layer below to refuse overShare of it, reached half
-	// way each interval. Its gain does not depend on how deep the
-	// overload is, so it is as damped at 10× as at 2×.
+	// enough for the layer below to refuse overShare of it. Its gain does
+	// not depend on how deep the overload is, so it is as damped at 10×
+	// as at 2×. Without refusals below it probes for more: a quarter
+	// more than was let through. The fraction moves half way to the
+	// larger target each interval if either is above it (shed more when
+	// either term says so), else to the smaller (relax as fast as the
+	// faster allows), and when it falls, by at least minRelax (so that
+	// it reaches 0).
 	if arrivals > 0 {
-		pass := 1 - s.fraction
+		c := 1 - 1.25*(1-s.fraction)
 		if s.over > 0 {
 			accepted := float64(s.passed - min(s.over, s.passed))
-			pass = accepted / ((1 - overShare) * arrivals)
-		} else {
-			pass *= 1.25 // nothing refused below: probe for more
+			c = 1 - accepted/((1-overShare)*arrivals)
 		}
-		want := 1 - min(max(pass, 0.01), 1)
-		// Shed more when either term says so; relax as fast as the
-		// faster one allows when both agree.
-		if c := 0.5 * (want - s.fraction); c > 0 || step > 0 {
-			step = max(step, c)
+		if target > s.fraction || c > s.fraction {
+			target = max(target, c)
 		} else {
-			step = min(step, c)
+			target = min(target, c)
 		}
+	}
+	step := 0.5 * (target - s.fraction)
+	if step < 0 {
+		step = min(step, max(target-s.fraction, -minRelax))
 	}
 	s.fraction = min(max(s.fraction+step, 0), 0.99)
 	s.through = float64(s.hist.n) / sec

@@ -3,7 +3,6 @@ package overload
 import (
 	"context"
 	"flag"
-	"fmt"
 	"io"
 	"math"
 	"math/rand/v2"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/httplimit"
 )
 
 var realRun = flag.Bool("overload.real", false, "run TestOverloadReal: a net/http server over loopback at 1×, 2× and 4× its capacity (about 40 s of wall time)")
@@ -23,27 +23,6 @@ var realRun = flag.Bool("overload.real", false, "run TestOverloadReal: a net/htt
 func spin(d time.Duration) {
 	for end := time.Now().Add(d); time.Now().Before(end); {
 	}
-}
-
-// guardMiddleware is a small local stand-in for the HTTP middleware
-// (httplimit's is being written separately): it admits a request through
-// g or answers 503 with Retry-After, and ends the permit as a completion,
-// or as a drop when the client had gone by the time the handler returned.
-func guardMiddleware(g *adaptive.Guard, next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p, ref := g.TryAcquireAt(time.Now(), adaptive.Normal)
-		if ref.Refused() {
-			w.Header().Set("Retry-After", fmt.Sprint(int(math.Ceil(ref.RetryAfter.Seconds()))))
-			http.Error(w, "overloaded", http.StatusServiceUnavailable)
-			return
-		}
-		next.ServeHTTP(w, r)
-		if r.Context().Err() != nil {
-			p.Dropped()
-		} else {
-			p.Done()
-		}
-	})
 }
 
 // realServer starts an HTTP server on loopback whose handler waits for
@@ -58,7 +37,7 @@ func realServer(t *testing.T, workers int, work time.Duration, g *adaptive.Guard
 		io.WriteString(w, "ok")
 	})
 	if g != nil {
-		h = guardMiddleware(g, h)
+		h = httplimit.Protect(g, httplimit.ProtectOptions{})(h)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -99,12 +99,8 @@ func TestOverload(t *testing.T) {
 		t.Fatal("no static limit of the sweep holds the objective")
 	}
 
-	type row struct {
-		name string
-		figs []figure
-	}
 	bestStatic := static(best)
-	rows := []row{
+	rows := []plotSeries{
 		{unprotected().name, runAll(unprotected())},
 		{bestStatic.name + " (best of the sweep)", bestFigs},
 		{failsafeDefault().name, runAll(failsafeDefault())},
@@ -128,11 +124,7 @@ func TestOverload(t *testing.T) {
 	t.Logf("%d runs in %v", len(loads)*(len(staticLimits)+len(rows)-1), time.Since(start).Round(time.Millisecond))
 
 	if *plotPath != "" {
-		series := make([]plotSeries, len(rows))
-		for i, r := range rows {
-			series[i] = plotSeries{name: r.name, figs: r.figs}
-		}
-		if err := writePlot(*plotPath, c, series); err != nil {
+		if err := writePlot(*plotPath, c, rows); err != nil {
 			t.Fatal(err)
 		}
 		t.Logf("plot written to %s", *plotPath)

@@ -343,13 +343,23 @@ func bestLimit(t testing.TB, slow, tol float64) (best int, good, bestGood float6
 // of the slowdown and within 5s of the recovery, and stay there until the
 // next change; goodput must stay at the capacity of the moment.
 //
-// The issue asks for a band of 10%, which is not met: the 1-second mean of
-// the limit wanders ±10% around its level, and while the server is slow
-// the Shedder's latency term thins what reaches the Limiter, whose limit
-// then sits up to 20% below the static best at the same goodput (the
-// Shedder, not the limit, is then what decides). The test asserts 25% and
-// logs the settle times within 10%. Before the Little's-law rebase the
-// limit ran away (to 2.3× the best 10s after the recovery) and this test
+// The issue asks for a band of 10%, which is not met, and the cause is
+// the Gradient's baseline, not the Shedder: the limit settles near the
+// static limit whose p90 is Tolerance × the controller's baseline, and the
+// baseline is off the server's no-queue p90 (32.8ms at full speed, 67.9ms
+// at half, measured in this simulator at 0.2× load): 30.7ms before the
+// slowdown (it follows a lower window a quarter of the way, a low
+// envelope of noisy p90s), 56.8ms while slow (rescaled by the fall in
+// throughput of one 100ms window, 1.85 for 2), 34.8ms after the recovery
+// (set from one window's latency, its queue included). A static limit of
+// 36 at half speed has p90 85ms = 1.5 × 56.8ms, where the limit sits
+// (37.3); at the right baseline it would be 44. On other seeds the
+// recovery is missed altogether when the queue stays full (the latency
+// halves but stays above a quarter below the slow baseline, the
+// throughput doubles): the limit then runs away to about twice the best,
+// as the Limiter alone does. The test asserts 25% and logs the settle
+// times within 10%. Before the Little's-law rebase the limit ran away (to
+// 2.3× the best 10s after the recovery) on this seed too and this test
 // failed.
 // simSettleBand is the relative distance from the best limit within which
 // TestSimSlowdown wants the limit to settle.

@@ -445,7 +445,10 @@ const sluiceObjective = 250 * time.Millisecond
 // objective p99 ≤ 250 ms (its defaults otherwise), its coin seeded.
 func sluice() contender { return sluiceWith("", adaptive.Options{Max: 200}) }
 
-// sluiceWith is sluice with other Limiter options.
+// sluiceWith is sluice with other Limiter options. With
+// Options.QueueSize > 0 a request is admitted by Guard.Acquire (waiting in
+// the Limiter's queue, at most MaxWait, in a goroutine of its own);
+// otherwise by TryAcquireAt, which never waits.
 func sluiceWith(variant string, lo adaptive.Options) contender {
 	name := "Sluice adaptive.Guard"
 	if variant != "" {
@@ -472,12 +475,32 @@ func sluiceWith(variant string, lo adaptive.Options) contender {
 		if err != nil {
 			panic(err)
 		}
-		return admission{try: func(a *arrival) (ticket, bool) {
-			p, r := g.TryAcquireAt(time.Now(), a.pri)
-			if r.Refused() {
-				return nil, false
+		return sluiceAdmission(g, lo.QueueSize > 0)
+	}}
+}
+
+// sluiceAdmission admits through g: with wait, by Guard.Acquire, which
+// waits in the Limiter's queue (at most Options.MaxWait) when the limit
+// is reached; otherwise by TryAcquireAt, which never waits.
+func sluiceAdmission(g *adaptive.Guard, wait bool) admission {
+	if wait {
+		return admission{wait: func(ctx context.Context, a *arrival) (ticket, bool, error) {
+			p, err := g.Acquire(adaptive.WithPriority(ctx, a.pri))
+			var rf adaptive.Refusal
+			switch {
+			case errors.As(err, &rf):
+				return nil, true, err
+			case err != nil:
+				return nil, false, err // the client's deadline passed in the queue
 			}
-			return &sluiceTicket{p}, true
+			return &sluiceTicket{p}, false, nil
 		}}
+	}
+	return admission{try: func(a *arrival) (ticket, bool) {
+		p, r := g.TryAcquireAt(time.Now(), a.pri)
+		if r.Refused() {
+			return nil, false
+		}
+		return &sluiceTicket{p}, true
 	}}
 }

@@ -281,3 +281,28 @@ func TestServeShedsOverload(t *testing.T) {
 	}
 	t.Logf("well-behaved calls answered again, 50 in a row, %v after the overload", time.Since(start))
 }
+
+// TestServeSlowBodiesHoldNoGuardSlot: the decision endpoints read a
+// request's body before the overload guard, so clients slow to send their
+// bodies — more of them than the guard's maximum — hold none of its
+// slots, and a well-behaved request is still decided, not shed.
+func TestServeSlowBodiesHoldNoGuardSlot(t *testing.T) {
+	const maxConc = 4
+	p := startInProcess(t, func(l *limitsConfig) { l.overloadMaxConcurrency = maxConc })
+	var slow []slowConn
+	for range 2 * maxConc {
+		slow = append(slow, slowConn{slowBody(t, p.up["http"], "POST", "/v1/check", ""), byteStep})
+	}
+	tr := startTrickle(t, 100*time.Millisecond, slow...)
+	defer tr.close()
+	p.check(t) // fails (503) if the slow bodies hold the guard's slots
+	resp, err := p.web.Get("http://" + p.up["http"] + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if m := regexp.MustCompile(`(?m)^sluice_overload_in_flight (\S+)$`).FindSubmatch(metrics); m == nil || string(m[1]) != "0" {
+		t.Errorf("sluice_overload_in_flight with %d clients sending their bodies: %q, want 0", len(slow), m)
+	}
+}

@@ -63,7 +63,7 @@ type API struct {
 	ready   atomic.Bool
 	mux     *http.ServeMux
 	calls   sync.Pool // of *checkCall
-	bodies  sync.Pool // of *bytes.Buffer
+	bodies  sync.Pool // of *bodyBuffer
 }
 
 // New returns an API.
@@ -79,14 +79,16 @@ func New(opts Options) (*API, error) {
 	}
 	a := &API{svc: opts.Service, rls: opts.RLS, maxBody: opts.MaxBodyBytes, mux: http.NewServeMux()}
 	a.calls.New = func() any { return new(checkCall) }
-	a.bodies.New = func() any { return new(bytes.Buffer) }
+	a.bodies.New = func() any { return new(bodyBuffer) }
 	protect := opts.Protect
 	if protect == nil {
 		protect = func(h http.Handler) http.Handler { return h }
 	}
-	a.mux.Handle("POST /v1/check", protect(http.HandlerFunc(a.check)))
+	// The body is read before the guard: a client slow to send it holds
+	// no slot of the guard and its sending time is no latency sample.
+	a.mux.Handle("POST /v1/check", a.readFirst(protect(http.HandlerFunc(a.check))))
 	if a.rls != nil {
-		a.mux.Handle("POST /json", protect(http.HandlerFunc(a.envoyJSON)))
+		a.mux.Handle("POST /json", a.readFirst(protect(http.HandlerFunc(a.envoyJSON))))
 	}
 	if opts.Gatherer != nil {
 		a.mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{}))
@@ -114,17 +116,33 @@ func (a *API) SetReady(ok bool) { a.ready.Store(ok) }
 // ServeHTTP implements http.Handler.
 func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.mux.ServeHTTP(w, r) }
 
-// readBody reads r's body, at most a.maxBody bytes, into a pooled buffer;
-// on error it has answered the request. Put the buffer back with putBody.
-func (a *API) readBody(w http.ResponseWriter, r *http.Request) (*bytes.Buffer, bool) {
-	buf := a.bodies.Get().(*bytes.Buffer)
-	buf.Reset()
-	if !readBody(w, r, a.maxBody, buf) {
-		a.putBody(buf)
-		return nil, false
-	}
-	return buf, true
+// A bodyBuffer is a request's body read whole: readFirst puts one in
+// r.Body, and the decision handlers take it from there.
+type bodyBuffer struct{ bytes.Buffer }
+
+// Close implements io.Closer.
+func (*bodyBuffer) Close() error { return nil }
+
+// readFirst returns h behind the reading of the request's body, at most
+// a.maxBody bytes, into a pooled bodyBuffer that replaces r.Body while h
+// runs (h finds it with body); a body that cannot be read is answered
+// here (413 or 400) and h does not run.
+func (a *API) readFirst(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b := a.bodies.Get().(*bodyBuffer)
+		b.Reset()
+		if readBody(w, r, a.maxBody, &b.Buffer) {
+			r.Body = b
+			h.ServeHTTP(w, r)
+		}
+		if b.Cap() <= 64<<10 { // do not keep the occasional large body alive
+			a.bodies.Put(b)
+		}
+	})
 }
+
+// body returns the body readFirst read.
+func body(r *http.Request) []byte { return r.Body.(*bodyBuffer).Bytes() }
 
 // readBody reads r's body, at most limit bytes, into buf. On error it has
 // answered the request: 413 Content Too Large past the limit, which it
@@ -143,34 +161,22 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64, buf *bytes.Bu
 	return false
 }
 
-func (a *API) putBody(buf *bytes.Buffer) {
-	if buf.Cap() > 64<<10 {
-		return // do not keep the occasional large body alive
-	}
-	a.bodies.Put(buf)
-}
-
 // envoyJSON answers POST /json: a RateLimitRequest in proto3 JSON, decided
 // as gRPC decides it; 200 with the RateLimitResponse when OK, 429 when
 // OVER_LIMIT, and a problem as decisionError says otherwise.
 func (a *API) envoyJSON(w http.ResponseWriter, r *http.Request) {
-	buf, ok := a.readBody(w, r)
-	if !ok {
-		return
-	}
 	var in rlsv3.RateLimitRequest
-	err := protojson.Unmarshal(buf.Bytes(), &in)
+	err := protojson.Unmarshal(body(r), &in)
 	if err != nil {
 		// protojson refuses what encoding/json would decode with a
 		// loss, but says of an escaped lone surrogate only "unexpected
 		// EOF": name it.
 		var scan strictScan
 		var ie *inputError
-		if errors.As(scan.check(buf.Bytes(), false), &ie) && ie.Surrogate {
+		if errors.As(scan.check(body(r), false), &ie) && ie.Surrogate {
 			err = ie
 		}
 	}
-	a.putBody(buf)
 	if err != nil {
 		writeProblem(w, r, http.StatusBadRequest, "decoding the RateLimitRequest: "+err.Error())
 		return

@@ -136,15 +136,9 @@ func (c *checkCall) convert() error {
 
 // check answers POST /v1/check.
 func (a *API) check(w http.ResponseWriter, r *http.Request) {
-	buf, ok := a.readBody(w, r)
-	if !ok {
-		return
-	}
 	c := a.calls.Get().(*checkCall)
 	defer a.calls.Put(c)
-	err := decodeCheck(buf.Bytes(), &c.in, &c.scan)
-	a.putBody(buf)
-	if err != nil {
+	if err := decodeCheck(body(r), &c.in, &c.scan); err != nil {
 		writeProblem(w, r, http.StatusBadRequest, "decoding the check request: "+err.Error())
 		return
 	}

@@ -3,6 +3,7 @@ package grpclimit
 import (
 	"context"
 	"errors"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -149,7 +150,7 @@ func callPriority(ctx context.Context, opt *ProtectOptions, method string) (adap
 // (ProtectUnary) and on the client (Client.Concurrency) alike.
 func endPermit(ctx context.Context, pm *adaptive.Permit, err error) {
 	switch {
-	case status.Code(err) == codes.Canceled || errors.Is(ctx.Err(), context.Canceled):
+	case cancelledByCaller(ctx, err):
 		pm.Ignore()
 	case overloadedOutcome(ctx, err):
 		pm.Dropped()
@@ -158,17 +159,33 @@ func endPermit(ctx context.Context, pm *adaptive.Permit, err error) {
 	}
 }
 
+// deadlineSlack is how near its deadline a call cancelled counts as one
+// that ran out of time: the caller's deadline reaches a server as a
+// cancellation (RST_STREAM) when the caller's timer fires, which is a
+// little before the server's own, set from grpc-timeout on arrival.
+const deadlineSlack = 10 * time.Millisecond
+
+// cancelledByCaller reports whether a call that ended with err was
+// cancelled by its caller, not by its deadline.
+func cancelledByCaller(ctx context.Context, err error) bool {
+	if !errors.Is(ctx.Err(), context.Canceled) && status.Code(err) != codes.Canceled {
+		return false
+	}
+	dl, ok := ctx.Deadline()
+	return !ok || time.Until(dl) > deadlineSlack
+}
+
 // overloadedOutcome reports whether a call that ended with err counts as a
 // drop: the work below was overloaded, or the call ran out of time.
 func overloadedOutcome(ctx context.Context, err error) bool {
-	if errors.Is(ctx.Err(), context.Canceled) || status.Code(err) == codes.Canceled {
+	if cancelledByCaller(ctx, err) {
 		return false
 	}
 	switch status.Code(err) {
 	case codes.Unavailable, codes.ResourceExhausted, codes.DeadlineExceeded:
 		return true
 	}
-	return errors.Is(ctx.Err(), context.DeadlineExceeded)
+	return ctx.Err() != nil // its deadline, or cancelled at it
 }
 
 // withOutgoingPriority returns ctx with the sluice-priority metadata set to

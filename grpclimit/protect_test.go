@@ -311,16 +311,21 @@ func TestProtectOutcomes(t *testing.T) {
 		name               string
 		service            string
 		timeout            bool
+		clientDeadline     bool
 		cancel             bool
 		completed, dropped int
 		streamDropped      int
 	}{
-		{"ok", "ok", false, false, 1, 0, 0},
-		{"unavailable", "unavailable", false, false, 0, 1, 1},
-		{"exhausted", "exhausted", false, false, 0, 1, 1},
-		{"deadline", "deadline", true, false, 0, 1, 1},
-		{"answered after the deadline", "late", true, false, 0, 1, 1},
-		{"cancelled", "wait", false, true, 0, 0, 0},
+		{"ok", "ok", false, false, false, 1, 0, 0},
+		{"unavailable", "unavailable", false, false, false, 0, 1, 1},
+		{"exhausted", "exhausted", false, false, false, 0, 1, 1},
+		{"deadline", "deadline", true, false, false, 0, 1, 1},
+		{"answered after the deadline", "late", true, false, false, 0, 1, 1},
+		// The caller's own deadline: the server may see it as a
+		// cancellation (RST_STREAM) before its own deadline timer fires;
+		// it is a drop all the same.
+		{"the caller's deadline", "wait", false, true, false, 0, 1, 1},
+		{"cancelled", "wait", false, false, true, 0, 0, 0},
 	}
 	for _, c := range cases {
 		for _, stream := range []bool{false, true} {
@@ -336,6 +341,11 @@ func TestProtectOutcomes(t *testing.T) {
 				defer cancel()
 				if c.timeout {
 					ctx = metadata.AppendToOutgoingContext(ctx, "test-deadline", "20ms")
+				}
+				if c.clientDeadline {
+					var cancelDeadline context.CancelFunc
+					ctx, cancelDeadline = context.WithTimeout(ctx, 20*time.Millisecond)
+					defer cancelDeadline()
 				}
 				if c.cancel {
 					go func() { <-svc.entered; cancel() }()

@@ -29,8 +29,19 @@ func newOverload(l *limitsConfig) (*overload, error) {
 	if l.overloadOff {
 		return &overload{}, nil
 	}
+	// The limit starts at its maximum and aims at half the objective:
+	// a decision takes microseconds, and its latency grows with the
+	// callers on a saturated CPU long before anything is overloaded, so a
+	// limit relative to the lowest latency seen (Gradient's default) would
+	// refuse healthy load; this one refuses only when decisions get slow.
+	// (A refusal over Envoy's API hands the request to Envoy's
+	// failure_mode_deny, which by default lets it through unlimited.)
 	g, err := adaptive.NewGuard(adaptive.GuardOptions{
-		Limiter: adaptive.Options{Max: l.overloadMaxConcurrency},
+		Limiter: adaptive.Options{
+			Max:        l.overloadMaxConcurrency,
+			Initial:    l.overloadMaxConcurrency,
+			Controller: &adaptive.Gradient{Target: l.overloadObjective / 2},
+		},
 		Shedder: &adaptive.ShedderOptions{Objective: adaptive.Objective{Quantile: 0.99, Latency: l.overloadObjective}},
 	})
 	if err != nil {

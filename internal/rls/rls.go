@@ -22,7 +22,13 @@
 // RateLimitRequest (a string that is not valid UTF-8, which proto3
 // forbids; Register installs the decoding that says so, where gRPC's own
 // would answer INTERNAL); a store that returns an error is UNAVAILABLE, and Envoy
-// applies its failure_mode_deny (nothing was decided).
+// applies its failure_mode_deny (nothing was decided). With the codec of
+// ServerOption on the server, a request is decoded once, straight into its
+// RateLimitRequest, and a decoding error is kept for the handler to answer
+// (the field is looked for only then); without it, gRPC's default codec
+// keeps the request's bytes and the handler decodes them again, with the
+// same answers. Either way, a body that is not protobuf at all is gRPC's
+// own INTERNAL.
 //
 // # A store outage under failure_mode: fail_closed
 //

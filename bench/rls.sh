@@ -7,6 +7,8 @@
 #   ROUNDS=5 CS=64 KS=10000 bash bench/rls.sh 8   (5 rounds; medians)
 #   ALSO="b=/tmp/sluice-b" ROUNDS=3 CS=64 KS=10000 bash bench/rls.sh 6
 #       (A/B: also run another sluice binary, on Redis, as "b-redis")
+#   ALSOMEM="b=/tmp/sluice-b" NOREDIS=1 ROUNDS=3 CS=64 KS=10000 bash bench/rls.sh 6
+#       (A/B on the memory store, as "b-memory"; NOREDIS=1 leaves Redis out)
 #
 # Starts the floor, Sluice with the memory store and Sluice with Redis (on a
 # redis-server started on a free port), then runs each case (C = 1, 16, 64
@@ -42,6 +44,11 @@ systems+=("floor $port $! 0")
 gport=$(freeport); hport=$(freeport)
 "$tmp/sluice" serve --rules bench/rules --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" >"$tmp/mem.log" 2>&1 & pids+=($!)
 systems+=("sluice-memory $gport $! 0")
+for a in ${ALSOMEM:-}; do
+	gport=$(freeport); hport=$(freeport)
+	"${a#*=}" serve --rules bench/rules --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" >"$tmp/${a%%=*}-mem.log" 2>&1 & pids+=($!)
+	systems+=("${a%%=*}-memory $gport $! 0")
+done
 
 # onredis NAME BINARY: BINARY serves the bench rules on a redis-server of
 # its own, as system NAME.
@@ -55,7 +62,7 @@ onredis() {
 	"$2" serve --rules bench/rules --store redis --redis-addr "127.0.0.1:$rport" --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" >"$tmp/$1.log" 2>&1 & pids+=($!)
 	systems+=("$1 $gport $! $rpid")
 }
-if command -v redis-server >/dev/null; then
+if [ -z "${NOREDIS:-}" ] && command -v redis-server >/dev/null; then
 	onredis sluice-redis "$tmp/sluice"
 	for a in ${ALSO:-}; do
 		onredis "${a%%=*}-redis" "${a#*=}"

@@ -537,6 +537,7 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 	reg.MustRegister(newOverloadCollector(ov))
 	grpcOpts := append(cfg.limits.grpcOptions(), grpc.MaxRecvMsgSize(int(min(cfg.maxBodyBytes, 1<<30))))
 	grpcOpts = append(grpcOpts, ov.grpcOptions()...)
+	grpcOpts = append(grpcOpts, rls.ServerOption())
 	s := &servers{
 		watcher:      watcher,
 		overrideSync: &httpapi.OverrideSync{Store: b.overrides, Overrides: overrides, Logger: log},

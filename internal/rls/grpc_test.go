@@ -10,6 +10,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -43,15 +45,21 @@ func rawMessage(b []byte) *emptypb.Empty {
 // TestGRPCInvalidUTF8: over a real gRPC connection on loopback, a request
 // whose domain, key or value is not valid UTF-8 is INVALID_ARGUMENT naming
 // the field (gRPC's own decoding answers INTERNAL), and a valid request
-// sent the same way is decided, through the server's interceptors.
+// sent the same way is decided, through the server's interceptors: with
+// gRPC's default codec (grpc.NewServer as it is) and with ServerOption's.
 func TestGRPCInvalidUTF8(t *testing.T) {
+	t.Run("default codec", func(t *testing.T) { testGRPCInvalidUTF8(t) })
+	t.Run("codec", func(t *testing.T) { testGRPCInvalidUTF8(t, ServerOption()) })
+}
+
+func testGRPCInvalidUTF8(t *testing.T, opts ...grpc.ServerOption) {
 	var intercepted atomic.Int32
-	g := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	g := grpc.NewServer(append(opts, grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		if _, ok := req.(*rlsv3.RateLimitRequest); ok && info.FullMethod == rlsv3.RateLimitService_ShouldRateLimit_FullMethodName {
 			intercepted.Add(1)
 		}
 		return h(ctx, req)
-	}))
+	}))...)
 	outageServer(t, outageStore{}).Register(g)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -120,8 +128,9 @@ func TestGRPCInvalidUTF8(t *testing.T) {
 }
 
 // BenchmarkDecode: what decoding a typical request costs through the
-// generated handler (gRPC's codec straight into a RateLimitRequest) and
-// through Register's (gRPC's codec into an Empty, then decodeRequest).
+// generated handler (gRPC's codec straight into a RateLimitRequest),
+// through Register's with gRPC's default codec (into the request's Empty,
+// then decoded again) and with ServerOption's (one pass).
 func BenchmarkDecode(b *testing.B) {
 	req := wireRequest("edge_proxy", "tenant", "acme", "user", "u-1234567", "path", "/api/v1/orders")
 	b.Run("generated", func(b *testing.B) {
@@ -134,18 +143,47 @@ func BenchmarkDecode(b *testing.B) {
 			}
 		})
 	})
-	b.Run("register", func(b *testing.B) {
-		b.ReportAllocs()
-		b.RunParallel(func(pb *testing.PB) {
-			for pb.Next() {
-				var raw emptypb.Empty
-				if err := proto.Unmarshal(req, &raw); err != nil {
-					b.Fatal(err)
+	for _, c := range []struct {
+		name  string
+		codec encoding.CodecV2
+	}{{"register", encoding.GetCodecV2("proto")}, {"codec", codec{}}} {
+		data := mem.BufferSlice{mem.SliceBuffer(req)} // as gRPC hands it over
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					r := new(request)
+					if err := c.codec.Unmarshal(data, r); err != nil {
+						b.Fatal(err)
+					}
+					if _, err := r.get(); err != nil {
+						b.Fatal(err)
+					}
 				}
-				if _, err := decodeRequest(raw.ProtoReflect().GetUnknown()); err != nil {
-					b.Fatal(err)
-				}
-			}
+			})
 		})
-	})
+	}
+}
+
+// BenchmarkMarshal: what marshalling a typical response (two statuses,
+// three headers) costs with gRPC's default codec and with ServerOption's.
+func BenchmarkMarshal(b *testing.B) {
+	m := typicalResponse(sharedLimit, 3)
+	for _, c := range []struct {
+		name  string
+		codec encoding.CodecV2
+	}{{"default", encoding.GetCodecV2("proto")}, {"codec", codec{}}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					out, err := c.codec.Marshal(m)
+					if err != nil {
+						b.Fatal(err)
+					}
+					out.Free()
+				}
+			})
+		})
+	}
 }

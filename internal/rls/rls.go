@@ -22,7 +22,13 @@
 // RateLimitRequest (a string that is not valid UTF-8, which proto3
 // forbids; Register installs the decoding that says so, where gRPC's own
 // would answer INTERNAL); a store that returns an error is UNAVAILABLE, and Envoy
-// applies its failure_mode_deny (nothing was decided).
+// applies its failure_mode_deny (nothing was decided). With the codec of
+// ServerOption on the server, a request is decoded once, straight into its
+// RateLimitRequest, and a decoding error is kept for the handler to answer
+// (the field is looked for only then); without it, gRPC's default codec
+// keeps the request's bytes and the handler decodes them again, with the
+// same answers. Either way, a body that is not protobuf at all is gRPC's
+// own INTERNAL.
 //
 // # A store outage under failure_mode: fail_closed
 //
@@ -63,7 +69,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/internal/service"
@@ -113,16 +118,18 @@ var serviceDesc = grpc.ServiceDesc{
 
 // shouldRateLimitHandler decodes the request itself, so that a request
 // that is well-formed protobuf but not a valid RateLimitRequest is
-// INVALID_ARGUMENT. gRPC decodes the message into an Empty, which keeps
-// every field as unknown bytes and checks nothing but the wire format
-// (what gRPC still answers INTERNAL: the body is not protobuf); those
-// bytes are then decoded as the RateLimitRequest.
+// INVALID_ARGUMENT. It hands gRPC a *request to decode into. The codec of
+// ServerOption decodes the RateLimitRequest in that one pass and keeps
+// the error, if any; any other codec sees an Empty, which keeps every
+// field as unknown bytes and checks nothing but the wire format, and
+// those bytes are then decoded as the RateLimitRequest. Either way, what
+// is not protobuf at all is gRPC's own error (INTERNAL).
 func shouldRateLimitHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
-	var raw emptypb.Empty
-	if err := dec(&raw); err != nil {
+	r := new(request)
+	if err := dec(r); err != nil {
 		return nil, err
 	}
-	in, err := decodeRequest(raw.ProtoReflect().GetUnknown())
+	in, err := r.get()
 	if err != nil {
 		return nil, err
 	}
@@ -143,13 +150,20 @@ func shouldRateLimitHandler(srv any, ctx context.Context, dec func(any) error, i
 func decodeRequest(b []byte) (*rlsv3.RateLimitRequest, error) {
 	in := new(rlsv3.RateLimitRequest)
 	if err := proto.Unmarshal(b, in); err != nil {
-		msg := err.Error()
-		if f := invalidUTF8(b, in.ProtoReflect().Descriptor(), ""); f != "" {
-			msg = "field " + f + " is not valid UTF-8"
-		}
-		return nil, status.Error(codes.InvalidArgument, "decoding the RateLimitRequest: "+msg)
+		return nil, decodeError(b, err)
 	}
 	return in, nil
+}
+
+// decodeError is the INVALID_ARGUMENT status for err, the error of
+// decoding b as a RateLimitRequest, naming the string that is not UTF-8
+// if that is why.
+func decodeError(b []byte, err error) error {
+	msg := err.Error()
+	if f := invalidUTF8(b, (*rlsv3.RateLimitRequest)(nil).ProtoReflect().Descriptor(), ""); f != "" {
+		msg = "field " + f + " is not valid UTF-8"
+	}
+	return status.Error(codes.InvalidArgument, "decoding the RateLimitRequest: "+msg)
 }
 
 // invalidUTF8 returns the path (descriptors[0].entries[1].value) of the

@@ -319,28 +319,7 @@ func TestClusterFreeze(t *testing.T) {
 	const timeout = 3 * faultTimeout
 	s, ref := faultStore(t, cl.Addrs(), timeout, false)
 	victim := cl.Nodes[1]
-	ctx := context.Background()
-	// Two keys on the victim (one per rule), one on each other node.
-	rules := hourly()
-	var frozen, live []ratelimit.Item
-	others := map[string]bool{}
-	for i := 0; (len(frozen) < len(rules) || len(others) < 2) && i < 10000; i++ {
-		k := fmt.Sprint("k", i)
-		m, err := s.c.(*redis.ClusterClient).MasterForKey(ctx, string(appendKey(nil, s.prefix, HashTag(k), k)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		switch addr := m.Options().Addr; {
-		case addr == victim.Addr() && len(frozen) < len(rules):
-			frozen = append(frozen, ratelimit.Item{Key: k, Rule: rules[len(frozen)], Cost: 1})
-		case addr != victim.Addr() && !others[addr]:
-			others[addr] = true
-			live = append(live, ratelimit.Item{Key: k, Rule: rules[0], Cost: 1})
-		}
-	}
-	if len(frozen) < len(rules) || len(live) != 2 {
-		t.Fatalf("keys: %d on the victim, %d on the others", len(frozen), len(live))
-	}
+	frozen, live := clusterKeys(t, s, victim.Addr())
 	ready(t, s, append(frozen, live...)...)
 	for _, it := range append(frozen, live...) {
 		take(t, ref, it, 10)
@@ -600,4 +579,73 @@ func TestBatchCutoffs(t *testing.T) {
 			t.Errorf("request %d (cost %d): %v %v, want admitted", i, i, c.res, c.err)
 		}
 	}
+}
+
+// TestClusterKill kills one master of a three-master Cluster (SIGKILL)
+// mid-load and starts it again on its port, where it rejoins the Cluster
+// empty: its keys are answered fail_closed within the bound while it is
+// down, the other nodes' keys are decided by Redis all along, and after
+// the restart the victim's keys count from zero, exactly.
+func TestClusterKill(t *testing.T) {
+	cl := redistest.Cluster(t)
+	start := time.Now()
+	const timeout = 3 * faultTimeout
+	s, ref := faultStore(t, cl.Addrs(), timeout, false)
+	victim := cl.Nodes[1]
+	down, live := clusterKeys(t, s, victim.Addr())
+	ready(t, s, append(down, live...)...)
+	for _, it := range append(down, live...) {
+		take(t, ref, it, 10)
+	}
+
+	victim.Stop()
+	const n = 10
+	want := map[string]ratelimit.Reason{"": ratelimit.ReasonOK}
+	for _, it := range down {
+		want[it.Key] = ratelimit.ReasonFailClosed
+	}
+	await(t, inFlight(s, n, append(down, live...)...), n*(len(down)+len(live)), timeout+margin, want)
+	victim.Start()
+
+	awaitRedis(t, s, down[0], 10*time.Second)
+	for _, it := range down {
+		if got := drain(t, ref, it); got != 100 {
+			t.Errorf("%s (%s, killed node): %d admitted after the restart, want 100 (the restarted node is empty)", it.Key, it.Rule.Name, got)
+		}
+	}
+	for _, it := range live {
+		if got := drain(t, ref, it); got != 90-n {
+			t.Errorf("%s (live node): %d admitted, want %d", it.Key, got, 90-n)
+		}
+	}
+	sameHour(t, start)
+	if el := time.Since(start); el > 15*time.Second {
+		t.Errorf("took %v after the cluster was up", el)
+	}
+}
+
+// clusterKeys returns keys of s on a Cluster: one per rule of hourly on the
+// node at victim, and one on each other node.
+func clusterKeys(t *testing.T, s *Store, victim string) (onVictim, elsewhere []ratelimit.Item) {
+	t.Helper()
+	rules := hourly()
+	others := map[string]bool{}
+	for i := 0; (len(onVictim) < len(rules) || len(others) < 2) && i < 10000; i++ {
+		k := fmt.Sprint("k", i)
+		m, err := s.c.(*redis.ClusterClient).MasterForKey(context.Background(), string(appendKey(nil, s.prefix, HashTag(k), k)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch addr := m.Options().Addr; {
+		case addr == victim && len(onVictim) < len(rules):
+			onVictim = append(onVictim, ratelimit.Item{Key: k, Rule: rules[len(onVictim)], Cost: 1})
+		case addr != victim && !others[addr]:
+			others[addr] = true
+			elsewhere = append(elsewhere, ratelimit.Item{Key: k, Rule: rules[0], Cost: 1})
+		}
+	}
+	if len(onVictim) < len(rules) || len(elsewhere) != 2 {
+		t.Fatalf("keys: %d on the victim, %d on the others", len(onVictim), len(elsewhere))
+	}
+	return onVictim, elsewhere
 }

@@ -74,17 +74,43 @@ const maxPriorityName = len("sheddable")
 // wrapping ErrUnknownPriority; an edge then treats the request as Normal
 // (or refuses it, as it documents). It does not allocate unless it fails.
 func ParsePriority(s string) (Priority, error) {
-	if len(s) <= maxPriorityName {
-		for i, name := range priorityNames {
-			if equalFoldASCII(s, name) {
-				return Priority(i) + Sheddable, nil
-			}
-		}
+	if p, ok := lookupPriority(s); ok {
+		return p, nil
 	}
 	if len(s) > 32 {
 		s = s[:32] + "..."
 	}
 	return Normal, fmt.Errorf("%w %q: want one of critical, high, normal, low, sheddable", ErrUnknownPriority, s)
+}
+
+// lookupPriority returns the priority named s, as ParsePriority, without
+// an error to build.
+func lookupPriority(s string) (Priority, bool) {
+	if len(s) <= maxPriorityName {
+		for i, name := range priorityNames {
+			if equalFoldASCII(s, name) {
+				return Priority(i) + Sheddable, true
+			}
+		}
+	}
+	return Normal, false
+}
+
+// TrustedPriority returns the priority that the first of values (the
+// values of a PriorityHeader or PriorityMetadata) names, lowered to max,
+// and true; or Normal and false when there is none or it names no
+// priority. It is how an edge reads a caller's priority: a caller may
+// lower its own, but not raise it above what the edge trusts. It does not
+// allocate.
+func TrustedPriority(values []string, max Priority) (Priority, bool) {
+	if len(values) == 0 {
+		return Normal, false
+	}
+	p, ok := lookupPriority(values[0])
+	if !ok {
+		return Normal, false
+	}
+	return min(p, max), true
 }
 
 // equalFoldASCII reports whether s equals lower (lower-case ASCII letters)

@@ -3,6 +3,7 @@ package adaptive
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -45,4 +46,32 @@ func FuzzParsePriority(f *testing.F) {
 			t.Fatalf("ParsePriority(%q) = %v", s, p)
 		}
 	})
+}
+
+// TestTrustedPriority: the first value names the priority, lowered to
+// what is trusted; none, or a name of no priority, is Normal and unset;
+// and nothing allocates, not even for a megabyte of nonsense.
+func TestTrustedPriority(t *testing.T) {
+	junk := strings.Repeat("x", 1<<20)
+	tests := []struct {
+		values []string
+		max    Priority
+		want   Priority
+		set    bool
+	}{
+		{nil, Critical, Normal, false},
+		{[]string{"critical"}, Critical, Critical, true},
+		{[]string{"CRITICAL"}, Normal, Normal, true},
+		{[]string{"sheddable", "critical"}, Critical, Sheddable, true},
+		{[]string{"urgent"}, Critical, Normal, false},
+		{[]string{junk}, Critical, Normal, false},
+	}
+	for _, tt := range tests {
+		if p, ok := TrustedPriority(tt.values, tt.max); p != tt.want || ok != tt.set {
+			t.Errorf("TrustedPriority(%.20q, %v) = %v, %v; want %v, %v", tt.values, tt.max, p, ok, tt.want, tt.set)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { TrustedPriority([]string{junk}, Critical) }); n != 0 {
+		t.Errorf("%v allocations for a value that names no priority", n)
+	}
 }

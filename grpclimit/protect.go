@@ -135,15 +135,7 @@ func callPriority(ctx context.Context, opt *ProtectOptions, method string) (adap
 		}
 		return p, true
 	}
-	vs := metadata.ValueFromIncomingContext(ctx, adaptive.PriorityMetadata)
-	if len(vs) == 0 {
-		return adaptive.Normal, false
-	}
-	p, err := adaptive.ParsePriority(vs[0])
-	if err != nil {
-		return adaptive.Normal, false
-	}
-	return min(p, opt.MaxPriority), true
+	return adaptive.TrustedPriority(metadata.ValueFromIncomingContext(ctx, adaptive.PriorityMetadata), opt.MaxPriority)
 }
 
 // endPermit ends a unary call's permit by its outcome, on the server

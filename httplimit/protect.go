@@ -146,15 +146,7 @@ func requestPriority(r *http.Request, opt *ProtectOptions) (adaptive.Priority, b
 		}
 		return p, true
 	}
-	vs := r.Header[adaptive.PriorityHeader]
-	if len(vs) == 0 {
-		return adaptive.Normal, false
-	}
-	p, err := adaptive.ParsePriority(vs[0])
-	if err != nil {
-		return adaptive.Normal, false
-	}
-	return min(p, opt.MaxPriority), true
+	return adaptive.TrustedPriority(r.Header[adaptive.PriorityHeader], opt.MaxPriority)
 }
 
 // refuseOverloaded answers 503 for err, the Guard's refusal (or the end of

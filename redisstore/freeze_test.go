@@ -361,6 +361,21 @@ func clusterFault(t *testing.T, what string, fault, heal func(*redistest.Server)
 	}
 }
 
+// warmAtOnce runs call(0) … call(n-1) at once with Redis up, opening the
+// connections and sampling the clock the frozen calls will use.
+func warmAtOnce(t *testing.T, n int, call func(i int) error) {
+	t.Helper()
+	errs := make(chan error, n)
+	for i := range n {
+		go func() { errs <- call(i) }()
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatalf("acquire and release with Redis up: %v", err)
+		}
+	}
+}
+
 // failFrozen makes n acquires at once on a frozen server and checks that
 // each fails within faultTimeout and the margin.
 func failFrozen(t *testing.T, n int, acquire func(i int) (any, error)) {
@@ -404,25 +419,17 @@ func TestSemaphoreFreeze(t *testing.T) {
 	ctx := context.Background()
 	const n = 10
 	// Open connections and sample the clock: n holders at once, released.
-	warm := make(chan error, n)
-	for i := range n {
-		go func() {
-			tok := fmt.Sprint("warm", i)
-			ok, err := sem.Acquire(ctx, "s", tok, n, time.Hour)
-			if err == nil && !ok {
-				err = errors.New("no permit")
-			}
-			if err == nil {
-				_, err = sem.Release(ctx, "s", tok)
-			}
-			warm <- err
-		}()
-	}
-	for range n {
-		if err := <-warm; err != nil {
-			t.Fatalf("acquire and release with Redis up: %v", err)
+	warmAtOnce(t, n, func(i int) error {
+		tok := fmt.Sprint("warm", i)
+		ok, err := sem.Acquire(ctx, "s", tok, n, time.Hour)
+		if err == nil && !ok {
+			err = errors.New("no permit")
 		}
-	}
+		if err == nil {
+			_, err = sem.Release(ctx, "s", tok)
+		}
+		return err
+	})
 
 	srv.Freeze()
 	failFrozen(t, n, func(i int) (any, error) {
@@ -519,25 +526,17 @@ func TestLeaseFreeze(t *testing.T) {
 	const n = 8 // members, one partition each
 	// Open connections and sample the clock: every partition acquired at
 	// once, then released.
-	warm := make(chan error, n)
-	for i := range n {
-		go func() {
-			id := fmt.Sprint("m", i)
-			gs, err := ls.Acquire(ctx, id, []int{i}, time.Hour)
-			if err == nil && len(gs) != 1 {
-				err = fmt.Errorf("granted %v", gs)
-			}
-			if err == nil {
-				err = ls.Release(ctx, id, gs)
-			}
-			warm <- err
-		}()
-	}
-	for range n {
-		if err := <-warm; err != nil {
-			t.Fatalf("acquire and release with Redis up: %v", err)
+	warmAtOnce(t, n, func(i int) error {
+		id := fmt.Sprint("m", i)
+		gs, err := ls.Acquire(ctx, id, []int{i}, time.Hour)
+		if err == nil && len(gs) != 1 {
+			err = fmt.Errorf("granted %v", gs)
 		}
-	}
+		if err == nil {
+			err = ls.Release(ctx, id, gs)
+		}
+		return err
+	})
 
 	srv.Freeze()
 	failFrozen(t, n, func(i int) (any, error) {

@@ -80,8 +80,9 @@ type validator interface{ validate() error }
 // server cuts the limit below its workers. Use the baseline when no
 // target is known.
 //
-// The zero value is valid: Tolerance 1.5, Smoothing 0.2, Queue 1,
-// MaxGrowth 1.1, BaselineWindows 100.
+// The zero value is valid: Tolerance 1.5, Smoothing 0.1 (0.2 with a
+// Target, which needs no baseline estimated from noisy windows), Queue 1,
+// MaxGrowth 1.1, ThroughputWindows 10.
 type Gradient struct {
 	// Target is the latency aimed for; 0 means Tolerance × baseline.
 	Target time.Duration
@@ -89,7 +90,7 @@ type Gradient struct {
 	// the limit shrinks (> 1; default 1.5). Unused with Target.
 	Tolerance float64
 	// Smoothing is the fraction of the way to the new limit moved each
-	// window (0 < Smoothing <= 1; default 0.2).
+	// window (0 < Smoothing <= 1; default 0.1, or 0.2 with Target).
 	Smoothing float64
 	// Queue is the allowance added each window (>= 0; default 1): it lets
 	// the limit probe upwards and keeps it from sticking at its minimum.
@@ -98,16 +99,23 @@ type Gradient struct {
 	// faster than the queue allowance the limit may grow in one window
 	// when latency is well below its aim.
 	MaxGrowth float64
-	// BaselineWindows is the number of windows over which the recent
-	// throughput the baseline is compared with forgets a higher past
-	// (>= 1; default 100); it follows a higher window a quarter of the
-	// way.
-	BaselineWindows int
+	// ThroughputWindows is the number of windows over which the
+	// reference throughput is averaged, and over which a change of speed
+	// is measured (>= 1; default 10).
+	ThroughputWindows int
 
 	baseline time.Duration
-	refX     float64 // recent throughput, completions per second (upper envelope)
-	slower   int     // consecutive windows that look like a slower server
+	refX     float64 // reference throughput, completions per second
 	warm     int     // windows seen, up to warmWindows
+	changing int     // consecutive windows that look like a change of speed
+	measured int     // > 0: windows measured of a change of speed
+	sumX     float64 // throughput summed over the measurement
+	recent   [5]time.Duration
+	next     int
+	before   struct {
+		baseline time.Duration
+		x        float64
+	}
 }
 
 func (g *Gradient) validate() error {
@@ -119,6 +127,9 @@ func (g *Gradient) validate() error {
 	}
 	if g.Smoothing == 0 {
 		g.Smoothing = 0.2
+		if g.Target == 0 {
+			g.Smoothing = 0.1 // the baseline is an estimate: damp its noise more
+		}
 	}
 	if g.Queue == 0 {
 		g.Queue = 1
@@ -126,8 +137,8 @@ func (g *Gradient) validate() error {
 	if g.MaxGrowth == 0 {
 		g.MaxGrowth = 1.1
 	}
-	if g.BaselineWindows == 0 {
-		g.BaselineWindows = 100
+	if g.ThroughputWindows == 0 {
+		g.ThroughputWindows = 10
 	}
 	switch {
 	case !(g.Tolerance > 1) || math.IsInf(g.Tolerance, 0):
@@ -138,8 +149,8 @@ func (g *Gradient) validate() error {
 		return fmt.Errorf("adaptive: Gradient.Queue %v must be a finite number >= 0", g.Queue)
 	case !(g.MaxGrowth >= 1) || math.IsInf(g.MaxGrowth, 0):
 		return fmt.Errorf("adaptive: Gradient.MaxGrowth %v must be a finite number >= 1", g.MaxGrowth)
-	case g.BaselineWindows < 0:
-		return fmt.Errorf("adaptive: Gradient.BaselineWindows %d is negative", g.BaselineWindows)
+	case g.ThroughputWindows < 0:
+		return fmt.Errorf("adaptive: Gradient.ThroughputWindows %d is negative", g.ThroughputWindows)
 	}
 	return nil
 }
@@ -155,7 +166,9 @@ func (g *Gradient) Update(s Sample) float64 {
 	default:
 		aim := g.Target
 		if aim == 0 {
-			aim = g.rebase(s)
+			if aim = g.rebase(s); aim == 0 {
+				return s.Limit
+			}
 		}
 		gradient = min(max(float64(aim)/float64(s.Latency), 0.5), g.MaxGrowth)
 	}
@@ -163,58 +176,92 @@ func (g *Gradient) Update(s Sample) float64 {
 	return s.Limit + g.Smoothing*(next-s.Limit)
 }
 
-// slowerBy is how much the throughput must fall, with the latency above
-// its aim, for a window to count as evidence that the server is slower.
-const slowerBy = 1.25
+// changeBy is how much the throughput must fall or rise for a window to
+// count as evidence that the server's speed changed.
+const changeBy = 1.25
 
 // warmWindows is the number of windows whose mean sets the first baseline.
 const warmWindows = 5
 
 // rebase moves the baseline with window s and returns the latency aimed
 // for, Tolerance × baseline. A window faster than the baseline pulls it a
-// quarter of the way down. A window slower than the aim, in which the
-// throughput fell by slowerBy or more from its recent level for the
-// second window running, is a slower server, not a queue (Little's law: a
-// queue raises latency at the same throughput; a slower server raises it
-// and serves less): the baseline is scaled by the fall in throughput,
-// bounded by the rise in latency. Any other window moves the baseline
-// 1/BaselineWindows of the way up if it is within the aim, and leaves it
-// otherwise: a baseline that forgot upwards under a steady queue would
-// chase its own queueing, and the limit would run away.
+// quarter of the way down (all the way when a quarter or more faster).
+// Two windows running that show a change of speed — the throughput a
+// quarter or more below its reference with the latency above the aim
+// (slower), or a quarter or more above it with the latency below the
+// baseline (faster) — start a measurement: over the next
+// ThroughputWindows windows the baseline is the one before the change
+// scaled by the reference throughput over the mean throughput since
+// (Little's law: the same workers, each slower or faster), and the
+// reference becomes that mean. A queue raises the latency at the same
+// throughput and does not move the baseline.
 func (g *Gradient) rebase(s Sample) time.Duration {
-	switch {
-	case g.warm < warmWindows:
+	aim := func() time.Duration { return time.Duration(g.Tolerance * float64(g.baseline)) }
+	if g.warm < warmWindows {
 		// The first windows see the requests that finished first, the
 		// faster ones: the baseline is the mean of a few windows.
 		g.warm++
 		g.baseline += (s.Latency - g.baseline) / time.Duration(g.warm)
 		g.refX += (s.Throughput - g.refX) / float64(g.warm)
-		return time.Duration(g.Tolerance * float64(g.baseline))
-	case float64(s.Latency)*slowerBy <= float64(g.baseline):
-		// Far below the baseline, queue and all: the server is faster.
-		g.baseline = s.Latency
-		g.slower = 0
-	case s.Latency < g.baseline:
-		g.baseline -= (g.baseline - s.Latency) / 4
-		g.slower = 0
-	case float64(s.Latency) > g.Tolerance*float64(g.baseline) && s.Throughput*slowerBy <= g.refX:
-		if g.slower++; g.slower >= 2 {
-			f := min(g.refX/s.Throughput, float64(s.Latency)/float64(g.baseline))
-			g.baseline = time.Duration(f * float64(g.baseline))
-			g.refX, g.slower = s.Throughput, 0
-			return time.Duration(g.Tolerance * float64(g.baseline))
+		return aim()
+	}
+	if g.measured > 0 {
+		g.measure(s)
+		return aim()
+	}
+	slower := float64(s.Latency) > g.Tolerance*float64(g.baseline) && s.Throughput*changeBy <= g.refX
+	faster := s.Latency < g.baseline && s.Throughput >= changeBy*g.refX
+	switch {
+	case slower || faster:
+		if g.changing++; g.changing < 2 {
+			return 0 // hold the limit: one window does not tell a change of speed from noise
 		}
-		return time.Duration(g.Tolerance * float64(g.baseline))
-	default:
-		g.slower = 0
+		g.changing, g.measured, g.sumX = 0, 0, 0
+		g.before.baseline, g.before.x = g.baseline, g.refX
+		g.measure(s)
+		return aim()
 	}
-	if s.Throughput > g.refX {
-		g.refX += (s.Throughput - g.refX) / 4
-	} else {
-		g.refX -= (g.refX - s.Throughput) / float64(g.BaselineWindows)
+	g.recent[g.next%len(g.recent)] = s.Latency
+	g.next++
+	if g.next >= len(g.recent) {
+		var sum time.Duration
+		for _, l := range g.recent {
+			sum += l
+		}
+		if m := sum / time.Duration(len(g.recent)); m < g.baseline {
+			g.baseline -= (g.baseline - m) / 4
+		}
 	}
-	return time.Duration(g.Tolerance * float64(g.baseline))
+	g.changing = 0
+	g.refX += (s.Throughput - g.refX) / float64(g.ThroughputWindows)
+	return aim()
 }
+
+// measure adds window s to the measurement of a change of speed and
+// scales the baseline by it: by the reference throughput before the
+// change over the mean throughput since. The first windows of the
+// measurement still see requests that began at the old speed, so once
+// there are more, the mean leaves them out.
+func (g *Gradient) measure(s Sample) {
+	g.measured++
+	if g.measured == changeSkip+1 {
+		g.sumX = 0 // the windows that straddle the change are left out
+	}
+	g.sumX += s.Throughput
+	n := g.measured
+	if n > changeSkip {
+		n -= changeSkip
+	}
+	mean := g.sumX / float64(n)
+	g.baseline = time.Duration(min(max(g.before.x/mean, 0.25), 4) * float64(g.before.baseline))
+	if n >= g.ThroughputWindows {
+		g.refX, g.measured = mean, 0
+	}
+}
+
+// changeSkip is the number of windows at the start of the measurement of
+// a change of speed that are left out once the measurement has more.
+const changeSkip = 3
 
 // Baseline returns the baseline latency the controller compares against:
 // Target when set, else the recent lowest quantile (0 before the first

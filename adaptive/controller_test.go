@@ -2,6 +2,7 @@ package adaptive
 
 import (
 	"math"
+	"slices"
 	"testing"
 	"time"
 )
@@ -54,28 +55,37 @@ func TestControllerSteps(t *testing.T) {
 	}
 
 	// Gradient with a baseline: the mean of the first windows, then a
-	// quarter of the way to a lower window; a higher one at the same
-	// throughput (a queue) leaves it; a higher one with the throughput
-	// fallen by a quarter or more, twice running (a slower server),
-	// scales it by the fall in throughput; one a quarter or more below
-	// it (a faster server) replaces it.
+	// quarter of the way to the mean of the latest five when that is
+	// lower; a higher window at the same throughput (a queue) leaves it;
+	// a change of speed — the throughput a quarter or more lower with the
+	// latency above the aim, or a quarter or more higher with the latency
+	// below the baseline — holds the limit for one window and from the
+	// second scales the baseline by the reference throughput over the
+	// mean throughput measured since.
 	b := &Gradient{}
 	_ = b.validate()
-	for i, s := range []struct {
+	type step struct {
 		lat  time.Duration
 		x    float64
 		base time.Duration
-	}{
-		{30 * ms, 1000, 30 * ms}, {50 * ms, 1000, 40 * ms}, {40 * ms, 1000, 40 * ms}, {40 * ms, 1000, 40 * ms}, {40 * ms, 1000, 40 * ms},
-		{36 * ms, 1000, 39 * ms},  // lower: a quarter of the way
-		{135 * ms, 1000, 39 * ms}, // queueing: held
-		{100 * ms, 500, 39 * ms},  // slower, once: held
-		{100 * ms, 500, 78 * ms},  // slower, twice: ×2 (the fall in throughput)
-		{30 * ms, 1000, 30 * ms},  // far below (a faster server): taken
-	} {
-		b.Update(Sample{Limit: 10, Latency: s.lat, Completed: 10, Throughput: s.x})
-		if b.Baseline() != s.base {
-			t.Errorf("baseline step %d: %v, want %v", i, b.Baseline(), s.base)
+		held bool // the limit is left as it was
+	}
+	rep := func(n int, s step) []step { return slices.Repeat([]step{s}, n) }
+	bsteps := slices.Concat(
+		[]step{{30 * ms, 1000, 30 * ms, false}, {50 * ms, 1000, 40 * ms, false}},
+		rep(3, step{40 * ms, 1000, 40 * ms, false}),
+		rep(4, step{36 * ms, 1000, 40 * ms, false}),  // lower, but fewer than five yet
+		[]step{{36 * ms, 1000, 39 * ms, false}},      // five lower: a quarter of the way
+		[]step{{135 * ms, 1000, 39 * ms, false}},     // queueing: held
+		[]step{{100 * ms, 500, 39 * ms, true}},       // slower, once: the limit held
+		rep(13, step{100 * ms, 500, 78 * ms, false}), // slower, twice: ×2 (the fall in throughput), measured for 13 windows
+		[]step{{30 * ms, 1000, 78 * ms, true}},       // faster, once: held
+		[]step{{30 * ms, 1000, 39 * ms, false}},      // faster, twice: ÷2
+	)
+	for i, s := range bsteps {
+		got := b.Update(Sample{Limit: 10, Latency: s.lat, Completed: 10, Throughput: s.x})
+		if b.Baseline() != s.base || (got == 10) != s.held {
+			t.Errorf("baseline step %d: baseline %v, limit %v; want %v, held %v", i, b.Baseline(), got, s.base, s.held)
 		}
 	}
 }

@@ -44,7 +44,8 @@
 // times a baseline, the latency without a queue, which it tells from a
 // slower server by Little's law (a queue raises latency at the same
 // throughput; a slower server raises it and serves less) and rescales by
-// the change in throughput when the server slows down or recovers. Use it
+// the change in throughput, measured over a second, when the server slows
+// down or recovers. Use it
 // when latency is the signal, with Target when you know the latency a
 // request may take. AIMD adds Increase (1) after a good window and
 // multiplies by Backoff (0.9) after a congested one — a drop, a latency

@@ -265,6 +265,12 @@ func (s *Shedder) maybeClose(t int64) {
 	if step < 0 {
 		step = min(step, max(target-s.fraction, -minRelax))
 	}
+	if s.over == 0 && s.capacity == 0 && rate <= s.through {
+		// The whole demand fits in what the server completed in the
+		// previous interval, and nothing below refused: the overload
+		// is over, stop shedding at once.
+		step = -s.fraction
+	}
 	s.fraction = min(max(s.fraction+step, 0), 0.99)
 	s.through = float64(s.hist.n) / sec
 	s.lastShed = s.shedN

@@ -331,40 +331,62 @@ func bestLimit(t testing.TB, slow, tol float64) (best int, good, bestGood float6
 	return lo, r.goodput(2, 6), bestGood, r.quantile(0.99, 2, 6)
 }
 
-// TestSimSlowdown runs 3× the original capacity for 30s while the server
+// slowdown runs 3× the original capacity for 30s while the server
 // becomes 2× slower at 10s (every service time doubles, the workers stay)
-// and recovers at 20s. The best limit is bestLimit's at each speed — the
-// same concurrency at both speeds (the workers bound the work in progress,
-// so Little's law gives the same limit at half the throughput and twice
-// the latency): what must not happen is that a stale latency baseline
-// takes the slowness for queueing and cuts the limit (or, forgetting
-// upwards, lets it run away). The limit — its mean over the last second,
-// sampled every 50ms — must be within simSettleBand of the best within 2s
-// of the slowdown and within 5s of the recovery, and stay there until the
-// next change; goodput must stay at the capacity of the moment.
-//
-// The issue asks for a band of 10%, which is not met, and the cause is
-// the Gradient's baseline, not the Shedder: the limit settles near the
-// static limit whose p90 is Tolerance × the controller's baseline, and the
-// baseline is off the server's no-queue p90 (32.8ms at full speed, 67.9ms
-// at half, measured in this simulator at 0.2× load): 30.7ms before the
-// slowdown (it follows a lower window a quarter of the way, a low
-// envelope of noisy p90s), 56.8ms while slow (rescaled by the fall in
-// throughput of one 100ms window, 1.85 for 2), 34.8ms after the recovery
-// (set from one window's latency, its queue included). A static limit of
-// 36 at half speed has p90 85ms = 1.5 × 56.8ms, where the limit sits
-// (37.3); at the right baseline it would be 44. On other seeds the
-// recovery is missed altogether when the queue stays full (the latency
-// halves but stays above a quarter below the slow baseline, the
-// throughput doubles): the limit then runs away to about twice the best,
-// as the Limiter alone does. The test asserts 25% and logs the settle
-// times within 10%. Before the Little's-law rebase the limit ran away (to
-// 2.3× the best 10s after the recovery) on this seed too and this test
-// failed.
-// simSettleBand is the relative distance from the best limit within which
-// TestSimSlowdown wants the limit to settle.
-const simSettleBand = 0.25
+// and recovers at 20s, with arrivals from seed and the Guard's randomness
+// from seed+3. It returns the run; settle, which tells how long after the
+// slowdown and after the recovery the limit — its mean over the last
+// second, sampled every 50ms — entered for good the band of relative
+// width band around best (the best static limit, the same at both
+// speeds); and the mean limit over the last second before each change
+// and at the end.
+func slowdown(t testing.TB, seed uint64, best int) (r *simResult, settle func(band float64) (slowIn, fastIn time.Duration), means [3]float64) {
+	g := simGuard(t, seed+3, nil)
+	cfg := baseSim(constLoad(3), g)
+	cfg.seed = seed
+	cfg.duration = 30 * time.Second
+	cfg.slow = func(t time.Duration) float64 {
+		if t >= 10*time.Second && t < 20*time.Second {
+			return 2
+		}
+		return 1
+	}
+	const perSec = 20 // probes a second
+	var limits []float64
+	cfg.probe = func(d time.Duration) { limits = append(limits, g.Limiter().Limit()) }
+	r = runSim(cfg)
+	mean := func(i int) float64 { // over the second ending at probe i
+		var s float64
+		for _, x := range limits[i-perSec+1 : i+1] {
+			s += x
+		}
+		return s / perSec
+	}
+	in := func(from, to time.Duration, band float64) time.Duration {
+		last := from
+		for i := int(from/time.Second) * perSec; i < int(to/time.Second)*perSec && i < len(limits); i++ {
+			if math.Abs(mean(i)/float64(best)-1) > band {
+				last = time.Duration(i+1) * time.Second / perSec
+			}
+		}
+		return last - from
+	}
+	settle = func(band float64) (time.Duration, time.Duration) {
+		return in(10*time.Second, 20*time.Second, band), in(20*time.Second, 30*time.Second, band)
+	}
+	means = [3]float64{mean(10*perSec - 1), mean(20*perSec - 1), mean(30*perSec - 1)}
+	return r, settle, means
+}
 
+// TestSimSlowdown runs slowdown on one seed. The best limit is bestLimit's
+// at each speed — the same concurrency at both (the workers bound the work
+// in progress, so Little's law gives the same limit at half the
+// throughput and twice the latency): what must not happen is that a stale
+// latency baseline takes the slowness for queueing and cuts the limit (or,
+// forgetting upwards, lets it run away). The limit must settle within
+// 10% of the best within 2s of the slowdown and within 5s of the
+// recovery, and stay there until the next change; goodput must stay at
+// the capacity of the moment. TestSimSlowdownSeeds runs other seeds.
 func TestSimSlowdown(t *testing.T) {
 	const tol = 1.5 // Gradient's default Tolerance
 	bestFast, goodFast, plateauFast, p99Fast := bestLimit(t, 1, tol)
@@ -379,49 +401,18 @@ func TestSimSlowdown(t *testing.T) {
 			t.Fatalf("the best limit's goodput %.3f is not on the plateau %.3f, or its p99 %v is above %v", b.good, b.plateau, b.p99, simObj)
 		}
 	}
-
-	g := simGuard(t, 4, nil)
-	cfg := baseSim(constLoad(3), g)
-	cfg.duration = 30 * time.Second
-	cfg.slow = func(t time.Duration) float64 {
-		if t >= 10*time.Second && t < 20*time.Second {
-			return 2
-		}
-		return 1
+	if bestFast != bestSlow {
+		t.Fatalf("best static limits %d and %d at full and half speed: the scenario wants one", bestFast, bestSlow)
 	}
-	const perSec = 20 // probes a second
-	var limits []float64
-	cfg.probe = func(d time.Duration) { limits = append(limits, g.Limiter().Limit()) }
-	r := runSim(cfg)
-	mean := func(i int) float64 { // over the second ending at probe i
-		var s float64
-		for _, x := range limits[i-perSec+1 : i+1] {
-			s += x
-		}
-		return s / perSec
-	}
-	// settle returns how long after from the mean limit entered the band
-	// around best for good, before to.
-	settle := func(from, to time.Duration, best int, band float64) time.Duration {
-		last := from
-		for i := int(from/time.Second) * perSec; i < int(to/time.Second)*perSec && i < len(limits); i++ {
-			if math.Abs(mean(i)/float64(best)-1) > band {
-				last = time.Duration(i+1) * time.Second / perSec
-			}
-		}
-		return last - from
-	}
-	slowIn := settle(10*time.Second, 20*time.Second, bestSlow, simSettleBand)
-	fastIn := settle(20*time.Second, 30*time.Second, bestFast, simSettleBand)
-	t.Logf("within the issue's 10%%: settled in %v after the slowdown, %v after the recovery",
-		settle(10*time.Second, 20*time.Second, bestSlow, 0.1), settle(20*time.Second, 30*time.Second, bestFast, 0.1))
-	t.Logf("slowdown: mean limit before %.1f, slow %.1f, after recovery %.1f; settled within %.0f%% in %v after the slowdown, %v after the recovery; goodput %.3f, %.3f, %.3f of the original capacity",
-		mean(10*perSec-1), mean(20*perSec-1), mean(30*perSec-1), 100*simSettleBand, slowIn, fastIn, r.goodput(3, 10), r.goodput(12, 20), r.goodput(22, 30))
+	r, settle, m := slowdown(t, 1, bestFast)
+	slowIn, fastIn := settle(0.1)
+	t.Logf("slowdown: mean limit before %.1f, slow %.1f, after recovery %.1f; settled within 10%% in %v after the slowdown, %v after the recovery; goodput %.3f, %.3f, %.3f of the original capacity",
+		m[0], m[1], m[2], slowIn, fastIn, r.goodput(3, 10), r.goodput(12, 20), r.goodput(22, 30))
 	if slowIn > 2*time.Second {
-		t.Errorf("after the slowdown the limit settled within %.0f%% of %d in %v, want <= 2s", 100*simSettleBand, bestSlow, slowIn)
+		t.Errorf("after the slowdown the limit settled within 10%% of %d in %v, want <= 2s", bestSlow, slowIn)
 	}
 	if fastIn > 5*time.Second {
-		t.Errorf("after the recovery the limit settled within %.0f%% of %d in %v, want <= 5s", 100*simSettleBand, bestFast, fastIn)
+		t.Errorf("after the recovery the limit settled within 10%% of %d in %v, want <= 5s", bestFast, fastIn)
 	}
 	if g := r.goodput(12, 20); g < 0.9*0.5 {
 		t.Errorf("goodput while slow %.3f of the original capacity, want >= 0.45 (90%% of the halved capacity)", g)
@@ -429,6 +420,33 @@ func TestSimSlowdown(t *testing.T) {
 	if g := r.goodput(22, 30); g < 0.9 {
 		t.Errorf("goodput after the recovery %.3f, want >= 0.9", g)
 	}
+}
+
+// TestSimSlowdownSeeds runs slowdown on twelve seeds, against the best
+// limit of TestSimSlowdown's (44; the server is the same, only arrivals
+// differ). The window quantiles the controller reads are noisy (about a
+// hundred completions each), so the band it holds differs by seed: every
+// seed must settle within 20% in the times TestSimSlowdown asks for, and
+// the count that settle within 10% is logged (RESULTS.md §11 records it).
+func TestSimSlowdownSeeds(t *testing.T) {
+	const best = 44
+	var slow10, fast10 int
+	for seed := uint64(1); seed <= 12; seed++ {
+		_, settle, m := slowdown(t, seed, best)
+		slowIn, fastIn := settle(0.2)
+		if slowIn > 2*time.Second || fastIn > 5*time.Second {
+			t.Errorf("seed %d: settled within 20%% of %d in %v after the slowdown (want <= 2s) and %v after the recovery (want <= 5s); mean limits %.1f", seed, best, slowIn, fastIn, m)
+		}
+		slowIn, fastIn = settle(0.1)
+		if slowIn <= 2*time.Second {
+			slow10++
+		}
+		if fastIn <= 5*time.Second {
+			fast10++
+		}
+		t.Logf("seed %2d: mean limit before %.1f, slow %.1f, after %.1f; within 10%% after %v and %v", seed, m[0], m[1], m[2], slowIn, fastIn)
+	}
+	t.Logf("settled within 10%%: %d of 12 seeds within 2s of the slowdown, %d within 5s of the recovery", slow10, fast10)
 }
 
 // TestSimSlowDependency covers the Shedder's latency loop on its own: the

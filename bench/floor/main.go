@@ -1,6 +1,8 @@
 // Command floor is the do-nothing baseline for Sluice's gRPC load tests: an
 // Envoy rate limit service that answers OK to every ShouldRateLimit without
-// looking at it. Whatever Sluice costs above this is Sluice's own.
+// looking at it. Whatever Sluice costs above this is Sluice's own. With
+// -codec it is built with the codec sluice serve's server uses
+// (rls.ServerOption) instead of gRPC's default.
 package main
 
 import (
@@ -15,6 +17,8 @@ import (
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+
+	"github.com/sluicehq/sluice/internal/rls"
 )
 
 type floor struct {
@@ -27,12 +31,17 @@ func (floor) ShouldRateLimit(context.Context, *rlsv3.RateLimitRequest) (*rlsv3.R
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:9081", "listen address (loopback)")
+	withCodec := flag.Bool("codec", false, "use sluice serve's codec (rls.ServerOption), not gRPC's default")
 	flag.Parse()
 	lis, err := net.Listen("tcp", *addr)
 	if err != nil {
 		log.Fatal(err)
 	}
-	srv := grpc.NewServer()
+	var opts []grpc.ServerOption
+	if *withCodec {
+		opts = append(opts, rls.ServerOption())
+	}
+	srv := grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(srv, floor{})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

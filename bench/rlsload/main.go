@@ -51,7 +51,7 @@ type result struct {
 // config is one run's flags.
 type config struct {
 	addr, domain, key, name string
-	callers, keys           int
+	callers, keys, n        int
 	dur                     time.Duration
 	pid, storePID           int
 	asJSON                  bool
@@ -62,6 +62,7 @@ func main() {
 	flag.StringVar(&c.addr, "addr", "127.0.0.1:8081", "server address; must be loopback")
 	flag.IntVar(&c.callers, "c", 16, "concurrent callers")
 	flag.DurationVar(&c.dur, "d", 5*time.Second, "duration (at most 2m)")
+	flag.IntVar(&c.n, "n", 0, "requests after the warm-up, shared among the callers, instead of a duration (at most 10,000,000)")
 	flag.IntVar(&c.keys, "k", 10000, "distinct descriptor values")
 	flag.StringVar(&c.domain, "domain", "bench", "domain")
 	flag.StringVar(&c.key, "key", "remote_address", "descriptor key")
@@ -85,8 +86,8 @@ func run(c config) error {
 	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
 		return errors.New("refusing a non-loopback address")
 	}
-	if dur > 2*time.Minute || callers < 1 || callers > 1024 || keys < 1 {
-		return errors.New("bounds: 1 ≤ c ≤ 1024, k ≥ 1, d ≤ 2m")
+	if dur > 2*time.Minute || callers < 1 || callers > 1024 || keys < 1 || c.n < 0 || c.n > 10_000_000 {
+		return errors.New("bounds: 1 ≤ c ≤ 1024, k ≥ 1, d ≤ 2m, 0 ≤ n ≤ 10,000,000")
 	}
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -111,6 +112,9 @@ func run(c config) error {
 	busy0, idle0 := machineCPU()
 	start := time.Now()
 	deadline := start.Add(dur)
+	if c.n > 0 {
+		deadline = start.Add(10 * time.Minute) // bounded by the count, and by this
+	}
 	lat := make([][]time.Duration, callers)
 	errs := make([]int, callers)
 	over := make([]int, callers)
@@ -119,7 +123,11 @@ func run(c config) error {
 		wg.Go(func() {
 			x := uint64(w)*0x9E3779B97F4A7C15 | 1
 			l := make([]time.Duration, 0, 1<<16)
-			for {
+			quota := c.n / callers
+			if w < c.n%callers {
+				quota++
+			}
+			for c.n == 0 || len(l) < quota {
 				t := time.Now()
 				if t.After(deadline) {
 					break

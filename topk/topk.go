@@ -127,12 +127,8 @@ func (t *Tracker) Observe(key string, d *ratelimit.Decision) {
 	h := maphash.String(t.seed, key)
 	s := t.shards[h>>61]
 	denied := !d.Allowed && d.Reason != ratelimit.ReasonFailClosed
-	near := false
-	var used float64
-	if d.Capacity > 0 && (d.Reason == ratelimit.ReasonOK || d.Reason == ratelimit.ReasonLimited || d.Reason == ratelimit.ReasonLocal) {
-		used = float64(d.Capacity-max(0, d.Remaining)) / float64(d.Capacity)
-		near = used >= t.nearFrom
-	}
+	used, ok := Used(d)
+	near := ok && used >= t.nearFrom
 	var wholeAt int64
 	if near {
 		wholeAt = t.now().UnixNano() + int64(d.ResetAfter)
@@ -144,9 +140,20 @@ func (t *Tracker) Observe(key string, d *ratelimit.Decision) {
 	}
 	s.hot.observe(h, key, denied)
 	if near {
-		s.near.observe(h, key, wholeAt, min(used, 1))
+		s.near.observe(h, key, wholeAt, used)
 	}
 	s.mu.Unlock()
+}
+
+// Used returns the share of its limit's capacity that decision d left in
+// use, between 0 and 1, and whether d says it: a decision made by the
+// fail_open or fail_closed failure mode, or of a rule without capacity,
+// does not.
+func Used(d *ratelimit.Decision) (float64, bool) {
+	if d.Capacity <= 0 || (d.Reason != ratelimit.ReasonOK && d.Reason != ratelimit.ReasonLimited && d.Reason != ratelimit.ReasonLocal) {
+		return 0, false
+	}
+	return min(1, float64(d.Capacity-max(0, d.Remaining))/float64(d.Capacity)), true
 }
 
 // An Entry is a key of the hot and denied sketch.
@@ -216,7 +223,9 @@ func (t *Tracker) Snapshot(k int) Snapshot {
 	}
 	slices.SortFunc(hot, func(a, b Entry) int { return cmp.Or(cmp.Compare(b.Count, a.Count), cmp.Compare(a.Key, b.Key)) })
 	sn.Hot = t.mask(slices.Clone(hot[:min(k, len(hot))]))
-	slices.SortFunc(hot, func(a, b Entry) int { return cmp.Or(cmp.Compare(b.Denied, a.Denied), cmp.Compare(b.Count, a.Count), cmp.Compare(a.Key, b.Key)) })
+	slices.SortFunc(hot, func(a, b Entry) int {
+		return cmp.Or(cmp.Compare(b.Denied, a.Denied), cmp.Compare(b.Count, a.Count), cmp.Compare(a.Key, b.Key))
+	})
 	n := 0
 	for n < len(hot) && n < k && hot[n].Denied > 0 {
 		n++

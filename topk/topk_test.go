@@ -205,10 +205,10 @@ func TestNear(t *testing.T) {
 	at := func(remaining int64, reset time.Duration) *ratelimit.Decision {
 		return &ratelimit.Decision{Allowed: remaining > 0, Reason: ratelimit.ReasonOK, Capacity: 10, Remaining: remaining, ResetAfter: reset}
 	}
-	tr.Observe("low", at(9, time.Second))     // 10% used: not near
-	tr.Observe("a", at(4, 6*time.Second))     // 60%
-	tr.Observe("b", at(1, 9*time.Second))     // 90%
-	tr.Observe("c", at(2, 8*time.Second))     // 80%
+	tr.Observe("low", at(9, time.Second)) // 10% used: not near
+	tr.Observe("a", at(4, 6*time.Second)) // 60%
+	tr.Observe("b", at(1, 9*time.Second)) // 90%
+	tr.Observe("c", at(2, 8*time.Second)) // 80%
 	tr.Observe("open", &ratelimit.Decision{Allowed: true, Reason: ratelimit.ReasonFailOpen, Capacity: 10})
 	sn := tr.Snapshot(10)
 	var got []string

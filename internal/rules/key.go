@@ -6,11 +6,18 @@ package rules
 type keyLevel struct {
 	prefix string
 	value  bool
+	key    string // the descriptor key, unescaped
 }
 
 // newKeyLevel returns the storage key part of a descriptor of the given
 // key, kind and pattern (see AppendKey).
 func newKeyLevel(key string, k kind, pattern string, share bool) keyLevel {
+	kl := makeKeyLevel(key, k, pattern, share)
+	kl.key = key
+	return kl
+}
+
+func makeKeyLevel(key string, k kind, pattern string, share bool) keyLevel {
 	b := append([]byte{'|'}, escape(key)...)
 	switch k {
 	case kindExact:
@@ -24,6 +31,18 @@ func newKeyLevel(key string, k kind, pattern string, share bool) keyLevel {
 		return keyLevel{prefix: string(append(b, '=')), value: true}
 	}
 	return keyLevel{prefix: string(append(b, ':')), value: true}
+}
+
+// HasKey reports whether a level of the limit's descriptor path has the
+// descriptor key key: the service shows the storage keys of such limits
+// hashed when key names a secret (an address, an API key).
+func (s *Spec) HasKey(key string) bool {
+	for _, l := range s.levels {
+		if l.key == key {
+			return true
+		}
+	}
+	return false
 }
 
 // AppendKey appends to dst the storage key of limit s for a request

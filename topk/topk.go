@@ -48,6 +48,16 @@ type Options struct {
 	Now func() time.Time
 }
 
+// A Limit is a tracker and the limit it follows, for a dashboard.
+type Limit struct {
+	// Domain is the service's domain of the rule, "" for a middleware's
+	// policy; Name the rule's or policy's name.
+	Domain, Name string
+	// Rule is the limit, nil when not known.
+	Rule    *ratelimit.Rule
+	Tracker *Tracker
+}
+
 // A Tracker follows the keys of one limit; see the package documentation.
 type Tracker struct {
 	k        int

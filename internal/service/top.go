@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/sluicehq/sluice/internal/rules"
+	"github.com/sluicehq/sluice/ratelimit"
 	"github.com/sluicehq/sluice/topk"
 )
 
@@ -60,6 +61,7 @@ func (t *Top) prepare(set *rules.Set) {
 				tr.Tracker, _ = topk.New(opts) // opts were checked by NewTop
 				tr.secret = opts.Secret
 			}
+			tr.rule = sp.Rule
 			names[name], next[sp] = tr, tr.Tracker
 		}
 	}
@@ -85,33 +87,22 @@ func (t *Top) observe(sc *scratch) {
 	}
 }
 
-// A TopLimit is a rule and its tracker.
-type TopLimit struct {
-	Domain, Rule string
-	Tracker      *topk.Tracker
-}
-
-// Limits returns the rules tracked, by domain and rule name.
-func (t *Top) Limits() []TopLimit {
+// TopLimits returns the rules tracked, by domain and rule name, each with
+// its configured rule (not its override).
+func (t *Top) TopLimits() []topk.Limit {
 	t.mu.Lock()
-	out := make([]TopLimit, 0, len(t.byName))
+	out := make([]topk.Limit, 0, len(t.byName))
 	for n, tr := range t.byName {
-		out = append(out, TopLimit{Domain: n[0], Rule: n[1], Tracker: tr.Tracker})
+		out = append(out, topk.Limit{Domain: n[0], Name: n[1], Rule: tr.rule, Tracker: tr.Tracker})
 	}
 	t.mu.Unlock()
-	slices.SortFunc(out, func(a, b TopLimit) int { return cmp.Or(cmp.Compare(a.Domain, b.Domain), cmp.Compare(a.Rule, b.Rule)) })
+	slices.SortFunc(out, func(a, b topk.Limit) int { return cmp.Or(cmp.Compare(a.Domain, b.Domain), cmp.Compare(a.Name, b.Name)) })
 	return out
 }
 
-// Tracker returns the tracker of a rule, or nil.
-func (t *Top) Tracker(domain, rule string) *topk.Tracker {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.byName[[2]string{domain, rule}].Tracker
-}
-
-// tracked is a rule's tracker and whether it hides the keys.
+// tracked is a rule's tracker, the rule, and whether it hides the keys.
 type tracked struct {
 	*topk.Tracker
+	rule   *ratelimit.Rule
 	secret bool
 }

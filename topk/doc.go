@@ -25,8 +25,9 @@
 //     decision's ResetAfter from then) does not change as time passes, so
 //     an entry never goes stale: for a token bucket (GCRA) or leaky bucket
 //     of one rule, that order is the order of what each key has used now;
-//     for a window, keys of the window in force come first, by what they
-//     used. An entry shows used ÷ limit at that decision.
+//     for a window, keys of the window in force are kept first, by what
+//     they used. A Snapshot lists the entries not yet whole again by used
+//     ÷ limit at that decision, largest first.
 //
 // The counters are split into shards by a hash of the key, each with its
 // own lock, so that decisions of different keys seldom wait for each

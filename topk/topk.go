@@ -197,8 +197,9 @@ type Snapshot struct {
 	// count is among the largest.
 	Threshold int64 `json:"threshold"`
 	// Hot are the keys with the most decisions, MostDenied those with the
-	// most denials (only keys with some), Near those nearest their limit
-	// (only keys not yet whole again), largest first.
+	// most denials (only keys with some), largest first; Near those
+	// nearest their limit that are not yet whole again, by Used (then the
+	// latest to be whole again first).
 	Hot        []Entry     `json:"hot"`
 	MostDenied []Entry     `json:"denied_keys"`
 	Near       []NearEntry `json:"near"`
@@ -241,7 +242,9 @@ func (t *Tracker) Snapshot(k int) Snapshot {
 		n++
 	}
 	sn.MostDenied = t.mask(hot[:n])
-	slices.SortFunc(near, func(a, b nearEntry) int { return -nearCmp(&a, &b) })
+	slices.SortFunc(near, func(a, b nearEntry) int {
+		return cmp.Or(cmp.Compare(b.used, a.used), cmp.Compare(b.wholeAt, a.wholeAt), cmp.Compare(a.key, b.key))
+	})
 	sn.Near = make([]NearEntry, 0, min(k, len(near)))
 	for _, e := range near[:min(k, len(near))] {
 		sn.Near = append(sn.Near, NearEntry{Key: t.show(e.key), Used: e.used, WholeIn: time.Duration(e.wholeAt - now)})

@@ -14,12 +14,17 @@
   let token = sessionStorage.getItem("sluice-token") || "";
   let timer = null;
 
-  const hash = new URLSearchParams(location.hash.slice(1));
-  if (hash.get("token")) {
+  // A token in the URL's fragment (#token=...), which a browser never
+  // sends: taken, kept for the tab's session, and removed from the URL.
+  function tokenFromHash() {
+    const hash = new URLSearchParams(location.hash.slice(1));
+    if (!hash.get("token")) return false;
     token = hash.get("token");
     sessionStorage.setItem("sluice-token", token);
     window.history.replaceState(null, "", location.pathname + location.search);
+    return true;
   }
+  tokenFromHash();
 
   function el(tag, text, cls) {
     const e = document.createElement(tag);
@@ -207,6 +212,8 @@
     c.dataset.samples = String(history.length);
     c.dataset.max = max.toFixed(3);
     const W = c.width, H = c.height, L = 56, B = 22, now = Date.now();
+    // The time axis spans what was seen, at least a minute, at most HISTORY_MS.
+    const span = Math.min(HISTORY_MS, Math.max(60000, history.length ? now - history[0].t : 0));
     g.strokeStyle = "#dde1e6"; g.fillStyle = "#5b6670"; g.font = "11px system-ui"; g.lineWidth = 1;
     const top = max > 0 ? niceMax(max) : 1;
     for (let i = 0; i <= 4; i++) {
@@ -214,8 +221,11 @@
       g.beginPath(); g.moveTo(L, y); g.lineTo(W, y); g.stroke();
       g.fillText((top * i / 4).toFixed(top < 4 ? 1 : 0) + "/s", 4, y + 4);
     }
-    for (let m = 0; m <= 5; m++) g.fillText(m === 0 ? "now" : "-" + m + " min", W - 30 - (W - L - 30) * m / 5, H - 6);
-    const xOf = (t) => W - (W - L) * (now - t) / HISTORY_MS;
+    for (let m = 0; m <= 5; m++) {
+      const ago = span * m / 5 / 1000;
+      g.fillText(m === 0 ? "now" : "-" + (ago >= 120 ? (ago / 60).toFixed(1) + " min" : Math.round(ago) + " s"), W - 30 - (W - L - 30) * m / 5, H - 6);
+    }
+    const xOf = (t) => W - (W - L) * (now - t) / span;
     const yOf = (v) => H - B - (H - B - 8) * v / top;
     names.forEach((k, i) => {
       g.strokeStyle = COLOURS[i]; g.lineWidth = 2;
@@ -284,6 +294,7 @@
     if (token) sessionStorage.setItem("sluice-token", token); else sessionStorage.removeItem("sluice-token");
     start();
   });
+  window.addEventListener("hashchange", () => { if (tokenFromHash()) start(); });
   $("forget").addEventListener("click", () => {
     token = "";
     sessionStorage.removeItem("sluice-token");

@@ -122,7 +122,7 @@ func (t *Tracker) Footprint() int {
 	n := int(unsafe.Sizeof(*t))
 	for _, s := range t.shards {
 		n += int(unsafe.Sizeof(*s)) +
-			cap(s.hot.entries)*int(unsafe.Sizeof(hotEntry{})) + cap(s.hot.heap)*4 + cap(s.hot.idx.slots)*int(unsafe.Sizeof(slot{})) +
+			cap(s.hot.entries)*int(unsafe.Sizeof(hotEntry{})) + cap(s.hot.buckets)*int(unsafe.Sizeof(bucket{})) + cap(s.hot.idx.slots)*int(unsafe.Sizeof(slot{})) +
 			cap(s.near.entries)*int(unsafe.Sizeof(nearEntry{})) + cap(s.near.heap)*4 + cap(s.near.idx.slots)*int(unsafe.Sizeof(slot{}))
 	}
 	return n
@@ -222,8 +222,8 @@ func (t *Tracker) Snapshot(k int) Snapshot {
 		if th := s.hot.threshold(); th > sn.Threshold {
 			sn.Threshold = th
 		}
-		for _, e := range s.hot.entries {
-			hot = append(hot, Entry{Key: e.key, Count: e.count, Denied: e.denied, Err: e.err})
+		for n, e := range s.hot.entries {
+			hot = append(hot, Entry{Key: e.key, Count: s.hot.count(int32(n)), Denied: e.denied, Err: e.err})
 		}
 		for _, e := range s.near.entries {
 			if e.wholeAt > now {
@@ -272,24 +272,40 @@ func (t *Tracker) show(key string) string {
 	return "#" + hex.EncodeToString(m.Sum(nil)[:6])
 }
 
-// hotTable is one shard's Space-Saving sketch: counters in a min-heap by
-// count, found by key through idx.
+// hotTable is one shard's Space-Saving sketch, kept as its paper's
+// stream summary so that every step is O(1): the counters are grouped in
+// buckets of equal count, the buckets in a list by increasing count, and
+// the keys found through idx. All of it lives in arrays made at New.
 type hotTable struct {
 	entries []hotEntry // len grows to cap once, then counters are reused
-	heap    []int32    // numbers of entries, a min-heap by count
+	buckets []bucket   // cap as entries: a non-empty bucket has an entry
+	free    int32      // first free bucket, -1 when none is
+	head    int32      // the bucket of the smallest count, -1 when none
 	idx     index
 }
 
 type hotEntry struct {
-	key                string
-	hash               uint64
-	count, err, denied int64
-	pos                int32 // in heap
+	key         string
+	hash        uint64
+	err, denied int64
+	bucket      int32
+	prev, next  int32 // in the bucket's list of entries, -1 at its ends
 }
 
-func newHotTable(n int) hotTable {
-	return hotTable{entries: make([]hotEntry, 0, n), heap: make([]int32, 0, n), idx: newIndex(n)}
+type bucket struct {
+	count      int64
+	first      int32 // entry
+	prev, next int32 // bucket, -1 at the list's ends
 }
+
+const none = -1
+
+func newHotTable(n int) hotTable {
+	return hotTable{entries: make([]hotEntry, 0, n), buckets: make([]bucket, 0, n), free: none, head: none, idx: newIndex(n)}
+}
+
+// count returns the count of entry n.
+func (h *hotTable) count(n int32) int64 { return h.buckets[h.entries[n].bucket].count }
 
 func (h *hotTable) observe(hash uint64, key string, denied bool) {
 	var d int64
@@ -297,77 +313,116 @@ func (h *hotTable) observe(hash uint64, key string, denied bool) {
 		d = 1
 	}
 	if n := h.idx.find(hash, key); n >= 0 {
-		e := &h.entries[n]
-		e.count++
-		e.denied += d
-		h.down(int(e.pos))
+		h.entries[n].denied += d
+		h.increment(n)
 		return
 	}
 	if len(h.entries) < cap(h.entries) {
 		n := int32(len(h.entries))
-		h.entries = append(h.entries, hotEntry{key: key, hash: hash, count: 1, denied: d, pos: int32(len(h.heap))})
-		h.heap = append(h.heap, n)
+		h.entries = append(h.entries, hotEntry{key: key, hash: hash, denied: d})
 		h.idx.insert(hash, key, n)
-		h.up(len(h.heap) - 1)
+		b := h.head
+		if b == none || h.buckets[b].count != 1 {
+			b = h.newBucket(1, none, h.head)
+		}
+		h.link(n, b)
 		return
 	}
-	// The key takes over the counter with the smallest count.
-	n := h.heap[0]
+	// The key takes over a counter with the smallest count.
+	n := h.buckets[h.head].first
 	e := &h.entries[n]
 	h.idx.remove(e.hash, e.key)
-	e.key, e.hash, e.err, e.denied = key, hash, e.count, d
-	e.count++
+	e.key, e.hash, e.err, e.denied = key, hash, h.buckets[h.head].count, d
 	h.idx.insert(hash, key, n)
-	h.down(0)
+	h.increment(n)
+}
+
+// increment adds one to entry n's count, moving it to the next bucket.
+func (h *hotTable) increment(n int32) {
+	b := h.entries[n].bucket
+	c := h.buckets[b].count + 1
+	next := h.buckets[b].next
+	switch {
+	case next != none && h.buckets[next].count == c:
+		h.unlink(n)
+		h.link(n, next)
+	case h.buckets[b].first == n && h.entries[n].next == none:
+		h.buckets[b].count = c // alone in its bucket: the order holds
+	default:
+		nb := h.newBucket(c, b, next)
+		h.unlink(n)
+		h.link(n, nb)
+	}
+}
+
+// newBucket returns a new bucket of count c between buckets prev and next.
+func (h *hotTable) newBucket(c int64, prev, next int32) int32 {
+	var b int32
+	if h.free != none {
+		b = h.free
+		h.free = h.buckets[b].next
+	} else {
+		b = int32(len(h.buckets))
+		h.buckets = append(h.buckets, bucket{})
+	}
+	h.buckets[b] = bucket{count: c, first: none, prev: prev, next: next}
+	if prev != none {
+		h.buckets[prev].next = b
+	} else {
+		h.head = b
+	}
+	if next != none {
+		h.buckets[next].prev = b
+	}
+	return b
+}
+
+// link puts entry n first in bucket b.
+func (h *hotTable) link(n, b int32) {
+	e := &h.entries[n]
+	e.bucket, e.prev, e.next = b, none, h.buckets[b].first
+	if e.next != none {
+		h.entries[e.next].prev = n
+	}
+	h.buckets[b].first = n
+}
+
+// unlink takes entry n out of its bucket, freeing the bucket if it empties.
+func (h *hotTable) unlink(n int32) {
+	e := &h.entries[n]
+	b := e.bucket
+	if e.prev != none {
+		h.entries[e.prev].next = e.next
+	} else {
+		h.buckets[b].first = e.next
+	}
+	if e.next != none {
+		h.entries[e.next].prev = e.prev
+	}
+	if h.buckets[b].first != none {
+		return
+	}
+	bk := &h.buckets[b]
+	if bk.prev != none {
+		h.buckets[bk.prev].next = bk.next
+	} else {
+		h.head = bk.next
+	}
+	if bk.next != none {
+		h.buckets[bk.next].prev = bk.prev
+	}
+	bk.next = h.free
+	h.free = b
 }
 
 // threshold is the smallest count when every counter is in use: a key
 // decided more often than that is tracked. 0 while counters are free
 // (every key seen is then tracked, exactly).
 func (h *hotTable) threshold() int64 {
-	if len(h.entries) < cap(h.entries) || len(h.heap) == 0 {
+	if len(h.entries) < cap(h.entries) || h.head == none {
 		return 0
 	}
-	return h.entries[h.heap[0]].count
-}
-
-func (h *hotTable) less(i, j int) bool {
-	return h.entries[h.heap[i]].count < h.entries[h.heap[j]].count
-}
-
-func (h *hotTable) swap(i, j int) {
-	h.heap[i], h.heap[j] = h.heap[j], h.heap[i]
-	h.entries[h.heap[i]].pos = int32(i)
-	h.entries[h.heap[j]].pos = int32(j)
-}
-
-func (h *hotTable) up(i int) {
-	for i > 0 {
-		p := (i - 1) / 2
-		if !h.less(i, p) {
-			return
-		}
-		h.swap(i, p)
-		i = p
-	}
-}
-
-func (h *hotTable) down(i int) {
-	for {
-		l := 2*i + 1
-		if l >= len(h.heap) {
-			return
-		}
-		c := l
-		if r := l + 1; r < len(h.heap) && h.less(r, l) {
-			c = r
-		}
-		if !h.less(c, i) {
-			return
-		}
-		h.swap(i, c)
-		i = c
-	}
+	return h.buckets[h.head].count
 }
 
 // nearTable is one shard's keys nearest their limit: a min-heap by the

@@ -166,7 +166,7 @@ func TestMemoryConstant(t *testing.T) {
 	before := tr.Footprint()
 	caps := func() (n int) {
 		for _, s := range tr.shards {
-			n += cap(s.hot.entries) + cap(s.hot.heap) + len(s.hot.idx.slots) + cap(s.near.entries) + cap(s.near.heap) + len(s.near.idx.slots)
+			n += cap(s.hot.entries) + cap(s.hot.buckets) + len(s.hot.idx.slots) + cap(s.near.entries) + cap(s.near.heap) + len(s.near.idx.slots)
 		}
 		return n
 	}

@@ -1,7 +1,7 @@
 package topk
 
 // An index maps keys to the numbers of their counters: open addressing with
-// linear probing in a table of fixed size, at most a quarter full so that
+// linear probing in a table of fixed size, at most half full so that
 // probes are short, and never grown: it never allocates. The caller hashes
 // the key once.
 type index struct {
@@ -17,7 +17,7 @@ type slot struct {
 
 func newIndex(entries int) index {
 	size := 2
-	for size < 4*entries {
+	for size < 2*entries {
 		size <<= 1
 	}
 	return index{slots: make([]slot, size), mask: uint64(size - 1)}

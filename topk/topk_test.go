@@ -81,7 +81,7 @@ func TestZipf(t *testing.T) {
 		t.Fatal(err)
 	}
 	var x exact
-	for i, k := range zipfKeys(1, 200_000, 100_000) {
+	for i, k := range zipfKeys(1, 100_000, 50_000) {
 		d := &admitted
 		if i%3 == 0 && strings.HasSuffix(k, "7") {
 			d = &denied
@@ -117,7 +117,7 @@ func TestAdversarial(t *testing.T) {
 	tr, _ := New(Options{K: 5, Counters: 64})
 	var x exact
 	heavy := []string{"h1", "h2", "h3"}
-	for i := range 300_000 {
+	for i := range 100_000 {
 		k := fmt.Sprintf("once-%d", i)
 		if i%10 == 0 {
 			k = heavy[(i/10)%len(heavy)]

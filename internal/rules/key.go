@@ -1,5 +1,7 @@
 package rules
 
+import "strings"
+
 // A keyLevel is one level of a limit's storage key: the escaped key and
 // match kind (and value or prefix), followed by the request's escaped
 // value when value is set.
@@ -43,6 +45,15 @@ func (s *Spec) HasKey(key string) bool {
 		}
 	}
 	return false
+}
+
+// ShortKey returns the part of key, a storage key AppendKey made for s,
+// that names the request's entries: without the domain before it and the
+// algorithm and window after it ("remote_address:10.0.0.1"). It is a
+// substring of key, for display.
+func (s *Spec) ShortKey(key string) string {
+	key = strings.TrimSuffix(strings.TrimPrefix(key, s.domainKey), s.tail)
+	return strings.TrimPrefix(key, "|")
 }
 
 // AppendKey appends to dst the storage key of limit s for a request

@@ -82,7 +82,7 @@ func (t *Top) observe(sc *scratch) {
 			if c.shadow {
 				it = &sc.shadow[c.result]
 			}
-			tr.Observe(it.Key, sc.decision(c))
+			tr.Observe(c.spec.ShortKey(it.Key), sc.decision(c))
 		}
 	}
 }

@@ -254,4 +254,3 @@ func members(v lease.View) []MemberStatus {
 	}
 	return out
 }
-

@@ -140,7 +140,7 @@ func TestAdminTop(t *testing.T) {
 		t.Errorf("near = %+v", l.Near)
 	}
 	for path, want := range map[string]int{
-		"/admin/v1/top?domain=dash&rule=nope": http.StatusNotFound,
+		"/admin/v1/top?domain=dash&rule=nope":             http.StatusNotFound,
 		"/admin/v1/top?domain=dash&rule=per_user&k=0":     http.StatusBadRequest,
 		"/admin/v1/top?domain=dash&rule=per_user&k=12345": http.StatusBadRequest,
 		"/admin/v1/status?k=x":                            http.StatusBadRequest,
@@ -437,7 +437,9 @@ func grafanaExprs(t *testing.T, b []byte) []string {
 	}
 	var d struct {
 		Panels     []json.RawMessage
-		Templating struct{ List []struct{ Type, Query string } }
+		Templating struct {
+			List []struct{ Type, Query string }
+		}
 	}
 	if err := json.Unmarshal(b, &d); err != nil {
 		t.Fatal(err)

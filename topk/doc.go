@@ -40,8 +40,9 @@
 // Memory is fixed at New (Footprint bytes, plus the key strings the
 // counters keep alive: at most Counters + shards×K of them) and never
 // grows. Observe hashes the key once, takes its shard's lock, and does
-// O(log Counters) work; it never allocates. It reads the clock only for a
-// decision at or above NearFrom. Snapshot allocates and sorts.
+// O(1) work; it never allocates. It reads the clock only for a decision at
+// or above NearFrom, and not at all when the caller passes the time it has
+// (ObserveAt). Snapshot allocates and sorts.
 //
 // # Secret keys
 //

@@ -128,12 +128,18 @@ func (t *Tracker) Footprint() int {
 	return n
 }
 
-// Observe records a decision of key. A denial counts as such unless the
-// store failed closed (an outage, not the key's doing). A decision made by
-// a failure mode other than local says nothing of the key's use and is not
-// considered near the limit. Observe keeps key: the caller must not change
-// its bytes afterwards (an ordinary string never changes).
-func (t *Tracker) Observe(key string, d *ratelimit.Decision) {
+// Observe records a decision of key, reading the clock only if the
+// decision is near the limit; see ObserveAt.
+func (t *Tracker) Observe(key string, d *ratelimit.Decision) { t.ObserveAt(time.Time{}, key, d) }
+
+// ObserveAt records a decision of key made at now; a zero now means to
+// read the clock, and only if the decision is near the limit (a caller
+// that has read it already saves that). A denial counts as such unless
+// the store failed closed (an outage, not the key's doing). A decision
+// made by a failure mode other than local says nothing of the key's use
+// and is not considered near the limit. ObserveAt keeps key: the caller
+// must not change its bytes afterwards (an ordinary string never changes).
+func (t *Tracker) ObserveAt(now time.Time, key string, d *ratelimit.Decision) {
 	h := maphash.String(t.seed, key)
 	s := t.shards[h>>61]
 	denied := !d.Allowed && d.Reason != ratelimit.ReasonFailClosed
@@ -141,7 +147,10 @@ func (t *Tracker) Observe(key string, d *ratelimit.Decision) {
 	near := ok && used >= t.nearFrom
 	var wholeAt int64
 	if near {
-		wholeAt = t.now().UnixNano() + int64(d.ResetAfter)
+		if now.IsZero() {
+			now = t.now()
+		}
+		wholeAt = now.UnixNano() + int64(d.ResetAfter)
 	}
 	s.mu.Lock()
 	s.decisions++

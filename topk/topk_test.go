@@ -231,10 +231,15 @@ func TestNear(t *testing.T) {
 	if len(sn.Near) != 1 || sn.Near[0].Key != "b" || sn.Near[0].WholeIn != 500*time.Millisecond {
 		t.Errorf("after 8.5 s near = %+v, want only b, whole in 500ms", sn.Near)
 	}
+	// ObserveAt uses the time it is given, not the clock.
+	tr.ObserveAt(now.Add(time.Hour), "d", at(0, time.Second))
+	if sn := tr.Snapshot(10); len(sn.Near) != 2 || sn.Near[0].Key != "d" || sn.Near[0].WholeIn != time.Hour+time.Second {
+		t.Errorf("near = %+v, want d whole in 1h0m1s first", sn.Near)
+	}
 	// A later decision of a key replaces its entry.
 	tr.Observe("b", at(5, 5*time.Second))
-	if sn := tr.Snapshot(10); len(sn.Near) != 1 || sn.Near[0].Used != 0.5 {
-		t.Errorf("near = %+v, want b at 0.5", sn.Near)
+	if sn := tr.Snapshot(10); len(sn.Near) != 2 || sn.Near[1].Key != "b" || sn.Near[1].Used != 0.5 {
+		t.Errorf("near = %+v, want d, then b at 0.5", sn.Near)
 	}
 }
 

@@ -205,7 +205,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *Request, resp *Respo
 	closed := s.answer(sc, resp)
 	s.metrics.observe(req.Domain, sc, resp, time.Since(start))
 	if s.top != nil {
-		s.top.observe(sc)
+		s.top.observe(sc, start) // start is zero without metrics
 	}
 	if closed != nil {
 		return &UnavailableError{Domain: req.Domain, Rule: closed.rule.Name, RetryAfter: sc.decision(closed).RetryAfter}

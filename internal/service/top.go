@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/ratelimit"
@@ -69,8 +70,9 @@ func (t *Top) prepare(set *rules.Set) {
 	t.byRule.Store(&next)
 }
 
-// observe records the decisions of one request.
-func (t *Top) observe(sc *scratch) {
+// observe records the decisions of one request, made at now (zero: the
+// trackers read the clock if they need it).
+func (t *Top) observe(sc *scratch, now time.Time) {
 	byRule := *t.byRule.Load()
 	for i := range sc.checks {
 		c := &sc.checks[i]
@@ -82,7 +84,7 @@ func (t *Top) observe(sc *scratch) {
 			if c.shadow {
 				it = &sc.shadow[c.result]
 			}
-			tr.Observe(c.spec.ShortKey(it.Key), sc.decision(c))
+			tr.ObserveAt(now, c.spec.ShortKey(it.Key), sc.decision(c))
 		}
 	}
 }

@@ -142,14 +142,25 @@ func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	WriteJSON(w, d.Status(r.Context(), k))
+	writeJSON(w, d.Status(r.Context(), k))
 }
 
-// BearerIs reports whether r carries "Authorization: Bearer token" (the
-// scheme in any case), comparing the token in constant time.
+// BearerIs reports whether r carries "Authorization: Bearer token",
+// comparing the token in constant time.
 func BearerIs(r *http.Request, token string) bool {
-	scheme, got, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-	return ok && strings.EqualFold(scheme, "Bearer") && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1
+	got, ok := BearerToken(r.Header.Get("Authorization"))
+	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1
+}
+
+// BearerToken returns the token of an Authorization header of the Bearer
+// scheme, whose name is case-insensitive (RFC 9110, section 11.1) and is
+// followed by one or more spaces.
+func BearerToken(h string) (string, bool) {
+	scheme, tok, ok := strings.Cut(h, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	return strings.TrimLeft(tok, " "), true
 }
 
 // MaxK bounds the entries per table a status may ask for.
@@ -171,8 +182,8 @@ func ParseK(s string) (int, error) {
 	return k, nil
 }
 
-// WriteJSON answers 200 with v as JSON, not cached.
-func WriteJSON(w http.ResponseWriter, v any) {
+// writeJSON answers 200 with v as JSON, not cached.
+func writeJSON(w http.ResponseWriter, v any) {
 	b, err := json.Marshal(v)
 	if err != nil {
 		http.Error(w, "encoding the status: "+err.Error(), http.StatusInternalServerError)

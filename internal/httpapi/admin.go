@@ -522,7 +522,7 @@ func (a *Admin) status(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, http.StatusBadRequest, err.Error())
 		return
 	}
-	dashboard.WriteJSON(w, a.dash.Status(r.Context(), k))
+	writeJSON(w, http.StatusOK, a.dash.Status(r.Context(), k))
 }
 
 // top answers GET /admin/v1/top?domain=D&rule=R&k=N: one rule's tables.
@@ -536,7 +536,7 @@ func (a *Admin) top(w http.ResponseWriter, r *http.Request) {
 	domain, rule := q.Get("domain"), q.Get("rule")
 	for _, l := range a.opts.Top.TopLimits() {
 		if l.Domain == domain && l.Name == rule {
-			dashboard.WriteJSON(w, dashboard.Limit(l, k))
+			writeJSON(w, http.StatusOK, dashboard.Limit(l, k))
 			return
 		}
 	}

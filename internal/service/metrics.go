@@ -52,8 +52,8 @@ type ruleCounters struct {
 	used      prometheus.Observer
 }
 
-// UtilisationBuckets are the buckets of sluice_utilisation_ratio.
-var UtilisationBuckets = []float64{0.1, 0.25, 0.5, 0.75, 0.8, 0.9, 0.95, 0.99, 1}
+// utilisationBuckets are the buckets of sluice_utilisation_ratio.
+var utilisationBuckets = []float64{0.1, 0.25, 0.5, 0.75, 0.8, 0.9, 0.95, 0.99, 1}
 
 // NewMetrics registers the service's metrics with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -69,7 +69,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		used: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "sluice_utilisation_ratio",
 			Help:    "Used ÷ limit of the key after each decision, by domain and rule (not by key): the share of decisions that left their key above 80% is one query. Decisions by the fail_open or fail_closed failure mode are not observed.",
-			Buckets: UtilisationBuckets,
+			Buckets: utilisationBuckets,
 		}, []string{"domain", "rule"}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "sluice_decision_duration_seconds",

@@ -29,7 +29,7 @@ export CI
 # TEST_TOOLS; `make test` then checks that it is on PATH when CI=true, and
 # warns otherwise. Add services that must run before the tests to the
 # test-setup recipe.
-TEST_TOOLS ?= redis-server
+TEST_TOOLS ?= redis-server chromium
 
 .PHONY: help test test-setup bench fuzz lint staticcheck serve
 

@@ -13,6 +13,7 @@ import (
 	"github.com/sluicehq/sluice/admit"
 	"github.com/sluicehq/sluice/limitheader"
 	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/topk"
 )
 
 // A Policy is one limit the middleware applies: a Rule counted per bucket,
@@ -60,6 +61,11 @@ type Config struct {
 	// ErrorRetryAfter is the Retry-After of the 503 answered when the
 	// Store returns an error; default one second.
 	ErrorRetryAfter time.Duration
+	// Top, if not nil, keeps for every policy its hottest, most denied and
+	// near-limit keys (package topk; fixed memory per policy, no
+	// allocation per request), for a dashboard (TopLimits). The keys of a
+	// policy with a secret Key are shown hashed.
+	Top *topk.Options
 }
 
 // An Event reports one decision to Config.OnDecision.
@@ -115,7 +121,9 @@ type Middleware struct {
 	// every response.
 	policyItems    [][]byte
 	allPolicyItems []string
-	pool           sync.Pool // *reqState
+	// tops[i] is policies[i]'s tracker; nil without Config.Top.
+	tops []*topk.Tracker
+	pool sync.Pool // *reqState
 }
 
 // reqState is the per-request scratch space, pooled.
@@ -125,6 +133,7 @@ type reqState struct {
 	ds       []ratelimit.Decision
 	policies []*Policy
 	keys     []string
+	tops     []*topk.Tracker
 	tmp      []byte
 	ev       Event
 }
@@ -168,6 +177,15 @@ func New(cfg Config) (*Middleware, error) {
 		}
 		l.Keys = append([]Key(nil), l.Keys...)
 		m.policies[i] = l
+		if cfg.Top != nil {
+			opts := *cfg.Top
+			opts.Secret = opts.Secret || secret(&l)
+			tr, err := topk.New(opts)
+			if err != nil {
+				return nil, fmt.Errorf("httplimit: Config.Top: %w", err)
+			}
+			m.tops = append(m.tops, tr)
+		}
 		p := limitheader.AppendPolicyItem(nil, m.policies[i].Rule.Name, m.policies[i].Rule.Capacity(), m.policies[i].Rule.QuotaWindow())
 		m.policyItems = append(m.policyItems, p)
 		if i > 0 {
@@ -184,9 +202,21 @@ func New(cfg Config) (*Middleware, error) {
 			ds:       make([]ratelimit.Decision, 0, n),
 			policies: make([]*Policy, 0, n),
 			keys:     make([]string, 0, n),
+			tops:     make([]*topk.Tracker, 0, n),
 		}
 	}
 	return m, nil
+}
+
+// TopLimits returns every policy with its tracker (Config.Top), in the
+// order of Config.Policies; none without Config.Top. A dashboard reads
+// them (dashboard.Options.Limits).
+func (m *Middleware) TopLimits() []topk.Limit {
+	out := make([]topk.Limit, 0, len(m.tops))
+	for i, tr := range m.tops {
+		out = append(out, topk.Limit{Name: m.policies[i].Rule.Name, Rule: &m.policies[i].Rule, Tracker: tr})
+	}
+	return out
 }
 
 // Handler returns next wrapped by the middleware.
@@ -203,7 +233,7 @@ func (m *Middleware) Handler(next http.Handler) http.Handler {
 func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 	st := m.pool.Get().(*reqState)
 	defer m.release(st)
-	st.items, st.ds, st.policies, st.keys = st.items[:0], st.ds[:0], st.policies[:0], st.keys[:0]
+	st.items, st.ds, st.policies, st.keys, st.tops = st.items[:0], st.ds[:0], st.policies[:0], st.keys[:0], st.tops[:0]
 	st.ev = Event{Request: r, Shadow: m.shadow}
 
 	if m.shed != nil {
@@ -229,12 +259,20 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 		st.items = append(st.items, ratelimit.Item{Key: key, Rule: &l.Rule, Cost: cost})
 		st.policies = append(st.policies, l)
 		st.keys = append(st.keys, key)
+		if m.tops != nil {
+			st.tops = append(st.tops, m.tops[i])
+		}
 	}
 	if len(st.items) == 0 {
 		return true
 	}
 	ds, v := admit.Decide(r.Context(), m.store, st.ds, st.items)
 	st.ds = ds
+	if m.tops != nil && v.Err == nil {
+		for i := range ds {
+			st.tops[i].Observe(keyValue(st.policies[i], st.keys[i]), &ds[i])
+		}
+	}
 	st.ev.Policies, st.ev.Keys, st.ev.Decisions, st.ev.Err = st.policies, st.keys, ds, v.Err
 	h := w.Header()
 	switch v.Outcome {
@@ -276,6 +314,7 @@ func (m *Middleware) release(st *reqState) {
 		return
 	}
 	clear(st.keys[:cap(st.keys)])
+	clear(st.tops[:cap(st.tops)])
 	clear(st.items[:cap(st.items)])
 	m.pool.Put(st)
 }

@@ -332,6 +332,10 @@ func orDefault[T int | float64](v, def T) T {
 // ID returns the holder's member id.
 func (h *Holder) ID() string { return h.cfg.ID }
 
+// Config returns the holder's configuration, with NewHolder's defaults
+// filled in.
+func (h *Holder) Config() Config { return h.cfg }
+
 // Limiter returns the limiter whose rate follows the holder's leases.
 func (h *Holder) Limiter() *Limiter { return h.limiter }
 

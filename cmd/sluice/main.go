@@ -76,6 +76,7 @@ func commands() []command {
 		{"rules", "check rule files: sluice rules validate DIR", runRules},
 		{"compare", "run one traffic pattern through every algorithm and compare them", runCompare},
 		{"demo", "run a demonstration: sluice demo throttled-db [-json]", runDemo},
+		{"top", "show the top keys of a running sluice serve: sluice top -addr HOST:PORT [-once]", runTop},
 		{"version", "print the version of sluice and of Go", runVersion},
 		{"help", "show help for sluice or for one command", runHelp},
 	}

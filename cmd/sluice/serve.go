@@ -25,6 +25,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/sluicehq/sluice/dashboard"
 	"github.com/sluicehq/sluice/internal/connlimit"
 	"github.com/sluicehq/sluice/internal/httpapi"
 	"github.com/sluicehq/sluice/internal/rls"
@@ -55,11 +56,18 @@ most of its capacity left before one that is spent, so a flood of new keys
 cannot reset the counters of keys that are denied
 (sluice_store_evictions_total and what they gave back are exported).
 
-The admin API (rules, reload, key state and reset, runtime overrides) is
+The admin API (rules, reload, key state and reset, runtime overrides, the
+top keys of every rule and the live dashboard at /admin/dashboard/) is
 off unless --admin-addr is given. It binds loopback only unless
 --admin-allow-remote, and every request needs the bearer token read from
 --admin-token-file or, failing that, the SLUICE_ADMIN_TOKEN environment
-variable.
+variable (the dashboard's page loads without it, and shows nothing until
+it is typed in).
+
+Every rule keeps its --top-k hottest, most denied and nearest-the-limit
+keys in memory fixed per rule, whatever the number of keys (--top-k 0
+turns it off); the keys of rules whose descriptors include one of
+--top-secret-keys are shown hashed.
 
 With --store redis the counters live in Redis: one server, a Cluster (two
 or more --redis-addr), or the master the Sentinels at --redis-addr name
@@ -128,6 +136,7 @@ type serveConfig struct {
 	shutdownTimeout  time.Duration
 	logFormat        string
 	limits           limitsConfig
+	top              topConfig
 }
 
 // adminTokenEnv names the environment variable holding the admin token
@@ -177,7 +186,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&cfg.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight calls may take to finish on shutdown")
 	fs.StringVar(&cfg.logFormat, "log-format", "text", "log format: text or json")
 	addLimitFlags(fs, &cfg.limits)
+	addTopFlags(fs, &cfg.top)
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := cfg.top.validate(); err != nil {
 		return err
 	}
 	if err := cfg.limits.validate(); err != nil {
@@ -284,6 +297,8 @@ type backend struct {
 	// metrics, when not nil, are the store's own metrics, registered with
 	// the service's.
 	metrics prometheus.Collector
+	// health reports the store's health to the admin status and dashboard.
+	health func(context.Context) *dashboard.StoreStatus
 	// closers close what was opened, last first.
 	closers []func() error
 }
@@ -330,7 +345,7 @@ func (c memstoreCollector) Collect(ch chan<- prometheus.Metric) {
 func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*backend, error) {
 	if cfg.store == "memory" {
 		m := memstore.New(memstore.Options{MaxKeys: cfg.memoryMaxKeys})
-		return &backend{store: m, keys: httpapi.LocalKeys(m), overrides: &httpapi.MemoryOverrides{}, metrics: memstoreCollector{m}, closers: []func() error{m.Close}}, nil
+		return &backend{store: m, keys: httpapi.LocalKeys(m), overrides: &httpapi.MemoryOverrides{}, metrics: memstoreCollector{m}, health: memoryHealth(m), closers: []func() error{m.Close}}, nil
 	}
 	redisstore.LogTo(log)
 	c, err := redisstore.NewClient(redisstore.ClientOptions{
@@ -363,6 +378,7 @@ func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*back
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	b.store, b.keys, b.overrides = rs, rs, httpapi.NewRedisOverrides(h)
+	b.health = redisHealth(c, rs, cfg)
 	b.errors = func() uint64 { return rs.Stats().Errors }
 	return b, nil
 }
@@ -511,7 +527,11 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 		metrics.CountStoreErrors(b.errors)
 	}
 	overrides := service.NewOverrides(set, nil)
-	svc, err := service.New(service.Options{Store: b.store, Rules: set, Independent: cfg.independent, Overrides: overrides, Metrics: metrics, Logger: log})
+	top, err := cfg.top.newTop()
+	if err != nil {
+		return nil, err
+	}
+	svc, err := service.New(service.Options{Store: b.store, Rules: set, Independent: cfg.independent, Overrides: overrides, Metrics: metrics, Top: top, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
@@ -562,7 +582,7 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 			Overrides: overrides, OverrideSync: s.overrideSync,
 			Reload: watcher.Reload, Status: watcher.Status, Logger: log,
 			AuthFailures: cfg.limits.adminAuthFailures, AuthFailurePeriod: cfg.limits.adminAuthFailurePeriod,
-			Registerer: reg,
+			Registerer: reg, Top: top, StoreStatus: b.health,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("serve: %w", err)

@@ -22,6 +22,10 @@
 //     adaptive limiter Sluice is compared with, and gonum, which draws the
 //     plots), and this rule binds test files too: they are in go.mod for
 //     the comparison alone.
+//   - Only cmd/sluice's tests import the test-only modules chromedp (which
+//     drives a browser through the dashboard) and prometheus/prometheus
+//     (the PromQL parser that checks deploy/'s queries); its binary does
+//     not.
 //
 // Test files are exempt from the other rules. So are test-support packages
 // (those that import "testing", such as internal/redistest) from the
@@ -186,6 +190,15 @@ func isBenchOnly(path string) bool {
 	return strings.HasPrefix(path, "github.com/failsafe-go/") || strings.HasPrefix(path, "gonum.org/")
 }
 
+// isTestOnly reports whether path is in a module that only cmd/sluice's
+// tests may import.
+func isTestOnly(path string) bool {
+	return strings.HasPrefix(path, "github.com/chromedp/") || strings.HasPrefix(path, "github.com/prometheus/prometheus/")
+}
+
+// testOnlyUser is the package whose tests may import the test-only modules.
+const testOnlyUser = "cmd/sluice"
+
 // isRedis reports whether path is a Redis client package.
 func isRedis(path string) bool { return strings.HasPrefix(path, "github.com/redis/") }
 
@@ -220,6 +233,17 @@ func importRules(mod string) []rule {
 			applies:   func(rel string) bool { return !underAny(rel, "bench") },
 			forbidden: func(p *pkg) bool { return isBenchOnly(p.ImportPath) },
 			tests:     true,
+		},
+		{
+			name:      "only cmd/sluice's tests may import the test-only modules chromedp and prometheus/prometheus",
+			applies:   func(rel string) bool { return rel != testOnlyUser },
+			forbidden: func(p *pkg) bool { return isTestOnly(p.ImportPath) },
+			tests:     true,
+		},
+		{
+			name:      "the sluice binary may not link the test-only modules chromedp and prometheus/prometheus",
+			applies:   func(rel string) bool { return rel == testOnlyUser },
+			forbidden: func(p *pkg) bool { return isTestOnly(p.ImportPath) },
 		},
 		{
 			name:      "grpclimit may depend on gRPC, but not on YAML or Prometheus",
@@ -527,6 +551,22 @@ func TestRulesCatchViolations(t *testing.T) {
 			want: []string{
 				"package example.com/m/adaptive imports gonum.org/v1/plot in a test: only bench/",
 				"package example.com/m/drain imports github.com/failsafe-go/failsafe-go/adaptivelimiter: only bench/",
+			},
+		},
+		{
+			name: "test-only modules outside cmd/sluice's tests",
+			pkgs: []*pkg{
+				ext("github.com/chromedp/chromedp"), ext("github.com/prometheus/prometheus/promql/parser"),
+				{ImportPath: mod + "/dashboard", Name: "dashboard", XTestImports: []string{"github.com/chromedp/chromedp"}},
+				func() *pkg {
+					p := own("cmd/sluice", "main", "github.com/prometheus/prometheus/promql/parser")
+					p.TestImports = []string{"github.com/chromedp/chromedp"} // allowed
+					return p
+				}(),
+			},
+			want: []string{
+				"package example.com/m/cmd/sluice imports github.com/prometheus/prometheus/promql/parser: the sluice binary may not link",
+				"package example.com/m/dashboard imports github.com/chromedp/chromedp in a test: only cmd/sluice's tests",
 			},
 		},
 		{

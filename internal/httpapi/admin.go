@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/dashboard"
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/internal/service"
 	"github.com/sluicehq/sluice/ratelimit"
@@ -78,6 +79,14 @@ type AdminOptions struct {
 	AuthFailures      int
 	AuthFailurePeriod time.Duration
 	AuthMaxClients    int
+	// Top, if not nil, tracks the top keys of every rule: GET
+	// /admin/v1/top, and the tables of GET /admin/v1/status and of the
+	// dashboard.
+	Top *service.Top
+	// StoreStatus, if not nil, reports the store's health for the status
+	// and the dashboard.
+	StoreStatus func(ctx context.Context) *dashboard.StoreStatus
+
 	// Registerer, if not nil, registers sluice_admin_auth_failures_total
 	// and sluice_admin_auth_refused_total.
 	Registerer prometheus.Registerer
@@ -95,6 +104,14 @@ type AdminOptions struct {
 //	GET    /admin/v1/overrides                  runtime overrides in force
 //	PUT    /admin/v1/overrides/{domain}/{rule}  {"limit","burst"?,"ttl","reason"?}: override a limit
 //	DELETE /admin/v1/overrides/{domain}/{rule}  remove an override
+//	GET    /admin/v1/top?domain=D&rule=R&k=N    one rule's hottest, most denied and near-limit keys
+//	GET    /admin/v1/status?k=N                 everything the dashboard shows, as JSON
+//	GET    /admin/dashboard/                    the dashboard (package dashboard)
+//
+// The dashboard's page, script and style sheet hold no data and are served
+// without the token, so that a browser can load them; the page then asks
+// for the token and sends it with every request for data
+// (/admin/dashboard/status.json, the same as /admin/v1/status).
 //
 // Domain and rule go in the path percent-encoded; a path with an empty,
 // "." or ".." segment is refused (400), not redirected to its cleaned form,
@@ -127,6 +144,17 @@ type Admin struct {
 	log  *slog.Logger
 	mux  *http.ServeMux
 	auth *authGuard
+	dash *dashboard.Dashboard
+}
+
+// dashboardPrefix is where the admin API mounts the dashboard.
+const dashboardPrefix = "/admin/dashboard"
+
+// dashboardAsset reports whether p is the dashboard's mount point or one of
+// its files that hold no data.
+func dashboardAsset(p string) bool {
+	rest, ok := strings.CutPrefix(p, dashboardPrefix)
+	return ok && (rest == "" || dashboard.IsAsset(rest))
 }
 
 // NewAdmin returns an Admin.
@@ -156,6 +184,14 @@ func NewAdmin(opts AdminOptions) (*Admin, error) {
 	if opts.Keys != nil {
 		a.mux.HandleFunc("POST /admin/v1/keys/reset", a.resetKey)
 	}
+	dopts := dashboard.Options{Title: "Sluice", Rules: a.ruleSet, Store: opts.StoreStatus}
+	if opts.Top != nil {
+		dopts.Limits = []dashboard.LimitSource{opts.Top}
+		a.mux.HandleFunc("GET /admin/v1/top", a.top)
+	}
+	a.dash = dashboard.New(dopts)
+	a.mux.Handle("GET "+dashboardPrefix+"/", http.StripPrefix(dashboardPrefix, a.dash))
+	a.mux.HandleFunc("GET /admin/v1/status", a.status)
 	if opts.Overrides != nil && opts.OverrideSync != nil {
 		a.mux.HandleFunc("GET /admin/v1/overrides", a.listOverrides)
 		a.mux.HandleFunc("PUT /admin/v1/overrides/{domain}/{rule}", a.putOverride)
@@ -167,6 +203,10 @@ func NewAdmin(opts AdminOptions) (*Admin, error) {
 // ServeHTTP implements http.Handler: it checks the token within the
 // client's failed-authentication budget, then routes.
 func (a *Admin) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if (r.Method == http.MethodGet || r.Method == http.MethodHead) && dashboardAsset(r.URL.Path) {
+		a.mux.ServeHTTP(w, r)
+		return
+	}
 	if !a.auth.check(w, r) {
 		return
 	}
@@ -226,50 +266,18 @@ func (a *Admin) decodeBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	return true
 }
 
-type ruleView struct {
-	Name        string        `json:"name"`
-	Source      string        `json:"source"`
-	Unlimited   bool          `json:"unlimited,omitempty"`
-	Shadow      bool          `json:"shadow,omitempty"`
-	Algorithm   string        `json:"algorithm,omitempty"`
-	Limit       int64         `json:"limit"`
-	Period      string        `json:"period,omitempty"`
-	Burst       int64         `json:"burst,omitempty"`
-	Unit        string        `json:"unit,omitempty"`
-	Calendar    string        `json:"calendar,omitempty"`
-	Timezone    string        `json:"timezone,omitempty"`
-	FailureMode string        `json:"failure_mode,omitempty"`
-	Replaces    []string      `json:"replaces,omitempty"`
-	Override    *overrideView `json:"override,omitempty"`
-}
-
-type overrideView struct {
-	Domain      string `json:"domain"`
-	Rule        string `json:"rule"`
-	Limit       int64  `json:"limit"`
-	Burst       int64  `json:"burst,omitempty"`
-	ExpiresInMS int64  `json:"expires_in_ms"`
-	By          string `json:"by,omitempty"`
-	Reason      string `json:"reason,omitempty"`
-}
+// The views of the rules are the dashboard's, so that the page and
+// GET /admin/v1/rules say the same.
+type (
+	ruleView     = dashboard.Rule
+	overrideView = dashboard.Override
+	domainView   = dashboard.RuleDomain
+	reloadView   = dashboard.Reload
+)
 
 func viewOverride(o *service.Override, now time.Time) *overrideView {
 	return &overrideView{Domain: o.Domain, Rule: o.Rule, Limit: o.Quota, Burst: o.Burst,
 		ExpiresInMS: o.Expires.Sub(now).Milliseconds(), By: o.By, Reason: o.Reason}
-}
-
-type domainView struct {
-	Name  string     `json:"name"`
-	File  string     `json:"file"`
-	Rules []ruleView `json:"rules"`
-}
-
-type reloadView struct {
-	Loads     int    `json:"loads"`
-	Failures  int    `json:"failures"`
-	LastLoad  string `json:"last_load,omitempty"`
-	LastGood  string `json:"last_good,omitempty"`
-	LastError string `json:"last_error,omitempty"`
 }
 
 func viewRule(sp *rules.Spec) ruleView {
@@ -295,6 +303,11 @@ func viewRule(sp *rules.Spec) ruleView {
 
 // listRules answers GET /admin/v1/rules.
 func (a *Admin) listRules(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, a.ruleSet())
+}
+
+// ruleSet returns the loaded rules, their overrides and the reload status.
+func (a *Admin) ruleSet() *dashboard.RuleSet {
 	set := a.opts.Service.Rules()
 	now := time.Now()
 	byRule := map[[2]string]*service.Override{}
@@ -305,10 +318,7 @@ func (a *Admin) listRules(w http.ResponseWriter, r *http.Request) {
 			byRule[[2]string{overrides[i].Domain, overrides[i].Rule}] = &overrides[i]
 		}
 	}
-	out := struct {
-		Domains []domainView `json:"domains"`
-		Reload  *reloadView  `json:"reload,omitempty"`
-	}{Domains: []domainView{}}
+	out := &dashboard.RuleSet{Domains: []domainView{}}
 	for _, name := range set.Domains() {
 		d, _ := set.Domain(name)
 		dv := domainView{Name: name, File: d.File(), Rules: []ruleView{}}
@@ -324,7 +334,7 @@ func (a *Admin) listRules(w http.ResponseWriter, r *http.Request) {
 	if a.opts.Status != nil {
 		out.Reload = viewStatus(a.opts.Status())
 	}
-	writeJSON(w, http.StatusOK, out)
+	return out
 }
 
 func viewStatus(st rules.WatchStatus) *reloadView {
@@ -503,6 +513,34 @@ func (a *Admin) resetKey(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, struct {
 		Reset []string `json:"reset"`
 	}{reset})
+}
+
+// status answers GET /admin/v1/status: what the dashboard shows.
+func (a *Admin) status(w http.ResponseWriter, r *http.Request) {
+	k, err := dashboard.ParseK(r.URL.Query().Get("k"))
+	if err != nil {
+		writeProblem(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, a.dash.Status(r.Context(), k))
+}
+
+// top answers GET /admin/v1/top?domain=D&rule=R&k=N: one rule's tables.
+func (a *Admin) top(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	k, err := dashboard.ParseK(q.Get("k"))
+	if err != nil {
+		writeProblem(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	domain, rule := q.Get("domain"), q.Get("rule")
+	for _, l := range a.opts.Top.TopLimits() {
+		if l.Domain == domain && l.Name == rule {
+			writeJSON(w, http.StatusOK, dashboard.Limit(l, k))
+			return
+		}
+	}
+	writeProblem(w, r, http.StatusNotFound, fmt.Sprintf("no tracked rule %q in domain %q", rule, domain))
 }
 
 // listOverrides answers GET /admin/v1/overrides.

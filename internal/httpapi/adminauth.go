@@ -8,12 +8,12 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sluicehq/sluice/dashboard"
 	"github.com/sluicehq/sluice/limitheader"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/ratelimit"
@@ -130,7 +130,7 @@ func (g *authGuard) check(w http.ResponseWriter, r *http.Request) bool {
 			g.rule.Burst, g.rule.Period))
 		return false
 	}
-	tok, ok := bearerToken(r.Header.Get("Authorization"))
+	tok, ok := dashboard.BearerToken(r.Header.Get("Authorization"))
 	if ok && subtle.ConstantTimeCompare([]byte(tok), g.token) == 1 {
 		items[0].Cost = -1 // a success gives its unit back
 		g.store.Decide(context.Background(), buf[:0], items[:])
@@ -158,17 +158,6 @@ func (g *authGuard) note(r *http.Request, client, outcome string, attr slog.Attr
 	g.log.LogAttrs(r.Context(), slog.LevelWarn, "admin: authentication refused",
 		slog.String("remote", r.RemoteAddr), slog.String("client", client),
 		slog.String("outcome", outcome), attr, slog.Int64("suppressed", g.suppressed.Swap(0)))
-}
-
-// bearerToken returns the token of an Authorization header of the Bearer
-// scheme, whose name is case-insensitive (RFC 9110, section 11.1) and is
-// followed by one or more spaces.
-func bearerToken(h string) (string, bool) {
-	scheme, tok, ok := strings.Cut(h, " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return "", false
-	}
-	return strings.TrimLeft(tok, " "), true
 }
 
 // clientKey names the client of a request's remote address for its

@@ -1,16 +1,25 @@
 package rules
 
+import "strings"
+
 // A keyLevel is one level of a limit's storage key: the escaped key and
 // match kind (and value or prefix), followed by the request's escaped
 // value when value is set.
 type keyLevel struct {
 	prefix string
 	value  bool
+	key    string // the descriptor key, unescaped
 }
 
 // newKeyLevel returns the storage key part of a descriptor of the given
 // key, kind and pattern (see AppendKey).
 func newKeyLevel(key string, k kind, pattern string, share bool) keyLevel {
+	kl := makeKeyLevel(key, k, pattern, share)
+	kl.key = key
+	return kl
+}
+
+func makeKeyLevel(key string, k kind, pattern string, share bool) keyLevel {
 	b := append([]byte{'|'}, escape(key)...)
 	switch k {
 	case kindExact:
@@ -24,6 +33,27 @@ func newKeyLevel(key string, k kind, pattern string, share bool) keyLevel {
 		return keyLevel{prefix: string(append(b, '=')), value: true}
 	}
 	return keyLevel{prefix: string(append(b, ':')), value: true}
+}
+
+// HasKey reports whether a level of the limit's descriptor path has the
+// descriptor key key: the service shows the storage keys of such limits
+// hashed when key names a secret (an address, an API key).
+func (s *Spec) HasKey(key string) bool {
+	for _, l := range s.levels {
+		if l.key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// ShortKey returns the part of key, a storage key AppendKey made for s,
+// that names the request's entries: without the domain before it and the
+// algorithm and window after it ("remote_address:10.0.0.1"). It is a
+// substring of key, for display.
+func (s *Spec) ShortKey(key string) string {
+	key = strings.TrimSuffix(strings.TrimPrefix(key, s.domainKey), s.tail)
+	return strings.TrimPrefix(key, "|")
 }
 
 // AppendKey appends to dst the storage key of limit s for a request

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/topk"
 )
 
 // Metrics are the service's Prometheus metrics. The counters of every rule
@@ -17,6 +18,7 @@ import (
 type Metrics struct {
 	decisions *prometheus.CounterVec
 	nearLimit *prometheus.CounterVec
+	used      *prometheus.HistogramVec
 	latency   prometheus.Histogram
 	storeErrs atomic.Uint64                 // requests answered with a store error
 	backend   atomic.Pointer[func() uint64] // the store's own count of failed calls
@@ -47,7 +49,11 @@ const (
 type ruleCounters struct {
 	outcome   [numOutcomes]prometheus.Counter
 	nearLimit prometheus.Counter
+	used      prometheus.Observer
 }
+
+// utilisationBuckets are the buckets of sluice_utilisation_ratio.
+var utilisationBuckets = []float64{0.1, 0.25, 0.5, 0.75, 0.8, 0.9, 0.95, 0.99, 1}
 
 // NewMetrics registers the service's metrics with reg.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
@@ -59,6 +65,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		nearLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_near_limit_total",
 			Help: "Admissions that left less than 20% of the limit's capacity.",
+		}, []string{"domain", "rule"}),
+		used: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "sluice_utilisation_ratio",
+			Help:    "Used ÷ limit of the key after each decision, by domain and rule (not by key): the share of decisions that left their key above 80% is one query. Decisions by the fail_open or fail_closed failure mode are not observed.",
+			Buckets: utilisationBuckets,
 		}, []string{"domain", "rule"}),
 		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "sluice_decision_duration_seconds",
@@ -84,7 +95,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}
 		return float64(n)
 	})
-	reg.MustRegister(m.decisions, m.nearLimit, m.latency, storeErrs, m.reloads, m.ruleCount)
+	reg.MustRegister(m.decisions, m.nearLimit, m.used, m.latency, storeErrs, m.reloads, m.ruleCount)
 	empty := map[*rules.Spec]*ruleCounters{}
 	m.byRule.Store(&empty)
 	return m
@@ -103,7 +114,7 @@ func (m *Metrics) Reloaded(ok bool) {
 }
 
 func (m *Metrics) counters(domain, rule string) *ruleCounters {
-	rc := &ruleCounters{nearLimit: m.nearLimit.WithLabelValues(domain, rule)}
+	rc := &ruleCounters{nearLimit: m.nearLimit.WithLabelValues(domain, rule), used: m.used.WithLabelValues(domain, rule)}
 	for i, o := range outcomes {
 		rc.outcome[i] = m.decisions.WithLabelValues(domain, rule, o)
 	}
@@ -164,6 +175,9 @@ func (m *Metrics) observe(domain string, sc *scratch, resp *Response, took time.
 		rc.outcome[outcome(d, c.shadow)].Inc()
 		if d.Allowed && d.Remaining*5 < d.Capacity {
 			rc.nearLimit.Inc()
+		}
+		if u, ok := topk.Used(d); ok {
+			rc.used.Observe(u)
 		}
 	}
 }

@@ -52,6 +52,9 @@ type Options struct {
 	Overrides *Overrides
 	// Metrics, if not nil, receives every decision.
 	Metrics *Metrics
+	// Top, if not nil, tracks the hottest, most denied and near-limit
+	// keys of every rule.
+	Top *Top
 	// Logger logs rule changes and store errors; nil discards.
 	Logger *slog.Logger
 }
@@ -61,6 +64,7 @@ type Service struct {
 	store       ratelimit.Store
 	independent bool
 	metrics     *Metrics
+	top         *Top
 	log         *slog.Logger
 	rules       atomic.Pointer[rules.Set]
 	setting     sync.Mutex // serialises SetRules
@@ -77,7 +81,7 @@ func New(opts Options) (*Service, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Service{store: opts.Store, independent: opts.Independent, metrics: opts.Metrics, log: opts.Logger, overrides: opts.Overrides}
+	s := &Service{store: opts.Store, independent: opts.Independent, metrics: opts.Metrics, log: opts.Logger, overrides: opts.Overrides, top: opts.Top}
 	s.scratch.New = func() any { return new(scratch) }
 	// Overrides that do not apply to the first rules are kept; whoever
 	// set them (Overrides.Replace) was told.
@@ -100,6 +104,7 @@ func (s *Service) SetRules(set *rules.Set) error {
 	s.setting.Lock()
 	defer s.setting.Unlock()
 	s.metrics.prepare(set)
+	s.top.prepare(set)
 	if s.overrides == nil {
 		s.rules.Store(set)
 		return nil
@@ -199,6 +204,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *Request, resp *Respo
 	}
 	closed := s.answer(sc, resp)
 	s.metrics.observe(req.Domain, sc, resp, time.Since(start))
+	if s.top != nil {
+		s.top.observe(sc, start) // start is zero without metrics
+	}
 	if closed != nil {
 		return &UnavailableError{Domain: req.Domain, Rule: closed.rule.Name, RetryAfter: sc.decision(closed).RetryAfter}
 	}

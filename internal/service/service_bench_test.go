@@ -10,6 +10,7 @@ import (
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/internal/service"
 	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/topk"
 )
 
 const benchRules = `domain: bench
@@ -22,7 +23,7 @@ descriptors:
         rate_limit: {unit: minute, requests_per_unit: 1000000000}
 `
 
-func newBenchService(b *testing.B, withMetrics bool) *service.Service {
+func newBenchService(b *testing.B, withMetrics, withTop bool) *service.Service {
 	b.Helper()
 	dom, err := rules.Parse("bench.yaml", []byte(benchRules))
 	if err != nil {
@@ -38,6 +39,13 @@ func newBenchService(b *testing.B, withMetrics bool) *service.Service {
 	if withMetrics {
 		opts.Metrics = service.NewMetrics(prometheus.NewRegistry())
 	}
+	if withTop {
+		top, err := service.NewTop(topk.Options{}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		opts.Top = top
+	}
 	svc, err := service.New(opts)
 	if err != nil {
 		b.Fatal(err)
@@ -46,19 +54,20 @@ func newBenchService(b *testing.B, withMetrics bool) *service.Service {
 }
 
 // BenchmarkShouldRateLimit measures the service alone (no transport): one
-// descriptor over 10,000 keys, and two descriptors decided together.
+// descriptor over 10,000 keys, and two descriptors decided together;
+// without metrics, with them, and with them and the top-K trackers.
 func BenchmarkShouldRateLimit(b *testing.B) {
 	keys := make([]string, 10000)
 	for i := range keys {
 		keys[i] = "10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256)
 	}
-	for _, metrics := range []bool{false, true} {
-		name := "metrics=off"
-		if metrics {
-			name = "metrics=on"
-		}
+	for _, mode := range []struct {
+		name         string
+		metrics, top bool
+	}{{"metrics=off", false, false}, {"metrics=on", true, false}, {"metrics=on,top=on", true, true}} {
+		name, metrics, top := mode.name, mode.metrics, mode.top
 		b.Run("one-descriptor/"+name, func(b *testing.B) {
-			svc := newBenchService(b, metrics)
+			svc := newBenchService(b, metrics, top)
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				req := service.Request{Domain: "bench", Descriptors: []service.Descriptor{{Entries: []rules.Entry{{Key: "remote_address"}}, Cost: 1}}}
@@ -74,7 +83,7 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 			})
 		})
 		b.Run("two-descriptors/"+name, func(b *testing.B) {
-			svc := newBenchService(b, metrics)
+			svc := newBenchService(b, metrics, top)
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				req := service.Request{Domain: "bench", Descriptors: []service.Descriptor{

@@ -1,0 +1,201 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/topk"
+)
+
+// BenchmarkTopK measures what the top-K trackers add to a decision, top
+// off against top on in the same run: a memory store decision alone
+// (Decide, then Observe), and the middleware (one policy by client IP,
+// memstore, RateLimit fields), admitted and denied, over 10,000 keys
+// and, for the store, a million (far more keys than the sketch has
+// counters: every decision of a new key takes a counter over).
+func BenchmarkTopK(b *testing.B) {
+	for _, n := range []int{10_000, 1_000_000} {
+		ks := benchKeys(n)
+		for _, top := range []bool{false, true} {
+			b.Run(fmt.Sprintf("memstore/keys=%d/top=%v", n, top), func(b *testing.B) {
+				store := memstore.New(memstore.Options{JanitorInterval: -1, MaxKeys: 2 * n})
+				defer store.Close()
+				var tr *topk.Tracker
+				if top {
+					tr, _ = topk.New(topk.Options{})
+				}
+				b.ReportAllocs()
+				b.RunParallel(func(pb *testing.PB) {
+					x := seedCounter.Add(7919) * 104729
+					items := []ratelimit.Item{{Rule: &benchRule, Cost: 1}}
+					ds := make([]ratelimit.Decision, 0, 1)
+					for pb.Next() {
+						items[0].Key = nextKey(&x, ks, false)
+						var err error
+						if ds, err = store.Decide(context.Background(), ds[:0], items); err != nil {
+							b.Fatal(err)
+						}
+						if tr != nil {
+							tr.Observe(items[0].Key, &ds[0])
+						}
+					}
+				})
+			})
+		}
+	}
+	addrs := make([]string, 10_000)
+	for i := range addrs {
+		addrs[i] = fmt.Sprintf("10.%d.%d.%d:4000", i>>16, (i>>8)&255, i&255)
+	}
+	open := ratelimit.Rule{Name: "per_ip", Quota: 1e9, Period: 1e9, Burst: 1 << 40}
+	closed := ratelimit.Rule{Name: "per_ip", Quota: 1, Period: 3600e9}
+	for _, c := range []struct {
+		name string
+		rule ratelimit.Rule
+	}{{"allowed", open}, {"denied", closed}} {
+		for _, top := range []bool{false, true} {
+			b.Run(fmt.Sprintf("middleware/%s/top=%v", c.name, top), func(b *testing.B) {
+				store := memstore.New(memstore.Options{JanitorInterval: -1})
+				defer store.Close()
+				cfg := httplimit.Config{Store: store, Policies: []httplimit.Policy{{Rule: c.rule, Keys: []httplimit.Key{httplimit.ByIP()}}}}
+				if top {
+					cfg.Top = &topk.Options{}
+				}
+				m, err := httplimit.New(cfg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				h := m.Handler(bareHandler)
+				b.ReportAllocs()
+				b.RunParallel(func(pb *testing.PB) {
+					x := seedCounter.Add(7919) * 104729
+					req := httptest.NewRequest("GET", "/items", nil)
+					w := &discardWriter{h: make(http.Header)}
+					for pb.Next() {
+						req.RemoteAddr = nextKey(&x, addrs, false)
+						clear(w.h)
+						h.ServeHTTP(w, req)
+					}
+				})
+			})
+		}
+	}
+}
+
+// BenchmarkTopKExtra measures the extra cost of the trackers paired: every
+// goroutine alternates blocks of 1,024 decisions without and with a
+// tracker, timing each block, so that a load that drifts on a shared
+// machine falls on both alike. It reports ns/decision of each and the
+// difference, ns-extra/decision (ns/op mixes the two).
+func BenchmarkTopKExtra(b *testing.B) {
+	const block = 1024
+	run := func(b *testing.B, decide func(x *uint64, top bool)) {
+		var off, on, nOff, nOn atomic.Int64
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			x := seedCounter.Add(7919) * 104729
+			var t [2]time.Duration
+			var n [2]int64
+			for mode := 0; ; mode ^= 1 {
+				start := time.Now()
+				i := 0
+				for ; i < block && pb.Next(); i++ {
+					decide(&x, mode == 1)
+				}
+				t[mode] += time.Since(start)
+				n[mode] += int64(i)
+				if i < block {
+					break
+				}
+			}
+			off.Add(int64(t[0]))
+			on.Add(int64(t[1]))
+			nOff.Add(n[0])
+			nOn.Add(n[1])
+		})
+		if nOff.Load() == 0 || nOn.Load() == 0 {
+			return
+		}
+		procs := float64(runtime.GOMAXPROCS(0))
+		offNs := float64(off.Load()) / float64(nOff.Load()) / procs
+		onNs := float64(on.Load()) / float64(nOn.Load()) / procs
+		b.ReportMetric(offNs, "ns-off/decision")
+		b.ReportMetric(onNs, "ns-on/decision")
+		b.ReportMetric(onNs-offNs, "ns-extra/decision")
+	}
+	for _, n := range []int{10_000, 1_000_000} {
+		ks := benchKeys(n)
+		b.Run(fmt.Sprintf("memstore/keys=%d", n), func(b *testing.B) {
+			store := memstore.New(memstore.Options{JanitorInterval: -1, MaxKeys: 2 * n})
+			defer store.Close()
+			tr, _ := topk.New(topk.Options{})
+			run(b, func(x *uint64, top bool) {
+				items := [1]ratelimit.Item{{Key: nextKey(x, ks, false), Rule: &benchRule, Cost: 1}}
+				var dsa [1]ratelimit.Decision
+				ds, err := store.Decide(context.Background(), dsa[:0], items[:])
+				if err != nil {
+					b.Fatal(err)
+				}
+				if top {
+					tr.Observe(items[0].Key, &ds[0])
+				}
+			})
+		})
+	}
+	addrs := make([]string, 10_000)
+	for i := range addrs {
+		addrs[i] = fmt.Sprintf("10.%d.%d.%d:4000", i>>16, (i>>8)&255, i&255)
+	}
+	for _, c := range []struct {
+		name string
+		rule ratelimit.Rule
+	}{{"allowed", ratelimit.Rule{Name: "per_ip", Quota: 1e9, Period: 1e9, Burst: 1 << 40}}, {"denied", ratelimit.Rule{Name: "per_ip", Quota: 1, Period: 3600e9}}} {
+		b.Run("middleware/"+c.name, func(b *testing.B) {
+			var hs [2]http.Handler
+			for i := range hs {
+				store := memstore.New(memstore.Options{JanitorInterval: -1})
+				defer store.Close()
+				cfg := httplimit.Config{Store: store, Policies: []httplimit.Policy{{Rule: c.rule, Keys: []httplimit.Key{httplimit.ByIP()}}}}
+				if i == 1 {
+					cfg.Top = &topk.Options{}
+				}
+				m, err := httplimit.New(cfg)
+				if err != nil {
+					b.Fatal(err)
+				}
+				hs[i] = m.Handler(bareHandler)
+			}
+			var pool sync.Pool
+			pool.New = func() any {
+				return &struct {
+					req *http.Request
+					w   *discardWriter
+				}{httptest.NewRequest("GET", "/items", nil), &discardWriter{h: make(http.Header)}}
+			}
+			run(b, func(x *uint64, top bool) {
+				rw := pool.Get().(*struct {
+					req *http.Request
+					w   *discardWriter
+				})
+				rw.req.RemoteAddr = nextKey(x, addrs, false)
+				clear(rw.w.h)
+				h := hs[0]
+				if top {
+					h = hs[1]
+				}
+				h.ServeHTTP(rw.w, rw.req)
+				pool.Put(rw)
+			})
+		})
+	}
+}

@@ -1,0 +1,535 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"github.com/prometheus/prometheus/model/rulefmt"
+	"github.com/prometheus/prometheus/promql/parser"
+)
+
+// dashRules are the rules of the dashboard's tests: a low per-user limit
+// that the load makes hot and denied, and a high per-tenant one.
+const dashRules = `domain: dash
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5, name: per_user}
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 100000, name: per_tenant}
+`
+
+const dashToken = "dash-token"
+
+// startDashServe serves dashRules in process with the admin API and the
+// top-K trackers on, and returns where it listens.
+func startDashServe(t *testing.T) map[string]string {
+	t.Helper()
+	dir := rulesDir(t, map[string]string{"dash.yaml": dashRules})
+	up, _, _ := serveInProcess(t, serveConfig{
+		rulesDir: dir, store: "memory", memoryMaxKeys: 1 << 16,
+		grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0", adminToken: dashToken,
+		maxBodyBytes: 1 << 20, shutdownTimeout: 5 * time.Second, top: topConfig{k: 20},
+	})
+	return up
+}
+
+var dashClient = &http.Client{Timeout: 10 * time.Second}
+
+// dashCheck decides one descriptor entry and returns the status code.
+func dashCheck(t *testing.T, up map[string]string, key, value string) int {
+	t.Helper()
+	body := fmt.Sprintf(`{"domain":"dash","descriptors":[{"entries":[{"key":%q,"value":%q}]}]}`, key, value)
+	resp, err := dashClient.Post("http://"+up["http"]+"/v1/check", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Error(err)
+		return 0
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// dashLoad makes hot-user hot and denied (12 calls, 5 admitted), warm-user
+// warm, and 20 users seen once.
+func dashLoad(t *testing.T, up map[string]string) {
+	t.Helper()
+	denied := 0
+	for range 12 {
+		if dashCheck(t, up, "user", "hot-user") == http.StatusTooManyRequests {
+			denied++
+		}
+	}
+	if denied != 7 {
+		t.Fatalf("hot-user: %d of 12 denied, want 7", denied)
+	}
+	for range 3 {
+		dashCheck(t, up, "user", "warm-user")
+	}
+	for i := range 20 {
+		dashCheck(t, up, "user", fmt.Sprint("once-", i))
+	}
+}
+
+// admin calls the admin API with the token.
+func admin(t *testing.T, up map[string]string, method, path, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, "http://"+up["admin"]+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+dashToken)
+	resp, err := dashClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestAdminTop: GET /admin/v1/top names the hot and denied keys, with
+// their error bounds, and refuses what it cannot answer.
+func TestAdminTop(t *testing.T) {
+	up := startDashServe(t)
+	dashLoad(t, up)
+	code, body := admin(t, up, "GET", "/admin/v1/top?domain=dash&rule=per_user&k=3", "")
+	if code != http.StatusOK {
+		t.Fatalf("top: %d %s", code, body)
+	}
+	var l struct {
+		Decisions, Denied int64
+		Hot               []struct {
+			Key        string
+			Count, Err int64
+		}
+		DeniedKeys []struct {
+			Key    string
+			Denied int64
+		} `json:"denied_keys"`
+		Near []struct {
+			Key  string
+			Used float64
+		}
+	}
+	if err := json.Unmarshal([]byte(body), &l); err != nil {
+		t.Fatal(err)
+	}
+	if l.Decisions != 35 || l.Denied != 7 || len(l.Hot) != 3 || l.Hot[0].Key != "user:hot-user" || l.Hot[0].Count != 12 || l.Hot[0].Err != 0 || l.Hot[1].Key != "user:warm-user" {
+		t.Errorf("top = %s", body)
+	}
+	if len(l.DeniedKeys) != 1 || l.DeniedKeys[0].Key != "user:hot-user" || l.DeniedKeys[0].Denied != 7 {
+		t.Errorf("denied keys = %+v", l.DeniedKeys)
+	}
+	if len(l.Near) == 0 || l.Near[0].Key != "user:hot-user" || l.Near[0].Used != 1 {
+		t.Errorf("near = %+v", l.Near)
+	}
+	for path, want := range map[string]int{
+		"/admin/v1/top?domain=dash&rule=nope":             http.StatusNotFound,
+		"/admin/v1/top?domain=dash&rule=per_user&k=0":     http.StatusBadRequest,
+		"/admin/v1/top?domain=dash&rule=per_user&k=12345": http.StatusBadRequest,
+		"/admin/v1/status?k=x":                            http.StatusBadRequest,
+	} {
+		if code, body := admin(t, up, "GET", path, ""); code != want {
+			t.Errorf("%s: %d %s, want %d", path, code, body, want)
+		}
+	}
+	resp, err := dashClient.Get("http://" + up["admin"] + "/admin/v1/top?domain=dash&rule=per_user")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("top without the token: %d", resp.StatusCode)
+	}
+}
+
+// TestTopOnce: sluice top -once against a running server prints the hot
+// and denied keys.
+func TestTopOnce(t *testing.T) {
+	up := startDashServe(t)
+	dashLoad(t, up)
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(dashToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, err := runArgs(t, t.Context(), "top", "-addr", up["admin"], "-token-file", tokenFile, "-once", "-k", "3")
+	if err != nil {
+		t.Fatalf("top: %v\n%s", err, errOut)
+	}
+	t.Logf("sluice top -once:\n%s", out)
+	for _, want := range []string{"dash / per_user", "35 decisions, 7 denied", "user:hot-user", "user:warm-user", "100%", "store memory healthy", "1 of 2 rules decided nothing yet"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+	hot := regexp.MustCompile(`(?m)^  user:hot-user +12 +0 +user:hot-user +7 +0 +user:hot-user +100%`)
+	if !hot.MatchString(out) {
+		t.Errorf("no row with hot-user's 12 decisions, 7 denials and 100%% used")
+	}
+	if _, errOut, err := runArgs(t, t.Context(), "top", "-addr", up["admin"], "-once"); err == nil || !strings.Contains(err.Error()+errOut, "401") {
+		t.Errorf("top without a token: %v %s, want a 401", err, errOut)
+	}
+}
+
+// frames counts the screens sluice top writes and ends it after two.
+type frames struct {
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	n      int
+	cancel context.CancelFunc
+}
+
+func (f *frames) Write(p []byte) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.buf.Write(p)
+	if f.n++; f.n == 2 {
+		f.cancel()
+	}
+	return len(p), nil
+}
+
+// TestTopRefreshes: without -once, sluice top redraws the screen and
+// shows rates from the second reading on.
+func TestTopRefreshes(t *testing.T) {
+	up := startDashServe(t)
+	dashLoad(t, up)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	f := &frames{cancel: cancel}
+	t.Setenv(adminTokenEnv, dashToken)
+	if err := runTop(ctx, []string{"-addr", up["admin"], "-interval", "200ms"}, f, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	out := f.buf.String()
+	if strings.Count(out, "\x1b[H\x1b[2J") != 2 || !strings.Contains(out, "denied/s") || !strings.Contains(out, "user:hot-user") {
+		t.Errorf("two frames with rates and hot-user wanted:\n%s", out)
+	}
+}
+
+func FuzzDecodeStatus(f *testing.F) {
+	f.Add([]byte(`{"title":"x","limits":[{"domain":"d","name":"r","decisions":3,"hot":[{"key":"k","count":3}],"near":[{"key":"k","used":0.5,"whole_in_ns":1000}]}]}`))
+	f.Add([]byte(`{"store":{"kind":"redis","healthy":false,"error":"down"}}`))
+	f.Add([]byte(`[]`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		st, err := decodeStatus(bytes.NewReader(b))
+		if err != nil {
+			return
+		}
+		var out bytes.Buffer
+		renderTop(&out, st, st) // never panics, whatever the server says
+	})
+}
+
+// chromium returns the browser the test drives: Debian's chromium, which
+// .ci/run installs. Without it the test skips, except under CI=true.
+func chromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("chromium is not installed; .ci/run installs it (apt-get install chromium)")
+	}
+	t.Skip("chromium is not installed")
+	return ""
+}
+
+// TestDashboardInBrowser loads the dashboard in headless Chromium against
+// a running serve under a small load: without the token it shows no data;
+// with it, the rules (with an override set through the admin API), a live
+// chart and the top tables with the keys the load made hot and denied.
+func TestDashboardInBrowser(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a browser")
+	}
+	browser := chromium(t)
+	up := startDashServe(t)
+	dashLoad(t, up)
+	if code, body := admin(t, up, "PUT", "/admin/v1/overrides/dash/per_tenant", `{"limit":777,"ttl":"10m","reason":"incident 42"}`); code != http.StatusOK {
+		t.Fatalf("override: %d %s", code, body)
+	}
+	// A small load while the page is open: hot-user and a tenant, 20
+	// decisions a second, until the test ends.
+	loadCtx, stopLoad := context.WithCancel(context.Background())
+	var loadDone sync.WaitGroup
+	loadDone.Go(func() {
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-loadCtx.Done():
+				return
+			case <-tick.C:
+				dashCheck(t, up, "user", "hot-user")
+				dashCheck(t, up, "tenant", "acme")
+			}
+		}
+	})
+	t.Cleanup(func() { stopLoad(); loadDone.Wait() })
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(browser), chromedp.NoSandbox, chromedp.Headless,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 1600))
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	defer cancelAlloc()
+	ctx, cancelTab := chromedp.NewContext(allocCtx, chromedp.WithLogf(t.Logf))
+	defer cancelTab()
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	page := "http://" + up["admin"] + "/admin/dashboard/"
+	poll := func(what, expr string) {
+		t.Helper()
+		if _, err := chromedp.Run(ctx, chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+			t.Fatalf("%s (%s): %v", what, expr, err)
+		}
+	}
+	text := func(sel string) string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+		if err != nil {
+			t.Fatalf("text of %s: %v", sel, err)
+		}
+		return s
+	}
+
+	// Without the token: the page loads, and shows nothing.
+	if err := chromedp.Do(ctx, chromedp.Navigate(page)); err != nil {
+		t.Fatal(err)
+	}
+	poll("the page asks for the token", `document.getElementById("state").textContent.includes("no data")`)
+	if body := text("body"); strings.Contains(body, "hot-user") || strings.Contains(body, "per_user") || strings.Contains(body, "incident 42") {
+		t.Errorf("without the token the page shows data:\n%s", body)
+	}
+
+	// With the token, in the URL's fragment.
+	if err := chromedp.Do(ctx, chromedp.Navigate(page+"#token="+dashToken)); err != nil {
+		t.Fatal(err)
+	}
+	poll("the chart has samples with decisions", `Number(document.getElementById("chart").dataset.samples) >= 4 && Number(document.getElementById("chart").dataset.max) > 0`)
+	poll("the top tables", `document.querySelector('[data-limit="dash / per_user"]') !== null`)
+	perUser := text(`[data-limit="dash / per_user"]`)
+	for _, want := range []string{"hottest", "most denied", "nearest the limit", "user:hot-user", "user:warm-user", "100%"} {
+		if !strings.Contains(perUser, want) {
+			t.Errorf("per_user's tables lack %q:\n%s", want, perUser)
+		}
+	}
+	rulesText := text("#rules")
+	for _, want := range []string{"per_user", "per_tenant", "777 for", "incident 42", "dash.yaml:"} {
+		if !strings.Contains(rulesText, want) {
+			t.Errorf("rules table lacks %q:\n%s", want, rulesText)
+		}
+	}
+	if s := text("#store"); !strings.Contains(s, "memory") || !strings.Contains(s, "healthy") {
+		t.Errorf("store section: %q", s)
+	}
+	if legend := text("#legend"); !strings.Contains(legend, "dash / per_user") {
+		t.Errorf("chart legend: %q", legend)
+	}
+	picture := os.Getenv("SLUICE_DASHBOARD_PNG") // refreshes the README's picture
+	if picture != "" {
+		// A minute of varied load first, so that the chart has a shape.
+		for i := range 60 {
+			for j := range 5 + (i%20)*2 {
+				dashCheck(t, up, "user", fmt.Sprint("burst-", i/10, "-", j%3))
+			}
+			<-time.After(time.Second)
+		}
+	}
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shot := filepath.Join(t.TempDir(), "dashboard.png")
+	if err := os.WriteFile(shot, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s (%d bytes)", shot, len(png))
+	if picture != "" {
+		if err := os.WriteFile(picture, png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Forgetting the token empties the page.
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS("#forget"))); err != nil {
+		t.Fatal(err)
+	}
+	poll("the page forgets", `document.getElementById("state").textContent.includes("no data") && document.querySelectorAll("#limits .limit").length === 0`)
+	if body := text("body"); strings.Contains(body, "hot-user") {
+		t.Errorf("after Forget the page still shows data")
+	}
+}
+
+// metricNames scrapes a running serve's /metrics and returns the names a
+// query may use: each family's, and a histogram's _bucket, _sum and _count.
+func metricNames(t *testing.T, up map[string]string) map[string]bool {
+	t.Helper()
+	resp, err := dashClient.Get("http://" + up["http"] + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]bool{}
+	for name, f := range fams {
+		names[name] = true
+		if f.GetType().String() == "HISTOGRAM" || f.GetType().String() == "SUMMARY" {
+			names[name+"_bucket"], names[name+"_sum"], names[name+"_count"] = true, true, true
+		}
+	}
+	return names
+}
+
+// selectors returns the metric names an expression selects.
+func selectors(t *testing.T, p parser.Parser, expr string) []string {
+	t.Helper()
+	e, err := p.ParseExpr(expr)
+	if err != nil {
+		t.Errorf("%q does not parse: %v", expr, err)
+		return nil
+	}
+	var out []string
+	parser.Inspect(e, func(n parser.Node, _ []parser.Node) error {
+		if vs, ok := n.(*parser.VectorSelector); ok {
+			if vs.Name == "" {
+				t.Errorf("%q selects by labels only; name the metric", expr)
+			}
+			out = append(out, vs.Name)
+		}
+		return nil
+	})
+	return out
+}
+
+// grafanaExprs returns every query of a Grafana dashboard: the panels'
+// (rows' too) and the template variables', with Grafana's interval
+// variables replaced by a duration so that they parse.
+func grafanaExprs(t *testing.T, b []byte) []string {
+	t.Helper()
+	type panel struct {
+		Targets []struct{ Expr string }
+		Panels  []json.RawMessage
+	}
+	var d struct {
+		Panels     []json.RawMessage
+		Templating struct {
+			List []struct{ Type, Query string }
+		}
+	}
+	if err := json.Unmarshal(b, &d); err != nil {
+		t.Fatal(err)
+	}
+	vars := strings.NewReplacer("$__rate_interval", "5m", "$__interval", "1m", "$__range", "1h")
+	var out []string
+	var walk func([]json.RawMessage)
+	walk = func(ps []json.RawMessage) {
+		for _, raw := range ps {
+			var p panel
+			if err := json.Unmarshal(raw, &p); err != nil {
+				t.Fatal(err)
+			}
+			for _, tg := range p.Targets {
+				out = append(out, vars.Replace(tg.Expr))
+			}
+			walk(p.Panels)
+		}
+	}
+	walk(d.Panels)
+	labelValues := regexp.MustCompile(`^label_values\(([a-zA-Z_:][a-zA-Z0-9_:]*)\s*,\s*[a-zA-Z_][a-zA-Z0-9_]*\)$`)
+	for _, v := range d.Templating.List {
+		if v.Type != "query" {
+			continue
+		}
+		m := labelValues.FindStringSubmatch(v.Query)
+		if m == nil {
+			t.Errorf("template variable query %q: want label_values(metric, label)", v.Query)
+			continue
+		}
+		out = append(out, m[1])
+	}
+	return out
+}
+
+// TestDeployFiles: every expression of deploy/grafana/sluice.json and
+// deploy/prometheus/alerts.yaml parses (the alert rules as promtool check
+// rules checks them, with the same package), and every metric they use is
+// one a running serve exports.
+func TestDeployFiles(t *testing.T) {
+	up := startDashServe(t)
+	dashLoad(t, up) // so that the labelled families have series
+	exported := metricNames(t, up)
+	p := parser.NewParser(parser.Options{})
+	used := map[string][]string{}
+
+	alerts := filepath.Join("..", "..", "deploy", "prometheus", "alerts.yaml")
+	b, err := os.ReadFile(alerts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	groups, errs := rulefmt.Parse(b, false, model.UTF8Validation, p, slog.New(slog.DiscardHandler))
+	for _, err := range errs {
+		t.Errorf("%s: %v", alerts, err)
+	}
+	nAlerts := 0
+	if groups != nil {
+		for _, g := range groups.Groups {
+			for _, r := range g.Rules {
+				nAlerts++
+				if r.Alert == "" || r.Annotations["summary"] == "" || r.Labels["severity"] == "" {
+					t.Errorf("rule %q: want an alert with a severity and a summary", r.Alert)
+				}
+				for _, n := range selectors(t, p, r.Expr) {
+					used[n] = append(used[n], "alert "+r.Alert)
+				}
+			}
+		}
+	}
+	if nAlerts < 6 {
+		t.Errorf("%d alerts, want at least the six the README describes", nAlerts)
+	}
+
+	grafana := filepath.Join("..", "..", "deploy", "grafana", "sluice.json")
+	if b, err = os.ReadFile(grafana); err != nil {
+		t.Fatal(err)
+	}
+	exprs := grafanaExprs(t, b)
+	if len(exprs) < 10 {
+		t.Errorf("%d queries in the dashboard", len(exprs))
+	}
+	for _, e := range exprs {
+		for _, n := range selectors(t, p, e) {
+			used[n] = append(used[n], "grafana")
+		}
+	}
+	for n, where := range used {
+		if !exported[n] {
+			t.Errorf("%s (used by %s) is not a metric sluice serve exports", n, strings.Join(where, ", "))
+		}
+	}
+	t.Logf("%d alerts and %d dashboard queries use %d metrics, all exported", nAlerts, len(exprs), len(used))
+}

@@ -1,0 +1,271 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sluicehq/sluice/dashboard"
+	"github.com/sluicehq/sluice/internal/service"
+	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/redisstore"
+	"github.com/sluicehq/sluice/topk"
+)
+
+// topConfig is what serve's flags say of the top-K trackers.
+type topConfig struct {
+	k          int
+	secretKeys []string
+	secretFlag string
+}
+
+func addTopFlags(fs *flag.FlagSet, c *topConfig) {
+	fs.IntVar(&c.k, "top-k", topk.DefaultK, "keys each rule's hottest, most denied and near-limit tables keep (admin API, dashboard); 0 turns the tracking off")
+	fs.StringVar(&c.secretFlag, "top-secret-keys", "", "descriptor `keys`, comma-separated (such as remote_address,api_key), whose rules' keys the top tables show hashed")
+}
+
+func (c *topConfig) validate() error {
+	if c.k < 0 || c.k > 1000 {
+		return usagef("serve: --top-k %d: want 0 (off) to 1000", c.k)
+	}
+	for k := range strings.SplitSeq(c.secretFlag, ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			c.secretKeys = append(c.secretKeys, k)
+		}
+	}
+	return nil
+}
+
+// newTop returns the trackers, or nil when they are off.
+func (c *topConfig) newTop() (*service.Top, error) {
+	if c.k == 0 {
+		return nil, nil
+	}
+	return service.NewTop(topk.Options{K: c.k}, c.secretKeys)
+}
+
+// memoryHealth reports the memory store's health: always up.
+func memoryHealth(m *memstore.Store) func(context.Context) *dashboard.StoreStatus {
+	return func(context.Context) *dashboard.StoreStatus {
+		return &dashboard.StoreStatus{Kind: "memory", Healthy: true, Keys: m.Stats().Keys}
+	}
+}
+
+// redisHealth reports Redis's health: a PING's round trip (bounded by the
+// store's timeout), the breaker, and the failure modes' decisions.
+func redisHealth(c redis.UniversalClient, rs *redisstore.Store, cfg *serveConfig) func(context.Context) *dashboard.StoreStatus {
+	mode := "standalone"
+	switch {
+	case cfg.redisMaster != "":
+		mode = "sentinel"
+	case len(cfg.redisAddrs) > 1:
+		mode = "cluster"
+	}
+	return func(ctx context.Context) *dashboard.StoreStatus {
+		st := rs.Stats()
+		s := &dashboard.StoreStatus{Kind: "redis", Mode: mode, Healthy: true, Breaker: "closed",
+			Errors: st.Errors, FailOpen: st.FailOpen, FailClosed: st.FailClosed, Local: st.Local}
+		if st.Open {
+			s.Breaker = "open"
+		}
+		ctx, cancel := context.WithTimeout(ctx, cfg.redisTimeout)
+		defer cancel()
+		start := time.Now()
+		if err := c.Ping(ctx).Err(); err != nil {
+			s.Healthy, s.Error = false, err.Error()
+		} else {
+			s.LatencyMS = float64(time.Since(start).Microseconds()) / 1000
+		}
+		return s
+	}
+}
+
+const topUsage = `Usage: sluice top -addr HOST:PORT [flags]
+
+Top shows in the terminal what the dashboard of a running sluice serve
+shows: for every rule, its decisions and denials per second and its
+hottest, most denied and nearest-the-limit keys, refreshed every
+-interval (the screen is redrawn) or printed once with -once (totals
+only: a rate needs two readings). It reads GET /admin/v1/status of the
+admin listener at -addr with the bearer token from -token-file or, failing
+that, the SLUICE_ADMIN_TOKEN environment variable.
+`
+
+// topStatusMaxBytes bounds the status read from the admin API.
+const topStatusMaxBytes = 8 << 20
+
+func runTop(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("top", topUsage, stderr)
+	addr := fs.String("addr", "", "admin API `address` (host:port) of sluice serve; required")
+	tokenFile := fs.String("token-file", "", "`file` holding the admin token (default: $"+adminTokenEnv+")")
+	once := fs.Bool("once", false, "print the tables once and exit")
+	interval := fs.Duration("interval", 2*time.Second, "time between refreshes")
+	k := fs.Int("k", 5, "keys shown per table (1 to 1000)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *addr == "" {
+		return usagef("top: -addr is required: the --admin-addr of sluice serve")
+	}
+	if *interval < 100*time.Millisecond {
+		return usagef("top: -interval %v: want at least 100ms", *interval)
+	}
+	if _, err := dashboard.ParseK(strconv.Itoa(*k)); err != nil {
+		return usagef("top: -%v", err)
+	}
+	token, err := secret(*tokenFile, adminTokenEnv)
+	if err != nil {
+		return fmt.Errorf("top: reading the admin token: %w", err)
+	}
+	c := &topClient{
+		url:   "http://" + *addr + "/admin/v1/status?k=" + strconv.Itoa(*k),
+		token: strings.TrimSpace(token),
+		http:  &http.Client{Timeout: 5 * time.Second},
+	}
+	var prev *dashboard.Status
+	for {
+		st, err := c.get(ctx)
+		if err != nil {
+			return err
+		}
+		var b bytes.Buffer
+		if !*once {
+			b.WriteString("\x1b[H\x1b[2J") // home, clear the screen
+		}
+		renderTop(&b, st, prev)
+		if _, err := stdout.Write(b.Bytes()); err != nil || *once {
+			return err
+		}
+		prev = st
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(*interval):
+		}
+	}
+}
+
+type topClient struct {
+	url, token string
+	http       *http.Client
+}
+
+func (c *topClient) get(ctx context.Context) (*dashboard.Status, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url, nil)
+	if err != nil {
+		return nil, fmt.Errorf("top: %w", err)
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("top: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return nil, fmt.Errorf("top: %s answered %s: %s", c.url, resp.Status, bytes.TrimSpace(msg))
+	}
+	return decodeStatus(resp.Body)
+}
+
+// decodeStatus reads a status of at most topStatusMaxBytes.
+func decodeStatus(r io.Reader) (*dashboard.Status, error) {
+	b, err := io.ReadAll(io.LimitReader(r, topStatusMaxBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("top: reading the status: %w", err)
+	}
+	if len(b) > topStatusMaxBytes {
+		return nil, fmt.Errorf("top: the status is larger than %d bytes", topStatusMaxBytes)
+	}
+	var st dashboard.Status
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("top: decoding the status: %w", err)
+	}
+	return &st, nil
+}
+
+// renderTop writes the tables of st; with prev, the previous reading, the
+// rates since.
+func renderTop(w io.Writer, st, prev *dashboard.Status) {
+	fmt.Fprintf(w, "%s at %s\n", st.Title, st.Time.Format(time.TimeOnly))
+	if s := st.Store; s != nil {
+		health := "healthy"
+		if !s.Healthy {
+			health = "DOWN: " + s.Error
+		}
+		fmt.Fprintf(w, "store %s %s; breaker %s; failed calls %d; fail_open %d fail_closed %d local %d\n",
+			s.Kind, health, orDash(s.Breaker), s.Errors, s.FailOpen, s.FailClosed, s.Local)
+	}
+	before := map[string]dashboard.LimitStatus{}
+	var dt float64
+	if prev != nil {
+		dt = st.Time.Sub(prev.Time).Seconds()
+		for _, l := range prev.Limits {
+			before[l.Domain+"\x00"+l.Name] = l
+		}
+	}
+	idle := 0
+	for _, l := range st.Limits {
+		if l.Decisions == 0 {
+			idle++
+			continue
+		}
+		fmt.Fprintf(w, "\n%s / %s", l.Domain, l.Name)
+		if l.Limit > 0 {
+			fmt.Fprintf(w, "  (%d per %s)", l.Limit, orDash(l.Window))
+		}
+		fmt.Fprintf(w, "  %d decisions, %d denied", l.Decisions, l.Denied)
+		if p, ok := before[l.Domain+"\x00"+l.Name]; ok && dt > 0 {
+			fmt.Fprintf(w, "  %.1f/s, %.1f denied/s", float64(l.Decisions-p.Decisions)/dt, float64(l.Denied-p.Denied)/dt)
+		}
+		fmt.Fprintln(w)
+		if len(l.Hot) == 0 {
+			continue
+		}
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "  HOT\tDECISIONS\t±\tMOST DENIED\tDENIED\t±\tNEAR LIMIT\tUSED\tWHOLE IN\t")
+		for i := range max(len(l.Hot), len(l.MostDenied), len(l.Near)) {
+			cells := make([]string, 0, 9)
+			if i < len(l.Hot) {
+				cells = append(cells, "  "+l.Hot[i].Key, strconv.FormatInt(l.Hot[i].Count, 10), strconv.FormatInt(l.Hot[i].Err, 10))
+			} else {
+				cells = append(cells, "", "", "")
+			}
+			if i < len(l.MostDenied) {
+				cells = append(cells, l.MostDenied[i].Key, strconv.FormatInt(l.MostDenied[i].Denied, 10), strconv.FormatInt(l.MostDenied[i].Err, 10))
+			} else {
+				cells = append(cells, "", "", "")
+			}
+			if i < len(l.Near) {
+				cells = append(cells, l.Near[i].Key, fmt.Sprintf("%.0f%%", l.Near[i].Used*100), l.Near[i].WholeIn.Round(100*time.Millisecond).String())
+			} else {
+				cells = append(cells, "", "", "")
+			}
+			fmt.Fprintln(tw, strings.Join(cells, "\t")+"\t")
+		}
+		tw.Flush()
+	}
+	switch {
+	case len(st.Limits) == 0:
+		fmt.Fprintln(w, "\nno rule is tracked (serve runs with --top-k 0, or no rule is loaded)")
+	case idle > 0:
+		fmt.Fprintf(w, "\n%d of %d rules decided nothing yet\n", idle, len(st.Limits))
+	}
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

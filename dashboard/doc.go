@@ -1,0 +1,30 @@
+// Package dashboard serves a live page of what Sluice's limits are doing:
+// the rules, decisions and denials per limit over the last minutes, the
+// hottest, most denied and near-limit keys of each limit (package topk),
+// the capacity that lease holders have against what they want, the
+// semaphores' holdings, and the store's health.
+//
+// A Dashboard is an http.Handler. Mount it under a prefix with
+// http.StripPrefix; it answers
+//
+//	GET /             the page (HTML, a script and a style sheet, embedded;
+//	GET /dash.js      nothing is loaded from elsewhere)
+//	GET /dash.css
+//	GET /status.json  the Status, as JSON; ?k=N entries per table
+//
+// The page holds no data: it asks for status.json every second with the
+// bearer token the operator typed (or gave in the URL's fragment,
+// #token=..., which a browser never sends), and shows nothing without it.
+// Options.Token makes the Dashboard itself check the token; leave it empty
+// only when what mounts the Dashboard checks it, as sluice serve's admin
+// listener does. The page's script keeps the chart's history itself, from
+// the counters of successive answers, so the Dashboard keeps nothing
+// between requests and starts no goroutine.
+//
+// A library user shows a Middleware's limits with Options.Limits (a
+// *httplimit.Middleware made with Config.Top), lease holders with
+// Options.Leases (with WatchLeases, the members and partitions of their
+// service too) and semaphores with Options.Semaphores.
+//
+// A Dashboard is safe for concurrent use.
+package dashboard

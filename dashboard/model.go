@@ -1,0 +1,145 @@
+package dashboard
+
+import (
+	"time"
+
+	"github.com/sluicehq/sluice/topk"
+)
+
+// Status is what status.json answers: everything the page shows.
+type Status struct {
+	Time       time.Time         `json:"time"`
+	Title      string            `json:"title"`
+	Rules      *RuleSet          `json:"rules,omitempty"`
+	Limits     []LimitStatus     `json:"limits"`
+	Leases     []LeaseStatus     `json:"leases"`
+	Semaphores []SemaphoreStatus `json:"semaphores"`
+	Store      *StoreStatus      `json:"store,omitempty"`
+}
+
+// A LimitStatus is one limit's totals and top-K tables.
+type LimitStatus struct {
+	Domain string `json:"domain,omitempty"`
+	Name   string `json:"name"`
+	// Limit and Window are the limit's configured capacity and window
+	// ("" when not known).
+	Limit  int64  `json:"limit,omitempty"`
+	Window string `json:"window,omitempty"`
+	topk.Snapshot
+}
+
+// A RuleSet is the rules in force, by domain, and how their last reload went.
+type RuleSet struct {
+	Domains []RuleDomain `json:"domains"`
+	Reload  *Reload      `json:"reload,omitempty"`
+}
+
+// A RuleDomain is one domain's rules and the file they came from.
+type RuleDomain struct {
+	Name  string `json:"name"`
+	File  string `json:"file"`
+	Rules []Rule `json:"rules"`
+}
+
+// A Rule is one configured limit.
+type Rule struct {
+	Name        string    `json:"name"`
+	Source      string    `json:"source"`
+	Unlimited   bool      `json:"unlimited,omitempty"`
+	Shadow      bool      `json:"shadow,omitempty"`
+	Algorithm   string    `json:"algorithm,omitempty"`
+	Limit       int64     `json:"limit"`
+	Period      string    `json:"period,omitempty"`
+	Burst       int64     `json:"burst,omitempty"`
+	Unit        string    `json:"unit,omitempty"`
+	Calendar    string    `json:"calendar,omitempty"`
+	Timezone    string    `json:"timezone,omitempty"`
+	FailureMode string    `json:"failure_mode,omitempty"`
+	Replaces    []string  `json:"replaces,omitempty"`
+	Override    *Override `json:"override,omitempty"`
+}
+
+// An Override is a runtime override of a rule's limit.
+type Override struct {
+	Domain      string `json:"domain"`
+	Rule        string `json:"rule"`
+	Limit       int64  `json:"limit"`
+	Burst       int64  `json:"burst,omitempty"`
+	ExpiresInMS int64  `json:"expires_in_ms"`
+	By          string `json:"by,omitempty"`
+	Reason      string `json:"reason,omitempty"`
+}
+
+// Reload is how the rules' loads went.
+type Reload struct {
+	Loads     int    `json:"loads"`
+	Failures  int    `json:"failures"`
+	LastLoad  string `json:"last_load,omitempty"`
+	LastGood  string `json:"last_good,omitempty"`
+	LastError string `json:"last_error,omitempty"`
+}
+
+// A LeaseStatus is one lease holder: the service's capacity, what this
+// holder was granted and uses, and, with WatchLeases, every member's.
+type LeaseStatus struct {
+	Name       string  `json:"name"`
+	Member     string  `json:"member"`
+	Capacity   float64 `json:"capacity"`
+	Partitions int     `json:"partitions"`
+	Granted    float64 `json:"granted"`
+	Rate       float64 `json:"rate"`
+	Used       float64 `json:"used"`
+	Idle       float64 `json:"idle"`
+	Demand     float64 `json:"demand"`
+	Need       int     `json:"need"`
+	Want       int     `json:"want"`
+	Leases     int     `json:"leases"`
+	Outage     bool    `json:"outage"`
+	// Members are the service's members as the holder's last heartbeat
+	// saw them, ViewAgeMS ago; nil without WatchLeases.
+	Members   []MemberStatus `json:"members,omitempty"`
+	ViewAgeMS int64          `json:"view_age_ms,omitempty"`
+}
+
+// A MemberStatus is one member of a leased service: the partitions it
+// has, those it needs and wants, and when the first of its leases expires
+// by the store's clock.
+type MemberStatus struct {
+	ID          string  `json:"id"`
+	Weight      float64 `json:"weight"`
+	Has         int     `json:"has"`
+	Need        int     `json:"need"`
+	Want        int     `json:"want"`
+	ExpiresInMS int64   `json:"expires_in_ms,omitempty"`
+}
+
+// A SemaphoreStatus is one semaphore's size and holdings.
+type SemaphoreStatus struct {
+	Name    string `json:"name"`
+	Limit   int64  `json:"limit"`
+	Held    int64  `json:"held"`
+	Waiting int    `json:"waiting"`
+}
+
+// StoreStatus is the store's health.
+type StoreStatus struct {
+	// Kind is "memory" or "redis"; Mode the Redis deployment
+	// (standalone, cluster, sentinel).
+	Kind string `json:"kind"`
+	Mode string `json:"mode,omitempty"`
+	// Healthy is false while the store cannot be reached; Error says why.
+	Healthy bool   `json:"healthy"`
+	Error   string `json:"error,omitempty"`
+	// Breaker is the circuit breaker's state (closed, open), "" without one.
+	Breaker string `json:"breaker,omitempty"`
+	// LatencyMS is a round trip to the store measured for this status.
+	LatencyMS float64 `json:"latency_ms,omitempty"`
+	// Errors counts failed store calls; FailOpen, FailClosed and Local
+	// the decisions their failure modes made.
+	Errors     uint64 `json:"errors"`
+	FailOpen   uint64 `json:"fail_open"`
+	FailClosed uint64 `json:"fail_closed"`
+	Local      uint64 `json:"local"`
+	// Keys is the memory store's key count.
+	Keys int `json:"keys,omitempty"`
+}

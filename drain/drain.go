@@ -343,7 +343,20 @@ func (d *Drainer) Run(ctx context.Context) error {
 	}
 	fetchers.Go(func() { d.poll(ctx) })
 
-	d.release(ctx, slots, &workers)
+	jobs := make(chan taken)
+	for range d.cfg.Workers {
+		workers.Go(func() {
+			for t := range jobs {
+				d.work(ctx, t)
+				d.mu.Lock()
+				d.stats.InFlight--
+				d.mu.Unlock()
+				<-slots[t.input]
+			}
+		})
+	}
+	d.release(ctx, jobs)
+	close(jobs)
 
 	fetchers.Wait()
 	workers.Wait()
@@ -404,8 +417,7 @@ func (d *Drainer) fetch(ctx context.Context, i int, slots chan struct{}) {
 
 // release hands waiting messages to workers, paced by the Limiter and the
 // shared pause, until ctx is done.
-func (d *Drainer) release(ctx context.Context, slots []chan struct{}, workers *sync.WaitGroup) {
-	free := make(chan struct{}, d.cfg.Workers)
+func (d *Drainer) release(ctx context.Context, jobs chan<- taken) {
 	for {
 		// A message to release.
 		for {
@@ -421,21 +433,15 @@ func (d *Drainer) release(ctx context.Context, slots []chan struct{}, workers *s
 				return
 			}
 		}
-		// No shared pause, a worker, then the Limiter's grant.
+		// No shared pause, then the Limiter's grant, then a worker.
 		if left := d.pauses.Left("", time.Now); left > 0 {
 			if wait(ctx, left) != nil {
 				return
 			}
 			continue
 		}
-		select {
-		case free <- struct{}{}:
-		case <-ctx.Done():
-			return
-		}
 		if d.cfg.Limiter != nil {
 			if err := d.cfg.Limiter.WaitN(ctx, 1); err != nil {
-				<-free
 				if ctx.Err() != nil {
 					return
 				}
@@ -447,7 +453,6 @@ func (d *Drainer) release(ctx context.Context, slots []chan struct{}, workers *s
 			}
 			if d.pauses.Left("", time.Now) > 0 {
 				// A pause began while waiting for the grant.
-				<-free
 				continue
 			}
 		}
@@ -455,14 +460,7 @@ func (d *Drainer) release(ctx context.Context, slots []chan struct{}, workers *s
 		t, _ := d.sched.pop()
 		d.stats.InFlight++
 		d.mu.Unlock()
-		workers.Go(func() {
-			d.work(ctx, t)
-			d.mu.Lock()
-			d.stats.InFlight--
-			d.mu.Unlock()
-			<-free
-			<-slots[t.input]
-		})
+		jobs <- t // waits for an idle worker: at most Workers in flight
 	}
 }
 
@@ -471,25 +469,26 @@ func (d *Drainer) work(runCtx context.Context, t taken) {
 	m := t.msg
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(runCtx), d.cfg.Timeout)
 	defer cancel()
-	done := make(chan struct{})
-	var progress sync.WaitGroup
-	progress.Go(func() {
-		tk := time.NewTicker(d.cfg.ProgressEvery)
-		defer tk.Stop()
-		for {
-			select {
-			case <-tk.C:
-				if err := m.InProgress(ctx); err != nil {
-					d.cfg.Logger.Warn("drain: in progress", "key", m.Key(), "err", err)
-				}
-			case <-done:
-				return
-			}
+	// Long work tells the queue it goes on, every ProgressEvery, from a
+	// timer's goroutine that exists only while it fires.
+	var pmu sync.Mutex
+	var progress *time.Timer
+	stopped := false
+	progress = time.AfterFunc(d.cfg.ProgressEvery, func() {
+		if err := m.InProgress(ctx); err != nil {
+			d.cfg.Logger.Warn("drain: in progress", "key", m.Key(), "err", err)
 		}
+		pmu.Lock()
+		if !stopped {
+			progress.Reset(d.cfg.ProgressEvery)
+		}
+		pmu.Unlock()
 	})
 	err := d.cfg.Sink(ctx, m)
-	close(done)
-	progress.Wait()
+	pmu.Lock()
+	stopped = true
+	progress.Stop()
+	pmu.Unlock()
 
 	var settle error
 	var te *ThrottledError

@@ -21,6 +21,7 @@ import (
 func TestMain(m *testing.M) {
 	natstest.ChildMain()
 	drainChildMain()
+	rssChildMain()
 	os.Exit(m.Run())
 }
 
@@ -145,13 +146,16 @@ func queue(t testing.TB, url string, replicas int) (*nats.Conn, jetstream.JetStr
 		// A new cluster elects its JetStream leader after its nodes
 		// accept clients: ask again until it answers.
 		for {
-			_, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+			actx, acancel := context.WithTimeout(ctx, 3*time.Second)
+			_, err := js.CreateOrUpdateStream(actx, jetstream.StreamConfig{
 				Name: name, Subjects: []string{subj}, Storage: jetstream.FileStorage, Replicas: replicas,
 				Duplicates: 10 * time.Minute,
 			})
+			acancel()
 			if err == nil {
 				break
 			}
+			t.Logf("stream %s: %v", name, err)
 			if ctx.Err() != nil {
 				t.Fatalf("stream %s: %v", name, err)
 			}
@@ -199,7 +203,8 @@ func enqueue(t testing.TB, js jetstream.JetStream, subject string, from, to, ten
 
 // connect connects to url, reconnecting for ever.
 func connect(url string) (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond),
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}))
 	if err != nil {
 		return nil, nil, err
 	}

@@ -32,7 +32,16 @@ type fifo struct {
 	head  int
 }
 
-func (q *fifo) push(t taken) { q.items = append(q.items, t) }
+func (q *fifo) push(t taken) {
+	if q.head > 0 && len(q.items) == cap(q.items) {
+		// Reuse the space of what was popped rather than grow: a queue
+		// that never empties must not grow with what passed through it.
+		n := copy(q.items, q.items[q.head:])
+		clear(q.items[n:])
+		q.items, q.head = q.items[:n], 0
+	}
+	q.items = append(q.items, t)
+}
 
 func (q *fifo) pop() taken {
 	t := q.items[q.head]

@@ -105,3 +105,20 @@ func TestSchedulerTenants(t *testing.T) {
 		t.Fatalf("len %d after drainAll", s.len())
 	}
 }
+
+// TestFifoBounded: a queue that never empties keeps its storage to what
+// it holds.
+func TestFifoBounded(t *testing.T) {
+	var q fifo
+	for i := range 100000 {
+		q.push(taken{input: i})
+		if q.len() > 10 {
+			if got := q.pop(); got.input != i-10 {
+				t.Fatalf("popped %d, want %d", got.input, i-10)
+			}
+		}
+	}
+	if cap(q.items) > 64 {
+		t.Fatalf("a queue of %d items has capacity %d", q.len(), cap(q.items))
+	}
+}

@@ -129,7 +129,9 @@ type Cluster struct {
 
 // StartCluster starts n cluster nodes (copies of the test binary, see
 // ChildMain) on free loopback ports and waits until each accepts clients;
-// they are killed in t.Cleanup.
+// they are killed in t.Cleanup. With n = 1 it is one server, not
+// clustered, in its own process (so that a benchmark's CPU time is the
+// client's alone).
 func StartCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
 	c := &Cluster{t: t}
@@ -145,8 +147,10 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	dir := t.TempDir()
 	for i := range n {
 		nd := filepath.Join(dir, "n"+strconv.Itoa(i))
-		conf := fmt.Sprintf("server_name: n%d\nlisten: 127.0.0.1:%d\njetstream { store_dir: %q }\ncluster { name: sluicetest, listen: 127.0.0.1:%d, routes: [%s] }\n",
-			i, c.ports[i], nd, routes[i], strings.Join(rs, ", "))
+		conf := fmt.Sprintf("server_name: n%d\nlisten: 127.0.0.1:%d\njetstream { store_dir: %q }\n", i, c.ports[i], nd)
+		if n > 1 {
+			conf += fmt.Sprintf("cluster { name: sluicetest, listen: 127.0.0.1:%d, routes: [%s] }\n", routes[i], strings.Join(rs, ", "))
+		}
 		path := filepath.Join(dir, "n"+strconv.Itoa(i)+".conf")
 		if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 			t.Fatal(err)

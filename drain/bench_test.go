@@ -36,7 +36,7 @@ func BenchmarkRate(b *testing.B) {
 			n := rate * int(over/time.Second) * 12 / 10
 			enqueue(b, js, "work.a", 0, n, 1)
 			for b.Loop() {
-				src := source(b, js, fmt.Sprint("rate", rate, time.Now().UnixNano()), "", 0)
+				src := source(b, js, fmt.Sprint("rate", rate, "-", time.Now().UnixNano()), "", 0)
 				var done atomic.Int64
 				d := newDrainer(b, drain.Config{
 					Inputs:  []drain.Input{{Source: src}},

@@ -67,8 +67,8 @@ type JetStream struct {
 	cons   jetstream.Consumer
 	window int
 
-	mu   sync.Mutex
-	iter jetstream.MessagesContext
+	mu    sync.Mutex
+	batch jetstream.MessageBatch // the pull being read, if any
 }
 
 // NewJetStream creates or updates cfg's consumer on js and returns a
@@ -104,38 +104,49 @@ func NewJetStream(ctx context.Context, js jetstream.JetStream, cfg JetStreamConf
 // Window is the consumer's MaxAckPending.
 func (s *JetStream) Window() int { return s.window }
 
-// Next returns the next message of the consumer.
+// Next returns the next message of the consumer. It pulls half the
+// window at a time, each pull bounded to a second on the server, so that
+// a pull lost with a connection or a server restart costs at most that.
 func (s *JetStream) Next(ctx context.Context) (Message, error) {
-	s.mu.Lock()
-	it := s.iter
-	if it == nil {
-		var err error
-		it, err = s.cons.Messages(jetstream.PullMaxMessages(s.window))
-		if err != nil {
-			s.mu.Unlock()
-			return nil, fmt.Errorf("drain: consuming %q: %w", s.cfg.Consumer, err)
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
 		}
-		s.iter = it
-	}
-	s.mu.Unlock()
-	m, err := it.Next(jetstream.NextContext(ctx))
-	if err != nil {
-		if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-			s.mu.Lock()
-			if s.iter == it {
-				s.iter = nil
+		s.mu.Lock()
+		batch := s.batch
+		s.mu.Unlock()
+		if batch == nil {
+			var err error
+			batch, err = s.cons.Fetch(max(1, s.window/2), jetstream.FetchMaxWait(time.Second))
+			if err != nil {
+				return nil, fmt.Errorf("drain: pulling from %q: %w", s.cfg.Consumer, err)
 			}
+			s.mu.Lock()
+			s.batch = batch
 			s.mu.Unlock()
 		}
-		return nil, err
+		select {
+		case m, ok := <-batch.Messages():
+			if !ok {
+				s.mu.Lock()
+				s.batch = nil
+				s.mu.Unlock()
+				if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+					return nil, fmt.Errorf("drain: pulling from %q: %w", s.cfg.Consumer, err)
+				}
+				continue
+			}
+			md, err := m.Metadata()
+			if err != nil {
+				// Not a JetStream message: it cannot be acknowledged,
+				// so it is not ours to deliver.
+				return nil, fmt.Errorf("drain: message without JetStream metadata: %w", err)
+			}
+			return &jsMessage{src: s, m: m, md: md}, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
-	md, err := m.Metadata()
-	if err != nil {
-		// Not a JetStream message: it cannot be acknowledged, so it is
-		// not ours to deliver.
-		return nil, fmt.Errorf("drain: message without JetStream metadata: %w", err)
-	}
-	return &jsMessage{src: s, m: m, md: md}, nil
 }
 
 // Backlog returns the consumer's pending and acknowledgement-pending
@@ -148,15 +159,12 @@ func (s *JetStream) Backlog(ctx context.Context) (int64, error) {
 	return int64(info.NumPending) + int64(info.NumAckPending), nil
 }
 
-// Stop stops consuming. Messages the client had received and not handed
-// out are delivered again after AckWait.
+// Stop stops consuming. Messages pulled and not handed out are delivered
+// again after AckWait.
 func (s *JetStream) Stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.iter != nil {
-		s.iter.Stop()
-		s.iter = nil
-	}
+	s.batch = nil
 }
 
 // jsMessage is one delivery of a JetStream message.

@@ -323,8 +323,8 @@ type taken struct {
 }
 
 // Run drains until ctx is done, then shuts down as the package doc
-// says and returns nil. It returns an error at once if d is already
-// running.
+// says and returns nil. A Drainer runs once: a second Run returns an
+// error at once.
 func (d *Drainer) Run(ctx context.Context) error {
 	d.mu.Lock()
 	if !d.stats.Started.IsZero() {
@@ -460,7 +460,16 @@ func (d *Drainer) release(ctx context.Context, jobs chan<- taken) {
 		t, _ := d.sched.pop()
 		d.stats.InFlight++
 		d.mu.Unlock()
-		jobs <- t // waits for an idle worker: at most Workers in flight
+		select {
+		case jobs <- t: // waits for an idle worker: at most Workers in flight
+		case <-ctx.Done():
+			// Not started: it is handed back with the other waiting ones.
+			d.mu.Lock()
+			d.stats.InFlight--
+			d.sched.push(t.input, t.msg.Tenant(), t)
+			d.mu.Unlock()
+			return
+		}
 	}
 }
 

@@ -210,6 +210,7 @@ func runDrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var limiter drain.Limiter
 	var onThrottle func(time.Duration)
 	var holderDone chan error
+	var holder *lease.Holder
 	if *rate != "" {
 		r, err := parseRate(*rate)
 		if err != nil {
@@ -234,6 +235,7 @@ func runDrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err != nil {
 			return err
 		}
+		holder = h
 		hctx, hcancel := context.WithCancel(context.WithoutCancel(ctx))
 		defer hcancel()
 		holderDone = make(chan error, 1)
@@ -276,6 +278,11 @@ func runDrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		case <-tk.C:
 			st := d.Stats()
 			show(st, false)
+			if holder != nil {
+				// The drainer knows the backlog: it is the holder's
+				// demand, so it leases what clears it (within its share).
+				holder.SetBacklog(int(min(st.Backlog, math.MaxInt32)))
+			}
 			if !*follow && !st.BacklogAt.IsZero() && st.Backlog == 0 && st.InFlight == 0 && st.Waiting == 0 {
 				cancel()
 			}

@@ -14,13 +14,25 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/drain"
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // TestEnqueueDrain: sluice enqueue puts a file's lines into the embedded
 // server's stream; sluice drain then POSTs each once, paced, and stops
 // when the stream is empty.
 func TestEnqueueDrain(t *testing.T) {
-	const n = 600
+	enqueueDrain(t, 600, "-rate", "300/s")
+}
+
+// TestDrainLeased: the same on capacity leased on a real Redis.
+func TestDrainLeased(t *testing.T) {
+	srv := redistest.Standalone(t)
+	enqueueDrain(t, 600, "-lease-redis", srv.Addr(), "-capacity", "300/s", "-partitions", "10")
+}
+
+// enqueueDrain enqueues n records and drains them with the pacing flags,
+// which must allow 300/s.
+func enqueueDrain(t *testing.T, n int, pacing ...string) {
 	dir := t.TempDir()
 	var lines strings.Builder
 	for i := range n {
@@ -55,10 +67,11 @@ func TestEnqueueDrain(t *testing.T) {
 	defer hs.Close()
 	errb.Reset()
 	begin := time.Now()
-	if err := run(ctx, []string{"drain", "-data", data, "-url", hs.URL, "-rate", "300/s"}, &out, &errb); err != nil {
+	if err := run(ctx, append([]string{"drain", "-data", data, "-url", hs.URL}, pacing...), &out, &errb); err != nil {
 		t.Fatalf("drain: %v\n%s", err, errb.String())
 	}
 	took := time.Since(begin)
+	t.Logf("drained in %v:\n%s", took, errb.String())
 	mu.Lock()
 	defer mu.Unlock()
 	if len(seen) != n || requests != n {
@@ -72,7 +85,7 @@ func TestEnqueueDrain(t *testing.T) {
 	if took < 1900*time.Millisecond {
 		t.Errorf("drained %d at 300/s in %v: faster than the rate", n, took)
 	}
-	if !strings.Contains(errb.String(), "drain: progress") || !strings.Contains(errb.String(), "done=600") {
+	if !strings.Contains(errb.String(), "drain: progress") || !strings.Contains(errb.String(), fmt.Sprint("done=", n)) {
 		t.Errorf("no progress logged:\n%s", errb.String())
 	}
 }

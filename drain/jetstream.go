@@ -104,9 +104,17 @@ func NewJetStream(ctx context.Context, js jetstream.JetStream, cfg JetStreamConf
 // Window is the consumer's MaxAckPending.
 func (s *JetStream) Window() int { return s.window }
 
+// fetchWait bounds each pull on the server. A pull that expires while a
+// message is on its way to the client loses that delivery (the client has
+// stopped listening): the message is not lost, but comes back only after
+// AckWait. A pull that fills up ends before it expires, so a long bound
+// makes expiries rare while there is work; a short one would bound the
+// cost of a pull lost with a connection (a server restart) but race more
+// often.
+const fetchWait = 5 * time.Second
+
 // Next returns the next message of the consumer. It pulls half the
-// window at a time, each pull bounded to a second on the server, so that
-// a pull lost with a connection or a server restart costs at most that.
+// window at a time, each pull bounded by fetchWait on the server.
 func (s *JetStream) Next(ctx context.Context) (Message, error) {
 	for {
 		if err := ctx.Err(); err != nil {
@@ -117,7 +125,7 @@ func (s *JetStream) Next(ctx context.Context) (Message, error) {
 		s.mu.Unlock()
 		if batch == nil {
 			var err error
-			batch, err = s.cons.Fetch(max(1, s.window/2), jetstream.FetchMaxWait(time.Second))
+			batch, err = s.cons.Fetch(max(1, s.window/2), jetstream.FetchMaxWait(fetchWait))
 			if err != nil {
 				return nil, fmt.Errorf("drain: pulling from %q: %w", s.cfg.Consumer, err)
 			}

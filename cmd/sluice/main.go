@@ -7,6 +7,8 @@
 //	sluice rules      check rule files (sluice rules validate DIR)
 //	sluice compare    run one traffic pattern through every algorithm
 //	sluice demo       run a demonstration (sluice demo throttled-db)
+//	sluice drain      drain a JetStream stream into an HTTP endpoint
+//	sluice enqueue    put records into a JetStream stream
 //	sluice version    print the version
 //	sluice help [command]
 //
@@ -77,6 +79,8 @@ func commands() []command {
 		{"compare", "run one traffic pattern through every algorithm and compare them", runCompare},
 		{"demo", "run a demonstration: sluice demo throttled-db [-json]", runDemo},
 		{"top", "show the top keys of a running sluice serve: sluice top -addr HOST:PORT [-once]", runTop},
+		{"drain", "drain a JetStream stream into an HTTP endpoint at a rate or on leased capacity", runDrain},
+		{"enqueue", "put the lines of a file or of stdin into a JetStream stream, durably", runEnqueue},
 		{"version", "print the version of sluice and of Go", runVersion},
 		{"help", "show help for sluice or for one command", runHelp},
 	}

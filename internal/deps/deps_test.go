@@ -11,6 +11,9 @@
 //     nothing else of the three).
 //   - Only redisstore, among the library packages, depends on go-redis:
 //     a program that keeps its state in memory links no Redis code.
+//   - Only drain, among the library packages, depends on the NATS client
+//     (nats.go), and none on the NATS server: a program that drains no
+//     queue links no NATS code, and only cmd/ and internal/ embed a server.
 //   - No library package imports a package under internal/: what a
 //     library needs is public, so its users can see and use it too.
 
@@ -202,6 +205,15 @@ const testOnlyUser = "cmd/sluice"
 // isRedis reports whether path is a Redis client package.
 func isRedis(path string) bool { return strings.HasPrefix(path, "github.com/redis/") }
 
+// natsAllowed is the one library package that may depend on the NATS
+// client.
+const natsAllowed = "drain"
+
+// isNATSClient and isNATSServer report whether path is the NATS client or
+// server module.
+func isNATSClient(path string) bool { return hasPathPrefix(path, "github.com/nats-io/nats.go") }
+func isNATSServer(path string) bool { return hasPathPrefix(path, "github.com/nats-io/nats-server") }
+
 // isLibrary reports whether the package at rel is a library package: one
 // that users of the module import.
 func isLibrary(rel string) bool { return !underAny(rel, "cmd", "internal", "bench") }
@@ -222,6 +234,16 @@ func importRules(mod string) []rule {
 			name:      "only redisstore, of the library packages, may depend on go-redis: a memory-only program links no Redis code",
 			applies:   func(rel string) bool { return isLibrary(rel) && rel != redisAllowed },
 			forbidden: func(p *pkg) bool { return isRedis(p.ImportPath) },
+		},
+		{
+			name:      "only drain, of the library packages, may depend on the NATS client: a program that drains no queue links no NATS code",
+			applies:   func(rel string) bool { return isLibrary(rel) && rel != natsAllowed },
+			forbidden: func(p *pkg) bool { return isNATSClient(p.ImportPath) },
+		},
+		{
+			name:      "no library package may depend on the NATS server (only cmd/ and internal/ embed it)",
+			applies:   isLibrary,
+			forbidden: func(p *pkg) bool { return isNATSServer(p.ImportPath) },
 		},
 		{
 			name:      "library packages may not import the module's internal/ packages",
@@ -512,6 +534,20 @@ func TestRulesCatchViolations(t *testing.T) {
 			want: []string{
 				"package example.com/m/lease imports example.com/m/redisstore, which depends on github.com/redis/go-redis/v9: only redisstore",
 				"package example.com/m/memstore imports github.com/redis/go-redis/v9: only redisstore",
+			},
+		},
+		{
+			name: "library links NATS",
+			pkgs: []*pkg{
+				ext("github.com/nats-io/nats.go/jetstream"), ext("github.com/nats-io/nats-server/v2/server"),
+				own("drain", "drain", "github.com/nats-io/nats.go/jetstream"),                      // allowed
+				own("internal/natsembed", "natsembed", "github.com/nats-io/nats-server/v2/server"), // allowed
+				own("lease", "lease", mod+"/drain"),
+				own("drain/x", "x", "github.com/nats-io/nats-server/v2/server"),
+			},
+			want: []string{
+				"package example.com/m/drain/x imports github.com/nats-io/nats-server/v2/server: no library package may depend on the NATS server",
+				"package example.com/m/lease imports example.com/m/drain, which depends on github.com/nats-io/nats.go/jetstream: only drain",
 			},
 		},
 		{

@@ -1,0 +1,364 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/sluicehq/sluice/drain"
+	"github.com/sluicehq/sluice/internal/natsembed"
+	"github.com/sluicehq/sluice/lease"
+	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+const drainUsage = `Usage: sluice drain -url URL (-rate N/s | -lease-redis ADDR -capacity N/s) [flags]
+
+Drain takes the records of a JetStream stream and POSTs each to URL (its
+key in the Idempotency-Key header), no faster than -rate, or than this
+process's leased share of -capacity when several drainers share one
+downstream through leases on Redis. A record is acknowledged only after a
+2xx answer; 429 and 503 pause every worker for the time the answer asks
+and put the record back without counting a failure; other failures are
+retried with backoff up to -max-failures, then published to the
+dead-letter subject with the last error.
+
+By default the stream lives in an embedded NATS server whose data is in
+-data; -nats-url drains an external server or cluster instead. Drain stops
+when the stream is empty (or on SIGINT/SIGTERM, handing back what it held);
+-follow keeps it waiting for more. On a terminal it shows a progress bar
+with the estimated time to finish; otherwise it logs progress every second.
+`
+
+const enqueueUsage = `Usage: sluice enqueue [-file FILE] [flags]
+
+Enqueue puts each line of FILE (or of standard input) into the JetStream
+stream as one record, durably: it returns once the stream has confirmed
+every record. Record i's key is -key-prefix followed by i, so enqueuing the
+same file again within the stream's duplicate window (an hour) adds nothing.
+`
+
+// queueFlags are the flags that say where the queue is, shared by drain
+// and enqueue.
+type queueFlags struct {
+	natsURL, data string
+	stream        string
+}
+
+func (q *queueFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&q.natsURL, "nats-url", "", "an external NATS server or cluster (comma-separated URLs); empty: the embedded server")
+	fs.StringVar(&q.data, "data", "sluice-data", "the embedded server's data directory")
+	fs.StringVar(&q.stream, "stream", "RECORDS", "the stream's name; its subjects are <lower-case name>.>, its dead letters <lower-case name>-dead.>")
+}
+
+// open connects to the queue, starting the embedded server if need be,
+// and makes sure the stream and its dead-letter stream exist. close undoes
+// it all.
+func (q *queueFlags) open(ctx context.Context) (js jetstream.JetStream, subjects string, closeFn func(), err error) {
+	url := q.natsURL
+	var srv *server.Server
+	if url == "" {
+		if srv, err = natsembed.Start(filepath.Clean(q.data), "127.0.0.1", -1); err != nil {
+			return nil, "", nil, err
+		}
+		url = srv.ClientURL()
+	}
+	stop := func() {
+		if srv != nil {
+			srv.Shutdown()
+			srv.WaitForShutdown()
+		}
+	}
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1))
+	if err != nil {
+		stop()
+		return nil, "", nil, fmt.Errorf("connecting to %s: %w", url, err)
+	}
+	closeFn = func() { _ = nc.Drain(); nc.Close(); stop() }
+	if js, err = jetstream.New(nc); err != nil {
+		closeFn()
+		return nil, "", nil, err
+	}
+	base := strings.ToLower(q.stream)
+	for name, subj := range map[string]string{q.stream: base + ".>", q.stream + "-DEAD": base + "-dead.>"} {
+		if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+			Name: name, Subjects: []string{subj}, Storage: jetstream.FileStorage, Duplicates: time.Hour,
+		}); err != nil {
+			closeFn()
+			return nil, "", nil, fmt.Errorf("stream %s: %w", name, err)
+		}
+	}
+	return js, base, closeFn, nil
+}
+
+// runEnqueue runs `sluice enqueue`.
+func runEnqueue(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("enqueue", enqueueUsage, stderr)
+	var q queueFlags
+	q.register(fs)
+	file := fs.String("file", "-", "the records, one a line; - for standard input")
+	prefix := fs.String("key-prefix", "rec-", "the records' keys: this prefix and the line number from 1")
+	sub := fs.String("subject", "records", "the subject, under the stream's: <stream>.<subject>")
+	tenant := fs.String("tenant", "", "the records' tenant")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	var in io.Reader = os.Stdin
+	if *file != "-" {
+		f, err := os.Open(*file)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		in = f
+	}
+	js, base, closeFn, err := q.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	subject := base + "." + *sub
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 64<<10), 1<<20) // a record is at most 1 MiB, NATS's default payload limit
+	n := 0
+	var futs []jetstream.PubAckFuture
+	flush := func() error {
+		for _, f := range futs {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				return err
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		futs = futs[:0]
+		return nil
+	}
+	for sc.Scan() {
+		n++
+		msg := nats.NewMsg(subject)
+		msg.Data = append([]byte(nil), sc.Bytes()...)
+		msg.Header.Set(jetstream.MsgIDHeader, *prefix+strconv.Itoa(n))
+		if *tenant != "" {
+			msg.Header.Set(drain.HeaderTenant, *tenant)
+		}
+		f, err := js.PublishMsgAsync(msg)
+		if err != nil {
+			return err
+		}
+		if futs = append(futs, f); len(futs) == 1000 {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("reading records: %w", err)
+	}
+	if err := flush(); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(stdout, "enqueued %d records on %s\n", n, subject)
+	return err
+}
+
+// runDrain runs `sluice drain`.
+func runDrain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("drain", drainUsage, stderr)
+	var q queueFlags
+	q.register(fs)
+	url := fs.String("url", "", "the HTTP endpoint each record is POSTed to (required)")
+	rate := fs.String("rate", "", "the rate, as N/s, N/m or N/h")
+	leaseRedis := fs.String("lease-redis", "", "lease the capacity on this Redis (host:port), shared with other drainers")
+	capacity := fs.String("capacity", "", "with -lease-redis: the downstream's whole capacity, as N/s")
+	partitions := fs.Int("partitions", 20, "with -lease-redis: the partitions the capacity is leased in")
+	service := fs.String("lease-service", "sluice-drain", "with -lease-redis: the name the drainers share leases under")
+	consumer := fs.String("consumer", "sluice-drain", "the durable consumer's name (shared by drainers of one stream)")
+	workers := fs.Int("workers", drain.DefaultWorkers, "requests in flight at most")
+	maxFailures := fs.Int("max-failures", drain.DefaultMaxFailures, "failed attempts before a record is dead-lettered")
+	follow := fs.Bool("follow", false, "keep draining when the stream is empty")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if *url == "" {
+		return usagef("drain: -url is required")
+	}
+	if (*rate == "") == (*leaseRedis == "") {
+		return usagef("drain: give one of -rate and -lease-redis")
+	}
+	if *leaseRedis != "" && *capacity == "" {
+		return usagef("drain: -lease-redis needs -capacity")
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+
+	var limiter drain.Limiter
+	var onThrottle func(time.Duration)
+	var holderDone chan error
+	var holder *lease.Holder
+	if *rate != "" {
+		r, err := parseRate(*rate)
+		if err != nil {
+			return usagef("drain: -rate: %v", err)
+		}
+		limiter = ratelimit.NewLimiter(ratelimit.Limit(r), max(1, int(r/100)))
+	} else {
+		c, err := parseRate(*capacity)
+		if err != nil {
+			return usagef("drain: -capacity: %v", err)
+		}
+		rc, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{*leaseRedis}})
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		st, err := redisstore.NewLeaseStore(rc, *service, redisstore.LeaseOptions{})
+		if err != nil {
+			return err
+		}
+		h, err := lease.NewHolder(st, lease.Config{Capacity: c, Partitions: *partitions})
+		if err != nil {
+			return err
+		}
+		holder = h
+		hctx, hcancel := context.WithCancel(context.WithoutCancel(ctx))
+		defer hcancel()
+		holderDone = make(chan error, 1)
+		go func() { holderDone <- h.Run(hctx) }()
+		defer func() { hcancel(); <-holderDone }()
+		limiter = h.Limiter()
+		onThrottle = func(time.Duration) { h.Throttled() }
+	}
+
+	js, base, closeFn, err := q.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer closeFn()
+	src, err := drain.NewJetStream(ctx, js, drain.JetStreamConfig{
+		Stream: q.stream, Consumer: *consumer, DeadLetter: base + "-dead.records",
+	})
+	if err != nil {
+		return err
+	}
+	defer src.Stop()
+	sink := &drain.HTTPSink{URL: *url}
+	d, err := drain.New(drain.Config{
+		Inputs: []drain.Input{{Source: src}}, Sink: sink.Send, Limiter: limiter, OnThrottle: onThrottle,
+		Workers: *workers, MaxFailures: *maxFailures, Logger: log,
+	})
+	if err != nil {
+		return usagef("drain: %v", err)
+	}
+	runErr := make(chan error, 1)
+	go func() { runErr <- d.Run(ctx) }()
+	show := progressFunc(stderr, log)
+	tk := time.NewTicker(time.Second)
+	defer tk.Stop()
+	for {
+		select {
+		case err := <-runErr:
+			show(d.Stats(), true)
+			return err
+		case <-tk.C:
+			st := d.Stats()
+			show(st, false)
+			if holder != nil {
+				// The drainer knows the backlog: it is the holder's
+				// demand, so it leases what clears it (within its share).
+				holder.SetBacklog(int(min(st.Backlog, math.MaxInt32)))
+			}
+			if !*follow && !st.BacklogAt.IsZero() && st.Backlog == 0 && st.InFlight == 0 && st.Waiting == 0 {
+				cancel()
+			}
+		}
+	}
+}
+
+// progressFunc returns what shows progress on w: a bar with the ETA when
+// w is a terminal, a log line otherwise.
+func progressFunc(w io.Writer, log *slog.Logger) func(st drain.Stats, last bool) {
+	f, ok := w.(*os.File)
+	term := false
+	if ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			term = true
+		}
+	}
+	if !term {
+		return func(st drain.Stats, last bool) {
+			log.Info("drain: progress", "done", st.Done, "backlog", st.Backlog, "rate", math.Round(st.Rate), "eta", st.ETA.Round(time.Second),
+				"throttled", st.Throttled, "failed", st.Failed, "dead_lettered", st.DeadLettered)
+		}
+	}
+	return func(st drain.Stats, last bool) {
+		fmt.Fprintf(w, "\r%s", progressLine(st, 30))
+		if last {
+			fmt.Fprintln(w)
+		}
+	}
+}
+
+// progressLine draws st as a bar of width cells with counts, rate and ETA.
+func progressLine(st drain.Stats, width int) string {
+	total := st.Done + st.Backlog
+	frac := 1.0
+	if total > 0 {
+		frac = float64(st.Done) / float64(total)
+	}
+	cells := int(frac * float64(width))
+	eta := "?"
+	if st.ETA > 0 {
+		eta = st.ETA.Round(time.Second).String()
+	} else if st.Backlog == 0 && !st.BacklogAt.IsZero() {
+		eta = "0s"
+	}
+	return fmt.Sprintf("[%s%s] %3.0f%% %d/%d %.0f/s ETA %s  429s %d  failed %d  dead %d ",
+		strings.Repeat("#", cells), strings.Repeat(".", width-cells), 100*frac, st.Done, total, st.Rate, eta,
+		st.Throttled, st.Failed, st.DeadLettered)
+}
+
+// maxRate bounds what parseRate accepts, per second.
+const maxRate = 1e9
+
+// parseRate reads a rate as N/s, N/m or N/h (N a positive decimal, at most
+// 32 bytes in all), or a bare N per second, and returns it per second.
+func parseRate(s string) (float64, error) {
+	if len(s) == 0 || len(s) > 32 {
+		return 0, errors.New("want N/s, N/m or N/h")
+	}
+	num, unit, _ := strings.Cut(s, "/")
+	per := 1.0
+	switch unit {
+	case "", "s":
+	case "m":
+		per = 60
+	case "h":
+		per = 3600
+	default:
+		return 0, fmt.Errorf("unknown unit %q: want s, m or h", unit)
+	}
+	n, err := strconv.ParseFloat(num, 64)
+	if err != nil || math.IsNaN(n) || math.IsInf(n, 0) || n <= 0 {
+		return 0, fmt.Errorf("%q is not a positive number", num)
+	}
+	if r := n / per; r <= maxRate {
+		return r, nil
+	}
+	return 0, fmt.Errorf("%s is above %g/s", s, maxRate)
+}

@@ -1,0 +1,127 @@
+package drain_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/sluicehq/sluice/drain"
+	"github.com/sluicehq/sluice/internal/natstest"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// cpuTime is the CPU time (user + system) this process has used.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkRate drains for 10 s at 2,000/s and 20,000/s into a sink that
+// does nothing, the server in its own process, and reports the rate
+// achieved and its error against the target. Run with -benchtime=1x.
+func BenchmarkRate(b *testing.B) {
+	for _, rate := range []int{2000, 20000} {
+		b.Run(fmt.Sprint(rate), func(b *testing.B) {
+			const over = 10 * time.Second
+			c := natstest.StartCluster(b, 1)
+			_, js := queue(b, c.URLs(), 1)
+			n := rate * int(over/time.Second) * 12 / 10
+			enqueue(b, js, "work.a", 0, n, 1)
+			for b.Loop() {
+				src := source(b, js, fmt.Sprint("rate", rate, "-", time.Now().UnixNano()), "", 0)
+				var done atomic.Int64
+				d := newDrainer(b, drain.Config{
+					Inputs:  []drain.Input{{Source: src}},
+					Sink:    func(context.Context, drain.Message) error { done.Add(1); return nil },
+					Limiter: ratelimit.NewLimiter(ratelimit.Limit(rate), max(1, rate/100)),
+					Logger:  slog.New(slog.DiscardHandler),
+				})
+				ctx, cancel := context.WithCancel(context.Background())
+				errc := make(chan error, 1)
+				begin := time.Now()
+				go func() { errc <- d.Run(ctx) }()
+				tm := time.NewTimer(over)
+				<-tm.C
+				got := done.Load()
+				took := time.Since(begin)
+				cancel()
+				<-errc
+				achieved := float64(got) / took.Seconds()
+				b.ReportMetric(achieved, "msgs/s")
+				b.ReportMetric(100*(achieved-float64(rate))/float64(rate), "err%")
+			}
+		})
+	}
+}
+
+// BenchmarkCost drains b.N messages as fast as possible, with no limiter,
+// through the Drainer and through a plain JetStream pull-and-ack loop,
+// the server in its own process, and reports this process's CPU time per
+// message and the rate.
+func BenchmarkCost(b *testing.B) {
+	run := func(b *testing.B, drainIt func(b *testing.B, js jetstream.JetStream, n int)) {
+		c := natstest.StartCluster(b, 1)
+		_, js := queue(b, c.URLs(), 1)
+		n := b.N
+		enqueue(b, js, "work.a", 0, n, 1)
+		b.ResetTimer()
+		cpu0, begin := cpuTime(b), time.Now()
+		drainIt(b, js, n)
+		cpu, took := cpuTime(b)-cpu0, time.Since(begin)
+		b.ReportMetric(float64(cpu.Microseconds())/float64(n), "cpu-µs/msg")
+		b.ReportMetric(float64(n)/took.Seconds(), "msgs/s")
+	}
+	b.Run("drainer", func(b *testing.B) {
+		run(b, func(b *testing.B, js jetstream.JetStream, n int) {
+			src := source(b, js, "cost", "", 0)
+			var done atomic.Int64
+			ctx, cancel := context.WithCancel(context.Background())
+			d := newDrainer(b, drain.Config{
+				Inputs: []drain.Input{{Source: src}},
+				Sink: func(context.Context, drain.Message) error {
+					if done.Add(1) == int64(n) {
+						cancel()
+					}
+					return nil
+				},
+				Logger: slog.New(slog.DiscardHandler),
+			})
+			if err := d.Run(ctx); err != nil {
+				b.Fatal(err)
+			}
+		})
+	})
+	b.Run("pull-ack", func(b *testing.B) {
+		run(b, func(b *testing.B, js jetstream.JetStream, n int) {
+			ctx := context.Background()
+			cons, err := js.CreateOrUpdateConsumer(ctx, "WORK", jetstream.ConsumerConfig{
+				Durable: "plain", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: drain.DefaultWindow,
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+			it, err := cons.Messages(jetstream.PullMaxMessages(drain.DefaultWindow))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer it.Stop()
+			for range n {
+				m, err := it.Next()
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := m.Ack(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	})
+}

@@ -1,0 +1,80 @@
+// Package drain drains durable queues only as fast as the downstream's
+// capacity allows.
+//
+// A Drainer takes messages from one or more Sources (durable queues; a
+// JetStream pull consumer is the one provided) and hands each to a Sink
+// (an HTTP call, say: HTTPSink), releasing them no faster than a Limiter
+// grants — a ratelimit.Limiter, a lease Holder's limiter whose rate
+// follows the capacity this process holds among many, or a
+// ratelimit.StoreLimiter on a counter in Redis.
+//
+// # The model
+//
+// Work lives in the queue, not in the drainer's memory. A message is
+// acknowledged only after its Sink call succeeded; until then the queue
+// keeps it, and if the process dies (kill -9 included) the queue delivers
+// it again once its ack wait has passed. Every message carries a key
+// (Message.Key) that stays the same on every delivery — for JetStream the
+// publisher's Nats-Msg-Id, else the stream and sequence — and the Sink
+// passes it on (HTTPSink sends it as Idempotency-Key), so a sink that
+// honours it applies each message once even when the message is delivered
+// twice. The drainer gives at-least-once delivery; effects are exactly
+// once only at such a sink.
+//
+// Memory is bounded whatever the backlog: each Source holds at most its
+// window of messages delivered and not yet acknowledged (JetStream's
+// MaxAckPending), and the drainer never asks for more.
+//
+// # Outcomes of a Sink call
+//
+//   - nil: the message is acknowledged.
+//   - a throttling error (Throttle, or any error that wraps a
+//     *ThrottledError; HTTPSink returns one for 429 and 503, and a gRPC
+//     sink returns one for RESOURCE_EXHAUSTED with RetryInfo, from
+//     grpclimit.RetryDelay): the drainer pauses taking new work for the
+//     time asked (capped by Config.MaxPause; Config.DefaultPause when the
+//     answer says nothing), shared by every worker, and puts the message
+//     back with that delay. This is not a failure: it does not count
+//     towards Config.MaxFailures and never dead-letters a message.
+//   - any other error: a failure. The message is put back with a
+//     full-jitter exponential backoff; after Config.MaxFailures failures
+//     it goes to the Source's dead-letter destination with the last error
+//     (Message.DeadLetter) and is terminated. If dead-lettering fails, the
+//     message is put back instead: nothing is dropped.
+//
+// Failures are counted in the drainer's memory, per message key. A
+// drainer that restarts forgets them, so a message may get more attempts
+// than MaxFailures across restarts, never fewer.
+//
+// # Priorities and tenants
+//
+// Each Source has a priority (adaptive.Priority; one JetStream consumer
+// per priority, on its own subject). The drainer releases the highest
+// priority that has messages waiting, with one anti-starvation rule: a
+// priority that has messages waiting is passed over at most
+// Config.StarvationLimit times in a row; the next release then goes to
+// it (to the highest such priority when several are due). So a low
+// priority under a high-priority backlog still gets at least one message
+// in every StarvationLimit+1 releases (in every StarvationLimit+k with k
+// priorities waiting), and finishes no later than that share allows.
+// Within a priority, messages are grouped by tenant (Message.Tenant) and
+// the tenants that have messages waiting take turns, one message each.
+//
+// # Progress
+//
+// Stats reports what has been done, what remains (the Sources' backlog:
+// messages not yet delivered plus those delivered and not acknowledged),
+// the recent completion rate and the estimated time to finish at it.
+//
+// # Shutdown
+//
+// Run returns when its context ends, after every Sink call in flight has
+// finished (each is bounded by Config.Timeout) and been acknowledged or
+// put back, and after every message taken but not yet released has been
+// put back at once. Nothing is acknowledged before its Sink call
+// succeeded.
+//
+// A Drainer is used by one Run at a time; Stats may be called
+// concurrently with it. It logs to the *slog.Logger of its Config and
+// reports its counters through Stats.
+package drain

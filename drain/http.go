@@ -1,0 +1,91 @@
+package drain
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/limitheader"
+)
+
+// IdempotencyKeyHeader is the header field in which HTTPSink sends a
+// message's key.
+const IdempotencyKeyHeader = "Idempotency-Key"
+
+// HTTPSink sends each message's data as the body of a request to URL,
+// with the message's key in the Idempotency-Key header field and its
+// tenant in Sluice-Tenant. A 2xx answer is a success; 429 and 503 are
+// throttling, with the wait their Retry-After (or RateLimit, or the
+// vendor forms limitheader.RetryDelay reads) asks for; anything else, or
+// an error of the transport, is a failure.
+//
+// Requests go through Client, whose shared pause then also holds back
+// this process's other calls to the same host; its own retries should be
+// off (MaxRetries < 0), since the Drainer puts a throttled message back
+// rather than retrying it in place. The zero Client field means a Client
+// with retries off and 2·DefaultWorkers idle connections per host. Pace with the Drainer's
+// Limiter, not the Client's.
+type HTTPSink struct {
+	URL string
+	// Method is the request's method; "" means POST.
+	Method string
+	// ContentType is the body's; "" means application/octet-stream.
+	ContentType string
+	// Client sends the requests; nil means one with retries off.
+	Client *httplimit.Client
+}
+
+// noRetries is the default Client: no retries, and enough idle
+// connections kept for the Drainer's workers (net/http's default keeps
+// two per host, so 64 workers would open and close connections all the
+// time).
+var noRetries = func() *httplimit.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConnsPerHost = 2 * DefaultWorkers
+	return &httplimit.Client{HTTP: &http.Client{Transport: tr}, MaxRetries: -1}
+}()
+
+// Send is a Sink.
+func (s *HTTPSink) Send(ctx context.Context, m Message) error {
+	method := s.Method
+	if method == "" {
+		method = http.MethodPost
+	}
+	req, err := http.NewRequestWithContext(ctx, method, s.URL, bytes.NewReader(m.Data()))
+	if err != nil {
+		return err
+	}
+	ct := s.ContentType
+	if ct == "" {
+		ct = "application/octet-stream"
+	}
+	req.Header.Set("Content-Type", ct)
+	req.Header.Set(IdempotencyKeyHeader, m.Key())
+	if t := m.Tenant(); t != "" {
+		req.Header.Set(HeaderTenant, t)
+	}
+	c := s.Client
+	if c == nil {
+		c = noRetries
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	_, _ = io.CopyN(io.Discard, resp.Body, 64<<10) // let the connection be reused
+	switch {
+	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+		return nil
+	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable:
+		after, _ := limitheader.RetryDelay(resp.Header, time.Now())
+		return Throttle(after, fmt.Errorf("%s %s: %s", method, s.URL, resp.Status))
+	default:
+		return fmt.Errorf("%s %s: %s: %q", method, s.URL, resp.Status, bytes.TrimSpace(body))
+	}
+}

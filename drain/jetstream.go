@@ -1,0 +1,254 @@
+package drain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Header fields of the messages a JetStream Source reads and of those it
+// dead-letters. Publish sets the first two.
+const (
+	// HeaderTenant carries the message's tenant.
+	HeaderTenant = "Sluice-Tenant"
+	// HeaderError, on a dead-lettered message, is the last error.
+	HeaderError = "Sluice-Error"
+	// HeaderKey, on a dead-lettered message, is the original's key;
+	// HeaderSubject its subject and HeaderSequence its stream sequence.
+	HeaderKey      = "Sluice-Key"
+	HeaderSubject  = "Sluice-Subject"
+	HeaderSequence = "Sluice-Sequence"
+)
+
+// Defaults of JetStreamConfig.
+const (
+	DefaultWindow  = 256
+	DefaultAckWait = 30 * time.Second
+)
+
+// JetStreamConfig configures a JetStream Source.
+type JetStreamConfig struct {
+	// Stream is the stream to drain; required.
+	Stream string
+	// Consumer is the durable pull consumer's name; required. It is
+	// created if missing, and updated to this configuration otherwise.
+	Consumer string
+	// Subject filters the stream's subjects (one priority's, say); ""
+	// means all of them.
+	Subject string
+	// Window is the consumer's MaxAckPending: the most messages delivered
+	// and not yet acknowledged, so the bound on what a drainer holds;
+	// DefaultWindow when 0.
+	Window int
+	// AckWait is how long the server waits for an acknowledgement (or
+	// InProgress) before delivering a message again; a drainer that
+	// died hands its messages on after it. DefaultAckWait when 0.
+	AckWait time.Duration
+	// DeadLetter is the subject dead-lettered messages are published to
+	// (a stream must capture it; the publication is confirmed before the
+	// message is terminated). "" means none: a message that has failed
+	// too often is put back again and again, never dropped.
+	DeadLetter string
+}
+
+// JetStream is a Source on a JetStream durable pull consumer with
+// explicit acks and unlimited deliveries (the Drainer, not the server,
+// decides when a message has failed too often, since throttling is not
+// failure). Make one with NewJetStream; close it with Stop.
+type JetStream struct {
+	js     jetstream.JetStream
+	cfg    JetStreamConfig
+	cons   jetstream.Consumer
+	window int
+
+	mu    sync.Mutex
+	batch jetstream.MessageBatch // the pull being read, if any
+}
+
+// NewJetStream creates or updates cfg's consumer on js and returns a
+// Source on it.
+func NewJetStream(ctx context.Context, js jetstream.JetStream, cfg JetStreamConfig) (*JetStream, error) {
+	if cfg.Stream == "" || cfg.Consumer == "" {
+		return nil, errors.New("drain: JetStreamConfig needs Stream and Consumer")
+	}
+	if cfg.Window < 0 || cfg.AckWait < 0 {
+		return nil, fmt.Errorf("drain: JetStreamConfig: negative Window (%d) or AckWait (%v)", cfg.Window, cfg.AckWait)
+	}
+	if cfg.Window == 0 {
+		cfg.Window = DefaultWindow
+	}
+	if cfg.AckWait == 0 {
+		cfg.AckWait = DefaultAckWait
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, cfg.Stream, jetstream.ConsumerConfig{
+		Durable:       cfg.Consumer,
+		FilterSubject: cfg.Subject,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       cfg.AckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: cfg.Window,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("drain: consumer %q on stream %q: %w", cfg.Consumer, cfg.Stream, err)
+	}
+	return &JetStream{js: js, cfg: cfg, cons: cons, window: cfg.Window}, nil
+}
+
+// Window is the consumer's MaxAckPending.
+func (s *JetStream) Window() int { return s.window }
+
+// fetchWait bounds each pull on the server. A pull that expires while a
+// message is on its way to the client loses that delivery (the client has
+// stopped listening): the message is not lost, but comes back only after
+// AckWait. A pull that fills up ends before it expires, so a long bound
+// makes expiries rare while there is work; a short one would bound the
+// cost of a pull lost with a connection (a server restart) but race more
+// often.
+const fetchWait = 5 * time.Second
+
+// Next returns the next message of the consumer. It pulls half the
+// window at a time, each pull bounded by fetchWait on the server.
+func (s *JetStream) Next(ctx context.Context) (Message, error) {
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		s.mu.Lock()
+		batch := s.batch
+		s.mu.Unlock()
+		if batch == nil {
+			var err error
+			batch, err = s.cons.Fetch(max(1, s.window/2), jetstream.FetchMaxWait(fetchWait))
+			if err != nil {
+				return nil, fmt.Errorf("drain: pulling from %q: %w", s.cfg.Consumer, err)
+			}
+			s.mu.Lock()
+			s.batch = batch
+			s.mu.Unlock()
+		}
+		select {
+		case m, ok := <-batch.Messages():
+			if !ok {
+				s.mu.Lock()
+				s.batch = nil
+				s.mu.Unlock()
+				if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
+					return nil, fmt.Errorf("drain: pulling from %q: %w", s.cfg.Consumer, err)
+				}
+				continue
+			}
+			md, err := m.Metadata()
+			if err != nil {
+				// Not a JetStream message: it cannot be acknowledged,
+				// so it is not ours to deliver.
+				return nil, fmt.Errorf("drain: message without JetStream metadata: %w", err)
+			}
+			return &jsMessage{src: s, m: m, md: md}, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Backlog returns the consumer's pending and acknowledgement-pending
+// messages.
+func (s *JetStream) Backlog(ctx context.Context) (int64, error) {
+	info, err := s.cons.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return int64(info.NumPending) + int64(info.NumAckPending), nil
+}
+
+// Stop stops consuming. Messages pulled and not handed out are delivered
+// again after AckWait.
+func (s *JetStream) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.batch = nil
+}
+
+// jsMessage is one delivery of a JetStream message.
+type jsMessage struct {
+	src *JetStream
+	m   jetstream.Msg
+	md  *jetstream.MsgMetadata
+}
+
+// Key is the publisher's Nats-Msg-Id, else stream/sequence.
+func (m *jsMessage) Key() string {
+	if id := m.m.Headers().Get(jetstream.MsgIDHeader); id != "" {
+		return id
+	}
+	return m.md.Stream + "/" + strconv.FormatUint(m.md.Sequence.Stream, 10)
+}
+
+func (m *jsMessage) Data() []byte    { return m.m.Data() }
+func (m *jsMessage) Tenant() string  { return m.m.Headers().Get(HeaderTenant) }
+func (m *jsMessage) Deliveries() int { return int(m.md.NumDelivered) }
+
+func (m *jsMessage) Ack(ctx context.Context) error { return m.m.Ack() }
+
+func (m *jsMessage) Nak(ctx context.Context, delay time.Duration) error {
+	if delay <= 0 {
+		return m.m.Nak()
+	}
+	return m.m.NakWithDelay(delay)
+}
+
+func (m *jsMessage) InProgress(ctx context.Context) error { return m.m.InProgress() }
+
+// DeadLetter publishes a copy with the reason to the dead-letter subject,
+// waits for the stream to confirm it, and terminates the message. The
+// copy's Nats-Msg-Id is derived from the key, so a second dead-lettering
+// of the same message (after a crash between the two steps) is dropped by
+// the stream's duplicate window.
+func (m *jsMessage) DeadLetter(ctx context.Context, reason error) error {
+	subj := m.src.cfg.DeadLetter
+	if subj == "" {
+		return errors.New("drain: no dead-letter subject configured")
+	}
+	out := nats.NewMsg(subj)
+	out.Data = m.m.Data()
+	for k, v := range m.m.Headers() {
+		out.Header[k] = v
+	}
+	why := reason.Error()
+	if len(why) > 1024 {
+		why = why[:1024]
+	}
+	out.Header.Set(HeaderError, why)
+	out.Header.Set(HeaderKey, m.Key())
+	out.Header.Set(HeaderSubject, m.m.Subject())
+	out.Header.Set(HeaderSequence, strconv.FormatUint(m.md.Sequence.Stream, 10))
+	out.Header.Set(jetstream.MsgIDHeader, "dead:"+m.Key())
+	if _, err := m.src.js.PublishMsg(ctx, out); err != nil {
+		return fmt.Errorf("drain: dead-lettering to %q: %w", subj, err)
+	}
+	return m.m.TermWithReason("dead-lettered")
+}
+
+// Publish puts data on subject with key as its Nats-Msg-Id (so the
+// stream drops a second publication within its duplicate window, and the
+// Drainer's Message.Key is key) and tenant in HeaderTenant, and waits for
+// the stream to confirm it: once Publish returns nil, the message is
+// durable.
+func Publish(ctx context.Context, js jetstream.JetStream, subject, key, tenant string, data []byte) error {
+	msg := nats.NewMsg(subject)
+	msg.Data = data
+	if key != "" {
+		msg.Header.Set(jetstream.MsgIDHeader, key)
+	}
+	if tenant != "" {
+		msg.Header.Set(HeaderTenant, tenant)
+	}
+	_, err := js.PublishMsg(ctx, msg)
+	return err
+}

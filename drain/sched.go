@@ -1,0 +1,147 @@
+package drain
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/sluicehq/sluice/adaptive"
+)
+
+// scheduler orders the messages taken and not yet released: by priority,
+// with the anti-starvation rule of the package doc, and round-robin among
+// the tenants of one priority. It is not safe for concurrent use.
+type scheduler struct {
+	levels  []*level // highest priority first
+	ofInput []*level // the level of each Input
+	limit   int      // StarvationLimit
+	n       int
+}
+
+// level holds one priority's waiting messages, by tenant.
+type level struct {
+	prio    adaptive.Priority
+	skipped int              // releases in a row that passed it over while it waited
+	turns   []string         // tenants with messages, in turn order
+	queues  map[string]*fifo // by tenant
+	n       int
+}
+
+// fifo is a queue of messages.
+type fifo struct {
+	items []taken
+	head  int
+}
+
+func (q *fifo) push(t taken) {
+	if q.head > 0 && len(q.items) == cap(q.items) {
+		// Reuse the space of what was popped rather than grow: a queue
+		// that never empties must not grow with what passed through it.
+		n := copy(q.items, q.items[q.head:])
+		clear(q.items[n:])
+		q.items, q.head = q.items[:n], 0
+	}
+	q.items = append(q.items, t)
+}
+
+func (q *fifo) pop() taken {
+	t := q.items[q.head]
+	q.items[q.head] = taken{}
+	q.head++
+	if q.head == len(q.items) {
+		q.items, q.head = q.items[:0], 0
+	}
+	return t
+}
+
+func (q *fifo) len() int { return len(q.items) - q.head }
+
+// newScheduler returns a scheduler for Inputs of priorities prios.
+func newScheduler(prios []adaptive.Priority, limit int) scheduler {
+	s := scheduler{limit: limit, ofInput: make([]*level, len(prios))}
+	byPrio := make(map[adaptive.Priority]*level)
+	for i, p := range prios {
+		l := byPrio[p]
+		if l == nil {
+			l = &level{prio: p, queues: make(map[string]*fifo)}
+			byPrio[p] = l
+			s.levels = append(s.levels, l)
+		}
+		s.ofInput[i] = l
+	}
+	slices.SortFunc(s.levels, func(a, b *level) int { return cmp.Compare(b.prio, a.prio) })
+	return s
+}
+
+func (s *scheduler) len() int { return s.n }
+
+// push queues t, from Input input, for tenant.
+func (s *scheduler) push(input int, tenant string, t taken) {
+	l := s.ofInput[input]
+	q := l.queues[tenant]
+	if q == nil {
+		q = new(fifo)
+		l.queues[tenant] = q
+	}
+	if q.len() == 0 {
+		l.turns = append(l.turns, tenant)
+	}
+	q.push(t)
+	l.n++
+	s.n++
+}
+
+// pop returns the next message to release, if any.
+func (s *scheduler) pop() (taken, bool) {
+	var pick *level
+	for _, l := range s.levels {
+		if l.n == 0 {
+			continue
+		}
+		if pick == nil {
+			pick = l // the highest waiting priority
+		}
+		if l.skipped >= s.limit {
+			pick = l // the highest one due under the anti-starvation rule
+			break
+		}
+	}
+	if pick == nil {
+		return taken{}, false
+	}
+	below := false
+	for _, l := range s.levels {
+		switch {
+		case l == pick:
+			l.skipped = 0
+			below = true
+		case l.n == 0:
+			l.skipped = 0
+		case below:
+			l.skipped++
+		}
+	}
+	tenant := pick.turns[0]
+	pick.turns = pick.turns[1:]
+	q := pick.queues[tenant]
+	t := q.pop()
+	if q.len() > 0 {
+		pick.turns = append(pick.turns, tenant)
+	} else {
+		delete(pick.queues, tenant) // tenants come and go: keep only those waiting
+	}
+	pick.n--
+	s.n--
+	return t, true
+}
+
+// drainAll removes and returns every waiting message.
+func (s *scheduler) drainAll() []taken {
+	var all []taken
+	for {
+		t, ok := s.pop()
+		if !ok {
+			return all
+		}
+		all = append(all, t)
+	}
+}

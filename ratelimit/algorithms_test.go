@@ -80,6 +80,7 @@ func TestValidate(t *testing.T) {
 		{Failure: numFailureModes, Quota: 1, Period: sec},
 		{Counting: numCountings, Quota: 1, Period: sec},
 		{Counting: Batched, Algorithm: SlidingLog, Quota: 1, Period: sec},
+		{Counting: Batched, Algorithm: SlidingWindow, Quota: 1, Period: sec},
 		{Counting: Approximate, Algorithm: SlidingLog, Quota: 1, Period: sec},
 		{Counting: Approximate, Algorithm: FixedWindow, Quota: 1, Period: sec},
 		{Counting: Approximate, Algorithm: SlidingWindow, Quota: 1, Period: sec},

@@ -140,7 +140,8 @@ const (
 	// Batched takes blocks of capacity from the shared counter and spends
 	// them locally. It never admits more than the limit, globally; the
 	// capacity held in blocks by replicas that do not use it is stranded
-	// until they give it back or it expires. Every algorithm but SlidingLog.
+	// until they give it back or it expires. GCRA, LeakyBucket and
+	// FixedWindow.
 	Batched
 	// Approximate decides each key locally on a share of the shared state
 	// and reconciles the hits counted with the shared counter at intervals.
@@ -171,15 +172,20 @@ func ParseCounting(s string) (Counting, error) {
 }
 
 // Supports reports whether a rule of algorithm a can be counted in mode c.
-// Strict supports every algorithm; Batched every one but SlidingLog, whose
-// log of single requests cannot be handed out in blocks; Approximate GCRA
-// and LeakyBucket, whose state is one number that hits add to.
+// Strict supports every algorithm. Batched supports GCRA, LeakyBucket and
+// FixedWindow, whose capacity can be handed out in blocks that stay exact
+// (a bucket's block is spent within a short hold that its lease allows
+// for, a window's before the window ends); not SlidingLog, whose log of
+// single requests cannot be handed out in blocks, nor SlidingWindow, whose
+// block would have to end with a window the store cannot see from the
+// reply. Approximate supports GCRA and LeakyBucket, whose state is one
+// instant that hits move.
 func (c Counting) Supports(a Algorithm) bool {
 	switch c {
 	case Strict:
 		return a < numAlgorithms
 	case Batched:
-		return a < numAlgorithms && a != SlidingLog
+		return a == GCRA || a == LeakyBucket || a == FixedWindow
 	case Approximate:
 		return a == GCRA || a == LeakyBucket
 	}

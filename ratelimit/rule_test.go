@@ -128,7 +128,7 @@ func TestCounting(t *testing.T) {
 	}
 	want := map[Counting][]Algorithm{
 		Strict:      {GCRA, FixedWindow, SlidingLog, SlidingWindow, LeakyBucket},
-		Batched:     {GCRA, FixedWindow, SlidingWindow, LeakyBucket},
+		Batched:     {GCRA, FixedWindow, LeakyBucket},
 		Approximate: {GCRA, LeakyBucket},
 	}
 	for c := Strict; c <= numCountings; c++ {

@@ -262,6 +262,21 @@ type Options struct {
 	// before probing it; default DefaultBreakerCooldown.
 	BreakerCooldown time.Duration
 
+	// ReconcileInterval is how often approximate rules send the hits
+	// counted here and read the shared state back, all keys in one
+	// pipeline; default DefaultReconcileInterval.
+	ReconcileInterval time.Duration
+	// BlockSpan is how much of a batched key's recent demand one block
+	// covers; default DefaultBlockSpan.
+	BlockSpan time.Duration
+	// BlockHold bounds how long a block of a batched GCRA or LeakyBucket
+	// rule is held before it expires (its lease allows for it; see "Where
+	// the counter lives"); default DefaultBlockHold.
+	BlockHold time.Duration
+	// NoDenialCache turns off the denial cache: every request asks Redis,
+	// even for a key Redis said is denied until a later instant.
+	NoDenialCache bool
+
 	// Logger logs an outage once when it starts (the breaker opens) and
 	// once when it ends, with its duration; nil discards.
 	Logger *slog.Logger
@@ -278,6 +293,13 @@ type Stats struct {
 	Trips      uint64 // times the circuit breaker opened
 	Pipelines  uint64 // pipelines sent by the coalescer
 	Batched    uint64 // requests sent in those pipelines
+	// CachedDenials counts requests answered by the denial cache.
+	CachedDenials uint64
+	// Counted counts items of batched and approximate rules decided in
+	// this process, Leases the Redis calls that took blocks, GivenBack
+	// the units idle replicas returned, Stranded the units of blocks that
+	// expired unspent, Reconciles the reconciliation round trips.
+	Counted, Leases, GivenBack, Stranded, Reconciles uint64
 	Open       bool   // whether the breaker is open now
 }
 
@@ -300,8 +322,10 @@ type Store struct {
 	nrules atomic.Int64
 	smalls [256]any // "0" … "255", boxed
 
-	batch *batcher
-	brk   breaker
+	batch   *batcher
+	count   *counters
+	denials *denialCache
+	brk     breaker
 	fb    fallback
 
 	requests, errors, exacts atomic.Uint64
@@ -405,6 +429,19 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 	if !opts.NoCoalesce {
 		s.batch = newBatcher(s, opts.BatchSize, opts.BatchWindow, opts.Pipelines)
 	}
+	if !opts.NoDenialCache {
+		s.denials = newDenialCache()
+	}
+	if opts.ReconcileInterval <= 0 {
+		opts.ReconcileInterval = DefaultReconcileInterval
+	}
+	if opts.BlockSpan <= 0 {
+		opts.BlockSpan = DefaultBlockSpan
+	}
+	if opts.BlockHold <= 0 {
+		opts.BlockHold = DefaultBlockHold
+	}
+	s.count = newCounters(s, &opts)
 	return s, nil
 }
 
@@ -413,6 +450,7 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.closed)
+		s.count.stop()
 		if s.batch != nil {
 			s.batch.stop()
 		}
@@ -436,6 +474,12 @@ func (s *Store) Stats() Stats {
 	if s.batch != nil {
 		st.Pipelines, st.Batched = s.batch.pipelines.Load(), s.batch.batched.Load()
 	}
+	if s.denials != nil {
+		st.CachedDenials = s.denials.hits.Load()
+	}
+	c := s.count
+	st.Counted, st.Leases, st.GivenBack = c.counted.Load(), c.leases.Load(), c.givebacks.Load()
+	st.Stranded, st.Reconciles = c.stranded.Load(), c.reconciles.Load()
 	return st
 }
 
@@ -452,6 +496,33 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 	if err := ctx.Err(); err != nil {
 		return dst, err
 	}
+	for i := range items {
+		if r := items[i].Rule; r != nil && r.Counting != ratelimit.Strict {
+			return s.decideCounted(ctx, dst, items)
+		}
+	}
+	return s.decideStrict(ctx, dst, items)
+}
+
+// decideStrict decides items at Redis (or from the denial cache), and by
+// their failure modes when Redis cannot decide.
+func (s *Store) decideStrict(ctx context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
+	n := len(dst)
+	dst, err := s.decideRedis(ctx, dst, items)
+	if errors.Is(err, errUnavailable) {
+		return s.fb.decide(dst[:n], items), nil
+	}
+	return dst, err
+}
+
+// errUnavailable is wrapped by decideRedis's error when Redis could not
+// decide (failed, timed out or the breaker is open): the caller decides by
+// the failure modes.
+var errUnavailable = errors.New("redisstore: Redis cannot decide")
+
+// decideRedis decides items at Redis, or from the denial cache, all or
+// nothing; an error wrapping errUnavailable when Redis cannot decide.
+func (s *Store) decideRedis(ctx context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
 	req, err := s.build(items) // checks the rules
 	if errors.Is(err, errCrossSlot) {
 		return s.decideAcross(ctx, dst, items)
@@ -459,11 +530,18 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 	if err != nil {
 		return dst, err
 	}
+	if s.denials != nil {
+		if out, ok, err := s.denials.answer(ctx, s, dst, items); ok {
+			req.release()
+			return out, err
+		}
+	}
 	if !s.brk.allow() {
 		req.release()
-		return s.fb.decide(dst, items), nil
+		return dst, errUnavailable
 	}
 	n := len(dst)
+	sent := s.localNow()
 	dst, err = s.run(ctx, dst, req, items)
 	req.release()
 	if err != nil {
@@ -484,11 +562,23 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 		}
 		s.errors.Add(1)
 		s.brk.done(err)
-		return s.fb.decide(dst, items), nil
+		return dst, fmt.Errorf("%w: %w", errUnavailable, err)
 	}
 	s.brk.done(nil)
 	s.requests.Add(1)
+	if s.denials != nil {
+		s.denials.record(items, dst[n:], sent)
+	}
 	return dst, nil
+}
+
+// localNow is this process's clock, or Options.Now: what the denial cache
+// and the counters of batched and approximate rules time themselves by.
+func (s *Store) localNow() time.Time {
+	if s.now != nil {
+		return s.now()
+	}
+	return time.Now()
 }
 
 // The layout of decide.lua's ARGV and of its reply. decide.lua declares the
@@ -1057,6 +1147,9 @@ func (s *Store) State(ctx context.Context, key string) (ratelimit.State, bool, e
 // capacity (for example after a successful login).
 func (s *Store) Reset(ctx context.Context, key string) error {
 	rk := string(appendKey(nil, s.prefix, s.tagOf(key), key))
+	if s.denials != nil {
+		s.denials.forget(key)
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	if err := s.c.Del(ctx, rk, rk+logSuffix).Err(); err != nil {

@@ -47,8 +47,8 @@
 //	failure_mode  fail_open (default) | fail_closed | local
 //	counting      strict (default) | batched | approximate: where the
 //	              counter lives on a shared store (redisstore's package
-//	              doc); batched takes every algorithm but sliding_log,
-//	              approximate gcra and leaky_bucket
+//	              doc); batched takes gcra, fixed_window and
+//	              leaky_bucket, approximate gcra and leaky_bucket
 //
 // and a descriptor may carry several limits, each with its own counter,
 // with a `limits:` list in place of rate_limit:

@@ -236,7 +236,7 @@ func (c *counting) UnmarshalYAML(n *yaml.Node) error {
 // countingAlgorithms says, for an error, which algorithms each mode takes
 // (ratelimit.Counting.Supports).
 var countingAlgorithms = map[ratelimit.Counting]string{
-	ratelimit.Batched:     "batched takes gcra, fixed_window, sliding_window and leaky_bucket",
+	ratelimit.Batched:     "batched takes gcra, fixed_window and leaky_bucket",
 	ratelimit.Approximate: "approximate takes gcra and leaky_bucket",
 }
 

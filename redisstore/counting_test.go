@@ -1,0 +1,233 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// An admission is when one admitted decision was asked and answered, in
+// this process's monotonic clock: the counter took it somewhere between.
+type admission struct{ before, after time.Duration }
+
+// loadResult is what a run of countLoad saw.
+type loadResult struct {
+	admitted  [][]admission // per key
+	calls     int64
+	fallbacks int64
+	run       time.Duration
+}
+
+// countLoad has every store's callers decide cost 1 on keys[...] of r until
+// run has passed. With skew, store 0 has 27 callers and the others one
+// each (about 90 % of the traffic to store 0); bursty callers alternate 100 ms of
+// asking with 100 ms of rest.
+func countLoad(t *testing.T, stores []*Store, r *ratelimit.Rule, keys int, skew, bursty bool, run time.Duration) loadResult {
+	t.Helper()
+	ctx := context.Background()
+	names := make([]string, keys)
+	for i := range names {
+		names[i] = fmt.Sprintf("k%d", i)
+	}
+	const callers = 4
+	var mu sync.Mutex
+	res := loadResult{admitted: make([][]admission, keys)}
+	origin := time.Now()
+	stop := origin.Add(run)
+	var wg sync.WaitGroup
+	for si, s := range stores {
+		n := callers
+		if skew {
+			n = 1
+			if si == 0 {
+				n = 27 // 9 × the three others' callers together
+			}
+		}
+		for c := range n {
+			wg.Go(func() {
+				rng := rand.New(rand.NewPCG(uint64(si), uint64(c)))
+				local := make([][]admission, keys)
+				var calls, fallbacks int64
+				items := []ratelimit.Item{{Rule: r, Cost: 1}}
+				var ds []ratelimit.Decision
+				for {
+					now := time.Now()
+					if !now.Before(stop) {
+						break
+					}
+					if bursty && (now.Sub(origin)/(100*time.Millisecond))%2 == 1 {
+						time.Sleep(time.Until(origin.Add((now.Sub(origin)/(100*time.Millisecond) + 1) * 100 * time.Millisecond)))
+						continue
+					}
+					k := rng.IntN(keys)
+					items[0].Key = names[k]
+					before := time.Since(origin)
+					var err error
+					ds, err = s.Decide(ctx, ds[:0], items)
+					after := time.Since(origin)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					calls++
+					switch {
+					case ds[0].Reason != ratelimit.ReasonOK && ds[0].Reason != ratelimit.ReasonLimited:
+						fallbacks++
+					case ds[0].Allowed:
+						local[k] = append(local[k], admission{before, after})
+					}
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				res.calls += calls
+				res.fallbacks += fallbacks
+				for k := range local {
+					res.admitted[k] = append(res.admitted[k], local[k]...)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	res.run = time.Since(origin)
+	return res
+}
+
+// worstWindow returns, over every window of length l, the most admissions
+// surely inside it (asked and answered within it), per key, and the key.
+func worstWindow(adm [][]admission, l time.Duration) (worst int, key int) {
+	for k, as := range adm {
+		slices.SortFunc(as, func(a, b admission) int { return int(a.before - b.before) })
+		// For each start (an admission's before), count those with
+		// before ≥ start and after ≤ start+l.
+		for i := range as {
+			end := as[i].before + l
+			n := 0
+			for j := i; j < len(as) && as[j].before <= end; j++ {
+				if as[j].after <= end {
+					n++
+				}
+			}
+			if n > worst {
+				worst, key = n, k
+			}
+		}
+	}
+	return worst, key
+}
+
+func total(adm [][]admission) int {
+	n := 0
+	for _, as := range adm {
+		n += len(as)
+	}
+	return n
+}
+
+// countingStores returns 4 Stores on srv, each with its own client as
+// separate replicas would have, knowing they are 4.
+func countingStores(t *testing.T, srv *redistest.Server, prefix string) []*Store {
+	stores := make([]*Store, 4)
+	for i := range stores {
+		stores[i] = newTestStore(t, []string{srv.Addr()}, nil, func(o *testConfig) {
+			o.Prefix, o.Replicas, o.Now = prefix, 4, nil
+		})
+	}
+	return stores
+}
+
+// TestCountingAccuracy runs 4 replicas sharing one Redis on one rule, in
+// each mode, even and skewed, steady and bursty, on one key: batched and
+// strict never admit above the limit in any window (counting only the
+// admissions surely inside it) and take at least 97 % (95 % skewed) of
+// what the rule allows over the run; approximate stays within its bound
+// (see "Where the counter lives") and takes at least 97 %.
+func TestCountingAccuracy(t *testing.T) {
+	srv := redistest.Standalone(t)
+	const rate, burst = 1000, 200
+	const window = time.Second
+	run := 2 * time.Second
+	for _, mode := range []ratelimit.Counting{ratelimit.Strict, ratelimit.Batched, ratelimit.Approximate} {
+		for _, shape := range []struct {
+			name          string
+			skew, bursty  bool
+			least, leastW float64
+		}{
+			{"even", false, false, 0.97, 0.97},
+			{"skewed", true, false, 0.95, 0.97},
+			{"bursty", false, true, 0.97, 0.97},
+		} {
+			t.Run(mode.String()+"/"+shape.name, func(t *testing.T) {
+				r := &ratelimit.Rule{Name: "acc", Quota: rate, Period: time.Second, Burst: burst, Counting: mode}
+				stores := countingStores(t, srv, fmt.Sprintf("acc%d%s:", mode, shape.name))
+				warmStores(t, stores)
+				res := countLoad(t, stores, r, 1, shape.skew, shape.bursty, run)
+				if res.fallbacks != 0 {
+					t.Fatalf("%d decisions fell back", res.fallbacks)
+				}
+				got := total(res.admitted)
+				worst, _ := worstWindow(res.admitted, window)
+				limitW := burst + rate*int(window/time.Second)
+				// What the rule allows over the time the callers asked
+				// (bursty callers rest half of it: no lower bound).
+				allowed := burst + int(float64(rate)*res.run.Seconds())
+				bound := 0
+				if mode == ratelimit.Approximate {
+					bound = approxBound(4, DefaultReconcileInterval+50*time.Millisecond, rate, burst)
+				}
+				var st Stats
+				for _, s := range stores {
+					x := s.Stats()
+					st.Requests += x.Requests
+					st.Counted += x.Counted
+					st.Leases += x.Leases
+					st.Reconciles += x.Reconciles
+					st.CachedDenials += x.CachedDenials
+					st.Stranded += x.Stranded
+				}
+				t.Logf("%d calls, admitted %d of %d allowed (%.1f%%); worst %v window %d of %d (+%d bound); Redis calls %d, local %d, leases %d, reconciles %d, cached denials %d, stranded %d",
+					res.calls, got, allowed, 100*float64(got)/float64(allowed), window, worst, limitW, bound,
+					st.Requests, st.Counted, st.Leases, st.Reconciles, st.CachedDenials, st.Stranded)
+				if worst > limitW+bound {
+					t.Errorf("a %v window admitted %d > %d + %d", window, worst, limitW, bound)
+				}
+				if res.calls < int64(3*allowed) {
+					t.Skipf("not saturated: %d calls for %d admissible", res.calls, allowed)
+				}
+				if !shape.bursty && float64(got) < shape.least*float64(allowed) {
+					t.Errorf("admitted %d < %.0f%% of %d", got, 100*shape.least, allowed)
+				}
+			})
+		}
+	}
+}
+
+// approxBound is the documented bound of approximate counting: what n
+// replicas reconciling every interval (plus the round trip) may admit
+// beyond the limit of a GCRA rule of rate per second and burst.
+func approxBound(n int, interval time.Duration, rate, burst int) int {
+	return int(float64(n-1) / float64(n) * (float64(burst) + float64(rate)*interval.Seconds()))
+}
+
+// warmStores dials each store's connections and loads the script before a run.
+func warmStores(t *testing.T, stores []*Store) {
+	t.Helper()
+	r := &ratelimit.Rule{Name: "warm", Quota: 1, Period: time.Second}
+	var wg sync.WaitGroup
+	for _, s := range stores {
+		for range 4 {
+			wg.Go(func() {
+				if _, err := s.Decide(context.Background(), nil, []ratelimit.Item{{Key: "warm", Rule: r}}); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+	}
+	wg.Wait()
+}

@@ -23,7 +23,7 @@ import (
 const (
 	DefaultReconcileInterval = 25 * time.Millisecond
 	DefaultBlockSpan         = 50 * time.Millisecond
-	DefaultBlockHold         = 100 * time.Millisecond
+	DefaultBlockHold         = 50 * time.Millisecond
 )
 
 // counters is the Store's part for batched and approximate rules.
@@ -96,6 +96,12 @@ type entry struct {
 	spent  int64   // units spent since since
 	since  time.Time
 	rate   float64 // demand, units per second, smoothed
+	// denied is Redis's last refusal of a lease: until deniedUntil, a
+	// cost of deniedCost or more that the blocks cannot cover is denied
+	// here, without asking again.
+	denied      ratelimit.Decision
+	deniedCost  int64
+	deniedUntil time.Time
 
 	// Approximate.
 	view    ratelimit.State // the shared state, as this replica sees it
@@ -162,7 +168,7 @@ func (c *counters) info(r *ratelimit.Rule) *countInfo {
 			ci.maxBlock = max(1, r.Quota/(4*c.replicas))
 		} else if capacity > 0 {
 			iv := r.Interval()
-			k := min(capacity/4, int64(c.hold/iv))
+			k := min(capacity/8, int64(c.hold/iv))
 			ci.hold = time.Duration(k) * iv
 			l.Burst = capacity - k
 			ci.maxBlock = max(1, l.Burst/(4*c.replicas))
@@ -325,13 +331,20 @@ func (c *counters) takeBlock(ctx context.Context, e *entry, cost int64) (ratelim
 		e.used = now
 		if avail := e.available(now, c); avail >= cost {
 			end := e.spend(cost)
-			e.spent += cost
+			e.spent += cost // demand is what is admitted: a block that would not be spent only strands
 			left := avail - cost
 			c.maybePrefetch(e, now, left)
 			e.mu.Unlock()
 			c.counted.Add(1)
 			d := ratelimit.Decision{Allowed: true, Capacity: r.Capacity(), Remaining: left, Rule: r.Name}
 			return d, func() { c.giveBack(e, cost, end) }, nil
+		}
+		if cost >= e.deniedCost && now.Before(e.deniedUntil) {
+			d := e.denied
+			d.RetryAfter = e.deniedUntil.Sub(now)
+			e.mu.Unlock()
+			c.counted.Add(1)
+			return d, nil, nil
 		}
 		if ch := e.busy; ch != nil {
 			e.mu.Unlock()
@@ -343,7 +356,6 @@ func (c *counters) takeBlock(ctx context.Context, e *entry, cost int64) (ratelim
 			}
 		}
 		n := e.blockSize(c, now, cost)
-		e.spent += cost
 		ch := make(chan struct{})
 		e.busy = ch
 		e.mu.Unlock()
@@ -385,16 +397,17 @@ func (c *counters) maybePrefetch(e *entry, now time.Time, left int64) {
 }
 
 // lease takes a block of n units from Redis, of which the caller spends
-// need at once (0 for a prefetch): when n is denied but the reply says
-// need or more remain, it takes what remains. It ends e's busy state ch.
+// need at once (0 for a prefetch): when n is denied, it asks for what
+// remains if that covers need, else for need alone (so that the refusal's
+// RetryAfter is need's). It ends e's busy state ch.
 func (c *counters) lease(ctx context.Context, e *entry, n, need int64, ch chan struct{}) (ratelimit.Decision, time.Time, error) {
 	ci := e.info
 	sent := c.s.localNow()
 	item := []ratelimit.Item{{Key: e.key, Rule: ci.lease, Cost: n}}
 	ds, err := c.s.decideRedis(ctx, nil, item)
 	c.leases.Add(1)
-	if err == nil && !ds[0].Allowed && ds[0].Reason == ratelimit.ReasonLimited && n > need && ds[0].Remaining >= max(need, 1) {
-		item[0].Cost = ds[0].Remaining
+	if err == nil && !ds[0].Allowed && ds[0].Reason == ratelimit.ReasonLimited && n > need && need > 0 {
+		item[0].Cost = max(need, ds[0].Remaining)
 		ds, err = c.s.decideRedis(ctx, nil, item)
 		c.leases.Add(1)
 	}
@@ -411,7 +424,11 @@ func (c *counters) lease(ctx context.Context, e *entry, n, need int64, ch chan s
 				end = sent.Add(d.ResetAfter)
 			}
 			e.addBlock(item[0].Cost-need, end)
+			e.spent += need
 			d.Remaining = e.available(c.s.localNow(), c)
+		} else if need > 0 && d.Reason == ratelimit.ReasonLimited {
+			d.Capacity, d.Rule = ci.rule.Capacity(), ci.rule.Name
+			e.denied, e.deniedCost, e.deniedUntil = d, item[0].Cost, sent.Add(d.RetryAfter)
 		}
 	}
 	e.mu.Unlock()
@@ -491,8 +508,8 @@ func (c *counters) takeShare(ctx context.Context, e *entry, cost int64) (ratelim
 		ch := make(chan struct{})
 		e.busy = ch
 		e.mu.Unlock()
+		sent := c.s.localNow()
 		ds, err := c.s.decideRedis(ctx, nil, []ratelimit.Item{{Key: e.key, Rule: r, Cost: cost}})
-		recv := c.s.localNow()
 		e.mu.Lock()
 		e.busy = nil
 		close(ch)
@@ -501,7 +518,7 @@ func (c *counters) takeShare(ctx context.Context, e *entry, cost int64) (ratelim
 			return ratelimit.Decision{}, nil, err
 		}
 		d := ds[0]
-		e.setView(d.ResetAfter, recv, c.replicas)
+		e.setView(d.ResetAfter, sent, c.replicas)
 		c.queue(e)
 		e.mu.Unlock()
 		if !d.Allowed {
@@ -516,9 +533,11 @@ func (c *counters) takeShare(ctx context.Context, e *entry, cost int64) (ratelim
 }
 
 // setView sets e's view from the shared state's debt (ResetAfter: the time
-// until the key is back to full capacity) as received at recv, plus the
-// hits this replica admitted that Redis has not counted yet. Called with
-// e.mu held.
+// until the key is back to full capacity) for a call sent at sent, plus
+// the hits this replica admitted that Redis has not counted yet. Timed
+// from when the call was sent, the view is ahead of the shared state by
+// up to a round trip: what that admits beyond the share is counted at the
+// next reconciliation, and is in the bound. Called with e.mu held.
 func (e *entry) setView(debt time.Duration, recv time.Time, replicas int64) {
 	iv := e.info.local.Interval()
 	t := recv.Add(debt).UnixNano()
@@ -587,6 +606,7 @@ func (c *counters) reconcile() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.s.timeout)
 	defer cancel()
+	sent := c.s.localNow()
 	ds, errs := c.s.decideEach(ctx, items)
 	c.reconciles.Add(1)
 	recv := c.s.localNow()
@@ -603,7 +623,7 @@ func (c *counters) reconcile() {
 				c.queue(e)
 			}
 			e.sending = 0
-			e.setView(d.ResetAfter, recv, c.replicas)
+			e.setView(d.ResetAfter, sent, c.replicas)
 			if recv.Sub(e.used) < 2*c.interval {
 				c.queue(e) // still in use: keep its view fresh
 			}

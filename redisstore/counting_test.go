@@ -25,11 +25,12 @@ type loadResult struct {
 	run       time.Duration
 }
 
-// countLoad has every store's callers decide cost 1 on keys[...] of r until
-// run has passed. With skew, store 0 has 27 callers and the others one
-// each (about 90 % of the traffic to store 0); bursty callers alternate 100 ms of
-// asking with 100 ms of rest.
-func countLoad(t *testing.T, stores []*Store, r *ratelimit.Rule, keys int, skew, bursty bool, run time.Duration) loadResult {
+// countLoad has every store's callers decide cost 1 on random keys of r,
+// offered at rate per second in all (open loop, each caller on its own
+// schedule; one that falls behind asks at once), until run has passed.
+// With skew, store 0 is offered 90 % of the traffic; bursty callers
+// alternate 100 ms of asking with 100 ms of rest.
+func countLoad(t *testing.T, stores []*Store, r *ratelimit.Rule, keys int, skew, bursty bool, rate float64, run time.Duration) loadResult {
 	t.Helper()
 	ctx := context.Background()
 	names := make([]string, keys)
@@ -43,16 +44,18 @@ func countLoad(t *testing.T, stores []*Store, r *ratelimit.Rule, keys int, skew,
 	stop := origin.Add(run)
 	var wg sync.WaitGroup
 	for si, s := range stores {
-		n := callers
+		share := 1 / float64(len(stores))
 		if skew {
-			n = 1
+			share = 0.1 / float64(len(stores)-1)
 			if si == 0 {
-				n = 27 // 9 × the three others' callers together
+				share = 0.9
 			}
 		}
-		for c := range n {
+		gap := time.Duration(float64(time.Second) / (rate * share / callers))
+		for c := range callers {
 			wg.Go(func() {
 				rng := rand.New(rand.NewPCG(uint64(si), uint64(c)))
+				next := origin
 				local := make([][]admission, keys)
 				var calls, fallbacks int64
 				items := []ratelimit.Item{{Rule: r, Cost: 1}}
@@ -63,9 +66,14 @@ func countLoad(t *testing.T, stores []*Store, r *ratelimit.Rule, keys int, skew,
 						break
 					}
 					if bursty && (now.Sub(origin)/(100*time.Millisecond))%2 == 1 {
-						time.Sleep(time.Until(origin.Add((now.Sub(origin)/(100*time.Millisecond) + 1) * 100 * time.Millisecond)))
+						next = origin.Add((now.Sub(origin)/(100*time.Millisecond) + 1) * 100 * time.Millisecond)
+						time.Sleep(time.Until(next)) // pacing the load, not synchronising
 						continue
 					}
+					if next.After(now) {
+						time.Sleep(next.Sub(now)) // pacing the load, not synchronising
+					}
+					next = next.Add(gap)
 					k := rng.IntN(keys)
 					items[0].Key = names[k]
 					before := time.Since(origin)
@@ -160,14 +168,18 @@ func TestCountingAccuracy(t *testing.T) {
 			least, leastW float64
 		}{
 			{"even", false, false, 0.97, 0.97},
-			{"skewed", true, false, 0.95, 0.97},
+			{"skewed", true, false, 0.95, 0.95},
 			{"bursty", false, true, 0.97, 0.97},
 		} {
 			t.Run(mode.String()+"/"+shape.name, func(t *testing.T) {
 				r := &ratelimit.Rule{Name: "acc", Quota: rate, Period: time.Second, Burst: burst, Counting: mode}
 				stores := countingStores(t, srv, fmt.Sprintf("acc%d%s:", mode, shape.name))
 				warmStores(t, stores)
-				res := countLoad(t, stores, r, 1, shape.skew, shape.bursty, run)
+				offered := 4.0 * rate
+				if shape.bursty {
+					offered *= 2 // in bursts, half the time
+				}
+				res := countLoad(t, stores, r, 1, shape.skew, shape.bursty, offered, run)
 				if res.fallbacks != 0 {
 					t.Fatalf("%d decisions fell back", res.fallbacks)
 				}
@@ -175,8 +187,12 @@ func TestCountingAccuracy(t *testing.T) {
 				worst, _ := worstWindow(res.admitted, window)
 				limitW := burst + rate*int(window/time.Second)
 				// What the rule allows over the time the callers asked
-				// (bursty callers rest half of it: no lower bound).
-				allowed := burst + int(float64(rate)*res.run.Seconds())
+				// (bursty callers rest 100 ms at a time, which refills
+				// less than the burst: only the last rest is lost).
+				allowed := burst + int(float64(rate)*run.Seconds())
+				if shape.bursty {
+					allowed -= rate / 10
+				}
 				bound := 0
 				if mode == ratelimit.Approximate {
 					bound = approxBound(4, DefaultReconcileInterval+50*time.Millisecond, rate, burst)
@@ -197,10 +213,10 @@ func TestCountingAccuracy(t *testing.T) {
 				if worst > limitW+bound {
 					t.Errorf("a %v window admitted %d > %d + %d", window, worst, limitW, bound)
 				}
-				if res.calls < int64(3*allowed) {
+				if res.calls < int64(2*allowed) {
 					t.Skipf("not saturated: %d calls for %d admissible", res.calls, allowed)
 				}
-				if !shape.bursty && float64(got) < shape.least*float64(allowed) {
+				if float64(got) < shape.least*float64(allowed) {
 					t.Errorf("admitted %d < %.0f%% of %d", got, 100*shape.least, allowed)
 				}
 			})
@@ -230,4 +246,45 @@ func warmStores(t *testing.T, stores []*Store) {
 		}
 	}
 	wg.Wait()
+}
+
+// TestCountingManyKeys runs 4 replicas on 10,000 keys of one approximate
+// rule (a burst of 8 and one more per 10 s, each key) for 2 s: no key
+// admits more than the rule plus the bound. Every replica reconciles all
+// the keys it touched in one pipeline per interval. It does not saturate
+// the keys: each replica's first decision on a key is a round trip (it
+// has no view yet), and 16 callers on this machine make too few of them
+// in 2 s; the figures are logged, not asserted.
+func TestCountingManyKeys(t *testing.T) {
+	srv := redistest.Standalone(t)
+	const keys, burst = 10000, 8
+	run := 2 * time.Second
+	r := &ratelimit.Rule{Name: "many", Quota: 1, Period: 10 * time.Second, Burst: burst, Counting: ratelimit.Approximate}
+	stores := countingStores(t, srv, "many:")
+	warmStores(t, stores)
+	perKey := burst + int(run/(10*time.Second))
+	offered := 2 * float64(keys*perKey) / run.Seconds()
+	res := countLoad(t, stores, r, keys, false, false, offered, run)
+	if res.fallbacks != 0 {
+		t.Fatalf("%d decisions fell back", res.fallbacks)
+	}
+	got := total(res.admitted)
+	allowed := keys * perKey
+	bound := approxBound(4, DefaultReconcileInterval+50*time.Millisecond, 0, burst) + 1
+	worst, key := worstWindow(res.admitted, run)
+	var st Stats
+	for _, s := range stores {
+		x := s.Stats()
+		st.Requests += x.Requests
+		st.Counted += x.Counted
+		st.Reconciles += x.Reconciles
+	}
+	t.Logf("%d calls in %v, admitted %d of %d allowed (%.1f%%); worst key k%d admitted %d of %d (+%d bound); Redis calls %d, local %d, reconciles %d",
+		res.calls, res.run, got, allowed, 100*float64(got)/float64(allowed), key, worst, perKey, bound, st.Requests, st.Counted, st.Reconciles)
+	if worst > perKey+bound {
+		t.Errorf("key k%d admitted %d > %d + %d", key, worst, perKey, bound)
+	}
+	if st.Reconciles == 0 {
+		t.Error("no reconciliation")
+	}
 }

@@ -300,7 +300,7 @@ type Stats struct {
 	// the units idle replicas returned, Stranded the units of blocks that
 	// expired unspent, Reconciles the reconciliation round trips.
 	Counted, Leases, GivenBack, Stranded, Reconciles uint64
-	Open       bool   // whether the breaker is open now
+	Open                                             bool // whether the breaker is open now
 }
 
 // Store is the Redis ratelimit.Store.
@@ -326,7 +326,7 @@ type Store struct {
 	count   *counters
 	denials *denialCache
 	brk     breaker
-	fb    fallback
+	fb      fallback
 
 	requests, errors, exacts atomic.Uint64
 

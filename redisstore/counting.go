@@ -34,7 +34,7 @@ type counters struct {
 	interval time.Duration // between reconciliations (approximate)
 	span     time.Duration // demand a block covers (batched)
 	hold     time.Duration // longest a bucket's block is held (batched)
-	stale    time.Duration // longest an approximate view is used unreconciled
+	stale    time.Duration // longest an approximate view is used unreconciled: 40 intervals
 	replicas int64
 
 	infos  sync.Map // *ratelimit.Rule → *countInfo
@@ -128,7 +128,7 @@ func newCounters(s *Store, opts *Options) *counters {
 		replicas: int64(opts.Replicas),
 		quit:     make(chan struct{}),
 	}
-	c.stale = max(40*c.interval, opts.BreakerCooldown)
+	c.stale = 40 * c.interval
 	return c
 }
 

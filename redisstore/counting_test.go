@@ -140,11 +140,14 @@ func total(adm [][]admission) int {
 
 // countingStores returns 4 Stores on srv, each with its own client as
 // separate replicas would have, knowing they are 4.
-func countingStores(t *testing.T, srv *redistest.Server, prefix string) []*Store {
+func countingStores(t *testing.T, srv *redistest.Server, prefix string, mods ...func(*Options)) []*Store {
 	stores := make([]*Store, 4)
 	for i := range stores {
 		stores[i] = newTestStore(t, []string{srv.Addr()}, nil, func(o *testConfig) {
 			o.Prefix, o.Replicas, o.Now = prefix, 4, nil
+			for _, m := range mods {
+				m(&o.Options)
+			}
 		})
 	}
 	return stores
@@ -286,5 +289,51 @@ func TestCountingManyKeys(t *testing.T) {
 	}
 	if st.Reconciles == 0 {
 		t.Error("no reconciliation")
+	}
+}
+
+// TestCountingFreeze pauses Redis (SIGSTOP) for 500 ms in the middle of a
+// 3 s saturating run of 4 replicas on one fail_closed rule, in each mode.
+// While Redis does not answer, batched replicas spend the blocks they
+// hold and approximate ones decide on their views; then the failure mode
+// denies. Over the whole run, once reconciliation has caught up, the
+// admitted stay within the limit (plus the bound for approximate): hits
+// counted during the pause are sent once, when Redis answers again.
+func TestCountingFreeze(t *testing.T) {
+	const rate, burst = 1000, 200
+	run := 3 * time.Second
+	for _, mode := range []ratelimit.Counting{ratelimit.Batched, ratelimit.Approximate} {
+		t.Run(mode.String(), func(t *testing.T) {
+			srv := redistest.Standalone(t)
+			r := &ratelimit.Rule{Name: "frz", Quota: rate, Period: time.Second, Burst: burst, Counting: mode, Failure: ratelimit.FailClosed}
+			// Calls time out as they would in production; views are kept
+			// 40 intervals, 400 ms, less than the pause.
+			stores := countingStores(t, srv, "frz:", func(o *Options) {
+				o.Timeout, o.ReconcileInterval = DefaultTimeout, 10*time.Millisecond
+			})
+			warmStores(t, stores)
+			freeze := time.AfterFunc(run/3, srv.Freeze) // the fault's schedule
+			thaw := time.AfterFunc(run/3+run/6, srv.Thaw)
+			defer freeze.Stop()
+			defer thaw.Stop()
+			res := countLoad(t, stores, r, 1, false, false, 4*rate, run)
+			got := total(res.admitted)
+			limit := burst + int(float64(rate)*res.run.Seconds())
+			bound := 0
+			if mode == ratelimit.Approximate {
+				bound = approxBound(4, 10*time.Millisecond+50*time.Millisecond, rate, burst)
+			}
+			t.Logf("%d calls, admitted %d, limit %d (+%d bound), %d decided by the failure mode", res.calls, got, limit, bound, res.fallbacks)
+			if got > limit+bound {
+				t.Errorf("admitted %d > %d + %d", got, limit, bound)
+			}
+			if res.fallbacks == 0 {
+				t.Error("no decision by the failure mode while Redis was frozen")
+			}
+			worst, _ := worstWindow(res.admitted, time.Second)
+			if worst > burst+rate+bound {
+				t.Errorf("a 1s window admitted %d > %d + %d", worst, burst+rate, bound)
+			}
+		})
 	}
 }

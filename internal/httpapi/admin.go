@@ -239,6 +239,7 @@ type ruleView struct {
 	Calendar    string        `json:"calendar,omitempty"`
 	Timezone    string        `json:"timezone,omitempty"`
 	FailureMode string        `json:"failure_mode,omitempty"`
+	Counting    string        `json:"counting,omitempty"`
 	Replaces    []string      `json:"replaces,omitempty"`
 	Override    *overrideView `json:"override,omitempty"`
 }
@@ -280,6 +281,9 @@ func viewRule(sp *rules.Spec) ruleView {
 	if r := sp.Rule; r != nil {
 		v.Algorithm, v.Limit, v.Burst = r.Algorithm.String(), r.Quota, r.Burst
 		v.FailureMode = r.Failure.String()
+		if r.Counting != ratelimit.Strict {
+			v.Counting = r.Counting.String()
+		}
 		if r.Period > 0 {
 			v.Period = r.Period.String()
 		}

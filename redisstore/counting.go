@@ -54,6 +54,9 @@ type counters struct {
 
 const counterShards = 64
 
+// forgetAfter is how long an entry that holds nothing is kept unused.
+const forgetAfter = 10 * time.Second
+
 type counterShard struct {
 	mu sync.Mutex
 	m  map[counterKey]*entry
@@ -474,62 +477,31 @@ func (c *counters) returnIdle(e *entry, now time.Time) {
 func (c *counters) takeShare(ctx context.Context, e *entry, cost int64) (ratelimit.Decision, func(), error) {
 	ci := e.info
 	r := ci.rule
-	for {
-		now := c.s.localNow()
-		e.mu.Lock()
-		e.used = now
-		if !e.synced.IsZero() && now.Sub(e.synced) < c.stale {
-			var d ratelimit.Decision
-			ci.local.DecideInto(&d, &e.view, now, cost*c.replicas)
-			if d.Allowed {
-				e.pending += cost
-			}
-			c.queue(e)
-			e.mu.Unlock()
-			c.counted.Add(1)
-			d.Capacity, d.Rule = r.Capacity(), r.Name
-			if !d.Allowed {
-				d.Reason = ratelimit.ReasonLimited
-				return d, nil, nil
-			}
-			return d, func() { c.unshare(e, cost) }, nil
-		}
-		if ch := e.busy; ch != nil {
-			e.mu.Unlock()
-			select {
-			case <-ch:
-				continue
-			case <-ctx.Done():
-				return ratelimit.Decision{}, nil, ctx.Err()
-			}
-		}
-		// No view, or one too old: decide this request at Redis, which
-		// also gives the view.
-		ch := make(chan struct{})
-		e.busy = ch
+	now := c.s.localNow()
+	e.mu.Lock()
+	e.used = now
+	// A view is used while Redis answers, however old (a view that missed
+	// others' hits admits at most this replica's share, which the bound
+	// counts); while the breaker is open, for 40 intervals after its last
+	// reconciliation. A key with no view yet starts from a fresh state.
+	if c.s.brk.isOpen() && (e.synced.IsZero() || now.Sub(e.synced) >= c.stale) {
 		e.mu.Unlock()
-		sent := c.s.localNow()
-		ds, err := c.s.decideRedis(ctx, nil, []ratelimit.Item{{Key: e.key, Rule: r, Cost: cost}})
-		e.mu.Lock()
-		e.busy = nil
-		close(ch)
-		if err != nil {
-			e.mu.Unlock()
-			return ratelimit.Decision{}, nil, err
-		}
-		d := ds[0]
-		e.setView(d.ResetAfter, sent, c.replicas)
-		c.queue(e)
-		e.mu.Unlock()
-		if !d.Allowed {
-			return d, nil, nil
-		}
-		return d, func() {
-			ctx, cancel := context.WithTimeout(context.Background(), c.s.timeout)
-			defer cancel()
-			c.s.decideRedis(ctx, nil, []ratelimit.Item{{Key: e.key, Rule: r, Cost: -cost}}) //nolint:errcheck // a refund that fails only gives back less
-		}, nil
+		return ratelimit.Decision{}, nil, errUnavailable
 	}
+	var d ratelimit.Decision
+	ci.local.DecideInto(&d, &e.view, now, cost*c.replicas)
+	if d.Allowed {
+		e.pending += cost
+	}
+	c.queue(e)
+	e.mu.Unlock()
+	c.counted.Add(1)
+	d.Capacity, d.Rule = r.Capacity(), r.Name
+	if !d.Allowed {
+		d.Reason = ratelimit.ReasonLimited
+		return d, nil, nil
+	}
+	return d, func() { c.unshare(e, cost) }, nil
 }
 
 // setView sets e's view from the shared state's debt (ResetAfter: the time
@@ -633,8 +605,7 @@ func (c *counters) reconcile() {
 }
 
 // sweep gives back the blocks of idle batched keys and forgets entries
-// that have been idle for longer than an approximate view is kept and
-// hold nothing.
+// that hold nothing and have been idle for forgetAfter.
 func (c *counters) sweep() {
 	now := c.s.localNow()
 	for i := range c.shards {
@@ -643,7 +614,7 @@ func (c *counters) sweep() {
 		var idle []*entry
 		for k, e := range sh.m {
 			e.mu.Lock()
-			old := now.Sub(e.used) > c.stale && e.busy == nil && len(e.blocks) == 0 && e.pending == 0 && e.sending == 0 && !e.queued
+			old := now.Sub(e.used) > forgetAfter && e.busy == nil && len(e.blocks) == 0 && e.pending == 0 && e.sending == 0 && !e.queued
 			hasBlocks := len(e.blocks) > 0
 			e.mu.Unlock()
 			switch {

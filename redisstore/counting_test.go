@@ -219,6 +219,13 @@ func TestCountingAccuracy(t *testing.T) {
 				if res.calls < int64(2*allowed) {
 					t.Skipf("not saturated: %d calls for %d admissible", res.calls, allowed)
 				}
+				// Approximate replicas take their share of what refills
+				// at each reconciliation: on a machine too loaded to keep
+				// the interval (the race detector, other work), they take
+				// less, which is no fault of the counting.
+				if want := uint64(len(stores)) * uint64(run/DefaultReconcileInterval) / 2; mode == ratelimit.Approximate && st.Reconciles < want {
+					t.Skipf("the machine kept %d reconciliations of %d", st.Reconciles, 2*want)
+				}
 				if float64(got) < shape.least*float64(allowed) {
 					t.Errorf("admitted %d < %.0f%% of %d", got, 100*shape.least, allowed)
 				}

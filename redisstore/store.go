@@ -140,6 +140,88 @@
 // (ReasonFailClosed) and FailLocal decides in process, at this replica's
 // share of the limit, Quota/Options.Replicas (ReasonLocal). Stats counts them.
 //
+// # Where the counter lives
+//
+// A rule's Counting (ratelimit.Counting) says how often a replica asks
+// Redis. Options.Replicas must say how many replicas share the limits.
+//
+// Strict, the default, decides every request in Redis, as described
+// above: exact, all or nothing, one round trip per request.
+//
+// Batched (GCRA, LeakyBucket, FixedWindow) takes blocks of capacity from
+// the shared counter, each in one decide.lua call with the block as its
+// cost, and spends them in process. A caller whose cost the blocks cannot
+// cover leases a new block and waits for it; when what is held falls below
+// half the next block, a lease is started in the background. A block is
+// Options.BlockSpan (50 ms) of this replica's recent admitted demand, at
+// least the cost asked, at most a quarter of this replica's share of the
+// capacity. It never admits more than the limit, globally: what it spends
+// was taken from the shared counter first. A fixed window's block ends
+// with the window it was taken in (its ResetAfter, timed from when the
+// lease was sent). A bucket's block is held at most hold = k × interval,
+// k = min(capacity/8, Options.BlockHold/interval), and is leased under
+// the rule with its capacity lowered by k: a unit taken at t and spent by
+// t + hold then puts at most (capacity − k) + (L + hold)/interval ≤
+// capacity + L/interval units in any window of length L, as the rule
+// allows. The price is k units of the burst after an idle time (none of
+// the rate). Stranded capacity: a replica holds at most two blocks (the
+// one it spends and one leased ahead), at most capacity/(2 × Replicas) in
+// all, so all replicas together at most half the capacity; a replica
+// whose key has had no decision for two spans gives what it holds back
+// (a refund, Stats.GivenBack), and a block that ends unspent is lost
+// (Stats.Stranded). A lease Redis refuses is remembered until its
+// RetryAfter, so a saturated key asks Redis about once per refill, not
+// once per request.
+//
+// Approximate (GCRA, LeakyBucket) decides each key in process on a view of
+// the shared state (the instant the key is full again, as Redis last gave
+// it) and charges each hit Replicas intervals on it, so that between two
+// reconciliations a replica admits at most its share, 1/Replicas, of what
+// remains and of what refills. Every Options.ReconcileInterval (25 ms) a
+// goroutine of the Store sends, for every key touched since the last
+// time, the hits counted here (a check for a key with none) in one
+// pipeline, under the rule with its capacity doubled so that hits already
+// admitted are counted, never refused; each reply sets the key's view. A
+// key new to a replica starts from a fresh view (full), and a view that
+// missed the others' hits for a while (its key was idle here) is used as
+// it is: either admits at most the replica's share before its next
+// reconciliation, which the bound below counts. The bound: with N
+// replicas, interval I, d the longest reconciliation round trip, rate R
+// and capacity B, a replica does not see the hits the others admitted
+// since their last reconciliation, each at most (B + R(I + d))/N, so the
+// keys admit, in any window, at most
+//
+//	limit + (N − 1)/N × (B + R(I + d))
+//
+// beyond which a hit is never admitted. The excess does not accumulate:
+// every hit reaches Redis at the next reconciliation, the shared state
+// goes into debt by what was admitted beyond, and every replica denies
+// the key, within one interval (plus d), until it is paid. (This is a
+// derivation, not a proof; TestCountingAccuracy asserts it with d = 50 ms
+// on 4 replicas.) A cost above B/N cannot be charged on a view and is
+// decided in Redis. No request of an approximate rule waits for Redis.
+//
+// In either mode, checks and refunds are decided in Redis as in strict
+// mode, and a request that mixes modes is all or nothing: its local items
+// are taken first and given back if the rest is denied.
+//
+// When Redis does not answer, a batched replica spends the blocks it
+// holds and an approximate one decides on its views (once the breaker is
+// open, for up to 40 intervals after each view's last reconciliation);
+// then each item follows its rule's Failure mode. Hits that a
+// reconciliation could not send are sent with the next one; a
+// reconciliation answered as failed never took effect (see Deadlines),
+// so nothing is counted twice, except when Redis ran a call whose reply
+// was lost, which only counts too much.
+//
+// Every mode has a denial cache (denials.go, off with
+// Options.NoDenialCache): a GCRA or fixed-window key that Redis denied a
+// cost until an instant is denied that cost here until then, with the
+// same answer, without a round trip. Refunds, Reset and decisions under
+// another rule of the key through this Store forget it; a refund through
+// another replica is not seen, so this replica may deny until the
+// remembered instant (never admit too much).
+//
 // # Deadlines
 //
 // A call answered as timed out never takes effect later. A command the

@@ -11,6 +11,7 @@
 #       (A/B on the memory store, as "b-memory"; NOREDIS=1 leaves Redis out)
 #   COUNTING="batched approximate" ROUNDS=3 CS=64 KS="1 10000" bash bench/rls.sh 6
 #       (also Sluice on Redis with bench/rules-MODE, as "sluice-redis-MODE")
+#   SERVEFLAGS="--overload-off" ...   (extra flags for every sluice serve)
 #
 # Starts the floor, Sluice with the memory store and Sluice with Redis (on a
 # redis-server started on a free port), then runs each case (C = 1, 16, 64
@@ -44,11 +45,11 @@ port=$(freeport)
 systems+=("floor $port $! 0")
 
 gport=$(freeport); hport=$(freeport)
-"$tmp/sluice" serve --rules bench/rules --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" >"$tmp/mem.log" 2>&1 & pids+=($!)
+"$tmp/sluice" serve --rules bench/rules --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" ${SERVEFLAGS:-} >"$tmp/mem.log" 2>&1 & pids+=($!)
 systems+=("sluice-memory $gport $! 0")
 for a in ${ALSOMEM:-}; do
 	gport=$(freeport); hport=$(freeport)
-	"${a#*=}" serve --rules bench/rules --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" >"$tmp/${a%%=*}-mem.log" 2>&1 & pids+=($!)
+	"${a#*=}" serve --rules bench/rules --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" ${SERVEFLAGS:-} >"$tmp/${a%%=*}-mem.log" 2>&1 & pids+=($!)
 	systems+=("${a%%=*}-memory $gport $! 0")
 done
 
@@ -61,7 +62,7 @@ onredis() {
 	rpid=$!
 	waitport "$rport"
 	gport=$(freeport); hport=$(freeport)
-	"$2" serve --rules "${3:-bench/rules}" --store redis --redis-addr "127.0.0.1:$rport" --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" >"$tmp/$1.log" 2>&1 & pids+=($!)
+	"$2" serve --rules "${3:-bench/rules}" --store redis --redis-addr "127.0.0.1:$rport" --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" ${SERVEFLAGS:-} >"$tmp/$1.log" 2>&1 & pids+=($!)
 	systems+=("$1 $gport $! $rpid")
 }
 if [ -z "${NOREDIS:-}" ] && command -v redis-server >/dev/null; then

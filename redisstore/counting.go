@@ -572,7 +572,10 @@ func (c *counters) reconcile() {
 	for i, e := range es {
 		e.mu.Lock()
 		e.queued = false
-		e.sending, e.pending = e.pending, 0
+		// At most the push rule's capacity at once (the rest next time):
+		// more would be refused as beyond capacity whatever the state.
+		e.sending = min(e.pending, e.info.push.Capacity())
+		e.pending -= e.sending
 		items[i] = ratelimit.Item{Key: e.key, Rule: e.info.push, Cost: e.sending}
 		e.mu.Unlock()
 	}
@@ -596,8 +599,8 @@ func (c *counters) reconcile() {
 			}
 			e.sending = 0
 			e.setView(d.ResetAfter, sent, c.replicas)
-			if recv.Sub(e.used) < 2*c.interval {
-				c.queue(e) // still in use: keep its view fresh
+			if e.pending > 0 || recv.Sub(e.used) < 2*c.interval {
+				c.queue(e) // hits left, or still in use: keep its view fresh
 			}
 		}
 		e.mu.Unlock()

@@ -105,6 +105,9 @@ type entry struct {
 	denied      ratelimit.Decision
 	deniedCost  int64
 	deniedUntil time.Time
+	// remote is what Redis said remained after the last lease: a
+	// decision reports it plus what the blocks hold.
+	remote int64
 
 	// Approximate.
 	view    ratelimit.State // the shared state, as this replica sees it
@@ -339,7 +342,7 @@ func (c *counters) takeBlock(ctx context.Context, e *entry, cost int64) (ratelim
 			c.maybePrefetch(e, now, left)
 			e.mu.Unlock()
 			c.counted.Add(1)
-			d := ratelimit.Decision{Allowed: true, Capacity: r.Capacity(), Remaining: left, Rule: r.Name}
+			d := ratelimit.Decision{Allowed: true, Capacity: r.Capacity(), Remaining: min(r.Capacity(), left+e.remote), Rule: r.Name}
 			return d, func() { c.giveBack(e, cost, end) }, nil
 		}
 		if cost >= e.deniedCost && now.Before(e.deniedUntil) {
@@ -428,7 +431,8 @@ func (c *counters) lease(ctx context.Context, e *entry, n, need int64, ch chan s
 			}
 			e.addBlock(item[0].Cost-need, end)
 			e.spent += need
-			d.Remaining = e.available(c.s.localNow(), c)
+			e.remote = d.Remaining
+			d.Remaining = min(ci.rule.Capacity(), d.Remaining+e.available(c.s.localNow(), c))
 		} else if need > 0 && d.Reason == ratelimit.ReasonLimited {
 			d.Capacity, d.Rule = ci.rule.Capacity(), ci.rule.Name
 			e.denied, e.deniedCost, e.deniedUntil = d, item[0].Cost, sent.Add(d.RetryAfter)

@@ -115,7 +115,6 @@ type entry struct {
 	pending int64           // hits admitted, not yet sent
 	sending int64           // hits of the reconciliation in flight
 	queued  bool            // in counters.touched
-	last    ratelimit.Decision
 }
 
 // A block is capacity taken from the shared counter, valid until end.
@@ -340,9 +339,9 @@ func (c *counters) takeBlock(ctx context.Context, e *entry, cost int64) (ratelim
 			e.spent += cost // demand is what is admitted: a block that would not be spent only strands
 			left := avail - cost
 			c.maybePrefetch(e, now, left)
+			d := ratelimit.Decision{Allowed: true, Capacity: r.Capacity(), Remaining: min(r.Capacity(), left+e.remote), Rule: r.Name}
 			e.mu.Unlock()
 			c.counted.Add(1)
-			d := ratelimit.Decision{Allowed: true, Capacity: r.Capacity(), Remaining: min(r.Capacity(), left+e.remote), Rule: r.Name}
 			return d, func() { c.giveBack(e, cost, end) }, nil
 		}
 		if cost >= e.deniedCost && now.Before(e.deniedUntil) {

@@ -671,11 +671,12 @@ func (s *Store) decideEach(ctx context.Context, items []ratelimit.Item) ([]ratel
 	idx := make([]int, 0, len(items))
 	for i := range items {
 		req, err := s.build(items[i : i+1])
+		alone := err != nil // decideRedis reports the error
 		if err == nil && (req.exact || req.calendar) {
 			req.release()
-			err = errors.New("exact")
+			alone = true // beyond the script's doubles, or a calendar: on its own
 		}
-		if err != nil { // a rule beyond the script's doubles: on its own
+		if alone {
 			out, err := s.decideRedis(ctx, nil, items[i:i+1])
 			if err == nil {
 				ds[i] = out[0]

@@ -226,8 +226,15 @@ func TestCountingAccuracy(t *testing.T) {
 				if want := uint64(len(stores)) * uint64(run/DefaultReconcileInterval) / 2; mode == ratelimit.Approximate && st.Reconciles < want {
 					t.Skipf("the machine kept %d reconciliations of %d", st.Reconciles, 2*want)
 				}
-				if float64(got) < shape.least*float64(allowed) {
-					t.Errorf("admitted %d < %.0f%% of %d", got, 100*shape.least, allowed)
+				least := shape.least
+				if mode == ratelimit.Approximate {
+					// Measured 97.4–99.8 % without the race detector; with
+					// it, on a loaded machine, reconciliations come late
+					// and a run takes 96–97 %: asserted at 95 %.
+					least = 0.95
+				}
+				if float64(got) < least*float64(allowed) {
+					t.Errorf("admitted %d < %.0f%% of %d", got, 100*least, allowed)
 				}
 			})
 		}

@@ -9,6 +9,9 @@
 #       (A/B: also run another sluice binary, on Redis, as "b-redis")
 #   ALSOMEM="b=/tmp/sluice-b" NOREDIS=1 ROUNDS=3 CS=64 KS=10000 bash bench/rls.sh 6
 #       (A/B on the memory store, as "b-memory"; NOREDIS=1 leaves Redis out)
+#   COUNTING="batched approximate" ROUNDS=3 CS=64 KS="1 10000" bash bench/rls.sh 6
+#       (also Sluice on Redis with bench/rules-MODE, as "sluice-redis-MODE")
+#   SERVEFLAGS="--overload-off" ...   (extra flags for every sluice serve)
 #
 # Starts the floor, Sluice with the memory store and Sluice with Redis (on a
 # redis-server started on a free port), then runs each case (C = 1, 16, 64
@@ -42,16 +45,16 @@ port=$(freeport)
 systems+=("floor $port $! 0")
 
 gport=$(freeport); hport=$(freeport)
-"$tmp/sluice" serve --rules bench/rules --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" >"$tmp/mem.log" 2>&1 & pids+=($!)
+"$tmp/sluice" serve --rules bench/rules --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" ${SERVEFLAGS:-} >"$tmp/mem.log" 2>&1 & pids+=($!)
 systems+=("sluice-memory $gport $! 0")
 for a in ${ALSOMEM:-}; do
 	gport=$(freeport); hport=$(freeport)
-	"${a#*=}" serve --rules bench/rules --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" >"$tmp/${a%%=*}-mem.log" 2>&1 & pids+=($!)
+	"${a#*=}" serve --rules bench/rules --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" ${SERVEFLAGS:-} >"$tmp/${a%%=*}-mem.log" 2>&1 & pids+=($!)
 	systems+=("${a%%=*}-memory $gport $! 0")
 done
 
-# onredis NAME BINARY: BINARY serves the bench rules on a redis-server of
-# its own, as system NAME.
+# onredis NAME BINARY [RULES]: BINARY serves the bench rules (or those of
+# the directory RULES) on a redis-server of its own, as system NAME.
 onredis() {
 	local rport rpid gport hport
 	rport=$(freeport)
@@ -59,13 +62,16 @@ onredis() {
 	rpid=$!
 	waitport "$rport"
 	gport=$(freeport); hport=$(freeport)
-	"$2" serve --rules bench/rules --store redis --redis-addr "127.0.0.1:$rport" --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" >"$tmp/$1.log" 2>&1 & pids+=($!)
+	"$2" serve --rules "${3:-bench/rules}" --store redis --redis-addr "127.0.0.1:$rport" --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" ${SERVEFLAGS:-} >"$tmp/$1.log" 2>&1 & pids+=($!)
 	systems+=("$1 $gport $! $rpid")
 }
 if [ -z "${NOREDIS:-}" ] && command -v redis-server >/dev/null; then
 	onredis sluice-redis "$tmp/sluice"
 	for a in ${ALSO:-}; do
 		onredis "${a%%=*}-redis" "${a#*=}"
+	done
+	for m in ${COUNTING:-}; do
+		onredis "sluice-redis-$m" "$tmp/sluice" "bench/rules-$m"
 	done
 fi
 for s in "${systems[@]}"; do

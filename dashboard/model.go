@@ -55,6 +55,7 @@ type Rule struct {
 	Calendar    string    `json:"calendar,omitempty"`
 	Timezone    string    `json:"timezone,omitempty"`
 	FailureMode string    `json:"failure_mode,omitempty"`
+	Counting    string    `json:"counting,omitempty"`
 	Replaces    []string  `json:"replaces,omitempty"`
 	Override    *Override `json:"override,omitempty"`
 }

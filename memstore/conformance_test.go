@@ -20,3 +20,17 @@ func TestConformance(t *testing.T) {
 		return s
 	})
 }
+
+// TestCountingConformance: the memory store is exact whatever the counting
+// mode; n replicas are n handles on one store.
+func TestCountingConformance(t *testing.T) {
+	storetest.RunCounting(t, func(t *testing.T, n int, now func() time.Time) []ratelimit.Store {
+		s := memstore.New(memstore.Options{Now: now})
+		t.Cleanup(func() { s.Close() })
+		stores := make([]ratelimit.Store, n)
+		for i := range stores {
+			stores[i] = s
+		}
+		return stores
+	})
+}

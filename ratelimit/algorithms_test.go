@@ -78,6 +78,12 @@ func TestValidate(t *testing.T) {
 	bad := []Rule{
 		{Algorithm: numAlgorithms, Quota: 1, Period: sec},
 		{Failure: numFailureModes, Quota: 1, Period: sec},
+		{Counting: numCountings, Quota: 1, Period: sec},
+		{Counting: Batched, Algorithm: SlidingLog, Quota: 1, Period: sec},
+		{Counting: Batched, Algorithm: SlidingWindow, Quota: 1, Period: sec},
+		{Counting: Approximate, Algorithm: SlidingLog, Quota: 1, Period: sec},
+		{Counting: Approximate, Algorithm: FixedWindow, Quota: 1, Period: sec},
+		{Counting: Approximate, Algorithm: SlidingWindow, Quota: 1, Period: sec},
 		{Quota: -1, Period: sec},
 		{Quota: MaxQuota + 1, Period: sec},
 		{Quota: 1, Period: sec, Burst: -1},

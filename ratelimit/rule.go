@@ -126,6 +126,72 @@ func ParseFailureMode(s string) (FailureMode, error) {
 	return 0, fmt.Errorf("ratelimit: unknown failure mode %q (want fail_open, fail_closed or local)", s)
 }
 
+// Counting says where a shared store keeps a rule's counter and how often
+// a replica asks it, trading round trips for a stated error. The zero value
+// is Strict. A store that keeps its state in one process (memstore) is
+// exact whatever the mode and ignores it.
+type Counting uint8
+
+const (
+	// Strict decides every request at the shared counter, all or nothing:
+	// exact, one round trip per decision (less what the denial cache
+	// answers).
+	Strict Counting = iota
+	// Batched takes blocks of capacity from the shared counter and spends
+	// them locally. It never admits more than the limit, globally; the
+	// capacity held in blocks by replicas that do not use it is stranded
+	// until they give it back or it expires. GCRA, LeakyBucket and
+	// FixedWindow.
+	Batched
+	// Approximate decides each key locally on a share of the shared state
+	// and reconciles the hits counted with the shared counter at intervals.
+	// It may over-admit, by at most a stated bound; see the store's
+	// documentation. GCRA and LeakyBucket.
+	Approximate
+
+	numCountings
+)
+
+var countingNames = [numCountings]string{"strict", "batched", "approximate"}
+
+func (c Counting) String() string {
+	if c < numCountings {
+		return countingNames[c]
+	}
+	return fmt.Sprintf("Counting(%d)", uint8(c))
+}
+
+// ParseCounting returns the Counting named s (as printed by String).
+func ParseCounting(s string) (Counting, error) {
+	for i, n := range countingNames {
+		if n == s {
+			return Counting(i), nil
+		}
+	}
+	return 0, fmt.Errorf("ratelimit: unknown counting %q (want strict, batched or approximate)", s)
+}
+
+// Supports reports whether a rule of algorithm a can be counted in mode c.
+// Strict supports every algorithm. Batched supports GCRA, LeakyBucket and
+// FixedWindow, whose capacity can be handed out in blocks that stay exact
+// (a bucket's block is spent within a short hold that its lease allows
+// for, a window's before the window ends); not SlidingLog, whose log of
+// single requests cannot be handed out in blocks, nor SlidingWindow, whose
+// block would have to end with a window the store cannot see from the
+// reply. Approximate supports GCRA and LeakyBucket, whose state is one
+// instant that hits move.
+func (c Counting) Supports(a Algorithm) bool {
+	switch c {
+	case Strict:
+		return a < numAlgorithms
+	case Batched:
+		return a == GCRA || a == LeakyBucket || a == FixedWindow
+	case Approximate:
+		return a == GCRA || a == LeakyBucket
+	}
+	return false
+}
+
 // Bounds on a Rule. They keep every computation inside int64 nanoseconds.
 const (
 	// MaxQuota bounds Quota and Burst.
@@ -169,6 +235,10 @@ type Rule struct {
 	Location *time.Location
 	// Failure says how a Store decides when its backend is unreachable.
 	Failure FailureMode
+	// Counting says how a shared store counts the rule across replicas;
+	// the zero value is Strict. Validate rejects an algorithm the mode
+	// does not support (Counting.Supports).
+	Counting Counting
 }
 
 // Capacity is the largest cost a single request can have and still succeed:
@@ -194,6 +264,12 @@ func (r *Rule) Validate() error {
 	}
 	if r.Failure >= numFailureModes {
 		return bad("unknown failure mode %d", r.Failure)
+	}
+	if r.Counting >= numCountings {
+		return bad("unknown counting %d", r.Counting)
+	}
+	if !r.Counting.Supports(r.Algorithm) {
+		return bad("counting %s does not support algorithm %s", r.Counting, r.Algorithm)
 	}
 	if r.Quota < 0 || r.Quota > MaxQuota {
 		return bad("limit %d out of range [0, %d]", r.Quota, int64(MaxQuota))

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"math"
+	"slices"
 	"testing"
 	"time"
 )
@@ -113,4 +114,28 @@ func loadLocation(t *testing.T, name string) *time.Location {
 		t.Skipf("time zone database: %v", err)
 	}
 	return loc
+}
+
+func TestCounting(t *testing.T) {
+	for c := Strict; c < numCountings; c++ {
+		got, err := ParseCounting(c.String())
+		if err != nil || got != c {
+			t.Errorf("ParseCounting(%q) = %v, %v", c, got, err)
+		}
+	}
+	if _, err := ParseCounting("exact"); err == nil {
+		t.Error("ParseCounting(exact): no error")
+	}
+	want := map[Counting][]Algorithm{
+		Strict:      {GCRA, FixedWindow, SlidingLog, SlidingWindow, LeakyBucket},
+		Batched:     {GCRA, FixedWindow, LeakyBucket},
+		Approximate: {GCRA, LeakyBucket},
+	}
+	for c := Strict; c <= numCountings; c++ {
+		for a := GCRA; a <= numAlgorithms; a++ {
+			if got, w := c.Supports(a), slices.Contains(want[c], a); got != w {
+				t.Errorf("%s.Supports(%s) = %v, want %v", c, a, got, w)
+			}
+		}
+	}
 }

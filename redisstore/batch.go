@@ -275,7 +275,7 @@ func (b *batcher) pipeline(now, deadline time.Time, live []*call) {
 		byNow := map[any]*group{}
 		for _, c := range live {
 			g := byNow[c.req.args[argNow]]
-			if g == nil {
+			if g == nil || len(g.calls) >= b.size { // a script call decides at most size requests
 				g = &group{}
 				byNow[c.req.args[argNow]] = g
 				groups = append(groups, g)

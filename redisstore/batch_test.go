@@ -34,7 +34,7 @@ func batchDiffRun(t *testing.T, addr string, seed uint64, steps int) {
 	rng := rand.New(rand.NewPCG(seed, seed+100))
 	now := time.Unix(1_800_000_000, 987_654_321)
 	clock := func() time.Time { return now }
-	rs := newTestStore(t, []string{addr}, clock, nil)
+	rs := newTestStore(t, []string{addr}, clock, func(o *testConfig) { o.NoDenialCache = true }) // as in diffRun
 	if rs.batch == nil {
 		t.Fatal("the store does not coalesce")
 	}

@@ -140,6 +140,88 @@
 // (ReasonFailClosed) and FailLocal decides in process, at this replica's
 // share of the limit, Quota/Options.Replicas (ReasonLocal). Stats counts them.
 //
+// # Where the counter lives
+//
+// A rule's Counting (ratelimit.Counting) says how often a replica asks
+// Redis. Options.Replicas must say how many replicas share the limits.
+//
+// Strict, the default, decides every request in Redis, as described
+// above: exact, all or nothing, one round trip per request.
+//
+// Batched (GCRA, LeakyBucket, FixedWindow) takes blocks of capacity from
+// the shared counter, each in one decide.lua call with the block as its
+// cost, and spends them in process. A caller whose cost the blocks cannot
+// cover leases a new block and waits for it; when what is held falls below
+// half the next block, a lease is started in the background. A block is
+// Options.BlockSpan (50 ms) of this replica's recent admitted demand, at
+// least the cost asked, at most a quarter of this replica's share of the
+// capacity. It never admits more than the limit, globally: what it spends
+// was taken from the shared counter first. A fixed window's block ends
+// with the window it was taken in (its ResetAfter, timed from when the
+// lease was sent). A bucket's block is held at most hold = k × interval,
+// k = min(capacity/8, Options.BlockHold/interval), and is leased under
+// the rule with its capacity lowered by k: a unit taken at t and spent by
+// t + hold then puts at most (capacity − k) + (L + hold)/interval ≤
+// capacity + L/interval units in any window of length L, as the rule
+// allows. The price is k units of the burst after an idle time (none of
+// the rate). Stranded capacity: a replica holds at most two blocks (the
+// one it spends and one leased ahead), at most capacity/(2 × Replicas) in
+// all, so all replicas together at most half the capacity; a replica
+// whose key has had no decision for two spans gives what it holds back
+// (a refund, Stats.GivenBack), and a block that ends unspent is lost
+// (Stats.Stranded). A lease Redis refuses is remembered until its
+// RetryAfter, so a saturated key asks Redis about once per refill, not
+// once per request.
+//
+// Approximate (GCRA, LeakyBucket) decides each key in process on a view of
+// the shared state (the instant the key is full again, as Redis last gave
+// it) and charges each hit Replicas intervals on it, so that between two
+// reconciliations a replica admits at most its share, 1/Replicas, of what
+// remains and of what refills. Every Options.ReconcileInterval (25 ms) a
+// goroutine of the Store sends, for every key touched since the last
+// time, the hits counted here (a check for a key with none) in one
+// pipeline, under the rule with its capacity doubled so that hits already
+// admitted are counted, never refused; each reply sets the key's view. A
+// key new to a replica starts from a fresh view (full), and a view that
+// missed the others' hits for a while (its key was idle here) is used as
+// it is: either admits at most the replica's share before its next
+// reconciliation, which the bound below counts. The bound: with N
+// replicas, interval I, d the longest reconciliation round trip, rate R
+// and capacity B, a replica does not see the hits the others admitted
+// since their last reconciliation, each at most (B + R(I + d))/N, so the
+// keys admit, in any window, at most
+//
+//	limit + (N − 1)/N × (B + R(I + d))
+//
+// beyond which a hit is never admitted. The excess does not accumulate:
+// every hit reaches Redis at the next reconciliation, the shared state
+// goes into debt by what was admitted beyond, and every replica denies
+// the key, within one interval (plus d), until it is paid. (This is a
+// derivation, not a proof; TestCountingAccuracy asserts it with d = 50 ms
+// on 4 replicas.) A cost above B/N cannot be charged on a view and is
+// decided in Redis. No request of an approximate rule waits for Redis.
+//
+// In either mode, checks and refunds are decided in Redis as in strict
+// mode, and a request that mixes modes is all or nothing: its local items
+// are taken first and given back if the rest is denied.
+//
+// When Redis does not answer, a batched replica spends the blocks it
+// holds and an approximate one decides on its views (once the breaker is
+// open, for up to 40 intervals after each view's last reconciliation);
+// then each item follows its rule's Failure mode. Hits that a
+// reconciliation could not send are sent with the next one; a
+// reconciliation answered as failed never took effect (see Deadlines),
+// so nothing is counted twice, except when Redis ran a call whose reply
+// was lost, which only counts too much.
+//
+// Every mode has a denial cache (denials.go, off with
+// Options.NoDenialCache): a GCRA or fixed-window key that Redis denied a
+// cost until an instant is denied that cost here until then, with the
+// same answer, without a round trip. Refunds, Reset and decisions under
+// another rule of the key through this Store forget it; a refund through
+// another replica is not seen, so this replica may deny until the
+// remembered instant (never admit too much).
+//
 // # Deadlines
 //
 // A call answered as timed out never takes effect later. A command the
@@ -262,6 +344,21 @@ type Options struct {
 	// before probing it; default DefaultBreakerCooldown.
 	BreakerCooldown time.Duration
 
+	// ReconcileInterval is how often approximate rules send the hits
+	// counted here and read the shared state back, all keys in one
+	// pipeline; default DefaultReconcileInterval.
+	ReconcileInterval time.Duration
+	// BlockSpan is how much of a batched key's recent demand one block
+	// covers; default DefaultBlockSpan.
+	BlockSpan time.Duration
+	// BlockHold bounds how long a block of a batched GCRA or LeakyBucket
+	// rule is held before it expires (its lease allows for it; see "Where
+	// the counter lives"); default DefaultBlockHold.
+	BlockHold time.Duration
+	// NoDenialCache turns off the denial cache: every request asks Redis,
+	// even for a key Redis said is denied until a later instant.
+	NoDenialCache bool
+
 	// Logger logs an outage once when it starts (the breaker opens) and
 	// once when it ends, with its duration; nil discards.
 	Logger *slog.Logger
@@ -278,7 +375,14 @@ type Stats struct {
 	Trips      uint64 // times the circuit breaker opened
 	Pipelines  uint64 // pipelines sent by the coalescer
 	Batched    uint64 // requests sent in those pipelines
-	Open       bool   // whether the breaker is open now
+	// CachedDenials counts requests answered by the denial cache.
+	CachedDenials uint64
+	// Counted counts items of batched and approximate rules decided in
+	// this process, Leases the Redis calls that took blocks, GivenBack
+	// the units idle replicas returned, Stranded the units of blocks that
+	// expired unspent, Reconciles the reconciliation round trips.
+	Counted, Leases, GivenBack, Stranded, Reconciles uint64
+	Open                                             bool // whether the breaker is open now
 }
 
 // Store is the Redis ratelimit.Store.
@@ -300,9 +404,11 @@ type Store struct {
 	nrules atomic.Int64
 	smalls [256]any // "0" … "255", boxed
 
-	batch *batcher
-	brk   breaker
-	fb    fallback
+	batch   *batcher
+	count   *counters
+	denials *denialCache
+	brk     breaker
+	fb      fallback
 
 	requests, errors, exacts atomic.Uint64
 
@@ -405,6 +511,19 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 	if !opts.NoCoalesce {
 		s.batch = newBatcher(s, opts.BatchSize, opts.BatchWindow, opts.Pipelines)
 	}
+	if !opts.NoDenialCache {
+		s.denials = newDenialCache()
+	}
+	if opts.ReconcileInterval <= 0 {
+		opts.ReconcileInterval = DefaultReconcileInterval
+	}
+	if opts.BlockSpan <= 0 {
+		opts.BlockSpan = DefaultBlockSpan
+	}
+	if opts.BlockHold <= 0 {
+		opts.BlockHold = DefaultBlockHold
+	}
+	s.count = newCounters(s, &opts)
 	return s, nil
 }
 
@@ -413,6 +532,7 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.closed)
+		s.count.stop()
 		if s.batch != nil {
 			s.batch.stop()
 		}
@@ -436,6 +556,12 @@ func (s *Store) Stats() Stats {
 	if s.batch != nil {
 		st.Pipelines, st.Batched = s.batch.pipelines.Load(), s.batch.batched.Load()
 	}
+	if s.denials != nil {
+		st.CachedDenials = s.denials.hits.Load()
+	}
+	c := s.count
+	st.Counted, st.Leases, st.GivenBack = c.counted.Load(), c.leases.Load(), c.givebacks.Load()
+	st.Stranded, st.Reconciles = c.stranded.Load(), c.reconciles.Load()
 	return st
 }
 
@@ -452,6 +578,33 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 	if err := ctx.Err(); err != nil {
 		return dst, err
 	}
+	for i := range items {
+		if r := items[i].Rule; r != nil && r.Counting != ratelimit.Strict {
+			return s.decideCounted(ctx, dst, items)
+		}
+	}
+	return s.decideStrict(ctx, dst, items)
+}
+
+// decideStrict decides items at Redis (or from the denial cache), and by
+// their failure modes when Redis cannot decide.
+func (s *Store) decideStrict(ctx context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
+	n := len(dst)
+	dst, err := s.decideRedis(ctx, dst, items)
+	if errors.Is(err, errUnavailable) {
+		return s.fb.decide(dst[:n], items), nil
+	}
+	return dst, err
+}
+
+// errUnavailable is wrapped by decideRedis's error when Redis could not
+// decide (failed, timed out or the breaker is open): the caller decides by
+// the failure modes.
+var errUnavailable = errors.New("redisstore: Redis cannot decide")
+
+// decideRedis decides items at Redis, or from the denial cache, all or
+// nothing; an error wrapping errUnavailable when Redis cannot decide.
+func (s *Store) decideRedis(ctx context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
 	req, err := s.build(items) // checks the rules
 	if errors.Is(err, errCrossSlot) {
 		return s.decideAcross(ctx, dst, items)
@@ -459,11 +612,18 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 	if err != nil {
 		return dst, err
 	}
+	if s.denials != nil {
+		if out, ok, err := s.denials.answer(ctx, s, dst, items); ok {
+			req.release()
+			return out, err
+		}
+	}
 	if !s.brk.allow() {
 		req.release()
-		return s.fb.decide(dst, items), nil
+		return dst, errUnavailable
 	}
 	n := len(dst)
+	sent := s.localNow()
 	dst, err = s.run(ctx, dst, req, items)
 	req.release()
 	if err != nil {
@@ -484,11 +644,23 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 		}
 		s.errors.Add(1)
 		s.brk.done(err)
-		return s.fb.decide(dst, items), nil
+		return dst, fmt.Errorf("%w: %w", errUnavailable, err)
 	}
 	s.brk.done(nil)
 	s.requests.Add(1)
+	if s.denials != nil {
+		s.denials.record(items, dst[n:], sent)
+	}
 	return dst, nil
+}
+
+// localNow is this process's clock, or Options.Now: what the denial cache
+// and the counters of batched and approximate rules time themselves by.
+func (s *Store) localNow() time.Time {
+	if s.now != nil {
+		return s.now()
+	}
+	return time.Now()
 }
 
 // The layout of decide.lua's ARGV and of its reply. decide.lua declares the
@@ -1057,6 +1229,9 @@ func (s *Store) State(ctx context.Context, key string) (ratelimit.State, bool, e
 // capacity (for example after a successful login).
 func (s *Store) Reset(ctx context.Context, key string) error {
 	rk := string(appendKey(nil, s.prefix, s.tagOf(key), key))
+	if s.denials != nil {
+		s.denials.forget(key)
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	if err := s.c.Del(ctx, rk, rk+logSuffix).Err(); err != nil {

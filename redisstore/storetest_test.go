@@ -1,6 +1,8 @@
 package redisstore
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -45,5 +47,18 @@ func TestStoretestCluster(t *testing.T) {
 		return newTestStore(t, cl.Addrs(), now, func(o *testConfig) {
 			o.HashTag = func(k string) string { return k[:strings.LastIndexByte(k, '/')+1] }
 		})
+	})
+}
+
+// TestStoretestCounting: n Stores on one server, each told there are n.
+func TestStoretestCounting(t *testing.T) {
+	srv := redistest.Standalone(t)
+	storetest.RunCounting(t, func(t *testing.T, n int, now func() time.Time) []ratelimit.Store {
+		prefix := fmt.Sprintf("c%d:", rand.Uint64())
+		stores := make([]ratelimit.Store, n)
+		for i := range stores {
+			stores[i] = newTestStore(t, []string{srv.Addr()}, now, func(o *testConfig) { o.Prefix, o.Replicas = prefix, n })
+		}
+		return stores
 	})
 }

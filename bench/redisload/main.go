@@ -3,7 +3,8 @@
 //
 // It starts its own redis-server on a free loopback port (persistence off),
 // or uses -addr (loopback only). For each implementation (Sluice with
-// coalescing, Sluice without, redis_rate) and each number of concurrent
+// coalescing, Sluice without, Sluice with a batched and with an approximate
+// rule, redis_rate) and each number of concurrent
 // callers it runs a closed loop for -d, every call one GCRA decision on one
 // of -k keys with a limit high enough that every call is admitted, and
 // reports decisions per second, latency percentiles, and Redis CPU per
@@ -139,13 +140,13 @@ func run(addr string, dur time.Duration, nkeys int, concList, only string, pipel
 	for i := range keys {
 		keys[i] = "user:" + strconv.Itoa(i)
 	}
-	rule := &ratelimit.Rule{Name: "bench", Quota: limit, Period: time.Second}
 
 	type impl struct {
 		name string
 		new  func() (decide func(ctx context.Context, key string) error, close func(), err error)
 	}
-	sluice := func(coalesce bool) func() (func(context.Context, string) error, func(), error) {
+	sluice := func(coalesce bool, counting ratelimit.Counting) func() (func(context.Context, string) error, func(), error) {
+		rule := &ratelimit.Rule{Name: "bench", Quota: limit, Period: time.Second, Counting: counting}
 		return func() (func(context.Context, string) error, func(), error) {
 			c, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{addr}, PoolSize: 64, Timeout: time.Second})
 			if err != nil {
@@ -169,7 +170,8 @@ func run(addr string, dur time.Duration, nkeys int, concList, only string, pipel
 			}
 			return decide, func() {
 				if st := s.Stats(); st.Pipelines > 0 {
-					fmt.Fprintf(os.Stderr, "  (%d pipelines, %.1f requests each)\n", st.Pipelines, float64(st.Batched)/float64(st.Pipelines))
+					fmt.Fprintf(os.Stderr, "  (%d pipelines, %.1f requests each; Redis calls %d, decided here %d, leases %d, reconciliations %d)\n",
+						st.Pipelines, float64(st.Batched)/float64(st.Pipelines), st.Requests, st.Counted, st.Leases, st.Reconciles)
 				}
 				s.Close()
 				c.Close()
@@ -177,8 +179,10 @@ func run(addr string, dur time.Duration, nkeys int, concList, only string, pipel
 		}
 	}
 	impls := []impl{
-		{"sluice (coalescing)", sluice(true)},
-		{"sluice (no coalescing)", sluice(false)},
+		{"sluice (coalescing)", sluice(true, ratelimit.Strict)},
+		{"sluice (no coalescing)", sluice(false, ratelimit.Strict)},
+		{"sluice batched", sluice(true, ratelimit.Batched)},
+		{"sluice approximate", sluice(true, ratelimit.Approximate)},
 		{"redis_rate v10", func() (func(context.Context, string) error, func(), error) {
 			c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 64})
 			l := redis_rate.NewLimiter(c)

@@ -132,6 +132,9 @@ func TestRulesValidate(t *testing.T) {
 		"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
 		"b.yaml": "domain: b\ndescriptors:\n  - key: \"\"\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
 	})
+	counting := rulesDir(t, map[string]string{
+		"c.yaml": "domain: c\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: sliding_log, counting: batched}\n",
+	})
 	empty := t.TempDir()
 	tests := []struct {
 		name       string
@@ -142,6 +145,7 @@ func TestRulesValidate(t *testing.T) {
 		{"good", []string{"rules", "validate", good}, 0, []string{"OK", "1 domain(s) (st)", "1 rule(s)"}},
 		{"bad", []string{"rules", "validate", bad}, 1, []string{"a.yaml:4: descriptors[0].rate_limit.unit:", "fortnight", "b.yaml:3: descriptors[0].key:"}},
 		{"empty", []string{"rules", "validate", empty}, 1, []string{"no rule files"}},
+		{"counting", []string{"rules", "validate", counting}, 1, []string{"c.yaml:4: descriptors[0].rate_limit.counting: counting batched does not support algorithm sliding_log"}},
 		{"missing", []string{"rules", "validate", filepath.Join(empty, "nope")}, 1, []string{"no such file"}},
 		{"no dir", []string{"rules", "validate"}, 2, nil},
 		{"no verb", []string{"rules"}, 2, nil},
@@ -189,6 +193,19 @@ func (h recordHandler) Handle(_ context.Context, r slog.Record) error {
 func TestServeRedis(t *testing.T) {
 	srv := redistest.Standalone(t)
 	testServeRedis(t, func(c *serveConfig) { c.redisAddrs = []string{srv.Addr()} }, func(ctx context.Context, key string) (int64, error) {
+		return srv.Client().HLen(ctx, key).Result()
+	})
+}
+
+// TestServeRedisBatched is TestServeRedis with the rule counted in blocks
+// (counting: batched): the same decisions, remaining counts and override.
+func TestServeRedisBatched(t *testing.T) {
+	srv := redistest.Standalone(t)
+	batched := strings.Replace(testRuleFile, "name: per_user}", "name: per_user, counting: batched}", 1)
+	testServeRedis(t, func(c *serveConfig) {
+		c.redisAddrs = []string{srv.Addr()}
+		c.rulesDir = rulesDir(t, map[string]string{"st.yaml": batched})
+	}, func(ctx context.Context, key string) (int64, error) {
 		return srv.Client().HLen(ctx, key).Result()
 	})
 }

@@ -288,6 +288,9 @@ func viewRule(sp *rules.Spec) ruleView {
 	if r := sp.Rule; r != nil {
 		v.Algorithm, v.Limit, v.Burst = r.Algorithm.String(), r.Quota, r.Burst
 		v.FailureMode = r.Failure.String()
+		if r.Counting != ratelimit.Strict {
+			v.Counting = r.Counting.String()
+		}
 		if r.Period > 0 {
 			v.Period = r.Period.String()
 		}

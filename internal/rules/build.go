@@ -202,6 +202,7 @@ func (b *builder) specs(n *node, rd *descriptorConfig, path []ancestor) {
 				Calendar:  cal,
 				Location:  l.Timezone,
 				Failure:   l.FailureMode,
+				Counting:  l.Counting,
 			}
 		}
 		if l.Name != "" {

@@ -196,6 +196,7 @@ type limitConfig struct {
 	Calendar        bool
 	Timezone        *time.Location
 	FailureMode     ratelimit.FailureMode
+	Counting        ratelimit.Counting
 
 	path     string
 	extended bool // an entry of limits, rather than a rate_limit block
@@ -224,6 +225,7 @@ func (l *limitConfig) UnmarshalYAML(n *yaml.Node) error {
 		{"calendar", (*boolean)(&l.Calendar)},
 		{"timezone", timezone{&l.Timezone}},
 		{"failure_mode", (*failureMode)(&l.FailureMode)},
+		{"counting", (*counting)(&l.Counting)},
 		{"metadata", ignored{}},
 	}, &ps)
 	// Checked further, a limit with a value that did not decode would be
@@ -276,6 +278,9 @@ func (l *limitConfig) finish(n *yaml.Node, ps *problems) {
 		}
 	} else if tz := l.given.get("timezone"); tz != nil {
 		ps.errorf(tz.value, join(l.path, "timezone"), "timezone applies to calendar windows only; add calendar: true")
+	}
+	if c := l.given.get("counting"); c != nil && !l.Counting.Supports(l.Algorithm) {
+		ps.errorf(c.value, join(l.path, "counting"), "counting %s does not support algorithm %s (%s)", l.Counting, l.Algorithm, countingAlgorithms[l.Counting])
 	}
 	if burst := l.given.get("burst"); burst != nil {
 		switch {

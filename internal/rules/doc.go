@@ -45,6 +45,10 @@
 //	              through DST) of unit, in
 //	timezone      an IANA zone (default UTC)
 //	failure_mode  fail_open (default) | fail_closed | local
+//	counting      strict (default) | batched | approximate: where the
+//	              counter lives on a shared store (redisstore's package
+//	              doc); batched takes gcra, fixed_window and
+//	              leaky_bucket, approximate gcra and leaky_bucket
 //
 // and a descriptor may carry several limits, each with its own counter,
 // with a `limits:` list in place of rate_limit:
@@ -64,7 +68,7 @@
 // precisely an entry of a `limits:` list, or a rate_limit block that has a
 // `period` or a `burst`; and fixed_window for everything else, so a file of
 // envoyproxy/ratelimit counts as it did there (algorithm, calendar,
-// timezone and failure_mode alone do not make a limit extended).
+// timezone, failure_mode and counting alone do not make a limit extended).
 //
 // # Validation
 //

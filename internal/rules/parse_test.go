@@ -41,6 +41,9 @@ func describeDomain(d *Domain) string {
 			if r.Failure != ratelimit.FailOpen {
 				fmt.Fprintf(&sb, " failure=%s", r.Failure)
 			}
+			if r.Counting != ratelimit.Strict {
+				fmt.Fprintf(&sb, " counting=%s", r.Counting)
+			}
 			fmt.Fprintf(&sb, " unit=%s", s.Unit)
 		}
 		for _, f := range []struct {

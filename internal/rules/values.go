@@ -217,6 +217,29 @@ func (f *failureMode) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
+// counting is a ratelimit.Counting, by its name.
+type counting ratelimit.Counting
+
+func (c *counting) UnmarshalYAML(n *yaml.Node) error {
+	s, err := decodeString(n)
+	if err != nil {
+		return err
+	}
+	mode, err := ratelimit.ParseCounting(s)
+	if err != nil {
+		return fmt.Errorf("invalid counting %q (want strict, batched or approximate)", s)
+	}
+	*c = counting(mode)
+	return nil
+}
+
+// countingAlgorithms says, for an error, which algorithms each mode takes
+// (ratelimit.Counting.Supports).
+var countingAlgorithms = map[ratelimit.Counting]string{
+	ratelimit.Batched:     "batched takes gcra, fixed_window and leaky_bucket",
+	ratelimit.Approximate: "approximate takes gcra and leaky_bucket",
+}
+
 // timezone decodes the IANA name of a zone into *loc. "Local" is not one:
 // it would make a rule mean something else on every host.
 type timezone struct{ loc **time.Location }

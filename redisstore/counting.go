@@ -1,0 +1,815 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"math"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// This file holds the counters of rules whose Counting is Batched or
+// Approximate (see the package documentation, "Where the counter lives"):
+// per (key, rule), what this replica holds of the shared counter, and the
+// one goroutine that reconciles and gives back.
+
+// Defaults of the counting options.
+const (
+	DefaultReconcileInterval = 25 * time.Millisecond
+	DefaultBlockSpan         = 50 * time.Millisecond
+	DefaultBlockHold         = 50 * time.Millisecond
+)
+
+// counters is the Store's part for batched and approximate rules.
+type counters struct {
+	s        *Store
+	seed     maphash.Seed
+	shards   [counterShards]counterShard
+	interval time.Duration // between reconciliations (approximate)
+	span     time.Duration // demand a block covers (batched)
+	hold     time.Duration // longest a bucket's block is held (batched)
+	stale    time.Duration // longest an approximate view is used unreconciled: 40 intervals
+	replicas int64
+
+	infos  sync.Map // *ratelimit.Rule → *countInfo
+	ninfos atomic.Int64
+
+	tmu     sync.Mutex
+	touched []*entry // approximate entries with hits or asks since the last reconciliation
+
+	gmu    sync.RWMutex // held to start a goroutine; closed under it
+	closed bool
+	start  sync.Once // the loop, started with the first entry
+	wg     sync.WaitGroup
+	quit   chan struct{}
+
+	leases, givebacks, reconciles, counted, stranded atomic.Uint64
+}
+
+const counterShards = 64
+
+// forgetAfter is how long an entry that holds nothing is kept unused.
+const forgetAfter = 10 * time.Second
+
+type counterShard struct {
+	mu sync.Mutex
+	m  map[counterKey]*entry
+}
+
+type counterKey struct {
+	key  string
+	rule *ratelimit.Rule
+}
+
+// countInfo is what a rule needs to be counted locally, derived once.
+type countInfo struct {
+	rule *ratelimit.Rule
+	// Batched: lease is the rule blocks are taken under (for a bucket, the
+	// rule with its capacity lowered by what a held block could add; see
+	// the package documentation), hold how long a bucket's block may be
+	// held (0: blocks are spent at once; for FixedWindow, blocks end with
+	// their window instead), maxBlock the largest block.
+	lease    *ratelimit.Rule
+	hold     time.Duration
+	maxBlock int64
+	// Approximate: push is the rule hits are reconciled under (capacity
+	// doubled, so that hits already admitted are never refused), local the
+	// rule local decisions are taken with (GCRA, as LeakyBucket decides).
+	push, local *ratelimit.Rule
+}
+
+// An entry is one key of one rule in this replica.
+type entry struct {
+	mu   sync.Mutex
+	key  string
+	info *countInfo
+	// busy is non-nil while a lease or a first reconciliation is in
+	// flight; closed when it ends.
+	busy chan struct{}
+	used time.Time // last decision
+
+	// Batched.
+	blocks []block // by end, earliest first
+	spent  int64   // units spent since since
+	since  time.Time
+	rate   float64 // demand, units per second, smoothed
+	// denied is Redis's last refusal of a lease: until deniedUntil, a
+	// cost of deniedCost or more that the blocks cannot cover is denied
+	// here, without asking again.
+	denied      ratelimit.Decision
+	deniedCost  int64
+	deniedUntil time.Time
+	// remote is what Redis said remained after the last lease: a
+	// decision reports it plus what the blocks hold.
+	remote int64
+
+	// Approximate.
+	view    ratelimit.State // the shared state, as this replica sees it
+	synced  time.Time       // when view was last set from Redis; zero: never
+	pending int64           // hits admitted, not yet sent
+	sending int64           // hits of the reconciliation in flight
+	queued  bool            // in counters.touched
+}
+
+// A block is capacity taken from the shared counter, valid until end.
+type block struct {
+	n   int64
+	end time.Time
+}
+
+func newCounters(s *Store, opts *Options) *counters {
+	c := &counters{
+		s:        s,
+		seed:     maphash.MakeSeed(),
+		interval: opts.ReconcileInterval,
+		span:     opts.BlockSpan,
+		hold:     opts.BlockHold,
+		replicas: int64(opts.Replicas),
+		quit:     make(chan struct{}),
+	}
+	c.stale = 40 * c.interval
+	return c
+}
+
+// stop ends the reconciler and waits for every lease in flight.
+func (c *counters) stop() {
+	c.gmu.Lock()
+	c.closed = true
+	close(c.quit)
+	c.gmu.Unlock()
+	c.wg.Wait()
+}
+
+// goAsync runs f in a goroutine the counters own, unless they are stopped.
+func (c *counters) goAsync(f func()) bool {
+	c.gmu.RLock()
+	defer c.gmu.RUnlock()
+	if c.closed {
+		return false
+	}
+	c.wg.Go(f)
+	return true
+}
+
+const maxCountInfos = 4096
+
+func (c *counters) info(r *ratelimit.Rule) *countInfo {
+	if v, ok := c.infos.Load(r); ok {
+		return v.(*countInfo)
+	}
+	ci := &countInfo{rule: r}
+	capacity := r.Capacity()
+	switch r.Counting {
+	case ratelimit.Batched:
+		l := *r
+		l.Counting = ratelimit.Strict
+		if r.Algorithm == ratelimit.FixedWindow {
+			ci.maxBlock = max(1, r.Quota/(4*c.replicas))
+		} else if capacity > 0 {
+			iv := r.Interval()
+			k := min(capacity/8, int64(c.hold/iv))
+			ci.hold = time.Duration(k) * iv
+			l.Burst = capacity - k
+			ci.maxBlock = max(1, l.Burst/(4*c.replicas))
+		}
+		ci.lease = &l
+	case ratelimit.Approximate:
+		p := *r
+		p.Counting = ratelimit.Strict
+		if capacity > 0 && capacity <= ratelimit.MaxQuota/2 {
+			p.Burst = 2 * capacity
+			if p.Validate() != nil { // 2 × capacity × interval overflows
+				p.Burst = capacity
+			}
+		}
+		ci.push = &p
+		l := *r
+		l.Algorithm, l.Counting = ratelimit.GCRA, ratelimit.Strict
+		ci.local = &l
+	}
+	if c.ninfos.Add(1) > maxCountInfos {
+		c.infos.Clear()
+		c.ninfos.Store(1)
+	}
+	c.infos.Store(r, ci)
+	return ci
+}
+
+func (c *counters) entry(key string, r *ratelimit.Rule) *entry {
+	sh := &c.shards[maphash.String(c.seed, key)%counterShards]
+	k := counterKey{key, r}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e, ok := sh.m[k]; ok {
+		return e
+	}
+	if sh.m == nil {
+		sh.m = make(map[counterKey]*entry)
+	}
+	e := &entry{key: key, info: c.info(r)}
+	sh.m[k] = e
+	c.start.Do(func() { c.goAsync(c.loop) })
+	return e
+}
+
+// decidesHere reports whether item is decided by the counters: a positive cost
+// of a batched or approximate rule that a block or a share can hold.
+// Checks and refunds go to Redis as they would in strict mode.
+func (c *counters) decidesHere(it *ratelimit.Item) bool {
+	r := it.Rule
+	if it.Cost <= 0 || it.Cost > r.Capacity() {
+		return false
+	}
+	switch r.Counting {
+	case ratelimit.Batched:
+		return true
+	case ratelimit.Approximate:
+		return it.Cost <= r.Capacity()/c.replicas
+	}
+	return false
+}
+
+// take decides a positive cost of a local item. It returns errUnavailable
+// when neither what the replica holds nor Redis can decide it; undo gives
+// back what an admitted decision took.
+func (c *counters) take(ctx context.Context, it *ratelimit.Item) (d ratelimit.Decision, undo func(), err error) {
+	e := c.entry(it.Key, it.Rule)
+	if it.Rule.Counting == ratelimit.Batched {
+		return c.takeBlock(ctx, e, it.Cost)
+	}
+	return c.takeShare(ctx, e, it.Cost)
+}
+
+// --- batched ---
+
+// available is what e's valid blocks hold at now, after dropping the
+// expired ones.
+func (e *entry) available(now time.Time, c *counters) int64 {
+	var n int64
+	i := 0
+	for _, b := range e.blocks {
+		if now.Before(b.end) {
+			e.blocks[i] = b
+			i++
+			n += b.n
+		} else {
+			c.stranded.Add(uint64(b.n))
+		}
+	}
+	clear(e.blocks[i:])
+	e.blocks = e.blocks[:i]
+	return n
+}
+
+// spend takes n ≤ available from the blocks that end first, returning the
+// end of the last block it took from.
+func (e *entry) spend(n int64) time.Time {
+	var end time.Time
+	for n > 0 && len(e.blocks) > 0 {
+		b := &e.blocks[0]
+		t := min(b.n, n)
+		b.n -= t
+		n -= t
+		end = b.end
+		if b.n == 0 {
+			e.blocks = e.blocks[1:]
+		}
+	}
+	return end
+}
+
+func (e *entry) addBlock(n int64, end time.Time) {
+	if n <= 0 {
+		return
+	}
+	i := len(e.blocks)
+	for i > 0 && e.blocks[i-1].end.After(end) {
+		i--
+	}
+	if i > 0 && e.blocks[i-1].end.Equal(end) {
+		e.blocks[i-1].n += n
+		return
+	}
+	e.blocks = append(e.blocks, block{})
+	copy(e.blocks[i+1:], e.blocks[i:])
+	e.blocks[i] = block{n, end}
+}
+
+// blockSize is the next block for e: span of its recent demand, at least
+// need, at most the rule's maxBlock (or need, when bigger). Called with
+// e.mu held.
+func (e *entry) blockSize(c *counters, now time.Time, need int64) int64 {
+	ci := e.info
+	if ci.hold == 0 && ci.rule.Algorithm != ratelimit.FixedWindow {
+		return need // nothing can be held: ask for what is spent now
+	}
+	if !e.since.IsZero() {
+		if dt := now.Sub(e.since).Seconds(); dt > 0 {
+			inst := float64(e.spent) / dt
+			if e.rate == 0 {
+				e.rate = inst
+			} else {
+				e.rate = 0.5*e.rate + 0.5*inst
+			}
+		}
+	}
+	e.spent, e.since = 0, now
+	span := c.span
+	if ci.hold > 0 {
+		span = min(span, ci.hold)
+	}
+	n := int64(math.Ceil(e.rate * span.Seconds()))
+	return max(need, min(n, ci.maxBlock))
+}
+
+func (c *counters) takeBlock(ctx context.Context, e *entry, cost int64) (ratelimit.Decision, func(), error) {
+	r := e.info.rule
+	for {
+		now := c.s.localNow()
+		e.mu.Lock()
+		e.used = now
+		if avail := e.available(now, c); avail >= cost {
+			end := e.spend(cost)
+			e.spent += cost // demand is what is admitted: a block that would not be spent only strands
+			left := avail - cost
+			c.maybePrefetch(e, now, left)
+			d := ratelimit.Decision{Allowed: true, Capacity: r.Capacity(), Remaining: min(r.Capacity(), left+e.remote), Rule: r.Name}
+			e.mu.Unlock()
+			c.counted.Add(1)
+			return d, func() { c.giveBack(e, cost, end) }, nil
+		}
+		if cost >= e.deniedCost && now.Before(e.deniedUntil) {
+			d := e.denied
+			d.RetryAfter = e.deniedUntil.Sub(now)
+			e.mu.Unlock()
+			c.counted.Add(1)
+			return d, nil, nil
+		}
+		if ch := e.busy; ch != nil {
+			e.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return ratelimit.Decision{}, nil, ctx.Err()
+			}
+		}
+		n := e.blockSize(c, now, cost)
+		ch := make(chan struct{})
+		e.busy = ch
+		e.mu.Unlock()
+		d, end, err := c.lease(ctx, e, n, cost, ch)
+		if err != nil || !d.Allowed {
+			d.Capacity, d.Rule = r.Capacity(), r.Name
+			return d, nil, err
+		}
+		return d, func() { c.giveBack(e, cost, end) }, nil
+	}
+}
+
+// maybePrefetch starts a lease in the background when e's blocks run low
+// (below half the next block) and none is in flight. Called with e.mu held.
+func (c *counters) maybePrefetch(e *entry, now time.Time, left int64) {
+	ci := e.info
+	if e.busy != nil || (ci.hold == 0 && ci.rule.Algorithm != ratelimit.FixedWindow) {
+		return
+	}
+	span := c.span
+	if ci.hold > 0 {
+		span = min(span, ci.hold)
+	}
+	want := min(ci.maxBlock, int64(math.Ceil(e.rate*span.Seconds())))
+	if want <= 0 || left*2 >= want {
+		return
+	}
+	n := e.blockSize(c, now, 1)
+	ch := make(chan struct{})
+	e.busy = ch
+	if !c.goAsync(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), c.s.timeout)
+		defer cancel()
+		c.lease(ctx, e, n, 0, ch) //nolint:errcheck // a failed prefetch leaves the caller to lease
+	}) {
+		e.busy = nil
+		close(ch)
+	}
+}
+
+// lease takes a block of n units from Redis, of which the caller spends
+// need at once (0 for a prefetch): when n is denied, it asks for what
+// remains if that covers need, else for need alone (so that the refusal's
+// RetryAfter is need's). It ends e's busy state ch.
+func (c *counters) lease(ctx context.Context, e *entry, n, need int64, ch chan struct{}) (ratelimit.Decision, time.Time, error) {
+	ci := e.info
+	sent := c.s.localNow()
+	item := []ratelimit.Item{{Key: e.key, Rule: ci.lease, Cost: n}}
+	ds, err := c.s.decideRedis(ctx, nil, item)
+	c.leases.Add(1)
+	if err == nil && !ds[0].Allowed && ds[0].Reason == ratelimit.ReasonLimited && n > need && need > 0 {
+		item[0].Cost = max(need, ds[0].Remaining)
+		ds, err = c.s.decideRedis(ctx, nil, item)
+		c.leases.Add(1)
+	}
+	var d ratelimit.Decision
+	var end time.Time
+	e.mu.Lock()
+	e.busy = nil
+	close(ch)
+	if err == nil {
+		d = ds[0]
+		if d.Allowed {
+			end = sent.Add(ci.hold)
+			if ci.rule.Algorithm == ratelimit.FixedWindow {
+				end = sent.Add(d.ResetAfter)
+			}
+			e.addBlock(item[0].Cost-need, end)
+			e.spent += need
+			e.remote = d.Remaining
+			d.Remaining = min(ci.rule.Capacity(), d.Remaining+e.available(c.s.localNow(), c))
+		} else if need > 0 && d.Reason == ratelimit.ReasonLimited {
+			d.Capacity, d.Rule = ci.rule.Capacity(), ci.rule.Name
+			e.denied, e.deniedCost, e.deniedUntil = d, item[0].Cost, sent.Add(d.RetryAfter)
+		}
+	}
+	e.mu.Unlock()
+	return d, end, err
+}
+
+// giveBack returns n units taken from a block ending at end (an undone
+// decision) to e, if the block is still valid.
+func (c *counters) giveBack(e *entry, n int64, end time.Time) {
+	e.mu.Lock()
+	if c.s.localNow().Before(end) {
+		e.addBlock(n, end)
+	}
+	e.mu.Unlock()
+}
+
+// returnIdle gives back to Redis what e's blocks hold once its demand has
+// stopped (no decision for two spans), in one refund under the lease rule.
+func (c *counters) returnIdle(e *entry, now time.Time) {
+	e.mu.Lock()
+	if e.busy != nil || now.Sub(e.used) < 2*c.span {
+		e.mu.Unlock()
+		return
+	}
+	n := e.available(now, c)
+	e.blocks = e.blocks[:0]
+	e.rate = 0
+	e.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.s.timeout)
+	defer cancel()
+	if _, err := c.s.decideRedis(ctx, nil, []ratelimit.Item{{Key: e.key, Rule: e.info.lease, Cost: -n}}); err == nil {
+		c.givebacks.Add(uint64(n))
+	} else {
+		c.stranded.Add(uint64(n))
+	}
+}
+
+// --- approximate ---
+
+func (c *counters) takeShare(ctx context.Context, e *entry, cost int64) (ratelimit.Decision, func(), error) {
+	ci := e.info
+	r := ci.rule
+	now := c.s.localNow()
+	e.mu.Lock()
+	e.used = now
+	// A view is used while Redis answers, however old (a view that missed
+	// others' hits admits at most this replica's share, which the bound
+	// counts); while the breaker is open, for 40 intervals after its last
+	// reconciliation. A key with no view yet starts from a fresh state.
+	if c.s.brk.isOpen() && (e.synced.IsZero() || now.Sub(e.synced) >= c.stale) {
+		e.mu.Unlock()
+		return ratelimit.Decision{}, nil, errUnavailable
+	}
+	var d ratelimit.Decision
+	ci.local.DecideInto(&d, &e.view, now, cost*c.replicas)
+	if d.Allowed {
+		e.pending += cost
+	}
+	c.queue(e)
+	e.mu.Unlock()
+	c.counted.Add(1)
+	d.Capacity, d.Rule = r.Capacity(), r.Name
+	if !d.Allowed {
+		d.Reason = ratelimit.ReasonLimited
+		return d, nil, nil
+	}
+	return d, func() { c.unshare(e, cost) }, nil
+}
+
+// setView sets e's view from the shared state's debt (ResetAfter: the time
+// until the key is back to full capacity) for a call sent at sent, plus
+// the hits this replica admitted that Redis has not counted yet. Timed
+// from when the call was sent, the view is ahead of the shared state by
+// up to a round trip: what that admits beyond the share is counted at the
+// next reconciliation, and is in the bound. Called with e.mu held.
+func (e *entry) setView(debt time.Duration, recv time.Time, replicas int64) {
+	iv := e.info.local.Interval()
+	t := recv.Add(debt).UnixNano()
+	extra := (e.pending + e.sending) * replicas
+	e.view = ratelimit.State{Algorithm: ratelimit.GCRA, T: t + int64(iv)*extra, N: int64(iv), Seen: recv.UnixNano()}
+	e.synced = recv
+}
+
+func (c *counters) unshare(e *entry, cost int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.pending -= min(cost, e.pending)
+	e.info.local.Decide(&e.view, c.s.localNow(), -cost*c.replicas)
+}
+
+// queue puts e in the next reconciliation. Called with e.mu held.
+func (c *counters) queue(e *entry) {
+	if e.queued {
+		return
+	}
+	e.queued = true
+	c.tmu.Lock()
+	c.touched = append(c.touched, e)
+	c.tmu.Unlock()
+}
+
+// loop reconciles approximate keys every interval and, every fourth,
+// sweeps batched keys: gives back what idle ones hold and forgets entries
+// unused for long.
+func (c *counters) loop() {
+	t := time.NewTicker(c.interval)
+	defer t.Stop()
+	for tick := 0; ; tick++ {
+		select {
+		case <-c.quit:
+			return
+		case <-t.C:
+		}
+		c.reconcile()
+		if tick%4 == 3 {
+			c.sweep()
+		}
+	}
+}
+
+// reconcile sends, in one pipeline, the hits of every approximate key
+// touched since the last reconciliation (a check for a key with none),
+// and sets each key's view from the reply. A key whose reconciliation
+// failed keeps its hits for the next one; a call answered as failed never
+// took effect (its cutoff, see Deadlines), so nothing is counted twice.
+func (c *counters) reconcile() {
+	c.tmu.Lock()
+	es := c.touched
+	c.touched = nil
+	c.tmu.Unlock()
+	if len(es) == 0 {
+		return
+	}
+	items := make([]ratelimit.Item, len(es))
+	for i, e := range es {
+		e.mu.Lock()
+		e.queued = false
+		// At most the push rule's capacity at once (the rest next time):
+		// more would be refused as beyond capacity whatever the state.
+		e.sending = min(e.pending, e.info.push.Capacity())
+		e.pending -= e.sending
+		items[i] = ratelimit.Item{Key: e.key, Rule: e.info.push, Cost: e.sending}
+		e.mu.Unlock()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.s.timeout)
+	defer cancel()
+	sent := c.s.localNow()
+	ds, errs := c.s.decideEach(ctx, items)
+	c.reconciles.Add(1)
+	recv := c.s.localNow()
+	for i, e := range es {
+		e.mu.Lock()
+		d, err := ds[i], errs[i]
+		if err != nil || (!d.Allowed && d.Reason != ratelimit.ReasonLimited) {
+			e.pending += e.sending // not counted: sent again next time
+			e.sending = 0
+			c.queue(e)
+		} else {
+			if !d.Allowed { // refused even at twice the capacity: sent again
+				e.pending += e.sending
+				c.queue(e)
+			}
+			e.sending = 0
+			e.setView(d.ResetAfter, sent, c.replicas)
+			if e.pending > 0 || recv.Sub(e.used) < 2*c.interval {
+				c.queue(e) // hits left, or still in use: keep its view fresh
+			}
+		}
+		e.mu.Unlock()
+	}
+}
+
+// sweep gives back the blocks of idle batched keys and forgets entries
+// that hold nothing and have been idle for forgetAfter.
+func (c *counters) sweep() {
+	now := c.s.localNow()
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		var idle []*entry
+		for k, e := range sh.m {
+			e.mu.Lock()
+			old := now.Sub(e.used) > forgetAfter && e.busy == nil && len(e.blocks) == 0 && e.pending == 0 && e.sending == 0 && !e.queued
+			hasBlocks := len(e.blocks) > 0
+			e.mu.Unlock()
+			switch {
+			case old:
+				delete(sh.m, k)
+			case hasBlocks:
+				idle = append(idle, e)
+			}
+		}
+		sh.mu.Unlock()
+		for _, e := range idle {
+			c.returnIdle(e, now)
+		}
+	}
+}
+
+// decideEach decides each item as a request of its own, at Redis: in one
+// pipeline when the Store coalesces (several requests per script call on a
+// single server). It returns a decision or an error per item.
+func (s *Store) decideEach(ctx context.Context, items []ratelimit.Item) ([]ratelimit.Decision, []error) {
+	ds := make([]ratelimit.Decision, len(items))
+	errs := make([]error, len(items))
+	if s.batch == nil {
+		for i := range items {
+			out, err := s.decideRedis(ctx, nil, items[i:i+1])
+			if err == nil {
+				ds[i] = out[0]
+			}
+			errs[i] = err
+		}
+		return ds, errs
+	}
+	if !s.brk.allow() {
+		for i := range errs {
+			errs[i] = errUnavailable
+		}
+		return ds, errs
+	}
+	deadline := time.Now().Add(s.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	var nowArg any = ""
+	if s.now != nil {
+		nowArg = formatNano(s.now())
+	}
+	calls := make([]*call, 0, len(items))
+	idx := make([]int, 0, len(items))
+	for i := range items {
+		req, err := s.build(items[i : i+1])
+		alone := err != nil // decideRedis reports the error
+		if err == nil && (req.exact || req.calendar) {
+			req.release()
+			alone = true // beyond the script's doubles, or a calendar: on its own
+		}
+		if alone {
+			out, err := s.decideRedis(ctx, nil, items[i:i+1])
+			if err == nil {
+				ds[i] = out[0]
+			}
+			errs[i] = err
+			continue
+		}
+		req.args[argNow] = nowArg
+		c := &call{ctx: ctx, deadline: deadline, req: req, done: make(chan struct{}, 1)}
+		calls = append(calls, c)
+		idx = append(idx, i)
+	}
+	if len(calls) == 0 {
+		return ds, errs
+	}
+	s.batch.send(calls)
+	var failed error
+	for j, c := range calls {
+		<-c.done
+		res, err := c.res, c.err
+		if err == nil && len(res) == 1 && res[0] == int64(replyExpired) {
+			err = errExpired
+		}
+		i := idx[j]
+		if err == nil {
+			var out []ratelimit.Decision
+			out, err = parse(nil, items[i:i+1], res)
+			if err == nil {
+				ds[i] = out[0]
+			}
+		}
+		if err != nil {
+			failed = err
+			errs[i] = err
+		}
+		c.req.release()
+	}
+	if failed != nil && !isScriptError(failed) {
+		s.errors.Add(1)
+		s.brk.done(failed)
+	} else {
+		s.brk.done(nil)
+		s.requests.Add(1)
+	}
+	return ds, errs
+}
+
+func formatNano(t time.Time) string { return strconv.FormatInt(t.UnixNano(), 10) }
+
+// decideCounted decides a request with an item of a batched or
+// approximate rule. Its local items (counters.decidesHere) are taken from what
+// this replica holds, in order; if they all are admitted, the other items
+// are decided at Redis together, and if those are denied the local items
+// are given back. So the request is all or nothing, though for a moment
+// other requests of this replica may see the local items' capacity taken
+// (they can only be denied by it, never admitted). When Redis cannot
+// decide a local item, that item is decided by its rule's failure mode.
+func (s *Store) decideCounted(ctx context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
+	for i := range items {
+		if items[i].Rule == nil {
+			return dst, fmt.Errorf("%w: item %q has no rule", ratelimit.ErrInvalidRule, items[i].Key)
+		}
+		if _, err := s.ruleArgs(items[i].Rule); err != nil {
+			return dst, err
+		}
+	}
+	out := make([]ratelimit.Decision, len(items))
+	var undo []func()
+	undoAll := func() {
+		for _, u := range undo {
+			u()
+		}
+	}
+	var rest []ratelimit.Item
+	var restIdx []int
+	denied := -1
+	for i := range items {
+		it := &items[i]
+		if !s.count.decidesHere(it) {
+			rest, restIdx = append(rest, *it), append(restIdx, i)
+			continue
+		}
+		d, u, err := s.count.take(ctx, it)
+		if errors.Is(err, errUnavailable) {
+			d = s.fb.decide(nil, items[i:i+1])[0]
+		} else if err != nil {
+			undoAll()
+			return dst, err
+		}
+		out[i] = d
+		if u != nil {
+			undo = append(undo, u)
+		}
+		if !d.Allowed {
+			denied = i
+			break
+		}
+	}
+	if denied >= 0 {
+		undoAll()
+		// The items not decided yet are asked as checks.
+		rest, restIdx = rest[:0], restIdx[:0]
+		for i := range items {
+			if i != denied && (out[i] == ratelimit.Decision{}) {
+				it := items[i]
+				it.Cost = 0
+				rest, restIdx = append(rest, it), append(restIdx, i)
+			}
+		}
+		if len(rest) > 0 {
+			ds, err := s.decideStrict(ctx, nil, rest)
+			if err != nil {
+				return dst, err
+			}
+			for j, i := range restIdx {
+				out[i] = ds[j]
+				out[i].Allowed = items[i].Cost <= ds[j].Remaining
+			}
+		}
+		return append(dst, out...), nil
+	}
+	if len(rest) > 0 {
+		ds, err := s.decideStrict(ctx, nil, rest)
+		if err != nil {
+			undoAll()
+			return dst, err
+		}
+		if !ratelimit.Allowed(ds) {
+			undoAll()
+		}
+		for j, i := range restIdx {
+			out[i] = ds[j]
+		}
+	}
+	return append(dst, out...), nil
+}

@@ -168,7 +168,7 @@ func TestValidityFromSend(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const lat = 200 * time.Millisecond
 		sc := &scripted{Store: NewMemoryStore(), latency: lat}
-		h, err := NewHolder(sc, Config{ID: "a", Capacity: 100, Partitions: 4, TTL: 3 * time.Second, Seed: 1})
+		h, err := NewHolder(sc, Config{ID: "a", Capacity: 100, Partitions: 4, TTL: 3 * time.Second, Seed: 1, Window: -1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -201,7 +201,7 @@ func TestNoUseWhileRenewalInFlight(t *testing.T) {
 		hold := make(chan struct{})
 		sc := &scripted{Store: NewMemoryStore(), holdRen: hold}
 		h, err := NewHolder(sc, Config{ID: "a", Capacity: 100, Partitions: 4, TTL: 3 * time.Second,
-			CallTimeout: 10 * time.Second, Jitter: -1, Seed: 1})
+			CallTimeout: 10 * time.Second, Jitter: -1, Seed: 1, Window: -1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -322,7 +322,7 @@ func TestOutagePolicy(t *testing.T) {
 				}
 				sc := &scripted{Store: mem}
 				h, err := NewHolder(sc, Config{ID: "a", Capacity: 400, Partitions: 16, Reserved: 10,
-					Outage: tc.policy, Jitter: -1, Seed: 1})
+					Outage: tc.policy, Jitter: -1, Seed: 1, Window: -1})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -395,7 +395,7 @@ func TestShutdownReleases(t *testing.T) {
 
 func TestLimiterWaitErrors(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h, err := NewHolder(NewMemoryStore(), Config{ID: "a", Capacity: 100, Partitions: 4, Seed: 1})
+		h, err := NewHolder(NewMemoryStore(), Config{ID: "a", Capacity: 100, Partitions: 4, Seed: 1, Window: -1})
 		if err != nil {
 			t.Fatal(err)
 		}

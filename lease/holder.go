@@ -282,6 +282,7 @@ type Holder struct {
 	offered   float64
 	offeredAt time.Time
 	saturated bool
+	judged    time.Time // when saturated was decided
 	demand      float64
 	need        int
 	want        int
@@ -807,19 +808,22 @@ func (h *Holder) estimateLocked(now time.Time) (need, want int) {
 		// (or that found no capacity at all) show that the demand is
 		// at least the rate, by how much nobody knows: want the whole
 		// fair share at once, rather than grow by the headroom every
-		// period. Decided on looks at least a quarter of a period
-		// apart, so that looks between periods (notifications,
-		// waiters) do not judge on a few milliseconds.
+		// period. Decided on looks at least half a period apart, so
+		// that looks between periods (notifications, waiters) do not
+		// judge on a few milliseconds.
 		h.offerLocked(now)
-		if dt >= h.cfg.RenewEvery.Seconds()/4 {
+		if judged := now.Sub(h.judged); judged >= h.cfg.RenewEvery/2 {
+			h.judged = now
 			waited := h.blocked > 0 || h.waiting > 0
-			slack := 2 * float64(h.lim.Burst()) // tokens at either end
-			h.saturated = waited && float64(h.satAdmitted)+slack >= 0.99*h.offered
+			// A limiter used to the full admits all it offered but
+			// the tokens left at the end (a burst at most).
+			slack := float64(h.lim.Burst())
+			h.saturated = waited && float64(h.satAdmitted)+slack >= 0.995*h.offered
 			h.satAdmitted, h.blocked, h.offered = 0, 0, 0
 		}
 	}
 	if h.lastTick.IsZero() {
-		h.offeredAt = now
+		h.judged = now
 	}
 	h.lastTick = now
 	h.lastBacklog = h.backlog
@@ -839,10 +843,18 @@ func (h *Holder) estimateLocked(now time.Time) (need, want int) {
 		return h.cfg.Partitions
 	}
 	h.need, h.want = parts(h.demand), parts(h.demand*(1+h.cfg.Headroom))
-	if h.saturated || (h.waiting > 0 && h.rate <= 0) {
-		// The headroom is unbounded: the idle capacity comes at once,
-		// shared fairly, while the needs of the others come first.
-		h.want = parts(math.Inf(1))
+	switch {
+	case h.saturated:
+		h.need, h.want = h.cfg.Partitions, h.cfg.Partitions
+	case h.waiting > 0 && (h.rate <= 0 || h.lim.TokensAt(now) < 1):
+		// Callers wait now on an empty bucket: at least the even
+		// share, at once (the estimate has not seen them yet).
+		even := h.cfg.Partitions
+		if h.even > 0 {
+			even = min(even, int(math.Ceil(h.even/h.partCap-1e-9)))
+		}
+		h.need = max(h.need, even)
+		h.want = max(h.want, h.need)
 	}
 	return h.need, h.want
 }
@@ -1040,7 +1052,7 @@ func (h *Holder) recordLocked(ctx context.Context, err error) (ok bool) {
 func (h *Holder) nextLook(p plan, contended bool, recv time.Time, rng *rand.Rand) time.Duration {
 	var next time.Duration
 	if p.starving {
-		next = h.cfg.RenewEvery / 4
+		next = h.cfg.RenewEvery / 10
 	}
 	if contended {
 		// Partitions seen free were taken by another member since the

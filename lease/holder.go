@@ -184,9 +184,15 @@ var ErrRunning = errors.New("lease: holder already running")
 //   - estimates the demand: the arrival rate of units at the limiter
 //     (an average that rises fast and decays over RateWindow) plus the
 //     backlog (SetBacklog, and units waiting in WaitN) ÷ DrainTime; the
-//     partitions it needs are ceil(demand / (C/P)), and it wants
-//     ceil(demand × (1 + Headroom) / (C/P)), at most P and never above the
-//     AIMD ceiling;
+//     partitions it needs are the fewest whose rate, as the Limiter paces
+//     it, covers the demand, and it wants those that cover demand ×
+//     (1 + Headroom), at most P and never above the throttle ceiling.
+//     Callers blocked in WaitN are demand the estimate cannot see (it
+//     counts what was admitted): while they wait on an empty bucket the
+//     need is at least the holder's even share, and when over half a
+//     period they used all the Limiter offered while waiting, need and
+//     want are all P — water-filling then gives the holder its fair share
+//     at once, not a headroom's worth more per period;
 //   - publishes its presence, weight, need and want (Heartbeat), and
 //     reads the members and the partitions in the same call;
 //   - computes every member's share: P divided by weight among the needs
@@ -200,9 +206,15 @@ var ErrRunning = errors.New("lease: holder already running")
 //     (no blind attempts), up to its want — up to its share while others
 //     wait.
 //
-// While it is below its share and partitions could come to it, or callers
-// wait and it has no capacity at all, it looks again after a quarter of the
-// period, so a newcomer has its share within two periods. While it wants
+// Between periods it looks again at once (at most every fiftieth of a
+// period) when callers wait with no capacity, and when the Store, a
+// Notifier, tells it that another member joined, raised its need,
+// released partitions or left: a holder above its share yields as soon
+// as a newcomer asks, and freed partitions are taken within a round trip
+// or two. Periods are shortened at random by up to Jitter, never
+// lengthened, so without notifications freed capacity is seen within a
+// period. While it is below its share and partitions could come to it, it
+// looks again after a tenth of the period. While it wants
 // more, and a partition has missed a renewal (its TTL left, a duration the
 // store reports, is below the store's lifetime less a period), it looks
 // again just after that TTL ends: a dead member's capacity is taken over
@@ -225,11 +237,14 @@ var ErrRunning = errors.New("lease: holder already running")
 //
 // # Feedback and outages
 //
-// Throttled lowers a ceiling on the rate to Backoff (¾) of the current
-// rate (at most once per period) and raises it again by one partition per
-// period (AIMD); the lowered ceiling lowers the need, so the partitions go back
-// to the pool. When the store fails, the leases run out at their
-// deadlines and the rate falls to what Config.Outage says.
+// A throttled response (Throttled, ThrottledAfter, Observe) feeds the
+// throttle controller of ThrottledAfterAt: a retry hint pauses the
+// Limiter for as long, the 429s of one episode cut nothing, a repeat cuts
+// the ceiling in proportion to the overshoot (never below Backoff of the
+// rate), and the ceiling climbs back to the rate it was cut from in
+// Recovery. A lowered ceiling lowers the need, so partitions it leaves
+// unused go back to the pool. When the store fails, the leases run out at
+// their deadlines and the rate falls to what Config.Outage says.
 //
 // A Holder is safe for concurrent use; Run must be called once. The zero
 // value is not usable: call NewHolder.

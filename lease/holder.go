@@ -278,7 +278,7 @@ type Holder struct {
 	cutAt      time.Time // the last cut: from cutFrom to the ceiling then
 	cutFrom    float64
 	cutTo      float64
-	even    float64 // C × weight / total weight, last seen; 0 before any view
+	even       float64 // C × weight / total weight, last seen; 0 before any view
 	// demand estimation
 	requested int64 // units asked since the last tick
 	admitted  int64 // units admitted since the last tick
@@ -294,10 +294,10 @@ type Holder struct {
 	// callers waited on a limiter they used to the full.
 	blocked     int64
 	satAdmitted int64
-	offered   float64
-	offeredAt time.Time
-	saturated bool
-	judged    time.Time // when saturated was decided
+	offered     float64
+	offeredAt   time.Time
+	saturated   bool
+	judged      time.Time // when saturated was decided
 	demand      float64
 	need        int
 	want        int

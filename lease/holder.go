@@ -529,7 +529,7 @@ func (h *Holder) Observe(status int, header map[string][]string) {
 func (h *Holder) ObserveAt(now time.Time, status int, header map[string][]string) {
 	if vs := header["Ratelimit-Policy"]; len(vs) > 0 {
 		if w := policyWindow(strings.Join(vs, ", ")); w > 0 {
-			h.SetWindow(w)
+			h.SetWindowAt(now, w)
 		}
 	}
 	const tooMany, unavailable = 429, 503

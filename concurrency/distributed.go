@@ -101,6 +101,13 @@ type DistributedOptions struct {
 	// line asks every MinBackoff. Defaults DefaultMinBackoff and
 	// DefaultMaxBackoff.
 	MinBackoff, MaxBackoff time.Duration
+	// Fair serves the waiters of a FairStore in arrival order, across
+	// processes: each joins the store's queue and is granted only when
+	// it is first in line and its weight fits. Every Distributed of a
+	// semaphore should agree: an unfair attempt is refused while fair
+	// waiters queue. Without Fair (the default), whichever waiter asks
+	// first after a release wins, as on any Store.
+	Fair bool
 	// QueueTTL is how long a waiter keeps its place in a FairStore's
 	// queue without asking again: the longest a waiter that died holds up
 	// those behind it. Default max(1 s, 4 × MaxBackoff); at least
@@ -143,16 +150,19 @@ type DistributedOptions struct {
 // is noticed within about MaxBackoff. A permit released through the same
 // Distributed wakes one of its waiters at once.
 //
-// On a FairStore (MemoryStore, redisstore.SemaphoreStore) waiters are
-// served in arrival order across every process, and permits may weigh
-// more than one unit (AcquireN): a waiter joins the store's queue on its
-// first attempt, keeps its place by asking again within QueueTTL, and is
-// granted only when it is first in line and its weight fits, so a large
-// request is never starved by small ones. The first in line asks every
-// MinBackoff. A waiter whose context ends leaves the queue; one that dies
-// holds up those behind it for QueueTTL at most. On another Store, waiters
-// are not served in arrival order (whichever asks first after a release
-// wins) and permits weigh one unit.
+// On a FairStore (MemoryStore, redisstore.SemaphoreStore) permits may
+// weigh more than one unit (AcquireN), and with Fair waiters are served in
+// arrival order across every process: a waiter joins the store's queue on
+// its first attempt, keeps its place by asking again within QueueTTL, and
+// is granted only when it is first in line and its weight fits, so a
+// large request is never starved by small ones. The first in line asks
+// every MinBackoff; the others at their backoff, so under heavy
+// contention a freed permit waits for the next in line to ask (Fair
+// trades throughput for order: a release through the same Distributed
+// wakes one local waiter, which may not be first). A waiter whose context
+// ends leaves the queue; one that dies holds up those behind it for
+// QueueTTL at most. Without Fair, or on another Store, waiters are not
+// served in arrival order: whichever asks first after a release wins.
 //
 // A Distributed is safe for concurrent use. Use NewDistributed; the zero
 // value is not usable.
@@ -252,9 +262,9 @@ func (d *Distributed) Acquire(ctx context.Context) (*Permit, error) {
 	}
 }
 
-// AcquireN waits for a permit of weight n, in arrival order, until it is
-// granted, ctx ends or the Store fails; the weights of the permits held
-// never add up to more than the limit. It needs a FairStore; n above the
+// AcquireN waits for a permit of weight n (in arrival order with Fair)
+// until it is granted, ctx ends or the Store fails; the weights of the
+// permits held never add up to more than the limit. It needs a FairStore; n above the
 // limit fails at once with ErrExceedsLimit. The Permit must be released.
 func (d *Distributed) AcquireN(ctx context.Context, n int64) (*Permit, error) {
 	fs, err := d.fairStore(n)
@@ -272,7 +282,11 @@ func (d *Distributed) AcquireN(ctx context.Context, n int64) (*Permit, error) {
 			return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, err)
 		}
 		sent := time.Now()
-		res, err := fs.AcquireFair(ctx, d.name, token, n, d.limit, d.o.TTL, d.o.QueueTTL)
+		var wait time.Duration
+		if d.o.Fair {
+			wait = d.o.QueueTTL
+		}
+		res, err := fs.AcquireFair(ctx, d.name, token, n, d.limit, d.o.TTL, wait)
 		if err != nil {
 			d.releaseDetached(ctx, token)
 			d.dequeue(ctx, fs, token)
@@ -286,12 +300,12 @@ func (d *Distributed) AcquireN(ctx context.Context, n int64) (*Permit, error) {
 			d.releaseDetached(ctx, token)
 			token = crand.Text()
 		}
-		wait := backoff/2 + rand.N(backoff/2+1)
+		pause := backoff/2 + rand.N(backoff/2+1)
 		backoff = min(2*backoff, d.o.MaxBackoff)
-		if res == First {
-			wait, backoff = d.o.MinBackoff, d.o.MinBackoff
+		if res == First && d.o.Fair {
+			pause, backoff = d.o.MinBackoff, d.o.MinBackoff
 		}
-		timer.Reset(wait)
+		timer.Reset(pause)
 		select {
 		case <-ctx.Done():
 		case <-d.freed:

@@ -731,16 +731,25 @@ func (h *Holder) Run(ctx context.Context) error {
 	}
 	// The store's notifications, when it sends them (Notifier); nil
 	// while not watching, and watched again after every look until a
-	// watch succeeds.
+	// watch succeeds. Watch runs in a goroutine of Run's, one at a time,
+	// so that a store that does not answer never holds up the renewals;
+	// it ends when Watch returns (at the latest when ctx is done).
 	var notes <-chan string
+	watched := make(chan (<-chan string), 1)
+	watching := false
 	watcher, canWatch := h.c.(Notifier)
 	watch := func() {
-		if !canWatch || notes != nil || ctx.Err() != nil {
+		if !canWatch || notes != nil || watching || ctx.Err() != nil {
 			return
 		}
-		if c, err := watcher.Watch(ctx); err == nil {
-			notes = c
-		}
+		watching = true
+		go func() {
+			c, err := watcher.Watch(ctx)
+			if err != nil {
+				c = nil
+			}
+			watched <- c
+		}()
 	}
 	watch()
 	for {
@@ -752,6 +761,9 @@ func (h *Holder) Run(ctx context.Context) error {
 			if soon() {
 				continue
 			}
+		case c := <-watched:
+			watching, notes = false, c
+			continue
 		case id, ok := <-notes:
 			// Another member released partitions, left, came or
 			// needs more: look at once.

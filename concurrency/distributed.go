@@ -19,8 +19,9 @@ import (
 // (many processes, on Redis).
 type Store interface {
 	// Acquire first forgets the holders of name whose expiry has passed,
-	// then adds token with an expiry ttl from now if fewer than limit
-	// holders remain, and reports whether it did. If token already holds
+	// then adds token, of weight 1, with an expiry ttl from now if the
+	// weights held (1 a holder, unless a FairStore granted more) leave
+	// room for one more under limit, and reports whether it did. If token already holds
 	// a permit, its expiry is extended and Acquire reports true.
 	Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (bool, error)
 	// Renew moves token's expiry to ttl from now if token still holds an
@@ -229,7 +230,7 @@ func (d *Distributed) Limit() int64 { return d.limit }
 // Acquire waits for a permit until one is granted, ctx ends or the Store
 // fails. The returned Permit must be released.
 func (d *Distributed) Acquire(ctx context.Context) (*Permit, error) {
-	if _, fair := d.backend.(FairStore); fair {
+	if d.o.Fair {
 		return d.AcquireN(ctx, 1)
 	}
 	backoff := d.o.MinBackoff
@@ -267,6 +268,9 @@ func (d *Distributed) Acquire(ctx context.Context) (*Permit, error) {
 // permits held never add up to more than the limit. It needs a FairStore; n above the
 // limit fails at once with ErrExceedsLimit. The Permit must be released.
 func (d *Distributed) AcquireN(ctx context.Context, n int64) (*Permit, error) {
+	if n == 1 && !d.o.Fair {
+		return d.Acquire(ctx)
+	}
 	fs, err := d.fairStore(n)
 	if err != nil {
 		return nil, err
@@ -319,6 +323,9 @@ func (d *Distributed) AcquireN(ctx context.Context, n int64) (*Permit, error) {
 // joins the queue. It needs a FairStore, and returns ErrNoPermit when the
 // permit is not granted.
 func (d *Distributed) TryAcquireN(ctx context.Context, n int64) (*Permit, error) {
+	if n == 1 && !d.o.Fair {
+		return d.TryAcquire(ctx)
+	}
 	fs, err := d.fairStore(n)
 	if err != nil {
 		return nil, err
@@ -370,7 +377,7 @@ func (d *Distributed) dequeue(ctx context.Context, fs FairStore, token string) {
 // TryAcquire makes one attempt to take a permit. It returns ErrNoPermit
 // when every permit is held (or, on a FairStore, when others wait).
 func (d *Distributed) TryAcquire(ctx context.Context) (*Permit, error) {
-	if _, fair := d.backend.(FairStore); fair {
+	if d.o.Fair {
 		return d.TryAcquireN(ctx, 1)
 	}
 	if d.limit <= 0 {

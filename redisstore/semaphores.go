@@ -208,7 +208,7 @@ func (r *SemaphoreStore) Acquire(ctx context.Context, name, token string, limit 
 	if err != nil {
 		return false, err
 	}
-	n, err := r.acquire.Run(ctx, r.c, []string{key}, token, limit, ttlMillis(ttl), cut).Int64()
+	n, err := r.acquire.Run(ctx, r.c, []string{key, key + ":w"}, token, limit, ttlMillis(ttl), cut).Int64()
 	if err == nil && n == -1 {
 		if d, ok := ctx.Deadline(); ok && time.Now().Before(d) {
 			r.sclock.expired(ctx, key) // answered in time, yet past the cutoff: measure again

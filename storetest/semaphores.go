@@ -316,7 +316,7 @@ func fairOrSkip(t *testing.T, b concurrency.Store) concurrency.FairStore {
 }
 
 // testArrivalOrder queues four waiters, each on its own Distributed (as
-// four processes would), first one of weight 2, behind two permits that
+// four processes would), of weights 2, 1, 2 and 2, behind two permits that
 // fill a semaphore of limit 2. One permit released leaves room for one
 // unit: the first waiter still waits, and neither the others nor a
 // newcomer may pass it. They are served in the order they came.
@@ -335,7 +335,9 @@ func testArrivalOrder(t *testing.T, b concurrency.Store, sem string) {
 	holder := fair()
 	pa := mustTry(t, holder)
 	pb := mustTry(t, holder)
-	weights := []int64{2, 1, 1, 1}
+	// Weights such that no two waiters can hold at once: each is granted
+	// only after the one before has recorded its turn and released.
+	weights := []int64{2, 1, 2, 2}
 	var mu sync.Mutex
 	var order []int
 	var wg sync.WaitGroup

@@ -762,8 +762,12 @@ func (h *Holder) Run(ctx context.Context) error {
 				continue
 			}
 		case c := <-watched:
+			// A watch begins: what happened before it was missed, so
+			// look once it is in place.
 			watching, notes = false, c
-			continue
+			if c == nil || soon() {
+				continue
+			}
 		case id, ok := <-notes:
 			// Another member released partitions, left, came or
 			// needs more: look at once.

@@ -52,7 +52,7 @@ test-setup: # integration needs of `make test`
 	done
 
 test: test-setup ## run every test with the race detector (CI=true: missing tools fail)
-	$(GO) test -race $(TESTFLAGS) ./...
+	$(GO) test -race -timeout=20m $(TESTFLAGS) ./...
 
 bench: ## run the benchmarks (BENCH, BENCHTIME) and write them to BENCH_OUT (bench.txt)
 	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -benchtime=$(BENCHTIME) -count=$(BENCHCOUNT) ./... | tee $(BENCH_OUT)

@@ -19,8 +19,9 @@ import (
 // (many processes, on Redis).
 type Store interface {
 	// Acquire first forgets the holders of name whose expiry has passed,
-	// then adds token with an expiry ttl from now if fewer than limit
-	// holders remain, and reports whether it did. If token already holds
+	// then adds token, of weight 1, with an expiry ttl from now if the
+	// weights held (1 a holder, unless a FairStore granted more) leave
+	// room for one more under limit, and reports whether it did. If token already holds
 	// a permit, its expiry is extended and Acquire reports true.
 	Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (bool, error)
 	// Renew moves token's expiry to ttl from now if token still holds an
@@ -31,6 +32,37 @@ type Store interface {
 	// there was one.
 	Release(ctx context.Context, name, token string) (bool, error)
 }
+
+// A FairStore is a Store that also serves waiters in arrival order and
+// grants weighted permits: the holders' weights add up to at most the
+// limit. Distributed uses it when its Store is one.
+//
+// Implementations: MemoryStore and redisstore.SemaphoreStore.
+type FairStore interface {
+	Store
+	// AcquireFair first forgets the expired holders and the waiters of
+	// name whose place has lapsed, then grants token a permit of weight
+	// units, for ttl, if token is first among the waiters (or none
+	// waits) and the weights held leave room. Otherwise, when wait > 0,
+	// it queues token (keeping its place if it is already queued) and
+	// keeps its place for wait from now; with wait 0 it queues nothing.
+	// It reports Granted, Queued (waiting behind others) or First (first
+	// in line, waiting for room). A token that already holds a permit
+	// has its expiry extended and is Granted.
+	AcquireFair(ctx context.Context, name, token string, weight, limit int64, ttl, wait time.Duration) (FairResult, error)
+	// Dequeue removes token from name's waiters, if it waits.
+	Dequeue(ctx context.Context, name, token string) error
+}
+
+// A FairResult is the answer of FairStore.AcquireFair.
+type FairResult int
+
+// The answers of FairStore.AcquireFair.
+const (
+	Queued  FairResult = iota // others wait before it
+	First                     // first in line; the limit leaves no room yet
+	Granted                   // it holds the permit
+)
 
 // Errors of Distributed and Permit.
 var (
@@ -66,9 +98,22 @@ type DistributedOptions struct {
 	// MinBackoff and MaxBackoff bound the waits between attempts of a
 	// blocked Acquire. The wait doubles from MinBackoff up to MaxBackoff;
 	// each is drawn at random between half of it and all of it, so that
-	// waiters do not retry in step. Defaults DefaultMinBackoff and
+	// waiters do not retry in step. On a FairStore the first waiter in
+	// line asks every MinBackoff. Defaults DefaultMinBackoff and
 	// DefaultMaxBackoff.
 	MinBackoff, MaxBackoff time.Duration
+	// Fair serves the waiters of a FairStore in arrival order, across
+	// processes: each joins the store's queue and is granted only when
+	// it is first in line and its weight fits. Every Distributed of a
+	// semaphore should agree: an unfair attempt is refused while fair
+	// waiters queue. Without Fair (the default), whichever waiter asks
+	// first after a release wins, as on any Store.
+	Fair bool
+	// QueueTTL is how long a waiter keeps its place in a FairStore's
+	// queue without asking again: the longest a waiter that died holds up
+	// those behind it. Default max(1 s, 4 × MaxBackoff); at least
+	// 2 × MaxBackoff.
+	QueueTTL time.Duration
 }
 
 // A Distributed semaphore admits at most Limit holders of one named
@@ -104,8 +149,21 @@ type DistributedOptions struct {
 // A blocked Acquire polls the Store with exponential backoff and jitter
 // between MinBackoff and MaxBackoff, so a permit freed by another process
 // is noticed within about MaxBackoff. A permit released through the same
-// Distributed wakes one of its waiters at once. Waiters are not served in
-// arrival order: after a release, whichever waiter asks first wins.
+// Distributed wakes one of its waiters at once.
+//
+// On a FairStore (MemoryStore, redisstore.SemaphoreStore) permits may
+// weigh more than one unit (AcquireN), and with Fair waiters are served in
+// arrival order across every process: a waiter joins the store's queue on
+// its first attempt, keeps its place by asking again within QueueTTL, and
+// is granted only when it is first in line and its weight fits, so a
+// large request is never starved by small ones. The first in line asks
+// every MinBackoff; the others at their backoff, so under heavy
+// contention a freed permit waits for the next in line to ask (Fair
+// trades throughput for order: a release through the same Distributed
+// wakes one local waiter, which may not be first). A waiter whose context
+// ends leaves the queue; one that dies holds up those behind it for
+// QueueTTL at most. Without Fair, or on another Store, waiters are not
+// served in arrival order: whichever asks first after a release wins.
 //
 // A Distributed is safe for concurrent use. Use NewDistributed; the zero
 // value is not usable.
@@ -153,6 +211,13 @@ func NewDistributed(b Store, name string, limit int64, o DistributedOptions) (*D
 		o.MaxBackoff = DefaultMaxBackoff
 	}
 	o.MaxBackoff = max(o.MaxBackoff, o.MinBackoff)
+	if o.QueueTTL < 0 {
+		return nil, fmt.Errorf("concurrency: negative QueueTTL %v", o.QueueTTL)
+	}
+	if o.QueueTTL == 0 {
+		o.QueueTTL = max(time.Second, 4*o.MaxBackoff)
+	}
+	o.QueueTTL = max(o.QueueTTL, 2*o.MaxBackoff)
 	return &Distributed{backend: b, name: name, limit: limit, o: o, freed: make(chan struct{}, 1)}, nil
 }
 
@@ -165,6 +230,9 @@ func (d *Distributed) Limit() int64 { return d.limit }
 // Acquire waits for a permit until one is granted, ctx ends or the Store
 // fails. The returned Permit must be released.
 func (d *Distributed) Acquire(ctx context.Context) (*Permit, error) {
+	if d.o.Fair {
+		return d.AcquireN(ctx, 1)
+	}
 	backoff := d.o.MinBackoff
 	var timer *time.Timer
 	for {
@@ -195,9 +263,123 @@ func (d *Distributed) Acquire(ctx context.Context) (*Permit, error) {
 	}
 }
 
+// AcquireN waits for a permit of weight n (in arrival order with Fair)
+// until it is granted, ctx ends or the Store fails; the weights of the
+// permits held never add up to more than the limit. It needs a FairStore; n above the
+// limit fails at once with ErrExceedsLimit. The Permit must be released.
+func (d *Distributed) AcquireN(ctx context.Context, n int64) (*Permit, error) {
+	if n == 1 && !d.o.Fair {
+		return d.Acquire(ctx)
+	}
+	fs, err := d.fairStore(n)
+	if err != nil {
+		return nil, err
+	}
+	token := crand.Text()
+	backoff := d.o.MinBackoff
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
+	for {
+		if err := ctx.Err(); err != nil {
+			d.dequeue(ctx, fs, token)
+			return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, err)
+		}
+		sent := time.Now()
+		var wait time.Duration
+		if d.o.Fair {
+			wait = d.o.QueueTTL
+		}
+		res, err := fs.AcquireFair(ctx, d.name, token, n, d.limit, d.o.TTL, wait)
+		if err != nil {
+			d.releaseDetached(ctx, token)
+			d.dequeue(ctx, fs, token)
+			return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, err)
+		}
+		if res == Granted {
+			if p := d.newPermit(token, sent); p != nil {
+				return p, nil
+			}
+			// Granted after its validity: give it back, queue again.
+			d.releaseDetached(ctx, token)
+			token = crand.Text()
+		}
+		pause := backoff/2 + rand.N(backoff/2+1)
+		backoff = min(2*backoff, d.o.MaxBackoff)
+		if res == First && d.o.Fair {
+			pause, backoff = d.o.MinBackoff, d.o.MinBackoff
+		}
+		timer.Reset(pause)
+		select {
+		case <-ctx.Done():
+		case <-d.freed:
+		case <-timer.C:
+		}
+	}
+}
+
+// TryAcquireN makes one attempt to take a permit of weight n, granted only
+// if nobody waits before it and the weights held leave room; it never
+// joins the queue. It needs a FairStore, and returns ErrNoPermit when the
+// permit is not granted.
+func (d *Distributed) TryAcquireN(ctx context.Context, n int64) (*Permit, error) {
+	if n == 1 && !d.o.Fair {
+		return d.TryAcquire(ctx)
+	}
+	fs, err := d.fairStore(n)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, err)
+	}
+	token := crand.Text()
+	sent := time.Now()
+	res, err := fs.AcquireFair(ctx, d.name, token, n, d.limit, d.o.TTL, 0)
+	if err != nil {
+		d.releaseDetached(ctx, token)
+		return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, err)
+	}
+	if res != Granted {
+		return nil, ErrNoPermit
+	}
+	p := d.newPermit(token, sent)
+	if p == nil {
+		d.releaseDetached(ctx, token)
+		return nil, fmt.Errorf("concurrency: acquire %q: %w: granted after its validity ended", d.name, ErrLost)
+	}
+	return p, nil
+}
+
+// fairStore returns the Store as a FairStore for a permit of weight n, or
+// the error that AcquireN and TryAcquireN return.
+func (d *Distributed) fairStore(n int64) (FairStore, error) {
+	fs, ok := d.backend.(FairStore)
+	switch {
+	case !ok:
+		return nil, fmt.Errorf("concurrency: semaphore %q: its Store serves no weighted permits (not a FairStore)", d.name)
+	case n <= 0:
+		return nil, fmt.Errorf("concurrency: semaphore %q: weight %d is not positive", d.name, n)
+	case n > d.limit:
+		return nil, fmt.Errorf("%w: semaphore %q: weight %d above limit %d", ErrExceedsLimit, d.name, n, d.limit)
+	}
+	return fs, nil
+}
+
+// dequeue makes a best-effort, bounded attempt to take token out of the
+// queue.
+func (d *Distributed) dequeue(ctx context.Context, fs FairStore, token string) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.o.RenewEvery)
+	defer cancel()
+	fs.Dequeue(rctx, d.name, token) //nolint:errcheck // best effort; the place lapses anyway
+}
+
 // TryAcquire makes one attempt to take a permit. It returns ErrNoPermit
-// when every permit is held.
+// when every permit is held (or, on a FairStore, when others wait).
 func (d *Distributed) TryAcquire(ctx context.Context) (*Permit, error) {
+	if d.o.Fair {
+		return d.TryAcquireN(ctx, 1)
+	}
 	if d.limit <= 0 {
 		return nil, fmt.Errorf("%w: semaphore %q has limit %d", ErrExceedsLimit, d.name, d.limit)
 	}

@@ -60,14 +60,15 @@ func TestNewDistributedOptions(t *testing.T) {
 	}{
 		{"defaults", DistributedOptions{}, false, DistributedOptions{
 			TTL: DefaultTTL, RenewEvery: DefaultTTL / 3, Margin: DefaultTTL / 50,
-			MinBackoff: DefaultMinBackoff, MaxBackoff: DefaultMaxBackoff}},
+			MinBackoff: DefaultMinBackoff, MaxBackoff: DefaultMaxBackoff, QueueTTL: time.Second}},
 		{"renew capped at TTL/2", DistributedOptions{TTL: time.Second, RenewEvery: time.Hour}, false, DistributedOptions{
 			TTL: time.Second, RenewEvery: time.Second / 2, Margin: time.Second / 50,
-			MinBackoff: DefaultMinBackoff, MaxBackoff: DefaultMaxBackoff}},
+			MinBackoff: DefaultMinBackoff, MaxBackoff: DefaultMaxBackoff, QueueTTL: time.Second}},
 		{"max backoff raised to min", DistributedOptions{TTL: time.Second, MinBackoff: time.Second, MaxBackoff: time.Millisecond}, false, DistributedOptions{
 			TTL: time.Second, RenewEvery: time.Second / 3, Margin: time.Second / 50,
-			MinBackoff: time.Second, MaxBackoff: time.Second}},
+			MinBackoff: time.Second, MaxBackoff: time.Second, QueueTTL: 4 * time.Second}},
 		{"negative", DistributedOptions{TTL: -1}, true, DistributedOptions{}},
+		{"negative queue TTL", DistributedOptions{QueueTTL: -1}, true, DistributedOptions{}},
 		{"tiny TTL", DistributedOptions{TTL: time.Microsecond}, true, DistributedOptions{}},
 		{"margin too large", DistributedOptions{TTL: time.Second, Margin: time.Second}, true, DistributedOptions{}},
 	}

@@ -7,10 +7,12 @@
 //     strict arrival order, so a large request is never starved by a stream
 //     of small ones, and a waiter whose context ends leaves the queue at once.
 //
-//   - Distributed, a counting semaphore shared by many processes through a
-//     Store (MemoryStore in one process, redisstore.SemaphoreStore across
-//     processes).
-//     At most Limit permits of one named semaphore are held at any moment.
+//   - Distributed, a semaphore shared by many processes through a Store
+//     (MemoryStore in one process, redisstore.SemaphoreStore across
+//     processes). At most Limit units of one named semaphore are held at
+//     any moment; on a FairStore (both of those) permits may weigh more
+//     than one unit (AcquireN) and, with Fair, waiters are served in
+//     arrival order across every process.
 //     Every permit expires after a TTL unless renewed, so a process that dies
 //     gives its permits back by itself within one TTL; a Permit renews itself
 //     while held and reports through Lost the moment it can no longer be sure

@@ -2,20 +2,38 @@ package concurrency
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 )
 
 // A MemoryStore is a Store in this process's memory, for tests and for
-// programs that run as a single process. Expiry is measured on the
+// programs that run as a single process: a FairStore, with weighted
+// permits and waiters in arrival order. Expiry is measured on the
 // process's monotonic clock. A semaphore's entry is deleted when its last
-// holder leaves, so memory is bounded by the permits held.
+// holder and waiter leave, so memory is bounded by the permits held and
+// the waiters queued.
 //
 // A MemoryStore is safe for concurrent use; its zero value is ready to
 // use.
 type MemoryStore struct {
 	mu   sync.Mutex
-	sems map[string]map[string]time.Time // name -> token -> expiry
+	sems map[string]*memSem
+}
+
+var _ FairStore = (*MemoryStore)(nil)
+
+// memSem is one semaphore: its holders, and its waiters in arrival order
+// with the instant each one's place lapses.
+type memSem struct {
+	holders map[string]memHolder
+	queue   []string
+	placed  map[string]time.Time
+}
+
+type memHolder struct {
+	expiry time.Time
+	weight int64
 }
 
 // NewMemoryStore returns an empty MemoryStore.
@@ -24,6 +42,22 @@ func NewMemoryStore() *MemoryStore { return &MemoryStore{} }
 // Acquire implements Store.
 func (m *MemoryStore) Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (bool, error) {
 	return m.AcquireAt(time.Now(), name, token, limit, ttl), nil
+}
+
+// AcquireFair implements FairStore.
+func (m *MemoryStore) AcquireFair(ctx context.Context, name, token string, weight, limit int64, ttl, wait time.Duration) (FairResult, error) {
+	return m.AcquireFairAt(time.Now(), name, token, weight, limit, ttl, wait), nil
+}
+
+// Dequeue implements FairStore.
+func (m *MemoryStore) Dequeue(ctx context.Context, name, token string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if s := m.sems[name]; s != nil {
+		s.unqueue(token)
+		m.forgetEmpty(name, s)
+	}
+	return nil
 }
 
 // Renew implements Store.
@@ -36,46 +70,109 @@ func (m *MemoryStore) Release(ctx context.Context, name, token string) (bool, er
 	return m.ReleaseToken(name, token), nil
 }
 
-// AcquireAt is Acquire at the instant now.
+// sem returns name's semaphore, created if need be, with its expired
+// holders forgotten at now. m.mu is held.
+func (m *MemoryStore) sem(now time.Time, name string) *memSem {
+	s := m.sems[name]
+	if s == nil {
+		if m.sems == nil {
+			m.sems = make(map[string]*memSem)
+		}
+		s = &memSem{holders: map[string]memHolder{}, placed: map[string]time.Time{}}
+		m.sems[name] = s
+	}
+	for tok, h := range s.holders {
+		if !now.Before(h.expiry) {
+			delete(s.holders, tok)
+		}
+	}
+	return s
+}
+
+// used returns the weight held.
+func (s *memSem) used() int64 {
+	var n int64
+	for _, h := range s.holders {
+		n += h.weight
+	}
+	return n
+}
+
+func (s *memSem) unqueue(token string) {
+	if _, ok := s.placed[token]; ok {
+		delete(s.placed, token)
+		s.queue = slices.DeleteFunc(s.queue, func(t string) bool { return t == token })
+	}
+}
+
+// AcquireAt is Acquire at the instant now: a permit of weight 1, whoever
+// waits.
 func (m *MemoryStore) AcquireAt(now time.Time, name, token string, limit int64, ttl time.Duration) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	holders := m.sems[name]
-	for tok, exp := range holders {
-		if !now.Before(exp) {
-			delete(holders, tok)
-		}
-	}
-	if _, ok := holders[token]; !ok && int64(len(holders)) >= limit {
-		m.forgetEmpty(name, holders)
+	s := m.sem(now, name)
+	h, held := s.holders[token]
+	if !held && s.used()+1 > limit {
+		m.forgetEmpty(name, s)
 		return false
 	}
-	if holders == nil {
-		if m.sems == nil {
-			m.sems = make(map[string]map[string]time.Time)
-		}
-		holders = make(map[string]time.Time)
-		m.sems[name] = holders
-	}
-	holders[token] = now.Add(ttl)
+	s.holders[token] = memHolder{expiry: now.Add(ttl), weight: max(1, h.weight)}
 	return true
+}
+
+// AcquireFairAt is AcquireFair at the instant now.
+func (m *MemoryStore) AcquireFairAt(now time.Time, name, token string, weight, limit int64, ttl, wait time.Duration) FairResult {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.sem(now, name)
+	if h, held := s.holders[token]; held {
+		h.expiry = now.Add(ttl)
+		s.holders[token] = h
+		return Granted
+	}
+	// Waiters whose place lapsed leave the head of the line.
+	for len(s.queue) > 0 && !now.Before(s.placed[s.queue[0]]) {
+		delete(s.placed, s.queue[0])
+		s.queue = s.queue[1:]
+	}
+	first := len(s.queue) == 0 || s.queue[0] == token
+	if first && s.used()+weight <= limit {
+		s.unqueue(token)
+		s.holders[token] = memHolder{expiry: now.Add(ttl), weight: weight}
+		return Granted
+	}
+	if wait > 0 {
+		if _, queued := s.placed[token]; !queued {
+			s.queue = append(s.queue, token)
+		}
+		s.placed[token] = now.Add(wait)
+	}
+	m.forgetEmpty(name, s)
+	if first {
+		return First
+	}
+	return Queued
 }
 
 // RenewAt is Renew at the instant now.
 func (m *MemoryStore) RenewAt(now time.Time, name, token string, ttl time.Duration) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	holders := m.sems[name]
-	exp, ok := holders[token]
+	s := m.sems[name]
+	if s == nil {
+		return false
+	}
+	h, ok := s.holders[token]
 	if !ok {
 		return false
 	}
-	if !now.Before(exp) {
-		delete(holders, token)
-		m.forgetEmpty(name, holders)
+	if !now.Before(h.expiry) {
+		delete(s.holders, token)
+		m.forgetEmpty(name, s)
 		return false
 	}
-	holders[token] = now.Add(ttl)
+	h.expiry = now.Add(ttl)
+	s.holders[token] = h
 	return true
 }
 
@@ -84,12 +181,15 @@ func (m *MemoryStore) RenewAt(now time.Time, name, token string, ttl time.Durati
 func (m *MemoryStore) ReleaseToken(name, token string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	holders := m.sems[name]
-	if _, ok := holders[token]; !ok {
+	s := m.sems[name]
+	if s == nil {
 		return false
 	}
-	delete(holders, token)
-	m.forgetEmpty(name, holders)
+	if _, ok := s.holders[token]; !ok {
+		return false
+	}
+	delete(s.holders, token)
+	m.forgetEmpty(name, s)
 	return true
 }
 
@@ -98,16 +198,18 @@ func (m *MemoryStore) HoldersAt(now time.Time, name string) int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	n := 0
-	for _, exp := range m.sems[name] {
-		if now.Before(exp) {
-			n++
+	if s := m.sems[name]; s != nil {
+		for _, h := range s.holders {
+			if now.Before(h.expiry) {
+				n++
+			}
 		}
 	}
 	return n
 }
 
-func (m *MemoryStore) forgetEmpty(name string, holders map[string]time.Time) {
-	if len(holders) == 0 {
+func (m *MemoryStore) forgetEmpty(name string, s *memSem) {
+	if len(s.holders) == 0 && len(s.queue) == 0 {
 		delete(m.sems, name)
 	}
 }

@@ -47,8 +47,10 @@ func Example() {
 			continue
 		}
 		resp.Body.Close()
+		// A 429's retry hint pauses the limiter; repeated 429s lower
+		// its ceiling in proportion; RateLimit-Policy sets its window.
+		h.Observe(resp.StatusCode, resp.Header)
 		if resp.StatusCode == http.StatusTooManyRequests {
-			h.Throttled() // lowers the holder's ceiling for a while
 			continue
 		}
 		queue = queue[1:]

@@ -8,9 +8,11 @@ import (
 	"math/rand/v2"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/limitheader"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -40,6 +42,8 @@ const (
 	DefaultRateWindow = 2 * time.Second
 	DefaultJitter     = 0.1
 	DefaultBackoff    = 0.75
+	DefaultWindow     = time.Second
+	DefaultMaxPause   = 30 * time.Second
 )
 
 // Config configures a Holder. Capacity and Partitions are required, and
@@ -67,8 +71,8 @@ type Config struct {
 	// taken by the others, within TTL of its death. DefaultTTL when 0.
 	TTL time.Duration
 	// RenewEvery is the period of the holder's work (heartbeat, renew,
-	// acquire, release); TTL/3 when 0. Each period is jittered by
-	// ±Jitter.
+	// acquire, release); TTL/3 when 0. Each period is shortened at
+	// random by up to Jitter of it, so that no period is longer.
 	RenewEvery time.Duration
 	// Jitter is the fraction of RenewEvery by which periods vary at
 	// random; DefaultJitter when 0, none when negative.
@@ -97,10 +101,25 @@ type Config struct {
 	// estimate decays; it rises four times faster. DefaultRateWindow when
 	// 0.
 	RateWindow time.Duration
-	// Backoff is the factor by which a throttled response lowers the
-	// ceiling on the rate (the multiplicative decrease of AIMD);
+	// Backoff is the lowest factor by which one cut lowers the ceiling
+	// on the rate when throttled responses repeat (a cut is in
+	// proportion to the overshoot, and never deeper than this);
 	// DefaultBackoff when 0 or not below 1.
 	Backoff float64
+	// Recovery is the time in which a lowered ceiling climbs back to the
+	// rate it was cut from, once throttled responses stop; 2 × RenewEvery
+	// when 0.
+	Recovery time.Duration
+	// MaxPause bounds the pause a throttled response's retry hint asks
+	// for; DefaultMaxPause when 0.
+	MaxPause time.Duration
+	// Window is the length of the downstream's counting window: the
+	// Limiter paces so that no window of this length, wherever it
+	// starts, receives more than the leased capacity (see Limiter).
+	// DefaultWindow (one second) when 0; a RateLimit-Policy field's w
+	// replaces it (Observe). Negative: no window pacing, a burst of a
+	// tenth of the rate instead.
+	Window time.Duration
 	// Outage is the policy while the store is unreachable.
 	Outage OutagePolicy
 	// CallTimeout bounds each store call; RenewEvery/2 when 0.
@@ -131,9 +150,15 @@ type Stats struct {
 	// another member) and released.
 	Acquisitions, Renewals, Losses, Releases uint64
 	// Throttled counts the throttled responses reported; Ceiling is the
-	// AIMD ceiling on Rate, +Inf when there is none.
-	Throttled uint64
-	Ceiling   float64
+	// ceiling on Rate, +Inf when there is none; Cuts counts the times
+	// the ceiling was lowered, Pauses the retry hints that paused the
+	// Limiter, and Paused is the pause left now.
+	Throttled, Cuts, Pauses uint64
+	Ceiling                 float64
+	Paused                  time.Duration
+	// Window is the downstream's window the Limiter paces to; 0 when it
+	// does not.
+	Window time.Duration
 	// Outage reports whether the store is unreachable now; Outages counts
 	// the store calls that failed.
 	Outage  bool
@@ -159,9 +184,15 @@ var ErrRunning = errors.New("lease: holder already running")
 //   - estimates the demand: the arrival rate of units at the limiter
 //     (an average that rises fast and decays over RateWindow) plus the
 //     backlog (SetBacklog, and units waiting in WaitN) ÷ DrainTime; the
-//     partitions it needs are ceil(demand / (C/P)), and it wants
-//     ceil(demand × (1 + Headroom) / (C/P)), at most P and never above the
-//     AIMD ceiling;
+//     partitions it needs are the fewest whose rate, as the Limiter paces
+//     it, covers the demand, and it wants those that cover demand ×
+//     (1 + Headroom), at most P and never above the throttle ceiling.
+//     Callers blocked in WaitN are demand the estimate cannot see (it
+//     counts what was admitted): while they wait on an empty bucket the
+//     need is at least the holder's even share, and when over half a
+//     period they used all the Limiter offered while waiting, need and
+//     want are all P — water-filling then gives the holder its fair share
+//     at once, not a headroom's worth more per period;
 //   - publishes its presence, weight, need and want (Heartbeat), and
 //     reads the members and the partitions in the same call;
 //   - computes every member's share: P divided by weight among the needs
@@ -175,9 +206,15 @@ var ErrRunning = errors.New("lease: holder already running")
 //     (no blind attempts), up to its want — up to its share while others
 //     wait.
 //
-// While it is below its share and partitions could come to it, or callers
-// wait and it has no capacity at all, it looks again after a quarter of the
-// period, so a newcomer has its share within two periods. While it wants
+// Between periods it looks again at once (at most every fiftieth of a
+// period) when callers wait with no capacity, and when the Store, a
+// Notifier, tells it that another member joined, raised its need,
+// released partitions or left: a holder above its share yields as soon
+// as a newcomer asks, and freed partitions are taken within a round trip
+// or two. Periods are shortened at random by up to Jitter, never
+// lengthened, so without notifications freed capacity is seen within a
+// period. While it is below its share and partitions could come to it, it
+// looks again after a tenth of the period. While it wants
 // more, and a partition has missed a renewal (its TTL left, a duration the
 // store reports, is below the store's lifetime less a period), it looks
 // again just after that TTL ends: a dead member's capacity is taken over
@@ -200,11 +237,14 @@ var ErrRunning = errors.New("lease: holder already running")
 //
 // # Feedback and outages
 //
-// Throttled lowers a ceiling on the rate to Backoff (¾) of the current
-// rate (at most once per period) and raises it again by one partition per
-// period (AIMD); the lowered ceiling lowers the need, so the partitions go back
-// to the pool. When the store fails, the leases run out at their
-// deadlines and the rate falls to what Config.Outage says.
+// A throttled response (Throttled, ThrottledAfter, Observe) feeds the
+// throttle controller of ThrottledAfterAt: a retry hint pauses the
+// Limiter for as long, the 429s of one episode cut nothing, a repeat cuts
+// the ceiling in proportion to the overshoot (never below Backoff of the
+// rate), and the ceiling climbs back to the rate it was cut from in
+// Recovery. A lowered ceiling lowers the need, so partitions it leaves
+// unused go back to the pool. When the store fails, the leases run out at
+// their deadlines and the rate falls to what Config.Outage says.
 //
 // A Holder is safe for concurrent use; Run must be called once. The zero
 // value is not usable: call NewHolder.
@@ -224,10 +264,21 @@ type Holder struct {
 	horizon time.Time // earliest deadline of the valid leases; zero if none
 	latest  time.Time // the latest instant refreshLocked saw
 	changed chan struct{}
-	ceiling float64
-	lastCut time.Time
 	outage  bool
-	even    float64 // C × weight / total weight, last seen; 0 before any view
+	// pacing: the window and the guard on it; pace is the limiter's
+	// limit, -1 to force setting it again.
+	window time.Duration
+	guard  windowLog
+	pace   float64
+	// the throttle controller (see ThrottledAfterAt)
+	ceiling    float64
+	pauseUntil time.Time
+	epEnd      time.Time // when the current episode of 429s ends
+	epCount    int64     // the 429s of the last episode
+	cutAt      time.Time // the last cut: from cutFrom to the ceiling then
+	cutFrom    float64
+	cutTo      float64
+	even       float64 // C × weight / total weight, last seen; 0 before any view
 	// demand estimation
 	requested int64 // units asked since the last tick
 	admitted  int64 // units admitted since the last tick
@@ -237,6 +288,16 @@ type Holder struct {
 	lastBacklog int64
 	arrival     float64 // units/s
 	used        float64 // units/s
+	// blocked counts the WaitN calls that had to wait, satAdmitted the
+	// units admitted, and offered the limiter's limit integrated up to
+	// offeredAt (units), since saturated was last decided: whether
+	// callers waited on a limiter they used to the full.
+	blocked     int64
+	satAdmitted int64
+	offered     float64
+	offeredAt   time.Time
+	saturated   bool
+	judged      time.Time // when saturated was decided
 	demand      float64
 	need        int
 	want        int
@@ -293,6 +354,15 @@ func NewHolder(c Store, cfg Config) (*Holder, error) {
 	if !(cfg.Backoff > 0 && cfg.Backoff < 1) {
 		cfg.Backoff = DefaultBackoff
 	}
+	if cfg.Recovery <= 0 {
+		cfg.Recovery = 2 * cfg.RenewEvery
+	}
+	if cfg.MaxPause <= 0 {
+		cfg.MaxPause = DefaultMaxPause
+	}
+	if cfg.Window == 0 {
+		cfg.Window = DefaultWindow
+	}
 	if cfg.CallTimeout <= 0 {
 		cfg.CallTimeout = cfg.RenewEvery / 2
 	}
@@ -304,6 +374,8 @@ func NewHolder(c Store, cfg Config) (*Holder, error) {
 		leases:  map[int]*held{},
 		changed: make(chan struct{}),
 		ceiling: math.Inf(1),
+		window:  max(0, cfg.Window),
+		pace:    -1,
 	}
 	if v := h.validity(); v <= cfg.RenewEvery {
 		return nil, fmt.Errorf("%w: a lease valid for %v does not outlive the renewal period %v", ErrBadArgument, v, cfg.RenewEvery)
@@ -312,6 +384,7 @@ func NewHolder(c Store, cfg Config) (*Holder, error) {
 	h.limiter = &Limiter{h: h}
 	now := time.Now()
 	h.mu.Lock()
+	h.guard.reset(h.window, now)
 	h.refreshLocked(now)
 	h.mu.Unlock()
 	return h, nil
@@ -347,24 +420,176 @@ func (h *Holder) SetBacklog(n int) {
 	h.mu.Unlock()
 }
 
-// Throttled reports a throttled (429) response from the service; see
-// ThrottledAt.
-func (h *Holder) Throttled() { h.ThrottledAt(time.Now()) }
+// Throttled reports a throttled (429) response from the service that
+// gave no retry hint; see ThrottledAfterAt.
+func (h *Holder) Throttled() { h.ThrottledAfterAt(time.Now(), 0) }
 
-// ThrottledAt reports, at now, a throttled response from the service. The
-// first one in a renewal period lowers the ceiling of the holder's rate to
-// Backoff times the current rate (multiplicative decrease); each period
-// then raises it by one partition (additive increase), until the ceiling
-// is gone.
-func (h *Holder) ThrottledAt(now time.Time) {
+// ThrottledAt is Throttled at now.
+func (h *Holder) ThrottledAt(now time.Time) { h.ThrottledAfterAt(now, 0) }
+
+// ThrottledAfter reports a throttled (429) response from the service that
+// asked to wait d before trying again; see ThrottledAfterAt.
+func (h *Holder) ThrottledAfter(d time.Duration) { h.ThrottledAfterAt(time.Now(), d) }
+
+// ThrottledAfterAt reports, at now, a throttled (429) response from the
+// service whose retry hint asked to wait d (none when d ≤ 0): the input of
+// the throttle controller.
+//
+//   - A hint pauses the Limiter until now + d (at most MaxPause): it
+//     admits nothing until then, and the capacity is not cut.
+//   - The 429s that come back until the pause has ended and the requests
+//     in flight at the first one have been answered (a tenth of a period
+//     later) are one episode: they were sent before the holder could
+//     react, and cut nothing.
+//   - A 429 after an episode, within two periods (or two windows) of its
+//     end, is a repeat: the pause did not suffice, and the ceiling on the
+//     rate is cut in proportion to the overshoot seen, the last episode's
+//     429s over the units admitted in the last window, never below
+//     Backoff times the rate. It starts a new episode.
+//   - Once cut, the ceiling climbs back linearly to the rate it was cut
+//     from in Recovery (two periods), and is then gone.
+//
+// So a lone 429, or one window that overshot, costs the pause it asks
+// for; a downstream whose real limit is below the leased capacity sees
+// its 429s repeat and the ceiling settle in a step or two at what it
+// accepts.
+func (h *Holder) ThrottledAfterAt(now time.Time, d time.Duration) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.st.Throttled++
-	if h.rate <= 0 || (!h.lastCut.IsZero() && now.Sub(h.lastCut) < h.cfg.RenewEvery) {
+	h.pauseLocked(now, d)
+	grace := h.cfg.RenewEvery / 10
+	switch {
+	case !h.epEnd.IsZero() && !now.After(h.epEnd):
+		h.epCount++ // the same episode
+		return
+	case !h.epEnd.IsZero() && now.Sub(h.epEnd) <= max(2*h.cfg.RenewEvery, 2*h.window):
+		h.cutLocked(now)
+	}
+	h.epCount = 1
+	h.epEnd = now.Add(grace)
+	if h.pauseUntil.After(now) {
+		h.epEnd = h.pauseUntil.Add(grace)
+	}
+	h.refreshLocked(now)
+}
+
+// pauseLocked pauses the Limiter until now + d, at most MaxPause; d ≤ 0
+// does nothing. h.mu is held.
+func (h *Holder) pauseLocked(now time.Time, d time.Duration) {
+	if d <= 0 {
 		return
 	}
-	h.lastCut = now
-	h.ceiling = max(1, min(h.ceiling, h.rate)*h.cfg.Backoff)
+	if until := now.Add(min(d, h.cfg.MaxPause)); until.After(h.pauseUntil) {
+		h.pauseUntil = until
+		h.st.Pauses++
+	}
+}
+
+// cutLocked lowers the ceiling at now in proportion to the overshoot of
+// the last episode. h.mu is held.
+func (h *Holder) cutLocked(now time.Time) {
+	cur := min(h.ceilingLocked(now), h.rate)
+	if cur <= 0 {
+		return
+	}
+	sent := float64(h.guard.count(now))
+	f := 1 - h.cfg.Backoff
+	if sent > 0 {
+		f = min(f, float64(h.epCount)/sent)
+	}
+	h.cutAt, h.cutFrom, h.cutTo = now, cur, max(1, cur*(1-f))
+	h.ceiling = h.cutTo
+	h.st.Cuts++
+}
+
+// ceilingLocked returns the ceiling at now, climbing back after a cut.
+// h.mu is held.
+func (h *Holder) ceilingLocked(now time.Time) float64 {
+	if math.IsInf(h.ceiling, 1) {
+		return h.ceiling
+	}
+	el := now.Sub(h.cutAt)
+	if el >= h.cfg.Recovery {
+		h.ceiling = math.Inf(1)
+		return h.ceiling
+	}
+	h.ceiling = max(h.ceiling, h.cutTo+(h.cutFrom-h.cutTo)*el.Seconds()/h.cfg.Recovery.Seconds())
+	return h.ceiling
+}
+
+// Observe reports a response of the service; see ObserveAt.
+func (h *Holder) Observe(status int, header map[string][]string) {
+	h.ObserveAt(time.Now(), status, header)
+}
+
+// ObserveAt reports, at now, a response of the service with its status
+// code and header fields (an http.Header): a 429 is ThrottledAfterAt with
+// the retry hint that limitheader.RetryDelay finds (Retry-After,
+// Retry-After-Ms, X-Ms-Retry-After-Ms, RateLimit's t, ...); a 503 with a
+// hint pauses the Limiter as long, and counts as no throttling (overload
+// is not quota); and a RateLimit-Policy field sets the window the Limiter
+// paces to, from the w of its policy of lowest quota per second.
+func (h *Holder) ObserveAt(now time.Time, status int, header map[string][]string) {
+	if vs := header["Ratelimit-Policy"]; len(vs) > 0 {
+		if w := policyWindow(strings.Join(vs, ", ")); w > 0 {
+			h.SetWindowAt(now, w)
+		}
+	}
+	const tooMany, unavailable = 429, 503
+	if status != tooMany && status != unavailable {
+		return
+	}
+	d, _ := limitheader.RetryDelay(header, now)
+	if status == tooMany {
+		h.ThrottledAfterAt(now, d)
+		return
+	}
+	h.mu.Lock()
+	h.pauseLocked(now, d)
+	h.mu.Unlock()
+}
+
+// maxWindow bounds the window a RateLimit-Policy field may set.
+const maxWindow = 24 * time.Hour
+
+// policyWindow returns the window of the policy of lowest quota per
+// second in a RateLimit-Policy value, 0 if none has one (or it is
+// malformed).
+func policyWindow(v string) time.Duration {
+	items, err := limitheader.ParseRateLimitPolicy(v)
+	if err != nil {
+		return 0
+	}
+	var w time.Duration
+	best := math.Inf(1)
+	for _, it := range items {
+		if it.Window <= 0 {
+			continue
+		}
+		if r := float64(it.Quota) / float64(it.Window); r < best {
+			best = r
+			w = time.Duration(min(it.Window, int64(maxWindow/time.Second))) * time.Second
+		}
+	}
+	return w
+}
+
+// SetWindow sets the downstream's window that the Limiter paces to (see
+// Config.Window); d ≤ 0 stops window pacing.
+func (h *Holder) SetWindow(d time.Duration) { h.SetWindowAt(time.Now(), d) }
+
+// SetWindowAt is SetWindow at now.
+func (h *Holder) SetWindowAt(now time.Time, d time.Duration) {
+	d = min(max(0, d), maxWindow)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if d == h.window {
+		return
+	}
+	h.window = d
+	h.guard.reset(d, now)
+	h.pace = -1
 	h.refreshLocked(now)
 }
 
@@ -380,7 +605,9 @@ func (h *Holder) StatsAt(now time.Time) Stats {
 	s.Granted, s.Rate, s.Used = h.granted, h.rate, h.used
 	s.Idle = max(0, h.rate-h.used)
 	s.Demand, s.Need, s.Want = h.demand, h.need, h.want
-	s.Ceiling, s.Outage = h.ceiling, h.outage
+	s.Ceiling, s.Outage = h.ceilingLocked(now), h.outage
+	s.Paused = max(0, h.pauseUntil.Sub(now))
+	s.Window = h.window
 	return s
 }
 
@@ -451,15 +678,15 @@ func (h *Holder) refreshLocked(now time.Time) (valid int) {
 		rate = h.cfg.Reserved + h.even
 		horizon = time.Time{}
 	}
-	rate = min(rate, h.ceiling)
-	if rate == h.rate && horizon.Equal(h.horizon) {
+	rate = min(rate, h.ceilingLocked(now))
+	if rate == h.rate && horizon.Equal(h.horizon) && h.pace >= 0 {
 		return n
 	}
 	h.horizon = horizon
-	if rate != h.rate {
-		h.rate = rate
-		burst := burstFor(rate)
-		h.lim.SetLimitAt(now, ratelimit.Limit(rate))
+	if pace, burst := pacing(rate, h.window); pace != h.pace || rate != h.rate {
+		h.offerLocked(now)
+		h.rate, h.pace = rate, pace
+		h.lim.SetLimitAt(now, ratelimit.Limit(pace))
 		if old := h.lim.Burst(); burst > old {
 			// New capacity starts empty: the tokens of a larger burst
 			// are earned at the new rate, not given at once.
@@ -489,21 +716,70 @@ func (h *Holder) Run(ctx context.Context) error {
 	tm := time.NewTimer(0)
 	defer tm.Stop()
 	due := time.Now() // when tm fires
+	// soon asks for a look now, or a fiftieth of a period after the last
+	// one (so that a burst of wake-ups is one look), unless tm fires
+	// sooner; it reports whether that is later than now.
+	soon := func() (later bool) {
+		h.mu.Lock()
+		at := h.lastTick.Add(h.cfg.RenewEvery / 50)
+		h.mu.Unlock()
+		d := time.Until(at)
+		if d <= 0 {
+			return false
+		}
+		if at.Before(due) {
+			tm.Reset(d)
+			due = at
+		}
+		return true
+	}
+	// The store's notifications, when it sends them (Notifier); nil
+	// while not watching, and watched again after every look until a
+	// watch succeeds. Watch runs in a goroutine of Run's, one at a time,
+	// so that a store that does not answer never holds up the renewals;
+	// it ends when Watch returns (at the latest when ctx is done).
+	var notes <-chan string
+	watched := make(chan (<-chan string), 1)
+	watching := false
+	watcher, canWatch := h.c.(Notifier)
+	watch := func() {
+		if !canWatch || notes != nil || watching || ctx.Err() != nil {
+			return
+		}
+		watching = true
+		go func() {
+			c, err := watcher.Watch(ctx)
+			if err != nil {
+				c = nil
+			}
+			watched <- c
+		}()
+	}
+	watch()
 	for {
 		select {
 		case <-ctx.Done():
 			return h.shutdown(ctx)
 		case <-h.wake:
-			// A caller waits with no capacity: tick now, or a quarter
-			// period after the last tick, unless tm fires sooner.
-			h.mu.Lock()
-			at := h.lastTick.Add(h.cfg.RenewEvery / 4)
-			h.mu.Unlock()
-			if d := time.Until(at); d > 0 {
-				if at.Before(due) {
-					tm.Reset(d)
-					due = at
-				}
+			// A caller waits with no capacity.
+			if soon() {
+				continue
+			}
+		case c := <-watched:
+			// A watch begins: what happened before it was missed, so
+			// look once it is in place.
+			watching, notes = false, c
+			if c == nil || soon() {
+				continue
+			}
+		case id, ok := <-notes:
+			// Another member released partitions, left, came or
+			// needs more: look at once.
+			if !ok {
+				notes = nil
+				continue
+			}
+			if id == h.cfg.ID || soon() {
 				continue
 			}
 		case <-tm.C:
@@ -511,10 +787,11 @@ func (h *Holder) Run(ctx context.Context) error {
 		d := h.tick(ctx, rng)
 		if d == 0 {
 			d = h.cfg.RenewEvery
-			d += time.Duration((rng.Float64()*2 - 1) * h.cfg.Jitter * float64(d))
+			d -= time.Duration(rng.Float64() * h.cfg.Jitter * float64(d))
 		}
 		tm.Reset(d)
 		due = time.Now().Add(d)
+		watch()
 	}
 }
 
@@ -562,26 +839,72 @@ func (h *Holder) estimateLocked(now time.Time) (need, want int) {
 		h.arrival = ewma(h.arrival, float64(h.requested+grown)/dt)
 		h.used = ewma(h.used, float64(h.admitted)/dt)
 		h.requested, h.admitted = 0, 0
-		// Additive increase of the ceiling: one partition a period.
-		if !math.IsInf(h.ceiling, 1) {
-			h.ceiling += h.partCap * dt / h.cfg.RenewEvery.Seconds()
-			if h.ceiling >= h.cfg.Capacity+h.cfg.Reserved {
-				h.ceiling = math.Inf(1)
-			}
+		// Callers that had to wait on a limiter they used to the full
+		// (or that found no capacity at all) show that the demand is
+		// at least the rate, by how much nobody knows: want the whole
+		// fair share at once, rather than grow by the headroom every
+		// period. Decided on looks at least half a period apart, so
+		// that looks between periods (notifications, waiters) do not
+		// judge on a few milliseconds.
+		h.offerLocked(now)
+		if judged := now.Sub(h.judged); judged >= h.cfg.RenewEvery/2 {
+			h.judged = now
+			waited := h.blocked > 0 || h.waiting > 0
+			// A limiter used to the full admits all it offered but
+			// the tokens left at the end (a burst at most).
+			slack := float64(h.lim.Burst())
+			h.saturated = waited && float64(h.satAdmitted)+slack >= 0.995*h.offered
+			h.satAdmitted, h.blocked, h.offered = 0, 0, 0
 		}
+	}
+	if h.lastTick.IsZero() {
+		h.judged = now
 	}
 	h.lastTick = now
 	h.lastBacklog = h.backlog
 	h.demand = h.arrival + float64(h.backlog+h.waiting)/h.cfg.DrainTime.Seconds()
+	ceiling := h.ceilingLocked(now)
+	// The partitions whose rate, as the Limiter paces it, covers d.
 	parts := func(d float64) int {
-		d = min(d, h.ceiling) - h.cfg.Reserved
-		if d <= 0 {
-			return 0
+		d = min(d, ceiling)
+		if math.IsInf(d, 1) {
+			return h.cfg.Partitions
 		}
-		return min(h.cfg.Partitions, int(math.Ceil(d/h.partCap-1e-9)))
+		for k := 0; k < h.cfg.Partitions; k++ {
+			if pace, _ := pacing(h.cfg.Reserved+float64(k)*h.partCap, h.window); pace >= d-1e-9 {
+				return k
+			}
+		}
+		return h.cfg.Partitions
 	}
 	h.need, h.want = parts(h.demand), parts(h.demand*(1+h.cfg.Headroom))
+	switch {
+	case h.saturated:
+		h.need, h.want = h.cfg.Partitions, h.cfg.Partitions
+	case h.waiting > 0 && (h.rate <= 0 || h.lim.TokensAt(now) < 1):
+		// Callers wait now on an empty bucket: at least the even
+		// share, at once (the estimate has not seen them yet).
+		even := h.cfg.Partitions
+		if h.even > 0 {
+			even = min(even, int(math.Ceil(h.even/h.partCap-1e-9)))
+		}
+		h.need = max(h.need, even)
+		h.want = max(h.want, h.need)
+	}
 	return h.need, h.want
+}
+
+// offerLocked adds to offered the units the limiter offered since
+// offeredAt, at its limit. h.mu is held.
+func (h *Holder) offerLocked(now time.Time) {
+	if h.offeredAt.IsZero() {
+		h.offeredAt = now
+		return
+	}
+	if dt := now.Sub(h.offeredAt); dt > 0 {
+		h.offered += max(0, h.pace) * dt.Seconds()
+		h.offeredAt = now
+	}
 }
 
 // tick does one period's work, a round, and returns how long to wait for
@@ -764,7 +1087,7 @@ func (h *Holder) recordLocked(ctx context.Context, err error) (ok bool) {
 func (h *Holder) nextLook(p plan, contended bool, recv time.Time, rng *rand.Rand) time.Duration {
 	var next time.Duration
 	if p.starving {
-		next = h.cfg.RenewEvery / 4
+		next = h.cfg.RenewEvery / 10
 	}
 	if contended {
 		// Partitions seen free were taken by another member since the

@@ -78,6 +78,7 @@ type scripted struct {
 	Store
 	latency time.Duration
 	down    atomic.Bool
+	mute    bool // notifications never arrive
 	mu      sync.Mutex
 	holdRen chan struct{} // when not nil, Renew waits for it to close
 	renews  int
@@ -97,6 +98,18 @@ func (s *scripted) gate(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// Watch forwards the store's notifications, or, muted, lets none
+// through: the channel stays silent until ctx is done.
+func (s *scripted) Watch(ctx context.Context) (<-chan string, error) {
+	n, ok := s.Store.(Notifier)
+	if !ok || s.mute {
+		c := make(chan string)
+		context.AfterFunc(ctx, func() { close(c) })
+		return c, nil
+	}
+	return n.Watch(ctx)
 }
 
 func (s *scripted) Heartbeat(ctx context.Context, m Member, ttl time.Duration, p int) (View, error) {
@@ -168,7 +181,7 @@ func TestValidityFromSend(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const lat = 200 * time.Millisecond
 		sc := &scripted{Store: NewMemoryStore(), latency: lat}
-		h, err := NewHolder(sc, Config{ID: "a", Capacity: 100, Partitions: 4, TTL: 3 * time.Second, Seed: 1})
+		h, err := NewHolder(sc, Config{ID: "a", Capacity: 100, Partitions: 4, TTL: 3 * time.Second, Seed: 1, Window: -1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -201,7 +214,7 @@ func TestNoUseWhileRenewalInFlight(t *testing.T) {
 		hold := make(chan struct{})
 		sc := &scripted{Store: NewMemoryStore(), holdRen: hold}
 		h, err := NewHolder(sc, Config{ID: "a", Capacity: 100, Partitions: 4, TTL: 3 * time.Second,
-			CallTimeout: 10 * time.Second, Jitter: -1, Seed: 1})
+			CallTimeout: 10 * time.Second, Jitter: -1, Seed: 1, Window: -1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -264,9 +277,13 @@ func TestNoUseWhileRenewalInFlight(t *testing.T) {
 	})
 }
 
-func TestThrottledAIMD(t *testing.T) {
+// TestThrottleController walks the controller of ThrottledAfterAt: a
+// hint pauses without cutting, 429s of one episode cut nothing, a repeat
+// cuts in proportion to the overshoot (never below Backoff), and the
+// ceiling is gone Recovery after a cut.
+func TestThrottleController(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h, err := NewHolder(NewMemoryStore(), Config{ID: "a", Capacity: 400, Partitions: 16, Backoff: 0.5, Jitter: -1, Seed: 1})
+		h, err := NewHolder(NewMemoryStore(), Config{ID: "a", Capacity: 400, Partitions: 16, Jitter: -1, Seed: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -274,30 +291,105 @@ func TestThrottledAIMD(t *testing.T) {
 		runHolder(t, h)
 		synctest.Wait()
 		lim := h.Limiter()
-		if got := lim.Limit(); got != 400 {
-			t.Fatalf("limit %v, want 400", got)
+		if got := lim.Limit(); got != 392 { // 400 − 4/s of burst − 1 %
+			t.Fatalf("limit %v, want 392", got)
 		}
+		// A caller that uses it all, so that the window's count is known.
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		var sent atomic.Int64
+		go func() {
+			for lim.Wait(ctx) == nil {
+				sent.Add(1)
+			}
+		}()
+		time.Sleep(2 * time.Second)
+
+		// A 429 with a hint of 300 ms: a pause, no cut.
+		h.ThrottledAfter(300 * time.Millisecond)
+		before := sent.Load()
+		if s := h.Stats(); s.Paused != 300*time.Millisecond || !math.IsInf(s.Ceiling, 1) || s.Cuts != 0 {
+			t.Fatalf("after a hinted 429: paused %v ceiling %v cuts %d, want 300ms, +Inf, 0", s.Paused, s.Ceiling, s.Cuts)
+		}
+		time.Sleep(299 * time.Millisecond)
+		synctest.Wait()
+		if n := sent.Load() - before; n > 1 {
+			t.Errorf("%d units admitted during the pause, want none (at most one already due)", n)
+		}
+		// More 429s of the same episode (answers to requests in flight
+		// until the pause and a tenth of a period have passed): no cut.
+		for range 9 {
+			h.Throttled()
+		}
+		time.Sleep(50 * time.Millisecond)
 		h.Throttled()
-		h.Throttled() // same period: counted, no second cut
-		if got := lim.Limit(); got != 200 {
-			t.Errorf("limit %v after a 429, want 200", got)
+		if s := h.Stats(); s.Cuts != 0 || s.Throttled != 11 {
+			t.Fatalf("within the episode: cuts %d throttled %d, want 0 and 11", s.Cuts, s.Throttled)
 		}
+		// A repeat after the episode: a cut of 11 (the episode's 429s)
+		// over the units sent in the last second.
+		time.Sleep(200 * time.Millisecond)
+		synctest.Wait()
+		inWindow := float64(h.guardCount(time.Now()))
+		h.Throttled()
 		s := h.Stats()
-		if s.Throttled != 2 || s.Ceiling != 200 {
-			t.Errorf("stats: throttled %d ceiling %v, want 2 and 200", s.Throttled, s.Ceiling)
+		want := 400 * (1 - 11/inWindow)
+		if s.Cuts != 1 || math.Abs(s.Ceiling-want) > 0.5 {
+			t.Fatalf("repeat: cuts %d ceiling %v, want 1 and %.1f (11 of %v sent)", s.Cuts, s.Ceiling, want, inWindow)
 		}
-		// The next period gives back the partitions above the ceiling.
-		time.Sleep(time.Second + time.Millisecond)
-		synctest.Wait()
-		s = h.Stats()
-		if s.Leases > 10 || s.Want > 9 {
-			t.Errorf("after a period under a ceiling of ~225: %d leases, want %d; want ≤ 9 and ≤ 10 leases", s.Leases, s.Want)
+		// Recovery: halfway after one period, gone after two.
+		time.Sleep(time.Second)
+		if c := h.Stats().Ceiling; math.Abs(c-(want+400)/2) > 1 {
+			t.Errorf("ceiling %v a period after the cut, want %.1f", c, (want+400)/2)
 		}
-		// Additive increase: one partition (25/s) a period until no ceiling.
-		time.Sleep(10 * time.Second)
+		time.Sleep(time.Second)
 		synctest.Wait()
-		if s := h.Stats(); !math.IsInf(s.Ceiling, 1) || s.Rate != 400 {
-			t.Errorf("after 10 periods: ceiling %v rate %v, want +Inf and 400", s.Ceiling, s.Rate)
+		if s := h.Stats(); !math.IsInf(s.Ceiling, 1) || lim.Limit() != 392 {
+			t.Errorf("two periods after the cut: ceiling %v limit %v, want +Inf and 392", s.Ceiling, lim.Limit())
+		}
+		// Long after: a new episode; a repeat with an overshoot beyond
+		// 1 − Backoff is cut to Backoff.
+		time.Sleep(3 * time.Second)
+		for range 500 {
+			h.Throttled()
+		}
+		time.Sleep(200 * time.Millisecond)
+		h.Throttled()
+		if s := h.Stats(); s.Cuts != 2 || s.Ceiling != 300 {
+			t.Errorf("a large overshoot: cuts %d ceiling %v, want 2 and 300 (Backoff 0.75)", s.Cuts, s.Ceiling)
+		}
+	})
+}
+
+// TestObserve checks that Observe reads a 429's retry hint, a 503's
+// pause (not counted as throttling) and RateLimit-Policy's window.
+func TestObserve(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h, err := NewHolder(NewMemoryStore(), Config{ID: "a", Capacity: 400, Partitions: 16, Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The policy of the lowest quota per second is "sec" (200/s).
+		h.Observe(200, map[string][]string{"Ratelimit-Policy": {`"hour";q=1000000;w=3600, "sec";q=400;w=2`}})
+		if w := h.Stats().Window; w != 2*time.Second {
+			t.Errorf("window %v, want 2s", w)
+		}
+		h.Observe(429, map[string][]string{"X-Ms-Retry-After-Ms": {"250"}})
+		if s := h.Stats(); s.Throttled != 1 || s.Paused != 250*time.Millisecond {
+			t.Errorf("after a 429: throttled %d paused %v, want 1 and 250ms", s.Throttled, s.Paused)
+		}
+		time.Sleep(time.Second)
+		h.Observe(503, map[string][]string{"Retry-After": {"2"}})
+		if s := h.Stats(); s.Throttled != 1 || s.Paused != 2*time.Second {
+			t.Errorf("after a 503: throttled %d paused %v, want 1 and 2s", s.Throttled, s.Paused)
+		}
+		h.Observe(429, map[string][]string{"Ratelimit": {`"b";r=0;t=3`}})
+		if s := h.Stats(); s.Throttled != 2 || s.Paused != 3*time.Second {
+			t.Errorf("after RateLimit t=3: throttled %d paused %v, want 2 and 3s", s.Throttled, s.Paused)
+		}
+		h.Observe(200, map[string][]string{"Ratelimit-Policy": {`malformed;;`}})
+		if w := h.Stats().Window; w != 2*time.Second {
+			t.Errorf("a malformed policy changed the window to %v", w)
 		}
 	})
 }
@@ -322,7 +414,7 @@ func TestOutagePolicy(t *testing.T) {
 				}
 				sc := &scripted{Store: mem}
 				h, err := NewHolder(sc, Config{ID: "a", Capacity: 400, Partitions: 16, Reserved: 10,
-					Outage: tc.policy, Jitter: -1, Seed: 1})
+					Outage: tc.policy, Jitter: -1, Seed: 1, Window: -1})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -395,7 +487,7 @@ func TestShutdownReleases(t *testing.T) {
 
 func TestLimiterWaitErrors(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h, err := NewHolder(NewMemoryStore(), Config{ID: "a", Capacity: 100, Partitions: 4, Seed: 1})
+		h, err := NewHolder(NewMemoryStore(), Config{ID: "a", Capacity: 100, Partitions: 4, Seed: 1, Window: -1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -472,15 +564,30 @@ func TestStaleHolderFenced(t *testing.T) {
 		}
 		close(hold) // a's stale renewal reaches the store
 		synctest.Wait()
-		if s := a.Stats(); s.Losses != 4 || s.Leases != 0 {
-			t.Errorf("a: losses %d leases %d, want 4 and 0", s.Losses, s.Leases)
+		if s := a.Stats(); s.Losses != 4 {
+			t.Errorf("a: losses %d, want 4", s.Losses)
+		}
+		// a is back (its next heartbeat) and gets its share again, under
+		// new epochs: whoever holds a partition now holds a later epoch
+		// than the stale one, which the store refuses.
+		time.Sleep(100 * time.Millisecond)
+		synctest.Wait()
+		now := time.Now()
+		current := map[int]Grant{}
+		for _, l := range append(a.LeasesAt(now), b.LeasesAt(now)...) {
+			current[l.Partition] = l.Grant
 		}
 		for _, l := range old {
-			next := Grant{Partition: l.Partition, Epoch: l.Epoch + 1}
-			for g, want := range map[Grant]bool{l.Grant: false, next: true} {
-				if ok, err := mem.Valid(context.Background(), g); err != nil || ok != want {
-					t.Errorf("Valid(%+v) = %v, %v; want %v", g, ok, err, want)
-				}
+			if ok, err := mem.Valid(context.Background(), l.Grant); err != nil || ok {
+				t.Errorf("Valid(stale %+v) = %v, %v; want false", l.Grant, ok, err)
+			}
+			g, found := current[l.Partition]
+			if !found || g.Epoch <= l.Epoch {
+				t.Errorf("partition %d: held as %+v (found %v), want an epoch above %d", l.Partition, g, found, l.Epoch)
+				continue
+			}
+			if ok, err := mem.Valid(context.Background(), g); err != nil || !ok {
+				t.Errorf("Valid(%+v) = %v, %v; want true", g, ok, err)
 			}
 		}
 	})

@@ -10,21 +10,43 @@ import (
 )
 
 // A Limiter admits units at the rate of its Holder's valid leases: the
-// reserved capacity plus C/P per partition, capped by the AIMD ceiling. It
-// has the Allow/Wait methods of ratelimit.Limiter, whose token bucket it
-// uses, with a burst of a tenth of the rate (at least 1), so that the
-// output is smooth below a second: 100 units/s leave as 10 every 100 ms at
-// most, and one at a time when the caller waits for each.
+// reserved capacity plus C/P per partition, capped by the throttle
+// controller's ceiling. It has the Allow/Wait methods of
+// ratelimit.Limiter, whose token bucket it uses.
+//
+// # Pacing to the downstream's window
+//
+// A service that counts in fixed windows (500 a second, counted from each
+// second's start) refuses whatever one of its windows receives beyond its
+// limit, even if the rate averaged over time is below it: a token bucket
+// at exactly the rate, with a burst, puts the burst and a window's worth
+// of rate into one window. By default (Config.Window) the Limiter paces
+// so that no window of the downstream's length W, wherever it starts,
+// receives more than the leased capacity: its bucket has a burst of a
+// hundredth of a window's worth (at least 1) and a rate lowered by that
+// burst over W and by another hundredth (490/s for 500/s over one
+// second), so a bucket lets at most 99 % of a window's capacity through
+// in any W; and because every holder's burst is a part of its rate at
+// the window's start and the valid leases never add up to more than C at
+// any instant, the holders together stay within C × W. A guard counts the
+// units admitted in the last W by the instants at which the callers
+// return (a stalled process whose waiters wake together would otherwise
+// bunch them) and holds back any that would exceed that window's share.
+// With Config.Window negative, the bucket runs at the rate with a burst of
+// a tenth of it (smooth below a second, but a fixed window can then see
+// up to 10 % more).
 //
 // A unit is admitted only at an instant when the capacity it uses is
 // valid: the Limiter drops a lease's capacity by itself at the lease's
 // deadline, whatever its Holder's goroutine is doing, and a WaitN whose
 // turn would come after the earliest deadline waits for the renewal (or
-// the deadline) and asks again.
+// the deadline) and asks again. While a retry hint's pause lasts
+// (Holder.ThrottledAfter, Observe) nothing is admitted.
 //
 // Every unit asked for counts in the Holder's demand, and units waiting in
-// WaitN count as backlog. A Limiter is safe for concurrent use. Get one
-// from Holder.Limiter.
+// WaitN count as backlog; callers that keep waiting on a limiter they use
+// to the full make the Holder ask for its whole fair share at once. A
+// Limiter is safe for concurrent use. Get one from Holder.Limiter.
 type Limiter struct {
 	h *Holder
 }
@@ -32,8 +54,9 @@ type Limiter struct {
 // Limit returns the rate now.
 func (l *Limiter) Limit() ratelimit.Limit { return l.LimitAt(time.Now()) }
 
-// LimitAt returns the rate at now: the leases whose deadline has passed
-// no longer count.
+// LimitAt returns the rate of the bucket at now (below the holder's rate
+// when it paces to a window): the leases whose deadline has passed no
+// longer count.
 func (l *Limiter) LimitAt(now time.Time) ratelimit.Limit {
 	h := l.h
 	h.mu.Lock()
@@ -62,23 +85,51 @@ func (l *Limiter) AllowN(now time.Time, n int) bool {
 	defer h.mu.Unlock()
 	h.requested += int64(max(0, n))
 	h.refreshDueLocked(now)
+	if now.Before(h.pauseUntil) || h.guardWaitLocked(now, n) > 0 {
+		return false
+	}
 	ok := h.lim.AllowN(now, n)
 	if ok {
-		h.admitted += int64(n)
+		h.admitLocked(now, n)
 	}
 	return ok
 }
 
-// refreshDueLocked refreshes the rate when a deadline has passed. h.mu is
+// refreshDueLocked refreshes the rate when a deadline has passed, and
+// every twentieth of a period while a lowered ceiling climbs back. h.mu is
 // held.
 func (h *Holder) refreshDueLocked(now time.Time) {
-	if !h.horizon.IsZero() && !now.Before(h.horizon) && !now.Before(h.latest) {
+	if now.Before(h.latest) {
+		return
+	}
+	if (!h.horizon.IsZero() && !now.Before(h.horizon)) ||
+		(!math.IsInf(h.ceiling, 1) && now.Sub(h.latest) >= h.cfg.RenewEvery/20) {
 		h.refreshLocked(now)
 	}
 }
 
-// burstFor is the Limiter's burst at rate: a tenth of it, at least 1, or 0
-// when there is no rate.
+// guardWaitLocked returns how long after now n units fit in the window's
+// share (see Limiter): 0 when they fit, or when the holder does not pace
+// to a window. h.mu is held.
+func (h *Holder) guardWaitLocked(now time.Time, n int) time.Duration {
+	if h.window <= 0 || n <= 0 {
+		return 0
+	}
+	limit := int64(math.Floor((1 - paceSlack/2) * h.rate * h.window.Seconds()))
+	return h.guard.wait(now, n, max(limit, int64(h.lim.Burst())))
+}
+
+// admitLocked counts n units admitted at now. h.mu is held.
+func (h *Holder) admitLocked(now time.Time, n int) {
+	h.admitted += int64(n)
+	h.satAdmitted += int64(n)
+	if h.window > 0 {
+		h.guard.add(now, n)
+	}
+}
+
+// burstFor is the Limiter's burst at rate without window pacing: a tenth
+// of it, at least 1, or 0 when there is no rate.
 func burstFor(rate float64) int {
 	if rate <= 0 {
 		return 0
@@ -88,7 +139,11 @@ func burstFor(rate float64) int {
 
 // maxBurst is the burst at the largest rate the holder can have.
 func (h *Holder) maxBurst() int {
-	return burstFor(h.cfg.Capacity + h.cfg.Reserved)
+	h.mu.Lock()
+	w := h.window
+	h.mu.Unlock()
+	_, b := pacing(h.cfg.Capacity+h.cfg.Reserved, w)
+	return b
 }
 
 // Wait is WaitN(ctx, 1).
@@ -96,11 +151,11 @@ func (l *Limiter) Wait(ctx context.Context) error { return l.WaitN(ctx, 1) }
 
 // WaitN blocks until n units may be used, or ctx is done. While the holder
 // has no capacity (or a burst too small for n) it waits for more, asking
-// the holder to look for leases early; keep n well below a tenth of the
-// rate. It fails at once when n is
-// negative, when n exceeds the burst at the holder's largest possible rate
-// (ratelimit.ErrExceedsBurst), or when the wait would end after ctx's
-// deadline (ratelimit.ErrWouldExceedDeadline).
+// the holder to look for leases at once; keep n well below the burst (a
+// hundredth of a window's capacity when pacing to a window). It fails at
+// once when n is negative, when n exceeds the burst at the holder's
+// largest possible rate (ratelimit.ErrExceedsBurst), or when the wait
+// would end after ctx's deadline (ratelimit.ErrWouldExceedDeadline).
 func (l *Limiter) WaitN(ctx context.Context, n int) error {
 	h := l.h
 	if n < 0 {
@@ -118,6 +173,15 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 		h.waiting -= int64(n)
 		h.mu.Unlock()
 	}()
+	blocked := false
+	block := func() {
+		if !blocked {
+			blocked = true
+			h.mu.Lock()
+			h.blocked++
+			h.mu.Unlock()
+		}
+	}
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -125,13 +189,22 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 		now := time.Now()
 		h.mu.Lock()
 		h.refreshDueLocked(now)
-		changed, horizon, rate := h.changed, h.horizon, h.rate
+		changed, horizon, rate, pause := h.changed, h.horizon, h.rate, h.pauseUntil
 		var r *ratelimit.Reservation
-		if rate > 0 && n <= h.lim.Burst() {
+		if rate > 0 && n <= h.lim.Burst() && !now.Before(pause) {
 			r = h.lim.ReserveN(now, n)
 		}
 		h.mu.Unlock()
+		if now.Before(pause) {
+			// A retry hint's pause: wait it out, then ask again.
+			block()
+			if err := sleepUntil(ctx, pause.Sub(now), nil); err != nil {
+				return err
+			}
+			continue
+		}
 		if r == nil || !r.OK() {
+			block()
 			select {
 			case h.wake <- struct{}{}:
 			default:
@@ -153,30 +226,54 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 			// The turn comes after a lease's deadline: wait for the
 			// renewal, or for the deadline, and ask again.
 			r.CancelAt(now)
+			block()
 			if err := sleepUntil(ctx, horizon.Sub(now), changed); err != nil {
 				return err
 			}
 			continue
 		}
-		if delay == 0 {
-			l.admit(n)
-			return nil
+		if delay > 0 {
+			block()
+			retry, err := l.await(ctx, r, delay, rate, changed)
+			if err != nil {
+				return err
+			}
+			if retry {
+				continue
+			}
 		}
-		retry, err := l.await(ctx, r, delay, rate, changed)
-		if err != nil {
+		again, err := l.admit(ctx, n, rate)
+		if err != nil || !again {
 			return err
-		}
-		if !retry {
-			l.admit(n)
-			return nil
 		}
 	}
 }
 
-func (l *Limiter) admit(n int) {
-	l.h.mu.Lock()
-	l.h.admitted += int64(n)
-	l.h.mu.Unlock()
+// admit admits n units whose turn has come, reserved at rate: when the
+// window's guard allows, and unless a pause has begun or the rate has
+// fallen since (then the caller asks again).
+func (l *Limiter) admit(ctx context.Context, n int, rate float64) (again bool, err error) {
+	h := l.h
+	for {
+		now := time.Now()
+		h.mu.Lock()
+		h.refreshDueLocked(now)
+		if now.Before(h.pauseUntil) || h.rate < rate {
+			h.mu.Unlock()
+			return true, nil
+		}
+		d := h.guardWaitLocked(now, n)
+		if d == 0 {
+			h.admitLocked(now, n)
+			h.mu.Unlock()
+			return false, nil
+		}
+		h.blocked++
+		h.mu.Unlock()
+		if err := sleepUntil(ctx, d, nil); err != nil {
+			return false, err
+		}
+	}
 }
 
 // await waits delay for reservation r made at rate; when the rate drops
@@ -210,6 +307,8 @@ func (l *Limiter) await(ctx context.Context, r *ratelimit.Reservation, delay tim
 	}
 }
 
+// sleepUntil waits d, or until changed is closed (never when nil), or ctx
+// is done.
 func sleepUntil(ctx context.Context, d time.Duration, changed chan struct{}) error {
 	tm := time.NewTimer(max(0, d))
 	defer tm.Stop()

@@ -238,9 +238,7 @@ func TestLeaseChildProcess(t *testing.T) {
 				}
 				io.Copy(io.Discard, resp.Body) //nolint:errcheck // drained for reuse
 				resp.Body.Close()
-				if resp.StatusCode == http.StatusTooManyRequests {
-					h.Throttled()
-				}
+				h.Observe(resp.StatusCode, resp.Header)
 			}
 		})
 	}

@@ -84,6 +84,22 @@ type Store interface {
 	Leave(ctx context.Context, id string) error
 }
 
+// A Notifier is a Store that tells a service's members when another
+// member gives partitions back, leaves, arrives or needs more than before,
+// so that they look at once rather than at their next period. A Holder
+// whose Store is a Notifier watches it while it runs, and keeps looking
+// every period besides: a notification lost costs at most a period.
+//
+// MemoryStore and redisstore.LeaseStore (Redis pub/sub) implement it.
+type Notifier interface {
+	// Watch returns a channel on which the store sends the id of each
+	// member that released partitions, left, joined or raised its need,
+	// for as long as ctx lasts. A slow receiver loses notifications
+	// rather than blocking the store. The channel is closed when ctx is
+	// done or the watch fails.
+	Watch(ctx context.Context) (<-chan string, error)
+}
+
 // ErrBadArgument is returned (wrapped) for a partition index out of range,
 // an empty member id or a TTL that is not positive.
 var ErrBadArgument = errors.New("lease: bad argument")
@@ -110,9 +126,10 @@ func CheckArgs(id string, ttl time.Duration, ttlNeeded bool) error {
 type MemoryStore struct {
 	now func() time.Time
 
-	mu      sync.Mutex
-	members map[string]memMember
-	parts   map[int]memPart
+	mu       sync.Mutex
+	members  map[string]memMember
+	parts    map[int]memPart
+	watchers map[chan string]struct{}
 }
 
 type memMember struct {
@@ -132,7 +149,38 @@ func NewMemoryStore() *MemoryStore { return NewMemoryStoreClock(time.Now) }
 // NewMemoryStoreClock returns an empty Memory whose expiry instants are read
 // from now.
 func NewMemoryStoreClock(now func() time.Time) *MemoryStore {
-	return &MemoryStore{now: now, members: map[string]memMember{}, parts: map[int]memPart{}}
+	return &MemoryStore{now: now, members: map[string]memMember{}, parts: map[int]memPart{}, watchers: map[chan string]struct{}{}}
+}
+
+// Watch implements Notifier.
+func (s *MemoryStore) Watch(ctx context.Context) (<-chan string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	c := make(chan string, watchBuffer)
+	s.mu.Lock()
+	s.watchers[c] = struct{}{}
+	s.mu.Unlock()
+	context.AfterFunc(ctx, func() {
+		s.mu.Lock()
+		delete(s.watchers, c)
+		close(c)
+		s.mu.Unlock()
+	})
+	return c, nil
+}
+
+// watchBuffer is the buffer of a Notifier's channel.
+const watchBuffer = 16
+
+// notifyLocked tells the watchers about member id. s.mu is held.
+func (s *MemoryStore) notifyLocked(id string) {
+	for c := range s.watchers {
+		select {
+		case c <- id:
+		default:
+		}
+	}
 }
 
 // Heartbeat implements Store.
@@ -150,6 +198,9 @@ func (s *MemoryStore) Heartbeat(ctx context.Context, m Member, ttl time.Duration
 		if !mm.expiry.After(now) {
 			delete(s.members, id)
 		}
+	}
+	if old, found := s.members[m.ID]; !found || m.Need > old.m.Need {
+		s.notifyLocked(m.ID)
 	}
 	s.members[m.ID] = memMember{m: m, expiry: now.Add(ttl)}
 	v := View{Members: make([]Member, 0, len(s.members)), Partitions: make([]PartitionState, max(0, partitions))}
@@ -229,12 +280,17 @@ func (s *MemoryStore) Release(ctx context.Context, id string, leases []Grant) er
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	n := 0
 	for _, g := range leases {
 		p, found := s.parts[g.Partition]
 		if !found || p.owner != id || p.epoch != g.Epoch {
 			continue
 		}
 		s.parts[g.Partition] = memPart{epoch: p.epoch}
+		n++
+	}
+	if n > 0 {
+		s.notifyLocked(id)
 	}
 	return nil
 }
@@ -249,7 +305,10 @@ func (s *MemoryStore) Leave(ctx context.Context, id string) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.members, id)
+	if _, found := s.members[id]; found {
+		delete(s.members, id)
+		s.notifyLocked(id)
+	}
 	return nil
 }
 

@@ -4,6 +4,9 @@
 -- KEYS[2]  member info HASH: member id -> "weight need want"
 -- KEYS[3]  partitions HASH: partition index -> "epoch expiry owner"
 --          (expiry in server ms; owner "" and expiry 0 once released)
+-- KEYS[4]  not a key: the pub/sub channel on which the id of a member is
+--          published when it joins, raises its need, releases partitions
+--          or leaves (it carries the service's hash tag too)
 -- ARGV[1]  operation: heartbeat, acquire, renew, release, leave, valid
 -- ARGV[2]  member id
 -- ARGV[3]  ttl in ms (heartbeat, acquire, renew)
@@ -43,8 +46,14 @@ if op == 'heartbeat' then
     redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
     redis.call('HDEL', KEYS[2], unpack(gone))
   end
+  local known = redis.call('ZSCORE', KEYS[1], id)
+  local before = redis.call('HGET', KEYS[2], id)
   redis.call('ZADD', KEYS[1], now + ttl, id)
   redis.call('HSET', KEYS[2], id, ARGV[4] .. ' ' .. ARGV[5] .. ' ' .. ARGV[6])
+  local oldNeed = before and tonumber(string.match(before, '^%S+ (%S+) ')) or -1
+  if not known or tonumber(ARGV[5]) > oldNeed then
+    redis.call('PUBLISH', KEYS[4], id)
+  end
   -- Presence keys outlive the longest presence by a margin, then vanish.
   redis.call('PEXPIRE', KEYS[1], 2 * ttl + 60000)
   redis.call('PEXPIRE', KEYS[2], 2 * ttl + 60000)
@@ -118,9 +127,14 @@ elseif op == 'release' then
       n = n + 1
     end
   end
+  if n > 0 then
+    redis.call('PUBLISH', KEYS[4], id)
+  end
   return n
 elseif op == 'leave' then
-  redis.call('ZREM', KEYS[1], id)
+  if redis.call('ZREM', KEYS[1], id) == 1 then
+    redis.call('PUBLISH', KEYS[4], id)
+  end
   redis.call('HDEL', KEYS[2], id)
   return 1
 elseif op == 'valid' then

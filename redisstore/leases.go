@@ -30,6 +30,13 @@ const DefaultLeasePrefix = "sluice:lease:"
 // are removed by the next heartbeat; an expired partition stays in the
 // hash, with its epoch, until it is leased again, so epochs only grow.
 //
+// It is a lease.Notifier: the scripts PUBLISH a member's id on the
+// service's channel (Prefix + "{service}:events") when it joins, raises
+// its need, releases partitions or leaves, and Watch SUBSCRIBEs to it.
+// Pub/sub delivers at most once, to the subscribers connected then: a
+// message lost to a reconnection is made good by the holders' periodic
+// looks. On a Cluster, PUBLISH reaches the subscribers of every node.
+//
 // An acquire with a deadline (the context's, the store's Timeout or the
 // client's read timeout) carries a cutoff in the server's clock, as Store's
 // decisions do (see Deadlines in the package documentation): one that Redis
@@ -50,7 +57,10 @@ type LeaseStore struct {
 	sclock  *serverClock
 }
 
-var _ lease.Store = (*LeaseStore)(nil)
+var (
+	_ lease.Store    = (*LeaseStore)(nil)
+	_ lease.Notifier = (*LeaseStore)(nil)
+)
 
 // LeaseOptions configure NewLeaseStore.
 type LeaseOptions struct {
@@ -82,7 +92,7 @@ func NewLeaseStore(client redis.UniversalClient, service string, opts LeaseOptio
 	base := opts.Prefix + "{" + service + "}:"
 	return &LeaseStore{
 		c:       client,
-		keys:    []string{base + "members", base + "info", base + "parts"},
+		keys:    []string{base + "members", base + "info", base + "parts", base + "events"},
 		script:  redis.NewScript(leaseLua),
 		sclock:  newServerClock(client, redis.NewScript(timeLua)),
 		timeout: opts.Timeout,
@@ -258,6 +268,44 @@ func (r *LeaseStore) Leave(ctx context.Context, id string) error {
 	}
 	_, err := r.run(ctx, "leave", id, 0)
 	return err
+}
+
+// Watch implements lease.Notifier: it subscribes to the service's channel
+// (one connection of the client's pool, held until ctx is done) and
+// returns once Redis has confirmed the subscription, within the store's
+// Timeout. The channel receives the ids published and is closed when ctx
+// is done; messages that find it full are dropped. The subscription's
+// goroutine ends with ctx.
+func (r *LeaseStore) Watch(ctx context.Context) (<-chan string, error) {
+	ps := r.c.Subscribe(ctx, r.keys[3])
+	cctx, cancel := r.bound(ctx)
+	_, err := ps.Receive(cctx)
+	cancel()
+	if err != nil {
+		ps.Close()
+		return nil, fmt.Errorf("redisstore: lease watch: %w", err)
+	}
+	out := make(chan string, 16)
+	msgs := ps.Channel()
+	go func() {
+		defer close(out)
+		defer ps.Close()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case m, ok := <-msgs:
+				if !ok {
+					return
+				}
+				select {
+				case out <- m.Payload:
+				default:
+				}
+			}
+		}
+	}()
+	return out, nil
 }
 
 // Valid reports whether g is the current, unexpired lease of its

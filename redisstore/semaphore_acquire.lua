@@ -1,5 +1,6 @@
 -- Acquire a permit of one distributed semaphore.
 -- KEYS[1]  the semaphore's sorted set: member = token, score = expiry (ms, server clock)
+-- KEYS[2]  the weights above 1 of its holders (see semaphore_fair.lua)
 -- ARGV[1]  token
 -- ARGV[2]  limit (most holders)
 -- ARGV[3]  ttl in milliseconds
@@ -16,11 +17,25 @@ if cut ~= '' and (string.sub(cut, 1, -10) - t[1]) * 1000000000 + (string.sub(cut
 end
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
--- Forget holders whose expiry has passed (an expiry equal to now has passed).
-redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+-- Forget holders whose expiry has passed (an expiry equal to now has passed),
+-- and their weights.
+local gone = redis.call('ZRANGEBYSCORE', key, '-inf', now)
+if #gone > 0 then
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  redis.call('HDEL', KEYS[2], unpack(gone))
+end
 
-if not redis.call('ZSCORE', key, token) and redis.call('ZCARD', key) >= limit then
-  return 0
+if not redis.call('ZSCORE', key, token) then
+  local used = redis.call('ZCARD', key)
+  if used < limit and redis.call('EXISTS', KEYS[2]) == 1 then
+    local ws = redis.call('HVALS', KEYS[2])
+    for i = 1, #ws do
+      used = used + tonumber(ws[i]) - 1
+    end
+  end
+  if used >= limit then
+    return 0
+  end
 end
 redis.call('ZADD', key, now + ttl, token)
 -- The key lives as long as its longest-lived holder.

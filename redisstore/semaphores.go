@@ -19,6 +19,9 @@ var semaphoreAcquireLua string
 //go:embed semaphore_renew.lua
 var semaphoreRenewLua string
 
+//go:embed semaphore_fair.lua
+var semaphoreFairLua string
+
 // DefaultSemaphorePrefix is the default SemaphoreOptions.Prefix.
 const DefaultSemaphorePrefix = "sluice:sem:"
 
@@ -44,8 +47,18 @@ type SemaphoreOptions struct {
 // Every operation is one atomic step: acquire and renew are Lua scripts
 // (EVALSHA, falling back to EVAL) that read TIME; acquire first removes the
 // expired holders, then adds the token if fewer than the limit remain;
-// renew extends a token only if it is present and unexpired; release is a
-// ZREM of the caller's own token. A semaphore therefore costs one round
+// renew extends a token only if it is present and unexpired; release
+// removes the caller's own token (and its weight) in one MULTI.
+//
+// It is a concurrency.FairStore: beside the holders' set, a semaphore has
+// a hash of the weights above 1 (Key + ":w"), a sorted set of waiters
+// scored by a ticket from a counter (":q", ":seq") and a hash of the
+// instants their places lapse (":qt"), all under the name's hash tag.
+// AcquireFair is one script: it forgets expired holders and lapsed
+// waiters at the head of the line, grants the token if it is first (or
+// nobody waits) and its weight fits under the limit, and otherwise queues
+// it or refreshes its place. The waiters' keys expire by themselves when
+// nobody waits. A semaphore therefore costs one round
 // trip per acquire attempt, renewal and release, and an acquire with a
 // deadline one more (TIME) when the store has not sampled the node's clock
 // for a second.
@@ -73,10 +86,11 @@ type SemaphoreStore struct {
 	prefix  string
 	acquire *redis.Script
 	renew   *redis.Script
+	fair    *redis.Script
 	sclock  *serverClock
 }
 
-var _ concurrency.Store = (*SemaphoreStore)(nil)
+var _ concurrency.FairStore = (*SemaphoreStore)(nil)
 
 // NewSemaphoreStore returns a store of semaphores on c, which the caller
 // owns and closes.
@@ -97,6 +111,7 @@ func NewSemaphoreStore(c redis.UniversalClient, o SemaphoreOptions) (*SemaphoreS
 		prefix:  o.Prefix,
 		acquire: redis.NewScript(semaphoreAcquireLua),
 		renew:   redis.NewScript(semaphoreRenewLua),
+		fair:    redis.NewScript(semaphoreFairLua),
 		sclock:  newServerClock(c, redis.NewScript(timeLua)),
 	}, nil
 }
@@ -119,25 +134,81 @@ func ttlMillis(ttl time.Duration) int64 {
 	return max(int64((ttl+time.Millisecond-1)/time.Millisecond), 1)
 }
 
+// cutoff returns the cutoff argument of an acquire on key: the server's
+// clock past which the caller has given up, or "" without a deadline.
+func (r *SemaphoreStore) cutoff(ctx context.Context, key string) (string, error) {
+	now := time.Now()
+	d, ok := ctx.Deadline()
+	if !ok && r.sclock.readTimeout <= 0 {
+		return "", nil
+	}
+	if !ok {
+		d = now.Add(r.sclock.readTimeout)
+	}
+	ns, err := r.sclock.cutoff(ctx, key, now, d)
+	if err != nil {
+		return "", fmt.Errorf("redisstore: semaphore acquire: reading the server's clock: %w", err)
+	}
+	return strconv.FormatInt(max(ns, 1e9), 10), nil
+}
+
+// AcquireFair implements concurrency.FairStore; it carries a cutoff as
+// Acquire does.
+func (r *SemaphoreStore) AcquireFair(ctx context.Context, name, token string, weight, limit int64, ttl, wait time.Duration) (concurrency.FairResult, error) {
+	key := r.Key(name)
+	cut, err := r.cutoff(ctx, key)
+	if err != nil {
+		return concurrency.Queued, err
+	}
+	waitMs := int64(0)
+	if wait > 0 {
+		waitMs = ttlMillis(wait)
+	}
+	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":seq"}
+	n, err := r.fair.Run(ctx, r.c, keys, token, weight, limit, ttlMillis(ttl), waitMs, cut).Int64()
+	if err == nil && n == -1 {
+		if d, ok := ctx.Deadline(); ok && time.Now().Before(d) {
+			r.sclock.expired(ctx, key)
+		}
+		err = errExpired
+	}
+	if err != nil {
+		return concurrency.Queued, fmt.Errorf("redisstore: semaphore acquire: %w", err)
+	}
+	switch n {
+	case 2:
+		return concurrency.Granted, nil
+	case 1:
+		return concurrency.First, nil
+	}
+	return concurrency.Queued, nil
+}
+
+// Dequeue implements concurrency.FairStore.
+func (r *SemaphoreStore) Dequeue(ctx context.Context, name, token string) error {
+	key := r.Key(name)
+	_, err := r.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZRem(ctx, key+":q", token)
+		p.HDel(ctx, key+":qt", token)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("redisstore: semaphore dequeue: %w", err)
+	}
+	return nil
+}
+
 // Acquire implements concurrency.Store. A call with a deadline (the
 // context's, or the client's read timeout) carries its cutoff: if Redis
 // runs it only after the caller gave up, it adds no holder (see the
 // package documentation, Deadlines).
 func (r *SemaphoreStore) Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (bool, error) {
 	key := r.Key(name)
-	cut := ""
-	now := time.Now()
-	if d, ok := ctx.Deadline(); ok || r.sclock.readTimeout > 0 {
-		if !ok {
-			d = now.Add(r.sclock.readTimeout)
-		}
-		ns, err := r.sclock.cutoff(ctx, key, now, d)
-		if err != nil {
-			return false, fmt.Errorf("redisstore: semaphore acquire: reading the server's clock: %w", err)
-		}
-		cut = strconv.FormatInt(max(ns, 1e9), 10)
+	cut, err := r.cutoff(ctx, key)
+	if err != nil {
+		return false, err
 	}
-	n, err := r.acquire.Run(ctx, r.c, []string{key}, token, limit, ttlMillis(ttl), cut).Int64()
+	n, err := r.acquire.Run(ctx, r.c, []string{key, key + ":w"}, token, limit, ttlMillis(ttl), cut).Int64()
 	if err == nil && n == -1 {
 		if d, ok := ctx.Deadline(); ok && time.Now().Before(d) {
 			r.sclock.expired(ctx, key) // answered in time, yet past the cutoff: measure again
@@ -161,9 +232,15 @@ func (r *SemaphoreStore) Renew(ctx context.Context, name, token string, ttl time
 
 // Release implements concurrency.Store.
 func (r *SemaphoreStore) Release(ctx context.Context, name, token string) (bool, error) {
-	n, err := r.c.ZRem(ctx, r.Key(name), token).Result()
+	key := r.Key(name)
+	var rem *redis.IntCmd
+	_, err := r.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		rem = p.ZRem(ctx, key, token)
+		p.HDel(ctx, key+":w", token)
+		return nil
+	})
 	if err != nil {
 		return false, fmt.Errorf("redisstore: semaphore release: %w", err)
 	}
-	return n == 1, nil
+	return rem.Val() == 1, nil
 }

@@ -34,7 +34,9 @@ const (
 // that newStore returns, one per subtest: presence and its expiry, epochs
 // that only grow (a release keeps the epoch, a re-acquire fences the old
 // grant), renewal and expiry by the store's clock, stale holders refused,
-// and ErrBadArgument for bad arguments.
+// ErrBadArgument for bad arguments, and, for a store that is a
+// lease.Notifier, the notifications of members that join, raise their
+// need, release or leave, and none otherwise.
 func RunLeases(t *testing.T, newStore NewLeaseStore) {
 	ctx := context.Background()
 	t.Run("presence", func(t *testing.T) {
@@ -192,6 +194,63 @@ func RunLeases(t *testing.T, newStore NewLeaseStore) {
 			if !errors.Is(err, lease.ErrBadArgument) {
 				t.Errorf("%s: err = %v, want lease.ErrBadArgument", name, err)
 			}
+		}
+	})
+	t.Run("notifications", func(t *testing.T) {
+		c, _ := newStore(t)
+		n, ok := c.(lease.Notifier)
+		if !ok {
+			t.Skip("not a lease.Notifier")
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		notes, err := n.Watch(wctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// expect reads the next notification: each step's, in order, so
+		// a step that must not notify is followed by one that must.
+		expect := func(step, id string) {
+			t.Helper()
+			select {
+			case got, ok := <-notes:
+				if !ok || got != id {
+					t.Fatalf("after %s: notification %q (open %v), want %q", step, got, ok, id)
+				}
+			case <-time.After(2 * time.Second):
+				t.Fatalf("after %s: no notification in 2 s, want %q", step, id)
+			}
+		}
+		hb := func(id string, need int) {
+			t.Helper()
+			if _, err := c.Heartbeat(ctx, lease.Member{ID: id, Weight: 1, Need: need, Want: need}, cTTL, 2); err != nil {
+				t.Fatal(err)
+			}
+		}
+		hb("b", 1)
+		expect("b joined", "b")
+		hb("b", 1) // the same need: nothing
+		hb("b", 0) // a lower need: nothing
+		hb("c", 0)
+		expect("c joined (b's heartbeats of the same and a lower need tell nothing)", "c")
+		gs, err := c.Acquire(ctx, "b", []int{0}, cTTL) // an acquire tells nothing
+		if err != nil || len(gs) != 1 {
+			t.Fatalf("acquire: %v %v", gs, err)
+		}
+		if err := c.Release(ctx, "b", []lease.Grant{{Partition: 0, Epoch: gs[0].Epoch + 1}}); err != nil {
+			t.Fatal(err) // a stale release frees nothing: nothing
+		}
+		if err := c.Release(ctx, "b", gs); err != nil {
+			t.Fatal(err)
+		}
+		expect("b released", "b")
+		hb("c", 2)
+		expect("c raised its need", "c")
+		if err := c.Leave(ctx, "c"); err != nil {
+			t.Fatal(err)
+		}
+		expect("c left", "c")
+		cancel()
+		for range notes { // closed once ctx is done
 		}
 	})
 }

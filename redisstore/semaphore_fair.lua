@@ -1,0 +1,93 @@
+-- Acquire a weighted permit of one distributed semaphore, in arrival order.
+-- KEYS[1]  the holders' sorted set: member = token, score = expiry (ms, server clock)
+-- KEYS[2]  the holders' weights: hash token -> weight (absent: 1)
+-- KEYS[3]  the waiters: sorted set token -> ticket (arrival order)
+-- KEYS[4]  the waiters' places: hash token -> the instant (ms) it lapses
+-- KEYS[5]  the ticket counter
+-- ARGV[1]  token
+-- ARGV[2]  weight
+-- ARGV[3]  limit (the most weight held)
+-- ARGV[4]  ttl in milliseconds
+-- ARGV[5]  wait in milliseconds: how long the token keeps its place if it
+--          must wait; 0 to queue nothing
+-- ARGV[6]  the cutoff: Unix ns of the server's clock past which the caller
+--          has given up on the call, or "" for none (see clock.go)
+-- Returns 2 when token holds the permit, 1 when it is first in line and
+-- waits for room, 0 when others wait before it, -1 (having done nothing)
+-- past the cutoff.
+local token = ARGV[1]
+local weight, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
+local ttl, wait = tonumber(ARGV[4]), tonumber(ARGV[5])
+local t = redis.call('TIME')
+local cut = ARGV[6]
+if cut ~= '' and (string.sub(cut, 1, -10) - t[1]) * 1000000000 + (string.sub(cut, -9) - t[2] * 1000) < 0 then
+  return -1
+end
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
+-- Forget holders whose expiry has passed, and their weights.
+local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
+if #gone > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  redis.call('HDEL', KEYS[2], unpack(gone))
+end
+
+local function keep(k, ms)
+  if redis.call('PTTL', k) < ms then
+    redis.call('PEXPIRE', k, ms)
+  end
+end
+
+if redis.call('ZSCORE', KEYS[1], token) then
+  redis.call('ZADD', KEYS[1], now + ttl, token)
+  keep(KEYS[1], ttl)
+  return 2
+end
+
+-- Waiters whose place lapsed leave the head of the line.
+while true do
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0)
+  if #head == 0 then
+    break
+  end
+  local until_ = tonumber(redis.call('HGET', KEYS[4], head[1]) or '0')
+  if until_ > now then
+    break
+  end
+  redis.call('ZREM', KEYS[3], head[1])
+  redis.call('HDEL', KEYS[4], head[1])
+end
+
+local head = redis.call('ZRANGE', KEYS[3], 0, 0)
+local first = #head == 0 or head[1] == token
+if first then
+  local used = redis.call('ZCARD', KEYS[1])
+  local ws = redis.call('HVALS', KEYS[2])
+  for i = 1, #ws do
+    used = used + tonumber(ws[i]) - 1
+  end
+  if used + weight <= limit then
+    redis.call('ZADD', KEYS[1], now + ttl, token)
+    if weight ~= 1 then
+      redis.call('HSET', KEYS[2], token, weight)
+      keep(KEYS[2], ttl)
+    end
+    keep(KEYS[1], ttl)
+    redis.call('ZREM', KEYS[3], token)
+    redis.call('HDEL', KEYS[4], token)
+    return 2
+  end
+end
+if wait > 0 then
+  if not redis.call('ZSCORE', KEYS[3], token) then
+    redis.call('ZADD', KEYS[3], redis.call('INCR', KEYS[5]), token)
+  end
+  redis.call('HSET', KEYS[4], token, now + wait)
+  for k = 3, 5 do
+    keep(KEYS[k], 2 * wait + 1000)
+  end
+end
+if first then
+  return 1
+end
+return 0

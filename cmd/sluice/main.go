@@ -7,6 +7,7 @@
 //	sluice rules      check rule files (sluice rules validate DIR)
 //	sluice compare    run one traffic pattern through every algorithm
 //	sluice demo       run a demonstration (sluice demo throttled-db)
+//	sluice top        show a running serve's top keys and rules in a terminal
 //	sluice drain      drain a JetStream stream into an HTTP endpoint
 //	sluice enqueue    put records into a JetStream stream
 //	sluice version    print the version

@@ -233,34 +233,52 @@ func (d *Distributed) Acquire(ctx context.Context) (*Permit, error) {
 	if d.o.Fair {
 		return d.AcquireN(ctx, 1)
 	}
-	backoff := d.o.MinBackoff
-	var timer *time.Timer
+	w := d.newWaiter()
+	defer w.timer.Stop()
 	for {
 		p, err := d.TryAcquire(ctx)
 		// A grant answered too late to be valid (ErrLost) is retried too;
 		// ErrExceedsLimit, like any other error, ends the wait.
 		if !errors.Is(err, ErrNoPermit) && !errors.Is(err, ErrLost) {
-			if timer != nil {
-				timer.Stop()
-			}
 			return p, err
 		}
-		wait := backoff/2 + rand.N(backoff/2+1)
-		backoff = min(2*backoff, d.o.MaxBackoff)
-		if timer == nil {
-			timer = time.NewTimer(wait)
-		} else {
-			timer.Reset(wait)
-		}
-		select {
-		case <-ctx.Done():
-			timer.Stop()
+		if w.wait(ctx, w.next()); ctx.Err() != nil {
 			return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, ctx.Err())
-		case <-d.freed:
-			timer.Stop()
-		case <-timer.C:
 		}
 	}
+}
+
+// waiter is a blocked acquire's wait between attempts: exponential
+// backoff with jitter from MinBackoff up to MaxBackoff, cut short by a
+// permit released through the same Distributed or by the context.
+type waiter struct {
+	d       *Distributed
+	backoff time.Duration
+	timer   *time.Timer
+}
+
+func (d *Distributed) newWaiter() *waiter {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &waiter{d: d, backoff: d.o.MinBackoff, timer: t}
+}
+
+// next returns the next pause, jittered, and doubles the backoff.
+func (w *waiter) next() time.Duration {
+	p := w.backoff/2 + rand.N(w.backoff/2+1)
+	w.backoff = min(2*w.backoff, w.d.o.MaxBackoff)
+	return p
+}
+
+// wait blocks for pause, until a permit is freed here, or until ctx ends.
+func (w *waiter) wait(ctx context.Context, pause time.Duration) {
+	w.timer.Reset(pause)
+	select {
+	case <-ctx.Done():
+	case <-w.d.freed:
+	case <-w.timer.C:
+	}
+	w.timer.Stop()
 }
 
 // AcquireN waits for a permit of weight n (in arrival order with Fair)
@@ -276,10 +294,8 @@ func (d *Distributed) AcquireN(ctx context.Context, n int64) (*Permit, error) {
 		return nil, err
 	}
 	token := crand.Text()
-	backoff := d.o.MinBackoff
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	<-timer.C
+	w := d.newWaiter()
+	defer w.timer.Stop()
 	for {
 		if err := ctx.Err(); err != nil {
 			d.dequeue(ctx, fs, token)
@@ -304,17 +320,12 @@ func (d *Distributed) AcquireN(ctx context.Context, n int64) (*Permit, error) {
 			d.releaseDetached(ctx, token)
 			token = crand.Text()
 		}
-		pause := backoff/2 + rand.N(backoff/2+1)
-		backoff = min(2*backoff, d.o.MaxBackoff)
+		pause := w.next()
 		if res == First && d.o.Fair {
-			pause, backoff = d.o.MinBackoff, d.o.MinBackoff
+			// First in line: ask at the shortest interval.
+			pause, w.backoff = d.o.MinBackoff, d.o.MinBackoff
 		}
-		timer.Reset(pause)
-		select {
-		case <-ctx.Done():
-		case <-d.freed:
-		case <-timer.C:
-		}
+		w.wait(ctx, pause)
 	}
 }
 

@@ -12,6 +12,9 @@
 #   COUNTING="batched approximate" ROUNDS=3 CS=64 KS="1 10000" bash bench/rls.sh 6
 #       (also Sluice on Redis with bench/rules-MODE, as "sluice-redis-MODE")
 #   SERVEFLAGS="--overload-off" ...   (extra flags for every sluice serve)
+#   FLOORCODEC=1 ...   (also the floor built with serve's codec, "floor-codec")
+#   DOMAINS="bench bench-over" ...   (also the over-limit rules: every
+#       request after a key's first is answered OVER_LIMIT; default "bench")
 #
 # Starts the floor, Sluice with the memory store and Sluice with Redis (on a
 # redis-server started on a free port), then runs each case (C = 1, 16, 64
@@ -43,6 +46,11 @@ systems=()
 port=$(freeport)
 "$tmp/floor" -addr "127.0.0.1:$port" >/dev/null & pids+=($!)
 systems+=("floor $port $! 0")
+if [ -n "${FLOORCODEC:-}" ]; then
+	port=$(freeport)
+	"$tmp/floor" -codec -addr "127.0.0.1:$port" >/dev/null & pids+=($!)
+	systems+=("floor-codec $port $! 0")
+fi
 
 gport=$(freeport); hport=$(freeport)
 "$tmp/sluice" serve --rules bench/rules --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" ${SERVEFLAGS:-} >"$tmp/mem.log" 2>&1 & pids+=($!)
@@ -83,9 +91,11 @@ results="$tmp/results.jsonl"
 for _ in $(seq "${ROUNDS:-1}"); do
 	for c in ${CS:-1 16 64}; do
 		for k in ${KS:-1 10000}; do
-			for s in "${systems[@]}"; do
-				set -- $s
-				"$tmp/rlsload" -addr "127.0.0.1:$2" -c "$c" -k "$k" -d "${DUR}s" -pid "$3" -store-pid "$4" -name "$1" -json | tee -a "$results"
+			for d in ${DOMAINS:-bench}; do
+				for s in "${systems[@]}"; do
+					set -- $s
+					"$tmp/rlsload" -addr "127.0.0.1:$2" -c "$c" -k "$k" -domain "$d" -d "${DUR}s" -pid "$3" -store-pid "$4" -name "$1" -json | tee -a "$results"
+				done
 			done
 		done
 	done
@@ -96,16 +106,16 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 cases = {}
 for r in rows:
-    cases.setdefault((r["name"], r["callers"], r["keys"]), []).append(r)
+    cases.setdefault((r["name"], r.get("domain", "bench"), r["callers"], r["keys"]), []).append(r)
 def med(rs, field):
     return statistics.median(r.get(field, 0) for r in rs)
-print("\n| system | C | K | req/s | vs floor | p50 µs | p99 µs | p99.9 µs | server CPU µs/req | CPU vs floor | Redis CPU µs/req | load generator CPU µs/req | machine CPU µs/req | machine busy |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-for (name, c, k), rs in cases.items():
-    f = cases.get(("floor", c, k), [])
+print("\n| system | domain | C | K | req/s | vs floor | p50 µs | p99 µs | p99.9 µs | server CPU µs/req | CPU vs floor | Redis CPU µs/req | load generator CPU µs/req | machine CPU µs/req | machine busy |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+for (name, d, c, k), rs in cases.items():
+    f = cases.get(("floor", d, c, k), [])
     rps, frps = med(rs, "rps"), med(f, "rps") if f else 0
     cpu, fcpu = med(rs, "server_cpu_us_per_request"), med(f, "server_cpu_us_per_request") if f else 0
     span = f' ({min(r["rps"] for r in rs):.0f}–{max(r["rps"] for r in rs):.0f})' if len(rs) > 1 else ""
     store = med(rs, "store_cpu_us_per_request")
-    print(f'| {name} | {c} | {k} | {rps:.0f}{span} | {rps / frps if frps else 0:.2f} | {med(rs, "p50_us"):.0f} | {med(rs, "p99_us"):.0f} | {med(rs, "p999_us"):.0f} | {cpu:.1f} | {cpu / fcpu if fcpu else 0:.2f} | {f"{store:.1f}" if store else "–"} | {med(rs, "loadgen_cpu_us_per_request"):.1f} | {med(rs, "machine_cpu_us_per_request"):.1f} | {100 * med(rs, "machine_busy"):.0f} % |')
+    print(f'| {name} | {d} | {c} | {k} | {rps:.0f}{span} | {rps / frps if frps else 0:.2f} | {med(rs, "p50_us"):.0f} | {med(rs, "p99_us"):.0f} | {med(rs, "p999_us"):.0f} | {cpu:.1f} | {cpu / fcpu if fcpu else 0:.2f} | {f"{store:.1f}" if store else "–"} | {med(rs, "loadgen_cpu_us_per_request"):.1f} | {med(rs, "machine_cpu_us_per_request"):.1f} | {100 * med(rs, "machine_busy"):.0f} % |')
 PY

@@ -31,6 +31,7 @@ import (
 
 type result struct {
 	Name       string  `json:"name"`
+	Domain     string  `json:"domain"`
 	Callers    int     `json:"callers"`
 	Keys       int     `json:"keys"`
 	Seconds    float64 `json:"seconds"`
@@ -152,7 +153,7 @@ func run(c config) error {
 	busy1, idle1 := machineCPU()
 	all := slices.Concat(lat...)
 	slices.Sort(all)
-	r := result{Name: c.name, Callers: callers, Keys: keys, Seconds: elapsed.Seconds(), Requests: len(all)}
+	r := result{Name: c.name, Domain: c.domain, Callers: callers, Keys: keys, Seconds: elapsed.Seconds(), Requests: len(all)}
 	for w := range callers {
 		r.Errors += errs[w]
 		r.OverLimit += over[w]

@@ -59,13 +59,43 @@ func Decide(ctx context.Context, store ratelimit.Store, dst []ratelimit.Decision
 	}
 	n := len(dst)
 	ds, err := store.Decide(ctx, dst, items)
+	return ds, check(ds, n, items, err)
+}
+
+// A clockStore decides at an instant its caller reads from the store's own
+// clock (memstore.Store).
+type clockStore interface {
+	Now() time.Time
+	DecideAt(ctx context.Context, now time.Time, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error)
+}
+
+// DecideTimed is Decide that also returns the instant of the decisions when
+// the store decides at an instant read from its clock by its caller, as
+// memstore does, and the zero time otherwise: an edge that records its
+// decisions with their time (topk.Tracker.ObserveAt) then reads no clock
+// of its own.
+func DecideTimed(ctx context.Context, store ratelimit.Store, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, Verdict, time.Time) {
+	cs, ok := store.(clockStore)
+	if !ok || len(items) == 0 {
+		ds, v := Decide(ctx, store, dst, items)
+		return ds, v, time.Time{}
+	}
+	now := cs.Now()
+	n := len(dst)
+	ds, err := cs.DecideAt(ctx, now, dst, items)
+	return ds, check(ds, n, items, err), now
+}
+
+// check returns the Verdict of the decisions a store appended after the
+// first n of ds for items, or of its error.
+func check(ds []ratelimit.Decision, n int, items []ratelimit.Item, err error) Verdict {
 	if err == nil && len(ds)-n != len(items) {
 		err = fmt.Errorf("admit: the store returned %d decisions for %d items", len(ds)-n, len(items))
 	}
 	if err != nil {
-		return ds, Verdict{Outcome: Unavailable, Err: err}
+		return Verdict{Outcome: Unavailable, Err: err}
 	}
-	return ds, verdict(ds[n:])
+	return verdict(ds[n:])
 }
 
 // verdict returns the Verdict of ds, the decisions of one request's items.

@@ -138,3 +138,41 @@ func TestOutcomeString(t *testing.T) {
 		}
 	}
 }
+
+// clockedStore is a fixedStore that decides at an instant read from its
+// clock, as memstore does.
+type clockedStore struct {
+	fixedStore
+	clock time.Time
+	at    time.Time // the instant of the last DecideAt
+}
+
+func (s *clockedStore) Now() time.Time { return s.clock }
+
+func (s *clockedStore) DecideAt(ctx context.Context, now time.Time, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
+	s.at = now
+	return s.Decide(ctx, dst, items)
+}
+
+// TestDecideTimed: with a store that decides at an instant read from its
+// clock, DecideTimed reads it once, decides there and returns it; with any
+// other store it returns the zero time and Decide's answer.
+func TestDecideTimed(t *testing.T) {
+	clock := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	cs := &clockedStore{fixedStore: fixedStore{ds: []ratelimit.Decision{limited(time.Second)}}, clock: clock}
+	ds, v, at := admit.DecideTimed(t.Context(), cs, nil, make([]ratelimit.Item, 1))
+	if !at.Equal(clock) || !cs.at.Equal(clock) || len(ds) != 1 || v.Outcome != admit.OverQuota || v.RetryAfter != time.Second {
+		t.Errorf("clocked store: %d decisions, verdict %+v at %v (store decided at %v); want one over quota at %v", len(ds), v, at, cs.at, clock)
+	}
+	cs.fixedStore = fixedStore{ds: []ratelimit.Decision{ok}}
+	if _, v, _ := admit.DecideTimed(t.Context(), cs, nil, make([]ratelimit.Item, 2)); v.Outcome != admit.Unavailable || v.Err == nil {
+		t.Errorf("clocked store answering 1 decision for 2 items: verdict %+v, want Unavailable with an error", v)
+	}
+	plain := &fixedStore{ds: []ratelimit.Decision{ok}}
+	if ds, v, at := admit.DecideTimed(t.Context(), plain, nil, make([]ratelimit.Item, 1)); !at.IsZero() || len(ds) != 1 || v.Outcome != admit.Admitted {
+		t.Errorf("plain store: %d decisions, verdict %+v at %v; want one admitted at the zero time", len(ds), v, at)
+	}
+	if _, _, at := admit.DecideTimed(t.Context(), cs, nil, nil); !at.IsZero() || cs.calls != 1 {
+		t.Errorf("no items: at %v after %d calls, want the zero time without asking", at, cs.calls)
+	}
+}

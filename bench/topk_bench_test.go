@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -133,21 +134,29 @@ func BenchmarkTopKExtra(b *testing.B) {
 		b.ReportMetric(onNs, "ns-on/decision")
 		b.ReportMetric(onNs-offNs, "ns-extra/decision")
 	}
-	for _, n := range []int{10_000, 1_000_000} {
-		ks := benchKeys(n)
-		b.Run(fmt.Sprintf("memstore/keys=%d", n), func(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		ks   []string
+	}{
+		{"memstore/keys=10000", benchKeys(10_000)},
+		{"memstore/keys=1000000", benchKeys(1_000_000)},
+		{"memstore/zipf/keys=1000000", zipfStream(1_000_000, 1<<20)},
+	} {
+		ks, n := c.ks, len(c.ks)
+		b.Run(c.name, func(b *testing.B) {
 			store := memstore.New(memstore.Options{JanitorInterval: -1, MaxKeys: 2 * n})
 			defer store.Close()
 			tr, _ := topk.New(topk.Options{})
 			run(b, func(x *uint64, top bool) {
 				items := [1]ratelimit.Item{{Key: nextKey(x, ks, false), Rule: &benchRule, Cost: 1}}
 				var dsa [1]ratelimit.Decision
-				ds, err := store.Decide(context.Background(), dsa[:0], items[:])
+				now := store.Now() // as sluice serve: one clock reading for both
+				ds, err := store.DecideAt(context.Background(), now, dsa[:0], items[:])
 				if err != nil {
 					b.Fatal(err)
 				}
 				if top {
-					tr.Observe(items[0].Key, &ds[0])
+					tr.ObserveAt(now, items[0].Key, &ds[0])
 				}
 			})
 		})
@@ -198,4 +207,17 @@ func BenchmarkTopKExtra(b *testing.B) {
 			})
 		})
 	}
+}
+
+// zipfStream returns n keys drawn from the first keys of benchKeys with a
+// Zipf distribution (s = 1.1): a skewed stream, where most decisions are of
+// keys the sketch tracks, as is typical of the traffic of many principals.
+func zipfStream(keys, n int) []string {
+	ks := benchKeys(keys)
+	z := rand.NewZipf(rand.New(rand.NewPCG(1, 2)), 1.1, 1, uint64(keys-1))
+	out := make([]string, n)
+	for i := range out {
+		out[i] = ks[z.Uint64()]
+	}
+	return out
 }

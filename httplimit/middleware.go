@@ -64,7 +64,10 @@ type Config struct {
 	// Top, if not nil, keeps for every policy its hottest, most denied and
 	// near-limit keys (package topk; fixed memory per policy, no
 	// allocation per request), for a dashboard (TopLimits). The keys of a
-	// policy with a secret Key are shown hashed.
+	// policy with a secret Key are shown hashed. With a Store that decides
+	// at an instant read from its clock (memstore), the trackers record
+	// the decisions at that instant and read no clock of their own: give
+	// them the same clock (Top.Now) if the store's is not time.Now.
 	Top *topk.Options
 }
 
@@ -266,11 +269,20 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 	if len(st.items) == 0 {
 		return true
 	}
-	ds, v := admit.Decide(r.Context(), m.store, st.ds, st.items)
+	var (
+		ds  []ratelimit.Decision
+		v   admit.Verdict
+		now time.Time
+	)
+	if m.tops == nil {
+		ds, v = admit.Decide(r.Context(), m.store, st.ds, st.items)
+	} else {
+		ds, v, now = admit.DecideTimed(r.Context(), m.store, st.ds, st.items)
+	}
 	st.ds = ds
 	if m.tops != nil && v.Err == nil {
 		for i := range ds {
-			st.tops[i].Observe(keyValue(st.policies[i], st.keys[i]), &ds[i])
+			st.tops[i].ObserveAt(now, keyValue(st.policies[i], st.keys[i]), &ds[i])
 		}
 	}
 	st.ev.Policies, st.ev.Keys, st.ev.Decisions, st.ev.Err = st.policies, st.keys, ds, v.Err

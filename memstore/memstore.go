@@ -287,6 +287,16 @@ func (s *Store) Close() error {
 // Decide implements ratelimit.Store: it decides items all or nothing at the
 // store's clock.
 func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
+	return s.DecideAt(ctx, s.now(), dst, items)
+}
+
+// Now reads the store's clock (Options.Now).
+func (s *Store) Now() time.Time { return s.now() }
+
+// DecideAt is Decide at now, for a caller that reads the clock once (Now)
+// and records the decisions with their instant. As everywhere in Sluice,
+// an instant older than a key's state never creates capacity.
+func (s *Store) DecideAt(ctx context.Context, now time.Time, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return dst, err
 	}
@@ -298,7 +308,6 @@ func (s *Store) Decide(ctx context.Context, dst []ratelimit.Decision, items []ra
 			return dst, err
 		}
 	}
-	now := s.now()
 	if len(items) == 1 {
 		dst = append(dst, ratelimit.Decision{})
 		s.decideOne(&dst[len(dst)-1], &items[0], now)

@@ -275,3 +275,35 @@ func TestNoAllocationOnExistingKey(t *testing.T) {
 		t.Fatalf("%v allocations per decision on an existing key", n)
 	}
 }
+
+// TestDecideAt: DecideAt decides at the instant it is given, not at the
+// store's clock, which Now reads and Decide uses.
+func TestDecideAt(t *testing.T) {
+	t0 := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+	clock := t0.Add(time.Hour)
+	s := New(Options{JanitorInterval: -1, Now: func() time.Time { return clock }})
+	defer s.Close()
+	if got := s.Now(); !got.Equal(clock) {
+		t.Fatalf("Now = %v, want the store's clock %v", got, clock)
+	}
+	rule := &ratelimit.Rule{Name: "one", Quota: 1, Period: time.Second}
+	items := []ratelimit.Item{{Key: "k", Rule: rule, Cost: 1}}
+	for _, step := range []struct {
+		at    time.Time
+		allow bool
+	}{
+		{t0, true},
+		{t0, false},
+		{t0.Add(999 * time.Millisecond), false},
+		{t0.Add(time.Second), true},
+	} {
+		ds, err := s.DecideAt(t.Context(), step.at, nil, items)
+		if err != nil || len(ds) != 1 || ds[0].Allowed != step.allow {
+			t.Fatalf("DecideAt(%v) = %+v, %v; want allowed %v", step.at.Sub(t0), ds, err, step.allow)
+		}
+	}
+	// The store's clock is an hour on: Decide finds the key whole again.
+	if ds, err := s.Decide(t.Context(), nil, items); err != nil || !ds[0].Allowed || ds[0].Remaining != 0 {
+		t.Errorf("Decide at the store's clock = %+v, %v; want one admitted, none remaining", ds, err)
+	}
+}

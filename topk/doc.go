@@ -16,7 +16,11 @@
 //     below the key's true count and never above it by more than its
 //     error, and every key decided more than Threshold times (about
 //     N/Counters for N decisions; Snapshot reports the exact figure) is
-//     tracked. Denials are counted from the moment a key is tracked: the
+//     tracked. An admission filter in front of the sketch (cells bounding
+//     the counts of untracked keys, as in Filtered Space-Saving) lets most
+//     decisions of keys that are not among the heavy ones pass without
+//     taking a counter over, with the same guarantees and counts.
+//     Denials are counted from the moment a key is tracked: the
 //     true number is at least the one reported and at most that plus the
 //     entry's error (a key had at most that many decisions before).
 //   - Near the limit: the K keys whose capacity will be whole again last,

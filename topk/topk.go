@@ -122,7 +122,7 @@ func (t *Tracker) Footprint() int {
 	n := int(unsafe.Sizeof(*t))
 	for _, s := range t.shards {
 		n += int(unsafe.Sizeof(*s)) +
-			cap(s.hot.entries)*int(unsafe.Sizeof(hotEntry{})) + cap(s.hot.buckets)*int(unsafe.Sizeof(bucket{})) + cap(s.hot.idx.slots)*int(unsafe.Sizeof(slot{})) +
+			cap(s.hot.entries)*int(unsafe.Sizeof(hotEntry{})) + cap(s.hot.buckets)*int(unsafe.Sizeof(bucket{})) + cap(s.hot.idx.slots)*int(unsafe.Sizeof(slot{})) + cap(s.hot.cells)*8 +
 			cap(s.near.entries)*int(unsafe.Sizeof(nearEntry{})) + cap(s.near.heap)*4 + cap(s.near.idx.slots)*int(unsafe.Sizeof(slot{}))
 	}
 	return n
@@ -285,13 +285,34 @@ func (t *Tracker) show(key string) string {
 // stream summary so that every step is O(1): the counters are grouped in
 // buckets of equal count, the buckets in a list by increasing count, and
 // the keys found through idx. All of it lives in arrays made at New.
+//
+// In front of it, once every counter is in use, is an admission filter
+// (in the spirit of Filtered Space-Saving, Homem and Carvalho, 2010):
+// cells, each a bound on the count of every untracked key that hashes
+// to it. An untracked key adds one to its cell and takes a counter over
+// only when the cell passes the smallest count μ; otherwise it costs the
+// lookup and the addition, not the index's removal and insertion and
+// the move between buckets. The guarantees are those of the plain
+// sketch, with the same counts: a cell never exceeds μ except for the
+// moment its key takes a counter over, with the count μ+1 and error μ
+// the plain sketch gives; after it the cell is μ again, which still
+// bounds its untracked keys (none of them was decided more than μ
+// times); a key losing its counter raises its cell to its count. So every
+// untracked key was decided at most μ times, and a tracked key's count is
+// at most its error above its true count.
 type hotTable struct {
 	entries []hotEntry // len grows to cap once, then counters are reused
 	buckets []bucket   // cap as entries: a non-empty bucket has an entry
 	free    int32      // first free bucket, -1 when none is
 	head    int32      // the bucket of the smallest count, -1 when none
 	idx     index
+	cells   []int64 // the admission filter: a power of two in length
 }
+
+// filterCells is the number of the filter's cells per counter: the share
+// of the untracked keys' decisions that take a counter over in a stream
+// of many keys is about 1/(filterCells+1).
+const filterCells = 4
 
 type hotEntry struct {
 	key         string
@@ -310,7 +331,17 @@ type bucket struct {
 const none = -1
 
 func newHotTable(n int) hotTable {
-	return hotTable{entries: make([]hotEntry, 0, n), buckets: make([]bucket, 0, n), free: none, head: none, idx: newIndex(n)}
+	cells := 1
+	for cells < filterCells*n {
+		cells <<= 1
+	}
+	return hotTable{entries: make([]hotEntry, 0, n), buckets: make([]bucket, 0, n), free: none, head: none, idx: newIndex(n), cells: make([]int64, cells)}
+}
+
+// cell returns the filter's cell of a key's hash, from bits the index and
+// the shard do not use first.
+func (h *hotTable) cell(hash uint64) *int64 {
+	return &h.cells[(hash>>32)&uint64(len(h.cells)-1)]
 }
 
 // count returns the count of entry n.
@@ -337,11 +368,21 @@ func (h *hotTable) observe(hash uint64, key string, denied bool) {
 		h.link(n, b)
 		return
 	}
-	// The key takes over a counter with the smallest count.
+	mu := h.buckets[h.head].count
+	c := h.cell(hash)
+	if *c++; *c <= mu {
+		return // decided at most μ times: it may stay untracked
+	}
+	*c = mu
+	// The key takes over a counter with the smallest count, whose key's
+	// cell now bounds that key's count too.
 	n := h.buckets[h.head].first
 	e := &h.entries[n]
 	h.idx.remove(e.hash, e.key)
-	e.key, e.hash, e.err, e.denied = key, hash, h.buckets[h.head].count, d
+	if old := h.cell(e.hash); *old < mu {
+		*old = mu
+	}
+	e.key, e.hash, e.err, e.denied = key, hash, mu, d
 	h.idx.insert(hash, key, n)
 	h.increment(n)
 }

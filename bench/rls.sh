@@ -12,6 +12,8 @@
 #   COUNTING="batched approximate" ROUNDS=3 CS=64 KS="1 10000" bash bench/rls.sh 6
 #       (also Sluice on Redis with bench/rules-MODE, as "sluice-redis-MODE")
 #   SERVEFLAGS="--overload-off" ...   (extra flags for every sluice serve)
+#   HTTP=1 ...   (POST /v1/check over HTTP/1.1 instead of gRPC, against the
+#       floor's do-nothing HTTP handler)
 #   FLOORCODEC=1 ...   (also the floor built with serve's codec, "floor-codec")
 #   DOMAINS="bench bench-over" ...   (also the over-limit rules: every
 #       request after a key's first is answered OVER_LIMIT; default "bench")
@@ -41,24 +43,24 @@ go build -o "$tmp/rlsload" ./bench/rlsload
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
 waitport() { for _ in $(seq 200); do (echo >/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
 
-# systems: name port server-pid store-pid
+# systems: name gRPC-port server-pid store-pid HTTP-port
 systems=()
-port=$(freeport)
-"$tmp/floor" -addr "127.0.0.1:$port" >/dev/null & pids+=($!)
-systems+=("floor $port $! 0")
+port=$(freeport); fhport=$(freeport)
+"$tmp/floor" -addr "127.0.0.1:$port" -http "127.0.0.1:$fhport" >/dev/null & pids+=($!)
+systems+=("floor $port $! 0 $fhport")
 if [ -n "${FLOORCODEC:-}" ]; then
 	port=$(freeport)
 	"$tmp/floor" -codec -addr "127.0.0.1:$port" >/dev/null & pids+=($!)
-	systems+=("floor-codec $port $! 0")
+	systems+=("floor-codec $port $! 0 0")
 fi
 
 gport=$(freeport); hport=$(freeport)
 "$tmp/sluice" serve --rules bench/rules --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" ${SERVEFLAGS:-} >"$tmp/mem.log" 2>&1 & pids+=($!)
-systems+=("sluice-memory $gport $! 0")
+systems+=("sluice-memory $gport $! 0 $hport")
 for a in ${ALSOMEM:-}; do
 	gport=$(freeport); hport=$(freeport)
 	"${a#*=}" serve --rules bench/rules --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" ${SERVEFLAGS:-} >"$tmp/${a%%=*}-mem.log" 2>&1 & pids+=($!)
-	systems+=("${a%%=*}-memory $gport $! 0")
+	systems+=("${a%%=*}-memory $gport $! 0 $hport")
 done
 
 # onredis NAME BINARY [RULES]: BINARY serves the bench rules (or those of
@@ -71,7 +73,7 @@ onredis() {
 	waitport "$rport"
 	gport=$(freeport); hport=$(freeport)
 	"$2" serve --rules "${3:-bench/rules}" --store redis --redis-addr "127.0.0.1:$rport" --grpc-addr "127.0.0.1:$gport" --http-addr "127.0.0.1:$hport" ${SERVEFLAGS:-} >"$tmp/$1.log" 2>&1 & pids+=($!)
-	systems+=("$1 $gport $! $rpid")
+	systems+=("$1 $gport $! $rpid $hport")
 }
 if [ -z "${NOREDIS:-}" ] && command -v redis-server >/dev/null; then
 	onredis sluice-redis "$tmp/sluice"
@@ -94,7 +96,12 @@ for _ in $(seq "${ROUNDS:-1}"); do
 			for d in ${DOMAINS:-bench}; do
 				for s in "${systems[@]}"; do
 					set -- $s
-					"$tmp/rlsload" -addr "127.0.0.1:$2" -c "$c" -k "$k" -domain "$d" -d "${DUR}s" -pid "$3" -store-pid "$4" -name "$1" -json | tee -a "$results"
+					port=$2 http=()
+					if [ -n "${HTTP:-}" ]; then
+						[ "$5" = 0 ] && continue
+						port=$5 http=(-http)
+					fi
+					"$tmp/rlsload" "${http[@]}" -addr "127.0.0.1:$port" -c "$c" -k "$k" -domain "$d" -d "${DUR}s" -pid "$3" -store-pid "$4" -name "$1" -json | tee -a "$results"
 				done
 			done
 		done

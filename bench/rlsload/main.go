@@ -6,16 +6,20 @@
 // whole machine's: on a machine the load generator shares with the server,
 // requests/s is about the busy CPU divided by the machine's CPU per
 // request, so that is where a ratio to another server comes from.
-// Loopback only.
+// With -http it sends the same decisions as POST /v1/check (Sluice's JSON
+// API) over HTTP/1.1, one keep-alive connection per caller. Loopback only.
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -55,7 +59,7 @@ type config struct {
 	callers, keys, n        int
 	dur                     time.Duration
 	pid, storePID           int
-	asJSON                  bool
+	asJSON, http            bool
 }
 
 func main() {
@@ -71,6 +75,7 @@ func main() {
 	flag.IntVar(&c.storePID, "store-pid", 0, "the store's PID (a redis-server), to report its CPU per request")
 	flag.StringVar(&c.name, "name", "", "label for the result")
 	flag.BoolVar(&c.asJSON, "json", false, "print one JSON object")
+	flag.BoolVar(&c.http, "http", false, "POST /v1/check over HTTP/1.1 to addr instead of calling ShouldRateLimit over gRPC")
 	flag.Parse()
 	if err := run(c); err != nil {
 		fmt.Fprintln(os.Stderr, "rlsload:", err)
@@ -90,22 +95,14 @@ func run(c config) error {
 	if dur > 2*time.Minute || callers < 1 || callers > 1024 || keys < 1 || c.n < 0 || c.n > 10_000_000 {
 		return errors.New("bounds: 1 ≤ c ≤ 1024, k ≥ 1, d ≤ 2m, 0 ≤ n ≤ 10,000,000")
 	}
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	call, closeCall, err := caller(c)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	client := rlsv3.NewRateLimitServiceClient(conn)
-	reqs := make([]*rlsv3.RateLimitRequest, keys)
-	for i := range reqs {
-		reqs[i] = &rlsv3.RateLimitRequest{Domain: c.domain, Descriptors: []*commonv3.RateLimitDescriptor{{
-			Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: c.key, Value: "10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256)}},
-		}}}
-	}
-	// Warm up the connection and the server's keys.
-	ctx := context.Background()
+	defer closeCall()
+	// Warm up the connections and the server's keys.
 	for i := 0; i < min(keys, 2000); i++ {
-		if _, err := client.ShouldRateLimit(ctx, reqs[i]); err != nil {
+		if _, err := call(i); err != nil {
 			return fmt.Errorf("warm-up: %w", err)
 		}
 	}
@@ -136,11 +133,11 @@ func run(c config) error {
 				x ^= x << 13
 				x ^= x >> 7
 				x ^= x << 17
-				resp, err := client.ShouldRateLimit(ctx, reqs[x%uint64(keys)])
+				limited, err := call(int(x % uint64(keys)))
 				l = append(l, time.Since(t))
 				if err != nil {
 					errs[w]++
-				} else if resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT {
+				} else if limited {
 					over[w]++
 				}
 			}
@@ -185,6 +182,60 @@ func run(c config) error {
 	}
 	fmt.Println()
 	return nil
+}
+
+// caller returns the function that sends the decision of key i and reports
+// whether it was over the limit, and what closes its connections.
+func caller(c config) (func(i int) (bool, error), func(), error) {
+	value := func(i int) string { return "10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256) }
+	if c.http {
+		bodies := make([][]byte, c.keys)
+		for i := range bodies {
+			b, err := json.Marshal(map[string]any{"domain": c.domain, "descriptors": []any{map[string]any{"entries": []any{map[string]string{"key": c.key, "value": value(i)}}}}})
+			if err != nil {
+				return nil, nil, err
+			}
+			bodies[i] = b
+		}
+		tr := &http.Transport{MaxIdleConnsPerHost: c.callers, MaxConnsPerHost: c.callers, DisableCompression: true}
+		client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+		url := "http://" + c.addr + "/v1/check"
+		return func(i int) (bool, error) {
+			resp, err := client.Post(url, "application/json", bytes.NewReader(bodies[i]))
+			if err != nil {
+				return false, err
+			}
+			_, err = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			switch {
+			case err != nil:
+				return false, err
+			case resp.StatusCode == http.StatusTooManyRequests:
+				return true, nil
+			case resp.StatusCode != http.StatusOK:
+				return false, fmt.Errorf("status %d", resp.StatusCode)
+			}
+			return false, nil
+		}, tr.CloseIdleConnections, nil
+	}
+	conn, err := grpc.NewClient(c.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, nil, err
+	}
+	client := rlsv3.NewRateLimitServiceClient(conn)
+	reqs := make([]*rlsv3.RateLimitRequest, c.keys)
+	for i := range reqs {
+		reqs[i] = &rlsv3.RateLimitRequest{Domain: c.domain, Descriptors: []*commonv3.RateLimitDescriptor{{
+			Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: c.key, Value: value(i)}},
+		}}}
+	}
+	return func(i int) (bool, error) {
+		resp, err := client.ShouldRateLimit(context.Background(), reqs[i])
+		if err != nil {
+			return false, err
+		}
+		return resp.OverallCode == rlsv3.RateLimitResponse_OVER_LIMIT, nil
+	}, func() { conn.Close() }, nil
 }
 
 // machineCPU returns the busy and the idle CPU time of all CPUs since boot

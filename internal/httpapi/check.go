@@ -63,6 +63,14 @@ type checkCall struct {
 // duplicate members; see strictScan), which scan finds. Errors name the
 // offending field.
 func decodeCheck(body []byte, in *checkRequest, scan *strictScan) error {
+	if fastCheck(body, in) {
+		return nil
+	}
+	return decodeCheckJSON(body, in, scan)
+}
+
+// decodeCheckJSON is decodeCheck with encoding/json, for every body.
+func decodeCheckJSON(body []byte, in *checkRequest, scan *strictScan) error {
 	// encoding/json decodes array elements into the slice's old elements
 	// without zeroing them, so clear them: a field absent from this body
 	// must not keep the last request's value.

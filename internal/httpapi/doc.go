@@ -82,7 +82,11 @@
 // # Concurrency and cost
 //
 // API and Admin are safe for concurrent use. A /v1/check call reuses
-// pooled buffers and encodes its answer without reflection; the strict
-// checks are one pass over the body that allocates nothing; nothing is
-// logged per request.
+// pooled buffers and encodes its answer without reflection. The plain body
+// almost every caller sends (the schema's member names, each once; strings
+// of printable ASCII without escapes; integer costs) is decoded in one pass
+// without reflection, allocating only its strings; any other body goes
+// through encoding/json and the strict checks, one more pass that
+// allocates nothing, and is decoded the same (a fuzz target holds the two
+// to it). Nothing is logged per request.
 package httpapi

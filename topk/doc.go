@@ -26,7 +26,10 @@
 //   - Near the limit: the K keys whose capacity will be whole again last,
 //     from their latest decision that left them at least Options.NearFrom
 //     of their limit used. The instant a key is whole again (the
-//     decision's ResetAfter from then) does not change as time passes, so
+//     decision's ResetAfter from then, rounded up to the millisecond:
+//     keys whole again in one millisecond are as near, by what they
+//     used, and a newer one does not replace an entry as near as it)
+//     does not change as time passes, so
 //     an entry never goes stale: for a token bucket (GCRA) or leaky bucket
 //     of one rule, that order is the order of what each key has used now;
 //     for a window, keys of the window in force are kept first, by what

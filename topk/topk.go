@@ -150,7 +150,10 @@ func (t *Tracker) ObserveAt(now time.Time, key string, d *ratelimit.Decision) {
 		if now.IsZero() {
 			now = t.now()
 		}
-		wholeAt = now.UnixNano() + int64(d.ResetAfter)
+		// To the millisecond, rounded up: keys whole again within one
+		// millisecond of each other are as near, so that a stream of keys
+		// all denied alike does not replace an entry at every decision.
+		wholeAt = (now.UnixNano() + int64(d.ResetAfter) + 999_999) / 1_000_000 * 1_000_000
 	}
 	s.mu.Lock()
 	s.decisions++

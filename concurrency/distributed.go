@@ -116,7 +116,9 @@ type DistributedOptions struct {
 	// Default TTL/50 (2%).
 	Margin time.Duration
 	// MinBackoff and MaxBackoff bound the waits between attempts of a
-	// blocked Acquire. The wait doubles from MinBackoff up to MaxBackoff;
+	// blocked Acquire: MaxBackoff is the poll interval, the longest a
+	// freed permit waits to be noticed when no notification comes (see
+	// Notifier). The wait doubles from MinBackoff up to MaxBackoff;
 	// each is drawn at random between half of it and all of it, so that
 	// waiters do not retry in step. On a FairStore the first waiter in
 	// line asks every MinBackoff. Defaults DefaultMinBackoff and

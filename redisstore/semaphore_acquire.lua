@@ -11,6 +11,7 @@
 -- -1 (having done nothing) past the cutoff. When it forgot expired holders
 -- and did not find the semaphore full, it PUBLISHes "" on the channel, so
 -- that other waiters look: the expired permits may be more than it takes.
+-- (When the last holder expires, the key expires with it: nothing to see.)
 local key, token = KEYS[1], ARGV[1]
 local limit, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
 local t = redis.call('TIME')

@@ -77,7 +77,9 @@ type SemaphoreOptions struct {
 // whenever room may have opened for a waiter: a release; the departure
 // of the first waiter; an acquire that forgot expired holders (the only
 // moment Redis notices an expiry) and left room; a fair grant that left
-// room for the next in line. The message is the token first in line, or
+// room for the next in line. When the last holder's permit expires, the
+// set expires with it and nothing is published: the waiters find the
+// room by polling. The message is the token first in line, or
 // "" when nobody queues. Watch SUBSCRIBEs to it. Pub/sub delivers at most
 // once, to the subscribers connected then; a message lost (to a
 // reconnection, a full channel) costs the waiters one poll interval, since

@@ -54,6 +54,26 @@ type FairStore interface {
 	Dequeue(ctx context.Context, name, token string) error
 }
 
+// A Notifier is a Store that tells a semaphore's waiters, in every
+// process, when room may have opened: a permit released, an expired one
+// reclaimed, the first waiter gone or granted with room left. A blocked
+// Acquire on a Notifier watches while it waits and tries again at once
+// when told; it keeps polling besides, so a notification lost costs at
+// most one poll interval (MaxBackoff), and a notification is never a grant
+// by itself: the waiter still asks the store.
+//
+// redisstore.SemaphoreStore (Redis pub/sub) implements it.
+type Notifier interface {
+	// Watch returns a channel on which the store sends, for as long as
+	// ctx lasts, a message each time room may have opened in semaphore
+	// name: the token of the waiter first in line (FairStore.AcquireFair's
+	// queue), or "" when nobody queues. It returns once the watch is in
+	// place, so that a change after it returns is not missed. A slow
+	// receiver loses messages rather than blocking the store. The channel
+	// is closed when ctx is done or the watch fails.
+	Watch(ctx context.Context, name string) (<-chan string, error)
+}
+
 // A FairResult is the answer of FairStore.AcquireFair.
 type FairResult int
 
@@ -96,7 +116,9 @@ type DistributedOptions struct {
 	// Default TTL/50 (2%).
 	Margin time.Duration
 	// MinBackoff and MaxBackoff bound the waits between attempts of a
-	// blocked Acquire. The wait doubles from MinBackoff up to MaxBackoff;
+	// blocked Acquire: MaxBackoff is the poll interval, the longest a
+	// freed permit waits to be noticed when no notification comes (see
+	// Notifier). The wait doubles from MinBackoff up to MaxBackoff;
 	// each is drawn at random between half of it and all of it, so that
 	// waiters do not retry in step. On a FairStore the first waiter in
 	// line asks every MinBackoff. Defaults DefaultMinBackoff and
@@ -149,7 +171,15 @@ type DistributedOptions struct {
 // A blocked Acquire polls the Store with exponential backoff and jitter
 // between MinBackoff and MaxBackoff, so a permit freed by another process
 // is noticed within about MaxBackoff. A permit released through the same
-// Distributed wakes one of its waiters at once.
+// Distributed wakes one of its waiters at once. On a Notifier
+// (redisstore.SemaphoreStore), a Distributed watches the store while any
+// of its Acquires waits, in a goroutine it owns that ends when the last
+// one stops waiting, and a permit freed in another process wakes a waiter
+// at once too: one waiter of each process, or, when waiters queue with
+// Fair, the one first in line. A waiter woken asks the store again, so
+// the message grants nothing by itself; if it is lost, or the watch
+// fails (it is tried again at most every max(1 s, MaxBackoff)), the
+// waiters still poll, and a freed permit waits at most a poll interval.
 //
 // On a FairStore (MemoryStore, redisstore.SemaphoreStore) permits may
 // weigh more than one unit (AcquireN), and with Fair waiters are served in
@@ -172,10 +202,25 @@ type Distributed struct {
 	name    string
 	limit   int64
 	o       DistributedOptions
-	// freed gets a value when a permit of this Distributed is released,
-	// so that one of its waiters retries at once instead of after its
-	// backoff.
+	// freed gets a value when a permit of this Distributed is released
+	// (or the store says one was, without naming a waiter), so that one
+	// of its waiters retries at once instead of after its backoff.
 	freed chan struct{}
+	// notes is the store as a Notifier, or nil.
+	notes Notifier
+
+	mu      sync.Mutex
+	waiters map[*waiter]struct{} // the blocked acquires
+	// The watch: a goroutine of the Distributed's runs while waiters is
+	// not empty (watching), started by the first waiter and stopped by
+	// the last (stopWatch); gen tells its successive runs apart. live is
+	// set once the store has confirmed it, retryAt delays a new attempt
+	// after a failure.
+	watching  bool
+	live      bool
+	gen       uint64
+	stopWatch context.CancelFunc
+	retryAt   time.Time
 }
 
 // NewDistributed returns a semaphore named name, of at most limit holders,
@@ -218,7 +263,9 @@ func NewDistributed(b Store, name string, limit int64, o DistributedOptions) (*D
 		o.QueueTTL = max(time.Second, 4*o.MaxBackoff)
 	}
 	o.QueueTTL = max(o.QueueTTL, 2*o.MaxBackoff)
-	return &Distributed{backend: b, name: name, limit: limit, o: o, freed: make(chan struct{}, 1)}, nil
+	d := &Distributed{backend: b, name: name, limit: limit, o: o, freed: make(chan struct{}, 1), waiters: map[*waiter]struct{}{}}
+	d.notes, _ = b.(Notifier)
+	return d, nil
 }
 
 // Name returns the semaphore's name.
@@ -233,8 +280,8 @@ func (d *Distributed) Acquire(ctx context.Context) (*Permit, error) {
 	if d.o.Fair {
 		return d.AcquireN(ctx, 1)
 	}
-	w := d.newWaiter()
-	defer w.timer.Stop()
+	w := d.newWaiter("")
+	defer w.done()
 	for {
 		p, err := d.TryAcquire(ctx)
 		// A grant answered too late to be valid (ErrLost) is retried too;
@@ -250,17 +297,45 @@ func (d *Distributed) Acquire(ctx context.Context) (*Permit, error) {
 
 // waiter is a blocked acquire's wait between attempts: exponential
 // backoff with jitter from MinBackoff up to MaxBackoff, cut short by a
-// permit released through the same Distributed or by the context.
+// permit released through the same Distributed, by the store's
+// notification (on a Notifier) or by the context. It is registered with
+// its Distributed from newWaiter until done.
 type waiter struct {
 	d       *Distributed
 	backoff time.Duration
 	timer   *time.Timer
+	wake    chan struct{} // a notification meant for this waiter
+	token   string        // its place in a FairStore's queue; guarded by d.mu
 }
 
-func (d *Distributed) newWaiter() *waiter {
+func (d *Distributed) newWaiter(token string) *waiter {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
-	return &waiter{d: d, backoff: d.o.MinBackoff, timer: t}
+	w := &waiter{d: d, backoff: d.o.MinBackoff, timer: t, wake: make(chan struct{}, 1), token: token}
+	d.mu.Lock()
+	d.waiters[w] = struct{}{}
+	d.mu.Unlock()
+	return w
+}
+
+// done unregisters the waiter; the last one stops the watch.
+func (w *waiter) done() {
+	w.timer.Stop()
+	d := w.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.waiters, w)
+	if len(d.waiters) == 0 && d.watching {
+		d.stopWatch()
+		d.watching, d.live, d.stopWatch = false, false, nil
+	}
+}
+
+// setToken records the waiter's new place in the queue.
+func (w *waiter) setToken(token string) {
+	w.d.mu.Lock()
+	w.token = token
+	w.d.mu.Unlock()
 }
 
 // next returns the next pause, jittered, and doubles the backoff.
@@ -270,15 +345,101 @@ func (w *waiter) next() time.Duration {
 	return p
 }
 
-// wait blocks for pause, until a permit is freed here, or until ctx ends.
+// wait blocks for pause, until a permit is freed here or the store says
+// one may be, or until ctx ends. It first starts the watch, if the store
+// is a Notifier and none runs.
 func (w *waiter) wait(ctx context.Context, pause time.Duration) {
+	w.d.watch()
 	w.timer.Reset(pause)
 	select {
 	case <-ctx.Done():
 	case <-w.d.freed:
+	case <-w.wake:
 	case <-w.timer.C:
 	}
 	w.timer.Stop()
+}
+
+// poke wakes w without blocking.
+func (w *waiter) poke() {
+	select {
+	case w.wake <- struct{}{}:
+	default: // a wake-up is already pending
+	}
+}
+
+// wakeOne wakes one of d's waiters without blocking.
+func (d *Distributed) wakeOne() {
+	select {
+	case d.freed <- struct{}{}:
+	default: // a wake-up is already pending
+	}
+}
+
+// watch starts the watch goroutine if the store is a Notifier, a waiter
+// waits, none runs and no failure asks for a pause.
+func (d *Distributed) watch() {
+	if d.notes == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.watching || len(d.waiters) == 0 || time.Now().Before(d.retryAt) {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	d.gen++
+	d.watching, d.live, d.stopWatch = true, false, cancel
+	go d.watchRun(ctx, d.gen)
+}
+
+// watchRun is the watch goroutine of generation gen: it watches the
+// store until ctx is cancelled (the last waiter left) or the watch fails,
+// and passes each message on to the waiter it names, or to one waiter.
+func (d *Distributed) watchRun(ctx context.Context, gen uint64) {
+	c, err := d.notes.Watch(ctx, d.name)
+	if err == nil {
+		d.mu.Lock()
+		if d.gen == gen {
+			d.live = true
+		}
+		// A permit freed before the watch was in place was missed: every
+		// waiter asks once more.
+		for w := range d.waiters {
+			w.poke()
+		}
+		d.mu.Unlock()
+		for m := range c {
+			d.noted(m)
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.gen == gen && d.watching && ctx.Err() == nil {
+		// The watch failed: the waiters poll, and one of them tries
+		// again later.
+		d.stopWatch()
+		d.watching, d.live, d.stopWatch = false, false, nil
+		d.retryAt = time.Now().Add(max(time.Second, d.o.MaxBackoff))
+	}
+}
+
+// noted passes on a message of the store: to the waiter first in line
+// that it names, if that waiter is here; to one waiter when it names
+// none.
+func (d *Distributed) noted(head string) {
+	if head == "" {
+		d.wakeOne()
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for w := range d.waiters {
+		if w.token == head {
+			w.poke()
+			return
+		}
+	}
 }
 
 // AcquireN waits for a permit of weight n (in arrival order with Fair)
@@ -294,8 +455,8 @@ func (d *Distributed) AcquireN(ctx context.Context, n int64) (*Permit, error) {
 		return nil, err
 	}
 	token := crand.Text()
-	w := d.newWaiter()
-	defer w.timer.Stop()
+	w := d.newWaiter(token)
+	defer w.done()
 	for {
 		if err := ctx.Err(); err != nil {
 			d.dequeue(ctx, fs, token)
@@ -319,6 +480,7 @@ func (d *Distributed) AcquireN(ctx context.Context, n int64) (*Permit, error) {
 			// Granted after its validity: give it back, queue again.
 			d.releaseDetached(ctx, token)
 			token = crand.Text()
+			w.setToken(token)
 		}
 		pause := w.next()
 		if res == First && d.o.Fair {
@@ -599,9 +761,12 @@ func (p *Permit) Release(ctx context.Context) error {
 		return fmt.Errorf("concurrency: release %q: %w", p.d.name, err)
 	}
 	if ok {
-		select {
-		case p.d.freed <- struct{}{}:
-		default: // a wake-up is already pending
+		p.d.mu.Lock()
+		live := p.d.live
+		p.d.mu.Unlock()
+		if !live {
+			// Without a watch in place, nothing else wakes a local waiter.
+			p.d.wakeOne()
 		}
 	}
 	return nil

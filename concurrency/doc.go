@@ -18,6 +18,22 @@
 //     while held and reports through Lost the moment it can no longer be sure
 //     that it still holds its permit.
 //
+// # Waiting across processes
+//
+// A blocked Acquire polls its Store, with backoff between MinBackoff and
+// MaxBackoff. On a store that is also a Notifier (redisstore.SemaphoreStore,
+// over Redis pub/sub) it is told besides: the store publishes, in the same
+// round trip as the change, whenever room may have opened (a release, an
+// expired permit reclaimed when the store notices it, the first waiter
+// leaving or granted with room to spare), naming the waiter first in line
+// when waiters queue with Fair, and the waiter that is told asks again at
+// once, so a permit freed in
+// another process is taken in about a round trip instead of a poll
+// interval. A notification is only a wake-up: the waiter is granted only
+// by asking the store, so a message lost, delayed or duplicated never
+// breaks the limit or the order, and a lost one costs at most one poll
+// interval, since the polling goes on.
+//
 // # Choosing between a semaphore, a rate limit and leases
 //
 // A semaphore bounds concurrency: it suits a downstream service whose limit

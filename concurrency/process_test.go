@@ -32,6 +32,8 @@ const (
 	envWorkers = "SLUICE_SEMWORKER_WORKERS"
 	envIters   = "SLUICE_SEMWORKER_ITERS"
 	envLimit   = "SLUICE_SEMWORKER_LIMIT"
+	envWeight  = "SLUICE_SEMWORKER_WEIGHT" // modes "queue" and "weighted"
+	envID      = "SLUICE_SEMWORKER_ID"
 )
 
 const (
@@ -49,7 +51,7 @@ var procOpts = concurrency.DistributedOptions{TTL: procTTL}
 func TestSemWorkerProcess(t *testing.T) {
 	mode := os.Getenv(envMode)
 	if mode == "" {
-		t.Skip("child process of TestSemaphoreProcesses only")
+		t.Skip("child process of TestSemaphoreProcesses, TestFairOrderAcrossProcesses and TestWeightedAcrossProcesses only")
 	}
 	atoi := func(k string) int {
 		n, err := strconv.Atoi(os.Getenv(k))
@@ -63,6 +65,14 @@ func TestSemWorkerProcess(t *testing.T) {
 	b, err := redisstore.NewSemaphoreStore(c, redisstore.SemaphoreOptions{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	switch mode {
+	case "queue":
+		childQueue(t, c, b, int64(atoi(envLimit)), int64(atoi(envWeight)), os.Getenv(envID))
+		return
+	case "weighted":
+		childWeighted(t, c, b, int64(atoi(envLimit)), int64(atoi(envWeight)), atoi(envIters))
+		return
 	}
 	d, err := concurrency.NewDistributed(b, "procs", int64(atoi(envLimit)), procOpts)
 	if err != nil {

@@ -1,13 +1,17 @@
 -- Acquire a permit of one distributed semaphore.
 -- KEYS[1]  the semaphore's sorted set: member = token, score = expiry (ms, server clock)
 -- KEYS[2]  the weights above 1 of its holders (see semaphore_fair.lua)
+-- KEYS[3]  the semaphore's pub/sub channel (see semaphore_release.lua)
 -- ARGV[1]  token
 -- ARGV[2]  limit (most holders)
 -- ARGV[3]  ttl in milliseconds
 -- ARGV[4]  the cutoff: Unix ns of the server's clock past which the caller
 --          has given up on the call, or "" for none (see clock.go)
 -- Returns 1 if token holds a permit afterwards, 0 if the semaphore is full,
--- -1 (having done nothing) past the cutoff.
+-- -1 (having done nothing) past the cutoff. When it forgot expired holders
+-- and did not find the semaphore full, it PUBLISHes "" on the channel, so
+-- that other waiters look: the expired permits may be more than it takes.
+-- (When the last holder expires, the key expires with it: nothing to see.)
 local key, token = KEYS[1], ARGV[1]
 local limit, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
 local t = redis.call('TIME')
@@ -36,6 +40,9 @@ if not redis.call('ZSCORE', key, token) then
   if used >= limit then
     return 0
   end
+end
+if #gone > 0 then
+  redis.call('PUBLISH', KEYS[3], '')
 end
 redis.call('ZADD', key, now + ttl, token)
 -- The key lives as long as its longest-lived holder.

@@ -4,6 +4,7 @@
 -- KEYS[3]  the waiters: sorted set token -> ticket (arrival order)
 -- KEYS[4]  the waiters' places: hash token -> the instant (ms) it lapses
 -- KEYS[5]  the ticket counter
+-- KEYS[6]  the semaphore's pub/sub channel (see semaphore_release.lua)
 -- ARGV[1]  token
 -- ARGV[2]  weight
 -- ARGV[3]  limit (the most weight held)
@@ -15,6 +16,9 @@
 -- Returns 2 when token holds the permit, 1 when it is first in line and
 -- waits for room, 0 when others wait before it, -1 (having done nothing)
 -- past the cutoff.
+-- When the head of the line changed (a waiter granted or lapsed) or
+-- expired holders were forgotten, and room is left, it PUBLISHes the token
+-- of the waiter now first in line, so that it asks at once.
 local token = ARGV[1]
 local weight, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
 local ttl, wait = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -32,6 +36,23 @@ if #gone > 0 then
   redis.call('HDEL', KEYS[2], unpack(gone))
 end
 
+local function used()
+  local n = redis.call('ZCARD', KEYS[1])
+  local ws = redis.call('HVALS', KEYS[2])
+  for i = 1, #ws do
+    n = n + tonumber(ws[i]) - 1
+  end
+  return n
+end
+
+-- tell wakes the waiter first in line, if it is another and room is left.
+local function tell()
+  local h = redis.call('ZRANGE', KEYS[3], 0, 0)
+  if #h == 1 and h[1] ~= token and used() < limit then
+    redis.call('PUBLISH', KEYS[6], h[1])
+  end
+end
+
 local function keep(k, ms)
   if redis.call('PTTL', k) < ms then
     redis.call('PEXPIRE', k, ms)
@@ -45,6 +66,7 @@ if redis.call('ZSCORE', KEYS[1], token) then
 end
 
 -- Waiters whose place lapsed leave the head of the line.
+local changed = #gone > 0
 while true do
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)
   if #head == 0 then
@@ -56,17 +78,13 @@ while true do
   end
   redis.call('ZREM', KEYS[3], head[1])
   redis.call('HDEL', KEYS[4], head[1])
+  changed = true
 end
 
 local head = redis.call('ZRANGE', KEYS[3], 0, 0)
 local first = #head == 0 or head[1] == token
 if first then
-  local used = redis.call('ZCARD', KEYS[1])
-  local ws = redis.call('HVALS', KEYS[2])
-  for i = 1, #ws do
-    used = used + tonumber(ws[i]) - 1
-  end
-  if used + weight <= limit then
+  if used() + weight <= limit then
     redis.call('ZADD', KEYS[1], now + ttl, token)
     if weight ~= 1 then
       redis.call('HSET', KEYS[2], token, weight)
@@ -75,8 +93,12 @@ if first then
     keep(KEYS[1], ttl)
     redis.call('ZREM', KEYS[3], token)
     redis.call('HDEL', KEYS[4], token)
+    tell()
     return 2
   end
+end
+if changed then
+  tell()
 end
 if wait > 0 then
   if not redis.call('ZSCORE', KEYS[3], token) then

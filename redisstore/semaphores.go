@@ -22,6 +22,9 @@ var semaphoreRenewLua string
 //go:embed semaphore_fair.lua
 var semaphoreFairLua string
 
+//go:embed semaphore_release.lua
+var semaphoreReleaseLua string
+
 // DefaultSemaphorePrefix is the default SemaphoreOptions.Prefix.
 const DefaultSemaphorePrefix = "sluice:sem:"
 
@@ -48,7 +51,7 @@ type SemaphoreOptions struct {
 // (EVALSHA, falling back to EVAL) that read TIME; acquire first removes the
 // expired holders, then adds the token if fewer than the limit remain;
 // renew extends a token only if it is present and unexpired; release
-// removes the caller's own token (and its weight) in one MULTI.
+// removes the caller's own token (and its weight).
 //
 // It is a concurrency.FairStore: beside the holders' set, a semaphore has
 // a hash of the weights above 1 (Key + ":w"), a sorted set of waiters
@@ -69,6 +72,20 @@ type SemaphoreOptions struct {
 // after its caller gave up adds no holder, so that no permit is held that
 // nobody owns. One without a deadline has no cutoff.
 //
+// It is a concurrency.Notifier: the scripts PUBLISH on the semaphore's
+// channel, Key(name) + ":freed", in the same round trip as the change,
+// whenever room may have opened for a waiter: a release; the departure
+// of the first waiter; an acquire that forgot expired holders (the only
+// moment Redis notices an expiry) and left room; a fair grant that left
+// room for the next in line. When the last holder's permit expires, the
+// set expires with it and nothing is published: the waiters find the
+// room by polling. The message is the token first in line, or
+// "" when nobody queues. Watch SUBSCRIBEs to it. Pub/sub delivers at most
+// once, to the subscribers connected then; a message lost (to a
+// reconnection, a full channel) costs the waiters one poll interval, since
+// they keep polling. On a Cluster, PUBLISH reaches the subscribers of
+// every node.
+//
 // A server that loses its data (a restart without persistence, a failover
 // to a replica that had not received the writes) forgets the permits: their
 // next renewal fails and each Permit reports Lost. Holders never re-create a
@@ -87,10 +104,14 @@ type SemaphoreStore struct {
 	acquire *redis.Script
 	renew   *redis.Script
 	fair    *redis.Script
+	release *redis.Script
 	sclock  *serverClock
 }
 
-var _ concurrency.FairStore = (*SemaphoreStore)(nil)
+var (
+	_ concurrency.FairStore = (*SemaphoreStore)(nil)
+	_ concurrency.Notifier  = (*SemaphoreStore)(nil)
+)
 
 // NewSemaphoreStore returns a store of semaphores on c, which the caller
 // owns and closes.
@@ -112,6 +133,7 @@ func NewSemaphoreStore(c redis.UniversalClient, o SemaphoreOptions) (*SemaphoreS
 		acquire: redis.NewScript(semaphoreAcquireLua),
 		renew:   redis.NewScript(semaphoreRenewLua),
 		fair:    redis.NewScript(semaphoreFairLua),
+		release: redis.NewScript(semaphoreReleaseLua),
 		sclock:  newServerClock(c, redis.NewScript(timeLua)),
 	}, nil
 }
@@ -164,7 +186,7 @@ func (r *SemaphoreStore) AcquireFair(ctx context.Context, name, token string, we
 	if wait > 0 {
 		waitMs = ttlMillis(wait)
 	}
-	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":seq"}
+	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":seq", key + ":freed"}
 	n, err := r.fair.Run(ctx, r.c, keys, token, weight, limit, ttlMillis(ttl), waitMs, cut).Int64()
 	if err == nil && n == -1 {
 		if d, ok := ctx.Deadline(); ok && time.Now().Before(d) {
@@ -184,18 +206,68 @@ func (r *SemaphoreStore) AcquireFair(ctx context.Context, name, token string, we
 	return concurrency.Queued, nil
 }
 
-// Dequeue implements concurrency.FairStore.
+// Dequeue implements concurrency.FairStore. When token was first in
+// line, it wakes the waiter now first.
 func (r *SemaphoreStore) Dequeue(ctx context.Context, name, token string) error {
-	key := r.Key(name)
-	_, err := r.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.ZRem(ctx, key+":q", token)
-		p.HDel(ctx, key+":qt", token)
-		return nil
-	})
-	if err != nil {
+	if _, err := r.runRelease(ctx, name, token, "dequeue"); err != nil {
 		return fmt.Errorf("redisstore: semaphore dequeue: %w", err)
 	}
 	return nil
+}
+
+// watchTimeout bounds Watch's subscription when the client sets no read
+// timeout.
+const watchTimeout = 5 * time.Second
+
+// runRelease runs semaphore_release.lua in mode "release" or "dequeue".
+func (r *SemaphoreStore) runRelease(ctx context.Context, name, token, mode string) (bool, error) {
+	key := r.Key(name)
+	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":freed"}
+	n, err := r.release.Run(ctx, r.c, keys, token, mode).Int64()
+	return n == 1, err
+}
+
+// Watch implements concurrency.Notifier: it subscribes to the channel of
+// semaphore name (a connection of its own, held until ctx is done) and
+// returns once Redis has confirmed the subscription, within the client's
+// read timeout (watchTimeout without one). The channel receives
+// each message published (the token first in line, or "") and is closed
+// when ctx is done; messages that find it full are dropped. Its goroutine
+// ends with ctx.
+func (r *SemaphoreStore) Watch(ctx context.Context, name string) (<-chan string, error) {
+	ps := r.c.Subscribe(ctx, r.Key(name)+":freed")
+	wait := r.sclock.readTimeout
+	if wait <= 0 {
+		wait = watchTimeout
+	}
+	rctx, cancel := context.WithTimeout(ctx, wait)
+	_, err := ps.Receive(rctx)
+	cancel()
+	if err != nil {
+		ps.Close()
+		return nil, fmt.Errorf("redisstore: semaphore watch: %w", err)
+	}
+	out := make(chan string, 16)
+	msgs := ps.Channel()
+	go func() {
+		defer close(out)
+		defer ps.Close()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case m, ok := <-msgs:
+				if !ok {
+					return
+				}
+				select {
+				case out <- m.Payload:
+				default:
+				}
+			}
+		}
+	}()
+	return out, nil
 }
 
 // Acquire implements concurrency.Store. A call with a deadline (the
@@ -208,7 +280,7 @@ func (r *SemaphoreStore) Acquire(ctx context.Context, name, token string, limit 
 	if err != nil {
 		return false, err
 	}
-	n, err := r.acquire.Run(ctx, r.c, []string{key, key + ":w"}, token, limit, ttlMillis(ttl), cut).Int64()
+	n, err := r.acquire.Run(ctx, r.c, []string{key, key + ":w", key + ":freed"}, token, limit, ttlMillis(ttl), cut).Int64()
 	if err == nil && n == -1 {
 		if d, ok := ctx.Deadline(); ok && time.Now().Before(d) {
 			r.sclock.expired(ctx, key) // answered in time, yet past the cutoff: measure again
@@ -230,17 +302,11 @@ func (r *SemaphoreStore) Renew(ctx context.Context, name, token string, ttl time
 	return n == 1, nil
 }
 
-// Release implements concurrency.Store.
+// Release implements concurrency.Store; it wakes the waiters (see Watch).
 func (r *SemaphoreStore) Release(ctx context.Context, name, token string) (bool, error) {
-	key := r.Key(name)
-	var rem *redis.IntCmd
-	_, err := r.c.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		rem = p.ZRem(ctx, key, token)
-		p.HDel(ctx, key+":w", token)
-		return nil
-	})
+	ok, err := r.runRelease(ctx, name, token, "release")
 	if err != nil {
 		return false, fmt.Errorf("redisstore: semaphore release: %w", err)
 	}
-	return rem.Val() == 1, nil
+	return ok, nil
 }

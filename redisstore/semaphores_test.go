@@ -199,3 +199,90 @@ func BenchmarkSemaphoreStore(b *testing.B) {
 		})
 	})
 }
+
+// TestSemaphoreWatch: the scripts publish, on the semaphore's channel, the
+// token first in line (or "") when a release, the departure of the head
+// or the reclaiming of an expired permit may open room, and nothing when a
+// waiter behind the head leaves.
+func TestSemaphoreWatch(t *testing.T) {
+	srv := redistest.Standalone(t)
+	b, err := NewSemaphoreStore(srv.Client(), SemaphoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	notes, err := b.Watch(ctx, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func(step, want string) {
+		t.Helper()
+		select {
+		case got, ok := <-notes:
+			if !ok || got != want {
+				t.Fatalf("%s: message %q (open %v), want %q", step, got, ok, want)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%s: no message", step)
+		}
+	}
+	fair := func(token string, want concurrency.FairResult) {
+		t.Helper()
+		if got, err := b.AcquireFair(ctx, "w", token, 1, 1, time.Minute, 10*time.Second); err != nil || got != want {
+			t.Fatalf("AcquireFair(%s) = %v, %v; want %v", token, got, err, want)
+		}
+	}
+	fair("a", concurrency.Granted)
+	if _, err := b.Release(ctx, "w", "a"); err != nil {
+		t.Fatal(err)
+	}
+	next("release, nobody queued", "")
+
+	fair("a", concurrency.Granted)
+	fair("b", concurrency.First)
+	fair("c", concurrency.Queued)
+	fair("d", concurrency.Queued)
+	if err := b.Dequeue(ctx, "w", "c"); err != nil { // behind the head: nothing
+		t.Fatal(err)
+	}
+	if _, err := b.Release(ctx, "w", "a"); err != nil {
+		t.Fatal(err)
+	}
+	next("release, b first in line", "b")
+	if err := b.Dequeue(ctx, "w", "b"); err != nil {
+		t.Fatal(err)
+	}
+	next("the head leaves", "d")
+	fair("d", concurrency.Granted)
+	if _, err := b.Release(ctx, "w", "d"); err != nil {
+		t.Fatal(err)
+	}
+	next("release, nobody queued", "")
+
+	// A permit that expires while another is held (so that the set
+	// lives) is noticed by the next acquire, which says so.
+	for _, h := range []struct {
+		token string
+		ttl   time.Duration
+	}{{"g", time.Minute}, {"e", 20 * time.Millisecond}} {
+		if ok, err := b.Acquire(ctx, "w", h.token, 2, h.ttl); err != nil || !ok {
+			t.Fatalf("Acquire(%s) = %v, %v", h.token, ok, err)
+		}
+	}
+	for {
+		ok, err := b.Acquire(ctx, "w", "f", 2, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			break
+		}
+	}
+	next("an expired permit reclaimed", "")
+	select {
+	case m := <-notes:
+		t.Fatalf("unexpected message %q", m)
+	default:
+	}
+}

@@ -285,6 +285,25 @@ func (r *LeaseStore) Watch(ctx context.Context) (<-chan string, error) {
 		ps.Close()
 		return nil, fmt.Errorf("redisstore: lease watch: %w", err)
 	}
+	return relay(ctx, ps), nil
+}
+
+// Valid reports whether g is the current, unexpired lease of its
+// partition by the server's clock: the check a protected service makes on
+// a fencing token.
+func (r *LeaseStore) Valid(ctx context.Context, g lease.Grant) (bool, error) {
+	v, err := r.run(ctx, "valid", "-", 0, g.Partition, g.Epoch)
+	if err != nil {
+		return false, err
+	}
+	n, _ := v.(int64)
+	return n == 1, nil
+}
+
+// relay passes on the payloads of the messages ps receives until ctx is
+// done, then closes ps and the channel it returns; a message that finds the
+// channel full is dropped (a notification only wakes a poller early).
+func relay(ctx context.Context, ps *redis.PubSub) <-chan string {
 	out := make(chan string, 16)
 	msgs := ps.Channel()
 	go func() {
@@ -305,17 +324,5 @@ func (r *LeaseStore) Watch(ctx context.Context) (<-chan string, error) {
 			}
 		}
 	}()
-	return out, nil
-}
-
-// Valid reports whether g is the current, unexpired lease of its
-// partition by the server's clock: the check a protected service makes on
-// a fencing token.
-func (r *LeaseStore) Valid(ctx context.Context, g lease.Grant) (bool, error) {
-	v, err := r.run(ctx, "valid", "-", 0, g.Partition, g.Epoch)
-	if err != nil {
-		return false, err
-	}
-	n, _ := v.(int64)
-	return n == 1, nil
+	return out
 }

@@ -247,27 +247,7 @@ func (r *SemaphoreStore) Watch(ctx context.Context, name string) (<-chan string,
 		ps.Close()
 		return nil, fmt.Errorf("redisstore: semaphore watch: %w", err)
 	}
-	out := make(chan string, 16)
-	msgs := ps.Channel()
-	go func() {
-		defer close(out)
-		defer ps.Close()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case m, ok := <-msgs:
-				if !ok {
-					return
-				}
-				select {
-				case out <- m.Payload:
-				default:
-				}
-			}
-		}
-	}()
-	return out, nil
+	return relay(ctx, ps), nil
 }
 
 // Acquire implements concurrency.Store. A call with a deadline (the

@@ -269,16 +269,7 @@ func (m *Middleware) serve(w http.ResponseWriter, r *http.Request) bool {
 	if len(st.items) == 0 {
 		return true
 	}
-	var (
-		ds  []ratelimit.Decision
-		v   admit.Verdict
-		now time.Time
-	)
-	if m.tops == nil {
-		ds, v = admit.Decide(r.Context(), m.store, st.ds, st.items)
-	} else {
-		ds, v, now = admit.DecideTimed(r.Context(), m.store, st.ds, st.items)
-	}
+	ds, v, now := admit.DecideTimed(r.Context(), m.store, st.ds, st.items)
 	st.ds = ds
 	if m.tops != nil && v.Err == nil {
 		for i := range ds {

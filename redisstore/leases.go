@@ -273,19 +273,11 @@ func (r *LeaseStore) Leave(ctx context.Context, id string) error {
 // Watch implements lease.Notifier: it subscribes to the service's channel
 // (one connection of the client's pool, held until ctx is done) and
 // returns once Redis has confirmed the subscription, within the store's
-// Timeout. The channel receives the ids published and is closed when ctx
-// is done; messages that find it full are dropped. The subscription's
-// goroutine ends with ctx.
+// Timeout (watchTimeout without one). The channel receives the ids
+// published and is closed when ctx is done; messages that find it full
+// are dropped. The subscription's goroutine ends with ctx.
 func (r *LeaseStore) Watch(ctx context.Context) (<-chan string, error) {
-	ps := r.c.Subscribe(ctx, r.keys[3])
-	cctx, cancel := r.bound(ctx)
-	_, err := ps.Receive(cctx)
-	cancel()
-	if err != nil {
-		ps.Close()
-		return nil, fmt.Errorf("redisstore: lease watch: %w", err)
-	}
-	return relay(ctx, ps), nil
+	return subscribe(ctx, r.c, r.keys[3], r.timeout, "lease")
 }
 
 // Valid reports whether g is the current, unexpired lease of its
@@ -298,6 +290,29 @@ func (r *LeaseStore) Valid(ctx context.Context, g lease.Grant) (bool, error) {
 	}
 	n, _ := v.(int64)
 	return n == 1, nil
+}
+
+// watchTimeout bounds a watch's subscription when the store has no
+// timeout of its own.
+const watchTimeout = 5 * time.Second
+
+// subscribe subscribes to channel on a connection of its own, held until
+// ctx is done, and returns once Redis has confirmed it, within wait
+// (watchTimeout when wait is not positive), with relay's channel of the
+// messages. what names the watch in errors.
+func subscribe(ctx context.Context, c redis.UniversalClient, channel string, wait time.Duration, what string) (<-chan string, error) {
+	if wait <= 0 {
+		wait = watchTimeout
+	}
+	ps := c.Subscribe(ctx, channel)
+	cctx, cancel := context.WithTimeout(ctx, wait)
+	_, err := ps.Receive(cctx)
+	cancel()
+	if err != nil {
+		ps.Close()
+		return nil, fmt.Errorf("redisstore: %s watch: %w", what, err)
+	}
+	return relay(ctx, ps), nil
 }
 
 // relay passes on the payloads of the messages ps receives until ctx is

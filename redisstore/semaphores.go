@@ -215,10 +215,6 @@ func (r *SemaphoreStore) Dequeue(ctx context.Context, name, token string) error 
 	return nil
 }
 
-// watchTimeout bounds Watch's subscription when the client sets no read
-// timeout.
-const watchTimeout = 5 * time.Second
-
 // runRelease runs semaphore_release.lua in mode "release" or "dequeue".
 func (r *SemaphoreStore) runRelease(ctx context.Context, name, token, mode string) (bool, error) {
 	key := r.Key(name)
@@ -235,19 +231,7 @@ func (r *SemaphoreStore) runRelease(ctx context.Context, name, token, mode strin
 // when ctx is done; messages that find it full are dropped. Its goroutine
 // ends with ctx.
 func (r *SemaphoreStore) Watch(ctx context.Context, name string) (<-chan string, error) {
-	ps := r.c.Subscribe(ctx, r.Key(name)+":freed")
-	wait := r.sclock.readTimeout
-	if wait <= 0 {
-		wait = watchTimeout
-	}
-	rctx, cancel := context.WithTimeout(ctx, wait)
-	_, err := ps.Receive(rctx)
-	cancel()
-	if err != nil {
-		ps.Close()
-		return nil, fmt.Errorf("redisstore: semaphore watch: %w", err)
-	}
-	return relay(ctx, ps), nil
+	return subscribe(ctx, r.c, r.Key(name)+":freed", r.sclock.readTimeout, "semaphore")
 }
 
 // Acquire implements concurrency.Store. A call with a deadline (the

@@ -343,8 +343,12 @@ func TestProtectOutcomes(t *testing.T) {
 					ctx = metadata.AppendToOutgoingContext(ctx, "test-deadline", "20ms")
 				}
 				if c.clientDeadline {
+					// Long enough for the call to reach the handler on a
+					// fresh connection on a loaded machine (at 20 ms it
+					// once did not, and the test waited for a handler
+					// that never ran); the handler waits it out.
 					var cancelDeadline context.CancelFunc
-					ctx, cancelDeadline = context.WithTimeout(ctx, 20*time.Millisecond)
+					ctx, cancelDeadline = context.WithTimeout(ctx, 500*time.Millisecond)
 					defer cancelDeadline()
 				}
 				if c.cancel {
@@ -360,7 +364,11 @@ func TestProtectOutcomes(t *testing.T) {
 				} else {
 					_, _ = client.Check(ctx, req)
 				}
-				<-svc.returned
+				select {
+				case <-svc.returned:
+				case <-time.After(30 * time.Second): // a bound, not a synchronisation: fail rather than hang
+					t.Fatal("the handler never returned: the call did not reach it")
+				}
 				if n := g.Stats().InFlight; n != 0 {
 					t.Fatalf("%d permits held after the call", n)
 				}

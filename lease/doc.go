@@ -58,8 +58,11 @@
 // bucket holds at most its burst, a share of its rate at that instant,
 // and the valid leases never add up to more than C at any instant. A guard
 // counts the units admitted in the last W by the instants at which the
-// callers return, so that waiters woken late together (a stalled process)
-// do not bunch. Config.Window sets W (a RateLimit-Policy w seen by Observe
+// callers return and holds them within the capacity the holder had over
+// that W (its rate integrated over the window), so that waiters woken late
+// together (a stalled process) do not bunch, and a holder that yields
+// partitions goes on at its new rate at once. When the rate falls, the
+// waiters' turns move back with the bucket's debt and keep their order. Config.Window sets W (a RateLimit-Policy w seen by Observe
 // replaces it); a negative one turns pacing off.
 //
 // # Validity and fencing

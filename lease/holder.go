@@ -384,7 +384,7 @@ func NewHolder(c Store, cfg Config) (*Holder, error) {
 	h.limiter = &Limiter{h: h}
 	now := time.Now()
 	h.mu.Lock()
-	h.guard.reset(h.window, now)
+	h.guard.reset(h.window, now, h.rate)
 	h.refreshLocked(now)
 	h.mu.Unlock()
 	return h, nil
@@ -588,7 +588,7 @@ func (h *Holder) SetWindowAt(now time.Time, d time.Duration) {
 		return
 	}
 	h.window = d
-	h.guard.reset(d, now)
+	h.guard.reset(d, now, h.rate)
 	h.pace = -1
 	h.refreshLocked(now)
 }
@@ -685,6 +685,9 @@ func (h *Holder) refreshLocked(now time.Time) (valid int) {
 	h.horizon = horizon
 	if pace, burst := pacing(rate, h.window); pace != h.pace || rate != h.rate {
 		h.offerLocked(now)
+		if h.window > 0 {
+			h.guard.setRate(now, rate)
+		}
 		h.rate, h.pace = rate, pace
 		h.lim.SetLimitAt(now, ratelimit.Limit(pace))
 		if old := h.lim.Burst(); burst > old {

@@ -31,7 +31,10 @@ import (
 // any instant, the holders together stay within C × W. A guard counts the
 // units admitted in the last W by the instants at which the callers
 // return (a stalled process whose waiters wake together would otherwise
-// bunch them) and holds back any that would exceed that window's share.
+// bunch them) and holds back any that would exceed the capacity the
+// holder had over that window — its rate integrated over it, so that a
+// holder whose rate falls (it yielded partitions) is not held until what
+// it sent at the old rate has left the window.
 // With Config.Window negative, the bucket runs at the rate with a burst of
 // a tenth of it (smooth below a second, but a fixed window can then see
 // up to 10 % more).
@@ -115,8 +118,7 @@ func (h *Holder) guardWaitLocked(now time.Time, n int) time.Duration {
 	if h.window <= 0 || n <= 0 {
 		return 0
 	}
-	limit := int64(math.Floor((1 - paceSlack/2) * h.rate * h.window.Seconds()))
-	return h.guard.wait(now, n, max(limit, int64(h.lim.Burst())))
+	return h.guard.wait(now, n, 1-paceSlack/2, int64(h.lim.Burst()))
 }
 
 // admitLocked counts n units admitted at now. h.mu is held.
@@ -189,7 +191,7 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 		now := time.Now()
 		h.mu.Lock()
 		h.refreshDueLocked(now)
-		changed, horizon, rate, pause := h.changed, h.horizon, h.rate, h.pauseUntil
+		changed, horizon, rate, pace, pause := h.changed, h.horizon, h.rate, h.pace, h.pauseUntil
 		var r *ratelimit.Reservation
 		if rate > 0 && n <= h.lim.Burst() && !now.Before(pause) {
 			r = h.lim.ReserveN(now, n)
@@ -234,7 +236,9 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 		}
 		if delay > 0 {
 			block()
-			retry, err := l.await(ctx, r, delay, rate, changed)
+			var retry bool
+			var err error
+			retry, rate, err = l.await(ctx, r, delay, rate, pace, changed)
 			if err != nil {
 				return err
 			}
@@ -276,33 +280,50 @@ func (l *Limiter) admit(ctx context.Context, n int, rate float64) (again bool, e
 	}
 }
 
-// await waits delay for reservation r made at rate; when the rate drops
-// meanwhile it cancels r and reports that the caller must ask again.
-func (l *Limiter) await(ctx context.Context, r *ratelimit.Reservation, delay time.Duration, rate float64, changed chan struct{}) (retry bool, err error) {
+// await waits delay for reservation r made at rate, whose bucket ran at
+// pace. When the rate drops meanwhile, the bucket's debt has been
+// rescaled to the new pace (Limiter.SetLimitAt), and so is the wait:
+// r's turn moves as far back as the debt before it did, and r is kept,
+// so that the waiters' turns keep their order and no token is lost (a
+// cancel and a new reservation each would give back less than they took,
+// when others wait behind them). When the rate falls to nothing, await
+// cancels r and reports that the caller must ask again. It returns the
+// rate the turn was kept at.
+func (l *Limiter) await(ctx context.Context, r *ratelimit.Reservation, delay time.Duration, rate, pace float64, changed chan struct{}) (retry bool, at float64, err error) {
 	h := l.h
 	tm := time.NewTimer(delay)
 	defer tm.Stop()
 	for {
 		select {
 		case <-tm.C:
-			return false, nil
+			return false, rate, nil
 		case <-ctx.Done():
 			now := time.Now()
 			if r.DelayFrom(now) > 0 {
 				r.CancelAt(now)
-				return false, ctx.Err()
+				return false, rate, ctx.Err()
 			}
-			return false, nil
+			return false, rate, nil
 		case <-changed:
 			now := time.Now()
 			h.mu.Lock()
 			changed = h.changed
-			lower := h.rate < rate
+			newRate, newPace := h.rate, h.pace
 			h.mu.Unlock()
-			if lower && r.DelayFrom(now) > 0 {
-				r.CancelAt(now)
-				return true, nil
+			if newRate >= rate {
+				continue
 			}
+			left := r.DelayFrom(now)
+			if left <= 0 {
+				rate, pace = newRate, newPace
+				continue
+			}
+			if newPace <= 0 || pace <= 0 {
+				r.CancelAt(now)
+				return true, rate, nil
+			}
+			tm.Reset(time.Duration(float64(left) * pace / newPace))
+			rate, pace = newRate, newPace
 		}
 	}
 }

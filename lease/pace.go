@@ -45,10 +45,17 @@ func pacing(rate float64, w time.Duration) (limit float64, burst int) {
 }
 
 // A windowLog counts the units a Limiter admitted in the last window, in
-// guardSlots slots: the guard that keeps any window of admission instants,
-// as the callers see them, within the window's capacity even when waiters
-// that were delayed (a stalled process) all return at once. The count may
-// exceed the true one by one slot's worth, never fall short of it.
+// guardSlots slots, and the capacity the holder had over that window (the
+// integral of its rate, its credit): the guard that keeps any window of
+// admission instants, as the callers see them, within the capacity the
+// holder held in it, even when waiters that were delayed (a stalled
+// process) all return at once. Because the holders' rates never add up
+// to more than C at any instant, their credits over any window add up to
+// at most C·W; and a holder whose rate falls (it yields partitions to
+// another) goes on at its new rate at once, rather than waiting for the
+// units it sent at the old rate to leave the window. The count may exceed
+// the true one by one slot's worth, never fall short of it; the credit of
+// the slot the window's start falls in is counted pro rata.
 //
 // The zero value is empty; reset sets the window. It is guarded by the
 // Holder's mutex.
@@ -58,10 +65,32 @@ type windowLog struct {
 	head     int64 // the slot number of the latest slot written
 	counts   [ringSlots]int64
 	sum      int64
+	// credit holds each slot's capacity in units, accrued up to the
+	// instant accrued at rate.
+	credit  [ringSlots]float64
+	rate    float64
+	accrued time.Time
 }
 
-func (g *windowLog) reset(w time.Duration, now time.Time) {
-	*g = windowLog{w: w, width: max(time.Nanosecond, w/guardSlots), base: now}
+// reset sets the window to w at now, forgetting what was admitted, with
+// the credit of a whole window at rate (as if the holder had had it
+// throughout, which is what a guard on the rate alone would allow). The
+// slots are numbered from a window before now, so that the window's
+// slots never have a negative number.
+func (g *windowLog) reset(w time.Duration, now time.Time, rate float64) {
+	width := max(time.Nanosecond, w/guardSlots)
+	*g = windowLog{w: w, width: width, base: now.Add(-guardSlots * width), head: guardSlots, rate: rate, accrued: now}
+	per := rate * width.Seconds()
+	for i := range g.credit {
+		g.credit[i] = per
+	}
+	g.credit[g.head%ringSlots] = 0
+}
+
+// setRate accrues the credit up to now at the old rate and sets the new.
+func (g *windowLog) setRate(now time.Time, rate float64) {
+	g.advance(now)
+	g.rate = rate
 }
 
 // slot returns the slot number of now.
@@ -69,23 +98,34 @@ func (g *windowLog) slot(now time.Time) int64 {
 	return int64(max(0, now.Sub(g.base)) / g.width)
 }
 
-// advance forgets the slots that have left the window ending at now.
+// start returns the instant slot s begins.
+func (g *windowLog) start(s int64) time.Time {
+	return g.base.Add(time.Duration(s) * g.width)
+}
+
+// advance forgets the slots that have left the window ending at now and
+// accrues the credit up to now.
 func (g *windowLog) advance(now time.Time) {
-	s := g.slot(now)
-	if s <= g.head {
+	if !now.After(g.accrued) {
 		return
 	}
-	if s-g.head >= ringSlots {
-		clear(g.counts[:])
-		g.sum = 0
-	} else {
-		for k := g.head + 1; k <= s; k++ {
+	s := g.slot(now)
+	if s > g.head {
+		// The rest of the head slot, then the new slots.
+		g.credit[g.head%ringSlots] += g.rate * g.start(g.head+1).Sub(g.accrued).Seconds()
+		per := g.rate * g.width.Seconds()
+		for k := max(g.head+1, s-ringSlots+1); k <= s; k++ {
 			i := k % ringSlots
 			g.sum -= g.counts[i]
 			g.counts[i] = 0
+			g.credit[i] = per
 		}
+		g.credit[s%ringSlots] = 0
+		g.head = s
+		g.accrued = g.start(s)
 	}
-	g.head = s
+	g.credit[s%ringSlots] += g.rate * now.Sub(g.accrued).Seconds()
+	g.accrued = now
 }
 
 // add counts n units admitted at now.
@@ -101,22 +141,49 @@ func (g *windowLog) count(now time.Time) int64 {
 	return g.sum
 }
 
-// wait returns how long after now n more units fit under limit: 0 if they
-// fit now. When they never fit (n > limit), it returns the window.
-func (g *windowLog) wait(now time.Time, n int, limit int64) time.Duration {
+// capacity returns the credit of the window ending at now, advanced to
+// it: the whole slots after the oldest, and the oldest's share that lies
+// in the window.
+func (g *windowLog) capacity(now time.Time) float64 {
 	g.advance(now)
-	over := g.sum + int64(n) - limit
-	if over <= 0 {
+	var c float64
+	for k := g.head - guardSlots + 1; k <= g.head; k++ {
+		c += g.credit[k%ringSlots]
+	}
+	old := g.head - guardSlots
+	in := g.start(old + 1).Sub(now.Add(-g.w))
+	return c + g.credit[old%ringSlots]*max(0, min(1, in.Seconds()/g.width.Seconds()))
+}
+
+// wait returns how long after now n more units fit under the window's
+// credit × share, at least floor units: 0 if they fit now. When they do
+// not fit within a window, it returns the window.
+func (g *windowLog) wait(now time.Time, n int, share float64, floor int64) time.Duration {
+	limit := func(c float64) int64 { return max(floor, int64(math.Floor(share*c))) }
+	if g.sum+int64(n) <= limit(g.capacity(now)) {
 		return 0
 	}
-	if int64(n) > limit {
-		return g.w
+	// At the start of slot head+k the window holds the slots from
+	// head+k−guardSlots, whole: the older ones (ring index (head+k) mod
+	// ringSlots at step k) are gone from the count and the credit, and
+	// the time since now has earned the rate.
+	sum := g.sum
+	var kept float64 // the credit of slots head−guardSlots+k … head
+	for k := g.head - guardSlots + 1; k <= g.head; k++ {
+		kept += g.credit[k%ringSlots]
 	}
-	// The oldest slot leaves when the head moves one slot on, and so on.
 	for k := int64(1); k <= ringSlots; k++ {
-		over -= g.counts[(g.head+k)%ringSlots]
-		if over <= 0 {
-			at := g.base.Add(time.Duration(g.head+k) * g.width)
+		at := g.start(g.head + k)
+		i := (g.head + k) % ringSlots
+		sum -= g.counts[i]
+		if k > 1 {
+			kept -= g.credit[i]
+		}
+		c := kept + g.rate*at.Sub(now).Seconds()
+		if k > guardSlots {
+			c = g.rate * g.w.Seconds()
+		}
+		if sum+int64(n) <= limit(c) {
 			return max(time.Nanosecond, at.Sub(now))
 		}
 	}

@@ -52,15 +52,16 @@ test-setup: # integration needs of `make test`
 	done
 
 # Tests that hold bounds in real time across several OS processes (lease's
-# published example, ten runs of 30 s, and its three-process run): they need
-# the machine to themselves, so `make test` runs them after everything
-# else, alone, instead of beside other packages' tests.
-ALONE := ^(TestPublishedExampleProcesses|TestRealProcesses)$$
-ALONE_PKGS := ./lease/
+# published example, ten runs of 30 s, and its three-process run; the
+# ingestion demo at full size): they need the machine to themselves, so
+# `make test` runs them after everything else, alone, one package at a
+# time, instead of beside other packages' tests.
+ALONE := ^(TestPublishedExampleProcesses|TestRealProcesses|TestDemoIngestExample)$$
+ALONE_PKGS := ./lease/ ./cmd/sluice/
 
 test: test-setup ## run every test with the race detector (CI=true: missing tools fail)
 	$(GO) test -race -timeout=20m -skip '$(ALONE)' $(TESTFLAGS) ./...
-	$(GO) test -race -timeout=20m -run '$(ALONE)' $(TESTFLAGS) $(ALONE_PKGS)
+	$(GO) test -race -p 1 -timeout=20m -run '$(ALONE)' $(TESTFLAGS) $(ALONE_PKGS)
 
 bench: ## run the benchmarks (BENCH, BENCHTIME) and write them to BENCH_OUT (bench.txt)
 	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -benchtime=$(BENCHTIME) -count=$(BENCHCOUNT) ./... | tee $(BENCH_OUT)

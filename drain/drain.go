@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -561,6 +562,9 @@ func (d *Drainer) backoff(n int) time.Duration {
 	return b/2 + time.Duration(rand.Int64N(int64(b/2)+1))
 }
 
+// rateTau is the time constant, in seconds, of the rate Stats reports.
+const rateTau = 2.5
+
 // poll updates the backlog and the rate every StatsEvery until ctx is
 // done.
 func (d *Drainer) poll(ctx context.Context) {
@@ -590,7 +594,8 @@ func (d *Drainer) poll(ctx context.Context) {
 				if d.stats.Rate == 0 {
 					d.stats.Rate = r
 				} else {
-					d.stats.Rate += (r - d.stats.Rate) / 3
+					// An average over about rateTau, whatever StatsEvery.
+					d.stats.Rate += (r - d.stats.Rate) * (1 - math.Exp(-dt/rateTau))
 				}
 			}
 		}

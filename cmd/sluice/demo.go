@@ -67,7 +67,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.IntVar(&processes, "processes", 1, "independent Sluice clients sharing the job, each at 1/N of the rate")
 	fs.IntVar(&workers, "workers", 32, "goroutines per Sluice client")
 	if len(args) == 0 {
-		return usagef("demo: want a scenario: sluice demo throttled-db [flags]")
+		return usagef("demo: want a scenario: sluice demo throttled-db|ingest [flags]")
 	}
 	scenario, rest := args[0], args[1:]
 	switch scenario {
@@ -75,8 +75,14 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fs.Usage()
 		return flag.ErrHelp
 	case "throttled-db":
+	case "ingest":
+		return runIngest(ctx, rest, stdout, stderr)
+	case "ingest-api": // a process of the ingest demo
+		return runIngestAPI(ctx, rest, stdout, stderr)
+	case "ingest-processor": // a process of the ingest demo
+		return runIngestProcessor(ctx, rest, stdout, stderr)
 	default:
-		return usagef("demo: unknown scenario %q (want throttled-db)", scenario)
+		return usagef("demo: unknown scenario %q (want throttled-db or ingest)", scenario)
 	}
 	if err := parseFlags(fs, rest); err != nil {
 		return err

@@ -92,16 +92,27 @@ func (q *queueFlags) open(ctx context.Context) (js jetstream.JetStream, subjects
 		closeFn()
 		return nil, "", nil, err
 	}
-	base := strings.ToLower(q.stream)
-	for name, subj := range map[string]string{q.stream: base + ".>", q.stream + "-DEAD": base + "-dead.>"} {
-		if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-			Name: name, Subjects: []string{subj}, Storage: jetstream.FileStorage, Duplicates: time.Hour,
-		}); err != nil {
-			closeFn()
-			return nil, "", nil, fmt.Errorf("stream %s: %w", name, err)
-		}
+	base, err := ensureStream(ctx, js, q.stream)
+	if err != nil {
+		closeFn()
+		return nil, "", nil, err
 	}
 	return js, base, closeFn, nil
+}
+
+// ensureStream makes sure that the file-backed stream name, with the
+// subjects <lower-case name>.>, and its dead-letter stream exist, and
+// returns the subjects' base.
+func ensureStream(ctx context.Context, js jetstream.JetStream, name string) (base string, err error) {
+	base = strings.ToLower(name)
+	for n, subj := range map[string]string{name: base + ".>", name + "-DEAD": base + "-dead.>"} {
+		if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+			Name: n, Subjects: []string{subj}, Storage: jetstream.FileStorage, Duplicates: time.Hour,
+		}); err != nil {
+			return "", fmt.Errorf("stream %s: %w", n, err)
+		}
+	}
+	return base, nil
 }
 
 // runEnqueue runs `sluice enqueue`.
@@ -178,6 +189,13 @@ func runEnqueue(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 // runDrain runs `sluice drain`.
 func runDrain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return runDrainWith(ctx, args, stderr, nil)
+}
+
+// runDrainWith runs `sluice drain` with args, its sink wrapped by wrap
+// when wrap is not nil (the ingestion demo's processors validate and
+// enrich each record before it is sent).
+func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap func(drain.Sink) drain.Sink) error {
 	fs := newFlagSet("drain", drainUsage, stderr)
 	var q queueFlags
 	q.register(fs)
@@ -191,6 +209,8 @@ func runDrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	workers := fs.Int("workers", drain.DefaultWorkers, "requests in flight at most")
 	maxFailures := fs.Int("max-failures", drain.DefaultMaxFailures, "failed attempts before a record is dead-lettered")
 	follow := fs.Bool("follow", false, "keep draining when the stream is empty")
+	window := fs.Int("window", drain.DefaultWindow, "records delivered and not yet acknowledged at most (the consumer's max-ack-pending)")
+	ackWait := fs.Duration("ack-wait", drain.DefaultAckWait, "how long a record delivered to a drainer that went silent waits before it is delivered again")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -242,7 +262,7 @@ func runDrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		go func() { holderDone <- h.Run(hctx) }()
 		defer func() { hcancel(); <-holderDone }()
 		limiter = h.Limiter()
-		onThrottle = func(time.Duration) { h.Throttled() }
+		onThrottle = h.ThrottledAfter
 	}
 
 	js, base, closeFn, err := q.open(ctx)
@@ -251,16 +271,19 @@ func runDrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	defer closeFn()
 	src, err := drain.NewJetStream(ctx, js, drain.JetStreamConfig{
-		Stream: q.stream, Consumer: *consumer, DeadLetter: base + "-dead.records",
+		Stream: q.stream, Consumer: *consumer, DeadLetter: base + "-dead.records", Window: *window, AckWait: *ackWait,
 	})
 	if err != nil {
 		return err
 	}
 	defer src.Stop()
-	sink := &drain.HTTPSink{URL: *url}
+	sink := (&drain.HTTPSink{URL: *url}).Send
+	if wrap != nil {
+		sink = wrap(sink)
+	}
 	d, err := drain.New(drain.Config{
-		Inputs: []drain.Input{{Source: src}}, Sink: sink.Send, Limiter: limiter, OnThrottle: onThrottle,
-		Workers: *workers, MaxFailures: *maxFailures, Logger: log,
+		Inputs: []drain.Input{{Source: src}}, Sink: sink, Limiter: limiter, OnThrottle: onThrottle,
+		Workers: *workers, MaxFailures: *maxFailures, Logger: log, StatsEvery: drainLook,
 	})
 	if err != nil {
 		return usagef("drain: %v", err)
@@ -268,16 +291,18 @@ func runDrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	runErr := make(chan error, 1)
 	go func() { runErr <- d.Run(ctx) }()
 	show := progressFunc(stderr, log)
-	tk := time.NewTicker(time.Second)
+	tk := time.NewTicker(drainLook)
 	defer tk.Stop()
-	for {
+	for n := 1; ; n++ {
 		select {
 		case err := <-runErr:
 			show(d.Stats(), true)
 			return err
 		case <-tk.C:
 			st := d.Stats()
-			show(st, false)
+			if n%int(time.Second/drainLook) == 0 {
+				show(st, false)
+			}
 			if holder != nil {
 				// The drainer knows the backlog: it is the holder's
 				// demand, so it leases what clears it (within its share).
@@ -289,6 +314,11 @@ func runDrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 }
+
+// drainLook is how often sluice drain polls the backlog (to stop soon
+// after the stream is empty, and to tell a lease holder its demand); it
+// shows progress every second.
+const drainLook = 100 * time.Millisecond
 
 // progressFunc returns what shows progress on w: a bar with the ETA when
 // w is a terminal, a log line otherwise.

@@ -78,7 +78,7 @@ func commands() []command {
 		{"serve", "run the decision service", runServe},
 		{"rules", "check rule files: sluice rules validate DIR", runRules},
 		{"compare", "run one traffic pattern through every algorithm and compare them", runCompare},
-		{"demo", "run a demonstration: sluice demo throttled-db [-json]", runDemo},
+		{"demo", "run a demonstration: sluice demo throttled-db|ingest [-json]", runDemo},
 		{"top", "show the top keys of a running sluice serve: sluice top -addr HOST:PORT [-once]", runTop},
 		{"drain", "drain a JetStream stream into an HTTP endpoint at a rate or on leased capacity", runDrain},
 		{"enqueue", "put the lines of a file or of stdin into a JetStream stream, durably", runEnqueue},

@@ -43,18 +43,30 @@ type DB struct {
 	WriteCost, ReadCost int64
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Idempotent makes a write with an Idempotency-Key header field take
+	// effect once: a write whose key was written before is answered 200
+	// with Idempotent-Replayed: true, costs nothing and counts in
+	// Stats.Replayed, not Written. The DB remembers every key for its
+	// life.
+	Idempotent bool
 
-	mu     sync.Mutex
-	window int64 // index of the current window
-	used   int64 // RU used in it
-	stats  Stats
+	mu      sync.Mutex
+	window  int64 // index of the current window
+	used    int64 // RU used in it
+	stats   Stats
+	written map[string]struct{} // the keys written, when Idempotent
 }
+
+// ReplayedHeader is the header field with which an Idempotent DB marks
+// the answer to a write it had already done.
+const ReplayedHeader = "Idempotent-Replayed"
 
 // Stats count what a DB answered.
 type Stats struct {
 	Requests  int64 // requests received
 	Throttled int64 // answered 429
 	Written   int64 // writes admitted
+	Replayed  int64 // writes answered as done before (Idempotent)
 	RU        int64 // request units charged
 }
 
@@ -77,8 +89,19 @@ func (db *DB) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		now = db.Now
 	}
 	t := now().UnixNano()
+	key := ""
+	if write && db.Idempotent {
+		key = r.Header.Get("Idempotency-Key")
+	}
 	db.mu.Lock()
 	db.stats.Requests++
+	if _, done := db.written[key]; done && key != "" {
+		db.stats.Replayed++
+		db.mu.Unlock()
+		w.Header().Set(ReplayedHeader, "true")
+		w.WriteHeader(http.StatusOK)
+		return
+	}
 	if i := t / int64(win); i != db.window {
 		db.window, db.used = i, 0
 	}
@@ -97,6 +120,12 @@ func (db *DB) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	db.stats.RU += cost
 	if write {
 		db.stats.Written++
+	}
+	if key != "" {
+		if db.written == nil {
+			db.written = make(map[string]struct{})
+		}
+		db.written[key] = struct{}{}
 	}
 	db.mu.Unlock()
 	w.Header().Set("X-Ms-Request-Charge", strconv.FormatInt(cost, 10))

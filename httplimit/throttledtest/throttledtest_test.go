@@ -44,3 +44,42 @@ func TestDBWindows(t *testing.T) {
 		}
 	})
 }
+
+// TestDBIdempotent: a write whose key was written before is answered 200
+// and marked replayed, at no cost; a refused write is not remembered, so
+// its resend takes effect; writes without a key are not deduplicated.
+func TestDBIdempotent(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		db := &DB{Budget: 20, WriteCost: 10, Idempotent: true}
+		send := func(key string) (int, string) {
+			req := httptest.NewRequest(http.MethodPost, "/items", nil)
+			if key != "" {
+				req.Header.Set("Idempotency-Key", key)
+			}
+			rec := httptest.NewRecorder()
+			db.ServeHTTP(rec, req)
+			return rec.Code, rec.Header().Get(ReplayedHeader)
+		}
+		type step struct {
+			key      string
+			code     int
+			replayed string
+		}
+		for i, s := range []step{
+			{"a", 201, ""}, {"a", 200, "true"}, {"b", 201, ""}, {"c", 429, ""}, {"a", 200, "true"},
+		} {
+			if code, rep := send(s.key); code != s.code || rep != s.replayed {
+				t.Fatalf("step %d key %q: %d (replayed %q), want %d (%q)", i, s.key, code, rep, s.code, s.replayed)
+			}
+		}
+		time.Sleep(time.Second)
+		for i, s := range []step{{"c", 201, ""}, {"", 201, ""}, {"", 429, ""}, {"c", 200, "true"}} {
+			if code, rep := send(s.key); code != s.code || rep != s.replayed {
+				t.Fatalf("next window, step %d key %q: %d (replayed %q), want %d (%q)", i, s.key, code, rep, s.code, s.replayed)
+			}
+		}
+		if st := db.Stats(); st != (Stats{Requests: 9, Throttled: 2, Written: 4, Replayed: 3, RU: 40}) {
+			t.Errorf("stats = %+v", st)
+		}
+	})
+}

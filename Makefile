@@ -51,13 +51,14 @@ test-setup: # integration needs of `make test`
 		fi; \
 	done
 
-# Tests that hold bounds in real time across several OS processes (lease's
-# published example, ten runs of 30 s, and its three-process run; the
-# ingestion demo at full size): they need the machine to themselves, so
-# `make test` runs them after everything else, alone, one package at a
-# time, instead of beside other packages' tests.
-ALONE := ^(TestPublishedExampleProcesses|TestRealProcesses|TestDemoIngestExample)$$
-ALONE_PKGS := ./lease/ ./cmd/sluice/
+# Tests that hold bounds in real time, most across several OS processes
+# (lease's published example, ten runs of 30 s, and its three-process run;
+# the ingestion demo at full size; drain's 10,000 records at 2,000/s): they
+# need the machine to themselves, so `make test` runs them after
+# everything else, alone, one package at a time, instead of beside other
+# packages' tests.
+ALONE := ^(TestPublishedExampleProcesses|TestRealProcesses|TestDemoIngestExample|TestRate)$$
+ALONE_PKGS := ./lease/ ./cmd/sluice/ ./drain/
 
 test: test-setup ## run every test with the race detector (CI=true: missing tools fail)
 	$(GO) test -race -timeout=20m -skip '$(ALONE)' $(TESTFLAGS) ./...

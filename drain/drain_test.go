@@ -69,20 +69,13 @@ func TestRate(t *testing.T) {
 	}
 	// Pacing never lets the drainer finish early. Finishing on time needs
 	// the machine to carry 2,000 loopback requests a second (client,
-	// server and NATS in this process): under the race detector on a
-	// shared 2-core machine it cannot (350–1,100/s measured), so there the
-	// upper bound is only logged; without it (go test -run TestRate
-	// ./drain) it is asserted.
+	// server and NATS in this process); under the race detector on two
+	// cores it does when nothing else runs (5.1 s measured) but not beside
+	// other packages' tests (350–1,100/s measured), so make test runs this
+	// test alone, after the others.
 	want := 5 * time.Second
-	if took < want*9/10 {
-		t.Errorf("finished in %v, before %v: faster than the rate", took, want*9/10)
-	}
-	if took > want*11/10 {
-		if raceEnabled {
-			t.Logf("finished in %v, beyond 10%% of %v: the race detector's cost, not asserted", took, want)
-		} else {
-			t.Errorf("finished in %v, want within 10%% of %v", took, want)
-		}
+	if took < want*9/10 || took > want*11/10 {
+		t.Errorf("finished in %v, want within 10%% of %v", took, want)
 	}
 	if st.Done != n || st.Failed != 0 || st.DeadLettered != 0 {
 		t.Errorf("stats %+v: want %d done, none failed or dead-lettered", st, n)

@@ -1,5 +1,0 @@
-//go:build !race
-
-package drain_test
-
-const raceEnabled = false

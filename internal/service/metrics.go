@@ -26,7 +26,7 @@ type Metrics struct {
 	ruleCount prometheus.Gauge
 
 	mu     sync.Mutex // serialises prepare
-	byRule atomic.Pointer[map[*rules.Spec]*ruleCounters]
+	byRule specMap[*ruleCounters]
 	// byDomain holds the counters of inline limits, by domain, resolved
 	// on first use.
 	byDomain sync.Map // domain → *ruleCounters
@@ -96,8 +96,6 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		return float64(n)
 	})
 	reg.MustRegister(m.decisions, m.nearLimit, m.used, m.latency, storeErrs, m.reloads, m.ruleCount)
-	empty := map[*rules.Spec]*ruleCounters{}
-	m.byRule.Store(&empty)
 	return m
 }
 
@@ -137,7 +135,7 @@ func (m *Metrics) prepare(set *rules.Set) {
 			next[sp] = m.counters(name, sp.Name)
 		}
 	}
-	m.byRule.Store(&next)
+	m.byRule.publish(next)
 	m.ruleCount.Set(float64(n))
 }
 
@@ -161,10 +159,9 @@ func (m *Metrics) observe(domain string, sc *scratch, resp *Response, took time.
 		return
 	}
 	m.latency.Observe(took.Seconds())
-	byRule := *m.byRule.Load()
 	for _, c := range sc.checks {
-		rc := byRule[c.spec]
-		if rc == nil { // an inline limit: its rule comes with the request
+		rc, ok := m.byRule.get(c.spec)
+		if !ok { // an inline limit: its rule comes with the request
 			rc = m.inlineCounters(domain)
 		}
 		if c.rule == nil {

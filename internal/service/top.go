@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/rules"
@@ -23,7 +22,7 @@ type Top struct {
 
 	mu     sync.Mutex // serialises prepare
 	byName map[[2]string]tracked
-	byRule atomic.Pointer[map[*rules.Spec]*topk.Tracker]
+	byRule specMap[*topk.Tracker]
 }
 
 // NewTop returns a Top whose trackers have opts; the storage keys of the
@@ -34,8 +33,6 @@ func NewTop(opts topk.Options, secretKeys []string) (*Top, error) {
 		return nil, err
 	}
 	t := &Top{opts: opts, secret: slices.Clone(secretKeys), byName: map[[2]string]tracked{}}
-	empty := map[*rules.Spec]*topk.Tracker{}
-	t.byRule.Store(&empty)
 	return t, nil
 }
 
@@ -67,19 +64,18 @@ func (t *Top) prepare(set *rules.Set) {
 		}
 	}
 	t.byName = names
-	t.byRule.Store(&next)
+	t.byRule.publish(next)
 }
 
 // observe records the decisions of one request, made at now (zero: the
 // trackers read the clock if they need it).
 func (t *Top) observe(sc *scratch, now time.Time) {
-	byRule := *t.byRule.Load()
 	for i := range sc.checks {
 		c := &sc.checks[i]
 		if c.rule == nil || c.spec == nil {
 			continue
 		}
-		if tr := byRule[c.spec]; tr != nil {
+		if tr, ok := t.byRule.get(c.spec); ok {
 			it := &sc.items[c.result]
 			if c.shadow {
 				it = &sc.shadow[c.result]

@@ -1,13 +1,16 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,10 +21,13 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/promql/parser"
+
+	"github.com/sluicehq/sluice/internal/redistest"
 )
 
 // dashRules are the rules of the dashboard's tests: a low per-user limit
@@ -385,7 +391,20 @@ func TestDashboardInBrowser(t *testing.T) {
 // query may use: each family's, and a histogram's _bucket, _sum and _count.
 func metricNames(t *testing.T, up map[string]string) map[string]bool {
 	t.Helper()
-	resp, err := dashClient.Get("http://" + up["http"] + "/metrics")
+	names := map[string]bool{}
+	for name, f := range scrape(t, "http://"+up["http"]+"/metrics") {
+		names[name] = true
+		if f.GetType().String() == "HISTOGRAM" || f.GetType().String() == "SUMMARY" {
+			names[name+"_bucket"], names[name+"_sum"], names[name+"_count"] = true, true, true
+		}
+	}
+	return names
+}
+
+// scrape reads the metric families at url.
+func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := dashClient.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -395,14 +414,52 @@ func metricNames(t *testing.T, up map[string]string) map[string]bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	names := map[string]bool{}
-	for name, f := range fams {
-		names[name] = true
-		if f.GetType().String() == "HISTOGRAM" || f.GetType().String() == "SUMMARY" {
-			names[name+"_bucket"], names[name+"_sum"], names[name+"_count"] = true, true, true
+	return fams
+}
+
+// drainMetrics starts sluice drain with leased capacity (100/s on a
+// redis-server of the test's, an embedded NATS server on a temporary
+// directory) and -metrics-addr, and returns what its /metrics serves.
+func drainMetrics(t *testing.T) map[string]*dto.MetricFamily {
+	t.Helper()
+	rs := redistest.Standalone(t)
+	sink := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer sink.Close()
+	ctx, cancel := context.WithCancel(t.Context())
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		done <- runDrainWith(ctx, []string{"-data", t.TempDir(), "-url", sink.URL, "-lease-redis", rs.Addr(),
+			"-capacity", "100/s", "-partitions", "10", "-lease-service", "deploy-test", "-follow", "-metrics-addr", "127.0.0.1:0"}, pw, nil)
+		pw.Close()
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("drain: %v", err)
 		}
+	}()
+	addr := make(chan string, 1)
+	go func() {
+		re := regexp.MustCompile(`msg="drain: metrics" addr=(\S+)`)
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			if m := re.FindStringSubmatch(sc.Text()); m != nil {
+				addr <- m[1]
+			}
+		}
+		close(addr)
+	}()
+	a, ok := <-addr
+	if !ok {
+		t.Fatal("sluice drain logged no metrics address")
 	}
-	return names
+	fams := scrape(t, "http://"+a+"/metrics")
+	go func() {
+		for range addr {
+		}
+	}()
+	return fams
 }
 
 // selectors returns the metric names an expression selects.
@@ -483,6 +540,14 @@ func TestDeployFiles(t *testing.T) {
 	up := startDashServe(t)
 	dashLoad(t, up) // so that the labelled families have series
 	exported := metricNames(t, up)
+	// The drain and lease panels and alerts read sluice drain's metrics.
+	drained := drainMetrics(t)
+	for name := range drained {
+		exported[name] = true
+	}
+	if c := drained["sluice_lease_capacity"]; c == nil || len(c.GetMetric()) != 1 || c.GetMetric()[0].GetGauge().GetValue() != 100 {
+		t.Errorf("sluice drain's sluice_lease_capacity: %v, want one series of 100", c)
+	}
 	p := parser.NewParser(parser.Options{})
 	used := map[string][]string{}
 
@@ -528,7 +593,7 @@ func TestDeployFiles(t *testing.T) {
 	}
 	for n, where := range used {
 		if !exported[n] {
-			t.Errorf("%s (used by %s) is not a metric sluice serve exports", n, strings.Join(where, ", "))
+			t.Errorf("%s (used by %s) is not a metric sluice serve or sluice drain exports", n, strings.Join(where, ", "))
 		}
 	}
 	t.Logf("%d alerts and %d dashboard queries use %d metrics, all exported", nAlerts, len(exprs), len(used))

@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sluicehq/sluice/drain"
 	"github.com/sluicehq/sluice/internal/natsembed"
 	"github.com/sluicehq/sluice/lease"
@@ -211,6 +212,7 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 	follow := fs.Bool("follow", false, "keep draining when the stream is empty")
 	window := fs.Int("window", drain.DefaultWindow, "records delivered and not yet acknowledged at most (the consumer's max-ack-pending)")
 	ackWait := fs.Duration("ack-wait", drain.DefaultAckWait, "how long a record delivered to a drainer that went silent waits before it is delivered again")
+	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics of the drainer (and of its leases) at http://ADDR/metrics; empty: none")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -231,6 +233,7 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 	var onThrottle func(time.Duration)
 	var holderDone chan error
 	var holder *lease.Holder
+	var leased float64
 	if *rate != "" {
 		r, err := parseRate(*rate)
 		if err != nil {
@@ -242,6 +245,7 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 		if err != nil {
 			return usagef("drain: -capacity: %v", err)
 		}
+		leased = c
 		rc, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{*leaseRedis}})
 		if err != nil {
 			return err
@@ -287,6 +291,19 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 	})
 	if err != nil {
 		return usagef("drain: %v", err)
+	}
+	if *metricsAddr != "" {
+		reg := prometheus.NewRegistry()
+		member := ""
+		if holder != nil {
+			member = holder.ID()
+		}
+		reg.MustRegister(newDrainCollector(d, holder, *service, member, leased, *partitions))
+		stop, err := serveDrainMetrics(ctx, *metricsAddr, reg, log)
+		if err != nil {
+			return fmt.Errorf("drain: -metrics-addr: %w", err)
+		}
+		defer stop()
 	}
 	runErr := make(chan error, 1)
 	go func() { runErr <- d.Run(ctx) }()

@@ -235,7 +235,6 @@ type ingestEvent struct {
 	at     time.Duration // since the records were submitted
 	typ    byte          // 'A' or 'B'
 	status int
-	replay bool
 }
 
 // ingestDB is the throttled database with a record of every write.
@@ -256,7 +255,7 @@ func (d *ingestDB) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.mu.Lock()
-	e := ingestEvent{at: time.Since(d.start), typ: key[0], status: sw.status, replay: w.Header().Get(throttledtest.ReplayedHeader) != ""}
+	e := ingestEvent{at: time.Since(d.start), typ: key[0], status: sw.status}
 	d.ev = append(d.ev, e)
 	if e.status == http.StatusCreated {
 		d.first[e.typ]++

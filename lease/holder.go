@@ -206,6 +206,9 @@ var ErrRunning = errors.New("lease: holder already running")
 //     (no blind attempts), up to its want — up to its share while others
 //     wait.
 //
+// During its first period it looks every tenth of a period: members that
+// start together cannot see one another on their first look, and the one
+// that took the idle capacity yields within that, notified or not.
 // Between periods it looks again at once (at most every fiftieth of a
 // period) when callers wait with no capacity, and when the Store, a
 // Notifier, tells it that another member joined, raised its need,
@@ -719,6 +722,11 @@ func (h *Holder) Run(ctx context.Context) error {
 	tm := time.NewTimer(0)
 	defer tm.Stop()
 	due := time.Now() // when tm fires
+	// Members that start together cannot see one another on their first
+	// look: during its first period the holder looks every tenth of one,
+	// so that the member that took the idle capacity yields to the
+	// others within that, notified or not.
+	firstPeriod := due.Add(h.cfg.RenewEvery)
 	// soon asks for a look now, or a fiftieth of a period after the last
 	// one (so that a burst of wake-ups is one look), unless tm fires
 	// sooner; it reports whether that is later than now.
@@ -791,6 +799,9 @@ func (h *Holder) Run(ctx context.Context) error {
 		if d == 0 {
 			d = h.cfg.RenewEvery
 			d -= time.Duration(rng.Float64() * h.cfg.Jitter * float64(d))
+		}
+		if time.Now().Before(firstPeriod) {
+			d = min(d, h.cfg.RenewEvery/10)
 		}
 		tm.Reset(d)
 		due = time.Now().Add(d)

@@ -240,8 +240,8 @@ type ingestEvent struct {
 // ingestDB is the throttled database with a record of every write.
 type ingestDB struct {
 	db    *throttledtest.DB
+	mu    sync.Mutex // guards start, ev and first
 	start time.Time
-	mu    sync.Mutex
 	ev    []ingestEvent
 	first map[byte]int // records of each type written (first writes)
 	moved chan struct{}
@@ -368,10 +368,16 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	dbSrv := &http.Server{Handler: db, ReadHeaderTimeout: 5 * time.Second, IdleTimeout: time.Minute}
-	go dbSrv.Serve(dbLn) //nolint:errcheck // ends with Close below
-	defer dbSrv.Close()
 	dbURL := "http://" + dbLn.Addr().String() + "/records"
+	dbCapped, err := connlimit.New(dbLn, 512)
+	if err != nil {
+		dbLn.Close()
+		return err
+	}
+	dbSrv := &http.Server{Handler: db, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 10 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
+	go dbSrv.Serve(dbCapped) //nolint:errcheck // ends with Close below
+	defer dbSrv.Close()
 
 	logs := io.Discard
 	if *verbose {

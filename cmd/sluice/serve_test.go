@@ -168,6 +168,24 @@ func TestRulesValidate(t *testing.T) {
 	}
 }
 
+// TestShippedRules: every rules directory the repository ships (examples,
+// the benchmarks' rule sets) loads.
+func TestShippedRules(t *testing.T) {
+	dirs, err := filepath.Glob(filepath.Join("..", "..", "bench", "rules*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dirs = append(dirs, filepath.Join("..", "..", "examples", "rules"))
+	if len(dirs) < 4 {
+		t.Fatalf("found %v, want examples/rules and bench/rules*", dirs)
+	}
+	for _, d := range dirs {
+		if stdout, stderr, err := runArgs(t, t.Context(), "rules", "validate", d); err != nil {
+			t.Errorf("%s: %v\n%s%s", d, err, stdout, stderr)
+		}
+	}
+}
+
 // recordHandler is a slog.Handler that passes each record's message and
 // attributes (as strings) to a channel; it drops records when full.
 type recordHandler struct{ ch chan map[string]string }

@@ -159,8 +159,9 @@ func (m *Metrics) observe(domain string, sc *scratch, resp *Response, took time.
 		return
 	}
 	m.latency.Observe(took.Seconds())
+	byRule := m.byRule.load()
 	for _, c := range sc.checks {
-		rc, ok := m.byRule.get(c.spec)
+		rc, ok := byRule[c.spec]
 		if !ok { // an inline limit: its rule comes with the request
 			rc = m.inlineCounters(domain)
 		}

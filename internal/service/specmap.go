@@ -33,13 +33,11 @@ func (m *specMap[T]) publish(next map[*rules.Spec]T) {
 	m.all.Store(&both)
 }
 
-// get returns the entry of sp, if there is one.
-func (m *specMap[T]) get(sp *rules.Spec) (T, bool) {
-	var zero T
-	p := m.all.Load()
-	if p == nil {
-		return zero, false
+// load returns the entries published, for a request to look its rules up
+// in with one atomic load; nil (no entries) before the first publish.
+func (m *specMap[T]) load() map[*rules.Spec]T {
+	if p := m.all.Load(); p != nil {
+		return *p
 	}
-	v, ok := (*p)[sp]
-	return v, ok
+	return nil
 }

@@ -39,23 +39,23 @@ func TestReloadRace(t *testing.T) {
 	set2, cur := specSet(t)
 	top.prepare(set2)
 	m.prepare(set2)
-	trOld, ok1 := top.byRule.get(old)
-	trCur, ok2 := top.byRule.get(cur)
+	trOld, ok1 := top.byRule.load()[old]
+	trCur, ok2 := top.byRule.load()[cur]
 	if !ok1 || !ok2 || trOld != trCur {
 		t.Errorf("tracker of the replaced set's rule %v (found %v), of the new %v (found %v): want the same", trOld, ok1, trCur, ok2)
 	}
-	rcOld, ok1 := m.byRule.get(old)
-	rcCur, ok2 := m.byRule.get(cur)
+	rcOld, ok1 := m.byRule.load()[old]
+	rcCur, ok2 := m.byRule.load()[cur]
 	if !ok1 || !ok2 || rcOld.outcome[0] != rcCur.outcome[0] {
 		t.Errorf("counters of the replaced set's rule found %v, of the new %v: want the same", ok1, ok2)
 	}
 	set3, _ := specSet(t)
 	top.prepare(set3)
 	m.prepare(set3)
-	if _, ok := top.byRule.get(old); ok {
+	if _, ok := top.byRule.load()[old]; ok {
 		t.Error("a rule two reloads old still has its tracker")
 	}
-	if _, ok := m.byRule.get(old); ok {
+	if _, ok := m.byRule.load()[old]; ok {
 		t.Error("a rule two reloads old still has its counters")
 	}
 }

@@ -70,12 +70,13 @@ func (t *Top) prepare(set *rules.Set) {
 // observe records the decisions of one request, made at now (zero: the
 // trackers read the clock if they need it).
 func (t *Top) observe(sc *scratch, now time.Time) {
+	byRule := t.byRule.load()
 	for i := range sc.checks {
 		c := &sc.checks[i]
 		if c.rule == nil || c.spec == nil {
 			continue
 		}
-		if tr, ok := t.byRule.get(c.spec); ok {
+		if tr, ok := byRule[c.spec]; ok {
 			it := &sc.items[c.result]
 			if c.shadow {
 				it = &sc.shadow[c.result]

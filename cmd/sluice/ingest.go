@@ -511,17 +511,21 @@ func readAddr(ctx context.Context, r io.Reader, cmd *exec.Cmd) (string, error) {
 // time, each until it is accepted. It closes queued once a record of each
 // type has been.
 func submitRecords(ctx context.Context, url string, a, b int, queued chan<- struct{}) error {
-	jobs := make(chan []byte)
+	type record struct {
+		typ  string
+		body []byte
+	}
+	jobs := make(chan record)
 	errc := make(chan error, 1)
 	var (
 		mu   sync.Mutex
-		seen = map[byte]bool{}
+		seen = map[string]bool{}
 	)
 	var wg sync.WaitGroup
 	for range 32 {
 		wg.Go(func() {
-			for body := range jobs {
-				if err := postRecord(ctx, url, body); err != nil {
+			for rec := range jobs {
+				if err := postRecord(ctx, url, rec.body); err != nil {
 					select {
 					case errc <- err:
 					default:
@@ -529,8 +533,8 @@ func submitRecords(ctx context.Context, url string, a, b int, queued chan<- stru
 					continue
 				}
 				mu.Lock()
-				if typ := body[len(`{"id":"`)]; !seen[typ] {
-					if seen[typ] = true; len(seen) == 2 {
+				if !seen[rec.typ] {
+					if seen[rec.typ] = true; len(seen) == 2 {
 						close(queued)
 					}
 				}
@@ -548,7 +552,7 @@ func submitRecords(ctx context.Context, url string, a, b int, queued chan<- stru
 		*n++
 		body := fmt.Appendf(nil, `{"id":"%s-%d","type":%q,"payload":"record %d of type %s"}`, typ, *n, typ, *n, typ)
 		select {
-		case jobs <- body:
+		case jobs <- record{typ, body}:
 		case err := <-errc:
 			close(jobs)
 			wg.Wait()

@@ -294,11 +294,7 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 	}
 	if *metricsAddr != "" {
 		reg := prometheus.NewRegistry()
-		member := ""
-		if holder != nil {
-			member = holder.ID()
-		}
-		reg.MustRegister(newDrainCollector(d, holder, *service, member, leased, *partitions))
+		reg.MustRegister(newDrainCollector(d, holder, *service, leased, *partitions))
 		stop, err := serveDrainMetrics(ctx, *metricsAddr, reg, log)
 		if err != nil {
 			return fmt.Errorf("drain: -metrics-addr: %w", err)

@@ -22,7 +22,6 @@ type drainCollector struct {
 	d       *drain.Drainer
 	h       *lease.Holder // nil without leases
 	service string        // the lease service's name
-	member  string
 	// capacity and partitions are the leased service's.
 	capacityValue float64
 	partitions    int
@@ -34,10 +33,10 @@ type drainCollector struct {
 	leaseThrottled, cuts, pauses, outages   *prometheus.Desc
 }
 
-func newDrainCollector(d *drain.Drainer, h *lease.Holder, service, member string, capacity float64, partitions int) *drainCollector {
+func newDrainCollector(d *drain.Drainer, h *lease.Holder, service string, capacity float64, partitions int) *drainCollector {
 	lab := []string{"service", "member"}
 	c := &drainCollector{
-		d: d, h: h, service: service, member: member,
+		d: d, h: h, service: service,
 		done:           prometheus.NewDesc("sluice_drain_done_total", "Records the drainer's sink accepted (and the queue acknowledged).", nil, nil),
 		throttled:      prometheus.NewDesc("sluice_drain_throttled_total", "Records put back because the sink asked to slow down (429, 503, RESOURCE_EXHAUSTED); not failures.", nil, nil),
 		failed:         prometheus.NewDesc("sluice_drain_failed_total", "Failed attempts (retried with backoff, then dead-lettered).", nil, nil),
@@ -96,7 +95,7 @@ func (c *drainCollector) Collect(ch chan<- prometheus.Metric) {
 		return
 	}
 	hs := c.h.Stats()
-	l := []string{c.service, c.member}
+	l := []string{c.service, c.h.ID()}
 	per := c.capacityValue / float64(max(1, c.partitions))
 	gauge(c.capacity, c.capacityValue, l...)
 	gauge(c.granted, hs.Granted, l...)

@@ -6,9 +6,8 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
+	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -94,45 +93,50 @@ func BenchmarkTopK(b *testing.B) {
 }
 
 // BenchmarkTopKExtra measures the extra cost of the trackers paired: every
-// goroutine alternates blocks of 1,024 decisions without and with a
+// goroutine alternates blocks of 128 decisions without and with a
 // tracker, timing each block, so that a load that drifts on a shared
-// machine falls on both alike. It reports ns/decision of each and the
-// difference, ns-extra/decision (ns/op mixes the two).
+// machine falls on both alike. It reports the medians over the blocks of
+// the time a decision takes without (ns-off/decision) and with
+// (ns-on/decision) the tracker, and the median of the differences of
+// adjacent blocks, ns-extra/decision: medians, so that a block that lost
+// its core to another process or held a garbage collection's work does
+// not weigh in (ns/op mixes the two).
 func BenchmarkTopKExtra(b *testing.B) {
-	const block = 1024
+	const block = 128
 	run := func(b *testing.B, decide func(x *uint64, top bool)) {
-		var off, on, nOff, nOn atomic.Int64
+		var mu sync.Mutex
+		var offs, ons, extras []float64
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			x := seedCounter.Add(7919) * 104729
-			var t [2]time.Duration
-			var n [2]int64
+			var off, on, extra []float64
 			for mode := 0; ; mode ^= 1 {
 				start := time.Now()
 				i := 0
 				for ; i < block && pb.Next(); i++ {
 					decide(&x, mode == 1)
 				}
-				t[mode] += time.Since(start)
-				n[mode] += int64(i)
 				if i < block {
 					break
 				}
+				ns := float64(time.Since(start)) / block
+				if mode == 0 {
+					off = append(off, ns)
+				} else {
+					on = append(on, ns)
+					extra = append(extra, ns-off[len(off)-1])
+				}
 			}
-			off.Add(int64(t[0]))
-			on.Add(int64(t[1]))
-			nOff.Add(n[0])
-			nOn.Add(n[1])
+			mu.Lock()
+			offs, ons, extras = append(offs, off...), append(ons, on...), append(extras, extra...)
+			mu.Unlock()
 		})
-		if nOff.Load() == 0 || nOn.Load() == 0 {
+		if len(extras) == 0 {
 			return
 		}
-		procs := float64(runtime.GOMAXPROCS(0))
-		offNs := float64(off.Load()) / float64(nOff.Load()) / procs
-		onNs := float64(on.Load()) / float64(nOn.Load()) / procs
-		b.ReportMetric(offNs, "ns-off/decision")
-		b.ReportMetric(onNs, "ns-on/decision")
-		b.ReportMetric(onNs-offNs, "ns-extra/decision")
+		b.ReportMetric(median(offs), "ns-off/decision")
+		b.ReportMetric(median(ons), "ns-on/decision")
+		b.ReportMetric(median(extras), "ns-extra/decision")
 	}
 	for _, c := range []struct {
 		name string
@@ -223,4 +227,9 @@ func zipfStream(keys, n int) []string {
 		out[i] = ks[z.Uint64()]
 	}
 	return out
+}
+
+func median(xs []float64) float64 {
+	slices.Sort(xs)
+	return xs[len(xs)/2]
 }

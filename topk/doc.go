@@ -42,14 +42,38 @@
 // hold with that shard's counters and decisions, and Threshold is the
 // largest over the shards.
 //
-// # Cost
+// # Cost, and sampling above a rate
 //
 // Memory is fixed at New (Footprint bytes, plus the key strings the
 // counters keep alive: at most Counters + shards×K of them) and never
-// grows. Observe hashes the key once, takes its shard's lock, and does
-// O(1) work; it never allocates. It reads the clock only for a decision at
-// or above NearFrom, and not at all when the caller passes the time it has
-// (ObserveAt). Snapshot allocates and sorts.
+// grows. Observe hashes the key once; a decision that is counted takes its
+// shard's lock and does O(1) work (tens to hundreds of nanoseconds on a
+// busy decision path, where the tables are out of the cache); it never
+// allocates. It reads the clock for a decision at or above NearFrom, and
+// once every 256 decisions of a shard to measure their rate, and not at
+// all when the caller passes the time it has (ObserveAt). Snapshot
+// allocates and sorts.
+//
+// Up to Options.FullRate decisions a second (DefaultFullRate, 10,000, in
+// its share for each shard) every decision is counted, with the
+// guarantees above. Above it a shard counts one decision in 2ⁿ, chosen at
+// random, as 2ⁿ decisions, with n as small as keeps what it counts within
+// its share (measured over windows of at least 20 ms and 32 samples); the
+// others cost the hash, an atomic load and a random number, about 10–20
+// ns. So the time the Tracker takes is bounded by FullRate counted
+// decisions a second (about 0.5 % of a core at the default), whatever the
+// rate, and at high rates a decision costs it tens of nanoseconds. The
+// counts are then estimates: the sketch's guarantees hold for the sampled
+// stream, weighted, and each Entry carries Sigma, the standard deviation
+// of its sampling error, estimated from its samples (Σ w(w−1) over them,
+// and its count before it was tracked as if sampled at the weight of
+// then); ±3·Sigma is about a 99.7 % interval once the key has some 36
+// samples. A key with a share s of a shard's decisions has about
+// s × FullRate/8 samples a second, so the heavy keys a dashboard shows
+// are well measured within a second. Snapshot.Sample reports the
+// sampling in force. When the rate falls, a shard counts every decision
+// again at its next measurement: at its next sample (2ⁿ decisions later,
+// on average), or at a Snapshot a second after its last one.
 //
 // # Secret keys
 //

@@ -9,8 +9,12 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"math"
+	"math/bits"
+	mrand "math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -26,8 +30,24 @@ const DefaultNearFrom = 0.5
 // MaxCounters bounds Options.Counters.
 const MaxCounters = 1 << 20
 
+// DefaultFullRate is Options.FullRate when it is 0.
+const DefaultFullRate = 10_000
+
 // shards is the number of shards of a Tracker.
 const shards = 8
+
+// The sampling's measurement: a shard measures its decisions' rate over
+// at least rateWindow and rateSamples of its samples (or over
+// rateWindowMax, however few), looking at the clock once every lookEvery
+// decisions (estimated from its samples), and samples at most one
+// decision in 1<<maxShift.
+const (
+	rateWindow    = 20 * time.Millisecond
+	rateWindowMax = time.Second
+	rateSamples   = 32
+	lookEvery     = 256
+	maxShift      = 16
+)
 
 // Options configure a Tracker. The zero value is the defaults.
 type Options struct {
@@ -43,8 +63,14 @@ type Options struct {
 	NearFrom float64
 	// Secret shows the keys hashed (see the package documentation).
 	Secret bool
-	// Now is the clock read for the decisions near the limit and by
-	// Snapshot; nil means time.Now.
+	// FullRate is the decisions a second up to which the Tracker counts
+	// every one; above it, it counts one in 2ⁿ of them, as 2ⁿ each, with
+	// n as small as keeps what it counts at or below FullRate (see the
+	// package documentation). DefaultFullRate when 0; negative means to
+	// count every decision at any rate.
+	FullRate float64
+	// Now is the clock read for the decisions near the limit, to measure
+	// the rate of decisions and by Snapshot; nil means time.Now.
 	Now func() time.Time
 }
 
@@ -63,19 +89,28 @@ type Tracker struct {
 	k        int
 	nearFrom float64
 	secret   bool
+	budget   float64 // decisions a second a shard counts one by one; 0: every one at any rate
 	now      func() time.Time
+	rand     func() uint64
 	seed     maphash.Seed
 	mac      [32]byte
 	shards   [shards]*shard
+	// shift is each shard's sampling: one decision in 1<<shift is
+	// counted. Read by every decision, written by the shard's rate
+	// measurement at most once a rateWindow.
+	shift [shards]atomic.Uint32
 }
 
 type shard struct {
 	mu        sync.Mutex
-	decisions int64
+	decisions int64 // estimated: the sum of the samples' weights
 	denied    int64
-	hot       hotTable
-	near      nearTable
-	_         [64]byte // keep neighbouring shards' locks off one cache line
+	// The rate measurement: samples counted since since (Unix ns, 0
+	// before the first look), and the count at which to look next.
+	samples, look, since int64
+	hot                  hotTable
+	near                 nearTable
+	_                    [64]byte // keep neighbouring shards' locks off one cache line
 }
 
 // New returns a Tracker.
@@ -86,7 +121,16 @@ func New(opts Options) (*Tracker, error) {
 	if opts.NearFrom < 0 || opts.NearFrom > 1 || opts.NearFrom != opts.NearFrom {
 		return nil, fmt.Errorf("topk: NearFrom %v is not between 0 and 1", opts.NearFrom)
 	}
-	t := &Tracker{k: opts.K, nearFrom: opts.NearFrom, secret: opts.Secret, now: opts.Now, seed: maphash.MakeSeed()}
+	if opts.FullRate != opts.FullRate || math.IsInf(opts.FullRate, 0) {
+		return nil, fmt.Errorf("topk: FullRate %v is not a number of decisions a second", opts.FullRate)
+	}
+	t := &Tracker{k: opts.K, nearFrom: opts.NearFrom, secret: opts.Secret, now: opts.Now, rand: mrand.Uint64, seed: maphash.MakeSeed()}
+	switch {
+	case opts.FullRate == 0:
+		t.budget = DefaultFullRate / shards
+	case opts.FullRate > 0:
+		t.budget = opts.FullRate / shards
+	}
 	if t.k == 0 {
 		t.k = DefaultK
 	}
@@ -108,7 +152,7 @@ func New(opts Options) (*Tracker, error) {
 	}
 	per := (counters + shards - 1) / shards
 	for i := range t.shards {
-		t.shards[i] = &shard{hot: newHotTable(per), near: newNearTable(t.k)}
+		t.shards[i] = &shard{look: lookEvery, hot: newHotTable(per), near: newNearTable(t.k)}
 	}
 	return t, nil
 }
@@ -133,15 +177,22 @@ func (t *Tracker) Footprint() int {
 func (t *Tracker) Observe(key string, d *ratelimit.Decision) { t.ObserveAt(time.Time{}, key, d) }
 
 // ObserveAt records a decision of key made at now; a zero now means to
-// read the clock, and only if the decision is near the limit (a caller
-// that has read it already saves that). A denial counts as such unless
-// the store failed closed (an outage, not the key's doing). A decision
-// made by a failure mode other than local says nothing of the key's use
-// and is not considered near the limit. ObserveAt keeps key: the caller
-// must not change its bytes afterwards (an ordinary string never changes).
+// read the clock, and only if the decision is near the limit or the
+// rate is measured (a caller that has read it already saves that). A
+// denial counts as such unless the store failed closed (an outage, not
+// the key's doing). A decision made by a failure mode other than local
+// says nothing of the key's use and is not considered near the limit.
+// ObserveAt keeps key: the caller must not change its bytes afterwards
+// (an ordinary string never changes).
 func (t *Tracker) ObserveAt(now time.Time, key string, d *ratelimit.Decision) {
 	h := maphash.String(t.seed, key)
-	s := t.shards[h>>61]
+	i := h >> 61
+	sh := t.shift[i].Load()
+	if sh > 0 && t.rand()>>(64-sh) != 0 {
+		return // not among the one in 1<<sh decisions counted
+	}
+	w := int64(1) << sh
+	s := t.shards[i]
 	denied := !d.Allowed && d.Reason != ratelimit.ReasonFailClosed
 	used, ok := Used(d)
 	near := ok && used >= t.nearFrom
@@ -156,17 +207,49 @@ func (t *Tracker) ObserveAt(now time.Time, key string, d *ratelimit.Decision) {
 		wholeAt = (now.UnixNano() + int64(d.ResetAfter) + 999_999) / 1_000_000 * 1_000_000
 	}
 	s.mu.Lock()
-	s.decisions++
+	s.decisions += w
 	if denied {
-		s.denied++
+		s.denied += w
 	}
-	s.hot.observe(h, key, denied)
+	s.hot.observe(h, key, denied, w)
 	if near {
 		s.near.observe(h, key, wholeAt, used)
+	}
+	if t.budget > 0 {
+		if s.samples++; s.samples >= s.look {
+			if now.IsZero() {
+				now = t.now()
+			}
+			t.measure(int(i), s, now.UnixNano())
+		}
 	}
 	s.mu.Unlock()
 }
 
+// measure sets shard i's sampling from the rate of its decisions since
+// s.since, once that is at least rateWindow ago: the smallest shift that
+// keeps the decisions counted at or below the budget. Called with s.mu
+// held, when s.samples reaches s.look, and by Snapshot.
+func (t *Tracker) measure(i int, s *shard, now int64) {
+	sh := t.shift[i].Load()
+	step := max(1, int64(lookEvery)>>sh) // samples in lookEvery decisions
+	elapsed := now - s.since
+	if s.since == 0 || elapsed < 0 {
+		s.samples, s.look, s.since = 0, step, now
+		return
+	}
+	if elapsed < int64(rateWindow) || (s.samples < rateSamples && elapsed < int64(rateWindowMax)) {
+		s.look = s.samples + step
+		return
+	}
+	rate := float64(s.samples<<sh) / (float64(elapsed) / 1e9)
+	n := uint32(0)
+	if over := rate / t.budget; over > 1 {
+		n = min(maxShift, uint32(bits.Len64(uint64(math.Ceil(over))-1)))
+	}
+	t.shift[i].Store(n)
+	s.samples, s.look, s.since = 0, max(1, int64(lookEvery)>>n), now
+}
 // Used returns the share of its limit's capacity that decision d left in
 // use, between 0 and 1, and whether d says it: a decision made by the
 // fail_open or fail_closed failure mode, or of a rule without capacity,
@@ -186,6 +269,13 @@ type Entry struct {
 	// Denied is the key's denials, at most Err below the true number.
 	Denied int64 `json:"denied"`
 	Err    int64 `json:"err"`
+	// Sigma is the standard deviation of the sampling's error in Count
+	// and in Denied, estimated from the key's samples; 0 while every
+	// decision of the key was counted. With some 36 samples or more
+	// (Count ≥ 6·Sigma) the true count is within Count − Err − 3·Sigma
+	// and Count + 3·Sigma with a probability of about 99.7 %; with fewer,
+	// Sigma is itself uncertain (see the package documentation).
+	Sigma int64 `json:"sigma,omitempty"`
 }
 
 // A NearEntry is a key near its limit.
@@ -201,9 +291,13 @@ type NearEntry struct {
 
 // A Snapshot is what a Tracker knows at one instant.
 type Snapshot struct {
-	// Decisions and Denied count every decision observed, and the denials.
+	// Decisions and Denied count every decision observed, and the denials
+	// (estimated while the Tracker samples).
 	Decisions int64 `json:"decisions"`
 	Denied    int64 `json:"denied"`
+	// Sample is the largest 2ⁿ among the shards' "one decision in 2ⁿ is
+	// counted"; 1 while every decision is.
+	Sample int64 `json:"sample"`
 	// Threshold is the count above which a key is certainly tracked: a
 	// key decided more often is in the sketch, and so among Hot if its
 	// count is among the largest.
@@ -224,18 +318,22 @@ func (t *Tracker) Snapshot(k int) Snapshot {
 		k = t.k
 	}
 	now := t.now().UnixNano()
-	var sn Snapshot
+	sn := Snapshot{Sample: 1}
 	var hot []Entry
 	var near []nearEntry
-	for _, s := range t.shards {
+	for i, s := range t.shards {
 		s.mu.Lock()
+		if t.budget > 0 && s.since != 0 && now-s.since >= int64(rateWindowMax) {
+			t.measure(i, s, now) // a shard whose decisions stopped samples no more
+		}
+		sn.Sample = max(sn.Sample, int64(1)<<t.shift[i].Load())
 		sn.Decisions += s.decisions
 		sn.Denied += s.denied
 		if th := s.hot.threshold(); th > sn.Threshold {
 			sn.Threshold = th
 		}
 		for n, e := range s.hot.entries {
-			hot = append(hot, Entry{Key: e.key, Count: s.hot.count(int32(n)), Denied: e.denied, Err: e.err})
+			hot = append(hot, Entry{Key: e.key, Count: s.hot.count(int32(n)), Denied: e.denied, Err: e.err, Sigma: int64(math.Ceil(math.Sqrt(float64(e.vari))))})
 		}
 		for _, e := range s.near.entries {
 			if e.wholeAt > now {
@@ -321,6 +419,7 @@ type hotEntry struct {
 	key         string
 	hash        uint64
 	err, denied int64
+	vari        int64 // the sampling's variance: Σ w(w−1) over its samples of weight w
 	bucket      int32
 	prev, next  int32 // in the bucket's list of entries, -1 at its ends
 }
@@ -350,30 +449,37 @@ func (h *hotTable) cell(hash uint64) *int64 {
 // count returns the count of entry n.
 func (h *hotTable) count(n int32) int64 { return h.buckets[h.entries[n].bucket].count }
 
-func (h *hotTable) observe(hash uint64, key string, denied bool) {
+// observe counts a decision of key, of weight w (the decisions it stands
+// for: 1 unless the Tracker samples).
+func (h *hotTable) observe(hash uint64, key string, denied bool, w int64) {
 	var d int64
 	if denied {
-		d = 1
+		d = w
 	}
+	v := w * (w - 1)
 	if n := h.idx.find(hash, key); n >= 0 {
 		h.entries[n].denied += d
-		h.increment(n)
+		h.entries[n].vari += v
+		h.increment(n, w)
 		return
 	}
 	if len(h.entries) < cap(h.entries) {
 		n := int32(len(h.entries))
-		h.entries = append(h.entries, hotEntry{key: key, hash: hash, denied: d})
+		h.entries = append(h.entries, hotEntry{key: key, hash: hash, denied: d, vari: v})
 		h.idx.insert(hash, key, n)
-		b := h.head
-		if b == none || h.buckets[b].count != 1 {
-			b = h.newBucket(1, none, h.head)
+		prev, b := int32(none), h.head // the bucket of count w, or where it goes
+		for b != none && h.buckets[b].count < w {
+			prev, b = b, h.buckets[b].next
+		}
+		if b == none || h.buckets[b].count != w {
+			b = h.newBucket(w, prev, b)
 		}
 		h.link(n, b)
 		return
 	}
 	mu := h.buckets[h.head].count
 	c := h.cell(hash)
-	if *c++; *c <= mu {
+	if *c += w; *c <= mu {
 		return // decided at most μ times: it may stay untracked
 	}
 	*c = mu
@@ -385,24 +491,31 @@ func (h *hotTable) observe(hash uint64, key string, denied bool) {
 	if old := h.cell(e.hash); *old < mu {
 		*old = mu
 	}
-	e.key, e.hash, e.err, e.denied = key, hash, mu, d
+	// Its decisions before, at most μ as counted, were sampled too: their
+	// error goes into its variance as if sampled at w.
+	e.key, e.hash, e.err, e.denied, e.vari = key, hash, mu, d, v+mu*(w-1)
 	h.idx.insert(hash, key, n)
-	h.increment(n)
+	h.increment(n, w)
 }
 
-// increment adds one to entry n's count, moving it to the next bucket.
-func (h *hotTable) increment(n int32) {
+// increment adds w to entry n's count, moving it to the bucket of its new
+// count: past the buckets of the counts in between (none when w is 1;
+// at most the shard's counters).
+func (h *hotTable) increment(n int32, w int64) {
 	b := h.entries[n].bucket
-	c := h.buckets[b].count + 1
-	next := h.buckets[b].next
+	c := h.buckets[b].count + w
+	at := b // the last bucket of a count at most c
+	for nx := h.buckets[at].next; nx != none && h.buckets[nx].count <= c; nx = h.buckets[at].next {
+		at = nx
+	}
 	switch {
-	case next != none && h.buckets[next].count == c:
+	case at != b && h.buckets[at].count == c:
 		h.unlink(n)
-		h.link(n, next)
-	case h.buckets[b].first == n && h.entries[n].next == none:
+		h.link(n, at)
+	case at == b && h.buckets[b].first == n && h.entries[n].next == none:
 		h.buckets[b].count = c // alone in its bucket: the order holds
 	default:
-		nb := h.newBucket(c, b, next)
+		nb := h.newBucket(c, at, h.buckets[at].next)
 		h.unlink(n)
 		h.link(n, nb)
 	}

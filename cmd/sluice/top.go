@@ -225,6 +225,9 @@ func renderTop(w io.Writer, st, prev *dashboard.Status) {
 			fmt.Fprintf(w, "  (%d per %s)", l.Limit, orDash(l.Window))
 		}
 		fmt.Fprintf(w, "  %d decisions, %d denied", l.Decisions, l.Denied)
+		if l.Sample > 1 {
+			fmt.Fprintf(w, " (1 in %d counted)", l.Sample)
+		}
 		if p, ok := before[l.Domain+"\x00"+l.Name]; ok && dt > 0 {
 			fmt.Fprintf(w, "  %.1f/s, %.1f denied/s", float64(l.Decisions-p.Decisions)/dt, float64(l.Denied-p.Denied)/dt)
 		}
@@ -237,12 +240,12 @@ func renderTop(w io.Writer, st, prev *dashboard.Status) {
 		for i := range max(len(l.Hot), len(l.MostDenied), len(l.Near)) {
 			cells := make([]string, 0, 9)
 			if i < len(l.Hot) {
-				cells = append(cells, "  "+l.Hot[i].Key, strconv.FormatInt(l.Hot[i].Count, 10), strconv.FormatInt(l.Hot[i].Err, 10))
+				cells = append(cells, "  "+l.Hot[i].Key, strconv.FormatInt(l.Hot[i].Count, 10), strconv.FormatInt(l.Hot[i].Err+3*l.Hot[i].Sigma, 10))
 			} else {
 				cells = append(cells, "", "", "")
 			}
 			if i < len(l.MostDenied) {
-				cells = append(cells, l.MostDenied[i].Key, strconv.FormatInt(l.MostDenied[i].Denied, 10), strconv.FormatInt(l.MostDenied[i].Err, 10))
+				cells = append(cells, l.MostDenied[i].Key, strconv.FormatInt(l.MostDenied[i].Denied, 10), strconv.FormatInt(l.MostDenied[i].Err+3*l.MostDenied[i].Sigma, 10))
 			} else {
 				cells = append(cells, "", "", "")
 			}

@@ -134,12 +134,15 @@
       const div = el("div", null, "limit");
       div.dataset.limit = name(l);
       const lim = l.limit ? " — " + l.limit + (l.window ? " per " + l.window : "") : "";
-      div.appendChild(el("h3", name(l) + lim + ": " + l.decisions + " decisions, " + l.denied + " denied"));
+      const sampled = l.sample > 1 ? " (1 in " + l.sample + " counted)" : "";
+      div.appendChild(el("h3", name(l) + lim + ": " + l.decisions + " decisions, " + l.denied + " denied" + sampled));
       const tables = el("div", null, "tables");
+      // The bound of a count: the sketch's error, and 3σ of the sampling's.
+      const bound = (e) => e.err + 3 * (e.sigma || 0);
       tables.appendChild(topTable("hottest", ["key", "decisions", "± err"],
-        l.hot.map((e) => row([e.key, e.count, e.err], 1)), 3));
+        l.hot.map((e) => row([e.key, e.count, bound(e)], 1)), 3));
       tables.appendChild(topTable("most denied", ["key", "denied", "± err"],
-        (l.denied_keys || []).map((e) => row([e.key, e.denied, e.err], 1)), 3));
+        (l.denied_keys || []).map((e) => row([e.key, e.denied, bound(e)], 1)), 3));
       tables.appendChild(topTable("nearest the limit", ["key", "used", "", "whole in"],
         (l.near || []).map((e) => row([e.key, Math.round(e.used * 100) + "%", bar(e.used), fmtMs(Math.round(e.whole_in_ns / 1e6))], 1)), 4));
       div.appendChild(tables);

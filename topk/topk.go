@@ -250,6 +250,7 @@ func (t *Tracker) measure(i int, s *shard, now int64) {
 	t.shift[i].Store(n)
 	s.samples, s.look, s.since = 0, max(1, int64(lookEvery)>>n), now
 }
+
 // Used returns the share of its limit's capacity that decision d left in
 // use, between 0 and 1, and whether d says it: a decision made by the
 // fail_open or fail_closed failure mode, or of a rule without capacity,

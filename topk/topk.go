@@ -516,9 +516,10 @@ func (h *hotTable) increment(n int32, w int64) {
 	case at == b && h.buckets[b].first == n && h.entries[n].next == none:
 		h.buckets[b].count = c // alone in its bucket: the order holds
 	default:
-		nb := h.newBucket(c, at, h.buckets[at].next)
+		// Out of its bucket first, so that a bucket it empties is free
+		// for the new one: buckets in use never outnumber the entries.
 		h.unlink(n)
-		h.link(n, nb)
+		h.link(n, h.newBucket(c, at, h.buckets[at].next))
 	}
 }
 

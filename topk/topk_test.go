@@ -214,6 +214,7 @@ func TestWeighted(t *testing.T) {
 		for i := range tr.shift {
 			tr.shift[i].Store(sh)
 		}
+		before := tr.Footprint()
 		var x exact
 		for i, k := range zipfKeys(uint64(sh), 20_000, 300) {
 			d := i%3 == 0
@@ -227,6 +228,9 @@ func TestWeighted(t *testing.T) {
 			}
 		}
 		checkBounds(t, tr, &x)
+		if got := tr.Footprint(); got != before {
+			t.Errorf("shift %d: Footprint %d, %d before: the tables grew", sh, got, before)
+		}
 	}
 }
 

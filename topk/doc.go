@@ -54,14 +54,14 @@
 // all when the caller passes the time it has (ObserveAt). Snapshot
 // allocates and sorts.
 //
-// Up to Options.FullRate decisions a second (DefaultFullRate, 10,000, in
+// Up to Options.FullRate decisions a second (DefaultFullRate, 5,000, in
 // its share for each shard) every decision is counted, with the
 // guarantees above. Above it a shard counts one decision in 2ⁿ, chosen at
 // random, as 2ⁿ decisions, with n as small as keeps what it counts within
 // its share (measured over windows of at least 20 ms and 32 samples); the
 // others cost the hash, an atomic load and a random number, about 10–20
 // ns. So the time the Tracker takes is bounded by FullRate counted
-// decisions a second (about 0.5 % of a core at the default), whatever the
+// decisions a second (below 0.5 % of a core at the default), whatever the
 // rate, and at high rates a decision costs it tens of nanoseconds. The
 // counts are then estimates: the sketch's guarantees hold for the sampled
 // stream, weighted, and each Entry carries Sigma, the standard deviation

@@ -31,7 +31,7 @@ const DefaultNearFrom = 0.5
 const MaxCounters = 1 << 20
 
 // DefaultFullRate is Options.FullRate when it is 0.
-const DefaultFullRate = 10_000
+const DefaultFullRate = 5_000
 
 // shards is the number of shards of a Tracker.
 const shards = 8

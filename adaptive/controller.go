@@ -26,6 +26,9 @@ type Sample struct {
 	MaxInFlight int
 	// Throughput is Completed per second of Window.
 	Throughput float64
+	// Refused counts the requests the Limiter refused in the window: a
+	// window with refusals had more demand than its limit let in.
+	Refused int
 }
 
 // A Controller turns a window's Sample into the next limit. The Limiter
@@ -112,10 +115,16 @@ type Gradient struct {
 	sumX     float64 // throughput summed over the measurement
 	recent   [5]time.Duration
 	next     int
-	before   struct {
-		baseline time.Duration
-		x        float64
-	}
+	idle     int       // windows of the measurement left out for want of refusals
+	past     [10]speed // the baseline and reference at the latest windows, next%10 the oldest
+	before   speed     // at the start of the measurement of a change of speed
+}
+
+// speed is what a Gradient knows of the server's speed: its baseline and
+// the reference throughput.
+type speed struct {
+	baseline time.Duration
+	x        float64
 }
 
 func (g *Gradient) validate() error {
@@ -203,6 +212,7 @@ func (g *Gradient) rebase(s Sample) time.Duration {
 		g.warm++
 		g.baseline += (s.Latency - g.baseline) / time.Duration(g.warm)
 		g.refX += (s.Throughput - g.refX) / float64(g.warm)
+		g.remember()
 		return aim()
 	}
 	if g.measured > 0 {
@@ -216,11 +226,22 @@ func (g *Gradient) rebase(s Sample) time.Duration {
 		if g.changing++; g.changing < 2 {
 			return 0 // hold the limit: one window does not tell a change of speed from noise
 		}
-		g.changing, g.measured, g.sumX = 0, 0, 0
-		g.before.baseline, g.before.x = g.baseline, g.refX
+		g.changing, g.measured, g.idle, g.sumX = 0, 0, 0, 0
+		// The reference before the change is the one of ThroughputWindows
+		// ago: the windows just before a change was told may have moved
+		// it already. A server that sped up has pulled the baseline down
+		// in those windows too, and must not be scaled down twice: the
+		// baseline is then the highest since.
+		g.before = speed{g.baseline, g.past[g.next%len(g.past)].x}
+		if faster {
+			for _, p := range g.past {
+				g.before.baseline = max(g.before.baseline, p.baseline)
+			}
+		}
 		g.measure(s)
 		return aim()
 	}
+	g.past[g.next%len(g.past)] = speed{g.baseline, g.refX}
 	g.recent[g.next%len(g.recent)] = s.Latency
 	g.next++
 	if g.next >= len(g.recent) {
@@ -233,7 +254,11 @@ func (g *Gradient) rebase(s Sample) time.Duration {
 		}
 	}
 	g.changing = 0
-	g.refX += (s.Throughput - g.refX) / float64(g.ThroughputWindows)
+	if s.Refused > 0 {
+		// Only a window whose demand was more than the limit let in
+		// shows what the server can do.
+		g.refX += (s.Throughput - g.refX) / float64(g.ThroughputWindows)
+	}
 	return aim()
 }
 
@@ -243,6 +268,13 @@ func (g *Gradient) rebase(s Sample) time.Duration {
 // measurement still see requests that began at the old speed, so once
 // there are more, the mean leaves them out.
 func (g *Gradient) measure(s Sample) {
+	if g.measured >= changeSkip && s.Refused == 0 {
+		// The limiter refused nothing: the throughput is the demand's,
+		// not the server's. Left out, unless there are no others.
+		if g.idle++; g.idle <= 2*g.ThroughputWindows {
+			return
+		}
+	}
 	g.measured++
 	if g.measured == changeSkip+1 {
 		g.sumX = 0 // the windows that straddle the change are left out
@@ -256,6 +288,15 @@ func (g *Gradient) measure(s Sample) {
 	g.baseline = time.Duration(min(max(g.before.x/mean, 0.25), 4) * float64(g.before.baseline))
 	if n >= g.ThroughputWindows {
 		g.refX, g.measured = mean, 0
+		g.remember()
+	}
+}
+
+// remember sets every entry of the recent past to the current state:
+// what came before it no longer describes the server.
+func (g *Gradient) remember() {
+	for i := range g.past {
+		g.past[i] = speed{g.baseline, g.refX}
 	}
 }
 

@@ -68,10 +68,11 @@ type validator interface{ validate() error }
 // Instead it reads Little's law: a queue raises the latency at the same
 // throughput, a slower server raises the latency and serves less. Two
 // windows running above the aim with the throughput a quarter or more below
-// its recent level scale the baseline up by the fall in throughput (bounded
-// by the rise in latency); a window with the latency a quarter below the
-// baseline and the throughput a quarter above scales it down by the larger
-// change. A server whose workers each become 2× slower keeps its limit
+// its reference scale the baseline up by the fall in throughput; two below
+// the baseline with the throughput a quarter or more above scale it down by
+// the rise. The throughput is measured, before and after, only in windows
+// in which the limiter refused requests (Sample.Refused): in the others it
+// is the demand's, not the server's. A server whose workers each become 2× slower keeps its limit
 // (the concurrency it can serve is the same), and gets back its baseline
 // when it recovers. A window without completions leaves the limit as it
 // is; a window whose drops are more than a tenth of its permits counts as
@@ -199,11 +200,13 @@ const warmWindows = 5
 // quarter or more below its reference with the latency above the aim
 // (slower), or a quarter or more above it with the latency below the
 // baseline (faster) — start a measurement: over the next
-// ThroughputWindows windows the baseline is the one before the change
-// scaled by the reference throughput over the mean throughput since
-// (Little's law: the same workers, each slower or faster), and the
-// reference becomes that mean. A queue raises the latency at the same
-// throughput and does not move the baseline.
+// ThroughputWindows windows with refusals the baseline is the one before
+// the change scaled by the reference throughput of ThroughputWindows
+// windows before over the mean throughput since (Little's law: the same
+// workers, each slower or faster), and the reference becomes that mean.
+// The reference is updated only by windows with refusals, the others
+// showing the demand rather than the server. A queue raises the latency
+// at the same throughput and does not move the baseline.
 func (g *Gradient) rebase(s Sample) time.Duration {
 	aim := func() time.Duration { return time.Duration(g.Tolerance * float64(g.baseline)) }
 	if g.warm < warmWindows {

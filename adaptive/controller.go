@@ -69,10 +69,11 @@ type validator interface{ validate() error }
 // throughput, a slower server raises the latency and serves less. Two
 // windows running above the aim with the throughput a quarter or more below
 // its reference scale the baseline up by the fall in throughput; two below
-// the baseline with the throughput a quarter or more above scale it down by
-// the rise. The throughput is measured, before and after, only in windows
-// in which the limiter refused requests (Sample.Refused): in the others it
-// is the demand's, not the server's. A server whose workers each become 2× slower keeps its limit
+// the baseline with the throughput a quarter or more above scale it down
+// by the rise. The throughput is measured, before and after, only in
+// windows in which the limiter refused requests (Sample.Refused): in the
+// others it is the demand's, not the server's. A server whose workers each
+// become 2× slower keeps its limit
 // (the concurrency it can serve is the same), and gets back its baseline
 // when it recovers. A window without completions leaves the limit as it
 // is; a window whose drops are more than a tenth of its permits counts as
@@ -201,8 +202,8 @@ const warmWindows = 5
 // (slower), or a quarter or more above it with the latency below the
 // baseline (faster) — start a measurement: over the next
 // ThroughputWindows windows with refusals the baseline is the one before
-// the change scaled by the reference throughput of ThroughputWindows
-// windows before over the mean throughput since (Little's law: the same
+// the change scaled by the reference throughput of ten windows before
+// over the mean throughput since (Little's law: the same
 // workers, each slower or faster), and the reference becomes that mean.
 // The reference is updated only by windows with refusals, the others
 // showing the demand rather than the server. A queue raises the latency
@@ -230,7 +231,7 @@ func (g *Gradient) rebase(s Sample) time.Duration {
 			return 0 // hold the limit: one window does not tell a change of speed from noise
 		}
 		g.changing, g.measured, g.idle, g.sumX = 0, 0, 0, 0
-		// The reference before the change is the one of ThroughputWindows
+		// The reference before the change is the one of ten windows
 		// ago: the windows just before a change was told may have moved
 		// it already. A server that sped up has pulled the baseline down
 		// in those windows too, and must not be scaled down twice: the
@@ -273,7 +274,8 @@ func (g *Gradient) rebase(s Sample) time.Duration {
 func (g *Gradient) measure(s Sample) {
 	if g.measured >= changeSkip && s.Refused == 0 {
 		// The limiter refused nothing: the throughput is the demand's,
-		// not the server's. Left out, unless there are no others.
+		// not the server's. Left out, up to 2·ThroughputWindows such
+		// windows, so that a measurement always ends.
 		if g.idle++; g.idle <= 2*g.ThroughputWindows {
 			return
 		}

@@ -26,6 +26,9 @@ type Sample struct {
 	MaxInFlight int
 	// Throughput is Completed per second of Window.
 	Throughput float64
+	// Refused counts the requests the Limiter refused in the window: a
+	// window with refusals had more demand than its limit let in.
+	Refused int
 }
 
 // A Controller turns a window's Sample into the next limit. The Limiter
@@ -65,10 +68,12 @@ type validator interface{ validate() error }
 // Instead it reads Little's law: a queue raises the latency at the same
 // throughput, a slower server raises the latency and serves less. Two
 // windows running above the aim with the throughput a quarter or more below
-// its recent level scale the baseline up by the fall in throughput (bounded
-// by the rise in latency); a window with the latency a quarter below the
-// baseline and the throughput a quarter above scales it down by the larger
-// change. A server whose workers each become 2× slower keeps its limit
+// its reference scale the baseline up by the fall in throughput; two below
+// the baseline with the throughput a quarter or more above scale it down
+// by the rise. The throughput is measured, before and after, only in
+// windows in which the limiter refused requests (Sample.Refused): in the
+// others it is the demand's, not the server's. A server whose workers each
+// become 2× slower keeps its limit
 // (the concurrency it can serve is the same), and gets back its baseline
 // when it recovers. A window without completions leaves the limit as it
 // is; a window whose drops are more than a tenth of its permits counts as
@@ -112,10 +117,16 @@ type Gradient struct {
 	sumX     float64 // throughput summed over the measurement
 	recent   [5]time.Duration
 	next     int
-	before   struct {
-		baseline time.Duration
-		x        float64
-	}
+	idle     int       // windows of the measurement left out for want of refusals
+	past     [10]speed // the baseline and reference at the latest windows, next%10 the oldest
+	before   speed     // at the start of the measurement of a change of speed
+}
+
+// speed is what a Gradient knows of the server's speed: its baseline and
+// the reference throughput.
+type speed struct {
+	baseline time.Duration
+	x        float64
 }
 
 func (g *Gradient) validate() error {
@@ -190,11 +201,13 @@ const warmWindows = 5
 // quarter or more below its reference with the latency above the aim
 // (slower), or a quarter or more above it with the latency below the
 // baseline (faster) — start a measurement: over the next
-// ThroughputWindows windows the baseline is the one before the change
-// scaled by the reference throughput over the mean throughput since
-// (Little's law: the same workers, each slower or faster), and the
-// reference becomes that mean. A queue raises the latency at the same
-// throughput and does not move the baseline.
+// ThroughputWindows windows with refusals the baseline is the one before
+// the change scaled by the reference throughput of ten windows before
+// over the mean throughput since (Little's law: the same
+// workers, each slower or faster), and the reference becomes that mean.
+// The reference is updated only by windows with refusals, the others
+// showing the demand rather than the server. A queue raises the latency
+// at the same throughput and does not move the baseline.
 func (g *Gradient) rebase(s Sample) time.Duration {
 	aim := func() time.Duration { return time.Duration(g.Tolerance * float64(g.baseline)) }
 	if g.warm < warmWindows {
@@ -203,6 +216,7 @@ func (g *Gradient) rebase(s Sample) time.Duration {
 		g.warm++
 		g.baseline += (s.Latency - g.baseline) / time.Duration(g.warm)
 		g.refX += (s.Throughput - g.refX) / float64(g.warm)
+		g.remember()
 		return aim()
 	}
 	if g.measured > 0 {
@@ -216,11 +230,22 @@ func (g *Gradient) rebase(s Sample) time.Duration {
 		if g.changing++; g.changing < 2 {
 			return 0 // hold the limit: one window does not tell a change of speed from noise
 		}
-		g.changing, g.measured, g.sumX = 0, 0, 0
-		g.before.baseline, g.before.x = g.baseline, g.refX
+		g.changing, g.measured, g.idle, g.sumX = 0, 0, 0, 0
+		// The reference before the change is the one of ten windows
+		// ago: the windows just before a change was told may have moved
+		// it already. A server that sped up has pulled the baseline down
+		// in those windows too, and must not be scaled down twice: the
+		// baseline is then the highest since.
+		g.before = speed{g.baseline, g.past[g.next%len(g.past)].x}
+		if faster {
+			for _, p := range g.past {
+				g.before.baseline = max(g.before.baseline, p.baseline)
+			}
+		}
 		g.measure(s)
 		return aim()
 	}
+	g.past[g.next%len(g.past)] = speed{g.baseline, g.refX}
 	g.recent[g.next%len(g.recent)] = s.Latency
 	g.next++
 	if g.next >= len(g.recent) {
@@ -233,7 +258,11 @@ func (g *Gradient) rebase(s Sample) time.Duration {
 		}
 	}
 	g.changing = 0
-	g.refX += (s.Throughput - g.refX) / float64(g.ThroughputWindows)
+	if s.Refused > 0 {
+		// Only a window whose demand was more than the limit let in
+		// shows what the server can do.
+		g.refX += (s.Throughput - g.refX) / float64(g.ThroughputWindows)
+	}
 	return aim()
 }
 
@@ -243,6 +272,14 @@ func (g *Gradient) rebase(s Sample) time.Duration {
 // measurement still see requests that began at the old speed, so once
 // there are more, the mean leaves them out.
 func (g *Gradient) measure(s Sample) {
+	if g.measured >= changeSkip && s.Refused == 0 {
+		// The limiter refused nothing: the throughput is the demand's,
+		// not the server's. Left out, up to 2·ThroughputWindows such
+		// windows, so that a measurement always ends.
+		if g.idle++; g.idle <= 2*g.ThroughputWindows {
+			return
+		}
+	}
 	g.measured++
 	if g.measured == changeSkip+1 {
 		g.sumX = 0 // the windows that straddle the change are left out
@@ -256,6 +293,15 @@ func (g *Gradient) measure(s Sample) {
 	g.baseline = time.Duration(min(max(g.before.x/mean, 0.25), 4) * float64(g.before.baseline))
 	if n >= g.ThroughputWindows {
 		g.refX, g.measured = mean, 0
+		g.remember()
+	}
+}
+
+// remember sets every entry of the recent past to the current state:
+// what came before it no longer describes the server.
+func (g *Gradient) remember() {
+	for i := range g.past {
+		g.past[i] = speed{g.baseline, g.refX}
 	}
 }
 

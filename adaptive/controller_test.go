@@ -83,10 +83,25 @@ func TestControllerSteps(t *testing.T) {
 		[]step{{30 * ms, 1000, 39 * ms, false}},      // faster, twice: ÷2
 	)
 	for i, s := range bsteps {
-		got := b.Update(Sample{Limit: 10, Latency: s.lat, Completed: 10, Throughput: s.x})
+		got := b.Update(Sample{Limit: 10, Latency: s.lat, Completed: 10, Throughput: s.x, Refused: 1})
 		if b.Baseline() != s.base || (got == 10) != s.held {
 			t.Errorf("baseline step %d: baseline %v, limit %v; want %v, held %v", i, b.Baseline(), got, s.base, s.held)
 		}
+	}
+	// A window in which the limiter refused nothing shows the demand, not
+	// what the server can do: it leaves the reference throughput as it is.
+	r := &Gradient{}
+	_ = r.validate()
+	for range warmWindows {
+		r.Update(Sample{Limit: 10, Latency: 30 * ms, Completed: 10, Throughput: 1000})
+	}
+	r.Update(Sample{Limit: 10, Latency: 30 * ms, Completed: 10, Throughput: 900})
+	if r.refX != 1000 {
+		t.Errorf("a window without refusals moved the reference throughput from 1000 to %v", r.refX)
+	}
+	r.Update(Sample{Limit: 10, Latency: 30 * ms, Completed: 10, Throughput: 900, Refused: 1})
+	if r.refX != 990 {
+		t.Errorf("a window with refusals: reference throughput %v, want 990", r.refX)
 	}
 }
 

@@ -44,8 +44,10 @@
 // times a baseline, the latency without a queue, which it tells from a
 // slower server by Little's law (a queue raises latency at the same
 // throughput; a slower server raises it and serves less) and rescales by
-// the change in throughput, measured over a second, when the server slows
-// down or recovers. Use it
+// the change in throughput, measured over a second of windows in which
+// the limiter refused requests (in the others the throughput is the
+// demand's, not the server's), when the server slows down or recovers.
+// Use it
 // when latency is the signal, with Target when you know the latency a
 // request may take. AIMD adds Increase (1) after a good window and
 // multiplies by Backoff (0.9) after a congested one — a drop, a latency

@@ -400,6 +400,7 @@ func (l *Limiter) closeWindow(t int64) {
 		InFlight:    l.area / float64(dur),
 		MaxInFlight: l.maxHeld,
 		Throughput:  float64(l.done) / time.Duration(dur).Seconds(),
+		Refused:     l.refusedInWin,
 	}
 	next := l.ctrl.Update(s)
 	switch {

@@ -427,7 +427,10 @@ func TestSimSlowdown(t *testing.T) {
 // differ). The window quantiles the controller reads are noisy (about a
 // hundred completions each), so the band it holds differs by seed: every
 // seed must settle within 20% in the times TestSimSlowdown asks for, and
-// the count that settle within 10% is logged (RESULTS.md §11 records it).
+// at least 9 of the 12 within 10% after the slowdown and 10 after the
+// recovery — what the controller achieves now (RESULTS.md §11, with the
+// seeds that miss), so that a change that loses ground fails. The issue
+// asks for all 12 within 10%; that does not hold yet.
 func TestSimSlowdownSeeds(t *testing.T) {
 	const best = 44
 	var slow10, fast10 int
@@ -447,6 +450,9 @@ func TestSimSlowdownSeeds(t *testing.T) {
 		t.Logf("seed %2d: mean limit before %.1f, slow %.1f, after %.1f; within 10%% after %v and %v", seed, m[0], m[1], m[2], slowIn, fastIn)
 	}
 	t.Logf("settled within 10%%: %d of 12 seeds within 2s of the slowdown, %d within 5s of the recovery", slow10, fast10)
+	if slow10 < 9 || fast10 < 10 {
+		t.Errorf("settled within 10%%: %d of 12 seeds after the slowdown (want >= 9), %d after the recovery (want >= 10)", slow10, fast10)
+	}
 }
 
 // TestSimSlowDependency covers the Shedder's latency loop on its own: the

@@ -8,7 +8,9 @@ import (
 // BenchmarkObserve: one decision recorded, over keys that fit the sketch
 // (every key tracked), over far more keys than it has counters in turn
 // (every decision takes a counter over: the worst case), and over a Zipf
-// stream of a million keys (s = 1.2: most decisions are of tracked keys).
+// stream of a million keys (s = 1.2: most decisions are of tracked keys);
+// with the default FullRate (at the benchmark's rate, sampled) and
+// counting every decision (FullRate −1).
 func BenchmarkObserve(b *testing.B) {
 	for _, c := range []struct {
 		name string
@@ -19,17 +21,23 @@ func BenchmarkObserve(b *testing.B) {
 		{"turnover/keys=1000000", seqKeys(1_000_000)},
 		{"zipf/keys=1000000", zipfKeys(9, 1_000_000, 1_000_000)},
 	} {
-		b.Run(c.name, func(b *testing.B) {
-			tr, _ := New(Options{})
-			b.ReportAllocs()
-			b.RunParallel(func(pb *testing.PB) {
-				i := 0
-				for pb.Next() {
-					tr.Observe(c.keys[i%len(c.keys)], &admitted)
-					i++
-				}
+		for _, every := range []bool{false, true} {
+			name, opts := "sampled/"+c.name, Options{}
+			if every {
+				name, opts = "every/"+c.name, Options{FullRate: -1}
+			}
+			b.Run(name, func(b *testing.B) {
+				tr, _ := New(opts)
+				b.ReportAllocs()
+				b.RunParallel(func(pb *testing.PB) {
+					i := 0
+					for pb.Next() {
+						tr.Observe(c.keys[i%len(c.keys)], &admitted)
+						i++
+					}
+				})
 			})
-		})
+		}
 	}
 }
 

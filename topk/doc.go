@@ -63,7 +63,8 @@
 // ns. So the time the Tracker takes is bounded by FullRate counted
 // decisions a second (below 0.5 % of a core at the default), whatever the
 // rate, and at high rates a decision costs it tens of nanoseconds. The
-// counts are then estimates: the sketch's guarantees hold for the sampled
+// counts are then estimates (and the near-limit table keeps each key's
+// latest counted decision): the sketch's guarantees hold for the sampled
 // stream, weighted, and each Entry carries Sigma, the standard deviation
 // of its sampling error, estimated from its samples (Σ w(w−1) over them,
 // and its count before it was tracked as if sampled at the weight of

@@ -351,3 +351,150 @@ func TestCountingFreeze(t *testing.T) {
 		})
 	}
 }
+
+// stateDebt returns the debt Redis holds for key under a GCRA rule: its T
+// less its Seen, which for a state written once from fresh is the cost
+// times the interval.
+func stateDebt(t *testing.T, s *Store, key string) time.Duration {
+	t.Helper()
+	st, ok, err := s.State(context.Background(), key)
+	if err != nil || !ok {
+		t.Fatalf("state of %q: %v (found %v)", key, err, ok)
+	}
+	return time.Duration(st.T - st.Seen)
+}
+
+// touchKeys has s decide 1 + i%3 units of r on each key i, locally.
+func touchKeys(t *testing.T, s *Store, r *ratelimit.Rule, keys []string) {
+	t.Helper()
+	for i, k := range keys {
+		for range 1 + i%3 {
+			ds, err := s.Decide(context.Background(), nil, []ratelimit.Item{{Key: k, Rule: r, Cost: 1}})
+			if err != nil || !ds[0].Allowed {
+				t.Fatalf("key %q: %v %+v", k, err, ds)
+			}
+		}
+	}
+}
+
+// TestReconcileCalls reconciles by hand (the interval is an hour) on one
+// server: the hits of every key touched reach Redis exactly, many keys
+// per script call and never more than maxReconcileKeys in one; a key not
+// touched since the last reconciliation is not sent again, and one
+// touched again is; a key whose stored state the reconciliation form
+// does not take (in debt under another interval) is sent on its own, and
+// counted all the same.
+func TestReconcileCalls(t *testing.T) {
+	srv := redistest.Standalone(t)
+	s := newTestStore(t, []string{srv.Addr()}, nil, func(o *testConfig) { o.ReconcileInterval = time.Hour })
+	r := &ratelimit.Rule{Name: "calls", Quota: 100, Period: time.Hour, Burst: 1000, Counting: ratelimit.Approximate}
+	iv := s.count.info(r).push.Interval()
+	keys := make([]string, 2*maxReconcileKeys+37)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%d", i)
+	}
+	touchKeys(t, s, r, keys)
+	st0 := s.Stats()
+	s.count.reconcile()
+	st1 := s.Stats()
+	if got := st1.Batched - st0.Batched; got != 3 {
+		t.Errorf("%d keys reconciled in %d script calls, want 3", len(keys), got)
+	}
+	for i, k := range keys {
+		if got, want := stateDebt(t, s, k), time.Duration(1+i%3)*iv; got != want {
+			t.Fatalf("key %q: Redis holds a debt of %v, want %v", k, got, want)
+		}
+	}
+
+	s.count.reconcile()
+	if st := s.Stats(); st.Batched != st1.Batched || st.Reconciles != st1.Reconciles {
+		t.Errorf("a reconciliation with no key touched sent %d calls", st.Batched-st1.Batched)
+	}
+
+	// Touched again: sent again, and its view is the shared state's.
+	touchKeys(t, s, r, keys[:1])
+	s.count.reconcile()
+	if got := s.Stats().Batched - st1.Batched; got != 1 {
+		t.Errorf("one key touched again: %d script calls, want 1", got)
+	}
+	e := s.count.entry(keys[0], r)
+	e.mu.Lock()
+	pending, synced := e.pending, e.synced
+	e.mu.Unlock()
+	if pending != 0 || synced.IsZero() {
+		t.Errorf("after its reconciliation: %d hits pending, synced at %v", pending, synced)
+	}
+
+	// A state in debt under another interval: the general path rescales it.
+	other := &ratelimit.Rule{Name: "other", Quota: 10, Period: time.Hour}
+	if ds, err := s.Decide(context.Background(), nil, []ratelimit.Item{{Key: "rescaled", Rule: other, Cost: 5}}); err != nil || !ds[0].Allowed {
+		t.Fatalf("strict decision: %v %+v", err, ds)
+	}
+	touchKeys(t, s, r, []string{"rescaled"})
+	s.count.reconcile()
+	st, _, err := s.State(context.Background(), "rescaled")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.N != int64(iv) {
+		t.Errorf("the rescaled key's interval is %v, want the push rule's %v", time.Duration(st.N), iv)
+	}
+	e = s.count.entry("rescaled", r)
+	e.mu.Lock()
+	pending = e.pending
+	e.mu.Unlock()
+	if pending != 0 {
+		t.Errorf("the rescaled key kept %d hits pending", pending)
+	}
+}
+
+// TestReconcileClusterSlots reconciles by hand on the three-master
+// Cluster keys of several hash tags and untagged ones: every key's hits
+// reach Redis exactly, in one script call per slot (per maxReconcileKeys
+// of its keys), as slot computes it and CLUSTER KEYSLOT agrees.
+func TestReconcileClusterSlots(t *testing.T) {
+	cl := redistest.Cluster(t)
+	s := newTestStore(t, cl.Addrs(), nil, func(o *testConfig) { o.ReconcileInterval = time.Hour })
+	r := &ratelimit.Rule{Name: "slots", Quota: 100, Period: time.Hour, Burst: 1000, Counting: ratelimit.Approximate}
+	iv := s.count.info(r).push.Interval()
+	var keys []string
+	for _, tag := range []string{"a", "b", "c"} {
+		for i := range maxReconcileKeys + 10 {
+			keys = append(keys, fmt.Sprintf("{%s}u%d", tag, i))
+		}
+	}
+	for i := range 40 {
+		keys = append(keys, fmt.Sprintf("u%d", i))
+	}
+	touchKeys(t, s, r, keys)
+	perSlot := map[uint16]int{}
+	ctx := context.Background()
+	for i, k := range keys {
+		rk := s.count.entry(k, r).rkey
+		sl := slot(rk)
+		perSlot[sl]++
+		if i%50 == 0 {
+			got, err := s.c.ClusterKeySlot(ctx, rk).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != int64(sl) {
+				t.Fatalf("slot(%q) = %d, CLUSTER KEYSLOT says %d", rk, sl, got)
+			}
+		}
+	}
+	want := uint64(0)
+	for _, n := range perSlot {
+		want += uint64((n + maxReconcileKeys - 1) / maxReconcileKeys)
+	}
+	before := s.Stats().Batched
+	s.count.reconcile()
+	if got := s.Stats().Batched - before; got != want {
+		t.Errorf("%d keys in %d slots reconciled in %d script calls, want %d", len(keys), len(perSlot), got, want)
+	}
+	for i, k := range keys {
+		if got, want := stateDebt(t, s, k), time.Duration(1+i%3)*iv; got != want {
+			t.Fatalf("key %q: Redis holds a debt of %v, want %v", k, got, want)
+		}
+	}
+}

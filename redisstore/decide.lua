@@ -112,10 +112,12 @@ local function since(str)
 end
 
 -- fastGCRA decides the GCRA item whose fields start at ARGV[a], at (fns,
--- fnn), on v, the value stored at key (false: none). It returns the
--- decision and the value key holds afterwards.
-local function fastGCRA(a, key, v)
-  local cost, ivs, capT = tonum(ARGV[a + fieldCost]), ARGV[a + fieldInterval], tonum(ARGV[a + fieldCapT])
+-- fnn), on v, the value stored at key (false: none), at the item's cost
+-- or, when given, at cost. It returns the decision and the value key
+-- holds afterwards.
+local function fastGCRA(a, key, v, cost)
+  if not cost then cost = tonum(ARGV[a + fieldCost]) end
+  local ivs, capT = ARGV[a + fieldInterval], tonum(ARGV[a + fieldCapT])
   local iv = tonum(ivs)
   if cost > tonum(ARGV[a + fieldCapacity]) then return nil end
   local debt, g = 0, 0
@@ -220,6 +222,28 @@ if fns and ARGV[1 + argCount] == '1' and fast[ARGV[first + fieldAlg]] then
   local key = KEYS[tonumber(ARGV[first + fieldKey])]
   local res = fast[ARGV[first + fieldAlg]](first, key, redis.call('GET', key))
   if res then return res end
+end
+
+-- A reconciliation (counting.go): ARGV[1 + argCount] is "r", the header
+-- is followed by the fields of one GCRA rule (its key and cost unused),
+-- and those by one cost per key of KEYS, in order: the hits a replica
+-- counted on each key since it last sent them (0: only a look). Each key
+-- is decided on its own, on the fast path. The reply is one integer per
+-- key: the key's debt in ns (its ResetAfter) once its hits are counted;
+-- or -3 - debt when they were refused, being beyond the rule's capacity
+-- (the debt is the key's, unchanged); or replyFar when the fast path does
+-- not take the key, having written nothing for it: the caller sends that
+-- key again as a request of its own.
+if ARGV[1 + argCount] == 'r' then
+  local out, c0 = {}, first + itemFields - 1
+  local vals = redis.call('MGET', unpack(KEYS))
+  for i = 1, #KEYS do
+    local res = fns and fastGCRA(first, KEYS[i], vals[i], tonum(ARGV[c0 + i]))
+    if not res then out[i] = replyFar
+    elseif res[1] == 1 then out[i] = res[4]
+    else out[i] = -3 - res[4] end
+  end
+  return out
 end
 
 -- A batch (see the end) whose leading requests are each one GCRA or fixed

@@ -105,6 +105,20 @@ local function tonum(str)
 end
 local slack = tonum(ARGV[1 + argSlack])
 
+-- px returns a TTL of ms milliseconds as a decimal string, each distinct
+-- one made once per call: Redis formats a number argument of redis.call
+-- with snprintf, which costs a third of a SET (keys decided together
+-- often share their TTL).
+local pxs = {}
+local function px(ms)
+  local p = pxs[ms]
+  if not p then
+    p = string.format('%d', ms)
+    pxs[ms] = p
+  end
+  return p
+end
+
 -- since returns the nanoseconds from (fns, fnn) to a stored instant of at
 -- least 10 digits, split into seconds and their last 9 digits.
 local function since(str)
@@ -159,7 +173,7 @@ local function fastGCRA(a, key, v, cost)
       -- several times slower per number.
       if not fnow then fnow = string.format('%d%09d', fns, fnn) end
       v = string.format('0|%d%09d|%s|0|%s|%d', ts, tn, ivs, fnow, (g + 1) % 1000000000)
-      redis.call('SET', key, v, 'PX', math.ceil(debt / 1000000) + slack)
+      redis.call('SET', key, v, 'PX', px(math.ceil(debt / 1000000) + slack))
     end
   end
   return {allowed, reason, remaining, debt, retry}, v -- in reply order
@@ -209,7 +223,7 @@ local function fastFixed(a, key, v)
   if cost ~= 0 then
     if not fnow then fnow = string.format('%d%09d', fns, fnn) end
     v = string.format('1|%s|%d|%s|%s|%d', start, count, pp, fnow, (g + 1) % 1000000000)
-    redis.call('SET', key, v, 'PX', math.ceil(reset / 1000000) + slack)
+    redis.call('SET', key, v, 'PX', px(math.ceil(reset / 1000000) + slack))
   end
   return {1, reasonOK, limit - count, reset, 0}, v
 end

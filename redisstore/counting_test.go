@@ -222,16 +222,19 @@ func TestCountingAccuracy(t *testing.T) {
 				// Approximate replicas take their share of what refills
 				// at each reconciliation: on a machine too loaded to keep
 				// the interval (the race detector, other work), they take
-				// less, which is no fault of the counting.
-				if want := uint64(len(stores)) * uint64(run/DefaultReconcileInterval) / 2; mode == ratelimit.Approximate && st.Reconciles < want {
-					t.Skipf("the machine kept %d reconciliations of %d", st.Reconciles, 2*want)
+				// less, which is no fault of the counting. A replica
+				// reconciles only the intervals it touched the key in:
+				// bursty callers rest half the time.
+				kept := uint64(len(stores)) * uint64(run/DefaultReconcileInterval)
+				if shape.bursty {
+					kept /= 2
+				}
+				if mode == ratelimit.Approximate && 4*st.Reconciles < 3*kept {
+					t.Skipf("the machine kept %d reconciliations of %d", st.Reconciles, kept)
 				}
 				least := shape.least
 				if mode == ratelimit.Approximate {
-					// Measured 97.4–99.8 % without the race detector; with
-					// it, on a loaded machine, reconciliations come late
-					// and a run takes 96–97 %: asserted at 95 %.
-					least = 0.95
+					least = 0.97 // the figure, skewed or not
 				}
 				if float64(got) < least*float64(allowed) {
 					t.Errorf("admitted %d < %.0f%% of %d", got, 100*least, allowed)
@@ -496,5 +499,73 @@ func TestReconcileClusterSlots(t *testing.T) {
 		if got, want := stateDebt(t, s, k), time.Duration(1+i%3)*iv; got != want {
 			t.Fatalf("key %q: Redis holds a debt of %v, want %v", k, got, want)
 		}
+	}
+}
+
+// TestCountingDeniedEverywhere has 4 replicas share one approximate key
+// that nothing refills during the test, under skewed load (replica 0
+// asks 9 times as often as each other one), and reconciles them by hand,
+// one after the other, at the end of every round: a round is one
+// interval. Once a replica's reconciliation has shown the key over its
+// limit (its view, with no hit of its own pending, has no room for one
+// more), every replica denies the key after its next reconciliation,
+// within one interval: from the round after next, nothing is admitted.
+// Over the run, the replicas admit the capacity at least (approximate
+// takes what it may) and at most the capacity plus the bound.
+func TestCountingDeniedEverywhere(t *testing.T) {
+	srv := redistest.Standalone(t)
+	const n, capacity = 4, 400
+	r := &ratelimit.Rule{Name: "everywhere", Quota: 40, Period: time.Hour, Burst: capacity, Counting: ratelimit.Approximate}
+	stores := countingStores(t, srv, "everywhere:", func(o *Options) { o.ReconcileInterval = time.Hour })
+	ctx := context.Background()
+	item := []ratelimit.Item{{Key: "k", Rule: r, Cost: 1}}
+	over := func(s *Store) bool { // the replica's view has no room for a hit
+		e := s.count.entry("k", r)
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		v := e.view
+		var d ratelimit.Decision
+		e.info.local.DecideInto(&d, &v, s.localNow(), n)
+		return e.pending == 0 && !d.Allowed
+	}
+	admitted, seen := 0, -1 // seen: the round whose reconciliations first showed the key over
+	for round := 0; round < 100 && (seen < 0 || round <= seen+3); round++ {
+		inRound := 0
+		for i, s := range stores {
+			asks := 3
+			if i == 0 {
+				asks = 27
+			}
+			for range asks {
+				ds, err := s.Decide(ctx, nil, item)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ds[0].Reason != ratelimit.ReasonOK && ds[0].Reason != ratelimit.ReasonLimited {
+					t.Fatalf("round %d, replica %d: decided by %v", round, i, ds[0].Reason)
+				}
+				if ds[0].Allowed {
+					inRound++
+				}
+			}
+		}
+		admitted += inRound
+		if seen >= 0 && round >= seen+2 && inRound > 0 {
+			t.Errorf("round %d: %d admitted, though a replica saw the key over its limit in round %d", round, inRound, seen)
+		}
+		for _, s := range stores {
+			s.count.reconcile()
+			if seen < 0 && over(s) {
+				seen = round
+			}
+		}
+	}
+	if seen < 0 {
+		t.Fatalf("no replica saw the key over its limit in 100 rounds (%d admitted)", admitted)
+	}
+	bound := approxBound(n, 0, 0, capacity)
+	t.Logf("over its limit on a replica after round %d; admitted %d of %d (+%d bound)", seen, admitted, capacity, bound)
+	if admitted < capacity-n || admitted > capacity+bound {
+		t.Errorf("admitted %d, want %d to %d + %d", admitted, capacity-n, capacity, bound)
 	}
 }

@@ -107,8 +107,8 @@ local slack = tonum(ARGV[1 + argSlack])
 
 -- px returns a TTL of ms milliseconds as a decimal string, each distinct
 -- one made once per call: Redis formats a number argument of redis.call
--- with snprintf, which costs a third of a SET (keys decided together
--- often share their TTL).
+-- with snprintf, a quarter of what a SET with a TTL costs (keys decided
+-- together often share their TTL).
 local pxs = {}
 local function px(ms)
   local p = pxs[ms]

@@ -274,6 +274,10 @@ func (b *batcher) pipeline(now, deadline time.Time, live []*call) {
 	} else {
 		byNow := map[any]*group{}
 		for _, c := range live {
+			if c.req.whole {
+				groups = append(groups, &group{calls: []*call{c}})
+				continue
+			}
 			g := byNow[c.req.args[argNow]]
 			if g == nil || len(g.calls) >= b.size { // a script call decides at most size requests
 				g = &group{}

@@ -43,6 +43,9 @@ type counters struct {
 	tmu     sync.Mutex
 	touched []*entry // approximate entries with hits or asks since the last reconciliation
 
+	hmu     sync.Mutex
+	holding []*entry // batched entries that took blocks since the last giveBackIdle, or still hold some
+
 	gmu    sync.RWMutex // held to start a goroutine; closed under it
 	closed bool
 	start  sync.Once // the loop, started with the first entry
@@ -88,6 +91,7 @@ type countInfo struct {
 type entry struct {
 	mu   sync.Mutex
 	key  string
+	rkey string // its Redis key
 	info *countInfo
 	// busy is non-nil while a lease or a first reconciliation is in
 	// flight; closed when it ends.
@@ -115,6 +119,7 @@ type entry struct {
 	pending int64           // hits admitted, not yet sent
 	sending int64           // hits of the reconciliation in flight
 	queued  bool            // in counters.touched
+	listed  bool            // in counters.holding
 }
 
 // A block is capacity taken from the shared counter, valid until end.
@@ -212,7 +217,7 @@ func (c *counters) entry(key string, r *ratelimit.Rule) *entry {
 	if sh.m == nil {
 		sh.m = make(map[counterKey]*entry)
 	}
-	e := &entry{key: key, info: c.info(r)}
+	e := &entry{key: key, rkey: string(appendKey(nil, c.s.prefix, c.s.tagOf(key), key)), info: c.info(r)}
 	sh.m[k] = e
 	c.start.Do(func() { c.goAsync(c.loop) })
 	return e
@@ -284,10 +289,13 @@ func (e *entry) spend(n int64) time.Time {
 	return end
 }
 
-func (e *entry) addBlock(n int64, end time.Time) {
+// addBlock adds a block of n units ending at end to e, and puts e in the
+// list of entries holding blocks (c.holding). Called with e.mu held.
+func (c *counters) addBlock(e *entry, n int64, end time.Time) {
 	if n <= 0 {
 		return
 	}
+	c.list(e)
 	i := len(e.blocks)
 	for i > 0 && e.blocks[i-1].end.After(end) {
 		i--
@@ -428,7 +436,7 @@ func (c *counters) lease(ctx context.Context, e *entry, n, need int64, ch chan s
 			if ci.rule.Algorithm == ratelimit.FixedWindow {
 				end = sent.Add(d.ResetAfter)
 			}
-			e.addBlock(item[0].Cost-need, end)
+			c.addBlock(e, item[0].Cost-need, end)
 			e.spent += need
 			e.remote = d.Remaining
 			d.Remaining = min(ci.rule.Capacity(), d.Remaining+e.available(c.s.localNow(), c))
@@ -446,7 +454,7 @@ func (c *counters) lease(ctx context.Context, e *entry, n, need int64, ch chan s
 func (c *counters) giveBack(e *entry, n int64, end time.Time) {
 	e.mu.Lock()
 	if c.s.localNow().Before(end) {
-		e.addBlock(n, end)
+		c.addBlock(e, n, end)
 	}
 	e.mu.Unlock()
 }
@@ -539,9 +547,22 @@ func (c *counters) queue(e *entry) {
 	c.tmu.Unlock()
 }
 
-// loop reconciles approximate keys every interval and, every fourth,
-// sweeps batched keys: gives back what idle ones hold and forgets entries
-// unused for long.
+// list puts e in c.holding, once. Called with e.mu held.
+func (c *counters) list(e *entry) {
+	if e.listed {
+		return
+	}
+	e.listed = true
+	c.hmu.Lock()
+	c.holding = append(c.holding, e)
+	c.hmu.Unlock()
+}
+
+// loop reconciles approximate keys every interval; every fourth, it gives
+// back what idle batched keys hold, and every fortieth it forgets the
+// entries unused for long. (Visiting every entry costs a cache miss each:
+// at 10,000 keys, doing it every fourth interval took 5 % of a service's
+// CPU.)
 func (c *counters) loop() {
 	t := time.NewTicker(c.interval)
 	defer t.Stop()
@@ -553,16 +574,21 @@ func (c *counters) loop() {
 		}
 		c.reconcile()
 		if tick%4 == 3 {
-			c.sweep()
+			c.giveBackIdle()
+		}
+		if tick%40 == 39 {
+			c.forget()
 		}
 	}
 }
 
 // reconcile sends, in one pipeline, the hits of every approximate key
-// touched since the last reconciliation (a check for a key with none),
-// and sets each key's view from the reply. A key whose reconciliation
-// failed keeps its hits for the next one; a call answered as failed never
-// took effect (its cutoff, see Deadlines), so nothing is counted twice.
+// touched since the last reconciliation (a look for a key with none: a
+// denied one), and sets each key's view from the reply. A key that is not
+// touched is not sent: its view is refreshed by the reconciliation after
+// its next use. A key whose reconciliation failed keeps its hits for the
+// next one; a call answered as failed never took effect (its cutoff, see
+// Deadlines), so nothing is counted twice.
 func (c *counters) reconcile() {
 	c.tmu.Lock()
 	es := c.touched
@@ -571,7 +597,7 @@ func (c *counters) reconcile() {
 	if len(es) == 0 {
 		return
 	}
-	items := make([]ratelimit.Item, len(es))
+	ps := make([]push, len(es))
 	for i, e := range es {
 		e.mu.Lock()
 		e.queued = false
@@ -579,85 +605,129 @@ func (c *counters) reconcile() {
 		// more would be refused as beyond capacity whatever the state.
 		e.sending = min(e.pending, e.info.push.Capacity())
 		e.pending -= e.sending
-		items[i] = ratelimit.Item{Key: e.key, Rule: e.info.push, Cost: e.sending}
+		ps[i] = push{e: e, cost: e.sending}
 		e.mu.Unlock()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), c.s.timeout)
 	defer cancel()
 	sent := c.s.localNow()
-	ds, errs := c.s.decideEach(ctx, items)
+	c.s.pushAll(ctx, ps)
 	c.reconciles.Add(1)
-	recv := c.s.localNow()
-	for i, e := range es {
+	for i := range ps {
+		p := &ps[i]
+		e := p.e
 		e.mu.Lock()
-		d, err := ds[i], errs[i]
-		if err != nil || (!d.Allowed && d.Reason != ratelimit.ReasonLimited) {
+		if p.err != nil || !p.counted {
 			e.pending += e.sending // not counted: sent again next time
-			e.sending = 0
+		}
+		e.sending = 0
+		if p.err == nil {
+			e.setView(p.debt, sent, c.replicas)
+		}
+		if e.pending > 0 {
 			c.queue(e)
-		} else {
-			if !d.Allowed { // refused even at twice the capacity: sent again
-				e.pending += e.sending
-				c.queue(e)
-			}
-			e.sending = 0
-			e.setView(d.ResetAfter, sent, c.replicas)
-			if e.pending > 0 || recv.Sub(e.used) < 2*c.interval {
-				c.queue(e) // hits left, or still in use: keep its view fresh
-			}
 		}
 		e.mu.Unlock()
 	}
 }
 
-// sweep gives back the blocks of idle batched keys and forgets entries
-// that hold nothing and have been idle for forgetAfter.
-func (c *counters) sweep() {
+// giveBackIdle gives back the blocks of the idle batched keys in
+// c.holding; those that still hold blocks stay in it.
+func (c *counters) giveBackIdle() {
+	now := c.s.localNow()
+	c.hmu.Lock()
+	es := c.holding
+	c.holding = nil
+	c.hmu.Unlock()
+	for _, e := range es {
+		c.returnIdle(e, now)
+		e.mu.Lock()
+		e.listed = false
+		if len(e.blocks) > 0 {
+			c.list(e)
+		}
+		e.mu.Unlock()
+	}
+}
+
+// forget forgets the entries that hold nothing and have been idle for
+// forgetAfter.
+func (c *counters) forget() {
 	now := c.s.localNow()
 	for i := range c.shards {
 		sh := &c.shards[i]
 		sh.mu.Lock()
-		var idle []*entry
 		for k, e := range sh.m {
 			e.mu.Lock()
-			old := now.Sub(e.used) > forgetAfter && e.busy == nil && len(e.blocks) == 0 && e.pending == 0 && e.sending == 0 && !e.queued
-			hasBlocks := len(e.blocks) > 0
-			e.mu.Unlock()
-			switch {
-			case old:
+			if now.Sub(e.used) > forgetAfter && e.busy == nil && len(e.blocks) == 0 && e.pending == 0 && e.sending == 0 && !e.queued && !e.listed {
 				delete(sh.m, k)
-			case hasBlocks:
-				idle = append(idle, e)
 			}
+			e.mu.Unlock()
 		}
 		sh.mu.Unlock()
-		for _, e := range idle {
-			c.returnIdle(e, now)
-		}
 	}
 }
 
-// decideEach decides each item as a request of its own, at Redis: in one
-// pipeline when the Store coalesces (several requests per script call on a
-// single server). It returns a decision or an error per item.
-func (s *Store) decideEach(ctx context.Context, items []ratelimit.Item) ([]ratelimit.Decision, []error) {
-	ds := make([]ratelimit.Decision, len(items))
-	errs := make([]error, len(items))
-	if s.batch == nil {
-		for i := range items {
-			out, err := s.decideRedis(ctx, nil, items[i:i+1])
-			if err == nil {
-				ds[i] = out[0]
-			}
-			errs[i] = err
-		}
-		return ds, errs
+// A push is one key's part of a reconciliation: the hits sent, and what
+// Redis answered.
+type push struct {
+	e    *entry
+	cost int64
+	// Once answered without err: debt is the key's ResetAfter, counted
+	// whether the hits were counted (if not, they were beyond even the
+	// push rule's capacity, and nothing was written).
+	debt    time.Duration
+	counted bool
+	err     error
+}
+
+// maxReconcileKeys bounds the keys of one reconciliation script call: the
+// script reads their states with one MGET (Lua's unpack takes a few
+// thousand values at most), and Redis serves no one else while it runs.
+const maxReconcileKeys = 256
+
+// reconcileCount, in argCount, marks decide.lua's reconciliation form.
+const reconcileCount = "r"
+
+// A pushGroup is keys that can share a reconciliation script call: of one
+// GCRA rule within the script's doubles (its arguments) and, on a
+// Cluster, of one slot.
+type pushGroup struct {
+	ra   *ruleArgs
+	slot uint16
+}
+
+// pushRequest makes the reconciliation call of the pushes idx, all of
+// group g.
+func (s *Store) pushRequest(g pushGroup, ps []push, idx []int, nowArg any) *request {
+	req := &request{keys: make([]string, len(idx)), args: make([]any, argHeader+itemFields+len(idx)), whole: true}
+	req.args[argNow], req.args[argSlack], req.args[argCount] = nowArg, s.slackMS, reconcileCount
+	req.args[argMask], req.args[argDeadline] = s.small(1<<ratelimit.GCRA), ""
+	copy(req.args[argHeader:], g.ra.fields[:])
+	req.args[argHeader+fieldKey], req.args[argHeader+fieldCost] = s.small(0), s.small(0)
+	for j, i := range idx {
+		req.keys[j] = ps[i].e.rkey
+		req.args[argHeader+itemFields+j] = s.small(ps[i].cost)
+		req.takes = req.takes || ps[i].cost > 0
 	}
+	return req
+}
+
+// pushAll sends every push's hits to Redis under its key's push rule, and
+// sets each push's answer. The keys of a pushGroup go in script calls of
+// up to maxReconcileKeys keys each (decide.lua's reconciliation form),
+// any other key (a LeakyBucket rule, one beyond the script's doubles) as
+// a request of its own; all in one pipeline when the Store coalesces
+// (on a Cluster, one per node), else one call after the other. A key the
+// reconciliation form does not take (a stored state it does not read,
+// written under another rule, or too far from now) is sent again on its
+// own, after the pipeline.
+func (s *Store) pushAll(ctx context.Context, ps []push) {
 	if !s.brk.allow() {
-		for i := range errs {
-			errs[i] = errUnavailable
+		for i := range ps {
+			ps[i].err = errUnavailable
 		}
-		return ds, errs
+		return
 	}
 	deadline := time.Now().Add(s.timeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
@@ -667,61 +737,166 @@ func (s *Store) decideEach(ctx context.Context, items []ratelimit.Item) ([]ratel
 	if s.now != nil {
 		nowArg = formatNano(s.now())
 	}
-	calls := make([]*call, 0, len(items))
-	idx := make([]int, 0, len(items))
-	for i := range items {
-		req, err := s.build(items[i : i+1])
-		alone := err != nil // decideRedis reports the error
-		if err == nil && (req.exact || req.calendar) {
-			req.release()
-			alone = true // beyond the script's doubles, or a calendar: on its own
+	// A part is one script call: a group's keys (whole), or one key's
+	// request as build makes it.
+	type part struct {
+		c     *call
+		idx   []int // its pushes, in ps
+		whole bool
+	}
+	var parts []part
+	var alone []int // each decided by decideRedis, on its own
+	groups := map[pushGroup][]int{}
+	for i := range ps {
+		e := ps[i].e
+		r := e.info.push
+		ra, err := s.ruleArgs(r)
+		if err != nil {
+			ps[i].err = err
+			continue
 		}
-		if alone {
-			out, err := s.decideRedis(ctx, nil, items[i:i+1])
-			if err == nil {
-				ds[i] = out[0]
+		if r.Algorithm == ratelimit.GCRA && !ra.exact {
+			g := pushGroup{ra: ra}
+			if s.cluster {
+				g.slot = slot(e.rkey)
 			}
-			errs[i] = err
+			groups[g] = append(groups[g], i)
+			continue
+		}
+		if s.batch == nil {
+			alone = append(alone, i)
+			continue
+		}
+		req, err := s.build([]ratelimit.Item{{Key: e.key, Rule: r, Cost: ps[i].cost}})
+		if err != nil || req.exact || req.calendar {
+			if err == nil {
+				req.release()
+			}
+			alone = append(alone, i) // decideRedis reports the error, or decides it apart
 			continue
 		}
 		req.args[argNow] = nowArg
-		c := &call{ctx: ctx, deadline: deadline, req: req, done: make(chan struct{}, 1)}
-		calls = append(calls, c)
-		idx = append(idx, i)
+		parts = append(parts, part{c: &call{ctx: ctx, deadline: deadline, req: req, done: make(chan struct{}, 1)}, idx: []int{i}})
 	}
-	if len(calls) == 0 {
-		return ds, errs
+	for g, idx := range groups {
+		for len(idx) > 0 {
+			n := min(len(idx), maxReconcileKeys)
+			req := s.pushRequest(g, ps, idx[:n], nowArg)
+			parts = append(parts, part{c: &call{ctx: ctx, deadline: deadline, req: req, done: make(chan struct{}, 1)}, idx: idx[:n], whole: true})
+			idx = idx[n:]
+		}
 	}
-	s.batch.send(calls)
+	if s.batch != nil {
+		calls := make([]*call, len(parts))
+		for j := range parts {
+			calls[j] = parts[j].c
+		}
+		s.batch.send(calls)
+	} else {
+		for _, p := range parts { // whole ones only: every other is alone
+			c := p.c
+			if c.req.takes {
+				cut, err := s.sclock.cutoff(ctx, c.req.keys[0], time.Now(), deadline)
+				if err != nil {
+					c.answer(nil, err)
+					continue
+				}
+				c.req.setCutoff(cut)
+			}
+			c.answer(s.script.Run(ctx, s.c, c.req.keys, c.req.args...).Slice())
+		}
+	}
 	var failed error
-	for j, c := range calls {
-		<-c.done
-		res, err := c.res, c.err
+	for _, p := range parts {
+		<-p.c.done
+		res, err := p.c.res, p.c.err
 		if err == nil && len(res) == 1 && res[0] == int64(replyExpired) {
 			err = errExpired
 		}
-		i := idx[j]
-		if err == nil {
-			var out []ratelimit.Decision
-			out, err = parse(nil, items[i:i+1], res)
-			if err == nil {
-				ds[i] = out[0]
+		if errors.Is(err, errExpired) && time.Now().Before(deadline) {
+			s.sclock.expired(ctx, p.c.req.keys[0]) // answered in time, yet past the cutoff: measure again
+		}
+		switch {
+		case err != nil:
+			failed = err
+			for _, i := range p.idx {
+				ps[i].err = err
+			}
+		case p.whole:
+			if err := parsePushes(ps, p.idx, res, &alone); err != nil {
+				failed = err
+			}
+		case len(res) == 1 && res[0] == int64(replyFar):
+			alone = append(alone, p.idx[0]) // decided on the exact path
+		default:
+			i := p.idx[0]
+			ds, err := parse(nil, []ratelimit.Item{{Rule: ps[i].e.info.push}}, res)
+			if err != nil {
+				failed, ps[i].err = err, err
+			} else {
+				ps[i].setDecision(ds[0])
 			}
 		}
-		if err != nil {
-			failed = err
-			errs[i] = err
+		if !p.whole {
+			p.c.req.release()
 		}
-		c.req.release()
 	}
-	if failed != nil && !isScriptError(failed) {
-		s.errors.Add(1)
-		s.brk.done(failed)
-	} else {
-		s.brk.done(nil)
-		s.requests.Add(1)
+	if len(parts) > 0 {
+		if failed != nil && !isScriptError(failed) {
+			s.errors.Add(1)
+			s.brk.done(failed)
+		} else {
+			s.brk.done(nil)
+			s.requests.Add(1)
+		}
 	}
-	return ds, errs
+	for _, i := range alone {
+		if ps[i].err != nil {
+			continue
+		}
+		e := ps[i].e
+		ds, err := s.decideRedis(ctx, nil, []ratelimit.Item{{Key: e.key, Rule: e.info.push, Cost: ps[i].cost}})
+		if err != nil {
+			ps[i].err = err
+		} else {
+			ps[i].setDecision(ds[0])
+		}
+	}
+}
+
+// parsePushes sets the answers of the pushes idx from the reply of their
+// reconciliation call, and adds those the call did not take to alone.
+func parsePushes(ps []push, idx []int, res []any, alone *[]int) error {
+	if len(res) != len(idx) {
+		err := fmt.Errorf("redisstore: reconciliation returned %d values for %d keys", len(res), len(idx))
+		for _, i := range idx {
+			ps[i].err = err
+		}
+		return err
+	}
+	for j, i := range idx {
+		v, ok := res[j].(int64)
+		switch {
+		case !ok:
+			ps[i].err = fmt.Errorf("redisstore: reconciliation returned %T", res[j])
+		case v >= 0:
+			ps[i].debt, ps[i].counted = time.Duration(v), true
+		case v == replyFar:
+			*alone = append(*alone, i)
+		default:
+			ps[i].debt = time.Duration(-3 - v)
+		}
+	}
+	return nil
+}
+
+// setDecision sets p's answer from a decision of its push rule.
+func (p *push) setDecision(d ratelimit.Decision) {
+	if !d.Allowed && d.Reason != ratelimit.ReasonLimited {
+		p.err = fmt.Errorf("redisstore: reconciliation refused: %s", d.Reason)
+		return
+	}
+	p.debt, p.counted = d.ResetAfter, d.Allowed
 }
 
 func formatNano(t time.Time) string { return strconv.FormatInt(t.UnixNano(), 10) }

@@ -222,16 +222,19 @@ func TestCountingAccuracy(t *testing.T) {
 				// Approximate replicas take their share of what refills
 				// at each reconciliation: on a machine too loaded to keep
 				// the interval (the race detector, other work), they take
-				// less, which is no fault of the counting.
-				if want := uint64(len(stores)) * uint64(run/DefaultReconcileInterval) / 2; mode == ratelimit.Approximate && st.Reconciles < want {
-					t.Skipf("the machine kept %d reconciliations of %d", st.Reconciles, 2*want)
+				// less, which is no fault of the counting. A replica
+				// reconciles only the intervals it touched the key in:
+				// bursty callers rest half the time.
+				kept := uint64(len(stores)) * uint64(run/DefaultReconcileInterval)
+				if shape.bursty {
+					kept /= 2
+				}
+				if mode == ratelimit.Approximate && 4*st.Reconciles < 3*kept {
+					t.Skipf("the machine kept %d reconciliations of %d", st.Reconciles, kept)
 				}
 				least := shape.least
 				if mode == ratelimit.Approximate {
-					// Measured 97.4–99.8 % without the race detector; with
-					// it, on a loaded machine, reconciliations come late
-					// and a run takes 96–97 %: asserted at 95 %.
-					least = 0.95
+					least = 0.97 // the figure, skewed or not
 				}
 				if float64(got) < least*float64(allowed) {
 					t.Errorf("admitted %d < %.0f%% of %d", got, 100*least, allowed)
@@ -349,5 +352,220 @@ func TestCountingFreeze(t *testing.T) {
 				t.Errorf("a 1s window admitted %d > %d + %d", worst, burst+rate, bound)
 			}
 		})
+	}
+}
+
+// stateDebt returns the debt Redis holds for key under a GCRA rule: its T
+// less its Seen, which for a state written once from fresh is the cost
+// times the interval.
+func stateDebt(t *testing.T, s *Store, key string) time.Duration {
+	t.Helper()
+	st, ok, err := s.State(context.Background(), key)
+	if err != nil || !ok {
+		t.Fatalf("state of %q: %v (found %v)", key, err, ok)
+	}
+	return time.Duration(st.T - st.Seen)
+}
+
+// touchKeys has s decide 1 + i%3 units of r on each key i, locally.
+func touchKeys(t *testing.T, s *Store, r *ratelimit.Rule, keys []string) {
+	t.Helper()
+	for i, k := range keys {
+		for range 1 + i%3 {
+			ds, err := s.Decide(context.Background(), nil, []ratelimit.Item{{Key: k, Rule: r, Cost: 1}})
+			if err != nil || !ds[0].Allowed {
+				t.Fatalf("key %q: %v %+v", k, err, ds)
+			}
+		}
+	}
+}
+
+// TestReconcileCalls reconciles by hand (the interval is an hour) on one
+// server: the hits of every key touched reach Redis exactly, many keys
+// per script call and never more than maxReconcileKeys in one; a key not
+// touched since the last reconciliation is not sent again, and one
+// touched again is; a key whose stored state the reconciliation form
+// does not take (in debt under another interval) is sent on its own, and
+// counted all the same.
+func TestReconcileCalls(t *testing.T) {
+	srv := redistest.Standalone(t)
+	s := newTestStore(t, []string{srv.Addr()}, nil, func(o *testConfig) { o.ReconcileInterval = time.Hour })
+	r := &ratelimit.Rule{Name: "calls", Quota: 100, Period: time.Hour, Burst: 1000, Counting: ratelimit.Approximate}
+	iv := s.count.info(r).push.Interval()
+	keys := make([]string, 2*maxReconcileKeys+37)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k%d", i)
+	}
+	touchKeys(t, s, r, keys)
+	st0 := s.Stats()
+	s.count.reconcile()
+	st1 := s.Stats()
+	if got := st1.Batched - st0.Batched; got != 3 {
+		t.Errorf("%d keys reconciled in %d script calls, want 3", len(keys), got)
+	}
+	for i, k := range keys {
+		if got, want := stateDebt(t, s, k), time.Duration(1+i%3)*iv; got != want {
+			t.Fatalf("key %q: Redis holds a debt of %v, want %v", k, got, want)
+		}
+	}
+
+	s.count.reconcile()
+	if st := s.Stats(); st.Batched != st1.Batched || st.Reconciles != st1.Reconciles {
+		t.Errorf("a reconciliation with no key touched sent %d calls", st.Batched-st1.Batched)
+	}
+
+	// Touched again: sent again, and its view is the shared state's.
+	touchKeys(t, s, r, keys[:1])
+	s.count.reconcile()
+	if got := s.Stats().Batched - st1.Batched; got != 1 {
+		t.Errorf("one key touched again: %d script calls, want 1", got)
+	}
+	e := s.count.entry(keys[0], r)
+	e.mu.Lock()
+	pending, synced := e.pending, e.synced
+	e.mu.Unlock()
+	if pending != 0 || synced.IsZero() {
+		t.Errorf("after its reconciliation: %d hits pending, synced at %v", pending, synced)
+	}
+
+	// A state in debt under another interval: the general path rescales it.
+	other := &ratelimit.Rule{Name: "other", Quota: 10, Period: time.Hour}
+	if ds, err := s.Decide(context.Background(), nil, []ratelimit.Item{{Key: "rescaled", Rule: other, Cost: 5}}); err != nil || !ds[0].Allowed {
+		t.Fatalf("strict decision: %v %+v", err, ds)
+	}
+	touchKeys(t, s, r, []string{"rescaled"})
+	s.count.reconcile()
+	st, _, err := s.State(context.Background(), "rescaled")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.N != int64(iv) {
+		t.Errorf("the rescaled key's interval is %v, want the push rule's %v", time.Duration(st.N), iv)
+	}
+	e = s.count.entry("rescaled", r)
+	e.mu.Lock()
+	pending = e.pending
+	e.mu.Unlock()
+	if pending != 0 {
+		t.Errorf("the rescaled key kept %d hits pending", pending)
+	}
+}
+
+// TestReconcileClusterSlots reconciles by hand on the three-master
+// Cluster keys of several hash tags and untagged ones: every key's hits
+// reach Redis exactly, in one script call per slot (per maxReconcileKeys
+// of its keys), as slot computes it and CLUSTER KEYSLOT agrees.
+func TestReconcileClusterSlots(t *testing.T) {
+	cl := redistest.Cluster(t)
+	s := newTestStore(t, cl.Addrs(), nil, func(o *testConfig) { o.ReconcileInterval = time.Hour })
+	r := &ratelimit.Rule{Name: "slots", Quota: 100, Period: time.Hour, Burst: 1000, Counting: ratelimit.Approximate}
+	iv := s.count.info(r).push.Interval()
+	var keys []string
+	for _, tag := range []string{"a", "b", "c"} {
+		for i := range maxReconcileKeys + 10 {
+			keys = append(keys, fmt.Sprintf("{%s}u%d", tag, i))
+		}
+	}
+	for i := range 40 {
+		keys = append(keys, fmt.Sprintf("u%d", i))
+	}
+	touchKeys(t, s, r, keys)
+	perSlot := map[uint16]int{}
+	ctx := context.Background()
+	for i, k := range keys {
+		rk := s.count.entry(k, r).rkey
+		sl := slot(rk)
+		perSlot[sl]++
+		if i%50 == 0 {
+			got, err := s.c.ClusterKeySlot(ctx, rk).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != int64(sl) {
+				t.Fatalf("slot(%q) = %d, CLUSTER KEYSLOT says %d", rk, sl, got)
+			}
+		}
+	}
+	want := uint64(0)
+	for _, n := range perSlot {
+		want += uint64((n + maxReconcileKeys - 1) / maxReconcileKeys)
+	}
+	before := s.Stats().Batched
+	s.count.reconcile()
+	if got := s.Stats().Batched - before; got != want {
+		t.Errorf("%d keys in %d slots reconciled in %d script calls, want %d", len(keys), len(perSlot), got, want)
+	}
+	for i, k := range keys {
+		if got, want := stateDebt(t, s, k), time.Duration(1+i%3)*iv; got != want {
+			t.Fatalf("key %q: Redis holds a debt of %v, want %v", k, got, want)
+		}
+	}
+}
+
+// TestCountingDeniedEverywhere has 4 replicas share one approximate key
+// that nothing refills during the test, under skewed load (replica 0
+// asks 9 times as often as each other one), and reconciles them by hand,
+// one after the other, at the end of every round: a round is one
+// interval. Once a replica's reconciliation has shown the key over its
+// limit (its view, with no hit of its own pending, has no room for one
+// more), every replica denies the key after its next reconciliation,
+// within one interval: from the round after next, nothing is admitted.
+// Over the run, the replicas admit the capacity at least (approximate
+// takes what it may) and at most the capacity plus the bound.
+func TestCountingDeniedEverywhere(t *testing.T) {
+	srv := redistest.Standalone(t)
+	const n, capacity = 4, 400
+	r := &ratelimit.Rule{Name: "everywhere", Quota: 40, Period: time.Hour, Burst: capacity, Counting: ratelimit.Approximate}
+	stores := countingStores(t, srv, "everywhere:", func(o *Options) { o.ReconcileInterval = time.Hour })
+	ctx := context.Background()
+	item := []ratelimit.Item{{Key: "k", Rule: r, Cost: 1}}
+	over := func(s *Store) bool { // the replica's view has no room for a hit
+		e := s.count.entry("k", r)
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		v := e.view
+		var d ratelimit.Decision
+		e.info.local.DecideInto(&d, &v, s.localNow(), n)
+		return e.pending == 0 && !d.Allowed
+	}
+	admitted, seen := 0, -1 // seen: the round whose reconciliations first showed the key over
+	for round := 0; round < 100 && (seen < 0 || round <= seen+3); round++ {
+		inRound := 0
+		for i, s := range stores {
+			asks := 3
+			if i == 0 {
+				asks = 27
+			}
+			for range asks {
+				ds, err := s.Decide(ctx, nil, item)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if ds[0].Reason != ratelimit.ReasonOK && ds[0].Reason != ratelimit.ReasonLimited {
+					t.Fatalf("round %d, replica %d: decided by %v", round, i, ds[0].Reason)
+				}
+				if ds[0].Allowed {
+					inRound++
+				}
+			}
+		}
+		admitted += inRound
+		if seen >= 0 && round >= seen+2 && inRound > 0 {
+			t.Errorf("round %d: %d admitted, though a replica saw the key over its limit in round %d", round, inRound, seen)
+		}
+		for _, s := range stores {
+			s.count.reconcile()
+			if seen < 0 && over(s) {
+				seen = round
+			}
+		}
+	}
+	if seen < 0 {
+		t.Fatalf("no replica saw the key over its limit in 100 rounds (%d admitted)", admitted)
+	}
+	bound := approxBound(n, 0, 0, capacity)
+	t.Logf("over its limit on a replica after round %d; admitted %d of %d (+%d bound)", seen, admitted, capacity, bound)
+	if admitted < capacity-n || admitted > capacity+bound {
+		t.Errorf("admitted %d, want %d to %d + %d", admitted, capacity-n, capacity, bound)
 	}
 }

@@ -105,6 +105,20 @@ local function tonum(str)
 end
 local slack = tonum(ARGV[1 + argSlack])
 
+-- px returns a TTL of ms milliseconds as a decimal string, each distinct
+-- one made once per call: Redis formats a number argument of redis.call
+-- with snprintf, a quarter of what a SET with a TTL costs (keys decided
+-- together often share their TTL).
+local pxs = {}
+local function px(ms)
+  local p = pxs[ms]
+  if not p then
+    p = string.format('%d', ms)
+    pxs[ms] = p
+  end
+  return p
+end
+
 -- since returns the nanoseconds from (fns, fnn) to a stored instant of at
 -- least 10 digits, split into seconds and their last 9 digits.
 local function since(str)
@@ -112,10 +126,12 @@ local function since(str)
 end
 
 -- fastGCRA decides the GCRA item whose fields start at ARGV[a], at (fns,
--- fnn), on v, the value stored at key (false: none). It returns the
--- decision and the value key holds afterwards.
-local function fastGCRA(a, key, v)
-  local cost, ivs, capT = tonum(ARGV[a + fieldCost]), ARGV[a + fieldInterval], tonum(ARGV[a + fieldCapT])
+-- fnn), on v, the value stored at key (false: none), at the item's cost
+-- or, when given, at cost. It returns the decision and the value key
+-- holds afterwards.
+local function fastGCRA(a, key, v, cost)
+  if not cost then cost = tonum(ARGV[a + fieldCost]) end
+  local ivs, capT = ARGV[a + fieldInterval], tonum(ARGV[a + fieldCapT])
   local iv = tonum(ivs)
   if cost > tonum(ARGV[a + fieldCapacity]) then return nil end
   local debt, g = 0, 0
@@ -157,7 +173,7 @@ local function fastGCRA(a, key, v)
       -- several times slower per number.
       if not fnow then fnow = string.format('%d%09d', fns, fnn) end
       v = string.format('0|%d%09d|%s|0|%s|%d', ts, tn, ivs, fnow, (g + 1) % 1000000000)
-      redis.call('SET', key, v, 'PX', math.ceil(debt / 1000000) + slack)
+      redis.call('SET', key, v, 'PX', px(math.ceil(debt / 1000000) + slack))
     end
   end
   return {allowed, reason, remaining, debt, retry}, v -- in reply order
@@ -207,7 +223,7 @@ local function fastFixed(a, key, v)
   if cost ~= 0 then
     if not fnow then fnow = string.format('%d%09d', fns, fnn) end
     v = string.format('1|%s|%d|%s|%s|%d', start, count, pp, fnow, (g + 1) % 1000000000)
-    redis.call('SET', key, v, 'PX', math.ceil(reset / 1000000) + slack)
+    redis.call('SET', key, v, 'PX', px(math.ceil(reset / 1000000) + slack))
   end
   return {1, reasonOK, limit - count, reset, 0}, v
 end
@@ -220,6 +236,28 @@ if fns and ARGV[1 + argCount] == '1' and fast[ARGV[first + fieldAlg]] then
   local key = KEYS[tonumber(ARGV[first + fieldKey])]
   local res = fast[ARGV[first + fieldAlg]](first, key, redis.call('GET', key))
   if res then return res end
+end
+
+-- A reconciliation (counting.go): ARGV[1 + argCount] is "r", the header
+-- is followed by the fields of one GCRA rule (its key and cost unused),
+-- and those by one cost per key of KEYS, in order: the hits a replica
+-- counted on each key since it last sent them (0: only a look). Each key
+-- is decided on its own, on the fast path. The reply is one integer per
+-- key: the key's debt in ns (its ResetAfter) once its hits are counted;
+-- or -3 - debt when they were refused, being beyond the rule's capacity
+-- (the debt is the key's, unchanged); or replyFar when the fast path does
+-- not take the key, having written nothing for it: the caller sends that
+-- key again as a request of its own.
+if ARGV[1 + argCount] == 'r' then
+  local out, c0 = {}, first + itemFields - 1
+  local vals = redis.call('MGET', unpack(KEYS))
+  for i = 1, #KEYS do
+    local res = fns and fastGCRA(first, KEYS[i], vals[i], tonum(ARGV[c0 + i]))
+    if not res then out[i] = replyFar
+    elseif res[1] == 1 then out[i] = res[4]
+    else out[i] = -3 - res[4] end
+  end
+  return out
 end
 
 -- A batch (see the end) whose leading requests are each one GCRA or fixed

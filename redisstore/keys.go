@@ -61,6 +61,23 @@ func HashTag(k string) string {
 	return k
 }
 
+// slot is the Redis Cluster hash slot of the Redis key rk: CRC16 (XMODEM,
+// as Redis computes it) of its hash tag, modulo 16384.
+func slot(rk string) uint16 {
+	var crc uint16
+	for _, b := range []byte(HashTag(rk)) {
+		crc ^= uint16(b) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc % 16384
+}
+
 // Every caller-chosen string that this package puts into a Redis key (a
 // rate-limit key or its hash tag, a semaphore's name, a lease service's
 // name) goes through appendEncoded: unpadded URL-safe base64 of the string

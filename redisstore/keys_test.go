@@ -78,6 +78,20 @@ func TestHashTag(t *testing.T) {
 	}
 }
 
+// TestSlot checks slot against Redis Cluster's own examples: CRC16
+// (XMODEM) of "123456789" is 0x31C3, and keys that share a tag share a slot.
+func TestSlot(t *testing.T) {
+	if got := slot("123456789"); got != 0x31C3 {
+		t.Errorf("slot(123456789) = %#x, want 0x31c3", got)
+	}
+	if a, b := slot("{user1000}.following"), slot("{user1000}.followers"); a != b || a != slot("user1000") {
+		t.Errorf("slots of one tag differ: %d, %d, %d", a, b, slot("user1000"))
+	}
+	if a, b := slot("foo{}{bar}"), slot("foo{}{bar}x"); a == b {
+		t.Errorf("keys whose first braces are empty share slot %d: the whole key is hashed", a)
+	}
+}
+
 // TestHostileKeys decides requests whose keys and tags are arbitrary bytes on
 // a Cluster: none may fail (CROSSSLOT, a broken script), and tenants stay
 // isolated: exhausting one tenant's keys leaves every other key full.

@@ -179,13 +179,21 @@
 // reconciliations a replica admits at most its share, 1/Replicas, of what
 // remains and of what refills. Every Options.ReconcileInterval (25 ms) a
 // goroutine of the Store sends, for every key touched since the last
-// time, the hits counted here (a check for a key with none) in one
-// pipeline, under the rule with its capacity doubled so that hits already
-// admitted are counted, never refused; each reply sets the key's view. A
-// key new to a replica starts from a fresh view (full), and a view that
-// missed the others' hits for a while (its key was idle here) is used as
-// it is: either admits at most the replica's share before its next
-// reconciliation, which the bound below counts. The bound: with N
+// time, the hits counted here (a look for a key with none: one denied
+// here) in one pipeline, under the rule with its capacity doubled so that
+// hits already admitted are counted, never refused; each reply sets the
+// key's view. The keys of one GCRA rule share script calls, up to 256
+// keys to a call (decide.lua's reconciliation form: the rule's fields
+// once, then one count per key, and one integer back per key); on a
+// Cluster, whose scripts touch one slot, the keys of one slot. A key of
+// a LeakyBucket rule, or one whose stored state that form does not take
+// (written under another rule), is sent as a request of its own. A key
+// that was not touched since the last reconciliation is not sent: its
+// view is refreshed by the reconciliation after its next use. A key new
+// to a replica starts from a fresh view (full), and a view that missed
+// the others' hits for a while (its key was idle here) is used as it is:
+// either admits at most the replica's share before the reconciliation
+// that follows its use, which the bound below counts. The bound: with N
 // replicas, interval I, d the longest reconciliation round trip, rate R
 // and capacity B, a replica does not see the hits the others admitted
 // since their last reconciliation, each at most (B + R(I + d))/N, so the
@@ -864,6 +872,10 @@ type request struct {
 	// takes is set when an item has a positive cost: only then does the
 	// request carry a cutoff (a late refund only gives back).
 	takes bool
+	// whole is set on a reconciliation (decide.lua's reconciliation
+	// form, made by pushAll, not pooled): a pipeline sends it as it is,
+	// never combined with other requests.
+	whole bool
 	// cut holds the cutoff's digits and cutArg them boxed once (a []byte
 	// over cut's array), so that setting a cutoff allocates nothing.
 	cut    [19]byte

@@ -48,6 +48,11 @@ type result struct {
 	P999us     float64 `json:"p999_us"`
 	CPUPerReqU float64 `json:"server_cpu_us_per_request,omitempty"`
 	StoreCPUU  float64 `json:"store_cpu_us_per_request,omitempty"`
+	// StoreReads is the store's read system calls per second: one per
+	// burst of commands a client sent (a pipeline is one, a large one a
+	// few), so, on a store with one client process, about its round trips
+	// per second, never fewer.
+	StoreReads float64 `json:"store_reads_per_s,omitempty"`
 	LoadCPUU   float64 `json:"loadgen_cpu_us_per_request"`
 	MachineU   float64 `json:"machine_cpu_us_per_request,omitempty"`
 	Busy       float64 `json:"machine_busy,omitempty"` // fraction of all CPUs
@@ -107,6 +112,7 @@ func run(c config) error {
 		}
 	}
 	cpu0, store0, self0 := procCPU(c.pid), procCPU(c.storePID), procCPU(os.Getpid())
+	reads0 := procReads(c.storePID)
 	busy0, idle0 := machineCPU()
 	start := time.Now()
 	deadline := start.Add(dur)
@@ -147,6 +153,7 @@ func run(c config) error {
 	wg.Wait()
 	elapsed := time.Since(start)
 	cpu1, store1, self1 := procCPU(c.pid), procCPU(c.storePID), procCPU(os.Getpid())
+	reads1 := procReads(c.storePID)
 	busy1, idle1 := machineCPU()
 	all := slices.Concat(lat...)
 	slices.Sort(all)
@@ -163,6 +170,7 @@ func run(c config) error {
 	r.P50us, r.P99us, r.P999us = pct(0.50), pct(0.99), pct(0.999)
 	perReq := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) / float64(len(all)) }
 	r.CPUPerReqU, r.StoreCPUU, r.LoadCPUU = perReq(cpu1-cpu0), perReq(store1-store0), perReq(self1-self0)
+	r.StoreReads = float64(reads1-reads0) / elapsed.Seconds()
 	if busy, total := busy1-busy0, busy1-busy0+idle1-idle0; total > 0 {
 		r.MachineU, r.Busy = perReq(busy), float64(busy)/float64(total)
 	}
@@ -174,7 +182,7 @@ func run(c config) error {
 		fmt.Printf(", server CPU %.1fµs/req", r.CPUPerReqU)
 	}
 	if r.StoreCPUU > 0 {
-		fmt.Printf(", store CPU %.1fµs/req", r.StoreCPUU)
+		fmt.Printf(", store CPU %.1fµs/req, %.0f store reads/s", r.StoreCPUU, r.StoreReads)
 	}
 	fmt.Printf(", load generator CPU %.1fµs/req", r.LoadCPUU)
 	if r.MachineU > 0 {
@@ -259,6 +267,25 @@ func machineCPU() (busy, idle time.Duration) {
 
 // ticks converts /proc's CPU times, in USER_HZ (100 on Linux).
 func ticks(n int64) time.Duration { return time.Duration(n) * time.Second / 100 }
+
+// procReads returns the read system calls process pid has made (syscr in
+// /proc/pid/io), or 0.
+func procReads(pid int) int64 {
+	if pid <= 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0
+	}
+	for l := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(l, "syscr: "); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n
+		}
+	}
+	return 0
+}
 
 // procCPU returns the user+system CPU time of process pid, or 0.
 func procCPU(pid int) time.Duration {

@@ -365,13 +365,11 @@ func (c *call) convert(in *rlsv3.RateLimitRequest) error {
 }
 
 func (s *Server) response(c *call) *rlsv3.RateLimitResponse {
-	out := &rlsv3.RateLimitResponse{
-		OverallCode: code(c.resp.Code),
-		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(c.resp.Statuses)),
-	}
+	out, ptrs, sts := newResponse(len(c.resp.Statuses))
+	out.OverallCode = code(c.resp.Code)
 	for i := range c.resp.Statuses {
 		st := &c.resp.Statuses[i]
-		a := new(statusAlloc)
+		a := &sts[i]
 		ds := &a.status
 		ds.Code = code(st.Code)
 		switch {
@@ -384,8 +382,9 @@ func (s *Server) response(c *call) *rlsv3.RateLimitResponse {
 		case st.Unlimited:
 			ds.LimitRemaining = math.MaxUint32
 		}
-		out.Statuses[i] = ds
+		ptrs[i] = ds
 	}
+	out.Statuses = ptrs
 	if s.headers {
 		out.ResponseHeadersToAdd = c.headers()
 	}
@@ -396,6 +395,25 @@ func (s *Server) response(c *call) *rlsv3.RateLimitResponse {
 type statusAlloc struct {
 	status rlsv3.RateLimitResponse_DescriptorStatus
 	reset  durationpb.Duration
+}
+
+// oneStatus is a response of one descriptor, the common case, in one
+// allocation.
+type oneStatus struct {
+	resp rlsv3.RateLimitResponse
+	ptrs [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	sts  [1]statusAlloc
+}
+
+// newResponse returns a response and the slices for its n statuses: one
+// allocation for one descriptor, three for more (not one per status). The
+// response is the caller's; gRPC marshals it after the handler returns.
+func newResponse(n int) (*rlsv3.RateLimitResponse, []*rlsv3.RateLimitResponse_DescriptorStatus, []statusAlloc) {
+	if n == 1 {
+		a := new(oneStatus)
+		return &a.resp, a.ptrs[:], a.sts[:]
+	}
+	return new(rlsv3.RateLimitResponse), make([]*rlsv3.RateLimitResponse_DescriptorStatus, n), make([]statusAlloc, n)
 }
 
 // currentLimit returns the current_limit message of a rule, made once per

@@ -7,10 +7,17 @@
 #   bash bench/callgrind.sh                 (C=16 callers, K=1000 keys)
 #   C=64 K=1 N1=2000 N2=8000 bash bench/callgrind.sh
 #   ALSO="main=/tmp/sluice-main" bash bench/callgrind.sh   (another sluice binary too)
+#   DOMAIN=bench-over bash bench/callgrind.sh   (the over-limit rules)
+#   HTTP=1 bash bench/callgrind.sh   (POST /v1/check against the floor's
+#       do-nothing HTTP handler, instead of gRPC; no floor -codec)
 #
 # Each server runs under callgrind (GODEBUG=asyncpreemptoff=1 and no
 # signals to it: callgrind trips over Go's signal handling, so the counts
-# are taken with callgrind_control and the server is stopped with SIGKILL).
+# are taken with callgrind_control and the server is stopped with SIGKILL),
+# with GOMAXPROCS=1: callgrind runs one thread at a time anyway, and with a
+# second P the Go scheduler's spinning threads (looking for work while the
+# other holds callgrind's lock) made a run's count up to 4× another's, more
+# the busier the machine was.
 # bench/rlsload sends it a warm-up of up to 2,000 requests and N1
 # requests, the counts are dumped, then again with N2; the difference of
 # the two dumps over N2 − N1 is what one request costs the server, start-up,
@@ -21,11 +28,14 @@
 # is at full speed, and the overload guard would shed). Under
 # callgrind everything runs on one thread about fifty times slower, so
 # gRPC batches its writes differently than at full speed: compare the
-# servers with each other, not with a profile of a real run.
+# servers with each other, not with a profile of a real run. Callgrind
+# counts the process's own instructions, not the kernel's: the sockets'
+# system calls, the same for every server, are not in the counts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 C=${C:-16}
 K=${K:-1000}
+DOMAIN=${DOMAIN:-bench}
 N1=${N1:-2000}
 N2=${N2:-6000}
 tmp=$(mktemp -d)
@@ -45,20 +55,22 @@ go build -o "$tmp/rlsload" ./bench/rlsload
 freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
 waitport() { for _ in $(seq 600); do (echo >/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
 
-# run NAME CMD...: runs CMD (a server whose gRPC port is written PORT)
-# under callgrind and prints its row.
+# run NAME CMD...: runs CMD (a server whose port under test, gRPC or
+# HTTP, is written PORT) under callgrind and prints its row.
+http=()
+[ -n "${HTTP:-}" ] && http=(-http)
 run() {
 	local name=$1 out="$tmp/cg.out" port a b
 	shift
 	port=$(freeport)
 	rm -f "$out"*
-	GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind --callgrind-out-file="$out" "${@//PORT/$port}" >"$tmp/server.log" 2>&1 &
+	GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind --callgrind-out-file="$out" "${@//PORT/$port}" >"$tmp/server.log" 2>&1 &
 	pid=$!
 	waitport "$port"
 	callgrind_control -z "$pid" >/dev/null 2>&1
-	"$tmp/rlsload" -addr "127.0.0.1:$port" -c "$C" -k "$K" -n "$N1" >/dev/null
+	"$tmp/rlsload" "${http[@]}" -addr "127.0.0.1:$port" -c "$C" -k "$K" -domain "$DOMAIN" -n "$N1" >/dev/null
 	callgrind_control -d "$pid" >/dev/null 2>&1
-	"$tmp/rlsload" -addr "127.0.0.1:$port" -c "$C" -k "$K" -n "$N2" >/dev/null
+	"$tmp/rlsload" "${http[@]}" -addr "127.0.0.1:$port" -c "$C" -k "$K" -domain "$DOMAIN" -n "$N2" >/dev/null
 	callgrind_control -d "$pid" >/dev/null 2>&1
 	kill -9 "$pid"
 	wait "$pid" 2>/dev/null || true
@@ -68,12 +80,18 @@ run() {
 	printf '| %s | %s | %s | %.0f |\n' "$name" "$a" "$b" "$(echo "($b - $a) / ($N2 - $N1)" | bc -l)"
 }
 
-echo "C=$C K=$K N1=$N1 N2=$N2"
+echo "C=$C K=$K DOMAIN=$DOMAIN N1=$N1 N2=$N2${HTTP:+ HTTP}"
 echo "| server | instructions, warm-up + N1 | warm-up + N2 | per request |"
 echo "| --- | ---: | ---: | ---: |"
-run floor "$tmp/floor" -addr 127.0.0.1:PORT
-run "floor -codec" "$tmp/floor" -codec -addr 127.0.0.1:PORT
-run "sluice serve (memory)" "$tmp/sluice" serve --rules bench/rules --grpc-addr 127.0.0.1:PORT --http-addr 127.0.0.1:0 --overload-off
+if [ -n "${HTTP:-}" ]; then
+	run "floor -http" "$tmp/floor" -addr 127.0.0.1:0 -http 127.0.0.1:PORT
+	serve=(--grpc-addr 127.0.0.1:0 --http-addr 127.0.0.1:PORT)
+else
+	run floor "$tmp/floor" -addr 127.0.0.1:PORT
+	run "floor -codec" "$tmp/floor" -codec -addr 127.0.0.1:PORT
+	serve=(--grpc-addr 127.0.0.1:PORT --http-addr 127.0.0.1:0)
+fi
+run "sluice serve (memory)" "$tmp/sluice" serve --rules bench/rules "${serve[@]}" --overload-off
 for a in ${ALSO:-}; do
-	run "${a%%=*} (memory)" "${a#*=}" serve --rules bench/rules --grpc-addr 127.0.0.1:PORT --http-addr 127.0.0.1:0 --overload-off
+	run "${a%%=*} (memory)" "${a#*=}" serve --rules bench/rules "${serve[@]}" --overload-off
 done

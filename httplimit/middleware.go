@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -580,31 +581,45 @@ func secret(l *Policy) bool {
 func keyValue(l *Policy, key string) string { return key[min(len(key), len(l.Rule.Name)+1):] }
 
 // appendJSON appends s as a JSON string, escaping what JSON requires and
-// the HTML-sensitive <, > and &; invalid UTF-8 becomes U+FFFD.
+// the HTML-sensitive <, > and &; invalid UTF-8 becomes U+FFFD. Runs of
+// bytes that need no escape, valid UTF-8 among them, are copied whole.
 func appendJSON[S ~string | ~[]byte](b []byte, s S) []byte {
 	const hex = "0123456789abcdef"
 	b = append(b, '"')
+	run := 0 // the start of the bytes not yet copied
 	for i := 0; i < len(s); {
 		c := s[i]
-		if c >= utf8.RuneSelf {
+		switch {
+		case jsonSafe[c]:
+			i++
+		case c < utf8.RuneSelf:
+			b = append(b, s[run:i]...)
+			if c == '"' || c == '\\' {
+				b = append(b, '\\', c)
+			} else {
+				b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+			}
+			i++
+			run = i
+		default:
 			r, n := utf8.DecodeRuneInString(string(s[i:min(len(s), i+utf8.UTFMax)]))
 			if r == utf8.RuneError && n == 1 {
+				b = append(b, s[run:i]...)
 				b = append(b, `\ufffd`...)
-			} else {
-				b = append(b, s[i:i+n]...)
+				run = i + 1
 			}
 			i += n
-			continue
 		}
-		switch {
-		case c == '"' || c == '\\':
-			b = append(b, '\\', c)
-		case c < 0x20 || c == '<' || c == '>' || c == '&' || c == 0x7f:
-			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		default:
-			b = append(b, c)
-		}
-		i++
 	}
+	b = append(b, s[run:]...)
 	return append(b, '"')
 }
+
+// jsonSafe reports the bytes appendJSON copies without looking further:
+// ASCII but the control characters, DEL, '"', '\' and <, > and &.
+var jsonSafe = func() (t [256]bool) {
+	for c := range utf8.RuneSelf {
+		t[c] = c >= 0x20 && c != 0x7f && !strings.ContainsRune(`"\<>&`, rune(c))
+	}
+	return t
+}()

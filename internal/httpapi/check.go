@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/internal/service"
@@ -55,6 +56,9 @@ type checkCall struct {
 	out     []byte
 	policy  []byte
 	limit   []byte
+	// policyField is the RateLimit-Policy value last answered from this
+	// call's buffers: the next answer with the same value shares it.
+	policyField []string
 }
 
 // decodeCheck decodes a /v1/check body strictly into in: one JSON object,
@@ -159,8 +163,8 @@ func (a *API) check(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
+	h["Content-Type"] = jsonType
+	h["Cache-Control"] = noStore
 	a.setHeaders(h, c)
 	code := http.StatusOK
 	if c.resp.Code == service.OverLimit {
@@ -171,21 +175,67 @@ func (a *API) check(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(c.out)
 }
 
+// Header values shared by every answer. net/http only reads them (and
+// copies the map before writing it out), and nothing here changes them.
+var (
+	jsonType    = []string{"application/json"}
+	problemType = []string{"application/problem+json"}
+	noStore     = []string{"no-store"}
+)
+
 // setHeaders sets RateLimit-Policy and RateLimit for every decided limit,
 // and Retry-After when the request is over the limit and can succeed later.
+// The keys are canonical already (Set would canonicalise them again); the
+// policy, the same for every answer of the same limits, is shared with the
+// call's last answer when it has not changed, and the other two values
+// take one allocation together (see answerFields).
 func (a *API) setHeaders(h http.Header, c *checkCall) {
 	var retry int64
 	c.policy, c.limit, retry = c.resp.AppendFields(c.policy[:0], c.limit[:0])
 	if len(c.policy) == 0 {
 		return
 	}
-	// Canonical keys set directly: Set would re-canonicalise (and
-	// allocate) on every response.
-	h["Ratelimit-Policy"] = []string{string(c.policy)}
-	h["Ratelimit"] = []string{string(c.limit)}
-	if retry > 0 {
-		h["Retry-After"] = []string{strconv.FormatInt(retry, 10)}
+	if len(c.policyField) == 0 || c.policyField[0] != string(c.policy) {
+		c.policyField = []string{string(c.policy)}
 	}
+	h["Ratelimit-Policy"] = c.policyField
+	f := newAnswerFields(c.limit, retry)
+	h["Ratelimit"] = f.limit[:]
+	if retry > 0 {
+		h["Retry-After"] = f.retry[:]
+	}
+}
+
+// answerFields holds the values of an answer's RateLimit and Retry-After
+// fields and their bytes in one allocation, where []string{string(b)}
+// takes two per field. The header map keeps them until net/http writes the
+// answer, after the handler has returned its buffers to the pool, so they
+// cannot point into those.
+type answerFields struct {
+	limit, retry [1]string
+	buf          [120]byte
+}
+
+// newAnswerFields returns the fields for limit and, if retry > 0, the
+// Retry-After seconds. The bytes are written once, here, and never
+// changed, as unsafe.String requires.
+func newAnswerFields(limit []byte, retry int64) *answerFields {
+	f := new(answerFields)
+	b := append(f.buf[:0], limit...)
+	n := len(b)
+	if retry > 0 {
+		b = strconv.AppendInt(b, retry, 10)
+	}
+	if len(b) > len(f.buf) { // grew out of buf: a long list of limits
+		s := string(b)
+		f.limit[0], f.retry[0] = s[:n], s[n:]
+		return f
+	}
+	f.limit[0] = unsafe.String(&f.buf[0], n)
+	if len(b) > n {
+		f.retry[0] = unsafe.String(&f.buf[n], len(b)-n)
+	}
+	return f
 }
 
 // appendCheckResponse appends the JSON answer of /v1/check (see the

@@ -25,8 +25,8 @@ func writeProblem(w http.ResponseWriter, r *http.Request, status int, detail str
 		Instance: r.URL.Path,
 	}
 	h := w.Header()
-	h.Set("Content-Type", "application/problem+json")
-	h.Set("Cache-Control", "no-store")
+	h["Content-Type"] = problemType
+	h["Cache-Control"] = noStore
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(&p)
 }
@@ -34,8 +34,8 @@ func writeProblem(w http.ResponseWriter, r *http.Request, status int, detail str
 // writeJSON answers with v as JSON.
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
+	h["Content-Type"] = jsonType
+	h["Cache-Control"] = noStore
 	w.WriteHeader(status)
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

@@ -10,6 +10,8 @@
 #   PEERS_GOPATH=/tmp/peers-gopath bash bench/peers.sh   (keep the peers'
 #       module cache there between runs instead of a fresh one)
 #   NOSLUICEACC=1 ...   (leave out Sluice's in-process accuracy test)
+#   SYNCWAIT=25ms ...   (gubernator's GLOBAL sync interval, GlobalSyncWait;
+#       by default gubernator's, 100 ms; Sluice reconciles every 25 ms)
 #
 # Their code is fetched through the Go module proxy only (GOPROXY without
 # "direct", checked against the checksum database), into a GOPATH of its
@@ -104,7 +106,7 @@ guber() {
 	for _ in $(seq "$2"); do addrs+=("127.0.0.1:$(freeport)"); done
 	list=$(IFS=,; echo "${addrs[*]}")
 	for i in "${!addrs[@]}"; do
-		"$tmp/peers" node -grpc "${addrs[$i]}" -http "127.0.0.1:$(freeport)" -peers "$list" >"$tmp/$1-$i.log" 2>&1 & pids+=($!)
+		"$tmp/peers" node -grpc "${addrs[$i]}" -http "127.0.0.1:$(freeport)" -peers "$list" -sync-wait "${SYNCWAIT:-0}" >"$tmp/$1-$i.log" 2>&1 & pids+=($!)
 		gpids+=($!)
 	done
 	systems+=("$1 guber $list $(IFS=,; echo "${gpids[*]}") 0")

@@ -111,24 +111,4 @@ for _ in $(seq "${ROUNDS:-1}"); do
 	done
 done
 
-python3 - "$results" <<'PY'
-import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-cases = {}
-for r in rows:
-    cases.setdefault((r["name"], r.get("domain", "bench"), r["callers"], r["keys"]), []).append(r)
-def med(rs, field):
-    return statistics.median(r.get(field, 0) for r in rs)
-print("\n| system | domain | C | K | req/s | vs floor | vs memory | p50 µs | p99 µs | p99.9 µs | server CPU µs/req | CPU vs floor | Redis CPU µs/req | Redis reads/s | load generator CPU µs/req | machine CPU µs/req | machine busy |")
-print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-for (name, d, c, k), rs in cases.items():
-    f = cases.get(("floor", d, c, k), [])
-    rps, frps = med(rs, "rps"), med(f, "rps") if f else 0
-    cpu, fcpu = med(rs, "server_cpu_us_per_request"), med(f, "server_cpu_us_per_request") if f else 0
-    span = f' ({min(r["rps"] for r in rs):.0f}–{max(r["rps"] for r in rs):.0f})' if len(rs) > 1 else ""
-    store = med(rs, "store_cpu_us_per_request")
-    reads = f'{med(rs, "store_reads_per_s"):.0f}' if store else "–"
-    mem = cases.get(("sluice-memory", d, c, k), [])
-    vsmem = f'{statistics.median(r["rps"] / m["rps"] for r, m in zip(rs, mem)):.2f}' if mem else ""
-    print(f'| {name} | {d} | {c} | {k} | {rps:.0f}{span} | {rps / frps if frps else 0:.2f} | {vsmem} | {med(rs, "p50_us"):.0f} | {med(rs, "p99_us"):.0f} | {med(rs, "p999_us"):.0f} | {cpu:.1f} | {cpu / fcpu if fcpu else 0:.2f} | {f"{store:.1f}" if store else "–"} | {reads} | {med(rs, "loadgen_cpu_us_per_request"):.1f} | {med(rs, "machine_cpu_us_per_request"):.1f} | {100 * med(rs, "machine_busy"):.0f} % |')
-PY
+python3 bench/rlstable.py "$results"

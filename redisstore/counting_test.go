@@ -376,30 +376,32 @@ func warmStores(t testing.TB, stores []*Store) {
 }
 
 // TestCountingManyKeys runs 4 replicas of 16 callers on 10,000 keys of
-// one rule, in each mode, for 2 s, offered three times what the rule
-// allows, every replica asking every key: the keys are saturated (at
-// least twice as many asks as the rule allows, spread evenly over the
-// keys). Strict and batched never admit a key above its limit,
-// approximate stays within its bound, and all take at least 97 % of what
-// the rule allows the asks made (per key, the burst and what refills
-// between its first ask and its last).
+// one rule, in each mode, for 4 s, offered three times what the rule
+// allows, every replica asking every key in turn: the keys are saturated
+// (at least twice as many asks as the rule allows, spread evenly over the
+// keys and replicas). Strict and batched never admit a key above its
+// limit, approximate stays within its bound, and all take at least 97 %
+// of what the rule allows the asks made (per key, the burst and what
+// refills between its first ask and its last).
 //
-// The rules are small so that this machine can saturate 10,000 keys in
-// 2 s under the race detector. A strict or batched replica pays a round
-// trip for every admission and for its first denial of a key in each
-// refill (then its denial cache answers), about 15,000 a second here in
-// all: so a burst of 1 and one more per 10 s (10,000 admissible, about
-// 20,000 round trips), where a burst of 4 would need 80,000, or a refill
-// of one a second four more per key and second. Approximate decides a hit
-// in process only when the burst holds Replicas units (a cost above
+// The rules are small so that this machine can saturate 10,000 keys
+// under the race detector. A strict or batched replica pays a round trip
+// for every admission and for its first denial of a key in each refill
+// (then its denial cache answers), and with every replica asking every
+// key nearly every ask is such a first: about 7,000 round trips a second
+// here in all. So a burst of 1 and one more per 10 s, which does not
+// refill within the run (10,000 admissible, 30,000 asks, most of them
+// round trips); a burst of 4 would need 120,000 asks, a refill of one a
+// second four more round trips per key and second. Approximate decides a
+// hit in process only when the burst holds Replicas units (a cost above
 // burst/Replicas is decided in Redis, as strict), so its rule has a burst
-// of 4 (a replica's share of a key, from a fresh view, is then one unit)
-// and the same refill.
+// of 4 (a replica's share of a key, from a fresh view, is one unit) and
+// the same refill.
 func TestCountingManyKeys(t *testing.T) {
 	srv := redistest.Standalone(t)
 	const keys, replicas = 10000, 4
 	const per = 10 * time.Second // one more per key
-	run := 2 * time.Second
+	run := 4 * time.Second
 	for _, mode := range []ratelimit.Counting{ratelimit.Strict, ratelimit.Batched, ratelimit.Approximate} {
 		t.Run(mode.String(), func(t *testing.T) {
 			burst := 1

@@ -25,10 +25,9 @@ type admission struct{ Before, After time.Duration }
 // falls behind asks at once), for Run from a common origin. Each caller
 // takes the Keys keys in turn, from its own place among them (those of
 // the replicas interleaved), so that every key is offered the same share
-// by every replica. With Skew, replica 0 is offered
-// 90 % of the traffic; Bursty callers alternate 100 ms of asking with
-// 100 ms of rest. A load is JSON as the parent of replica processes hands
-// it to them.
+// by every replica. With Skew, replica 0 is offered 90 % of the traffic;
+// Bursty callers alternate 100 ms of asking with 100 ms of rest. A load
+// is JSON as the parent of replica processes hands it to them.
 type load struct {
 	Rule         *ratelimit.Rule
 	Keys         int
@@ -73,7 +72,6 @@ func (r *loadResult) add(o loadResult) {
 	r.Run = max(r.Run, o.Run)
 	st, x := &r.Stats, o.Stats
 	st.Requests += x.Requests
-	st.Errors += x.Errors
 	st.CachedDenials += x.CachedDenials
 	st.Counted += x.Counted
 	st.Leases += x.Leases

@@ -206,8 +206,9 @@
 // every hit reaches Redis at the next reconciliation, the shared state
 // goes into debt by what was admitted beyond, and every replica denies
 // the key, within one interval (plus d), until it is paid. (This is a
-// derivation, not a proof; TestCountingAccuracy asserts it with d = 50 ms
-// on 4 replicas.) A cost above B/N cannot be charged on a view and is
+// derivation, not a proof; the accuracy tests assert it with d = 50 ms on
+// 4 replicas, as Stores in one process and as OS processes, on one key and
+// on 10,000.) A cost above B/N cannot be charged on a view and is
 // decided in Redis. No request of an approximate rule waits for Redis.
 //
 // In either mode, checks and refunds are decided in Redis as in strict

@@ -386,11 +386,13 @@ func warmStores(t testing.TB, stores []*Store) {
 // under the race detector. A strict or batched replica pays a round trip
 // for every admission and for its first denial of a key in each refill
 // (then its denial cache answers), and with every replica asking every
-// key nearly every ask is such a first: about 7,000 round trips a second
-// here in all. So a burst of 1 and one more per 10 s, which does not
-// refill within the run (10,000 admissible, 30,000 asks, most of them
-// round trips); a burst of 4 would need 120,000 asks, a refill of one a
-// second four more round trips per key and second. Approximate decides a
+// key nearly every ask is such a first: 7,000 to 11,000 round trips a
+// second here in all (a 2 s run offered 30,000 asks made 15,000–25,000).
+// So a burst of 1 and one more per 10 s, which does not refill within the
+// run (10,000 admissible, 30,000 asks, nearly all round trips); a burst of
+// 4 would need 120,000 asks, and a refill of one a second would add up to
+// four round trips per key and second (an admission, three replicas'
+// first denials). Approximate decides a
 // hit in process only when the burst holds Replicas units (a cost above
 // burst/Replicas is decided in Redis, as strict), so its rule has a burst
 // of 4 (a replica's share of a key, from a fresh view, is one unit) and
@@ -409,8 +411,8 @@ func TestCountingManyKeys(t *testing.T) {
 			r := &ratelimit.Rule{Name: "many", Quota: 1, Period: per, Burst: int64(burst), Counting: mode}
 			stores := countingStores(t, srv, fmt.Sprintf("many%d:", mode))
 			warmStores(t, stores)
-			perRun := burst + int(run/per)
-			l := load{Rule: r, Keys: keys, Replicas: replicas, Callers: 16, Rate: 3 * float64(keys*perRun) / run.Seconds(), Run: run}
+			limit := burst + int(run/per) // per key, in any window of the run's length
+			l := load{Rule: r, Keys: keys, Replicas: replicas, Callers: 16, Rate: 3 * float64(keys*limit) / run.Seconds(), Run: run}
 			res := countLoad(t, stores, l)
 			if res.Fallbacks != 0 {
 				t.Fatalf("%d decisions fell back", res.Fallbacks)
@@ -426,13 +428,10 @@ func TestCountingManyKeys(t *testing.T) {
 				}
 			}
 			bound := 0
-			if mode == ratelimit.Approximate {
+			if mode == ratelimit.Approximate { // what refills in an interval rounds to nothing
 				bound = approxBound(replicas, DefaultReconcileInterval+50*time.Millisecond, 0, burst)
 			}
-			// No key admits more in any window of the run's length than
-			// the rule allows in it (plus the bound).
 			worst, key := worstWindow(res.Admitted, run)
-			limit := burst + int(run/per)
 			st := res.Stats
 			t.Logf("%d calls in %v on %d keys, admitted %d of %d allowed (%.1f%%); worst key k%d admitted %d of %d (+%d bound); Redis calls %d, local %d, leases %d, reconciles %d, cached denials %d, stranded %d",
 				res.Calls, res.Run, asked, got, allowed, 100*float64(got)/float64(allowed), key, worst, limit, bound,

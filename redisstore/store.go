@@ -156,7 +156,8 @@
 // Options.BlockSpan (50 ms; for a bucket, at most its hold, below) of this
 // replica's recent admitted demand, rounded down (a unit the demand would
 // not spend in time strands), at least the cost asked, at most a quarter
-// of this replica's share of the capacity. It never admits more than the limit, globally: what it spends
+// of this replica's share of the capacity. It never admits more than the
+// limit, globally: what it spends
 // was taken from the shared counter first. A fixed window's block ends
 // with the window it was taken in (its ResetAfter, timed from when the
 // lease was sent). A bucket's block is held at most hold = k × interval,

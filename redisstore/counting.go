@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
-	"math"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -332,7 +331,7 @@ func (e *entry) blockSize(c *counters, now time.Time, need int64) int64 {
 	if ci.hold > 0 {
 		span = min(span, ci.hold)
 	}
-	n := int64(math.Ceil(e.rate * span.Seconds()))
+	n := int64(e.rate * span.Seconds()) // rounded down: a unit the demand would not spend within the hold strands
 	return max(need, min(n, ci.maxBlock))
 }
 
@@ -392,7 +391,7 @@ func (c *counters) maybePrefetch(e *entry, now time.Time, left int64) {
 	if ci.hold > 0 {
 		span = min(span, ci.hold)
 	}
-	want := min(ci.maxBlock, int64(math.Ceil(e.rate*span.Seconds())))
+	want := min(ci.maxBlock, int64(e.rate*span.Seconds()))
 	if want <= 0 || left*2 >= want {
 		return
 	}

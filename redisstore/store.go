@@ -153,9 +153,11 @@
 // cost, and spends them in process. A caller whose cost the blocks cannot
 // cover leases a new block and waits for it; when what is held falls below
 // half the next block, a lease is started in the background. A block is
-// Options.BlockSpan (50 ms) of this replica's recent admitted demand, at
-// least the cost asked, at most a quarter of this replica's share of the
-// capacity. It never admits more than the limit, globally: what it spends
+// Options.BlockSpan (50 ms; for a bucket, at most its hold, below) of this
+// replica's recent admitted demand, rounded down (a unit the demand would
+// not spend in time strands), at least the cost asked, at most a quarter
+// of this replica's share of the capacity. It never admits more than the
+// limit, globally: what it spends
 // was taken from the shared counter first. A fixed window's block ends
 // with the window it was taken in (its ResetAfter, timed from when the
 // lease was sent). A bucket's block is held at most hold = k × interval,
@@ -205,8 +207,9 @@
 // every hit reaches Redis at the next reconciliation, the shared state
 // goes into debt by what was admitted beyond, and every replica denies
 // the key, within one interval (plus d), until it is paid. (This is a
-// derivation, not a proof; TestCountingAccuracy asserts it with d = 50 ms
-// on 4 replicas.) A cost above B/N cannot be charged on a view and is
+// derivation, not a proof; the accuracy tests assert it with d = 50 ms on
+// 4 replicas, as Stores in one process and as OS processes, on one key and
+// on 10,000.) A cost above B/N cannot be charged on a view and is
 // decided in Redis. No request of an approximate rule waits for Redis.
 //
 // In either mode, checks and refunds are decided in Redis as in strict

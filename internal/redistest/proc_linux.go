@@ -11,9 +11,10 @@ const (
 	thawSignal   = syscall.SIGCONT
 )
 
-// dieWithParent makes the kernel kill the server if the test process dies
-// without running its cleanups (a panic in another goroutine, a timeout, a
-// kill): no redis-server outlives the test that started it.
-func dieWithParent(cmd *exec.Cmd) {
+// DieWithParent makes the kernel kill cmd's process if the test process
+// dies without running its cleanups (a panic in another goroutine, a
+// timeout, a kill): no redis-server, and no child a test starts with it,
+// outlives the test that started it. Call it before cmd.Start.
+func DieWithParent(cmd *exec.Cmd) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }

@@ -10,6 +10,6 @@ import (
 // Freeze and Thaw are Linux only (skipped elsewhere).
 var freezeSignal, thawSignal os.Signal
 
-// dieWithParent does nothing where the kernel has no parent-death signal;
-// t.Cleanup still stops the server.
-func dieWithParent(*exec.Cmd) {}
+// DieWithParent does nothing where the kernel has no parent-death signal;
+// t.Cleanup still stops the server (and a test its children).
+func DieWithParent(*exec.Cmd) {}

@@ -316,7 +316,7 @@ func (s *Server) launch() error {
 		return err
 	}
 	cmd := exec.Command("redis-server", args...)
-	dieWithParent(cmd)
+	DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start redis-server: %w", err)
 	}

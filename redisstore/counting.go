@@ -91,6 +91,7 @@ type entry struct {
 	mu   sync.Mutex
 	key  string
 	rkey string // its Redis key
+	slot uint16 // rkey's hash slot, on a Cluster
 	info *countInfo
 	// busy is non-nil while a lease or a first reconciliation is in
 	// flight; closed when it ends.
@@ -217,6 +218,9 @@ func (c *counters) entry(key string, r *ratelimit.Rule) *entry {
 		sh.m = make(map[counterKey]*entry)
 	}
 	e := &entry{key: key, rkey: string(appendKey(nil, c.s.prefix, c.s.tagOf(key), key)), info: c.info(r)}
+	if c.s.cluster {
+		e.slot = slot(e.rkey)
+	}
 	sh.m[k] = e
 	c.start.Do(func() { c.goAsync(c.loop) })
 	return e
@@ -739,9 +743,8 @@ func (s *Store) pushAll(ctx context.Context, ps []push) {
 	// A part is one script call: a group's keys (whole), or one key's
 	// request as build makes it.
 	type part struct {
-		c     *call
-		idx   []int // its pushes, in ps
-		whole bool
+		c   *call
+		idx []int // its pushes, in ps
 	}
 	var parts []part
 	var alone []int // each decided by decideRedis, on its own
@@ -757,7 +760,7 @@ func (s *Store) pushAll(ctx context.Context, ps []push) {
 		if r.Algorithm == ratelimit.GCRA && !ra.exact {
 			g := pushGroup{ra: ra}
 			if s.cluster {
-				g.slot = slot(e.rkey)
+				g.slot = e.slot
 			}
 			groups[g] = append(groups[g], i)
 			continue
@@ -781,27 +784,31 @@ func (s *Store) pushAll(ctx context.Context, ps []push) {
 		for len(idx) > 0 {
 			n := min(len(idx), maxReconcileKeys)
 			req := s.pushRequest(g, ps, idx[:n], nowArg)
-			parts = append(parts, part{c: &call{ctx: ctx, deadline: deadline, req: req, done: make(chan struct{}, 1)}, idx: idx[:n], whole: true})
+			parts = append(parts, part{c: &call{ctx: ctx, deadline: deadline, req: req, done: make(chan struct{}, 1)}, idx: idx[:n]})
 			idx = idx[n:]
 		}
 	}
-	if s.batch != nil {
-		calls := make([]*call, len(parts))
-		for j := range parts {
-			calls[j] = parts[j].c
+	// Every call that takes carries its cutoff, so that one answered
+	// late is not counted (and its hits, kept, not counted twice): the
+	// batcher sets the pipeline's own over it when it combines calls,
+	// not for a lone one.
+	calls := make([]*call, 0, len(parts))
+	for _, p := range parts {
+		c := p.c
+		if c.req.takes {
+			cut, err := s.sclock.cutoff(ctx, c.req.keys[0], time.Now(), deadline)
+			if err != nil {
+				c.answer(nil, err)
+				continue
+			}
+			c.req.setCutoff(cut)
 		}
+		calls = append(calls, c)
+	}
+	if s.batch != nil {
 		s.batch.send(calls)
 	} else {
-		for _, p := range parts { // whole ones only: every other is alone
-			c := p.c
-			if c.req.takes {
-				cut, err := s.sclock.cutoff(ctx, c.req.keys[0], time.Now(), deadline)
-				if err != nil {
-					c.answer(nil, err)
-					continue
-				}
-				c.req.setCutoff(cut)
-			}
+		for _, c := range calls { // whole ones only: every other is alone
 			c.answer(s.script.Run(ctx, s.c, c.req.keys, c.req.args...).Slice())
 		}
 	}
@@ -821,7 +828,7 @@ func (s *Store) pushAll(ctx context.Context, ps []push) {
 			for _, i := range p.idx {
 				ps[i].err = err
 			}
-		case p.whole:
+		case p.c.req.whole:
 			if err := parsePushes(ps, p.idx, res, &alone); err != nil {
 				failed = err
 			}
@@ -836,7 +843,7 @@ func (s *Store) pushAll(ctx context.Context, ps []push) {
 				ps[i].setDecision(ds[0])
 			}
 		}
-		if !p.whole {
+		if !p.c.req.whole {
 			p.c.req.release()
 		}
 	}

@@ -126,11 +126,9 @@ func processLoad(t *testing.T, srv *redistest.Server, prefix string, l load) loa
 			r.cmd.Wait() //nolint:errcheck // waited for already, or killed
 		})
 	}
-	failed := func(i int, what string) {
+	failed := func(i int, what string, err error) {
 		t.Helper()
-		r := rs[i]
-		<-r.done
-		t.Fatalf("replica %d %s: %v\n%s", i, what, r.cmd.Wait(), strings.Join(r.lines, "\n"))
+		t.Fatalf("replica %d %s: %v\n%s", i, what, err, strings.Join(rs[i].lines, "\n"))
 	}
 	deadline := time.NewTimer(replicaStart)
 	defer deadline.Stop()
@@ -138,7 +136,7 @@ func processLoad(t *testing.T, srv *redistest.Server, prefix string, l load) loa
 		select {
 		case <-r.ready:
 		case <-r.done:
-			failed(i, "exited before it was ready")
+			failed(i, "exited before it was ready", r.cmd.Wait())
 		case <-deadline.C:
 			t.Fatalf("replica %d not ready after %v", i, replicaStart)
 		}
@@ -152,7 +150,7 @@ func processLoad(t *testing.T, srv *redistest.Server, prefix string, l load) loa
 	for i, r := range rs {
 		<-r.done
 		if err := r.cmd.Wait(); err != nil {
-			failed(i, "failed")
+			failed(i, "failed", err)
 		}
 		b, err := os.ReadFile(r.out)
 		if err != nil {

@@ -246,3 +246,7 @@ func procCPU(pid int) time.Duration {
 	stime, _ := strconv.ParseInt(f[12], 10, 64)
 	return ticks(utime + stime)
 }
+
+// Value is the descriptor value of key i of a load: an IPv4 address, as a
+// per-client limit sees.
+func Value(i int) string { return "10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256) }

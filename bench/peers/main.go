@@ -204,7 +204,7 @@ func load(args []string) error {
 	}
 	keys := make([]string, c.Keys)
 	for i := range keys {
-		keys[i] = "10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256) // rlsload's values
+		keys[i] = loadrun.Value(i) // rlsload's values
 	}
 	var turn atomic.Uint64
 	ctx := context.Background()

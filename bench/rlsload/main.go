@@ -21,7 +21,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strconv"
 	"time"
 
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -91,11 +90,10 @@ func run(c config) error {
 // caller returns the function that sends the decision of key i and reports
 // whether it was over the limit, and what closes its connections.
 func caller(c config) (func(i int) (bool, error), func(), error) {
-	value := func(i int) string { return "10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256) }
 	if c.http {
 		bodies := make([][]byte, c.keys)
 		for i := range bodies {
-			b, err := json.Marshal(map[string]any{"domain": c.domain, "descriptors": []any{map[string]any{"entries": []any{map[string]string{"key": c.key, "value": value(i)}}}}})
+			b, err := json.Marshal(map[string]any{"domain": c.domain, "descriptors": []any{map[string]any{"entries": []any{map[string]string{"key": c.key, "value": loadrun.Value(i)}}}}})
 			if err != nil {
 				return nil, nil, err
 			}
@@ -130,7 +128,7 @@ func caller(c config) (func(i int) (bool, error), func(), error) {
 	reqs := make([]*rlsv3.RateLimitRequest, c.keys)
 	for i := range reqs {
 		reqs[i] = &rlsv3.RateLimitRequest{Domain: c.domain, Descriptors: []*commonv3.RateLimitDescriptor{{
-			Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: c.key, Value: value(i)}},
+			Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: c.key, Value: loadrun.Value(i)}},
 		}}}
 	}
 	return func(i int) (bool, error) {

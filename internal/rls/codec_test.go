@@ -126,6 +126,10 @@ func FuzzCodec(f *testing.F) {
 	f.Add([]byte{0xff})
 	f.Add([]byte{0x08, 0x01}) // field 1 as a varint: protobuf, not a RateLimitRequest
 	f.Add([]byte{})
+	envoy, _ := proto.Marshal(envoyRequest())
+	f.Add(envoy)
+	f.Add(append(envoy, 0x12, 0x02, 0x1a, 0x00)) // a descriptor of an empty hits_addend
+	f.Add(append(envoy, 0x0a, 0x01, 'x'))        // the domain twice
 	def := encoding.GetCodecV2("proto")
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var viaCodec, viaDefault request

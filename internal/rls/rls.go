@@ -90,12 +90,20 @@ type Server struct {
 	pool    sync.Pool // of *call
 	limits  sync.Map  // limitKey → *rlsv3.RateLimitResponse_RateLimit
 	nlimits atomic.Int64
+	// What shouldRateLimitHandler hands the server's interceptors, made
+	// once rather than on every call.
+	info  grpc.UnaryServerInfo
+	unary grpc.UnaryHandler
 }
 
 // New returns a Server deciding with svc.
 func New(svc *service.Service, opts Options) *Server {
 	s := &Server{svc: svc, headers: opts.Headers}
 	s.pool.New = func() any { return new(call) }
+	s.info = grpc.UnaryServerInfo{Server: s, FullMethod: rlsv3.RateLimitService_ShouldRateLimit_FullMethodName}
+	s.unary = func(ctx context.Context, req any) (any, error) {
+		return s.ShouldRateLimit(ctx, req.(*rlsv3.RateLimitRequest))
+	}
 	return s
 }
 
@@ -134,14 +142,11 @@ func shouldRateLimitHandler(srv any, ctx context.Context, dec func(any) error, i
 	if err != nil {
 		return nil, err
 	}
-	s := srv.(rlsv3.RateLimitServiceServer)
+	s := srv.(*Server)
 	if interceptor == nil {
 		return s.ShouldRateLimit(ctx, in)
 	}
-	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: rlsv3.RateLimitService_ShouldRateLimit_FullMethodName}
-	return interceptor(ctx, in, info, func(ctx context.Context, req any) (any, error) {
-		return s.ShouldRateLimit(ctx, req.(*rlsv3.RateLimitRequest))
-	})
+	return interceptor(ctx, in, &s.info, s.unary)
 }
 
 // growStack grows the calling goroutine's stack, in one step, to have

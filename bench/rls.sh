@@ -15,6 +15,8 @@
 #   HTTP=1 ...   (POST /v1/check over HTTP/1.1 instead of gRPC, against the
 #       floor's do-nothing HTTP handler)
 #   FLOORCODEC=1 ...   (also the floor built with serve's codec, "floor-codec")
+#   FLOORGOGC=400 ...   (also the floor with serve's garbage collector
+#       setting, GOGC=400, as "floor-gogc400")
 #   DOMAINS="bench bench-over" ...   (also the over-limit rules: every
 #       request after a key's first is answered OVER_LIMIT; default "bench")
 #
@@ -55,6 +57,11 @@ if [ -n "${FLOORCODEC:-}" ]; then
 	port=$(freeport)
 	"$tmp/floor" -codec -addr "127.0.0.1:$port" >/dev/null & pids+=($!)
 	systems+=("floor-codec $port $! 0 0")
+fi
+if [ -n "${FLOORGOGC:-}" ]; then
+	port=$(freeport); fhport=$(freeport)
+	GOGC=$FLOORGOGC "$tmp/floor" -addr "127.0.0.1:$port" -http "127.0.0.1:$fhport" >/dev/null & pids+=($!)
+	systems+=("floor-gogc$FLOORGOGC $port $! 0 $fhport")
 fi
 
 gport=$(freeport); hport=$(freeport)

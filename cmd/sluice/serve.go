@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"io/fs"
@@ -185,9 +186,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Int64Var(&cfg.maxBodyBytes, "max-body-bytes", httpapi.DefaultMaxBodyBytes, "bound on HTTP request bodies and gRPC messages, in bytes")
 	fs.DurationVar(&cfg.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight calls may take to finish on shutdown")
 	fs.StringVar(&cfg.logFormat, "log-format", "text", "log format: text or json")
+	var gc gcConfig
 	addLimitFlags(fs, &cfg.limits)
 	addTopFlags(fs, &cfg.top)
+	addGCFlags(fs, &gc)
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := gc.validate(); err != nil {
 		return err
 	}
 	if err := cfg.top.validate(); err != nil {
@@ -248,6 +254,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 	}
+	given := make(map[string]bool)
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	defer gc.apply(given, cfg.memoryMaxKeys)()
 	return serve(ctx, cfg, newLogger(cfg.logFormat, stderr))
 }
 

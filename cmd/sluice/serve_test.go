@@ -84,6 +84,8 @@ func TestServeErrors(t *testing.T) {
 		{"bad log format", []string{"--rules", good, "--log-format", "xml"}, true, "xml"},
 		{"bad body bound", []string{"--rules", good, "--max-body-bytes", "0"}, true, "max-body-bytes"},
 		{"extra argument", []string{"--rules", good, "extra"}, true, "extra"},
+		{"gc percent zero", []string{"--rules", good, "--gc-percent", "0"}, true, "--gc-percent"},
+		{"memory limit negative", []string{"--rules", good, "--memory-limit-mib", "-1"}, true, "--memory-limit-mib"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -117,6 +117,7 @@ type entry struct {
 	view    ratelimit.State // the shared state, as this replica sees it
 	synced  time.Time       // when view was last set from Redis; zero: never
 	pending int64           // hits admitted, not yet sent
+	kept    time.Time       // since when pending hits have been kept back; zero: none
 	sending int64           // hits of the reconciliation in flight
 	queued  bool            // in counters.touched
 	listed  bool            // in counters.holding
@@ -572,6 +573,7 @@ func (c *counters) loop() {
 	for tick := 0; ; tick++ {
 		select {
 		case <-c.quit:
+			c.flush() // what was kept back, before the Store closes
 			return
 		case <-t.C:
 		}
@@ -586,13 +588,35 @@ func (c *counters) loop() {
 }
 
 // reconcile sends, in one pipeline, the hits of every approximate key
-// touched since the last reconciliation (a look for a key with none: a
-// denied one), and sets each key's view from the reply. A key that is not
+// touched since the last reconciliation, or a look (no hits) for a key
+// whose hits may be kept back (keepBack) or that has none (one denied
+// here), and sets each key's view from the reply. A key that is not
 // touched is not sent: its view is refreshed by the reconciliation after
-// its next use. A key whose reconciliation failed keeps its hits for the
-// next one; a call answered as failed never took effect (its cutoff, see
-// Deadlines), so nothing is counted twice.
-func (c *counters) reconcile() {
+// its next use, and forget queues one whose hits were kept back too long.
+// A key whose reconciliation failed keeps its hits for the next one; a
+// call answered as failed never took effect (its cutoff, see Deadlines),
+// so nothing is counted twice.
+func (c *counters) reconcile() { c.send(false) }
+
+// flush sends every hit pending, touched or kept back.
+func (c *counters) flush() {
+	for i := range c.shards {
+		sh := &c.shards[i]
+		sh.mu.Lock()
+		for _, e := range sh.m {
+			e.mu.Lock()
+			if e.pending > 0 {
+				c.queue(e)
+			}
+			e.mu.Unlock()
+		}
+		sh.mu.Unlock()
+	}
+	c.send(true)
+}
+
+// send is reconcile; with all, it sends every hit, keeping none back.
+func (c *counters) send(all bool) {
 	c.tmu.Lock()
 	es := c.touched
 	c.touched = nil
@@ -600,14 +624,25 @@ func (c *counters) reconcile() {
 	if len(es) == 0 {
 		return
 	}
+	now := c.s.localNow()
 	ps := make([]push, len(es))
 	for i, e := range es {
 		e.mu.Lock()
 		e.queued = false
+		n := e.pending
+		if !all && c.keepBack(e, now) {
+			n = 0
+			if e.kept.IsZero() {
+				e.kept = now
+			}
+		}
 		// At most the push rule's capacity at once (the rest next time):
 		// more would be refused as beyond capacity whatever the state.
-		e.sending = min(e.pending, e.info.push.Capacity())
+		e.sending = min(n, e.info.push.Capacity())
 		e.pending -= e.sending
+		if e.sending > 0 {
+			e.kept = time.Time{} // what is left, past the push rule's capacity, goes next time
+		}
 		ps[i] = push{e: e, cost: e.sending}
 		e.mu.Unlock()
 	}
@@ -627,11 +662,30 @@ func (c *counters) reconcile() {
 		if p.err == nil {
 			e.setView(p.debt, sent, c.replicas)
 		}
-		if e.pending > 0 {
+		if e.pending > 0 && e.kept.IsZero() {
 			c.queue(e)
 		}
 		e.mu.Unlock()
 	}
+}
+
+// keepBack reports whether e's pending hits may wait for a later
+// reconciliation, which then sends them all at once: while its view
+// (which charges them Replicas-fold until they are sent) is at most half
+// used, and for at most c.stale. A replica's view limits what it admits
+// whether its hits are sent or kept, so the bound is the same; what
+// keeping them costs is that the other replicas see them later, which
+// matters only near the limit, where they are sent every interval. Most
+// keys, far below their limits, then cost Redis a look (a read) after
+// each use and a write every c.stale, instead of a write after each use.
+// Called with e.mu held.
+func (c *counters) keepBack(e *entry, now time.Time) bool {
+	if e.pending == 0 || !e.kept.IsZero() && now.Sub(e.kept) >= c.stale {
+		return false
+	}
+	l := e.info.local
+	debt := e.view.T - now.UnixNano()
+	return float64(debt) <= 0.5*float64(l.Capacity())*float64(l.Interval())
 }
 
 // giveBackIdle gives back the blocks of the idle batched keys in
@@ -654,7 +708,7 @@ func (c *counters) giveBackIdle() {
 }
 
 // forget forgets the entries that hold nothing and have been idle for
-// forgetAfter.
+// forgetAfter, and queues those whose hits were kept back for c.stale.
 func (c *counters) forget() {
 	now := c.s.localNow()
 	for i := range c.shards {
@@ -662,6 +716,9 @@ func (c *counters) forget() {
 		sh.mu.Lock()
 		for k, e := range sh.m {
 			e.mu.Lock()
+			if e.pending > 0 && !e.kept.IsZero() && now.Sub(e.kept) >= c.stale {
+				c.queue(e) // kept back long enough, and not used since: sent next time
+			}
 			if now.Sub(e.used) > forgetAfter && e.busy == nil && len(e.blocks) == 0 && e.pending == 0 && e.sending == 0 && !e.queued && !e.listed {
 				delete(sh.m, k)
 			}

@@ -522,9 +522,10 @@ func touchKeys(t *testing.T, s *Store, r *ratelimit.Rule, keys []string) {
 }
 
 // TestReconcileCalls reconciles by hand (the interval is an hour) on one
-// server: the hits of every key touched reach Redis exactly, many keys
-// per script call and never more than maxReconcileKeys in one; a key not
-// touched since the last reconciliation is not sent again, and one
+// server: keys far below their limit are looked at and their hits kept
+// back; when flushed, the hits of every key reach Redis exactly, many
+// keys per script call and never more than maxReconcileKeys in one; a key
+// not touched since the last reconciliation is not sent again, and one
 // touched again is; a key whose stored state the reconciliation form
 // does not take (in debt under another interval) is sent on its own, and
 // counted all the same.
@@ -540,9 +541,31 @@ func TestReconcileCalls(t *testing.T) {
 	touchKeys(t, s, r, keys)
 	st0 := s.Stats()
 	s.count.reconcile()
+	stLook := s.Stats()
+	if got := stLook.Batched - st0.Batched; got != 3 {
+		t.Errorf("%d keys looked at in %d script calls, want 3", len(keys), got)
+	}
+	for i, k := range keys {
+		if _, ok, err := s.State(context.Background(), k); err != nil || ok {
+			t.Fatalf("key %q: a state in Redis (%v, %v), though its hits were kept back", k, ok, err)
+		}
+		e := s.count.entry(k, r)
+		e.mu.Lock()
+		pending, synced, kept := e.pending, e.synced, e.kept
+		e.mu.Unlock()
+		if pending != int64(1+i%3) || synced.IsZero() || kept.IsZero() {
+			t.Fatalf("key %q after a look: %d hits pending (want %d), synced at %v, kept since %v", k, pending, 1+i%3, synced, kept)
+		}
+	}
+	s.count.reconcile()
+	if got := s.Stats().Batched - stLook.Batched; got != 0 {
+		t.Errorf("hits kept back, no key touched: %d script calls, want none", got)
+	}
+
+	s.count.flush()
 	st1 := s.Stats()
-	if got := st1.Batched - st0.Batched; got != 3 {
-		t.Errorf("%d keys reconciled in %d script calls, want 3", len(keys), got)
+	if got := st1.Batched - stLook.Batched; got != 3 {
+		t.Errorf("%d keys flushed in %d script calls, want 3", len(keys), got)
 	}
 	for i, k := range keys {
 		if got, want := stateDebt(t, s, k), time.Duration(1+i%3)*iv; got != want {
@@ -558,8 +581,9 @@ func TestReconcileCalls(t *testing.T) {
 	// Touched again: sent again, and its view is the shared state's.
 	touchKeys(t, s, r, keys[:1])
 	s.count.reconcile()
-	if got := s.Stats().Batched - st1.Batched; got != 1 {
-		t.Errorf("one key touched again: %d script calls, want 1", got)
+	s.count.flush()
+	if got := s.Stats().Batched - st1.Batched; got != 2 {
+		t.Errorf("one key touched again, reconciled and flushed: %d script calls, want 2", got)
 	}
 	e := s.count.entry(keys[0], r)
 	e.mu.Lock()
@@ -575,7 +599,7 @@ func TestReconcileCalls(t *testing.T) {
 		t.Fatalf("strict decision: %v %+v", err, ds)
 	}
 	touchKeys(t, s, r, []string{"rescaled"})
-	s.count.reconcile()
+	s.count.flush()
 	st, _, err := s.State(context.Background(), "rescaled")
 	if err != nil {
 		t.Fatal(err)
@@ -632,7 +656,7 @@ func TestReconcileClusterSlots(t *testing.T) {
 		want += uint64((n + maxReconcileKeys - 1) / maxReconcileKeys)
 	}
 	before := s.Stats().Batched
-	s.count.reconcile()
+	s.count.flush()
 	if got := s.Stats().Batched - before; got != want {
 		t.Errorf("%d keys in %d slots reconciled in %d script calls, want %d", len(keys), len(perSlot), got, want)
 	}
@@ -708,5 +732,90 @@ func TestCountingDeniedEverywhere(t *testing.T) {
 	t.Logf("over its limit on a replica after round %d; admitted %d of %d (+%d bound)", seen, admitted, capacity, bound)
 	if admitted < capacity-n || admitted > capacity+bound {
 		t.Errorf("admitted %d, want %d to %d + %d", admitted, capacity-n, capacity, bound)
+	}
+}
+
+// TestReconcileKeepsBack steps a client clock through what an
+// approximate key's hits do, on 2 replicas' shares (the interval is an
+// hour, reconciliations by hand): far below the limit, a reconciliation
+// only looks and keeps them back; once the view, charging them twice, is
+// more than half used, they are sent; kept back for 40 intervals and not
+// used since, forget queues them and they are sent; on Close, what is
+// kept is sent.
+func TestReconcileKeepsBack(t *testing.T) {
+	srv := redistest.Standalone(t)
+	now := time.Unix(1_800_000_000, 0)
+	clock := func() time.Time { return now }
+	s := newTestStore(t, []string{srv.Addr()}, clock, func(o *testConfig) { o.ReconcileInterval = time.Hour; o.Replicas = 2 })
+	r := &ratelimit.Rule{Name: "kept", Quota: 3600, Period: time.Hour, Burst: 40, Counting: ratelimit.Approximate}
+	iv := s.count.info(r).push.Interval() // a second
+	ctx := context.Background()
+	hit := func(key string, n int) {
+		t.Helper()
+		for range n {
+			ds, err := s.Decide(ctx, nil, []ratelimit.Item{{Key: key, Rule: r, Cost: 1}})
+			if err != nil || !ds[0].Allowed {
+				t.Fatalf("key %q: %v %+v", key, err, ds)
+			}
+		}
+	}
+	debt := func(key string) time.Duration {
+		t.Helper()
+		st, ok, err := s.State(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			return 0
+		}
+		return time.Duration(st.T) - time.Duration(now.UnixNano())
+	}
+	pending := func(key string) int64 {
+		e := s.count.entry(key, r)
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return e.pending
+	}
+
+	// 5 hits, charged 10 of the view's 40: kept back, only looked at.
+	hit("a", 5)
+	s.count.reconcile()
+	if d, p := debt("a"), pending("a"); d != 0 || p != 5 {
+		t.Fatalf("far below the limit: Redis holds %v, %d hits pending; want nothing held, 5 pending", d, p)
+	}
+	// 6 more, 22 of 40 charged: more than half used, all 11 sent.
+	hit("a", 6)
+	s.count.reconcile()
+	if d, p := debt("a"), pending("a"); d != 11*iv || p != 0 {
+		t.Fatalf("over half used: Redis holds %v, %d hits pending; want %v, 0 pending", d, p, 11*iv)
+	}
+
+	// Kept back, then idle for 40 intervals: forget queues it.
+	hit("b", 3)
+	s.count.reconcile()
+	if p := pending("b"); p != 3 {
+		t.Fatalf("key b: %d hits pending, want 3 kept", p)
+	}
+	now = now.Add(39 * time.Hour)
+	s.count.forget()
+	s.count.reconcile()
+	if p := pending("b"); p != 3 {
+		t.Fatalf("key b, kept 39 intervals: %d hits pending, want 3 still kept", p)
+	}
+	now = now.Add(time.Hour)
+	s.count.forget()
+	s.count.reconcile()
+	if d, p := debt("b"), pending("b"); d != 3*iv || p != 0 {
+		t.Fatalf("key b, kept 40 intervals: Redis holds %v, %d hits pending; want %v, 0 pending", d, p, 3*iv)
+	}
+
+	// Kept back when the Store closes: sent.
+	hit("c", 2)
+	s.count.reconcile()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := debt("c"); d != 2*iv {
+		t.Fatalf("key c after Close: Redis holds %v, want %v", d, 2*iv)
 	}
 }

@@ -184,10 +184,18 @@
 // time, the hits counted here (a look for a key with none: one denied
 // here) in one pipeline, under the rule with its capacity doubled so that
 // hits already admitted are counted, never refused; each reply sets the
-// key's view. The keys of one GCRA rule share script calls, up to 256
-// keys to a call (decide.lua's reconciliation form: the rule's fields
-// once, then one count per key, and one integer back per key); on a
-// Cluster, whose scripts touch one slot, the keys of one slot. A key of
+// key's view, which goes on charging the hits not yet sent Replicas-fold.
+// A key far below its limit keeps its hits back: while its view is at
+// most half used, a reconciliation only looks (a read, no write), and
+// the hits wait, for at most 40 intervals (then, or when the key's view
+// passes half, or when the Store closes, they are sent). Near the limit,
+// where the other replicas must see them, they are sent every interval;
+// far below it, a key costs Redis a read after each use and a write every
+// second or two instead of a write after each use. The keys of one GCRA
+// rule share script calls, up to 256 keys to a call (decide.lua's
+// reconciliation form: the rule's fields once, then one count per key,
+// and one integer back per key); on a Cluster, whose scripts touch one
+// slot, the keys of one slot. A key of
 // a LeakyBucket rule, or one whose stored state that form does not take
 // (written under another rule), is sent as a request of its own. A key
 // that was not touched since the last reconciliation is not sent: its
@@ -197,14 +205,16 @@
 // either admits at most the replica's share before the reconciliation
 // that follows its use, which the bound below counts. The bound: with N
 // replicas, interval I, d the longest reconciliation round trip, rate R
-// and capacity B, a replica does not see the hits the others admitted
-// since their last reconciliation, each at most (B + R(I + d))/N, so the
-// keys admit, in any window, at most
+// and capacity B, a replica does not see the hits the others have not
+// sent, each at most (B + R(I + d))/N (a replica's view, refreshed after
+// each use, charges its unsent hits N-fold, sent or kept back, so it
+// admits beyond them only its share of what remains), and so the keys
+// admit, in any window, at most
 //
 //	limit + (N − 1)/N × (B + R(I + d))
 //
 // beyond which a hit is never admitted. The excess does not accumulate:
-// every hit reaches Redis at the next reconciliation, the shared state
+// near the limit every hit reaches Redis at the next reconciliation, the shared state
 // goes into debt by what was admitted beyond, and every replica denies
 // the key, within one interval (plus d), until it is paid. (This is a
 // derivation, not a proof; the accuracy tests assert it with d = 50 ms on

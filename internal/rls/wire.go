@@ -70,7 +70,7 @@ type requestDecoder struct {
 }
 
 // field reads the tag at b[i:] and returns the field's number and type and
-// where its value starts; n < 0 when the tag is malformed.
+// where its value starts; next < 0 when the tag is malformed.
 func field(b []byte, i int) (num protowire.Number, typ protowire.Type, next int) {
 	num, typ, n := protowire.ConsumeTag(b[i:])
 	if n < 0 {

@@ -52,8 +52,7 @@ CGO_ENABLED=0 go build -o "$tmp/sluice" ./cmd/sluice
 CGO_ENABLED=0 go build -o "$tmp/floor" ./bench/floor
 go build -o "$tmp/rlsload" ./bench/rlsload
 
-freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-waitport() { for _ in $(seq 600); do (echo >/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.1; done; echo "port $1 never opened" >&2; return 1; }
+. bench/lib.sh
 
 # run NAME CMD...: runs CMD (a server whose port under test, gRPC or
 # HTTP, is written PORT) under callgrind and prints its row.
@@ -66,7 +65,7 @@ run() {
 	rm -f "$out"*
 	GOMAXPROCS=1 GODEBUG=asyncpreemptoff=1 valgrind --tool=callgrind --callgrind-out-file="$out" "${@//PORT/$port}" >"$tmp/server.log" 2>&1 &
 	pid=$!
-	waitport "$port"
+	waitport "$port" 60 # under callgrind a server starts some fifty times slower
 	callgrind_control -z "$pid" >/dev/null 2>&1
 	"$tmp/rlsload" "${http[@]}" -addr "127.0.0.1:$port" -c "$C" -k "$K" -domain "$DOMAIN" -n "$N1" >/dev/null
 	callgrind_control -d "$pid" >/dev/null 2>&1

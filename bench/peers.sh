@@ -77,8 +77,7 @@ else
 	grep -v '^go: downloading' "$tmp/ratelimit-build.log" | sed 's/^/#   /'
 fi
 
-freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-waitport() { for _ in $(seq 200); do (echo >/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
+. bench/lib.sh
 redis() { # redis: starts a redis-server on a free port; sets rport, rpid
 	rport=$(freeport)
 	redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" >/dev/null & pids+=($!)

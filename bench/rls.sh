@@ -45,8 +45,7 @@ go build -o "$tmp/sluice" ./cmd/sluice
 go build -o "$tmp/floor" ./bench/floor
 go build -o "$tmp/rlsload" ./bench/rlsload
 
-freeport() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
-waitport() { for _ in $(seq 200); do (echo >/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened" >&2; return 1; }
+. bench/lib.sh
 
 # systems: name gRPC-port server-pid store-pid HTTP-port
 systems=()

@@ -640,8 +640,8 @@ func (c *counters) send(all bool) {
 		// more would be refused as beyond capacity whatever the state.
 		e.sending = min(n, e.info.push.Capacity())
 		e.pending -= e.sending
-		if e.sending > 0 {
-			e.kept = time.Time{} // what is left, past the push rule's capacity, goes next time
+		if e.sending > 0 || e.pending == 0 {
+			e.kept = time.Time{} // nothing kept; what is left past the push rule's capacity goes next time
 		}
 		ps[i] = push{e: e, cost: e.sending}
 		e.mu.Unlock()
@@ -680,12 +680,18 @@ func (c *counters) send(all bool) {
 // each use and a write every c.stale, instead of a write after each use.
 // Called with e.mu held.
 func (c *counters) keepBack(e *entry, now time.Time) bool {
-	if e.pending == 0 || !e.kept.IsZero() && now.Sub(e.kept) >= c.stale {
+	if e.pending == 0 || c.keptTooLong(e, now) {
 		return false
 	}
 	l := e.info.local
 	debt := e.view.T - now.UnixNano()
 	return float64(debt) <= 0.5*float64(l.Capacity())*float64(l.Interval())
+}
+
+// keptTooLong reports whether e has kept hits back for c.stale. Called
+// with e.mu held.
+func (c *counters) keptTooLong(e *entry, now time.Time) bool {
+	return !e.kept.IsZero() && now.Sub(e.kept) >= c.stale
 }
 
 // giveBackIdle gives back the blocks of the idle batched keys in
@@ -716,7 +722,7 @@ func (c *counters) forget() {
 		sh.mu.Lock()
 		for k, e := range sh.m {
 			e.mu.Lock()
-			if e.pending > 0 && !e.kept.IsZero() && now.Sub(e.kept) >= c.stale {
+			if e.pending > 0 && c.keptTooLong(e, now) {
 				c.queue(e) // kept back long enough, and not used since: sent next time
 			}
 			if now.Sub(e.used) > forgetAfter && e.busy == nil && len(e.blocks) == 0 && e.pending == 0 && e.sending == 0 && !e.queued && !e.listed {

@@ -47,23 +47,22 @@ const keyBytes = 132
 // environment sets and fs does not (given, the flags fs was given), and
 // returns what restores the previous settings.
 func (c *gcConfig) apply(given map[string]bool, maxKeys int) (restore func()) {
-	prevPercent, prevLimit := -2, int64(-2)
+	var undo []func()
 	if given["gc-percent"] || os.Getenv("GOGC") == "" {
-		prevPercent = debug.SetGCPercent(c.percent)
+		prev := debug.SetGCPercent(c.percent)
+		undo = append(undo, func() { debug.SetGCPercent(prev) })
 	}
 	if given["memory-limit-mib"] || os.Getenv("GOMEMLIMIT") == "" {
 		limit := int64(c.limitMiB) << 20
 		if limit == 0 {
 			limit = 256<<20 + 2*int64(maxKeys)*keyBytes
 		}
-		prevLimit = debug.SetMemoryLimit(limit)
+		prev := debug.SetMemoryLimit(limit)
+		undo = append(undo, func() { debug.SetMemoryLimit(prev) })
 	}
 	return func() {
-		if prevPercent != -2 {
-			debug.SetGCPercent(prevPercent)
-		}
-		if prevLimit != -2 {
-			debug.SetMemoryLimit(prevLimit)
+		for _, f := range undo {
+			f()
 		}
 	}
 }

@@ -11,17 +11,25 @@ import (
 // time, and checks the limit it returns.
 func TestControllerSteps(t *testing.T) {
 	ms := time.Millisecond
-	g := &Gradient{Target: 100 * ms}
-	a := &AIMD{Target: 100 * ms}
-	if err := g.validate(); err != nil {
-		t.Fatal(err)
+	// Each row starts from a new controller: a Gradient's step size also
+	// depends on the directions of its earlier steps (TestGradientAgree).
+	g := func() Controller {
+		c := &Gradient{Target: 100 * ms}
+		if err := c.validate(); err != nil {
+			t.Fatal(err)
+		}
+		return c
 	}
-	if err := a.validate(); err != nil {
-		t.Fatal(err)
+	a := func() Controller {
+		c := &AIMD{Target: 100 * ms}
+		if err := c.validate(); err != nil {
+			t.Fatal(err)
+		}
+		return c
 	}
 	steps := []struct {
 		name string
-		c    Controller
+		c    func() Controller
 		s    Sample
 		want float64
 	}{
@@ -37,7 +45,7 @@ func TestControllerSteps(t *testing.T) {
 		{"aimd drop", a, Sample{Limit: 50, Latency: 10 * ms, Completed: 100, Dropped: 1}, 45},
 	}
 	for _, s := range steps {
-		if got := s.c.Update(s.s); math.Abs(got-s.want) > 1e-9 {
+		if got := s.c().Update(s.s); math.Abs(got-s.want) > 1e-9 {
 			t.Errorf("%s: limit %v, want %v", s.name, got, s.want)
 		}
 	}
@@ -54,36 +62,43 @@ func TestControllerSteps(t *testing.T) {
 		}
 	}
 
-	// Gradient with a baseline: the mean of the first windows, then a
-	// quarter of the way to the mean of the latest five when that is
-	// lower; a higher window at the same throughput (a queue) leaves it;
-	// a change of speed — the throughput a quarter or more lower with the
-	// latency above the aim, or a quarter or more higher with the latency
-	// below the baseline — holds the limit for one window and from the
-	// second scales the baseline by the reference throughput over the
-	// mean throughput measured since.
+	// Gradient with a baseline: the mean of the first ten windows, then
+	// a quarter of the way to the mean of the latest five when that is 5%
+	// or more lower; a higher window at the same throughput (a queue)
+	// leaves it; a change of speed — the throughput a quarter or more
+	// lower with the latency above the aim, or a quarter or more higher
+	// with the latency below the aim and the time in the system
+	// (InFlight / Throughput) a quarter or more lower — holds the limit
+	// for one window and from the second scales the baseline by the
+	// reference throughput over the mean throughput measured since.
 	b := &Gradient{}
 	_ = b.validate()
 	type step struct {
-		lat  time.Duration
-		x    float64
-		base time.Duration
-		held bool // the limit is left as it was
+		lat      time.Duration
+		x        float64
+		inflight float64
+		refused  int
+		base     time.Duration
+		held     bool // the limit is left as it was
 	}
+	fast := func(lat, base time.Duration) step { return step{lat, 1000, 10, 1, base, false} }
 	rep := func(n int, s step) []step { return slices.Repeat([]step{s}, n) }
 	bsteps := slices.Concat(
-		[]step{{30 * ms, 1000, 30 * ms, false}, {50 * ms, 1000, 40 * ms, false}},
-		rep(3, step{40 * ms, 1000, 40 * ms, false}),
-		rep(4, step{36 * ms, 1000, 40 * ms, false}),  // lower, but fewer than five yet
-		[]step{{36 * ms, 1000, 39 * ms, false}},      // five lower: a quarter of the way
-		[]step{{135 * ms, 1000, 39 * ms, false}},     // queueing: held
-		[]step{{100 * ms, 500, 39 * ms, true}},       // slower, once: the limit held
-		rep(13, step{100 * ms, 500, 78 * ms, false}), // slower, twice: ×2 (the fall in throughput), measured for 13 windows
-		[]step{{30 * ms, 1000, 78 * ms, true}},       // faster, once: held
-		[]step{{30 * ms, 1000, 39 * ms, false}},      // faster, twice: ÷2
+		[]step{fast(30*ms, 30*ms), fast(50*ms, 40*ms)},
+		rep(8, fast(40*ms, 40*ms)),
+		// More throughput with as much more in flight, refusing nothing:
+		// the same time in the system, a ramp and not a faster server.
+		[]step{{39 * ms, 1300, 13, 0, 40 * ms, false}},
+		rep(4, fast(39*ms, 40*ms)),                                           // five lower, by less than 5%: left
+		[]step{fast(20*ms, 38800*time.Microsecond)},                          // five 35.2 on average: a quarter of the way
+		[]step{fast(135*ms, 38800*time.Microsecond)},                         // queueing: held
+		[]step{{100 * ms, 500, 10, 1, 38800 * time.Microsecond, true}},       // slower, once: the limit held
+		rep(23, step{100 * ms, 500, 10, 1, 77600 * time.Microsecond, false}), // slower, twice: ×2 (the fall in throughput), measured for 23 windows
+		[]step{{30 * ms, 1000, 10, 1, 77600 * time.Microsecond, true}},       // faster, once: held
+		[]step{fast(30*ms, 38800*time.Microsecond)},                          // faster, twice: ÷2
 	)
 	for i, s := range bsteps {
-		got := b.Update(Sample{Limit: 10, Latency: s.lat, Completed: 10, Throughput: s.x, Refused: 1})
+		got := b.Update(Sample{Limit: 10, Latency: s.lat, Completed: 10, Throughput: s.x, InFlight: s.inflight, Refused: s.refused})
 		if b.Baseline() != s.base || (got == 10) != s.held {
 			t.Errorf("baseline step %d: baseline %v, limit %v; want %v, held %v", i, b.Baseline(), got, s.base, s.held)
 		}
@@ -100,8 +115,42 @@ func TestControllerSteps(t *testing.T) {
 		t.Errorf("a window without refusals moved the reference throughput from 1000 to %v", r.refX)
 	}
 	r.Update(Sample{Limit: 10, Latency: 30 * ms, Completed: 10, Throughput: 900, Refused: 1})
-	if r.refX != 990 {
-		t.Errorf("a window with refusals: reference throughput %v, want 990", r.refX)
+	if r.refX != 995 {
+		t.Errorf("a window with refusals: reference throughput %v, want 995", r.refX)
+	}
+}
+
+// TestGradientAgree: a Gradient takes full steps (Smoothing) while its
+// windows agree on the direction, and a fifth of them while they
+// alternate, as noise around the limit that holds the aim does.
+func TestGradientAgree(t *testing.T) {
+	ms := time.Millisecond
+	g := &Gradient{Target: 100 * ms}
+	_ = g.validate()
+	// The fraction of the way to limit·gradient + Queue the step took.
+	frac := func(lat time.Duration, gradient float64) float64 {
+		got := g.Update(Sample{Limit: 50, Latency: lat, Completed: 100})
+		return (got - 50) / (50*gradient + 1 - 50)
+	}
+	if f := frac(200*ms, 0.5); math.Abs(f-0.2) > 1e-9 {
+		t.Errorf("first step: %v of the way, want Smoothing 0.2", f)
+	}
+	var f float64
+	for i := range 60 {
+		if i%2 == 0 {
+			f = frac(50*ms, 1.1) // up, bounded at MaxGrowth
+		} else {
+			f = frac(200*ms, 0.5) // down
+		}
+	}
+	if math.Abs(f-0.2*minAgree) > 1e-9 {
+		t.Errorf("after 60 alternating steps: %v of the way, want %v (a fifth of Smoothing)", f, 0.2*minAgree)
+	}
+	for range 40 {
+		f = frac(200*ms, 0.5)
+	}
+	if f < 0.9*0.2 {
+		t.Errorf("after 40 steps down: %v of the way, want at least 0.18 (near Smoothing again)", f)
 	}
 }
 

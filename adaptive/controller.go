@@ -55,29 +55,40 @@ type validator interface{ validate() error }
 // result:
 //
 //	gradient = clamp(aim / observed, 0.5, MaxGrowth)
-//	limit    = limit + Smoothing·(limit·gradient + Queue − limit)
+//	limit    = limit + f·Smoothing·(limit·gradient + Queue − limit)
+//
+// where f is 1 while the steps of the latest windows (about fifteen) went
+// the same way, and falls to a fifth while they alternated: steps in one
+// direction follow a change, steps back and forth are the noise of a
+// window's quantile (about a hundred completions; a p90 varies by 8–12%
+// from one to the next) around the limit that holds the aim, which a
+// shorter step averages over more windows.
 //
 // The latency aimed for is Target when it is set: the limit then settles
 // where the latency quantile equals Target (the queue allowance keeps it a
 // little above). Without Target it is Tolerance times a baseline, the
-// latency of the server without a queue: the mean of the first five
-// windows, then moved a quarter of the way to any lower window (one lucky
-// window does not set it). It does not forget upwards — under a steady
-// queue the latency sits above the baseline by design, and a baseline that
-// followed it would chase its own queueing until the limit ran away.
-// Instead it reads Little's law: a queue raises the latency at the same
-// throughput, a slower server raises the latency and serves less. Two
-// windows running above the aim with the throughput a quarter or more below
-// its reference scale the baseline up by the fall in throughput; two below
-// the baseline with the throughput a quarter or more above scale it down
-// by the rise. The throughput is measured, before and after, only in
-// windows in which the limiter refused requests (Sample.Refused): in the
-// others it is the demand's, not the server's. A server whose workers each
-// become 2× slower keeps its limit
-// (the concurrency it can serve is the same), and gets back its baseline
-// when it recovers. A window without completions leaves the limit as it
-// is; a window whose drops are more than a tenth of its permits counts as
-// the steepest decrease (gradient 0.5).
+// latency of the server without a queue: the mean of the first ten
+// windows, then moved a quarter of the way to the mean of the latest five
+// when that is 5% or more below it (a baseline pulled towards every lower
+// mean would follow the noise down). It does not forget upwards — under a
+// steady queue the latency sits above the baseline by design, and a
+// baseline that followed it would chase its own queueing until the limit
+// ran away. Instead it reads Little's law: a queue raises the latency at
+// the same throughput, a slower server raises the latency and serves
+// less. Two windows running above the aim with the throughput a quarter or
+// more below its reference scale the baseline up by the fall in
+// throughput; two below the aim with the throughput a quarter or more
+// above it and the time in the system (InFlight / Throughput) a quarter
+// or more below its reference — a faster server, not more work let in, as
+// when the limit ramps up — scale it down by the rise. The references are
+// means over ThroughputWindows windows in which the limiter refused
+// requests (Sample.Refused): in the others the throughput is the
+// demand's, not the server's; the new speed is measured over as many. A
+// server whose workers each become 2× slower keeps its limit (the
+// concurrency it can serve is the same), and gets back its baseline when
+// it recovers. A window without completions leaves the limit as it is; a
+// window whose drops are more than a tenth of its permits counts as the
+// steepest decrease (gradient 0.5).
 //
 // Use Target when the latency a request may take is known (a share of the
 // caller's deadline or of the latency objective) and the server's own
@@ -105,8 +116,8 @@ type Gradient struct {
 	// when latency is well below its aim.
 	MaxGrowth float64
 	// ThroughputWindows is the number of windows over which the
-	// reference throughput is averaged, and over which a change of speed
-	// is measured (>= 1; default 20).
+	// reference throughput and time in the system are averaged, and over
+	// which a change of speed is measured (>= 1; default 20).
 	ThroughputWindows int
 
 	baseline time.Duration
@@ -227,19 +238,20 @@ const changeBy = 1.25
 const warmWindows = 10
 
 // rebase moves the baseline with window s and returns the latency aimed
-// for, Tolerance × baseline. A window faster than the baseline pulls it a
-// quarter of the way down (all the way when a quarter or more faster).
-// Two windows running that show a change of speed — the throughput a
-// quarter or more below its reference with the latency above the aim
-// (slower), or a quarter or more above it with the latency below the
-// baseline (faster) — start a measurement: over the next
-// ThroughputWindows windows with refusals the baseline is the one before
-// the change scaled by the reference throughput of ten windows before
-// over the mean throughput since (Little's law: the same
-// workers, each slower or faster), and the reference becomes that mean.
-// The reference is updated only by windows with refusals, the others
-// showing the demand rather than the server. A queue raises the latency
-// at the same throughput and does not move the baseline.
+// for, Tolerance × baseline. Five windows whose mean is 5% or more below
+// the baseline pull it a quarter of the way down. Two windows running
+// that show a change of speed — the throughput a quarter or more below
+// its reference with the latency above the aim (slower), or a quarter or
+// more above it with the latency below the aim and the time in the
+// system a quarter or more below its reference (faster) — start a
+// measurement: over the next ThroughputWindows windows with refusals the
+// baseline is the one before the change scaled by the reference
+// throughput of ten windows before over the mean throughput since
+// (Little's law: the same workers, each slower or faster), and the
+// reference becomes that mean. The references are updated only by
+// windows with refusals, the others showing the demand rather than the
+// server. A queue raises the latency at the same throughput and does not
+// move the baseline.
 func (g *Gradient) rebase(s Sample) time.Duration {
 	aim := func() time.Duration { return time.Duration(g.Tolerance * float64(g.baseline)) }
 	if g.warm < warmWindows {

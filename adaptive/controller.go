@@ -202,11 +202,12 @@ func (g *Gradient) Update(s Sample) float64 {
 }
 
 // smoothing returns the fraction of the way to move by a step of the
-// given sign: Smoothing while the earlier windows agreed on the
-// direction, down to a fifth of it while they alternated. Windows that agree show a
-// change to follow; windows that alternate show the noise of the latency
-// quantile around the limit that holds the aim, which a smaller step
-// averages over more windows.
+// given sign, and adds the step's direction to the moving mean: Smoothing
+// while the earlier windows agreed on the direction, down to a fifth of it
+// while they alternated. Windows that agree show a change to follow;
+// windows that alternate show the noise of the latency quantile around
+// the limit that holds the aim, which a smaller step averages over more
+// windows.
 func (g *Gradient) smoothing(step float64) float64 {
 	dir := 0.0
 	switch {
@@ -234,7 +235,7 @@ const changeBy = 1.25
 
 // warmWindows is the number of windows whose mean sets the first
 // baseline. A window's p90 of about a hundred completions varies by
-// about 8%; the mean of ten by under 3%.
+// 8–12% from one window to the next; the mean of ten by about 3%.
 const warmWindows = 10
 
 // rebase moves the baseline with window s and returns the latency aimed

@@ -151,10 +151,10 @@ const minRelax = 0.05
 
 // overShare is the fraction of the requests let through that may be
 // refused below before the Shedder counts it as overload. The excess
-// keeps the layer below full: arrivals thinned to just its capacity
-// (a twentieth more, as this was before) leave it idle whenever they
-// bunch less than usual, which cost 1–2% of goodput in the simulator and
-// made the throughput the Gradient reads noisy.
+// keeps the layer below full: arrivals thinned to a twentieth above its
+// capacity leave it idle whenever they bunch less than usual, which cost
+// 1–2% of goodput in the simulator and made the throughput the Gradient
+// reads noisy.
 const overShare = 0.15
 
 // drainShare is how much less than the rate the server completed the

@@ -305,8 +305,8 @@ func staticGuard(t testing.TB, n int) func(time.Time, Priority) (Permit, bool) {
 // times the p90 of the server without queueing — the point Gradient with
 // Tolerance tol is designed to hold.
 // It is found by bisection over static limits in the same simulator, each
-// in a Guard with the same Shedder in front, each run 20s: in 6s runs the
-// p90 measured moves the answer by two either way.
+// in a Guard with the same Shedder in front, each run 40s: in 6s runs the
+// p90 measured moved the answer by two either way.
 func bestLimit(t testing.TB, slow, tol float64) (best int, good, bestGood float64, p99 time.Duration) {
 	const secs = 40
 	run := func(admit func(time.Time, Priority) (Permit, bool), load float64) *simResult {

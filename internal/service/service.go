@@ -353,6 +353,16 @@ func (sc *scratch) decision(c *check) *ratelimit.Decision {
 	return &sc.ds[c.result]
 }
 
+// item returns the item decided for c; like decision, it looks at c.shadow
+// before it indexes, since c.result indexes the shadow items for a shadow
+// limit.
+func (sc *scratch) item(c *check) *ratelimit.Item {
+	if c.shadow {
+		return &sc.shadow[c.result]
+	}
+	return &sc.items[c.result]
+}
+
 // better reports whether decision d of a limit should replace status st as
 // its descriptor's answer.
 func better(st *Status, d *ratelimit.Decision, shadow bool) bool {

@@ -77,11 +77,7 @@ func (t *Top) observe(sc *scratch, now time.Time) {
 			continue
 		}
 		if tr, ok := byRule[c.spec]; ok {
-			it := &sc.items[c.result]
-			if c.shadow {
-				it = &sc.shadow[c.result]
-			}
-			tr.ObserveAt(now, c.spec.ShortKey(it.Key), sc.decision(c))
+			tr.ObserveAt(now, c.spec.ShortKey(sc.item(c).Key), sc.decision(c))
 		}
 	}
 }

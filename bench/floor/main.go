@@ -52,7 +52,7 @@ func main() {
 	}
 	var opts []grpc.ServerOption
 	if *withCodec {
-		opts = append(opts, rls.ServerOption())
+		opts = append(opts, rls.ServerOption(nil))
 	}
 	srv := grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(srv, floor{})

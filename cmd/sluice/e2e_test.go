@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -41,6 +42,7 @@ type sluiceProcess struct {
 	logs   chan logRecord
 	exit   chan error
 	exited bool
+	panics atomic.Int64 // "panic recovered" records seen in its log
 }
 
 // buildSluice builds the binary into a temporary directory.
@@ -87,6 +89,9 @@ func startSluice(t *testing.T, bin string, env []string, args ...string) *sluice
 			logMu.Unlock()
 			var r logRecord
 			if json.Unmarshal(sc.Bytes(), &r) == nil {
+				if r.str("msg") == "panic recovered" {
+					p.panics.Add(1)
+				}
 				p.logs <- r
 			}
 		}
@@ -101,6 +106,11 @@ func startSluice(t *testing.T, bin string, env []string, args ...string) *sluice
 			for range p.logs {
 			}
 			<-p.exit
+		}
+		// Containment must not hide bugs: no test expects a panic of a
+		// binary it started.
+		if n := p.panics.Load(); n > 0 {
+			t.Errorf("sluice recovered %d panics (a bug each; see the log)", n)
 		}
 		if t.Failed() {
 			logMu.Lock()

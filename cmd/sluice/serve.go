@@ -29,6 +29,7 @@ import (
 	"github.com/sluicehq/sluice/dashboard"
 	"github.com/sluicehq/sluice/internal/connlimit"
 	"github.com/sluicehq/sluice/internal/httpapi"
+	"github.com/sluicehq/sluice/internal/recovery"
 	"github.com/sluicehq/sluice/internal/rls"
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/internal/service"
@@ -138,6 +139,39 @@ type serveConfig struct {
 	logFormat        string
 	limits           limitsConfig
 	top              topConfig
+	// hooks are set by tests only, never by a flag.
+	hooks *serveHooks
+}
+
+// serveHooks let tests put code inside serve's servers, behind the
+// recovery of panics (to inject one). The nil *serveHooks adds nothing.
+type serveHooks struct {
+	// http wraps the handler of the listener named "http" or "admin".
+	http func(listener string, h http.Handler) http.Handler
+	// unary and stream are gRPC interceptors.
+	unary  grpc.UnaryServerInterceptor
+	stream grpc.StreamServerInterceptor
+}
+
+func (h *serveHooks) wrap(listener string, next http.Handler) http.Handler {
+	if h == nil || h.http == nil {
+		return next
+	}
+	return h.http(listener, next)
+}
+
+func (h *serveHooks) grpcOptions() []grpc.ServerOption {
+	if h == nil {
+		return nil
+	}
+	var opts []grpc.ServerOption
+	if h.unary != nil {
+		opts = append(opts, grpc.ChainUnaryInterceptor(h.unary))
+	}
+	if h.stream != nil {
+		opts = append(opts, grpc.ChainStreamInterceptor(h.stream))
+	}
+	return opts
 }
 
 // adminTokenEnv names the environment variable holding the admin token
@@ -564,9 +598,14 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 		return nil, err
 	}
 	reg.MustRegister(newOverloadCollector(ov))
-	grpcOpts := append(cfg.limits.grpcOptions(), grpc.MaxRecvMsgSize(int(min(cfg.maxBodyBytes, 1<<30))))
+	// Recovery comes first in every chain, so that it contains the panics
+	// of everything after it.
+	rec := recovery.New(log, reg, "grpc", "http", "admin")
+	grpcOpts := append(cfg.limits.grpcOptions(), grpc.MaxRecvMsgSize(int(min(cfg.maxBodyBytes, 1<<30))),
+		grpc.ChainUnaryInterceptor(rec.UnaryInterceptor("grpc")), grpc.ChainStreamInterceptor(rec.StreamInterceptor("grpc")))
+	grpcOpts = append(grpcOpts, cfg.hooks.grpcOptions()...)
 	grpcOpts = append(grpcOpts, ov.grpcOptions()...)
-	grpcOpts = append(grpcOpts, rls.ServerOption())
+	grpcOpts = append(grpcOpts, rls.ServerOption(func(v any, stack []byte) { rec.Report("grpc", "codec", v, stack) }))
 	s := &servers{
 		watcher:      watcher,
 		overrideSync: &httpapi.OverrideSync{Store: b.overrides, Overrides: overrides, Logger: log},
@@ -584,7 +623,7 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 	if s.api, err = httpapi.New(httpapi.Options{Service: svc, RLS: rlsServer, Gatherer: reg, MaxBodyBytes: cfg.maxBodyBytes, Protect: ov.http()}); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
-	s.http = newHTTPServer(s.api, &cfg.limits)
+	s.http = newHTTPServer(rec.Middleware("http")(cfg.hooks.wrap("http", s.api)), &cfg.limits)
 	if cfg.adminAddr != "" {
 		admin, err := httpapi.NewAdmin(httpapi.AdminOptions{
 			Token: cfg.adminToken, Service: svc, Store: b.store, Keys: b.keys,
@@ -596,7 +635,7 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 		if err != nil {
 			return nil, fmt.Errorf("serve: %w", err)
 		}
-		s.admin = newHTTPServer(admin, &cfg.limits)
+		s.admin = newHTTPServer(rec.Middleware("admin")(cfg.hooks.wrap("admin", admin)), &cfg.limits)
 	}
 	return s, nil
 }

@@ -1,6 +1,8 @@
 package rls
 
 import (
+	"runtime/debug"
+
 	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
@@ -30,10 +32,16 @@ import (
 // default protobuf codec, whose name it also bears, so the content-type
 // is unchanged.
 //
+// The hand-written encoding is an optimisation and protobuf-go the
+// reference: when it panics, onPanic is told (the panic's value and
+// stack, for the caller to log and count as a bug) and the message goes
+// through protobuf-go instead, so the call is answered as it would have
+// been. With onPanic nil, the panic goes on and stops the process.
+//
 // Register works on a server without the option too, at the cost of one
 // more pass over each request.
-func ServerOption() grpc.ServerOption {
-	return grpc.ForceServerCodecV2(codec{})
+func ServerOption(onPanic func(v any, stack []byte)) grpc.ServerOption {
+	return grpc.ForceServerCodecV2(codec{onPanic: onPanic})
 }
 
 // protoCodec is gRPC's default codec, which codec defers to.
@@ -41,15 +49,36 @@ var protoCodec = encoding.GetCodecV2(protocodec.Name)
 
 // codec is the encoding.CodecV2 of ServerOption. The zero value is ready;
 // it is stateless and safe for concurrent use.
-type codec struct{}
+type codec struct {
+	onPanic func(v any, stack []byte) // nil: panics go on
+}
+
+// contain reports a panic of the hand-written encoding to onPanic, which
+// the caller then does again with protobuf-go; it reports whether there
+// was one. Without onPanic, the panic goes on.
+func (c codec) contain(v any) bool {
+	if v == nil {
+		return false
+	}
+	if c.onPanic == nil {
+		panic(v)
+	}
+	c.onPanic(v, debug.Stack())
+	return true
+}
 
 func (codec) Name() string { return protocodec.Name }
 
-func (codec) Marshal(v any) (mem.BufferSlice, error) {
+func (c codec) Marshal(v any) (out mem.BufferSlice, err error) {
 	m, ok := v.(*rlsv3.RateLimitResponse)
 	if !ok {
 		return protoCodec.Marshal(v)
 	}
+	defer func() {
+		if c.contain(recover()) {
+			out, err = protoCodec.Marshal(v)
+		}
+	}()
 	size, ok := responseSize(m)
 	if !ok {
 		return protoCodec.Marshal(v)
@@ -81,7 +110,7 @@ type smallBuffer struct {
 	data  [128]byte
 }
 
-func (codec) Unmarshal(data mem.BufferSlice, v any) error {
+func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	r, ok := v.(*request)
 	if !ok {
 		return protoCodec.Unmarshal(data, v)
@@ -90,7 +119,7 @@ func (codec) Unmarshal(data mem.BufferSlice, v any) error {
 	defer buf.Free()
 	b := buf.ReadOnlyData()
 	r.decoded = true
-	if unmarshalRequest(b, r) {
+	if c.unmarshalRequest(b, r) {
 		return nil
 	}
 	if err := proto.Unmarshal(b, &r.in); err != nil {
@@ -102,6 +131,18 @@ func (codec) Unmarshal(data mem.BufferSlice, v any) error {
 		r.err = decodeError(b, err)
 	}
 	return nil
+}
+
+// unmarshalRequest is the package's unmarshalRequest, its panic
+// contained: then r is reset, for protobuf-go to decode b.
+func (c codec) unmarshalRequest(b []byte, r *request) (ok bool) {
+	defer func() {
+		if c.contain(recover()) {
+			*r = request{decoded: true}
+			ok = false
+		}
+	}()
+	return unmarshalRequest(b, r)
 }
 
 // request is what ShouldRateLimit's handler decodes a request into. With

@@ -165,3 +165,24 @@ func FuzzCodec(f *testing.F) {
 		}
 	})
 }
+
+// TestCodecContain: a panic of the hand-written encoding is reported with
+// its stack, for the caller to redo with protobuf-go; without onPanic it
+// goes on.
+func TestCodecContain(t *testing.T) {
+	var got any
+	var stack []byte
+	c := codec{onPanic: func(v any, s []byte) { got, stack = v, s }}
+	if c.contain(nil) || got != nil {
+		t.Fatal("no panic was reported as one")
+	}
+	if !c.contain("boom") || got != "boom" || !strings.Contains(string(stack), "TestCodecContain") {
+		t.Fatalf("reported %v with stack\n%s", got, stack)
+	}
+	defer func() {
+		if v := recover(); v != "boom" {
+			t.Errorf("without onPanic: recovered %v, want the panic to go on", v)
+		}
+	}()
+	codec{}.contain("boom")
+}

@@ -49,7 +49,7 @@ func rawMessage(b []byte) *emptypb.Empty {
 // gRPC's default codec (grpc.NewServer as it is) and with ServerOption's.
 func TestGRPCInvalidUTF8(t *testing.T) {
 	t.Run("default codec", func(t *testing.T) { testGRPCInvalidUTF8(t) })
-	t.Run("codec", func(t *testing.T) { testGRPCInvalidUTF8(t, ServerOption()) })
+	t.Run("codec", func(t *testing.T) { testGRPCInvalidUTF8(t, ServerOption(nil)) })
 }
 
 func testGRPCInvalidUTF8(t *testing.T, opts ...grpc.ServerOption) {

@@ -96,6 +96,9 @@ type detailCounters struct {
 func (dc *detailCounters) counters(key []byte) *[numOutcomes]prometheus.Counter {
 	dc.mu.RLock()
 	c, ok := dc.keys[string(key)]
+	if !ok && len(dc.keys) >= dc.max && dc.overflow != nil {
+		c, ok = dc.overflow, true // full: no exclusive lock per decision
+	}
 	dc.mu.RUnlock()
 	if ok {
 		return c

@@ -14,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -51,6 +52,21 @@ directory is watched: a valid change applies at once, an invalid one is
 logged (file:line) and the last good rules stay in force. A change that
 removes a domain (its file deleted) is logged as such; with
 --rules-refuse-empty a change that would remove every domain is refused.
+With no domain loaded, every request is allowed: serve warns at start and
+after such a reload, and /readyz (still 200) says so.
+
+Envoy's runtime layout, as envoyproxy/ratelimit reads it, works too: with
+RUNTIME_ROOT set (or --runtime-root), the rules are the *.yaml and *.yml
+files of RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY
+(RUNTIME_APPDIRECTORY defaults to config), dot files included unless
+RUNTIME_IGNOREDOTFILES=true, and with RUNTIME_WATCH_ROOT (true by default)
+a swap of the RUNTIME_ROOT symlink reloads them. Each --runtime-* flag wins
+over its variable; an explicit --rules wins over them all (giving it with
+--runtime-root is an error). Unlike envoyproxy/ratelimit, subdirectories
+of the config directory are not read, and RUNTIME_ROOT has no default: the
+rules are then ./examples/rules or --rules. A --rules directory that holds
+no rule file while its config/ subdirectory does is refused, with this
+hint.
 
 The memory store holds at most --memory-max-keys keys. When it is full, a
 new key evicts the one whose loss gives back the least capacity: a key with
@@ -112,7 +128,11 @@ closed.
 // serveConfig is everything serve needs, from flags and the environment.
 type serveConfig struct {
 	rulesDir         string
+	rulesRoot        string // a symlink above rulesDir to follow (RUNTIME_WATCH_ROOT)
+	rulesDotFiles    bool   // read dot files (RUNTIME_IGNOREDOTFILES=false)
+	rulesNote        string // logged at start: how rulesDir was chosen
 	rulesRefuseEmpty bool
+	detailedKeys     int
 	store            string
 	memoryMaxKeys    int
 	redisAddrs       []string
@@ -220,6 +240,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Int64Var(&cfg.maxBodyBytes, "max-body-bytes", httpapi.DefaultMaxBodyBytes, "bound on HTTP request bodies and gRPC messages, in bytes")
 	fs.DurationVar(&cfg.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight calls may take to finish on shutdown")
 	fs.StringVar(&cfg.logFormat, "log-format", "text", "log format: text or json")
+	fs.IntVar(&cfg.detailedKeys, "detailed-metric-keys", service.DefaultDetailedKeys, "most keys per rule in sluice_detailed_decisions_total (rules with detailed_metric or value_to_metric); the decisions of further keys count under key _overflow")
+	var rt runtimeFlags
+	addRuntimeFlags(fs, &rt)
 	var gc gcConfig
 	addLimitFlags(fs, &cfg.limits)
 	addTopFlags(fs, &cfg.top)
@@ -288,8 +311,14 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 	}
+	if cfg.detailedKeys <= 0 {
+		return usagef("serve: --detailed-metric-keys must be positive")
+	}
 	given := make(map[string]bool)
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if err := rt.resolve(&cfg, given, os.Getenv); err != nil {
+		return err
+	}
 	defer gc.apply(given, cfg.memoryMaxKeys)()
 	return serve(ctx, cfg, newLogger(cfg.logFormat, stderr))
 }
@@ -500,10 +529,14 @@ func ruleCount(set *rules.Set) int {
 // fails; then it drains.
 func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	cfg.limits = cfg.limits.withDefaults()
-	set, err := loadRules(cfg.rulesDir)
+	set, err := loadRulesDir(cfg.rulesDir, rules.DirOptions{DotFiles: cfg.rulesDotFiles})
 	if err != nil {
 		return err
 	}
+	if cfg.rulesNote != "" {
+		log.Info(cfg.rulesNote, "rules", cfg.rulesDir)
+	}
+	warnNoDomain(log, set, cfg.rulesDir)
 	b, err := openBackend(ctx, &cfg, log)
 	if err != nil {
 		return err
@@ -523,7 +556,10 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 
 // loadRules loads the rules directory, with an error that says what to do
 // when it is missing.
-func loadRules(dir string) (*rules.Set, error) {
+func loadRules(dir string) (*rules.Set, error) { return loadRulesDir(dir, rules.DirOptions{}) }
+
+// loadRulesDir is loadRules with the options of the directory.
+func loadRulesDir(dir string, opts rules.DirOptions) (*rules.Set, error) {
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 		if errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("serve: rules directory %q does not exist (paths are relative to the working directory; run from the repository root or pass --rules DIR)", dir)
@@ -533,11 +569,27 @@ func loadRules(dir string) (*rules.Set, error) {
 		}
 		return nil, fmt.Errorf("serve: rules directory %q: %w", dir, err)
 	}
-	set, err := rules.Load(dir)
+	set, err := rules.LoadDir(dir, opts)
 	if err != nil {
 		return nil, fmt.Errorf("serve: loading the rules:\n%w", err)
 	}
+	if len(set.Files()) == 0 {
+		config := filepath.Join(dir, "config")
+		if inner, err := rules.LoadDir(config, opts); err == nil && len(inner.Files()) > 0 {
+			return nil, fmt.Errorf("serve: rules directory %q holds no rule file but %q does: that is Envoy's runtime layout; pass --runtime-root %s (or set RUNTIME_ROOT) or --rules %s", dir, config, dir, config)
+		}
+	}
 	return set, nil
+}
+
+// noDomainMsg is the warning of a rule set without a domain.
+const noDomainMsg = "no domain loaded: every request is allowed; add rule files (*.yaml) to the rules directory"
+
+// warnNoDomain warns when set holds no domain.
+func warnNoDomain(log *slog.Logger, set *rules.Set, dir string) {
+	if len(set.Domains()) == 0 {
+		log.Warn(noDomainMsg, "rules", dir)
+	}
 }
 
 // servers are the service and everything that serves it.
@@ -563,6 +615,7 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	reg.MustRegister(newConnCollector(lns))
 	metrics := service.NewMetrics(reg)
+	metrics.SetDetailedKeys(cfg.detailedKeys)
 	if b.metrics != nil {
 		reg.MustRegister(b.metrics)
 	}
@@ -584,11 +637,14 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 				log.Warn("some overrides do not apply to the new rules", "err", err)
 			}
 			metrics.Reloaded(true)
+			warnNoDomain(log, next, cfg.rulesDir)
 		},
 		OnError:     func(error) { metrics.Reloaded(false) },
 		Logger:      log,
 		Current:     set,
 		RefuseEmpty: cfg.rulesRefuseEmpty,
+		Dir:         rules.DirOptions{DotFiles: cfg.rulesDotFiles},
+		Root:        cfg.rulesRoot,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
@@ -865,6 +921,9 @@ func servingAttrs(cfg *serveConfig, set *rules.Set, lns *listeners) []any {
 		"grpc", lns.grpc.Addr().String(), "http", lns.http.Addr().String(),
 		"rules", cfg.rulesDir, "domains", strings.Join(set.Domains(), ","), "rule_count", ruleCount(set),
 		"store", cfg.store,
+	}
+	if cfg.rulesRoot != "" {
+		attrs = append(attrs, "rules_root", cfg.rulesRoot)
 	}
 	if cfg.store == "redis" {
 		attrs = append(attrs, "redis", strings.Join(cfg.redisAddrs, ","))

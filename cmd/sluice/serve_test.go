@@ -137,6 +137,9 @@ func TestRulesValidate(t *testing.T) {
 	counting := rulesDir(t, map[string]string{
 		"c.yaml": "domain: c\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: sliding_log, counting: batched}\n",
 	})
+	metadata := rulesDir(t, map[string]string{
+		"m.yaml": "domain: m\ndescriptors:\n  - key: k\n    metadata: {owner: me}\n    rate_limit: {unit: second, requests_per_unit: 1}\n",
+	})
 	empty := t.TempDir()
 	tests := []struct {
 		name       string
@@ -147,6 +150,7 @@ func TestRulesValidate(t *testing.T) {
 		{"good", []string{"rules", "validate", good}, 0, []string{"OK", "1 domain(s) (st)", "1 rule(s)"}},
 		{"bad", []string{"rules", "validate", bad}, 1, []string{"a.yaml:4: descriptors[0].rate_limit.unit:", "fortnight", "b.yaml:3: descriptors[0].key:"}},
 		{"empty", []string{"rules", "validate", empty}, 1, []string{"no rule files"}},
+		{"metadata", []string{"rules", "validate", metadata}, 1, []string{"m.yaml:4: descriptors[0].metadata: metadata is not supported"}},
 		{"counting", []string{"rules", "validate", counting}, 1, []string{"c.yaml:4: descriptors[0].rate_limit.counting: counting batched does not support algorithm sliding_log"}},
 		{"missing", []string{"rules", "validate", filepath.Join(empty, "nope")}, 1, []string{"no such file"}},
 		{"no dir", []string{"rules", "validate"}, 2, nil},

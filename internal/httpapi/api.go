@@ -52,7 +52,8 @@ type Options struct {
 //	POST /v1/check   Sluice's native JSON schema (see the package documentation)
 //	GET  /metrics    Prometheus metrics
 //	GET  /healthz    200 while the process runs
-//	GET  /readyz     200 when ready to serve, 503 while starting or draining
+//	GET  /readyz     200 when ready to serve, 503 while starting or draining;
+//	                 the body says when no domain is loaded (NoDomainReady)
 //
 // An API starts not ready; call SetReady(true) once the service is up.
 // It is safe for concurrent use.
@@ -104,10 +105,23 @@ func New(opts Options) (*API, error) {
 			_, _ = io.WriteString(w, "not ready\n")
 			return
 		}
+		if len(a.svc.Rules().Domains()) == 0 {
+			// Still ready, as envoyproxy/ratelimit is with no
+			// configuration: the rules may come later, by reload.
+			_, _ = io.WriteString(w, NoDomainReady)
+			return
+		}
 		_, _ = io.WriteString(w, "ready\n")
 	})
 	return a, nil
 }
+
+// NoDomainReady is the body of /readyz while ready with no domain loaded:
+// every request is then OK with no limit. It is still 200, as
+// envoyproxy/ratelimit is ready without configuration, so that a
+// deployment whose rules arrive later by reload starts; the body and
+// serve's warning say it.
+const NoDomainReady = "ready; no domain loaded: every request is allowed\n"
 
 // SetReady turns readiness on or off: off while starting and, before a
 // shutdown, so that load balancers stop sending before the listeners close.

@@ -121,17 +121,19 @@ type checkResponse struct {
 	Allowed     bool   `json:"allowed"`
 	Code        string `json:"code"`
 	Descriptors []struct {
-		Allowed      bool   `json:"allowed"`
-		Code         string `json:"code"`
-		Matched      bool   `json:"matched"`
-		Rule         string `json:"rule"`
-		Limit        int64  `json:"limit"`
-		Remaining    int64  `json:"remaining"`
-		ResetAfterMS int64  `json:"reset_after_ms"`
-		RetryAfterMS int64  `json:"retry_after_ms"`
-		Reason       string `json:"reason"`
-		Shadow       bool   `json:"shadow"`
-		Unlimited    bool   `json:"unlimited"`
+		Allowed       bool   `json:"allowed"`
+		Code          string `json:"code"`
+		Matched       bool   `json:"matched"`
+		Rule          string `json:"rule"`
+		Limit         int64  `json:"limit"`
+		Remaining     int64  `json:"remaining"`
+		ResetAfterMS  int64  `json:"reset_after_ms"`
+		RetryAfterMS  int64  `json:"retry_after_ms"`
+		Reason        string `json:"reason"`
+		Shadow        bool   `json:"shadow"`
+		QuotaMode     bool   `json:"quota_mode"`
+		QuotaExceeded bool   `json:"quota_exceeded"`
+		Unlimited     bool   `json:"unlimited"`
 	} `json:"descriptors"`
 }
 
@@ -473,5 +475,45 @@ func BenchmarkDecodeCheck(b *testing.B) {
 		if err := decodeCheck(body, &in, &scan); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestReadyzNoDomain: /readyz stays 200 with no domain loaded, and says so.
+func TestReadyzNoDomain(t *testing.T) {
+	f := newFixture(t, Options{})
+	f.api.SetReady(true)
+	if r := do(t, "GET", f.srv.URL+"/readyz", ""); r.status != 200 || r.body != "ready\n" {
+		t.Fatalf("with rules: %d %q", r.status, r.body)
+	}
+	if err := f.svc.SetRules(nil); err != nil {
+		t.Fatal(err)
+	}
+	if r := do(t, "GET", f.srv.URL+"/readyz", ""); r.status != 200 || r.body != NoDomainReady {
+		t.Errorf("no domain: %d %q; want 200 %q", r.status, r.body, NoDomainReady)
+	}
+}
+
+// TestCheckQuotaMode: /v1/check answers a descriptor over its quota as
+// OVER_LIMIT with quota_exceeded in an allowed request.
+func TestCheckQuotaMode(t *testing.T) {
+	f := newFixture(t, Options{})
+	if err := f.svc.SetRules(loadSet(t, `domain: q
+descriptors:
+  - key: backend
+    quota_mode: true
+    rate_limit: {unit: day, requests_per_unit: 1, name: quota}
+`)); err != nil {
+		t.Fatal(err)
+	}
+	do(t, "POST", f.srv.URL+"/v1/check", checkBody("q", "", "backend=a"))
+	r := do(t, "POST", f.srv.URL+"/v1/check", checkBody("q", "", "backend=a", "backend=b"))
+	var got checkResponse
+	decodeStrict(t, r.body, &got)
+	if r.status != 200 || !got.Allowed || len(got.Descriptors) != 2 {
+		t.Fatalf("%d %s; want 200, allowed", r.status, r.body)
+	}
+	a, b := got.Descriptors[0], got.Descriptors[1]
+	if a.Allowed || a.Code != "OVER_LIMIT" || !a.QuotaExceeded || !a.QuotaMode || b.QuotaExceeded || !b.Allowed || !b.QuotaMode {
+		t.Errorf("descriptors %+v; want a over its quota, b within", got.Descriptors)
 	}
 }

@@ -277,6 +277,10 @@ func (a *API) appendCheckResponse(b []byte, resp *service.Response) []byte {
 			b = append(b, d.Reason.String()...)
 			b = append(b, `","shadow":`...)
 			b = strconv.AppendBool(b, st.Shadow)
+			b = append(b, `,"quota_mode":`...)
+			b = strconv.AppendBool(b, st.Quota)
+			b = append(b, `,"quota_exceeded":`...)
+			b = strconv.AppendBool(b, st.QuotaExceeded)
 			b = append(b, `,"unlimited":false`...)
 		case st.Unlimited:
 			b = append(b, `,"matched":true,"rule":`...)
@@ -285,9 +289,9 @@ func (a *API) appendCheckResponse(b []byte, resp *service.Response) []byte {
 				name = st.Spec.Name
 			}
 			b = appendJSONString(b, name)
-			b = append(b, `,"reason":"ok","shadow":false,"unlimited":true`...)
+			b = append(b, `,"reason":"ok","shadow":false,"quota_mode":false,"quota_exceeded":false,"unlimited":true`...)
 		default:
-			b = append(b, `,"matched":false,"reason":"ok","shadow":false,"unlimited":false`...)
+			b = append(b, `,"matched":false,"reason":"ok","shadow":false,"quota_mode":false,"quota_exceeded":false,"unlimited":false`...)
 		}
 		b = append(b, '}')
 	}

@@ -42,7 +42,18 @@
 //	   "retry_after_ms": 0,             until the same cost would pass; -1: never
 //	   "reason": "ok",                  ok, limited, exceeds_capacity, fail_open, fail_closed, local
 //	   "shadow": false,                 a shadow-mode rule decided: always allowed
+//	   "quota_mode": false,             a quota_mode rule decided (a soft limit)
+//	   "quota_exceeded": false,         it is over its quota: this descriptor is
+//	                                    "OVER_LIMIT" but the request is allowed
+//	                                    unless every quota_mode descriptor is
 //	   "unlimited": false}]}            an unlimited rule matched
+//
+// With quota_mode (internal/service's package documentation), the answer's
+// "allowed" and status code follow the request, not its descriptors: a
+// descriptor over its quota is "allowed": false, "code": "OVER_LIMIT",
+// "quota_exceeded": true in a 200 answer whose "allowed" is true. POST
+// /json says the same as gRPC: the descriptor's code, and the
+// dynamicMetadata internal/rls describes.
 //
 // When a request has several limits, the status of a descriptor is the one
 // that denied it, or the one with least remaining. Requests are decided all

@@ -13,8 +13,30 @@
 // overall_code and one status per descriptor with code, current_limit
 // (name, requests_per_unit, unit), limit_remaining and
 // duration_until_reset, and, when enabled, RateLimit-Policy, RateLimit and
-// Retry-After in response_headers_to_add. Not produced:
-// request_headers_to_add, raw_body, dynamic_metadata, quota.
+// Retry-After in response_headers_to_add; and dynamic_metadata when a
+// quota_mode limit matched (below). Not produced: request_headers_to_add,
+// raw_body, quota.
+//
+// # quota_mode
+//
+// A descriptor over a quota_mode limit is OVER_LIMIT while overall_code
+// stays OK, unless every quota-mode descriptor of the request is over
+// (service's package documentation). Its Envoy filter cannot read a
+// descriptor's code, so a response that matched a quota-mode limit carries
+// dynamic_metadata naming them, with the key names envoyproxy/ratelimit
+// gave them when it introduced quota mode (January 2026):
+//
+//	domain               the request's domain
+//	quotaModeEnabled     true
+//	quotaModeViolations  the indexes (numbers, from 0) of the request's
+//	                     descriptors over their quota; absent when none
+//
+// Envoy puts it in the filter's dynamic metadata (envoy.filters.http.
+// ratelimit), for routing or access logs. envoyproxy/ratelimit sends
+// dynamic metadata only with RESPONSE_DYNAMIC_METADATA and, since April
+// 2026, no longer names the violations (a descriptor's OVER_LIMIT code
+// says it); Sluice sends it whenever a quota-mode limit matched, and never
+// otherwise, so responses without quota mode are unchanged.
 //
 // Errors: a request that is malformed or beyond a bound is
 // INVALID_ARGUMENT, with the message service.Request.Validate gives on
@@ -69,6 +91,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/internal/service"
@@ -390,10 +413,36 @@ func (s *Server) response(c *call) *rlsv3.RateLimitResponse {
 		ptrs[i] = ds
 	}
 	out.Statuses = ptrs
+	out.DynamicMetadata = quotaMetadata(c.req.Domain, c.resp.Statuses)
 	if s.headers {
 		out.ResponseHeadersToAdd = c.headers()
 	}
 	return out
+}
+
+// quotaMetadata returns the dynamic_metadata of a response whose statuses
+// are sts (see quota_mode in the package documentation), or nil when no
+// quota-mode limit decided.
+func quotaMetadata(domain string, sts []service.Status) *structpb.Struct {
+	quota := false
+	var over []*structpb.Value
+	for i := range sts {
+		quota = quota || sts[i].Quota
+		if sts[i].QuotaExceeded {
+			over = append(over, structpb.NewNumberValue(float64(i)))
+		}
+	}
+	if !quota {
+		return nil
+	}
+	f := map[string]*structpb.Value{
+		"domain":           structpb.NewStringValue(domain),
+		"quotaModeEnabled": structpb.NewBoolValue(true),
+	}
+	if len(over) > 0 {
+		f["quotaModeViolations"] = structpb.NewListValue(&structpb.ListValue{Values: over})
+	}
+	return &structpb.Struct{Fields: f}
 }
 
 // statusAlloc allocates a descriptor's status and its duration together.

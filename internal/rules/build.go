@@ -131,6 +131,7 @@ func (b *builder) level(descs []*descriptorConfig, path []ancestor) level {
 			g.exact[rd.Value], g.exactLine[rd.Value] = n, rd.line
 		}
 		kl := newKeyLevel(rd.Key, n.kind, n.pattern, rd.ShareThreshold)
+		kl.valueToMetric = rd.ValueToMetric
 		here := append(path[:len(path):len(path)], ancestor{stat: stat, key: kl})
 		b.specs(n, rd, here)
 		n.children = b.level(rd.Descriptors, here)
@@ -154,8 +155,10 @@ func (b *builder) statPath(path []ancestor, last string) string {
 func (b *builder) specs(n *node, rd *descriptorConfig, path []ancestor) {
 	stat := b.statPath(path[:len(path)-1], path[len(path)-1].stat)
 	levels := make([]keyLevel, len(path))
+	perValue := rd.DetailedMetric
 	for i, a := range path {
 		levels[i] = a.key
+		perValue = perValue || a.key.valueToMetric
 	}
 	domainKey := escape(b.d.name)
 	seenWindow := make(map[string]int)
@@ -171,6 +174,7 @@ func (b *builder) specs(n *node, rd *descriptorConfig, path []ancestor) {
 			ValueToMetric:  rd.ValueToMetric,
 			domainKey:      domainKey,
 			levels:         levels,
+			perValue:       perValue,
 		}
 		for _, r := range l.Replaces {
 			s.Replaces = append(s.Replaces, r.Name)

@@ -14,6 +14,10 @@ import (
 // What a rule file says, decoded (see decode.go) and checked, before
 // build makes a Domain of it.
 
+// refusedMetadata is the field of `metadata`, at every level: Sluice reads
+// the key only to refuse it, since it does not act on it.
+var refusedMetadata = refused{"metadata is not supported: envoyproxy/ratelimit copies a descriptor's metadata into the response's dynamic metadata, which Sluice does not; remove it (a YAML comment keeps notes)"}
+
 // fileConfig is a rule file.
 type fileConfig struct {
 	Domain      string
@@ -30,7 +34,7 @@ func (f *fileConfig) UnmarshalYAML(n *yaml.Node) error {
 	f.given = decodeMapping(n, "", []field{
 		{"domain", (*text)(&f.Domain)},
 		{"descriptors", &descriptorList{path: "descriptors", depth: 1, budget: new(descriptorBudget), dst: &f.Descriptors}},
-		{"metadata", ignored{}},
+		{"metadata", refusedMetadata},
 	}, &ps)
 	switch domain := f.given.get("domain"); {
 	case domain == nil:
@@ -124,7 +128,7 @@ func (d *descriptorConfig) UnmarshalYAML(n *yaml.Node) error {
 		{"detailed_metric", (*boolean)(&d.DetailedMetric)},
 		{"value_to_metric", (*boolean)(&d.ValueToMetric)},
 		{"share_threshold", (*boolean)(&d.ShareThreshold)},
-		{"metadata", ignored{}},
+		{"metadata", refusedMetadata},
 	}, &ps)
 	if d.given.get("key") == nil {
 		ps.errorf(n, join(d.path, "key"), "descriptor has empty key")
@@ -226,7 +230,7 @@ func (l *limitConfig) UnmarshalYAML(n *yaml.Node) error {
 		{"timezone", timezone{&l.Timezone}},
 		{"failure_mode", (*failureMode)(&l.FailureMode)},
 		{"counting", (*counting)(&l.Counting)},
-		{"metadata", ignored{}},
+		{"metadata", refusedMetadata},
 	}, &ps)
 	// Checked further, a limit with a value that did not decode would be
 	// reported for the zero value taken in its place.

@@ -30,9 +30,19 @@
 // share_threshold and quota_mode. Units are second, minute, hour, day,
 // week, month and year (in any case); as in envoyproxy/ratelimit they are
 // fixed windows aligned to the Unix epoch, a week being 7 days, a month 30
-// and a year 365. `metadata` is accepted at any level and ignored.
-// quota_mode is parsed and carried in Spec.QuotaMode; this package does
-// not act on it.
+// and a year 365. quota_mode is carried in Spec.QuotaMode, for the
+// service to act on. detailed_metric and value_to_metric make the
+// service's metrics of a limit per descriptor value (Spec.PerValueMetric),
+// named as envoyproxy/ratelimit names its stats (Spec.AppendMetricKey).
+//
+// No key is read and ignored: `metadata`, which envoyproxy/ratelimit
+// copies into its responses' dynamic metadata, is refused at every level
+// with its file and line, since Sluice does not return it.
+//
+// Envoy's runtime layout (RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config) is the
+// directory to Load; LoadDir can also read dot files (what
+// RUNTIME_IGNOREDOTFILES=false asks), and a Watcher given WatchOptions.Root
+// follows the swap of RUNTIME_ROOT's symlink.
 //
 // # Extensions
 //
@@ -78,7 +88,7 @@
 //
 //	rules/api.yaml:12: descriptors[1].rate_limit.unit: invalid unit "fortnight" (want second, minute, hour, day, week, month or year)
 //
-// Unknown keys, duplicate mapping keys, duplicate domains, duplicate
+// Unknown keys, metadata, duplicate mapping keys, duplicate domains, duplicate
 // descriptors (the same key and value at one level), duplicate rule names
 // in a domain, values of the wrong type, empty domains and keys, bad
 // units, unit or other limit keys with unlimited, missing or negative

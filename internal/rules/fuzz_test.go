@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -21,6 +22,8 @@ func FuzzParse(f *testing.F) {
 		f.Add(data)
 	}
 	f.Add([]byte("domain: d\ndescriptors:\n  - &a {key: k, descriptors: [*a]}\n"))
+	f.Add([]byte("domain: d\ndescriptors:\n  - key: a\n    value_to_metric: true\n    descriptors:\n      - key: b\n        value: x*\n        share_threshold: true\n        detailed_metric: true\n        quota_mode: true\n        rate_limit: {unit: second, requests_per_unit: 1}\n"))
+	f.Add([]byte("domain: d\nmetadata: {a: 1}\ndescriptors: []\n"))
 	f.Add([]byte("\x00"))
 	f.Add([]byte("domain: [unclosed"))
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -52,6 +55,9 @@ func FuzzParse(f *testing.F) {
 			dst = d.Match(0, entries, dst[:0])
 			for _, l := range ApplyReplaces(dst) {
 				buf = l.AppendKey(buf[:0], entries)
+				if mk := string(l.AppendMetricKey(buf[:0], entries)); !strings.HasPrefix(mk, d.Name()+".") {
+					t.Fatalf("metric key %q of %s does not start with its domain", mk, l.Name)
+				}
 			}
 		}
 	})

@@ -9,14 +9,63 @@ type keyLevel struct {
 	prefix string
 	value  bool
 	key    string // the descriptor key, unescaped
+
+	// For AppendMetricKey: how the descriptor matches, its value or
+	// prefix, and its share_threshold and value_to_metric flags.
+	kind          kind
+	pattern       string
+	share         bool
+	valueToMetric bool
 }
 
 // newKeyLevel returns the storage key part of a descriptor of the given
 // key, kind and pattern (see AppendKey).
 func newKeyLevel(key string, k kind, pattern string, share bool) keyLevel {
 	kl := makeKeyLevel(key, k, pattern, share)
-	kl.key = key
+	kl.key, kl.kind, kl.pattern, kl.share = key, k, pattern, share
 	return kl
+}
+
+// PerValueMetric reports whether the metrics of s are kept per descriptor
+// value: its descriptor has detailed_metric, or a descriptor of its path
+// has value_to_metric. AppendMetricKey then names the series.
+func (s *Spec) PerValueMetric() bool { return s.perValue }
+
+// AppendMetricKey appends to dst the key envoyproxy/ratelimit gives the
+// stats of limit s for a request descriptor with the given entries (those
+// it matched with), and returns the extended slice: the domain, then per
+// level "." and the key, followed by "_" and a value where there is one.
+// With detailed_metric, every level writes the request's value ("key_"
+// when it is empty); otherwise a level writes the request's value if its
+// descriptor has value_to_metric, else what the rule file says (the exact
+// value; "prefix*" for a wildcard; nothing for a key-only descriptor). A
+// wildcard with share_threshold always writes "prefix*", so its values
+// share one series. It does not allocate when dst has room; if
+// len(entries) is not s.Depth(), it appends nothing.
+func (s *Spec) AppendMetricKey(dst []byte, entries []Entry) []byte {
+	if len(entries) != len(s.levels) {
+		return dst
+	}
+	dst = append(dst, s.Domain...)
+	for i := range s.levels {
+		l := &s.levels[i]
+		dst = append(append(dst, '.'), l.key...)
+		switch {
+		case l.kind == kindWild && l.share:
+			dst = append(append(append(dst, '_'), l.pattern...), '*')
+		case s.DetailedMetric:
+			dst = append(append(dst, '_'), entries[i].Value...)
+		case l.valueToMetric:
+			if entries[i].Value != "" {
+				dst = append(append(dst, '_'), entries[i].Value...)
+			}
+		case l.kind == kindExact:
+			dst = append(append(dst, '_'), l.pattern...)
+		case l.kind == kindWild:
+			dst = append(append(append(dst, '_'), l.pattern...), '*')
+		}
+	}
+	return dst
 }
 
 func makeKeyLevel(key string, k kind, pattern string, share bool) keyLevel {

@@ -300,3 +300,64 @@ func TestAppendKeyRuleChanges(t *testing.T) {
 		t.Errorf("two domains share key %q", got)
 	}
 }
+
+// TestAppendMetricKey checks the per-value metric key against what
+// envoyproxy/ratelimit writes in its stats key for each flag.
+func TestAppendMetricKey(t *testing.T) {
+	d := mustParse(t, "m.yaml", `domain: m
+descriptors:
+  - key: plain
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: remote
+    detailed_metric: true
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: tenant
+    value_to_metric: true
+    descriptors:
+      - key: path
+        value: /api/*
+        rate_limit: {unit: second, requests_per_unit: 1}
+  - key: user
+    descriptors:
+      - key: path
+        value: /api/*
+        value_to_metric: true
+        rate_limit: {unit: second, requests_per_unit: 1}
+  - key: tier
+    value: gold
+    descriptors:
+      - key: file
+        value: f*
+        share_threshold: true
+        detailed_metric: true
+        rate_limit: {unit: second, requests_per_unit: 1}
+  - key: site
+    detailed_metric: true
+    descriptors:
+      - key: page
+        rate_limit: {unit: second, requests_per_unit: 1}
+`)
+	for _, tt := range []struct {
+		entries  []Entry
+		perValue bool
+		want     string
+	}{
+		{[]Entry{{"plain", "x"}}, false, "m.plain"},
+		{[]Entry{{"remote", "10.0.0.1"}}, true, "m.remote_10.0.0.1"},
+		{[]Entry{{"remote", ""}}, true, "m.remote_"},
+		{[]Entry{{"tenant", "acme"}, {"path", "/api/v1"}}, true, "m.tenant_acme.path_/api/*"},
+		{[]Entry{{"user", "bob"}, {"path", "/api/v1"}}, true, "m.user.path_/api/v1"},
+		{[]Entry{{"tier", "gold"}, {"file", "f1"}}, true, "m.tier_gold.file_f*"},
+		// detailed_metric applies to the limits of its own descriptor only.
+		{[]Entry{{"site", "s"}, {"page", "p"}}, false, "m.site.page"},
+	} {
+		ms := d.Match(0, tt.entries, nil)
+		if len(ms) != 1 {
+			t.Fatalf("%v: %d matches, want 1", tt.entries, len(ms))
+		}
+		s := ms[0].Spec
+		if got := string(s.AppendMetricKey(nil, tt.entries)); got != tt.want || s.PerValueMetric() != tt.perValue {
+			t.Errorf("%v: AppendMetricKey = %q, PerValueMetric = %v; want %q, %v", tt.entries, got, s.PerValueMetric(), tt.want, tt.perValue)
+		}
+	}
+}

@@ -119,12 +119,17 @@ type Spec struct {
 	// Shadow rules are decided and counted, but the answer is always OK;
 	// a denial is reported as "would deny" (descriptor's shadow_mode).
 	Shadow bool
-	// QuotaMode is the descriptor's quota_mode: such limits make a request
-	// OVER_LIMIT only when all of them are over. This package only carries
-	// the flag; the decision service acts on it.
+	// QuotaMode is the descriptor's quota_mode: a soft limit. Over it, the
+	// descriptor's status is over the limit but the request is allowed,
+	// unless every quota-mode descriptor of the request is over (or a
+	// limit without quota_mode denies). This package only carries the
+	// flag; the decision service acts on it (its package documentation).
 	QuotaMode bool
 	// DetailedMetric and ValueToMetric are the descriptor's detailed_metric
-	// and value_to_metric flags, for the metrics of the service.
+	// and value_to_metric flags. The service keeps the metrics of a Spec
+	// for which PerValueMetric is true per descriptor value, named by
+	// AppendMetricKey (which also reads the value_to_metric of the
+	// descriptors above this one).
 	DetailedMetric bool
 	ValueToMetric  bool
 	// Replaces lists the names of the rules this one replaces when both
@@ -136,6 +141,7 @@ type Spec struct {
 	domainKey string
 	levels    []keyLevel
 	tail      string
+	perValue  bool // PerValueMetric
 }
 
 // Depth is the number of entries a request descriptor has when it matches s.
@@ -254,10 +260,10 @@ func (s *Set) Files() []string {
 }
 
 // ruleFiles lists the rule files of dir: regular files (or symlinks to
-// them) named *.yaml or *.yml, not starting with a dot, sorted by name.
-// Subdirectories are not read, which also skips Kubernetes ConfigMap
-// internals (..data and the timestamped directories).
-func ruleFiles(dir string) ([]string, error) {
+// them) named *.yaml or *.yml, not starting with a dot unless dot, sorted
+// by name. Subdirectories are not read, which also skips Kubernetes
+// ConfigMap internals (..data and the timestamped directories).
+func ruleFiles(dir string, dot bool) ([]string, error) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("rules: %w", err)
@@ -265,7 +271,7 @@ func ruleFiles(dir string) ([]string, error) {
 	var files []string
 	for _, e := range ents {
 		name := e.Name()
-		if strings.HasPrefix(name, ".") {
+		if strings.HasPrefix(name, ".") && !dot {
 			continue
 		}
 		if ext := filepath.Ext(name); ext != ".yaml" && ext != ".yml" {
@@ -311,7 +317,19 @@ func readFile(path string) ([]byte, error) {
 // file, joined; each names the file, the line and the key. A directory with
 // no rule files gives an empty Set.
 func Load(dir string) (*Set, error) {
-	files, err := ruleFiles(dir)
+	return LoadDir(dir, DirOptions{})
+}
+
+// DirOptions say which files of a rules directory are read.
+type DirOptions struct {
+	// DotFiles also reads the rule files whose names start with a dot,
+	// as envoyproxy/ratelimit does unless RUNTIME_IGNOREDOTFILES is true.
+	DotFiles bool
+}
+
+// LoadDir is Load with options.
+func LoadDir(dir string, opts DirOptions) (*Set, error) {
+	files, err := ruleFiles(dir, opts.DotFiles)
 	if err != nil {
 		return nil, err
 	}
@@ -352,7 +370,7 @@ func loadFiles(files []string) (*Set, error) {
 // directory without rule files as an error, since validating nothing is
 // most likely a wrong path.
 func Validate(dir string) (*Set, error) {
-	files, err := ruleFiles(dir)
+	files, err := ruleFiles(dir, false)
 	if err != nil {
 		return nil, err
 	}

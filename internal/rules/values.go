@@ -260,8 +260,11 @@ func (tz timezone) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
-// ignored accepts any value and keeps nothing: metadata, free-form data
-// for tools.
-type ignored struct{}
+// refused is a key envoyproxy/ratelimit reads that Sluice does not act
+// on: any value is refused, at its key, with a message saying so, rather
+// than accepted and silently ignored.
+type refused struct{ why string }
 
-func (ignored) UnmarshalYAML(*yaml.Node) error { return nil }
+func (r refused) UnmarshalYAML(*yaml.Node) error {
+	return &hint{err: errors.New(r.why), atKey: true, soft: true}
+}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -39,6 +41,14 @@ type WatchOptions struct {
 	// fails like a broken file, with ErrNoDomains, and the last good set
 	// stays. Without it such a load applies, and every request is OK.
 	RefuseEmpty bool
+	// Dir says which files of the directory are read (DirOptions).
+	Dir DirOptions
+	// Root, if set, is a symlink above the directory (Envoy's runtime
+	// layout: RUNTIME_ROOT, with the rules in RUNTIME_ROOT/<subdirectory>/
+	// config) that a deployment swaps to publish a new version of every
+	// file at once; the Watcher reloads when it changes. The directory
+	// itself, when it is a symlink, is followed the same way without it.
+	Root string
 }
 
 // ErrNoDomains is the error of a load refused by WatchOptions.RefuseEmpty.
@@ -105,7 +115,7 @@ func (w *Watcher) Status() WatchStatus {
 func (w *Watcher) Reload() error {
 	w.load.Lock()
 	defer w.load.Unlock()
-	set, err := Load(w.dir)
+	set, err := LoadDir(w.dir, w.opts.Dir)
 	if err == nil && w.opts.RefuseEmpty && len(set.names) == 0 && len(w.current.Domains()) > 0 {
 		err = ErrNoDomains
 	}
@@ -156,6 +166,11 @@ func removedDomains(prev, next *Set) []string {
 // watch is in place it loads the directory (so that no change made before
 // is missed), then again after every change, debounced. It returns an
 // error only when the directory cannot be watched.
+//
+// A watch follows the directory it was given at the time it was placed,
+// so Run also watches the parent of the directory and of Root: when
+// either path is replaced (a symlink swapped to a new version), it
+// watches the directory again, at its new place, before it reloads.
 func (w *Watcher) Run(ctx context.Context) error {
 	fw, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -165,7 +180,18 @@ func (w *Watcher) Run(ctx context.Context) error {
 	if err := fw.Add(w.dir); err != nil {
 		return fmt.Errorf("rules: watching %s: %w", w.dir, err)
 	}
+	dir := filepath.Clean(w.dir)
+	anchors := []string{dir}
+	if w.opts.Root != "" {
+		anchors = append(anchors, filepath.Clean(w.opts.Root))
+	}
+	for _, a := range anchors {
+		if err := fw.Add(filepath.Dir(a)); err != nil {
+			w.log.Warn("rules: cannot watch the parent directory; a swap of the path will not be seen", "path", a, "err", err)
+		}
+	}
 	_ = w.Reload() // errors are reported through OnError and Status
+	swapped := false
 
 	timer := time.NewTimer(0)
 	if !timer.Stop() {
@@ -183,6 +209,12 @@ func (w *Watcher) Run(ctx context.Context) error {
 			if ev.Op == fsnotify.Chmod {
 				continue // touch, chmod: the content did not change
 			}
+			name := filepath.Clean(ev.Name)
+			if slices.Contains(anchors, name) {
+				swapped = true
+			} else if filepath.Dir(name) != dir {
+				continue // a neighbour of the directory or of Root
+			}
 			timer.Reset(w.opts.Debounce)
 		case err, ok := <-fw.Errors:
 			if !ok {
@@ -192,6 +224,14 @@ func (w *Watcher) Run(ctx context.Context) error {
 			w.log.Warn("rules watch error; reloading", "dir", w.dir, "err", err)
 			timer.Reset(w.opts.Debounce)
 		case <-timer.C:
+			if swapped {
+				// The path may lead somewhere else now: watch it anew.
+				swapped = false
+				_ = fw.Remove(w.dir)
+				if err := fw.Add(w.dir); err != nil {
+					w.log.Warn("rules: cannot watch the directory after it was replaced; waiting for it to come back", "dir", w.dir, "err", err)
+				}
+			}
 			_ = w.Reload()
 		}
 	}

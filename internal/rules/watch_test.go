@@ -297,3 +297,97 @@ func TestWatcherRemovedDomains(t *testing.T) {
 		t.Errorf("empty reload: domains %v, log %q", got.Domains(), log.String())
 	}
 }
+
+// swapSymlink points link at target atomically, as Envoy's runtime
+// deployments and Kubernetes publish a new version: a new link renamed
+// over the old one.
+func swapSymlink(t *testing.T, target, link string) {
+	t.Helper()
+	tmp := link + ".new"
+	if err := os.Symlink(target, tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, link); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWatcherRuntimeRootSwap follows Envoy's runtime layout: the rules in
+// ROOT/sub/config, ROOT a symlink swapped to a new version. A watch placed
+// on the old version's directory alone never sees the swap.
+func TestWatcherRuntimeRootSwap(t *testing.T) {
+	base := t.TempDir()
+	for _, v := range []string{"v1", "v2"} {
+		if err := os.MkdirAll(filepath.Join(base, v, "ratelimit", "config"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeFile(t, filepath.Join(base, "v1", "ratelimit", "config", "a.yaml"), ruleFile("a", 1))
+	writeFile(t, filepath.Join(base, "v2", "ratelimit", "config", "a.yaml"), ruleFile("a", 2))
+	root := filepath.Join(base, "current")
+	if err := os.Symlink(filepath.Join(base, "v1"), root); err != nil {
+		t.Fatal(err)
+	}
+	h := &watchHarness{loads: make(chan *Set, 16), errs: make(chan error, 16), done: make(chan error, 1)}
+	w, err := NewWatcher(filepath.Join(root, "ratelimit", "config"), WatchOptions{
+		OnLoad: func(s *Set) { h.loads <- s }, OnError: func(err error) { h.errs <- err },
+		Debounce: 10 * time.Millisecond, Root: root,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.w = w
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() { h.done <- w.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-h.done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	if got := limitOf(t, h.nextLoad(t), "a"); got != 1 {
+		t.Fatalf("first load: limit %d, want 1", got)
+	}
+	swapSymlink(t, filepath.Join(base, "v2"), root)
+	h.loadWith(t, "a", 2)
+	// The new version's directory is the one watched now.
+	writeFile(t, filepath.Join(base, "v2", "ratelimit", "config", "a.yaml"), ruleFile("a", 3))
+	h.loadWith(t, "a", 3)
+}
+
+// TestWatcherDirSymlinkSwap: the rules directory itself is a symlink that
+// is swapped.
+func TestWatcherDirSymlinkSwap(t *testing.T) {
+	base := t.TempDir()
+	for i, v := range []string{"v1", "v2"} {
+		if err := os.Mkdir(filepath.Join(base, v), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, filepath.Join(base, v, "a.yaml"), ruleFile("a", i+1))
+	}
+	link := filepath.Join(base, "rules")
+	if err := os.Symlink(filepath.Join(base, "v1"), link); err != nil {
+		t.Fatal(err)
+	}
+	h := startWatcher(t, link)
+	if got := limitOf(t, h.nextLoad(t), "a"); got != 1 {
+		t.Fatalf("first load: limit %d, want 1", got)
+	}
+	swapSymlink(t, filepath.Join(base, "v2"), link)
+	h.loadWith(t, "a", 2)
+}
+
+// TestLoadDirDotFiles: dot files are read only when asked.
+func TestLoadDirDotFiles(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, ".hidden.yaml"), ruleFile("hidden", 1))
+	for _, dot := range []bool{false, true} {
+		s, err := LoadDir(dir, DirOptions{DotFiles: dot})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := s.Domain("hidden"); ok != dot {
+			t.Errorf("DotFiles %v: domain loaded %v", dot, ok)
+		}
+	}
+}

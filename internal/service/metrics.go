@@ -4,6 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -15,6 +16,17 @@ import (
 // Metrics are the service's Prometheus metrics. The counters of every rule
 // are resolved when a rule set is loaded, so a decision costs a pointer
 // lookup and a few atomic adds, never a label lookup or a string.
+//
+// A rule whose descriptor has detailed_metric, or a descriptor of its path
+// value_to_metric (rules.Spec.PerValueMetric), is also counted per
+// descriptor value in sluice_detailed_decisions_total, its key label the
+// stats key envoyproxy/ratelimit would give it (rules.Spec.AppendMetricKey:
+// "edge.remote_address_10.0.0.1"). Cardinality is bounded: each rule has
+// at most DetailedKeys keys (SetDetailedKeys), kept across reloads; the
+// decisions of any further key, and of a key that is not valid UTF-8, are
+// counted under the one key "_overflow". Such a decision costs building
+// the key and a map lookup under the rule's lock; a new key, its series.
+// Rules without the flags pay nothing for it.
 type Metrics struct {
 	decisions *prometheus.CounterVec
 	nearLimit *prometheus.CounterVec
@@ -24,6 +36,13 @@ type Metrics struct {
 	backend   atomic.Pointer[func() uint64] // the store's own count of failed calls
 	reloads   *prometheus.CounterVec
 	ruleCount prometheus.Gauge
+	detailed  *prometheus.CounterVec
+	// detailedKeys bounds the keys per rule of detailed; set before use.
+	detailedKeys int
+	// details are the per-value counters of every rule that has had
+	// them, by domain and rule name, kept across reloads so that the
+	// bound holds for the life of the process; guarded by mu.
+	details map[[2]string]*detailCounters
 
 	mu     sync.Mutex // serialises prepare
 	byRule specMap[*ruleCounters]
@@ -33,7 +52,7 @@ type Metrics struct {
 }
 
 // Outcomes of a decision, the "outcome" label of sluice_decisions_total.
-var outcomes = [...]string{"ok", "over_limit", "shadow_would_deny", "unlimited", "fail_open", "fail_closed", "local"}
+var outcomes = [...]string{"ok", "over_limit", "shadow_would_deny", "unlimited", "fail_open", "fail_closed", "local", "quota_exceeded"}
 
 const (
 	outOK = iota
@@ -43,13 +62,69 @@ const (
 	outFailOpen
 	outFailClosed
 	outLocal
+	outQuotaExceeded // a quota-mode limit over its quota in a request it did not refuse
 	numOutcomes
 )
+
+// DefaultDetailedKeys is the bound on the keys of one rule in
+// sluice_detailed_decisions_total unless SetDetailedKeys changes it.
+const DefaultDetailedKeys = 100
+
+// OverflowKey is the key label under which sluice_detailed_decisions_total
+// counts the decisions of a rule's keys past its bound.
+const OverflowKey = "_overflow"
 
 type ruleCounters struct {
 	outcome   [numOutcomes]prometheus.Counter
 	nearLimit prometheus.Counter
 	used      prometheus.Observer
+	detail    *detailCounters // nil unless the rule's metrics are per value
+}
+
+// detailCounters are a rule's per-value counters, at most max keys.
+type detailCounters struct {
+	domain, rule string
+	vec          *prometheus.CounterVec
+	max          int
+	mu           sync.RWMutex
+	keys         map[string]*[numOutcomes]prometheus.Counter
+	overflow     *[numOutcomes]prometheus.Counter
+}
+
+// counters returns the counters of key (a key over the bound or not valid
+// UTF-8 has the overflow's). It allocates only for a new key.
+func (dc *detailCounters) counters(key []byte) *[numOutcomes]prometheus.Counter {
+	dc.mu.RLock()
+	c, ok := dc.keys[string(key)]
+	if !ok && len(dc.keys) >= dc.max && dc.overflow != nil {
+		c, ok = dc.overflow, true // full: no exclusive lock per decision
+	}
+	dc.mu.RUnlock()
+	if ok {
+		return c
+	}
+	dc.mu.Lock()
+	defer dc.mu.Unlock()
+	if c, ok := dc.keys[string(key)]; ok {
+		return c
+	}
+	if len(dc.keys) < dc.max && utf8.Valid(key) {
+		c := dc.series(string(key))
+		dc.keys[string(key)] = c
+		return c
+	}
+	if dc.overflow == nil {
+		dc.overflow = dc.series(OverflowKey)
+	}
+	return dc.overflow
+}
+
+func (dc *detailCounters) series(key string) *[numOutcomes]prometheus.Counter {
+	c := new([numOutcomes]prometheus.Counter)
+	for i, o := range outcomes {
+		c[i] = dc.vec.WithLabelValues(dc.domain, dc.rule, key, o)
+	}
+	return c
 }
 
 // utilisationBuckets are the buckets of sluice_utilisation_ratio.
@@ -60,8 +135,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_decisions_total",
-			Help: "Limits decided, by domain, rule and outcome (ok, over_limit, shadow_would_deny, unlimited, fail_open, fail_closed, local).",
+			Help: "Limits decided, by domain, rule and outcome (ok, over_limit, shadow_would_deny, unlimited, fail_open, fail_closed, local, quota_exceeded: a quota_mode limit over its quota in a request still allowed).",
 		}, []string{"domain", "rule", "outcome"}),
+		detailed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_detailed_decisions_total",
+			Help: "Limits decided for the rules with detailed_metric or value_to_metric, by domain, rule, key (the descriptor's values in envoyproxy/ratelimit's stats key, e.g. edge.remote_address_10.0.0.1) and outcome; at most --detailed-metric-keys keys per rule, the decisions of further keys counted under key \"_overflow\".",
+		}, []string{"domain", "rule", "key", "outcome"}),
+		detailedKeys: DefaultDetailedKeys,
+		details:      make(map[[2]string]*detailCounters),
 		nearLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_near_limit_total",
 			Help: "Admissions that left less than 20% of the limit's capacity.",
@@ -95,8 +176,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}
 		return float64(n)
 	})
-	reg.MustRegister(m.decisions, m.nearLimit, m.used, m.latency, storeErrs, m.reloads, m.ruleCount)
+	reg.MustRegister(m.decisions, m.nearLimit, m.used, m.latency, storeErrs, m.reloads, m.ruleCount, m.detailed)
 	return m
+}
+
+// SetDetailedKeys bounds the keys of each rule in
+// sluice_detailed_decisions_total (DefaultDetailedKeys otherwise); n must
+// be positive. It applies to the rules loaded after it: call it before
+// the Service is made.
+func (m *Metrics) SetDetailedKeys(n int) {
+	m.mu.Lock()
+	m.detailedKeys = max(n, 1)
+	m.mu.Unlock()
 }
 
 // Reloaded counts a rule load that succeeded or failed.
@@ -132,7 +223,15 @@ func (m *Metrics) prepare(set *rules.Set) {
 		d, _ := set.Domain(name)
 		for _, sp := range d.Specs() {
 			n++
-			next[sp] = m.counters(name, sp.Name)
+			rc := m.counters(name, sp.Name)
+			if sp.PerValueMetric() {
+				k := [2]string{name, sp.Name}
+				if m.details[k] == nil {
+					m.details[k] = &detailCounters{domain: name, rule: sp.Name, vec: m.detailed, max: m.detailedKeys, keys: make(map[string]*[numOutcomes]prometheus.Counter)}
+				}
+				rc.detail = m.details[k]
+			}
+			next[sp] = rc
 		}
 	}
 	m.byRule.publish(next)
@@ -154,10 +253,11 @@ func (m *Metrics) CountStoreErrors(errors func() uint64) {
 }
 
 // observe counts the decisions of one request.
-func (m *Metrics) observe(domain string, sc *scratch, resp *Response, took time.Duration) {
+func (m *Metrics) observe(req *Request, sc *scratch, resp *Response, took time.Duration) {
 	if m == nil {
 		return
 	}
+	domain := req.Domain
 	m.latency.Observe(took.Seconds())
 	byRule := m.byRule.load()
 	for _, c := range sc.checks {
@@ -167,10 +267,16 @@ func (m *Metrics) observe(domain string, sc *scratch, resp *Response, took time.
 		}
 		if c.rule == nil {
 			rc.outcome[outUnlimited].Inc()
+			m.observeDetail(rc, sc, &c, req, outUnlimited)
 			continue
 		}
 		d := sc.decision(&c)
-		rc.outcome[outcome(d, c.shadow)].Inc()
+		o := outcome(d, c.shadow)
+		if o == outOver && c.quota && !sc.allOver {
+			o = outQuotaExceeded
+		}
+		rc.outcome[o].Inc()
+		m.observeDetail(rc, sc, &c, req, o)
 		if d.Allowed && d.Remaining*5 < d.Capacity {
 			rc.nearLimit.Inc()
 		}
@@ -178,6 +284,16 @@ func (m *Metrics) observe(domain string, sc *scratch, resp *Response, took time.
 			rc.used.Observe(u)
 		}
 	}
+}
+
+// observeDetail counts outcome o of check c in its rule's per-value
+// counters, if it has them.
+func (m *Metrics) observeDetail(rc *ruleCounters, sc *scratch, c *check, req *Request, o int) {
+	if rc.detail == nil || c.spec == nil {
+		return
+	}
+	sc.mkey = c.spec.AppendMetricKey(sc.mkey[:0], req.Descriptors[c.desc].Entries)
+	rc.detail.counters(sc.mkey)[o].Inc()
 }
 
 // inlineCounters returns the counters of the inline limits of a domain;

@@ -17,10 +17,41 @@
 //     one that denied or, when all admitted, the one with least remaining.
 //   - Shadow-mode limits are decided apart from the others, so a shadow
 //     denial never blocks or un-counts a real limit.
-//   - quota_mode is not acted on: such limits are decided like the others.
+//   - quota_mode (a descriptor's soft limit, as envoyproxy/ratelimit
+//     since 2026): a quota-mode limit over its quota makes its
+//     descriptor's status OverLimit with QuotaExceeded, but the request
+//     stays OK unless every quota-mode descriptor of the request is over
+//     (or a limit without quota_mode denies). See "Quota mode" below.
 //   - A request denied only because the store could not reach its backend
 //     and its limits fail closed is an *UnavailableError, not a request
 //     over the limit (see ShouldRateLimit).
+//
+// # Quota mode
+//
+// A limit of a descriptor with quota_mode is a quota limit, unless it is
+// a shadow-mode limit (shadow wins: it never denies) or an inline limit
+// replaced it (inline limits have no mode). A descriptor is over quota
+// when one of its quota limits denies. The request is OverLimit when a
+// limit without quota_mode denies or when the request has quota
+// descriptors and every one of them is over quota; otherwise it is OK,
+// and the descriptors over quota are OverLimit with QuotaExceeded. What
+// is consumed, with the store's rule that a denied limit consumes
+// nothing:
+//
+//   - All or nothing (the default): the other limits are decided first,
+//     together. If they deny, the request is OverLimit and the quota
+//     limits are only looked at (cost 0: nothing consumed). If they
+//     admit, each quota limit is decided on its own: one within its
+//     quota consumes its cost even when another descriptor is over its
+//     own (the request goes through). If then every quota descriptor is
+//     over, the request is OverLimit and what the other limits consumed
+//     is given back (a second call with the negated costs; the statuses
+//     report the first), so a refused request keeps nothing.
+//   - Independent: every limit is decided on its own and consumes its
+//     cost when within its limit, whatever the request's answer.
+//
+// A refund is not atomic with the decision: between the two calls,
+// another request can find those units taken.
 package service
 
 import (
@@ -148,6 +179,10 @@ type Status struct {
 	// Shadow reports that a shadow-mode rule decided: Code is OK whatever
 	// Decision says.
 	Shadow bool
+	// Quota reports that a quota-mode rule decided (see "Quota mode" in
+	// the package documentation); QuotaExceeded that it denied: Code is
+	// then OverLimit though the request may be OK.
+	Quota, QuotaExceeded bool
 	// Decision is the store's answer for Rule.
 	Decision ratelimit.Decision
 }
@@ -158,9 +193,15 @@ type scratch struct {
 	checks []check
 	items  []ratelimit.Item
 	shadow []ratelimit.Item
+	quota  []ratelimit.Item
 	ds     []ratelimit.Decision
 	sds    []ratelimit.Decision
+	qds    []ratelimit.Decision
 	key    []byte
+	mkey   []byte // a per-value metric key
+	// allOver: the request has quota descriptors and every one is over
+	// quota.
+	allOver bool
 }
 
 // A check is one limit to decide for descriptor i.
@@ -170,7 +211,8 @@ type check struct {
 	rule   *ratelimit.Rule
 	unit   rules.Unit
 	shadow bool
-	result int // index into scratch.ds (or sds when shadow)
+	quota  bool // a quota-mode limit (never with shadow)
+	result int  // index into scratch.ds (sds when shadow, qds when quota)
 }
 
 // ShouldRateLimit decides req into resp. An error means the request was
@@ -203,7 +245,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *Request, resp *Respo
 		return &UnavailableError{Err: err}
 	}
 	closed := s.answer(sc, resp)
-	s.metrics.observe(req.Domain, sc, resp, time.Since(start))
+	s.metrics.observe(req, sc, resp, time.Since(start))
 	if s.top != nil {
 		s.top.observe(sc, start) // start is zero without metrics
 	}
@@ -221,18 +263,18 @@ func (s *Service) match(sc *scratch, dom *rules.Domain, req *Request) {
 		sc.limits = dom.Match(i, req.Descriptors[i].Entries, sc.limits)
 	}
 	sc.limits = rules.ApplyReplaces(sc.limits)
-	sc.checks, sc.items, sc.shadow = sc.checks[:0], sc.items[:0], sc.shadow[:0]
+	sc.checks, sc.items, sc.shadow, sc.quota = sc.checks[:0], sc.items[:0], sc.shadow[:0], sc.quota[:0]
 	inlined := -1
 	for _, l := range sc.limits {
 		d := &req.Descriptors[l.Descriptor]
-		c := check{desc: l.Descriptor, spec: l.Spec, rule: l.Rule, unit: l.Unit, shadow: l.Shadow}
+		c := check{desc: l.Descriptor, spec: l.Spec, rule: l.Rule, unit: l.Unit, shadow: l.Shadow, quota: l.QuotaMode && !l.Shadow}
 		sc.key = l.AppendKey(sc.key[:0], d.Entries)
 		if d.InlineLimit != nil {
 			if inlined == l.Descriptor {
 				continue // one inline limit replaces all the descriptor's limits
 			}
 			inlined = l.Descriptor
-			c.rule, c.unit, c.spec = s.inline.get(d.InlineLimit), d.InlineLimit.Unit, nil
+			c.rule, c.unit, c.spec, c.quota = s.inline.get(d.InlineLimit), d.InlineLimit.Unit, nil, false
 			sc.key = appendInlineKey(sc.key, d.InlineLimit)
 		} else if l.Unlimited {
 			c.rule = nil
@@ -269,10 +311,14 @@ func (s *Service) addCheck(sc *scratch, c check, req *Request, key string) {
 		return
 	}
 	it := ratelimit.Item{Key: key, Rule: c.rule, Cost: req.Descriptors[c.desc].Cost}
-	if c.shadow {
+	switch {
+	case c.shadow:
 		c.result = len(sc.shadow)
 		sc.shadow = append(sc.shadow, it)
-	} else {
+	case c.quota:
+		c.result = len(sc.quota)
+		sc.quota = append(sc.quota, it)
+	default:
 		c.result = len(sc.items)
 		sc.items = append(sc.items, it)
 	}
@@ -280,15 +326,72 @@ func (s *Service) addCheck(sc *scratch, c check, req *Request, key string) {
 }
 
 // decide asks the store: the real limits all or nothing (or one by one when
-// independent), the shadow limits one by one.
+// independent), then the quota limits and the shadow limits one by one
+// (see "Quota mode" in the package documentation).
 func (s *Service) decide(ctx context.Context, sc *scratch) error {
 	var err error
 	sc.ds, err = s.decideItems(ctx, sc.ds[:0], sc.items, !s.independent)
 	if err != nil {
 		return err
 	}
+	sc.allOver = false
+	if len(sc.quota) > 0 {
+		if err := s.decideQuota(ctx, sc); err != nil {
+			return err
+		}
+	}
 	sc.sds, err = s.decideItems(ctx, sc.sds[:0], sc.shadow, false)
 	return err
+}
+
+// decideQuota decides the quota limits once the others are decided.
+func (s *Service) decideQuota(ctx context.Context, sc *scratch) error {
+	denied := false
+	for i := range sc.ds {
+		denied = denied || !sc.ds[i].Allowed
+	}
+	if denied && !s.independent {
+		// The request is over the limit already: look, consume nothing.
+		for i := range sc.quota {
+			sc.quota[i].Cost = 0
+		}
+	}
+	var err error
+	if sc.qds, err = s.decideItems(ctx, sc.qds[:0], sc.quota, false); err != nil {
+		return err
+	}
+	sc.allOver = sc.quotaAllOver()
+	if !sc.allOver || denied || s.independent || len(sc.items) == 0 {
+		return nil
+	}
+	// Refused by its quotas: give back what the other limits took.
+	refund := make([]ratelimit.Item, len(sc.items))
+	for i, it := range sc.items {
+		it.Cost = -it.Cost
+		refund[i] = it
+	}
+	if _, err := s.store.Decide(ctx, nil, refund); err != nil {
+		s.log.Warn("refunding a request refused by its quota-mode limits failed", "err", err)
+	}
+	return nil
+}
+
+// quotaAllOver reports whether the request has quota descriptors and
+// every one has a quota limit that denied. Descriptors number at most
+// rules.MaxDescriptors (64), one bit each.
+func (sc *scratch) quotaAllOver() bool {
+	var has, over uint64
+	for i := range sc.checks {
+		c := &sc.checks[i]
+		if !c.quota || c.rule == nil {
+			continue
+		}
+		has |= 1 << c.desc
+		if !sc.qds[c.result].Allowed {
+			over |= 1 << c.desc
+		}
+	}
+	return has != 0 && has == over
 }
 
 func (s *Service) decideItems(ctx context.Context, dst []ratelimit.Decision, items []ratelimit.Item, together bool) ([]ratelimit.Decision, error) {
@@ -323,7 +426,8 @@ func (s *Service) answer(sc *scratch, resp *Response) (closed *check) {
 			continue
 		}
 		d := sc.decision(c)
-		if !d.Allowed && !c.shadow {
+		denies := !d.Allowed && !c.shadow && (!c.quota || sc.allOver)
+		if denies {
 			if d.Reason != ratelimit.ReasonFailClosed {
 				limited = true
 			} else if closed == nil || d.RetryAfter > sc.decision(closed).RetryAfter {
@@ -333,9 +437,12 @@ func (s *Service) answer(sc *scratch, resp *Response) (closed *check) {
 		if !better(st, d, c.shadow) {
 			continue
 		}
-		*st = Status{Spec: c.spec, Rule: c.rule, Unit: c.unit, Shadow: c.shadow, Decision: *d}
+		*st = Status{Spec: c.spec, Rule: c.rule, Unit: c.unit, Shadow: c.shadow, Quota: c.quota, Decision: *d}
 		if !d.Allowed && !c.shadow {
 			st.Code = OverLimit
+			st.QuotaExceeded = c.quota
+		}
+		if denies {
 			resp.Code = OverLimit
 		}
 	}
@@ -347,8 +454,11 @@ func (s *Service) answer(sc *scratch, resp *Response) (closed *check) {
 
 // decision returns the store's decision for c.
 func (sc *scratch) decision(c *check) *ratelimit.Decision {
-	if c.shadow {
+	switch {
+	case c.shadow:
 		return &sc.sds[c.result]
+	case c.quota:
+		return &sc.qds[c.result]
 	}
 	return &sc.ds[c.result]
 }
@@ -357,8 +467,11 @@ func (sc *scratch) decision(c *check) *ratelimit.Decision {
 // before it indexes, since c.result indexes the shadow items for a shadow
 // limit.
 func (sc *scratch) item(c *check) *ratelimit.Item {
-	if c.shadow {
+	switch {
+	case c.shadow:
 		return &sc.shadow[c.result]
+	case c.quota:
+		return &sc.quota[c.result]
 	}
 	return &sc.items[c.result]
 }

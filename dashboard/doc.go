@@ -15,6 +15,9 @@
 // The page holds no data: it asks for status.json every second with the
 // bearer token the operator typed (or gave in the URL's fragment,
 // #token=..., which a browser never sends), and shows nothing without it.
+// A refusal (401, 403, 429) stops the polling, and the page says why and
+// how to go on (enter the token, or reload), so that a tab left open with
+// a stale token does not keep failing. The page asks for no favicon.
 // Options.Token makes the Dashboard itself check the token; leave it empty
 // only when what mounts the Dashboard checks it, as sluice serve's admin
 // listener does. The page's script keeps the chart's history itself, from

@@ -1,6 +1,7 @@
 package httplimit
 
 import (
+	"errors"
 	"maps"
 	"net/http"
 	"net/netip"
@@ -22,6 +23,9 @@ type Key struct {
 	// slice; ok false means the policy does not apply to r (e.g. the header
 	// is absent). It must not keep dst.
 	Append func(dst []byte, r *http.Request) (b []byte, ok bool)
+
+	// err is why the constructor could not make the key; New reports it.
+	err error
 }
 
 // ByIP keys by the client's address, as ClientIP finds it behind the
@@ -43,7 +47,12 @@ func ByIP(trusted ...netip.Prefix) Key {
 // line), e.g. an API key or a tenant. It does not apply to requests without
 // the field. The key is secret: its value never appears in responses. A
 // store key longer than 256 bytes is replaced by its SHA-256 digest.
+//
+// An empty name makes a Key that New refuses.
 func ByHeader(name string) Key {
+	if name == "" {
+		return Key{Scope: "header", err: errors.New(`ByHeader(""): the header name is empty`)}
+	}
 	canon := http.CanonicalHeaderKey(name)
 	return Key{Scope: "header " + canon, Secret: true, Append: func(dst []byte, r *http.Request) ([]byte, bool) {
 		vs := r.Header[canon]

@@ -142,8 +142,9 @@ type reqState struct {
 	ev       Event
 }
 
-// New returns a Middleware for cfg, or an error if a rule is invalid, two
-// policies share a name, a Key has no Append function, or Store is nil.
+// New returns a Middleware for cfg, or an error if a rule is invalid, a
+// policy has no name or a zero Quota, two policies share a name, a Key has
+// no Append function or was made wrong (ByHeader("")), or Store is nil.
 func New(cfg Config) (*Middleware, error) {
 	if cfg.Store == nil {
 		return nil, errors.New("httplimit: Config.Store is nil")
@@ -167,6 +168,15 @@ func New(cfg Config) (*Middleware, error) {
 	names := make(map[string]bool)
 	var all []byte
 	for i, l := range cfg.Policies {
+		// Zero values that would pass Validate but are almost surely
+		// forgotten fields: a nameless policy sends RateLimit: "";r=0, and
+		// a zero Quota denies every request.
+		if l.Rule.Name == "" {
+			return nil, fmt.Errorf("httplimit: policy %d: Policy.Rule.Name is empty; it names the policy in the RateLimit fields", i)
+		}
+		if l.Rule.Quota == 0 {
+			return nil, fmt.Errorf("httplimit: policy %q: Policy.Rule.Quota is 0, which denies every request", l.Rule.Name)
+		}
 		if err := l.Rule.Validate(); err != nil {
 			return nil, fmt.Errorf("httplimit: policy %d: %w", i, err)
 		}
@@ -175,6 +185,9 @@ func New(cfg Config) (*Middleware, error) {
 		}
 		names[l.Rule.Name] = true
 		for j, k := range l.Keys {
+			if k.err != nil {
+				return nil, fmt.Errorf("httplimit: policy %q: Policy.Keys[%d]: %w", l.Rule.Name, j, k.err)
+			}
 			if k.Append == nil {
 				return nil, fmt.Errorf("httplimit: policy %q: key %d (%q) has no Append function", l.Rule.Name, j, k.Scope)
 			}

@@ -394,3 +394,26 @@ func TestProblemEscaping(t *testing.T) {
 		t.Errorf("problem = %+v, want policy %q and key %q", p, name, wantKey)
 	}
 }
+
+// TestNewRefusesZeroValues: a policy without a name, with a zero Quota, or
+// keyed by ByHeader("") is refused at construction, naming the field.
+func TestNewRefusesZeroValues(t *testing.T) {
+	store := memstore.New(memstore.Options{})
+	rule := ratelimit.Rule{Name: "p", Quota: 10, Period: time.Second}
+	for _, tt := range []struct {
+		name string
+		p    httplimit.Policy
+		want string
+	}{
+		{"no name", httplimit.Policy{Rule: ratelimit.Rule{Quota: 10, Period: time.Second}}, "Policy.Rule.Name is empty"},
+		{"no quota", httplimit.Policy{Rule: ratelimit.Rule{Name: "p", Period: time.Second}}, "Policy.Rule.Quota is 0"},
+		{"ByHeader empty", httplimit.Policy{Rule: rule, Keys: []httplimit.Key{httplimit.ByIP(), httplimit.ByHeader("")}}, `Policy.Keys[1]: ByHeader(""): the header name is empty`},
+	} {
+		if _, err := httplimit.New(httplimit.Config{Store: store, Policies: []httplimit.Policy{tt.p}}); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: New = %v, want an error containing %q", tt.name, err, tt.want)
+		}
+	}
+	if _, err := httplimit.New(httplimit.Config{Store: store, Policies: []httplimit.Policy{{Rule: rule, Keys: []httplimit.Key{httplimit.ByHeader("X-Api-Key")}}}}); err != nil {
+		t.Errorf("a valid policy: %v", err)
+	}
+}

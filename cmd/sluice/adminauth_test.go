@@ -9,8 +9,8 @@ import (
 )
 
 // TestServeAdminAuthFailures: serve gives the admin API the budget of
-// --admin-auth-failures and --admin-auth-failure-period, and /metrics
-// counts the failures and the refusals.
+// --admin-auth-failures and --admin-auth-failure-period (the right token
+// still passes), and /metrics counts the failures and the refusals.
 func TestServeAdminAuthFailures(t *testing.T) {
 	p := startInProcess(t, func(l *limitsConfig) {
 		l.adminAuthFailures, l.adminAuthFailurePeriod = 2, time.Hour
@@ -35,9 +35,12 @@ func TestServeAdminAuthFailures(t *testing.T) {
 			t.Fatalf("a guess: %d, want 401", r.StatusCode)
 		}
 	}
-	r := admin("Bearer tok")
+	r := admin("Bearer guess")
 	if r.StatusCode != http.StatusTooManyRequests || r.Header.Get("Retry-After") != "3600" {
 		t.Fatalf("after 2 failures: %d, Retry-After %q; want 429 and 3600", r.StatusCode, r.Header.Get("Retry-After"))
+	}
+	if r := admin("Bearer tok"); r.StatusCode != 200 {
+		t.Fatalf("the right token after the budget is spent: %d, want 200", r.StatusCode)
 	}
 
 	resp, err := p.web.Get("http://" + p.up["http"] + "/metrics")

@@ -259,6 +259,131 @@ func chromium(t *testing.T) string {
 	return ""
 }
 
+// dashBrowser starts headless Chromium for the test and returns its tab,
+// a function that waits (up to 30 s) for a JavaScript expression to be
+// true, and one that returns the text of a CSS selector.
+func dashBrowser(t *testing.T, browser string) (context.Context, func(what, expr string), func(sel string) string) {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(browser), chromedp.NoSandbox, chromedp.Headless,
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 1600))
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelTab := chromedp.NewContext(allocCtx, chromedp.WithLogf(t.Logf))
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	t.Cleanup(func() { cancel(); cancelTab(); cancelAlloc() })
+	poll := func(what, expr string) {
+		t.Helper()
+		if _, err := chromedp.Run(ctx, chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+			t.Fatalf("%s (%s): %v", what, expr, err)
+		}
+	}
+	text := func(sel string) string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+		if err != nil {
+			t.Fatalf("text of %s: %v", sel, err)
+		}
+		return s
+	}
+	return ctx, poll, text
+}
+
+// TestDashboardStaleToken: a page opened with a stale token stops polling
+// after the refusal and says why and how to go on; the right token is
+// then accepted 10 times out of 10 from the same address, even once the
+// address's failures have spent its budget, and entered in the page makes
+// it live. (The issue: the page polled on after 401 and 429, and the right
+// token then got 429 on 8 of 10 tries.)
+func TestDashboardStaleToken(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a browser")
+	}
+	browser := chromium(t)
+	up := startDashServe(t)
+	ctx, poll, text := dashBrowser(t, browser)
+	page := "http://" + up["admin"] + "/admin/dashboard/"
+	// refused counts the admin API's refused authentications, at the
+	// server: the stale page's requests for status.json.
+	refused := func() float64 {
+		t.Helper()
+		n := 0.0
+		for name, mf := range scrape(t, "http://"+up["http"]+"/metrics") {
+			if name == "sluice_admin_auth_failures_total" || name == "sluice_admin_auth_refused_total" {
+				n += mf.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		return n
+	}
+
+	if err := chromedp.Do(ctx, chromedp.Navigate(page+"#token=stale-token")); err != nil {
+		t.Fatal(err)
+	}
+	poll("the page says the token was refused", `document.getElementById("state").textContent.includes("stopped: the token was refused (401)")`)
+	if s := text("#state"); !strings.Contains(s, "Enter the right token") || !strings.Contains(s, "reload") {
+		t.Errorf("the message does not say how to go on: %q", s)
+	}
+	if n := refused(); n != 1 {
+		t.Fatalf("%v refused requests after the first refusal, want 1", n)
+	}
+	// Three poll intervals (the page polls every second): a page that
+	// polled on would be refused twice more at least.
+	<-time.After(3500 * time.Millisecond)
+	if n := refused(); n != 1 {
+		t.Errorf("the page polled on after the refusal: %v refused requests, want 1", n)
+	}
+
+	// Spend the rest of the address's budget (the page and this client
+	// share 127.0.0.1), then the right token: 10 of 10.
+	status := func(tok string) int {
+		t.Helper()
+		req, _ := http.NewRequest("GET", page+"status.json", nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := dashClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for range 5 {
+		status("stale-token")
+	}
+	if code := status("stale-token"); code != http.StatusTooManyRequests {
+		t.Fatalf("a stale token past the budget: %d, want 429", code)
+	}
+	ok := 0
+	for range 10 {
+		if status(dashToken) == http.StatusOK {
+			ok++
+		}
+	}
+	if ok != 10 {
+		t.Errorf("the right token from the same address: %d of 10 accepted, want 10", ok)
+	}
+
+	// The stale token again, now past the budget: the page names the 429.
+	if err := chromedp.Do(ctx, chromedp.Navigate(page+"#token=stale-again")); err != nil {
+		t.Fatal(err)
+	}
+	poll("the page names the 429", `document.getElementById("state").textContent.includes("too many failed authentications from this address (429, retry after")`)
+	before := refused()
+
+	// The right token, entered in the page.
+	if err := chromedp.Do(ctx, chromedp.SendKeys(chromedp.CSS("#token"), dashToken)); err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.CSS(`#token-form button[type="submit"]`))); err != nil {
+		t.Fatal(err)
+	}
+	poll("the page is live with the right token", `document.getElementById("state").textContent.startsWith("live") && document.querySelector("#rules tbody tr") !== null`)
+	if n := refused(); n != before {
+		t.Errorf("the right token was refused in the page: %v refusals, want %v", n, before)
+	}
+}
+
 // TestDashboardInBrowser loads the dashboard in headless Chromium against
 // a running serve under a small load: without the token it shows no data;
 // with it, the rules (with an override set through the admin API), a live
@@ -292,32 +417,8 @@ func TestDashboardInBrowser(t *testing.T) {
 	})
 	t.Cleanup(func() { stopLoad(); loadDone.Wait() })
 
-	opts := append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(browser), chromedp.NoSandbox, chromedp.Headless,
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1280, 1600))
-	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	defer cancelAlloc()
-	ctx, cancelTab := chromedp.NewContext(allocCtx, chromedp.WithLogf(t.Logf))
-	defer cancelTab()
-	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
-	defer cancel()
+	ctx, poll, text := dashBrowser(t, browser)
 	page := "http://" + up["admin"] + "/admin/dashboard/"
-	poll := func(what, expr string) {
-		t.Helper()
-		if _, err := chromedp.Run(ctx, chromedp.Poll[bool](expr, chromedp.WithPollingTimeout(30*time.Second))); err != nil {
-			t.Fatalf("%s (%s): %v", what, expr, err)
-		}
-	}
-	text := func(sel string) string {
-		t.Helper()
-		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
-		if err != nil {
-			t.Fatalf("text of %s: %v", sel, err)
-		}
-		return s
-	}
 
 	// Without the token: the page loads, and shows nothing.
 	if err := chromedp.Do(ctx, chromedp.Navigate(page)); err != nil {

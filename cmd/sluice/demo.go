@@ -35,6 +35,21 @@ the time the budget predicts (records × cost / budget). -json prints the
 same as one JSON object.
 `
 
+// demos are the scenarios of sluice demo, as its -h lists them.
+var demos = []struct{ name, summary string }{
+	{"throttled-db", "a job writing to a simulated throttled database, naive and through httplimit.Client"},
+	{"ingest", "the ingestion example in real processes: an API, two drain processors sharing leased capacity, an idempotent throttled database"},
+}
+
+// printDemos writes demo's own usage: every scenario, one a line.
+func printDemos(w io.Writer) {
+	fmt.Fprint(w, "Usage: sluice demo SCENARIO [flags]\n\nScenarios:\n\n")
+	for _, d := range demos {
+		fmt.Fprintf(w, "\t%-13s %s\n", d.name, d.summary)
+	}
+	fmt.Fprint(w, "\nRun 'sluice demo SCENARIO -h' for a scenario's flags.\n")
+}
+
 // demoRun is one side of the demo, as -json prints it.
 type demoRun struct {
 	Sent      int64    `json:"sent"`
@@ -67,12 +82,13 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.IntVar(&processes, "processes", 1, "independent Sluice clients sharing the job, each at 1/N of the rate")
 	fs.IntVar(&workers, "workers", 32, "goroutines per Sluice client")
 	if len(args) == 0 {
+		printDemos(stderr)
 		return usagef("demo: want a scenario: sluice demo throttled-db|ingest [flags]")
 	}
 	scenario, rest := args[0], args[1:]
 	switch scenario {
 	case "-h", "-help", "--help":
-		fs.Usage()
+		printDemos(stderr)
 		return flag.ErrHelp
 	case "throttled-db":
 	case "ingest":

@@ -86,7 +86,16 @@ func TestDemoUsage(t *testing.T) {
 		}
 	}
 	var out bytes.Buffer
-	if err := runDemo(t.Context(), []string{"-h"}, &out, &out); !errors.Is(err, flag.ErrHelp) || !strings.Contains(out.String(), "Usage: sluice demo throttled-db") {
+	if err := runDemo(t.Context(), []string{"-h"}, &out, &out); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("-h: %v\n%s", err, out.String())
+	}
+	for _, d := range []string{"\tthrottled-db ", "\tingest "} { // every demo
+		if !strings.Contains(out.String(), d) {
+			t.Errorf("demo -h does not list %q:\n%s", strings.TrimSpace(d), out.String())
+		}
+	}
+	out.Reset()
+	if err := runDemo(t.Context(), []string{"throttled-db", "-h"}, &out, &out); !errors.Is(err, flag.ErrHelp) || !strings.Contains(out.String(), "Usage: sluice demo throttled-db") || !strings.Contains(out.String(), "-budget") {
+		t.Errorf("throttled-db -h: %v\n%s", err, out.String())
 	}
 }

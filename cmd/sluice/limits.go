@@ -121,7 +121,7 @@ func (l *limitsConfig) flags() []limitFlag {
 		{name: "grpc-keepalive-timeout", d: &l.grpcKeepaliveTimeout, usage: "a gRPC client that does not answer serve's ping within this is disconnected"},
 		{name: "grpc-keepalive-min-time", d: &l.grpcPingMinTime, usage: "the shortest interval between a gRPC client's pings; a client that pings more often is disconnected (GOAWAY too_many_pings)"},
 		{name: "grpc-keepalive-permit-without-stream", b: &l.grpcPingWithoutStream, usage: "allow gRPC clients to ping while they have no call open (by default such pings count against the client)"},
-		{name: "admin-auth-failures", n: &l.adminAuthFailures, usage: "failed admin authentications a client address (IPv6: its /64) may make before its requests are refused with 429, unchecked, counted in sluice_admin_auth_refused_total"},
+		{name: "admin-auth-failures", n: &l.adminAuthFailures, usage: "failed admin authentications a client address (IPv6: its /64) may make before its requests with a wrong or missing token are refused with 429 (the right token always passes), counted in sluice_admin_auth_refused_total"},
 		{name: "admin-auth-failure-period", d: &l.adminAuthFailurePeriod, usage: "how long a client address takes to win back one failed admin authentication"},
 		{name: "overload-off", b: &l.overloadOff, usage: "turn off the overload protection of the decision endpoints (gRPC ShouldRateLimit, POST /json, POST /v1/check)"},
 		{name: "overload-max-concurrency", n: &l.overloadMaxConcurrency, usage: "decisions in flight at once, at most (default 256 × GOMAXPROCS): the fixed maximum of the adaptive concurrency limit; beyond the limit a decision is refused at once, 503 or UNAVAILABLE with a computed retry hint, counted in sluice_overload_refused_total"},

@@ -10,7 +10,7 @@
 //	sluice top        show a running serve's top keys and rules in a terminal
 //	sluice drain      drain a JetStream stream into an HTTP endpoint
 //	sluice enqueue    put records into a JetStream stream
-//	sluice version    print the version
+//	sluice version    print the version (also sluice --version)
 //	sluice help [command]
 //
 // This file is the only place in Sluice that reads the command line and the
@@ -97,6 +97,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	switch name {
 	case "-h", "-help", "--help":
 		name = "help"
+	case "-version", "--version":
+		name = "version"
 	}
 	for _, c := range commands() {
 		if c.name == name {
@@ -166,24 +168,72 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
-const versionUsage = `Usage: sluice version
+const versionUsage = `Usage: sluice version (or sluice --version)
 
-Version prints the version of sluice (the main module's version, or
-"(devel)" for a build from a work tree) and of the Go toolchain that built it.
+Version prints the version of sluice: the main module's version (a tagged
+version, a pseudo-version that go build stamps in a git checkout, or
+"(devel)"), the VCS revision and commit time it was built from, and the Go
+toolchain and platform that built it. A binary built without VCS
+information (go run, go test, -buildvcs=false, or outside a checkout) says
+so instead of a revision.
 `
 
-// runVersion prints the module version and the Go version.
+// runVersion prints the module version, the VCS revision and the Go
+// version.
 func runVersion(_ context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("version", versionUsage, stderr)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	v := "(devel)"
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
-		v = bi.Main.Version
-	}
-	_, err := fmt.Fprintf(stdout, "sluice %s %s %s/%s\n", v, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	bi, _ := debug.ReadBuildInfo()
+	_, err := io.WriteString(stdout, formatVersion(bi, runtime.GOOS+"/"+runtime.GOARCH))
 	return err
+}
+
+// formatVersion is what sluice version prints for the build information
+// bi (nil when the binary has none) on platform:
+//
+//	sluice v0.4.0
+//	revision 0123abcd… (modified: the work tree had uncommitted changes)
+//	time     2025-01-02T03:04:05Z
+//	go       go1.26.0 linux/amd64
+func formatVersion(bi *debug.BuildInfo, platform string) string {
+	v, goVersion := "(devel)", runtime.Version()
+	var rev, at string
+	modified := false
+	if bi != nil {
+		if bi.Main.Version != "" {
+			v = bi.Main.Version
+		}
+		if bi.GoVersion != "" {
+			goVersion = bi.GoVersion
+		}
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value
+			case "vcs.time":
+				at = s.Value
+			case "vcs.modified":
+				modified = s.Value == "true"
+			}
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "sluice %s\n", v)
+	switch {
+	case rev == "":
+		b.WriteString("revision unknown (built without VCS information)\n")
+	case modified:
+		fmt.Fprintf(&b, "revision %s (modified: the work tree had uncommitted changes)\n", rev)
+	default:
+		fmt.Fprintf(&b, "revision %s\n", rev)
+	}
+	if at != "" {
+		fmt.Fprintf(&b, "time     %s\n", at)
+	}
+	fmt.Fprintf(&b, "go       %s %s\n", goVersion, platform)
+	return b.String()
 }
 
 const rulesUsage = `Usage: sluice rules validate DIR

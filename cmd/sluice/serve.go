@@ -198,6 +198,11 @@ func (h *serveHooks) grpcOptions() []grpc.ServerOption {
 // when --admin-token-file is not given.
 const adminTokenEnv = "SLUICE_ADMIN_TOKEN"
 
+// minAdminTokenLen is the length below which serve warns that the admin
+// token could be guessed: the right token is always accepted, so the
+// failed-authentication budget does not stop guessing.
+const minAdminTokenLen = 16
+
 // redisPasswordEnv names the environment variable holding the Redis
 // password when --redis-password-file is not given.
 const redisPasswordEnv = "SLUICE_REDIS_PASSWORD"
@@ -692,6 +697,10 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 			return nil, fmt.Errorf("serve: %w", err)
 		}
 		s.admin = newHTTPServer(rec.Middleware("admin")(cfg.hooks.wrap("admin", admin)), &cfg.limits)
+		if len(cfg.adminToken) < minAdminTokenLen {
+			log.Warn("serve: the admin token is short; the failed-authentication budget does not bound how many tokens an address may try, so use a long random one (e.g. 32 random bytes in hex)",
+				slog.Int("bytes", len(cfg.adminToken)), slog.Int("recommended_min", minAdminTokenLen))
+		}
 	}
 	return s, nil
 }

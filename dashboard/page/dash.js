@@ -13,6 +13,9 @@
   let history = [];
   let token = sessionStorage.getItem("sluice-token") || "";
   let timer = null;
+  // gen counts starts and stops: a poll answered after its start was
+  // superseded (a new token, a refusal) is ignored.
+  let gen = 0;
 
   // A token in the URL's fragment (#token=...), which a browser never
   // sends: taken, kept for the tab's session, and removed from the URL.
@@ -252,22 +255,45 @@
     return 10 * e;
   }
 
-  async function poll() {
-    if (!token) { clear(); setState("no data: enter the admin token", true); return; }
+  // refusal explains a 401, 403 or 429 and how to go on: the page stops
+  // polling, so that a tab left open with a stale token does not keep
+  // failing (and spending its address's failed-authentication budget).
+  function refusal(r) {
+    let why = "the token was refused (" + r.status + ")";
+    if (r.status === 429) {
+      const ra = r.headers.get("Retry-After");
+      why = "too many failed authentications from this address (429" + (ra ? ", retry after " + ra + " s" : "") + ")";
+    } else if (r.status === 403) {
+      why = "access forbidden (403)";
+    }
+    return "stopped: " + why + ". Enter the right token above and press Use, or reload the page to try again.";
+  }
+
+  function stop() {
+    gen++;
+    if (timer) clearTimeout(timer);
+    timer = null;
+  }
+
+  async function poll(g) {
+    if (!token) { clear(); setState("no data: enter the admin token", true); return false; }
     let st;
     try {
       const r = await fetch("status.json", { headers: { Authorization: "Bearer " + token }, cache: "no-store" });
+      if (g !== gen) return false;
       if (r.status === 401 || r.status === 403 || r.status === 429) {
         clear();
-        setState("no data: the token was refused (" + r.status + ")", true);
-        return;
+        setState(refusal(r), true);
+        return false; // no more polls until a token is entered or the page reloads
       }
       if (!r.ok) throw new Error("status " + r.status);
       st = await r.json();
     } catch (e) {
+      if (g !== gen) return false;
       setState("cannot reach the server: " + e.message, true);
-      return;
+      return true;
     }
+    if (g !== gen) return false;
     document.title = st.title;
     $("title").textContent = st.title;
     const totals = {};
@@ -282,12 +308,19 @@
     renderStore(st.store);
     drawChart();
     setState("live · " + new Date(t).toLocaleTimeString(), false);
+    return true;
   }
 
+  // start polls now, then POLL_MS after each answer, until a refusal or
+  // the next start; one poll at a time.
   function start() {
-    if (timer) clearInterval(timer);
-    poll();
-    timer = setInterval(poll, POLL_MS);
+    stop();
+    const g = gen;
+    const loop = async () => {
+      const again = await poll(g);
+      if (again && g === gen) timer = setTimeout(loop, POLL_MS);
+    };
+    loop();
   }
 
   $("token-form").addEventListener("submit", (ev) => {

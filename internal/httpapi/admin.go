@@ -128,10 +128,13 @@ type AdminOptions struct {
 // authentications, winning one back every AuthFailurePeriod (5, one every
 // 10 s, by default). An IPv4 address is one client; IPv6 addresses are
 // counted by their /64. The address is the connection's: a proxy in front
-// of the admin listener makes every client one. Once an address's budget
-// is spent, its requests are refused with 429 and a Retry-After (when one
-// failure is back) without their token being compared, even a right one;
-// a request that authenticates costs nothing. Refusals are logged at Warn,
+// of the admin listener makes every client one. The token is compared
+// first: a request with the right one is always served and costs nothing,
+// whatever other requests from its address did. Once an address's budget
+// is spent, its requests with a missing or wrong token are refused with
+// 429 and a Retry-After (when one failure is back). The budget therefore
+// bounds what failures cost (log lines, work), not how many guesses an
+// address makes: the token must be long and random. Refusals are logged at Warn,
 // at most 10 lines at once and then one every AuthFailurePeriod
 // over all addresses, each line counting those held back; the token is
 // never logged. They are counted in sluice_admin_auth_failures_total (401)

@@ -37,13 +37,16 @@ const (
 // capacity is the burst of failures and which refills one failure every
 // period. It is safe for concurrent use.
 //
-// Every request takes one unit of its address's budget before its token
-// is looked at, and a request that authenticates gives it back at once: a
-// refused request never has its token compared, and concurrent guesses
-// cannot overrun the budget. So an address out of budget is refused even
-// with the right token until it has waited; and in the microseconds a
-// check takes, its unit is in use, so a client sending more concurrent
-// requests than its remaining budget may see one of them refused.
+// The token a request presents is compared first (in constant time), and
+// the right token always passes: the budget counts failures only, so an
+// operator is never locked out because other requests from the same
+// address (a dashboard tab left open with a stale token, a neighbour
+// behind the same NAT) failed. A missing or wrong token takes one unit of
+// its address's budget: 401 while there is some, 429 with Retry-After
+// once it is spent. The price: the budget no longer bounds how many
+// guesses an address can make, only what they cost the server (no log
+// line, a 429); the token must be too long to guess (serve warns at
+// start about a short one).
 type authGuard struct {
 	token []byte
 	rule  *ratelimit.Rule
@@ -94,11 +97,11 @@ func newAuthGuard(opts *AdminOptions, log *slog.Logger) (*authGuard, error) {
 		logs:  ratelimit.NewLimiter(ratelimit.Every(period), authLogBurst),
 		failures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_admin_auth_failures_total",
-			Help: "Admin API requests whose bearer token was missing or wrong.",
+			Help: "Admin API requests whose bearer token was missing or wrong, answered 401 (within their client address's failed-authentication budget).",
 		}),
 		refused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_admin_auth_refused_total",
-			Help: "Admin API requests refused (429) without looking at their token, because their client address had used up its failed-authentication budget.",
+			Help: "Admin API requests whose bearer token was missing or wrong, answered 429 because their client address had used up its failed-authentication budget.",
 		}),
 	}
 	if opts.Registerer != nil {
@@ -113,6 +116,10 @@ func newAuthGuard(opts *AdminOptions, log *slog.Logger) (*authGuard, error) {
 
 // check authenticates r; when it refuses r it has answered it.
 func (g *authGuard) check(w http.ResponseWriter, r *http.Request) bool {
+	tok, ok := dashboard.BearerToken(r.Header.Get("Authorization"))
+	if ok && subtle.ConstantTimeCompare([]byte(tok), g.token) == 1 {
+		return true
+	}
 	client := clientKey(r.RemoteAddr)
 	var buf [1]ratelimit.Decision
 	items := [1]ratelimit.Item{{Key: client, Rule: g.rule, Cost: 1}}
@@ -126,15 +133,9 @@ func (g *authGuard) check(w http.ResponseWriter, r *http.Request) bool {
 		g.note(r, client, "limited", slog.Duration("retry_after", d.RetryAfter))
 		w.Header()["Retry-After"] = []string{strconv.FormatInt(limitheader.RetryAfterSeconds(d.RetryAfter), 10)}
 		writeProblem(w, r, http.StatusTooManyRequests, fmt.Sprintf(
-			"too many failed authentications from this address: at most %d, then one every %v; the token was not checked",
+			"too many failed authentications from this address: at most %d, then one every %v; the right token is still accepted",
 			g.rule.Burst, g.rule.Period))
 		return false
-	}
-	tok, ok := dashboard.BearerToken(r.Header.Get("Authorization"))
-	if ok && subtle.ConstantTimeCompare([]byte(tok), g.token) == 1 {
-		items[0].Cost = -1 // a success gives its unit back
-		g.store.Decide(context.Background(), buf[:0], items[:])
-		return true
 	}
 	g.failures.Inc()
 	outcome := "wrong_token"

@@ -200,7 +200,9 @@ func (a *API) setHeaders(h http.Header, c *checkCall) {
 	}
 	h["Ratelimit-Policy"] = c.policyField
 	f := newAnswerFields(c.limit, retry)
-	h["Ratelimit"] = f.limit[:]
+	if len(c.limit) > 0 { // none when every limit failed open: nothing is known
+		h["Ratelimit"] = f.limit[:]
+	}
 	if retry > 0 {
 		h["Retry-After"] = f.retry[:]
 	}
@@ -263,10 +265,12 @@ func (a *API) appendCheckResponse(b []byte, resp *service.Response) []byte {
 			b = appendJSONString(b, d.Rule)
 			b = append(b, `,"limit":`...)
 			b = strconv.AppendInt(b, d.Capacity, 10)
-			b = append(b, `,"remaining":`...)
-			b = strconv.AppendInt(b, max(d.Remaining, 0), 10)
-			b = append(b, `,"reset_after_ms":`...)
-			b = strconv.AppendInt(b, ceilMillis(d.ResetAfter), 10)
+			if st.RemainingKnown() { // not for fail_open: nothing is known of the key
+				b = append(b, `,"remaining":`...)
+				b = strconv.AppendInt(b, max(d.Remaining, 0), 10)
+				b = append(b, `,"reset_after_ms":`...)
+				b = strconv.AppendInt(b, ceilMillis(d.ResetAfter), 10)
+			}
 			b = append(b, `,"retry_after_ms":`...)
 			if d.RetryAfter == ratelimit.Never {
 				b = append(b, "-1"...)

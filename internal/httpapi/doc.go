@@ -37,8 +37,8 @@
 //	   "matched": true,                 false: no rule applies (no fields below but reason)
 //	   "rule": "acme_user",             the rule that decided
 //	   "limit": 5,                      its capacity (overrides applied)
-//	   "remaining": 4,                  what could still be admitted now
-//	   "reset_after_ms": 12000,         until back to full capacity
+//	   "remaining": 4,                  what could still be admitted now (absent for fail_open)
+//	   "reset_after_ms": 12000,         until back to full capacity (absent for fail_open)
 //	   "retry_after_ms": 0,             until the same cost would pass; -1: never
 //	   "reason": "ok",                  ok, limited, exceeds_capacity, fail_open, fail_closed, local
 //	   "shadow": false,                 a shadow-mode rule decided: always allowed
@@ -55,8 +55,11 @@
 // /json says the same as gRPC: the descriptor's code, and the
 // dynamicMetadata internal/rls describes.
 //
-// When a request has several limits, the status of a descriptor is the one
-// that denied it, or the one with least remaining. Requests are decided all
+// A limit admitted by its fail_open failure mode (the store could not be
+// asked) has no "remaining" nor "reset_after_ms", and no RateLimit item:
+// nothing is known of its key. When a request has several limits, the
+// status of a descriptor is the one that denied it, or the one with least
+// remaining (a known remaining before an unknown one). Requests are decided all
 // or nothing (unless the service counts independently): in a denied request
 // nothing is consumed, so an allowed descriptor's remaining is unchanged.
 // The response carries RateLimit-Policy and RateLimit (draft-ietf-httpapi-

@@ -218,6 +218,14 @@ func TestStoreOutageIs503(t *testing.T) {
 	if r.status != 200 || !strings.Contains(r.body, `"reason":"fail_open"`) {
 		t.Errorf("fail_open during the outage: %d %s", r.status, r.body)
 	}
+	// Nothing is known of the key: no "remaining" (it said 0) nor reset,
+	// and no RateLimit item; the limit and its policy are stated.
+	if !strings.Contains(r.body, `"limit":5,"retry_after_ms":0,"reason":"fail_open"`) || strings.Contains(r.body, `"remaining"`) || strings.Contains(r.body, `"reset_after_ms"`) {
+		t.Errorf("a fail_open answer states what is not known: %s", r.body)
+	}
+	if rl, pol := r.header.Values("RateLimit"), r.header.Get("RateLimit-Policy"); len(rl) != 0 || pol != `"page";q=5;w=60` {
+		t.Errorf("fail_open: RateLimit %q (want none), RateLimit-Policy %q", rl, pol)
+	}
 }
 
 // TestBodyTooLarge413: a body over MaxBodyBytes is 413 Content Too Large,

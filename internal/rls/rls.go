@@ -12,7 +12,11 @@
 // as 1), and is_negative_hits makes it a refund. The response carries
 // overall_code and one status per descriptor with code, current_limit
 // (name, requests_per_unit, unit), limit_remaining and
-// duration_until_reset, and, when enabled, RateLimit-Policy, RateLimit and
+// duration_until_reset (for a limit admitted by its fail_open failure
+// mode, whose store could not be asked: limit_remaining is the rule's
+// limit, since 0 would read as spent, and duration_until_reset is left
+// out; envoyproxy/ratelimit answers no such case, failing the call), and,
+// when enabled, RateLimit-Policy, RateLimit and
 // Retry-After in response_headers_to_add; and dynamic_metadata when a
 // quota_mode limit matched (below). Not produced: request_headers_to_add,
 // raw_body, quota.
@@ -403,6 +407,14 @@ func (s *Server) response(c *call) *rlsv3.RateLimitResponse {
 		switch {
 		case st.Rule != nil:
 			ds.CurrentLimit = s.currentLimit(st.Rule, st.Unit)
+			if !st.RemainingKnown() {
+				// fail_open: the store was not asked, so nothing is known
+				// of the key. limit_remaining cannot say so (0 would read
+				// as spent): it states the rule's limit, and
+				// duration_until_reset is left out.
+				ds.LimitRemaining = clampU32(st.Decision.Capacity)
+				break
+			}
 			ds.LimitRemaining = clampU32(st.Decision.Remaining)
 			d := st.Decision.ResetAfter
 			a.reset.Seconds, a.reset.Nanos = int64(d/time.Second), int32(d%time.Second)
@@ -507,9 +519,9 @@ func (c *call) headers() []*corev3.HeaderValue {
 	if len(c.policy) == 0 {
 		return nil
 	}
-	h := []*corev3.HeaderValue{
-		{Key: "RateLimit-Policy", Value: string(c.policy)},
-		{Key: "RateLimit", Value: string(c.limit)},
+	h := []*corev3.HeaderValue{{Key: "RateLimit-Policy", Value: string(c.policy)}}
+	if len(c.limit) > 0 { // none when every limit failed open
+		h = append(h, &corev3.HeaderValue{Key: "RateLimit", Value: string(c.limit)})
 	}
 	if retry > 0 {
 		h = append(h, &corev3.HeaderValue{Key: "Retry-After", Value: strconv.FormatInt(retry, 10)})

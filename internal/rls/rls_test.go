@@ -1,6 +1,7 @@
 package rls
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"math"
@@ -12,6 +13,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluicehq/sluice/internal/rules"
@@ -128,5 +130,52 @@ func TestFailedClosedOverGRPC(t *testing.T) {
 	_, err = s.ShouldRateLimit(t.Context(), in)
 	if st, _ := status.FromError(err); st.Code() != codes.Unavailable || st.Message() != "the store could not decide: connection refused" {
 		t.Errorf("a store error: %v; want UNAVAILABLE with the service's message", err)
+	}
+}
+
+// failOpenStore admits every item as a store whose backend is down does
+// for rules with failure_mode fail_open.
+type failOpenStore struct{}
+
+func (failOpenStore) Decide(_ context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
+	for _, it := range items {
+		dst = append(dst, ratelimit.Decision{Allowed: true, Reason: ratelimit.ReasonFailOpen, Capacity: it.Rule.Capacity(), Rule: it.Rule.Name})
+	}
+	return dst, nil
+}
+
+// TestFailOpenRemaining: a limit admitted by fail_open says nothing it
+// does not know: limit_remaining is the rule's limit (0 would read as
+// spent), duration_until_reset is absent, and the headers carry its
+// policy but no RateLimit item, over gRPC and /json's conversion alike.
+func TestFailOpenRemaining(t *testing.T) {
+	in := &rlsv3.RateLimitRequest{Domain: "o", Descriptors: []*commonv3.RateLimitDescriptor{{Entries: entries("login", "alice")}}}
+	s := outageServer(t, failOpenStore{})
+	for name, call := range map[string]func() (*rlsv3.RateLimitResponse, error){
+		"ShouldRateLimit": func() (*rlsv3.RateLimitResponse, error) { return s.ShouldRateLimit(t.Context(), in) },
+		"Decide":          func() (*rlsv3.RateLimitResponse, error) { return s.Decide(t.Context(), in) },
+	} {
+		out, err := call()
+		if err != nil || out.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("%s = %v, %v; want OK", name, out, err)
+		}
+		st := out.GetStatuses()[0]
+		if st.GetCurrentLimit().GetRequestsPerUnit() != 5 || st.GetLimitRemaining() != 5 || st.GetDurationUntilReset() != nil {
+			t.Errorf("%s: status %v; want the limit 5, limit_remaining 5 and no duration_until_reset", name, st)
+		}
+		var keys []string
+		for _, h := range out.GetResponseHeadersToAdd() {
+			keys = append(keys, h.GetKey()+": "+h.GetValue())
+		}
+		if len(keys) != 1 || keys[0] != `RateLimit-Policy: "login";q=5;w=60` {
+			t.Errorf("%s: headers %q; want the policy alone", name, keys)
+		}
+	}
+	// The hand-written encoding says the same as protobuf-go's.
+	out, _ := s.ShouldRateLimit(t.Context(), in)
+	if b, err := (codec{}).Marshal(out); err != nil {
+		t.Fatal(err)
+	} else if want, _ := proto.Marshal(out); !bytes.Equal(b.Materialize(), want) {
+		t.Errorf("wire encoding differs from protobuf-go's:\n%x\n%x", b, want)
 	}
 }

@@ -187,6 +187,17 @@ type Status struct {
 	Decision ratelimit.Decision
 }
 
+// RemainingKnown reports whether Decision.Remaining and ResetAfter say
+// what the key has left. They do not for a limit admitted by its
+// fail_open failure mode: the store could not be asked, so nothing is
+// known of the key (its Remaining, 0, means nothing). The transports then
+// leave remaining out where they can (/v1/check's "remaining" and
+// "reset_after_ms", the RateLimit field's item) and state the rule's
+// limit where they cannot (Envoy's limit_remaining).
+func (st *Status) RemainingKnown() bool {
+	return st.Decision.Reason != ratelimit.ReasonFailOpen
+}
+
 // scratch holds the per-request buffers a Service reuses.
 type scratch struct {
 	limits []rules.Match
@@ -488,6 +499,8 @@ func better(st *Status, d *ratelimit.Decision, shadow bool) bool {
 		return true
 	case st.Shadow != shadow:
 		return !shadow // a real limit's answer beats a shadow one's
+	case (d.Reason == ratelimit.ReasonFailOpen) != (st.Decision.Reason == ratelimit.ReasonFailOpen):
+		return st.Decision.Reason == ratelimit.ReasonFailOpen // a known remaining beats an unknown one
 	}
 	return d.Remaining < st.Decision.Remaining
 }
@@ -554,19 +567,26 @@ func (c *inlineRules) get(l *InlineLimit) *ratelimit.Rule {
 // and can succeed later (0 otherwise).
 func (r *Response) AppendFields(policy, limit []byte) ([]byte, []byte, int64) {
 	var retry time.Duration
+	p0, l0 := len(policy), len(limit)
 	for i := range r.Statuses {
 		st := &r.Statuses[i]
 		if st.Rule == nil {
 			continue
 		}
-		if len(limit) > 0 {
-			policy, limit = append(policy, ", "...), append(limit, ", "...)
+		if len(policy) > p0 {
+			policy = append(policy, ", "...)
 		}
 		policy = limitheader.AppendPolicyItem(policy, st.Rule.Name, st.Rule.Capacity(), st.Rule.QuotaWindow())
-		limit = limitheader.AppendLimitItem(limit, st.Decision.Rule, st.Decision.Remaining, st.Decision.ResetAfter)
 		if st.Code == OverLimit {
 			retry = max(retry, st.Decision.RetryAfter)
 		}
+		if !st.RemainingKnown() { // fail_open: nothing is known of the key
+			continue
+		}
+		if len(limit) > l0 {
+			limit = append(limit, ", "...)
+		}
+		limit = limitheader.AppendLimitItem(limit, st.Decision.Rule, st.Decision.Remaining, st.Decision.ResetAfter)
 	}
 	if r.Code != OverLimit || retry <= 0 || retry == ratelimit.Never {
 		return policy, limit, 0

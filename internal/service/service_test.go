@@ -116,6 +116,64 @@ func TestFailedClosedIsUnavailable(t *testing.T) {
 	}
 }
 
+// knownStore answers as a store whose backend is down for fail_open
+// rules, and as a store that was asked for the others: admitted, 3 left.
+type knownStore struct{}
+
+func (knownStore) Decide(_ context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
+	for _, it := range items {
+		d := ratelimit.Decision{Allowed: true, Capacity: it.Rule.Capacity(), Rule: it.Rule.Name}
+		if it.Rule.Failure == ratelimit.FailOpen {
+			d.Reason = ratelimit.ReasonFailOpen // Remaining 0: nothing known
+		} else {
+			d.Remaining, d.ResetAfter = 3, time.Minute
+		}
+		dst = append(dst, d)
+	}
+	return dst, nil
+}
+
+// TestFailOpenRemainingUnknown: a limit admitted by fail_open knows
+// nothing of its key, so its Remaining (0) never wins a descriptor's
+// status over a limit that does know; alone it is reported as unknown,
+// and the RateLimit field leaves it out (the policy stays).
+func TestFailOpenRemainingUnknown(t *testing.T) {
+	dom, err := rules.Parse("f.yaml", []byte(`domain: f
+descriptors:
+  - key: k
+    limits:
+      - {unit: minute, requests_per_unit: 5, name: open}
+      - {unit: hour, requests_per_unit: 50, name: known, failure_mode: fail_closed}
+  - key: alone
+    rate_limit: {unit: minute, requests_per_unit: 5, name: alone}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := rules.NewSet(dom)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := New(Options{Store: knownStore{}, Rules: set})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var resp Response
+	if err := svc.ShouldRateLimit(t.Context(), &Request{Domain: "f", Descriptors: descs("k=a", "alone=a")}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	if st := &resp.Statuses[0]; st.Rule.Name != "known" || !st.RemainingKnown() || st.Decision.Remaining != 3 {
+		t.Errorf("two limits, one failed open: status of %q, remaining %d (known %v); want known's 3", st.Rule.Name, st.Decision.Remaining, st.RemainingKnown())
+	}
+	if st := &resp.Statuses[1]; st.Rule.Name != "alone" || st.RemainingKnown() {
+		t.Errorf("a limit alone that failed open: %q, remaining known %v; want unknown", st.Rule.Name, st.RemainingKnown())
+	}
+	policy, limit, retry := resp.AppendFields(nil, nil)
+	if string(policy) != `"known";q=50;w=3600, "alone";q=5;w=60` || string(limit) != `"known";r=3;t=60` || retry != 0 {
+		t.Errorf("fields: policy %q, limit %q, retry %d", policy, limit, retry)
+	}
+}
+
 // TestValidateDoesNotAllocate: the one check of every request costs no
 // allocation when the request is valid.
 func TestValidateDoesNotAllocate(t *testing.T) {

@@ -92,6 +92,10 @@ type Key struct {
 	// Append appends the key's value for the call to dst; ok false means
 	// the policy does not apply to the call.
 	Append func(dst []byte, ctx context.Context, fullMethod string) (b []byte, ok bool)
+
+	// err is why the constructor could not make the key; NewServer
+	// reports it.
+	err error
 }
 
 // ByPeer keys by the IP address of the calling peer ("unknown" when the
@@ -124,6 +128,9 @@ func peerAddr(ctx context.Context) netip.Addr {
 // store key longer than 256 bytes is replaced by its SHA-256 digest, so a
 // caller cannot make the store hold values of any size.
 func ByMetadata(name string) Key {
+	if name == "" {
+		return Key{Scope: "metadata", err: errors.New(`ByMetadata(""): the metadata name is empty`)}
+	}
 	name = strings.ToLower(name)
 	return Key{Scope: "metadata " + name, Append: func(dst []byte, ctx context.Context, _ string) ([]byte, bool) {
 		vs := metadata.ValueFromIncomingContext(ctx, name)
@@ -186,8 +193,18 @@ func NewServer(cfg Config) (*Server, error) {
 	}
 	names := make(map[string]bool)
 	for i, l := range cfg.Policies {
+		// A nameless policy would be reported as "" in QuotaFailure
+		// details and metrics: almost surely a forgotten field.
+		if l.Rule.Name == "" {
+			return nil, fmt.Errorf("grpclimit: policy %d: Policy.Rule.Name is empty; it names the policy in QuotaFailure details", i)
+		}
 		if err := l.Rule.Validate(); err != nil {
 			return nil, fmt.Errorf("grpclimit: policy %d: %w", i, err)
+		}
+		for j, k := range l.Keys {
+			if k.err != nil {
+				return nil, fmt.Errorf("grpclimit: policy %q: Policy.Keys[%d]: %w", l.Rule.Name, j, k.err)
+			}
 		}
 		if names[l.Rule.Name] {
 			return nil, fmt.Errorf("grpclimit: two policies are named %q", l.Rule.Name)

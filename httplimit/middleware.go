@@ -168,14 +168,10 @@ func New(cfg Config) (*Middleware, error) {
 	names := make(map[string]bool)
 	var all []byte
 	for i, l := range cfg.Policies {
-		// Zero values that would pass Validate but are almost surely
-		// forgotten fields: a nameless policy sends RateLimit: "";r=0, and
-		// a zero Quota denies every request.
+		// A nameless policy would send RateLimit: "";r=0: almost surely a
+		// forgotten field. (Validate refuses a forgotten Quota.)
 		if l.Rule.Name == "" {
 			return nil, fmt.Errorf("httplimit: policy %d: Policy.Rule.Name is empty; it names the policy in the RateLimit fields", i)
-		}
-		if l.Rule.Quota == 0 {
-			return nil, fmt.Errorf("httplimit: policy %q: Policy.Rule.Quota is 0, which denies every request", l.Rule.Name)
 		}
 		if err := l.Rule.Validate(); err != nil {
 			return nil, fmt.Errorf("httplimit: policy %d: %w", i, err)

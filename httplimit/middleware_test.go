@@ -406,7 +406,7 @@ func TestNewRefusesZeroValues(t *testing.T) {
 		want string
 	}{
 		{"no name", httplimit.Policy{Rule: ratelimit.Rule{Quota: 10, Period: time.Second}}, "Policy.Rule.Name is empty"},
-		{"no quota", httplimit.Policy{Rule: ratelimit.Rule{Name: "p", Period: time.Second}}, "Policy.Rule.Quota is 0"},
+		{"no quota", httplimit.Policy{Rule: ratelimit.Rule{Name: "p", Period: time.Second}}, "Quota is 0"},
 		{"ByHeader empty", httplimit.Policy{Rule: rule, Keys: []httplimit.Key{httplimit.ByIP(), httplimit.ByHeader("")}}, `Policy.Keys[1]: ByHeader(""): the header name is empty`},
 	} {
 		if _, err := httplimit.New(httplimit.Config{Store: store, Policies: []httplimit.Policy{tt.p}}); err == nil || !strings.Contains(err.Error(), tt.want) {

@@ -101,6 +101,8 @@ func TestValidate(t *testing.T) {
 		{Algorithm: SlidingLog, Quota: MaxSlidingLogQuota + 1, Period: sec},
 		{Algorithm: GCRA, Quota: 1, Period: MaxPeriod, Burst: 2},        // burst × interval overflows
 		{Algorithm: LeakyBucket, Quota: 1, Period: MaxPeriod, Burst: 2}, // idem
+		{Period: sec},                        // a forgotten Quota
+		{Quota: 1, Period: sec, Block: true}, // a Block that admits
 	}
 	for i, r := range bad {
 		r.Name = fmt.Sprintf("bad%d", i)
@@ -110,7 +112,7 @@ func TestValidate(t *testing.T) {
 		}
 	}
 	good := []Rule{
-		{Quota: 0, Period: sec},
+		{Quota: 0, Period: sec, Block: true},
 		{Quota: 1, Period: 1},
 		{Quota: MaxQuota, Period: sec, Burst: MaxQuota},
 		{Quota: 1, Period: MaxPeriod},

@@ -220,7 +220,13 @@ type Rule struct {
 	Algorithm Algorithm
 	// Quota is the cost admitted per Period (the refill rate for GCRA and
 	// LeakyBucket, the quota of one window for the window algorithms).
+	// Validate refuses 0 unless Block is set: a forgotten Quota would
+	// otherwise deny every request in silence.
 	Quota int64
+	// Block marks a rule that admits nothing on purpose (Envoy's
+	// requests_per_unit: 0, a limit overridden to 0): Quota must be 0. Such
+	// a rule denies every request with ReasonExceedsCapacity.
+	Block bool
 	// Period is the window length or the refill period. It must be zero
 	// when Calendar is set.
 	Period time.Duration
@@ -273,6 +279,12 @@ func (r *Rule) Validate() error {
 	}
 	if r.Quota < 0 || r.Quota > MaxQuota {
 		return bad("limit %d out of range [0, %d]", r.Quota, int64(MaxQuota))
+	}
+	if r.Quota == 0 && !r.Block {
+		return bad("Quota is 0, which admits nothing: set Quota, or set Block to refuse every request on purpose")
+	}
+	if r.Block && r.Quota != 0 {
+		return bad("Block is set with Quota %d: a rule that blocks admits nothing; leave Quota 0", r.Quota)
 	}
 	if r.Burst < 0 || r.Burst > MaxQuota {
 		return bad("burst %d out of range [0, %d]", r.Burst, int64(MaxQuota))

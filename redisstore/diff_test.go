@@ -60,7 +60,7 @@ func diffRules() []*ratelimit.Rule {
 		{Name: "gcra-burst", Quota: 3, Period: 100 * ms, Burst: 7},
 		{Name: "gcra-uneven", Quota: 3, Period: 1000*ms + 1},
 		{Name: "gcra-fast", Quota: 10, Period: 50 * ms},
-		{Name: "gcra-zero", Quota: 0, Period: time.Second},
+		{Name: "gcra-zero", Quota: 0, Block: true, Period: time.Second},
 		{Name: "gcra-long", Quota: 7, Period: 40 * 24 * time.Hour},
 		{Name: "fixed", Algorithm: ratelimit.FixedWindow, Quota: 5, Period: 100 * ms},
 		{Name: "fixed-odd", Algorithm: ratelimit.FixedWindow, Quota: 4, Period: 77*ms + 3},

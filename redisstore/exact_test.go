@@ -19,7 +19,7 @@ func TestNeedsExact(t *testing.T) {
 		want bool
 	}{
 		{ratelimit.Rule{Quota: 100, Period: time.Second}, 0, false},
-		{ratelimit.Rule{Quota: 0, Period: time.Second}, 0, true},
+		{ratelimit.Rule{Quota: 0, Block: true, Period: time.Second}, 0, true},
 		{ratelimit.Rule{Quota: 1, Period: year}, 0, true},
 		{ratelimit.Rule{Quota: 1000, Period: 30 * 24 * time.Hour}, 0, false},
 		{ratelimit.Rule{Quota: 10, Period: time.Hour, Burst: 20000}, 0, true}, // capacity × interval ≥ 2^52

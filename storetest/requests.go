@@ -236,6 +236,7 @@ func testInvalidRule(t *testing.T, newStore NewStore) {
 		{Name: "negative_limit", Quota: -1, Period: time.Second},
 		{Name: "negative_burst", Quota: 1, Period: time.Second, Burst: -1},
 		{Name: "no_period", Quota: 1},
+		{Name: "no_quota", Period: time.Second}, // a forgotten Quota, not a Block
 		{Name: "negative_period", Algorithm: ratelimit.SlidingWindow, Quota: 1, Period: -time.Second},
 	}
 	k := e.key("k")

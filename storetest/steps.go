@@ -246,7 +246,7 @@ func StepTables() []StepTable {
 
 	// Limit 0, tiny rates and huge costs: no overflow may open a rule.
 	for _, alg := range algorithms {
-		add("edge/limit0_"+alg.String(), ratelimit.Rule{Name: "z", Algorithm: alg, Quota: 0, Period: sec},
+		add("edge/limit0_"+alg.String(), ratelimit.Rule{Name: "z", Algorithm: alg, Quota: 0, Block: true, Period: sec},
 			Step{At: 0, Cost: 0, Want: ok(0, 0)},
 			Step{At: 0, Cost: 1, Want: never(0, 0)},
 			Step{At: year, Cost: 1, Want: never(0, 0)},

@@ -201,6 +201,7 @@ func (b *builder) specs(n *node, rd *descriptorConfig, path []ancestor) {
 			s.Rule = &ratelimit.Rule{
 				Algorithm: l.Algorithm,
 				Quota:     l.RequestsPerUnit,
+				Block:     l.RequestsPerUnit == 0,
 				Period:    l.Period,
 				Burst:     l.Burst,
 				Calendar:  cal,

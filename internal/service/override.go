@@ -81,7 +81,7 @@ func (o *Override) apply(set *rules.Set) (base, r *ratelimit.Rule, err error) {
 		return nil, nil, fmt.Errorf("%w: rule %q uses %s, which has no burst", ErrInvalidOverride, o.Rule, sp.Rule.Algorithm)
 	}
 	c := *sp.Rule
-	c.Quota, c.Burst = o.Quota, o.Burst
+	c.Quota, c.Burst, c.Block = o.Quota, o.Burst, o.Quota == 0
 	if err := c.Validate(); err != nil {
 		return nil, nil, fmt.Errorf("%w: %w", ErrInvalidOverride, err)
 	}

@@ -548,6 +548,7 @@ func (c *inlineRules) get(l *InlineLimit) *ratelimit.Rule {
 		Name:      fmt.Sprintf("inline_%d_per_%dx%s", l.RequestsPerUnit, max(l.Multiplier, 1), l.Unit),
 		Algorithm: ratelimit.FixedWindow,
 		Quota:     int64(l.RequestsPerUnit),
+		Block:     l.RequestsPerUnit == 0,
 		Period:    l.period(),
 	}
 	c.mu.Lock()

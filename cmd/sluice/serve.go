@@ -138,6 +138,10 @@ type serveConfig struct {
 	logFormat        string
 	limits           limitsConfig
 	top              topConfig
+	// now, when set, is the stores' clock (memstore.Options.Now,
+	// redisstore.Options.Now): a test hook, never set from a flag, through
+	// which the model-checked test (model_test.go) steps a virtual clock.
+	now func() time.Time
 }
 
 // adminTokenEnv names the environment variable holding the admin token
@@ -353,7 +357,7 @@ func (c memstoreCollector) Collect(ch chan<- prometheus.Metric) {
 // credentials is an error; one that is not reachable yet is only logged.
 func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*backend, error) {
 	if cfg.store == "memory" {
-		m := memstore.New(memstore.Options{MaxKeys: cfg.memoryMaxKeys})
+		m := memstore.New(memstore.Options{MaxKeys: cfg.memoryMaxKeys, Now: cfg.now})
 		return &backend{store: m, keys: httpapi.LocalKeys(m), overrides: &httpapi.MemoryOverrides{}, metrics: memstoreCollector{m}, health: memoryHealth(m), closers: []func() error{m.Close}}, nil
 	}
 	redisstore.LogTo(log)
@@ -374,7 +378,7 @@ func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*back
 	rs, err := redisstore.New(c, redisstore.Options{
 		Prefix: cfg.redisPrefix, Replicas: cfg.replicas,
 		Pipelines: cfg.redisPipelines, BatchWindow: cfg.redisWindow, Timeout: cfg.redisTimeout,
-		Logger: log,
+		Logger: log, Now: cfg.now,
 	})
 	if err != nil {
 		b.close(log)

@@ -812,3 +812,46 @@ func FuzzModel(f *testing.F) {
 		ms.checkCase(t, c)
 	})
 }
+
+// modelRegressions are cases written by hand: shapes the generator finds
+// rarely, and the shrunk reproductions of defects the test found.
+func modelRegressions() []*mCase {
+	inline := func(v string) mDesc {
+		return mDesc{Entries: []mEntry{{"k0", v}}, Inline: &mInline{RPU: 1, Unit: 2}}
+	}
+	return []*mCase{
+		// Two descriptors matching an unlimited key-only rule, each
+		// with its own inline limit: two counters.
+		{Seed: 1, Nodes: []*mNode{{ID: 0, Key: "k0", Limits: []*mLimit{{Name: "r0", Unlimited: true}}}},
+			Steps: []mStep{
+				{Transport: tGRPC, Descs: []mDesc{inline("a")}},
+				{Transport: tGRPC, Descs: []mDesc{inline("b")}},
+				{Transport: tJSON, Descs: []mDesc{inline("a"), inline("c")}},
+			}},
+		// A shadow limit beside fewer real ones (the top-K panic).
+		{Seed: 2, Nodes: []*mNode{
+			{ID: 0, Key: "k0", Shadow: true, List: true, Limits: []*mLimit{{Name: "s0", Unit: 1, Quota: 1, Algorithm: algGCRA}, {Name: "s1", Unit: 2, Quota: 1, Algorithm: algFixed, WriteAlg: true}}},
+			{ID: 1, Key: "k1", Limits: []*mLimit{{Name: "r0", Unit: 1, Quota: 2, Algorithm: algFixed}}}},
+			Steps: []mStep{
+				{Transport: tGRPC, Descs: []mDesc{{Entries: []mEntry{{"k0", "a"}}}, {Entries: []mEntry{{"k1", "a"}}}}},
+				{Transport: tGRPC, Descs: []mDesc{{Entries: []mEntry{{"k0", "a"}}}, {Entries: []mEntry{{"k0", "b"}}}}},
+				{Transport: tCheck, Descs: []mDesc{{Entries: []mEntry{{"k1", "a"}}}, {Entries: []mEntry{{"k0", "a"}}}}},
+			}},
+	}
+}
+
+// TestModelRegressions runs modelRegressions on every configuration.
+func TestModelRegressions(t *testing.T) {
+	for _, mc := range modelConfigs() {
+		if mc.redis {
+			continue
+		}
+		t.Run(mc.name, func(t *testing.T) {
+			ms := startModelServe(t, mc, "")
+			for _, c := range modelRegressions() {
+				ms.checkCase(t, c)
+			}
+			ms.assertNoPanics(t)
+		})
+	}
+}

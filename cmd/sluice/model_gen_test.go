@@ -146,8 +146,12 @@ type mStep struct {
 type mCase struct {
 	Seed    uint64
 	Batched bool // the shape in which batched counting is exact on Redis
-	Nodes   []*mNode
-	Steps   []mStep
+	// Hand marks a case of modelRegressions; KnownRedis, a known defect
+	// of the Redis store that it reproduces.
+	Hand       bool
+	KnownRedis string
+	Nodes      []*mNode
+	Steps      []mStep
 }
 
 var (
@@ -227,7 +231,7 @@ func (g *generator) level(n, depth int) []*mNode {
 func (g *generator) limits(nd *mNode) {
 	c := g.c
 	nd.Shadow = chance(c, 20)
-	if !g.case_.Batched && chance(c, 30) {
+	if !g.case_.Batched && !g.o.redis && chance(c, 30) {
 		nd.List = true
 	}
 	n := 1
@@ -237,7 +241,7 @@ func (g *generator) limits(nd *mNode) {
 	units := []int{1, 2, 3}
 	for i := range n {
 		l := &mLimit{Name: "r" + strconv.Itoa(len(g.rules))}
-		if !nd.List && !g.case_.Batched && chance(c, 10) {
+		if !nd.List && !g.case_.Batched && chance(c, 15) {
 			l.Unlimited = true
 			nd.Limits = append(nd.Limits, l)
 			g.rules = append(g.rules, l)
@@ -343,8 +347,15 @@ func (g *generator) step() mStep {
 		}
 	}
 	n := 1 + c.intn(3)
-	if mc.Batched {
-		n = 1 + c.intn(2)
+	if g.o.redis {
+		// One descriptor of one limit (no `limits:` lists on Redis): two
+		// defects of redisstore this test found make requests of several
+		// items differ from the model there (modelRegressions, cases 4
+		// and 5: the denial cache answers a request's other items denied
+		// with reason ok and no retry; a batched bucket's unit taken for
+		// a request that another item denies is lost, not given back).
+		// Lift this once they are fixed.
+		n = 1
 	}
 	ps := paths(mc.Nodes, nil, nil)
 	for range n {
@@ -366,9 +377,9 @@ func (g *generator) step() mStep {
 				d.Cost = int64(pick(c, 0, 1, 2, 3, 6, -1, -2))
 			}
 		}
-		if rls && !mc.Batched {
+		if rls && !mc.Batched && !g.o.redis {
 			d.Negative = chance(c, 10)
-			if chance(c, 12) {
+			if chance(c, 18) {
 				d.Inline = &mInline{RPU: uint32(c.intn(5)), Unit: 1 + c.intn(3), Mult: uint32(pick(c, 0, 0, 1, 2))}
 			}
 		}

@@ -15,7 +15,8 @@ package main
 //     and window (never its name or quota, so an override applies against
 //     what was consumed).
 //   - An inline limit (a descriptor's own, RLS only) replaces the
-//     descriptor's limits: one fixed window per descriptor, shadow when
+//     descriptor's limits: one fixed window per descriptor, counted on a
+//     key of the descriptor and the window (not the quota), shadow when
 //     the first limit it replaces is; on a descriptor that matched
 //     nothing it still limits it (the domain must exist).
 //   - Unlimited limits are reported and never counted.
@@ -374,7 +375,7 @@ func (m *refModel) apply(st *mStep, now int64) *refResponse {
 			}
 			inlined[mt.desc] = true
 			c.rule = inlineRule(d.Inline)
-			c.key = "inline|" + pathKey(mt.node, d.Entries) + "|" + c.rule.Name
+			c.key = "inline|" + pathKey(mt.node, d.Entries) + "|" + c.rule.Period.String()
 		case mt.l.Unlimited:
 			c.unlimName = mt.l.Name
 		default:
@@ -393,7 +394,7 @@ func (m *refModel) apply(st *mStep, now int64) *refResponse {
 		for _, e := range d.Entries {
 			key += fmt.Sprintf("|%q=%q", e.Key, e.Value)
 		}
-		checks = append(checks, refCheck{desc: i, rule: r, key: key + "|" + r.Name, cost: st.cost(i)})
+		checks = append(checks, refCheck{desc: i, rule: r, key: key + "|" + r.Period.String(), cost: st.cost(i)})
 	}
 	m.decideAll(checks, now, false, !m.independent)
 	m.decideAll(checks, now, true, false)

@@ -171,6 +171,18 @@ type serveHooks struct {
 	// unary and stream are gRPC interceptors.
 	unary  grpc.UnaryServerInterceptor
 	stream grpc.StreamServerInterceptor
+	// now is the stores' clock (memstore.Options.Now,
+	// redisstore.Options.Now), through which the model-checked test
+	// (model_test.go) steps a virtual clock.
+	now func() time.Time
+}
+
+// clock returns the stores' clock: nil, the default, but in tests.
+func (h *serveHooks) clock() func() time.Time {
+	if h == nil {
+		return nil
+	}
+	return h.now
 }
 
 func (h *serveHooks) wrap(listener string, next http.Handler) http.Handler {
@@ -421,7 +433,7 @@ func (c memstoreCollector) Collect(ch chan<- prometheus.Metric) {
 // credentials is an error; one that is not reachable yet is only logged.
 func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*backend, error) {
 	if cfg.store == "memory" {
-		m := memstore.New(memstore.Options{MaxKeys: cfg.memoryMaxKeys})
+		m := memstore.New(memstore.Options{MaxKeys: cfg.memoryMaxKeys, Now: cfg.hooks.clock()})
 		return &backend{store: m, keys: httpapi.LocalKeys(m), overrides: &httpapi.MemoryOverrides{}, metrics: memstoreCollector{m}, health: memoryHealth(m), closers: []func() error{m.Close}}, nil
 	}
 	redisstore.LogTo(log)
@@ -442,7 +454,7 @@ func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*back
 	rs, err := redisstore.New(c, redisstore.Options{
 		Prefix: cfg.redisPrefix, Replicas: cfg.replicas,
 		Pipelines: cfg.redisPipelines, BatchWindow: cfg.redisWindow, Timeout: cfg.redisTimeout,
-		Logger: log,
+		Logger: log, Now: cfg.hooks.clock(),
 	})
 	if err != nil {
 		b.close(log)

@@ -286,6 +286,13 @@ func (s *Service) match(sc *scratch, dom *rules.Domain, req *Request) {
 			}
 			inlined = l.Descriptor
 			c.rule, c.unit, c.spec, c.quota = s.inline.get(d.InlineLimit), d.InlineLimit.Unit, nil, false
+			if l.Unlimited {
+				// An unlimited rule has no storage key (AppendKey
+				// appended nothing): count on the descriptor's own
+				// entries, as when no rule matches, not on a key that
+				// every such descriptor of every domain would share.
+				sc.key = appendEntriesKey(sc.key[:0], dom.Name(), d.Entries)
+			}
 			sc.key = appendInlineKey(sc.key, d.InlineLimit)
 		} else if l.Unlimited {
 			c.rule = nil

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/rules"
+	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -246,5 +247,41 @@ func TestValidateBounds(t *testing.T) {
 				t.Fatalf("got %v; want an ErrInvalidRequest containing %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestInlineLimitOnUnlimited: an inline limit on descriptors that match an
+// unlimited rule counts per descriptor and domain, not on one key shared
+// by all of them (the model-checked test, cmd/sluice, found that it did).
+func TestInlineLimitOnUnlimited(t *testing.T) {
+	const src = `domain: o
+descriptors:
+  - key: k
+    rate_limit: {unlimited: true, name: free}
+`
+	set := overrideSet(t, src)
+	svc, err := New(Options{Store: memstore.New(memstore.Options{}), Rules: set})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ask := func(values ...string) Code {
+		t.Helper()
+		var req Request
+		req.Domain = "o"
+		for _, v := range values {
+			req.Descriptors = append(req.Descriptors, Descriptor{Entries: []rules.Entry{{Key: "k", Value: v}}, Cost: 1,
+				InlineLimit: &InlineLimit{RequestsPerUnit: 1, Unit: rules.Minute}})
+		}
+		var resp Response
+		if err := svc.ShouldRateLimit(context.Background(), &req, &resp); err != nil {
+			t.Fatal(err)
+		}
+		return resp.Code
+	}
+	if ask("a") != OK || ask("b") != OK || ask("c", "d") != OK {
+		t.Fatal("a descriptor was denied by another's inline limit")
+	}
+	if ask("a") != OverLimit {
+		t.Fatal("a's inline limit of 1 a minute admitted a second request")
 	}
 }

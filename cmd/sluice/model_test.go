@@ -458,6 +458,8 @@ type checkAnswer struct {
 		Reason       string `json:"reason"`
 		Shadow       bool   `json:"shadow"`
 		Unlimited    bool   `json:"unlimited"`
+		QuotaMode    bool   `json:"quota_mode"`
+		QuotaOver    bool   `json:"quota_exceeded"`
 	} `json:"descriptors"`
 }
 
@@ -530,6 +532,9 @@ func (ms *modelServer) viaCheck(domain string, st *mStep, want *refResponse, bat
 		}
 		if g.Allowed != !w.Over || g.Code != wc {
 			diffs = append(diffs, fmt.Sprintf("descriptor %d: allowed=%v code=%s, want %s", i, g.Allowed, g.Code, wc))
+		}
+		if g.QuotaMode || g.QuotaOver { // the generator makes no quota_mode rule
+			diffs = append(diffs, fmt.Sprintf("descriptor %d: quota_mode=%v quota_exceeded=%v, want neither", i, g.QuotaMode, g.QuotaOver))
 		}
 		if batched {
 			continue

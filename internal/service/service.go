@@ -17,6 +17,10 @@
 //     one that denied or, when all admitted, the one with least remaining.
 //   - Shadow-mode limits are decided apart from the others, so a shadow
 //     denial never blocks or un-counts a real limit.
+//   - A descriptor's inline limit (the proxy's own, envoyproxy/ratelimit's
+//     "limit override") replaces every limit its rules give it, and takes
+//     none of their modes: it is never shadow nor quota mode, as in
+//     envoyproxy/ratelimit, so a proxy's explicit limit is always enforced.
 //   - quota_mode (a descriptor's soft limit, as envoyproxy/ratelimit
 //     since 2026): a quota-mode limit over its quota makes its
 //     descriptor's status OverLimit with QuotaExceeded, but the request
@@ -285,7 +289,7 @@ func (s *Service) match(sc *scratch, dom *rules.Domain, req *Request) {
 				continue // one inline limit replaces all the descriptor's limits
 			}
 			inlined = l.Descriptor
-			c.rule, c.unit, c.spec, c.quota = s.inline.get(d.InlineLimit), d.InlineLimit.Unit, nil, false
+			c.rule, c.unit, c.spec, c.quota, c.shadow = s.inline.get(d.InlineLimit), d.InlineLimit.Unit, nil, false, false
 			if l.Unlimited {
 				// An unlimited rule has no storage key (AppendKey
 				// appended nothing): count on the descriptor's own

@@ -285,3 +285,29 @@ descriptors:
 		t.Fatal("a's inline limit of 1 a minute admitted a second request")
 	}
 }
+
+// TestInlineLimitOnShadow: an inline limit replaces a shadow-mode rule's
+// limit without taking its mode: it denies, as in envoyproxy/ratelimit.
+func TestInlineLimitOnShadow(t *testing.T) {
+	const src = `domain: o
+descriptors:
+  - key: k
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 100, name: trial}
+`
+	svc, err := New(Options{Store: memstore.New(memstore.Options{}), Rules: overrideSet(t, src)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := Request{Domain: "o", Descriptors: []Descriptor{{Entries: []rules.Entry{{Key: "k", Value: "a"}}, Cost: 1,
+		InlineLimit: &InlineLimit{RequestsPerUnit: 1, Unit: rules.Minute}}}}
+	var resp Response
+	for i, want := range []Code{OK, OverLimit} {
+		if err := svc.ShouldRateLimit(context.Background(), &req, &resp); err != nil {
+			t.Fatal(err)
+		}
+		if resp.Code != want || resp.Statuses[0].Shadow {
+			t.Fatalf("request %d: %v, shadow %v; want %v from the inline limit, not shadow", i, resp.Code, resp.Statuses[0].Shadow, want)
+		}
+	}
+}

@@ -33,7 +33,8 @@
 // about a second without refusals the limit falls to twice the most held
 // and the Controller takes over; a refusal or a drop in the warm-up
 // (overloaded from the start) ends it at once at a tenth of Max, and the
-// Controller starts once what was let in has drained.
+// Controller starts once every request let in during the warm-up has
+// ended.
 //
 // Requests have a Priority (carried in the context: WithPriority,
 // PriorityFrom; at the edges the header PriorityHeader and the gRPC key

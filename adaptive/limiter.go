@@ -37,8 +37,10 @@ type Options struct {
 	// warm-up window with refusals or drops (demand above Max, or
 	// deadlines passed: overloaded from the start) ends it at once with
 	// the limit at Min + (Max-Min)/10, and the Controller is fed from
-	// the first window after the excess admitted has drained, so that
-	// its latency baseline is not measured on that queue.
+	// the first window within the limit in which no permit granted
+	// during the warm-up ended, so that its latency baseline is not
+	// measured on that queue (a window within the limit may still see
+	// the last of it complete).
 	Initial int
 	// Controller moves the limit once per window (default a zero
 	// Gradient, with a latency baseline). NewLimiter fills in its
@@ -184,10 +186,17 @@ type Limiter struct {
 
 	// warming counts the windows of the warm-up left (see
 	// Options.Initial); draining is set when a warm-up ended with
-	// refusals, until a window's permits fit in its limit.
+	// refusals, until a window whose permits fit in its limit and in
+	// which none of the permits granted during the warm-up ended.
 	warming  int
 	warmHeld int // the most permits held in a window of the warm-up
 	draining bool
+	// While draining, warmEnd is when the warm-up ended: stale counts
+	// the permits granted until then still held, staleEnded those of
+	// them ended in the open window.
+	warmEnd    int64
+	stale      int
+	staleEnded int
 }
 
 // warmUpWindows is the length of the warm-up at Max, in windows without
@@ -360,6 +369,10 @@ func (p *Permit) endMono(d time.Duration, k endKind) {
 func (l *Limiter) finish(t, start int64, k endKind) {
 	l.account(t)
 	l.held = max(l.held-1, 0)
+	if l.stale > 0 && start <= l.warmEnd {
+		l.stale--
+		l.staleEnded++
+	}
 	switch k {
 	case endDone:
 		l.done++
@@ -433,8 +446,10 @@ func (l *Limiter) closeWindow(t int64) {
 	case l.warming > 0 && (s.Refused > 0 || s.Dropped > 0):
 		// Overloaded from the start: the limit falls to where a
 		// Controller starts without a warm-up, and the Controller waits
-		// for the queue let in at Max to drain.
+		// for the queue let in at Max to drain: for every permit held
+		// now to end.
 		l.warming, l.draining = 0, true
+		l.warmEnd, l.stale = t, l.held
 		next = float64(l.opt.Min + (l.opt.Max-l.opt.Min)/10)
 	case l.warming > 0:
 		// Healthy so far: the limit stays at Max, and at the end of the
@@ -445,7 +460,7 @@ func (l *Limiter) closeWindow(t int64) {
 		if l.warming--; l.warming == 0 {
 			next = max(float64(2*l.warmHeld), float64(l.opt.Min+(l.opt.Max-l.opt.Min)/10))
 		}
-	case l.draining && s.MaxInFlight > int(s.Limit):
+	case l.draining && (s.MaxInFlight > int(s.Limit) || l.staleEnded > 0):
 		next = l.limit
 	default:
 		l.draining = false
@@ -466,6 +481,7 @@ func (l *Limiter) closeWindow(t int64) {
 	l.winStart = t
 	l.hist.reset()
 	l.done, l.drops, l.area, l.acquired, l.refusedInWin = 0, 0, 0, 0, 0
+	l.staleEnded = 0
 	l.maxHeld = l.held
 }
 

@@ -28,6 +28,14 @@
 // and growing then is how limits run away (a server whose latency is a
 // constant timeout looks healthy at any limit).
 //
+// By default (Options.Initial 0) a Limiter starts with a warm-up at Max,
+// so that healthy traffic is not refused while nothing is measured: after
+// about a second without refusals the limit falls to twice the most held
+// and the Controller takes over; a refusal or a drop in the warm-up
+// (overloaded from the start) ends it at once at a tenth of Max, and the
+// Controller starts once every request let in during the warm-up has
+// ended.
+//
 // Requests have a Priority (carried in the context: WithPriority,
 // PriorityFrom; at the edges the header PriorityHeader and the gRPC key
 // PriorityMetadata). A priority may fill only its share of the limit

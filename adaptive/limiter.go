@@ -26,8 +26,21 @@ type Options struct {
 	Max int
 	// Min is the least the limit falls to (default 1, at most Max).
 	Min int
-	// Initial is the limit at the start (default Min + (Max-Min)/10,
-	// clamped to [Min, Max]).
+	// Initial is the limit at the start, in [Min, Max]. 0 (the default)
+	// means a warm-up instead: the limit starts at Max, so that healthy
+	// traffic is never refused while the Controller has measured nothing;
+	// after warmUpWindows windows (about a second) in which the Limiter
+	// refused nothing, the limit falls to twice the most held in one of
+	// them (at least Min + (Max-Min)/10: the limit above which it would
+	// not grow while it is not the bottleneck) and the Controller moves
+	// it from there; a
+	// warm-up window with refusals or drops (demand above Max, or
+	// deadlines passed: overloaded from the start) ends it at once with
+	// the limit at Min + (Max-Min)/10, and the Controller is fed from
+	// the first window within the limit in which no permit granted
+	// during the warm-up ended, so that its latency baseline is not
+	// measured on that queue (a window within the limit may still see
+	// the last of it complete).
 	Initial int
 	// Controller moves the limit once per window (default a zero
 	// Gradient, with a latency baseline). NewLimiter fills in its
@@ -170,7 +183,25 @@ type Limiter struct {
 	level  float64
 
 	refused [NumPriorities]uint64
+
+	// warming counts the windows of the warm-up left (see
+	// Options.Initial); draining is set when a warm-up ended with
+	// refusals, until a window whose permits fit in its limit and in
+	// which none of the permits granted during the warm-up ended.
+	warming  int
+	warmHeld int // the most permits held in a window of the warm-up
+	draining bool
+	// While draining, warmEnd is when the warm-up ended: stale counts
+	// the permits granted until then still held, staleEnded those of
+	// them ended in the open window.
+	warmEnd    int64
+	stale      int
+	staleEnded int
 }
+
+// warmUpWindows is the length of the warm-up at Max, in windows without
+// refusals (see Options.Initial).
+const warmUpWindows = 10
 
 // waiter is a caller queued in Acquire. Its fields are guarded by the
 // Limiter's mutex; ready is closed when granted is set.
@@ -193,8 +224,9 @@ func NewLimiter(opt Options) (*Limiter, error) {
 	if opt.Min < 1 || opt.Min > opt.Max {
 		return nil, fmt.Errorf("adaptive: Options.Min %d must be in [1, Max=%d]", opt.Min, opt.Max)
 	}
-	if opt.Initial == 0 {
-		opt.Initial = opt.Min + (opt.Max-opt.Min)/10
+	warmUp := opt.Initial == 0
+	if warmUp {
+		opt.Initial = opt.Max
 	}
 	if opt.Initial < opt.Min || opt.Initial > opt.Max {
 		return nil, fmt.Errorf("adaptive: Options.Initial %d must be in [Min=%d, Max=%d]", opt.Initial, opt.Min, opt.Max)
@@ -240,6 +272,9 @@ func NewLimiter(opt Options) (*Limiter, error) {
 		return nil, fmt.Errorf("adaptive: Options.MaxWait %v must be positive when QueueSize is %d", opt.MaxWait, opt.QueueSize)
 	}
 	l := &Limiter{opt: opt, ctrl: opt.Controller, epoch: time.Now()}
+	if warmUp {
+		l.warming = warmUpWindows
+	}
 	l.setLimit(float64(opt.Initial))
 	return l, nil
 }
@@ -334,6 +369,10 @@ func (p *Permit) endMono(d time.Duration, k endKind) {
 func (l *Limiter) finish(t, start int64, k endKind) {
 	l.account(t)
 	l.held = max(l.held-1, 0)
+	if l.stale > 0 && start <= l.warmEnd {
+		l.stale--
+		l.staleEnded++
+	}
 	switch k {
 	case endDone:
 		l.done++
@@ -402,12 +441,36 @@ func (l *Limiter) closeWindow(t int64) {
 		Throughput:  float64(l.done) / time.Duration(dur).Seconds(),
 		Refused:     l.refusedInWin,
 	}
-	next := l.ctrl.Update(s)
+	var next float64
 	switch {
-	case math.IsNaN(next):
+	case l.warming > 0 && (s.Refused > 0 || s.Dropped > 0):
+		// Overloaded from the start: the limit falls to where a
+		// Controller starts without a warm-up, and the Controller waits
+		// for the queue let in at Max to drain: for every permit held
+		// now to end.
+		l.warming, l.draining = 0, true
+		l.warmEnd, l.stale = t, l.held
+		next = float64(l.opt.Min + (l.opt.Max-l.opt.Min)/10)
+	case l.warming > 0:
+		// Healthy so far: the limit stays at Max, and at the end of the
+		// warm-up falls to twice the most held in a window, the limit
+		// above which it does not grow while it is not the bottleneck.
+		l.warmHeld = max(l.warmHeld, s.MaxInFlight)
 		next = l.limit
-	case next > l.limit && 2*s.MaxInFlight < int(l.limit):
-		next = l.limit // not the bottleneck: do not grow on flat latency
+		if l.warming--; l.warming == 0 {
+			next = max(float64(2*l.warmHeld), float64(l.opt.Min+(l.opt.Max-l.opt.Min)/10))
+		}
+	case l.draining && (s.MaxInFlight > int(s.Limit) || l.staleEnded > 0):
+		next = l.limit
+	default:
+		l.draining = false
+		next = l.ctrl.Update(s)
+		switch {
+		case math.IsNaN(next):
+			next = l.limit
+		case next > l.limit && 2*s.MaxInFlight < int(l.limit):
+			next = l.limit // not the bottleneck: do not grow on flat latency
+		}
 	}
 	l.setLimit(min(max(next, float64(l.opt.Min)), float64(l.opt.Max)))
 	l.last, l.lastRf = s, l.refusedInWin
@@ -418,6 +481,7 @@ func (l *Limiter) closeWindow(t int64) {
 	l.winStart = t
 	l.hist.reset()
 	l.done, l.drops, l.area, l.acquired, l.refusedInWin = 0, 0, 0, 0, 0
+	l.staleEnded = 0
 	l.maxHeld = l.held
 }
 

@@ -18,12 +18,19 @@ const (
 
 func simGuard(t testing.TB, seed uint64, ctrl Controller) *Guard {
 	t.Helper()
+	return simGuardAt(t, seed, ctrl, 0)
+}
+
+// simGuardAt is simGuard with its Limiter's Options.Initial (0: the
+// warm-up).
+func simGuardAt(t testing.TB, seed uint64, ctrl Controller, initial int) *Guard {
+	t.Helper()
 	rng := rand.New(rand.NewPCG(seed, 7))
 	if ctrl == nil {
 		ctrl = &Gradient{}
 	}
 	g, err := NewGuard(GuardOptions{
-		Limiter:  Options{Max: 200, Controller: ctrl},
+		Limiter:  Options{Max: 200, Initial: initial, Controller: ctrl},
 		Shedder:  &ShedderOptions{Objective: Objective{Quantile: 0.99, Latency: simObj}, Float64: rng.Float64},
 		Features: []Feature{{Name: "recommendations", Off: 0.8, On: 0.6}},
 	})

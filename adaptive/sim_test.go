@@ -343,7 +343,13 @@ func bestLimit(t testing.TB, slow, tol float64) (best int, good, bestGood float6
 // speed, best[1] at half); and the mean limit over the last second before
 // each change and at the end.
 func slowdown(t testing.TB, seed uint64, best [2]int) (r *simResult, settle func(band float64) (slowIn, fastIn time.Duration), means [3]float64) {
-	g := simGuard(t, seed+3, nil)
+	// The scenario measures how the Controller settles after a change of
+	// speed, not how a Limiter starts: it starts at an explicit Initial
+	// (a tenth of Max), so that the first second's draws, and with them
+	// every later one of the simulator's single random stream, do not
+	// depend on the warm-up (TestWarmUp* test that). With the warm-up,
+	// 76 of 80 seeds held the band; without, 79.
+	g := simGuardAt(t, seed+3, nil, 20)
 	cfg := baseSim(constLoad(3), g)
 	cfg.seed = seed
 	cfg.duration = 30 * time.Second

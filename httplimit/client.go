@@ -26,7 +26,7 @@ type Limiter interface {
 }
 
 // An AdjustableLimiter is a Limiter whose rate the Client may lower and
-// raise (AIMD). *ratelimit.Limiter satisfies it.
+// raise (see Client, 4). *ratelimit.Limiter satisfies it.
 type AdjustableLimiter interface {
 	Limiter
 	Limit() ratelimit.Limit
@@ -94,12 +94,19 @@ func waitCost(n int64) int {
 //     through this Client waits until then — one pause shared by all
 //     goroutines, not one retrying goroutine each. When it ends, the
 //     waiting requests are spread over the first backoff step (full
-//     jitter) and pass through the Limiter again, whose rate has just been
-//     lowered, so traffic resumes gradually.
-//  4. AIMD: on each throttling episode it multiplies the Limiter's rate by
-//     Decrease (never below MinRate), and on each success adds Increase
-//     (never above MaxRate). Throttled responses to requests sent before
-//     the last decrease do not lower it again.
+//     jitter) and pass through the Limiter again, so traffic resumes
+//     gradually.
+//  4. Rate in proportion (retry.Ceiling, as a lease.Holder does): a 429
+//     with a retry hint pauses for that long and cuts nothing; the 429s
+//     that come back until the pause has ended (and 100 ms more, for the
+//     requests in flight) are one episode and cut nothing. Only a 429
+//     after an episode, within two seconds of its end — the pause did not
+//     suffice — cuts the Limiter's rate, in proportion to the overshoot
+//     (the last episode's 429s over the cost sent in the last second),
+//     never below Decrease times the rate nor below MinRate; the rate
+//     then climbs back to MaxRate linearly in Recovery. A 503 is
+//     overload, not quota: it pauses as its hint says and cuts nothing
+//     (the Throttle and Concurrency answer overload).
 //  5. Retries: a throttled request is retried only if it may be (an
 //     idempotent method without a body, or any request with GetBody), at
 //     most MaxRetries times, after the shared pause plus a full-jitter
@@ -139,7 +146,8 @@ type Client struct {
 	// HTTP sends the requests; nil means http.DefaultClient.
 	HTTP *http.Client
 	// Limiter paces requests; nil means no pacing. If it is an
-	// AdjustableLimiter, the Client adjusts its rate (AIMD).
+	// AdjustableLimiter, the Client lowers its rate when 429s repeat and
+	// raises it back (see 4 above).
 	Limiter Limiter
 	// Throttle rejects requests locally while the service is overloaded
 	// (adaptive throttling; see the list above); nil means off. Share one
@@ -158,16 +166,18 @@ type Client struct {
 	// among every client of the same service.
 	Concurrency *adaptive.Limiter
 
-	// MaxRate is the AIMD ceiling; 0 means the Limiter's rate at first use.
+	// MaxRate is the rate the Limiter is set to when nothing is cut; 0
+	// means the Limiter's rate at first use.
 	MaxRate ratelimit.Limit
-	// MinRate is the AIMD floor; 0 means MaxRate/100.
+	// MinRate is the floor of the rate; 0 means MaxRate/100.
 	MinRate ratelimit.Limit
-	// Decrease multiplies the rate on throttling; 0 (or a value outside
-	// (0, 1)) means 0.5.
+	// Decrease is the lowest factor by which one cut (repeated 429s)
+	// lowers the rate: a cut is in proportion to the overshoot, never
+	// deeper than this; 0 (or a value outside (0, 1)) means 0.5.
 	Decrease float64
-	// Increase is added to the rate per successful response; 0 means
-	// MaxRate/100.
-	Increase ratelimit.Limit
+	// Recovery is the time in which a cut rate climbs back to MaxRate;
+	// 0 means 2 s.
+	Recovery time.Duration
 
 	// MaxRetries bounds the retries of one request; 0 means 3, negative
 	// means none.
@@ -202,13 +212,52 @@ type Client struct {
 	mu      sync.Mutex
 	started bool
 	budget  *retry.Budget
-	// AIMD state, when the Limiter is adjustable.
+	// The rate, when the Limiter is adjustable: MaxRate under the ceiling
+	// that repeated 429s lower (thr), never below minRate; sent is the
+	// cost sent over the last second, the measure of a cut.
 	adj                  AdjustableLimiter
 	rate, maxRate        float64
-	minRate, inc         float64
-	decreasedAt          int64 // c.requests at the last decrease
+	minRate              float64
+	thr                  retry.Ceiling
+	sent                 sentWindow
 	requests, throttled  int64
 	retries, retryDenied int64
+}
+
+// The episode of the Client's 429s lasts this long after their pause (the
+// requests in flight at the first one are answered), and a 429 within
+// throttleRepeat of an episode's end is a repeat (see Client, 4).
+const (
+	throttleGrace  = 100 * time.Millisecond
+	throttleRepeat = 2 * time.Second
+)
+
+// sentWindow counts the cost sent over the last second, in ten buckets of
+// a tenth of a second.
+type sentWindow struct {
+	at   int64 // the index of the latest bucket: Unix time in tenths of a second
+	cost [10]int64
+}
+
+// add counts n sent at now, and returns what was sent over the last
+// second.
+func (w *sentWindow) add(now time.Time, n int64) int64 {
+	const k = int64(len(w.cost))
+	i := now.UnixNano() / int64(100*time.Millisecond)
+	if d := i - w.at; d > 0 {
+		for j := int64(1); j <= min(d, k); j++ {
+			w.cost[(w.at+j)%k] = 0
+		}
+		w.at = i
+	}
+	if i > w.at-k {
+		w.cost[i%k] += n
+	}
+	var sum int64
+	for _, c := range w.cost {
+		sum += c
+	}
+	return sum
 }
 
 // ClientStats are a Client's counters.
@@ -244,14 +293,29 @@ func (c *Client) start() {
 		if c.maxRate <= 0 {
 			c.maxRate = float64(a.Limit())
 		}
-		c.minRate, c.inc = float64(c.MinRate), float64(c.Increase)
+		c.minRate = float64(c.MinRate)
 		if c.minRate <= 0 {
 			c.minRate = c.maxRate / 100
 		}
-		if c.inc <= 0 {
-			c.inc = c.maxRate / 100
-		}
 		c.rate = min(float64(a.Limit()), c.maxRate)
+		dec := c.Decrease
+		if !(dec > 0 && dec < 1) {
+			dec = 0.5
+		}
+		c.thr = retry.Ceiling{Backoff: dec, Recovery: c.Recovery, MaxPause: c.maxPause()}
+	}
+}
+
+// setRateLocked sets the Limiter's rate at now: MaxRate under the
+// ceiling, never below the floor. c.mu is held.
+func (c *Client) setRateLocked(now time.Time) {
+	if c.adj == nil {
+		return
+	}
+	r := max(c.minRate, min(c.maxRate, c.thr.At(now)))
+	if r != c.rate {
+		c.rate = r
+		c.adj.SetLimit(ratelimit.Limit(r))
 	}
 }
 
@@ -319,7 +383,9 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 		}
 		c.mu.Lock()
 		c.requests++
-		seq := c.requests
+		if c.adj != nil {
+			c.sent.add(c.now(), cost)
+		}
 		c.mu.Unlock()
 		resp, err := hc.Do(req)
 		endPermit(&permit, ctx, err != nil || resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable)
@@ -329,13 +395,12 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 		}
 		if resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable {
 			c.settle(ctx, true)
-			c.succeeded()
 			return resp, nil
 		}
 		now := c.now()
 		hint, hinted := limitheader.RetryDelay(resp.Header, now)
 		hint = min(hint, c.maxPause())
-		if !c.throttledResponse(scope, seq, now, hint, hinted, retryable && attempt < maxRetries) {
+		if !c.throttledResponse(scope, resp.StatusCode == http.StatusTooManyRequests, now, hint, hinted, retryable && attempt < maxRetries) {
 			return resp, nil
 		}
 		// The retry waits for the shared pause (in await) and then for its
@@ -365,6 +430,11 @@ func (c *Client) await(ctx context.Context, scope string, cost int64) error {
 			}
 		}
 		if c.Limiter != nil && cost > 0 {
+			c.mu.Lock()
+			if c.thr.Lowered() {
+				c.setRateLocked(c.now()) // climbing back after a cut
+			}
+			c.mu.Unlock()
 			if err := c.Limiter.WaitN(ctx, waitCost(cost)); err != nil {
 				return fmt.Errorf("httplimit: pacing: %w", err)
 			}
@@ -375,25 +445,24 @@ func (c *Client) await(ctx context.Context, scope string, cost int64) error {
 	}
 }
 
-// throttledResponse records a 429 or 503 received at now for the seq-th
-// request sent: it extends the shared pause, lowers the rate, and reports
-// whether the request may be retried (mayRetry, the budget allows, and
-// the Throttle lets the retry through).
-func (c *Client) throttledResponse(scope string, seq int64, now time.Time, hint time.Duration, hinted, mayRetry bool) bool {
+// throttledResponse records a 429 (tooMany) or 503 received at now: it
+// extends the shared pause, feeds a 429 to the throttle controller (which
+// cuts the rate only when 429s repeat), and reports whether the request
+// may be retried (mayRetry, the budget allows, and the Throttle lets the
+// retry through).
+func (c *Client) throttledResponse(scope string, tooMany bool, now time.Time, hint time.Duration, hinted, mayRetry bool) bool {
 	if hinted && hint > 0 {
 		c.pauses.Extend(scope, now, now.Add(hint))
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.throttled++
-	if c.adj != nil && seq > c.decreasedAt {
-		dec := c.Decrease
-		if !(dec > 0 && dec < 1) {
-			dec = 0.5
+	if c.adj != nil && tooMany {
+		if !hinted {
+			hint = 0
 		}
-		c.rate = max(c.minRate, c.rate*dec)
-		c.decreasedAt = c.requests // what was sent until now saw the old rate
-		c.adj.SetLimit(ratelimit.Limit(c.rate))
+		c.thr.Throttled(now, hint, throttleGrace, throttleRepeat, c.rate, func() float64 { return float64(c.sent.add(now, 0)) })
+		c.setRateLocked(now)
 	}
 	if !mayRetry {
 		return false
@@ -418,15 +487,6 @@ func (c *Client) throttledResponse(scope string, seq int64, now time.Time, hint 
 func (c *Client) settle(ctx context.Context, accepted bool) {
 	if c.Throttle != nil && (accepted || errors.Is(ctx.Err(), context.Canceled)) {
 		c.Throttle.Accept()
-	}
-}
-
-func (c *Client) succeeded() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.adj != nil && c.rate < c.maxRate {
-		c.rate = min(c.maxRate, c.rate+c.inc)
-		c.adj.SetLimit(ratelimit.Limit(c.rate))
 	}
 }
 

@@ -248,67 +248,102 @@ func TestClientRetryable(t *testing.T) {
 	}
 }
 
-// TestClientAIMD: a throttling episode halves the rate once, successes add
-// Increase back up to the maximum, and the floor holds.
-func TestClientAIMD(t *testing.T) {
+// TestClientREADMEPacing: the scenario. 20 requests paced at 8/s
+// (burst 1) against a server that answers the third with 429 and
+// Retry-After-Ms: 100. The hint pauses, cuts nothing, and the 20 complete
+// in about 2.4 s of virtual time (19 gaps of 125 ms plus the pause and the
+// retry's jitter), not the 4.8 s of halving the rate and climbing back 1%
+// of it per success.
+func TestClientREADMEPacing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := &script{}
-		s.replies = []func(http.ResponseWriter){throttle(http.Header{"Retry-After-Ms": {"1"}}), ok}
-		lim := ratelimit.NewLimiter(100, 1)
+		s.replies = []func(http.ResponseWriter){ok, ok, throttle(http.Header{"Retry-After-Ms": {"100"}}), ok}
+		lim := ratelimit.NewLimiter(8, 1)
 		c := &httplimit.Client{
-			HTTP:     &http.Client{Transport: throttledtest.HandlerTransport{Handler: s}},
-			Limiter:  lim,
-			Increase: 10,
-			MinRate:  20,
+			HTTP:    &http.Client{Transport: throttledtest.HandlerTransport{Handler: s}},
+			Limiter: lim,
+			Rand:    func() float64 { return 0.5 },
 		}
-		if _, err := get(t, t.Context(), c, "http://svc.test/"); err != nil {
-			t.Fatal(err)
+		start := time.Now()
+		for i := range 20 {
+			resp, err := get(t, t.Context(), c, "http://svc.test/")
+			if err != nil || resp.StatusCode != http.StatusOK {
+				t.Fatalf("request %d: %v %v", i, resp, err)
+			}
 		}
-		// One 429 (→50), then the retry's success (→60).
-		if got := lim.Limit(); got != 60 {
-			t.Errorf("after a 429 and a success: rate %v, want 60", got)
+		took := time.Since(start)
+		st := c.Stats()
+		t.Logf("20 requests at 8/s with one 429 (Retry-After-Ms: 100): %v; rate %v, throttled %d, retries %d", took, st.Rate, st.Throttled, st.Retries)
+		if took > 2600*time.Millisecond || took < 2375*time.Millisecond {
+			t.Errorf("took %v, want about 2.4 s (2.375 s of pacing, the 100 ms pause, a retry)", took)
 		}
-		for range 10 {
-			get(t, t.Context(), c, "http://svc.test/")
+		if st.Rate != 8 || lim.Limit() != 8 {
+			t.Errorf("rate %v (limiter %v) after one hinted 429, want 8: a hint pauses and cuts nothing", st.Rate, lim.Limit())
 		}
-		if got := lim.Limit(); got != 100 {
-			t.Errorf("after 10 successes: rate %v, want the maximum 100", got)
-		}
-		// Many throttling episodes: never below the floor.
-		s.mu.Lock()
-		s.replies = []func(http.ResponseWriter){throttle(http.Header{"Retry-After-Ms": {"1"}})}
-		s.mu.Unlock()
-		for range 10 {
-			get(t, t.Context(), c, "http://svc.test/")
-		}
-		if got := lim.Limit(); got != 20 {
-			t.Errorf("after many 429s: rate %v, want the floor 20", got)
+		if st.Throttled != 1 || st.Retries != 1 {
+			t.Errorf("throttled %d retries %d, want 1 and 1", st.Throttled, st.Retries)
 		}
 	})
 }
 
-// TestClientAIMDOncePerEpisode: responses to requests sent before the
-// rate was lowered do not lower it again.
-func TestClientAIMDOncePerEpisode(t *testing.T) {
+// TestClientRepeated429sCutInProportion: 429s without a hint. The first
+// episode cuts nothing; a repeat after it, within two seconds, cuts in
+// proportion to the overshoot (the episode's 429s over what was sent in
+// the last second), never below Decrease of the rate; the rate then climbs
+// back to the maximum within Recovery (2 s by default).
+func TestClientRepeated429sCutInProportion(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		release := make(chan struct{})
+		var mu sync.Mutex
+		tooMany := false
 		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			<-release
-			throttle(http.Header{"Retry-After-Ms": {"1"}})(w)
+			mu.Lock()
+			defer mu.Unlock()
+			if tooMany {
+				w.WriteHeader(http.StatusTooManyRequests)
+				return
+			}
+			w.WriteHeader(http.StatusOK)
 		})
-		lim := ratelimit.NewLimiter(ratelimit.Inf, 0)
-		lim.SetLimit(1000)
-		lim.SetBurst(100)
+		set := func(v bool) { mu.Lock(); tooMany = v; mu.Unlock() }
+		lim := ratelimit.NewLimiter(100, 1)
 		c := &httplimit.Client{HTTP: &http.Client{Transport: throttledtest.HandlerTransport{Handler: h}}, Limiter: lim, MaxRetries: -1}
-		var wg sync.WaitGroup
-		for range 8 {
-			wg.Go(func() { get(t, t.Context(), c, "http://svc.test/") })
+		send := func(n int) {
+			for range n {
+				resp, err := get(t, t.Context(), c, "http://svc.test/")
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp.Body.Close()
+			}
 		}
-		synctest.Wait()
-		close(release)
-		wg.Wait()
-		if got := lim.Limit(); got != 500 {
-			t.Errorf("8 concurrent 429s: rate %v, want one halving to 500", got)
+		send(100) // a second at 100/s
+		set(true)
+		send(1) // the first 429: an episode, no cut
+		if got := lim.Limit(); got != 100 {
+			t.Errorf("after one 429: rate %v, want 100 (the first episode cuts nothing)", got)
+		}
+		time.Sleep(200 * time.Millisecond) // virtual: past the episode, within the repeat window
+		send(1)                            // a repeat: cut by 1 (the episode's 429s) over ~100 sent
+		r1 := float64(lim.Limit())
+		if r1 >= 100 || r1 < 98 {
+			t.Errorf("after a repeat, one 429 over about 100 sent: rate %v, want a cut of about 1%%", r1)
+		}
+		// A burst of 429s in one episode, then a repeat: the cut is in
+		// proportion, here deeper, but never below Decrease (0.5) of the rate.
+		time.Sleep(150 * time.Millisecond)
+		send(1) // a repeat again: starts an episode
+		send(30)
+		time.Sleep(200 * time.Millisecond)
+		send(1) // repeat: 31 429s of the episode over ~60 sent in the last second
+		r2 := float64(lim.Limit())
+		if r2 >= r1*0.75 || r2 < r1*0.5-1 {
+			t.Errorf("after a repeat of an episode of 31 429s: rate %v (from %v), want a cut in proportion, deeper than a quarter and never below half", r2, r1)
+		}
+		set(false)
+		time.Sleep(2 * time.Second)
+		send(1)
+		if got := lim.Limit(); got != 100 {
+			t.Errorf("2 s (Recovery) after the last cut: rate %v, want back at 100", got)
 		}
 	})
 }

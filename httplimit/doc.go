@@ -32,7 +32,7 @@
 // request's cost), pauses every goroutine sharing it when the service asks
 // for a pause (limitheader.RetryDelay reads every form of the request),
 // retries only what may be retried within a retry budget, lowers and
-// raises its rate (AIMD), and fails at once when a wait would outlast the
+// raises its rate (cut only by repeated 429s, in proportion; retry.Ceiling), and fails at once when a wait would outlast the
 // deadline. With a Throttle (adaptive.Throttle), it also rejects requests
 // locally, at once and with ErrThrottled, while the service refuses many
 // of those it is sent — adaptive throttling in the style of Google's SRE

@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/limitheader"
 	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/retry"
 )
 
 // OutagePolicy says what capacity a Holder uses while the store cannot be
@@ -274,14 +275,8 @@ type Holder struct {
 	guard  windowLog
 	pace   float64
 	// the throttle controller (see ThrottledAfterAt)
-	ceiling    float64
-	pauseUntil time.Time
-	epEnd      time.Time // when the current episode of 429s ends
-	epCount    int64     // the 429s of the last episode
-	cutAt      time.Time // the last cut: from cutFrom to the ceiling then
-	cutFrom    float64
-	cutTo      float64
-	even       float64 // C × weight / total weight, last seen; 0 before any view
+	thr  retry.Ceiling
+	even float64 // C × weight / total weight, last seen; 0 before any view
 	// demand estimation
 	requested int64 // units asked since the last tick
 	admitted  int64 // units admitted since the last tick
@@ -376,10 +371,10 @@ func NewHolder(c Store, cfg Config) (*Holder, error) {
 		wake:    make(chan struct{}, 1),
 		leases:  map[int]*held{},
 		changed: make(chan struct{}),
-		ceiling: math.Inf(1),
 		window:  max(0, cfg.Window),
 		pace:    -1,
 	}
+	h.thr = retry.Ceiling{Backoff: cfg.Backoff, Recovery: cfg.Recovery, MaxPause: cfg.MaxPause}
 	if v := h.validity(); v <= cfg.RenewEvery {
 		return nil, fmt.Errorf("%w: a lease valid for %v does not outlive the renewal period %v", ErrBadArgument, v, cfg.RenewEvery)
 	}
@@ -460,19 +455,13 @@ func (h *Holder) ThrottledAfterAt(now time.Time, d time.Duration) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.st.Throttled++
-	h.pauseLocked(now, d)
-	grace := h.cfg.RenewEvery / 10
-	switch {
-	case !h.epEnd.IsZero() && !now.After(h.epEnd):
-		h.epCount++ // the same episode
-		return
-	case !h.epEnd.IsZero() && now.Sub(h.epEnd) <= max(2*h.cfg.RenewEvery, 2*h.window):
-		h.cutLocked(now)
+	paused := h.thr.PausedUntil()
+	grace, repeat := h.cfg.RenewEvery/10, max(2*h.cfg.RenewEvery, 2*h.window)
+	if h.thr.Throttled(now, d, grace, repeat, h.rate, func() float64 { return float64(h.guard.count(now)) }) {
+		h.st.Cuts++
 	}
-	h.epCount = 1
-	h.epEnd = now.Add(grace)
-	if h.pauseUntil.After(now) {
-		h.epEnd = h.pauseUntil.Add(grace)
+	if h.thr.PausedUntil().After(paused) {
+		h.st.Pauses++
 	}
 	h.refreshLocked(now)
 }
@@ -480,46 +469,14 @@ func (h *Holder) ThrottledAfterAt(now time.Time, d time.Duration) {
 // pauseLocked pauses the Limiter until now + d, at most MaxPause; d ≤ 0
 // does nothing. h.mu is held.
 func (h *Holder) pauseLocked(now time.Time, d time.Duration) {
-	if d <= 0 {
-		return
-	}
-	if until := now.Add(min(d, h.cfg.MaxPause)); until.After(h.pauseUntil) {
-		h.pauseUntil = until
+	if h.thr.Pause(now, d) {
 		h.st.Pauses++
 	}
 }
 
-// cutLocked lowers the ceiling at now in proportion to the overshoot of
-// the last episode. h.mu is held.
-func (h *Holder) cutLocked(now time.Time) {
-	cur := min(h.ceilingLocked(now), h.rate)
-	if cur <= 0 {
-		return
-	}
-	sent := float64(h.guard.count(now))
-	f := 1 - h.cfg.Backoff
-	if sent > 0 {
-		f = min(f, float64(h.epCount)/sent)
-	}
-	h.cutAt, h.cutFrom, h.cutTo = now, cur, max(1, cur*(1-f))
-	h.ceiling = h.cutTo
-	h.st.Cuts++
-}
-
 // ceilingLocked returns the ceiling at now, climbing back after a cut.
 // h.mu is held.
-func (h *Holder) ceilingLocked(now time.Time) float64 {
-	if math.IsInf(h.ceiling, 1) {
-		return h.ceiling
-	}
-	el := now.Sub(h.cutAt)
-	if el >= h.cfg.Recovery {
-		h.ceiling = math.Inf(1)
-		return h.ceiling
-	}
-	h.ceiling = max(h.ceiling, h.cutTo+(h.cutFrom-h.cutTo)*el.Seconds()/h.cfg.Recovery.Seconds())
-	return h.ceiling
-}
+func (h *Holder) ceilingLocked(now time.Time) float64 { return h.thr.At(now) }
 
 // Observe reports a response of the service; see ObserveAt.
 func (h *Holder) Observe(status int, header map[string][]string) {
@@ -609,7 +566,7 @@ func (h *Holder) StatsAt(now time.Time) Stats {
 	s.Idle = max(0, h.rate-h.used)
 	s.Demand, s.Need, s.Want = h.demand, h.need, h.want
 	s.Ceiling, s.Outage = h.ceilingLocked(now), h.outage
-	s.Paused = max(0, h.pauseUntil.Sub(now))
+	s.Paused = max(0, h.thr.PausedUntil().Sub(now))
 	s.Window = h.window
 	return s
 }

@@ -88,7 +88,7 @@ func (l *Limiter) AllowN(now time.Time, n int) bool {
 	defer h.mu.Unlock()
 	h.requested += int64(max(0, n))
 	h.refreshDueLocked(now)
-	if now.Before(h.pauseUntil) || h.guardWaitLocked(now, n) > 0 {
+	if now.Before(h.thr.PausedUntil()) || h.guardWaitLocked(now, n) > 0 {
 		return false
 	}
 	ok := h.lim.AllowN(now, n)
@@ -106,7 +106,7 @@ func (h *Holder) refreshDueLocked(now time.Time) {
 		return
 	}
 	if (!h.horizon.IsZero() && !now.Before(h.horizon)) ||
-		(!math.IsInf(h.ceiling, 1) && now.Sub(h.latest) >= h.cfg.RenewEvery/20) {
+		(h.thr.Lowered() && now.Sub(h.latest) >= h.cfg.RenewEvery/20) {
 		h.refreshLocked(now)
 	}
 }
@@ -191,7 +191,7 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 		now := time.Now()
 		h.mu.Lock()
 		h.refreshDueLocked(now)
-		changed, horizon, rate, pace, pause := h.changed, h.horizon, h.rate, h.pace, h.pauseUntil
+		changed, horizon, rate, pace, pause := h.changed, h.horizon, h.rate, h.pace, h.thr.PausedUntil()
 		var r *ratelimit.Reservation
 		if rate > 0 && n <= h.lim.Burst() && !now.Before(pause) {
 			r = h.lim.ReserveN(now, n)
@@ -262,7 +262,7 @@ func (l *Limiter) admit(ctx context.Context, n int, rate float64) (again bool, e
 		now := time.Now()
 		h.mu.Lock()
 		h.refreshDueLocked(now)
-		if now.Before(h.pauseUntil) || h.rate < rate {
+		if now.Before(h.thr.PausedUntil()) || h.rate < rate {
 			h.mu.Unlock()
 			return true, nil
 		}

@@ -7,10 +7,14 @@
 //     a *DeadlineError, when the caller's deadline comes first, rather
 //     than sleeping only to fail later;
 //   - Budget, which keeps retries to a fraction of the calls, so that
-//     retrying never multiplies the load on a service already refusing it.
+//     retrying never multiplies the load on a service already refusing it;
+//   - Ceiling, the throttle controller of a client that paces itself:
+//     a retry hint pauses and cuts nothing, only repeated refusals cut
+//     the rate, in proportion to the overshoot, and the rate climbs back
+//     (lease.Holder and httplimit.Client share it).
 //
 // httplimit.Client (HTTP 429 and 503) and grpclimit.Client
 // (RESOURCE_EXHAUSTED and UNAVAILABLE with RetryInfo) are built on it; so
-// can a client of any other transport. Every type is safe for concurrent
-// use. It imports the standard library and ratelimit only.
+// can a client of any other transport. Every type but Ceiling (which
+// lives under its owner's lock) is safe for concurrent use. It imports the standard library and ratelimit only.
 package retry

@@ -408,6 +408,19 @@ func TestKubernetesManifests(t *testing.T) {
 	if !selects(pdb.Selector.MatchLabels, ds.Template.Metadata.Labels) || pdb.MinAvailable < 1 || pdb.MinAvailable >= ds.Replicas {
 		t.Errorf("PodDisruptionBudget %+v: want it to select the pods and keep 1 to replicas-1 (%d) of them", pdb, ds.Replicas)
 	}
+	// The run below counts in memory, so the store is checked here.
+	switch config["store"] {
+	case "", "memory":
+		if ds.Replicas > 1 {
+			t.Errorf("%d replicas counting in memory: each would enforce the whole limit", ds.Replicas)
+		}
+	case "redis":
+		if config["redis-addr"] == "" {
+			t.Errorf("--store redis without --redis-addr")
+		}
+	default:
+		t.Errorf("--store %q: want memory or redis", config["store"])
+	}
 	if config["store"] == "redis" && config["replicas"] != strconv.Itoa(ds.Replicas) {
 		t.Errorf("--replicas %q, but the Deployment runs %d", config["replicas"], ds.Replicas)
 	}

@@ -46,6 +46,8 @@ step() { printf 'image: %s (%ds)\n' "$*" "$SECONDS"; }
 ctx=$work/context
 mkdir -p "$ctx/rules" "$ctx/certs"
 step "building the static binary"
+# As cmd/sluice's tests build it (buildSluice), so that after `make test`
+# only the link is left to do; -s -w drops the symbol table.
 CGO_ENABLED=0 "$GO" build -trimpath -ldflags='-s -w' -o "$ctx/sluice" ./cmd/sluice
 cp examples/rules/*.yaml "$ctx/rules/"
 if [ -f /etc/ssl/certs/ca-certificates.crt ]; then

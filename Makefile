@@ -31,7 +31,12 @@ export CI
 # test-setup recipe.
 TEST_TOOLS ?= redis-server chromium
 
-.PHONY: help test test-setup bench fuzz lint staticcheck serve
+# `make image` pushes the checked image here when set: any destination
+# `buildah push` takes, e.g. oci-archive:sluice.tar or
+# containers-storage:localhost/sluice:dev.
+IMAGE_DEST ?=
+
+.PHONY: help test test-setup bench fuzz lint staticcheck serve image
 
 help: ## list the targets (the default)
 	@echo 'Usage: make <target> [VAR=value ...]'
@@ -39,7 +44,7 @@ help: ## list the targets (the default)
 	@grep -E '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | \
 		awk 'BEGIN {FS = ":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
 	@echo
-	@echo 'Variables: GO, TESTFLAGS, BENCH, BENCHTIME, BENCHCOUNT, BENCH_OUT, FUZZTIME, CI'
+	@echo 'Variables: GO, TESTFLAGS, BENCH, BENCHTIME, BENCHCOUNT, BENCH_OUT, FUZZTIME, IMAGE_DEST, CI'
 
 test-setup: # integration needs of `make test`
 	@for tool in $(TEST_TOOLS); do \
@@ -89,3 +94,6 @@ staticcheck: ## staticcheck (pinned; slow on a cold cache, so not in lint)
 
 serve: ## run sluice serve (the embedded in-memory default)
 	$(GO) run ./cmd/sluice serve
+
+image: ## build the container image with buildah, check that it serves /readyz (IMAGE_DEST keeps it)
+	GO='$(GO)' deploy/container/build.sh $(IMAGE_DEST)

@@ -197,7 +197,7 @@ func runDrain(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 // when wrap is not nil (the ingestion demo's processors validate and
 // enrich each record before it is sent).
 func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap func(drain.Sink) drain.Sink) error {
-	fs := newFlagSet("drain", drainUsage, stderr)
+	fs := newEnvFlagSet("drain", drainUsage, drainEnvPrefix, stderr)
 	var q queueFlags
 	q.register(fs)
 	url := fs.String("url", "", "the HTTP endpoint each record is POSTed to (required)")
@@ -213,7 +213,7 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 	window := fs.Int("window", drain.DefaultWindow, "records delivered and not yet acknowledged at most (the consumer's max-ack-pending)")
 	ackWait := fs.Duration("ack-wait", drain.DefaultAckWait, "how long a record delivered to a drainer that went silent waits before it is delivered again")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics of the drainer (and of its leases) at http://ADDR/metrics; empty: none")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlagsEnv(fs, args, drainEnvPrefix, os.LookupEnv); err != nil {
 		return err
 	}
 	if *url == "" {

@@ -45,12 +45,15 @@ type sluiceProcess struct {
 	panics atomic.Int64 // "panic recovered" records seen in its log
 }
 
-// buildSluice builds the binary into a temporary directory.
+// buildSluice builds the binary into a temporary directory, static as the
+// container image's (deploy/container/build.sh): the tests run the code
+// the image ships, and the image's build reuses their compiled packages.
 func buildSluice(t *testing.T) string {
 	t.Helper()
 	start := time.Now()
 	bin := filepath.Join(t.TempDir(), "sluice")
-	build := exec.Command("go", "build", "-o", bin, ".")
+	build := exec.Command("go", "build", "-trimpath", "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}

@@ -25,8 +25,8 @@ type gcConfig struct {
 
 // addGCFlags registers the flags of c on fs.
 func addGCFlags(fs *flag.FlagSet, c *gcConfig) {
-	fs.IntVar(&c.percent, "gc-percent", 400, "heap growth between garbage collections, in percent of the live heap (Go's GOGC; 100 is Go's default): more memory for less CPU. A GOGC in the environment is kept unless this flag is given")
-	fs.IntVar(&c.limitMiB, "memory-limit-mib", 0, "soft limit of the heap, in MiB (Go's GOMEMLIMIT): past it the collector runs as often as it must, whatever --gc-percent says (default 256 plus twice what --memory-max-keys keys take). A GOMEMLIMIT in the environment is kept unless this flag is given")
+	fs.IntVar(&c.percent, "gc-percent", 400, "heap growth between garbage collections, in percent of the live heap (Go's GOGC; 100 is Go's default): more memory for less CPU. A GOGC in the environment is kept unless this flag (or $SLUICE_GC_PERCENT) is given")
+	fs.IntVar(&c.limitMiB, "memory-limit-mib", 0, "soft limit of the heap, in MiB (Go's GOMEMLIMIT): past it the collector runs as often as it must, whatever --gc-percent says (default 256 plus twice what --memory-max-keys keys take). A GOMEMLIMIT in the environment is kept unless this flag (or $SLUICE_MEMORY_LIMIT_MIB) is given")
 }
 
 // validate refuses a percent that is not positive and a negative limit.

@@ -14,7 +14,7 @@
 //	sluice help [command]
 //
 // This file is the only place in Sluice that reads the command line and the
-// environment; every subcommand is a function run<Name>(ctx, args, stdout,
+// flags' environment variables (SLUICE_…, for serve and drain); every subcommand is a function run<Name>(ctx, args, stdout,
 // stderr) that tests call directly.
 package main
 
@@ -151,6 +151,101 @@ func newFlagSet(name, usage string, stderr io.Writer) *flag.FlagSet {
 		fs.PrintDefaults()
 	}
 	return fs
+}
+
+// Environment variables stand for the flags of serve and drain, so that a
+// container or a Kubernetes manifest can configure them without a command
+// line. A flag's variable is the command's prefix followed by the flag's
+// name upper-cased, each - an _: serve's --redis-timeout is
+// SLUICE_REDIS_TIMEOUT, drain's -lease-redis SLUICE_DRAIN_LEASE_REDIS. A
+// flag given on the command line wins over its variable, and a variable
+// that is empty counts as unset.
+const (
+	serveEnvPrefix = "SLUICE_"
+	drainEnvPrefix = "SLUICE_DRAIN_"
+)
+
+// envUsage ends the usage of a command whose flags can come from the
+// environment.
+const envUsage = `
+Every flag can also be set by the environment variable shown under it; a
+flag on the command line wins over its variable, and an empty variable
+counts as unset.
+`
+
+// envName is the environment variable that stands for the flag name of a
+// command whose variables start with prefix.
+func envName(prefix, name string) string {
+	return prefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// newEnvFlagSet is newFlagSet for a command whose flags can also come from
+// the environment variables starting with prefix (parseFlagsEnv reads
+// them): its -h shows each flag's variable under it.
+func newEnvFlagSet(name, usage, prefix string, stderr io.Writer) *flag.FlagSet {
+	fs := newFlagSet(name, usage, stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), usage+envUsage)
+		fmt.Fprint(fs.Output(), "\nFlags:\n")
+		printFlagsEnv(fs, prefix)
+	}
+	return fs
+}
+
+// printFlagsEnv prints fs's flags as fs.PrintDefaults does, each followed
+// by a line naming its environment variable.
+func printFlagsEnv(fs *flag.FlagSet, prefix string) {
+	var names []string
+	fs.VisitAll(func(f *flag.Flag) { names = append(names, f.Name) })
+	var buf strings.Builder
+	out := fs.Output()
+	fs.SetOutput(&buf)
+	fs.PrintDefaults()
+	fs.SetOutput(out)
+	// PrintDefaults writes the flags in VisitAll's order, each starting a
+	// line with "  -" and its usage on the lines after, which start with a
+	// tab.
+	i := 0
+	flush := func() {
+		if i > 0 {
+			fmt.Fprintf(out, "    \t$%s\n", envName(prefix, names[i-1]))
+		}
+	}
+	for line := range strings.Lines(buf.String()) {
+		if strings.HasPrefix(line, "  -") && i < len(names) {
+			flush()
+			i++
+		}
+		fmt.Fprint(out, line)
+	}
+	flush()
+}
+
+// parseFlagsEnv is parseFlags, then sets every flag not given in args
+// from its environment variable (prefix and the flag's name), as lookup
+// (os.LookupEnv) finds it. A value the flag refuses is a usage error that
+// names the variable.
+func parseFlagsEnv(fs *flag.FlagSet, args []string, prefix string, lookup func(string) (string, bool)) error {
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	given := make(map[string]bool)
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var errs []string
+	fs.VisitAll(func(f *flag.Flag) {
+		name := envName(prefix, f.Name)
+		v, ok := lookup(name)
+		if given[f.Name] || !ok || v == "" {
+			return
+		}
+		if err := fs.Set(f.Name, v); err != nil {
+			errs = append(errs, fmt.Sprintf("$%s=%q (for -%s): %v", name, v, f.Name, err))
+		}
+	})
+	if len(errs) > 0 {
+		return usagef("%s: invalid environment: %s", fs.Name(), strings.Join(errs, "; "))
+	}
+	return nil
 }
 
 // parseFlags parses args into fs and rejects positional arguments.

@@ -226,7 +226,7 @@ const sentinelPasswordEnv = "SLUICE_REDIS_SENTINEL_PASSWORD"
 // runServe parses serve's flags, reads the admin token, and serves until
 // ctx is done.
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("serve", serveUsage, stderr)
+	fs := newEnvFlagSet("serve", serveUsage, serveEnvPrefix, stderr)
 	var cfg serveConfig
 	var redisAddr, tokenFile, redisPasswordFile, sentinelPasswordFile, redisCA string
 	var redisTLS bool
@@ -264,7 +264,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	addLimitFlags(fs, &cfg.limits)
 	addTopFlags(fs, &cfg.top)
 	addGCFlags(fs, &gc)
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlagsEnv(fs, args, serveEnvPrefix, os.LookupEnv); err != nil {
 		return err
 	}
 	if err := gc.validate(); err != nil {

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
-	"math/rand/v2"
 	"net/http"
 	"sync"
 	"time"
@@ -67,12 +65,6 @@ func costOf(ctx context.Context) int64 {
 		return n
 	}
 	return 1
-}
-
-// waitCost converts a cost (never negative) to the int that Limiter.WaitN
-// takes, saturating where int is narrower than int64.
-func waitCost(n int64) int {
-	return int(min(n, math.MaxInt))
 }
 
 // Client is a client-level wrapper of an *http.Client for calling a service
@@ -207,57 +199,8 @@ type Client struct {
 	// math/rand/v2.Float64.
 	Rand func() float64
 
-	pauses retry.Pauses // by PauseScope
-
-	mu      sync.Mutex
-	started bool
-	budget  *retry.Budget
-	// The rate, when the Limiter is adjustable: MaxRate under the ceiling
-	// that repeated 429s lower (thr), never below minRate; sent is the
-	// cost sent over the last second, the measure of a cut.
-	adj                  AdjustableLimiter
-	rate, maxRate        float64
-	minRate              float64
-	thr                  retry.Ceiling
-	sent                 sentWindow
-	requests, throttled  int64
-	retries, retryDenied int64
-}
-
-// The episode of the Client's 429s lasts this long after their pause (the
-// requests in flight at the first one are answered), and a 429 within
-// throttleRepeat of an episode's end is a repeat (see Client, 4).
-const (
-	throttleGrace  = 100 * time.Millisecond
-	throttleRepeat = 2 * time.Second
-)
-
-// sentWindow counts the cost sent over the last second, in ten buckets of
-// a tenth of a second.
-type sentWindow struct {
-	at   int64 // the index of the latest bucket: Unix time in tenths of a second
-	cost [10]int64
-}
-
-// add counts n sent at now, and returns what was sent over the last
-// second.
-func (w *sentWindow) add(now time.Time, n int64) int64 {
-	const k = int64(len(w.cost))
-	i := now.UnixNano() / int64(100*time.Millisecond)
-	if d := i - w.at; d > 0 {
-		for j := int64(1); j <= min(d, k); j++ {
-			w.cost[(w.at+j)%k] = 0
-		}
-		w.at = i
-	}
-	if i > w.at-k {
-		w.cost[i%k] += n
-	}
-	var sum int64
-	for _, c := range w.cost {
-		sum += c
-	}
-	return sum
+	once   sync.Once
+	caller *retry.Caller // the sequence, made from the fields on first use
 }
 
 // ClientStats are a Client's counters.
@@ -275,55 +218,24 @@ type ClientStats struct {
 
 // Stats returns the Client's counters.
 func (c *Client) Stats() ClientStats {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return ClientStats{Requests: c.requests, Throttled: c.throttled, Retries: c.retries, RetriesDenied: c.retryDenied, Rate: ratelimit.Limit(c.rate)}
+	st := c.seq().Stats()
+	return ClientStats{Requests: st.Requests, Throttled: st.Refused, Retries: st.Retries, RetriesDenied: st.RetriesDenied, Rate: st.Rate}
 }
 
-// start initialises the Client on first use; c.mu is held.
-func (c *Client) start() {
-	if c.started {
-		return
-	}
-	c.started = true
-	c.budget = retry.NewBudget(c.RetryRatio, c.MinRetries, c.RetryWindow)
-	if a, ok := c.Limiter.(AdjustableLimiter); ok {
-		c.adj = a
-		c.maxRate = float64(c.MaxRate)
-		if c.maxRate <= 0 {
-			c.maxRate = float64(a.Limit())
+// seq returns the Client's retry.Caller, made from its fields on first
+// use.
+func (c *Client) seq() *retry.Caller {
+	c.once.Do(func() {
+		c.caller = &retry.Caller{
+			Limiter: c.Limiter, MaxRate: c.MaxRate, MinRate: c.MinRate, Decrease: c.Decrease, Recovery: c.Recovery,
+			MaxRetries: c.MaxRetries, RetryRatio: c.RetryRatio, MinRetries: c.MinRetries, RetryWindow: c.RetryWindow,
+			BaseBackoff: c.BaseBackoff, MaxBackoff: c.MaxBackoff, MaxPause: c.MaxPause, Now: c.Now, Rand: c.Rand,
 		}
-		c.minRate = float64(c.MinRate)
-		if c.minRate <= 0 {
-			c.minRate = c.maxRate / 100
+		if c.Throttle != nil {
+			c.caller.Throttle = c.Throttle
 		}
-		c.rate = min(float64(a.Limit()), c.maxRate)
-		dec := c.Decrease
-		if !(dec > 0 && dec < 1) {
-			dec = 0.5
-		}
-		c.thr = retry.Ceiling{Backoff: dec, Recovery: c.Recovery, MaxPause: c.maxPause()}
-	}
-}
-
-// setRateLocked sets the Limiter's rate at now: MaxRate under the
-// ceiling, never below the floor. c.mu is held.
-func (c *Client) setRateLocked(now time.Time) {
-	if c.adj == nil {
-		return
-	}
-	r := max(c.minRate, min(c.maxRate, c.thr.At(now)))
-	if r != c.rate {
-		c.rate = r
-		c.adj.SetLimit(ratelimit.Limit(r))
-	}
-}
-
-func (c *Client) now() time.Time {
-	if c.Now != nil {
-		return c.Now()
-	}
-	return time.Now()
+	})
+	return c.caller
 }
 
 func (c *Client) scope(req *http.Request) string {
@@ -340,7 +252,6 @@ func (c *Client) scope(req *http.Request) string {
 func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	req = withPriority(req) // the caller's priority goes on to the service
 	ctx := req.Context()
-	cost := costOf(ctx)
 	scope := c.scope(req)
 	hc := c.HTTP
 	if hc == nil {
@@ -348,173 +259,81 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 	}
 	rewindable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
 	retryable := rewindable && (idempotent(req.Method) || req.GetBody != nil)
-	maxRetries := c.MaxRetries
-	if maxRetries == 0 {
-		maxRetries = 3
-	}
-	c.mu.Lock()
-	c.start()
-	c.budget.Request(c.now())
-	c.mu.Unlock()
-
-	if c.Throttle != nil && !c.Throttle.Allow() {
-		return nil, fmt.Errorf("httplimit: %s %s: %w", req.Method, req.URL.Redacted(), ErrThrottled)
-	}
-	for attempt := 0; ; attempt++ {
-		if err := c.await(ctx, scope, cost); err != nil {
-			c.settle(ctx, false)
-			return nil, err
-		}
-		if attempt > 0 && req.GetBody != nil {
-			body, err := req.GetBody()
+	var resp *http.Response
+	err := c.seq().Do(ctx, retry.Call{
+		Scope: scope,
+		Cost:  costOf(ctx),
+		Send: func(ctx context.Context, a retry.Attempt) (retry.Answer, error) {
+			resp = nil
+			if a.N > 0 && req.GetBody != nil {
+				body, err := req.GetBody()
+				if err != nil {
+					return retry.Answer{Outcome: retry.Failed}, fmt.Errorf("httplimit: rewinding the body for a retry: %w", err)
+				}
+				req = req.Clone(ctx)
+				req.Body = body
+			}
+			var permit adaptive.Permit
+			if c.Concurrency != nil {
+				var err error
+				if permit, err = c.Concurrency.Acquire(ctx); err != nil {
+					return retry.Answer{Outcome: retry.Failed}, fmt.Errorf("httplimit: %s %s: concurrency: %w", req.Method, req.URL.Redacted(), err)
+				}
+			}
+			a.Sending()
+			r, err := hc.Do(req)
+			refused := err == nil && (r.StatusCode == http.StatusTooManyRequests || r.StatusCode == http.StatusServiceUnavailable)
+			endPermit(&permit, ctx, err != nil || refused)
 			if err != nil {
-				return nil, fmt.Errorf("httplimit: rewinding the body for a retry: %w", err)
+				return retry.Answer{Outcome: retry.Failed}, err
 			}
-			req = req.Clone(ctx)
-			req.Body = body
+			resp = r
+			return classify(r, c.Now, retryable), nil
+		},
+		Drop: func() { discard(resp); resp = nil },
+	})
+	if err != nil {
+		if resp != nil {
+			discard(resp)
 		}
-		var permit adaptive.Permit
-		if c.Concurrency != nil {
-			var err error
-			if permit, err = c.Concurrency.Acquire(ctx); err != nil {
-				c.settle(ctx, false)
-				return nil, fmt.Errorf("httplimit: %s %s: concurrency: %w", req.Method, req.URL.Redacted(), err)
-			}
-		}
-		c.mu.Lock()
-		c.requests++
-		if c.adj != nil {
-			c.sent.add(c.now(), cost)
-		}
-		c.mu.Unlock()
-		resp, err := hc.Do(req)
-		endPermit(&permit, ctx, err != nil || resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable)
-		if err != nil {
-			c.settle(ctx, false)
-			return nil, err
-		}
-		if resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable {
-			c.settle(ctx, true)
-			return resp, nil
-		}
-		now := c.now()
-		hint, hinted := limitheader.RetryDelay(resp.Header, now)
-		hint = min(hint, c.maxPause())
-		if !c.throttledResponse(scope, resp.StatusCode == http.StatusTooManyRequests, now, hint, hinted, retryable && attempt < maxRetries) {
-			return resp, nil
-		}
-		// The retry waits for the shared pause (in await) and then for its
-		// own jitter; all of it must fit before the deadline.
-		jitter := c.backoff(attempt)
-		wait := c.pauses.Left(scope, func() time.Time { return now }) + jitter
-		discard(resp)
-		if err := retry.Wait(ctx, now, wait); err != nil {
-			c.settle(ctx, false)
-			return nil, explainWait(err, "httplimit: %s %s: retrying", req.Method, req.URL.Redacted())
-		}
+		return nil, explain(err, req, scope)
 	}
+	return resp, nil
 }
 
-// await waits for the scope's shared pause and then for the Limiter,
-// again if a pause began while it waited.
-func (c *Client) await(ctx context.Context, scope string, cost int64) error {
-	for {
-		var now time.Time
-		if d := c.pauses.Left(scope, func() time.Time { now = c.now(); return now }); d > 0 {
-			// Waiters are spread over the first backoff step after the
-			// pause, so that they do not all return at one instant; the
-			// Limiter, whose rate was just lowered, spaces them further.
-			d += c.backoff(0)
-			if err := retry.Wait(ctx, now, d); err != nil {
-				return explainWait(err, "httplimit: calls to %q are paused", scope)
-			}
-		}
-		if c.Limiter != nil && cost > 0 {
-			c.mu.Lock()
-			if c.thr.Lowered() {
-				c.setRateLocked(c.now()) // climbing back after a cut
-			}
-			c.mu.Unlock()
-			if err := c.Limiter.WaitN(ctx, waitCost(cost)); err != nil {
-				return fmt.Errorf("httplimit: pacing: %w", err)
-			}
-		}
-		if c.pauses.Left(scope, c.now) <= 0 {
-			return nil
-		}
+// classify reads a response as retry.Caller sees it: 429 (over quota) and
+// 503 (overload) are refusals, with the hint limitheader.RetryDelay finds;
+// anything else is an answer.
+func classify(resp *http.Response, now func() time.Time, retryable bool) retry.Answer {
+	if resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable {
+		return retry.Answer{Outcome: retry.Accepted}
 	}
+	t := time.Now
+	if now != nil {
+		t = now
+	}
+	hint, hinted := limitheader.RetryDelay(resp.Header, t())
+	return retry.Answer{Outcome: retry.Refused, Hint: hint, Hinted: hinted, Quota: resp.StatusCode == http.StatusTooManyRequests, Retryable: retryable}
 }
 
-// throttledResponse records a 429 (tooMany) or 503 received at now: it
-// extends the shared pause, feeds a 429 to the throttle controller (which
-// cuts the rate only when 429s repeat), and reports whether the request
-// may be retried (mayRetry, the budget allows, and the Throttle lets the
-// retry through).
-func (c *Client) throttledResponse(scope string, tooMany bool, now time.Time, hint time.Duration, hinted, mayRetry bool) bool {
-	if hinted && hint > 0 {
-		c.pauses.Extend(scope, now, now.Add(hint))
+// explain returns the error of Do for err from retry.Caller.Do: a wait or
+// the Throttle that stopped the sequence, said as where; any other error
+// as it is.
+func explain(err error, req *http.Request, scope string) error {
+	se, ok := errors.AsType[*retry.StageError](err)
+	if !ok {
+		return err
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.throttled++
-	if c.adj != nil && tooMany {
-		if !hinted {
-			hint = 0
-		}
-		c.thr.Throttled(now, hint, throttleGrace, throttleRepeat, c.rate, func() float64 { return float64(c.sent.add(now, 0)) })
-		c.setRateLocked(now)
+	switch se.Stage {
+	case retry.StageThrottle:
+		return fmt.Errorf("httplimit: %s %s: %w", req.Method, req.URL.Redacted(), ErrThrottled)
+	case retry.StagePacing:
+		return fmt.Errorf("httplimit: pacing: %w", se.Err)
+	case retry.StagePause:
+		return explainWait(se.Err, "httplimit: calls to %q are paused", scope)
+	default:
+		return explainWait(se.Err, "httplimit: %s %s: retrying", req.Method, req.URL.Redacted())
 	}
-	if !mayRetry {
-		return false
-	}
-	if !c.budget.Retry(now) {
-		c.retryDenied++
-		return false
-	}
-	// The budget's share is spent even if the Throttle rejects the retry:
-	// the budget only errs on the side of fewer retries.
-	if c.Throttle != nil && !c.Throttle.Allow() {
-		return false
-	}
-	c.retries++
-	return true
-}
-
-// settle records the outcome of an attempt that the Throttle let through:
-// accepted by the service, or ended by the caller's cancellation (which
-// says nothing against the service); otherwise nothing is recorded, and
-// the attempt is a request without an accept.
-func (c *Client) settle(ctx context.Context, accepted bool) {
-	if c.Throttle != nil && (accepted || errors.Is(ctx.Err(), context.Canceled)) {
-		c.Throttle.Accept()
-	}
-}
-
-func (c *Client) maxPause() time.Duration {
-	if c.MaxPause > 0 {
-		return c.MaxPause
-	}
-	return time.Minute
-}
-
-// backoff returns the full-jitter delay before retry attempt (from 0).
-func (c *Client) backoff(attempt int) time.Duration {
-	base, ceil := c.BaseBackoff, c.MaxBackoff
-	if base <= 0 {
-		base = 50 * time.Millisecond
-	}
-	if ceil <= 0 {
-		ceil = 10 * time.Second
-	}
-	d := ceil
-	if attempt < 30 && base<<attempt < ceil {
-		d = base << attempt
-	}
-	r := rand.Float64
-	if c.Rand != nil {
-		r = c.Rand
-	}
-	return time.Duration(r() * float64(d))
 }
 
 // explainWait returns the error of retry.Wait: a refusal to outlast the

@@ -22,14 +22,4 @@ func TestCosts(t *testing.T) {
 			t.Errorf("costOf = %d, want %d", got, tt.want)
 		}
 	}
-	// A Limiter's WaitN takes an int: the cost saturates where int is
-	// narrower than int64, never wraps.
-	for _, tt := range []struct {
-		n    int64
-		want int
-	}{{0, 0}, {5, 5}, {math.MaxInt64, math.MaxInt}} {
-		if got := waitCost(tt.n); got != tt.want {
-			t.Errorf("waitCost(%d) = %d, want %d", tt.n, got, tt.want)
-		}
-	}
 }

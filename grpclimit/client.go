@@ -70,19 +70,37 @@ type Client struct {
 	// sample, an overload answer a drop, a call its caller cancelled
 	// neither. A call that finds no slot (after the Limiter's queue, if it
 	// has one) fails at once with codes.Unavailable and an error matching
-	// adaptive.ErrOverloaded. Streams take no slot: a stream's life is not
+	// adaptive.ErrOverloaded; with a Throttle it is no accept (as for
+	// httplimit.Client). Streams take no slot: a stream's life is not
 	// a service time. Share one Limiter among every client of the same
 	// server.
 	Concurrency *adaptive.Limiter
 
-	budgetOnce sync.Once
-	budget     *retry.Budget
+	// BaseBackoff and MaxBackoff bound the full-jitter backoff, as
+	// httplimit.Client's: a call waiting out a pause waits a random time in
+	// [0, BaseBackoff) more, and retry k (from 0) a random time in [0,
+	// min(MaxBackoff, BaseBackoff·2^k)) after the pause, so that the calls
+	// a pause held do not all return at one instant. 0 means 50 ms and
+	// 10 s.
+	BaseBackoff, MaxBackoff time.Duration
 
-	pause retry.Pauses // one scope, "": the whole Client
+	once   sync.Once
+	caller *retry.Caller // the sequence, made from the fields on first use
+}
 
-	mu      sync.Mutex
-	retries int64
-	denied  int64
+// seq returns the Client's retry.Caller, made from its fields on first
+// use. Its one scope, "", is the whole Client.
+func (c *Client) seq() *retry.Caller {
+	c.once.Do(func() {
+		c.caller = &retry.Caller{
+			MaxRetries: c.MaxRetries, RetryRatio: c.RetryRatio, MinRetries: c.MinRetries, RetryWindow: c.RetryWindow,
+			BaseBackoff: c.BaseBackoff, MaxBackoff: c.MaxBackoff, MaxPause: c.MaxPause,
+		}
+		if c.Throttle != nil {
+			c.caller.Throttle = c.Throttle
+		}
+	})
+	return c.caller
 }
 
 // ErrWouldExceedDeadline is ratelimit.ErrWouldExceedDeadline: a Client
@@ -107,22 +125,13 @@ func (e throttledError) GRPCStatus() *status.Status {
 	return status.New(codes.Unavailable, e.Error())
 }
 
-// allow reports whether the Throttle, if any, lets a call through.
+// allow reports whether the Throttle, if any, lets a stream through.
 func (c *Client) allow() bool { return c.Throttle == nil || c.Throttle.Allow() }
 
-// settle records the outcome err of a call the Throttle let through (see
-// Client.Throttle).
+// settle records the outcome err of a stream the Throttle let through
+// (see Client.Throttle): accepted unless classify says otherwise.
 func (c *Client) settle(err error) {
-	if c.Throttle == nil {
-		return
-	}
-	if err == nil || err == io.EOF {
-		c.Throttle.Accept()
-		return
-	}
-	switch status.Code(err) {
-	case codes.ResourceExhausted, codes.Unavailable, codes.DeadlineExceeded:
-	default:
+	if c.Throttle != nil && classify(err, false).Outcome == retry.Accepted {
 		c.Throttle.Accept()
 	}
 }
@@ -159,37 +168,56 @@ func (e deadlineError) GRPCStatus() *status.Status {
 func (c *Client) UnaryInterceptor() grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		ctx = withOutgoingPriority(ctx)
-		maxRetries := c.MaxRetries
-		if maxRetries == 0 {
-			maxRetries = 3
-		}
-		c.countCall()
-		if !c.allow() {
-			return throttledError{method}
-		}
-		for attempt := 0; ; attempt++ {
-			if err := c.waitPause(ctx); err != nil {
-				c.settle(err)
-				return err
-			}
+		err := c.seq().Do(ctx, retry.Call{Send: func(ctx context.Context, a retry.Attempt) (retry.Answer, error) {
 			var permit adaptive.Permit
 			if c.Concurrency != nil {
 				var err error
 				if permit, err = c.Concurrency.Acquire(ctx); err != nil {
-					c.settle(err)
-					return concurrencyError{method, err}
+					return retry.Answer{Outcome: retry.Failed}, concurrencyError{method, err}
 				}
 			}
+			a.Sending()
 			err := invoker(ctx, method, req, reply, cc, opts...)
 			endPermit(ctx, &permit, err)
-			c.settle(err)
-			// The retry waits in waitPause for the pause observe has just
-			// extended, failing at once if it outlasts the deadline.
-			if !c.observe(err) || attempt >= maxRetries || !c.allowRetry() {
-				return err
-			}
-		}
+			return classify(err, true), err
+		}})
+		return stageError(err, method)
 	}
+}
+
+// classify reads a call's outcome as retry.Caller sees it: RESOURCE_EXHAUSTED
+// (over quota) or UNAVAILABLE (overload) with RetryInfo is a refusal with
+// its delay; either without RetryInfo, or DEADLINE_EXCEEDED, a failure
+// (not accepted, not retried); anything else an answer the server
+// accepted (see Client.Throttle).
+func classify(err error, retryable bool) retry.Answer {
+	if err == nil || err == io.EOF {
+		return retry.Answer{Outcome: retry.Accepted}
+	}
+	switch code := status.Code(err); code {
+	case codes.ResourceExhausted, codes.Unavailable:
+		if d, ok := RetryDelay(err); ok {
+			return retry.Answer{Outcome: retry.Refused, Hint: d, Hinted: true, Quota: code == codes.ResourceExhausted, Retryable: retryable}
+		}
+		return retry.Answer{Outcome: retry.Failed}
+	case codes.DeadlineExceeded:
+		return retry.Answer{Outcome: retry.Failed}
+	}
+	return retry.Answer{Outcome: retry.Accepted}
+}
+
+// stageError returns the error of a call for err from retry.Caller: a
+// throttledError for the Throttle's rejection, a deadlineError or the
+// context's status for a wait that stopped it, any other error as it is.
+func stageError(err error, method string) error {
+	se, ok := errors.AsType[*retry.StageError](err)
+	if !ok {
+		return err
+	}
+	if se.Stage == retry.StageThrottle {
+		return throttledError{method}
+	}
+	return waitError(se.Err)
 }
 
 // StreamInterceptor returns the stream client interceptor: it waits for a
@@ -203,7 +231,8 @@ func (c *Client) StreamInterceptor() grpc.StreamClientInterceptor {
 		if !c.allow() {
 			return nil, throttledError{method}
 		}
-		if err := c.waitPause(ctx); err != nil {
+		if err := c.seq().Await(ctx, "", 0); err != nil {
+			err = stageError(err, method)
 			c.settle(err)
 			return nil, err
 		}
@@ -239,41 +268,11 @@ func (s *observedStream) RecvMsg(m any) error {
 }
 
 // observe starts or extends the pause when err is a refusal with
-// RetryInfo, and reports whether it was one.
-func (c *Client) observe(err error) bool {
-	if err == nil {
-		return false
+// RetryInfo (a stream's; Caller.Do observes the unary calls').
+func (c *Client) observe(err error) {
+	if ans := classify(err, false); ans.Outcome == retry.Refused {
+		c.seq().Observe("", time.Now(), ans)
 	}
-	code := status.Code(err)
-	if code != codes.ResourceExhausted && code != codes.Unavailable {
-		return false
-	}
-	d, ok := RetryDelay(err)
-	if !ok {
-		return false
-	}
-	maxPause := c.MaxPause
-	if maxPause <= 0 {
-		maxPause = time.Minute
-	}
-	d = min(d, maxPause)
-	now := time.Now()
-	c.pause.Extend("", now, now.Add(d))
-	return true
-}
-
-// waitPause waits while a pause is on, failing at once if it outlasts the
-// deadline.
-func (c *Client) waitPause(ctx context.Context) error {
-	var now time.Time
-	d := c.pause.Left("", func() time.Time { now = time.Now(); return now })
-	if d <= 0 {
-		return nil
-	}
-	if err := retry.Wait(ctx, now, d); err != nil {
-		return waitError(err)
-	}
-	return nil
 }
 
 // waitError returns the error of a call whose wait failed with err (from
@@ -286,36 +285,9 @@ func waitError(err error) error {
 	return status.FromContextError(err).Err()
 }
 
-// retryBudget returns the Client's retry budget, made on first use.
-func (c *Client) retryBudget() *retry.Budget {
-	c.budgetOnce.Do(func() { c.budget = retry.NewBudget(c.RetryRatio, c.MinRetries, c.RetryWindow) })
-	return c.budget
-}
-
-func (c *Client) countCall() { c.retryBudget().Request(time.Now()) }
-
-// allowRetry reports whether the retry budget and the Throttle allow a
-// retry. The budget's share is spent even if the Throttle rejects it: the
-// budget only errs on the side of fewer retries.
-func (c *Client) allowRetry() bool {
-	ok := c.retryBudget().Retry(time.Now())
-	if ok && !c.allow() {
-		return false
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if !ok {
-		c.denied++
-		return false
-	}
-	c.retries++
-	return true
-}
-
 // Retries returns the retries made and those the retry budget denied (as
 // httplimit.ClientStats' Retries and RetriesDenied).
 func (c *Client) Retries() (made, denied int64) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.retries, c.denied
+	st := c.seq().Stats()
+	return st.Retries, st.RetriesDenied
 }

@@ -57,3 +57,41 @@ func TestClientConcurrency(t *testing.T) {
 		held[i].Ignore()
 	}
 }
+
+// TestClientConcurrencyRefusalIsNoAccept: a call that finds no slot of the
+// Client's Concurrency limit is not an accept of the Throttle. The two
+// clients disagreed here: httplimit.Client counted it as none, grpclimit's
+// as an accept (its error has no gRPC code, which read as "the server did
+// its work"), so a client whose limit shed its calls told its Throttle the
+// server was healthy. Both now run retry.Caller, where a local refusal is
+// Failed.
+func TestClientConcurrencyRefusalIsNoAccept(t *testing.T) {
+	h := &flakyHealth{}
+	l, err := adaptive.NewLimiter(adaptive.Options{Max: 1, Min: 1, Initial: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	th, err := adaptive.NewThrottle(adaptive.ThrottleOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &grpclimit.Client{Concurrency: l, Throttle: th, MaxRetries: -1}
+	hc := startLoopback(t, h, c)
+	if _, err := hc.Check(t.Context(), &healthpb.HealthCheckRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if st := th.Stats(); st.TotalRequests != 1 || st.TotalAccepts != 1 {
+		t.Fatalf("after one call answered: %+v, want 1 request and 1 accept", st)
+	}
+	pm, r := l.TryAcquireAt(time.Now(), adaptive.Critical)
+	if r.Refused() {
+		t.Fatal("the one slot is taken")
+	}
+	defer pm.Ignore()
+	if _, err := hc.Check(t.Context(), &healthpb.HealthCheckRequest{}); !errors.Is(err, adaptive.ErrOverloaded) {
+		t.Fatalf("with the slot held: %v, want ErrOverloaded", err)
+	}
+	if st := th.Stats(); st.TotalRequests != 2 || st.TotalAccepts != 1 {
+		t.Errorf("after a call refused a slot: %+v, want 2 requests and still 1 accept", st)
+	}
+}

@@ -37,13 +37,16 @@
 //
 // A Client's interceptors wait before each call while a pause is on: a
 // RESOURCE_EXHAUSTED or UNAVAILABLE carrying RetryInfo starts a pause shared
-// by every call through the Client. A unary call so refused is retried
-// after the delay, at most MaxRetries times and within a retry budget (at
+// by every call through the Client, and the calls it held return spread
+// over a first backoff step (full jitter), not at one instant. A unary call
+// so refused is retried after the delay and a full-jitter backoff, at most MaxRetries times and within a retry budget (at
 // most RetryRatio of the calls of the last RetryWindow, plus MinRetries);
 // a wait longer than the call's deadline fails at once with an error that
 // matches ratelimit.ErrWouldExceedDeadline and carries codes.DeadlineExceeded.
 // Streams are not retried (their messages may already have been consumed);
-// their refusals still start the pause.
+// their refusals still start the pause. The sequence is retry.Caller's,
+// the one httplimit.Client runs too; the Client only sends and reads the
+// status.
 //
 // With a Throttle (adaptive.Throttle), the Client also throttles itself
 // while the server is overloaded: before anything else, a call (and each

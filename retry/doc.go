@@ -11,10 +11,15 @@
 //   - Ceiling, the throttle controller of a client that paces itself:
 //     a retry hint pauses and cuts nothing, only repeated refusals cut
 //     the rate, in proportion to the overshoot, and the rate climbs back
-//     (lease.Holder and httplimit.Client share it).
+//     (lease.Holder and httplimit.Client share it);
+//   - Caller, the one retry-and-pacing sequence built of them: throttle,
+//     shared pause (with jitter), Limiter within the deadline, send, read
+//     the refusal's hint, pause, retry within the Budget, give up at the
+//     deadline.
 //
 // httplimit.Client (HTTP 429 and 503) and grpclimit.Client
-// (RESOURCE_EXHAUSTED and UNAVAILABLE with RetryInfo) are built on it; so
-// can a client of any other transport. Every type but Ceiling (which
+// (RESOURCE_EXHAUSTED and UNAVAILABLE with RetryInfo) are adapters on a
+// Caller: each says only how to send an attempt and how to read its
+// answer (an Answer); so can a client of any other transport. Every type but Ceiling (which
 // lives under its owner's lock) is safe for concurrent use. It imports the standard library and ratelimit only.
 package retry

@@ -125,9 +125,11 @@ type Config struct {
 	// Limiter paces the release of messages, one unit each; nil means no
 	// pacing (as fast as the Workers go).
 	Limiter Limiter
-	// OnThrottle is called with the pause each time the Sink answers
-	// throttled, before the pause begins; give it a lease Holder's
-	// Throttled, say. Nil means nothing is called.
+	// OnThrottle is told of each throttled answer of the Sink, with the
+	// pause the Drainer takes for it, before the pause begins: a report,
+	// for what sets the rate (a lease Holder's ThrottledAfter, say). The
+	// pause and the delayed NAK are the Drainer's. Nil means nothing is
+	// called.
 	OnThrottle func(pause time.Duration)
 	// Workers bounds the Sink calls in flight; DefaultWorkers when 0.
 	Workers int
@@ -246,6 +248,10 @@ type Stats struct {
 	// Throttled counts the Sink calls answered throttled (the message put
 	// back, not counted as a failure); Failed the other failed calls.
 	Throttled, Failed int64
+	// Pauses counts the throttled answers that began or extended the
+	// shared pause (one that ends no later than the pause in force
+	// changes nothing).
+	Pauses int64
 	// DeadLettered counts the messages sent to a dead-letter destination.
 	DeadLettered int64
 	// Redelivered counts the messages taken that had been delivered
@@ -284,6 +290,7 @@ type Drainer struct {
 	stats    Stats
 	lastDone int64
 	lastAt   time.Time
+	pauseEnd time.Time // the end of the latest shared pause
 }
 
 // New returns a Drainer for cfg, or an error naming what in cfg is
@@ -518,9 +525,18 @@ func (d *Drainer) work(runCtx context.Context, t taken) {
 		if d.cfg.OnThrottle != nil {
 			d.cfg.OnThrottle(pause)
 		}
+		// The one place a throttled answer is acted on: the Sink only
+		// classified it, OnThrottle is told.
 		now := time.Now()
-		d.pauses.Extend("", now, now.Add(pause))
-		d.count(func(s *Stats) { s.Throttled++ })
+		until := now.Add(pause)
+		d.mu.Lock()
+		d.stats.Throttled++
+		if until.After(d.pauseEnd) {
+			d.pauseEnd = until
+			d.stats.Pauses++
+		}
+		d.mu.Unlock()
+		d.pauses.Extend("", now, until)
 		settle = m.Nak(ctx, pause)
 	default:
 		d.mu.Lock()

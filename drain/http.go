@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/limitheader"
 )
 
@@ -23,30 +22,29 @@ const IdempotencyKeyHeader = "Idempotency-Key"
 // vendor forms limitheader.RetryDelay reads) asks for; anything else, or
 // an error of the transport, is a failure.
 //
-// Requests go through Client, whose shared pause then also holds back
-// this process's other calls to the same host; its own retries should be
-// off (MaxRetries < 0), since the Drainer puts a throttled message back
-// rather than retrying it in place. The zero Client field means a Client
-// with retries off and 2·DefaultWorkers idle connections per host. Pace with the Drainer's
-// Limiter, not the Client's.
+// The sink only classifies the answer: it neither pauses nor retries. The
+// Drainer acts on a throttled answer, once: it pauses every worker for
+// the wait asked and puts the message back with that delay. (An
+// httplimit.Client here would pause this host's calls a second time, and
+// its pause is not the Drainer's to end; pace with the Drainer's Limiter.)
 type HTTPSink struct {
 	URL string
 	// Method is the request's method; "" means POST.
 	Method string
 	// ContentType is the body's; "" means application/octet-stream.
 	ContentType string
-	// Client sends the requests; nil means one with retries off.
-	Client *httplimit.Client
+	// HTTP sends the requests; nil means a client that keeps
+	// 2·DefaultWorkers idle connections per host.
+	HTTP *http.Client
 }
 
-// noRetries is the default Client: no retries, and enough idle
-// connections kept for the Drainer's workers (net/http's default keeps
-// two per host, so 64 workers would open and close connections all the
-// time).
-var noRetries = func() *httplimit.Client {
+// defaultHTTP is the default client: enough idle connections kept for
+// the Drainer's workers (net/http's default keeps two per host, so 64
+// workers would open and close connections all the time).
+var defaultHTTP = func() *http.Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConnsPerHost = 2 * DefaultWorkers
-	return &httplimit.Client{HTTP: &http.Client{Transport: tr}, MaxRetries: -1}
+	return &http.Client{Transport: tr}
 }()
 
 // Send is a Sink.
@@ -68,9 +66,9 @@ func (s *HTTPSink) Send(ctx context.Context, m Message) error {
 	if t := m.Tenant(); t != "" {
 		req.Header.Set(HeaderTenant, t)
 	}
-	c := s.Client
+	c := s.HTTP
 	if c == nil {
-		c = noRetries
+		c = defaultHTTP
 	}
 	resp, err := c.Do(req)
 	if err != nil {

@@ -34,8 +34,10 @@
 //     grpclimit.RetryDelay): the drainer pauses taking new work for the
 //     time asked (capped by Config.MaxPause; Config.DefaultPause when the
 //     answer says nothing), shared by every worker, and puts the message
-//     back with that delay. This is not a failure: it does not count
-//     towards Config.MaxFailures and never dead-letters a message.
+//     back with that delay; Config.OnThrottle is told. The Drainer is
+//     the one that acts on the answer: a Sink only classifies it. This
+//     is not a failure: it does not count towards Config.MaxFailures
+//     and never dead-letters a message.
 //   - any other error: a failure. The message is put back with a
 //     full-jitter exponential backoff; after Config.MaxFailures failures
 //     it goes to the Source's dead-letter destination with the last error

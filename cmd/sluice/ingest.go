@@ -26,7 +26,7 @@ import (
 	"github.com/sluicehq/sluice/internal/chart"
 	"github.com/sluicehq/sluice/internal/connlimit"
 	"github.com/sluicehq/sluice/internal/natsembed"
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/redisproc"
 )
 
 const ingestUsage = `Usage: sluice demo ingest [flags]
@@ -344,7 +344,7 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		*self = exe
 	}
-	redisAddr, stopRedis, err := redistest.Launch()
+	redisAddr, stopRedis, err := redisproc.Launch()
 	if err != nil {
 		return fmt.Errorf("demo ingest: starting redis-server (it must be on PATH): %w", err)
 	}

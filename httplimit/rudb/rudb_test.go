@@ -1,4 +1,4 @@
-package throttledtest
+package rudb
 
 import (
 	"net/http"

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/httplimit/rudb"
 	"github.com/sluicehq/sluice/httplimit/throttledtest"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/ratelimit"
@@ -119,7 +120,7 @@ func BenchmarkThrottledDB(b *testing.B) {
 	const records, cost, budget, window = 1000, 10, 2000, 100 * time.Millisecond
 	server := func(b *testing.B) (string, *http.Client) {
 		b.Helper()
-		db := &throttledtest.DB{Budget: budget, Window: window, WriteCost: cost}
+		db := &rudb.DB{Budget: budget, Window: window, WriteCost: cost}
 		srv := httptest.NewServer(db)
 		b.Cleanup(srv.Close)
 		tr := srv.Client().Transport.(*http.Transport).Clone()
@@ -127,7 +128,7 @@ func BenchmarkThrottledDB(b *testing.B) {
 		b.Cleanup(tr.CloseIdleConnections)
 		return srv.URL + "/items", &http.Client{Transport: tr}
 	}
-	report := func(b *testing.B, r throttledtest.Result, err error) {
+	report := func(b *testing.B, r rudb.Result, err error) {
 		b.Helper()
 		if err != nil {
 			b.Fatal(err)
@@ -139,7 +140,7 @@ func BenchmarkThrottledDB(b *testing.B) {
 	b.Run("naive", func(b *testing.B) {
 		for b.Loop() {
 			url, hc := server(b)
-			r, err := throttledtest.Naive(context.Background(), hc, url, records)
+			r, err := rudb.Naive(context.Background(), hc, url, records)
 			report(b, r, err)
 		}
 	})
@@ -147,7 +148,7 @@ func BenchmarkThrottledDB(b *testing.B) {
 		for b.Loop() {
 			url, hc := server(b)
 			c := &httplimit.Client{HTTP: hc, Limiter: ratelimit.NewLimiter(ratelimit.Limit(budget*float64(time.Second/window)), 5*cost)}
-			r, err := throttledtest.Paced(context.Background(), c, url, records, 32, cost)
+			r, err := rudb.Paced(context.Background(), c, url, records, 32, cost)
 			report(b, r, err)
 		}
 	})

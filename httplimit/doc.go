@@ -47,7 +47,7 @@
 // Retry-After fields the middleware sends and reads those the Client
 // receives; use it directly to format or parse them elsewhere.
 //
-// Package throttledtest holds a simulated throttled database for tests and
-// demonstrations; package grpclimit does for gRPC what this package does
-// for HTTP.
+// Package rudb simulates a database that charges request units and
+// answers 429 over its budget, for demonstrations, benchmarks and tests;
+// package grpclimit does for gRPC what this package does for HTTP.
 package httplimit

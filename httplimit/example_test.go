@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/httplimit"
-	"github.com/sluicehq/sluice/httplimit/throttledtest"
+	"github.com/sluicehq/sluice/httplimit/rudb"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -54,7 +54,7 @@ func ExampleMiddleware() {
 // write costs 10 RU. The Client paces the writes to the budget, so almost
 // none is refused.
 func ExampleClient() {
-	db := &throttledtest.DB{Budget: 2000, WriteCost: 10}
+	db := &rudb.DB{Budget: 2000, WriteCost: 10}
 	srv := httptest.NewServer(db)
 	defer srv.Close()
 

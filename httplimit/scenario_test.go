@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/httplimit/rudb"
 	"github.com/sluicehq/sluice/httplimit/throttledtest"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -38,9 +39,9 @@ func pacedClient(rt http.RoundTripper, rate float64) *httplimit.Client {
 func TestThrottledDBSynctest(t *testing.T) {
 	t.Run("naive", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			db := &throttledtest.DB{Budget: dbBudget}
+			db := &rudb.DB{Budget: dbBudget}
 			hc := &http.Client{Transport: throttledtest.HandlerTransport{Handler: db}}
-			r, err := throttledtest.Naive(t.Context(), hc, "http://db.test/items", dbRecords)
+			r, err := rudb.Naive(t.Context(), hc, "http://db.test/items", dbRecords)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -57,9 +58,9 @@ func TestThrottledDBSynctest(t *testing.T) {
 	for _, procs := range []int{1, 4} {
 		t.Run("sluice/processes="+string(rune('0'+procs)), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				db := &throttledtest.DB{Budget: dbBudget}
+				db := &rudb.DB{Budget: dbBudget}
 				rt := throttledtest.HandlerTransport{Handler: db}
-				results := make(chan throttledtest.Result, procs)
+				results := make(chan rudb.Result, procs)
 				start := time.Now()
 				for p := range procs {
 					go func() {
@@ -70,7 +71,7 @@ func TestThrottledDBSynctest(t *testing.T) {
 						if p == 0 {
 							n += dbRecords % procs
 						}
-						r, err := throttledtest.Paced(t.Context(), c, "http://db.test/items", n, 32, dbCost)
+						r, err := rudb.Paced(t.Context(), c, "http://db.test/items", n, 32, dbCost)
 						if err != nil {
 							t.Error(err)
 						}
@@ -112,7 +113,7 @@ func TestThrottledDBRealTime(t *testing.T) {
 	if testing.Short() {
 		t.Skip("takes 5 s of real time")
 	}
-	db := &throttledtest.DB{Budget: dbBudget}
+	db := &rudb.DB{Budget: dbBudget}
 	var rt http.RoundTripper = throttledtest.HandlerTransport{Handler: db}
 	url := "http://db.test/items"
 	if !raceEnabled {
@@ -126,7 +127,7 @@ func TestThrottledDBRealTime(t *testing.T) {
 	c := pacedClient(rt, dbBudget)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	r, err := throttledtest.Paced(ctx, c, url, dbRecords, 32, dbCost)
+	r, err := rudb.Paced(ctx, c, url, dbRecords, 32, dbCost)
 	if err != nil {
 		t.Fatal(err)
 	}

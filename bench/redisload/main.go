@@ -40,7 +40,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/time/rate"
 
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/redisproc"
 	"github.com/sluicehq/sluice/ratelimit"
 	"github.com/sluicehq/sluice/redisstore"
 )
@@ -113,7 +113,7 @@ func (r result) row() string {
 
 func run(addr string, dur time.Duration, nkeys int, concList, only string, pipelines int, window time.Duration, limit int64, pace float64, runs int) error {
 	if addr == "" {
-		a, stop, err := redistest.Launch()
+		a, stop, err := redisproc.Launch()
 		if err != nil {
 			return err
 		}

@@ -7,13 +7,14 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
-	"net/http/httptest"
 	"text/tabwriter"
 	"time"
 
 	"github.com/sluicehq/sluice/httplimit"
-	"github.com/sluicehq/sluice/httplimit/throttledtest"
+	"github.com/sluicehq/sluice/httplimit/rudb"
+	"github.com/sluicehq/sluice/internal/connlimit"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -155,29 +156,78 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	return tw.Flush()
 }
 
+// demoConns bounds the connections of a demo's simulated database: its
+// listener keeps at most this many open, and a job's transport opens at
+// most half as many.
+const demoConns = 256
+
+// serveLoopback serves h on a free loopback port, as a real server: a
+// listener that keeps at most maxConns connections open, and timeouts on
+// every phase of a request. It returns the server's address and stop,
+// which shuts the server down, letting requests in flight finish for up
+// to five seconds before it closes their connections, and returns once
+// the server has stopped.
+func serveLoopback(h http.Handler, maxConns int) (addr string, stop func() error, err error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	capped, err := connlimit.New(ln, maxConns)
+	if err != nil {
+		ln.Close()
+		return "", nil, err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 10 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(capped) }()
+	return ln.Addr().String(), func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err := srv.Shutdown(ctx)
+		if err != nil {
+			err = errors.Join(err, srv.Close())
+		}
+		if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
+			err = errors.Join(err, serr)
+		}
+		return err
+	}, nil
+}
+
 // demoServer starts the simulated database on loopback and returns its URL,
 // a transport with enough connections for the job, and a stop function.
-func demoServer(budget, cost int) (string, *http.Transport, func()) {
-	srv := httptest.NewServer(&throttledtest.DB{Budget: int64(budget), WriteCost: int64(cost)})
-	tr := srv.Client().Transport.(*http.Transport).Clone()
-	tr.MaxConnsPerHost = 128
-	tr.MaxIdleConnsPerHost = 128
-	return srv.URL + "/items", tr, func() {
-		tr.CloseIdleConnections()
-		srv.Close()
+func demoServer(budget, cost int) (string, *http.Transport, func() error, error) {
+	addr, stopSrv, err := serveLoopback(&rudb.DB{Budget: int64(budget), WriteCost: int64(cost)}, demoConns)
+	if err != nil {
+		return "", nil, nil, err
 	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.Proxy = nil // loopback, never through a proxy
+	tr.MaxConnsPerHost = demoConns / 2
+	tr.MaxIdleConnsPerHost = demoConns / 2
+	return "http://" + addr + "/items", tr, func() error {
+		tr.CloseIdleConnections()
+		return stopSrv()
+	}, nil
 }
 
-func demoNaive(ctx context.Context, records, budget, cost int) (throttledtest.Result, error) {
-	url, tr, stop := demoServer(budget, cost)
-	defer stop()
-	return throttledtest.Naive(ctx, &http.Client{Transport: tr}, url, records)
+func demoNaive(ctx context.Context, records, budget, cost int) (r rudb.Result, err error) {
+	url, tr, stop, err := demoServer(budget, cost)
+	if err != nil {
+		return r, err
+	}
+	defer func() { err = errors.Join(err, stop()) }()
+	return rudb.Naive(ctx, &http.Client{Transport: tr}, url, records)
 }
 
-func demoSluice(ctx context.Context, records, budget, cost, processes, workers int) (throttledtest.Result, error) {
-	url, tr, stop := demoServer(budget, cost)
-	defer stop()
-	results := make(chan throttledtest.Result, processes)
+func demoSluice(ctx context.Context, records, budget, cost, processes, workers int) (_ rudb.Result, err error) {
+	url, tr, stop, err := demoServer(budget, cost)
+	if err != nil {
+		return rudb.Result{}, err
+	}
+	defer func() { err = errors.Join(err, stop()) }()
+	results := make(chan rudb.Result, processes)
 	errs := make(chan error, processes)
 	start := time.Now()
 	for p := range processes {
@@ -193,13 +243,12 @@ func demoSluice(ctx context.Context, records, budget, cost, processes, workers i
 				HTTP:    &http.Client{Transport: tr},
 				Limiter: ratelimit.NewLimiter(ratelimit.Limit(float64(budget)/float64(processes)), 5*cost),
 			}
-			r, err := throttledtest.Paced(ctx, c, url, n, workers, int64(cost))
+			r, err := rudb.Paced(ctx, c, url, n, workers, int64(cost))
 			results <- r
 			errs <- err
 		}()
 	}
-	var total throttledtest.Result
-	var err error
+	var total rudb.Result
 	for range processes {
 		r := <-results
 		total.Sent += r.Sent

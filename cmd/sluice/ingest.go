@@ -22,11 +22,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/sluicehq/sluice/drain"
-	"github.com/sluicehq/sluice/httplimit/throttledtest"
+	"github.com/sluicehq/sluice/httplimit/rudb"
 	"github.com/sluicehq/sluice/internal/chart"
 	"github.com/sluicehq/sluice/internal/connlimit"
 	"github.com/sluicehq/sluice/internal/natsembed"
-	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/redisproc"
 )
 
 const ingestUsage = `Usage: sluice demo ingest [flags]
@@ -239,7 +239,7 @@ type ingestEvent struct {
 
 // ingestDB is the throttled database with a record of every write.
 type ingestDB struct {
-	db    *throttledtest.DB
+	db    *rudb.DB
 	mu    sync.Mutex // guards start, ev and first
 	start time.Time
 	ev    []ingestEvent
@@ -344,7 +344,7 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		*self = exe
 	}
-	redisAddr, stopRedis, err := redistest.Launch()
+	redisAddr, stopRedis, err := redisproc.Launch()
 	if err != nil {
 		return fmt.Errorf("demo ingest: starting redis-server (it must be on PATH): %w", err)
 	}
@@ -361,23 +361,15 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
 
 	db := &ingestDB{
-		db:    &throttledtest.DB{Budget: int64(*capacity), WriteCost: 1, ReadCost: 1, Idempotent: true},
+		db:    &rudb.DB{Budget: int64(*capacity), WriteCost: 1, ReadCost: 1, Idempotent: true},
 		first: map[byte]int{}, moved: make(chan struct{}, 1),
 	}
-	dbLn, err := net.Listen("tcp", "127.0.0.1:0")
+	dbAddr, stopDB, err := serveLoopback(db, 512)
 	if err != nil {
 		return err
 	}
-	dbURL := "http://" + dbLn.Addr().String() + "/records"
-	dbCapped, err := connlimit.New(dbLn, 512)
-	if err != nil {
-		dbLn.Close()
-		return err
-	}
-	dbSrv := &http.Server{Handler: db, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-		WriteTimeout: 10 * time.Second, IdleTimeout: time.Minute, MaxHeaderBytes: 16 << 10}
-	go dbSrv.Serve(dbCapped) //nolint:errcheck // ends with Close below
-	defer dbSrv.Close()
+	defer stopDB() //nolint:errcheck // the demo's figures are in; a slow shutdown changes none
+	dbURL := "http://" + dbAddr + "/records"
 
 	logs := io.Discard
 	if *verbose {

@@ -1,85 +1,56 @@
 package throttledtest
 
 import (
+	"context"
+	"io"
 	"net/http"
-	"net/http/httptest"
+	"strings"
 	"testing"
-	"testing/synctest"
-	"time"
+
+	"github.com/sluicehq/sluice/httplimit/rudb"
 )
 
-// TestDBWindows: a window admits its budget, refuses the rest with the
-// milliseconds to its end, charges nothing for a refusal, and the next
-// window starts afresh.
-func TestDBWindows(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		db := &DB{Budget: 30, WriteCost: 10}
-		time.Sleep(250 * time.Millisecond) // a quarter into a window (synctest starts on a second)
-		send := func(method string) (int, string) {
-			rec := httptest.NewRecorder()
-			db.ServeHTTP(rec, httptest.NewRequest(method, "/items", nil))
-			return rec.Code, rec.Header().Get("X-Ms-Retry-After-Ms")
-		}
-		type step struct {
-			method string
-			code   int
-			retry  string
-		}
-		for i, s := range []step{
-			{"POST", 201, ""}, {"POST", 201, ""}, {"GET", 200, ""},
-			{"POST", 429, "750"}, {"GET", 200, ""}, {"GET", 200, ""}, {"GET", 200, ""},
-			{"GET", 200, ""}, {"GET", 200, ""}, {"GET", 200, ""}, {"GET", 200, ""}, {"GET", 200, ""},
-			{"GET", 200, ""}, {"GET", 429, "750"},
-		} {
-			if code, retry := send(s.method); code != s.code || retry != s.retry {
-				t.Fatalf("step %d %s: %d (retry %q), want %d (%q)", i, s.method, code, retry, s.code, s.retry)
-			}
-		}
-		time.Sleep(750 * time.Millisecond)
-		if code, _ := send(http.MethodPost); code != 201 {
-			t.Errorf("new window: %d, want 201", code)
-		}
-		if st := db.Stats(); st != (Stats{Requests: 15, Throttled: 2, Written: 3, RU: 40}) {
-			t.Errorf("stats = %+v", st)
-		}
+// TestHandlerTransport: a request reaches the handler with a body (never
+// nil), the response carries the handler's answer and the request it
+// answers, and a cancelled request is not served.
+func TestHandlerTransport(t *testing.T) {
+	db := &rudb.DB{Budget: 10, WriteCost: 10}
+	var sawNilBody bool
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		sawNilBody = sawNilBody || r.Body == nil
+		db.ServeHTTP(w, r)
 	})
-}
-
-// TestDBIdempotent: a write whose key was written before is answered 200
-// and marked replayed, at no cost; a refused write is not remembered, so
-// its resend takes effect; writes without a key are not deduplicated.
-func TestDBIdempotent(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		db := &DB{Budget: 20, WriteCost: 10, Idempotent: true}
-		send := func(key string) (int, string) {
-			req := httptest.NewRequest(http.MethodPost, "/items", nil)
-			if key != "" {
-				req.Header.Set("Idempotency-Key", key)
-			}
-			rec := httptest.NewRecorder()
-			db.ServeHTTP(rec, req)
-			return rec.Code, rec.Header().Get(ReplayedHeader)
+	c := &http.Client{Transport: HandlerTransport{Handler: h}}
+	for i, want := range []int{http.StatusCreated, http.StatusTooManyRequests} {
+		req, err := http.NewRequest(http.MethodPost, "http://db.test/items", strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
 		}
-		type step struct {
-			key      string
-			code     int
-			replayed string
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
 		}
-		for i, s := range []step{
-			{"a", 201, ""}, {"a", 200, "true"}, {"b", 201, ""}, {"c", 429, ""}, {"a", 200, "true"},
-		} {
-			if code, rep := send(s.key); code != s.code || rep != s.replayed {
-				t.Fatalf("step %d key %q: %d (replayed %q), want %d (%q)", i, s.key, code, rep, s.code, s.replayed)
-			}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != want || resp.Request != req {
+			t.Fatalf("write %d: %d (request %p), want %d (%p)", i, resp.StatusCode, resp.Request, want, req)
 		}
-		time.Sleep(time.Second)
-		for i, s := range []step{{"c", 201, ""}, {"", 201, ""}, {"", 429, ""}, {"c", 200, "true"}} {
-			if code, rep := send(s.key); code != s.code || rep != s.replayed {
-				t.Fatalf("next window, step %d key %q: %d (replayed %q), want %d (%q)", i, s.key, code, rep, s.code, s.replayed)
-			}
-		}
-		if st := db.Stats(); st != (Stats{Requests: 9, Throttled: 2, Written: 4, Replayed: 3, RU: 40}) {
-			t.Errorf("stats = %+v", st)
-		}
-	})
+	}
+	resp, err := c.Get("http://db.test/items")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if sawNilBody {
+		t.Error("the handler saw a nil body")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://db.test/items", nil)
+	if _, err := c.Do(req); err == nil {
+		t.Error("a cancelled request was served")
+	}
+	if st := db.Stats(); st.Requests != 3 {
+		t.Errorf("the database saw %d requests, want 3", st.Requests)
+	}
 }

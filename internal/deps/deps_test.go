@@ -29,6 +29,12 @@
 //     drives a browser through the dashboard) and prometheus/prometheus
 //     (the PromQL parser that checks deploy/'s queries); its binary does
 //     not.
+//   - No command under cmd/ (the sluice binary) links test code: not
+//     testing or a package under testing/, and no package whose name
+//     ends in "test" (net/http/httptest, internal/redistest,
+//     httplimit/throttledtest, …). The standard library's own internal
+//     packages are exempt: every program that imports sync or os links
+//     internal/synctest and internal/testlog.
 //
 // Test files are exempt from the other rules. So are test-support packages
 // (those that import "testing", such as internal/redistest) from the
@@ -202,6 +208,22 @@ func isTestOnly(path string) bool {
 // testOnlyUser is the package whose tests may import the test-only modules.
 const testOnlyUser = "cmd/sluice"
 
+// isTestCode reports whether p is test code that a binary must not link:
+// testing, a package under testing/, or a package whose last path element
+// ends in "test" — but not one of the standard library's internal packages
+// (internal/synctest, which sync imports, and its kind), which every
+// program links.
+func isTestCode(p *pkg) bool {
+	path := p.ImportPath
+	if path == "testing" || strings.HasPrefix(path, "testing/") {
+		return true
+	}
+	if p.Standard && (strings.HasPrefix(path, "internal/") || strings.Contains(path, "/internal/")) {
+		return false
+	}
+	return strings.HasSuffix(path[strings.LastIndex(path, "/")+1:], "test")
+}
+
 // isRedis reports whether path is a Redis client package.
 func isRedis(path string) bool { return strings.HasPrefix(path, "github.com/redis/") }
 
@@ -266,6 +288,11 @@ func importRules(mod string) []rule {
 			name:      "the sluice binary may not link the test-only modules chromedp and prometheus/prometheus",
 			applies:   func(rel string) bool { return rel == testOnlyUser },
 			forbidden: func(p *pkg) bool { return isTestOnly(p.ImportPath) },
+		},
+		{
+			name:      "a command under cmd/ (the sluice binary) may not link testing or a package named *test: its demos run on real code",
+			applies:   func(rel string) bool { return underAny(rel, "cmd") },
+			forbidden: isTestCode,
 		},
 		{
 			name:      "grpclimit may depend on gRPC, but not on YAML or Prometheus",
@@ -603,6 +630,30 @@ func TestRulesCatchViolations(t *testing.T) {
 			want: []string{
 				"package example.com/m/cmd/sluice imports github.com/prometheus/prometheus/promql/parser: the sluice binary may not link",
 				"package example.com/m/dashboard imports github.com/chromedp/chromedp in a test: only cmd/sluice's tests",
+			},
+		},
+		{
+			name: "the binary links test code",
+			pkgs: []*pkg{
+				std("testing"), std("internal/synctest"), std("testing/synctest"),
+				{ImportPath: "net/http/httptest", Name: "httptest", Standard: true, Deps: []string{"testing"}},
+				std("net/http"),
+				own("internal/redistest", "redistest", "testing"),
+				own("internal/redisproc", "redisproc"),
+				own("httplimit/rudb", "rudb", "net/http", "internal/synctest"), // allowed: the standard library's internals
+				func() *pkg {
+					p := own("cmd/sluice", "main", mod+"/internal/redistest", mod+"/internal/redisproc", "net/http/httptest", mod+"/httplimit/rudb", "testing/synctest")
+					p.TestImports = []string{"testing", mod + "/internal/redistest"} // allowed: its tests
+					return p
+				}(),
+				own("cmd/tool", "main", "testing"),
+				own("bench/redisload", "main", mod+"/internal/redistest"), // not a command under cmd/
+			},
+			want: []string{
+				"package example.com/m/cmd/sluice imports example.com/m/internal/redistest: a command under cmd/",
+				"package example.com/m/cmd/sluice imports net/http/httptest: a command under cmd/",
+				"package example.com/m/cmd/sluice imports testing/synctest: a command under cmd/",
+				"package example.com/m/cmd/tool imports testing: a command under cmd/",
 			},
 		},
 		{

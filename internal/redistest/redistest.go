@@ -12,8 +12,9 @@
 // Stop and Start let fault tests kill a server and bring it back on the same
 // port. Readiness is awaited by polling PING with a bounded deadline.
 //
-// Launch starts the same standalone server outside a test, for load
-// generators such as bench/redisload.
+// The processes themselves (ports, arguments, start, readiness, kill by
+// process id) are package internal/redisproc's, which programs use outside
+// tests; this package adds what a test needs on top.
 package redistest
 
 import (
@@ -26,62 +27,50 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"math/big"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice/internal/redisproc"
 )
 
 // startTimeout bounds how long a server may take to answer PING (or a
 // replica or Sentinel to be ready), clusterTimeout a cluster to report
-// cluster_state:ok; poll asks every pollEvery.
+// cluster_state:ok.
 const (
-	startTimeout   = 10 * time.Second
+	startTimeout   = redisproc.StartTimeout
 	clusterTimeout = 30 * time.Second
-	pollEvery      = 5 * time.Millisecond
 )
 
 // A Server is one redis-server process owned by a test.
 type Server struct {
 	t      testing.TB
-	port   int
-	dir    string
-	kind   kind
-	extra  []string    // more arguments; a Sentinel's configuration lines
+	p      *redisproc.Process
 	tls    *tls.Config // a TLS server's clients' configuration: its CA
 	caFile string
 	pass   string // the password Client authenticates with
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	exit chan struct{} // closed when cmd has been waited for
 }
 
 // Addr is the server's address, 127.0.0.1:port.
-func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+func (s *Server) Addr() string { return s.p.Addr() }
 
 // Port is the server's TCP port.
-func (s *Server) Port() int { return s.port }
+func (s *Server) Port() int { return s.p.Port() }
 
-// kind is what a Server runs as.
-type kind int
-
-const (
-	standalone kind = iota
-	clusterNode
-	sentinel
-)
+// DieWithParent makes the kernel kill cmd's process if the test process
+// dies without running its cleanups (a panic in another goroutine, a
+// timeout, a kill): no redis-server, and no child a test starts with it,
+// outlives the test that started it. Call it before cmd.Start. It is
+// redisproc.DieWithParent.
+func DieWithParent(cmd *exec.Cmd) { redisproc.DieWithParent(cmd) }
 
 // need skips or fails t when a binary is missing.
 func need(t testing.TB, bins ...string) {
@@ -109,7 +98,7 @@ func Standalone(t testing.TB) *Server {
 func StandaloneWith(t testing.TB, args ...string) *Server {
 	t.Helper()
 	need(t, "redis-server")
-	return start(t, standalone, args, nil)
+	return start(t, redisproc.Options{Kind: redisproc.Standalone, Args: func(int) []string { return args }})
 }
 
 // StandaloneTLS starts a standalone redis-server that speaks only TLS, with
@@ -123,12 +112,14 @@ func StandaloneTLS(t testing.TB) *Server {
 	if err != nil {
 		t.Fatalf("redistest: certificates: %v", err)
 	}
-	return start(t, standalone, nil, func(s *Server) {
-		s.tls, s.caFile = cfg, filepath.Join(dir, "ca.pem")
-		s.extra = []string{"--port", "0", "--tls-port", strconv.Itoa(s.port),
+	caFile := filepath.Join(dir, "ca.pem")
+	s := start(t, redisproc.Options{Kind: redisproc.Standalone, TLS: cfg, Args: func(port int) []string {
+		return []string{"--port", "0", "--tls-port", strconv.Itoa(port),
 			"--tls-cert-file", filepath.Join(dir, "server.pem"), "--tls-key-file", filepath.Join(dir, "server.key"),
-			"--tls-ca-cert-file", s.caFile, "--tls-auth-clients", "no"}
-	})
+			"--tls-ca-cert-file", caFile, "--tls-auth-clients", "no"}
+	}})
+	s.caFile = caFile
+	return s
 }
 
 // CAFile is the PEM file of the CA that signed a TLS server's certificate.
@@ -197,185 +188,29 @@ func writeCerts(dir string) (*tls.Config, error) {
 	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, nil
 }
 
-// Launch starts a standalone redis-server outside a test (a load generator's
-// own server), as Standalone does, in a new temporary directory. It returns
-// the server's address and a function that stops the server, by the process
-// id it was given, and removes the directory.
-func Launch() (addr string, stop func(), err error) {
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		return "", nil, err
-	}
-	dir, err := os.MkdirTemp("", "redistest")
-	if err != nil {
-		return "", nil, err
-	}
-	s, err := launchFree(func() string { return dir }, standalone, nil, nil)
-	if err != nil {
-		os.RemoveAll(dir)
-		return "", nil, err
-	}
-	return s.Addr(), func() { s.kill(); os.RemoveAll(dir) }, nil
-}
+// Launch starts a standalone redis-server outside a test, in a new
+// temporary directory, and returns its address and a function that stops
+// it and removes the directory. It is redisproc.Launch, which programs
+// (demos, load generators) call directly.
+func Launch() (addr string, stop func(), err error) { return redisproc.Launch() }
 
-func start(t testing.TB, k kind, extra []string, prep func(*Server)) *Server {
+// start starts a server for t, in a directory of t's, and kills it when the
+// test ends.
+func start(t testing.TB, o redisproc.Options) *Server {
 	t.Helper()
-	s, err := launchFree(t.TempDir, k, extra, prep)
+	o.Dir = t.TempDir()
+	p, err := redisproc.Start(o)
 	if err != nil {
 		t.Fatalf("redistest: cannot start redis-server: %v", err)
 	}
-	s.t = t
-	t.Cleanup(s.kill)
-	return s
-}
-
-// launchFree starts a server on a free port, in a directory that dir
-// returns, trying another port when one fails; prep, if not nil, completes
-// the Server once its port is known.
-func launchFree(dir func() string, k kind, extra []string, prep func(*Server)) (*Server, error) {
-	var last error
-	for range 5 { // a free port may be taken by someone else before we bind it
-		port, err := freePort(k == clusterNode)
-		if err != nil {
-			return nil, err
-		}
-		s := &Server{port: port, dir: dir(), kind: k, extra: extra}
-		if prep != nil {
-			prep(s)
-		}
-		if last = s.launch(); last == nil {
-			return s, nil
-		}
-	}
-	return nil, last
-}
-
-// freePort returns a loopback port that was free a moment ago; for a cluster
-// node, its bus port (port+10000) was free too.
-func freePort(cluster bool) (int, error) {
-	for range 100 {
-		p := 20000 + rand.IntN(20000)
-		if p == 6379 || !portFree(p) || (cluster && !portFree(p+10000)) {
-			continue
-		}
-		return p, nil
-	}
-	return 0, errors.New("no free loopback port")
-}
-
-func portFree(p int) bool {
-	l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
-	if err != nil {
-		return false
-	}
-	l.Close()
-	return true
-}
-
-func (s *Server) args() ([]string, error) {
-	if s.kind == sentinel {
-		// A Sentinel keeps its state in a configuration file it rewrites.
-		conf := filepath.Join(s.dir, "sentinel.conf")
-		if err := os.WriteFile(conf, []byte(strings.Join(s.extra, "\n")+"\n"), 0o600); err != nil {
-			return nil, err
-		}
-		return []string{conf, "--sentinel",
-			"--port", strconv.Itoa(s.port),
-			"--bind", "127.0.0.1",
-			"--dir", s.dir,
-			"--daemonize", "no",
-			"--logfile", filepath.Join(s.dir, "redis.log"),
-		}, nil
-	}
-	a := []string{
-		"--port", strconv.Itoa(s.port),
-		"--bind", "127.0.0.1",
-		"--save", "",
-		"--appendonly", "no",
-		"--dir", s.dir,
-		"--daemonize", "no",
-		"--logfile", filepath.Join(s.dir, "redis.log"),
-		"--enable-debug-command", "local", // DEBUG SLEEP for slow-server tests
-		"--repl-diskless-sync-delay", "0", // a replica syncs at once, not after 5 s
-	}
-	if s.kind == clusterNode {
-		a = append(a,
-			"--cluster-enabled", "yes",
-			"--cluster-config-file", filepath.Join(s.dir, "nodes.conf"),
-			"--cluster-node-timeout", "2000",
-			// Keep the other masters serving while one is stopped.
-			"--cluster-require-full-coverage", "no",
-		)
-	}
-	return append(a, s.extra...), nil
-}
-
-// launch starts the process and waits for PING to succeed.
-func (s *Server) launch() error {
-	args, err := s.args()
-	if err != nil {
-		return err
-	}
-	cmd := exec.Command("redis-server", args...)
-	DieWithParent(cmd)
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start redis-server: %w", err)
-	}
-	exit := make(chan struct{})
-	go func() { cmd.Wait(); close(exit) }() //nolint:errcheck // exit status of a killed server is uninteresting
-	s.mu.Lock()
-	s.cmd, s.exit = cmd, exit
-	s.mu.Unlock()
-	if err := s.waitReady(exit); err != nil {
-		s.kill()
-		return fmt.Errorf("%w; log: %s", err, s.logTail())
-	}
-	return nil
-}
-
-// waitReady polls PING until the server answers, it exits or startTimeout
-// passes.
-func (s *Server) waitReady(exit <-chan struct{}) error {
-	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond, TLSConfig: s.TLSConfig()})
-	defer c.Close()
-	err := poll(startTimeout, exit, func(ctx context.Context) (bool, string, error) {
-		err := c.Ping(ctx).Err()
-		var rerr redis.Error
-		return err == nil || errors.As(err, &rerr), "PING:", err // it answered, if only NOAUTH
-	})
-	if err != nil {
-		return fmt.Errorf("redis-server on port %d: %w", s.port, err)
-	}
-	return nil
-}
-
-func (s *Server) logTail() string {
-	b, err := os.ReadFile(filepath.Join(s.dir, "redis.log"))
-	if err != nil {
-		return err.Error()
-	}
-	if len(b) > 2000 {
-		b = b[len(b)-2000:]
-	}
-	return string(b)
-}
-
-// kill stops the process this Server started, if it runs, and waits for it.
-func (s *Server) kill() {
-	s.mu.Lock()
-	cmd, exit := s.cmd, s.exit
-	s.cmd = nil
-	s.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	cmd.Process.Kill() //nolint:errcheck // it may have exited already
-	<-exit
+	t.Cleanup(p.Kill)
+	return &Server{t: t, p: p, tls: o.TLS}
 }
 
 // Stop kills the server (as a crash would: no shutdown, nothing saved).
 func (s *Server) Stop() {
 	s.t.Helper()
-	s.kill()
+	s.p.Kill()
 }
 
 // Freeze stops the server's process with SIGSTOP, as a long pause would
@@ -385,13 +220,13 @@ func (s *Server) Stop() {
 // stopped process).
 func (s *Server) Freeze() {
 	s.t.Helper()
-	s.signal(freezeSignal, "freeze")
+	s.signal(redisproc.FreezeSignal, "freeze")
 }
 
 // Thaw resumes a frozen server with SIGCONT.
 func (s *Server) Thaw() {
 	s.t.Helper()
-	s.signal(thawSignal, "thaw")
+	s.signal(redisproc.ThawSignal, "thaw")
 }
 
 func (s *Server) signal(sig os.Signal, what string) {
@@ -399,13 +234,7 @@ func (s *Server) signal(sig os.Signal, what string) {
 	if sig == nil {
 		s.t.Skipf("redistest: cannot %s a process on this system", what)
 	}
-	s.mu.Lock()
-	cmd := s.cmd
-	s.mu.Unlock()
-	if cmd == nil {
-		s.t.Fatalf("redistest: %s: server on port %d is not running", what, s.port)
-	}
-	if err := cmd.Process.Signal(sig); err != nil {
+	if err := s.p.Signal(sig); err != nil {
 		s.t.Fatalf("redistest: %s: %v", what, err)
 	}
 }
@@ -414,10 +243,10 @@ func (s *Server) signal(sig os.Signal, what string) {
 // answers; a cluster node also waits until its cluster state is ok.
 func (s *Server) Start() {
 	s.t.Helper()
-	if err := s.launch(); err != nil {
+	if err := s.p.Restart(); err != nil {
 		s.t.Fatalf("redistest: restart: %v", err)
 	}
-	if s.kind == clusterNode {
+	if s.p.Kind() == redisproc.ClusterNode {
 		if err := waitClusterOK([]*Server{s}); err != nil {
 			s.t.Fatalf("redistest: restart: %v", err)
 		}
@@ -455,7 +284,7 @@ func Cluster(t testing.TB) *ClusterSet {
 	need(t, "redis-server", "redis-cli")
 	c := &ClusterSet{}
 	for range 3 {
-		c.Nodes = append(c.Nodes, start(t, clusterNode, nil, nil))
+		c.Nodes = append(c.Nodes, start(t, redisproc.Options{Kind: redisproc.ClusterNode}))
 	}
 	args := append([]string{"--cluster", "create"}, c.Addrs()...)
 	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
@@ -475,7 +304,7 @@ func Cluster(t testing.TB) *ClusterSet {
 func waitClusterOK(nodes []*Server) error {
 	for _, n := range nodes {
 		c := redis.NewClient(&redis.Options{Addr: n.Addr(), MaxRetries: -1})
-		err := poll(clusterTimeout, nil, func(ctx context.Context) (bool, string, error) {
+		err := redisproc.Poll(clusterTimeout, nil, func(ctx context.Context) (bool, string, error) {
 			info, err := c.ClusterInfo(ctx).Result()
 			return err == nil && clusterOK(info), info, err
 		})
@@ -529,20 +358,22 @@ func SentinelAuth(t testing.TB, password string) *SentinelSet {
 	t.Helper()
 	need(t, "redis-server")
 	ss := &SentinelSet{t: t}
-	ss.Master = start(t, standalone, nil, nil)
-	ss.Replica = start(t, standalone, []string{"--replicaof", "127.0.0.1", strconv.Itoa(ss.Master.port)}, nil)
+	ss.Master = start(t, redisproc.Options{Kind: redisproc.Standalone})
+	replicaOf := []string{"--replicaof", "127.0.0.1", strconv.Itoa(ss.Master.Port())}
+	ss.Replica = start(t, redisproc.Options{Kind: redisproc.Standalone, Args: func(int) []string { return replicaOf }})
 	if err := ss.Replica.waitInSync(); err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
 	conf := []string{
-		fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1", SentinelMaster, ss.Master.port),
+		fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1", SentinelMaster, ss.Master.Port()),
 		fmt.Sprintf("sentinel down-after-milliseconds %s 1000", SentinelMaster),
 		fmt.Sprintf("sentinel failover-timeout %s 10000", SentinelMaster),
 	}
 	if password != "" {
 		conf = append(conf, "requirepass "+strconv.Quote(password))
 	}
-	ss.Sentinel = start(t, sentinel, conf, func(s *Server) { s.pass = password })
+	ss.Sentinel = start(t, redisproc.Options{Kind: redisproc.Sentinel, Args: func(int) []string { return conf }})
+	ss.Sentinel.pass = password
 	if err := ss.waitMaster(ss.Master, true); err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
@@ -571,7 +402,7 @@ func (ss *SentinelSet) Failover() {
 func (s *Server) waitInSync() error {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
 	defer c.Close()
-	err := poll(startTimeout, nil, func(ctx context.Context) (bool, string, error) {
+	err := redisproc.Poll(startTimeout, nil, func(ctx context.Context) (bool, string, error) {
 		info, err := c.Info(ctx, "replication").Result()
 		return strings.Contains(info, "master_link_status:up"), info, err
 	})
@@ -588,12 +419,12 @@ func (ss *SentinelSet) waitMaster(m *Server, withReplica bool) error {
 	defer c.Close()
 	mc := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1})
 	defer mc.Close()
-	return poll(startTimeout, nil, func(ctx context.Context) (bool, string, error) {
+	return redisproc.Poll(startTimeout, nil, func(ctx context.Context) (bool, string, error) {
 		addr, err := c.GetMasterAddrByName(ctx, SentinelMaster).Result()
 		if err != nil {
 			return false, "", err
 		}
-		if len(addr) != 2 || addr[1] != strconv.Itoa(m.port) {
+		if len(addr) != 2 || addr[1] != strconv.Itoa(m.Port()) {
 			return false, fmt.Sprintf("master is %v", addr), nil
 		}
 		info, err := mc.Info(ctx, "replication").Result()
@@ -612,29 +443,4 @@ func (ss *SentinelSet) waitMaster(m *Server, withReplica bool) error {
 		}
 		return true, "", nil
 	})
-}
-
-// poll calls cond every pollEvery until it reports true, at most timeout
-// long, or until exit (if not nil) is closed; an error says what cond last
-// saw.
-func poll(timeout time.Duration, exit <-chan struct{}, cond func(context.Context) (bool, string, error)) error {
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(pollEvery)
-	defer tick.Stop()
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		ok, state, err := cond(ctx)
-		cancel()
-		if ok {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not ready after %v: %s %v", timeout, state, err)
-		}
-		select {
-		case <-exit:
-			return errors.New("exited")
-		case <-tick.C:
-		}
-	}
 }

@@ -61,27 +61,6 @@ func TestCluster(t *testing.T) {
 	cl.Nodes[1].Start()
 }
 
-func TestLaunch(t *testing.T) {
-	need(t, "redis-server")
-	addr, stop, err := Launch()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
-	defer c.Close()
-	ctx := context.Background()
-	err = c.Ping(ctx).Err()
-	stop()
-	if err != nil {
-		t.Fatalf("PING a launched server: %v", err)
-	}
-	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	defer cancel()
-	if err := c.Ping(cctx).Err(); err == nil {
-		t.Fatal("PING succeeded after stop")
-	}
-}
-
 func TestSentinelFailover(t *testing.T) {
 	ss := Sentinel(t)
 	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: SentinelMaster, SentinelAddrs: ss.Addrs()})

@@ -16,9 +16,9 @@ package main
 //     what was consumed).
 //   - An inline limit (a descriptor's own, RLS only) replaces the
 //     descriptor's limits: one fixed window per descriptor, counted on a
-//     key of the descriptor and the window (not the quota), shadow when
-//     the first limit it replaces is; on a descriptor that matched
-//     nothing it still limits it (the domain must exist).
+//     key of the descriptor and the window (not the quota), never shadow
+//     (it takes none of the modes of what it replaces); on a descriptor
+//     that matched nothing it still limits it (the domain must exist).
 //   - Unlimited limits are reported and never counted.
 //   - The real limits of a request are decided all or nothing (or one by
 //     one with --independent); shadow limits one by one, apart, and never
@@ -374,7 +374,7 @@ func (m *refModel) apply(st *mStep, now int64) *refResponse {
 				continue
 			}
 			inlined[mt.desc] = true
-			c.rule = inlineRule(d.Inline)
+			c.rule, c.shadow = inlineRule(d.Inline), false
 			c.key = "inline|" + pathKey(mt.node, d.Entries) + "|" + c.rule.Period.String()
 		case mt.l.Unlimited:
 			c.unlimName = mt.l.Name

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// TestSimREADMEGuardHealthyStart: a Guard configured exactly as the README
+// TestSimREADMEGuardHealthyStart: a Guard configured exactly as docs/library.md
 // shows (Limiter Max 512, a Shedder with the objective p99 ≤ 250 ms, every
 // other option its default) in front of a healthy server from t = 0: 200
 // workers with service times of mean 50 ms (σ 0.3, p99 about 100 ms),

@@ -41,6 +41,6 @@
 // A shared rate counter (package ratelimit on a store) bounds starts per
 // unit of time at the cost of one store round trip per request. Capacity
 // leases (package lease) hand each process a share of a rate for a while, so
-// that most requests need no round trip at all. The README compares them in
+// that most requests need no round trip at all. docs/library.md compares them in
 // numbers.
 package concurrency

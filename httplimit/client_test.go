@@ -248,7 +248,7 @@ func TestClientRetryable(t *testing.T) {
 	}
 }
 
-// TestClientREADMEPacing: the scenario. 20 requests paced at 8/s
+// TestClientREADMEPacing: a first user's scenario. 20 requests paced at 8/s
 // (burst 1) against a server that answers the third with 429 and
 // Retry-After-Ms: 100. The hint pauses, cuts nothing, and the 20 complete
 // in about 2.4 s of virtual time (19 gaps of 125 ms plus the pause and the

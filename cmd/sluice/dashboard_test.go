@@ -676,7 +676,7 @@ func TestDeployFiles(t *testing.T) {
 		}
 	}
 	if nAlerts < 6 {
-		t.Errorf("%d alerts, want at least the six the README describes", nAlerts)
+		t.Errorf("%d alerts, want at least the six docs/operations.md describes", nAlerts)
 	}
 
 	grafana := filepath.Join("..", "..", "deploy", "grafana", "sluice.json")

@@ -62,7 +62,7 @@
 // denies a request, HTTP answers 503, but Envoy's API has no code for it:
 // a response is OK or OVER_LIMIT, and any gRPC error hands the decision to
 // Envoy's failure_mode_deny, a single switch for the whole filter that
-// defaults to letting requests through (the README's example keeps it so,
+// defaults to letting requests through (docs/service.md's example keeps it so,
 // to survive Sluice being unreachable). Answering UNAVAILABLE would thus
 // quietly turn every fail_closed rule into fail_open behind such an Envoy,
 // which is what fail_closed exists to prevent. So ShouldRateLimit answers

@@ -33,7 +33,7 @@ type request struct {
 	// request carry a cutoff (a late refund only gives back).
 	takes bool
 	// whole is set on a reconciliation (decide.lua's reconciliation
-	// form, made by pushAll, not pooled): a pipeline sends it as it is,
+	// form, made by pushRequest, not pooled): a pipeline sends it as it is,
 	// never combined with other requests.
 	whole bool
 	// cut holds the cutoff's digits and cutArg them boxed once (a []byte
@@ -260,13 +260,7 @@ func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req *request,
 	} else {
 		res, err = s.script.Run(ctx, s.c, req.keys, req.args...).Slice()
 	}
-	if err == nil && len(res) == 1 && res[0] == int64(replyExpired) {
-		err = errExpired
-	}
-	if errors.Is(err, errExpired) && time.Now().Before(deadline) {
-		s.sclock.expired(ctx, req.keys[0]) // answered in time, yet past the cutoff: measure again
-	}
-	if err != nil {
+	if err = s.checkExpired(ctx, req.keys[0], deadline, res, err); err != nil {
 		return dst, err
 	}
 	if len(res) == 1 && res[0] == int64(replyFar) { // a state too far from now for the script's doubles
@@ -275,6 +269,19 @@ func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req *request,
 		return s.exact(ctx, dst, items, req.keys)
 	}
 	return parse(dst, items, res)
+}
+
+// checkExpired returns err, or errExpired when res says that the call
+// reached Redis past its cutoff; a call answered so before deadline, yet
+// past the cutoff, has the clock of key's node measured again.
+func (s *Store) checkExpired(ctx context.Context, key string, deadline time.Time, res []any, err error) error {
+	if err == nil && len(res) == 1 && res[0] == int64(replyExpired) {
+		err = errExpired
+	}
+	if errors.Is(err, errExpired) && time.Now().Before(deadline) {
+		s.sclock.expired(ctx, key) // answered in time, yet past the cutoff: measure again
+	}
+	return err
 }
 
 // exact decides on the exact path (see exact.go).

@@ -128,11 +128,11 @@ type Store struct {
 	nrules atomic.Int64
 	smalls [256]any // "0" … "255", boxed
 
-	batch   *batcher
-	count   *counters
-	denials *denialCache
-	brk     breaker
-	fb      fallback
+	batch    *batcher
+	counting *counting
+	denials  *denialCache
+	brk      breaker
+	fb       fallback
 
 	requests, errors, exacts atomic.Uint64
 
@@ -247,7 +247,7 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 	if opts.BlockHold <= 0 {
 		opts.BlockHold = DefaultBlockHold
 	}
-	s.count = newCounters(s, &opts)
+	s.counting = newCounting(s, &opts)
 	return s, nil
 }
 
@@ -256,7 +256,7 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.closed)
-		s.count.stop()
+		s.counting.stop()
 		if s.batch != nil {
 			s.batch.stop()
 		}
@@ -283,9 +283,10 @@ func (s *Store) Stats() Stats {
 	if s.denials != nil {
 		st.CachedDenials = s.denials.hits.Load()
 	}
-	c := s.count
-	st.Counted, st.Leases, st.GivenBack = c.counted.Load(), c.leases.Load(), c.givebacks.Load()
-	st.Stranded, st.Reconciles = c.stranded.Load(), c.reconciles.Load()
+	b, a := s.counting.batched, s.counting.approximate
+	st.Counted = b.counted.Load() + a.counted.Load()
+	st.Leases, st.GivenBack, st.Stranded = b.leases.Load(), b.givebacks.Load(), b.stranded.Load()
+	st.Reconciles = a.reconciles.Load()
 	return st
 }
 

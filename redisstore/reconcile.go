@@ -81,10 +81,7 @@ func (s *Store) pushAll(ctx context.Context, ps []push) {
 		}
 		return
 	}
-	rc := &reconciliation{s: s, ctx: ctx, deadline: time.Now().Add(s.timeout), nowArg: "", ps: ps}
-	if d, ok := ctx.Deadline(); ok && d.Before(rc.deadline) {
-		rc.deadline = d
-	}
+	rc := &reconciliation{s: s, ctx: ctx, deadline: s.deadline(ctx, time.Now()), nowArg: "", ps: ps}
 	if s.now != nil {
 		rc.nowArg = formatNano(s.now())
 	}

@@ -201,10 +201,7 @@ func (s *Store) small(n int64) any {
 // pipeline instead of a context of its own.
 func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req *request, items []ratelimit.Item) ([]ratelimit.Decision, error) {
 	start := time.Now()
-	deadline := start.Add(s.timeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
+	deadline := s.deadline(ctx, start)
 	if req.exact || req.calendar || s.batch == nil {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, deadline)
@@ -213,38 +210,16 @@ func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req *request,
 	if req.exact {
 		return s.exact(ctx, dst, items, req.keys)
 	}
-	var now time.Time
-	switch {
-	case s.now != nil:
-		now = s.now()
-	case req.calendar:
-		// One round trip to the clock of the node that owns the slot.
-		v, err := s.clock.Run(ctx, s.c, req.keys[:1]).Slice()
-		if err != nil {
-			return dst, err
-		}
-		now, err = parseTime(v)
-		if err != nil {
-			return dst, err
-		}
+	now, err := s.instant(ctx, req)
+	if err != nil {
+		return dst, err
 	}
 	req.args[argNow] = ""
 	if !now.IsZero() {
 		req.args[argNow] = strconv.FormatInt(now.UnixNano(), 10)
 	}
-	if req.calendar {
-		for i := range items {
-			if r := items[i].Rule; r.Calendar != ratelimit.NoCalendar {
-				ws, we := r.Window(now)
-				start, end := ws.UnixNano(), we.UnixNano()
-				if needsExact(r, end-start) {
-					return s.exact(ctx, dst, items, req.keys)
-				}
-				f := req.args[argHeader+itemFields*i:][:itemFields]
-				f[fieldWinStart] = strconv.FormatInt(start, 10)
-				f[fieldWinEnd] = strconv.FormatInt(end, 10)
-			}
-		}
+	if req.calendar && !setWindows(req, items, now) {
+		return s.exact(ctx, dst, items, req.keys)
 	}
 	if req.takes {
 		cut, err := s.sclock.cutoff(ctx, req.keys[0], start, deadline)
@@ -253,13 +228,7 @@ func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req *request,
 		}
 		req.setCutoff(cut)
 	}
-	var res []any
-	var err error
-	if s.batch != nil {
-		res, err = s.batch.do(ctx, deadline, req)
-	} else {
-		res, err = s.script.Run(ctx, s.c, req.keys, req.args...).Slice()
-	}
+	res, err := s.send(ctx, deadline, req)
 	if err = s.checkExpired(ctx, req.keys[0], deadline, res, err); err != nil {
 		return dst, err
 	}
@@ -269,6 +238,62 @@ func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req *request,
 		return s.exact(ctx, dst, items, req.keys)
 	}
 	return parse(dst, items, res)
+}
+
+// deadline is when a call made at start ends: after the Store's timeout,
+// or at ctx's deadline if that is earlier.
+func (s *Store) deadline(ctx context.Context, start time.Time) time.Time {
+	deadline := start.Add(s.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	return deadline
+}
+
+// instant is the instant req is decided at: Options.Now's, the server's
+// TIME read first for a calendar window, or zero for the script to read
+// TIME itself.
+func (s *Store) instant(ctx context.Context, req *request) (time.Time, error) {
+	switch {
+	case s.now != nil:
+		return s.now(), nil
+	case req.calendar:
+		// One round trip to the clock of the node that owns the slot.
+		v, err := s.clock.Run(ctx, s.c, req.keys[:1]).Slice()
+		if err != nil {
+			return time.Time{}, err
+		}
+		return parseTime(v)
+	}
+	return time.Time{}, nil
+}
+
+// setWindows fills in the calendar windows of req's items at now. It
+// reports false, having filled in what it had, when a window is beyond
+// the script's doubles: the request is then the exact path's.
+func setWindows(req *request, items []ratelimit.Item, now time.Time) bool {
+	for i := range items {
+		if r := items[i].Rule; r.Calendar != ratelimit.NoCalendar {
+			ws, we := r.Window(now)
+			start, end := ws.UnixNano(), we.UnixNano()
+			if needsExact(r, end-start) {
+				return false
+			}
+			f := req.args[argHeader+itemFields*i:][:itemFields]
+			f[fieldWinStart] = strconv.FormatInt(start, 10)
+			f[fieldWinEnd] = strconv.FormatInt(end, 10)
+		}
+	}
+	return true
+}
+
+// send sends req to decide.lua, through the coalescer unless the Store
+// has none, and returns the script's reply.
+func (s *Store) send(ctx context.Context, deadline time.Time, req *request) ([]any, error) {
+	if s.batch != nil {
+		return s.batch.do(ctx, deadline, req)
+	}
+	return s.script.Run(ctx, s.c, req.keys, req.args...).Slice()
 }
 
 // checkExpired returns err, or errExpired when res says that the call

@@ -171,29 +171,9 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 	if c == nil {
 		return nil, errors.New("redisstore: nil Redis client")
 	}
-	if opts.Prefix == "" {
-		opts.Prefix = DefaultPrefix
-	}
+	opts.setDefaults()
 	if strings.ContainsAny(opts.Prefix, "{}") {
 		return nil, fmt.Errorf("redisstore: prefix %q contains a hash tag brace", opts.Prefix)
-	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = DefaultTimeout
-	}
-	if opts.BatchSize <= 0 {
-		opts.BatchSize = DefaultBatchSize
-	}
-	if opts.Pipelines <= 0 {
-		opts.Pipelines = DefaultPipelines
-	}
-	if opts.Replicas <= 0 {
-		opts.Replicas = 1
-	}
-	if opts.BreakerThreshold <= 0 {
-		opts.BreakerThreshold = DefaultBreakerThreshold
-	}
-	if opts.BreakerCooldown <= 0 {
-		opts.BreakerCooldown = DefaultBreakerCooldown
 	}
 	s := &Store{
 		c:       c,
@@ -205,16 +185,13 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 		clock:   redis.NewScript(timeLua),
 		read:    redis.NewScript(readLua),
 		cas:     redis.NewScript(casLua),
+		tagOf:   opts.HashTag,
 		closed:  make(chan struct{}),
 	}
 	for i := range s.smalls {
 		s.smalls[i] = strconv.Itoa(i)
 	}
 	s.sclock = newServerClock(c, s.clock)
-	s.tagOf = opts.HashTag
-	if s.tagOf == nil {
-		s.tagOf = HashTag
-	}
 	if s.now != nil {
 		s.slackMS = strconv.FormatInt(clientClockSlack.Milliseconds(), 10)
 	}
@@ -223,9 +200,6 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 	// Ring, a wrapper) gets requests whose keys share a tag, one per call.
 	_, single := s.c.(*redis.Client)
 	s.cluster = !single
-	if opts.Logger == nil {
-		opts.Logger = slog.New(slog.DiscardHandler)
-	}
 	s.brk = breaker{threshold: int64(opts.BreakerThreshold), cooldown: opts.BreakerCooldown, now: time.Now, log: opts.Logger}
 	s.fb = fallback{
 		replicas:   int64(opts.Replicas),
@@ -238,17 +212,37 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 	if !opts.NoDenialCache {
 		s.denials = newDenialCache()
 	}
-	if opts.ReconcileInterval <= 0 {
-		opts.ReconcileInterval = DefaultReconcileInterval
-	}
-	if opts.BlockSpan <= 0 {
-		opts.BlockSpan = DefaultBlockSpan
-	}
-	if opts.BlockHold <= 0 {
-		opts.BlockHold = DefaultBlockHold
-	}
 	s.counting = newCounting(s, &opts)
 	return s, nil
+}
+
+// setDefaults puts the default in place of every option left at zero.
+func (o *Options) setDefaults() {
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	setDefault(&o.Timeout, DefaultTimeout)
+	setDefault(&o.BatchSize, DefaultBatchSize)
+	setDefault(&o.Pipelines, DefaultPipelines)
+	setDefault(&o.Replicas, 1)
+	setDefault(&o.BreakerThreshold, DefaultBreakerThreshold)
+	setDefault(&o.BreakerCooldown, DefaultBreakerCooldown)
+	setDefault(&o.ReconcileInterval, DefaultReconcileInterval)
+	setDefault(&o.BlockSpan, DefaultBlockSpan)
+	setDefault(&o.BlockHold, DefaultBlockHold)
+	if o.HashTag == nil {
+		o.HashTag = HashTag
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// setDefault sets *v to def when it is not above zero.
+func setDefault[T ~int | ~int64](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
 }
 
 // Close stops the Store's goroutines; it does not close the client.
@@ -352,24 +346,7 @@ func (s *Store) decideRedis(ctx context.Context, dst []ratelimit.Decision, items
 	dst, err = s.run(ctx, dst, req, items)
 	req.release()
 	if err != nil {
-		dst = dst[:n]
-		if cerr := ctx.Err(); cerr != nil {
-			s.brk.abandon() // the caller gave up: says nothing about Redis
-			return dst, cerr
-		}
-		select {
-		case <-s.closed: // Close ended the call: says nothing about Redis
-			s.brk.abandon()
-			return dst, ErrClosed
-		default:
-		}
-		if isScriptError(err) {
-			s.brk.done(nil) // Redis answered: it is up
-			return dst, fmt.Errorf("redisstore: %w", err)
-		}
-		s.errors.Add(1)
-		s.brk.done(err)
-		return dst, fmt.Errorf("%w: %w", errUnavailable, err)
+		return dst[:n], s.callFailed(ctx, err)
 	}
 	s.brk.done(nil)
 	s.requests.Add(1)
@@ -377,6 +354,30 @@ func (s *Store) decideRedis(ctx context.Context, dst []ratelimit.Decision, items
 		s.denials.record(items, dst[n:], sent)
 	}
 	return dst, nil
+}
+
+// callFailed tells the breaker of a call to Redis that failed with err,
+// and returns decideRedis's error: the context's or ErrClosed when the
+// caller or Close ended the call, a script error as it is, else err
+// wrapped in errUnavailable.
+func (s *Store) callFailed(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		s.brk.abandon() // the caller gave up: says nothing about Redis
+		return cerr
+	}
+	select {
+	case <-s.closed: // Close ended the call: says nothing about Redis
+		s.brk.abandon()
+		return ErrClosed
+	default:
+	}
+	if isScriptError(err) {
+		s.brk.done(nil) // Redis answered: it is up
+		return fmt.Errorf("redisstore: %w", err)
+	}
+	s.errors.Add(1)
+	s.brk.done(err)
+	return fmt.Errorf("%w: %w", errUnavailable, err)
 }
 
 // localNow is this process's clock, or Options.Now: what the denial cache

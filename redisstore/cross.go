@@ -13,67 +13,89 @@ import (
 // refunded; the groups after it are not asked, and report a check (cost 0)
 // of their keys, Allowed when their cost would fit.
 func (s *Store) decideAcross(ctx context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
+	groups := s.byTag(items)
+	out := make([]ratelimit.Decision, len(items))
+	for g, idx := range groups {
+		ds, err := s.Decide(ctx, nil, withCost(items, idx, func(c int64) int64 { return c }))
+		if err == nil && ratelimit.Allowed(ds) {
+			setDecisions(out, idx, ds)
+			continue
+		}
+		s.refundGroups(ctx, out, items, groups[:g]) // whatever happened to this one
+		if err != nil {
+			return dst, err
+		}
+		setDecisions(out, idx, ds)
+		if err := s.checkGroups(ctx, out, items, groups[g+1:]); err != nil {
+			return dst, err
+		}
+		break
+	}
+	return append(dst, out...), nil
+}
+
+// byTag groups the indices of items by hash tag, in order of first
+// appearance.
+func (s *Store) byTag(items []ratelimit.Item) [][]int {
 	var tags []string
-	group := make([]int, len(items)) // item → index in tags
+	var groups [][]int
 	for i := range items {
 		t := s.tagOf(items[i].Key)
 		g := slices.Index(tags, t)
 		if g < 0 {
 			g = len(tags)
 			tags = append(tags, t)
+			groups = append(groups, nil)
 		}
-		group[i] = g
+		groups[g] = append(groups[g], i)
 	}
-	out := make([]ratelimit.Decision, len(items))
-	members := func(g int, cost func(int64) int64) (idx []int, sub []ratelimit.Item) {
-		for i := range items {
-			if group[i] == g {
-				it := items[i]
-				it.Cost = cost(it.Cost)
-				idx, sub = append(idx, i), append(sub, it)
-			}
-		}
-		return idx, sub
+	return groups
+}
+
+// withCost returns the items idx, each with its cost mapped by cost.
+func withCost(items []ratelimit.Item, idx []int, cost func(int64) int64) []ratelimit.Item {
+	sub := make([]ratelimit.Item, len(idx))
+	for j, i := range idx {
+		sub[j] = items[i]
+		sub[j].Cost = cost(sub[j].Cost)
 	}
-	same := func(c int64) int64 { return c }
-	for g := range tags {
-		idx, sub := members(g, same)
-		ds, err := s.Decide(ctx, nil, sub)
-		if err == nil && ratelimit.Allowed(ds) {
-			for j, i := range idx {
-				out[i] = ds[j]
-			}
+	return sub
+}
+
+// setDecisions sets out[idx[j]] to ds[j].
+func setDecisions(out []ratelimit.Decision, idx []int, ds []ratelimit.Decision) {
+	for j, i := range idx {
+		out[i] = ds[j]
+	}
+}
+
+// refundGroups gives back what the groups, admitted, took; a refunded
+// item reports the refund's decision, Allowed (nothing stays taken).
+func (s *Store) refundGroups(ctx context.Context, out []ratelimit.Decision, items []ratelimit.Item, groups [][]int) {
+	for _, idx := range groups {
+		ds, err := s.Decide(context.WithoutCancel(ctx), nil, withCost(items, idx, func(c int64) int64 { return -c }))
+		if err != nil {
 			continue
 		}
-		// Undo the groups already taken, whatever happened to this one.
-		for u := range g {
-			uidx, refund := members(u, func(c int64) int64 { return -c })
-			rds, rerr := s.Decide(context.WithoutCancel(ctx), nil, refund)
-			for j, i := range uidx {
-				if rerr == nil {
-					out[i] = rds[j]
-					out[i].Allowed = true // it was admitted; nothing stays taken
-				}
-			}
+		setDecisions(out, idx, ds)
+		for _, i := range idx {
+			out[i].Allowed = true // it was admitted; nothing stays taken
 		}
-		if err != nil {
-			return dst, err
-		}
-		for j, i := range idx {
-			out[i] = ds[j]
-		}
-		for rest := g + 1; rest < len(tags); rest++ {
-			ridx, check := members(rest, func(int64) int64 { return 0 })
-			cds, cerr := s.Decide(ctx, nil, check)
-			if cerr != nil {
-				return dst, cerr
-			}
-			for j, i := range ridx {
-				out[i] = cds[j]
-				out[i].Allowed = items[i].Cost <= cds[j].Remaining
-			}
-		}
-		break
 	}
-	return append(dst, out...), nil
+}
+
+// checkGroups asks the groups, not decided, as checks (cost 0): each item
+// is Allowed when its cost would fit.
+func (s *Store) checkGroups(ctx context.Context, out []ratelimit.Decision, items []ratelimit.Item, groups [][]int) error {
+	for _, idx := range groups {
+		ds, err := s.Decide(ctx, nil, withCost(items, idx, func(int64) int64 { return 0 }))
+		if err != nil {
+			return err
+		}
+		setDecisions(out, idx, ds)
+		for _, i := range idx {
+			out[i].Allowed = items[i].Cost <= out[i].Remaining
+		}
+	}
+	return nil
 }

@@ -35,7 +35,7 @@ type approximateCounter struct {
 // already admitted are never refused), local the rule local decisions are
 // taken with (GCRA, as LeakyBucket decides).
 type approximateRule struct {
-	rule, push, local *ratelimit.Rule
+	push, local *ratelimit.Rule
 }
 
 // An approximateEntry is one key of one approximate rule in this replica.
@@ -100,7 +100,7 @@ func deriveApproximate(r *ratelimit.Rule) *approximateRule {
 	}
 	l := *r
 	l.Algorithm, l.Counting = ratelimit.GCRA, ratelimit.Strict
-	return &approximateRule{rule: r, push: &p, local: &l}
+	return &approximateRule{push: &p, local: &l}
 }
 
 // take decides a positive cost of key under r on its view, charging it

@@ -30,9 +30,10 @@ type batchedCounter struct {
 	counted, leases, givebacks, stranded atomic.Uint64
 }
 
-// batchedRule is what a batched rule needs, derived once.
+// batchedRule is a batched rule and what counting it in blocks needs,
+// derived once.
 type batchedRule struct {
-	rule *ratelimit.Rule
+	*ratelimit.Rule
 	// lease is the rule blocks are taken under (for a bucket, the rule
 	// with its capacity lowered by what a held block could add; see
 	// docs/redisstore.md), hold how long a bucket's block may be held (0:
@@ -99,7 +100,7 @@ func (b *batchedCounter) newEntry(key string, r *ratelimit.Rule) *batchedEntry {
 
 // derive is what r needs to be counted in blocks.
 func (b *batchedCounter) derive(r *ratelimit.Rule) *batchedRule {
-	br := &batchedRule{rule: r}
+	br := &batchedRule{Rule: r}
 	l := *r
 	l.Counting = ratelimit.Strict
 	switch capacity := r.Capacity(); {
@@ -159,7 +160,7 @@ func (b *batchedCounter) take(ctx context.Context, key string, r *ratelimit.Rule
 // blocks held (end is the end of the last block it took from), or denied
 // by the refusal of a lease that still stands. Called with e.mu held.
 func (b *batchedCounter) takeHeld(e *batchedEntry, now time.Time, cost int64) (d ratelimit.Decision, end time.Time, ok bool) {
-	r := e.rule.rule
+	r := e.rule
 	if avail := e.available(now, b); avail >= cost {
 		end := e.spend(cost)
 		e.spent += cost // demand is what is admitted: a block that would not be spent only strands
@@ -242,7 +243,7 @@ func (b *batchedCounter) spanOf(e *batchedEntry) time.Duration {
 
 // holds reports whether e's blocks can be held at all (not spent at once).
 func (e *batchedEntry) holds() bool {
-	return e.rule.hold > 0 || e.rule.rule.Algorithm == ratelimit.FixedWindow
+	return e.rule.hold > 0 || e.rule.Algorithm == ratelimit.FixedWindow
 }
 
 // blockSize is the next block for e: span of its recent demand, at least
@@ -321,7 +322,7 @@ func (b *batchedCounter) lease(ctx context.Context, e *batchedEntry, n, need int
 // which need are spent at once: an admitted lease's block (whose end it
 // returns), or a refusal to remember. Called with e.mu held.
 func (b *batchedCounter) leased(e *batchedEntry, d *ratelimit.Decision, sent time.Time, n, need int64) time.Time {
-	r := e.rule.rule
+	r := e.rule
 	if !d.Allowed {
 		if need > 0 && d.Reason == ratelimit.ReasonLimited {
 			d.Capacity, d.Rule = r.Capacity(), r.Name

@@ -257,47 +257,64 @@ func (b *batcher) pipeline(now, deadline time.Time, live []*call) {
 		c.answer(b.s.script.Run(ctx, b.s.c, c.req.keys, c.req.args...).Slice())
 		return
 	}
-	// Requests at the same instant ("": the server's) share one EVALSHA,
-	// decided one after the other inside the script; on a Cluster, whose
-	// requests live in different slots, each is its own EVALSHA.
-	type group struct {
-		calls []*call
-		req   *request
-		cmd   *redis.Cmd
-		err   error // the cutoff could not be computed: not sent
+	groups := b.group(live)
+	b.setCutoffs(ctx, groups, now, deadline)
+	b.exec(ctx, groups)
+	for _, g := range groups {
+		g.answer()
 	}
-	var groups []*group
+}
+
+// A scriptCall is one EVALSHA of a pipeline: the calls it decides, and
+// their request (combined when there are several).
+type scriptCall struct {
+	calls []*call
+	req   *request
+	cmd   *redis.Cmd
+	err   error // the cutoff could not be computed: not sent
+}
+
+// group makes the pipeline's script calls. Requests at the same instant
+// ("": the server's) share one EVALSHA, decided one after the other
+// inside the script; on a Cluster, whose requests live in different
+// slots, each is its own EVALSHA, and so is a reconciliation (whole).
+func (b *batcher) group(live []*call) []*scriptCall {
+	var groups []*scriptCall
 	if b.s.cluster {
 		for _, c := range live {
-			groups = append(groups, &group{calls: []*call{c}, req: c.req})
+			groups = append(groups, &scriptCall{calls: []*call{c}, req: c.req})
 		}
-	} else {
-		byNow := map[any]*group{}
-		for _, c := range live {
-			if c.req.whole {
-				groups = append(groups, &group{calls: []*call{c}})
-				continue
-			}
-			g := byNow[c.req.args[argNow]]
-			if g == nil || len(g.calls) >= b.size { // a script call decides at most size requests
-				g = &group{}
-				byNow[c.req.args[argNow]] = g
-				groups = append(groups, g)
-			}
-			g.calls = append(g.calls, c)
+		return groups
+	}
+	byNow := map[any]*scriptCall{}
+	for _, c := range live {
+		if c.req.whole {
+			groups = append(groups, &scriptCall{calls: []*call{c}})
+			continue
 		}
-		for _, g := range groups {
-			if len(g.calls) == 1 {
-				g.req = g.calls[0].req
-			} else {
-				g.req = b.combine(g.calls)
-			}
+		g := byNow[c.req.args[argNow]]
+		if g == nil || len(g.calls) >= b.size { // a script call decides at most size requests
+			g = &scriptCall{}
+			byNow[c.req.args[argNow]] = g
+			groups = append(groups, g)
+		}
+		g.calls = append(g.calls, c)
+	}
+	for _, g := range groups {
+		if len(g.calls) == 1 {
+			g.req = g.calls[0].req
+		} else {
+			g.req = b.combine(g.calls)
 		}
 	}
-	// Every call of the pipeline is abandoned at its deadline, the
-	// earliest of theirs: so is every cutoff (each call's own, set by run,
-	// may be later). One cutoff for a single server, one per node on a
-	// Cluster.
+	return groups
+}
+
+// setCutoffs sets the cutoff of every script call that takes. Every call
+// of the pipeline is abandoned at its deadline, the earliest of theirs:
+// so is every cutoff (each call's own, set by run, may be later). One
+// cutoff for a single server, one per node on a Cluster.
+func (b *batcher) setCutoffs(ctx context.Context, groups []*scriptCall, now, deadline time.Time) {
 	var cut int64
 	var cutErr error
 	have := false
@@ -312,6 +329,12 @@ func (b *batcher) pipeline(now, deadline time.Time, live []*call) {
 		g.err = cutErr
 		g.req.setCutoff(cut)
 	}
+}
+
+// exec sends the script calls in one pipeline. A node that does not know
+// the script yet answers NOSCRIPT: those calls are sent again, in a second
+// pipeline, with the script's source.
+func (b *batcher) exec(ctx context.Context, groups []*scriptCall) {
 	sha := b.s.script.Hash()
 	pipe := b.s.c.Pipeline()
 	for _, g := range groups {
@@ -320,8 +343,6 @@ func (b *batcher) pipeline(now, deadline time.Time, live []*call) {
 		}
 	}
 	pipe.Exec(ctx) //nolint:errcheck // each command carries its own error
-	// A node that does not know the script yet answers NOSCRIPT: send
-	// those commands again with the script's source.
 	var retry redis.Pipeliner
 	for _, g := range groups {
 		if g.err != nil {
@@ -337,32 +358,34 @@ func (b *batcher) pipeline(now, deadline time.Time, live []*call) {
 	if retry != nil {
 		retry.Exec(ctx) //nolint:errcheck // as above
 	}
-	for _, g := range groups {
-		var res []any
-		err := g.err
-		if err == nil {
-			res, err = g.cmd.Slice()
-		}
-		if len(g.calls) == 1 {
-			g.calls[0].answer(res, err)
+}
+
+// answer hands each call of g its part of g's reply.
+func (g *scriptCall) answer() {
+	var res []any
+	err := g.err
+	if err == nil {
+		res, err = g.cmd.Slice()
+	}
+	if len(g.calls) == 1 {
+		g.calls[0].answer(res, err)
+		return
+	}
+	if err == nil && len(res) == 1 && res[0] == int64(replyExpired) { // the whole batch did nothing
+		err = errExpired
+	}
+	// Per request: the number of its values, then the values.
+	pos := 0
+	for _, c := range g.calls {
+		if err != nil {
+			c.answer(nil, err)
 			continue
 		}
-		if err == nil && len(res) == 1 && res[0] == int64(replyExpired) { // the whole batch did nothing
-			err = errExpired
-		}
-		// Per request: the number of its values, then the values.
-		pos := 0
-		for _, c := range g.calls {
-			if err != nil {
-				c.answer(nil, err)
-				continue
-			}
-			if l, ok := res[pos].(int64); ok && l >= 0 && pos+batchReqHeader+int(l) <= len(res) {
-				c.answer(res[pos+batchReqHeader:pos+batchReqHeader+int(l)], nil)
-				pos += batchReqHeader + int(l)
-			} else {
-				c.answer(nil, errors.New("redisstore: malformed batch reply"))
-			}
+		if l, ok := res[pos].(int64); ok && l >= 0 && pos+batchReqHeader+int(l) <= len(res) {
+			c.answer(res[pos+batchReqHeader:pos+batchReqHeader+int(l)], nil)
+			pos += batchReqHeader + int(l)
+		} else {
+			c.answer(nil, errors.New("redisstore: malformed batch reply"))
 		}
 	}
 }

@@ -71,3 +71,56 @@ func BenchmarkBuild(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDecideCounted measures one decision of a batched or approximate
+// rule, decided in process (8 callers per GOMAXPROCS on 64 keys), with the
+// reconciler and the leases running against a local redis-server.
+func BenchmarkDecideCounted(b *testing.B) {
+	srv := redistest.Standalone(b)
+	for _, counting := range []ratelimit.Counting{ratelimit.Batched, ratelimit.Approximate} {
+		r := &ratelimit.Rule{Name: "b", Quota: 1 << 30, Period: time.Second, Counting: counting}
+		b.Run(counting.String(), func(b *testing.B) {
+			s := newTestStore(b, []string{srv.Addr()}, nil, nil)
+			var worker atomic.Int64
+			b.ReportAllocs()
+			b.SetParallelism(8)
+			b.RunParallel(func(pb *testing.PB) {
+				items := []ratelimit.Item{{Key: fmt.Sprint("k", worker.Add(1)%64), Rule: r, Cost: 1}}
+				ds := make([]ratelimit.Decision, 0, 1)
+				var err error
+				for pb.Next() {
+					if ds, err = s.Decide(context.Background(), ds[:0], items); err != nil || !ds[0].Allowed {
+						b.Fatalf("%v %+v", err, ds)
+					}
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkReconcile measures one reconciliation that sends the hits of
+// 1,000 approximate keys (a flush: none kept back), in script calls of
+// many keys, in a pipeline to a local redis-server.
+func BenchmarkReconcile(b *testing.B) {
+	srv := redistest.Standalone(b)
+	s := newTestStore(b, []string{srv.Addr()}, nil, func(o *testConfig) { o.ReconcileInterval = time.Hour })
+	r := &ratelimit.Rule{Name: "r", Quota: 1000, Period: time.Second, Counting: ratelimit.Approximate}
+	items := make([]ratelimit.Item, 1000)
+	for i := range items {
+		items[i] = ratelimit.Item{Key: fmt.Sprint("k", i), Rule: r, Cost: 1}
+	}
+	touch := func() {
+		for i := range items {
+			if _, err := s.Decide(context.Background(), nil, items[i:i+1]); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		b.StopTimer()
+		touch()
+		b.StartTimer()
+		s.counting.approximate.flush()
+	}
+}

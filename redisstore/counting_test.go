@@ -533,14 +533,14 @@ func TestReconcileCalls(t *testing.T) {
 	srv := redistest.Standalone(t)
 	s := newTestStore(t, []string{srv.Addr()}, nil, func(o *testConfig) { o.ReconcileInterval = time.Hour })
 	r := &ratelimit.Rule{Name: "calls", Quota: 100, Period: time.Hour, Burst: 1000, Counting: ratelimit.Approximate}
-	iv := s.count.info(r).push.Interval()
+	iv := s.counting.approximate.rule(r).push.Interval()
 	keys := make([]string, 2*maxReconcileKeys+37)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("k%d", i)
 	}
 	touchKeys(t, s, r, keys)
 	st0 := s.Stats()
-	s.count.reconcile()
+	s.counting.approximate.reconcile()
 	stLook := s.Stats()
 	if got := stLook.Batched - st0.Batched; got != 3 {
 		t.Errorf("%d keys looked at in %d script calls, want 3", len(keys), got)
@@ -549,7 +549,7 @@ func TestReconcileCalls(t *testing.T) {
 		if _, ok, err := s.State(context.Background(), k); err != nil || ok {
 			t.Fatalf("key %q: a state in Redis (%v, %v), though its hits were kept back", k, ok, err)
 		}
-		e := s.count.entry(k, r)
+		e := s.counting.approximate.entry(k, r)
 		e.mu.Lock()
 		pending, synced, kept := e.pending, e.synced, e.kept
 		e.mu.Unlock()
@@ -557,12 +557,12 @@ func TestReconcileCalls(t *testing.T) {
 			t.Fatalf("key %q after a look: %d hits pending (want %d), synced at %v, kept since %v", k, pending, 1+i%3, synced, kept)
 		}
 	}
-	s.count.reconcile()
+	s.counting.approximate.reconcile()
 	if got := s.Stats().Batched - stLook.Batched; got != 0 {
 		t.Errorf("hits kept back, no key touched: %d script calls, want none", got)
 	}
 
-	s.count.flush()
+	s.counting.approximate.flush()
 	st1 := s.Stats()
 	if got := st1.Batched - stLook.Batched; got != 3 {
 		t.Errorf("%d keys flushed in %d script calls, want 3", len(keys), got)
@@ -573,19 +573,19 @@ func TestReconcileCalls(t *testing.T) {
 		}
 	}
 
-	s.count.reconcile()
+	s.counting.approximate.reconcile()
 	if st := s.Stats(); st.Batched != st1.Batched || st.Reconciles != st1.Reconciles {
 		t.Errorf("a reconciliation with no key touched sent %d calls", st.Batched-st1.Batched)
 	}
 
 	// Touched again: sent again, and its view is the shared state's.
 	touchKeys(t, s, r, keys[:1])
-	s.count.reconcile()
-	s.count.flush()
+	s.counting.approximate.reconcile()
+	s.counting.approximate.flush()
 	if got := s.Stats().Batched - st1.Batched; got != 2 {
 		t.Errorf("one key touched again, reconciled and flushed: %d script calls, want 2", got)
 	}
-	e := s.count.entry(keys[0], r)
+	e := s.counting.approximate.entry(keys[0], r)
 	e.mu.Lock()
 	pending, synced := e.pending, e.synced
 	e.mu.Unlock()
@@ -599,7 +599,7 @@ func TestReconcileCalls(t *testing.T) {
 		t.Fatalf("strict decision: %v %+v", err, ds)
 	}
 	touchKeys(t, s, r, []string{"rescaled"})
-	s.count.flush()
+	s.counting.approximate.flush()
 	st, _, err := s.State(context.Background(), "rescaled")
 	if err != nil {
 		t.Fatal(err)
@@ -607,7 +607,7 @@ func TestReconcileCalls(t *testing.T) {
 	if st.N != int64(iv) {
 		t.Errorf("the rescaled key's interval is %v, want the push rule's %v", time.Duration(st.N), iv)
 	}
-	e = s.count.entry("rescaled", r)
+	e = s.counting.approximate.entry("rescaled", r)
 	e.mu.Lock()
 	pending = e.pending
 	e.mu.Unlock()
@@ -624,7 +624,7 @@ func TestReconcileClusterSlots(t *testing.T) {
 	cl := redistest.Cluster(t)
 	s := newTestStore(t, cl.Addrs(), nil, func(o *testConfig) { o.ReconcileInterval = time.Hour })
 	r := &ratelimit.Rule{Name: "slots", Quota: 100, Period: time.Hour, Burst: 1000, Counting: ratelimit.Approximate}
-	iv := s.count.info(r).push.Interval()
+	iv := s.counting.approximate.rule(r).push.Interval()
 	var keys []string
 	for _, tag := range []string{"a", "b", "c"} {
 		for i := range maxReconcileKeys + 10 {
@@ -638,7 +638,7 @@ func TestReconcileClusterSlots(t *testing.T) {
 	perSlot := map[uint16]int{}
 	ctx := context.Background()
 	for i, k := range keys {
-		rk := s.count.entry(k, r).rkey
+		rk := s.counting.approximate.entry(k, r).rkey
 		sl := slot(rk)
 		perSlot[sl]++
 		if i%50 == 0 {
@@ -656,7 +656,7 @@ func TestReconcileClusterSlots(t *testing.T) {
 		want += uint64((n + maxReconcileKeys - 1) / maxReconcileKeys)
 	}
 	before := s.Stats().Batched
-	s.count.flush()
+	s.counting.approximate.flush()
 	if got := s.Stats().Batched - before; got != want {
 		t.Errorf("%d keys in %d slots reconciled in %d script calls, want %d", len(keys), len(perSlot), got, want)
 	}
@@ -685,12 +685,12 @@ func TestCountingDeniedEverywhere(t *testing.T) {
 	ctx := context.Background()
 	item := []ratelimit.Item{{Key: "k", Rule: r, Cost: 1}}
 	over := func(s *Store) bool { // the replica's view has no room for a hit
-		e := s.count.entry("k", r)
+		e := s.counting.approximate.entry("k", r)
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		v := e.view
 		var d ratelimit.Decision
-		e.info.local.DecideInto(&d, &v, s.localNow(), n)
+		e.rule.local.DecideInto(&d, &v, s.localNow(), n)
 		return e.pending == 0 && !d.Allowed
 	}
 	admitted, seen := 0, -1 // seen: the round whose reconciliations first showed the key over
@@ -719,7 +719,7 @@ func TestCountingDeniedEverywhere(t *testing.T) {
 			t.Errorf("round %d: %d admitted, though a replica saw the key over its limit in round %d", round, inRound, seen)
 		}
 		for _, s := range stores {
-			s.count.reconcile()
+			s.counting.approximate.reconcile()
 			if seen < 0 && over(s) {
 				seen = round
 			}
@@ -748,7 +748,7 @@ func TestReconcileKeepsBack(t *testing.T) {
 	clock := func() time.Time { return now }
 	s := newTestStore(t, []string{srv.Addr()}, clock, func(o *testConfig) { o.ReconcileInterval = time.Hour; o.Replicas = 2 })
 	r := &ratelimit.Rule{Name: "kept", Quota: 3600, Period: time.Hour, Burst: 40, Counting: ratelimit.Approximate}
-	iv := s.count.info(r).push.Interval() // a second
+	iv := s.counting.approximate.rule(r).push.Interval() // a second
 	ctx := context.Background()
 	hit := func(key string, n int) {
 		t.Helper()
@@ -771,7 +771,7 @@ func TestReconcileKeepsBack(t *testing.T) {
 		return time.Duration(st.T) - time.Duration(now.UnixNano())
 	}
 	pending := func(key string) int64 {
-		e := s.count.entry(key, r)
+		e := s.counting.approximate.entry(key, r)
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		return e.pending
@@ -779,39 +779,39 @@ func TestReconcileKeepsBack(t *testing.T) {
 
 	// 5 hits, charged 10 of the view's 40: kept back, only looked at.
 	hit("a", 5)
-	s.count.reconcile()
+	s.counting.approximate.reconcile()
 	if d, p := debt("a"), pending("a"); d != 0 || p != 5 {
 		t.Fatalf("far below the limit: Redis holds %v, %d hits pending; want nothing held, 5 pending", d, p)
 	}
 	// 6 more, 22 of 40 charged: more than half used, all 11 sent.
 	hit("a", 6)
-	s.count.reconcile()
+	s.counting.approximate.reconcile()
 	if d, p := debt("a"), pending("a"); d != 11*iv || p != 0 {
 		t.Fatalf("over half used: Redis holds %v, %d hits pending; want %v, 0 pending", d, p, 11*iv)
 	}
 
 	// Kept back, then idle for 40 intervals: forget queues it.
 	hit("b", 3)
-	s.count.reconcile()
+	s.counting.approximate.reconcile()
 	if p := pending("b"); p != 3 {
 		t.Fatalf("key b: %d hits pending, want 3 kept", p)
 	}
 	now = now.Add(39 * time.Hour)
-	s.count.forget()
-	s.count.reconcile()
+	s.counting.approximate.forget()
+	s.counting.approximate.reconcile()
 	if p := pending("b"); p != 3 {
 		t.Fatalf("key b, kept 39 intervals: %d hits pending, want 3 still kept", p)
 	}
 	now = now.Add(time.Hour)
-	s.count.forget()
-	s.count.reconcile()
+	s.counting.approximate.forget()
+	s.counting.approximate.reconcile()
 	if d, p := debt("b"), pending("b"); d != 3*iv || p != 0 {
 		t.Fatalf("key b, kept 40 intervals: Redis holds %v, %d hits pending; want %v, 0 pending", d, p, 3*iv)
 	}
 
 	// Kept back when the Store closes: sent.
 	hit("c", 2)
-	s.count.reconcile()
+	s.counting.approximate.reconcile()
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}

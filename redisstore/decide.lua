@@ -37,11 +37,11 @@
 -- differences are exact integers while they stay below 2^53 ns (104 days);
 -- products go through mulDiv, exact for divisors below 2^52 ns (52 days).
 
--- Layout of ARGV and of the reply. store.go declares the same names with
+-- Layout of ARGV and of the reply. script.go declares the same names with
 -- the same values (argNow … maxDuration) and TestScriptLayout runs this
 -- block to check that they agree. Offsets count from 0, as in Go: Go's
 -- args[x] is ARGV[1 + x], and field f of an item whose fields start at
--- ARGV[a] is ARGV[a + f]. When store.go loads the script it writes the
+-- ARGV[a] is ARGV[a + f]. When script.go loads the script it writes the
 -- values in place of the names below (inlineLayout: upvalues cost every
 -- call), so never declare a local, parameter or field of these names.
 local argNow, argSlack, argCount, argMask, argDeadline, argHeader = 0, 1, 2, 3, 4, 5

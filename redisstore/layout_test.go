@@ -38,12 +38,12 @@ func TestScriptLayout(t *testing.T) {
 			name = strings.TrimSpace(name)
 			n++
 			if !known[name] {
-				t.Errorf("decide.lua declares %s, which store.go does not", name)
+				t.Errorf("decide.lua declares %s, which script.go does not", name)
 			}
 		}
 	}
 	if n != len(scriptLayout) {
-		t.Errorf("decide.lua declares %d layout names, store.go %d", n, len(scriptLayout))
+		t.Errorf("decide.lua declares %d layout names, script.go %d", n, len(scriptLayout))
 	}
 
 	// Their values, as Lua computes them (a name Lua lacks is "nil").
@@ -67,7 +67,7 @@ func TestScriptLayout(t *testing.T) {
 	}
 	for i, l := range scriptLayout {
 		if want := strconv.FormatInt(l.value, 10); got[i] != want {
-			t.Errorf("%s is %s in decide.lua and %s in store.go", l.name, got[i], want)
+			t.Errorf("%s is %s in decide.lua and %s in script.go", l.name, got[i], want)
 		}
 	}
 }

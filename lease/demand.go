@@ -65,7 +65,7 @@ func newEstimator(cfg Config) estimator {
 // A bucket is what a look at the demand reads of the Holder's Limiter and
 // throttle controller at its instant.
 type bucket struct {
-	pace    float64       // the bucket's limit since the last offer
+	limit   float64       // the bucket's limit since the last offer
 	burst   int           // its burst: what a limiter used to the full may leave
 	empty   bool          // no rate, or less than a token: waiters wait
 	window  time.Duration // the window it paces to (0: none)
@@ -140,7 +140,7 @@ func (e *estimator) estimate(now time.Time, b bucket) (need, want int) {
 		// period. Decided on looks at least half a period apart, so
 		// that looks between periods (notifications, waiters) do not
 		// judge on a few milliseconds.
-		e.offer(now, b.pace)
+		e.offer(now, b.limit)
 		if now.Sub(e.judged) >= e.judgeEvery {
 			e.judged = now
 			waited := e.blocked > 0 || e.waiting > 0

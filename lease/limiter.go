@@ -84,11 +84,11 @@ type gate interface {
 
 // A turn is what a WaitN caller learns at one look (gate.reserve).
 type turn struct {
-	r          *ratelimit.Reservation // nil: no capacity, or paused
-	rate, pace float64                // the holder's rate and the bucket's limit
-	horizon    time.Time              // when the rate falls next (a lease's deadline); zero if not
-	pause      time.Time              // the end of a retry hint's pause
-	changed    chan struct{}          // closed when the rate or the horizon changes
+	r           *ratelimit.Reservation // nil: no capacity, or paused
+	rate, limit float64                // the holder's rate and the bucket's limit
+	horizon     time.Time              // when the rate falls next (a lease's deadline); zero if not
+	pause       time.Time              // the end of a retry hint's pause
+	changed     chan struct{}          // closed when the rate or the horizon changes
 }
 
 // Limit returns the rate now.
@@ -188,7 +188,7 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 			block()
 			var retry bool
 			var err error
-			retry, rate, err = l.await(ctx, r, delay, t.rate, t.pace, t.changed)
+			retry, rate, err = l.await(ctx, r, delay, t.rate, t.limit, t.changed)
 			if err != nil {
 				return err
 			}
@@ -312,7 +312,7 @@ func (h *Holder) reserve(now time.Time, n int) turn {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.refreshDueLocked(now)
-	t := turn{rate: h.pace.rate, pace: h.pace.pace, horizon: h.horizon, pause: h.thr.PausedUntil(), changed: h.changed}
+	t := turn{rate: h.pace.rate, limit: h.pace.limit, horizon: h.horizon, pause: h.thr.PausedUntil(), changed: h.changed}
 	if now.Before(t.pause) {
 		return t
 	}
@@ -346,7 +346,7 @@ func (h *Holder) take(now time.Time, n int, rate float64) (again bool, wait time
 func (h *Holder) current() (rate, pace float64, changed chan struct{}) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.pace.rate, h.pace.pace, h.changed
+	return h.pace.rate, h.pace.limit, h.changed
 }
 
 // admitLocked counts n units admitted at now. h.mu is held.

@@ -19,13 +19,13 @@ type pacer struct {
 	window time.Duration // the downstream's window; 0 when not pacing to one
 	guard  windowLog
 	rate   float64 // the holder's rate, which the bucket is sized for
-	pace   float64 // the bucket's limit; -1 until set sizes it again
+	limit  float64 // the bucket's limit; -1 until set sizes it again
 }
 
 // newPacer returns a pacer of no rate, pacing to window w (none when w ≤
 // 0), at now.
 func newPacer(now time.Time, w time.Duration) pacer {
-	p := pacer{lim: ratelimit.NewLimiter(0, 0), window: max(0, w), pace: -1}
+	p := pacer{lim: ratelimit.NewLimiter(0, 0), window: max(0, w), limit: -1}
 	p.guard.reset(p.window, now, 0)
 	return p
 }
@@ -40,28 +40,28 @@ func (p *pacer) setWindow(now time.Time, w time.Duration) bool {
 	}
 	p.window = w
 	p.guard.reset(w, now, p.rate)
-	p.pace = -1
+	p.limit = -1
 	return true
 }
 
 // unsized reports whether the bucket waits to be sized again by set.
-func (p *pacer) unsized() bool { return p.pace < 0 }
+func (p *pacer) unsized() bool { return p.limit < 0 }
 
 // set sets the holder's rate at now and sizes the bucket for it; it
 // returns the bucket's limit before, and whether the limit or the rate
 // changed. New capacity starts empty: the tokens of a larger burst are
 // earned at the new rate, not given at once.
 func (p *pacer) set(now time.Time, rate float64) (old float64, changed bool) {
-	pace, burst := pacing(rate, p.window)
-	if pace == p.pace && rate == p.rate {
-		return p.pace, false
+	limit, burst := pacing(rate, p.window)
+	if limit == p.limit && rate == p.rate {
+		return p.limit, false
 	}
-	old = p.pace
+	old = p.limit
 	if p.window > 0 {
 		p.guard.setRate(now, rate)
 	}
-	p.rate, p.pace = rate, pace
-	p.lim.SetLimitAt(now, ratelimit.Limit(pace))
+	p.rate, p.limit = rate, limit
+	p.lim.SetLimitAt(now, ratelimit.Limit(limit))
 	if prev := p.lim.Burst(); burst > prev {
 		p.lim.SetBurstAt(now, burst)
 		p.lim.ReserveN(now, burst-prev)

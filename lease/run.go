@@ -182,7 +182,7 @@ func (h *Holder) startRound() Member {
 	defer h.mu.Unlock()
 	now := time.Now()
 	need, want := h.dem.estimate(now, bucket{
-		pace:    h.pace.pace,
+		limit:   h.pace.limit,
 		burst:   h.pace.lim.Burst(),
 		empty:   h.pace.rate <= 0 || h.pace.lim.TokensAt(now) < 1,
 		window:  h.pace.window,

@@ -84,11 +84,11 @@ type gate interface {
 
 // A turn is what a WaitN caller learns at one look (gate.reserve).
 type turn struct {
-	r           *ratelimit.Reservation // nil: no capacity, or paused
-	rate, limit float64                // the holder's rate and the bucket's limit
-	horizon     time.Time              // when the rate falls next (a lease's deadline); zero if not
-	pause       time.Time              // the end of a retry hint's pause
-	changed     chan struct{}          // closed when the rate or the horizon changes
+	r           ratelimit.Reservation // not OK: no capacity, or paused
+	rate, limit float64               // the holder's rate and the bucket's limit
+	horizon     time.Time             // when the rate falls next (a lease's deadline); zero if not
+	pause       time.Time             // the end of a retry hint's pause
+	changed     chan struct{}         // closed when the rate or the horizon changes
 }
 
 // Limit returns the rate now.
@@ -156,8 +156,8 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 			}
 			continue
 		}
-		r := t.r
-		if r == nil || !r.OK() {
+		r := &t.r
+		if !r.OK() {
 			// No capacity: reserve asked the holder to look.
 			block()
 			select {
@@ -317,9 +317,9 @@ func (h *Holder) reserve(now time.Time, n int) turn {
 		return t
 	}
 	if t.rate > 0 && n <= h.pace.lim.Burst() {
-		t.r = h.pace.lim.ReserveN(now, n)
+		t.r = *h.pace.lim.ReserveN(now, n) // a copy: nothing escapes
 	}
-	if t.r == nil || !t.r.OK() {
+	if !t.r.OK() {
 		select {
 		case h.wake <- struct{}{}:
 		default:

@@ -57,7 +57,7 @@ func TestLimiterWaitNGate(t *testing.T) {
 			func(time.Time) turn { return turn{changed: closed} }, // no rate: look again
 			func(now time.Time) turn {
 				lim.AllowN(now, 1) // the bucket is empty: a turn in 100 ms
-				return turn{r: lim.ReserveN(now, 1), rate: 10, limit: 10, changed: make(chan struct{})}
+				return turn{r: *lim.ReserveN(now, 1), rate: 10, limit: 10, changed: make(chan struct{})}
 			},
 		}
 		l := &Limiter{h: g}

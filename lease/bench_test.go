@@ -22,7 +22,7 @@ func benchHolder(b *testing.B) *Holder {
 	for {
 		// The first tick acquires every partition.
 		h.mu.Lock()
-		rate, changed := h.rate, h.changed
+		rate, changed := h.pace.rate, h.changed
 		h.mu.Unlock()
 		if rate >= 1e9 {
 			return h

@@ -3,7 +3,6 @@ package lease
 import (
 	"context"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/sluicehq/sluice/ratelimit"
@@ -51,7 +50,45 @@ import (
 // to the full make the Holder ask for its whole fair share at once. A
 // Limiter is safe for concurrent use. Get one from Holder.Limiter.
 type Limiter struct {
-	h *Holder
+	h gate // its Holder
+}
+
+// A gate is what a Limiter needs of its Holder. Each method takes the
+// Holder's lock once, and none is held while a caller waits; the Limiter
+// has no state of its own but the reservations its callers wait on.
+type gate interface {
+	// limitAt returns the bucket's limit and burst at now.
+	limitAt(now time.Time) (ratelimit.Limit, int)
+	// allowN is AllowN.
+	allowN(now time.Time, n int) bool
+	// maxBurst returns the burst at the holder's largest possible rate.
+	maxBurst() int
+	// enter counts n units that wait in WaitN, until leave; block counts
+	// a WaitN call that had to wait.
+	enter(n int)
+	leave(n int)
+	block()
+	// reserve is a WaitN caller's look at now for n units: a reservation
+	// when there is capacity (and no pause), and what to wait for
+	// otherwise. Without capacity it asks Run to look for leases at once.
+	reserve(now time.Time, n int) turn
+	// take admits, at now, n units whose turn has come, reserved at rate.
+	// It refuses them (again) when a pause has begun or the rate has
+	// fallen since, and holds them (wait) while the window's guard
+	// does.
+	take(now time.Time, n int, rate float64) (again bool, wait time.Duration)
+	// current returns the rate, the bucket's limit and the channel
+	// closed when either (or the horizon) changes next.
+	current() (rate, pace float64, changed chan struct{})
+}
+
+// A turn is what a WaitN caller learns at one look (gate.reserve).
+type turn struct {
+	r           ratelimit.Reservation // not OK: no capacity, or paused
+	rate, limit float64               // the holder's rate and the bucket's limit
+	horizon     time.Time             // when the rate falls next (a lease's deadline); zero if not
+	pause       time.Time             // the end of a retry hint's pause
+	changed     chan struct{}         // closed when the rate or the horizon changes
 }
 
 // Limit returns the rate now.
@@ -61,20 +98,14 @@ func (l *Limiter) Limit() ratelimit.Limit { return l.LimitAt(time.Now()) }
 // when it paces to a window): the leases whose deadline has passed no
 // longer count.
 func (l *Limiter) LimitAt(now time.Time) ratelimit.Limit {
-	h := l.h
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.refreshDueLocked(now)
-	return h.lim.Limit()
+	limit, _ := l.h.limitAt(now)
+	return limit
 }
 
 // Burst returns the burst now.
 func (l *Limiter) Burst() int {
-	h := l.h
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.refreshDueLocked(time.Now())
-	return h.lim.Burst()
+	_, burst := l.h.limitAt(time.Now())
+	return burst
 }
 
 // Allow is AllowN(time.Now(), 1).
@@ -82,71 +113,7 @@ func (l *Limiter) Allow() bool { return l.AllowN(time.Now(), 1) }
 
 // AllowN reports whether n units may be used at now, and takes them if so.
 // A refusal takes nothing (but counts in the demand).
-func (l *Limiter) AllowN(now time.Time, n int) bool {
-	h := l.h
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.requested += int64(max(0, n))
-	h.refreshDueLocked(now)
-	if now.Before(h.thr.PausedUntil()) || h.guardWaitLocked(now, n) > 0 {
-		return false
-	}
-	ok := h.lim.AllowN(now, n)
-	if ok {
-		h.admitLocked(now, n)
-	}
-	return ok
-}
-
-// refreshDueLocked refreshes the rate when a deadline has passed, and
-// every twentieth of a period while a lowered ceiling climbs back. h.mu is
-// held.
-func (h *Holder) refreshDueLocked(now time.Time) {
-	if now.Before(h.latest) {
-		return
-	}
-	if (!h.horizon.IsZero() && !now.Before(h.horizon)) ||
-		(h.thr.Lowered() && now.Sub(h.latest) >= h.cfg.RenewEvery/20) {
-		h.refreshLocked(now)
-	}
-}
-
-// guardWaitLocked returns how long after now n units fit in the window's
-// share (see Limiter): 0 when they fit, or when the holder does not pace
-// to a window. h.mu is held.
-func (h *Holder) guardWaitLocked(now time.Time, n int) time.Duration {
-	if h.window <= 0 || n <= 0 {
-		return 0
-	}
-	return h.guard.wait(now, n, 1-paceSlack/2, int64(h.lim.Burst()))
-}
-
-// admitLocked counts n units admitted at now. h.mu is held.
-func (h *Holder) admitLocked(now time.Time, n int) {
-	h.admitted += int64(n)
-	h.satAdmitted += int64(n)
-	if h.window > 0 {
-		h.guard.add(now, n)
-	}
-}
-
-// burstFor is the Limiter's burst at rate without window pacing: a tenth
-// of it, at least 1, or 0 when there is no rate.
-func burstFor(rate float64) int {
-	if rate <= 0 {
-		return 0
-	}
-	return max(1, int(math.Ceil(rate/10)))
-}
-
-// maxBurst is the burst at the largest rate the holder can have.
-func (h *Holder) maxBurst() int {
-	h.mu.Lock()
-	w := h.window
-	h.mu.Unlock()
-	_, b := pacing(h.cfg.Capacity+h.cfg.Reserved, w)
-	return b
-}
+func (l *Limiter) AllowN(now time.Time, n int) bool { return l.h.allowN(now, n) }
 
 // Wait is WaitN(ctx, 1).
 func (l *Limiter) Wait(ctx context.Context) error { return l.WaitN(ctx, 1) }
@@ -166,22 +133,13 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 	if mb := h.maxBurst(); n > mb {
 		return fmt.Errorf("%w: Wait(n=%d) with largest burst %d", ratelimit.ErrExceedsBurst, n, mb)
 	}
-	h.mu.Lock()
-	h.requested += int64(n)
-	h.waiting += int64(n)
-	h.mu.Unlock()
-	defer func() {
-		h.mu.Lock()
-		h.waiting -= int64(n)
-		h.mu.Unlock()
-	}()
+	h.enter(n)
+	defer h.leave(n)
 	blocked := false
 	block := func() {
 		if !blocked {
 			blocked = true
-			h.mu.Lock()
-			h.blocked++
-			h.mu.Unlock()
+			h.block()
 		}
 	}
 	for {
@@ -189,30 +147,21 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 			return err
 		}
 		now := time.Now()
-		h.mu.Lock()
-		h.refreshDueLocked(now)
-		changed, horizon, rate, pace, pause := h.changed, h.horizon, h.rate, h.pace, h.thr.PausedUntil()
-		var r *ratelimit.Reservation
-		if rate > 0 && n <= h.lim.Burst() && !now.Before(pause) {
-			r = h.lim.ReserveN(now, n)
-		}
-		h.mu.Unlock()
-		if now.Before(pause) {
+		t := h.reserve(now, n)
+		if now.Before(t.pause) {
 			// A retry hint's pause: wait it out, then ask again.
 			block()
-			if err := sleepUntil(ctx, pause.Sub(now), nil); err != nil {
+			if err := sleepUntil(ctx, t.pause.Sub(now), nil); err != nil {
 				return err
 			}
 			continue
 		}
-		if r == nil || !r.OK() {
+		r := &t.r
+		if !r.OK() {
+			// No capacity: reserve asked the holder to look.
 			block()
 			select {
-			case h.wake <- struct{}{}:
-			default:
-			}
-			select {
-			case <-changed:
+			case <-t.changed:
 				continue
 			case <-ctx.Done():
 				return ctx.Err()
@@ -224,21 +173,22 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 			r.CancelAt(now)
 			return fmt.Errorf("%w: Wait(n=%d) needs %v", ratelimit.ErrWouldExceedDeadline, n, delay)
 		}
-		if !horizon.IsZero() && !act.Before(horizon) {
+		if !t.horizon.IsZero() && !act.Before(t.horizon) {
 			// The turn comes after a lease's deadline: wait for the
 			// renewal, or for the deadline, and ask again.
 			r.CancelAt(now)
 			block()
-			if err := sleepUntil(ctx, horizon.Sub(now), changed); err != nil {
+			if err := sleepUntil(ctx, t.horizon.Sub(now), t.changed); err != nil {
 				return err
 			}
 			continue
 		}
+		rate := t.rate
 		if delay > 0 {
 			block()
 			var retry bool
 			var err error
-			retry, rate, err = l.await(ctx, r, delay, rate, pace, changed)
+			retry, rate, err = l.await(ctx, r, delay, t.rate, t.limit, t.changed)
 			if err != nil {
 				return err
 			}
@@ -257,24 +207,12 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 // window's guard allows, and unless a pause has begun or the rate has
 // fallen since (then the caller asks again).
 func (l *Limiter) admit(ctx context.Context, n int, rate float64) (again bool, err error) {
-	h := l.h
 	for {
-		now := time.Now()
-		h.mu.Lock()
-		h.refreshDueLocked(now)
-		if now.Before(h.thr.PausedUntil()) || h.rate < rate {
-			h.mu.Unlock()
-			return true, nil
+		again, wait := l.h.take(time.Now(), n, rate)
+		if again || wait == 0 {
+			return again, nil
 		}
-		d := h.guardWaitLocked(now, n)
-		if d == 0 {
-			h.admitLocked(now, n)
-			h.mu.Unlock()
-			return false, nil
-		}
-		h.blocked++
-		h.mu.Unlock()
-		if err := sleepUntil(ctx, d, nil); err != nil {
+		if err := sleepUntil(ctx, wait, nil); err != nil {
 			return false, err
 		}
 	}
@@ -290,7 +228,6 @@ func (l *Limiter) admit(ctx context.Context, n int, rate float64) (again bool, e
 // cancels r and reports that the caller must ask again. It returns the
 // rate the turn was kept at.
 func (l *Limiter) await(ctx context.Context, r *ratelimit.Reservation, delay time.Duration, rate, pace float64, changed chan struct{}) (retry bool, at float64, err error) {
-	h := l.h
 	tm := time.NewTimer(delay)
 	defer tm.Stop()
 	for {
@@ -306,10 +243,8 @@ func (l *Limiter) await(ctx context.Context, r *ratelimit.Reservation, delay tim
 			return false, rate, nil
 		case <-changed:
 			now := time.Now()
-			h.mu.Lock()
-			changed = h.changed
-			newRate, newPace := h.rate, h.pace
-			h.mu.Unlock()
+			var newRate, newPace float64
+			newRate, newPace, changed = l.h.current()
 			if newRate >= rate {
 				continue
 			}
@@ -325,6 +260,112 @@ func (l *Limiter) await(ctx context.Context, r *ratelimit.Reservation, delay tim
 			tm.Reset(time.Duration(float64(left) * pace / newPace))
 			rate, pace = newRate, newPace
 		}
+	}
+}
+
+// The Holder's side of gate: each method takes h.mu once.
+
+func (h *Holder) limitAt(now time.Time) (ratelimit.Limit, int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.refreshDueLocked(now)
+	return h.pace.lim.Limit(), h.pace.lim.Burst()
+}
+
+func (h *Holder) allowN(now time.Time, n int) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.dem.ask(n)
+	h.refreshDueLocked(now)
+	if now.Before(h.thr.PausedUntil()) || h.pace.wait(now, n) > 0 || !h.pace.lim.AllowN(now, n) {
+		return false
+	}
+	h.admitLocked(now, n)
+	return true
+}
+
+func (h *Holder) maxBurst() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.pace.maxBurst(h.cfg.Capacity + h.cfg.Reserved)
+}
+
+func (h *Holder) enter(n int) {
+	h.mu.Lock()
+	h.dem.enter(n)
+	h.mu.Unlock()
+}
+
+func (h *Holder) leave(n int) {
+	h.mu.Lock()
+	h.dem.leave(n)
+	h.mu.Unlock()
+}
+
+func (h *Holder) block() {
+	h.mu.Lock()
+	h.dem.block()
+	h.mu.Unlock()
+}
+
+func (h *Holder) reserve(now time.Time, n int) turn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.refreshDueLocked(now)
+	t := turn{rate: h.pace.rate, limit: h.pace.limit, horizon: h.horizon, pause: h.thr.PausedUntil(), changed: h.changed}
+	if now.Before(t.pause) {
+		return t
+	}
+	if t.rate > 0 && n <= h.pace.lim.Burst() {
+		t.r = *h.pace.lim.ReserveN(now, n) // a copy: nothing escapes
+	}
+	if !t.r.OK() {
+		select {
+		case h.wake <- struct{}{}:
+		default:
+		}
+	}
+	return t
+}
+
+func (h *Holder) take(now time.Time, n int, rate float64) (again bool, wait time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.refreshDueLocked(now)
+	if now.Before(h.thr.PausedUntil()) || h.pace.rate < rate {
+		return true, 0
+	}
+	if wait = h.pace.wait(now, n); wait > 0 {
+		h.dem.block()
+		return false, wait
+	}
+	h.admitLocked(now, n)
+	return false, 0
+}
+
+func (h *Holder) current() (rate, pace float64, changed chan struct{}) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.pace.rate, h.pace.limit, h.changed
+}
+
+// admitLocked counts n units admitted at now. h.mu is held.
+func (h *Holder) admitLocked(now time.Time, n int) {
+	h.dem.admit(n)
+	h.pace.admit(now, n)
+}
+
+// refreshDueLocked refreshes the rate when a deadline has passed, and
+// every twentieth of a period while a lowered ceiling climbs back. h.mu is
+// held.
+func (h *Holder) refreshDueLocked(now time.Time) {
+	latest := h.table.latest
+	if now.Before(latest) {
+		return
+	}
+	if (!h.horizon.IsZero() && !now.Before(h.horizon)) ||
+		(h.thr.Lowered() && now.Sub(latest) >= h.cfg.RenewEvery/20) {
+		h.refreshLocked(now)
 	}
 }
 

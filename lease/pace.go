@@ -3,7 +3,98 @@ package lease
 import (
 	"math"
 	"time"
+
+	"github.com/sluicehq/sluice/ratelimit"
 )
+
+// A pacer is a Holder's window pacing: the token bucket the Limiter
+// admits from, sized by pacing for the holder's rate and the downstream's
+// window, and the guard (a windowLog) that holds the units admitted in
+// any window within the capacity the holder had over it. Its methods take
+// the instants they need; it never reads the clock. The Holder's mutex
+// guards it (the bucket has its own lock, for the reservations WaitN
+// keeps while it waits).
+type pacer struct {
+	lim    *ratelimit.Limiter
+	window time.Duration // the downstream's window; 0 when not pacing to one
+	guard  windowLog
+	rate   float64 // the holder's rate, which the bucket is sized for
+	limit  float64 // the bucket's limit; -1 until set sizes it again
+}
+
+// newPacer returns a pacer of no rate, pacing to window w (none when w ≤
+// 0), at now.
+func newPacer(now time.Time, w time.Duration) pacer {
+	p := pacer{lim: ratelimit.NewLimiter(0, 0), window: max(0, w), limit: -1}
+	p.guard.reset(p.window, now, 0)
+	return p
+}
+
+// setWindow sets the window to w at now (none when w ≤ 0), and reports
+// whether it changed: then the guard starts again at the rate, and the
+// bucket is sized again by the next set.
+func (p *pacer) setWindow(now time.Time, w time.Duration) bool {
+	w = max(0, w)
+	if w == p.window {
+		return false
+	}
+	p.window = w
+	p.guard.reset(w, now, p.rate)
+	p.limit = -1
+	return true
+}
+
+// unsized reports whether the bucket waits to be sized again by set.
+func (p *pacer) unsized() bool { return p.limit < 0 }
+
+// set sets the holder's rate at now and sizes the bucket for it; it
+// returns the bucket's limit before, and whether the limit or the rate
+// changed. New capacity starts empty: the tokens of a larger burst are
+// earned at the new rate, not given at once.
+func (p *pacer) set(now time.Time, rate float64) (old float64, changed bool) {
+	limit, burst := pacing(rate, p.window)
+	if limit == p.limit && rate == p.rate {
+		return p.limit, false
+	}
+	old = p.limit
+	if p.window > 0 {
+		p.guard.setRate(now, rate)
+	}
+	p.rate, p.limit = rate, limit
+	p.lim.SetLimitAt(now, ratelimit.Limit(limit))
+	if prev := p.lim.Burst(); burst > prev {
+		p.lim.SetBurstAt(now, burst)
+		p.lim.ReserveN(now, burst-prev)
+	} else {
+		p.lim.SetBurstAt(now, burst)
+	}
+	return old, true
+}
+
+// wait returns how long after now n units fit in the window's share (see
+// Limiter): 0 when they fit, or when not pacing to a window.
+func (p *pacer) wait(now time.Time, n int) time.Duration {
+	if p.window <= 0 || n <= 0 {
+		return 0
+	}
+	return p.guard.wait(now, n, 1-paceSlack/2, int64(p.lim.Burst()))
+}
+
+// admit counts n units admitted at now in the window.
+func (p *pacer) admit(now time.Time, n int) {
+	if p.window > 0 {
+		p.guard.add(now, n)
+	}
+}
+
+// sent returns the units admitted in the window ending at now.
+func (p *pacer) sent(now time.Time) float64 { return float64(p.guard.count(now)) }
+
+// maxBurst returns the bucket's burst at rate, with the current window.
+func (p *pacer) maxBurst(rate float64) int {
+	_, b := pacing(rate, p.window)
+	return b
+}
 
 // Window pacing: the Limiter's token bucket is sized so that no window of
 // the downstream's length W, wherever it starts, receives more than the
@@ -44,6 +135,15 @@ func pacing(rate float64, w time.Duration) (limit float64, burst int) {
 	return max(limit, rate/2), burst
 }
 
+// burstFor is the Limiter's burst at rate without window pacing: a tenth
+// of it, at least 1, or 0 when there is no rate.
+func burstFor(rate float64) int {
+	if rate <= 0 {
+		return 0
+	}
+	return max(1, int(math.Ceil(rate/10)))
+}
+
 // A windowLog counts the units a Limiter admitted in the last window, in
 // guardSlots slots, and the capacity the holder had over that window (the
 // integral of its rate, its credit): the guard that keeps any window of
@@ -57,8 +157,8 @@ func pacing(rate float64, w time.Duration) (limit float64, burst int) {
 // the true one by one slot's worth, never fall short of it; the credit of
 // the slot the window's start falls in is counted pro rata.
 //
-// The zero value is empty; reset sets the window. It is guarded by the
-// Holder's mutex.
+// The zero value is empty; reset sets the window. Its pacer's owner
+// guards it.
 type windowLog struct {
 	w, width time.Duration
 	base     time.Time

@@ -1,6 +1,7 @@
 package lease
 
 import (
+	"math"
 	"testing"
 	"time"
 )
@@ -90,4 +91,82 @@ func TestWindowLog(t *testing.T) {
 			t.Errorf("a window and a slot later 99 units held %v", d)
 		}
 	})
+}
+
+// TestPacer steps a pacer through fixed instants: the bucket is sized by
+// pacing for the rate and the window, new capacity starts empty, the
+// same rate changes nothing, and a new window sizes it again.
+func TestPacer(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	p := newPacer(t0, time.Second)
+	if !p.unsized() || p.lim.Limit() != 0 || p.lim.Burst() != 0 {
+		t.Fatalf("new pacer: unsized %v limit %v burst %d, want true, 0, 0", p.unsized(), p.lim.Limit(), p.lim.Burst())
+	}
+	for _, s := range []struct {
+		at      time.Duration
+		rate    float64
+		old     float64
+		changed bool
+		limit   float64 // the bucket's
+		burst   int
+		tokens  float64 // in the bucket at the instant, after set
+	}{
+		{0, 1000, -1, true, 980, 10, 0},                         // new capacity starts empty
+		{10 * time.Millisecond, 1000, 980, false, 980, 10, 9.8}, // unchanged: it fills
+		{20 * time.Millisecond, 500, 980, true, 490, 5, 5},      // a smaller burst is full
+		{20 * time.Millisecond, 0, 490, true, 0, 0, 0},
+	} {
+		old, changed := p.set(at(s.at), s.rate)
+		if old != s.old || changed != s.changed || p.rate != s.rate || p.limit != s.limit ||
+			float64(p.lim.Limit()) != s.limit || p.lim.Burst() != s.burst {
+			t.Fatalf("set(%v, %v): old %v changed %v, rate %v limit %v (bucket %v, burst %d); want %v %v, %v %v (burst %d)",
+				s.at, s.rate, old, changed, p.rate, p.limit, p.lim.Limit(), p.lim.Burst(), s.old, s.changed, s.rate, s.limit, s.burst)
+		}
+		// The emission interval is rounded up to a nanosecond.
+		if got := p.lim.TokensAt(at(s.at)); math.Abs(got-s.tokens) > 1e-4 {
+			t.Errorf("set(%v, %v): %v tokens, want %v", s.at, s.rate, got, s.tokens)
+		}
+	}
+	// The same window changes nothing; another one sizes the bucket
+	// again at the next set, even at the same limit (500/s over 2 s: a
+	// burst of 10, 500 − 10/2 − 5 = 490).
+	p.set(at(time.Second), 500)
+	if p.setWindow(at(time.Second), time.Second) || p.unsized() {
+		t.Error("the same window changed the pacer")
+	}
+	if !p.setWindow(at(time.Second), 2*time.Second) || !p.unsized() {
+		t.Error("a new window left the bucket sized")
+	}
+	if old, changed := p.set(at(time.Second), 500); old != -1 || !changed || p.limit != 490 || p.lim.Burst() != 10 {
+		t.Errorf("set after a new window: old %v changed %v limit %v burst %d; want -1, true, 490, 10", old, changed, p.limit, p.lim.Burst())
+	}
+	if b := p.maxBurst(1000); b != 20 {
+		t.Errorf("maxBurst(1000) over 2 s = %d, want 20", b)
+	}
+	// The guard: its window starts with the credit of the rate it had
+	// (500/s over 2 s: 1000 units, 995 allowed); what is admitted counts.
+	now := at(time.Second)
+	if d := p.wait(now, 995); d != 0 {
+		t.Errorf("995 units held %v, want 0", d)
+	}
+	p.admit(now, 995)
+	if n := p.sent(now); n != 995 {
+		t.Errorf("sent %v, want 995", n)
+	}
+	if d := p.wait(now, 1); d <= 0 {
+		t.Error("the 996th unit of the window was not held")
+	}
+	// Without a window: no guard, no count, a burst of a tenth.
+	if !p.setWindow(now, 0) {
+		t.Fatal("no window: unchanged")
+	}
+	p.set(now, 500)
+	if p.lim.Limit() != 500 || p.lim.Burst() != 50 {
+		t.Errorf("no window: limit %v burst %d, want 500 and 50", p.lim.Limit(), p.lim.Burst())
+	}
+	p.admit(now, 1000)
+	if d := p.wait(now, 1000); d != 0 || p.sent(now) != 0 {
+		t.Errorf("no window: held %v, sent %v; want 0 and 0", d, p.sent(now))
+	}
 }

@@ -369,7 +369,7 @@ func (r *simResult) check(now time.Time, el time.Duration, mem *MemoryStore, kil
 func (h *Holder) guardCount(now time.Time) int64 {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.guard.count(now)
+	return h.pace.guard.count(now)
 }
 
 // owners returns the owner of each of the first p partitions by the

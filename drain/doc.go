@@ -48,7 +48,7 @@
 //
 // # Priorities and tenants
 //
-// Each Source has a priority (adaptive.Priority; one JetStream consumer
+// Each Source has a priority (priority.Priority; one JetStream consumer
 // per priority, on its own subject). The drainer releases the highest
 // priority that has messages waiting, with one anti-starvation rule: a
 // priority that has messages waiting is passed over at most

@@ -18,9 +18,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/drain"
 	"github.com/sluicehq/sluice/internal/natstest"
+	"github.com/sluicehq/sluice/priority"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -234,7 +234,7 @@ func TestPriorities(t *testing.T) {
 	high := source(t, js, "high", "work.high", 0)
 	h := &drain.HTTPSink{URL: sk.srv.URL}
 	d := newDrainer(t, drain.Config{
-		Inputs:          []drain.Input{{Source: low, Priority: adaptive.Low}, {Source: high, Priority: adaptive.High}},
+		Inputs:          []drain.Input{{Source: low, Priority: priority.Low}, {Source: high, Priority: priority.High}},
 		Sink:            h.Send,
 		Limiter:         ratelimit.NewLimiter(2000, 1),
 		Workers:         8,

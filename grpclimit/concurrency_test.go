@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/grpclimit"
+	"github.com/sluicehq/sluice/priority"
 )
 
 // TestClientConcurrency: against a real server on loopback answering
@@ -42,7 +43,7 @@ func TestClientConcurrency(t *testing.T) {
 	// Hold every slot the limit has: a call then finds none.
 	var held []adaptive.Permit
 	for {
-		pm, r := l.TryAcquireAt(time.Now(), adaptive.Critical)
+		pm, r := l.TryAcquireAt(time.Now(), priority.Critical)
 		if r.Refused() {
 			break
 		}

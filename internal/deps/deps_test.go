@@ -3,8 +3,9 @@
 // go/build/deps_test.go.
 //
 //   - ratelimit, limitheader (the codec of the RateLimit header fields)
-//     and adaptive (overload protection) depend on the standard library
-//     only.
+//     and priority (a request's priority, its names and its context)
+//     depend on the standard library only; adaptive (overload protection)
+//     on the standard library and priority only.
 //   - No library package (outside cmd/, internal/ and bench/) depends on
 //     gRPC, a YAML package or Prometheus — except that grpclimit, whose
 //     whole purpose is gRPC interceptors, may depend on gRPC (and on
@@ -221,9 +222,14 @@ func isLibrary(rel string) bool { return !underAny(rel, "cmd", "internal", "benc
 func importRules(mod string) []rule {
 	return []rule{
 		{
-			name:      "ratelimit, the header codec limitheader and adaptive may depend on the standard library only",
-			applies:   func(rel string) bool { return rel == "ratelimit" || rel == "limitheader" || rel == "adaptive" },
+			name:      "ratelimit, the header codec limitheader and priority may depend on the standard library only",
+			applies:   func(rel string) bool { return rel == "ratelimit" || rel == "limitheader" || rel == "priority" },
 			forbidden: func(p *pkg) bool { return !p.Standard },
+		},
+		{
+			name:      "adaptive may depend on the standard library and priority only",
+			applies:   func(rel string) bool { return rel == "adaptive" },
+			forbidden: func(p *pkg) bool { return !p.Standard && p.ImportPath != mod+"/priority" },
 		},
 		{
 			name:      "library packages (outside cmd/, internal/ and bench/) may not depend on gRPC, YAML or Prometheus",
@@ -469,7 +475,7 @@ func TestRulesCatchViolations(t *testing.T) {
 		{
 			name: "ratelimit imports a module",
 			pkgs: []*pkg{ext("github.com/x/y"), own("ratelimit", "ratelimit", "github.com/x/y")},
-			want: []string{"package example.com/m/ratelimit imports github.com/x/y: ratelimit, the header codec limitheader and adaptive may depend on the standard library only"},
+			want: []string{"package example.com/m/ratelimit imports github.com/x/y: ratelimit, the header codec limitheader and priority may depend on the standard library only"},
 		},
 		{
 			name: "ratelimit imports another module package",
@@ -478,7 +484,7 @@ func TestRulesCatchViolations(t *testing.T) {
 				own("clock", "clock", "github.com/x/y"),
 				own("ratelimit", "ratelimit", mod+"/clock"),
 			},
-			want: []string{"package example.com/m/ratelimit imports example.com/m/clock: ratelimit, the header codec limitheader and adaptive may depend on the standard library only"},
+			want: []string{"package example.com/m/ratelimit imports example.com/m/clock: ratelimit, the header codec limitheader and priority may depend on the standard library only"},
 		},
 		{
 			name: "library imports grpc, yaml and prometheus",
@@ -520,7 +526,7 @@ func TestRulesCatchViolations(t *testing.T) {
 		{
 			name: "the header codec imports ratelimit",
 			pkgs: []*pkg{own("ratelimit", "ratelimit", "time"), std("time"), own("limitheader", "limitheader", mod+"/ratelimit")},
-			want: []string{"package example.com/m/limitheader imports example.com/m/ratelimit: ratelimit, the header codec limitheader and adaptive may depend on the standard library only"},
+			want: []string{"package example.com/m/limitheader imports example.com/m/ratelimit: ratelimit, the header codec limitheader and priority may depend on the standard library only"},
 		},
 		{
 			name: "library links go-redis",
@@ -574,7 +580,20 @@ func TestRulesCatchViolations(t *testing.T) {
 		{
 			name: "adaptive imports a module",
 			pkgs: []*pkg{ext("github.com/x/y"), own("adaptive", "adaptive", "github.com/x/y")},
-			want: []string{"package example.com/m/adaptive imports github.com/x/y: ratelimit, the header codec limitheader and adaptive may depend on the standard library only"},
+			want: []string{"package example.com/m/adaptive imports github.com/x/y: adaptive may depend on the standard library and priority only"},
+		},
+		{
+			name: "adaptive imports priority, which imports a module",
+			pkgs: []*pkg{
+				ext("github.com/x/y"),
+				own("priority", "priority", "github.com/x/y"),
+				own("adaptive", "adaptive", mod+"/priority"), // allowed, unless priority reaches a module
+				own("drain", "drain", mod+"/priority"),       // allowed
+			},
+			want: []string{
+				"package example.com/m/adaptive imports example.com/m/priority, which depends on github.com/x/y: adaptive may depend on the standard library and priority only",
+				"package example.com/m/priority imports github.com/x/y: ratelimit, the header codec limitheader and priority may depend on the standard library only",
+			},
 		},
 		{
 			name: "benchmark-only modules outside bench",

@@ -12,9 +12,11 @@
 //     nothing else of the three).
 //   - Only redisstore, among the library packages, depends on go-redis:
 //     a program that keeps its state in memory links no Redis code.
-//   - Only drain, among the library packages, depends on the NATS client
-//     (nats.go), and none on the NATS server: a program that drains no
-//     queue links no NATS code, and only cmd/ and internal/ embed a server.
+//   - Only drain/jsdrain (drain's JetStream Source), among the library
+//     packages, depends on the NATS client (nats.go), and none on the NATS
+//     server: a program that drains no JetStream queue, drain's own users
+//     included, links no NATS code, and only cmd/ and internal/ embed a
+//     server.
 //   - No library package imports a package under internal/: what a
 //     library needs is public, so its users can see and use it too.
 
@@ -208,7 +210,7 @@ func isRedis(path string) bool { return strings.HasPrefix(path, "github.com/redi
 
 // natsAllowed is the one library package that may depend on the NATS
 // client.
-const natsAllowed = "drain"
+const natsAllowed = "drain/jsdrain"
 
 // isNATSClient and isNATSServer report whether path is the NATS client or
 // server module.
@@ -242,7 +244,7 @@ func importRules(mod string) []rule {
 			forbidden: func(p *pkg) bool { return isRedis(p.ImportPath) },
 		},
 		{
-			name:      "only drain, of the library packages, may depend on the NATS client: a program that drains no queue links no NATS code",
+			name:      "only drain/jsdrain, of the library packages, may depend on the NATS client: a program that drains no JetStream queue links no NATS code",
 			applies:   func(rel string) bool { return isLibrary(rel) && rel != natsAllowed },
 			forbidden: func(p *pkg) bool { return isNATSClient(p.ImportPath) },
 		},
@@ -545,15 +547,17 @@ func TestRulesCatchViolations(t *testing.T) {
 		{
 			name: "library links NATS",
 			pkgs: []*pkg{
-				ext("github.com/nats-io/nats.go/jetstream"), ext("github.com/nats-io/nats-server/v2/server"),
-				own("drain", "drain", "github.com/nats-io/nats.go/jetstream"),                      // allowed
+				ext("github.com/nats-io/nats.go"), ext("github.com/nats-io/nats.go/jetstream"), ext("github.com/nats-io/nats-server/v2/server"),
+				own("drain/jsdrain", "jsdrain", "github.com/nats-io/nats.go/jetstream"),            // allowed
 				own("internal/natsembed", "natsembed", "github.com/nats-io/nats-server/v2/server"), // allowed
-				own("lease", "lease", mod+"/drain"),
+				own("drain", "drain", "github.com/nats-io/nats.go"),
+				own("lease", "lease", mod+"/drain/jsdrain"),
 				own("drain/x", "x", "github.com/nats-io/nats-server/v2/server"),
 			},
 			want: []string{
+				"package example.com/m/drain imports github.com/nats-io/nats.go: only drain/jsdrain",
 				"package example.com/m/drain/x imports github.com/nats-io/nats-server/v2/server: no library package may depend on the NATS server",
-				"package example.com/m/lease imports example.com/m/drain, which depends on github.com/nats-io/nats.go/jetstream: only drain",
+				"package example.com/m/lease imports example.com/m/drain/jsdrain, which depends on github.com/nats-io/nats.go/jetstream: only drain/jsdrain",
 			},
 		},
 		{

@@ -537,7 +537,7 @@ func TestRulesCatchViolations(t *testing.T) {
 				own("redisstore", "redisstore", "github.com/redis/go-redis/v9"), // allowed
 				own("lease", "lease", mod+"/redisstore"),
 				own("memstore", "memstore", "github.com/redis/go-redis/v9"),
-				own("internal/httpapi", "httpapi", mod+"/redisstore"), // allowed
+				own("internal/overrides", "overrides", mod+"/redisstore"), // allowed
 			},
 			want: []string{
 				"package example.com/m/lease imports example.com/m/redisstore, which depends on github.com/redis/go-redis/v9: only redisstore",

@@ -69,7 +69,7 @@ test-setup: # integration needs of `make test`
 # everything else, alone, one package at a time, instead of beside other
 # packages' tests.
 ALONE := ^(TestPublishedExampleProcesses|TestRealProcesses|TestDemoIngestExample|TestRate)$$
-ALONE_PKGS := ./lease/ ./cmd/sluice/ ./drain/
+ALONE_PKGS := ./lease/ ./cmd/sluice/ ./drain/jsdrain/
 
 test: test-setup ## run every test with the race detector (CI=true: missing tools fail)
 	$(GO) test -race -timeout=20m -skip '$(ALONE)' $(TESTFLAGS) ./...

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/priority"
 )
 
 // BenchmarkAcquireDone measures Acquire + Done on a Limiter with room,
@@ -41,7 +43,7 @@ func BenchmarkAcquireDone(b *testing.B) {
 		now := time.Now()
 		b.ReportAllocs()
 		for b.Loop() {
-			p, _ := g.TryAcquireAt(now, Normal)
+			p, _ := g.TryAcquireAt(now, priority.Normal)
 			p.DoneAt(now)
 		}
 	})

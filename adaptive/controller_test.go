@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/priority"
 )
 
 // TestControllerSteps feeds each controller fixed samples, one window at a
@@ -160,7 +162,7 @@ func TestGradientAgree(t *testing.T) {
 func TestLimitHeldWhenNotBottleneck(t *testing.T) {
 	l, _ := NewLimiter(Options{Max: 12, Initial: 10, MinSamples: 1, Controller: &AIMD{}})
 	for w := range 20 {
-		p, _ := l.TryAcquireAt(at(w*100), Normal) // 1 in flight of 10
+		p, _ := l.TryAcquireAt(at(w*100), priority.Normal) // 1 in flight of 10
 		p.DoneAt(at(w*100 + 50))
 	}
 	if got := l.Limit(); got != 10 {
@@ -169,7 +171,7 @@ func TestLimitHeldWhenNotBottleneck(t *testing.T) {
 	for w := range 20 {
 		var ps []Permit
 		for range 12 {
-			p, r := l.TryAcquireAt(at(2000+w*100), Critical)
+			p, r := l.TryAcquireAt(at(2000+w*100), priority.Critical)
 			if !r.Refused() {
 				ps = append(ps, p)
 			}

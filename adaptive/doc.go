@@ -1,7 +1,7 @@
 // Package adaptive protects a service from overload: an adaptive
 // concurrency limit, SLO-driven shedding by priority, a computed retry
 // hint, and features switched off under load. It depends on the standard
-// library only.
+// library and package priority (itself standard library only) alone.
 //
 // Overload is not quota. A rate limit (package ratelimit) refuses a
 // principal what is over its share; this package refuses work because the
@@ -36,9 +36,9 @@
 // Controller starts once every request let in during the warm-up has
 // ended.
 //
-// Requests have a Priority (carried in the context: WithPriority,
-// PriorityFrom; at the edges the header PriorityHeader and the gRPC key
-// PriorityMetadata). A priority may fill only its share of the limit
+// Requests have a priority.Priority (carried in the context:
+// priority.NewContext, priority.FromContext; at the edges the header
+// priority.Header and the gRPC key priority.Metadata). A priority may fill only its share of the limit
 // (Options.Shares, default 80% for Sheddable rising to 100% for
 // Critical), so the top of the limit is kept for the work that matters; the
 // queue serves the highest priority first, and when full lets a higher

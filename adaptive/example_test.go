@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/priority"
 )
 
 func ExampleGuard() {
@@ -25,16 +26,16 @@ func ExampleGuard() {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	var held []adaptive.Permit
 	for range 8 {
-		p, r := g.TryAcquireAt(now, adaptive.Sheddable)
+		p, r := g.TryAcquireAt(now, priority.Sheddable)
 		if r.Refused() {
 			fmt.Println("refused early:", r)
 			return
 		}
 		held = append(held, p)
 	}
-	_, r := g.TryAcquireAt(now, adaptive.Sheddable)
+	_, r := g.TryAcquireAt(now, priority.Sheddable)
 	fmt.Printf("9th sheddable: %v (overload: %v)\n", r.Reason, errors.Is(r, adaptive.ErrOverloaded))
-	critical, r := g.TryAcquireAt(now, adaptive.Critical)
+	critical, r := g.TryAcquireAt(now, priority.Critical)
 	fmt.Println("critical:", r.Reason)
 	fmt.Println("in flight:", g.Stats().InFlight)
 

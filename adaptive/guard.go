@@ -6,6 +6,8 @@ import (
 	"math"
 	"sync/atomic"
 	"time"
+
+	"github.com/sluicehq/sluice/priority"
 )
 
 // A Feature is a named optional feature that a Guard switches off under
@@ -88,7 +90,7 @@ func (g *Guard) Shedder() *Shedder { return g.s }
 
 // TryAcquireAt admits a request of priority p at now, or refuses it
 // (ReasonShed or ReasonLimit); it never waits and does not allocate.
-func (g *Guard) TryAcquireAt(now time.Time, p Priority) (Permit, Refusal) {
+func (g *Guard) TryAcquireAt(now time.Time, p priority.Priority) (Permit, Refusal) {
 	if g.l == nil {
 		return Permit{}, Refusal{Reason: ReasonLimit, Priority: p, RetryAfter: MaxRetryAfter}
 	}
@@ -113,9 +115,9 @@ func (g *Guard) TryAcquireAt(now time.Time, p Priority) (Permit, Refusal) {
 // Refusal error (ReasonShed from the Shedder, or the Limiter's).
 func (g *Guard) Acquire(ctx context.Context) (Permit, error) {
 	if g.l == nil {
-		return Permit{}, Refusal{Reason: ReasonLimit, Priority: PriorityFrom(ctx), RetryAfter: MaxRetryAfter}
+		return Permit{}, Refusal{Reason: ReasonLimit, Priority: priority.FromContext(ctx), RetryAfter: MaxRetryAfter}
 	}
-	p, d := PriorityFrom(ctx), time.Since(g.l.epoch)
+	p, d := priority.FromContext(ctx), time.Since(g.l.epoch)
 	if g.s != nil {
 		if r := g.s.AllowAt(g.l.epoch.Add(d), p); r.Refused() {
 			return Permit{}, r
@@ -178,7 +180,7 @@ type Stats struct {
 	Shedder ShedderStats
 	// Shed counts every refusal since the start, by priority (Sheddable
 	// first): the Limiter's and the Shedder's.
-	Shed [NumPriorities]uint64
+	Shed [priority.Levels]uint64
 	// Level is the Guard's load level (Guard.Level).
 	Level float64
 	// FeaturesOff is the number of features off.

@@ -7,6 +7,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/sluicehq/sluice/priority"
 )
 
 // The bounds of every RetryAfter a refusal carries.
@@ -17,7 +19,7 @@ const (
 
 // DefaultShares are the fractions of the limit each priority may fill,
 // Sheddable first: see Options.Shares.
-var DefaultShares = [NumPriorities]float64{0.8, 0.85, 0.9, 0.95, 1}
+var DefaultShares = [priority.Levels]float64{0.8, 0.85, 0.9, 0.95, 1}
 
 // Options configure a Limiter. Only Max is required.
 type Options struct {
@@ -62,7 +64,7 @@ type Options struct {
 	// fill: a Sheddable request is refused once 80% of the limit is held
 	// with the defaults, so the last fifth stays for higher priorities.
 	// All zero means DefaultShares.
-	Shares [NumPriorities]float64
+	Shares [priority.Levels]float64
 	// QueueSize bounds the callers that Acquire keeps waiting for a slot
 	// when the limit is reached (default 0: Acquire fails at once).
 	// Waiters are served highest priority first, in arrival order within a
@@ -126,7 +128,7 @@ var ErrOverloaded = errors.New("adaptive: overloaded")
 // by value, so refusing allocates nothing.
 type Refusal struct {
 	Reason     Reason
-	Priority   Priority
+	Priority   priority.Priority
 	RetryAfter time.Duration
 }
 
@@ -161,11 +163,11 @@ type Limiter struct {
 	opt       Options
 	ctrl      Controller
 	limit     float64
-	caps      [NumPriorities]int // see setLimit
+	caps      [priority.Levels]int // see setLimit
 	clock     monoClock
 	held      int
 	queued    int
-	queue     [NumPriorities][]*waiter
+	queue     [priority.Levels][]*waiter
 
 	// The open window.
 	winStart     int64
@@ -182,7 +184,7 @@ type Limiter struct {
 	lastRf int
 	level  float64
 
-	refused [NumPriorities]uint64
+	refused [priority.Levels]uint64
 
 	// warming counts the windows of the warm-up left (see
 	// Options.Initial); draining is set when a warm-up ended with
@@ -257,7 +259,7 @@ func NewLimiter(opt Options) (*Limiter, error) {
 	if !(opt.Quantile > 0 && opt.Quantile <= 1) {
 		return nil, fmt.Errorf("adaptive: Options.Quantile %v must be in (0, 1]", opt.Quantile)
 	}
-	if opt.Shares == ([NumPriorities]float64{}) {
+	if opt.Shares == ([priority.Levels]float64{}) {
 		opt.Shares = DefaultShares
 	}
 	for i, s := range opt.Shares {
@@ -487,11 +489,11 @@ func (l *Limiter) closeWindow(t int64) {
 
 // capFor returns how many permits a request of priority p may find held
 // and still be admitted. Called with l.mu held.
-func (l *Limiter) capFor(p Priority) int {
+func (l *Limiter) capFor(p priority.Priority) int {
 	if !p.Valid() {
-		p = Normal
+		p = priority.Normal
 	}
-	return l.caps[p.index()] // all 0 in the zero Limiter, which admits nothing
+	return l.caps[p.Index()] // all 0 in the zero Limiter, which admits nothing
 }
 
 // setLimit sets the limit and the priorities' caps on it: each its share
@@ -502,7 +504,7 @@ func (l *Limiter) setLimit(limit float64) {
 	for i, sh := range l.opt.Shares {
 		l.caps[i] = max(int(limit*sh), 1)
 	}
-	l.caps[Critical.index()] = max(int(limit), 1)
+	l.caps[priority.Critical.Index()] = max(int(limit), 1)
 }
 
 // take admits one permit at t. Called with l.mu held.
@@ -514,11 +516,11 @@ func (l *Limiter) take(t int64) {
 
 // refuse counts a refusal of p and returns it with its retry hint. Called
 // with l.mu held.
-func (l *Limiter) refuse(r Reason, p Priority) Refusal {
+func (l *Limiter) refuse(r Reason, p priority.Priority) Refusal {
 	if !p.Valid() {
-		p = Normal
+		p = priority.Normal
 	}
-	l.refused[p.index()]++
+	l.refused[p.Index()]++
 	l.refusedInWin++
 	return Refusal{Reason: r, Priority: p, RetryAfter: l.retryAfter()}
 }
@@ -551,7 +553,7 @@ func boundRetry(sec float64) time.Duration {
 // held than p's share of the limit (and nobody of p's priority or higher
 // is queued), and never waits. It returns the Permit and the zero Refusal,
 // or the zero Permit and a Refusal with ReasonLimit. It does not allocate.
-func (l *Limiter) TryAcquireAt(now time.Time, p Priority) (Permit, Refusal) {
+func (l *Limiter) TryAcquireAt(now time.Time, p priority.Priority) (Permit, Refusal) {
 	l.mu.Lock()
 	t := l.clock.advance(now)
 	l.account(t)
@@ -568,14 +570,14 @@ func (l *Limiter) TryAcquireAt(now time.Time, p Priority) (Permit, Refusal) {
 
 // queuedAtOrAbove reports whether a waiter of priority p or higher is
 // queued. Called with l.mu held.
-func (l *Limiter) queuedAtOrAbove(p Priority) bool {
+func (l *Limiter) queuedAtOrAbove(p priority.Priority) bool {
 	if l.queued == 0 {
 		return false
 	}
 	if !p.Valid() {
-		p = Normal
+		p = priority.Normal
 	}
-	for i := p.index(); i < NumPriorities; i++ {
+	for i := p.Index(); i < priority.Levels; i++ {
 		if len(l.queue[i]) > 0 {
 			return true
 		}
@@ -583,7 +585,7 @@ func (l *Limiter) queuedAtOrAbove(p Priority) bool {
 	return false
 }
 
-// Acquire admits a request of the priority ctx carries (PriorityFrom). When
+// Acquire admits a request of the priority ctx carries (priority.FromContext). When
 // the limit is reached it waits in the queue, if Options.QueueSize allows,
 // at most Options.MaxWait and until ctx ends; otherwise it fails at once.
 // It returns a Permit, or an error: a Refusal (ReasonLimit, ReasonQueueFull
@@ -591,13 +593,13 @@ func (l *Limiter) queuedAtOrAbove(p Priority) bool {
 // (nothing is then counted as refused: the caller went away). Admitted at
 // once it does not allocate; waiting allocates the waiter and a timer.
 func (l *Limiter) Acquire(ctx context.Context) (Permit, error) {
-	return l.acquire(ctx, PriorityFrom(ctx), time.Since(l.epoch))
+	return l.acquire(ctx, priority.FromContext(ctx), time.Since(l.epoch))
 }
 
 // acquire is Acquire for priority p at d after l.epoch. It reads the
 // monotonic clock once (time.Since of the epoch, which reads no wall
 // clock), which is most of its cost.
-func (l *Limiter) acquire(ctx context.Context, p Priority, d time.Duration) (Permit, error) {
+func (l *Limiter) acquire(ctx context.Context, p priority.Priority, d time.Duration) (Permit, error) {
 	l.mu.Lock()
 	t := l.advanceMono(d)
 	l.account(t)
@@ -622,9 +624,9 @@ func (l *Limiter) acquire(ctx context.Context, p Priority, d time.Duration) (Per
 		return Permit{}, r
 	}
 	w := &waiter{ready: make(chan struct{})}
-	i := p.index()
+	i := p.Index()
 	if !p.Valid() {
-		i = Normal.index()
+		i = priority.Normal.Index()
 	}
 	l.queue[i] = append(l.queue[i], w)
 	l.queued++
@@ -674,11 +676,11 @@ func (l *Limiter) acquire(ctx context.Context, p Priority, d time.Duration) (Per
 // that arrived last, and reports whether it did: a full queue of
 // sheddable work does not keep out a critical request. Called with l.mu
 // held.
-func (l *Limiter) evictBelow(p Priority) bool {
+func (l *Limiter) evictBelow(p priority.Priority) bool {
 	if !p.Valid() {
-		p = Normal
+		p = priority.Normal
 	}
-	for i := 0; i < p.index(); i++ {
+	for i := 0; i < p.Index(); i++ {
 		q := l.queue[i]
 		if len(q) == 0 {
 			continue
@@ -687,7 +689,7 @@ func (l *Limiter) evictBelow(p Priority) bool {
 		q[len(q)-1] = nil
 		l.queue[i] = q[:len(q)-1]
 		l.queued--
-		w.evicted = l.refuse(ReasonQueueFull, Priority(i)+Sheddable)
+		w.evicted = l.refuse(ReasonQueueFull, priority.Priority(i)+priority.Sheddable)
 		close(w.ready)
 		return true
 	}
@@ -698,11 +700,11 @@ func (l *Limiter) evictBelow(p Priority) bool {
 // priority's share has room. Called with l.mu held.
 func (l *Limiter) grant(t int64) {
 	for l.queued > 0 {
-		i := NumPriorities - 1
+		i := priority.Levels - 1
 		for len(l.queue[i]) == 0 {
 			i--
 		}
-		if l.held >= l.capFor(Priority(i)+Sheddable) {
+		if l.held >= l.capFor(priority.Priority(i)+priority.Sheddable) {
 			return
 		}
 		w := l.queue[i][0]
@@ -731,7 +733,7 @@ type LimiterStats struct {
 	Level float64
 	// Refused counts the requests refused since the start, by priority,
 	// Sheddable first.
-	Refused [NumPriorities]uint64
+	Refused [priority.Levels]uint64
 }
 
 // Stats returns a snapshot of l. It does not allocate.

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/sluicehq/sluice/priority"
 )
 
 var t0 = time.Unix(1_000_000, 0)
@@ -24,7 +26,7 @@ func TestOptionsRefused(t *testing.T) {
 		{Options{Max: 5, Quantile: 1.5}, "Options.Quantile"},
 		{Options{Max: 5, Window: -1}, "Options.Window"},
 		{Options{Max: 5, QueueSize: 3}, "Options.MaxWait"},
-		{Options{Max: 5, Shares: [NumPriorities]float64{1, 0.5, 1, 1, 1}}, "Options.Shares"},
+		{Options{Max: 5, Shares: [priority.Levels]float64{1, 0.5, 1, 1, 1}}, "Options.Shares"},
 		{Options{Max: 5, Controller: &Gradient{Smoothing: 2}}, "Gradient.Smoothing"},
 		{Options{Max: 5, Controller: &AIMD{Backoff: 1}}, "AIMD.Backoff"},
 	} {
@@ -42,15 +44,15 @@ func TestOptionsRefused(t *testing.T) {
 
 func TestZeroValues(t *testing.T) {
 	var l Limiter
-	if _, r := l.TryAcquireAt(at(0), Critical); r.Reason != ReasonLimit {
+	if _, r := l.TryAcquireAt(at(0), priority.Critical); r.Reason != ReasonLimit {
 		t.Errorf("zero Limiter: refusal %+v, want ReasonLimit", r)
 	}
 	var s Shedder
-	if r := s.AllowAt(at(0), Sheddable); r.Refused() {
+	if r := s.AllowAt(at(0), priority.Sheddable); r.Refused() {
 		t.Errorf("zero Shedder refused: %+v", r)
 	}
 	var g Guard
-	if _, r := g.TryAcquireAt(at(0), Critical); !r.Refused() {
+	if _, r := g.TryAcquireAt(at(0), priority.Critical); !r.Refused() {
 		t.Error("zero Guard admitted")
 	}
 	var p Permit
@@ -58,13 +60,13 @@ func TestZeroValues(t *testing.T) {
 }
 
 func TestDoneTwiceDroppedIgnore(t *testing.T) {
-	l, err := NewLimiter(Options{Max: 2, Initial: 2, Shares: [NumPriorities]float64{1, 1, 1, 1, 1}})
+	l, err := NewLimiter(Options{Max: 2, Initial: 2, Shares: [priority.Levels]float64{1, 1, 1, 1, 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, _ := l.TryAcquireAt(at(0), Normal)
-	b, _ := l.TryAcquireAt(at(0), Normal)
-	if _, r := l.TryAcquireAt(at(0), Normal); r.Reason != ReasonLimit {
+	a, _ := l.TryAcquireAt(at(0), priority.Normal)
+	b, _ := l.TryAcquireAt(at(0), priority.Normal)
+	if _, r := l.TryAcquireAt(at(0), priority.Normal); r.Reason != ReasonLimit {
 		t.Fatalf("third permit: %+v, want ReasonLimit", r)
 	}
 	a.DoneAt(at(5))
@@ -73,7 +75,7 @@ func TestDoneTwiceDroppedIgnore(t *testing.T) {
 		t.Fatalf("in flight after Done twice = %d, want 1", st.InFlight)
 	}
 	b.Ignore()
-	c, _ := l.TryAcquireAt(at(7), Normal)
+	c, _ := l.TryAcquireAt(at(7), priority.Normal)
 	c.DroppedAt(at(8))
 	l.mu.Lock()
 	done, drops, n := l.done, l.drops, l.hist.n
@@ -85,7 +87,7 @@ func TestDoneTwiceDroppedIgnore(t *testing.T) {
 
 func TestRefusalError(t *testing.T) {
 	l, _ := NewLimiter(Options{Max: 1, Initial: 1})
-	ctx := WithPriority(context.Background(), Low)
+	ctx := priority.NewContext(context.Background(), priority.Low)
 	p, err := l.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -93,7 +95,7 @@ func TestRefusalError(t *testing.T) {
 	defer p.Ignore()
 	_, err = l.Acquire(ctx)
 	var r Refusal
-	if !errors.Is(err, ErrOverloaded) || !errors.As(err, &r) || r.Priority != Low || r.RetryAfter < MinRetryAfter || r.RetryAfter > MaxRetryAfter {
+	if !errors.Is(err, ErrOverloaded) || !errors.As(err, &r) || r.Priority != priority.Low || r.RetryAfter < MinRetryAfter || r.RetryAfter > MaxRetryAfter {
 		t.Errorf("err = %v (%+v), want a Refusal of a low request with a bounded RetryAfter", err, r)
 	}
 }
@@ -104,7 +106,7 @@ func TestRetryAfterComputed(t *testing.T) {
 	hint := func(extra int) time.Duration {
 		var ps []Permit
 		for len(ps) < 10 {
-			p, r := l.TryAcquireAt(at(0), Critical)
+			p, r := l.TryAcquireAt(at(0), priority.Critical)
 			if r.Refused() {
 				break
 			}
@@ -112,7 +114,7 @@ func TestRetryAfterComputed(t *testing.T) {
 		}
 		var r Refusal
 		for range extra {
-			_, r = l.TryAcquireAt(at(0), Critical)
+			_, r = l.TryAcquireAt(at(0), priority.Critical)
 		}
 		for i := range ps {
 			ps[i].DoneAt(at(100))
@@ -137,7 +139,7 @@ func TestAcquireDoneClock(t *testing.T) {
 		for _, startAt := range []bool{false, true} {
 			l, _ := NewLimiter(Options{Max: 10, Initial: 10, MinSamples: 1, Window: 100 * time.Millisecond, Quantile: 1})
 			if startAt {
-				p, _ := l.TryAcquireAt(time.Now().Add(-time.Hour), Normal)
+				p, _ := l.TryAcquireAt(time.Now().Add(-time.Hour), priority.Normal)
 				p.Ignore()
 			}
 			p, err := l.Acquire(ctx)
@@ -194,7 +196,7 @@ func TestQueue(t *testing.T) {
 		// Granted when the holder ends.
 		got := make(chan Permit)
 		go func() {
-			p, err := l.Acquire(WithPriority(context.Background(), Critical))
+			p, err := l.Acquire(priority.NewContext(context.Background(), priority.Critical))
 			if err != nil {
 				t.Error(err)
 			}
@@ -264,39 +266,39 @@ func TestQueueEvictsLowerPriority(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		held, _ := l.Acquire(WithPriority(context.Background(), Critical))
+		held, _ := l.Acquire(priority.NewContext(context.Background(), priority.Critical))
 		type result struct {
 			name string
 			p    Permit
 			err  error
 		}
 		res := make(chan result, 4)
-		wait := func(name string, p Priority) {
+		wait := func(name string, p priority.Priority) {
 			go func() {
-				pm, err := l.Acquire(WithPriority(context.Background(), p))
+				pm, err := l.Acquire(priority.NewContext(context.Background(), p))
 				res <- result{name, pm, err}
 			}()
 			synctest.Wait()
 		}
-		wait("sheddable-1", Sheddable)
-		wait("sheddable-2", Sheddable)
+		wait("sheddable-1", priority.Sheddable)
+		wait("sheddable-2", priority.Sheddable)
 		// Full of sheddable work: another sheddable request is refused.
-		if _, err := l.Acquire(WithPriority(context.Background(), Sheddable)); !errors.Is(err, ErrOverloaded) {
+		if _, err := l.Acquire(priority.NewContext(context.Background(), priority.Sheddable)); !errors.Is(err, ErrOverloaded) {
 			t.Fatalf("sheddable newcomer with the queue full: %v, want a refusal", err)
 		}
 		// A critical one takes the place of the last sheddable waiter.
-		wait("critical", Critical)
+		wait("critical", priority.Critical)
 		var r Refusal
 		select {
 		case got := <-res:
-			if got.name != "sheddable-2" || !errors.As(got.err, &r) || r.Reason != ReasonQueueFull || r.Priority != Sheddable || r.RetryAfter <= 0 {
+			if got.name != "sheddable-2" || !errors.As(got.err, &r) || r.Reason != ReasonQueueFull || r.Priority != priority.Sheddable || r.RetryAfter <= 0 {
 				t.Errorf("evicted %s with %v, want sheddable-2 refused with ReasonQueueFull and a retry hint", got.name, got.err)
 			}
 		default:
 			t.Fatal("nobody was evicted for the critical request")
 		}
-		if st := l.Stats(); st.Queued != 2 || st.Refused[Sheddable.index()] != 2 {
-			t.Errorf("after the eviction: %d queued, %d sheddable refused; want 2 and 2", st.Queued, st.Refused[Sheddable.index()])
+		if st := l.Stats(); st.Queued != 2 || st.Refused[priority.Sheddable.Index()] != 2 {
+			t.Errorf("after the eviction: %d queued, %d sheddable refused; want 2 and 2", st.Queued, st.Refused[priority.Sheddable.Index()])
 		}
 		// The critical request is served first, then the sheddable one.
 		held.Done()

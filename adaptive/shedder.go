@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/sluicehq/sluice/priority"
 )
 
 // An Objective is a latency service-level objective: the Quantile of
@@ -60,20 +62,20 @@ type Shedder struct {
 
 	start   int64
 	hist    histogram
-	arrived [NumPriorities]float64
+	arrived [priority.Levels]float64
 	over    int // overload signals (limiter refusals) in the interval
 	passed  int // requests let through in the interval
 	shedN   int // requests shed in the interval
 
-	share    [NumPriorities]float64 // smoothed share of arrivals
-	fraction float64                // of all arrivals to shed
-	prob     [NumPriorities]float64 // of shedding one request, by priority
-	capacity float64                // the latency term's estimate, per second; 0: none
+	share    [priority.Levels]float64 // smoothed share of arrivals
+	fraction float64                  // of all arrivals to shed
+	prob     [priority.Levels]float64 // of shedding one request, by priority
+	capacity float64                  // the latency term's estimate, per second; 0: none
 	quantile time.Duration
 	through  float64 // observations per second, latest interval
 	lastShed int
 
-	shed [NumPriorities]uint64
+	shed [priority.Levels]uint64
 }
 
 // NewShedder returns a Shedder with the given options, or an error naming
@@ -165,11 +167,11 @@ const drainShare = 0.05
 // AllowAt decides at now whether to let a request of priority p through.
 // It returns the zero Refusal, or a Refusal with ReasonShed and its retry
 // hint. It does not allocate.
-func (s *Shedder) AllowAt(now time.Time, p Priority) Refusal {
+func (s *Shedder) AllowAt(now time.Time, p priority.Priority) Refusal {
 	if !p.Valid() {
-		p = Normal
+		p = priority.Normal
 	}
-	i := p.index()
+	i := p.Index()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.opt.Float64 == nil {
@@ -308,7 +310,7 @@ func (s *Shedder) maybeClose(t int64) {
 	}
 	s.start = t
 	s.hist.reset()
-	s.arrived = [NumPriorities]float64{}
+	s.arrived = [priority.Levels]float64{}
 	s.over, s.passed, s.shedN = 0, 0, 0
 }
 
@@ -320,9 +322,9 @@ type ShedderStats struct {
 	// Probability the chance of shedding a request of each priority,
 	// Sheddable first.
 	Fraction    float64
-	Probability [NumPriorities]float64
+	Probability [priority.Levels]float64
 	// Shed counts the requests shed since the start, by priority.
-	Shed [NumPriorities]uint64
+	Shed [priority.Levels]uint64
 }
 
 // Stats returns a snapshot of s. It does not allocate.

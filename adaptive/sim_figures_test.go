@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/priority"
 )
 
 // The simulated server: 20 workers, lognormal service times with mean
@@ -50,7 +52,7 @@ func baseSim(load func(time.Duration) float64, g *Guard) simConfig {
 		duration: 10 * time.Second, load: load, seed: 1,
 	}
 	if g != nil {
-		c.admit = func(now time.Time, p Priority) (Permit, bool) {
+		c.admit = func(now time.Time, p priority.Priority) (Permit, bool) {
 			pm, r := g.TryAcquireAt(now, p)
 			return pm, !r.Refused()
 		}
@@ -146,19 +148,19 @@ func TestSimPriorities(t *testing.T) {
 	for _, m := range mixes {
 		g := simGuard(t, 3, nil)
 		cfg := baseSim(constLoad(3), g)
-		cfg.mix = func(r *rand.Rand) Priority {
+		cfg.mix = func(r *rand.Rand) priority.Priority {
 			switch x := r.Float64(); {
 			case x < m.critical:
-				return Critical
+				return priority.Critical
 			case x < m.critical+m.normal:
-				return Normal
+				return priority.Normal
 			}
-			return Sheddable
+			return priority.Sheddable
 		}
 		r := runSim(cfg)
-		crit, norm, shed := r.successRatio(Critical.index(), 3, 10), r.successRatio(Normal.index(), 3, 10), r.successRatio(Sheddable.index(), 3, 10)
+		crit, norm, shed := r.successRatio(priority.Critical.Index(), 3, 10), r.successRatio(priority.Normal.Index(), 3, 10), r.successRatio(priority.Sheddable.Index(), 3, 10)
 		t.Logf("3× load, %s: success critical %.4f, normal %.3f, sheddable %.3f; refused critical %.4f normal %.3f sheddable %.3f; goodput %.3f",
-			m.name, crit, norm, shed, r.refusedRatio(Critical.index(), 3, 10), r.refusedRatio(Normal.index(), 3, 10), r.refusedRatio(Sheddable.index(), 3, 10), r.goodput(3, 10))
+			m.name, crit, norm, shed, r.refusedRatio(priority.Critical.Index(), 3, 10), r.refusedRatio(priority.Normal.Index(), 3, 10), r.refusedRatio(priority.Sheddable.Index(), 3, 10), r.goodput(3, 10))
 		if m.name == "critical 20% of capacity" && crit < 0.99 {
 			t.Errorf("%s: %.4f of critical requests succeeded, want >= 0.99", m.name, crit)
 		}

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/priority"
 )
 
 // The simulator: a server with a fixed number of workers and a FIFO queue
@@ -29,10 +31,10 @@ type simConfig struct {
 	// slow returns the service-time multiplier at t (nil: 1).
 	slow func(t time.Duration) float64
 	// mix draws a request's priority (nil: Normal).
-	mix  func(r *rand.Rand) Priority
+	mix  func(r *rand.Rand) priority.Priority
 	seed uint64
 	// admit decides a request at now; nil admits everything.
-	admit func(now time.Time, p Priority) (Permit, bool)
+	admit func(now time.Time, p priority.Priority) (Permit, bool)
 	// probe is called every 50ms of simulated time.
 	probe func(t time.Duration)
 }
@@ -41,7 +43,7 @@ func (c simConfig) capacity() float64 { return float64(c.workers) / c.service.Se
 
 type simReq struct {
 	arrive   int64
-	pri      Priority
+	pri      priority.Priority
 	permit   Permit
 	admitted bool
 	gaveUp   bool
@@ -83,9 +85,9 @@ func (h *eventHeap) Pop() any {
 // admitted requests (a request given up counts with its deadline).
 type simResult struct {
 	cfg     simConfig
-	offered [][NumPriorities]int
-	refused [][NumPriorities]int
-	good    [][NumPriorities]int // completed within the deadline
+	offered [][priority.Levels]int
+	refused [][priority.Levels]int
+	good    [][priority.Levels]int // completed within the deadline
 	lat     []simLat
 }
 
@@ -100,9 +102,9 @@ func runSim(c simConfig) *simResult {
 	rng := rand.New(rand.NewPCG(c.seed, 0x5eed))
 	secs := int(c.duration / time.Second)
 	res := &simResult{cfg: c,
-		offered: make([][NumPriorities]int, secs+1),
-		refused: make([][NumPriorities]int, secs+1),
-		good:    make([][NumPriorities]int, secs+1),
+		offered: make([][priority.Levels]int, secs+1),
+		refused: make([][priority.Levels]int, secs+1),
+		good:    make([][priority.Levels]int, secs+1),
 	}
 	mu := math.Log(c.service.Seconds()) - c.sigma*c.sigma/2
 	var reqs []simReq
@@ -140,18 +142,18 @@ func runSim(c simConfig) *simResult {
 			heap.Push(&h, simEvent{at: e.at + int64(50*time.Millisecond), kind: evProbe})
 		case evArrive:
 			heap.Push(&h, simEvent{at: e.at + interarrival(e.at), kind: evArrive})
-			p := Normal
+			p := priority.Normal
 			if c.mix != nil {
 				p = c.mix(rng)
 			}
 			id := len(reqs)
 			reqs = append(reqs, simReq{arrive: e.at, pri: p})
-			res.offered[sec][p.index()]++
+			res.offered[sec][p.Index()]++
 			r := &reqs[id]
 			if c.admit != nil {
 				pm, ok := c.admit(now, p)
 				if !ok {
-					res.refused[sec][p.index()]++
+					res.refused[sec][p.Index()]++
 					continue
 				}
 				r.permit = pm
@@ -176,7 +178,7 @@ func runSim(c simConfig) *simResult {
 			r.finished = true
 			if !r.gaveUp {
 				r.permit.DoneAt(now)
-				res.good[sec][r.pri.index()]++
+				res.good[sec][r.pri.Index()]++
 				res.lat = append(res.lat, simLat{r.arrive, time.Duration(e.at - r.arrive)})
 			}
 			if len(queue) > 0 {
@@ -189,7 +191,7 @@ func runSim(c simConfig) *simResult {
 	return res
 }
 
-func sumP(a [NumPriorities]int) int {
+func sumP(a [priority.Levels]int) int {
 	n := 0
 	for _, x := range a {
 		n += x
@@ -280,7 +282,7 @@ func (r *simResult) rejectionCV(from, to int) float64 {
 
 // staticGuard returns an admit function for a Guard like simGuard's
 // whose limit is fixed at n.
-func staticGuard(t testing.TB, n int) func(time.Time, Priority) (Permit, bool) {
+func staticGuard(t testing.TB, n int) func(time.Time, priority.Priority) (Permit, bool) {
 	rng := rand.New(rand.NewPCG(4, 7))
 	g, err := NewGuard(GuardOptions{
 		Limiter: Options{Max: n, Min: n, Initial: n},
@@ -289,7 +291,7 @@ func staticGuard(t testing.TB, n int) func(time.Time, Priority) (Permit, bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return func(now time.Time, p Priority) (Permit, bool) {
+	return func(now time.Time, p priority.Priority) (Permit, bool) {
 		pm, r := g.TryAcquireAt(now, p)
 		return pm, !r.Refused()
 	}
@@ -309,7 +311,7 @@ func staticGuard(t testing.TB, n int) func(time.Time, Priority) (Permit, bool) {
 // p90 measured moved the answer by two either way.
 func bestLimit(t testing.TB, slow, tol float64) (best int, good, bestGood float64, p99 time.Duration) {
 	const secs = 40
-	run := func(admit func(time.Time, Priority) (Permit, bool), load float64) *simResult {
+	run := func(admit func(time.Time, priority.Priority) (Permit, bool), load float64) *simResult {
 		c := baseSim(constLoad(load), nil)
 		c.duration = secs * time.Second
 		c.slow = func(time.Duration) float64 { return slow }
@@ -485,14 +487,14 @@ func TestSimSlowDependency(t *testing.T) {
 		}
 		return 1
 	}
-	cfg.mix = func(r *rand.Rand) Priority {
+	cfg.mix = func(r *rand.Rand) priority.Priority {
 		switch x := r.Float64(); {
 		case x < 0.2:
-			return Critical
+			return priority.Critical
 		case x < 0.5:
-			return Normal
+			return priority.Normal
 		}
-		return Sheddable
+		return priority.Sheddable
 	}
 	var fraction []float64 // every 50ms
 	cfg.probe = func(time.Duration) { fraction = append(fraction, g.Shedder().Stats().Fraction) }
@@ -504,11 +506,11 @@ func TestSimSlowDependency(t *testing.T) {
 	}
 	p99 := r.quantile(0.99, 15, 30)
 	ref := r.refusedRatio(-1, 15, 30)
-	crit, norm, shed := r.refusedRatio(Critical.index(), 15, 30), r.refusedRatio(Normal.index(), 15, 30), r.refusedRatio(Sheddable.index(), 15, 30)
+	crit, norm, shed := r.refusedRatio(priority.Critical.Index(), 15, 30), r.refusedRatio(priority.Normal.Index(), 15, 30), r.refusedRatio(priority.Sheddable.Index(), 15, 30)
 	t.Logf("slow dependency: shed fraction at 10s %.2f, 11s %.2f, 12s %.2f, peak %.2f, at 45s %.2f; 15–30s: p99 %v, refused %.3f (critical %.3f, normal %.3f, sheddable %.3f), critical success %.3f, goodput %.3f; refused 33–45s %.3f; limiter refusals %v",
 		at(10*time.Second), at(11*time.Second), at(12*time.Second), peak, fraction[len(fraction)-1], p99.Round(time.Millisecond), ref, crit, norm, shed,
-		r.successRatio(Critical.index(), 15, 30), r.goodput(15, 30), r.refusedRatio(-1, 33, 45), g.Limiter().Stats().Refused)
-	if lr := g.Limiter().Stats().Refused; lr != ([NumPriorities]uint64{}) {
+		r.successRatio(priority.Critical.Index(), 15, 30), r.goodput(15, 30), r.refusedRatio(-1, 33, 45), g.Limiter().Stats().Refused)
+	if lr := g.Limiter().Stats().Refused; lr != ([priority.Levels]uint64{}) {
 		t.Errorf("the limiter refused %v: the scenario wants it not to be the bottleneck", lr)
 	}
 	if b := r.refusedRatio(-1, 0, 10); b != 0 {
@@ -521,9 +523,9 @@ func TestSimSlowDependency(t *testing.T) {
 	if ref < 1.0/3 || ref > 0.6 {
 		t.Errorf("refused %.3f of requests while slow, want between 1/3 (what the dependency cannot serve) and 0.6", ref)
 	}
-	if !(shed > norm && norm >= crit) || r.successRatio(Critical.index(), 15, 30) < 0.99 {
+	if !(shed > norm && norm >= crit) || r.successRatio(priority.Critical.Index(), 15, 30) < 0.99 {
 		t.Errorf("refused sheddable %.3f, normal %.3f, critical %.3f (critical success %.3f): want the lowest priority first and >= 99%% of critical served",
-			shed, norm, crit, r.successRatio(Critical.index(), 15, 30))
+			shed, norm, crit, r.successRatio(priority.Critical.Index(), 15, 30))
 	}
 	if p99 > simObj {
 		t.Errorf("p99 %v while slow, once converged, above the objective %v", p99, simObj)

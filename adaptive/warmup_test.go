@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/priority"
 )
 
 // TestSimREADMEGuardHealthyStart: a Guard configured exactly as docs/library.md
@@ -26,7 +28,7 @@ func TestSimREADMEGuardHealthyStart(t *testing.T) {
 	}
 	c := simConfig{workers: 200, service: 50 * time.Millisecond, sigma: 0.3, deadline: time.Second,
 		duration: 10 * time.Second, load: constLoad(0.5), seed: 11}
-	c.admit = func(now time.Time, p Priority) (Permit, bool) {
+	c.admit = func(now time.Time, p priority.Priority) (Permit, bool) {
 		pm, r := g.TryAcquireAt(now, p)
 		return pm, !r.Refused()
 	}
@@ -59,13 +61,13 @@ func TestWarmUpOverloadedFromStart(t *testing.T) {
 	now := simEpoch
 	var held []Permit
 	for range 100 {
-		p, r := l.TryAcquireAt(now, Critical)
+		p, r := l.TryAcquireAt(now, priority.Critical)
 		if r.Refused() {
 			t.Fatalf("refused %v below Max", r)
 		}
 		held = append(held, p)
 	}
-	if _, r := l.TryAcquireAt(now, Critical); !r.Refused() {
+	if _, r := l.TryAcquireAt(now, priority.Critical); !r.Refused() {
 		t.Fatal("admitted above Max")
 	}
 	now = now.Add(2 * time.Millisecond)
@@ -97,7 +99,7 @@ func TestWarmUpOverloadedFromStart(t *testing.T) {
 		t.Errorf("the Controller was fed %d windows in which permits let in during the warm-up ended, want none", rec.n)
 	}
 	now = now.Add(2 * time.Millisecond)
-	if p, r := l.TryAcquireAt(now, Critical); !r.Refused() {
+	if p, r := l.TryAcquireAt(now, priority.Critical); !r.Refused() {
 		now = now.Add(2 * time.Millisecond)
 		p.DoneAt(now)
 	}

@@ -1,8 +1,9 @@
 // Package drain drains durable queues only as fast as the downstream's
 // capacity allows.
 //
-// A Drainer takes messages from one or more Sources (durable queues; a
-// JetStream pull consumer is the one provided) and hands each to a Sink
+// A Drainer takes messages from one or more Sources (durable queues; the
+// one provided, a JetStream pull consumer, is in package drain/jsdrain, so
+// that drain itself links no queue's client) and hands each to a Sink
 // (an HTTP call, say: HTTPSink), releasing them no faster than a Limiter
 // grants — a ratelimit.Limiter, a lease Holder's limiter whose rate
 // follows the capacity this process holds among many, or a
@@ -50,7 +51,7 @@
 //
 // # Priorities and tenants
 //
-// Each Source has a priority (adaptive.Priority; one JetStream consumer
+// Each Source has a priority (priority.Priority; one JetStream consumer
 // per priority, on its own subject). The drainer releases the highest
 // priority that has messages waiting, with one anti-starvation rule: a
 // priority that has messages waiting is passed over at most

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/priority"
 	"github.com/sluicehq/sluice/retry"
 )
 
@@ -97,7 +97,7 @@ func Throttle(after time.Duration, err error) error {
 // An Input is a Source with the priority of its messages.
 type Input struct {
 	Source   Source
-	Priority adaptive.Priority
+	Priority priority.Priority
 }
 
 // Defaults of Config.
@@ -300,7 +300,7 @@ func New(cfg Config) (*Drainer, error) {
 	if err != nil {
 		return nil, err
 	}
-	prios := make([]adaptive.Priority, len(cfg.Inputs))
+	prios := make([]priority.Priority, len(cfg.Inputs))
 	for i, in := range cfg.Inputs {
 		prios[i] = in.Priority
 	}

@@ -15,6 +15,11 @@ import (
 // message's key.
 const IdempotencyKeyHeader = "Idempotency-Key"
 
+// HeaderTenant is the header field that carries a message's tenant:
+// HTTPSink sends it, and the JetStream Source (package drain/jsdrain)
+// reads it from a queued message, where its Publish puts it.
+const HeaderTenant = "Sluice-Tenant"
+
 // HTTPSink sends each message's data as the body of a request to URL,
 // with the message's key in the Idempotency-Key header field and its
 // tenant in Sluice-Tenant. A 2xx answer is a success; 429 and 503 are

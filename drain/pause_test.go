@@ -118,3 +118,21 @@ func TestOneThrottledAnswerOnePause(t *testing.T) {
 		t.Errorf("the second request came %v after the 429, want at least the %v asked", gap, hint)
 	}
 }
+
+// run runs d until the returned stop is called; stop waits for Run.
+func run(t testing.TB, d *drain.Drainer) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- d.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-errc; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}

@@ -4,7 +4,7 @@ import (
 	"cmp"
 	"slices"
 
-	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/priority"
 )
 
 // scheduler orders the messages taken and not yet released: by priority,
@@ -19,7 +19,7 @@ type scheduler struct {
 
 // level holds one priority's waiting messages, by tenant.
 type level struct {
-	prio    adaptive.Priority
+	prio    priority.Priority
 	skipped int              // releases in a row that passed it over while it waited
 	turns   []string         // tenants with messages, in turn order
 	queues  map[string]*fifo // by tenant
@@ -56,9 +56,9 @@ func (q *fifo) pop() taken {
 func (q *fifo) len() int { return len(q.items) - q.head }
 
 // newScheduler returns a scheduler for Inputs of priorities prios.
-func newScheduler(prios []adaptive.Priority, limit int) scheduler {
+func newScheduler(prios []priority.Priority, limit int) scheduler {
 	s := scheduler{limit: limit, ofInput: make([]*level, len(prios))}
-	byPrio := make(map[adaptive.Priority]*level)
+	byPrio := make(map[priority.Priority]*level)
 	for i, p := range prios {
 		l := byPrio[p]
 		if l == nil {

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/priority"
 )
 
 type fakeMsg struct {
@@ -17,7 +17,7 @@ type fakeMsg struct {
 // is passed over exactly StarvationLimit times in a row, then released.
 func TestSchedulerStarvation(t *testing.T) {
 	const limit = 4
-	s := newScheduler([]adaptive.Priority{adaptive.Low, adaptive.High}, limit)
+	s := newScheduler([]priority.Priority{priority.Low, priority.High}, limit)
 	for i := range 100 {
 		s.push(0, "", taken{msg: fakeMsg{key: fmt.Sprint("low", i)}, input: 0})
 		s.push(1, "", taken{msg: fakeMsg{key: fmt.Sprint("high", i)}, input: 1})
@@ -50,7 +50,7 @@ func TestSchedulerStarvation(t *testing.T) {
 // waiting level, the highest due level first.
 func TestSchedulerThreeLevels(t *testing.T) {
 	const limit = 3
-	s := newScheduler([]adaptive.Priority{adaptive.Sheddable, adaptive.Normal, adaptive.Critical}, limit)
+	s := newScheduler([]priority.Priority{priority.Sheddable, priority.Normal, priority.Critical}, limit)
 	for i := range 200 {
 		for in := range 3 {
 			s.push(in, "", taken{msg: fakeMsg{key: fmt.Sprint(in, i)}, input: in})
@@ -75,7 +75,7 @@ func TestSchedulerThreeLevels(t *testing.T) {
 // TestSchedulerTenants: within a priority, tenants take turns whatever
 // their backlogs.
 func TestSchedulerTenants(t *testing.T) {
-	s := newScheduler([]adaptive.Priority{adaptive.Normal}, 16)
+	s := newScheduler([]priority.Priority{priority.Normal}, 16)
 	for i := range 90 {
 		s.push(0, "big", taken{msg: fakeMsg{key: fmt.Sprint("big", i)}})
 	}

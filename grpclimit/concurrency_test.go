@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/grpclimit"
+	"github.com/sluicehq/sluice/priority"
 )
 
 // TestClientConcurrency: against a real server on loopback answering
@@ -42,7 +43,7 @@ func TestClientConcurrency(t *testing.T) {
 	// Hold every slot the limit has: a call then finds none.
 	var held []adaptive.Permit
 	for {
-		pm, r := l.TryAcquireAt(time.Now(), adaptive.Critical)
+		pm, r := l.TryAcquireAt(time.Now(), priority.Critical)
 		if r.Refused() {
 			break
 		}
@@ -83,7 +84,7 @@ func TestClientConcurrencyRefusalIsNoAccept(t *testing.T) {
 	if st := th.Stats(); st.TotalRequests != 1 || st.TotalAccepts != 1 {
 		t.Fatalf("after one call answered: %+v, want 1 request and 1 accept", st)
 	}
-	pm, r := l.TryAcquireAt(time.Now(), adaptive.Critical)
+	pm, r := l.TryAcquireAt(time.Now(), priority.Critical)
 	if r.Refused() {
 		t.Fatal("the one slot is taken")
 	}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/priority"
 )
 
 // ProtectOptions configure ProtectUnary and ProtectStream. The zero value
@@ -19,11 +20,11 @@ import (
 type ProtectOptions struct {
 	// Priority, if set, returns a call's priority, replacing the metadata
 	// (MaxPriority does not apply to it; an invalid one is Normal).
-	Priority func(ctx context.Context, fullMethod string) adaptive.Priority
+	Priority func(ctx context.Context, fullMethod string) priority.Priority
 	// MaxPriority is the highest priority the sluice-priority metadata may
 	// claim; a higher claim is lowered to it. The zero value is Normal, so
 	// an untrusted caller cannot raise its own priority.
-	MaxPriority adaptive.Priority
+	MaxPriority priority.Priority
 	// Skip, if set, reports the methods ("/package.Service/Method") that
 	// are not guarded, such as health checks and reflection.
 	Skip func(fullMethod string) bool
@@ -33,7 +34,7 @@ type ProtectOptions struct {
 // with g, an adaptive.Guard, as httplimit.Protect does HTTP requests.
 //
 // A call's priority is the first value of the sluice-priority metadata
-// (adaptive.PriorityMetadata), lowered to opt.MaxPriority, or opt.Priority's;
+// (priority.Metadata), lowered to opt.MaxPriority, or opt.Priority's;
 // a missing or invalid value is Normal. It is put in the call's context,
 // where the client interceptors find it and pass it on.
 //
@@ -113,7 +114,7 @@ func (s *priorityStream) Context() context.Context { return s.ctx }
 // returning the status error that refuses the call.
 func admitCall(ctx context.Context, g *adaptive.Guard, opt *ProtectOptions, method string) (context.Context, adaptive.Permit, error) {
 	if p, ok := callPriority(ctx, opt, method); ok {
-		ctx = adaptive.WithPriority(ctx, p)
+		ctx = priority.NewContext(ctx, p)
 	}
 	pm, err := g.Acquire(ctx)
 	if err == nil {
@@ -127,15 +128,15 @@ func admitCall(ctx context.Context, g *adaptive.Guard, opt *ProtectOptions, meth
 }
 
 // callPriority returns the call's priority and whether it is set.
-func callPriority(ctx context.Context, opt *ProtectOptions, method string) (adaptive.Priority, bool) {
+func callPriority(ctx context.Context, opt *ProtectOptions, method string) (priority.Priority, bool) {
 	if opt.Priority != nil {
 		p := opt.Priority(ctx, method)
 		if !p.Valid() {
-			p = adaptive.Normal
+			p = priority.Normal
 		}
 		return p, true
 	}
-	return adaptive.TrustedPriority(metadata.ValueFromIncomingContext(ctx, adaptive.PriorityMetadata), opt.MaxPriority)
+	return priority.Trusted(metadata.ValueFromIncomingContext(ctx, priority.Metadata), opt.MaxPriority)
 }
 
 // endPermit ends a unary call's permit by its outcome, on the server
@@ -184,12 +185,12 @@ func overloadedOutcome(ctx context.Context, err error) bool {
 // the priority ctx carries, when it carries one other than Normal (what a
 // server assumes without the metadata) and the outgoing metadata has none.
 func withOutgoingPriority(ctx context.Context) context.Context {
-	p := adaptive.PriorityFrom(ctx)
-	if p == adaptive.Normal {
+	p := priority.FromContext(ctx)
+	if p == priority.Normal {
 		return ctx
 	}
-	if md, ok := metadata.FromOutgoingContext(ctx); ok && len(md.Get(adaptive.PriorityMetadata)) > 0 {
+	if md, ok := metadata.FromOutgoingContext(ctx); ok && len(md.Get(priority.Metadata)) > 0 {
 		return ctx
 	}
-	return metadata.AppendToOutgoingContext(ctx, adaptive.PriorityMetadata, p.String())
+	return metadata.AppendToOutgoingContext(ctx, priority.Metadata, p.String())
 }

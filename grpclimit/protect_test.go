@@ -18,6 +18,7 @@ import (
 
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/grpclimit"
+	"github.com/sluicehq/sluice/priority"
 )
 
 // recorder is an adaptive.Controller that keeps the limit and records each
@@ -62,7 +63,7 @@ func fixedGuard(t *testing.T, n int) (*adaptive.Guard, *recorder) {
 // metadata of each call.
 type behaving struct {
 	healthpb.UnimplementedHealthServer
-	prio     chan adaptive.Priority
+	prio     chan priority.Priority
 	metadata chan string
 	entered  chan struct{}
 	returned chan struct{} // the interceptors have returned
@@ -71,12 +72,12 @@ type behaving struct {
 }
 
 func newBehaving() *behaving {
-	return &behaving{prio: make(chan adaptive.Priority, 16), metadata: make(chan string, 16), entered: make(chan struct{}, 16), returned: make(chan struct{}, 64)}
+	return &behaving{prio: make(chan priority.Priority, 16), metadata: make(chan string, 16), entered: make(chan struct{}, 16), returned: make(chan struct{}, 64)}
 }
 
 func (b *behaving) act(ctx context.Context, name string) error {
-	b.prio <- adaptive.PriorityFrom(ctx)
-	b.metadata <- strings.Join(metadata.ValueFromIncomingContext(ctx, adaptive.PriorityMetadata), ",")
+	b.prio <- priority.FromContext(ctx)
+	b.metadata <- strings.Join(metadata.ValueFromIncomingContext(ctx, priority.Metadata), ",")
 	if b.next != nil {
 		_, err := b.next.Check(ctx, &healthpb.HealthCheckRequest{})
 		return err
@@ -194,7 +195,7 @@ func withMetadata(ctx context.Context, v string) context.Context {
 	if v == "" {
 		return ctx
 	}
-	return metadata.AppendToOutgoingContext(ctx, adaptive.PriorityMetadata, v)
+	return metadata.AppendToOutgoingContext(ctx, priority.Metadata, v)
 }
 
 // TestProtectPriorityFromMetadata: the metadata's priority, lowered to
@@ -205,14 +206,14 @@ func TestProtectPriorityFromMetadata(t *testing.T) {
 		name string
 		opt  grpclimit.ProtectOptions
 		md   string
-		want adaptive.Priority
+		want priority.Priority
 	}{
-		{"none", grpclimit.ProtectOptions{}, "", adaptive.Normal},
-		{"sheddable", grpclimit.ProtectOptions{}, "Sheddable", adaptive.Sheddable},
-		{"invalid", grpclimit.ProtectOptions{}, "9", adaptive.Normal},
-		{"critical untrusted", grpclimit.ProtectOptions{}, "critical", adaptive.Normal},
-		{"critical trusted", grpclimit.ProtectOptions{MaxPriority: adaptive.Critical}, "critical", adaptive.Critical},
-		{"hook", grpclimit.ProtectOptions{Priority: func(context.Context, string) adaptive.Priority { return adaptive.High }}, "low", adaptive.High},
+		{"none", grpclimit.ProtectOptions{}, "", priority.Normal},
+		{"sheddable", grpclimit.ProtectOptions{}, "Sheddable", priority.Sheddable},
+		{"invalid", grpclimit.ProtectOptions{}, "9", priority.Normal},
+		{"critical untrusted", grpclimit.ProtectOptions{}, "critical", priority.Normal},
+		{"critical trusted", grpclimit.ProtectOptions{MaxPriority: priority.Critical}, "critical", priority.Critical},
+		{"hook", grpclimit.ProtectOptions{Priority: func(context.Context, string) priority.Priority { return priority.High }}, "low", priority.High},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -226,7 +227,7 @@ func TestProtectPriorityFromMetadata(t *testing.T) {
 			if got := <-svc.prio; got != c.want {
 				t.Errorf("the handler's priority = %v, want %v", got, c.want)
 			}
-			held, rf := g.TryAcquireAt(time.Now(), adaptive.Critical)
+			held, rf := g.TryAcquireAt(time.Now(), priority.Critical)
 			if rf.Refused() {
 				t.Fatal(rf)
 			}
@@ -236,7 +237,7 @@ func TestProtectPriorityFromMetadata(t *testing.T) {
 				t.Fatalf("with the limit held: %v, want UNAVAILABLE", err)
 			}
 			shed := g.Stats().Shed
-			if shed[c.want-adaptive.Sheddable] != 1 {
+			if shed[c.want-priority.Sheddable] != 1 {
 				t.Errorf("Stats.Shed = %v: want the refusal counted under %v", shed, c.want)
 			}
 		})
@@ -245,7 +246,7 @@ func TestProtectPriorityFromMetadata(t *testing.T) {
 	t.Run("skip", func(t *testing.T) {
 		g, _ := fixedGuard(t, 1)
 		client := serveProtectedPlain(t, g, grpclimit.ProtectOptions{Skip: func(m string) bool { return m == "/grpc.health.v1.Health/Check" }}, newBehaving())
-		held, _ := g.TryAcquireAt(time.Now(), adaptive.Critical)
+		held, _ := g.TryAcquireAt(time.Now(), priority.Critical)
 		defer held.Ignore()
 		if _, err := client.Check(t.Context(), &healthpb.HealthCheckRequest{}); err != nil {
 			t.Errorf("a skipped method, with the limit held: %v", err)
@@ -268,10 +269,10 @@ func TestProtectRefusalRetryInfo(t *testing.T) {
 	// The Guard's clock an hour ahead of the wall clock: one completion
 	// in the first second (a throughput of 1/s), then both slots held.
 	t0 := time.Now().Add(time.Hour)
-	pm, _ := g.TryAcquireAt(t0, adaptive.Normal)
+	pm, _ := g.TryAcquireAt(t0, priority.Normal)
 	pm.DoneAt(t0.Add(500 * time.Millisecond))
-	a, _ := g.TryAcquireAt(t0.Add(time.Second), adaptive.Critical)
-	b, _ := g.TryAcquireAt(t0.Add(time.Second), adaptive.Critical)
+	a, _ := g.TryAcquireAt(t0.Add(time.Second), priority.Critical)
+	b, _ := g.TryAcquireAt(t0.Add(time.Second), priority.Critical)
 	defer a.Ignore()
 	defer b.Ignore()
 	svc := newBehaving()
@@ -372,7 +373,7 @@ func TestProtectOutcomes(t *testing.T) {
 				if n := g.Stats().InFlight; n != 0 {
 					t.Fatalf("%d permits held after the call", n)
 				}
-				pm, _ := g.TryAcquireAt(time.Now().Add(time.Minute), adaptive.Normal)
+				pm, _ := g.TryAcquireAt(time.Now().Add(time.Minute), priority.Normal)
 				pm.Ignore()
 				completed, dropped := rec.totals()
 				wantC, wantD := c.completed, c.dropped
@@ -404,16 +405,16 @@ func TestClientPropagatesPriority(t *testing.T) {
 		return <-next.metadata
 	}
 	ctx := t.Context()
-	if md := call(adaptive.WithPriority(ctx, adaptive.Low)); md != "low" {
+	if md := call(priority.NewContext(ctx, priority.Low)); md != "low" {
 		t.Errorf("context Low: metadata %q, want low", md)
 	}
-	if md := call(withMetadata(adaptive.WithPriority(ctx, adaptive.Low), "sheddable")); md != "sheddable" {
+	if md := call(withMetadata(priority.NewContext(ctx, priority.Low), "sheddable")); md != "sheddable" {
 		t.Errorf("the call's own metadata: %q, want sheddable", md)
 	}
 	if md := call(ctx); md != "" {
 		t.Errorf("no priority: %q, want none", md)
 	}
-	if md := call(adaptive.WithPriority(ctx, adaptive.Normal)); md != "" {
+	if md := call(priority.NewContext(ctx, priority.Normal)); md != "" {
 		t.Errorf("Normal: %q, want none", md)
 	}
 
@@ -433,7 +434,7 @@ func TestClientPropagatesPriority(t *testing.T) {
 	}
 
 	// Streams too.
-	w, err := nextClient.Watch(adaptive.WithPriority(ctx, adaptive.Sheddable), &healthpb.HealthCheckRequest{})
+	w, err := nextClient.Watch(priority.NewContext(ctx, priority.Sheddable), &healthpb.HealthCheckRequest{})
 	if err == nil {
 		for err == nil {
 			_, err = w.Recv()
@@ -450,18 +451,18 @@ func TestClientPropagatesPriority(t *testing.T) {
 // pass.
 func TestProtectShedsLowestFirst(t *testing.T) {
 	g, _ := fixedGuard(t, 10)
-	client := serveProtectedPlain(t, g, grpclimit.ProtectOptions{MaxPriority: adaptive.Critical}, newBehaving())
+	client := serveProtectedPlain(t, g, grpclimit.ProtectOptions{MaxPriority: priority.Critical}, newBehaving())
 	now := time.Now()
 	for range 8 {
-		pm, rf := g.TryAcquireAt(now, adaptive.Critical)
+		pm, rf := g.TryAcquireAt(now, priority.Critical)
 		if rf.Refused() {
 			t.Fatal(rf)
 		}
 		defer pm.Ignore()
 	}
-	for _, p := range []adaptive.Priority{adaptive.Sheddable, adaptive.Low, adaptive.Normal, adaptive.High, adaptive.Critical} {
+	for _, p := range []priority.Priority{priority.Sheddable, priority.Low, priority.Normal, priority.High, priority.Critical} {
 		want := codes.OK
-		if p < adaptive.Normal {
+		if p < priority.Normal {
 			want = codes.Unavailable
 		}
 		_, err := client.Check(withMetadata(t.Context(), p.String()), &healthpb.HealthCheckRequest{})

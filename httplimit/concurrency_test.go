@@ -11,6 +11,7 @@ import (
 
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/priority"
 )
 
 func newLimiter(t *testing.T, o adaptive.Options) *adaptive.Limiter {
@@ -36,7 +37,7 @@ func TestClientConcurrencyBound(t *testing.T) {
 	l := newLimiter(t, adaptive.Options{Max: 4, Initial: 4, Controller: &adaptive.AIMD{}})
 	c := &httplimit.Client{Concurrency: l}
 	// Critical: a priority's share of the limit is the whole of it.
-	ctx := adaptive.WithPriority(t.Context(), adaptive.Critical)
+	ctx := priority.NewContext(t.Context(), priority.Critical)
 
 	const n = 6
 	results := make(chan error, n)

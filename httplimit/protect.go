@@ -7,6 +7,7 @@ import (
 
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/limitheader"
+	"github.com/sluicehq/sluice/priority"
 )
 
 // ProtectOptions configure Protect. The zero value reads the priority from
@@ -17,14 +18,14 @@ type ProtectOptions struct {
 	// route, an authenticated principal) rather than by what the client
 	// claims. MaxPriority does not apply to what it returns; an invalid
 	// priority is taken as Normal.
-	Priority func(*http.Request) adaptive.Priority
+	Priority func(*http.Request) priority.Priority
 	// MaxPriority is the highest priority the Sluice-Priority header may
 	// claim; a higher claim is lowered to it. The zero value is
-	// adaptive.Normal, so an untrusted client can lower its own priority
-	// but cannot raise it: set adaptive.Critical only when every client
+	// priority.Normal, so an untrusted client can lower its own priority
+	// but cannot raise it: set priority.Critical only when every client
 	// that reaches the server is trusted (a service mesh, an internal
 	// network).
-	MaxPriority adaptive.Priority
+	MaxPriority priority.Priority
 	// Overloaded, if set, reports whether a status the handler answered
 	// says that the work below is overloaded, so that the request counts
 	// as a drop; nil means 503 and 429. A handler whose 429s are answers
@@ -37,11 +38,11 @@ type ProtectOptions struct {
 // Limiter (package adaptive explains both).
 //
 // Each request's priority is read from the Sluice-Priority header
-// (adaptive.PriorityHeader; the first value, a priority's name in any
+// (priority.Header; the first value, a priority's name in any
 // case), lowered to opt.MaxPriority, or given by opt.Priority. A missing or
 // invalid value is Normal: an unknown name, such as one a newer client
 // sends, is no reason to refuse a request. The priority is put in the
-// request's context (adaptive.WithPriority), where the handler, Client and
+// request's context (priority.NewContext), where the handler, Client and
 // grpclimit's client interceptors find it and pass it on to the next
 // service.
 //
@@ -91,7 +92,7 @@ func Protect(g *adaptive.Guard, opt ProtectOptions) func(http.Handler) http.Hand
 			p, set := requestPriority(r, &opt)
 			ctx := r.Context()
 			if set {
-				ctx = adaptive.WithPriority(ctx, p)
+				ctx = priority.NewContext(ctx, p)
 				r = r.WithContext(ctx)
 			}
 			pm, err := g.Acquire(ctx)
@@ -138,20 +139,20 @@ func overloadedStatus(opt *ProtectOptions, status int) bool {
 
 // requestPriority returns r's priority, and whether it is set (by the hook
 // or by a header that names a priority).
-func requestPriority(r *http.Request, opt *ProtectOptions) (adaptive.Priority, bool) {
+func requestPriority(r *http.Request, opt *ProtectOptions) (priority.Priority, bool) {
 	if opt.Priority != nil {
 		p := opt.Priority(r)
 		if !p.Valid() {
-			p = adaptive.Normal
+			p = priority.Normal
 		}
 		return p, true
 	}
-	return adaptive.TrustedPriority(r.Header[adaptive.PriorityHeader], opt.MaxPriority)
+	return priority.Trusted(r.Header[priority.Header], opt.MaxPriority)
 }
 
 // refuseOverloaded answers 503 for err, the Guard's refusal (or the end of
 // the request's context while it waited).
-func refuseOverloaded(w http.ResponseWriter, p adaptive.Priority, err error) {
+func refuseOverloaded(w http.ResponseWriter, p priority.Priority, err error) {
 	var rf adaptive.Refusal
 	if !errors.As(err, &rf) {
 		rf = adaptive.Refusal{Priority: p}
@@ -233,14 +234,14 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // no such header of its own. Normal is what a receiver assumes without the
 // header, so it is not sent.
 func withPriority(req *http.Request) *http.Request {
-	p := adaptive.PriorityFrom(req.Context())
-	if p == adaptive.Normal || len(req.Header[adaptive.PriorityHeader]) > 0 {
+	p := priority.FromContext(req.Context())
+	if p == priority.Normal || len(req.Header[priority.Header]) > 0 {
 		return req
 	}
 	req = req.Clone(req.Context())
 	if req.Header == nil {
 		req.Header = make(http.Header)
 	}
-	req.Header[adaptive.PriorityHeader] = []string{p.String()}
+	req.Header[priority.Header] = []string{p.String()}
 	return req
 }

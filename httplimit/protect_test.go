@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/priority"
 )
 
 // recorder is an adaptive.Controller that keeps the limit where it is and
@@ -70,7 +71,7 @@ func getPrio(t *testing.T, srv *httptest.Server, path, prio string) (int, int64,
 	t.Helper()
 	req, _ := http.NewRequestWithContext(t.Context(), "GET", srv.URL+path, nil)
 	if prio != "" {
-		req.Header.Set(adaptive.PriorityHeader, prio)
+		req.Header.Set(priority.Header, prio)
 	}
 	resp, err := srv.Client().Do(req)
 	if err != nil {
@@ -95,29 +96,29 @@ func TestProtectPriorityFromHeader(t *testing.T) {
 		name   string
 		opt    httplimit.ProtectOptions
 		header string
-		want   adaptive.Priority
+		want   priority.Priority
 	}{
-		{"none", httplimit.ProtectOptions{}, "", adaptive.Normal},
-		{"sheddable", httplimit.ProtectOptions{}, "sheddable", adaptive.Sheddable},
-		{"case ignored", httplimit.ProtectOptions{}, "LOW", adaptive.Low},
-		{"invalid is normal", httplimit.ProtectOptions{}, "urgent!", adaptive.Normal},
-		{"critical untrusted", httplimit.ProtectOptions{}, "critical", adaptive.Normal},
-		{"high untrusted", httplimit.ProtectOptions{}, "high", adaptive.Normal},
-		{"critical trusted", httplimit.ProtectOptions{MaxPriority: adaptive.Critical}, "critical", adaptive.Critical},
-		{"high up to high", httplimit.ProtectOptions{MaxPriority: adaptive.High}, "critical", adaptive.High},
-		{"hook wins", httplimit.ProtectOptions{Priority: func(r *http.Request) adaptive.Priority {
+		{"none", httplimit.ProtectOptions{}, "", priority.Normal},
+		{"sheddable", httplimit.ProtectOptions{}, "sheddable", priority.Sheddable},
+		{"case ignored", httplimit.ProtectOptions{}, "LOW", priority.Low},
+		{"invalid is normal", httplimit.ProtectOptions{}, "urgent!", priority.Normal},
+		{"critical untrusted", httplimit.ProtectOptions{}, "critical", priority.Normal},
+		{"high untrusted", httplimit.ProtectOptions{}, "high", priority.Normal},
+		{"critical trusted", httplimit.ProtectOptions{MaxPriority: priority.Critical}, "critical", priority.Critical},
+		{"high up to high", httplimit.ProtectOptions{MaxPriority: priority.High}, "critical", priority.High},
+		{"hook wins", httplimit.ProtectOptions{Priority: func(r *http.Request) priority.Priority {
 			if r.URL.Path == "/checkout" {
-				return adaptive.Critical
+				return priority.Critical
 			}
-			return adaptive.Low
-		}}, "sheddable", adaptive.Critical},
+			return priority.Low
+		}}, "sheddable", priority.Critical},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			g, _ := fixedGuard(t, 1, nil)
-			seen := make(chan adaptive.Priority, 1)
+			seen := make(chan priority.Priority, 1)
 			h := httplimit.Protect(g, c.opt)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				seen <- adaptive.PriorityFrom(r.Context())
+				seen <- priority.FromContext(r.Context())
 			}))
 			srv := httptest.NewServer(h)
 			defer srv.Close()
@@ -129,7 +130,7 @@ func TestProtectPriorityFromHeader(t *testing.T) {
 			}
 			// With the limit held, the refusal is counted under the
 			// request's priority.
-			held, rf := g.TryAcquireAt(time.Now(), adaptive.Critical)
+			held, rf := g.TryAcquireAt(time.Now(), priority.Critical)
 			if rf.Refused() {
 				t.Fatal(rf)
 			}
@@ -148,7 +149,7 @@ func TestProtectPriorityFromHeader(t *testing.T) {
 			shed := g.Stats().Shed
 			for i, n := range shed {
 				want := uint64(0)
-				if i == int(c.want-adaptive.Sheddable) {
+				if i == int(c.want-priority.Sheddable) {
 					want = 1
 				}
 				if n != want {
@@ -172,10 +173,10 @@ func TestProtectRefusal(t *testing.T) {
 	// instant: one completion in the first second, so a throughput of one
 	// a second, then both slots held.
 	t0 := time.Now().Add(time.Hour)
-	pm, _ := g.TryAcquireAt(t0, adaptive.Normal)
+	pm, _ := g.TryAcquireAt(t0, priority.Normal)
 	pm.DoneAt(t0.Add(500 * time.Millisecond))
-	a, _ := g.TryAcquireAt(t0.Add(time.Second), adaptive.Critical) // closes the window
-	b, _ := g.TryAcquireAt(t0.Add(time.Second), adaptive.Critical)
+	a, _ := g.TryAcquireAt(t0.Add(time.Second), priority.Critical) // closes the window
+	b, _ := g.TryAcquireAt(t0.Add(time.Second), priority.Critical)
 	defer a.Ignore()
 	defer b.Ignore()
 	if st := g.Stats(); st.Throughput != 1 || st.InFlight != 2 {
@@ -197,7 +198,7 @@ func TestProtectRefusal(t *testing.T) {
 	var prev int64
 	for i := range 4 {
 		req, _ := http.NewRequestWithContext(t.Context(), "POST", srv.URL+"/", strings.NewReader("0123456789"))
-		req.Header.Set(adaptive.PriorityHeader, "low")
+		req.Header.Set(priority.Header, "low")
 		resp, err := srv.Client().Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -323,7 +324,7 @@ func TestProtectOutcomes(t *testing.T) {
 				t.Errorf("%d permits still held", n)
 			}
 			// Close the window well after, on the Guard's clock.
-			pm, _ := g.TryAcquireAt(time.Now().Add(time.Minute), adaptive.Normal)
+			pm, _ := g.TryAcquireAt(time.Now().Add(time.Minute), priority.Normal)
 			pm.Ignore()
 			var completed, dropped int
 			for _, s := range rec.all() {
@@ -343,7 +344,7 @@ func TestProtectOutcomes(t *testing.T) {
 // the higher ones still reach the handler.
 func TestProtectShedsLowestFirst(t *testing.T) {
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
-	trustAll := httplimit.ProtectOptions{MaxPriority: adaptive.Critical}
+	trustAll := httplimit.ProtectOptions{MaxPriority: priority.Critical}
 
 	t.Run("limiter shares", func(t *testing.T) {
 		g, _ := fixedGuard(t, 10, nil)
@@ -353,15 +354,15 @@ func TestProtectShedsLowestFirst(t *testing.T) {
 		// are refused; Normal (90%) and above still pass.
 		now := time.Now()
 		for range 8 {
-			pm, rf := g.TryAcquireAt(now, adaptive.Critical)
+			pm, rf := g.TryAcquireAt(now, priority.Critical)
 			if rf.Refused() {
 				t.Fatal(rf)
 			}
 			defer pm.Ignore()
 		}
-		for _, p := range []adaptive.Priority{adaptive.Sheddable, adaptive.Low, adaptive.Normal, adaptive.High, adaptive.Critical} {
+		for _, p := range []priority.Priority{priority.Sheddable, priority.Low, priority.Normal, priority.High, priority.Critical} {
 			want := 200
-			if p < adaptive.Normal {
+			if p < priority.Normal {
 				want = 503
 			}
 			if code, _, _ := getPrio(t, srv, "/", p.String()); code != want {
@@ -384,9 +385,9 @@ func TestProtectShedsLowestFirst(t *testing.T) {
 		t0 := time.Now().Add(time.Hour)
 		pms := make([]adaptive.Permit, 10)
 		for i := range pms {
-			p := adaptive.Sheddable
+			p := priority.Sheddable
 			if i%5 == 4 {
-				p = adaptive.Normal
+				p = priority.Normal
 			}
 			var rf adaptive.Refusal
 			if pms[i], rf = g.TryAcquireAt(t0.Add(time.Duration(i)*10*time.Millisecond), p); rf.Refused() {
@@ -396,7 +397,7 @@ func TestProtectShedsLowestFirst(t *testing.T) {
 		for i := range pms {
 			pms[i].DoneAt(t0.Add(time.Duration(400+i*10) * time.Millisecond))
 		}
-		pm, _ := g.TryAcquireAt(t0.Add(1200*time.Millisecond), adaptive.Normal) // closes the interval
+		pm, _ := g.TryAcquireAt(t0.Add(1200*time.Millisecond), priority.Normal) // closes the interval
 		pm.Ignore()
 		prob := g.Stats().Shedder.Probability
 		if !(prob[0] > 0) || prob[2] != 0 {
@@ -427,7 +428,7 @@ func TestProtectShedsLowestFirst(t *testing.T) {
 func TestClientPropagatesPriority(t *testing.T) {
 	got := make(chan string, 1)
 	next := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got <- strings.Join(r.Header.Values(adaptive.PriorityHeader), ",")
+		got <- strings.Join(r.Header.Values(priority.Header), ",")
 	}))
 	defer next.Close()
 	client := &httplimit.Client{HTTP: next.Client()}
@@ -435,7 +436,7 @@ func TestClientPropagatesPriority(t *testing.T) {
 		t.Helper()
 		req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
 		if header != "" {
-			req.Header.Set(adaptive.PriorityHeader, header)
+			req.Header.Set(priority.Header, header)
 		}
 		resp, err := client.Do(req)
 		if err != nil {
@@ -443,22 +444,22 @@ func TestClientPropagatesPriority(t *testing.T) {
 		}
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		if req.Header.Get(adaptive.PriorityHeader) != header {
+		if req.Header.Get(priority.Header) != header {
 			t.Error("Do changed the caller's request")
 		}
 		return <-got
 	}
 	ctx := t.Context()
-	if h := call(adaptive.WithPriority(ctx, adaptive.High), next.URL, ""); h != "high" {
+	if h := call(priority.NewContext(ctx, priority.High), next.URL, ""); h != "high" {
 		t.Errorf("context High: header %q, want high", h)
 	}
-	if h := call(adaptive.WithPriority(ctx, adaptive.Sheddable), next.URL, "low"); h != "low" {
+	if h := call(priority.NewContext(ctx, priority.Sheddable), next.URL, "low"); h != "low" {
 		t.Errorf("request's own header: %q, want low", h)
 	}
 	if h := call(ctx, next.URL, ""); h != "" {
 		t.Errorf("no priority: header %q, want none", h)
 	}
-	if h := call(adaptive.WithPriority(ctx, adaptive.Normal), next.URL, ""); h != "" {
+	if h := call(priority.NewContext(ctx, priority.Normal), next.URL, ""); h != "" {
 		t.Errorf("Normal: header %q, want none", h)
 	}
 
@@ -476,7 +477,7 @@ func TestClientPropagatesPriority(t *testing.T) {
 	defer front.Close()
 	for _, p := range []string{"sheddable", "low"} {
 		req, _ := http.NewRequestWithContext(ctx, "GET", front.URL, nil)
-		req.Header.Set(adaptive.PriorityHeader, p)
+		req.Header.Set(priority.Header, p)
 		resp, err := front.Client().Do(req)
 		if err != nil {
 			t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 	fspriority "github.com/failsafe-go/failsafe-go/priority"
 
 	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/priority"
 )
 
 // The harness. A server of cfg.workers goroutines takes requests from a
@@ -63,7 +64,7 @@ func (c config) window() (from, to time.Duration) { return c.warmup, c.duration 
 // An arrival is one request of a trace.
 type arrival struct {
 	at    time.Duration // since the start
-	pri   adaptive.Priority
+	pri   priority.Priority
 	level int // failsafe-go's priority level (0–499), drawn in pri's band
 }
 
@@ -83,11 +84,11 @@ func trace(c config, load float64) []arrival {
 		var band fspriority.Priority
 		switch x := rng.Float64(); {
 		case x < shareCritical:
-			a.pri, band = adaptive.Critical, fspriority.VeryHigh
+			a.pri, band = priority.Critical, fspriority.VeryHigh
 		case x < shareCritical+shareNormal:
-			a.pri, band = adaptive.Normal, fspriority.Medium
+			a.pri, band = priority.Normal, fspriority.Medium
 		default:
-			a.pri, band = adaptive.Sheddable, fspriority.VeryLow
+			a.pri, band = priority.Sheddable, fspriority.VeryLow
 		}
 		a.level = band.MinLevel() + rng.IntN(band.MaxLevel()-band.MinLevel()+1)
 		tr = append(tr, a)
@@ -299,7 +300,7 @@ func (r *run) figure() figure {
 	for i, a := range r.trace {
 		if d := r.done[i]; r.outcome[i] == good && d >= r.cfg.warmup && d < r.cfg.duration {
 			goodN++
-			if a.pri == adaptive.Critical {
+			if a.pri == priority.Critical {
 				critGood++
 			}
 		}
@@ -317,14 +318,14 @@ func (r *run) figure() figure {
 			continue
 		}
 		n++
-		if a.pri == adaptive.Critical {
+		if a.pri == priority.Critical {
 			critN++
 		}
 		switch r.outcome[i] {
 		case refused:
 			ref++
 		case good:
-			if a.pri == adaptive.Critical {
+			if a.pri == priority.Critical {
 				critOK++
 			}
 			lats = append(lats, r.latency[i])
@@ -485,7 +486,7 @@ func sluiceWith(variant string, lo adaptive.Options) contender {
 func sluiceAdmission(g *adaptive.Guard, wait bool) admission {
 	if wait {
 		return admission{wait: func(ctx context.Context, a *arrival) (ticket, bool, error) {
-			p, err := g.Acquire(adaptive.WithPriority(ctx, a.pri))
+			p, err := g.Acquire(priority.NewContext(ctx, a.pri))
 			var rf adaptive.Refusal
 			switch {
 			case errors.As(err, &rf):

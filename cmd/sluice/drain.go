@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sluicehq/sluice/drain"
+	"github.com/sluicehq/sluice/drain/jsdrain"
 	"github.com/sluicehq/sluice/internal/natsembed"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/ratelimit"
@@ -210,8 +211,8 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 	workers := fs.Int("workers", drain.DefaultWorkers, "requests in flight at most")
 	maxFailures := fs.Int("max-failures", drain.DefaultMaxFailures, "failed attempts before a record is dead-lettered")
 	follow := fs.Bool("follow", false, "keep draining when the stream is empty")
-	window := fs.Int("window", drain.DefaultWindow, "records delivered and not yet acknowledged at most (the consumer's max-ack-pending)")
-	ackWait := fs.Duration("ack-wait", drain.DefaultAckWait, "how long a record delivered to a drainer that went silent waits before it is delivered again")
+	window := fs.Int("window", jsdrain.DefaultWindow, "records delivered and not yet acknowledged at most (the consumer's max-ack-pending)")
+	ackWait := fs.Duration("ack-wait", jsdrain.DefaultAckWait, "how long a record delivered to a drainer that went silent waits before it is delivered again")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics of the drainer (and of its leases) at http://ADDR/metrics; empty: none")
 	if err := parseFlagsEnv(fs, args, drainEnvPrefix, os.LookupEnv); err != nil {
 		return err
@@ -274,7 +275,7 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 		return err
 	}
 	defer closeFn()
-	src, err := drain.NewJetStream(ctx, js, drain.JetStreamConfig{
+	src, err := jsdrain.New(ctx, js, jsdrain.Config{
 		Stream: q.stream, Consumer: *consumer, DeadLetter: base + "-dead.records", Window: *window, AckWait: *ackWait,
 	})
 	if err != nil {

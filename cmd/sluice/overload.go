@@ -10,6 +10,7 @@ import (
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/grpclimit"
 	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/priority"
 )
 
 // shouldRateLimit is the one gRPC method serve guards against overload:
@@ -116,7 +117,7 @@ func (c *overloadCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(c.latency, st.Latency.Seconds(), "0.9")
 	gauge(c.latency, st.Shedder.Quantile.Seconds(), "0.99")
 	for i, n := range st.Shed {
-		ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(n), (adaptive.Priority(i) + adaptive.Sheddable).String())
+		ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(n), (priority.Priority(i) + priority.Sheddable).String())
 	}
 	gauge(c.shedFraction, st.Shedder.Fraction)
 	gauge(c.level, st.Level)

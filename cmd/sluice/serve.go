@@ -30,6 +30,7 @@ import (
 	"github.com/sluicehq/sluice/dashboard"
 	"github.com/sluicehq/sluice/internal/connlimit"
 	"github.com/sluicehq/sluice/internal/httpapi"
+	"github.com/sluicehq/sluice/internal/overrides"
 	"github.com/sluicehq/sluice/internal/recovery"
 	"github.com/sluicehq/sluice/internal/rls"
 	"github.com/sluicehq/sluice/internal/rules"
@@ -376,7 +377,7 @@ func checkAdminAddr(addr string, allowRemote bool) error {
 type backend struct {
 	store     ratelimit.Store
 	keys      httpapi.KeyStore
-	overrides httpapi.OverrideStore
+	overrides overrides.Store
 	// shared reports that other replicas see the same state, so that the
 	// overrides must be polled for their changes.
 	shared bool
@@ -434,7 +435,7 @@ func (c memstoreCollector) Collect(ch chan<- prometheus.Metric) {
 func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*backend, error) {
 	if cfg.store == "memory" {
 		m := memstore.New(memstore.Options{MaxKeys: cfg.memoryMaxKeys, Now: cfg.hooks.clock()})
-		return &backend{store: m, keys: httpapi.LocalKeys(m), overrides: &httpapi.MemoryOverrides{}, metrics: memstoreCollector{m}, health: memoryHealth(m), closers: []func() error{m.Close}}, nil
+		return &backend{store: m, keys: httpapi.LocalKeys(m), overrides: &overrides.MemoryStore{}, metrics: memstoreCollector{m}, health: memoryHealth(m), closers: []func() error{m.Close}}, nil
 	}
 	redisstore.LogTo(log)
 	c, err := redisstore.NewClient(redisstore.ClientOptions{
@@ -466,7 +467,7 @@ func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*back
 		b.close(log)
 		return nil, fmt.Errorf("serve: %w", err)
 	}
-	b.store, b.keys, b.overrides = rs, rs, httpapi.NewRedisOverrides(h)
+	b.store, b.keys, b.overrides = rs, rs, overrides.NewRedisStore(h)
 	b.health = redisHealth(c, rs, cfg)
 	b.errors = func() uint64 { return rs.Stats().Errors }
 	return b, nil
@@ -612,7 +613,7 @@ func warnNoDomain(log *slog.Logger, set *rules.Set, dir string) {
 // servers are the service and everything that serves it.
 type servers struct {
 	watcher      *rules.Watcher
-	overrideSync *httpapi.OverrideSync
+	overrideSync *overrides.Sync
 	pollShared   bool // poll the overrides: other replicas change them
 	grpc         *grpc.Server
 	health       *health.Server
@@ -639,12 +640,12 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 	if b.errors != nil {
 		metrics.CountStoreErrors(b.errors)
 	}
-	overrides := service.NewOverrides(set, nil)
+	table := service.NewOverrides(set, nil) // the overrides in force, kept equal to b.overrides by overrideSync
 	top, err := cfg.top.newTop()
 	if err != nil {
 		return nil, err
 	}
-	svc, err := service.New(service.Options{Store: b.store, Rules: set, Independent: cfg.independent, Overrides: overrides, Metrics: metrics, Top: top, Logger: log})
+	svc, err := service.New(service.Options{Store: b.store, Rules: set, Independent: cfg.independent, Overrides: table, Metrics: metrics, Top: top, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
@@ -681,7 +682,7 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 	grpcOpts = append(grpcOpts, rls.ServerOption(func(v any, stack []byte) { rec.Report("grpc", "codec", v, stack) }))
 	s := &servers{
 		watcher:      watcher,
-		overrideSync: &httpapi.OverrideSync{Store: b.overrides, Overrides: overrides, Logger: log},
+		overrideSync: &overrides.Sync{Store: b.overrides, Overrides: table, Logger: log},
 		pollShared:   b.shared,
 		grpc:         grpc.NewServer(grpcOpts...),
 		health:       health.NewServer(),
@@ -700,7 +701,7 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 	if cfg.adminAddr != "" {
 		admin, err := httpapi.NewAdmin(httpapi.AdminOptions{
 			Token: cfg.adminToken, Service: svc, Store: b.store, Keys: b.keys,
-			Overrides: overrides, OverrideSync: s.overrideSync,
+			Overrides: table, OverrideSync: s.overrideSync,
 			Reload: watcher.Reload, Status: watcher.Status, Logger: log,
 			AuthFailures: cfg.limits.adminAuthFailures, AuthFailurePeriod: cfg.limits.adminAuthFailurePeriod,
 			Registerer: reg, Top: top, StoreStatus: b.health,

@@ -3,17 +3,20 @@
 // go/build/deps_test.go.
 //
 //   - ratelimit, limitheader (the codec of the RateLimit header fields)
-//     and adaptive (overload protection) depend on the standard library
-//     only.
+//     and priority (a request's priority, its names and its context)
+//     depend on the standard library only; adaptive (overload protection)
+//     on the standard library and priority only.
 //   - No library package (outside cmd/, internal/ and bench/) depends on
 //     gRPC, a YAML package or Prometheus — except that grpclimit, whose
 //     whole purpose is gRPC interceptors, may depend on gRPC (and on
 //     nothing else of the three).
 //   - Only redisstore, among the library packages, depends on go-redis:
 //     a program that keeps its state in memory links no Redis code.
-//   - Only drain, among the library packages, depends on the NATS client
-//     (nats.go), and none on the NATS server: a program that drains no
-//     queue links no NATS code, and only cmd/ and internal/ embed a server.
+//   - Only drain/jsdrain (drain's JetStream Source), among the library
+//     packages, depends on the NATS client (nats.go), and none on the NATS
+//     server: a program that drains no JetStream queue, drain's own users
+//     included, links no NATS code, and only cmd/ and internal/ embed a
+//     server.
 //   - No library package imports a package under internal/: what a
 //     library needs is public, so its users can see and use it too.
 
@@ -229,7 +232,7 @@ func isRedis(path string) bool { return strings.HasPrefix(path, "github.com/redi
 
 // natsAllowed is the one library package that may depend on the NATS
 // client.
-const natsAllowed = "drain"
+const natsAllowed = "drain/jsdrain"
 
 // isNATSClient and isNATSServer report whether path is the NATS client or
 // server module.
@@ -243,9 +246,14 @@ func isLibrary(rel string) bool { return !underAny(rel, "cmd", "internal", "benc
 func importRules(mod string) []rule {
 	return []rule{
 		{
-			name:      "ratelimit, the header codec limitheader and adaptive may depend on the standard library only",
-			applies:   func(rel string) bool { return rel == "ratelimit" || rel == "limitheader" || rel == "adaptive" },
+			name:      "ratelimit, the header codec limitheader and priority may depend on the standard library only",
+			applies:   func(rel string) bool { return rel == "ratelimit" || rel == "limitheader" || rel == "priority" },
 			forbidden: func(p *pkg) bool { return !p.Standard },
+		},
+		{
+			name:      "adaptive may depend on the standard library and priority only",
+			applies:   func(rel string) bool { return rel == "adaptive" },
+			forbidden: func(p *pkg) bool { return !p.Standard && p.ImportPath != mod+"/priority" },
 		},
 		{
 			name:      "library packages (outside cmd/, internal/ and bench/) may not depend on gRPC, YAML or Prometheus",
@@ -258,7 +266,7 @@ func importRules(mod string) []rule {
 			forbidden: func(p *pkg) bool { return isRedis(p.ImportPath) },
 		},
 		{
-			name:      "only drain, of the library packages, may depend on the NATS client: a program that drains no queue links no NATS code",
+			name:      "only drain/jsdrain, of the library packages, may depend on the NATS client: a program that drains no JetStream queue links no NATS code",
 			applies:   func(rel string) bool { return isLibrary(rel) && rel != natsAllowed },
 			forbidden: func(p *pkg) bool { return isNATSClient(p.ImportPath) },
 		},
@@ -496,7 +504,7 @@ func TestRulesCatchViolations(t *testing.T) {
 		{
 			name: "ratelimit imports a module",
 			pkgs: []*pkg{ext("github.com/x/y"), own("ratelimit", "ratelimit", "github.com/x/y")},
-			want: []string{"package example.com/m/ratelimit imports github.com/x/y: ratelimit, the header codec limitheader and adaptive may depend on the standard library only"},
+			want: []string{"package example.com/m/ratelimit imports github.com/x/y: ratelimit, the header codec limitheader and priority may depend on the standard library only"},
 		},
 		{
 			name: "ratelimit imports another module package",
@@ -505,7 +513,7 @@ func TestRulesCatchViolations(t *testing.T) {
 				own("clock", "clock", "github.com/x/y"),
 				own("ratelimit", "ratelimit", mod+"/clock"),
 			},
-			want: []string{"package example.com/m/ratelimit imports example.com/m/clock: ratelimit, the header codec limitheader and adaptive may depend on the standard library only"},
+			want: []string{"package example.com/m/ratelimit imports example.com/m/clock: ratelimit, the header codec limitheader and priority may depend on the standard library only"},
 		},
 		{
 			name: "library imports grpc, yaml and prometheus",
@@ -547,7 +555,7 @@ func TestRulesCatchViolations(t *testing.T) {
 		{
 			name: "the header codec imports ratelimit",
 			pkgs: []*pkg{own("ratelimit", "ratelimit", "time"), std("time"), own("limitheader", "limitheader", mod+"/ratelimit")},
-			want: []string{"package example.com/m/limitheader imports example.com/m/ratelimit: ratelimit, the header codec limitheader and adaptive may depend on the standard library only"},
+			want: []string{"package example.com/m/limitheader imports example.com/m/ratelimit: ratelimit, the header codec limitheader and priority may depend on the standard library only"},
 		},
 		{
 			name: "library links go-redis",
@@ -556,7 +564,7 @@ func TestRulesCatchViolations(t *testing.T) {
 				own("redisstore", "redisstore", "github.com/redis/go-redis/v9"), // allowed
 				own("lease", "lease", mod+"/redisstore"),
 				own("memstore", "memstore", "github.com/redis/go-redis/v9"),
-				own("internal/httpapi", "httpapi", mod+"/redisstore"), // allowed
+				own("internal/overrides", "overrides", mod+"/redisstore"), // allowed
 			},
 			want: []string{
 				"package example.com/m/lease imports example.com/m/redisstore, which depends on github.com/redis/go-redis/v9: only redisstore",
@@ -566,15 +574,17 @@ func TestRulesCatchViolations(t *testing.T) {
 		{
 			name: "library links NATS",
 			pkgs: []*pkg{
-				ext("github.com/nats-io/nats.go/jetstream"), ext("github.com/nats-io/nats-server/v2/server"),
-				own("drain", "drain", "github.com/nats-io/nats.go/jetstream"),                      // allowed
+				ext("github.com/nats-io/nats.go"), ext("github.com/nats-io/nats.go/jetstream"), ext("github.com/nats-io/nats-server/v2/server"),
+				own("drain/jsdrain", "jsdrain", "github.com/nats-io/nats.go/jetstream"),            // allowed
 				own("internal/natsembed", "natsembed", "github.com/nats-io/nats-server/v2/server"), // allowed
-				own("lease", "lease", mod+"/drain"),
+				own("drain", "drain", "github.com/nats-io/nats.go"),
+				own("lease", "lease", mod+"/drain/jsdrain"),
 				own("drain/x", "x", "github.com/nats-io/nats-server/v2/server"),
 			},
 			want: []string{
+				"package example.com/m/drain imports github.com/nats-io/nats.go: only drain/jsdrain",
 				"package example.com/m/drain/x imports github.com/nats-io/nats-server/v2/server: no library package may depend on the NATS server",
-				"package example.com/m/lease imports example.com/m/drain, which depends on github.com/nats-io/nats.go/jetstream: only drain",
+				"package example.com/m/lease imports example.com/m/drain/jsdrain, which depends on github.com/nats-io/nats.go/jetstream: only drain/jsdrain",
 			},
 		},
 		{
@@ -601,7 +611,20 @@ func TestRulesCatchViolations(t *testing.T) {
 		{
 			name: "adaptive imports a module",
 			pkgs: []*pkg{ext("github.com/x/y"), own("adaptive", "adaptive", "github.com/x/y")},
-			want: []string{"package example.com/m/adaptive imports github.com/x/y: ratelimit, the header codec limitheader and adaptive may depend on the standard library only"},
+			want: []string{"package example.com/m/adaptive imports github.com/x/y: adaptive may depend on the standard library and priority only"},
+		},
+		{
+			name: "adaptive imports priority, which imports a module",
+			pkgs: []*pkg{
+				ext("github.com/x/y"),
+				own("priority", "priority", "github.com/x/y"),
+				own("adaptive", "adaptive", mod+"/priority"), // allowed, unless priority reaches a module
+				own("drain", "drain", mod+"/priority"),       // allowed
+			},
+			want: []string{
+				"package example.com/m/adaptive imports example.com/m/priority, which depends on github.com/x/y: adaptive may depend on the standard library and priority only",
+				"package example.com/m/priority imports github.com/x/y: ratelimit, the header codec limitheader and priority may depend on the standard library only",
+			},
 		},
 		{
 			name: "benchmark-only modules outside bench",

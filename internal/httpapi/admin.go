@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/dashboard"
+	"github.com/sluicehq/sluice/internal/overrides"
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/internal/service"
 	"github.com/sluicehq/sluice/ratelimit"
@@ -62,7 +63,7 @@ type AdminOptions struct {
 	// Overrides and OverrideSync manage runtime overrides; nil disables
 	// the override endpoints.
 	Overrides    *service.Overrides
-	OverrideSync *OverrideSync
+	OverrideSync *overrides.Sync
 	// Reload loads the rules directory now; Status reports the loads.
 	// Nil disables POST /admin/v1/reload and the reload status.
 	Reload func() error
@@ -587,7 +588,7 @@ func (a *Admin) putOverride(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, http.StatusBadRequest, fmt.Sprintf(`field "ttl": want a duration such as "30m" or "24h", at most %v: %v`, service.MaxOverrideTTL, err))
 		return
 	}
-	if err := validTarget(r.PathValue("domain"), r.PathValue("rule")); err != nil {
+	if err := overrides.ValidTarget(r.PathValue("domain"), r.PathValue("rule")); err != nil {
 		writeProblem(w, r, http.StatusBadRequest, err.Error())
 		return
 	}
@@ -622,7 +623,7 @@ func (a *Admin) putOverride(w http.ResponseWriter, r *http.Request) {
 // deleteOverride answers DELETE /admin/v1/overrides/{domain}/{rule}.
 func (a *Admin) deleteOverride(w http.ResponseWriter, r *http.Request) {
 	domain, rule := r.PathValue("domain"), r.PathValue("rule")
-	if err := validTarget(domain, rule); err != nil {
+	if err := overrides.ValidTarget(domain, rule); err != nil {
 		writeProblem(w, r, http.StatusBadRequest, err.Error())
 		return
 	}

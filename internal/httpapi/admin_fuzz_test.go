@@ -11,6 +11,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/sluicehq/sluice/internal/overrides"
 	"github.com/sluicehq/sluice/internal/service"
 	"github.com/sluicehq/sluice/memstore"
 )
@@ -66,10 +67,10 @@ func FuzzAdminOverrides(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, d1, r1, b1, d2, r2, b2 string) {
-		overrides := service.NewOverrides(set, nil)
+		table := service.NewOverrides(set, nil)
 		admin, err := NewAdmin(AdminOptions{
 			Token: testToken, Service: svc, Store: mem,
-			Overrides: overrides, OverrideSync: &OverrideSync{Store: &MemoryOverrides{}, Overrides: overrides},
+			Overrides: table, OverrideSync: &overrides.Sync{Store: &overrides.MemoryStore{}, Overrides: table},
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -171,45 +172,6 @@ func refused(t *testing.T, w *httptest.ResponseRecorder, what string) {
 		json.Unmarshal(w.Body.Bytes(), &p) != nil || p.Status != w.Code || p.Detail == "" {
 		t.Fatalf("%s: %d %q %s; want a 4xx problem with a detail", what, w.Code, w.Header().Get("Content-Type"), w.Body)
 	}
-}
-
-// FuzzRedisOverrideEncoding: an override is either refused by the Redis
-// encoding with an error, or decoded back as it was; two distinct targets
-// never share a hash field.
-func FuzzRedisOverrideEncoding(f *testing.F) {
-	f.Add("a/b", "c", "a", "b/c", int64(7), int64(0), "alice (127.0.0.1:1)", "why")
-	f.Add("a", "b", "a", "b", int64(1), int64(2), "", "")
-	f.Add("\xff", "r", "\xfe", "r", int64(1), int64(0), "", "")
-	f.Add("\ufffd", "r", "\xff", "r", int64(1), int64(0), "", "")
-	f.Add(`a","b`, "c", "a", `b","c`, int64(1), int64(0), "\xff", "x")
-	f.Add("d", "r", "d", "r", int64(-5), int64(1<<40), "by", "\x00\u2028")
-	f.Fuzz(func(t *testing.T, d1, r1, d2, r2 string, limit, burst int64, by, reason string) {
-		exp := time.Unix(1_900_000_000, 0)
-		o1 := service.Override{Domain: d1, Rule: r1, Quota: limit, Burst: burst, By: by, Reason: reason, Expires: exp}
-		o2 := o1
-		o2.Domain, o2.Rule = d2, r2
-		f1, v1, err1 := encodeOverride(&o1)
-		f2, _, err2 := encodeOverride(&o2)
-		if err1 == nil {
-			back, err := decodeOverride(v1, exp)
-			if err != nil || back != o1 {
-				t.Fatalf("decoded %+v, %v; encoded %+v as %s", back, err, o1, v1)
-			}
-		}
-		if err1 == nil && err2 == nil && (f1 == f2) != (d1 == d2 && r1 == r2) {
-			t.Fatalf("targets %q/%q and %q/%q: fields %s and %s", d1, r1, d2, r2, f1, f2)
-		}
-		// Refused exactly when a string is not UTF-8, saying so.
-		valid := func(o *service.Override) bool {
-			return utf8.ValidString(o.Domain) && utf8.ValidString(o.Rule) && utf8.ValidString(o.By) && utf8.ValidString(o.Reason)
-		}
-		if (err1 == nil) != valid(&o1) || (err2 == nil) != valid(&o2) {
-			t.Fatalf("encodeOverride: %v, %v; want an error exactly when a string is not UTF-8", err1, err2)
-		}
-		if err1 != nil && !strings.Contains(err1.Error(), "UTF-8") {
-			t.Errorf("error %q does not say why", err1)
-		}
-	})
 }
 
 // FuzzAdminAuth: a request authenticates exactly when its Authorization

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/overrides"
 	"github.com/sluicehq/sluice/internal/rules"
 )
 
@@ -28,7 +29,7 @@ type adminFixture struct {
 func newAdminFixture(t *testing.T) *adminFixture {
 	t.Helper()
 	af := &adminFixture{fixture: newFixture(t, Options{}), logs: new(bytes.Buffer)}
-	sync := &OverrideSync{Store: &MemoryOverrides{Now: af.clock.Now}, Overrides: af.overrides}
+	sync := &overrides.Sync{Store: &overrides.MemoryStore{Now: af.clock.Now}, Overrides: af.overrides}
 	admin, err := NewAdmin(AdminOptions{
 		Token: testToken, Service: af.svc, Store: af.mem, Keys: LocalKeys(af.mem),
 		Overrides: af.overrides, OverrideSync: sync,

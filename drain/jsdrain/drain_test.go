@@ -1,4 +1,4 @@
-package drain_test
+package jsdrain_test
 
 import (
 	"bufio"
@@ -18,9 +18,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/drain"
+	"github.com/sluicehq/sluice/drain/jsdrain"
 	"github.com/sluicehq/sluice/internal/natstest"
+	"github.com/sluicehq/sluice/priority"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -163,10 +164,10 @@ func TestDeadLetter(t *testing.T) {
 		t.Fatalf("no dead letter: %v", err)
 	}
 	stop()
-	if got := m.Headers().Get(drain.HeaderKey); got != key(7) {
+	if got := m.Headers().Get(jsdrain.HeaderKey); got != key(7) {
 		t.Errorf("dead letter key %q, want %q", got, key(7))
 	}
-	if got := m.Headers().Get(drain.HeaderError); got != "bad record 3" {
+	if got := m.Headers().Get(jsdrain.HeaderError); got != "bad record 3" {
 		t.Errorf("dead letter error %q, want the last one", got)
 	}
 	mu.Lock()
@@ -234,7 +235,7 @@ func TestPriorities(t *testing.T) {
 	high := source(t, js, "high", "work.high", 0)
 	h := &drain.HTTPSink{URL: sk.srv.URL}
 	d := newDrainer(t, drain.Config{
-		Inputs:          []drain.Input{{Source: low, Priority: adaptive.Low}, {Source: high, Priority: adaptive.High}},
+		Inputs:          []drain.Input{{Source: low, Priority: priority.Low}, {Source: high, Priority: priority.High}},
 		Sink:            h.Send,
 		Limiter:         ratelimit.NewLimiter(2000, 1),
 		Workers:         8,
@@ -291,7 +292,7 @@ func drainChildMain() {
 		defer nc.Close()
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		src, err := drain.NewJetStream(ctx, js, drain.JetStreamConfig{Stream: "WORK", Consumer: "child", AckWait: 2 * time.Second, DeadLetter: "dead.work"})
+		src, err := jsdrain.New(ctx, js, jsdrain.Config{Stream: "WORK", Consumer: "child", AckWait: 2 * time.Second, DeadLetter: "dead.work"})
 		if err != nil {
 			return err
 		}
@@ -413,7 +414,7 @@ func rssChildMain() {
 		defer nc.Close()
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		src, err := drain.NewJetStream(ctx, js, drain.JetStreamConfig{Stream: "WORK", Consumer: "rss", Window: 512})
+		src, err := jsdrain.New(ctx, js, jsdrain.Config{Stream: "WORK", Consumer: "rss", Window: 512})
 		if err != nil {
 			return err
 		}

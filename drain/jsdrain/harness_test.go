@@ -1,4 +1,4 @@
-package drain_test
+package jsdrain_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/sluicehq/sluice/drain"
+	"github.com/sluicehq/sluice/drain/jsdrain"
 	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -217,11 +218,11 @@ func connect(url string) (*nats.Conn, jetstream.JetStream, error) {
 }
 
 // source makes a JetStream source on subject.
-func source(t testing.TB, js jetstream.JetStream, consumer, subject string, ackWait time.Duration) *drain.JetStream {
+func source(t testing.TB, js jetstream.JetStream, consumer, subject string, ackWait time.Duration) *jsdrain.Source {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	src, err := drain.NewJetStream(ctx, js, drain.JetStreamConfig{
+	src, err := jsdrain.New(ctx, js, jsdrain.Config{
 		Stream: "WORK", Consumer: consumer, Subject: subject, AckWait: ackWait, DeadLetter: "dead.work",
 	})
 	if err != nil {

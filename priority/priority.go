@@ -1,4 +1,4 @@
-package adaptive
+package priority
 
 import (
 	"context"
@@ -29,65 +29,66 @@ const (
 	Critical Priority = 2
 )
 
-// NumPriorities is the number of priorities; arrays indexed by priority
-// (Stats.Shed) have this length, Sheddable first and Critical last.
-const NumPriorities = 5
+// Levels is the number of priorities; arrays indexed by priority
+// (Priority.Index; adaptive's Stats.Shed) have this length, Sheddable
+// first and Critical last.
+const Levels = 5
 
 // The names under which the edges carry a request's priority to the next
-// service. The value is a priority's name (Priority.String, ParsePriority).
+// service. The value is a priority's name (Priority.String, Parse).
 const (
-	// PriorityHeader is the HTTP header field.
-	PriorityHeader = "Sluice-Priority"
-	// PriorityMetadata is the gRPC metadata key (gRPC keys are lower case).
-	PriorityMetadata = "sluice-priority"
+	// Header is the HTTP header field.
+	Header = "Sluice-Priority"
+	// Metadata is the gRPC metadata key (gRPC keys are lower case).
+	Metadata = "sluice-priority"
 )
 
-// ErrUnknownPriority is returned (wrapped) by ParsePriority for a name that
-// is not a priority's.
-var ErrUnknownPriority = errors.New("adaptive: unknown priority")
+// ErrUnknown is returned (wrapped) by Parse for a name that is not a
+// priority's.
+var ErrUnknown = errors.New("priority: unknown priority")
 
-var priorityNames = [NumPriorities]string{"sheddable", "low", "normal", "high", "critical"}
+var names = [Levels]string{"sheddable", "low", "normal", "high", "critical"}
 
 // Valid reports whether p is one of the five priorities.
 func (p Priority) Valid() bool { return p >= Sheddable && p <= Critical }
 
-// index returns p's position in arrays indexed by priority: 0 for
-// Sheddable up to NumPriorities-1 for Critical. p must be valid.
-func (p Priority) index() int { return int(p) - int(Sheddable) }
+// Index returns p's position in arrays indexed by priority: 0 for
+// Sheddable up to Levels-1 for Critical. p must be valid.
+func (p Priority) Index() int { return int(p) - int(Sheddable) }
 
-// String returns p's name as ParsePriority reads it ("critical", "high",
+// String returns p's name as Parse reads it ("critical", "high",
 // "normal", "low", "sheddable"), or "priority(N)" for an invalid p.
 func (p Priority) String() string {
 	if !p.Valid() {
 		return "priority(" + strconv.Itoa(int(p)) + ")"
 	}
-	return priorityNames[p.index()]
+	return names[p.Index()]
 }
 
-// maxPriorityName bounds what ParsePriority looks at, so that an
+// maxName bounds what Parse looks at, so that an
 // attacker's megabyte header is refused without being copied or folded.
-const maxPriorityName = len("sheddable")
+const maxName = len("sheddable")
 
-// ParsePriority returns the priority named s, ignoring ASCII case: one of
+// Parse returns the priority named s, ignoring ASCII case: one of
 // "critical", "high", "normal", "low" and "sheddable". Anything else —
 // including the empty string, surrounding spaces and digits — is an error
-// wrapping ErrUnknownPriority; an edge then treats the request as Normal
+// wrapping ErrUnknown; an edge then treats the request as Normal
 // (or refuses it, as it documents). It does not allocate unless it fails.
-func ParsePriority(s string) (Priority, error) {
-	if p, ok := lookupPriority(s); ok {
+func Parse(s string) (Priority, error) {
+	if p, ok := lookup(s); ok {
 		return p, nil
 	}
 	if len(s) > 32 {
 		s = s[:32] + "..."
 	}
-	return Normal, fmt.Errorf("%w %q: want one of critical, high, normal, low, sheddable", ErrUnknownPriority, s)
+	return Normal, fmt.Errorf("%w %q: want one of critical, high, normal, low, sheddable", ErrUnknown, s)
 }
 
-// lookupPriority returns the priority named s, as ParsePriority, without
+// lookup returns the priority named s, as Parse, without
 // an error to build.
-func lookupPriority(s string) (Priority, bool) {
-	if len(s) <= maxPriorityName {
-		for i, name := range priorityNames {
+func lookup(s string) (Priority, bool) {
+	if len(s) <= maxName {
+		for i, name := range names {
 			if equalFoldASCII(s, name) {
 				return Priority(i) + Sheddable, true
 			}
@@ -96,17 +97,17 @@ func lookupPriority(s string) (Priority, bool) {
 	return Normal, false
 }
 
-// TrustedPriority returns the priority that the first of values (the
-// values of a PriorityHeader or PriorityMetadata) names, lowered to max,
+// Trusted returns the priority that the first of values (the values of
+// a Header or Metadata) names, lowered to max,
 // and true; or Normal and false when there is none or it names no
 // priority. It is how an edge reads a caller's priority: a caller may
 // lower its own, but not raise it above what the edge trusts. It does not
 // allocate.
-func TrustedPriority(values []string, max Priority) (Priority, bool) {
+func Trusted(values []string, max Priority) (Priority, bool) {
 	if len(values) == 0 {
 		return Normal, false
 	}
-	p, ok := lookupPriority(values[0])
+	p, ok := lookup(values[0])
 	if !ok {
 		return Normal, false
 	}
@@ -133,18 +134,18 @@ func equalFoldASCII(s, lower string) bool {
 
 type priorityKey struct{}
 
-// WithPriority returns a copy of ctx carrying priority p. An invalid p is
+// NewContext returns a copy of ctx carrying priority p. An invalid p is
 // carried as Normal.
-func WithPriority(ctx context.Context, p Priority) context.Context {
+func NewContext(ctx context.Context, p Priority) context.Context {
 	if !p.Valid() {
 		p = Normal
 	}
 	return context.WithValue(ctx, priorityKey{}, p)
 }
 
-// PriorityFrom returns the priority ctx carries, or Normal if it carries
+// FromContext returns the priority ctx carries, or Normal if it carries
 // none. It does not allocate.
-func PriorityFrom(ctx context.Context) Priority {
+func FromContext(ctx context.Context) Priority {
 	if p, ok := ctx.Value(priorityKey{}).(Priority); ok {
 		return p
 	}

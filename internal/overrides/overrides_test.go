@@ -1,21 +1,50 @@
-package httpapi
+package overrides
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/internal/service"
 	"github.com/sluicehq/sluice/redisstore"
 	"github.com/sluicehq/sluice/storetest"
 )
 
-// testOverrideStore runs the OverrideStore contract against s.
-func testOverrideStore(t *testing.T, s OverrideStore) {
+// testRules define the rule per_user of domain t that the replicas
+// test overrides.
+const testRules = `domain: t
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3, name: per_user}
+`
+
+// loadSet parses rule files into a set.
+func loadSet(t testing.TB, files ...string) *rules.Set {
+	t.Helper()
+	var ds []*rules.Domain
+	for i, f := range files {
+		d, err := rules.Parse(fmt.Sprintf("rules%d.yaml", i), []byte(f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, d)
+	}
+	set, err := rules.NewSet(ds...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return set
+}
+
+// testStore runs the Store contract against s.
+func testStore(t *testing.T, s Store) {
 	ctx := t.Context()
 	list, err := s.List(ctx)
 	if err != nil || len(list) != 0 {
@@ -58,11 +87,11 @@ func testOverrideStore(t *testing.T, s OverrideStore) {
 	}
 }
 
-func TestMemoryOverrides(t *testing.T) {
-	testOverrideStore(t, &MemoryOverrides{})
+func TestMemoryStore(t *testing.T) {
+	testStore(t, &MemoryStore{})
 
 	c := storetest.NewClock(time.Unix(1_800_000_000, 0))
-	m := &MemoryOverrides{Now: c.Now}
+	m := &MemoryStore{Now: c.Now}
 	_ = m.Put(t.Context(), service.Override{Domain: "t", Rule: "r", Quota: 1}, time.Minute)
 	c.Advance(time.Minute)
 	if list, _ := m.List(t.Context()); len(list) != 0 {
@@ -70,21 +99,21 @@ func TestMemoryOverrides(t *testing.T) {
 	}
 }
 
-// redisOverrides returns a RedisOverrides in the hash prefix+"overrides".
-func redisOverrides(t *testing.T, c redis.UniversalClient, prefix string) *RedisOverrides {
+// redisOverrides returns a RedisStore in the hash prefix+"overrides".
+func redisOverrides(t *testing.T, c redis.UniversalClient, prefix string) *RedisStore {
 	t.Helper()
 	h, err := redisstore.NewExpiringHash(c, prefix+"overrides")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return NewRedisOverrides(h)
+	return NewRedisStore(h)
 }
 
-func TestRedisOverrides(t *testing.T) {
+func TestRedisStore(t *testing.T) {
 	srv := redistest.Standalone(t)
 	c := srv.Client()
 	t.Cleanup(func() { c.Close() })
-	testOverrideStore(t, redisOverrides(t, c, "test:"))
+	testStore(t, redisOverrides(t, c, "test:"))
 
 	// Expiry is measured on the Redis server's clock: a 1 ms override
 	// is gone once the server's clock has moved past it.
@@ -110,10 +139,10 @@ func TestRedisOverrides(t *testing.T) {
 	}
 }
 
-// TestRedisOverridesInvalidUTF8: names that JSON would turn into U+FFFD
+// TestRedisStoreInvalidUTF8: names that JSON would turn into U+FFFD
 // are refused, so deleting "\xff" cannot remove the override of "\ufffd"
 // and putting one cannot replace it.
-func TestRedisOverridesInvalidUTF8(t *testing.T) {
+func TestRedisStoreInvalidUTF8(t *testing.T) {
 	srv := redistest.Standalone(t)
 	c := srv.Client()
 	t.Cleanup(func() { c.Close() })
@@ -133,16 +162,16 @@ func TestRedisOverridesInvalidUTF8(t *testing.T) {
 	}
 }
 
-// TestRedisOverridesReachEveryReplica: an override set through one replica
+// TestRedisStoreReachesEveryReplica: an override set through one replica
 // applies on another at its next poll.
-func TestRedisOverridesReachEveryReplica(t *testing.T) {
+func TestRedisStoreReachesEveryReplica(t *testing.T) {
 	srv := redistest.Standalone(t)
 	c := srv.Client()
 	t.Cleanup(func() { c.Close() })
 	set := loadSet(t, testRules)
-	replica := func() (*service.Overrides, *OverrideSync) {
+	replica := func() (*service.Overrides, *Sync) {
 		ov := service.NewOverrides(set, nil)
-		return ov, &OverrideSync{Store: redisOverrides(t, c, "shared:"), Overrides: ov, Every: 10 * time.Millisecond}
+		return ov, &Sync{Store: redisOverrides(t, c, "shared:"), Overrides: ov, Every: 10 * time.Millisecond}
 	}
 	_, syncA := replica()
 	ovB, syncB := replica()
@@ -174,4 +203,43 @@ func TestRedisOverridesReachEveryReplica(t *testing.T) {
 		}
 		runtime.Gosched()
 	}
+}
+
+// FuzzRedisOverrideEncoding: an override is either refused by the Redis
+// encoding with an error, or decoded back as it was; two distinct targets
+// never share a hash field.
+func FuzzRedisOverrideEncoding(f *testing.F) {
+	f.Add("a/b", "c", "a", "b/c", int64(7), int64(0), "alice (127.0.0.1:1)", "why")
+	f.Add("a", "b", "a", "b", int64(1), int64(2), "", "")
+	f.Add("\xff", "r", "\xfe", "r", int64(1), int64(0), "", "")
+	f.Add("\ufffd", "r", "\xff", "r", int64(1), int64(0), "", "")
+	f.Add(`a","b`, "c", "a", `b","c`, int64(1), int64(0), "\xff", "x")
+	f.Add("d", "r", "d", "r", int64(-5), int64(1<<40), "by", "\x00\u2028")
+	f.Fuzz(func(t *testing.T, d1, r1, d2, r2 string, limit, burst int64, by, reason string) {
+		exp := time.Unix(1_900_000_000, 0)
+		o1 := service.Override{Domain: d1, Rule: r1, Quota: limit, Burst: burst, By: by, Reason: reason, Expires: exp}
+		o2 := o1
+		o2.Domain, o2.Rule = d2, r2
+		f1, v1, err1 := encodeOverride(&o1)
+		f2, _, err2 := encodeOverride(&o2)
+		if err1 == nil {
+			back, err := decodeOverride(v1, exp)
+			if err != nil || back != o1 {
+				t.Fatalf("decoded %+v, %v; encoded %+v as %s", back, err, o1, v1)
+			}
+		}
+		if err1 == nil && err2 == nil && (f1 == f2) != (d1 == d2 && r1 == r2) {
+			t.Fatalf("targets %q/%q and %q/%q: fields %s and %s", d1, r1, d2, r2, f1, f2)
+		}
+		// Refused exactly when a string is not UTF-8, saying so.
+		valid := func(o *service.Override) bool {
+			return utf8.ValidString(o.Domain) && utf8.ValidString(o.Rule) && utf8.ValidString(o.By) && utf8.ValidString(o.Reason)
+		}
+		if (err1 == nil) != valid(&o1) || (err2 == nil) != valid(&o2) {
+			t.Fatalf("encodeOverride: %v, %v; want an error exactly when a string is not UTF-8", err1, err2)
+		}
+		if err1 != nil && !strings.Contains(err1.Error(), "UTF-8") {
+			t.Errorf("error %q does not say why", err1)
+		}
+	})
 }

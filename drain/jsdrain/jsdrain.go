@@ -1,4 +1,4 @@
-package drain
+package jsdrain
 
 import (
 	"context"
@@ -10,13 +10,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/sluicehq/sluice/drain"
 )
 
-// Header fields of the messages a JetStream Source reads and of those it
-// dead-letters. Publish sets the first two.
+// Header fields of the messages a Source dead-letters (besides those of
+// the original message: its Nats-Msg-Id and drain.HeaderTenant, which
+// Publish sets).
 const (
-	// HeaderTenant carries the message's tenant.
-	HeaderTenant = "Sluice-Tenant"
 	// HeaderError, on a dead-lettered message, is the last error.
 	HeaderError = "Sluice-Error"
 	// HeaderKey, on a dead-lettered message, is the original's key;
@@ -26,14 +26,14 @@ const (
 	HeaderSequence = "Sluice-Sequence"
 )
 
-// Defaults of JetStreamConfig.
+// Defaults of Config.
 const (
 	DefaultWindow  = 256
 	DefaultAckWait = 30 * time.Second
 )
 
-// JetStreamConfig configures a JetStream Source.
-type JetStreamConfig struct {
+// Config configures a Source.
+type Config struct {
 	// Stream is the stream to drain; required.
 	Stream string
 	// Consumer is the durable pull consumer's name; required. It is
@@ -57,13 +57,15 @@ type JetStreamConfig struct {
 	DeadLetter string
 }
 
-// JetStream is a Source on a JetStream durable pull consumer with
+var _ drain.Source = (*Source)(nil)
+
+// Source is a drain.Source on a JetStream durable pull consumer with
 // explicit acks and unlimited deliveries (the Drainer, not the server,
 // decides when a message has failed too often, since throttling is not
-// failure). Make one with NewJetStream; close it with Stop.
-type JetStream struct {
+// failure). Make one with New; close it with Stop.
+type Source struct {
 	js     jetstream.JetStream
-	cfg    JetStreamConfig
+	cfg    Config
 	cons   jetstream.Consumer
 	window int
 
@@ -71,14 +73,13 @@ type JetStream struct {
 	batch jetstream.MessageBatch // the pull being read, if any
 }
 
-// NewJetStream creates or updates cfg's consumer on js and returns a
-// Source on it.
-func NewJetStream(ctx context.Context, js jetstream.JetStream, cfg JetStreamConfig) (*JetStream, error) {
+// New creates or updates cfg's consumer on js and returns a Source on it.
+func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Source, error) {
 	if cfg.Stream == "" || cfg.Consumer == "" {
-		return nil, errors.New("drain: JetStreamConfig needs Stream and Consumer")
+		return nil, errors.New("jsdrain: Config needs Stream and Consumer")
 	}
 	if cfg.Window < 0 || cfg.AckWait < 0 {
-		return nil, fmt.Errorf("drain: JetStreamConfig: negative Window (%d) or AckWait (%v)", cfg.Window, cfg.AckWait)
+		return nil, fmt.Errorf("jsdrain: Config: negative Window (%d) or AckWait (%v)", cfg.Window, cfg.AckWait)
 	}
 	if cfg.Window == 0 {
 		cfg.Window = DefaultWindow
@@ -96,13 +97,13 @@ func NewJetStream(ctx context.Context, js jetstream.JetStream, cfg JetStreamConf
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("drain: consumer %q on stream %q: %w", cfg.Consumer, cfg.Stream, err)
+		return nil, fmt.Errorf("jsdrain: consumer %q on stream %q: %w", cfg.Consumer, cfg.Stream, err)
 	}
-	return &JetStream{js: js, cfg: cfg, cons: cons, window: cfg.Window}, nil
+	return &Source{js: js, cfg: cfg, cons: cons, window: cfg.Window}, nil
 }
 
 // Window is the consumer's MaxAckPending.
-func (s *JetStream) Window() int { return s.window }
+func (s *Source) Window() int { return s.window }
 
 // fetchWait bounds each pull on the server. A pull that expires while a
 // message is on its way to the client loses that delivery (the client has
@@ -115,7 +116,7 @@ const fetchWait = 5 * time.Second
 
 // Next returns the next message of the consumer. It pulls half the
 // window at a time, each pull bounded by fetchWait on the server.
-func (s *JetStream) Next(ctx context.Context) (Message, error) {
+func (s *Source) Next(ctx context.Context) (drain.Message, error) {
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -127,7 +128,7 @@ func (s *JetStream) Next(ctx context.Context) (Message, error) {
 			var err error
 			batch, err = s.cons.Fetch(max(1, s.window/2), jetstream.FetchMaxWait(fetchWait))
 			if err != nil {
-				return nil, fmt.Errorf("drain: pulling from %q: %w", s.cfg.Consumer, err)
+				return nil, fmt.Errorf("jsdrain: pulling from %q: %w", s.cfg.Consumer, err)
 			}
 			s.mu.Lock()
 			s.batch = batch
@@ -140,7 +141,7 @@ func (s *JetStream) Next(ctx context.Context) (Message, error) {
 				s.batch = nil
 				s.mu.Unlock()
 				if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
-					return nil, fmt.Errorf("drain: pulling from %q: %w", s.cfg.Consumer, err)
+					return nil, fmt.Errorf("jsdrain: pulling from %q: %w", s.cfg.Consumer, err)
 				}
 				continue
 			}
@@ -148,7 +149,7 @@ func (s *JetStream) Next(ctx context.Context) (Message, error) {
 			if err != nil {
 				// Not a JetStream message: it cannot be acknowledged,
 				// so it is not ours to deliver.
-				return nil, fmt.Errorf("drain: message without JetStream metadata: %w", err)
+				return nil, fmt.Errorf("jsdrain: message without JetStream metadata: %w", err)
 			}
 			return &jsMessage{src: s, m: m, md: md}, nil
 		case <-ctx.Done():
@@ -159,7 +160,7 @@ func (s *JetStream) Next(ctx context.Context) (Message, error) {
 
 // Backlog returns the consumer's pending and acknowledgement-pending
 // messages.
-func (s *JetStream) Backlog(ctx context.Context) (int64, error) {
+func (s *Source) Backlog(ctx context.Context) (int64, error) {
 	info, err := s.cons.Info(ctx)
 	if err != nil {
 		return 0, err
@@ -169,7 +170,7 @@ func (s *JetStream) Backlog(ctx context.Context) (int64, error) {
 
 // Stop stops consuming. Messages pulled and not handed out are delivered
 // again after AckWait.
-func (s *JetStream) Stop() {
+func (s *Source) Stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.batch = nil
@@ -177,7 +178,7 @@ func (s *JetStream) Stop() {
 
 // jsMessage is one delivery of a JetStream message.
 type jsMessage struct {
-	src *JetStream
+	src *Source
 	m   jetstream.Msg
 	md  *jetstream.MsgMetadata
 }
@@ -191,7 +192,7 @@ func (m *jsMessage) Key() string {
 }
 
 func (m *jsMessage) Data() []byte    { return m.m.Data() }
-func (m *jsMessage) Tenant() string  { return m.m.Headers().Get(HeaderTenant) }
+func (m *jsMessage) Tenant() string  { return m.m.Headers().Get(drain.HeaderTenant) }
 func (m *jsMessage) Deliveries() int { return int(m.md.NumDelivered) }
 
 func (m *jsMessage) Ack(ctx context.Context) error { return m.m.Ack() }
@@ -213,7 +214,7 @@ func (m *jsMessage) InProgress(ctx context.Context) error { return m.m.InProgres
 func (m *jsMessage) DeadLetter(ctx context.Context, reason error) error {
 	subj := m.src.cfg.DeadLetter
 	if subj == "" {
-		return errors.New("drain: no dead-letter subject configured")
+		return errors.New("jsdrain: no dead-letter subject configured")
 	}
 	out := nats.NewMsg(subj)
 	out.Data = m.m.Data()
@@ -230,14 +231,14 @@ func (m *jsMessage) DeadLetter(ctx context.Context, reason error) error {
 	out.Header.Set(HeaderSequence, strconv.FormatUint(m.md.Sequence.Stream, 10))
 	out.Header.Set(jetstream.MsgIDHeader, "dead:"+m.Key())
 	if _, err := m.src.js.PublishMsg(ctx, out); err != nil {
-		return fmt.Errorf("drain: dead-lettering to %q: %w", subj, err)
+		return fmt.Errorf("jsdrain: dead-lettering to %q: %w", subj, err)
 	}
 	return m.m.TermWithReason("dead-lettered")
 }
 
 // Publish puts data on subject with key as its Nats-Msg-Id (so the
 // stream drops a second publication within its duplicate window, and the
-// Drainer's Message.Key is key) and tenant in HeaderTenant, and waits for
+// Drainer's Message.Key is key) and tenant in drain.HeaderTenant, and waits for
 // the stream to confirm it: once Publish returns nil, the message is
 // durable.
 func Publish(ctx context.Context, js jetstream.JetStream, subject, key, tenant string, data []byte) error {
@@ -247,7 +248,7 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject, key, tenant s
 		msg.Header.Set(jetstream.MsgIDHeader, key)
 	}
 	if tenant != "" {
-		msg.Header.Set(HeaderTenant, tenant)
+		msg.Header.Set(drain.HeaderTenant, tenant)
 	}
 	_, err := js.PublishMsg(ctx, msg)
 	return err

@@ -1,4 +1,4 @@
-package httpapi
+package overrides
 
 import (
 	"context"
@@ -14,11 +14,11 @@ import (
 	"github.com/sluicehq/sluice/redisstore"
 )
 
-// An OverrideStore keeps the runtime overrides of rule limits where every
-// replica of the service finds them. Expiry is given as a duration, so a
+// A Store keeps the runtime overrides of rule limits where every replica
+// of the service finds them. Expiry is given as a duration, so a
 // shared store measures it on its own clock; List converts what remains
 // into instants of this process's clock.
-type OverrideStore interface {
+type Store interface {
 	// List returns the overrides in force.
 	List(ctx context.Context) ([]service.Override, error)
 	// Put sets the override of o.Domain/o.Rule (o.Expires is ignored) for
@@ -29,26 +29,26 @@ type OverrideStore interface {
 	Delete(ctx context.Context, domain, rule string) (bool, error)
 }
 
-// MemoryOverrides is an OverrideStore in this process only: for a single
+// MemoryStore is a Store in this process only: for a single
 // replica, or replicas with separate counters (the memory store). Its zero
 // value is ready to use, with time.Now as the clock; it is safe for
 // concurrent use.
-type MemoryOverrides struct {
+type MemoryStore struct {
 	Now func() time.Time // nil means time.Now
 
 	mu sync.Mutex
 	m  map[[2]string]service.Override
 }
 
-func (m *MemoryOverrides) now() time.Time {
+func (m *MemoryStore) now() time.Time {
 	if m.Now != nil {
 		return m.Now()
 	}
 	return time.Now()
 }
 
-// List implements OverrideStore; it forgets expired overrides.
-func (m *MemoryOverrides) List(context.Context) ([]service.Override, error) {
+// List implements Store; it forgets expired overrides.
+func (m *MemoryStore) List(context.Context) ([]service.Override, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.now()
@@ -64,8 +64,8 @@ func (m *MemoryOverrides) List(context.Context) ([]service.Override, error) {
 	return out, nil
 }
 
-// Put implements OverrideStore.
-func (m *MemoryOverrides) Put(_ context.Context, o service.Override, ttl time.Duration) error {
+// Put implements Store.
+func (m *MemoryStore) Put(_ context.Context, o service.Override, ttl time.Duration) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.m == nil {
@@ -76,8 +76,8 @@ func (m *MemoryOverrides) Put(_ context.Context, o service.Override, ttl time.Du
 	return nil
 }
 
-// Delete implements OverrideStore.
-func (m *MemoryOverrides) Delete(_ context.Context, domain, rule string) (bool, error) {
+// Delete implements Store.
+func (m *MemoryStore) Delete(_ context.Context, domain, rule string) (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	k := [2]string{domain, rule}
@@ -95,19 +95,19 @@ func sortOverrides(list []service.Override) {
 	})
 }
 
-// RedisOverrides is an OverrideStore in a redisstore.ExpiringHash, shared
-// by every replica that uses the same Redis and prefix: each override is
-// one entry, expiring by the Redis server's clock. Replicas learn of a
-// change by polling (see OverrideSync), so a change reaches every replica
+// RedisStore is a Store in a redisstore.ExpiringHash, shared by every
+// replica that uses the same Redis and prefix: each override is one entry,
+// expiring by the Redis server's clock. Replicas learn of a change by
+// polling (see Sync), so a change reaches every replica
 // within one poll interval plus a round trip; the replica that made it
 // applies it at once.
-type RedisOverrides struct {
+type RedisStore struct {
 	h *redisstore.ExpiringHash
 }
 
-// NewRedisOverrides returns a RedisOverrides in h.
-func NewRedisOverrides(h *redisstore.ExpiringHash) *RedisOverrides {
-	return &RedisOverrides{h: h}
+// NewRedisStore returns a RedisStore in h.
+func NewRedisStore(h *redisstore.ExpiringHash) *RedisStore {
+	return &RedisStore{h: h}
 }
 
 // redisOverride is the JSON value of one override in the hash.
@@ -120,10 +120,12 @@ type redisOverride struct {
 	Reason string `json:"reason,omitempty"`
 }
 
-// validTarget refuses a domain or rule name that is not valid UTF-8: no
+// ValidTarget refuses a domain or rule name that is not valid UTF-8: no
 // rule file can define one, and JSON, which replaces invalid bytes, would
-// store two such names under one field.
-func validTarget(domain, rule string) error {
+// store two such names under one field of a RedisStore. The admin API
+// checks it before it asks a store, so that such a name is a client's
+// error, not the store's.
+func ValidTarget(domain, rule string) error {
 	if !utf8.ValidString(domain) || !utf8.ValidString(rule) {
 		return fmt.Errorf("override of %q/%q: a domain or rule name must be valid UTF-8", domain, rule)
 	}
@@ -132,7 +134,7 @@ func validTarget(domain, rule string) error {
 
 // redisField is the hash field of the override of domain/rule: the JSON
 // array [domain, rule], one field per target since both are valid UTF-8
-// (validTarget).
+// (ValidTarget).
 func redisField(domain, rule string) string {
 	b, _ := json.Marshal([2]string{domain, rule})
 	return string(b)
@@ -142,11 +144,11 @@ func redisField(domain, rule string) string {
 // unless every string in it is valid UTF-8, so that decodeOverride gives
 // o back (its expiry aside) and distinct targets never share a field.
 func encodeOverride(o *service.Override) (field, value string, err error) {
-	if err := validTarget(o.Domain, o.Rule); err != nil {
-		return "", "", fmt.Errorf("httpapi: %w", err)
+	if err := ValidTarget(o.Domain, o.Rule); err != nil {
+		return "", "", fmt.Errorf("overrides: %w", err)
 	}
 	if !utf8.ValidString(o.By) || !utf8.ValidString(o.Reason) {
-		return "", "", fmt.Errorf("httpapi: override of %q/%q: by and reason must be valid UTF-8", o.Domain, o.Rule)
+		return "", "", fmt.Errorf("overrides: override of %q/%q: by and reason must be valid UTF-8", o.Domain, o.Rule)
 	}
 	v, err := json.Marshal(redisOverride{Domain: o.Domain, Rule: o.Rule, Limit: o.Quota, Burst: o.Burst, By: o.By, Reason: o.Reason})
 	if err != nil {
@@ -160,17 +162,17 @@ func encodeOverride(o *service.Override) (field, value string, err error) {
 func decodeOverride(value string, expires time.Time) (service.Override, error) {
 	var v redisOverride
 	if err := json.Unmarshal([]byte(value), &v); err != nil {
-		return service.Override{}, fmt.Errorf("httpapi: override value %q: %w", value, err)
+		return service.Override{}, fmt.Errorf("overrides: override value %q: %w", value, err)
 	}
 	return service.Override{Domain: v.Domain, Rule: v.Rule, Quota: v.Limit, Burst: v.Burst, By: v.By, Reason: v.Reason, Expires: expires}, nil
 }
 
-// List implements OverrideStore.
-func (r *RedisOverrides) List(ctx context.Context) ([]service.Override, error) {
+// List implements Store.
+func (r *RedisStore) List(ctx context.Context) ([]service.Override, error) {
 	start := time.Now()
 	entries, err := r.h.List(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("httpapi: listing overrides: %w", err)
+		return nil, fmt.Errorf("overrides: listing overrides: %w", err)
 	}
 	out := make([]service.Override, 0, len(entries))
 	for _, e := range entries {
@@ -186,42 +188,41 @@ func (r *RedisOverrides) List(ctx context.Context) ([]service.Override, error) {
 	return out, nil
 }
 
-// Put implements OverrideStore.
-func (r *RedisOverrides) Put(ctx context.Context, o service.Override, ttl time.Duration) error {
+// Put implements Store.
+func (r *RedisStore) Put(ctx context.Context, o service.Override, ttl time.Duration) error {
 	field, v, err := encodeOverride(&o)
 	if err != nil {
 		return err
 	}
 	if err := r.h.Put(ctx, field, v, ttl); err != nil {
-		return fmt.Errorf("httpapi: storing an override: %w", err)
+		return fmt.Errorf("overrides: storing an override: %w", err)
 	}
 	return nil
 }
 
-// Delete implements OverrideStore.
-func (r *RedisOverrides) Delete(ctx context.Context, domain, rule string) (bool, error) {
-	if err := validTarget(domain, rule); err != nil {
-		return false, fmt.Errorf("httpapi: %w", err)
+// Delete implements Store.
+func (r *RedisStore) Delete(ctx context.Context, domain, rule string) (bool, error) {
+	if err := ValidTarget(domain, rule); err != nil {
+		return false, fmt.Errorf("overrides: %w", err)
 	}
 	ok, err := r.h.Delete(ctx, redisField(domain, rule))
 	if err != nil {
-		return false, fmt.Errorf("httpapi: deleting an override: %w", err)
+		return false, fmt.Errorf("overrides: deleting an override: %w", err)
 	}
 	return ok, nil
 }
 
-// DefaultOverridePoll is how often OverrideSync re-reads a shared store
-// when OverrideSync.Every is 0: the propagation delay of an override to
-// the other replicas.
-const DefaultOverridePoll = time.Second
+// DefaultPoll is how often a Sync re-reads a shared store when its Every
+// is 0: the propagation delay of an override to the other replicas.
+const DefaultPoll = time.Second
 
-// OverrideSync keeps a service's Overrides equal to an OverrideStore.
-// Run polls; Sync reads once (the admin API calls it after each change,
-// so the replica that made a change applies it at once).
-type OverrideSync struct {
-	Store     OverrideStore
+// Sync keeps a service's Overrides (the table it decides with) equal to a
+// Store. Run polls; Sync reads once (the admin API calls it after each
+// change, so the replica that made a change applies it at once).
+type Sync struct {
+	Store     Store
 	Overrides *service.Overrides
-	// Every is the poll interval; 0 means DefaultOverridePoll.
+	// Every is the poll interval; 0 means DefaultPoll.
 	Every time.Duration
 	// Logger logs failed polls; nil discards.
 	Logger *slog.Logger
@@ -231,7 +232,7 @@ type OverrideSync struct {
 }
 
 // Sync reads the store once and applies what it holds.
-func (s *OverrideSync) Sync(ctx context.Context) error {
+func (s *Sync) Sync(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	list, err := s.Store.List(ctx)
@@ -252,10 +253,10 @@ func (s *OverrideSync) Sync(ctx context.Context) error {
 }
 
 // Run polls the store until ctx is done; it returns nil then.
-func (s *OverrideSync) Run(ctx context.Context) error {
+func (s *Sync) Run(ctx context.Context) error {
 	every := s.Every
 	if every <= 0 {
-		every = DefaultOverridePoll
+		every = DefaultPoll
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()

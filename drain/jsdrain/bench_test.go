@@ -1,4 +1,4 @@
-package drain_test
+package jsdrain_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/sluicehq/sluice/drain"
+	"github.com/sluicehq/sluice/drain/jsdrain"
 	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -103,12 +104,12 @@ func BenchmarkCost(b *testing.B) {
 		run(b, func(b *testing.B, js jetstream.JetStream, n int) {
 			ctx := context.Background()
 			cons, err := js.CreateOrUpdateConsumer(ctx, "WORK", jetstream.ConsumerConfig{
-				Durable: "plain", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: drain.DefaultWindow,
+				Durable: "plain", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: jsdrain.DefaultWindow,
 			})
 			if err != nil {
 				b.Fatal(err)
 			}
-			it, err := cons.Messages(jetstream.PullMaxMessages(drain.DefaultWindow))
+			it, err := cons.Messages(jetstream.PullMaxMessages(jsdrain.DefaultWindow))
 			if err != nil {
 				b.Fatal(err)
 			}

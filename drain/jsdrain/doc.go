@@ -1,0 +1,16 @@
+// Package jsdrain is package drain's queue on NATS JetStream: Source, a
+// drain.Source on a durable pull consumer (explicit acks, MaxAckPending as
+// the window, dead-lettering by a confirmed publication to a subject), and
+// Publish, which enqueues a message with its idempotency key and tenant
+// and waits for the stream to confirm it.
+//
+// It is the one library package that links the NATS client (nats.go): a
+// program that drains another queue, or none, imports drain without it.
+// Its name is not jetstream so that it never clashes with nats.go's own
+// package jetstream, which every caller imports beside it to connect.
+//
+// A message's key (drain.Message.Key) is the publisher's Nats-Msg-Id, else
+// the stream and sequence; its tenant is the drain.HeaderTenant header field.
+// A drainer that dies leaves what it held to be delivered again after the
+// consumer's AckWait.
+package jsdrain

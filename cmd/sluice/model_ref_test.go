@@ -218,12 +218,14 @@ type refModel struct {
 	detailed   map[string]int64
 	detailKeys map[string]map[string]bool
 	detailMax  int
+	// seen counts what the case exercised, for the test's log.
+	seen map[string]int
 }
 
 func newRefModel(mc *mCase, domain string, cfg modelConfig) *refModel {
 	m := &refModel{mc: mc, domain: domain, independent: cfg.independent, down: cfg.down, replicas: int64(max(cfg.replicas, 1)),
 		states: map[string]*refState{}, overrides: map[string]int64{}, rules: map[string]*mLimit{},
-		counts: map[string]int64{}, detailed: map[string]int64{}, detailKeys: map[string]map[string]bool{}, detailMax: cfg.detailKeys}
+		seen: map[string]int{}, counts: map[string]int64{}, detailed: map[string]int64{}, detailKeys: map[string]map[string]bool{}, detailMax: cfg.detailKeys}
 	if m.detailMax <= 0 {
 		m.detailMax = 100 // service.DefaultDetailedKeys
 	}
@@ -526,6 +528,22 @@ func (m *refModel) apply(st *mStep, now int64) *refResponse {
 	}
 	resp.Unavailable = resp.Over && closed && !limited
 	m.count(checks, st, allOver)
+	for _, s := range resp.Statuses {
+		switch {
+		case s.QuotaExceeded && !resp.Over:
+			m.seen["quota exceeded, request allowed"]++
+		case s.QuotaExceeded:
+			m.seen["quota exceeded, request refused"]++
+		case s.Quota:
+			m.seen["quota within"]++
+		}
+		if s.Rule != nil && s.Rule.Quota == 0 {
+			m.seen["block rule decided"]++
+		}
+	}
+	if resp.Unavailable {
+		m.seen["denied by fail_closed only"]++
+	}
 	return resp
 }
 
@@ -577,6 +595,7 @@ func (m *refModel) decide(checks []refCheck, now int64) bool {
 				items[j] = refItem{checks[i].key, checks[i].rule, -checks[i].cost}
 			}
 			m.call(items, now) // the refund; its answer is not reported
+			m.seen["quota refusal refunded"]++
 		}
 	}
 	m.decideItems(checks, shadow, now, false, nil)
@@ -744,6 +763,7 @@ func (m *refModel) count(checks []refCheck, st *mStep, allOver bool) {
 			o = "over_limit"
 		}
 		m.counts[name+"|"+o]++
+		m.seen["outcome "+o]++
 		if c.inline || !perValue(c.path) {
 			continue
 		}
@@ -758,6 +778,7 @@ func (m *refModel) count(checks []refCheck, st *mStep, allOver bool) {
 				keys[key] = true
 			} else {
 				key = "_overflow"
+				m.seen["detailed _overflow"]++
 			}
 		}
 		m.detailed[name+"|"+key+"|"+o]++

@@ -133,6 +133,7 @@ type modelServer struct {
 	perCase        bool
 	noMetricsCheck bool
 	pending        []pendingMetrics
+	seen           map[string]int // what the cases exercised (refModel.seen)
 }
 
 // pendingMetrics are the model's metrics of one case run, to compare.
@@ -143,7 +144,7 @@ type pendingMetrics struct {
 }
 
 func startModelServe(t testing.TB, mc modelConfig, redisAddr string) *modelServer {
-	ms := &modelServer{cfg: mc, http: &http.Client{Timeout: 20 * time.Second}}
+	ms := &modelServer{cfg: mc, http: &http.Client{Timeout: 20 * time.Second}, seen: map[string]int{}}
 	// An instant off every unit's boundary, so that windows do not align
 	// with the cases.
 	ms.clock.Store(time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano() + 12_345_678_901)
@@ -341,6 +342,9 @@ func (ms *modelServer) runCase(mc *mCase) (failure string, err error) {
 		if len(diffs) > 0 {
 			return fmt.Sprintf("step %d (%s): %s", i, st.String(), strings.Join(diffs, "; ")), nil
 		}
+	}
+	for k, v := range model.seen {
+		ms.seen[k] += v
 	}
 	switch {
 	case ms.noMetricsCheck:
@@ -1079,9 +1083,25 @@ func TestModel(t *testing.T) {
 			}
 			ms.checkMetrics(t)
 			ms.assertNoPanics(t)
-			t.Logf("%d cases in %v", cases, time.Since(start).Round(time.Millisecond))
+			t.Logf("%d cases in %v; exercised: %s", cases, time.Since(start).Round(time.Millisecond), seenString(ms.seen))
 		})
 	}
+}
+
+func seenString(m map[string]int) string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	var b strings.Builder
+	for i, k := range ks {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %d", k, m[k])
+	}
+	return b.String()
 }
 
 // modelRedis starts one redis-server for every Redis configuration of t

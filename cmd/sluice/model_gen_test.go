@@ -252,7 +252,7 @@ func (g *generator) level(n, depth int) []*mNode {
 func (g *generator) limits(nd *mNode) {
 	c := g.c
 	nd.Shadow = chance(c, 20)
-	nd.Quota = chance(c, 25) // beside shadow too: shadow wins
+	nd.Quota = chance(c, 30) // beside shadow too: shadow wins
 	nd.Detailed = chance(c, 15)
 	if !g.case_.Batched && !g.o.narrow() && chance(c, 30) {
 		nd.List = true

@@ -20,6 +20,22 @@ package main
 //     the first limit it replaces is; on a descriptor that matched
 //     nothing it still limits it (the domain must exist).
 //   - Unlimited limits are reported and never counted.
+//   - quota_mode (internal/service's package doc, "Quota mode"): a
+//     descriptor's limits are soft (unless shadow, or replaced by an
+//     inline limit): decided after the real ones, each on its own (only
+//     looked at, cost 0, when the real ones denied, unless independent);
+//     over one, the descriptor is OVER_LIMIT with quota_exceeded and the
+//     request OK, unless every quota descriptor is over: then the request
+//     is OVER_LIMIT and what the real limits took is given back.
+//   - Store down (redisstore's fallback): each item by its rule's
+//     failure_mode: fail_open admits (nothing known of the key),
+//     fail_closed denies (retry the breaker's cooldown, 1 s; a request
+//     denied by nothing else is 503 on HTTP, OVER_LIMIT on gRPC), local
+//     decides in process at the replica's share, limit/replicas.
+//   - Metrics: one sluice_decisions_total count per decided limit, by
+//     rule ("inline" for inline limits) and outcome, and per stats key
+//     (at most --detailed-metric-keys per rule, then "_overflow") for
+//     rules with detailed_metric or value_to_metric.
 //   - The real limits of a request are decided all or nothing (or one by
 //     one with --independent); shadow limits one by one, apart, and never
 //     deny. A denial consumes nothing.
@@ -589,13 +605,20 @@ func (m *refModel) decide(checks []refCheck, now int64) bool {
 			}
 		}
 		allOver = len(has) > 0 && len(has) == len(over)
-		if allOver && !denied && !m.independent && len(real) > 0 {
-			items := make([]refItem, len(real))
-			for j, i := range real {
-				items[j] = refItem{checks[i].key, checks[i].rule, -checks[i].cost}
+		if allOver && !denied && !m.independent {
+			// Refused by its quotas: what the real limits took (their
+			// positive costs) is given back in one call; a refund
+			// among them stands.
+			var items []refItem
+			for _, i := range real {
+				if c := &checks[i]; c.cost > 0 {
+					items = append(items, refItem{c.key, c.rule, -c.cost})
+				}
 			}
-			m.call(items, now) // the refund; its answer is not reported
-			m.seen["quota refusal refunded"]++
+			if len(items) > 0 {
+				m.call(items, now) // its answer is not reported
+				m.seen["quota refusal refunded"]++
+			}
 		}
 	}
 	m.decideItems(checks, shadow, now, false, nil)

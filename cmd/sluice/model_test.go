@@ -1167,6 +1167,20 @@ func modelRegressions() []*mCase {
 				{Transport: tCheck, Descs: []mDesc{{Entries: []mEntry{{"k1", "ab"}}}, {Entries: []mEntry{{"k1", "ab"}}}}},
 				{Transport: tCheck, Descs: []mDesc{{Entries: []mEntry{{"k1", "ab"}}}}},
 			}},
+		// A request refused by its quota-mode limit, with a refund
+		// beside a consumption: the consumption is given back, the
+		// refund (of nothing) is not made a consumption (the service
+		// negated every cost in one all-or-nothing call, which the
+		// store denied, so the consumption was kept).
+		{Seed: 6, Nodes: []*mNode{
+			{ID: 0, Key: "k0", Limits: []*mLimit{{Name: "r0", Unit: 3, Quota: 5, Algorithm: algFixed}}},
+			{ID: 1, Key: "k1", Limits: []*mLimit{{Name: "r1", Unit: 3, Quota: 1, Algorithm: algFixed}}},
+			{ID: 2, Key: "k2", Value: "a", Quota: true, Limits: []*mLimit{{Name: "r2", Unit: 3, Quota: 1, Algorithm: algFixed}}}},
+			Steps: []mStep{
+				{Transport: tCheck, Descs: []mDesc{{Entries: []mEntry{{"k2", "a"}}}}},
+				{Transport: tCheck, Descs: []mDesc{{Entries: []mEntry{{"k0", "a"}}}, {Entries: []mEntry{{"k1", "a"}}, HasCost: true, Cost: -5}, {Entries: []mEntry{{"k2", "a"}}}}},
+				{Transport: tCheck, HasCost: true, Descs: []mDesc{{Entries: []mEntry{{"k0", "a"}}}, {Entries: []mEntry{{"k1", "a"}}}}},
+			}},
 		// A shadow limit beside fewer real ones (the top-K panic).
 		{Seed: 2, Nodes: []*mNode{
 			{ID: 0, Key: "k0", Shadow: true, List: true, Limits: []*mLimit{{Name: "s0", Unit: 1, Quota: 1, Algorithm: algGCRA}, {Name: "s1", Unit: 2, Quota: 1, Algorithm: algFixed, WriteAlg: true}}},

@@ -4,10 +4,14 @@ package main
 // request sequences (model_gen_test.go) on a virtual clock, driven
 // through serve's real code path on every transport (gRPC RLS, POST
 // /json, POST /v1/check), with --independent, --headers and the top-K
-// trackers on and off, on the memory store and on Redis, and compared,
-// field by field, with a plain reference model of the decided semantics
-// (model_ref_test.go). A failure is shrunk and printed as the YAML and
-// requests that reproduce it, with the seed that reruns it:
+// trackers on and off, metrics on and off, on the memory store, on Redis
+// and on Redis stopped (the failure modes), and compared, field by field,
+// with a plain reference model of the decided semantics
+// (model_ref_test.go); after the cases of a configuration, one scrape of
+// /metrics is compared with the model's sluice_decisions_total and
+// sluice_detailed_decisions_total of every case's domain. A failure is
+// shrunk and printed as the YAML and requests that reproduce it, with the
+// seed that reruns it:
 //
 //	go test -race -run 'TestModel/<config>' ./cmd/sluice/ -model.seed=SEED -model.cases=1
 
@@ -1053,7 +1057,7 @@ func (ms *modelServer) assertNoPanics(t testing.TB) {
 func TestModel(t *testing.T) {
 	cases := *modelCases
 	if cases == 0 {
-		cases = 200 // 12 configurations: 2,400 cases, about a minute under -race
+		cases = 150 // 14 configurations: 2,100 cases, about a minute under -race
 		if testing.Short() {
 			cases = 40
 		}

@@ -1057,7 +1057,7 @@ func (ms *modelServer) assertNoPanics(t testing.TB) {
 func TestModel(t *testing.T) {
 	cases := *modelCases
 	if cases == 0 {
-		cases = 150 // 14 configurations: 2,100 cases, about a minute under -race
+		cases = 200 // 14 configurations: 2,800 cases, under a minute under -race
 		if testing.Short() {
 			cases = 40
 		}

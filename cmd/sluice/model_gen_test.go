@@ -6,11 +6,9 @@ package main
 // a runtime override. Cases are plain values, so that a failure can be
 // shrunk by deleting parts of one and printed as YAML and requests.
 //
-// Not generated yet: quota_mode, detailed_metric and value_to_metric
-// (another change gives them their semantics; add them to mNode and
-// writeNode), share_threshold, calendar windows, periods, sliding windows
-// and leaky buckets, and store outages (failure_mode is written, but the
-// store never fails here).
+// Not generated yet: share_threshold, calendar windows, periods, sliding
+// windows and leaky buckets, and approximate counting. Store outages are
+// a configuration (model_test.go: Redis stopped under serve), not a step.
 
 import (
 	"fmt"
@@ -92,6 +90,9 @@ type mNode struct {
 	Key      string
 	Value    string // "" key only; ending in "*" a wildcard
 	Shadow   bool
+	Quota    bool // quota_mode (written only with limits)
+	Detailed bool // detailed_metric (written only with limits)
+	ToMetric bool // value_to_metric (on any descriptor of a path)
 	List     bool // limits written as a `limits:` list
 	Limits   []*mLimit
 	Children []*mNode
@@ -164,7 +165,26 @@ var (
 // genOpts say what a configuration lets the generator produce.
 type genOpts struct {
 	redis bool // batched counting only in the batched shape
+	// down: the store is down for the whole run (every decision by the
+	// failure modes): no batched counting, no runtime overrides (they
+	// live in Redis), and failure modes on most limits.
+	down bool
 }
+
+// modelRedisNarrow narrows what requests look like on Redis (not on the
+// Redis-down configuration, which never reaches Redis): one descriptor
+// per request, no `limits:` lists, no inline limits and no
+// is_negative_hits, so that a request decides one limit. Two defects of
+// redisstore this test found make requests of several items differ from
+// the model there (modelRegressions, cases 4 and 5: the denial cache
+// answers a request's other items denied with reason ok and no retry; a
+// batched bucket's unit taken for a request that another item denies is
+// lost, not given back). Set it to false once they are fixed; then run
+// TestModelRegressions with -model.known too.
+const modelRedisNarrow = true
+
+// narrow reports whether requests are narrowed (modelRedisNarrow).
+func (o genOpts) narrow() bool { return o.redis && !o.down && modelRedisNarrow }
 
 type generator struct {
 	c      chooser
@@ -179,7 +199,7 @@ func genCase(c chooser, o genOpts, seed uint64) *mCase {
 	g := &generator{c: c, o: o}
 	mc := &mCase{Seed: seed}
 	g.case_ = mc
-	mc.Batched = o.redis && chance(c, 15)
+	mc.Batched = o.redis && !o.down && chance(c, 15)
 	n := 1 + c.intn(4)
 	mc.Nodes = g.level(n, 0)
 	// replaces, among the named rules.
@@ -217,6 +237,7 @@ func (g *generator) level(n, depth int) []*mNode {
 			continue
 		}
 		seen[nd.Key+"="+nd.Value] = true
+		nd.ToMetric = chance(g.c, 12)
 		if depth < 2 && chance(g.c, 35) {
 			nd.Children = g.level(1+g.c.intn(3), depth+1)
 		}
@@ -231,7 +252,9 @@ func (g *generator) level(n, depth int) []*mNode {
 func (g *generator) limits(nd *mNode) {
 	c := g.c
 	nd.Shadow = chance(c, 20)
-	if !g.case_.Batched && !g.o.redis && chance(c, 30) {
+	nd.Quota = chance(c, 30) // beside shadow too: shadow wins
+	nd.Detailed = chance(c, 15)
+	if !g.case_.Batched && !g.o.narrow() && chance(c, 30) {
 		nd.List = true
 	}
 	n := 1
@@ -252,8 +275,8 @@ func (g *generator) limits(nd *mNode) {
 		units[i], units[j] = units[j], units[i]
 		l.Unit = units[i]
 		l.Quota = int64(pick(c, 1, 2, 3, 5))
-		if chance(c, 8) {
-			l.Quota = int64(pick(c, 0, 10, 20))
+		if chance(c, 10) {
+			l.Quota = int64(pick(c, 0, 0, 10, 20)) // 0: a block rule
 		}
 		switch {
 		case nd.List:
@@ -266,10 +289,10 @@ func (g *generator) limits(nd *mNode) {
 		default:
 			l.Algorithm = algFixed
 		}
-		if l.Algorithm == algGCRA && l.Quota == 0 {
+		if l.Algorithm == algGCRA && l.Quota == 0 && chance(c, 50) {
 			l.Quota = 1
 		}
-		if l.Algorithm == algGCRA && chance(c, 25) {
+		if l.Algorithm == algGCRA && l.Quota > 0 && chance(c, 25) { // no burst without a rate
 			l.Burst = int64(pick(c, 1, 2, 4, 6))
 			if !nd.List && chance(c, 50) {
 				l.WriteAlg = false // burst alone makes a rate_limit gcra
@@ -285,7 +308,7 @@ func (g *generator) limits(nd *mNode) {
 		} else if !g.o.redis && chance(c, 10) {
 			l.Counting = "batched" // the memory store is exact in every mode
 		}
-		if chance(c, 10) {
+		if chance(c, 10) || (g.o.down && chance(c, 75)) {
 			l.Failure = pick(c, "fail_open", "fail_closed", "local")
 		}
 		nd.Limits = append(nd.Limits, l)
@@ -326,11 +349,11 @@ func (g *generator) step() mStep {
 				limited = append(limited, l)
 			}
 		}
-		if len(limited) > 0 && chance(c, 8) {
+		if len(limited) > 0 && !g.o.down && chance(c, 8) {
 			st.Kind, st.Rule, st.Quota = sOverride, pick(c, limited...).Name, int64(c.intn(7))
 			return st
 		}
-		if len(limited) > 0 && chance(c, 3) {
+		if len(limited) > 0 && !g.o.down && chance(c, 3) {
 			st.Kind, st.Rule = sDeleteOverride, pick(c, limited...).Name
 			return st
 		}
@@ -347,15 +370,8 @@ func (g *generator) step() mStep {
 		}
 	}
 	n := 1 + c.intn(3)
-	if g.o.redis {
-		// One descriptor of one limit (no `limits:` lists on Redis): two
-		// defects of redisstore this test found make requests of several
-		// items differ from the model there (modelRegressions, cases 4
-		// and 5: the denial cache answers a request's other items denied
-		// with reason ok and no retry; a batched bucket's unit taken for
-		// a request that another item denies is lost, not given back).
-		// Lift this once they are fixed.
-		n = 1
+	if g.o.narrow() {
+		n = 1 // see modelRedisNarrow
 	}
 	ps := paths(mc.Nodes, nil, nil)
 	for range n {
@@ -377,7 +393,7 @@ func (g *generator) step() mStep {
 				d.Cost = int64(pick(c, 0, 1, 2, 3, 6, -1, -2))
 			}
 		}
-		if rls && !mc.Batched && !g.o.redis {
+		if rls && !mc.Batched && !g.o.narrow() {
 			d.Negative = chance(c, 10)
 			if chance(c, 18) {
 				d.Inline = &mInline{RPU: uint32(c.intn(5)), Unit: 1 + c.intn(3), Mult: uint32(pick(c, 0, 0, 1, 2))}
@@ -422,6 +438,15 @@ func writeNode(b *strings.Builder, n *mNode, ind string) {
 	}
 	if n.Shadow && len(n.Limits) > 0 {
 		fmt.Fprintf(b, "%sshadow_mode: true\n", in)
+	}
+	if n.Quota && len(n.Limits) > 0 {
+		fmt.Fprintf(b, "%squota_mode: true\n", in)
+	}
+	if n.Detailed && len(n.Limits) > 0 {
+		fmt.Fprintf(b, "%sdetailed_metric: true\n", in)
+	}
+	if n.ToMetric {
+		fmt.Fprintf(b, "%svalue_to_metric: true\n", in)
 	}
 	switch {
 	case len(n.Limits) == 0:

@@ -20,6 +20,22 @@ package main
 //     (it takes none of the modes of what it replaces); on a descriptor
 //     that matched nothing it still limits it (the domain must exist).
 //   - Unlimited limits are reported and never counted.
+//   - quota_mode (internal/service's package doc, "Quota mode"): a
+//     descriptor's limits are soft (unless shadow, or replaced by an
+//     inline limit): decided after the real ones, each on its own (only
+//     looked at, cost 0, when the real ones denied, unless independent);
+//     over one, the descriptor is OVER_LIMIT with quota_exceeded and the
+//     request OK, unless every quota descriptor is over: then the request
+//     is OVER_LIMIT and what the real limits took is given back.
+//   - Store down (redisstore's fallback): each item by its rule's
+//     failure_mode: fail_open admits (nothing known of the key),
+//     fail_closed denies (retry the breaker's cooldown, 1 s; a request
+//     denied by nothing else is 503 on HTTP, OVER_LIMIT on gRPC), local
+//     decides in process at the replica's share, limit/replicas.
+//   - Metrics: one sluice_decisions_total count per decided limit, by
+//     rule ("inline" for inline limits) and outcome, and per stats key
+//     (at most --detailed-metric-keys per rule, then "_overflow") for
+//     rules with detailed_metric or value_to_metric.
 //   - The real limits of a request are decided all or nothing (or one by
 //     one with --independent); shadow limits one by one, apart, and never
 //     deny. A denial consumes nothing.
@@ -51,6 +67,7 @@ type refRule struct {
 	Burst     int64
 	Period    time.Duration
 	Unit      int
+	Failure   string // "" (fail_open), fail_open, fail_closed or local
 }
 
 func (r *refRule) capacity() int64 {
@@ -199,14 +216,35 @@ func (r *refRule) run(s *refState, now, cost int64, commit bool) refDecision {
 // refModel is the state of one case.
 type refModel struct {
 	mc          *mCase
+	domain      string
 	independent bool
-	states      map[string]*refState
-	overrides   map[string]int64 // rule name → quota
-	rules       map[string]*mLimit
+	// down: the store cannot reach its backend; every decision is its
+	// rule's failure mode (fail_open admits, fail_closed denies, local
+	// decides here at the replica's share, limit/replicas).
+	down      bool
+	replicas  int64
+	states    map[string]*refState
+	overrides map[string]int64 // rule name → quota
+	rules     map[string]*mLimit
+	// Metrics: the counts of sluice_decisions_total ("rule|outcome") and
+	// sluice_detailed_decisions_total ("rule|key|outcome") for the
+	// case's domain, and the keys of each rule's detailed series (at
+	// most detailMax; further keys count under "_overflow").
+	counts     map[string]int64
+	detailed   map[string]int64
+	detailKeys map[string]map[string]bool
+	detailMax  int
+	// seen counts what the case exercised, for the test's log.
+	seen map[string]int
 }
 
-func newRefModel(mc *mCase, independent bool) *refModel {
-	m := &refModel{mc: mc, independent: independent, states: map[string]*refState{}, overrides: map[string]int64{}, rules: map[string]*mLimit{}}
+func newRefModel(mc *mCase, domain string, cfg modelConfig) *refModel {
+	m := &refModel{mc: mc, domain: domain, independent: cfg.independent, down: cfg.down, replicas: int64(max(cfg.replicas, 1)),
+		states: map[string]*refState{}, overrides: map[string]int64{}, rules: map[string]*mLimit{},
+		seen: map[string]int{}, counts: map[string]int64{}, detailed: map[string]int64{}, detailKeys: map[string]map[string]bool{}, detailMax: cfg.detailKeys}
+	if m.detailMax <= 0 {
+		m.detailMax = 100 // service.DefaultDetailedKeys
+	}
 	for _, p := range paths(mc.Nodes, nil, nil) {
 		for _, l := range p[len(p)-1].Limits {
 			m.rules[l.Name] = l
@@ -223,12 +261,34 @@ type refStatus struct {
 	UnlimName string
 	Rule      *refRule // nil: none, or unlimited
 	Shadow    bool
-	D         refDecision
+	// Quota: a quota_mode limit decided; QuotaExceeded: it denied (the
+	// descriptor is over, the request maybe not).
+	Quota, QuotaExceeded bool
+	D                    refDecision
 }
 
 type refResponse struct {
-	Over     bool
-	Statuses []refStatus
+	Domain string // the domain asked (quota_mode's metadata)
+	Over   bool
+	// Unavailable: every limit that denies failed closed (the store is
+	// down): HTTP answers 503, gRPC OVER_LIMIT.
+	Unavailable bool
+	Statuses    []refStatus
+}
+
+// quotaMeta returns whether the RLS answer carries quota_mode's
+// dynamic_metadata (a quota-mode limit decided a descriptor) and the
+// indexes of the descriptors over their quota.
+func (r *refResponse) quotaMeta() (bool, []int) {
+	on := false
+	var over []int
+	for i, s := range r.Statuses {
+		on = on || s.Quota
+		if s.QuotaExceeded {
+			over = append(over, i)
+		}
+	}
+	return on, over
 }
 
 // A refCheck is one limit to decide for one descriptor.
@@ -238,13 +298,17 @@ type refCheck struct {
 	unlimName string
 	key       string
 	shadow    bool
+	quota     bool // a quota_mode limit (never shadow, never inline)
+	inline    bool
+	path      []*mNode // the matched descriptor, root first (nil for a bare inline limit)
 	cost      int64
 	d         refDecision
 }
 
-// match finds the node the entries match, or nil.
-func refMatch(nodes []*mNode, entries []mEntry) *mNode {
+// refMatch finds the path of nodes the entries match, or nil.
+func refMatch(nodes []*mNode, entries []mEntry) []*mNode {
 	level := nodes
+	var path []*mNode
 	for i, e := range entries {
 		var exact, wild, any *mNode
 		for _, n := range level {
@@ -274,8 +338,9 @@ func refMatch(nodes []*mNode, entries []mEntry) *mNode {
 		if n == nil {
 			return nil
 		}
+		path = append(path, n)
 		if i == len(entries)-1 {
-			return n
+			return path
 		}
 		level = n.Children
 	}
@@ -294,8 +359,47 @@ func pathKey(n *mNode, entries []mEntry) string {
 	return b.String()
 }
 
+// metricKey is the stats key envoyproxy/ratelimit gives a limit of the
+// descriptor path for entries (internal/rules, Spec.AppendMetricKey): the
+// domain, then per level "." and the key, and "_" and a value where there
+// is one: the request's with detailed_metric (even empty), the request's
+// (when not empty) on a level with value_to_metric, else the rule file's
+// (the exact value, "prefix*" for a wildcard, nothing for key only).
+func (m *refModel) metricKey(path []*mNode, entries []mEntry) string {
+	var b strings.Builder
+	b.WriteString(m.domain)
+	detailed := path[len(path)-1].Detailed
+	for i, n := range path {
+		b.WriteString("." + n.Key)
+		switch {
+		case detailed:
+			b.WriteString("_" + entries[i].Value)
+		case n.ToMetric:
+			if entries[i].Value != "" {
+				b.WriteString("_" + entries[i].Value)
+			}
+		case n.Value != "":
+			b.WriteString("_" + n.Value)
+		}
+	}
+	return b.String()
+}
+
+// perValue reports whether a limit of path has per-value metrics.
+func perValue(path []*mNode) bool {
+	if path[len(path)-1].Detailed {
+		return true
+	}
+	for _, n := range path {
+		if n.ToMetric {
+			return true
+		}
+	}
+	return false
+}
+
 func (m *refModel) rule(l *mLimit) *refRule {
-	r := &refRule{Name: l.Name, Algorithm: l.Algorithm, Quota: l.Quota, Burst: l.Burst, Period: unitDurations[l.Unit], Unit: l.Unit}
+	r := &refRule{Name: l.Name, Algorithm: l.Algorithm, Quota: l.Quota, Burst: l.Burst, Period: unitDurations[l.Unit], Unit: l.Unit, Failure: l.Failure}
 	if q, ok := m.overrides[l.Name]; ok {
 		r.Quota, r.Burst = q, 0
 	}
@@ -337,24 +441,24 @@ func (m *refModel) apply(st *mStep, now int64) *refResponse {
 		delete(m.overrides, st.Rule)
 		return nil
 	}
-	resp := &refResponse{Statuses: make([]refStatus, len(st.Descs))}
+	resp := &refResponse{Domain: m.domain, Statuses: make([]refStatus, len(st.Descs))}
 	if st.Unknown {
 		return resp
 	}
 	type match struct {
 		desc int
-		node *mNode
+		path []*mNode
 		l    *mLimit
 	}
 	var matches []match
 	replaced := map[string]bool{}
 	for i := range st.Descs {
-		n := refMatch(m.mc.Nodes, st.Descs[i].Entries)
-		if n == nil {
+		p := refMatch(m.mc.Nodes, st.Descs[i].Entries)
+		if p == nil {
 			continue
 		}
-		for _, l := range n.Limits {
-			matches = append(matches, match{i, n, l})
+		for _, l := range p[len(p)-1].Limits {
+			matches = append(matches, match{i, p, l})
 			for _, r := range l.Replaces {
 				replaced[r] = true
 			}
@@ -367,20 +471,21 @@ func (m *refModel) apply(st *mStep, now int64) *refResponse {
 			continue
 		}
 		d := &st.Descs[mt.desc]
-		c := refCheck{desc: mt.desc, shadow: mt.node.Shadow, cost: st.cost(mt.desc)}
+		node := mt.path[len(mt.path)-1]
+		c := refCheck{desc: mt.desc, shadow: node.Shadow, quota: node.Quota && !node.Shadow, path: mt.path, cost: st.cost(mt.desc)}
 		switch {
 		case d.Inline != nil:
 			if inlined[mt.desc] {
 				continue
 			}
 			inlined[mt.desc] = true
-			c.rule, c.shadow = inlineRule(d.Inline), false
-			c.key = "inline|" + pathKey(mt.node, d.Entries) + "|" + c.rule.Period.String()
+			c.rule, c.inline, c.quota, c.shadow = inlineRule(d.Inline), true, false, false
+			c.key = "inline|" + pathKey(node, d.Entries) + "|" + c.rule.Period.String()
 		case mt.l.Unlimited:
 			c.unlimName = mt.l.Name
 		default:
 			c.rule = m.rule(mt.l)
-			c.key = pathKey(mt.node, d.Entries) + "|" + mt.l.Algorithm + "|" + c.rule.Period.String()
+			c.key = pathKey(node, d.Entries) + "|" + mt.l.Algorithm + "|" + c.rule.Period.String()
 		}
 		checks = append(checks, c)
 	}
@@ -394,10 +499,11 @@ func (m *refModel) apply(st *mStep, now int64) *refResponse {
 		for _, e := range d.Entries {
 			key += fmt.Sprintf("|%q=%q", e.Key, e.Value)
 		}
-		checks = append(checks, refCheck{desc: i, rule: r, key: key + "|" + r.Period.String(), cost: st.cost(i)})
+		checks = append(checks, refCheck{desc: i, rule: r, inline: true, key: key + "|" + r.Period.String(), cost: st.cost(i)})
 	}
-	m.decideAll(checks, now, false, !m.independent)
-	m.decideAll(checks, now, true, false)
+	allOver := m.decide(checks, now)
+	// The answer.
+	limited, closed := false, false
 	for i := range checks {
 		c := &checks[i]
 		s := &resp.Statuses[c.desc]
@@ -407,28 +513,299 @@ func (m *refModel) apply(st *mStep, now int64) *refResponse {
 			}
 			continue
 		}
-		realDenial := !c.d.Allowed && !c.shadow
+		denies := !c.d.Allowed && !c.shadow && (!c.quota || allOver)
+		if denies {
+			resp.Over = true
+			if c.d.Reason == "fail_closed" {
+				closed = true
+			} else {
+				limited = true
+			}
+		}
+		overHere := !c.d.Allowed && !c.shadow
 		take := false
 		switch {
 		case s.Rule == nil:
 			take = true
 		case s.Over:
-		case realDenial:
+		case overHere:
 			take = true
 		case s.Shadow != c.shadow:
 			take = !c.shadow
+		case (c.d.Reason == "fail_open") != (s.D.Reason == "fail_open"):
+			take = s.D.Reason == "fail_open" // a known remaining beats an unknown one
 		default:
 			take = c.d.Remaining < s.D.Remaining
 		}
 		if !take {
 			continue
 		}
-		*s = refStatus{Matched: true, Rule: c.rule, Shadow: c.shadow, D: c.d, Over: realDenial}
-		if realDenial {
-			resp.Over = true
+		*s = refStatus{Matched: true, Rule: c.rule, Shadow: c.shadow, Quota: c.quota, D: c.d, Over: overHere, QuotaExceeded: overHere && c.quota}
+	}
+	resp.Unavailable = resp.Over && closed && !limited
+	m.count(checks, st, allOver)
+	for _, s := range resp.Statuses {
+		switch {
+		case s.QuotaExceeded && !resp.Over:
+			m.seen["quota exceeded, request allowed"]++
+		case s.QuotaExceeded:
+			m.seen["quota exceeded, request refused"]++
+		case s.Quota:
+			m.seen["quota within"]++
+		}
+		if s.Rule != nil && s.Rule.Quota == 0 {
+			m.seen["block rule decided"]++
 		}
 	}
+	if resp.Unavailable {
+		m.seen["denied by fail_closed only"]++
+	}
 	return resp
+}
+
+// decide decides the checks as the service does ("Quota mode" in its
+// package doc): the real limits together (one by one when independent),
+// then each quota limit on its own (only looked at, cost 0, when the real
+// ones denied, unless independent), then, when every quota descriptor is
+// over, the real limits' costs given back in one call; the shadow limits
+// one by one. It returns whether every quota descriptor is over.
+func (m *refModel) decide(checks []refCheck, now int64) bool {
+	var real, quota, shadow []int
+	for i := range checks {
+		switch c := &checks[i]; {
+		case c.rule == nil:
+		case c.shadow:
+			shadow = append(shadow, i)
+		case c.quota:
+			quota = append(quota, i)
+		default:
+			real = append(real, i)
+		}
+	}
+	m.decideItems(checks, real, now, !m.independent, nil)
+	denied := false
+	for _, i := range real {
+		denied = denied || !checks[i].d.Allowed
+	}
+	allOver := false
+	if len(quota) > 0 {
+		var cost map[int]int64
+		if denied && !m.independent {
+			cost = map[int]int64{}
+			for _, i := range quota {
+				cost[i] = 0
+			}
+		}
+		m.decideItems(checks, quota, now, false, cost)
+		has, over := map[int]bool{}, map[int]bool{}
+		for _, i := range quota {
+			has[checks[i].desc] = true
+			if !checks[i].d.Allowed {
+				over[checks[i].desc] = true
+			}
+		}
+		allOver = len(has) > 0 && len(has) == len(over)
+		if allOver && !denied && !m.independent {
+			// Refused by its quotas: what the real limits took (their
+			// positive costs) is given back in one call; a refund
+			// among them stands.
+			var items []refItem
+			for _, i := range real {
+				if c := &checks[i]; c.cost > 0 {
+					items = append(items, refItem{c.key, c.rule, -c.cost})
+				}
+			}
+			if len(items) > 0 {
+				m.call(items, now) // its answer is not reported
+				m.seen["quota refusal refunded"]++
+			}
+		}
+	}
+	m.decideItems(checks, shadow, now, false, nil)
+	return allOver
+}
+
+// decideItems decides the checks idx: in one store call when together,
+// else one call each; cost, when set, replaces their costs.
+func (m *refModel) decideItems(checks []refCheck, idx []int, now int64, together bool, cost map[int]int64) {
+	item := func(i int) refItem {
+		c := &checks[i]
+		it := refItem{c.key, c.rule, c.cost}
+		if v, ok := cost[i]; ok {
+			it.cost = v
+		}
+		return it
+	}
+	if !together {
+		for _, i := range idx {
+			checks[i].d = m.call([]refItem{item(i)}, now)[0]
+		}
+		return
+	}
+	if len(idx) == 0 {
+		return
+	}
+	items := make([]refItem, len(idx))
+	for j, i := range idx {
+		items[j] = item(i)
+	}
+	for j, d := range m.call(items, now) {
+		checks[idx[j]].d = d
+	}
+}
+
+// refItem is one item of a store call.
+type refItem struct {
+	key  string
+	rule *refRule
+	cost int64
+}
+
+// call is one call of the store: all or nothing, or, when it is down,
+// each item by its rule's failure mode (redisstore's fallback: fail_open
+// admits, fail_closed denies with the breaker's retry, 1 s; local decides
+// the local items together in process at the replica's share, consuming
+// nothing, refunds aside, when a fail_closed item denies the call).
+func (m *refModel) call(items []refItem, now int64) []refDecision {
+	if !m.down {
+		return m.together(items, now, "")
+	}
+	anyClosed := false
+	var local []refItem
+	for _, it := range items {
+		switch it.rule.Failure {
+		case "fail_closed":
+			anyClosed = true
+		case "local":
+			l := *it.rule
+			if l.Quota > 0 {
+				l.Quota = max(1, l.Quota/m.replicas)
+			}
+			if l.Burst > 0 {
+				l.Burst = max(1, l.Burst/m.replicas)
+			}
+			local = append(local, refItem{it.key, &l, it.cost})
+		}
+	}
+	if anyClosed {
+		for i := range local {
+			local[i].cost = min(local[i].cost, 0)
+		}
+	}
+	var lds []refDecision
+	if len(local) > 0 {
+		lds = m.together(local, now, "local|")
+	}
+	out := make([]refDecision, len(items))
+	j := 0
+	for i, it := range items {
+		r := it.rule
+		d := refDecision{Capacity: r.capacity(), Rule: r.Name}
+		switch r.Failure {
+		case "fail_closed":
+			d.Reason, d.RetryAfter = "fail_closed", time.Second
+		case "local":
+			d = lds[j]
+			j++
+			d.Reason, d.Rule = "local", r.Name
+		default:
+			d.Allowed, d.Reason = true, "fail_open"
+		}
+		out[i] = d
+	}
+	return out
+}
+
+// together decides items all or nothing: in order on working copies,
+// stopping at the first denial; the copies are kept only if every item
+// was admitted. The states are under prefix+key.
+func (m *refModel) together(items []refItem, now int64, prefix string) []refDecision {
+	ds := make([]refDecision, len(items))
+	work := map[string]refState{}
+	denied := -1
+	for i, it := range items {
+		k := prefix + it.key
+		s, ok := work[k]
+		if !ok {
+			s = *m.state(k)
+		}
+		ds[i] = it.rule.decide(&s, now, it.cost, true)
+		work[k] = s
+		if !ds[i].Allowed {
+			denied = i
+			break
+		}
+	}
+	if denied < 0 {
+		for k, s := range work {
+			*m.state(k) = s
+		}
+		return ds
+	}
+	// The others are reported as they stand: what they alone would get,
+	// and a check (cost 0) when that is an admission, since nothing was
+	// taken.
+	for i, it := range items {
+		if i == denied {
+			continue
+		}
+		s := *m.state(prefix + it.key)
+		ds[i] = it.rule.decide(&s, now, it.cost, false)
+		if ds[i].Allowed {
+			ds[i] = it.rule.decide(&s, now, 0, false)
+		}
+	}
+	return ds
+}
+
+// count adds a request's decisions to the model's metrics: one per
+// limit decided, unlimited ones included (internal/service's Metrics).
+func (m *refModel) count(checks []refCheck, st *mStep, allOver bool) {
+	for i := range checks {
+		c := &checks[i]
+		name := c.unlimName
+		if c.rule != nil {
+			name = c.rule.Name
+		}
+		if c.inline {
+			name = "inline"
+		}
+		var o string
+		switch {
+		case c.rule == nil:
+			o = "unlimited"
+		case c.d.Reason == "fail_open" || c.d.Reason == "fail_closed" || c.d.Reason == "local":
+			o = c.d.Reason
+		case c.d.Allowed:
+			o = "ok"
+		case c.shadow:
+			o = "shadow_would_deny"
+		case c.quota && !allOver:
+			o = "quota_exceeded"
+		default:
+			o = "over_limit"
+		}
+		m.counts[name+"|"+o]++
+		m.seen["outcome "+o]++
+		if c.inline || !perValue(c.path) {
+			continue
+		}
+		key := m.metricKey(c.path, st.Descs[c.desc].Entries)
+		keys := m.detailKeys[name]
+		if keys == nil {
+			keys = map[string]bool{}
+			m.detailKeys[name] = keys
+		}
+		if !keys[key] {
+			if len(keys) < m.detailMax {
+				keys[key] = true
+			} else {
+				key = "_overflow"
+				m.seen["detailed _overflow"]++
+			}
+		}
+		m.detailed[name+"|"+key+"|"+o]++
+	}
 }
 
 func hasRefCheck(cs []refCheck, desc int) bool {
@@ -445,61 +822,6 @@ func inlineRule(l *mInline) *refRule {
 	return &refRule{
 		Name:      fmt.Sprintf("inline_%d_per_%dx%s", l.RPU, mult, unitNamesYAML[l.Unit]),
 		Algorithm: algFixed, Quota: int64(l.RPU), Period: unitDurations[l.Unit] * time.Duration(mult), Unit: l.Unit,
-	}
-}
-
-// decideAll decides the checks of one kind (shadow or real): together,
-// all or nothing, or one by one.
-func (m *refModel) decideAll(checks []refCheck, now int64, shadow, together bool) {
-	var idx []int
-	for i := range checks {
-		if checks[i].rule != nil && checks[i].shadow == shadow {
-			idx = append(idx, i)
-		}
-	}
-	if !together {
-		for _, i := range idx {
-			c := &checks[i]
-			c.d = c.rule.decide(m.state(c.key), now, c.cost, true)
-		}
-		return
-	}
-	// All or nothing: decide in order on working copies, stop at the
-	// first denial; keep the copies only if every limit admitted.
-	work := map[string]refState{}
-	denied := -1
-	for _, i := range idx {
-		c := &checks[i]
-		s, ok := work[c.key]
-		if !ok {
-			s = *m.state(c.key)
-		}
-		c.d = c.rule.decide(&s, now, c.cost, true)
-		work[c.key] = s
-		if !c.d.Allowed {
-			denied = i
-			break
-		}
-	}
-	if denied < 0 {
-		for k, s := range work {
-			*m.state(k) = s
-		}
-		return
-	}
-	// The others are reported as they stand: what they alone would get,
-	// and a check (cost 0) when that is an admission, since nothing was
-	// taken.
-	for _, i := range idx {
-		if i == denied {
-			continue
-		}
-		c := &checks[i]
-		s := *m.state(c.key)
-		c.d = c.rule.decide(&s, now, c.cost, false)
-		if c.d.Allowed {
-			c.d = c.rule.decide(&s, now, 0, false)
-		}
 	}
 }
 

@@ -4,10 +4,14 @@ package main
 // request sequences (model_gen_test.go) on a virtual clock, driven
 // through serve's real code path on every transport (gRPC RLS, POST
 // /json, POST /v1/check), with --independent, --headers and the top-K
-// trackers on and off, on the memory store and on Redis, and compared,
-// field by field, with a plain reference model of the decided semantics
-// (model_ref_test.go). A failure is shrunk and printed as the YAML and
-// requests that reproduce it, with the seed that reruns it:
+// trackers on and off, metrics on and off, on the memory store, on Redis
+// and on Redis stopped (the failure modes), and compared, field by field,
+// with a plain reference model of the decided semantics
+// (model_ref_test.go); after the cases of a configuration, one scrape of
+// /metrics is compared with the model's sluice_decisions_total and
+// sluice_detailed_decisions_total of every case's domain. A failure is
+// shrunk and printed as the YAML and requests that reproduce it, with the
+// seed that reruns it:
 //
 //	go test -race -run 'TestModel/<config>' ./cmd/sluice/ -model.seed=SEED -model.cases=1
 
@@ -22,10 +26,13 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -56,11 +63,24 @@ type modelConfig struct {
 	independent bool
 	headers     bool
 	top         bool
+	metricsOff  bool // serveHooks.noMetrics: the service counts nothing
+	detailKeys  int  // --detailed-metric-keys; 0: the default (100)
+	// down: Redis is stopped once serve has started (the freed port then
+	// accepts and closes every connection), so every decision is its
+	// rule's failure mode; replicas is --replicas (local's share).
+	down     bool
+	replicas int
 }
 
+// modelConfigs are the configurations: the memory store with every
+// combination of --independent, --headers and top-K (two of them with
+// metrics off and two with --detailed-metric-keys=3), Redis with each
+// switch on and off (one with metrics off, one with 3 keys), and Redis
+// down, all or nothing and independent.
 func modelConfigs() []modelConfig {
 	var cs []modelConfig
 	for _, redis := range []bool{false, true} {
+		i := 0
 		for _, ind := range []bool{false, true} {
 			for _, hd := range []bool{false, true} {
 				for _, top := range []bool{false, true} {
@@ -71,11 +91,30 @@ func modelConfigs() []modelConfig {
 					if redis {
 						store = "redis"
 					}
-					name := fmt.Sprintf("%s/independent=%v/headers=%v/top=%v", store, ind, hd, top)
-					cs = append(cs, modelConfig{name: name, redis: redis, independent: ind, headers: hd, top: top})
+					mc := modelConfig{redis: redis, independent: ind, headers: hd, top: top}
+					mc.name = fmt.Sprintf("%s/independent=%v/headers=%v/top=%v", store, ind, hd, top)
+					switch {
+					case !redis && i%4 == 1, redis && i == 2:
+						mc.detailKeys = 3
+						mc.name += "/detailed-keys=3"
+					case !redis && i%4 == 2, redis && i == 1:
+						mc.metricsOff = true
+						mc.name += "/metrics=off"
+					}
+					cs = append(cs, mc)
+					i++
 				}
 			}
 		}
+	}
+	for _, ind := range []bool{false, true} {
+		mc := modelConfig{redis: true, down: true, independent: ind, headers: !ind, top: ind, replicas: 2}
+		mc.name = fmt.Sprintf("redis-down/independent=%v/headers=%v/top=%v/replicas=2", ind, mc.headers, mc.top)
+		if ind {
+			mc.detailKeys = 3
+			mc.name += "/detailed-keys=3"
+		}
+		cs = append(cs, mc)
 	}
 	return cs
 }
@@ -91,10 +130,25 @@ type modelServer struct {
 	rls   rlsv3.RateLimitServiceClient
 	http  *http.Client
 	n     atomic.Int64 // domains used
+	// Metrics: with perCase, runCase scrapes /metrics after a case and
+	// compares its domain's series with the model's; otherwise, unless
+	// noMetricsCheck, it keeps the model's counts in pending, for
+	// checkMetrics to compare in one scrape.
+	perCase        bool
+	noMetricsCheck bool
+	pending        []pendingMetrics
+	seen           map[string]int // what the cases exercised (refModel.seen)
+}
+
+// pendingMetrics are the model's metrics of one case run, to compare.
+type pendingMetrics struct {
+	domain string
+	mc     *mCase
+	model  *refModel
 }
 
 func startModelServe(t testing.TB, mc modelConfig, redisAddr string) *modelServer {
-	ms := &modelServer{cfg: mc, http: &http.Client{Timeout: 20 * time.Second}}
+	ms := &modelServer{cfg: mc, http: &http.Client{Timeout: 20 * time.Second}, seen: map[string]int{}}
 	// An instant off every unit's boundary, so that windows do not align
 	// with the cases.
 	ms.clock.Store(time.Date(2031, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano() + 12_345_678_901)
@@ -104,18 +158,34 @@ func startModelServe(t testing.TB, mc modelConfig, redisAddr string) *modelServe
 		grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0", adminToken: modelToken,
 		maxBodyBytes: 1 << 20, shutdownTimeout: 5 * time.Second,
 		independent: mc.independent, headers: mc.headers,
-		hooks: &serveHooks{now: func() time.Time { return time.Unix(0, ms.clock.Load()) }},
+		hooks:        &serveHooks{now: func() time.Time { return time.Unix(0, ms.clock.Load()) }, noMetrics: mc.metricsOff},
+		detailedKeys: 100, // service.DefaultDetailedKeys
+	}
+	if mc.detailKeys > 0 {
+		cfg.detailedKeys = mc.detailKeys
 	}
 	cfg.limits.overloadOff = true
 	if mc.top {
 		cfg.top.k = 20
 	}
+	var down *redistest.Server
+	if mc.down {
+		down = redistest.Standalone(t)
+		redisAddr = down.Addr()
+	}
 	if mc.redis {
 		cfg.store, cfg.redisAddrs, cfg.redisPrefix = "redis", []string{redisAddr}, fmt.Sprintf("model%d:", time.Now().UnixNano())
 		cfg.redisTimeout = 5 * time.Second // -race on a busy machine: never a failure mode here
-		cfg.replicas = 1
+		cfg.replicas = max(mc.replicas, 1)
+	}
+	if mc.down {
+		cfg.redisTimeout = 200 * time.Millisecond
 	}
 	up := serveInProcessTB(t, cfg)
+	if down != nil {
+		down.Stop()
+		holdPort(t, redisAddr)
+	}
 	ms.up = up
 	conn, err := grpc.NewClient(up["grpc"], grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -124,6 +194,27 @@ func startModelServe(t testing.TB, mc modelConfig, redisAddr string) *modelServe
 	t.Cleanup(func() { conn.Close() })
 	ms.rls = rlsv3.NewRateLimitServiceClient(conn)
 	return ms
+}
+
+// holdPort listens on addr, the address of a Redis this test stopped,
+// and closes every connection it accepts, so that no other process's
+// server can take the port while serve still calls it: every call fails
+// at once, and the breaker decides by the failure modes.
+func holdPort(t testing.TB, addr string) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("holding the stopped Redis's port: %v", err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
 }
 
 // serveInProcessTB is serveInProcess for a testing.TB (the fuzz target's
@@ -201,7 +292,7 @@ func (ms *modelServer) runCase(mc *mCase) (failure string, err error) {
 	if err := ms.load(mc.YAML(domain)); err != nil {
 		return "", err
 	}
-	model := newRefModel(mc, ms.cfg.independent)
+	model := newRefModel(mc, domain, ms.cfg)
 	overridden := map[string]bool{}
 	defer func() {
 		for r := range overridden {
@@ -256,7 +347,129 @@ func (ms *modelServer) runCase(mc *mCase) (failure string, err error) {
 			return fmt.Sprintf("step %d (%s): %s", i, st.String(), strings.Join(diffs, "; ")), nil
 		}
 	}
+	for k, v := range model.seen {
+		ms.seen[k] += v
+	}
+	switch {
+	case ms.noMetricsCheck:
+	case ms.perCase:
+		got, err := ms.scrapeMetrics()
+		if err != nil {
+			return "", err
+		}
+		if diffs := ms.compareMetrics(got, domain, model); len(diffs) > 0 {
+			return "after the last step, /metrics: " + strings.Join(diffs, "; "), nil
+		}
+	default:
+		ms.pending = append(ms.pending, pendingMetrics{domain, mc, model})
+	}
 	return "", nil
+}
+
+// modelMetrics are the series of one scrape, by domain: "rule|outcome"
+// of sluice_decisions_total and "rule|key|outcome" of
+// sluice_detailed_decisions_total, each with its value.
+type modelMetrics map[string]map[string]int64
+
+var promLabel = regexp.MustCompile(`(\w+)="((?:[^"\\]|\\.)*)"`)
+
+// scrapeMetrics reads the decisions' counters from /metrics.
+func (ms *modelServer) scrapeMetrics() (modelMetrics, error) {
+	resp, err := ms.http.Get("http://" + ms.up["http"] + "/metrics?name[]=sluice_decisions_total&name[]=sluice_detailed_decisions_total")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	out := modelMetrics{}
+	for _, line := range strings.Split(string(b), "\n") {
+		detailed := strings.HasPrefix(line, "sluice_detailed_decisions_total{")
+		if !detailed && !strings.HasPrefix(line, "sluice_decisions_total{") {
+			continue
+		}
+		end := strings.LastIndexByte(line, '}')
+		v, err := strconv.ParseFloat(strings.TrimSpace(line[end+1:]), 64)
+		if err != nil || end < 0 {
+			return nil, fmt.Errorf("metrics line %q: %v", line, err)
+		}
+		if v == 0 {
+			continue // a key's series are made for every outcome at once
+		}
+		l := map[string]string{}
+		for _, m := range promLabel.FindAllStringSubmatch(line[:end], -1) {
+			l[m[1]] = m[2]
+		}
+		k := "total|" + l["rule"] + "|" + l["outcome"]
+		if detailed {
+			k = "detailed|" + l["rule"] + "|" + l["key"] + "|" + l["outcome"]
+		}
+		if out[l["domain"]] == nil {
+			out[l["domain"]] = map[string]int64{}
+		}
+		out[l["domain"]][k] = int64(v)
+	}
+	return out, nil
+}
+
+// compareMetrics compares domain's counters with the model's (none with
+// metrics off).
+func (ms *modelServer) compareMetrics(got modelMetrics, domain string, model *refModel) []string {
+	want := map[string]int64{}
+	if !ms.cfg.metricsOff {
+		for k, v := range model.counts {
+			want["total|"+k] = v
+		}
+		for k, v := range model.detailed {
+			want["detailed|"+k] = v
+		}
+	}
+	var diffs []string
+	g := got[domain]
+	for k, v := range want {
+		if g[k] != v {
+			diffs = append(diffs, fmt.Sprintf("%s = %d, want %d", k, g[k], v))
+		}
+	}
+	for k, v := range g {
+		if _, ok := want[k]; !ok {
+			diffs = append(diffs, fmt.Sprintf("%s = %d, want none", k, v))
+		}
+	}
+	sort.Strings(diffs)
+	return diffs
+}
+
+// checkMetrics compares, in one scrape, the metrics of the cases run
+// since the last call with the model's; a case that differs is run
+// again alone, comparing its metrics at once, and shrunk.
+func (ms *modelServer) checkMetrics(t testing.TB) {
+	pend := ms.pending
+	ms.pending = nil
+	if len(pend) == 0 {
+		return
+	}
+	got, err := ms.scrapeMetrics()
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed := 0
+	for _, p := range pend {
+		diffs := ms.compareMetrics(got, p.domain, p.model)
+		if len(diffs) == 0 {
+			continue
+		}
+		ms.perCase = true
+		if ms.checkCase(t, p.mc) {
+			t.Errorf("%s(it did not fail again alone, so it was not shrunk)", report(p.mc, ms.cfg, "/metrics: "+strings.Join(diffs, "; ")))
+		}
+		ms.perCase = false
+		if failed++; failed >= 3 {
+			break
+		}
+	}
 }
 
 func rlsRequest(domain string, st *mStep) *rlsv3.RateLimitRequest {
@@ -308,6 +521,9 @@ func (ms *modelServer) viaJSON(domain string, st *mStep, want *refResponse, batc
 		return nil, err
 	}
 	var diffs []string
+	if d := wantUnavailable(resp, b, want); d != nil || want.Unavailable {
+		return d, nil
+	}
 	wantCode := http.StatusOK
 	if want.Over {
 		wantCode = http.StatusTooManyRequests
@@ -331,6 +547,24 @@ func (ms *modelServer) viaJSON(domain string, st *mStep, want *refResponse, batc
 	return diffs, nil
 }
 
+// wantUnavailable checks an HTTP answer when the model says the request
+// is denied only by limits that failed closed: 503 with Retry-After of
+// the breaker's cooldown (1 s), never 429; and that the answer is not 503
+// otherwise.
+func wantUnavailable(resp *http.Response, body []byte, want *refResponse) []string {
+	switch {
+	case !want.Unavailable && resp.StatusCode == http.StatusServiceUnavailable:
+		return []string{fmt.Sprintf("HTTP 503, want a decision: %s", body)}
+	case !want.Unavailable:
+		return nil
+	case resp.StatusCode != http.StatusServiceUnavailable:
+		return []string{fmt.Sprintf("HTTP %d, want 503 (denied only by fail_closed limits): %s", resp.StatusCode, body)}
+	case resp.Header.Get("Retry-After") != "1":
+		return []string{fmt.Sprintf("HTTP 503 with Retry-After %q, want \"1\"", resp.Header.Get("Retry-After"))}
+	}
+	return nil
+}
+
 // compareRLS compares an RLS answer (gRPC or /json) with the model's.
 func (ms *modelServer) compareRLS(out *rlsv3.RateLimitResponse, want *refResponse, batched bool) []string {
 	var diffs []string
@@ -340,6 +574,9 @@ func (ms *modelServer) compareRLS(out *rlsv3.RateLimitResponse, want *refRespons
 	}
 	if out.GetOverallCode() != wantOver {
 		diffs = append(diffs, fmt.Sprintf("overall_code %v, want %v", out.GetOverallCode(), wantOver))
+	}
+	if got, exp := rlsQuotaMeta(out), wantQuotaMeta(want, want.Domain); got != exp {
+		diffs = append(diffs, fmt.Sprintf("dynamic_metadata %s, want %s", got, exp))
 	}
 	if len(out.GetStatuses()) != len(want.Statuses) {
 		return append(diffs, fmt.Sprintf("%d statuses, want %d", len(out.GetStatuses()), len(want.Statuses)))
@@ -361,6 +598,10 @@ func (ms *modelServer) compareRLS(out *rlsv3.RateLimitResponse, want *refRespons
 		var wreset time.Duration
 		hasReset := false
 		switch {
+		case w.Rule != nil && w.D.Reason == "fail_open":
+			// nothing is known of the key: the rule's limit, no reset
+			wl = &rlsv3.RateLimitResponse_RateLimit{Name: w.Rule.Name, RequestsPerUnit: uint32(min(max(w.Rule.Quota, 0), math.MaxUint32)), Unit: rlsv3.RateLimitResponse_RateLimit_Unit(w.Rule.Unit)}
+			wrem = uint32(min(max(w.D.Capacity, 0), math.MaxUint32))
 		case w.Rule != nil:
 			wl = &rlsv3.RateLimitResponse_RateLimit{Name: w.Rule.Name, RequestsPerUnit: uint32(min(max(w.Rule.Quota, 0), math.MaxUint32)), Unit: rlsv3.RateLimitResponse_RateLimit_Unit(w.Rule.Unit)}
 			wrem = uint32(min(max(w.D.Remaining, 0), math.MaxUint32))
@@ -397,6 +638,40 @@ func (ms *modelServer) compareRLS(out *rlsv3.RateLimitResponse, want *refRespons
 	return diffs
 }
 
+// rlsQuotaMeta prints an answer's dynamic_metadata, canonically.
+func rlsQuotaMeta(out *rlsv3.RateLimitResponse) string {
+	md := out.GetDynamicMetadata()
+	if md == nil {
+		return "none"
+	}
+	b, err := json.Marshal(md.AsMap()) // sorted keys
+	if err != nil {
+		return err.Error()
+	}
+	return string(b)
+}
+
+// wantQuotaMeta prints the dynamic_metadata internal/rls documents for
+// the model's answer: none unless a quota_mode limit decided a
+// descriptor; else the domain, quotaModeEnabled and, when some are, the
+// indexes of the descriptors over their quota.
+func wantQuotaMeta(want *refResponse, domain string) string {
+	on, over := want.quotaMeta()
+	if !on {
+		return "none"
+	}
+	m := map[string]any{"domain": domain, "quotaModeEnabled": true}
+	if len(over) > 0 {
+		var v []any
+		for _, i := range over {
+			v = append(v, float64(i))
+		}
+		m["quotaModeViolations"] = v
+	}
+	b, _ := json.Marshal(m)
+	return string(b)
+}
+
 // wantHeaders are the RateLimit fields of the model's answer: a policy
 // and a limit item for every descriptor a limit decided, and Retry-After
 // (seconds, rounded up) of the latest retry among the denying limits when
@@ -413,7 +688,9 @@ func wantHeaders(want *refResponse, on bool) map[string]string {
 			continue
 		}
 		pol = append(pol, fmt.Sprintf("%q;q=%d;w=%d", s.Rule.Name, s.Rule.capacity(), s.Rule.window()))
-		lim = append(lim, fmt.Sprintf("%q;r=%d;t=%d", s.D.Rule, max(0, s.D.Remaining), ceilDiv(s.D.ResetAfter, time.Second)))
+		if s.D.Reason != "fail_open" { // nothing is known of a key that failed open
+			lim = append(lim, fmt.Sprintf("%q;r=%d;t=%d", s.D.Rule, max(0, s.D.Remaining), ceilDiv(s.D.ResetAfter, time.Second)))
+		}
 		if s.Over {
 			retry = max(retry, s.D.RetryAfter)
 		}
@@ -421,7 +698,10 @@ func wantHeaders(want *refResponse, on bool) map[string]string {
 	if len(pol) == 0 {
 		return h
 	}
-	h["RateLimit-Policy"], h["RateLimit"] = strings.Join(pol, ", "), strings.Join(lim, ", ")
+	h["RateLimit-Policy"] = strings.Join(pol, ", ")
+	if len(lim) > 0 {
+		h["RateLimit"] = strings.Join(lim, ", ")
+	}
 	if want.Over && retry > 0 && retry != never {
 		h["Retry-After"] = strconv.FormatInt(max(1, ceilDiv(retry, time.Second)), 10)
 	}
@@ -504,6 +784,9 @@ func (ms *modelServer) viaCheck(domain string, st *mStep, want *refResponse, bat
 	if err != nil {
 		return nil, err
 	}
+	if d := wantUnavailable(resp, rb, want); d != nil || want.Unavailable {
+		return d, nil
+	}
 	wantCode, wantOverall := http.StatusOK, "OK"
 	if want.Over {
 		wantCode, wantOverall = http.StatusTooManyRequests, "OVER_LIMIT"
@@ -533,8 +816,8 @@ func (ms *modelServer) viaCheck(domain string, st *mStep, want *refResponse, bat
 		if g.Allowed != !w.Over || g.Code != wc {
 			diffs = append(diffs, fmt.Sprintf("descriptor %d: allowed=%v code=%s, want %s", i, g.Allowed, g.Code, wc))
 		}
-		if g.QuotaMode || g.QuotaOver { // the generator makes no quota_mode rule
-			diffs = append(diffs, fmt.Sprintf("descriptor %d: quota_mode=%v quota_exceeded=%v, want neither", i, g.QuotaMode, g.QuotaOver))
+		if g.QuotaMode != w.Quota || g.QuotaOver != w.QuotaExceeded {
+			diffs = append(diffs, fmt.Sprintf("descriptor %d: quota_mode=%v quota_exceeded=%v, want %v %v", i, g.QuotaMode, g.QuotaOver, w.Quota, w.QuotaExceeded))
 		}
 		if batched {
 			continue
@@ -548,8 +831,12 @@ func (ms *modelServer) viaCheck(domain string, st *mStep, want *refResponse, bat
 			if w.D.RetryAfter == never {
 				retry = -1
 			}
-			exp = fmt.Sprintf("matched=true rule=%q reason=%s shadow=%v unlimited=false limit=%d remaining=%d reset_ms=%d retry_ms=%d",
-				w.D.Rule, w.D.Reason, w.Shadow, w.D.Capacity, max(0, w.D.Remaining), ceilDiv(w.D.ResetAfter, time.Millisecond), retry)
+			rem, reset := strconv.FormatInt(max(0, w.D.Remaining), 10), strconv.FormatInt(ceilDiv(w.D.ResetAfter, time.Millisecond), 10)
+			if w.D.Reason == "fail_open" { // nothing is known of the key
+				rem, reset = "-", "-"
+			}
+			exp = fmt.Sprintf("matched=true rule=%q reason=%s shadow=%v unlimited=false limit=%d remaining=%s reset_ms=%s retry_ms=%d",
+				w.D.Rule, w.D.Reason, w.Shadow, w.D.Capacity, rem, reset, retry)
 		case w.Unlimited:
 			exp = fmt.Sprintf("matched=true rule=%q reason=ok shadow=false unlimited=true limit=- remaining=- reset_ms=- retry_ms=-", w.UnlimName)
 		default:
@@ -582,6 +869,10 @@ func ip(p *int64) string {
 // the rule file from a failing case, one at a time, keeping each deletion
 // after which the case still fails, until none does; at most budget runs.
 func (ms *modelServer) shrink(mc *mCase, budget int) (*mCase, string) {
+	if !ms.noMetricsCheck {
+		defer func(old bool) { ms.perCase = old }(ms.perCase)
+		ms.perCase = true
+	}
 	fails := func(c *mCase) string {
 		if budget <= 0 {
 			return ""
@@ -766,7 +1057,7 @@ func (ms *modelServer) assertNoPanics(t testing.TB) {
 func TestModel(t *testing.T) {
 	cases := *modelCases
 	if cases == 0 {
-		cases = 200 // 12 configurations: 2,400 cases, about a minute under -race
+		cases = 200 // 14 configurations: 2,800 cases, under a minute under -race
 		if testing.Short() {
 			cases = 40
 		}
@@ -787,17 +1078,34 @@ func TestModel(t *testing.T) {
 			failed := 0
 			for i := range cases {
 				seed := base + uint64(i)
-				c := genCase(rngChooser{rand.New(rand.NewPCG(seed, 0x5eed))}, genOpts{redis: mc.redis}, seed)
+				c := genCase(rngChooser{rand.New(rand.NewPCG(seed, 0x5eed))}, genOpts{redis: mc.redis, down: mc.down}, seed)
 				if !ms.checkCase(t, c) {
 					if failed++; failed >= 3 {
 						break
 					}
 				}
 			}
+			ms.checkMetrics(t)
 			ms.assertNoPanics(t)
-			t.Logf("%d cases in %v", cases, time.Since(start).Round(time.Millisecond))
+			t.Logf("%d cases in %v; exercised: %s", cases, time.Since(start).Round(time.Millisecond), seenString(ms.seen))
 		})
 	}
+}
+
+func seenString(m map[string]int) string {
+	var ks []string
+	for k := range m {
+		ks = append(ks, k)
+	}
+	sort.Strings(ks)
+	var b strings.Builder
+	for i, k := range ks {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %d", k, m[k])
+	}
+	return b.String()
 }
 
 // modelRedis starts one redis-server for every Redis configuration of t
@@ -818,6 +1126,7 @@ func FuzzModel(f *testing.F) {
 		f.Add(s)
 	}
 	ms := startModelServe(f, modelConfig{name: "fuzz/memory/headers=true/top=true", headers: true, top: true}, "")
+	ms.noMetricsCheck = true // one scrape per input would grow with the run
 	var n atomic.Uint64
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if len(b) > 512 {
@@ -862,6 +1171,20 @@ func modelRegressions() []*mCase {
 				{Transport: tCheck, Descs: []mDesc{{Entries: []mEntry{{"k1", "ab"}}}, {Entries: []mEntry{{"k1", "ab"}}}}},
 				{Transport: tCheck, Descs: []mDesc{{Entries: []mEntry{{"k1", "ab"}}}}},
 			}},
+		// A request refused by its quota-mode limit, with a refund
+		// beside a consumption: the consumption is given back, the
+		// refund (of nothing) is not made a consumption (the service
+		// negated every cost in one all-or-nothing call, which the
+		// store denied, so the consumption was kept).
+		{Seed: 6, Nodes: []*mNode{
+			{ID: 0, Key: "k0", Limits: []*mLimit{{Name: "r0", Unit: 3, Quota: 5, Algorithm: algFixed}}},
+			{ID: 1, Key: "k1", Limits: []*mLimit{{Name: "r1", Unit: 3, Quota: 1, Algorithm: algFixed}}},
+			{ID: 2, Key: "k2", Value: "a", Quota: true, Limits: []*mLimit{{Name: "r2", Unit: 3, Quota: 1, Algorithm: algFixed}}}},
+			Steps: []mStep{
+				{Transport: tCheck, Descs: []mDesc{{Entries: []mEntry{{"k2", "a"}}}}},
+				{Transport: tCheck, Descs: []mDesc{{Entries: []mEntry{{"k0", "a"}}}, {Entries: []mEntry{{"k1", "a"}}, HasCost: true, Cost: -5}, {Entries: []mEntry{{"k2", "a"}}}}},
+				{Transport: tCheck, HasCost: true, Descs: []mDesc{{Entries: []mEntry{{"k0", "a"}}}, {Entries: []mEntry{{"k1", "a"}}}}},
+			}},
 		// A shadow limit beside fewer real ones (the top-K panic).
 		{Seed: 2, Nodes: []*mNode{
 			{ID: 0, Key: "k0", Shadow: true, List: true, Limits: []*mLimit{{Name: "s0", Unit: 1, Quota: 1, Algorithm: algGCRA}, {Name: "s1", Unit: 2, Quota: 1, Algorithm: algFixed, WriteAlg: true}}},
@@ -887,6 +1210,7 @@ func TestModelRegressions(t *testing.T) {
 				t.Skip("no redis-server on PATH")
 			}
 			ms := startModelServe(t, mc, redisAddr)
+			ms.perCase = true
 			for _, c := range modelRegressions() {
 				if mc.redis && c.KnownRedis != "" && !*modelKnown {
 					t.Logf("case %d skipped on Redis, a known defect (-model.known runs it): %s", c.Seed, c.KnownRedis)

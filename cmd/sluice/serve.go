@@ -176,6 +176,20 @@ type serveHooks struct {
 	// redisstore.Options.Now), through which the model-checked test
 	// (model_test.go) steps a virtual clock.
 	now func() time.Time
+	// noMetrics builds the service without Metrics (service.Options.
+	// Metrics nil: no decision is counted, /metrics still serves the
+	// rest), for the model-checked test's configurations with metrics
+	// off. Test-only: no flag turns the service's metrics off.
+	noMetrics bool
+}
+
+// serviceMetrics returns the Metrics the service is built with: m, but
+// nil when a test's hooks turn them off.
+func (h *serveHooks) serviceMetrics(m *service.Metrics) *service.Metrics {
+	if h != nil && h.noMetrics {
+		return nil
+	}
+	return m
 }
 
 // clock returns the stores' clock: nil, the default, but in tests.
@@ -645,7 +659,7 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 	if err != nil {
 		return nil, err
 	}
-	svc, err := service.New(service.Options{Store: b.store, Rules: set, Independent: cfg.independent, Overrides: table, Metrics: metrics, Top: top, Logger: log})
+	svc, err := service.New(service.Options{Store: b.store, Rules: set, Independent: cfg.independent, Overrides: table, Metrics: cfg.hooks.serviceMetrics(metrics), Top: top, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}

@@ -150,3 +150,28 @@ func countSeries(c prometheus.Collector) int {
 	}
 	return n
 }
+
+// TestQuotaRefusalBesideARefund: a request refused by its quota-mode
+// limits keeps nothing of what its other limits consumed, even when one
+// of them is a refund. Giving back by negating every cost made the refund
+// a consumption of 5 on a limit of 1, which the store denied, and since
+// the give-back is one call, all or nothing, the user's unit was kept.
+func TestQuotaRefusalBesideARefund(t *testing.T) {
+	svc, _ := newQuotaService(t, false)
+	decideQ(t, svc, "backend=a") // a is over its quota from now on
+	d := descs("user=u", "login=l", "backend=a")
+	d[1].Cost = -5 // a refund of a limit with nothing taken
+	var resp Response
+	if err := svc.ShouldRateLimit(t.Context(), &Request{Domain: "q", Descriptors: d}, &resp); err != nil {
+		t.Fatal(err)
+	}
+	if resp.Code != OverLimit || !resp.Statuses[2].QuotaExceeded {
+		t.Fatalf("code %v, statuses %+v; want OverLimit, refused by backend=a's quota", resp.Code, resp.Statuses)
+	}
+	if got := remaining(t, svc, "user=u"); got != 100 {
+		t.Errorf("user remaining %d after a refused request; want 100 (given back)", got)
+	}
+	if got := remaining(t, svc, "login=l"); got != 1 {
+		t.Errorf("login remaining %d after a refused request; want 1 (nothing taken)", got)
+	}
+}

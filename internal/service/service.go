@@ -49,8 +49,11 @@
 //     quota consumes its cost even when another descriptor is over its
 //     own (the request goes through). If then every quota descriptor is
 //     over, the request is OverLimit and what the other limits consumed
-//     is given back (a second call with the negated costs; the statuses
-//     report the first), so a refused request keeps nothing.
+//     is given back (a second call with the negated positive costs; the
+//     statuses report the first), so a refused request keeps nothing it
+//     took. A refund among its costs stands: undoing it would be a
+//     consumption the store may deny, and the give-back is all or
+//     nothing.
 //   - Independent: every limit is decided on its own and consumes its
 //     cost when within its limit, whatever the request's answer.
 //
@@ -386,11 +389,20 @@ func (s *Service) decideQuota(ctx context.Context, sc *scratch) error {
 	if !sc.allOver || denied || s.independent || len(sc.items) == 0 {
 		return nil
 	}
-	// Refused by its quotas: give back what the other limits took.
-	refund := make([]ratelimit.Item, len(sc.items))
-	for i, it := range sc.items {
-		it.Cost = -it.Cost
-		refund[i] = it
+	// Refused by its quotas: give back what the other limits took. Only
+	// positive costs: negating a refund would make it a consumption,
+	// which the store may deny (more than the capacity, or units another
+	// request took), and the give-back is one call, all or nothing, so
+	// that denial would keep everything the request took.
+	var refund []ratelimit.Item
+	for _, it := range sc.items {
+		if it.Cost > 0 {
+			it.Cost = -it.Cost
+			refund = append(refund, it)
+		}
+	}
+	if len(refund) == 0 {
+		return nil
 	}
 	if _, err := s.store.Decide(ctx, nil, refund); err != nil {
 		s.log.Warn("refunding a request refused by its quota-mode limits failed", "err", err)

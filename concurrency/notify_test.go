@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sluicehq/sluice/concurrency"
+	"github.com/sluicehq/sluice/internal/longtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
 )
@@ -292,6 +293,7 @@ func childQueue(t *testing.T, c *redis.Client, b *redisstore.SemaphoreStore, lim
 // Each takes the whole limit, so the grants follow one another and the
 // list they append to is the order of the grants.
 func TestFairOrderAcrossProcesses(t *testing.T) {
+	longtest.Run(t)
 	if testing.Short() {
 		t.Skip("starts OS processes")
 	}
@@ -429,6 +431,7 @@ func childWeighted(t *testing.T, c *redis.Client, b *redisstore.SemaphoreStore, 
 // decremented before each release) records; and they do hold permits at
 // the same time, so that the limit is what held them back.
 func TestWeightedAcrossProcesses(t *testing.T) {
+	longtest.Run(t)
 	if testing.Short() {
 		t.Skip("starts OS processes")
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sluicehq/sluice/concurrency"
+	"github.com/sluicehq/sluice/internal/longtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
 )
@@ -217,6 +218,7 @@ func (h *concurrencyCounter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // then a process holding permits is killed with SIGKILL and its permits
 // come back within the TTL.
 func TestSemaphoreProcesses(t *testing.T) {
+	longtest.Run(t)
 	if testing.Short() {
 		t.Skip("starts OS processes")
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/httplimit/rudb"
 	"github.com/sluicehq/sluice/httplimit/throttledtest"
+	"github.com/sluicehq/sluice/internal/longtest"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -110,6 +111,7 @@ func TestThrottledDBSynctest(t *testing.T) {
 // client. Under -race the same job runs through the in-process transport,
 // with the same real clock and timers (0.2 of a core).
 func TestThrottledDBRealTime(t *testing.T) {
+	longtest.Run(t)
 	if testing.Short() {
 		t.Skip("takes 5 s of real time")
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice/internal/longtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/ratelimit"
@@ -45,6 +46,7 @@ type procEvent struct {
 }
 
 func TestRealProcesses(t *testing.T) {
+	longtest.Run(t)
 	if testing.Short() {
 		t.Skip("real processes: 14 s")
 	}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice/internal/longtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/redisstore"
@@ -59,6 +60,7 @@ type pubRun struct {
 }
 
 func TestPublishedExampleProcesses(t *testing.T) {
+	longtest.Run(t)
 	if testing.Short() {
 		t.Skip("real processes: 10 runs of 30 s")
 	}

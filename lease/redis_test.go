@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/longtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/redisstore"
@@ -76,6 +77,7 @@ func (l *looping) count(from, to time.Time) int {
 // round trip they use ≥ 95 % of the capacity (then the paced 98 %), and
 // share it evenly; with the notifications lost too.
 func TestRedisColdStart(t *testing.T) {
+	longtest.Run(t)
 	if testing.Short() {
 		t.Skip("real time: 8 s")
 	}
@@ -129,6 +131,7 @@ func TestRedisColdStart(t *testing.T) {
 // notifications are lost, plus 100 ms there for the round trips of A's
 // look and the loaded machine.
 func TestRedisFreedCapacity(t *testing.T) {
+	longtest.Run(t)
 	if testing.Short() {
 		t.Skip("real time: 8 s")
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/longtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -170,6 +171,7 @@ func processLoad(t *testing.T, srv *redistest.Server, prefix string, l load) loa
 // the 4 replicas as 4 OS processes (processLoad), each with its Store on
 // the one redis-server, their admissions timed from a common origin.
 func TestCountingProcesses(t *testing.T) {
+	longtest.Run(t)
 	srv := redistest.Standalone(t)
 	for _, mode := range []ratelimit.Counting{ratelimit.Strict, ratelimit.Batched, ratelimit.Approximate} {
 		for _, shape := range accuracyShapes[:2] {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluicehq/sluice/internal/longtest"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -336,6 +337,7 @@ func checkAccuracy(t *testing.T, l load, least float64, res loadResult) {
 // skewed, steady and bursty, on one key (accuracyLoad), and holds them to
 // checkAccuracy's bounds.
 func TestCountingAccuracy(t *testing.T) {
+	longtest.Run(t)
 	srv := redistest.Standalone(t)
 	for _, mode := range []ratelimit.Counting{ratelimit.Strict, ratelimit.Batched, ratelimit.Approximate} {
 		for _, shape := range accuracyShapes {
@@ -399,6 +401,7 @@ func warmStores(t testing.TB, stores []*Store) {
 // of 4 (a replica's share of a key, from a fresh view, is one unit) and
 // the same refill.
 func TestCountingManyKeys(t *testing.T) {
+	longtest.Run(t)
 	srv := redistest.Standalone(t)
 	const keys, replicas = 10000, 4
 	const per = 10 * time.Second // one more per key

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/longtest"
 )
 
 // needRedis skips a test without redis-server on PATH, except under
@@ -53,6 +55,7 @@ func runIngestDemo(t *testing.T, args ...string) ingestReport {
 // every record is written exactly once, nothing is throttled beyond 1 %,
 // and the chart is a PNG.
 func TestDemoIngestKill(t *testing.T) {
+	longtest.Run(t)
 	if testing.Short() {
 		t.Skip("real processes: about 10 s")
 	}
@@ -85,6 +88,7 @@ func TestDemoIngestKill(t *testing.T) {
 // 500/s), with ≤ 1 % of the requests throttled and every record written
 // once. It holds bounds in real time, so make test runs it alone.
 func TestDemoIngestExample(t *testing.T) {
+	longtest.Run(t)
 	if testing.Short() {
 		t.Skip("real processes: 31 s")
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/sluicehq/sluice/drain"
 	"github.com/sluicehq/sluice/drain/jsdrain"
+	"github.com/sluicehq/sluice/internal/longtest"
 	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/priority"
 	"github.com/sluicehq/sluice/ratelimit"
@@ -38,6 +39,7 @@ func newDrainer(t testing.TB, cfg drain.Config) *drain.Drainer {
 // 2,000/s: at most 10,100 requests, done within 10% of 5 s, none lost, none
 // applied twice.
 func TestRate(t *testing.T) {
+	longtest.Run(t)
 	const n, rate = 10000, 2000
 	srv := natstest.Start(t)
 	_, js := queue(t, srv.URL(), 1)
@@ -183,6 +185,7 @@ func TestDeadLetter(t *testing.T) {
 // TestNATSRestart: the embedded server (file storage) restarted mid-run:
 // nothing lost.
 func TestNATSRestart(t *testing.T) {
+	longtest.Run(t)
 	const n = 4000
 	srv := natstest.Start(t)
 	_, js := queue(t, srv.URL(), 1)
@@ -204,6 +207,7 @@ func TestNATSRestart(t *testing.T) {
 // TestCluster: three nats-server processes, the stream replicated three
 // times, one node killed with SIGKILL mid-run: nothing lost.
 func TestCluster(t *testing.T) {
+	longtest.Run(t)
 	const n = 3000
 	c := natstest.StartCluster(t, 3)
 	_, js := queue(t, c.URLs(), 3)
@@ -325,6 +329,7 @@ func drainChildMain() {
 // another started: nothing lost, nothing applied twice; the redeliveries
 // are reported.
 func TestKillDrainer(t *testing.T) {
+	longtest.Run(t)
 	const n = 3000
 	srv := natstest.Start(t)
 	_, js := queue(t, srv.URL(), 1)
@@ -475,6 +480,7 @@ var boundedMessages = flag.Int("drain.messages", 1_000_000, "messages TestBounde
 // whatever the backlog (measured: 83 MiB for 20,000, 90 MiB for 100,000,
 // 93–96 MiB for 1,000,000).
 func TestBoundedMemory(t *testing.T) {
+	longtest.Run(t)
 	if testing.Short() {
 		t.Skip("a million messages: about 3 minutes")
 	}

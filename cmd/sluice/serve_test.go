@@ -493,6 +493,9 @@ func TestServeRedisCluster(t *testing.T) {
 	})
 }
 
+// longToken is an admin token long enough that serve does not warn.
+const longToken = "a-test-admin-token-0123456789abcdef"
+
 // testServeRedis serves on the Redis that mod configures: decisions, and
 // an override kept in the hash that hlen measures.
 func testServeRedis(t *testing.T, mod func(*serveConfig), hlen func(context.Context, string) (int64, error)) {
@@ -500,7 +503,7 @@ func testServeRedis(t *testing.T, mod func(*serveConfig), hlen func(context.Cont
 	h := recordHandler{ch: make(chan map[string]string, 64)}
 	cfg := serveConfig{
 		rulesDir: dir, store: "redis", redisPrefix: "st:",
-		grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0", adminToken: "tok",
+		grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0", adminToken: longToken,
 		maxBodyBytes: 1 << 20, shutdownTimeout: 5 * time.Second,
 	}
 	mod(&cfg)
@@ -546,7 +549,7 @@ func testServeRedis(t *testing.T, mod func(*serveConfig), hlen func(context.Cont
 	check(429)
 
 	req, _ := http.NewRequest("PUT", "http://"+up["admin"]+"/admin/v1/overrides/st/per_user", strings.NewReader(`{"limit":10,"ttl":"1h"}`))
-	req.Header.Set("Authorization", "Bearer tok")
+	req.Header.Set("Authorization", "Bearer "+longToken)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

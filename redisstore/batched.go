@@ -176,6 +176,19 @@ func (b *batchedCounter) takeHeld(e *batchedEntry, now time.Time, cost int64) (d
 	return ratelimit.Decision{}, time.Time{}, false
 }
 
+// held answers cost of key under r as a check, Allowed, when the blocks
+// held cover it: what a request of that item alone would get.
+func (b *batchedCounter) held(key string, r *ratelimit.Rule, cost int64) (ratelimit.Decision, bool) {
+	e := b.entry(key, r)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	avail := e.available(b.s.localNow(), b)
+	if avail < cost {
+		return ratelimit.Decision{}, false
+	}
+	return ratelimit.Decision{Allowed: true, Capacity: r.Capacity(), Remaining: min(r.Capacity(), avail+e.remote), Rule: r.Name}, true
+}
+
 // available is what e's valid blocks hold at now, after dropping the
 // expired ones. Called with e.mu held.
 func (e *batchedEntry) available(now time.Time, b *batchedCounter) int64 {
@@ -342,8 +355,14 @@ func (b *batchedCounter) leased(e *batchedEntry, d *ratelimit.Decision, sent tim
 }
 
 // giveBack returns n units taken from a block ending at end (an undone
-// decision) to e, if the block is still valid.
+// decision) to e, if the block is still valid. A rule whose blocks cannot
+// be held (a bucket whose hold is 0) leased them for this decision alone,
+// in a block that ended as it was taken: they go back to Redis.
 func (b *batchedCounter) giveBack(e *batchedEntry, n int64, end time.Time) {
+	if !e.holds() {
+		b.refund(e, n)
+		return
+	}
 	e.mu.Lock()
 	if b.s.localNow().Before(end) {
 		b.addBlock(e, n, end)
@@ -393,16 +412,25 @@ func (b *batchedCounter) returnIdle(e *batchedEntry, now time.Time) {
 	e.blocks = e.blocks[:0]
 	e.rate = 0
 	e.mu.Unlock()
-	if n == 0 {
-		return
+	if n > 0 {
+		b.refund(e, n)
 	}
+}
+
+// refund gives n units of e back to Redis, in one refund under the lease
+// rule, and forgets the refusal of a lease it remembers, which the units
+// may now cover; what Redis does not take back is stranded.
+func (b *batchedCounter) refund(e *batchedEntry, n int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.s.timeout)
 	defer cancel()
-	if _, err := b.s.decideRedis(ctx, nil, []ratelimit.Item{{Key: e.key, Rule: e.rule.lease, Cost: -n}}); err == nil {
-		b.givebacks.Add(uint64(n))
-	} else {
+	if _, err := b.s.decideRedis(ctx, nil, []ratelimit.Item{{Key: e.key, Rule: e.rule.lease, Cost: -n}}); err != nil {
 		b.stranded.Add(uint64(n))
+		return
 	}
+	b.givebacks.Add(uint64(n))
+	e.mu.Lock()
+	e.deniedUntil = time.Time{}
+	e.mu.Unlock()
 }
 
 // forget forgets the entries that hold nothing and have been idle for

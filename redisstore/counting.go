@@ -216,26 +216,31 @@ func undoAll(undos []func()) {
 }
 
 // checkUndecided answers, once item denied is denied, the items not
-// decided yet as checks (cost 0): Allowed when their cost would fit.
-// check and idx are room for them.
+// decided yet as the other items of a denied request (Store.peek): each
+// with what it alone would get. check and idx are room for them.
 func (s *Store) checkUndecided(ctx context.Context, out []ratelimit.Decision, items []ratelimit.Item, denied int, check []ratelimit.Item, idx []int) error {
 	for i := range items {
 		if i != denied && (out[i] == ratelimit.Decision{}) {
-			it := items[i]
-			it.Cost = 0
-			check, idx = append(check, it), append(idx, i)
+			check, idx = append(check, items[i]), append(idx, i)
 		}
 	}
 	if len(check) == 0 {
 		return nil
 	}
-	ds, err := s.decideStrict(ctx, nil, check)
+	ds, err := s.peek(ctx, check)
 	if err != nil {
 		return err
 	}
 	for j, i := range idx {
 		out[i] = ds[j]
-		out[i].Allowed = items[i].Cost <= ds[j].Remaining
+		it := &items[i]
+		if !ds[j].Allowed && it.Rule.Counting == ratelimit.Batched && s.counting.decidesHere(it) {
+			// What Redis lacks may be held here (given back by the
+			// items undone).
+			if d, ok := s.counting.batched.held(it.Key, it.Rule, it.Cost); ok {
+				out[i] = d
+			}
+		}
 	}
 	return nil
 }

@@ -10,8 +10,8 @@ import (
 // decideAcross decides, on a Cluster, a request whose keys have different
 // hash tags: one group of items per tag, in order of first appearance, each
 // group in one script. When a group is denied, the groups before it are
-// refunded; the groups after it are not asked, and report a check (cost 0)
-// of their keys, Allowed when their cost would fit.
+// refunded; the groups after it are not decided, and report what each of
+// their items alone would get (Store.peek).
 func (s *Store) decideAcross(ctx context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
 	groups := s.byTag(items)
 	out := make([]ratelimit.Decision, len(items))
@@ -84,18 +84,15 @@ func (s *Store) refundGroups(ctx context.Context, out []ratelimit.Decision, item
 	}
 }
 
-// checkGroups asks the groups, not decided, as checks (cost 0): each item
-// is Allowed when its cost would fit.
+// checkGroups answers the groups not decided, as the other items of a
+// denied request (Store.peek): each item with what it alone would get.
 func (s *Store) checkGroups(ctx context.Context, out []ratelimit.Decision, items []ratelimit.Item, groups [][]int) error {
 	for _, idx := range groups {
-		ds, err := s.Decide(ctx, nil, withCost(items, idx, func(int64) int64 { return 0 }))
+		ds, err := s.peek(ctx, withCost(items, idx, func(c int64) int64 { return c }))
 		if err != nil {
 			return err
 		}
 		setDecisions(out, idx, ds)
-		for _, i := range idx {
-			out[i].Allowed = items[i].Cost <= out[i].Remaining
-		}
 	}
 	return nil
 }

@@ -1,7 +1,6 @@
 package redisstore
 
 import (
-	"context"
 	"hash/maphash"
 	"sync"
 	"sync/atomic"
@@ -11,8 +10,9 @@ import (
 )
 
 // denialCache remembers, per key, that Redis denied a cost under a rule
-// until an instant, and answers the same cost under the same rule (the
-// same *ratelimit.Rule) locally until then, without a round trip.
+// until an instant, and answers a request of that one item (the same cost
+// under the same *ratelimit.Rule) locally until then, without a round
+// trip.
 //
 // A denial's RetryAfter is the earliest instant at which the cost could be
 // admitted if nothing else consumed, and consumption by anyone only moves
@@ -30,9 +30,10 @@ import (
 // kept in this process's clock from the moment the request was sent,
 // before Redis read its own, so it is never later than the true one.
 //
-// What invalidates it: a refund (a negative cost) or a Reset of the key,
-// and a decision on the key under another rule (whose rate may rescale the
-// state). Those made through this Store forget the key's entry; those
+// What invalidates it: a refund (a negative cost), a consumption (after
+// which the remembered Remaining and ResetAfter are stale) or a Reset of
+// the key, and a decision on the key under another rule (whose rate may
+// rescale the state). Those made through this Store forget the key's entry; those
 // made through another replica are not seen, so this replica may deny a
 // key until the remembered instant although a refund elsewhere freed
 // capacity: it never admits too much, and may admit too little for at
@@ -96,7 +97,8 @@ func (c *denialCache) forget(key string) {
 }
 
 // forgetUnless forgets key's entry unless it is of rule r and keep is
-// set: a refund forgets it, and so does a decision under another rule.
+// set: a refund or a consumption forgets it, and so does a decision under
+// another rule.
 func (c *denialCache) forgetUnless(key string, r *ratelimit.Rule, keep bool) {
 	sh := c.shard(key)
 	sh.mu.Lock()
@@ -127,17 +129,19 @@ func (c *denialCache) put(key string, d denial, now time.Time) {
 }
 
 // record keeps the denials of a request Redis decided, sent at sent, and
-// forgets the keys it refunded. A key named twice in one request is not
-// kept: its second item's answer counts the first's cost, which a denied
-// request did not consume.
+// forgets the keys it changed: refunded, or consumed from (a remembered
+// denial's Remaining and ResetAfter would be stale). A key named twice in
+// one request is not kept: its second item's answer counts the first's
+// cost, which a denied request did not consume.
 func (c *denialCache) record(items []ratelimit.Item, ds []ratelimit.Decision, sent time.Time) {
+	changed := ratelimit.Allowed(ds) // else nothing was consumed or refunded
 	for i := range items {
 		it := &items[i]
 		d := &ds[i]
 		alg := it.Rule.Algorithm
 		if it.Cost <= 0 || d.Allowed || d.Reason != ratelimit.ReasonLimited || d.RetryAfter < minCachedDenial ||
 			(alg != ratelimit.GCRA && alg != ratelimit.FixedWindow) {
-			c.forgetUnless(it.Key, it.Rule, it.Cost >= 0)
+			c.forgetUnless(it.Key, it.Rule, it.Cost == 0 || !changed)
 			continue
 		}
 		dup := false
@@ -156,71 +160,37 @@ func (c *denialCache) record(items []ratelimit.Item, ds []ratelimit.Decision, se
 	}
 }
 
-// answer decides items from the cache when one of them is a remembered
-// denial: that item is denied and, the request being all or nothing, the
-// others are asked as checks (cost 0), which needs Redis only when there
-// are others. ok is false when no item is a remembered denial.
-func (c *denialCache) answer(ctx context.Context, s *Store, dst []ratelimit.Decision, items []ratelimit.Item) (_ []ratelimit.Decision, ok bool, _ error) {
-	var now time.Time
-	hit := -1
-	var den denial
-	for i := range items {
-		it := &items[i]
-		if it.Cost <= 0 {
-			continue
-		}
-		if now.IsZero() {
-			now = s.localNow()
-		}
-		if d, found := c.lookup(it.Key, it.Rule, it.Cost, now); found {
-			hit, den = i, d
-			break
-		}
+// answer decides a request of one item from the cache when that item is
+// a remembered denial; ok is false when it is not. A request of several
+// items is left to Redis even when one of them is a remembered denial: its
+// other items must each report what it alone would get (beyond its
+// capacity, limited with its own RetryAfter, or a check when it would
+// fit), as a Store that decided the request says, and only Redis knows
+// that; asking it costs the round trip that checking them would.
+func (c *denialCache) answer(s *Store, dst []ratelimit.Decision, items []ratelimit.Item) (_ []ratelimit.Decision, ok bool) {
+	if len(items) != 1 || items[0].Cost <= 0 {
+		return dst, false
 	}
-	if hit < 0 {
-		return dst, false, nil
+	it := &items[0]
+	now := s.localNow()
+	den, found := c.lookup(it.Key, it.Rule, it.Cost, now)
+	if !found {
+		return dst, false
 	}
 	c.hits.Add(1)
-	r := items[hit].Rule
+	r := it.Rule
 	remaining := den.remaining // a fixed window's count stays until its end
 	debt := max(0, den.resetAt.Sub(now))
 	if r.Algorithm == ratelimit.GCRA {
 		iv := r.Interval()
 		remaining = int64(max(0, (time.Duration(r.Capacity())*iv-debt)/iv))
 	}
-	denied := ratelimit.Decision{
+	return append(dst, ratelimit.Decision{
 		Reason:     ratelimit.ReasonLimited,
 		Capacity:   r.Capacity(),
 		Remaining:  remaining,
 		ResetAfter: debt,
 		RetryAfter: max(1, den.until.Sub(now)),
 		Rule:       r.Name,
-	}
-	if len(items) == 1 {
-		return append(dst, denied), true, nil
-	}
-	checks := make([]ratelimit.Item, 0, len(items)-1)
-	for i := range items {
-		if i != hit {
-			it := items[i]
-			it.Cost = 0
-			checks = append(checks, it)
-		}
-	}
-	cds, err := s.decideStrict(ctx, nil, checks)
-	if err != nil {
-		return dst, true, err
-	}
-	j := 0
-	for i := range items {
-		if i == hit {
-			dst = append(dst, denied)
-			continue
-		}
-		d := cds[j]
-		j++
-		d.Allowed = d.Allowed && items[i].Cost <= d.Remaining
-		dst = append(dst, d)
-	}
-	return dst, true, nil
+	}), true
 }

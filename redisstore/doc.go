@@ -219,7 +219,9 @@
 // Every mode has a denial cache (denials.go, off with
 // Options.NoDenialCache): a GCRA or fixed-window key that Redis denied a
 // cost until an instant is denied that cost here until then, with the
-// same answer, without a round trip. Refunds, Reset and decisions under
+// same answer, without a round trip, in a request of that one item (a
+// request of several items is decided by Redis, which alone can say what
+// each other item would get). Refunds, Reset and decisions under
 // another rule of the key through this Store forget it; a refund through
 // another replica is not seen, so this replica may deny until the
 // remembered instant (never admit too much).

@@ -103,8 +103,10 @@ type Stats struct {
 	CachedDenials uint64
 	// Counted counts items of batched and approximate rules decided in
 	// this process, Leases the Redis calls that took blocks, GivenBack
-	// the units idle replicas returned, Stranded the units of blocks that
-	// expired unspent, Reconciles the reconciliation round trips.
+	// the units returned to Redis (by idle replicas, and those a bucket
+	// that holds no block leased for a request another item denied),
+	// Stranded the units of blocks that expired unspent or could not be
+	// returned, Reconciles the reconciliation round trips.
 	Counted, Leases, GivenBack, Stranded, Reconciles uint64
 	Open                                             bool // whether the breaker is open now
 }
@@ -316,6 +318,40 @@ func (s *Store) decideStrict(ctx context.Context, dst []ratelimit.Decision, item
 	return dst, err
 }
 
+// peek answers items as the other items of a denied request: each
+// reports what it alone would get (beyond its capacity, limited with its
+// own RetryAfter, or, when its cost would fit, a check at cost 0), and
+// nothing is consumed. Redis decides them behind an item that it denies
+// whatever the state, so that decide.lua (or the exact path) reports
+// them so. When Redis cannot decide, or no such item can be made, they
+// are asked as checks (by the failure modes then), Allowed when their
+// cost would fit.
+func (s *Store) peek(ctx context.Context, items []ratelimit.Item) ([]ratelimit.Decision, error) {
+	if first := items[0]; first.Rule.Capacity() < bigNS {
+		first.Cost = first.Rule.Capacity() + 1 // beyond capacity: denied, consuming nothing
+		ds, err := s.decideRedis(ctx, nil, append([]ratelimit.Item{first}, items...))
+		if err == nil {
+			return ds[1:], nil
+		}
+		if !errors.Is(err, errUnavailable) {
+			return nil, err
+		}
+	}
+	checks := make([]ratelimit.Item, len(items))
+	for i, it := range items {
+		it.Cost = 0
+		checks[i] = it
+	}
+	ds, err := s.decideStrict(ctx, nil, checks)
+	if err != nil {
+		return nil, err
+	}
+	for i := range ds {
+		ds[i].Allowed = ds[i].Allowed && items[i].Cost <= ds[i].Remaining
+	}
+	return ds, nil
+}
+
 // errUnavailable is wrapped by decideRedis's error when Redis could not
 // decide (failed, timed out or the breaker is open): the caller decides by
 // the failure modes.
@@ -332,9 +368,9 @@ func (s *Store) decideRedis(ctx context.Context, dst []ratelimit.Decision, items
 		return dst, err
 	}
 	if s.denials != nil {
-		if out, ok, err := s.denials.answer(ctx, s, dst, items); ok {
+		if out, ok := s.denials.answer(s, dst, items); ok {
 			req.release()
-			return out, err
+			return out, nil
 		}
 	}
 	if !s.brk.allow() {

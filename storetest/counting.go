@@ -19,7 +19,9 @@ type NewReplicas func(t *testing.T, n int, now func() time.Time) []ratelimit.Sto
 // at a frozen instant:
 //
 //   - one replica admits exactly the capacity, one unit at a time, and
-//     then denies with ReasonLimited, whatever the mode;
+//     then denies with ReasonLimited, whatever the mode; a request of
+//     three units with one left is denied by its second and consumes
+//     nothing, its first and third reported admitted alone;
 //   - 4 replicas asked in turn admit exactly the capacity together in
 //     strict and batched modes (batched never admits above the limit, and
 //     at a frozen instant strands nothing that a later request cannot
@@ -48,6 +50,36 @@ func RunCounting(t *testing.T, newReplicas NewReplicas) {
 					if want := i < quota; ds[0].Allowed != want || (!want && ds[0].Reason != ratelimit.ReasonLimited) {
 						t.Fatalf("unit %d: %+v, want allowed=%v", i+1, ds[0], want)
 					}
+				}
+			})
+			t.Run(fmt.Sprintf("denied/%s/%s", c, a), func(t *testing.T) {
+				clock := NewClock(Start)
+				s := newReplicas(t, 1, clock.Now)[0]
+				unit := ratelimit.Item{Key: "denied", Rule: r, Cost: 1}
+				decide := func(items ...ratelimit.Item) []ratelimit.Decision {
+					t.Helper()
+					ds, err := s.Decide(ctx, nil, items)
+					if err != nil {
+						t.Fatal(err)
+					}
+					return ds
+				}
+				for i := range quota - 1 {
+					if ds := decide(unit); !ds[0].Allowed {
+						t.Fatalf("unit %d: %+v", i+1, ds[0])
+					}
+				}
+				// One unit left: a request of three is denied by its
+				// second, its first item's unit not consumed, and its
+				// third reports what it alone would get: admitted.
+				if ds := decide(unit, unit, unit); ratelimit.Allowed(ds) || !ds[0].Allowed || ds[1].Reason != ratelimit.ReasonLimited || !ds[2].Allowed {
+					t.Fatalf("three units with one left: %+v, want the second limited, the others allowed alone", ds)
+				}
+				if ds := decide(unit); !ds[0].Allowed {
+					t.Fatalf("the last unit, after a denied request of two: %+v", ds[0])
+				}
+				if ds := decide(unit); ds[0].Allowed {
+					t.Fatalf("a unit beyond the capacity: %+v", ds[0])
 				}
 			})
 			t.Run(fmt.Sprintf("replicas/%s/%s", c, a), func(t *testing.T) {

@@ -84,6 +84,80 @@ func testAllOrNothing(t *testing.T, newStore NewStore) {
 	}
 }
 
+// testDeniedReports decides requests denied by an item that was denied
+// alone just before (which a store may remember), beside items that fail
+// in other ways or would fit: each item reports what ratelimit.DecideMany
+// says, a cost beyond capacity ReasonExceedsCapacity and Never, a limited
+// one ReasonLimited and its own RetryAfter, one that would fit a check at
+// cost 0, and nothing is consumed; and a denial after a consumption that
+// followed the same denial reports the key as it is now.
+func testDeniedReports(t *testing.T, newStore NewStore) {
+	e := newEnv(t, newStore)
+	e.at(time.Second)
+	type key struct {
+		name string
+		rule *ratelimit.Rule
+		st   ratelimit.State // as the store should hold it
+	}
+	keys := []*key{
+		{name: e.key("denied"), rule: ruleOf(ratelimit.FixedWindow, 2, time.Minute)},
+		{name: e.key("beyond"), rule: ruleOf(ratelimit.FixedWindow, 1, time.Second)},
+		{name: e.key("limited"), rule: ruleOf(ratelimit.GCRA, 2, time.Minute)},
+		{name: e.key("fits"), rule: ruleOf(ratelimit.SlidingLog, 3, time.Minute)},
+	}
+	denied, beyond, limited, fits := keys[0], keys[1], keys[2], keys[3]
+	one := func(k *key, cost int64) ratelimit.Decision {
+		t.Helper()
+		got := e.one(k.name, k.rule, cost)
+		if want := k.rule.Decide(&k.st, e.clock.Now(), cost); got != want {
+			t.Fatalf("%s:%d: got %+v, want %+v", k.name, cost, got, want)
+		}
+		return got
+	}
+	one(denied, 1)
+	if d := one(denied, 2); d.Allowed || d.Reason != ratelimit.ReasonLimited {
+		t.Fatalf("denied:2 after 1 of 2: %+v, want ReasonLimited", d)
+	}
+	one(limited, 2)
+	one(fits, 1)
+	for _, order := range [][]*key{
+		{beyond, limited, fits, denied},
+		{denied, beyond, limited, fits},
+		{fits, denied, beyond},
+		{limited, denied},
+	} {
+		e.clock.Advance(time.Millisecond)
+		costs := map[*key]int64{denied: 2, beyond: 2, limited: 1, fits: 1}
+		items := make([]ratelimit.Item, len(order))
+		kept := make([]*ratelimit.State, len(order))
+		for i, k := range order {
+			items[i] = ratelimit.Item{Key: k.name, Rule: k.rule, Cost: costs[k]}
+			kept[i] = &k.st
+		}
+		want, _ := ratelimit.DecideMany(nil, items, e.clock.Now(), kept, make([]ratelimit.State, len(items)))
+		got := e.decide(items...)
+		for i := range got {
+			if got[i] != want[i] {
+				t.Errorf("%s: item %d: got %+v, want %+v", fmtItems(items), i, got[i], want[i])
+			}
+		}
+	}
+	for _, k := range keys[1:] {
+		one(k, 0) // nothing consumed
+	}
+	// A consumption after a denial (which a store may remember) changes
+	// what the next denial of that cost reports.
+	for _, k := range []*key{
+		{name: e.key("stale-fixed"), rule: ruleOf(ratelimit.FixedWindow, 3, time.Hour)},
+		{name: e.key("stale-gcra"), rule: ruleOf(ratelimit.GCRA, 3, time.Hour)},
+	} {
+		one(k, 1)
+		one(k, 3)
+		one(k, 1)
+		one(k, 3)
+	}
+}
+
 // testSameKeyTwice names one key twice in a request: the items are decided
 // in order against the same state, and all or nothing.
 func testSameKeyTwice(t *testing.T, newStore NewStore) {

@@ -14,7 +14,7 @@
 //     instants that go backwards, limit changes mid-window and calendar
 //     windows across a month boundary, DST changes and half-hour zones;
 //   - requests of several items, decided all or nothing, including one key
-//     named twice;
+//     named twice, and what each item of a denied request reports;
 //   - refunds (never above capacity), cost 0, cost above capacity, limit 0,
 //     tiny rates and huge costs;
 //   - that an older instant creates no capacity;
@@ -48,6 +48,7 @@ func Run(t *testing.T, newStore NewStore) {
 	t.Run("EdgeRules", func(t *testing.T) { testEdgeRules(t, newStore) })
 	t.Run("AllOrNothing", func(t *testing.T) { testAllOrNothing(t, newStore) })
 	t.Run("RollbackSlidingLog", func(t *testing.T) { testRollbackSlidingLog(t, newStore) })
+	t.Run("DeniedReports", func(t *testing.T) { testDeniedReports(t, newStore) })
 	t.Run("SameKeyTwice", func(t *testing.T) { testSameKeyTwice(t, newStore) })
 	t.Run("Refund", func(t *testing.T) { testRefund(t, newStore) })
 	t.Run("CostZero", func(t *testing.T) { testCostZero(t, newStore) })

@@ -174,14 +174,16 @@ type genOpts struct {
 // modelRedisNarrow narrows what requests look like on Redis (not on the
 // Redis-down configuration, which never reaches Redis): one descriptor
 // per request, no `limits:` lists, no inline limits and no
-// is_negative_hits, so that a request decides one limit. Two defects of
-// redisstore this test found make requests of several items differ from
-// the model there (modelRegressions, cases 4 and 5: the denial cache
-// answers a request's other items denied with reason ok and no retry; a
-// batched bucket's unit taken for a request that another item denies is
-// lost, not given back). Set it to false once they are fixed; then run
-// TestModelRegressions with -model.known too.
-const modelRedisNarrow = true
+// is_negative_hits, so that a request decides one limit. It was on while
+// two defects of redisstore this test found made requests of several
+// items differ from the model there (modelRegressions, cases 4 and 5: the
+// denial cache answered a request's other items denied with reason ok and
+// no retry; a batched bucket's unit taken for a request that another item
+// denied was lost, not given back); both are fixed. Set it to true to
+// keep a new Redis defect of several items out of the generated cases
+// while it is open, and mark its shrunk case in modelRegressions with
+// KnownRedis (TestModelRegressions runs it with -model.known).
+const modelRedisNarrow = false
 
 // narrow reports whether requests are narrowed (modelRedisNarrow).
 func (o genOpts) narrow() bool { return o.redis && !o.down && modelRedisNarrow }

@@ -1154,7 +1154,7 @@ func modelRegressions() []*mCase {
 			}},
 		// Redis's denial cache: a remembered denial of one item, and a
 		// cost beyond another's capacity.
-		{Seed: 4, KnownRedis: "redisstore's denial cache answers the other items of a request denied with reason ok and retry 0 (denials.go, answer)", Nodes: []*mNode{
+		{Seed: 4, Nodes: []*mNode{
 			{ID: 0, Key: "k0", Limits: []*mLimit{{Name: "r0", Unit: 1, Quota: 1, Algorithm: algFixed}}},
 			{ID: 1, Key: "k1", Limits: []*mLimit{{Name: "r1", Unit: 2, Quota: 2, Algorithm: algFixed}}}},
 			Steps: []mStep{
@@ -1164,7 +1164,7 @@ func modelRegressions() []*mCase {
 			}},
 		// A batched bucket on Redis, one item admitted and the next
 		// denied in one request: the first's unit must not be consumed.
-		{Seed: 5, Batched: true, KnownRedis: "redisstore's batched counting loses a bucket's unit taken for a request another item denies (counting.go, giveBack with a block of hold 0)", Nodes: []*mNode{
+		{Seed: 5, Batched: true, Nodes: []*mNode{
 			{ID: 0, Key: "k1", Value: "ab", Limits: []*mLimit{{Name: "r0", Unit: 1, Quota: 2, Algorithm: algGCRA, WriteAlg: true, Counting: "batched"}}}},
 			Steps: []mStep{
 				{Transport: tJSON, Descs: []mDesc{{Entries: []mEntry{{"k1", "ab"}}}}},

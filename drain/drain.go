@@ -407,7 +407,7 @@ func (d *Drainer) fetch(ctx context.Context, i int, slots chan struct{}) {
 				return
 			}
 			d.cfg.Logger.Warn("drain: taking a message", "priority", d.cfg.Inputs[i].Priority, "err", err)
-			if wait(ctx, 100*time.Millisecond) != nil {
+			if retry.Sleep(ctx, 100*time.Millisecond) != nil {
 				return
 			}
 			continue
@@ -443,7 +443,7 @@ func (d *Drainer) release(ctx context.Context, jobs chan<- taken) {
 		}
 		// No shared pause, then the Limiter's grant, then a worker.
 		if left := d.pauses.Left("", time.Now); left > 0 {
-			if wait(ctx, left) != nil {
+			if retry.Sleep(ctx, left) != nil {
 				return
 			}
 			continue
@@ -454,7 +454,7 @@ func (d *Drainer) release(ctx context.Context, jobs chan<- taken) {
 					return
 				}
 				d.cfg.Logger.Warn("drain: limiter", "err", err)
-				if wait(ctx, 100*time.Millisecond) != nil {
+				if retry.Sleep(ctx, 100*time.Millisecond) != nil {
 					return
 				}
 				continue
@@ -622,17 +622,5 @@ func (d *Drainer) poll(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
-	}
-}
-
-// wait waits d or until ctx is done, returning ctx's error then.
-func wait(ctx context.Context, d time.Duration) error {
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }

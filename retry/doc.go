@@ -5,7 +5,8 @@
 //     call of that scope instead of each retrying on its own;
 //   - Wait, which waits out a pause or a backoff — or fails at once, with
 //     a *DeadlineError, when the caller's deadline comes first, rather
-//     than sleeping only to fail later;
+//     than sleeping only to fail later; and Sleep, the plain wait until a
+//     duration passes or the context is done (drain's and lease's loops);
 //   - Budget, which keeps retries to a fraction of the calls, so that
 //     retrying never multiplies the load on a service already refusing it;
 //   - Ceiling, the throttle controller of a client that paces itself:

@@ -760,6 +760,11 @@ func (l *Limiter) Limit() float64 {
 // instant it is given, and never goes back: an instant earlier than the
 // latest one it has seen is taken as that one. The zero value is ready for
 // use; the owner's mutex guards it.
+//
+// ratelimit/limiter.go has the same type (with peek): the import rules
+// (ARCHITECTURE.md, rule 1) leave ratelimit and adaptive no common package
+// but the standard library, and exporting it would make a clock part of
+// the API.
 type monoClock struct {
 	base    time.Time
 	started bool

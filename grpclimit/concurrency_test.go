@@ -60,10 +60,10 @@ func TestClientConcurrency(t *testing.T) {
 }
 
 // TestClientConcurrencyRefusalIsNoAccept: a call that finds no slot of the
-// Client's Concurrency limit is not an accept of the Throttle. The two
+// Client's Concurrency limit is not an accept of the Rejecter. The two
 // clients disagreed here: httplimit.Client counted it as none, grpclimit's
 // as an accept (its error has no gRPC code, which read as "the server did
-// its work"), so a client whose limit shed its calls told its Throttle the
+// its work"), so a client whose limit shed its calls told its Rejecter the
 // server was healthy. Both now run retry.Caller, where a local refusal is
 // Failed.
 func TestClientConcurrencyRefusalIsNoAccept(t *testing.T) {
@@ -72,11 +72,11 @@ func TestClientConcurrencyRefusalIsNoAccept(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	th, err := adaptive.NewThrottle(adaptive.ThrottleOptions{})
+	th, err := adaptive.NewRejecter(adaptive.RejecterOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &grpclimit.Client{Concurrency: l, Throttle: th, MaxRetries: -1}
+	c := &grpclimit.Client{Concurrency: l, Rejecter: th, MaxRetries: -1}
 	hc := startLoopback(t, h, c)
 	if _, err := hc.Check(t.Context(), &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatal(err)

@@ -13,10 +13,10 @@
 //     a retry hint pauses and cuts nothing, only repeated refusals cut
 //     the rate, in proportion to the overshoot, and the rate climbs back
 //     (lease.Holder and httplimit.Client share it);
-//   - Caller, the one retry-and-pacing sequence built of them: throttle,
-//     shared pause (with jitter), Limiter within the deadline, send, read
-//     the refusal's hint, pause, retry within the Budget, give up at the
-//     deadline.
+//   - Caller, the one retry-and-pacing sequence built of them: a local
+//     rejection (a Rejecter), shared pause (with jitter), Limiter within
+//     the deadline, send, read the refusal's hint, pause, retry within the
+//     Budget, give up at the deadline.
 //
 // httplimit.Client (HTTP 429 and 503) and grpclimit.Client
 // (RESOURCE_EXHAUSTED and UNAVAILABLE with RetryInfo) are adapters on a

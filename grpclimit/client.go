@@ -63,7 +63,7 @@ type Client struct {
 	// same server.
 	Rejecter *adaptive.Rejecter
 	// Concurrency bounds the unary calls in flight to the server with an
-	// adaptive limit (see adaptive.Limiter) that shrinks when the server
+	// adaptive limit (see adaptive.Concurrency) that shrinks when the server
 	// slows down or answers RESOURCE_EXHAUSTED, UNAVAILABLE or
 	// DEADLINE_EXCEEDED and grows back gradually; nil means no bound. Each
 	// attempt holds a slot while it is in flight: its latency is then a
@@ -74,7 +74,7 @@ type Client struct {
 	// httplimit.Client). Streams take no slot: a stream's life is not
 	// a service time. Share one Limiter among every client of the same
 	// server.
-	Concurrency *adaptive.Limiter
+	Concurrency *adaptive.Concurrency
 
 	// BaseBackoff and MaxBackoff bound the full-jitter backoff, as
 	// httplimit.Client's: a call waiting out a pause waits a random time in

@@ -22,7 +22,7 @@ import (
 func TestClientConcurrency(t *testing.T) {
 	h := &flakyHealth{}
 	h.code.Store(uint32(codes.Unavailable))
-	l, err := adaptive.NewLimiter(adaptive.Options{Max: 20, Min: 1, Initial: 20, Window: time.Millisecond, MinSamples: 1, Controller: &adaptive.AIMD{}})
+	l, err := adaptive.NewConcurrency(adaptive.ConcurrencyOptions{Max: 20, Min: 1, Initial: 20, Window: time.Millisecond, MinSamples: 1, Controller: &adaptive.AIMD{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestClientConcurrency(t *testing.T) {
 // Failed.
 func TestClientConcurrencyRefusalIsNoAccept(t *testing.T) {
 	h := &flakyHealth{}
-	l, err := adaptive.NewLimiter(adaptive.Options{Max: 1, Min: 1, Initial: 1})
+	l, err := adaptive.NewConcurrency(adaptive.ConcurrencyOptions{Max: 1, Min: 1, Initial: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

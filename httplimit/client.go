@@ -148,7 +148,7 @@ type Client struct {
 	// clock (adaptive.RejecterOptions.Now), not Now.
 	Rejecter *adaptive.Rejecter
 	// Concurrency bounds the requests in flight to the service with an
-	// adaptive limit (see adaptive.Limiter) that shrinks when the service
+	// adaptive limit (see adaptive.Concurrency) that shrinks when the service
 	// slows down or answers 429 or 503 and grows back gradually; nil means
 	// no bound. Each attempt holds a slot from just before it is sent until
 	// its response's header arrives: its latency then is a sample, an
@@ -157,7 +157,7 @@ type Client struct {
 	// Limiter's queue, if it has one) fails at once with the Limiter's
 	// adaptive.Refusal, matching adaptive.ErrOverloaded. Share one Limiter
 	// among every client of the same service.
-	Concurrency *adaptive.Limiter
+	Concurrency *adaptive.Concurrency
 
 	// MaxRate is the rate the Limiter is set to when nothing is cut; 0
 	// means the Limiter's rate at first use.

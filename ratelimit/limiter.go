@@ -164,7 +164,7 @@ func (l *Limiter) Burst() int {
 // latest one it has seen is taken as that one. The zero value is ready for
 // use; the Limiter's or Shaper's mutex guards it.
 //
-// adaptive/limiter.go has the same type: the import rules (ARCHITECTURE.md,
+// adaptive/concurrency.go has the same type: the import rules (ARCHITECTURE.md,
 // rule 1) leave ratelimit and adaptive no common package but the standard
 // library, and exporting it would make a clock part of the API.
 type monoClock struct {

@@ -2,7 +2,7 @@
 //
 // # Inbound: the middleware
 //
-// New builds a Middleware from a Config: a ratelimit.Store (memstore for
+// New builds a Middleware from Options: a ratelimit.Store (memstore for
 // one process, redisstore for many) and Policies, each a ratelimit.Rule, the
 // Keys that pick its bucket (ByIP, ByHeader, ByRoute, ByMethod, KeyFunc)
 // and a CostFunc (CostByMethod, CostByRoute: reads cheap, writes dear). The

@@ -20,7 +20,7 @@ import (
 // second's start) refuses whatever one of its windows receives beyond its
 // limit, even if the rate averaged over time is below it: a token bucket
 // at exactly the rate, with a burst, puts the burst and a window's worth
-// of rate into one window. By default (Config.Window) the Limiter paces
+// of rate into one window. By default (Options.Window) the Limiter paces
 // so that no window of the downstream's length W, wherever it starts,
 // receives more than the leased capacity: its bucket has a burst of a
 // hundredth of a window's worth (at least 1) and a rate lowered by that
@@ -35,7 +35,7 @@ import (
 // holder had over that window — its rate integrated over it, so that a
 // holder whose rate falls (it yielded partitions) is not held until what
 // it sent at the old rate has left the window.
-// With Config.Window negative, the bucket runs at the rate with a burst of
+// With Options.Window negative, the bucket runs at the rate with a burst of
 // a tenth of it (smooth below a second, but a fixed window can then see
 // up to 10 % more).
 //

@@ -8,12 +8,12 @@ import (
 	"github.com/sluicehq/sluice/priority"
 )
 
-// BenchmarkAcquireDone measures Acquire + Done on a Limiter with room,
+// BenchmarkAcquireDone measures Acquire + Done on a Concurrency with room,
 // from one goroutine and from parallel ones, and TryAcquireAt + DoneAt.
 func BenchmarkAcquireDone(b *testing.B) {
 	ctx := context.Background()
 	b.Run("serial", func(b *testing.B) {
-		l, _ := NewLimiter(Options{Max: 1 << 20, Initial: 1 << 20})
+		l, _ := NewConcurrency(ConcurrencyOptions{Max: 1 << 20, Initial: 1 << 20})
 		b.ReportAllocs()
 		for b.Loop() {
 			p, err := l.Acquire(ctx)
@@ -24,7 +24,7 @@ func BenchmarkAcquireDone(b *testing.B) {
 		}
 	})
 	b.Run("parallel", func(b *testing.B) {
-		l, _ := NewLimiter(Options{Max: 1 << 20, Initial: 1 << 20})
+		l, _ := NewConcurrency(ConcurrencyOptions{Max: 1 << 20, Initial: 1 << 20})
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
@@ -38,7 +38,7 @@ func BenchmarkAcquireDone(b *testing.B) {
 		})
 	})
 	b.Run("guard-at", func(b *testing.B) {
-		g, _ := NewGuard(GuardOptions{Limiter: Options{Max: 1 << 20, Initial: 1 << 20},
+		g, _ := NewGuard(GuardOptions{Concurrency: ConcurrencyOptions{Max: 1 << 20, Initial: 1 << 20},
 			Shedder: &ShedderOptions{Objective: Objective{Latency: time.Second}}})
 		now := time.Now()
 		b.ReportAllocs()

@@ -6,14 +6,14 @@ import (
 	"time"
 )
 
-// A Sample is what a Limiter measured over one window, handed to its
+// A Sample is what a Concurrency measured over one window, handed to its
 // Controller when the window closes.
 type Sample struct {
 	// Window is how long the window lasted.
 	Window time.Duration
 	// Limit is the limit in force during the window.
 	Limit float64
-	// Latency is the window's latency quantile (Options.Quantile) over
+	// Latency is the window's latency quantile (ConcurrencyOptions.Quantile) over
 	// the completions reported with Done, measured from the moment each
 	// was admitted; 0 when there were none.
 	Latency time.Duration
@@ -26,18 +26,18 @@ type Sample struct {
 	MaxInFlight int
 	// Throughput is Completed per second of Window.
 	Throughput float64
-	// Refused counts the requests the Limiter refused in the window: a
+	// Refused counts the requests the Concurrency refused in the window: a
 	// window with refusals had more demand than its limit let in.
 	Refused int
 }
 
-// A Controller turns a window's Sample into the next limit. The Limiter
+// A Controller turns a window's Sample into the next limit. The Concurrency
 // calls it under its lock, once per window, and then bounds the answer to
-// [Options.Min, Options.Max] and holds it from growing while the limiter
+// [ConcurrencyOptions.Min, ConcurrencyOptions.Max] and holds it from growing while the limiter
 // is not the bottleneck (MaxInFlight below half the limit). A Controller
-// belongs to one Limiter; its methods need not be safe for concurrent use.
+// belongs to one Concurrency; its methods need not be safe for concurrent use.
 //
-// Gradient and AIMD are the two supplied; NewLimiter fills in their
+// Gradient and AIMD are the two supplied; NewConcurrency fills in their
 // defaults and refuses invalid parameters. A Controller returning NaN
 // leaves the limit as it was.
 type Controller interface {
@@ -46,7 +46,7 @@ type Controller interface {
 }
 
 // A validator is a Controller that fills in its defaults and checks its
-// parameters when a Limiter is built.
+// parameters when a Concurrency is built.
 type validator interface{ validate() error }
 
 // Gradient is a gradient controller in the manner of Netflix's Gradient2:

@@ -160,7 +160,7 @@ func TestGradientAgree(t *testing.T) {
 // does not grow the limit (the runaway pitfall), and the limit never
 // exceeds Max.
 func TestLimitHeldWhenNotBottleneck(t *testing.T) {
-	l, _ := NewLimiter(Options{Max: 12, Initial: 10, MinSamples: 1, Controller: &AIMD{}})
+	l, _ := NewConcurrency(ConcurrencyOptions{Max: 12, Initial: 10, MinSamples: 1, Controller: &AIMD{}})
 	for w := range 20 {
 		p, _ := l.TryAcquireAt(at(w*100), priority.Normal) // 1 in flight of 10
 		p.DoneAt(at(w*100 + 50))

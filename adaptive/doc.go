@@ -9,26 +9,27 @@
 // refusals as overload — HTTP 503, gRPC UNAVAILABLE, with the Refusal's
 // RetryAfter — never as 429.
 //
-// # The limiter
+// # The concurrency limit
 //
-// A Limiter admits a request while fewer than its limit are in flight
+// A Concurrency, an adaptive concurrency limit, admits a request while
+// fewer than its limit are in flight
 // (TryAcquireAt, or Acquire, which may wait in a bounded queue) and is told
 // how each ended: Permit.Done (completed; its latency from grant is a
 // sample), Permit.Dropped (timed out, or the work below said it is
 // overloaded) or Permit.Ignore (cancelled by the caller, or not
 // representative: health checks, fast failures, cache hits — none of them
-// may poison the latency baseline). Once per window (Options.Window,
-// default 100ms, and at least Options.MinSamples, default 10, completions)
-// the window's Sample — its latency quantile (Options.Quantile, default
+// may poison the latency baseline). Once per window (ConcurrencyOptions.Window,
+// default 100ms, and at least ConcurrencyOptions.MinSamples, default 10, completions)
+// the window's Sample — its latency quantile (ConcurrencyOptions.Quantile, default
 // p90), completions, drops, mean and peak in-flight, throughput — goes to
-// a Controller, which returns the next limit. The Limiter bounds it to
-// [Options.Min, Options.Max], where Max is fixed and never exceeded, and
+// a Controller, which returns the next limit. The Concurrency bounds it to
+// [ConcurrencyOptions.Min, ConcurrencyOptions.Max], where Max is fixed and never exceeded, and
 // does not let it grow while the peak in-flight is below half the limit:
 // a limiter that is not the bottleneck learns nothing from flat latency,
 // and growing then is how limits run away (a server whose latency is a
 // constant timeout looks healthy at any limit).
 //
-// By default (Options.Initial 0) a Limiter starts with a warm-up at Max,
+// By default (ConcurrencyOptions.Initial 0) a Concurrency starts with a warm-up at Max,
 // so that healthy traffic is not refused while nothing is measured: after
 // about a second without refusals the limit falls to twice the most held
 // and the Controller takes over; a refusal or a drop in the warm-up
@@ -39,7 +40,7 @@
 // Requests have a priority.Priority (carried in the context:
 // priority.NewContext, priority.FromContext; at the edges the header
 // priority.Header and the gRPC key priority.Metadata). A priority may fill only its share of the limit
-// (Options.Shares, default 80% for Sheddable rising to 100% for
+// (ConcurrencyOptions.Shares, default 80% for Sheddable rising to 100% for
 // Critical), so the top of the limit is kept for the work that matters; the
 // queue serves the highest priority first, and when full lets a higher
 // priority in by refusing its lowest-priority waiter.
@@ -65,7 +66,7 @@
 // above its Target, or, without Target, in-flight rising while throughput
 // stays flat (queueing); use it when overload shows as errors and
 // timeouts. Their parameters and defaults are documented on each type;
-// NewLimiter fills the defaults in and refuses invalid values with an
+// NewConcurrency fills the defaults in and refuses invalid values with an
 // error naming them.
 //
 // # Shedding by objective
@@ -92,8 +93,8 @@
 //
 // # The Guard
 //
-// A Guard is what an edge uses: its Shedder in front of its Limiter, the
-// Limiter's refusals fed back to the Shedder, a load level (Level: the
+// A Guard is what an edge uses: its Shedder in front of its Concurrency, the
+// Concurrency's refusals fed back to the Shedder, a load level (Level: the
 // share of the limit in use, above 1 while refusing, or the quantile over
 // the objective plus the fraction shed, whichever is larger) and named
 // Features that it switches off at their Off level and on again at their
@@ -113,14 +114,14 @@
 //
 // The *At forms take the instant, so tests run the controllers on a
 // virtual clock; Acquire, Done and Dropped read the monotonic clock once
-// each (the time since the Limiter was built: no wall-clock read), which
+// each (the time since the Concurrency was built: no wall-clock read), which
 // is most of their cost, and Guard.Acquire reads it once for its Shedder
-// and Limiter both. Time never goes backwards for a Limiter or a Shedder.
+// and Concurrency both. Time never goes backwards for a Concurrency or a Shedder.
 // The decision path (Acquire when admitted at once, TryAcquireAt, Done,
 // DoneAt, Shedder.AllowAt) does not allocate; Acquire allocates only to
 // wait, and an error return boxes its Refusal.
-// Limiter, Shedder and Guard are safe for concurrent use (a mutex each,
+// Concurrency, Shedder and Guard are safe for concurrent use (a mutex each,
 // held for tens of nanoseconds) and must not be copied; their zero values
-// admit nothing (the Shedder's sheds nothing); build them with NewLimiter,
+// admit nothing (the Shedder's sheds nothing); build them with NewConcurrency,
 // NewShedder and NewGuard.
 package adaptive

@@ -14,7 +14,7 @@ func ExampleGuard() {
 	// and the Controller moves it by the latency it measures. With the
 	// default shares, Sheddable work may fill only 80% of it.
 	g, err := adaptive.NewGuard(adaptive.GuardOptions{
-		Limiter: adaptive.Options{Max: 10, Initial: 10},
+		Concurrency: adaptive.ConcurrencyOptions{Max: 10, Initial: 10},
 	})
 	if err != nil {
 		fmt.Println(err)

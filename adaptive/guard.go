@@ -21,8 +21,8 @@ type Feature struct {
 
 // GuardOptions configure a Guard.
 type GuardOptions struct {
-	// Limiter configures the concurrency limiter (required: Max).
-	Limiter Options
+	// Concurrency configures the concurrency limiter (required: Max).
+	Concurrency ConcurrencyOptions
 	// Shedder configures SLO-driven shedding; nil means none.
 	Shedder *ShedderOptions
 	// Features are the features the load level switches (names unique
@@ -31,17 +31,17 @@ type GuardOptions struct {
 }
 
 // A Guard is the entry point an edge uses: an SLO Shedder (optional) in
-// front of a Limiter, and named features switched by the load level.
+// front of a Concurrency, and named features switched by the load level.
 // A request is first offered to the Shedder, which refuses a fraction of
 // the lowest priorities as the latency quantile approaches its objective;
-// what it lets through takes a slot of the Limiter, whose refusals the
+// what it lets through takes a slot of the Concurrency, whose refusals the
 // Shedder counts as overload, so that under sustained overload the load is
 // shed by priority in front rather than by arrival order at the limit.
 //
 // A Guard is safe for concurrent use; it must not be copied. The zero
 // value admits nothing; use NewGuard.
 type Guard struct {
-	l        *Limiter
+	l        *Concurrency
 	s        *Shedder
 	features map[string]*featureState
 	names    []string
@@ -55,7 +55,7 @@ type featureState struct {
 // NewGuard returns a Guard with the given options, or an error naming the
 // first invalid one.
 func NewGuard(opt GuardOptions) (*Guard, error) {
-	l, err := NewLimiter(opt.Limiter)
+	l, err := NewConcurrency(opt.Concurrency)
 	if err != nil {
 		return nil, err
 	}
@@ -82,8 +82,8 @@ func NewGuard(opt GuardOptions) (*Guard, error) {
 	return g, nil
 }
 
-// Limiter returns the Guard's Limiter.
-func (g *Guard) Limiter() *Limiter { return g.l }
+// Concurrency returns the Guard's Concurrency.
+func (g *Guard) Concurrency() *Concurrency { return g.l }
 
 // Shedder returns the Guard's Shedder, or nil.
 func (g *Guard) Shedder() *Shedder { return g.s }
@@ -111,8 +111,8 @@ func (g *Guard) TryAcquireAt(now time.Time, p priority.Priority) (Permit, Refusa
 }
 
 // Acquire admits a request of the priority ctx carries, waiting in the
-// Limiter's queue if it has one; see Limiter.Acquire. A refusal is a
-// Refusal error (ReasonShed from the Shedder, or the Limiter's).
+// Concurrency's queue if it has one; see Concurrency.Acquire. A refusal is a
+// Refusal error (ReasonShed from the Shedder, or the Concurrency's).
 func (g *Guard) Acquire(ctx context.Context) (Permit, error) {
 	if g.l == nil {
 		return Permit{}, Refusal{Reason: ReasonLimit, Priority: priority.FromContext(ctx), RetryAfter: MaxRetryAfter}
@@ -134,7 +134,7 @@ func (g *Guard) Acquire(ctx context.Context) (Permit, error) {
 	return pm, nil
 }
 
-// Level returns the load level: the larger of the Limiter's (the share of
+// Level returns the load level: the larger of the Concurrency's (the share of
 // the limit in use, above 1 while it refuses) and the Shedder's (the
 // latency quantile over the objective, plus the fraction shed).
 func (g *Guard) Level() float64 {
@@ -175,11 +175,11 @@ func (st *featureState) update(lv float64) bool {
 
 // Stats is a snapshot of a Guard: what the edges export as metrics.
 type Stats struct {
-	LimiterStats
+	ConcurrencyStats
 	// Shedder is the Shedder's snapshot (zero without one).
 	Shedder ShedderStats
 	// Shed counts every refusal since the start, by priority (Sheddable
-	// first): the Limiter's and the Shedder's.
+	// first): the Concurrency's and the Shedder's.
 	Shed [priority.Levels]uint64
 	// Level is the Guard's load level (Guard.Level).
 	Level float64
@@ -193,8 +193,8 @@ func (g *Guard) Stats() Stats {
 	if g.l == nil {
 		return Stats{}
 	}
-	st := Stats{LimiterStats: g.l.Stats()}
-	st.Level = st.LimiterStats.Level
+	st := Stats{ConcurrencyStats: g.l.Stats()}
+	st.Level = st.ConcurrencyStats.Level
 	if g.s != nil {
 		st.Shedder = g.s.Stats()
 		st.Level = max(st.Level, g.s.Level())

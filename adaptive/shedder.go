@@ -135,7 +135,7 @@ func (s *Shedder) ObserveAt(now time.Time, latency time.Duration) {
 }
 
 // OverloadedAt reports that a request the Shedder let through at now was
-// then refused for lack of capacity (a Guard calls it when its Limiter
+// then refused for lack of capacity (a Guard calls it when its Concurrency
 // refuses). The controller treats refusals of more than overShare (15%)
 // of what it let through as overload, as it treats a quantile above the
 // setpoint, so that the load is shed here, by priority, rather than there,

@@ -23,7 +23,7 @@ func simGuard(t testing.TB, seed uint64, ctrl Controller) *Guard {
 	return simGuardAt(t, seed, ctrl, 0)
 }
 
-// simGuardAt is simGuard with its Limiter's Options.Initial (0: the
+// simGuardAt is simGuard with its Concurrency's ConcurrencyOptions.Initial (0: the
 // warm-up).
 func simGuardAt(t testing.TB, seed uint64, ctrl Controller, initial int) *Guard {
 	t.Helper()
@@ -32,9 +32,9 @@ func simGuardAt(t testing.TB, seed uint64, ctrl Controller, initial int) *Guard 
 		ctrl = &Gradient{}
 	}
 	g, err := NewGuard(GuardOptions{
-		Limiter:  Options{Max: 200, Initial: initial, Controller: ctrl},
-		Shedder:  &ShedderOptions{Objective: Objective{Quantile: 0.99, Latency: simObj}, Float64: rng.Float64},
-		Features: []Feature{{Name: "recommendations", Off: 0.8, On: 0.6}},
+		Concurrency: ConcurrencyOptions{Max: 200, Initial: initial, Controller: ctrl},
+		Shedder:     &ShedderOptions{Objective: Objective{Quantile: 0.99, Latency: simObj}, Float64: rng.Float64},
+		Features:    []Feature{{Name: "recommendations", Off: 0.8, On: 0.6}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -75,7 +75,7 @@ func TestSimLoadPoints(t *testing.T) {
 			g := simGuard(t, 1, c)
 			var maxLimit float64
 			cfg := baseSim(constLoad(load), g)
-			cfg.probe = func(time.Duration) { maxLimit = max(maxLimit, g.Limiter().Limit()) }
+			cfg.probe = func(time.Duration) { maxLimit = max(maxLimit, g.Concurrency().Limit()) }
 			r := runSim(cfg)
 			good, p99, ref, cv := r.goodput(3, 10), r.quantile(0.99, 3, 10), r.refusedRatio(-1, 3, 10), r.rejectionCV(3, 10)
 			t.Logf("%s load %4.1f×: goodput %.3f of capacity, p99 %v, refused %.3f, per-second rejection CV %.3f, max limit %.1f",

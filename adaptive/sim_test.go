@@ -285,8 +285,8 @@ func (r *simResult) rejectionCV(from, to int) float64 {
 func staticGuard(t testing.TB, n int) func(time.Time, priority.Priority) (Permit, bool) {
 	rng := rand.New(rand.NewPCG(4, 7))
 	g, err := NewGuard(GuardOptions{
-		Limiter: Options{Max: n, Min: n, Initial: n},
-		Shedder: &ShedderOptions{Objective: Objective{Quantile: 0.99, Latency: simObj}, Float64: rng.Float64},
+		Concurrency: ConcurrencyOptions{Max: n, Min: n, Initial: n},
+		Shedder:     &ShedderOptions{Objective: Objective{Quantile: 0.99, Latency: simObj}, Float64: rng.Float64},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -346,7 +346,7 @@ func bestLimit(t testing.TB, slow, tol float64) (best int, good, bestGood float6
 // each change and at the end.
 func slowdown(t testing.TB, seed uint64, best [2]int) (r *simResult, settle func(band float64) (slowIn, fastIn time.Duration), means [3]float64) {
 	// The scenario measures how the Controller settles after a change of
-	// speed, not how a Limiter starts: it starts at an explicit Initial
+	// speed, not how a Concurrency starts: it starts at an explicit Initial
 	// (a tenth of Max), so that the first second's draws, and with them
 	// every later one of the simulator's single random stream, do not
 	// depend on the warm-up (TestWarmUp* test that). With the warm-up,
@@ -363,7 +363,7 @@ func slowdown(t testing.TB, seed uint64, best [2]int) (r *simResult, settle func
 	}
 	const perSec = 20 // probes a second
 	var limits []float64
-	cfg.probe = func(d time.Duration) { limits = append(limits, g.Limiter().Limit()) }
+	cfg.probe = func(d time.Duration) { limits = append(limits, g.Concurrency().Limit()) }
 	r = runSim(cfg)
 	mean := func(i int) float64 { // over the second ending at probe i
 		var s float64
@@ -464,7 +464,7 @@ func TestSimSlowdownSeeds(t *testing.T) {
 // latency rises without the concurrency limit being the bottleneck. The
 // server's work waits on a dependency with 40 slots (20ms, σ 0.2: 2000 a
 // second), offered 600 a second (20% critical, 30% normal, 50%
-// sheddable); the Limiter's floor (Min 300) is far above what is in
+// sheddable); the Concurrency's floor (Min 300) is far above what is in
 // flight, so it refuses nothing. From 10s to 30s the dependency is 5×
 // slower (100ms, p99 156ms without a queue; 400 a second): the Shedder
 // must shed a growing fraction, lowest priorities first, hold p99 within
@@ -472,8 +472,8 @@ func TestSimSlowdownSeeds(t *testing.T) {
 func TestSimSlowDependency(t *testing.T) {
 	rng := rand.New(rand.NewPCG(5, 7))
 	g, err := NewGuard(GuardOptions{
-		Limiter: Options{Max: 400, Min: 300},
-		Shedder: &ShedderOptions{Objective: Objective{Quantile: 0.99, Latency: simObj}, Float64: rng.Float64},
+		Concurrency: ConcurrencyOptions{Max: 400, Min: 300},
+		Shedder:     &ShedderOptions{Objective: Objective{Quantile: 0.99, Latency: simObj}, Float64: rng.Float64},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -509,8 +509,8 @@ func TestSimSlowDependency(t *testing.T) {
 	crit, norm, shed := r.refusedRatio(priority.Critical.Index(), 15, 30), r.refusedRatio(priority.Normal.Index(), 15, 30), r.refusedRatio(priority.Sheddable.Index(), 15, 30)
 	t.Logf("slow dependency: shed fraction at 10s %.2f, 11s %.2f, 12s %.2f, peak %.2f, at 45s %.2f; 15–30s: p99 %v, refused %.3f (critical %.3f, normal %.3f, sheddable %.3f), critical success %.3f, goodput %.3f; refused 33–45s %.3f; limiter refusals %v",
 		at(10*time.Second), at(11*time.Second), at(12*time.Second), peak, fraction[len(fraction)-1], p99.Round(time.Millisecond), ref, crit, norm, shed,
-		r.successRatio(priority.Critical.Index(), 15, 30), r.goodput(15, 30), r.refusedRatio(-1, 33, 45), g.Limiter().Stats().Refused)
-	if lr := g.Limiter().Stats().Refused; lr != ([priority.Levels]uint64{}) {
+		r.successRatio(priority.Critical.Index(), 15, 30), r.goodput(15, 30), r.refusedRatio(-1, 33, 45), g.Concurrency().Stats().Refused)
+	if lr := g.Concurrency().Stats().Refused; lr != ([priority.Levels]uint64{}) {
 		t.Errorf("the limiter refused %v: the scenario wants it not to be the bottleneck", lr)
 	}
 	if b := r.refusedRatio(-1, 0, 10); b != 0 {

@@ -9,7 +9,7 @@ import (
 )
 
 // TestSimREADMEGuardHealthyStart: a Guard configured exactly as docs/library.md
-// shows (Limiter Max 512, a Shedder with the objective p99 ≤ 250 ms, every
+// shows (Concurrency Max 512, a Shedder with the objective p99 ≤ 250 ms, every
 // other option its default) in front of a healthy server from t = 0: 200
 // workers with service times of mean 50 ms (σ 0.3, p99 about 100 ms),
 // offered 2,000 requests a second (1× its normal load, half its capacity:
@@ -20,8 +20,8 @@ import (
 func TestSimREADMEGuardHealthyStart(t *testing.T) {
 	rng := rand.New(rand.NewPCG(11, 7))
 	g, err := NewGuard(GuardOptions{
-		Limiter: Options{Max: 512},
-		Shedder: &ShedderOptions{Objective: Objective{Quantile: 0.99, Latency: 250 * time.Millisecond}, Float64: rng.Float64},
+		Concurrency: ConcurrencyOptions{Max: 512},
+		Shedder:     &ShedderOptions{Objective: Objective{Quantile: 0.99, Latency: 250 * time.Millisecond}, Float64: rng.Float64},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -35,7 +35,7 @@ func TestSimREADMEGuardHealthyStart(t *testing.T) {
 	r := runSim(c)
 	first, after := r.refusedRatio(-1, 0, 1), r.refusedRatio(-1, 1, 10)
 	t.Logf("README Guard, healthy load from t=0: refused %.3f in the first second, %.3f after; p99 %v; limit %.0f",
-		first, after, r.quantile(0.99, 0, 10).Round(time.Millisecond), g.Limiter().Limit())
+		first, after, r.quantile(0.99, 0, 10).Round(time.Millisecond), g.Concurrency().Limit())
 	if first != 0 || after != 0 {
 		t.Errorf("refused %.3f of healthy requests in the first second and %.3f after, want none", first, after)
 	}
@@ -44,14 +44,14 @@ func TestSimREADMEGuardHealthyStart(t *testing.T) {
 	}
 }
 
-// TestWarmUpOverloadedFromStart: a default Limiter (warm-up at Max) that
+// TestWarmUpOverloadedFromStart: a default Concurrency (warm-up at Max) that
 // refuses requests in its first window — demand above Max from the
 // start — falls at once to Min + (Max-Min)/10, and hands the limit to
 // its Controller only once every permit it let in before has ended; an
 // explicit Initial has no warm-up.
 func TestWarmUpOverloadedFromStart(t *testing.T) {
 	rec := &recorder{}
-	l, err := NewLimiter(Options{Max: 100, Controller: rec, Window: time.Millisecond, MinSamples: 1})
+	l, err := NewConcurrency(ConcurrencyOptions{Max: 100, Controller: rec, Window: time.Millisecond, MinSamples: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +107,7 @@ func TestWarmUpOverloadedFromStart(t *testing.T) {
 		t.Error("the Controller was never fed after the queue drained")
 	}
 
-	l2, err := NewLimiter(Options{Max: 100, Initial: 7})
+	l2, err := NewConcurrency(ConcurrencyOptions{Max: 100, Initial: 7})
 	if err != nil {
 		t.Fatal(err)
 	}

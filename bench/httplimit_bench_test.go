@@ -90,7 +90,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		b.Helper()
 		store := memstore.New(memstore.Options{})
 		b.Cleanup(func() { store.Close() })
-		m, err := httplimit.New(httplimit.Config{
+		m, err := httplimit.New(httplimit.Options{
 			Store:              store,
 			Policies:           []httplimit.Policy{{Rule: rule, Keys: []httplimit.Key{httplimit.ByIP()}}},
 			OmitAllowedHeaders: omit,

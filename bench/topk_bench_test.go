@@ -67,7 +67,7 @@ func BenchmarkTopK(b *testing.B) {
 			b.Run(fmt.Sprintf("middleware/%s/top=%v", c.name, top), func(b *testing.B) {
 				store := memstore.New(memstore.Options{JanitorInterval: -1})
 				defer store.Close()
-				cfg := httplimit.Config{Store: store, Policies: []httplimit.Policy{{Rule: c.rule, Keys: []httplimit.Key{httplimit.ByIP()}}}}
+				cfg := httplimit.Options{Store: store, Policies: []httplimit.Policy{{Rule: c.rule, Keys: []httplimit.Key{httplimit.ByIP()}}}}
 				if top {
 					cfg.Top = &topk.Options{}
 				}
@@ -181,7 +181,7 @@ func BenchmarkTopKExtra(b *testing.B) {
 			defer store.Close()
 			var hs [2]http.Handler
 			for i := range hs {
-				cfg := httplimit.Config{Store: store, Policies: []httplimit.Policy{{Rule: c.rule, Keys: []httplimit.Key{httplimit.ByIP()}}}}
+				cfg := httplimit.Options{Store: store, Policies: []httplimit.Policy{{Rule: c.rule, Keys: []httplimit.Key{httplimit.ByIP()}}}}
 				if i == 1 {
 					cfg.Top = &topk.Options{}
 				}

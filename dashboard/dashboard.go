@@ -35,7 +35,7 @@ func IsAsset(path string) bool {
 }
 
 // A LimitSource has limits with top-K trackers: *httplimit.Middleware with
-// Config.Top, and sluice serve's service.
+// httplimit.Options.Top, and sluice serve's service.
 type LimitSource interface {
 	TopLimits() []topk.Limit
 }
@@ -43,7 +43,7 @@ type LimitSource interface {
 // A LeaseHolder is what the page reads of a lease holder: *lease.Holder.
 type LeaseHolder interface {
 	ID() string
-	Config() lease.Config
+	Options() lease.Options
 	Stats() lease.Stats
 }
 
@@ -231,7 +231,7 @@ func Limit(l topk.Limit, k int) LimitStatus {
 }
 
 func (l *Lease) status(now time.Time) LeaseStatus {
-	cfg, s := l.Holder.Config(), l.Holder.Stats()
+	cfg, s := l.Holder.Options(), l.Holder.Stats()
 	ls := LeaseStatus{
 		Name: l.Name, Member: l.Holder.ID(), Capacity: cfg.Capacity, Partitions: cfg.Partitions,
 		Granted: s.Granted, Rate: s.Rate, Used: s.Used, Idle: s.Idle, Demand: s.Demand,

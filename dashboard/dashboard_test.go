@@ -56,7 +56,7 @@ func TestMiddleware(t *testing.T) {
 		v := r.Header.Get("X-Tenant")
 		return v, v != ""
 	})
-	m, err := httplimit.New(httplimit.Config{
+	m, err := httplimit.New(httplimit.Options{
 		Store: store,
 		Policies: []httplimit.Policy{
 			{Rule: ratelimit.Rule{Name: "per-tenant", Quota: 3, Period: time.Minute}, Keys: []httplimit.Key{tenant}},
@@ -151,7 +151,7 @@ func TestLeases(t *testing.T) {
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan struct{}, 2)
 		for _, id := range []string{"a", "b"} {
-			h, err := lease.NewHolder(w, lease.Config{ID: id, Capacity: 100, Partitions: 10, TTL: 3 * time.Second, Seed: 1})
+			h, err := lease.NewHolder(w, lease.Options{ID: id, Capacity: 100, Partitions: 10, TTL: 3 * time.Second, Seed: 1})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -25,7 +25,7 @@
 // between requests and starts no goroutine.
 //
 // A library user shows a Middleware's limits with Options.Limits (a
-// *httplimit.Middleware made with Config.Top), lease holders with
+// *httplimit.Middleware made with httplimit.Options.Top), lease holders with
 // Options.Leases (with WatchLeases, the members and partitions of their
 // service too) and semaphores with Options.Semaphores.
 //

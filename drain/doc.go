@@ -33,14 +33,14 @@
 //     *ThrottledError; HTTPSink returns one for 429 and 503, and a gRPC
 //     sink returns one for RESOURCE_EXHAUSTED with RetryInfo, from
 //     grpclimit.RetryDelay): the drainer pauses taking new work for the
-//     time asked (capped by Config.MaxPause; Config.DefaultPause when the
+//     time asked (capped by Options.MaxPause; Options.DefaultPause when the
 //     answer says nothing), shared by every worker, and puts the message
-//     back with that delay; Config.OnThrottle is told. The Drainer is
+//     back with that delay; Options.OnThrottle is told. The Drainer is
 //     the one that acts on the answer: a Sink only classifies it. This
-//     is not a failure: it does not count towards Config.MaxFailures
+//     is not a failure: it does not count towards Options.MaxFailures
 //     and never dead-letters a message.
 //   - any other error: a failure. The message is put back with a
-//     full-jitter exponential backoff; after Config.MaxFailures failures
+//     full-jitter exponential backoff; after Options.MaxFailures failures
 //     it goes to the Source's dead-letter destination with the last error
 //     (Message.DeadLetter) and is terminated. If dead-lettering fails, the
 //     message is put back instead: nothing is dropped.
@@ -55,7 +55,7 @@
 // per priority, on its own subject). The drainer releases the highest
 // priority that has messages waiting, with one anti-starvation rule: a
 // priority that has messages waiting is passed over at most
-// Config.StarvationLimit times in a row; the next release then goes to
+// Options.StarvationLimit times in a row; the next release then goes to
 // it (to the highest such priority when several are due). So a low
 // priority under a high-priority backlog still gets at least one message
 // in every StarvationLimit+1 releases (in every StarvationLimit+k with k
@@ -72,12 +72,12 @@
 // # Shutdown
 //
 // Run returns when its context ends, after every Sink call in flight has
-// finished (each is bounded by Config.Timeout) and been acknowledged or
+// finished (each is bounded by Options.Timeout) and been acknowledged or
 // put back, and after every message taken but not yet released has been
 // put back at once. Nothing is acknowledged before its Sink call
 // succeeded.
 //
 // A Drainer is used by one Run at a time; Stats may be called
-// concurrently with it. It logs to the *slog.Logger of its Config and
+// concurrently with it. It logs to the *slog.Logger of its Options and
 // reports its counters through Stats.
 package drain

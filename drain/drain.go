@@ -58,7 +58,7 @@ type Message interface {
 // A Sink does the work of one message: it returns nil on success, a
 // throttling error (see Throttle) when the downstream asked it to slow
 // down, or any other error on failure. It is called concurrently, with a
-// context bounded by Config.Timeout that Run's cancellation does not
+// context bounded by Options.Timeout that Run's cancellation does not
 // cancel (work in flight finishes), and must not call m's queue methods.
 type Sink func(ctx context.Context, m Message) error
 
@@ -100,7 +100,7 @@ type Input struct {
 	Priority priority.Priority
 }
 
-// Defaults of Config.
+// Defaults of Options.
 const (
 	DefaultWorkers         = 64
 	DefaultMaxFailures     = 5
@@ -114,9 +114,9 @@ const (
 	DefaultStatsEvery      = time.Second
 )
 
-// Config configures a Drainer. Inputs and Sink are required; a zero
+// Options configure a Drainer. Inputs and Sink are required; a zero
 // field takes its default.
-type Config struct {
+type Options struct {
 	// Inputs are the Sources to drain, each with a priority; at least
 	// one, and no two with the same Source.
 	Inputs []Input
@@ -162,32 +162,32 @@ type Config struct {
 
 // check fills c's defaults and validates it; it is the one place that
 // does.
-func (c Config) check() (Config, error) {
+func (c Options) check() (Options, error) {
 	if len(c.Inputs) == 0 {
-		return c, errors.New("drain: Config.Inputs is empty")
+		return c, errors.New("drain: Options.Inputs is empty")
 	}
 	seen := make(map[Source]bool)
 	for i, in := range c.Inputs {
 		if in.Source == nil {
-			return c, fmt.Errorf("drain: Config.Inputs[%d] has no Source", i)
+			return c, fmt.Errorf("drain: Options.Inputs[%d] has no Source", i)
 		}
 		if seen[in.Source] {
-			return c, fmt.Errorf("drain: Config.Inputs[%d] repeats a Source", i)
+			return c, fmt.Errorf("drain: Options.Inputs[%d] repeats a Source", i)
 		}
 		seen[in.Source] = true
 		if !in.Priority.Valid() {
-			return c, fmt.Errorf("drain: Config.Inputs[%d]: invalid %v", i, in.Priority)
+			return c, fmt.Errorf("drain: Options.Inputs[%d]: invalid %v", i, in.Priority)
 		}
 		if in.Source.Window() <= 0 {
-			return c, fmt.Errorf("drain: Config.Inputs[%d]: Source window %d", i, in.Source.Window())
+			return c, fmt.Errorf("drain: Options.Inputs[%d]: Source window %d", i, in.Source.Window())
 		}
 	}
 	if c.Sink == nil {
-		return c, errors.New("drain: Config.Sink is nil")
+		return c, errors.New("drain: Options.Sink is nil")
 	}
 	def := func(v *time.Duration, d time.Duration, name string) error {
 		if *v < 0 {
-			return fmt.Errorf("drain: Config.%s is negative (%v)", name, *v)
+			return fmt.Errorf("drain: Options.%s is negative (%v)", name, *v)
 		}
 		if *v == 0 {
 			*v = d
@@ -212,7 +212,7 @@ func (c Config) check() (Config, error) {
 		}
 	}
 	if c.MaxBackoff < c.BaseBackoff {
-		return c, fmt.Errorf("drain: Config.MaxBackoff %v is below BaseBackoff %v", c.MaxBackoff, c.BaseBackoff)
+		return c, fmt.Errorf("drain: Options.MaxBackoff %v is below BaseBackoff %v", c.MaxBackoff, c.BaseBackoff)
 	}
 	for _, f := range []struct {
 		v    *int
@@ -224,7 +224,7 @@ func (c Config) check() (Config, error) {
 		{&c.StarvationLimit, DefaultStarvationLimit, "StarvationLimit"},
 	} {
 		if *f.v < 0 {
-			return c, fmt.Errorf("drain: Config.%s is negative (%d)", f.name, *f.v)
+			return c, fmt.Errorf("drain: Options.%s is negative (%d)", f.name, *f.v)
 		}
 		if *f.v == 0 {
 			*f.v = f.d
@@ -277,10 +277,10 @@ type Stats struct {
 	Started time.Time
 }
 
-// Drainer drains its Config's Inputs into its Sink; see the package doc.
+// Drainer drains the Inputs of its Options into its Sink; see the package doc.
 // Make one with New.
 type Drainer struct {
-	cfg    Config
+	cfg    Options
 	pauses retry.Pauses // one scope, "": the drainer's shared pause
 
 	mu       sync.Mutex
@@ -295,7 +295,7 @@ type Drainer struct {
 
 // New returns a Drainer for cfg, or an error naming what in cfg is
 // invalid.
-func New(cfg Config) (*Drainer, error) {
+func New(cfg Options) (*Drainer, error) {
 	cfg, err := cfg.check()
 	if err != nil {
 		return nil, err
@@ -407,7 +407,7 @@ func (d *Drainer) fetch(ctx context.Context, i int, slots chan struct{}) {
 				return
 			}
 			d.cfg.Logger.Warn("drain: taking a message", "priority", d.cfg.Inputs[i].Priority, "err", err)
-			if wait(ctx, 100*time.Millisecond) != nil {
+			if retry.Sleep(ctx, 100*time.Millisecond) != nil {
 				return
 			}
 			continue
@@ -443,7 +443,7 @@ func (d *Drainer) release(ctx context.Context, jobs chan<- taken) {
 		}
 		// No shared pause, then the Limiter's grant, then a worker.
 		if left := d.pauses.Left("", time.Now); left > 0 {
-			if wait(ctx, left) != nil {
+			if retry.Sleep(ctx, left) != nil {
 				return
 			}
 			continue
@@ -454,7 +454,7 @@ func (d *Drainer) release(ctx context.Context, jobs chan<- taken) {
 					return
 				}
 				d.cfg.Logger.Warn("drain: limiter", "err", err)
-				if wait(ctx, 100*time.Millisecond) != nil {
+				if retry.Sleep(ctx, 100*time.Millisecond) != nil {
 					return
 				}
 				continue
@@ -622,17 +622,5 @@ func (d *Drainer) poll(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
-	}
-}
-
-// wait waits d or until ctx is done, returning ctx's error then.
-func wait(ctx context.Context, d time.Duration) error {
-	tm := time.NewTimer(d)
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }

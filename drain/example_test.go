@@ -71,7 +71,7 @@ func ExampleDrainer() {
 	defer stop()
 
 	var calls atomic.Int64
-	d, err := drain.New(drain.Config{
+	d, err := drain.New(drain.Options{
 		Inputs: []drain.Input{{Source: queue}}, // priority Normal
 		// The work: here it prints; HTTPSink calls an HTTP endpoint. A
 		// Sink may answer drain.Throttle(after, err) to pause the drainer.

@@ -81,7 +81,7 @@ func TestOneThrottledAnswerOnePause(t *testing.T) {
 	src.ch <- m
 	var mu sync.Mutex
 	var told []time.Duration
-	d, err := drain.New(drain.Config{
+	d, err := drain.New(drain.Options{
 		Inputs:     []drain.Input{{Source: src}},
 		Sink:       (&drain.HTTPSink{URL: srv.URL}).Send,
 		OnThrottle: func(p time.Duration) { mu.Lock(); told = append(told, p); mu.Unlock() },

@@ -20,7 +20,7 @@ func BenchmarkServer(b *testing.B) {
 	run := func(b *testing.B, rule ratelimit.Rule) {
 		st := memstore.New(memstore.Options{JanitorInterval: -1})
 		b.Cleanup(func() { st.Close() })
-		s, err := grpclimit.NewServer(grpclimit.Config{
+		s, err := grpclimit.NewServer(grpclimit.Options{
 			Store:    st,
 			Policies: []grpclimit.Policy{{Rule: rule, Keys: []grpclimit.Key{grpclimit.ByPeer(), grpclimit.ByMethod()}}},
 		})

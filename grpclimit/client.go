@@ -50,31 +50,31 @@ type Client struct {
 	// RetryInfo may ask for; 0 means 1 minute. httplimit.Client's MaxPause
 	// does the same for HTTP.
 	MaxPause time.Duration
-	// Throttle rejects calls locally while the server is overloaded
-	// (adaptive throttling); nil means off. The order is: throttle, pause,
-	// call — a call the Throttle rejects fails at once instead of sitting
+	// Rejecter rejects calls locally while the server is overloaded
+	// (see adaptive.Rejecter); nil means off. The order is: local
+	// rejection, pause, call — a call the Rejecter rejects fails at once instead of sitting
 	// out a pause first. Every attempt, retries included, is one request
-	// of the Throttle; a retry it rejects is not made and the server's
+	// of the Rejecter; a retry it rejects is not made and the server's
 	// refusal is returned. An attempt counts as accepted when the server
 	// answers with any code but RESOURCE_EXHAUSTED, UNAVAILABLE or
 	// DEADLINE_EXCEEDED (INVALID_ARGUMENT or NOT_FOUND too: it did its
 	// work), or the caller cancels it; a stream, when its first message
-	// or its end arrives. Share one Throttle among every client of the
+	// or its end arrives. Share one Rejecter among every client of the
 	// same server.
-	Throttle *adaptive.Throttle
+	Rejecter *adaptive.Rejecter
 	// Concurrency bounds the unary calls in flight to the server with an
-	// adaptive limit (see adaptive.Limiter) that shrinks when the server
+	// adaptive limit (see adaptive.Concurrency) that shrinks when the server
 	// slows down or answers RESOURCE_EXHAUSTED, UNAVAILABLE or
 	// DEADLINE_EXCEEDED and grows back gradually; nil means no bound. Each
 	// attempt holds a slot while it is in flight: its latency is then a
 	// sample, an overload answer a drop, a call its caller cancelled
 	// neither. A call that finds no slot (after the Limiter's queue, if it
 	// has one) fails at once with codes.Unavailable and an error matching
-	// adaptive.ErrOverloaded; with a Throttle it is no accept (as for
+	// adaptive.ErrOverloaded; with a Rejecter it is no accept (as for
 	// httplimit.Client). Streams take no slot: a stream's life is not
 	// a service time. Share one Limiter among every client of the same
 	// server.
-	Concurrency *adaptive.Limiter
+	Concurrency *adaptive.Concurrency
 
 	// BaseBackoff and MaxBackoff bound the full-jitter backoff, as
 	// httplimit.Client's: a call waiting out a pause waits a random time in
@@ -96,8 +96,8 @@ func (c *Client) seq() *retry.Caller {
 			MaxRetries: c.MaxRetries, RetryRatio: c.RetryRatio, MinRetries: c.MinRetries, RetryWindow: c.RetryWindow,
 			BaseBackoff: c.BaseBackoff, MaxBackoff: c.MaxBackoff, MaxPause: c.MaxPause,
 		}
-		if c.Throttle != nil {
-			c.caller.Throttle = c.Throttle
+		if c.Rejecter != nil {
+			c.caller.Rejecter = c.Rejecter
 		}
 	})
 	return c.caller
@@ -108,31 +108,31 @@ func (c *Client) seq() *retry.Caller {
 // asks for outlasts the call's deadline.
 var ErrWouldExceedDeadline = ratelimit.ErrWouldExceedDeadline
 
-// ErrThrottled is adaptive.ErrThrottled: the error of a call the Client's
-// Throttle rejected locally, carried by a codes.Unavailable status whose
-// message says "throttled locally". errors.Is tells it from an
+// ErrRejectedLocally is adaptive.ErrRejectedLocally: the error of a call
+// the Client's Rejecter rejected locally, carried by a codes.Unavailable status whose
+// message says "rejected locally". errors.Is tells it from an
 // UNAVAILABLE the server sent.
-var ErrThrottled = adaptive.ErrThrottled
+var ErrRejectedLocally = adaptive.ErrRejectedLocally
 
-// throttledError is a call the Throttle rejected.
-type throttledError struct{ method string }
+// rejectedError is a call the Rejecter rejected.
+type rejectedError struct{ method string }
 
-func (e throttledError) Error() string {
-	return "grpclimit: " + e.method + ": " + adaptive.ErrThrottled.Error()
+func (e rejectedError) Error() string {
+	return "grpclimit: " + e.method + ": " + adaptive.ErrRejectedLocally.Error()
 }
-func (e throttledError) Unwrap() error { return adaptive.ErrThrottled }
-func (e throttledError) GRPCStatus() *status.Status {
+func (e rejectedError) Unwrap() error { return adaptive.ErrRejectedLocally }
+func (e rejectedError) GRPCStatus() *status.Status {
 	return status.New(codes.Unavailable, e.Error())
 }
 
-// allow reports whether the Throttle, if any, lets a stream through.
-func (c *Client) allow() bool { return c.Throttle == nil || c.Throttle.Allow() }
+// allow reports whether the Rejecter, if any, lets a stream through.
+func (c *Client) allow() bool { return c.Rejecter == nil || c.Rejecter.Allow() }
 
-// settle records the outcome err of a stream the Throttle let through
-// (see Client.Throttle): accepted unless classify says otherwise.
+// settle records the outcome err of a stream the Rejecter let through
+// (see Client.Rejecter): accepted unless classify says otherwise.
 func (c *Client) settle(err error) {
-	if c.Throttle != nil && classify(err, false).Outcome == retry.Accepted {
-		c.Throttle.Accept()
+	if c.Rejecter != nil && classify(err, false).Outcome == retry.Accepted {
+		c.Rejecter.Accept()
 	}
 }
 
@@ -189,7 +189,7 @@ func (c *Client) UnaryInterceptor() grpc.UnaryClientInterceptor {
 // (over quota) or UNAVAILABLE (overload) with RetryInfo is a refusal with
 // its delay; either without RetryInfo, or DEADLINE_EXCEEDED, a failure
 // (not accepted, not retried); anything else an answer the server
-// accepted (see Client.Throttle).
+// accepted (see Client.Rejecter).
 func classify(err error, retryable bool) retry.Answer {
 	if err == nil || err == io.EOF {
 		return retry.Answer{Outcome: retry.Accepted}
@@ -207,29 +207,29 @@ func classify(err error, retryable bool) retry.Answer {
 }
 
 // stageError returns the error of a call for err from retry.Caller: a
-// throttledError for the Throttle's rejection, a deadlineError or the
+// rejectedError for the Rejecter's rejection, a deadlineError or the
 // context's status for a wait that stopped it, any other error as it is.
 func stageError(err error, method string) error {
 	se, ok := errors.AsType[*retry.StageError](err)
 	if !ok {
 		return err
 	}
-	if se.Stage == retry.StageThrottle {
-		return throttledError{method}
+	if se.Stage == retry.StageReject {
+		return rejectedError{method}
 	}
 	return waitError(se.Err)
 }
 
 // StreamInterceptor returns the stream client interceptor: it waits for a
 // pause before opening a stream and starts one when the stream ends with a
-// refusal carrying RetryInfo. It does not retry. With a Throttle, a
+// refusal carrying RetryInfo. It does not retry. With a Rejecter, a
 // stream is one request, accepted (or not) by its first message or its
 // end.
 func (c *Client) StreamInterceptor() grpc.StreamClientInterceptor {
 	return func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
 		ctx = withOutgoingPriority(ctx)
 		if !c.allow() {
-			return nil, throttledError{method}
+			return nil, rejectedError{method}
 		}
 		if err := c.seq().Await(ctx, "", 0); err != nil {
 			err = stageError(err, method)
@@ -242,7 +242,7 @@ func (c *Client) StreamInterceptor() grpc.StreamClientInterceptor {
 			c.settle(err)
 			return nil, err
 		}
-		return &observedStream{ClientStream: cs, c: c, unsettled: c.Throttle != nil}, nil
+		return &observedStream{ClientStream: cs, c: c, unsettled: c.Rejecter != nil}, nil
 	}
 }
 
@@ -250,7 +250,7 @@ type observedStream struct {
 	grpc.ClientStream
 	c *Client
 	// unsettled is true until the stream's outcome is given to the
-	// Throttle. RecvMsg is not called concurrently (gRPC's rule), so it
+	// Rejecter. RecvMsg is not called concurrently (gRPC's rule), so it
 	// needs no lock.
 	unsettled bool
 }

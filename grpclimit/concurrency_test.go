@@ -22,7 +22,7 @@ import (
 func TestClientConcurrency(t *testing.T) {
 	h := &flakyHealth{}
 	h.code.Store(uint32(codes.Unavailable))
-	l, err := adaptive.NewLimiter(adaptive.Options{Max: 20, Min: 1, Initial: 20, Window: time.Millisecond, MinSamples: 1, Controller: &adaptive.AIMD{}})
+	l, err := adaptive.NewConcurrency(adaptive.ConcurrencyOptions{Max: 20, Min: 1, Initial: 20, Window: time.Millisecond, MinSamples: 1, Controller: &adaptive.AIMD{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,23 +60,23 @@ func TestClientConcurrency(t *testing.T) {
 }
 
 // TestClientConcurrencyRefusalIsNoAccept: a call that finds no slot of the
-// Client's Concurrency limit is not an accept of the Throttle. The two
+// Client's Concurrency limit is not an accept of the Rejecter. The two
 // clients disagreed here: httplimit.Client counted it as none, grpclimit's
 // as an accept (its error has no gRPC code, which read as "the server did
-// its work"), so a client whose limit shed its calls told its Throttle the
+// its work"), so a client whose limit shed its calls told its Rejecter the
 // server was healthy. Both now run retry.Caller, where a local refusal is
 // Failed.
 func TestClientConcurrencyRefusalIsNoAccept(t *testing.T) {
 	h := &flakyHealth{}
-	l, err := adaptive.NewLimiter(adaptive.Options{Max: 1, Min: 1, Initial: 1})
+	l, err := adaptive.NewConcurrency(adaptive.ConcurrencyOptions{Max: 1, Min: 1, Initial: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	th, err := adaptive.NewThrottle(adaptive.ThrottleOptions{})
+	th, err := adaptive.NewRejecter(adaptive.RejecterOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &grpclimit.Client{Concurrency: l, Throttle: th, MaxRetries: -1}
+	c := &grpclimit.Client{Concurrency: l, Rejecter: th, MaxRetries: -1}
 	hc := startLoopback(t, h, c)
 	if _, err := hc.Check(t.Context(), &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatal(err)

@@ -48,12 +48,12 @@
 // the one httplimit.Client runs too; the Client only sends and reads the
 // status.
 //
-// With a Throttle (adaptive.Throttle), the Client also throttles itself
-// while the server is overloaded: before anything else, a call (and each
+// With a Rejecter (adaptive.Rejecter), the Client also rejects calls
+// locally while the server is overloaded: before anything else, a call (and each
 // retry) may be rejected locally, with a probability that grows as the
 // server refuses more of the calls sent lately. A call so rejected fails
-// at once with codes.Unavailable, a message saying it was "throttled
-// locally", and an error matching ErrThrottled; nothing is sent. The
+// at once with codes.Unavailable, a message saying it was "rejected
+// locally", and an error matching ErrRejectedLocally; nothing is sent. The
 // server's own refusals (RESOURCE_EXHAUSTED, UNAVAILABLE) are returned to
 // the caller as they came, after the retries.
 //

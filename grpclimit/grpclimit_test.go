@@ -46,7 +46,7 @@ func (h *countingHealth) Check(ctx context.Context, r *healthpb.HealthCheckReque
 // start serves the health service behind the server interceptors on an
 // in-memory listener and returns a client connection with the client
 // interceptors of c.
-func start(t *testing.T, cfg grpclimit.Config, c *grpclimit.Client) (healthpb.HealthClient, *countingHealth) {
+func start(t *testing.T, cfg grpclimit.Options, c *grpclimit.Client) (healthpb.HealthClient, *countingHealth) {
 	t.Helper()
 	if cfg.Store == nil {
 		st := memstore.New(memstore.Options{JanitorInterval: -1})
@@ -79,7 +79,7 @@ func start(t *testing.T, cfg grpclimit.Config, c *grpclimit.Client) (healthpb.He
 }
 
 func TestServerRefusesWithRetryInfo(t *testing.T) {
-	cl, _ := start(t, grpclimit.Config{Policies: []grpclimit.Policy{{
+	cl, _ := start(t, grpclimit.Options{Policies: []grpclimit.Policy{{
 		Rule: ratelimit.Rule{Name: "per_tenant", Quota: 1, Period: time.Hour},
 		Keys: []grpclimit.Key{grpclimit.ByMetadata("x-tenant"), grpclimit.ByMethod()},
 	}}}, nil)
@@ -119,7 +119,7 @@ func TestServerRefusesWithRetryInfo(t *testing.T) {
 // interceptor turns their refusal into a shared pause.
 func TestStream(t *testing.T) {
 	c := &grpclimit.Client{}
-	cl, _ := start(t, grpclimit.Config{Policies: []grpclimit.Policy{{
+	cl, _ := start(t, grpclimit.Options{Policies: []grpclimit.Policy{{
 		Rule: ratelimit.Rule{Name: "all", Quota: 1, Period: time.Hour},
 	}}}, c)
 	if _, err := cl.Check(t.Context(), &healthpb.HealthCheckRequest{}); err != nil {
@@ -140,7 +140,7 @@ func TestStream(t *testing.T) {
 }
 
 func TestServerUnavailable(t *testing.T) {
-	cl, _ := start(t, grpclimit.Config{
+	cl, _ := start(t, grpclimit.Options{
 		Store:    fakeStore{err: errors.New("down")},
 		Policies: []grpclimit.Policy{{Rule: ratelimit.Rule{Name: "a", Quota: 1, Period: time.Second}, Keys: []grpclimit.Key{grpclimit.ByPeer()}}},
 	}, nil)
@@ -155,7 +155,7 @@ func TestServerUnavailable(t *testing.T) {
 
 func TestServerShadow(t *testing.T) {
 	var refused atomic.Int64
-	cl, _ := start(t, grpclimit.Config{
+	cl, _ := start(t, grpclimit.Options{
 		Shadow:   true,
 		Policies: []grpclimit.Policy{{Rule: ratelimit.Rule{Name: "a", Quota: 1, Period: time.Hour}}},
 		OnDecision: func(_ context.Context, _ string, _ []ratelimit.Decision, _ error, r bool) {
@@ -197,7 +197,7 @@ func (r *refuseOnce) Decide(_ context.Context, dst []ratelimit.Decision, items [
 // TestClientHonoursRetryInfo: the client waits the delay and retries.
 func TestClientHonoursRetryInfo(t *testing.T) {
 	c := &grpclimit.Client{}
-	cl, h := start(t, grpclimit.Config{
+	cl, h := start(t, grpclimit.Options{
 		Store:    &refuseOnce{n: 2, delay: 50 * time.Millisecond},
 		Policies: []grpclimit.Policy{{Rule: ratelimit.Rule{Name: "a", Quota: 1, Period: time.Second}}},
 	}, c)
@@ -222,7 +222,7 @@ func TestClientHonoursRetryInfo(t *testing.T) {
 // TestClientDeadline: a delay past the deadline fails at once.
 func TestClientDeadline(t *testing.T) {
 	c := &grpclimit.Client{}
-	cl, _ := start(t, grpclimit.Config{Policies: []grpclimit.Policy{{
+	cl, _ := start(t, grpclimit.Options{Policies: []grpclimit.Policy{{
 		Rule: ratelimit.Rule{Name: "a", Quota: 1, Period: time.Hour},
 	}}}, c)
 	cl.Check(t.Context(), &healthpb.HealthCheckRequest{})
@@ -250,7 +250,7 @@ func TestClientDeadline(t *testing.T) {
 // TestClientBudget: every call is refused; retries stay within the ratio.
 func TestClientBudget(t *testing.T) {
 	c := &grpclimit.Client{MinRetries: -1, RetryRatio: 0.2, MaxRetries: 3, MaxPause: time.Millisecond}
-	cl, h := start(t, grpclimit.Config{Policies: []grpclimit.Policy{{
+	cl, h := start(t, grpclimit.Options{Policies: []grpclimit.Policy{{
 		Rule: ratelimit.Rule{Name: "a", Quota: 1, Period: time.Hour},
 	}}}, c)
 	const calls = 20
@@ -273,7 +273,7 @@ func TestNewServerRejects(t *testing.T) {
 	st := memstore.New(memstore.Options{JanitorInterval: -1})
 	t.Cleanup(func() { st.Close() })
 	good := grpclimit.Policy{Rule: ratelimit.Rule{Name: "a", Quota: 1, Period: time.Second}}
-	for _, cfg := range []grpclimit.Config{
+	for _, cfg := range []grpclimit.Options{
 		{Policies: []grpclimit.Policy{good}},
 		{Store: st},
 		{Store: st, Policies: []grpclimit.Policy{good, good}},
@@ -317,7 +317,7 @@ func TestByPeer(t *testing.T) {
 // length, and distinct values stay distinct.
 func TestLongKeysAreHashed(t *testing.T) {
 	rec := new(storetest.Recorder)
-	cl, _ := start(t, grpclimit.Config{
+	cl, _ := start(t, grpclimit.Options{
 		Store: rec,
 		Policies: []grpclimit.Policy{{
 			Rule: ratelimit.Rule{Name: "k", Quota: 100, Period: time.Second},

@@ -78,7 +78,7 @@ func ByMethod() Key {
 
 // A Policy is one limit a Server applies.
 type Policy struct {
-	// Rule is the limit; its Name must be unique within a Config.
+	// Rule is the limit; its Name must be unique within an Options value.
 	Rule ratelimit.Rule
 	// Keys pick the bucket; none means one bucket for every call.
 	Keys []Key

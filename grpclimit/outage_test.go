@@ -37,7 +37,7 @@ func TestStoreOutageIsNeverResourceExhausted(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			cl, h := start(t, grpclimit.Config{
+			cl, h := start(t, grpclimit.Options{
 				Store: tt.store,
 				Policies: []grpclimit.Policy{
 					{Rule: ratelimit.Rule{Name: "a", Quota: 1, Period: time.Second}, Keys: []grpclimit.Key{grpclimit.ByPeer()}},
@@ -64,7 +64,7 @@ func TestStoreOutageIsNeverResourceExhausted(t *testing.T) {
 // its denial is RESOURCE_EXHAUSTED, with a RetryInfo as a store's denial.
 func TestLocalDenial(t *testing.T) {
 	local := ratelimit.Decision{Reason: ratelimit.ReasonLocal, RetryAfter: 1500 * time.Millisecond}
-	cl, _ := start(t, grpclimit.Config{
+	cl, _ := start(t, grpclimit.Options{
 		Store:    storetest.Canned{Decisions: []ratelimit.Decision{local}},
 		Policies: []grpclimit.Policy{{Rule: ratelimit.Rule{Name: "a", Quota: 1, Period: time.Second}}},
 	}, nil)

@@ -50,7 +50,7 @@ func fixedGuard(t *testing.T, n int) (*adaptive.Guard, *recorder) {
 	t.Helper()
 	rec := &recorder{}
 	g, err := adaptive.NewGuard(adaptive.GuardOptions{
-		Limiter: adaptive.Options{Max: n, Min: n, Initial: n, Controller: rec, Window: time.Second, MinSamples: 1},
+		Concurrency: adaptive.ConcurrencyOptions{Max: n, Min: n, Initial: n, Controller: rec, Window: time.Second, MinSamples: 1},
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -19,8 +19,8 @@ import (
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
-// Config configures a Server. Store and at least one Policy are required.
-type Config struct {
+// Options configure a Server. Store and at least one Policy are required.
+type Options struct {
 	Store    ratelimit.Store
 	Policies []Policy
 	// Shadow decides and reports (OnDecision) but never refuses.
@@ -37,17 +37,17 @@ type Config struct {
 
 // Server holds the server interceptors. It is safe for concurrent use.
 type Server struct {
-	cfg Config // cfg.Policies is the Server's own copy
+	cfg Options // cfg.Policies is the Server's own copy
 }
 
 // NewServer returns a Server for cfg, or an error if cfg is incomplete or a
 // rule is invalid.
-func NewServer(cfg Config) (*Server, error) {
+func NewServer(cfg Options) (*Server, error) {
 	if cfg.Store == nil {
-		return nil, errors.New("grpclimit: Config.Store is nil")
+		return nil, errors.New("grpclimit: Options.Store is nil")
 	}
 	if len(cfg.Policies) == 0 {
-		return nil, errors.New("grpclimit: Config.Policies is empty")
+		return nil, errors.New("grpclimit: Options.Policies is empty")
 	}
 	if cfg.ErrorRetryAfter <= 0 {
 		cfg.ErrorRetryAfter = time.Second

@@ -39,13 +39,13 @@ type AdjustableLimiter interface {
 // this itself, the error also matches context.DeadlineExceeded.
 var ErrWouldExceedDeadline = ratelimit.ErrWouldExceedDeadline
 
-// ErrThrottled is returned by Client.Do, wrapped, when the Client's
-// Throttle rejects a request locally, without sending it, because the
-// service has lately been overloaded (see adaptive.Throttle). It is
-// adaptive.ErrThrottled itself, which grpclimit's client returns too; it
-// does not match ErrWouldExceedDeadline, so a caller tells a local
+// ErrRejectedLocally is returned by Client.Do, wrapped, when the Client's
+// Rejecter rejects a request locally, without sending it, because the
+// service has lately been overloaded (see adaptive.Rejecter). It is
+// adaptive.ErrRejectedLocally itself, which grpclimit's client returns
+// too; it does not match ErrWouldExceedDeadline, so a caller tells a local
 // rejection from a wait that would outlast its deadline.
-var ErrThrottled = adaptive.ErrThrottled
+var ErrRejectedLocally = adaptive.ErrRejectedLocally
 
 type costKey struct{}
 
@@ -71,11 +71,12 @@ func costOf(ctx context.Context) int64 {
 // that throttles its callers. It does what a good client of such a service
 // does, in this order, on every Do:
 //
-//  1. Adaptive throttling: if the Client has a Throttle, it may reject the
+//  1. Local rejection: if the Client has a Rejecter, it may reject the
 //     request locally, before anything else, with a probability that grows
 //     as the service refuses more of the requests sent lately (429, 503 or
 //     an error of the transport); Do then fails at once with an error
-//     matching ErrThrottled, and nothing is sent. See adaptive.Throttle.
+//     matching ErrRejectedLocally, and nothing is sent. See
+//     adaptive.Rejecter (the SRE book's adaptive throttling).
 //  2. Pacing: it waits for the Limiter (if any) to grant the request's cost
 //     (WithCost), so that calls stay under the service's limit instead of
 //     discovering it through 429s.
@@ -98,7 +99,7 @@ func costOf(ctx context.Context) int64 {
 //     never below Decrease times the rate nor below MinRate; the rate
 //     then climbs back to MaxRate linearly in Recovery. A 503 is
 //     overload, not quota: it pauses as its hint says and cuts nothing
-//     (the Throttle and Concurrency answer overload).
+//     (the Rejecter and Concurrency answer overload).
 //  5. Retries: a throttled request is retried only if it may be (an
 //     idempotent method without a body, or any request with GetBody), at
 //     most MaxRetries times, after the shared pause plus a full-jitter
@@ -116,13 +117,13 @@ func costOf(ctx context.Context) int64 {
 // Errors of the transport are returned as they are, never retried: that is
 // the transport's business.
 //
-// The order of the waits is: throttle, shared pause, Limiter, concurrency
-// slot, send (a slot is held only while a request is in flight). The
-// throttle comes first so that a request it rejects fails at once, rather
+// The order of the waits is: local rejection, shared pause, Limiter,
+// concurrency slot, send (a slot is held only while a request is in
+// flight). The Rejecter comes first so that a request it rejects fails at once, rather
 // than after sitting out a pause or a pacing wait for nothing, and takes
 // no capacity from the Limiter, which is the service's to give to
 // requests that are sent. Every attempt, retries included, is one request
-// of the Throttle; a retry it rejects is not made, and the service's
+// of the Rejecter; a retry it rejects is not made, and the service's
 // throttled response is returned instead. An attempt counts as accepted
 // when the service answers anything but 429 or 503 (a 400 or a 404 too:
 // it did its work); a 429, a 503, an error of the transport, a timeout,
@@ -141,13 +142,13 @@ type Client struct {
 	// AdjustableLimiter, the Client lowers its rate when 429s repeat and
 	// raises it back (see 4 above).
 	Limiter Limiter
-	// Throttle rejects requests locally while the service is overloaded
-	// (adaptive throttling; see the list above); nil means off. Share one
-	// Throttle among every client of the same service. It reads its own
-	// clock (adaptive.ThrottleOptions.Now), not Now.
-	Throttle *adaptive.Throttle
+	// Rejecter rejects requests locally while the service is overloaded
+	// (see the list above); nil means off. Share one
+	// Rejecter among every client of the same service. It reads its own
+	// clock (adaptive.RejecterOptions.Now), not Now.
+	Rejecter *adaptive.Rejecter
 	// Concurrency bounds the requests in flight to the service with an
-	// adaptive limit (see adaptive.Limiter) that shrinks when the service
+	// adaptive limit (see adaptive.Concurrency) that shrinks when the service
 	// slows down or answers 429 or 503 and grows back gradually; nil means
 	// no bound. Each attempt holds a slot from just before it is sent until
 	// its response's header arrives: its latency then is a sample, an
@@ -156,7 +157,7 @@ type Client struct {
 	// Limiter's queue, if it has one) fails at once with the Limiter's
 	// adaptive.Refusal, matching adaptive.ErrOverloaded. Share one Limiter
 	// among every client of the same service.
-	Concurrency *adaptive.Limiter
+	Concurrency *adaptive.Concurrency
 
 	// MaxRate is the rate the Limiter is set to when nothing is cut; 0
 	// means the Limiter's rate at first use.
@@ -231,8 +232,8 @@ func (c *Client) seq() *retry.Caller {
 			MaxRetries: c.MaxRetries, RetryRatio: c.RetryRatio, MinRetries: c.MinRetries, RetryWindow: c.RetryWindow,
 			BaseBackoff: c.BaseBackoff, MaxBackoff: c.MaxBackoff, MaxPause: c.MaxPause, Now: c.Now, Rand: c.Rand,
 		}
-		if c.Throttle != nil {
-			c.caller.Throttle = c.Throttle
+		if c.Rejecter != nil {
+			c.caller.Rejecter = c.Rejecter
 		}
 	})
 	return c.caller
@@ -317,7 +318,7 @@ func classify(resp *http.Response, now func() time.Time, retryable bool) retry.A
 }
 
 // explain returns the error of Do for err from retry.Caller.Do: a wait or
-// the Throttle that stopped the sequence, said as where; any other error
+// the Rejecter that stopped the sequence, said as where; any other error
 // as it is.
 func explain(err error, req *http.Request, scope string) error {
 	se, ok := errors.AsType[*retry.StageError](err)
@@ -325,8 +326,8 @@ func explain(err error, req *http.Request, scope string) error {
 		return err
 	}
 	switch se.Stage {
-	case retry.StageThrottle:
-		return fmt.Errorf("httplimit: %s %s: %w", req.Method, req.URL.Redacted(), ErrThrottled)
+	case retry.StageReject:
+		return fmt.Errorf("httplimit: %s %s: %w", req.Method, req.URL.Redacted(), ErrRejectedLocally)
 	case retry.StagePacing:
 		return fmt.Errorf("httplimit: pacing: %w", se.Err)
 	case retry.StagePause:

@@ -14,9 +14,9 @@ import (
 	"github.com/sluicehq/sluice/priority"
 )
 
-func newLimiter(t *testing.T, o adaptive.Options) *adaptive.Limiter {
+func newLimiter(t *testing.T, o adaptive.ConcurrencyOptions) *adaptive.Concurrency {
 	t.Helper()
-	l, err := adaptive.NewLimiter(o)
+	l, err := adaptive.NewConcurrency(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +34,7 @@ func TestClientConcurrencyBound(t *testing.T) {
 		<-release
 	}))
 	defer srv.Close()
-	l := newLimiter(t, adaptive.Options{Max: 4, Initial: 4, Controller: &adaptive.AIMD{}})
+	l := newLimiter(t, adaptive.ConcurrencyOptions{Max: 4, Initial: 4, Controller: &adaptive.AIMD{}})
 	c := &httplimit.Client{Concurrency: l}
 	// Critical: a priority's share of the limit is the whole of it.
 	ctx := priority.NewContext(t.Context(), priority.Critical)
@@ -85,7 +85,7 @@ func TestClientConcurrencyShrinks(t *testing.T) {
 	f.status.Store(http.StatusServiceUnavailable)
 	srv := httptest.NewServer(f)
 	defer srv.Close()
-	l := newLimiter(t, adaptive.Options{Max: 20, Min: 1, Initial: 20, Window: time.Millisecond, MinSamples: 1, Controller: &adaptive.AIMD{}})
+	l := newLimiter(t, adaptive.ConcurrencyOptions{Max: 20, Min: 1, Initial: 20, Window: time.Millisecond, MinSamples: 1, Controller: &adaptive.AIMD{}})
 	c := &httplimit.Client{Concurrency: l, MaxRetries: -1}
 	// Until the limit has fallen (a window closes every millisecond of
 	// answers; bounded by a count of requests, not by time).

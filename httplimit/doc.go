@@ -2,7 +2,7 @@
 //
 // # Inbound: the middleware
 //
-// New builds a Middleware from a Config: a ratelimit.Store (memstore for
+// New builds a Middleware from Options: a ratelimit.Store (memstore for
 // one process, redisstore for many) and Policies, each a ratelimit.Rule, the
 // Keys that pick its bucket (ByIP, ByHeader, ByRoute, ByMethod, KeyFunc)
 // and a CostFunc (CostByMethod, CostByRoute: reads cheap, writes dear). The
@@ -33,10 +33,10 @@
 // for a pause (limitheader.RetryDelay reads every form of the request),
 // retries only what may be retried within a retry budget, lowers and
 // raises its rate (cut only by repeated 429s, in proportion; retry.Ceiling), and fails at once when a wait would outlast the
-// deadline. With a Throttle (adaptive.Throttle), it also rejects requests
-// locally, at once and with ErrThrottled, while the service refuses many
-// of those it is sent — adaptive throttling in the style of Google's SRE
-// book — and lets them through again as the service recovers; the
+// deadline. With a Rejecter (adaptive.Rejecter), it also rejects requests
+// locally, at once and with ErrRejectedLocally, while the service refuses
+// many of those it is sent — what Google's SRE book calls adaptive
+// throttling — and lets them through again as the service recovers; the
 // service's own 429s and 503s are still returned to the caller.
 // It sends the priority of the request's context (other than
 // Normal) as Sluice-Priority when the request has none of its own.

@@ -21,7 +21,7 @@ import (
 func ExampleMiddleware() {
 	store := memstore.New(memstore.Options{})
 	defer store.Close()
-	limits, err := httplimit.New(httplimit.Config{Store: store, Policies: []httplimit.Policy{
+	limits, err := httplimit.New(httplimit.Options{Store: store, Policies: []httplimit.Policy{
 		{Rule: ratelimit.Rule{Name: "tenant", Quota: 1000, Period: time.Minute},
 			Keys: []httplimit.Key{httplimit.ByHeader("X-Tenant")},
 			Cost: httplimit.CostByMethod(map[string]int64{"POST": 10, "PUT": 10}, 1)},

@@ -21,7 +21,7 @@ import (
 // the Keys that pick the bucket, and the cost of a request.
 type Policy struct {
 	// Rule is the limit; its Name names the policy in the RateLimit fields
-	// and must be unique within a Config.
+	// and must be unique within an Options value.
 	Rule ratelimit.Rule
 	// Keys pick the bucket; none means one bucket for every request. If
 	// any Key does not apply to a request, neither does the Policy.
@@ -30,9 +30,9 @@ type Policy struct {
 	Cost CostFunc
 }
 
-// Config configures the middleware. Its zero values are the defaults
+// Options configure the middleware. Its zero values are the defaults
 // documented on each field; Store and at least one Policy are required.
-type Config struct {
+type Options struct {
 	// Store decides the limits; ratelimit.Store implementations include
 	// memstore (one process) and redisstore (shared).
 	Store ratelimit.Store
@@ -72,7 +72,7 @@ type Config struct {
 	Top *topk.Options
 }
 
-// An Event reports one decision to Config.OnDecision.
+// An Event reports one decision to Options.OnDecision.
 type Event struct {
 	Request *http.Request
 	// Policies are the policies that applied, Keys their store keys and
@@ -98,7 +98,7 @@ type Event struct {
 //
 // A request that every applicable limit admits reaches the handler,
 // carrying RateLimit-Policy and RateLimit fields (draft-ietf-httpapi-
-// ratelimit-headers) unless Config.OmitAllowedHeaders. A request that some
+// ratelimit-headers) unless Options.OmitAllowedHeaders. A request that some
 // limit denies is answered at once, without reading its body:
 //
 //   - 429 Too Many Requests when a quota is spent, with Retry-After in
@@ -108,7 +108,7 @@ type Event struct {
 //     request whose cost exceeds a limit's capacity can never succeed and
 //     gets no Retry-After.
 //   - 503 Service Unavailable, with Retry-After and a problem of type
-//     temporary-reduced-capacity, when the server is overloaded: Config.Shed
+//     temporary-reduced-capacity, when the server is overloaded: Options.Shed
 //     says so, the Store failed closed (ratelimit.ReasonFailClosed), or the
 //     Store returned an error.
 type Middleware struct {
@@ -125,7 +125,7 @@ type Middleware struct {
 	// every response.
 	policyItems    [][]byte
 	allPolicyItems []string
-	// tops[i] is policies[i]'s tracker; nil without Config.Top.
+	// tops[i] is policies[i]'s tracker; nil without Options.Top.
 	tops []*topk.Tracker
 	pool sync.Pool // *reqState
 }
@@ -145,12 +145,12 @@ type reqState struct {
 // New returns a Middleware for cfg, or an error if a rule is invalid, a
 // policy has no name or a zero Quota, two policies share a name, a Key has
 // no Append function or was made wrong (ByHeader("")), or Store is nil.
-func New(cfg Config) (*Middleware, error) {
+func New(cfg Options) (*Middleware, error) {
 	if cfg.Store == nil {
-		return nil, errors.New("httplimit: Config.Store is nil")
+		return nil, errors.New("httplimit: Options.Store is nil")
 	}
 	if len(cfg.Policies) == 0 {
-		return nil, errors.New("httplimit: Config.Policies is empty")
+		return nil, errors.New("httplimit: Options.Policies is empty")
 	}
 	m := &Middleware{
 		store:      cfg.Store,
@@ -195,7 +195,7 @@ func New(cfg Config) (*Middleware, error) {
 			opts.Secret = opts.Secret || secret(&l)
 			tr, err := topk.New(opts)
 			if err != nil {
-				return nil, fmt.Errorf("httplimit: Config.Top: %w", err)
+				return nil, fmt.Errorf("httplimit: Options.Top: %w", err)
 			}
 			m.tops = append(m.tops, tr)
 		}
@@ -221,8 +221,8 @@ func New(cfg Config) (*Middleware, error) {
 	return m, nil
 }
 
-// TopLimits returns every policy with its tracker (Config.Top), in the
-// order of Config.Policies; none without Config.Top. A dashboard reads
+// TopLimits returns every policy with its tracker (Options.Top), in the
+// order of Options.Policies; none without Options.Top. A dashboard reads
 // them (dashboard.Options.Limits).
 func (m *Middleware) TopLimits() []topk.Limit {
 	out := make([]topk.Limit, 0, len(m.tops))

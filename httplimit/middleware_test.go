@@ -119,34 +119,34 @@ func TestMiddlewareGolden(t *testing.T) {
 	}
 	tests := []struct {
 		name   string
-		cfg    httplimit.Config
+		cfg    httplimit.Options
 		method string
 		header http.Header
 		before int // requests sent before the one dumped
 	}{
-		{name: "allowed", cfg: httplimit.Config{Policies: []httplimit.Policy{perIP}}, method: "GET"},
-		{name: "denied", cfg: httplimit.Config{Policies: []httplimit.Policy{perIP}}, method: "GET", before: 2},
-		{name: "denied_legacy", cfg: httplimit.Config{Policies: []httplimit.Policy{perIP}, LegacyHeaders: true}, method: "GET", before: 2},
-		{name: "allowed_omit", cfg: httplimit.Config{Policies: []httplimit.Policy{perIP}, OmitAllowedHeaders: true}, method: "GET"},
+		{name: "allowed", cfg: httplimit.Options{Policies: []httplimit.Policy{perIP}}, method: "GET"},
+		{name: "denied", cfg: httplimit.Options{Policies: []httplimit.Policy{perIP}}, method: "GET", before: 2},
+		{name: "denied_legacy", cfg: httplimit.Options{Policies: []httplimit.Policy{perIP}, LegacyHeaders: true}, method: "GET", before: 2},
+		{name: "allowed_omit", cfg: httplimit.Options{Policies: []httplimit.Policy{perIP}, OmitAllowedHeaders: true}, method: "GET"},
 		{
-			name: "multi_denied_secret_key", cfg: httplimit.Config{Policies: []httplimit.Policy{tenant, writes}},
+			name: "multi_denied_secret_key", cfg: httplimit.Options{Policies: []httplimit.Policy{tenant, writes}},
 			method: "POST", header: http.Header{"X-Tenant": {"acme-secret"}}, before: 1,
 		},
 		{
-			name: "multi_one_applies", cfg: httplimit.Config{Policies: []httplimit.Policy{tenant, writes}},
+			name: "multi_one_applies", cfg: httplimit.Options{Policies: []httplimit.Policy{tenant, writes}},
 			method: "GET",
 		},
 		{
-			name: "exceeds_capacity", cfg: httplimit.Config{Policies: []httplimit.Policy{{
+			name: "exceeds_capacity", cfg: httplimit.Options{Policies: []httplimit.Policy{{
 				Rule: ratelimit.Rule{Name: "big", Quota: 5, Period: time.Second},
 				Cost: func(*http.Request) int64 { return 6 },
 			}}},
 			method: "PUT",
 		},
-		{name: "fail_closed", cfg: httplimit.Config{Policies: []httplimit.Policy{perIP}, Store: fakeStore{reason: ratelimit.ReasonFailClosed, retry: 1500 * time.Millisecond}}, method: "GET"},
-		{name: "store_error", cfg: httplimit.Config{Policies: []httplimit.Policy{perIP}, Store: fakeStore{err: errors.New("backend down")}}, method: "GET"},
-		{name: "shed", cfg: httplimit.Config{Policies: []httplimit.Policy{perIP}, Shed: func(*http.Request) (time.Duration, bool) { return 3 * time.Second, true }}, method: "GET"},
-		{name: "shadow_denied", cfg: httplimit.Config{Policies: []httplimit.Policy{perIP}, Shadow: true}, method: "GET", before: 2},
+		{name: "fail_closed", cfg: httplimit.Options{Policies: []httplimit.Policy{perIP}, Store: fakeStore{reason: ratelimit.ReasonFailClosed, retry: 1500 * time.Millisecond}}, method: "GET"},
+		{name: "store_error", cfg: httplimit.Options{Policies: []httplimit.Policy{perIP}, Store: fakeStore{err: errors.New("backend down")}}, method: "GET"},
+		{name: "shed", cfg: httplimit.Options{Policies: []httplimit.Policy{perIP}, Shed: func(*http.Request) (time.Duration, bool) { return 3 * time.Second, true }}, method: "GET"},
+		{name: "shadow_denied", cfg: httplimit.Options{Policies: []httplimit.Policy{perIP}, Shadow: true}, method: "GET", before: 2},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -219,7 +219,7 @@ func refused(name string) bool {
 // nothing from the first.
 func TestMiddlewareAllOrNothing(t *testing.T) {
 	store := newStore(t)
-	m, err := httplimit.New(httplimit.Config{Store: store, Policies: []httplimit.Policy{
+	m, err := httplimit.New(httplimit.Options{Store: store, Policies: []httplimit.Policy{
 		{Rule: ratelimit.Rule{Name: "user", Quota: 10, Period: time.Second}, Keys: []httplimit.Key{httplimit.ByHeader("X-User")}},
 		{Rule: ratelimit.Rule{Name: "endpoint", Quota: 1, Period: time.Hour}, Keys: []httplimit.Key{httplimit.ByRoute(nil)}},
 	}})
@@ -256,7 +256,7 @@ func TestMiddlewareRouteOutsideMux(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /orders", func(http.ResponseWriter, *http.Request) {})
 	var keys []string
-	m, err := httplimit.New(httplimit.Config{
+	m, err := httplimit.New(httplimit.Options{
 		Store: newStore(t),
 		Policies: []httplimit.Policy{{
 			Rule: ratelimit.Rule{Name: "r", Quota: 100, Period: time.Second},
@@ -282,14 +282,14 @@ func TestNewRejects(t *testing.T) {
 	store := newStore(t)
 	tests := []struct {
 		name string
-		cfg  httplimit.Config
+		cfg  httplimit.Options
 		want string
 	}{
-		{"no store", httplimit.Config{Policies: []httplimit.Policy{good}}, "Store is nil"},
-		{"no limits", httplimit.Config{Store: store}, "Policies is empty"},
-		{"duplicate", httplimit.Config{Store: store, Policies: []httplimit.Policy{good, good}}, `two policies are named "a"`},
-		{"invalid rule", httplimit.Config{Store: store, Policies: []httplimit.Policy{{Rule: ratelimit.Rule{Name: "x", Quota: 1}}}}, "invalid rule"},
-		{"nil append", httplimit.Config{Store: store, Policies: []httplimit.Policy{{Rule: good.Rule, Keys: []httplimit.Key{{Scope: "s"}}}}}, "no Append"},
+		{"no store", httplimit.Options{Policies: []httplimit.Policy{good}}, "Store is nil"},
+		{"no limits", httplimit.Options{Store: store}, "Policies is empty"},
+		{"duplicate", httplimit.Options{Store: store, Policies: []httplimit.Policy{good, good}}, `two policies are named "a"`},
+		{"invalid rule", httplimit.Options{Store: store, Policies: []httplimit.Policy{{Rule: ratelimit.Rule{Name: "x", Quota: 1}}}}, "invalid rule"},
+		{"nil append", httplimit.Options{Store: store, Policies: []httplimit.Policy{{Rule: good.Rule, Keys: []httplimit.Key{{Scope: "s"}}}}}, "no Append"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -303,7 +303,7 @@ func TestNewRejects(t *testing.T) {
 
 func TestByIPTrusted(t *testing.T) {
 	var got []string
-	m, err := httplimit.New(httplimit.Config{
+	m, err := httplimit.New(httplimit.Options{
 		Store: newStore(t),
 		Policies: []httplimit.Policy{{
 			Rule: ratelimit.Rule{Name: "ip", Quota: 100, Period: time.Second},
@@ -332,7 +332,7 @@ func TestByIPTrusted(t *testing.T) {
 // distinct.
 func TestLongKeysAreHashed(t *testing.T) {
 	var keys []string
-	m, err := httplimit.New(httplimit.Config{
+	m, err := httplimit.New(httplimit.Options{
 		Store: newStore(t),
 		Policies: []httplimit.Policy{{
 			Rule: ratelimit.Rule{Name: "k", Quota: 100, Period: time.Second},
@@ -366,7 +366,7 @@ func TestLongKeysAreHashed(t *testing.T) {
 // that carries them.
 func TestProblemEscaping(t *testing.T) {
 	const name, key = "we\"ird</name>", "k\"\\<\x01\xff\u00e9"
-	m, err := httplimit.New(httplimit.Config{
+	m, err := httplimit.New(httplimit.Options{
 		Store: newStore(t),
 		Policies: []httplimit.Policy{{
 			Rule: ratelimit.Rule{Name: name, Quota: 1, Period: time.Hour},
@@ -409,11 +409,11 @@ func TestNewRefusesZeroValues(t *testing.T) {
 		{"no quota", httplimit.Policy{Rule: ratelimit.Rule{Name: "p", Period: time.Second}}, "Quota is 0"},
 		{"ByHeader empty", httplimit.Policy{Rule: rule, Keys: []httplimit.Key{httplimit.ByIP(), httplimit.ByHeader("")}}, `Policy.Keys[1]: ByHeader(""): the header name is empty`},
 	} {
-		if _, err := httplimit.New(httplimit.Config{Store: store, Policies: []httplimit.Policy{tt.p}}); err == nil || !strings.Contains(err.Error(), tt.want) {
+		if _, err := httplimit.New(httplimit.Options{Store: store, Policies: []httplimit.Policy{tt.p}}); err == nil || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: New = %v, want an error containing %q", tt.name, err, tt.want)
 		}
 	}
-	if _, err := httplimit.New(httplimit.Config{Store: store, Policies: []httplimit.Policy{{Rule: rule, Keys: []httplimit.Key{httplimit.ByHeader("X-Api-Key")}}}}); err != nil {
+	if _, err := httplimit.New(httplimit.Options{Store: store, Policies: []httplimit.Policy{{Rule: rule, Keys: []httplimit.Key{httplimit.ByHeader("X-Api-Key")}}}}); err != nil {
 		t.Errorf("a valid policy: %v", err)
 	}
 }

@@ -36,7 +36,7 @@ func TestStoreOutageIsNever429(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var ev httplimit.Event
-			m, err := httplimit.New(httplimit.Config{
+			m, err := httplimit.New(httplimit.Options{
 				Store: tt.store,
 				Policies: []httplimit.Policy{
 					{Rule: ratelimit.Rule{Name: "a", Quota: 1, Period: time.Second}, Keys: []httplimit.Key{httplimit.ByIP()}},
@@ -77,7 +77,7 @@ func TestStoreOutageIsNever429(t *testing.T) {
 // a store's denial does.
 func TestLocalDenial(t *testing.T) {
 	local := ratelimit.Decision{Reason: ratelimit.ReasonLocal, RetryAfter: 1500 * time.Millisecond}
-	m, err := httplimit.New(httplimit.Config{
+	m, err := httplimit.New(httplimit.Options{
 		Store:    storetest.Canned{Decisions: []ratelimit.Decision{local}},
 		Policies: []httplimit.Policy{{Rule: ratelimit.Rule{Name: "a", Quota: 1, Period: time.Second}}},
 	})

@@ -35,7 +35,7 @@ type ProtectOptions struct {
 
 // Protect returns middleware that guards a handler against overload with
 // g, an adaptive.Guard: the Shedder in front of the adaptive concurrency
-// Limiter (package adaptive explains both).
+// limit, a Concurrency (package adaptive explains both).
 //
 // Each request's priority is read from the Sluice-Priority header
 // (priority.Header; the first value, a priority's name in any
@@ -47,7 +47,7 @@ type ProtectOptions struct {
 // service.
 //
 // The request then asks g for a permit (Guard.Acquire: it waits only if the
-// Guard's Limiter has a queue). Refused, it is answered at once, before its
+// Guard's Concurrency has a queue). Refused, it is answered at once, before its
 // body is read and without calling the handler: 503 Service Unavailable,
 // Retry-After in whole seconds (the Refusal's RetryAfter rounded up, at
 // least 1: how long the excess load takes to drain, never a constant) and

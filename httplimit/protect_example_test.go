@@ -16,7 +16,7 @@ import (
 // Retry-After computed from the Guard's state and a problem body saying
 // the server is overloaded.
 func ExampleProtect() {
-	g, err := adaptive.NewGuard(adaptive.GuardOptions{Limiter: adaptive.Options{Max: 1, Initial: 1}})
+	g, err := adaptive.NewGuard(adaptive.GuardOptions{Concurrency: adaptive.ConcurrencyOptions{Max: 1, Initial: 1}})
 	if err != nil {
 		log.Fatal(err)
 	}

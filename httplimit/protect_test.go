@@ -44,8 +44,8 @@ func fixedGuard(t *testing.T, n int, shed *adaptive.ShedderOptions) (*adaptive.G
 	t.Helper()
 	rec := &recorder{}
 	g, err := adaptive.NewGuard(adaptive.GuardOptions{
-		Limiter: adaptive.Options{Max: n, Min: n, Initial: n, Controller: rec, Window: time.Second, MinSamples: 1},
-		Shedder: shed,
+		Concurrency: adaptive.ConcurrencyOptions{Max: n, Min: n, Initial: n, Controller: rec, Window: time.Second, MinSamples: 1},
+		Shedder:     shed,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -339,7 +339,7 @@ func TestProtectOutcomes(t *testing.T) {
 }
 
 // TestProtectShedsLowestFirst: under overload, on the Guard's clock, the
-// lowest priorities are refused first — by the Limiter's shares at the
+// lowest priorities are refused first — by the Concurrency's shares at the
 // limit, and by the Shedder when the latency objective is missed — while
 // the higher ones still reach the handler.
 func TestProtectShedsLowestFirst(t *testing.T) {

@@ -23,7 +23,7 @@ func TestTopAtStoreClock(t *testing.T) {
 	now := func() time.Time { reads++; return clock }
 	store := memstore.New(memstore.Options{JanitorInterval: -1, Now: func() time.Time { return clock }})
 	defer store.Close()
-	m, err := httplimit.New(httplimit.Config{
+	m, err := httplimit.New(httplimit.Options{
 		Store:    store,
 		Policies: []httplimit.Policy{{Rule: ratelimit.Rule{Name: "per_ip", Quota: 1, Period: time.Minute}, Keys: []httplimit.Key{httplimit.ByIP()}}},
 		Top:      &topk.Options{Now: now},

@@ -10,7 +10,7 @@ import (
 // that the limiter's cost is measured, not its waits.
 func benchHolder(b *testing.B) *Holder {
 	b.Helper()
-	h, err := NewHolder(NewMemoryStore(), Config{ID: "bench", Capacity: 1e9, Partitions: 20, TTL: time.Minute, Seed: 1})
+	h, err := NewHolder(NewMemoryStore(), Options{ID: "bench", Capacity: 1e9, Partitions: 20, TTL: time.Minute, Seed: 1})
 	if err != nil {
 		b.Fatal(err)
 	}

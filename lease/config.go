@@ -24,7 +24,7 @@ const (
 	OutageEvenShare
 )
 
-// Defaults of Config.
+// Defaults of Options.
 const (
 	DefaultTTL        = 3 * time.Second
 	DefaultDrift      = 0.01
@@ -38,10 +38,10 @@ const (
 	DefaultMaxPause   = 30 * time.Second
 )
 
-// Config configures a Holder. Capacity and Partitions are required, and
+// Options configure a Holder. Capacity and Partitions are required, and
 // must be the same for every member of a service (they share the
 // partitions' numbering); TTL should be too.
-type Config struct {
+type Options struct {
 	// ID names this holder among the service's members; a random one
 	// (not derived from Seed) when empty.
 	ID string
@@ -122,7 +122,7 @@ type Config struct {
 
 // withDefaults checks the configuration and returns it with NewHolder's
 // defaults filled in.
-func (cfg Config) withDefaults() (Config, error) {
+func (cfg Options) withDefaults() (Options, error) {
 	if !(cfg.Capacity > 0) || math.IsInf(cfg.Capacity, 0) || cfg.Partitions <= 0 {
 		return cfg, fmt.Errorf("%w: capacity %v in %d partitions", ErrBadArgument, cfg.Capacity, cfg.Partitions)
 	}
@@ -181,7 +181,7 @@ func (cfg Config) withDefaults() (Config, error) {
 }
 
 // validity is how long after sending a call a lease it grants is used.
-func (cfg Config) validity() time.Duration {
+func (cfg Options) validity() time.Duration {
 	return cfg.TTL - time.Duration(float64(cfg.TTL)*cfg.Drift) - cfg.Margin
 }
 
@@ -192,12 +192,12 @@ func (cfg Config) validity() time.Duration {
 // be used before the store can lease the partition to another member; and
 // it is below TTL, so that the others take a dead member's partitions
 // within TTL of its last renewal, round trips included.
-func (cfg Config) storeTTL() time.Duration {
+func (cfg Options) storeTTL() time.Duration {
 	return cfg.TTL - cfg.Margin/2
 }
 
 // orDefault returns def for 0 (unset), 0 for a negative v (none), and v
-// otherwise: the rule of Config's Jitter, Headroom and Hysteresis.
+// otherwise: the rule of Options.Jitter, Headroom and Hysteresis.
 func orDefault[T int | float64](v, def T) T {
 	switch {
 	case v == 0:

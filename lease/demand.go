@@ -18,14 +18,14 @@ import (
 // looks (estimate), at most once a round. Its methods take the instants
 // they need; it never reads the clock. The Holder's mutex guards it.
 type estimator struct {
-	// Set by newEstimator, from the Config.
-	rateWindow time.Duration // Config.RateWindow
+	// Set by newEstimator, from the Options.
+	rateWindow time.Duration // Options.RateWindow
 	judgeEvery time.Duration // how far apart saturation is judged: half a period
-	drainTime  time.Duration // Config.DrainTime
-	headroom   float64       // Config.Headroom
-	partitions int           // Config.Partitions
+	drainTime  time.Duration // Options.DrainTime
+	headroom   float64       // Options.Headroom
+	partitions int           // Options.Partitions
 	partCap    float64       // C/P
-	reserved   float64       // Config.Reserved
+	reserved   float64       // Options.Reserved
 
 	requested int64 // units asked since the last look
 	admitted  int64 // units admitted since the last look
@@ -50,7 +50,7 @@ type estimator struct {
 	lastTick    time.Time // the last look; zero before the first
 }
 
-func newEstimator(cfg Config) estimator {
+func newEstimator(cfg Options) estimator {
 	return estimator{
 		rateWindow: cfg.RateWindow,
 		judgeEvery: cfg.RenewEvery / 2,

@@ -13,7 +13,7 @@ import (
 func TestEstimator(t *testing.T) {
 	t0 := time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	cfg := Config{Capacity: 1000, Partitions: 10, RenewEvery: time.Second,
+	cfg := Options{Capacity: 1000, Partitions: 10, RenewEvery: time.Second,
 		RateWindow: 2 * time.Second, DrainTime: 10 * time.Second, Headroom: 0.25}
 	full := bucket{limit: 980, burst: 10, window: time.Second, ceiling: math.Inf(1)}
 	// A holder on a fresh estimator: the first refresh starts the offer.
@@ -100,7 +100,7 @@ func TestEstimator(t *testing.T) {
 // reports, and the offer integrated at the bucket's successive limits.
 func TestEstimatorUsed(t *testing.T) {
 	t0 := time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC)
-	e := newEstimator(Config{Capacity: 100, Partitions: 4, RenewEvery: time.Second,
+	e := newEstimator(Options{Capacity: 100, Partitions: 4, RenewEvery: time.Second,
 		RateWindow: 2 * time.Second, DrainTime: time.Second})
 	e.offer(t0, -1) // the bucket is unsized: the offer starts here
 	e.estimate(t0, bucket{ceiling: math.Inf(1)})

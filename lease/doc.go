@@ -62,7 +62,7 @@
 // that W (its rate integrated over the window), so that waiters woken late
 // together (a stalled process) do not bunch, and a holder that yields
 // partitions goes on at its new rate at once. When the rate falls, the
-// waiters' turns move back with the bucket's debt and keep their order. Config.Window sets W (a RateLimit-Policy w seen by Observe
+// waiters' turns move back with the bucket's debt and keep their order. Options.Window sets W (a RateLimit-Policy w seen by Observe
 // replaces it); a negative one turns pacing off.
 //
 // # Validity and fencing
@@ -87,7 +87,7 @@
 // limitheader) is taken in proportion:
 //
 //   - a retry hint pauses the holder's Limiter for that long (at most
-//     Config.MaxPause); a 503 with a hint pauses too, and counts as
+//     Options.MaxPause); a 503 with a hint pauses too, and counts as
 //     overload, not throttling;
 //   - the 429s that arrive until the pause has ended, and the requests in
 //     flight at the first have been answered, are one episode: sent
@@ -95,9 +95,9 @@
 //   - a 429 after an episode, within two periods or two windows of it, is
 //     a repeat: the ceiling on the rate is cut by the overshoot observed,
 //     the last episode's 429s over the units admitted in the last window,
-//     never below Config.Backoff (¾) of the rate;
+//     never below Options.Backoff (¾) of the rate;
 //   - a cut ceiling climbs back linearly to the rate it was cut from in
-//     Config.Recovery (two periods), and is then gone.
+//     Options.Recovery (two periods), and is then gone.
 //
 // A lone 429 therefore costs its pause and no more (measured in the
 // simulation: 2 ms of throughput without a hint, 0.30 s with a 300 ms
@@ -116,5 +116,5 @@
 //
 // When the store cannot be reached the leases lapse at their deadlines and
 // the holder falls back to its reserved capacity, or to its share C/N of
-// the members it saw last (Config.Outage); Stats says so.
+// the members it saw last (Options.Outage); Stats says so.
 package lease

@@ -23,7 +23,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	h, err := lease.NewHolder(store, lease.Config{
+	h, err := lease.NewHolder(store, lease.Options{
 		Capacity:   500, // the service's limit, shared by every process
 		Partitions: 20,  // leased 25 req/s at a time
 		TTL:        3 * time.Second,

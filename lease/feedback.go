@@ -122,7 +122,7 @@ func policyWindow(v string) time.Duration {
 }
 
 // SetWindow sets the downstream's window that the Limiter paces to (see
-// Config.Window); d ≤ 0 stops window pacing.
+// Options.Window); d ≤ 0 stops window pacing.
 func (h *Holder) SetWindow(d time.Duration) { h.SetWindowAt(time.Now(), d) }
 
 // SetWindowAt is SetWindow at now.

@@ -124,13 +124,13 @@ type Stats struct {
 // rate), and the ceiling climbs back to the rate it was cut from in
 // Recovery. A lowered ceiling lowers the need, so partitions it leaves
 // unused go back to the pool. When the store fails, the leases run out at
-// their deadlines and the rate falls to what Config.Outage says.
+// their deadlines and the rate falls to what Options.Outage says.
 //
 // A Holder is safe for concurrent use; Run must be called once. The zero
 // value is not usable: call NewHolder.
 type Holder struct {
 	c       Store
-	cfg     Config
+	cfg     Options
 	partCap float64
 	limiter *Limiter
 	wake    chan struct{} // WaitN callers with no capacity ask Run to look
@@ -157,7 +157,7 @@ type Holder struct {
 }
 
 // NewHolder returns a Holder of the service coordinated by c.
-func NewHolder(c Store, cfg Config) (*Holder, error) {
+func NewHolder(c Store, cfg Options) (*Holder, error) {
 	if c == nil {
 		return nil, fmt.Errorf("%w: nil Store", ErrBadArgument)
 	}
@@ -186,9 +186,9 @@ func NewHolder(c Store, cfg Config) (*Holder, error) {
 // ID returns the holder's member id.
 func (h *Holder) ID() string { return h.cfg.ID }
 
-// Config returns the holder's configuration, with NewHolder's defaults
+// Options returns the holder's options, with NewHolder's defaults
 // filled in.
-func (h *Holder) Config() Config { return h.cfg }
+func (h *Holder) Options() Options { return h.cfg }
 
 // Limiter returns the limiter whose rate follows the holder's leases.
 func (h *Holder) Limiter() *Limiter { return h.limiter }

@@ -54,14 +54,14 @@ func TestNewHolderRejects(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		c    Store
-		cfg  Config
+		cfg  Options
 	}{
-		{"nil store", nil, Config{Capacity: 10, Partitions: 2}},
-		{"no capacity", mem, Config{Partitions: 2}},
-		{"infinite capacity", mem, Config{Capacity: math.Inf(1), Partitions: 2}},
-		{"no partitions", mem, Config{Capacity: 10}},
-		{"negative reserved", mem, Config{Capacity: 10, Partitions: 2, Reserved: -1}},
-		{"renewal outlives the lease", mem, Config{Capacity: 10, Partitions: 2, TTL: time.Second, RenewEvery: time.Second}},
+		{"nil store", nil, Options{Capacity: 10, Partitions: 2}},
+		{"no capacity", mem, Options{Partitions: 2}},
+		{"infinite capacity", mem, Options{Capacity: math.Inf(1), Partitions: 2}},
+		{"no partitions", mem, Options{Capacity: 10}},
+		{"negative reserved", mem, Options{Capacity: 10, Partitions: 2, Reserved: -1}},
+		{"renewal outlives the lease", mem, Options{Capacity: 10, Partitions: 2, TTL: time.Second, RenewEvery: time.Second}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if _, err := NewHolder(tc.c, tc.cfg); !errors.Is(err, ErrBadArgument) {
@@ -181,7 +181,7 @@ func TestValidityFromSend(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const lat = 200 * time.Millisecond
 		sc := &scripted{Store: NewMemoryStore(), latency: lat}
-		h, err := NewHolder(sc, Config{ID: "a", Capacity: 100, Partitions: 4, TTL: 3 * time.Second, Seed: 1, Window: -1})
+		h, err := NewHolder(sc, Options{ID: "a", Capacity: 100, Partitions: 4, TTL: 3 * time.Second, Seed: 1, Window: -1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -213,7 +213,7 @@ func TestNoUseWhileRenewalInFlight(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		hold := make(chan struct{})
 		sc := &scripted{Store: NewMemoryStore(), holdRen: hold}
-		h, err := NewHolder(sc, Config{ID: "a", Capacity: 100, Partitions: 4, TTL: 3 * time.Second,
+		h, err := NewHolder(sc, Options{ID: "a", Capacity: 100, Partitions: 4, TTL: 3 * time.Second,
 			CallTimeout: 10 * time.Second, Jitter: -1, Seed: 1, Window: -1})
 		if err != nil {
 			t.Fatal(err)
@@ -283,7 +283,7 @@ func TestNoUseWhileRenewalInFlight(t *testing.T) {
 // ceiling is gone Recovery after a cut.
 func TestThrottleController(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h, err := NewHolder(NewMemoryStore(), Config{ID: "a", Capacity: 400, Partitions: 16, Jitter: -1, Seed: 1})
+		h, err := NewHolder(NewMemoryStore(), Options{ID: "a", Capacity: 400, Partitions: 16, Jitter: -1, Seed: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -365,7 +365,7 @@ func TestThrottleController(t *testing.T) {
 // pause (not counted as throttling) and RateLimit-Policy's window.
 func TestObserve(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h, err := NewHolder(NewMemoryStore(), Config{ID: "a", Capacity: 400, Partitions: 16, Seed: 1})
+		h, err := NewHolder(NewMemoryStore(), Options{ID: "a", Capacity: 400, Partitions: 16, Seed: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -413,7 +413,7 @@ func TestOutagePolicy(t *testing.T) {
 					}
 				}
 				sc := &scripted{Store: mem}
-				h, err := NewHolder(sc, Config{ID: "a", Capacity: 400, Partitions: 16, Reserved: 10,
+				h, err := NewHolder(sc, Options{ID: "a", Capacity: 400, Partitions: 16, Reserved: 10,
 					Outage: tc.policy, Jitter: -1, Seed: 1, Window: -1})
 				if err != nil {
 					t.Fatal(err)
@@ -451,7 +451,7 @@ func TestOutagePolicy(t *testing.T) {
 func TestShutdownReleases(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		mem := NewMemoryStore()
-		h, err := NewHolder(mem, Config{ID: "a", Capacity: 100, Partitions: 4, Seed: 1})
+		h, err := NewHolder(mem, Options{ID: "a", Capacity: 100, Partitions: 4, Seed: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -487,7 +487,7 @@ func TestShutdownReleases(t *testing.T) {
 
 func TestLimiterWaitErrors(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h, err := NewHolder(NewMemoryStore(), Config{ID: "a", Capacity: 100, Partitions: 4, Seed: 1, Window: -1})
+		h, err := NewHolder(NewMemoryStore(), Options{ID: "a", Capacity: 100, Partitions: 4, Seed: 1, Window: -1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -529,7 +529,7 @@ func TestStaleHolderFenced(t *testing.T) {
 		mem := NewMemoryStore()
 		hold := make(chan struct{})
 		sa := &scripted{Store: mem, holdRen: hold}
-		a, err := NewHolder(sa, Config{ID: "a", Capacity: 100, Partitions: 4, CallTimeout: time.Minute, Jitter: -1, Seed: 1})
+		a, err := NewHolder(sa, Options{ID: "a", Capacity: 100, Partitions: 4, CallTimeout: time.Minute, Jitter: -1, Seed: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -543,7 +543,7 @@ func TestStaleHolderFenced(t *testing.T) {
 		// a's renewal at 1s hangs; its leases end at 2.67s for a and
 		// 2.85s for the store. b arrives at 2.5s.
 		time.Sleep(2500 * time.Millisecond)
-		b, err := NewHolder(mem, Config{ID: "b", Capacity: 100, Partitions: 4, Jitter: -1, Seed: 2})
+		b, err := NewHolder(mem, Options{ID: "b", Capacity: 100, Partitions: 4, Jitter: -1, Seed: 2})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -628,7 +628,7 @@ func (r *rival) Acquire(ctx context.Context, id string, parts []int, ttl time.Du
 func TestLooksAgainAfterContention(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rc := &rival{Store: NewMemoryStore()}
-		h, err := NewHolder(rc, Config{ID: "a", Capacity: 100, Partitions: 4, TTL: 3 * time.Second, Jitter: -1, Seed: 1})
+		h, err := NewHolder(rc, Options{ID: "a", Capacity: 100, Partitions: 4, TTL: 3 * time.Second, Jitter: -1, Seed: 1})
 		if err != nil {
 			t.Fatal(err)
 		}

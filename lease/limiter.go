@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/retry"
 )
 
 // A Limiter admits units at the rate of its Holder's valid leases: the
@@ -19,7 +20,7 @@ import (
 // second's start) refuses whatever one of its windows receives beyond its
 // limit, even if the rate averaged over time is below it: a token bucket
 // at exactly the rate, with a burst, puts the burst and a window's worth
-// of rate into one window. By default (Config.Window) the Limiter paces
+// of rate into one window. By default (Options.Window) the Limiter paces
 // so that no window of the downstream's length W, wherever it starts,
 // receives more than the leased capacity: its bucket has a burst of a
 // hundredth of a window's worth (at least 1) and a rate lowered by that
@@ -34,7 +35,7 @@ import (
 // holder had over that window — its rate integrated over it, so that a
 // holder whose rate falls (it yielded partitions) is not held until what
 // it sent at the old rate has left the window.
-// With Config.Window negative, the bucket runs at the rate with a burst of
+// With Options.Window negative, the bucket runs at the rate with a burst of
 // a tenth of it (smooth below a second, but a fixed window can then see
 // up to 10 % more).
 //
@@ -151,7 +152,7 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 		if now.Before(t.pause) {
 			// A retry hint's pause: wait it out, then ask again.
 			block()
-			if err := sleepUntil(ctx, t.pause.Sub(now), nil); err != nil {
+			if err := retry.Sleep(ctx, t.pause.Sub(now)); err != nil {
 				return err
 			}
 			continue
@@ -178,8 +179,14 @@ func (l *Limiter) WaitN(ctx context.Context, n int) error {
 			// renewal, or for the deadline, and ask again.
 			r.CancelAt(now)
 			block()
-			if err := sleepUntil(ctx, t.horizon.Sub(now), t.changed); err != nil {
-				return err
+			tm := time.NewTimer(max(0, t.horizon.Sub(now)))
+			select {
+			case <-tm.C:
+			case <-t.changed:
+				tm.Stop()
+			case <-ctx.Done():
+				tm.Stop()
+				return ctx.Err()
 			}
 			continue
 		}
@@ -212,7 +219,7 @@ func (l *Limiter) admit(ctx context.Context, n int, rate float64) (again bool, e
 		if again || wait == 0 {
 			return again, nil
 		}
-		if err := sleepUntil(ctx, wait, nil); err != nil {
+		if err := retry.Sleep(ctx, wait); err != nil {
 			return false, err
 		}
 	}
@@ -367,18 +374,4 @@ func (h *Holder) refreshDueLocked(now time.Time) {
 		(h.thr.Lowered() && now.Sub(latest) >= h.cfg.RenewEvery/20) {
 		h.refreshLocked(now)
 	}
-}
-
-// sleepUntil waits d, or until changed is closed (never when nil), or ctx
-// is done.
-func sleepUntil(ctx context.Context, d time.Duration, changed chan struct{}) error {
-	tm := time.NewTimer(max(0, d))
-	defer tm.Stop()
-	select {
-	case <-tm.C:
-	case <-changed:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	return nil
 }

@@ -217,7 +217,7 @@ func TestLeaseChildProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := lease.NewHolder(store, lease.Config{ID: "p" + id, Capacity: procCapacity, Partitions: procParts, TTL: procTTL})
+	h, err := lease.NewHolder(store, lease.Options{ID: "p" + id, Capacity: procCapacity, Partitions: procParts, TTL: procTTL})
 	if err != nil {
 		t.Fatal(err)
 	}

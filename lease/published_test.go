@@ -305,7 +305,7 @@ func TestPublishedExampleChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := lease.NewHolder(store, lease.Config{ID: name, Capacity: pubCapacity, Partitions: pubParts, TTL: pubTTL})
+	h, err := lease.NewHolder(store, lease.Options{ID: name, Capacity: pubCapacity, Partitions: pubParts, TTL: pubTTL})
 	if err != nil {
 		t.Fatal(err)
 	}

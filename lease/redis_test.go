@@ -32,7 +32,7 @@ type looping struct {
 
 func startLooping(t *testing.T, s lease.Store, id string, capacity float64, parts, n int) *looping {
 	t.Helper()
-	h, err := lease.NewHolder(s, lease.Config{ID: id, Capacity: capacity, Partitions: parts, TTL: 3 * time.Second})
+	h, err := lease.NewHolder(s, lease.Options{ID: id, Capacity: capacity, Partitions: parts, TTL: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

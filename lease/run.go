@@ -151,7 +151,7 @@ func (h *Holder) shutdown(ctx context.Context) error {
 //     sent: the store may lease them to another member as soon as the
 //     release reaches it;
 //   - after the release, only to count it: when it fails the outage takes
-//     effect at once, as after any call that fails (Config.Outage);
+//     effect at once, as after any call that fails (Options.Outage);
 //   - after the renewal, so that the new deadlines, and the lost leases,
 //     take effect before the acquisition is sent: capacity does not lapse,
 //     nor a lost lease stay in use, while that call is in flight;

@@ -159,7 +159,7 @@ func runSim(t *testing.T, cfg simConfig, warmup time.Duration) *simResult {
 	for i, sp := range cfg.holders {
 		sh := &simHolder{spec: sp, served: make([]int, seconds), notify: make(chan struct{}, 1), done: make(chan struct{})}
 		sh.coord = &scripted{Store: mem, mute: cfg.mute}
-		h, err := NewHolder(sh.coord, Config{
+		h, err := NewHolder(sh.coord, Options{
 			ID: sp.name, Capacity: cfg.capacity, Partitions: cfg.partitions,
 			TTL: cfg.ttl, Weight: sp.weight, Seed: uint64(i + 1),
 		})

@@ -163,6 +163,10 @@ func (l *Limiter) Burst() int {
 // instant it is given, and never goes back: an instant earlier than the
 // latest one it has seen is taken as that one. The zero value is ready for
 // use; the Limiter's or Shaper's mutex guards it.
+//
+// adaptive/concurrency.go has the same type: the import rules (ARCHITECTURE.md,
+// rule 1) leave ratelimit and adaptive no common package but the standard
+// library, and exporting it would make a clock part of the API.
 type monoClock struct {
 	// base is the instant offsets are measured from, set on first use.
 	base    time.Time

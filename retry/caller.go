@@ -29,10 +29,10 @@ type AdjustableLimiter interface {
 	SetLimit(ratelimit.Limit)
 }
 
-// A Throttle rejects calls locally while the service is overloaded:
+// A Rejecter rejects calls locally while the service is overloaded:
 // Allow is asked before every attempt, Accept told of every attempt the
-// service accepted. *adaptive.Throttle satisfies it.
-type Throttle interface {
+// service accepted. *adaptive.Rejecter satisfies it.
+type Rejecter interface {
 	Allow() bool
 	Accept()
 }
@@ -70,8 +70,8 @@ type Answer struct {
 type Stage int
 
 const (
-	// StageThrottle: the Throttle rejected the call; Err is ErrRejected.
-	StageThrottle Stage = iota
+	// StageReject: the Rejecter rejected the call; Err is ErrRejected.
+	StageReject Stage = iota
 	// StagePause: waiting for the scope's shared pause.
 	StagePause
 	// StagePacing: waiting for the Limiter; Err is the Limiter's.
@@ -80,10 +80,10 @@ const (
 	StageRetry
 )
 
-// ErrRejected is the Err of a StageError of StageThrottle.
-var ErrRejected = errors.New("retry: the throttle rejected the call locally")
+// ErrRejected is the Err of a StageError of StageReject.
+var ErrRejected = errors.New("retry: rejected locally")
 
-// A StageError is a Caller's sequence stopped at a wait (or the Throttle)
+// A StageError is a Caller's sequence stopped at a wait (or the Rejecter)
 // rather than by an answer. Err is Wait's error (a *DeadlineError, or the
 // context's), the Limiter's, or ErrRejected.
 type StageError struct {
@@ -125,8 +125,8 @@ func (a Attempt) Sending() { a.c.sending(a.cost) }
 // whatever its transport; httplimit.Client and grpclimit.Client are
 // adapters around one. Its Do runs a call so:
 //
-//  1. the call counts in the Budget; the Throttle, if any, may reject it
-//     at once (StageThrottle);
+//  1. the call counts in the Budget; the Rejecter, if any, may reject it
+//     at once (StageReject);
 //  2. it waits for its scope's shared pause plus a full-jitter first
 //     backoff step, so that waiters do not all return at one instant, and
 //     then for the Limiter, again if a pause began meanwhile; a wait that
@@ -136,11 +136,11 @@ func (a Attempt) Sending() { a.c.sending(a.cost) }
 //     one over quota feeds the Ceiling, which cuts an AdjustableLimiter's
 //     rate only when refusals repeat;
 //  5. a retryable refusal is retried at most MaxRetries times, while the
-//     Budget lasts and the Throttle allows, after the pause and a
+//     Budget lasts and the Rejecter allows, after the pause and a
 //     full-jitter exponential backoff, all of which must fit before the
 //     deadline; otherwise the refusal is returned as it came.
 //
-// An attempt counts as accepted by the Throttle when Accepted, or when the
+// An attempt counts as accepted by the Rejecter when Accepted, or when the
 // caller cancelled it; a refusal, a failure or a wait that would outlast
 // the deadline are not accepts.
 //
@@ -157,8 +157,8 @@ type Caller struct {
 	MaxRate, MinRate ratelimit.Limit
 	Decrease         float64
 	Recovery         time.Duration
-	// Throttle rejects calls locally; nil: off.
-	Throttle Throttle
+	// Rejecter rejects calls locally; nil: off.
+	Rejecter Rejecter
 	// MaxRetries bounds the retries of a call: 0 means 3, negative none.
 	MaxRetries int
 	// RetryRatio, MinRetries and RetryWindow make the Budget (NewBudget's
@@ -264,8 +264,8 @@ func (c *Caller) maxPause() time.Duration {
 func (c *Caller) Do(ctx context.Context, call Call) error {
 	c.start()
 	c.budget.Request(c.now())
-	if c.Throttle != nil && !c.Throttle.Allow() {
-		return &StageError{Stage: StageThrottle, Err: ErrRejected}
+	if c.Rejecter != nil && !c.Rejecter.Allow() {
+		return &StageError{Stage: StageReject, Err: ErrRejected}
 	}
 	maxRetries := c.MaxRetries
 	if maxRetries == 0 {
@@ -350,8 +350,8 @@ func (c *Caller) Observe(scope string, now time.Time, ans Answer) {
 	}
 }
 
-// allowRetry reports whether the Budget and the Throttle allow a retry at
-// now. The Budget's share is spent even if the Throttle rejects it: the
+// allowRetry reports whether the Budget and the Rejecter allow a retry at
+// now. The Budget's share is spent even if the Rejecter rejects it: the
 // budget only errs on the side of fewer retries.
 func (c *Caller) allowRetry(now time.Time) bool {
 	if !c.budget.Retry(now) {
@@ -360,7 +360,7 @@ func (c *Caller) allowRetry(now time.Time) bool {
 		c.mu.Unlock()
 		return false
 	}
-	if c.Throttle != nil && !c.Throttle.Allow() {
+	if c.Rejecter != nil && !c.Rejecter.Allow() {
 		return false
 	}
 	c.mu.Lock()
@@ -378,11 +378,11 @@ func (c *Caller) sending(cost int64) {
 	}
 }
 
-// settle tells the Throttle of an attempt it let through: accepted, or
+// settle tells the Rejecter of an attempt it let through: accepted, or
 // cancelled by its caller (which says nothing against the service).
 func (c *Caller) settle(ctx context.Context, accepted bool) {
-	if c.Throttle != nil && (accepted || errors.Is(ctx.Err(), context.Canceled)) {
-		c.Throttle.Accept()
+	if c.Rejecter != nil && (accepted || errors.Is(ctx.Err(), context.Canceled)) {
+		c.Rejecter.Accept()
 	}
 }
 

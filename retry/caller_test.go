@@ -11,11 +11,11 @@ import (
 	"github.com/sluicehq/sluice/retry"
 )
 
-// countingThrottle lets everything through and counts.
-type countingThrottle struct{ allows, accepts int }
+// countingRejecter lets everything through and counts.
+type countingRejecter struct{ allows, accepts int }
 
-func (t *countingThrottle) Allow() bool { t.allows++; return true }
-func (t *countingThrottle) Accept()     { t.accepts++ }
+func (t *countingRejecter) Allow() bool { t.allows++; return true }
+func (t *countingRejecter) Accept()     { t.accepts++ }
 
 // TestCallerRetriesAfterPauseWithJitter: a refusal asking for 1 s pauses
 // the scope; the retry comes after the pause plus a jitter within the
@@ -25,8 +25,8 @@ func (t *countingThrottle) Accept()     { t.accepts++ }
 // spread them. Both now spread them.)
 func TestCallerRetriesAfterPauseWithJitter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		th := &countingThrottle{}
-		c := &retry.Caller{Throttle: th, Rand: func() float64 { return 0.5 }}
+		th := &countingRejecter{}
+		c := &retry.Caller{Rejecter: th, Rand: func() float64 { return 0.5 }}
 		start := time.Now()
 		var sent []time.Duration
 		refuse := retry.Answer{Outcome: retry.Refused, Hint: time.Second, Hinted: true, Quota: true, Retryable: true}
@@ -50,7 +50,7 @@ func TestCallerRetriesAfterPauseWithJitter(t *testing.T) {
 			t.Errorf("stats %+v, want 2 requests, 1 refused, 1 retry", st)
 		}
 		if th.allows != 2 || th.accepts != 1 {
-			t.Errorf("throttle: %d allows, %d accepts; want 2 and 1", th.allows, th.accepts)
+			t.Errorf("rejecter: %d allows, %d accepts; want 2 and 1", th.allows, th.accepts)
 		}
 
 		// A pause begun now holds a new call of the scope, and releases it
@@ -74,8 +74,8 @@ func TestCallerRetriesAfterPauseWithJitter(t *testing.T) {
 // retried nor accepted, unless its caller cancelled it.
 func TestCallerDeadlineAndFailures(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		th := &countingThrottle{}
-		c := &retry.Caller{Throttle: th}
+		th := &countingRejecter{}
+		c := &retry.Caller{Rejecter: th}
 		ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 		defer cancel()
 		start := time.Now()
@@ -97,7 +97,7 @@ func TestCallerDeadlineAndFailures(t *testing.T) {
 			n++
 			return retry.Answer{Outcome: retry.Failed}, failed
 		}
-		c2 := &retry.Caller{Throttle: th}
+		c2 := &retry.Caller{Rejecter: th}
 		n = 0
 		if err := c2.Do(t.Context(), retry.Call{Send: send}); err != failed || n != 1 || th.accepts != 0 {
 			t.Errorf("failure: %v after %d attempts, %d accepts; want it as is, 1, 0", err, n, th.accepts)

@@ -43,6 +43,17 @@ func Wait(ctx context.Context, now time.Time, d time.Duration) error {
 	if dl, ok := ctx.Deadline(); ok && now.Add(d).After(dl) {
 		return &DeadlineError{Wait: d, Left: dl.Sub(now)}
 	}
+	return Sleep(ctx, d)
+}
+
+// Sleep waits for d, or until ctx is done, and then returns ctx.Err(). It
+// does not look at ctx's deadline first, as Wait does: it is for loops
+// that poll or wait out a pause for as long as ctx lasts. A d of zero or
+// less returns nil at once, without looking at ctx.
+func Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

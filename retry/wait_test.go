@@ -70,3 +70,25 @@ func TestWaitCancelled(t *testing.T) {
 		}
 	})
 }
+
+// TestSleepPastDeadline: Sleep, unlike Wait, does not fail at once on a
+// wait that outlasts the deadline: it waits until ctx is done.
+func TestSleepPastDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+		defer cancel()
+		start := time.Now()
+		if err := retry.Sleep(ctx, 5*time.Second); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("err = %v, want DeadlineExceeded", err)
+		}
+		if el := time.Since(start); el != 2*time.Second {
+			t.Errorf("returned after %v, want 2s (the deadline)", el)
+		}
+		if err := retry.Sleep(t.Context(), time.Second); err != nil {
+			t.Errorf("Sleep(1s) = %v, want nil", err)
+		}
+		if err := retry.Sleep(ctx, 0); err != nil {
+			t.Errorf("Sleep(0) on a done context = %v, want nil", err)
+		}
+	})
+}

@@ -440,17 +440,17 @@ func (s *sluiceTicket) finish(ok bool) {
 // sluiceObjective is the latency objective Sluice's Shedder is given.
 const sluiceObjective = 250 * time.Millisecond
 
-// sluice is adaptive.NewGuard with a Limiter of Max 200 and otherwise its
+// sluice is adaptive.NewGuard with a Concurrency of Max 200 and otherwise its
 // defaults (Gradient controller with a latency baseline, 100 ms windows,
 // p90, default shares by priority, no queue) and a Shedder with the
 // objective p99 ≤ 250 ms (its defaults otherwise), its coin seeded.
-func sluice() contender { return sluiceWith("", adaptive.Options{Max: 200}) }
+func sluice() contender { return sluiceWith("", adaptive.ConcurrencyOptions{Max: 200}) }
 
-// sluiceWith is sluice with other Limiter options. With
+// sluiceWith is sluice with other ConcurrencyOptions. With
 // Options.QueueSize > 0 a request is admitted by Guard.Acquire (waiting in
-// the Limiter's queue, at most MaxWait, in a goroutine of its own);
+// the Concurrency's queue, at most MaxWait, in a goroutine of its own);
 // otherwise by TryAcquireAt, which never waits.
-func sluiceWith(variant string, lo adaptive.Options) contender {
+func sluiceWith(variant string, lo adaptive.ConcurrencyOptions) contender {
 	name := "Sluice adaptive.Guard"
 	if variant != "" {
 		name += " (" + variant + ")"
@@ -467,7 +467,7 @@ func sluiceWith(variant string, lo adaptive.Options) contender {
 			lo.Controller = &a2
 		}
 		g, err := adaptive.NewGuard(adaptive.GuardOptions{
-			Limiter: lo,
+			Concurrency: lo,
 			Shedder: &adaptive.ShedderOptions{
 				Objective: adaptive.Objective{Quantile: 0.99, Latency: sluiceObjective},
 				Float64:   rng.Float64,
@@ -481,7 +481,7 @@ func sluiceWith(variant string, lo adaptive.Options) contender {
 }
 
 // sluiceAdmission admits through g: with wait, by Guard.Acquire, which
-// waits in the Limiter's queue (at most Options.MaxWait) when the limit
+// waits in the Concurrency's queue (at most ConcurrencyOptions.MaxWait) when the limit
 // is reached; otherwise by TryAcquireAt, which never waits.
 func sluiceAdmission(g *adaptive.Guard, wait bool) admission {
 	if wait {

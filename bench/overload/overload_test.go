@@ -42,14 +42,14 @@ func benchConfig() config {
 // sluiceTuned is the Sluice contender the assertions are about: the
 // default Guard with the Shedder's objective (p99 ≤ 250 ms) and a
 // Gradient controller aiming its p90 at 150 ms, below the Shedder's
-// setpoint (80% of the objective, 200 ms), so that the Limiter, not the
+// setpoint (80% of the objective, 200 ms), so that the Concurrency limit, not the
 // Shedder, does the refusing under overload while the queue it allows
 // absorbs the bursts of a load near capacity.
 func sluiceTuned() contender {
-	return sluiceWith("Gradient Target 150ms", adaptive.Options{Max: 200, Controller: &adaptive.Gradient{Target: 150 * time.Millisecond}})
+	return sluiceWith("Gradient Target 150ms", adaptive.ConcurrencyOptions{Max: 200, Controller: &adaptive.Gradient{Target: 150 * time.Millisecond}})
 }
 
-// The bounded queue in front of the Limiter, for the Sluice contenders
+// The bounded queue in front of the Concurrency limit, for the Sluice contenders
 // that wait (Guard.Acquire). MaxWait is a fifth of the objective: the
 // tuned Guard's p99 without a queue is about 180 ms, so a wait of at most
 // 50 ms keeps the p99 of what is admitted within 250 ms. QueueSize is
@@ -62,9 +62,9 @@ const (
 
 // sluiceQueued is sluiceTuned with the bounded queue: Guard.Acquire
 // waits (at most sluiceMaxWait) when the limit is reached, to absorb the
-// bursts of a Poisson load at capacity that the Limiter refuses.
+// bursts of a Poisson load at capacity that the Concurrency limit refuses.
 func sluiceQueued() contender {
-	return sluiceWith("Gradient Target 150ms, queue 25 / 50ms", adaptive.Options{Max: 200, Controller: &adaptive.Gradient{Target: 150 * time.Millisecond},
+	return sluiceWith("Gradient Target 150ms, queue 25 / 50ms", adaptive.ConcurrencyOptions{Max: 200, Controller: &adaptive.Gradient{Target: 150 * time.Millisecond},
 		QueueSize: sluiceQueue, MaxWait: sluiceMaxWait})
 }
 

@@ -151,8 +151,8 @@ func TestOverloadReal(t *testing.T) {
 			if guarded {
 				var err error
 				g, err = adaptive.NewGuard(adaptive.GuardOptions{
-					Limiter: adaptive.Options{Max: 200, Controller: &adaptive.Gradient{Target: 150 * time.Millisecond}},
-					Shedder: &adaptive.ShedderOptions{Objective: adaptive.Objective{Quantile: 0.99, Latency: sluiceObjective}},
+					Concurrency: adaptive.ConcurrencyOptions{Max: 200, Controller: &adaptive.Gradient{Target: 150 * time.Millisecond}},
+					Shedder:     &adaptive.ShedderOptions{Objective: adaptive.Objective{Quantile: 0.99, Latency: sluiceObjective}},
 				})
 				if err != nil {
 					t.Fatal(err)

@@ -256,7 +256,7 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 		if err != nil {
 			return err
 		}
-		h, err := lease.NewHolder(st, lease.Config{Capacity: c, Partitions: *partitions})
+		h, err := lease.NewHolder(st, lease.Options{Capacity: c, Partitions: *partitions})
 		if err != nil {
 			return err
 		}
@@ -275,7 +275,7 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 		return err
 	}
 	defer closeFn()
-	src, err := jsdrain.New(ctx, js, jsdrain.Config{
+	src, err := jsdrain.New(ctx, js, jsdrain.Options{
 		Stream: q.stream, Consumer: *consumer, DeadLetter: base + "-dead.records", Window: *window, AckWait: *ackWait,
 	})
 	if err != nil {
@@ -286,7 +286,7 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 	if wrap != nil {
 		sink = wrap(sink)
 	}
-	d, err := drain.New(drain.Config{
+	d, err := drain.New(drain.Options{
 		Inputs: []drain.Input{{Source: src}}, Sink: sink, Limiter: limiter, OnThrottle: onThrottle,
 		Workers: *workers, MaxFailures: *maxFailures, Logger: log, StatsEvery: drainLook,
 	})

@@ -1,20 +1,24 @@
-// Command sluice is Sluice's binary: the decision service and tools around
-// the ratelimit package.
+// Command sluice is Sluice's binary: the decision service, the queue
+// drainer, and tools around them.
 //
 // Usage:
 //
 //	sluice serve      run the decision service
 //	sluice rules      check rule files (sluice rules validate DIR)
 //	sluice compare    run one traffic pattern through every algorithm
-//	sluice demo       run a demonstration (sluice demo throttled-db)
+//	sluice demo       run a demonstration (sluice demo throttled-db|ingest)
 //	sluice top        show a running serve's top keys and rules in a terminal
 //	sluice drain      drain a JetStream stream into an HTTP endpoint
 //	sluice enqueue    put records into a JetStream stream
 //	sluice version    print the version (also sluice --version)
 //	sluice help [command]
 //
-// This file is the only place in Sluice that reads the command line and the
-// flags' environment variables (SLUICE_…, for serve and drain); every subcommand is a function run<Name>(ctx, args, stdout,
+// This package is the only one in Sluice that reads the command line and
+// the environment: main passes os.Args to run, parseFlags and
+// parseFlagsEnv (this file) parse a subcommand's flags, the latter also
+// from their SLUICE_… variables (serve and drain), secret (serve.go) reads
+// the password and token variables, and gc.go looks at GOGC and
+// GOMEMLIMIT. Every subcommand is a function run<Name>(ctx, args, stdout,
 // stderr) that tests call directly.
 package main
 

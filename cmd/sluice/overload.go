@@ -38,7 +38,7 @@ func newOverload(l *limitsConfig) (*overload, error) {
 	// (A refusal over Envoy's API hands the request to Envoy's
 	// failure_mode_deny, which by default lets it through unlimited.)
 	g, err := adaptive.NewGuard(adaptive.GuardOptions{
-		Limiter: adaptive.Options{
+		Concurrency: adaptive.ConcurrencyOptions{
 			Max:        l.overloadMaxConcurrency,
 			Initial:    l.overloadMaxConcurrency,
 			Controller: &adaptive.Gradient{Target: l.overloadObjective / 2},

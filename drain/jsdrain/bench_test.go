@@ -39,7 +39,7 @@ func BenchmarkRate(b *testing.B) {
 			for b.Loop() {
 				src := source(b, js, fmt.Sprint("rate", rate, "-", time.Now().UnixNano()), "", 0)
 				var done atomic.Int64
-				d := newDrainer(b, drain.Config{
+				d := newDrainer(b, drain.Options{
 					Inputs:  []drain.Input{{Source: src}},
 					Sink:    func(context.Context, drain.Message) error { done.Add(1); return nil },
 					Limiter: ratelimit.NewLimiter(ratelimit.Limit(rate), max(1, rate/100)),
@@ -85,7 +85,7 @@ func BenchmarkCost(b *testing.B) {
 			src := source(b, js, "cost", "", 0)
 			var done atomic.Int64
 			ctx, cancel := context.WithCancel(context.Background())
-			d := newDrainer(b, drain.Config{
+			d := newDrainer(b, drain.Options{
 				Inputs: []drain.Input{{Source: src}},
 				Sink: func(context.Context, drain.Message) error {
 					if done.Add(1) == int64(n) {

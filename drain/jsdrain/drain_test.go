@@ -26,7 +26,7 @@ import (
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
-func newDrainer(t testing.TB, cfg drain.Config) *drain.Drainer {
+func newDrainer(t testing.TB, cfg drain.Options) *drain.Drainer {
 	t.Helper()
 	d, err := drain.New(cfg)
 	if err != nil {
@@ -49,7 +49,7 @@ func TestRate(t *testing.T) {
 	sk.limit.AllowN(time.Now(), rate/10) // start with an empty bucket, as the drainer's
 	src := source(t, js, "rate", "", 0)
 	h := &drain.HTTPSink{URL: sk.srv.URL}
-	d := newDrainer(t, drain.Config{
+	d := newDrainer(t, drain.Options{
 		Inputs:  []drain.Input{{Source: src}},
 		Sink:    h.Send,
 		Limiter: ratelimit.NewLimiter(rate, rate/100),
@@ -99,7 +99,7 @@ func TestThrottledNotFailure(t *testing.T) {
 	h := &drain.HTTPSink{URL: sk.srv.URL}
 	var pauses int64
 	var mu sync.Mutex
-	d := newDrainer(t, drain.Config{
+	d := newDrainer(t, drain.Options{
 		Inputs:      []drain.Input{{Source: src}},
 		Sink:        h.Send,
 		MaxFailures: 1,
@@ -149,7 +149,7 @@ func TestDeadLetter(t *testing.T) {
 		return nil
 	}
 	src := source(t, js, "dead", "", 0)
-	d := newDrainer(t, drain.Config{
+	d := newDrainer(t, drain.Options{
 		Inputs: []drain.Input{{Source: src}}, Sink: sink,
 		MaxFailures: 3, BaseBackoff: 10 * time.Millisecond, MaxBackoff: 40 * time.Millisecond,
 	})
@@ -194,7 +194,7 @@ func TestNATSRestart(t *testing.T) {
 	half := sk.at(n / 3)
 	src := source(t, js, "restart", "", 2*time.Second)
 	h := &drain.HTTPSink{URL: sk.srv.URL}
-	d := newDrainer(t, drain.Config{Inputs: []drain.Input{{Source: src}}, Sink: h.Send, Limiter: ratelimit.NewLimiter(2000, 1)})
+	d := newDrainer(t, drain.Options{Inputs: []drain.Input{{Source: src}}, Sink: h.Send, Limiter: ratelimit.NewLimiter(2000, 1)})
 	stop := run(t, d)
 	<-half
 	srv.Restart()
@@ -216,7 +216,7 @@ func TestCluster(t *testing.T) {
 	third := sk.at(n / 3)
 	src := source(t, js, "cluster", "", 2*time.Second)
 	h := &drain.HTTPSink{URL: sk.srv.URL}
-	d := newDrainer(t, drain.Config{Inputs: []drain.Input{{Source: src}}, Sink: h.Send, Limiter: ratelimit.NewLimiter(1500, 1)})
+	d := newDrainer(t, drain.Options{Inputs: []drain.Input{{Source: src}}, Sink: h.Send, Limiter: ratelimit.NewLimiter(1500, 1)})
 	stop := run(t, d)
 	<-third
 	c.Kill(0)
@@ -238,7 +238,7 @@ func TestPriorities(t *testing.T) {
 	low := source(t, js, "low", "work.low", 0)
 	high := source(t, js, "high", "work.high", 0)
 	h := &drain.HTTPSink{URL: sk.srv.URL}
-	d := newDrainer(t, drain.Config{
+	d := newDrainer(t, drain.Options{
 		Inputs:          []drain.Input{{Source: low, Priority: priority.Low}, {Source: high, Priority: priority.High}},
 		Sink:            h.Send,
 		Limiter:         ratelimit.NewLimiter(2000, 1),
@@ -296,13 +296,13 @@ func drainChildMain() {
 		defer nc.Close()
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		src, err := jsdrain.New(ctx, js, jsdrain.Config{Stream: "WORK", Consumer: "child", AckWait: 2 * time.Second, DeadLetter: "dead.work"})
+		src, err := jsdrain.New(ctx, js, jsdrain.Options{Stream: "WORK", Consumer: "child", AckWait: 2 * time.Second, DeadLetter: "dead.work"})
 		if err != nil {
 			return err
 		}
 		defer src.Stop()
 		h := &drain.HTTPSink{URL: sinkURL}
-		d, err := drain.New(drain.Config{Inputs: []drain.Input{{Source: src}}, Sink: h.Send, Limiter: ratelimit.NewLimiter(1000, 1)})
+		d, err := drain.New(drain.Options{Inputs: []drain.Input{{Source: src}}, Sink: h.Send, Limiter: ratelimit.NewLimiter(1000, 1)})
 		if err != nil {
 			return err
 		}
@@ -419,13 +419,13 @@ func rssChildMain() {
 		defer nc.Close()
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		src, err := jsdrain.New(ctx, js, jsdrain.Config{Stream: "WORK", Consumer: "rss", Window: 512})
+		src, err := jsdrain.New(ctx, js, jsdrain.Options{Stream: "WORK", Consumer: "rss", Window: 512})
 		if err != nil {
 			return err
 		}
 		defer src.Stop()
 		var done atomic.Int64
-		d, err := drain.New(drain.Config{Inputs: []drain.Input{{Source: src}}, Sink: func(context.Context, drain.Message) error {
+		d, err := drain.New(drain.Options{Inputs: []drain.Input{{Source: src}}, Sink: func(context.Context, drain.Message) error {
 			if done.Add(1) == n {
 				cancel()
 			}

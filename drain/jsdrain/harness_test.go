@@ -222,7 +222,7 @@ func source(t testing.TB, js jetstream.JetStream, consumer, subject string, ackW
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	src, err := jsdrain.New(ctx, js, jsdrain.Config{
+	src, err := jsdrain.New(ctx, js, jsdrain.Options{
 		Stream: "WORK", Consumer: consumer, Subject: subject, AckWait: ackWait, DeadLetter: "dead.work",
 	})
 	if err != nil {

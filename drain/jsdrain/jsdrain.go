@@ -26,14 +26,14 @@ const (
 	HeaderSequence = "Sluice-Sequence"
 )
 
-// Defaults of Config.
+// Defaults of Options.
 const (
 	DefaultWindow  = 256
 	DefaultAckWait = 30 * time.Second
 )
 
-// Config configures a Source.
-type Config struct {
+// Options configure a Source.
+type Options struct {
 	// Stream is the stream to drain; required.
 	Stream string
 	// Consumer is the durable pull consumer's name; required. It is
@@ -65,7 +65,7 @@ var _ drain.Source = (*Source)(nil)
 // failure). Make one with New; close it with Stop.
 type Source struct {
 	js     jetstream.JetStream
-	cfg    Config
+	cfg    Options
 	cons   jetstream.Consumer
 	window int
 
@@ -74,12 +74,12 @@ type Source struct {
 }
 
 // New creates or updates cfg's consumer on js and returns a Source on it.
-func New(ctx context.Context, js jetstream.JetStream, cfg Config) (*Source, error) {
+func New(ctx context.Context, js jetstream.JetStream, cfg Options) (*Source, error) {
 	if cfg.Stream == "" || cfg.Consumer == "" {
-		return nil, errors.New("jsdrain: Config needs Stream and Consumer")
+		return nil, errors.New("jsdrain: Options needs Stream and Consumer")
 	}
 	if cfg.Window < 0 || cfg.AckWait < 0 {
-		return nil, fmt.Errorf("jsdrain: Config: negative Window (%d) or AckWait (%v)", cfg.Window, cfg.AckWait)
+		return nil, fmt.Errorf("jsdrain: Options: negative Window (%d) or AckWait (%v)", cfg.Window, cfg.AckWait)
 	}
 	if cfg.Window == 0 {
 		cfg.Window = DefaultWindow

@@ -19,7 +19,6 @@
 //     server.
 //   - No library package imports a package under internal/: what a
 //     library needs is public, so its users can see and use it too.
-
 //   - Only package main under cmd/ imports flag or reads the environment
 //     (os.Getenv, os.LookupEnv, os.Environ, os.ExpandEnv, syscall.Getenv,
 //     syscall.Environ). The load-test programs under bench/ are commands
@@ -30,8 +29,9 @@
 //     the comparison alone.
 //   - Only cmd/sluice's tests import the test-only modules chromedp (which
 //     drives a browser through the dashboard) and prometheus/prometheus
-//     (the PromQL parser that checks deploy/'s queries); its binary does
-//     not.
+//     (the PromQL parser and the rule-file checks, rulefmt, that validate
+//     deploy/'s queries and alerting rules), and this rule binds test
+//     files too; its binary links neither.
 //   - No command under cmd/ (the sluice binary) links test code: not
 //     testing or a package under testing/, and no package whose name
 //     ends in "test" (net/http/httptest, internal/redistest,
@@ -39,9 +39,9 @@
 //     packages are exempt: every program that imports sync or os links
 //     internal/synctest and internal/testlog.
 //
-// Test files are exempt from the other rules. So are test-support packages
-// (those that import "testing", such as internal/redistest) from the
-// environment rule, as the Go tree exempts its internal/testenv: they run
+// Test files are exempt from every rule but those two (ARCHITECTURE.md's
+// sixth and seventh). So are test-support packages (those that import
+// "testing", such as internal/redistest) from the environment rule, as the Go tree exempts its internal/testenv: they run
 // only inside tests, where reading CI=true is how a test learns that a
 // missing tool is a failure rather than a reason to skip.
 package deps_test

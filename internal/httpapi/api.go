@@ -25,9 +25,10 @@ const DefaultMaxBodyBytes = 1 << 20
 
 // RLS is the part of the Envoy RLS adapter (*rls.Server) that POST /json
 // calls: its translation of Envoy's conventions, so that /json and gRPC
-// decide alike. Decide returns the service's errors (see rls.Server.Decide).
+// decide alike. ShouldRateLimitJSON returns the service's errors (see
+// rls.Server.ShouldRateLimitJSON).
 type RLS interface {
-	Decide(ctx context.Context, in *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error)
+	ShouldRateLimitJSON(ctx context.Context, in *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error)
 }
 
 // Options configure an API.
@@ -195,7 +196,7 @@ func (a *API) envoyJSON(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, r, http.StatusBadRequest, "decoding the RateLimitRequest: "+err.Error())
 		return
 	}
-	out, err := a.rls.Decide(r.Context(), &in)
+	out, err := a.rls.ShouldRateLimitJSON(r.Context(), &in)
 	if err != nil {
 		decisionError(w, r, err)
 		return

@@ -113,7 +113,7 @@ func unmarshalStrict(body []byte, v any) error {
 
 // convert fills c.req from c.in: the costs pass through as they are. It
 // checks the counts before it copies anything, with the service's own
-// checks; Service.ShouldRateLimit validates the rest.
+// checks; Service.Decide validates the rest.
 func (c *checkCall) convert() error {
 	in := &c.in
 	if err := service.CheckDescriptorCount(len(in.Descriptors)); err != nil {
@@ -158,7 +158,7 @@ func (a *API) check(w http.ResponseWriter, r *http.Request) {
 		decisionError(w, r, err)
 		return
 	}
-	if err := a.svc.ShouldRateLimit(r.Context(), &c.req, &c.resp); err != nil {
+	if err := a.svc.Decide(r.Context(), &c.req, &c.resp); err != nil {
 		decisionError(w, r, err)
 		return
 	}

@@ -158,7 +158,7 @@ func FuzzCheckKeys(f *testing.F) {
 				}
 				one := service.Request{Domain: domain, Descriptors: []service.Descriptor{{Entries: es}}}
 				var resp service.Response
-				if err := fx.svc.ShouldRateLimit(t.Context(), &one, &resp); err != nil {
+				if err := fx.svc.Decide(t.Context(), &one, &resp); err != nil {
 					t.Fatalf("%q was decided, but not its descriptor %v: %v", body, es, err)
 				}
 				mine := fx.rec.Take()
@@ -203,7 +203,7 @@ func FuzzEnvoyJSONKeys(f *testing.F) {
 			var all []string
 			for _, d := range in.GetDescriptors() {
 				one := &rlsv3.RateLimitRequest{Domain: in.GetDomain(), HitsAddend: in.GetHitsAddend(), Descriptors: []*commonv3.RateLimitDescriptor{d}}
-				if _, err := fx.rls.Decide(t.Context(), one); err != nil {
+				if _, err := fx.rls.ShouldRateLimitJSON(t.Context(), one); err != nil {
 					t.Fatalf("%q was decided, but not its descriptor %v: %v", body, d, err)
 				}
 				var es []rules.Entry

@@ -85,7 +85,7 @@ func FuzzRequestKeys(f *testing.F) {
 	// The recorder sees the keys (else the property holds vacuously).
 	var resp service.Response
 	probe := service.Request{Domain: "d", Descriptors: []service.Descriptor{{Entries: []rules.Entry{{Key: "tenant", Value: "acme"}, {Key: "user", Value: "x"}}}}}
-	if err := svc.ShouldRateLimit(f.Context(), &probe, &resp); err != nil || len(rec.Take()) != 1 {
+	if err := svc.Decide(f.Context(), &probe, &resp); err != nil || len(rec.Take()) != 1 {
 		f.Fatalf("the nested rule decided no key (%v)", err)
 	}
 	f.Fuzz(func(t *testing.T, a, b []byte) {
@@ -115,7 +115,7 @@ func FuzzRequestKeys(f *testing.F) {
 				d := &c.req.Descriptors[i]
 				one := service.Request{Domain: c.req.Domain, Descriptors: []service.Descriptor{*d}}
 				var resp service.Response
-				if err := svc.ShouldRateLimit(t.Context(), &one, &resp); err != nil {
+				if err := svc.Decide(t.Context(), &one, &resp); err != nil {
 					t.Fatalf("a valid descriptor: %v", err)
 				}
 				id := identity(c.req.Domain, d)

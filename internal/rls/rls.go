@@ -2,7 +2,8 @@
 // (envoy.service.ratelimit.v3.RateLimitService) over gRPC on top of the
 // decision service, with the generated types of go-control-plane. It is
 // the one translation between Envoy's conventions and the service's; the
-// JSON endpoint of internal/httpapi uses it too (Server.Decide).
+// JSON endpoint of internal/httpapi uses it too
+// (Server.ShouldRateLimitJSON).
 //
 // Supported: domain; descriptors with entries, a limit (Envoy's
 // RateLimitOverride: requests_per_unit, unit, unit_multiplier, which
@@ -71,7 +72,7 @@
 // backend: the rule's failure_mode decides, as on every transport. Envoy
 // then answers its client with its rate_limited_status (429 unless
 // configured); the outage shows in Sluice's sluice_decisions_total{outcome=
-// "fail_closed"} and sluice_store_errors_total. Server.Decide, for HTTP,
+// "fail_closed"} and sluice_store_errors_total. Server.ShouldRateLimitJSON, for HTTP,
 // reports it as the *service.UnavailableError it is.
 package rls
 
@@ -307,11 +308,11 @@ func (s *Server) ShouldRateLimit(ctx context.Context, in *rlsv3.RateLimitRequest
 	return s.response(c), nil
 }
 
-// Decide decides in as ShouldRateLimit does, for the JSON endpoint, but
-// returns the service's errors as they are: an invalid request wraps
+// ShouldRateLimitJSON decides in as ShouldRateLimit does, for the JSON
+// endpoint (POST /json), but returns the service's errors as they are: an invalid request wraps
 // service.ErrInvalidRequest, and a request the store could not decide,
 // failed-closed limits included, is a *service.UnavailableError.
-func (s *Server) Decide(ctx context.Context, in *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+func (s *Server) ShouldRateLimitJSON(ctx context.Context, in *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	c := s.pool.Get().(*call)
 	defer s.pool.Put(c)
 	if err := s.decide(ctx, c, in); err != nil {
@@ -324,7 +325,7 @@ func (s *Server) decide(ctx context.Context, c *call, in *rlsv3.RateLimitRequest
 	if err := c.convert(in); err != nil {
 		return err
 	}
-	return s.svc.ShouldRateLimit(ctx, &c.req, &c.resp)
+	return s.svc.Decide(ctx, &c.req, &c.resp)
 }
 
 // failedClosed reports whether err is a request denied by limits that
@@ -347,7 +348,7 @@ func grpcError(ctx context.Context, err error) error {
 
 // convert fills c.req from in in the service's terms (see the package
 // documentation). It checks the counts before it copies anything, with the
-// service's own checks; Service.ShouldRateLimit validates the rest.
+// service's own checks; Service.Decide validates the rest.
 func (c *call) convert(in *rlsv3.RateLimitRequest) error {
 	descs := in.GetDescriptors()
 	if err := service.CheckDescriptorCount(len(descs)); err != nil {

@@ -104,7 +104,7 @@ func outageServer(t *testing.T, st ratelimit.Store) *Server {
 // TestFailedClosedOverGRPC: gRPC answers a request that failed closed
 // OVER_LIMIT, with Retry-After, so that the rule's failure_mode decides
 // whatever Envoy's failure_mode_deny (see the package documentation);
-// Decide reports it as the service's error; a store error is UNAVAILABLE.
+// ShouldRateLimitJSON reports it as the service's error; a store error is UNAVAILABLE.
 func TestFailedClosedOverGRPC(t *testing.T) {
 	in := &rlsv3.RateLimitRequest{Domain: "o", Descriptors: []*commonv3.RateLimitDescriptor{{Entries: entries("login", "alice")}}}
 	s := outageServer(t, outageStore{})
@@ -122,8 +122,8 @@ func TestFailedClosedOverGRPC(t *testing.T) {
 		t.Errorf("Retry-After %q, want 2 (1.5s rounded up): %v", retry, out.GetResponseHeadersToAdd())
 	}
 	var ue *service.UnavailableError
-	if out, err := s.Decide(t.Context(), in); out != nil || !errors.As(err, &ue) || !ue.FailedClosed() {
-		t.Errorf("Decide = %v, %v; want a failed-closed *service.UnavailableError", out, err)
+	if out, err := s.ShouldRateLimitJSON(t.Context(), in); out != nil || !errors.As(err, &ue) || !ue.FailedClosed() {
+		t.Errorf("ShouldRateLimitJSON = %v, %v; want a failed-closed *service.UnavailableError", out, err)
 	}
 
 	s = outageServer(t, outageStore{err: errors.New("connection refused")})
@@ -152,8 +152,8 @@ func TestFailOpenRemaining(t *testing.T) {
 	in := &rlsv3.RateLimitRequest{Domain: "o", Descriptors: []*commonv3.RateLimitDescriptor{{Entries: entries("login", "alice")}}}
 	s := outageServer(t, failOpenStore{})
 	for name, call := range map[string]func() (*rlsv3.RateLimitResponse, error){
-		"ShouldRateLimit": func() (*rlsv3.RateLimitResponse, error) { return s.ShouldRateLimit(t.Context(), in) },
-		"Decide":          func() (*rlsv3.RateLimitResponse, error) { return s.Decide(t.Context(), in) },
+		"ShouldRateLimit":     func() (*rlsv3.RateLimitResponse, error) { return s.ShouldRateLimit(t.Context(), in) },
+		"ShouldRateLimitJSON": func() (*rlsv3.RateLimitResponse, error) { return s.ShouldRateLimitJSON(t.Context(), in) },
 	} {
 		out, err := call()
 		if err != nil || out.GetOverallCode() != rlsv3.RateLimitResponse_OK {

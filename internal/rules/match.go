@@ -4,9 +4,12 @@ import (
 	"strings"
 )
 
-// Bounds on a request, checked by CheckDomain, CheckDescriptorCount and
-// CheckDescriptor (or CheckEntryCount). Sluice rejects a request beyond
-// them (gRPC INVALID_ARGUMENT, HTTP 400) rather than truncate it.
+// Bounds on a request, checked by internal/service's Request.Validate (an
+// adapter that must refuse a request before copying it calls the same
+// checks first: service.CheckDescriptorCount and CheckEntryCount). Sluice
+// rejects a request beyond them (gRPC INVALID_ARGUMENT, HTTP 400) rather
+// than truncate it. MaxKeyValueBytes also bounds a rule file's descriptor
+// keys and values.
 const (
 	// MaxDescriptors bounds the descriptors of one request.
 	MaxDescriptors = 64

@@ -15,7 +15,7 @@ import (
 // BenchmarkDetailedMetric measures what detailed_metric costs one
 // descriptor over 10,000 keys with metrics on: 100 keys have their series,
 // the rest go to the overflow's. Compare with
-// BenchmarkShouldRateLimit/one-descriptor/metrics=on.
+// BenchmarkDecide/one-descriptor/metrics=on.
 func BenchmarkDetailedMetric(b *testing.B) {
 	dom, err := rules.Parse("bench.yaml", []byte(`domain: bench
 descriptors:
@@ -48,7 +48,7 @@ descriptors:
 		for pb.Next() {
 			req.Descriptors[0].Entries[0].Value = keys[i%len(keys)]
 			i++
-			if err := svc.ShouldRateLimit(context.Background(), &req, &resp); err != nil || resp.Code != service.OK {
+			if err := svc.Decide(context.Background(), &req, &resp); err != nil || resp.Code != service.OK {
 				b.Fatal(err, resp.Code)
 			}
 		}

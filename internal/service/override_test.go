@@ -110,7 +110,7 @@ func TestServiceAppliesOverrides(t *testing.T) {
 	decide := func() []*ratelimit.Rule {
 		t.Helper()
 		rec.rules = rec.rules[:0]
-		if err := svc.ShouldRateLimit(t.Context(), &req, &resp); err != nil {
+		if err := svc.Decide(t.Context(), &req, &resp); err != nil {
 			t.Fatal(err)
 		}
 		for i, st := range resp.Statuses {

@@ -44,7 +44,7 @@ func newQuotaService(t *testing.T, independent bool) (*Service, *Metrics) {
 func decideQ(t *testing.T, svc *Service, kvs ...string) *Response {
 	t.Helper()
 	var resp Response
-	if err := svc.ShouldRateLimit(t.Context(), &Request{Domain: "q", Descriptors: descs(kvs...)}, &resp); err != nil {
+	if err := svc.Decide(t.Context(), &Request{Domain: "q", Descriptors: descs(kvs...)}, &resp); err != nil {
 		t.Fatal(err)
 	}
 	return &resp
@@ -56,7 +56,7 @@ func remaining(t *testing.T, svc *Service, kv string) int64 {
 	d := descs(kv)
 	d[0].Cost = 0
 	var resp Response
-	if err := svc.ShouldRateLimit(t.Context(), &Request{Domain: "q", Descriptors: d}, &resp); err != nil {
+	if err := svc.Decide(t.Context(), &Request{Domain: "q", Descriptors: d}, &resp); err != nil {
 		t.Fatal(err)
 	}
 	return resp.Statuses[0].Decision.Remaining
@@ -162,7 +162,7 @@ func TestQuotaRefusalBesideARefund(t *testing.T) {
 	d := descs("user=u", "login=l", "backend=a")
 	d[1].Cost = -5 // a refund of a limit with nothing taken
 	var resp Response
-	if err := svc.ShouldRateLimit(t.Context(), &Request{Domain: "q", Descriptors: d}, &resp); err != nil {
+	if err := svc.Decide(t.Context(), &Request{Domain: "q", Descriptors: d}, &resp); err != nil {
 		t.Fatal(err)
 	}
 	if resp.Code != OverLimit || !resp.Statuses[2].QuotaExceeded {

@@ -28,7 +28,7 @@
 //     (or a limit without quota_mode denies). See "Quota mode" below.
 //   - A request denied only because the store could not reach its backend
 //     and its limits fail closed is an *UnavailableError, not a request
-//     over the limit (see ShouldRateLimit).
+//     over the limit (see Decide).
 //
 // # Quota mode
 //
@@ -233,14 +233,14 @@ type check struct {
 	result int  // index into scratch.ds (sds when shadow, qds when quota)
 }
 
-// ShouldRateLimit decides req into resp. An error means the request was
+// Decide decides req into resp. An error means the request was
 // invalid (wrapping ErrInvalidRequest) or the store could not decide (an
 // *UnavailableError). A request that is denied only by limits that failed
 // closed is an *UnavailableError whose FailedClosed is true, and resp then
 // holds its statuses (OverLimit), for a protocol that has no other way to
 // deny it; when a limit denies the request by itself, it is over the limit
 // and there is no error.
-func (s *Service) ShouldRateLimit(ctx context.Context, req *Request, resp *Response) error {
+func (s *Service) Decide(ctx context.Context, req *Request, resp *Response) error {
 	var start time.Time
 	if s.metrics != nil { // the clock read is only for the latency histogram
 		start = time.Now()

@@ -53,10 +53,10 @@ func newBenchService(b *testing.B, withMetrics, withTop bool) *service.Service {
 	return svc
 }
 
-// BenchmarkShouldRateLimit measures the service alone (no transport): one
+// BenchmarkDecide measures the service alone (no transport): one
 // descriptor over 10,000 keys, and two descriptors decided together;
 // without metrics, with them, and with them and the top-K trackers.
-func BenchmarkShouldRateLimit(b *testing.B) {
+func BenchmarkDecide(b *testing.B) {
 	keys := make([]string, 10000)
 	for i := range keys {
 		keys[i] = "10.0." + strconv.Itoa(i/256) + "." + strconv.Itoa(i%256)
@@ -76,7 +76,7 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 				for pb.Next() {
 					req.Descriptors[0].Entries[0].Value = keys[i%len(keys)]
 					i++
-					if err := svc.ShouldRateLimit(context.Background(), &req, &resp); err != nil || resp.Code != service.OK {
+					if err := svc.Decide(context.Background(), &req, &resp); err != nil || resp.Code != service.OK {
 						b.Fatal(err, resp.Code)
 					}
 				}
@@ -96,7 +96,7 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 					req.Descriptors[0].Entries[0].Value = keys[i%len(keys)]
 					req.Descriptors[1].Entries[1].Value = keys[(i*7)%len(keys)]
 					i++
-					if err := svc.ShouldRateLimit(context.Background(), &req, &resp); err != nil || resp.Code != service.OK {
+					if err := svc.Decide(context.Background(), &req, &resp); err != nil || resp.Code != service.OK {
 						b.Fatal(err, resp.Code)
 					}
 				}

@@ -90,16 +90,16 @@ func TestFailedClosedIsUnavailable(t *testing.T) {
 				t.Fatal(err)
 			}
 			var resp Response
-			err = svc.ShouldRateLimit(t.Context(), &Request{Domain: "o", Descriptors: tt.descs}, &resp)
+			err = svc.Decide(t.Context(), &Request{Domain: "o", Descriptors: tt.descs}, &resp)
 			if tt.errText == "" {
 				if err != nil || resp.Code != tt.code {
-					t.Fatalf("ShouldRateLimit = %v, code %v; want no error, code %v", err, resp.Code, tt.code)
+					t.Fatalf("Decide = %v, code %v; want no error, code %v", err, resp.Code, tt.code)
 				}
 				return
 			}
 			var ue *UnavailableError
 			if !errors.As(err, &ue) || !strings.Contains(err.Error(), tt.errText) {
-				t.Fatalf("ShouldRateLimit = %v; want an *UnavailableError containing %q", err, tt.errText)
+				t.Fatalf("Decide = %v; want an *UnavailableError containing %q", err, tt.errText)
 			}
 			if tt.store.err != nil {
 				if !errors.Is(err, tt.store.err) || ue.FailedClosed() {
@@ -160,7 +160,7 @@ descriptors:
 		t.Fatal(err)
 	}
 	var resp Response
-	if err := svc.ShouldRateLimit(t.Context(), &Request{Domain: "f", Descriptors: descs("k=a", "alone=a")}, &resp); err != nil {
+	if err := svc.Decide(t.Context(), &Request{Domain: "f", Descriptors: descs("k=a", "alone=a")}, &resp); err != nil {
 		t.Fatal(err)
 	}
 	if st := &resp.Statuses[0]; st.Rule.Name != "known" || !st.RemainingKnown() || st.Decision.Remaining != 3 {
@@ -273,7 +273,7 @@ descriptors:
 				InlineLimit: &InlineLimit{RequestsPerUnit: 1, Unit: rules.Minute}})
 		}
 		var resp Response
-		if err := svc.ShouldRateLimit(context.Background(), &req, &resp); err != nil {
+		if err := svc.Decide(context.Background(), &req, &resp); err != nil {
 			t.Fatal(err)
 		}
 		return resp.Code
@@ -303,7 +303,7 @@ descriptors:
 		InlineLimit: &InlineLimit{RequestsPerUnit: 1, Unit: rules.Minute}}}}
 	var resp Response
 	for i, want := range []Code{OK, OverLimit} {
-		if err := svc.ShouldRateLimit(context.Background(), &req, &resp); err != nil {
+		if err := svc.Decide(context.Background(), &req, &resp); err != nil {
 			t.Fatal(err)
 		}
 		if resp.Code != want || resp.Statuses[0].Shadow {

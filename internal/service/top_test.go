@@ -49,7 +49,7 @@ func decide(t *testing.T, svc *service.Service, key, value string, n int) {
 	req := service.Request{Domain: "t", Descriptors: []service.Descriptor{{Entries: []rules.Entry{{Key: key, Value: value}}, Cost: 1}}}
 	var resp service.Response
 	for range n {
-		if err := svc.ShouldRateLimit(context.Background(), &req, &resp); err != nil {
+		if err := svc.Decide(context.Background(), &req, &resp); err != nil {
 			t.Fatal(err)
 		}
 	}

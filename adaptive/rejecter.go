@@ -9,50 +9,50 @@ import (
 	"time"
 )
 
-// Defaults of ThrottleOptions, and of the zero Throttle.
+// Defaults of RejecterOptions, and of the zero Rejecter.
 const (
-	// DefaultThrottleK is the multiplier K: a Throttle lets through about
+	// DefaultRejecterK is the multiplier K: a Rejecter lets through about
 	// K requests per request the dependency accepts.
-	DefaultThrottleK = 2
-	// DefaultThrottleWindow is the span over which requests and accepts
+	DefaultRejecterK = 2
+	// DefaultRejecterWindow is the span over which requests and accepts
 	// are counted.
-	DefaultThrottleWindow = 2 * time.Minute
-	// DefaultThrottleMaxProbability caps the rejection probability: at
+	DefaultRejecterWindow = 2 * time.Minute
+	// DefaultRejecterMaxProbability caps the rejection probability: at
 	// least one request in ten still reaches the dependency, so that its
 	// recovery is seen within about a window.
-	DefaultThrottleMaxProbability = 0.9
+	DefaultRejecterMaxProbability = 0.9
 )
 
-// throttleBuckets is the number of buckets of a Throttle's window.
-const throttleBuckets = 20
+// rejecterBuckets is the number of buckets of a Rejecter's window.
+const rejecterBuckets = 20
 
-// ErrThrottled is the error of a call that a Throttle rejected locally,
-// without sending it, because the dependency has lately been refusing
+// ErrRejectedLocally is the error of a call that a Rejecter rejected
+// locally, without sending it, because the dependency has lately been refusing
 // calls (overloaded, or failing). Sluice's clients return it wrapped
 // (httplimit.Client) or inside an UNAVAILABLE status (grpclimit.Client), so
-// errors.Is(err, ErrThrottled) tells a local rejection from a refusal the
-// dependency sent and from a wait that would outlast a deadline.
-var ErrThrottled = errors.New("throttled locally: the dependency is overloaded")
+// errors.Is(err, ErrRejectedLocally) tells a local rejection from a
+// refusal the dependency sent and from a wait that would outlast a deadline.
+var ErrRejectedLocally = errors.New("rejected locally: the dependency is overloaded")
 
-// ThrottleOptions configure a Throttle made by NewThrottle. The zero value
+// RejecterOptions configure a Rejecter made by NewRejecter. The zero value
 // of each field means its default.
-type ThrottleOptions struct {
+type RejecterOptions struct {
 	// K is the number of requests let through per request the dependency
-	// accepts, at least 1: 0 means DefaultThrottleK (2). A K near 1 rejects
+	// accepts, at least 1: 0 means DefaultRejecterK (2). A K near 1 rejects
 	// as soon as anything fails, wasting little of the dependency's work on
 	// requests it refuses but reacting to a few failures; a larger K
 	// tolerates more refusals before rejecting locally.
 	K float64
 	// Window is the span over which requests and accepts are counted: 0
-	// means DefaultThrottleWindow (2 minutes). It is kept in 20 buckets of
+	// means DefaultRejecterWindow (2 minutes). It is kept in 20 buckets of
 	// Window/20 each (rounded down to the nanosecond; Window must be at
 	// least 20 ns), so a count is forgotten between Window−Window/20 and
 	// Window after it was made.
 	Window time.Duration
 	// MaxProbability caps the rejection probability, in (0, 1]: 0 means
-	// DefaultThrottleMaxProbability (0.9). Uncapped (1), the book's
+	// DefaultRejecterMaxProbability (0.9). Uncapped (1), the book's
 	// formula approaches 1 during an outage, the window fills with the
-	// Throttle's own rejections, and after the dependency recovers the
+	// Rejecter's own rejections, and after the dependency recovers the
 	// few requests still sent take several windows to bring it back to 0
 	// (see the type's doc); capped, the requests that still probe the
 	// dependency during an outage are what brings it back within about a
@@ -60,7 +60,7 @@ type ThrottleOptions struct {
 	// caps it at 0.8 by default, for the same reason.)
 	MaxProbability float64
 	// Rand returns a random number in [0, 1); nil means
-	// math/rand/v2.Float64. It is called with the Throttle's lock held, so
+	// math/rand/v2.Float64. It is called with the Rejecter's lock held, so
 	// a source that is not safe for concurrent use (rand.New of a seeded
 	// PCG, for a test) may be given. It is called only when the rejection
 	// probability is above zero.
@@ -70,13 +70,16 @@ type ThrottleOptions struct {
 	Now func() time.Time
 }
 
-// Throttle is client-side adaptive throttling, as described in the
-// chapter "Handling Overload" of Google's Site Reliability Engineering
-// book: a client that sees its dependency refuse requests rejects some of
-// its own requests locally, before sending them, so that an overloaded
-// dependency spends less work on requests it would refuse anyway.
+// A Rejecter rejects a client's requests locally, before sending them,
+// while its dependency refuses them: what the chapter "Handling Overload"
+// of Google's Site Reliability Engineering book calls client-side adaptive
+// throttling. A client that sees its dependency refuse requests rejects
+// some of its own, so that an overloaded dependency spends less work on
+// requests it would refuse anyway. (In Sluice, "throttled" means that a
+// dependency asked the caller to slow down: a 429, or a 503 or
+// RESOURCE_EXHAUSTED with a retry hint; a Rejecter's rejection is local.)
 //
-// The model. Over a sliding window (2 minutes by default) a Throttle
+// The model. Over a sliding window (2 minutes by default) a Rejecter
 // counts requests, the calls the application attempted, and accepts, those
 // the dependency accepted. Before each request it computes
 //
@@ -96,10 +99,10 @@ type ThrottleOptions struct {
 // window when the dependency recovered. That is within one window after a
 // moderate overload (for K 2, one that rejected up to about 3 requests in
 // 4), and longer after a deeper one, since the window still holds the
-// Throttle's own rejections of the first moments of the recovery: after
+// Rejecter's own rejections of the first moments of the recovery: after
 // an outage in which nothing was accepted, the book's p is near
 // 1 − 1/requests and recovering takes several windows (4 after an outage
-// of two windows in TestThrottleCap). Hence MaxProbability, 0.9 by
+// of two windows in TestRejecterCap). Hence MaxProbability, 0.9 by
 // default: the one request in ten still sent during the outage is what
 // brings p back to zero within about two windows once the dependency
 // answers (1.8 in the same test).
@@ -115,21 +118,21 @@ type ThrottleOptions struct {
 //
 // Time. AllowAt, AcceptAt and StatsAt take the instant, in the style of
 // golang.org/x/time/rate, so tests step time by hand; Allow, Accept and
-// Stats are one-line wrappers reading ThrottleOptions.Now. An instant older
+// Stats are one-line wrappers reading RejecterOptions.Now. An instant older
 // than the last one seen is counted in the newest bucket: time going
 // backwards neither loses counts nor brings back old ones. The window is
 // a ring of 20 buckets with running totals, so every call costs O(1),
 // and the decision path allocates nothing.
 //
-// The zero value is a Throttle with every default: K 2, a window of 2
-// minutes, math/rand/v2 and time.Now. NewThrottle makes one with other
-// options, refusing invalid ones. A Throttle is safe for concurrent use
-// and must not be copied after first use; one Throttle is meant to be
+// The zero value is a Rejecter with every default: K 2, a window of 2
+// minutes, math/rand/v2 and time.Now. NewRejecter makes one with other
+// options, refusing invalid ones. A Rejecter is safe for concurrent use
+// and must not be copied after first use; one Rejecter is meant to be
 // shared by every call to one dependency (several clients of the same
 // dependency may share it).
-type Throttle struct {
-	k      float64          // 0 means DefaultThrottleK
-	maxP   float64          // 0 means DefaultThrottleMaxProbability
+type Rejecter struct {
+	k      float64          // 0 means DefaultRejecterK
+	maxP   float64          // 0 means DefaultRejecterMaxProbability
 	bucket int64            // the length of a bucket in ns; 0 means the default
 	rand   func() float64   // nil means rand.Float64
 	now    func() time.Time // nil means time.Now
@@ -137,18 +140,18 @@ type Throttle struct {
 	mu      sync.Mutex
 	started bool
 	cur     int64 // the index (time / bucket) of the newest bucket
-	ring    [throttleBuckets]throttleBucket
+	ring    [rejecterBuckets]rejecterBucket
 	// The sums of the ring.
 	requests, accepts int64
-	// Since the Throttle was made.
+	// Since the Rejecter was made.
 	totalRequests, totalAccepts, totalRejected int64
 }
 
-// A throttleBucket counts the requests and accepts of one bucket of time.
-type throttleBucket struct{ requests, accepts int64 }
+// A rejecterBucket counts the requests and accepts of one bucket of time.
+type rejecterBucket struct{ requests, accepts int64 }
 
-// ThrottleStats are a Throttle's counts, for metrics.
-type ThrottleStats struct {
+// RejecterStats are a Rejecter's counts, for metrics.
+type RejecterStats struct {
 	// Requests and Accepts are the counts of the window.
 	Requests, Accepts int64
 	// Probability is the probability with which a request made now would
@@ -156,43 +159,43 @@ type ThrottleStats struct {
 	Probability float64
 	// TotalRequests, TotalAccepts and TotalRejected count the requests
 	// (those rejected included), the accepts and the local rejections
-	// since the Throttle was made; they only grow.
+	// since the Rejecter was made; they only grow.
 	TotalRequests, TotalAccepts, TotalRejected int64
 }
 
-// NewThrottle returns a Throttle with the options o, or an error naming
+// NewRejecter returns a Rejecter with the options o, or an error naming
 // the first invalid one: a K below 1 or not finite, a negative Window or
 // one shorter than 20 ns.
-func NewThrottle(o ThrottleOptions) (*Throttle, error) {
+func NewRejecter(o RejecterOptions) (*Rejecter, error) {
 	switch {
 	case math.IsNaN(o.K) || math.IsInf(o.K, 0):
-		return nil, fmt.Errorf("adaptive: ThrottleOptions.K is %v; it must be a number, at least 1 (0 means %d)", o.K, DefaultThrottleK)
+		return nil, fmt.Errorf("adaptive: RejecterOptions.K is %v; it must be a number, at least 1 (0 means %d)", o.K, DefaultRejecterK)
 	case o.K != 0 && o.K < 1:
-		return nil, fmt.Errorf("adaptive: ThrottleOptions.K is %v; it must be at least 1 (0 means %d)", o.K, DefaultThrottleK)
+		return nil, fmt.Errorf("adaptive: RejecterOptions.K is %v; it must be at least 1 (0 means %d)", o.K, DefaultRejecterK)
 	case o.Window < 0:
-		return nil, fmt.Errorf("adaptive: ThrottleOptions.Window is %v; it must be positive (0 means %v)", o.Window, DefaultThrottleWindow)
-	case o.Window > 0 && o.Window < throttleBuckets:
-		return nil, fmt.Errorf("adaptive: ThrottleOptions.Window is %v; it must be at least %d ns, one per bucket", o.Window, throttleBuckets)
+		return nil, fmt.Errorf("adaptive: RejecterOptions.Window is %v; it must be positive (0 means %v)", o.Window, DefaultRejecterWindow)
+	case o.Window > 0 && o.Window < rejecterBuckets:
+		return nil, fmt.Errorf("adaptive: RejecterOptions.Window is %v; it must be at least %d ns, one per bucket", o.Window, rejecterBuckets)
 	case !(o.MaxProbability >= 0 && o.MaxProbability <= 1):
-		return nil, fmt.Errorf("adaptive: ThrottleOptions.MaxProbability is %v; it must be in (0, 1] (0 means %v)", o.MaxProbability, DefaultThrottleMaxProbability)
+		return nil, fmt.Errorf("adaptive: RejecterOptions.MaxProbability is %v; it must be in (0, 1] (0 means %v)", o.MaxProbability, DefaultRejecterMaxProbability)
 	}
-	return &Throttle{k: o.K, maxP: o.MaxProbability, bucket: int64(o.Window / throttleBuckets), rand: o.Rand, now: o.Now}, nil
+	return &Rejecter{k: o.K, maxP: o.MaxProbability, bucket: int64(o.Window / rejecterBuckets), rand: o.Rand, now: o.Now}, nil
 }
 
-// Allow is AllowAt(now), now from ThrottleOptions.Now.
-func (t *Throttle) Allow() bool { return t.AllowAt(t.clock()) }
+// Allow is AllowAt(now), now from RejecterOptions.Now.
+func (t *Rejecter) Allow() bool { return t.AllowAt(t.clock()) }
 
-// Accept is AcceptAt(now), now from ThrottleOptions.Now.
-func (t *Throttle) Accept() { t.AcceptAt(t.clock()) }
+// Accept is AcceptAt(now), now from RejecterOptions.Now.
+func (t *Rejecter) Accept() { t.AcceptAt(t.clock()) }
 
-// Stats is StatsAt(now), now from ThrottleOptions.Now.
-func (t *Throttle) Stats() ThrottleStats { return t.StatsAt(t.clock()) }
+// Stats is StatsAt(now), now from RejecterOptions.Now.
+func (t *Rejecter) Stats() RejecterStats { return t.StatsAt(t.clock()) }
 
 // AllowAt counts a request made at now and reports whether it may be sent:
 // false means it is rejected locally, with the probability the type's doc
 // gives. A request that is sent should be followed, once answered, by
 // AcceptAt if the dependency accepted it.
-func (t *Throttle) AllowAt(now time.Time) bool {
+func (t *Rejecter) AllowAt(now time.Time) bool {
 	t.mu.Lock()
 	b := t.advance(now)
 	p := t.probability()
@@ -209,7 +212,7 @@ func (t *Throttle) AllowAt(now time.Time) bool {
 
 // AcceptAt records that a request sent was accepted by the dependency,
 // answered at now.
-func (t *Throttle) AcceptAt(now time.Time) {
+func (t *Rejecter) AcceptAt(now time.Time) {
 	t.mu.Lock()
 	b := t.advance(now)
 	b.accepts++
@@ -218,12 +221,12 @@ func (t *Throttle) AcceptAt(now time.Time) {
 	t.mu.Unlock()
 }
 
-// StatsAt returns the Throttle's counts at now.
-func (t *Throttle) StatsAt(now time.Time) ThrottleStats {
+// StatsAt returns the Rejecter's counts at now.
+func (t *Rejecter) StatsAt(now time.Time) RejecterStats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.advance(now)
-	return ThrottleStats{
+	return RejecterStats{
 		Requests:      t.requests,
 		Accepts:       t.accepts,
 		Probability:   max(0, t.probability()),
@@ -236,13 +239,13 @@ func (t *Throttle) StatsAt(now time.Time) ThrottleStats {
 // probability returns the rejection probability of the window's counts,
 // capped at MaxProbability, which is 0 or less when nothing is to be
 // rejected; t.mu is held.
-func (t *Throttle) probability() float64 {
+func (t *Rejecter) probability() float64 {
 	k, maxP := t.k, t.maxP
 	if k == 0 {
-		k = DefaultThrottleK
+		k = DefaultRejecterK
 	}
 	if maxP == 0 {
-		maxP = DefaultThrottleMaxProbability
+		maxP = DefaultRejecterMaxProbability
 	}
 	return min(maxP, (float64(t.requests)-k*float64(t.accepts))/float64(t.requests+1))
 }
@@ -250,10 +253,10 @@ func (t *Throttle) probability() float64 {
 // advance moves the window to now, forgetting the buckets that have slid
 // out of it, and returns the bucket of now (the newest bucket if now is
 // older); t.mu is held.
-func (t *Throttle) advance(now time.Time) *throttleBucket {
+func (t *Rejecter) advance(now time.Time) *rejecterBucket {
 	size := t.bucket
 	if size == 0 {
-		size = int64(DefaultThrottleWindow / throttleBuckets)
+		size = int64(DefaultRejecterWindow / rejecterBuckets)
 	}
 	ns := now.UnixNano()
 	i := ns / size
@@ -263,8 +266,8 @@ func (t *Throttle) advance(now time.Time) *throttleBucket {
 	switch {
 	case !t.started:
 		t.started, t.cur = true, i
-	case i-t.cur >= throttleBuckets:
-		t.ring = [throttleBuckets]throttleBucket{}
+	case i-t.cur >= rejecterBuckets:
+		t.ring = [rejecterBuckets]rejecterBucket{}
 		t.requests, t.accepts = 0, 0
 		t.cur = i
 	case i > t.cur:
@@ -272,7 +275,7 @@ func (t *Throttle) advance(now time.Time) *throttleBucket {
 			b := &t.ring[slot(j)]
 			t.requests -= b.requests
 			t.accepts -= b.accepts
-			*b = throttleBucket{}
+			*b = rejecterBucket{}
 		}
 		t.cur = i
 	}
@@ -280,16 +283,16 @@ func (t *Throttle) advance(now time.Time) *throttleBucket {
 }
 
 // slot returns the place in the ring of the bucket of index i.
-func slot(i int64) int64 { return (i%throttleBuckets + throttleBuckets) % throttleBuckets }
+func slot(i int64) int64 { return (i%rejecterBuckets + rejecterBuckets) % rejecterBuckets }
 
-func (t *Throttle) random() float64 {
+func (t *Rejecter) random() float64 {
 	if t.rand != nil {
 		return t.rand()
 	}
 	return rand.Float64()
 }
 
-func (t *Throttle) clock() time.Time {
+func (t *Rejecter) clock() time.Time {
 	if t.now != nil {
 		return t.now()
 	}

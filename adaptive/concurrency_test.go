@@ -17,35 +17,35 @@ func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) 
 
 func TestOptionsRefused(t *testing.T) {
 	for _, tt := range []struct {
-		opt  Options
+		opt  ConcurrencyOptions
 		want string
 	}{
-		{Options{}, "Options.Max 0 must be at least 1"},
-		{Options{Max: 5, Min: 6}, "Options.Min 6"},
-		{Options{Max: 5, Initial: 9}, "Options.Initial 9"},
-		{Options{Max: 5, Quantile: 1.5}, "Options.Quantile"},
-		{Options{Max: 5, Window: -1}, "Options.Window"},
-		{Options{Max: 5, QueueSize: 3}, "Options.MaxWait"},
-		{Options{Max: 5, Shares: [priority.Levels]float64{1, 0.5, 1, 1, 1}}, "Options.Shares"},
-		{Options{Max: 5, Controller: &Gradient{Smoothing: 2}}, "Gradient.Smoothing"},
-		{Options{Max: 5, Controller: &AIMD{Backoff: 1}}, "AIMD.Backoff"},
+		{ConcurrencyOptions{}, "ConcurrencyOptions.Max 0 must be at least 1"},
+		{ConcurrencyOptions{Max: 5, Min: 6}, "ConcurrencyOptions.Min 6"},
+		{ConcurrencyOptions{Max: 5, Initial: 9}, "ConcurrencyOptions.Initial 9"},
+		{ConcurrencyOptions{Max: 5, Quantile: 1.5}, "ConcurrencyOptions.Quantile"},
+		{ConcurrencyOptions{Max: 5, Window: -1}, "ConcurrencyOptions.Window"},
+		{ConcurrencyOptions{Max: 5, QueueSize: 3}, "ConcurrencyOptions.MaxWait"},
+		{ConcurrencyOptions{Max: 5, Shares: [priority.Levels]float64{1, 0.5, 1, 1, 1}}, "ConcurrencyOptions.Shares"},
+		{ConcurrencyOptions{Max: 5, Controller: &Gradient{Smoothing: 2}}, "Gradient.Smoothing"},
+		{ConcurrencyOptions{Max: 5, Controller: &AIMD{Backoff: 1}}, "AIMD.Backoff"},
 	} {
-		if _, err := NewLimiter(tt.opt); err == nil || !strings.Contains(err.Error(), tt.want) {
-			t.Errorf("NewLimiter(%+v) = %v, want an error containing %q", tt.opt, err, tt.want)
+		if _, err := NewConcurrency(tt.opt); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("NewConcurrency(%+v) = %v, want an error containing %q", tt.opt, err, tt.want)
 		}
 	}
 	if _, err := NewShedder(ShedderOptions{}); err == nil || !strings.Contains(err.Error(), "Objective.Latency") {
 		t.Errorf("NewShedder({}) = %v, want an error naming Objective.Latency", err)
 	}
-	if _, err := NewGuard(GuardOptions{Limiter: Options{Max: 1}, Features: []Feature{{Name: "x", Off: 0.5, On: 0.6}}}); err == nil {
+	if _, err := NewGuard(GuardOptions{Concurrency: ConcurrencyOptions{Max: 1}, Features: []Feature{{Name: "x", Off: 0.5, On: 0.6}}}); err == nil {
 		t.Error("NewGuard accepted a feature with On above Off")
 	}
 }
 
 func TestZeroValues(t *testing.T) {
-	var l Limiter
+	var l Concurrency
 	if _, r := l.TryAcquireAt(at(0), priority.Critical); r.Reason != ReasonLimit {
-		t.Errorf("zero Limiter: refusal %+v, want ReasonLimit", r)
+		t.Errorf("zero Concurrency: refusal %+v, want ReasonLimit", r)
 	}
 	var s Shedder
 	if r := s.AllowAt(at(0), priority.Sheddable); r.Refused() {
@@ -60,7 +60,7 @@ func TestZeroValues(t *testing.T) {
 }
 
 func TestDoneTwiceDroppedIgnore(t *testing.T) {
-	l, err := NewLimiter(Options{Max: 2, Initial: 2, Shares: [priority.Levels]float64{1, 1, 1, 1, 1}})
+	l, err := NewConcurrency(ConcurrencyOptions{Max: 2, Initial: 2, Shares: [priority.Levels]float64{1, 1, 1, 1, 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestDoneTwiceDroppedIgnore(t *testing.T) {
 }
 
 func TestRefusalError(t *testing.T) {
-	l, _ := NewLimiter(Options{Max: 1, Initial: 1})
+	l, _ := NewConcurrency(ConcurrencyOptions{Max: 1, Initial: 1})
 	ctx := priority.NewContext(context.Background(), priority.Low)
 	p, err := l.Acquire(ctx)
 	if err != nil {
@@ -102,7 +102,7 @@ func TestRefusalError(t *testing.T) {
 
 // TestRetryAfterComputed: the hint grows with the refused demand.
 func TestRetryAfterComputed(t *testing.T) {
-	l, _ := NewLimiter(Options{Max: 10, Initial: 10, MinSamples: 1, Controller: &AIMD{Increase: 1e-9}})
+	l, _ := NewConcurrency(ConcurrencyOptions{Max: 10, Initial: 10, MinSamples: 1, Controller: &AIMD{Increase: 1e-9}})
 	hint := func(extra int) time.Duration {
 		var ps []Permit
 		for len(ps) < 10 {
@@ -130,14 +130,14 @@ func TestRetryAfterComputed(t *testing.T) {
 }
 
 // TestAcquireDoneClock: Acquire, Done and Dropped read the time as the
-// monotonic time since the Limiter was built; the latency they measure is
-// the time between them, and a Limiter whose clock was started by an *At
+// monotonic time since the Concurrency was built; the latency they measure is
+// the time between them, and a Concurrency whose clock was started by an *At
 // call measures on the same clock.
 func TestAcquireDoneClock(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		ctx := context.Background()
 		for _, startAt := range []bool{false, true} {
-			l, _ := NewLimiter(Options{Max: 10, Initial: 10, MinSamples: 1, Window: 100 * time.Millisecond, Quantile: 1})
+			l, _ := NewConcurrency(ConcurrencyOptions{Max: 10, Initial: 10, MinSamples: 1, Window: 100 * time.Millisecond, Quantile: 1})
 			if startAt {
 				p, _ := l.TryAcquireAt(time.Now().Add(-time.Hour), priority.Normal)
 				p.Ignore()
@@ -165,7 +165,7 @@ func TestAcquireDoneClock(t *testing.T) {
 
 func TestQueue(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l, err := NewLimiter(Options{Max: 1, Initial: 1, QueueSize: 1, MaxWait: time.Second})
+		l, err := NewConcurrency(ConcurrencyOptions{Max: 1, Initial: 1, QueueSize: 1, MaxWait: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -262,7 +262,7 @@ func TestGuardFeatureUnderLoad(t *testing.T) {
 // newcomer of the same or lower priority is refused itself.
 func TestQueueEvictsLowerPriority(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l, err := NewLimiter(Options{Max: 1, Initial: 1, QueueSize: 2, MaxWait: time.Minute})
+		l, err := NewConcurrency(ConcurrencyOptions{Max: 1, Initial: 1, QueueSize: 2, MaxWait: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}

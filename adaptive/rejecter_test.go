@@ -14,9 +14,9 @@ import (
 // start is on a bucket boundary of every window of these tests.
 var start = time.Unix(1_200_000, 0)
 
-func newThrottle(t testing.TB, o adaptive.ThrottleOptions) *adaptive.Throttle {
+func newRejecter(t testing.TB, o adaptive.RejecterOptions) *adaptive.Rejecter {
 	t.Helper()
-	th, err := adaptive.NewThrottle(o)
+	th, err := adaptive.NewRejecter(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -27,7 +27,7 @@ func newThrottle(t testing.TB, o adaptive.ThrottleOptions) *adaptive.Throttle {
 func seeded() func() float64 { return rand.New(rand.NewPCG(1, 2)).Float64 }
 
 // count makes n requests and a accepts at at.
-func count(th *adaptive.Throttle, at time.Time, n, a int) {
+func count(th *adaptive.Rejecter, at time.Time, n, a int) {
 	for range n {
 		th.AllowAt(at)
 	}
@@ -36,10 +36,10 @@ func count(th *adaptive.Throttle, at time.Time, n, a int) {
 	}
 }
 
-// TestThrottleProbability steps a Throttle through fixed counts at fixed
+// TestRejecterProbability steps a Rejecter through fixed counts at fixed
 // instants and checks the window's counts and the rejection probability
 // max(0, (requests − K·accepts) / (requests + 1)) after each step.
-func TestThrottleProbability(t *testing.T) {
+func TestRejecterProbability(t *testing.T) {
 	type step struct {
 		at                 time.Duration // after start
 		requests, accepts  int           // made at at
@@ -78,7 +78,7 @@ func TestThrottleProbability(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			th := newThrottle(t, adaptive.ThrottleOptions{K: tt.k, Window: 20 * time.Second, MaxProbability: 1, Rand: seeded()})
+			th := newRejecter(t, adaptive.RejecterOptions{K: tt.k, Window: 20 * time.Second, MaxProbability: 1, Rand: seeded()})
 			for i, s := range tt.steps {
 				at := start.Add(s.at)
 				count(th, at, s.requests, s.accepts)
@@ -94,13 +94,13 @@ func TestThrottleProbability(t *testing.T) {
 	}
 }
 
-// TestThrottleDecision: a request is rejected when the random number is
+// TestRejecterDecision: a request is rejected when the random number is
 // below the probability, and the random source is not consulted while the
 // probability is zero.
-func TestThrottleDecision(t *testing.T) {
+func TestRejecterDecision(t *testing.T) {
 	var r float64
 	calls := 0
-	th := newThrottle(t, adaptive.ThrottleOptions{Rand: func() float64 { calls++; return r }})
+	th := newRejecter(t, adaptive.RejecterOptions{Rand: func() float64 { calls++; return r }})
 	for range 10 {
 		if !th.AllowAt(start) {
 			t.Fatal("rejected a request while the probability was zero")
@@ -136,11 +136,11 @@ func TestThrottleDecision(t *testing.T) {
 	}
 }
 
-// TestThrottleWindow: a count is kept while its bucket is one of the last
+// TestRejecterWindow: a count is kept while its bucket is one of the last
 // 20 and forgotten after; time going backwards counts in the newest
 // bucket.
-func TestThrottleWindow(t *testing.T) {
-	th := newThrottle(t, adaptive.ThrottleOptions{Window: 20 * time.Second})
+func TestRejecterWindow(t *testing.T) {
+	th := newRejecter(t, adaptive.RejecterOptions{Window: 20 * time.Second})
 	count(th, start.Add(time.Second-time.Nanosecond), 3, 0) // the end of bucket 0
 	count(th, start.Add(time.Second), 4, 1)                 // the start of bucket 1
 	for _, c := range []struct {
@@ -173,10 +173,10 @@ func TestThrottleWindow(t *testing.T) {
 	}
 }
 
-// TestThrottleBeforeEpoch: instants before 1970 fall in their buckets like
+// TestRejecterBeforeEpoch: instants before 1970 fall in their buckets like
 // any other (the bucket index is a floor).
-func TestThrottleBeforeEpoch(t *testing.T) {
-	th := newThrottle(t, adaptive.ThrottleOptions{Window: 20 * time.Second})
+func TestRejecterBeforeEpoch(t *testing.T) {
+	th := newRejecter(t, adaptive.RejecterOptions{Window: 20 * time.Second})
 	t0 := time.Unix(-100, 0)
 	count(th, t0.Add(-time.Nanosecond), 2, 0) // the last nanosecond of bucket −101
 	count(th, t0, 1, 0)
@@ -190,7 +190,7 @@ func TestThrottleBeforeEpoch(t *testing.T) {
 // requests' work a second, with up to a second of it in reserve, and
 // refuses what is beyond, from from for d. It returns the requests
 // rejected locally, sent and accepted in the last window of the run.
-func overloaded(th *adaptive.Throttle, from time.Time, d time.Duration, capacity float64, window time.Duration) (rejected, sent, accepted int) {
+func overloaded(th *adaptive.Rejecter, from time.Time, d time.Duration, capacity float64, window time.Duration) (rejected, sent, accepted int) {
 	const tick = 10 * time.Millisecond
 	tokens := 0.0
 	for at := time.Duration(0); at < d; at += tick {
@@ -219,14 +219,14 @@ func overloaded(th *adaptive.Throttle, from time.Time, d time.Duration, capacity
 
 const demand = 100.0 // requests a second, of overloaded
 
-// TestThrottleConverges: against a dependency that accepts C of a demand
+// TestRejecterConverges: against a dependency that accepts C of a demand
 // D > K·C, the local rejection ratio settles at the formula's value —
 // computed from the window's counts, and in closed form 1 − K·C/D — and
 // about K requests reach the dependency per accept.
-func TestThrottleConverges(t *testing.T) {
+func TestRejecterConverges(t *testing.T) {
 	window := 20 * time.Second
 	for _, c := range []struct{ k, capacity float64 }{{2, 20}, {3, 20}, {2, 10}, {1.5, 50}, {2, 2}} {
-		th := newThrottle(t, adaptive.ThrottleOptions{K: c.k, Window: window, MaxProbability: 1, Rand: seeded()})
+		th := newRejecter(t, adaptive.RejecterOptions{K: c.k, Window: window, MaxProbability: 1, Rand: seeded()})
 		rejected, sent, accepted := overloaded(th, start, 4*window, c.capacity, window)
 		want := 1 - c.k*c.capacity/demand
 		ratio := float64(rejected) / float64(rejected+sent)
@@ -244,20 +244,20 @@ func TestThrottleConverges(t *testing.T) {
 	}
 }
 
-// TestThrottleRecovers: after the dependency recovers, every request sent
+// TestRejecterRecovers: after the dependency recovers, every request sent
 // is accepted and the probability falls to zero, never to rise again, in
 // the time the model predicts: with q the accepts per request of the
 // window when it recovers, the accepts grow as e^(K·t/W) and p is zero
 // after t = W/K · ln((1 − q) / (q·(K − 1))). That is within one window
 // when the overload was moderate (K 2 and p up to about 0.76), and longer
 // after a deep one.
-func TestThrottleRecovers(t *testing.T) {
+func TestRejecterRecovers(t *testing.T) {
 	window := 20 * time.Second
 	for _, c := range []struct {
 		k, capacity  float64
 		withinWindow bool
 	}{{2, 20, true}, {3, 10, true}, {2, 5, false}} {
-		th := newThrottle(t, adaptive.ThrottleOptions{K: c.k, Window: window, MaxProbability: 1, Rand: seeded()})
+		th := newRejecter(t, adaptive.RejecterOptions{K: c.k, Window: window, MaxProbability: 1, Rand: seeded()})
 		overloaded(th, start, 4*window, c.capacity, window)
 		recovered := start.Add(4 * window)
 		st := th.StatsAt(recovered)
@@ -290,16 +290,16 @@ func TestThrottleRecovers(t *testing.T) {
 	}
 }
 
-// TestThrottleFractionOfWhatItGets: a dependency that accepts a fixed
-// fraction f of the requests it receives is never throttled while f > 1/K,
+// TestRejecterFractionOfWhatItGets: a dependency that accepts a fixed
+// fraction f of the requests it receives is never rejected while f > 1/K,
 // and almost everything is rejected locally while f < 1/K.
-func TestThrottleFractionOfWhatItGets(t *testing.T) {
+func TestRejecterFractionOfWhatItGets(t *testing.T) {
 	window := 20 * time.Second
 	for _, c := range []struct {
 		f        float64
 		min, max float64 // of the rejection ratio in the last window
 	}{{0.6, 0, 0}, {0.9, 0, 0}, {0.4, 0.9, 1}, {0.1, 0.95, 1}} {
-		th := newThrottle(t, adaptive.ThrottleOptions{Window: window, MaxProbability: 1, Rand: seeded()})
+		th := newRejecter(t, adaptive.RejecterOptions{Window: window, MaxProbability: 1, Rand: seeded()})
 		credit := 0.0
 		rejected, requests := 0, 0
 		for at := time.Duration(0); at < 3*window; at += 10 * time.Millisecond {
@@ -325,37 +325,37 @@ func TestThrottleFractionOfWhatItGets(t *testing.T) {
 	}
 }
 
-func TestNewThrottleRejects(t *testing.T) {
+func TestNewRejecterRejects(t *testing.T) {
 	for _, c := range []struct {
-		o    adaptive.ThrottleOptions
+		o    adaptive.RejecterOptions
 		want string
 	}{
-		{adaptive.ThrottleOptions{K: 0.5}, "K is 0.5; it must be at least 1"},
-		{adaptive.ThrottleOptions{K: -1}, "K is -1"},
-		{adaptive.ThrottleOptions{K: math.NaN()}, "K is NaN"},
-		{adaptive.ThrottleOptions{K: math.Inf(1)}, "K is +Inf"},
-		{adaptive.ThrottleOptions{Window: -time.Second}, "Window is -1s; it must be positive"},
-		{adaptive.ThrottleOptions{Window: 19}, "Window is 19ns; it must be at least 20 ns"},
-		{adaptive.ThrottleOptions{MaxProbability: 1.5}, "MaxProbability is 1.5; it must be in (0, 1]"},
-		{adaptive.ThrottleOptions{MaxProbability: -0.1}, "MaxProbability is -0.1"},
-		{adaptive.ThrottleOptions{MaxProbability: math.NaN()}, "MaxProbability is NaN"},
+		{adaptive.RejecterOptions{K: 0.5}, "K is 0.5; it must be at least 1"},
+		{adaptive.RejecterOptions{K: -1}, "K is -1"},
+		{adaptive.RejecterOptions{K: math.NaN()}, "K is NaN"},
+		{adaptive.RejecterOptions{K: math.Inf(1)}, "K is +Inf"},
+		{adaptive.RejecterOptions{Window: -time.Second}, "Window is -1s; it must be positive"},
+		{adaptive.RejecterOptions{Window: 19}, "Window is 19ns; it must be at least 20 ns"},
+		{adaptive.RejecterOptions{MaxProbability: 1.5}, "MaxProbability is 1.5; it must be in (0, 1]"},
+		{adaptive.RejecterOptions{MaxProbability: -0.1}, "MaxProbability is -0.1"},
+		{adaptive.RejecterOptions{MaxProbability: math.NaN()}, "MaxProbability is NaN"},
 	} {
-		th, err := adaptive.NewThrottle(c.o)
+		th, err := adaptive.NewRejecter(c.o)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("NewThrottle(%+v) = %v, %v; want an error saying %q", c.o, th, err, c.want)
+			t.Errorf("NewRejecter(%+v) = %v, %v; want an error saying %q", c.o, th, err, c.want)
 		}
 	}
-	for _, o := range []adaptive.ThrottleOptions{{}, {K: 1}, {K: 1e6}, {Window: 20}, {Window: time.Hour}} {
-		if _, err := adaptive.NewThrottle(o); err != nil {
-			t.Errorf("NewThrottle(%+v): %v", o, err)
+	for _, o := range []adaptive.RejecterOptions{{}, {K: 1}, {K: 1e6}, {Window: 20}, {Window: time.Hour}} {
+		if _, err := adaptive.NewRejecter(o); err != nil {
+			t.Errorf("NewRejecter(%+v): %v", o, err)
 		}
 	}
 }
 
-// TestThrottleZeroValue: the zero Throttle has K 2 and a window of two
+// TestRejecterZeroValue: the zero Rejecter has K 2 and a window of two
 // minutes.
-func TestThrottleZeroValue(t *testing.T) {
-	var th adaptive.Throttle
+func TestRejecterZeroValue(t *testing.T) {
+	var th adaptive.Rejecter
 	count(&th, start, 10, 4)
 	if p := th.StatsAt(start).Probability; math.Abs(p-2.0/11) > 1e-12 {
 		t.Errorf("probability %v, want 2/11 (K 2)", p)
@@ -374,10 +374,10 @@ func TestThrottleZeroValue(t *testing.T) {
 	}
 }
 
-// TestThrottleNow: Allow, Accept and Stats read ThrottleOptions.Now.
-func TestThrottleNow(t *testing.T) {
+// TestRejecterNow: Allow, Accept and Stats read RejecterOptions.Now.
+func TestRejecterNow(t *testing.T) {
 	now := start
-	th := newThrottle(t, adaptive.ThrottleOptions{Window: 20 * time.Second, Now: func() time.Time { return now }})
+	th := newRejecter(t, adaptive.RejecterOptions{Window: 20 * time.Second, Now: func() time.Time { return now }})
 	th.Allow()
 	th.Accept()
 	now = now.Add(20 * time.Second)
@@ -387,10 +387,10 @@ func TestThrottleNow(t *testing.T) {
 	}
 }
 
-// TestThrottleConcurrent: counts made from many goroutines are all kept
+// TestRejecterConcurrent: counts made from many goroutines are all kept
 // (and the race detector sees the locking).
-func TestThrottleConcurrent(t *testing.T) {
-	th := newThrottle(t, adaptive.ThrottleOptions{})
+func TestRejecterConcurrent(t *testing.T) {
+	th := newRejecter(t, adaptive.RejecterOptions{})
 	const goroutines, each = 8, 1000
 	var wg sync.WaitGroup
 	for g := range goroutines {
@@ -410,10 +410,10 @@ func TestThrottleConcurrent(t *testing.T) {
 	}
 }
 
-// TestThrottleAllocatesNothing: the decision path and the accounting do
+// TestRejecterAllocatesNothing: the decision path and the accounting do
 // not allocate, whether a request is rejected or not.
-func TestThrottleAllocatesNothing(t *testing.T) {
-	th := newThrottle(t, adaptive.ThrottleOptions{Rand: seeded()})
+func TestRejecterAllocatesNothing(t *testing.T) {
+	th := newRejecter(t, adaptive.RejecterOptions{Rand: seeded()})
 	now := start
 	allocs := testing.AllocsPerRun(1000, func() {
 		now = now.Add(time.Second) // crosses buckets too
@@ -430,9 +430,9 @@ func TestThrottleAllocatesNothing(t *testing.T) {
 	}
 }
 
-func BenchmarkThrottle(b *testing.B) {
+func BenchmarkRejecter(b *testing.B) {
 	b.Run("AllowAt+AcceptAt", func(b *testing.B) {
-		th := newThrottle(b, adaptive.ThrottleOptions{})
+		th := newRejecter(b, adaptive.RejecterOptions{})
 		b.ReportAllocs()
 		for b.Loop() {
 			if th.AllowAt(start) {
@@ -441,14 +441,14 @@ func BenchmarkThrottle(b *testing.B) {
 		}
 	})
 	b.Run("AllowAt/rejecting", func(b *testing.B) {
-		th := newThrottle(b, adaptive.ThrottleOptions{})
+		th := newRejecter(b, adaptive.RejecterOptions{})
 		b.ReportAllocs()
 		for b.Loop() {
 			th.AllowAt(start)
 		}
 	})
 	b.Run("Allow+Accept/time.Now", func(b *testing.B) {
-		th := newThrottle(b, adaptive.ThrottleOptions{})
+		th := newRejecter(b, adaptive.RejecterOptions{})
 		b.ReportAllocs()
 		for b.Loop() {
 			if th.Allow() {
@@ -457,7 +457,7 @@ func BenchmarkThrottle(b *testing.B) {
 		}
 	})
 	b.Run("AllowAt+AcceptAt/parallel", func(b *testing.B) {
-		th := newThrottle(b, adaptive.ThrottleOptions{})
+		th := newRejecter(b, adaptive.RejecterOptions{})
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
@@ -468,7 +468,7 @@ func BenchmarkThrottle(b *testing.B) {
 		})
 	})
 	b.Run("Allow+Accept/parallel", func(b *testing.B) {
-		th := newThrottle(b, adaptive.ThrottleOptions{})
+		th := newRejecter(b, adaptive.RejecterOptions{})
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
@@ -479,7 +479,7 @@ func BenchmarkThrottle(b *testing.B) {
 		})
 	})
 	b.Run("Allow/parallel/rejecting", func(b *testing.B) {
-		th := newThrottle(b, adaptive.ThrottleOptions{})
+		th := newRejecter(b, adaptive.RejecterOptions{})
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
@@ -489,13 +489,13 @@ func BenchmarkThrottle(b *testing.B) {
 	})
 }
 
-// TestThrottleCap: by default the probability stops at 0.9, so that during
+// TestRejecterCap: by default the probability stops at 0.9, so that during
 // an outage one request in ten still probes the dependency, and after an
-// outage throttling ends sooner than with the book's uncapped formula.
-func TestThrottleCap(t *testing.T) {
+// outage rejecting ends sooner than with the book's uncapped formula.
+func TestRejecterCap(t *testing.T) {
 	window := 20 * time.Second
 	recovery := func(maxP float64) (time.Duration, float64) {
-		th := newThrottle(t, adaptive.ThrottleOptions{Window: window, MaxProbability: maxP, Rand: seeded()})
+		th := newRejecter(t, adaptive.RejecterOptions{Window: window, MaxProbability: maxP, Rand: seeded()})
 		// An outage: 10 requests a second for two windows, none accepted.
 		at := start
 		for ; at.Before(start.Add(2 * window)); at = at.Add(100 * time.Millisecond) {
@@ -511,16 +511,16 @@ func TestThrottleCap(t *testing.T) {
 				th.AcceptAt(now)
 			}
 		}
-		t.Fatalf("MaxProbability %v: still throttling 10 windows after the outage", maxP)
+		t.Fatalf("MaxProbability %v: still rejecting 10 windows after the outage", maxP)
 		return 0, 0
 	}
 	capped, cappedPeak := recovery(0)
 	book, bookPeak := recovery(1)
-	t.Logf("after an outage of two windows: throttling stops %v later capped at 0.9 (peak %.3f), %v later uncapped (peak %.3f)", capped, cappedPeak, book, bookPeak)
-	if cappedPeak != adaptive.DefaultThrottleMaxProbability || bookPeak <= 0.99 {
-		t.Errorf("peak probability %v capped, %v uncapped; want %v and above 0.99", cappedPeak, bookPeak, adaptive.DefaultThrottleMaxProbability)
+	t.Logf("after an outage of two windows: rejecting stops %v later capped at 0.9 (peak %.3f), %v later uncapped (peak %.3f)", capped, cappedPeak, book, bookPeak)
+	if cappedPeak != adaptive.DefaultRejecterMaxProbability || bookPeak <= 0.99 {
+		t.Errorf("peak probability %v capped, %v uncapped; want %v and above 0.99", cappedPeak, bookPeak, adaptive.DefaultRejecterMaxProbability)
 	}
 	if capped > 2*window || capped >= book {
-		t.Errorf("capped, throttling stopped %v after the outage (uncapped %v); want within two windows and sooner", capped, book)
+		t.Errorf("capped, rejecting stopped %v after the outage (uncapped %v); want within two windows and sooner", capped, book)
 	}
 }

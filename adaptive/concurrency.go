@@ -18,11 +18,11 @@ const (
 )
 
 // DefaultShares are the fractions of the limit each priority may fill,
-// Sheddable first: see Options.Shares.
+// Sheddable first: see ConcurrencyOptions.Shares.
 var DefaultShares = [priority.Levels]float64{0.8, 0.85, 0.9, 0.95, 1}
 
-// Options configure a Limiter. Only Max is required.
-type Options struct {
+// ConcurrencyOptions configure a Concurrency. Only Max is required.
+type ConcurrencyOptions struct {
 	// Max is the fixed maximum of the limit, which it never exceeds
 	// (required, >= 1).
 	Max int
@@ -31,7 +31,7 @@ type Options struct {
 	// Initial is the limit at the start, in [Min, Max]. 0 (the default)
 	// means a warm-up instead: the limit starts at Max, so that healthy
 	// traffic is never refused while the Controller has measured nothing;
-	// after warmUpWindows windows (about a second) in which the Limiter
+	// after warmUpWindows windows (about a second) in which the Concurrency
 	// refused nothing, the limit falls to twice the most held in one of
 	// them (at least Min + (Max-Min)/10: the limit above which it would
 	// not grow while it is not the bottleneck) and the Controller moves
@@ -45,8 +45,8 @@ type Options struct {
 	// the last of it complete).
 	Initial int
 	// Controller moves the limit once per window (default a zero
-	// Gradient, with a latency baseline). NewLimiter fills in its
-	// defaults; a Controller belongs to one Limiter.
+	// Gradient, with a latency baseline). NewConcurrency fills in its
+	// defaults; a Controller belongs to one Concurrency.
 	Controller Controller
 	// Window is the shortest time over which a Sample is measured
 	// (default 100ms). A window closes at the first event after it has
@@ -142,25 +142,25 @@ func (r Refusal) Error() string {
 // Is makes errors.Is(r, ErrOverloaded) true.
 func (r Refusal) Is(target error) bool { return target == ErrOverloaded }
 
-// A Limiter is an adaptive concurrency limit: it admits a request while
+// A Concurrency is an adaptive concurrency limit: it admits a request while
 // fewer than its limit are in flight, and moves the limit between
-// Options.Min and the fixed Options.Max by what it measures. See the
+// ConcurrencyOptions.Min and the fixed ConcurrencyOptions.Max by what it measures. See the
 // package documentation for the model.
 //
-// A Limiter is safe for concurrent use; its methods hold a mutex for tens
+// A Concurrency is safe for concurrent use; its methods hold a mutex for tens
 // of nanoseconds (and for one pass over a 496-bucket histogram when a
 // window closes). The zero value has limit 0 and admits nothing; use
-// NewLimiter. It must not be copied after first use.
-type Limiter struct {
+// NewConcurrency. It must not be copied after first use.
+type Concurrency struct {
 	mu sync.Mutex
-	// epoch is when the Limiter was built, with a monotonic reading:
+	// epoch is when the Concurrency was built, with a monotonic reading:
 	// Acquire, Done and Dropped read the time as time.Since(epoch), one
 	// read of the monotonic clock and none of the wall clock, and
 	// monoOff is the epoch's offset on clock, set once monoReady.
 	epoch     time.Time
 	monoOff   int64
 	monoReady bool
-	opt       Options
+	opt       ConcurrencyOptions
 	ctrl      Controller
 	limit     float64
 	caps      [priority.Levels]int // see setLimit
@@ -187,7 +187,7 @@ type Limiter struct {
 	refused [priority.Levels]uint64
 
 	// warming counts the windows of the warm-up left (see
-	// Options.Initial); draining is set when a warm-up ended with
+	// ConcurrencyOptions.Initial); draining is set when a warm-up ended with
 	// refusals, until a window whose permits fit in its limit and in
 	// which none of the permits granted during the warm-up ended.
 	warming  int
@@ -202,11 +202,11 @@ type Limiter struct {
 }
 
 // warmUpWindows is the length of the warm-up at Max, in windows without
-// refusals (see Options.Initial).
+// refusals (see ConcurrencyOptions.Initial).
 const warmUpWindows = 10
 
 // waiter is a caller queued in Acquire. Its fields are guarded by the
-// Limiter's mutex; ready is closed when granted is set.
+// Concurrency's mutex; ready is closed when granted is set.
 type waiter struct {
 	ready   chan struct{}
 	granted bool
@@ -214,24 +214,24 @@ type waiter struct {
 	evicted Refusal // set, and ready closed, when a higher priority took its place
 }
 
-// NewLimiter returns a Limiter with the given options, or an error naming
+// NewConcurrency returns a Concurrency with the given options, or an error naming
 // the first invalid one.
-func NewLimiter(opt Options) (*Limiter, error) {
+func NewConcurrency(opt ConcurrencyOptions) (*Concurrency, error) {
 	if opt.Max < 1 {
-		return nil, fmt.Errorf("adaptive: Options.Max %d must be at least 1", opt.Max)
+		return nil, fmt.Errorf("adaptive: ConcurrencyOptions.Max %d must be at least 1", opt.Max)
 	}
 	if opt.Min == 0 {
 		opt.Min = 1
 	}
 	if opt.Min < 1 || opt.Min > opt.Max {
-		return nil, fmt.Errorf("adaptive: Options.Min %d must be in [1, Max=%d]", opt.Min, opt.Max)
+		return nil, fmt.Errorf("adaptive: ConcurrencyOptions.Min %d must be in [1, Max=%d]", opt.Min, opt.Max)
 	}
 	warmUp := opt.Initial == 0
 	if warmUp {
 		opt.Initial = opt.Max
 	}
 	if opt.Initial < opt.Min || opt.Initial > opt.Max {
-		return nil, fmt.Errorf("adaptive: Options.Initial %d must be in [Min=%d, Max=%d]", opt.Initial, opt.Min, opt.Max)
+		return nil, fmt.Errorf("adaptive: ConcurrencyOptions.Initial %d must be in [Min=%d, Max=%d]", opt.Initial, opt.Min, opt.Max)
 	}
 	if opt.Controller == nil {
 		opt.Controller = &Gradient{}
@@ -245,35 +245,35 @@ func NewLimiter(opt Options) (*Limiter, error) {
 		opt.Window = 100 * time.Millisecond
 	}
 	if opt.Window < 0 {
-		return nil, fmt.Errorf("adaptive: Options.Window %v is negative", opt.Window)
+		return nil, fmt.Errorf("adaptive: ConcurrencyOptions.Window %v is negative", opt.Window)
 	}
 	if opt.MinSamples == 0 {
 		opt.MinSamples = 10
 	}
 	if opt.MinSamples < 0 {
-		return nil, fmt.Errorf("adaptive: Options.MinSamples %d is negative", opt.MinSamples)
+		return nil, fmt.Errorf("adaptive: ConcurrencyOptions.MinSamples %d is negative", opt.MinSamples)
 	}
 	if opt.Quantile == 0 {
 		opt.Quantile = 0.9
 	}
 	if !(opt.Quantile > 0 && opt.Quantile <= 1) {
-		return nil, fmt.Errorf("adaptive: Options.Quantile %v must be in (0, 1]", opt.Quantile)
+		return nil, fmt.Errorf("adaptive: ConcurrencyOptions.Quantile %v must be in (0, 1]", opt.Quantile)
 	}
 	if opt.Shares == ([priority.Levels]float64{}) {
 		opt.Shares = DefaultShares
 	}
 	for i, s := range opt.Shares {
 		if !(s > 0 && s <= 1) || (i > 0 && s < opt.Shares[i-1]) {
-			return nil, fmt.Errorf("adaptive: Options.Shares %v must be in (0, 1] and not decrease with priority", opt.Shares)
+			return nil, fmt.Errorf("adaptive: ConcurrencyOptions.Shares %v must be in (0, 1] and not decrease with priority", opt.Shares)
 		}
 	}
 	if opt.QueueSize < 0 {
-		return nil, fmt.Errorf("adaptive: Options.QueueSize %d is negative", opt.QueueSize)
+		return nil, fmt.Errorf("adaptive: ConcurrencyOptions.QueueSize %d is negative", opt.QueueSize)
 	}
 	if opt.QueueSize > 0 && opt.MaxWait <= 0 {
-		return nil, fmt.Errorf("adaptive: Options.MaxWait %v must be positive when QueueSize is %d", opt.MaxWait, opt.QueueSize)
+		return nil, fmt.Errorf("adaptive: ConcurrencyOptions.MaxWait %v must be positive when QueueSize is %d", opt.MaxWait, opt.QueueSize)
 	}
-	l := &Limiter{opt: opt, ctrl: opt.Controller, epoch: time.Now()}
+	l := &Concurrency{opt: opt, ctrl: opt.Controller, epoch: time.Now()}
 	if warmUp {
 		l.warming = warmUpWindows
 	}
@@ -291,7 +291,7 @@ func NewLimiter(opt Options) (*Limiter, error) {
 // ending the zero Permit. A Permit is a small value; it must not be copied
 // and ended twice through the copies.
 type Permit struct {
-	l       *Limiter
+	l       *Concurrency
 	s       *Shedder
 	arrived int64 // on l's clock, when the request asked
 	start   int64 // on l's clock, when it was granted
@@ -351,7 +351,7 @@ func (p *Permit) end(now time.Time, k endKind) {
 	}
 }
 
-// endMono ends the permit at d after its Limiter's epoch: Done and
+// endMono ends the permit at d after its Concurrency's epoch: Done and
 // Dropped, which read the monotonic clock once and build no time.Time
 // unless a Shedder is to be told.
 func (p *Permit) endMono(d time.Duration, k endKind) {
@@ -368,7 +368,7 @@ func (p *Permit) endMono(d time.Duration, k endKind) {
 
 // finish gives back a permit granted at start, ended at t as k. Called
 // with l.mu held.
-func (l *Limiter) finish(t, start int64, k endKind) {
+func (l *Concurrency) finish(t, start int64, k endKind) {
 	l.account(t)
 	l.held = max(l.held-1, 0)
 	if l.stale > 0 && start <= l.warmEnd {
@@ -390,7 +390,7 @@ func (l *Limiter) finish(t, start int64, k endKind) {
 
 // advanceMono moves l's clock to the instant d after l.epoch and returns
 // it on the clock. Called with l.mu held; small enough to be inlined.
-func (l *Limiter) advanceMono(d time.Duration) int64 {
+func (l *Concurrency) advanceMono(d time.Duration) int64 {
 	if !l.monoReady {
 		l.initMono()
 	}
@@ -400,7 +400,7 @@ func (l *Limiter) advanceMono(d time.Duration) int64 {
 
 // initMono starts the clock at the epoch unless an *At call started it,
 // and sets the epoch's offset on it. Called with l.mu held.
-func (l *Limiter) initMono() {
+func (l *Concurrency) initMono() {
 	if !l.clock.started {
 		l.clock.base, l.clock.started = l.epoch, true
 	}
@@ -409,7 +409,7 @@ func (l *Limiter) initMono() {
 
 // account adds the permits held since the latest event to the window's
 // area and moves the latest event to t. Called with l.mu held.
-func (l *Limiter) account(t int64) {
+func (l *Concurrency) account(t int64) {
 	if t > l.lastEvent {
 		l.area += float64(l.held) * float64(t-l.lastEvent)
 		l.lastEvent = t
@@ -418,7 +418,7 @@ func (l *Limiter) account(t int64) {
 
 // maybeClose closes the window if it is due at t. Called with l.mu held;
 // small enough to be inlined, since it is on every path.
-func (l *Limiter) maybeClose(t int64) {
+func (l *Concurrency) maybeClose(t int64) {
 	if t-l.winStart >= int64(l.opt.Window) {
 		l.closeWindow(t)
 	}
@@ -426,7 +426,7 @@ func (l *Limiter) maybeClose(t int64) {
 
 // closeWindow closes the window if it has lasted Window and seen
 // MinSamples, or lasted 10·Window. Called with l.mu held.
-func (l *Limiter) closeWindow(t int64) {
+func (l *Concurrency) closeWindow(t int64) {
 	dur := t - l.winStart
 	w := int64(l.opt.Window)
 	if l.ctrl == nil || (l.done+l.drops < l.opt.MinSamples && dur < 10*w) {
@@ -489,17 +489,17 @@ func (l *Limiter) closeWindow(t int64) {
 
 // capFor returns how many permits a request of priority p may find held
 // and still be admitted. Called with l.mu held.
-func (l *Limiter) capFor(p priority.Priority) int {
+func (l *Concurrency) capFor(p priority.Priority) int {
 	if !p.Valid() {
 		p = priority.Normal
 	}
-	return l.caps[p.Index()] // all 0 in the zero Limiter, which admits nothing
+	return l.caps[p.Index()] // all 0 in the zero Concurrency, which admits nothing
 }
 
 // setLimit sets the limit and the priorities' caps on it: each its share
 // of the limit, at least 1; Critical the whole limit. Called with l.mu
 // held.
-func (l *Limiter) setLimit(limit float64) {
+func (l *Concurrency) setLimit(limit float64) {
 	l.limit = limit
 	for i, sh := range l.opt.Shares {
 		l.caps[i] = max(int(limit*sh), 1)
@@ -508,7 +508,7 @@ func (l *Limiter) setLimit(limit float64) {
 }
 
 // take admits one permit at t. Called with l.mu held.
-func (l *Limiter) take(t int64) {
+func (l *Concurrency) take(t int64) {
 	l.held++
 	l.acquired++
 	l.maxHeld = max(l.maxHeld, l.held)
@@ -516,7 +516,7 @@ func (l *Limiter) take(t int64) {
 
 // refuse counts a refusal of p and returns it with its retry hint. Called
 // with l.mu held.
-func (l *Limiter) refuse(r Reason, p priority.Priority) Refusal {
+func (l *Concurrency) refuse(r Reason, p priority.Priority) Refusal {
 	if !p.Valid() {
 		p = priority.Normal
 	}
@@ -527,7 +527,7 @@ func (l *Limiter) refuse(r Reason, p priority.Priority) Refusal {
 
 // retryAfter returns the time the latest excess takes to drain at the
 // throughput measured. Called with l.mu held.
-func (l *Limiter) retryAfter() time.Duration {
+func (l *Concurrency) retryAfter() time.Duration {
 	x := l.last.Throughput
 	if !(x > 0) {
 		// Nothing measured yet: Little's law on the limit.
@@ -553,7 +553,7 @@ func boundRetry(sec float64) time.Duration {
 // held than p's share of the limit (and nobody of p's priority or higher
 // is queued), and never waits. It returns the Permit and the zero Refusal,
 // or the zero Permit and a Refusal with ReasonLimit. It does not allocate.
-func (l *Limiter) TryAcquireAt(now time.Time, p priority.Priority) (Permit, Refusal) {
+func (l *Concurrency) TryAcquireAt(now time.Time, p priority.Priority) (Permit, Refusal) {
 	l.mu.Lock()
 	t := l.clock.advance(now)
 	l.account(t)
@@ -570,7 +570,7 @@ func (l *Limiter) TryAcquireAt(now time.Time, p priority.Priority) (Permit, Refu
 
 // queuedAtOrAbove reports whether a waiter of priority p or higher is
 // queued. Called with l.mu held.
-func (l *Limiter) queuedAtOrAbove(p priority.Priority) bool {
+func (l *Concurrency) queuedAtOrAbove(p priority.Priority) bool {
 	if l.queued == 0 {
 		return false
 	}
@@ -586,20 +586,20 @@ func (l *Limiter) queuedAtOrAbove(p priority.Priority) bool {
 }
 
 // Acquire admits a request of the priority ctx carries (priority.FromContext). When
-// the limit is reached it waits in the queue, if Options.QueueSize allows,
-// at most Options.MaxWait and until ctx ends; otherwise it fails at once.
+// the limit is reached it waits in the queue, if ConcurrencyOptions.QueueSize allows,
+// at most ConcurrencyOptions.MaxWait and until ctx ends; otherwise it fails at once.
 // It returns a Permit, or an error: a Refusal (ReasonLimit, ReasonQueueFull
 // or ReasonQueueTimeout), or ctx's error wrapped when ctx ended first
 // (nothing is then counted as refused: the caller went away). Admitted at
 // once it does not allocate; waiting allocates the waiter and a timer.
-func (l *Limiter) Acquire(ctx context.Context) (Permit, error) {
+func (l *Concurrency) Acquire(ctx context.Context) (Permit, error) {
 	return l.acquire(ctx, priority.FromContext(ctx), time.Since(l.epoch))
 }
 
 // acquire is Acquire for priority p at d after l.epoch. It reads the
 // monotonic clock once (time.Since of the epoch, which reads no wall
 // clock), which is most of its cost.
-func (l *Limiter) acquire(ctx context.Context, p priority.Priority, d time.Duration) (Permit, error) {
+func (l *Concurrency) acquire(ctx context.Context, p priority.Priority, d time.Duration) (Permit, error) {
 	l.mu.Lock()
 	t := l.advanceMono(d)
 	l.account(t)
@@ -676,7 +676,7 @@ func (l *Limiter) acquire(ctx context.Context, p priority.Priority, d time.Durat
 // that arrived last, and reports whether it did: a full queue of
 // sheddable work does not keep out a critical request. Called with l.mu
 // held.
-func (l *Limiter) evictBelow(p priority.Priority) bool {
+func (l *Concurrency) evictBelow(p priority.Priority) bool {
 	if !p.Valid() {
 		p = priority.Normal
 	}
@@ -698,7 +698,7 @@ func (l *Limiter) evictBelow(p priority.Priority) bool {
 
 // grant serves queued waiters, highest priority first, while their
 // priority's share has room. Called with l.mu held.
-func (l *Limiter) grant(t int64) {
+func (l *Concurrency) grant(t int64) {
 	for l.queued > 0 {
 		i := priority.Levels - 1
 		for len(l.queue[i]) == 0 {
@@ -717,8 +717,8 @@ func (l *Limiter) grant(t int64) {
 	}
 }
 
-// LimiterStats is a snapshot of a Limiter.
-type LimiterStats struct {
+// ConcurrencyStats is a snapshot of a Concurrency.
+type ConcurrencyStats struct {
 	// Limit is the current limit, Max the fixed maximum.
 	Limit float64
 	Max   int
@@ -737,10 +737,10 @@ type LimiterStats struct {
 }
 
 // Stats returns a snapshot of l. It does not allocate.
-func (l *Limiter) Stats() LimiterStats {
+func (l *Concurrency) Stats() ConcurrencyStats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return LimiterStats{
+	return ConcurrencyStats{
 		Limit: l.limit, Max: l.opt.Max,
 		InFlight: l.held, Queued: l.queued,
 		Latency: l.last.Latency, Throughput: l.last.Throughput,
@@ -750,7 +750,7 @@ func (l *Limiter) Stats() LimiterStats {
 }
 
 // Limit returns the current limit.
-func (l *Limiter) Limit() float64 {
+func (l *Concurrency) Limit() float64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.limit
@@ -760,6 +760,11 @@ func (l *Limiter) Limit() float64 {
 // instant it is given, and never goes back: an instant earlier than the
 // latest one it has seen is taken as that one. The zero value is ready for
 // use; the owner's mutex guards it.
+//
+// ratelimit/limiter.go has the same type (with peek): the import rules
+// (ARCHITECTURE.md, rule 1) leave ratelimit and adaptive no common package
+// but the standard library, and exporting it would make a clock part of
+// the API.
 type monoClock struct {
 	base    time.Time
 	started bool

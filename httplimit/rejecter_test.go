@@ -31,29 +31,29 @@ func (f *flaky) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	w.WriteHeader(http.StatusOK)
 }
 
-func newThrottle(t *testing.T, o adaptive.ThrottleOptions) *adaptive.Throttle {
+func newRejecter(t *testing.T, o adaptive.RejecterOptions) *adaptive.Rejecter {
 	t.Helper()
-	th, err := adaptive.NewThrottle(o)
+	th, err := adaptive.NewRejecter(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return th
 }
 
-// TestClientThrottle: against a real server that answers 503 for a while,
-// the Client rejects most requests locally, at once, with ErrThrottled
+// TestClientRejecter: against a real server that answers 503 for a while,
+// the Client rejects most requests locally, at once, with ErrRejectedLocally
 // (not ErrWouldExceedDeadline), and returns the 503s of those it sends;
-// after the server recovers, throttling stops and every request is sent
+// after the server recovers, rejecting stops and every request is sent
 // and answered 200.
-func TestClientThrottle(t *testing.T) {
+func TestClientRejecter(t *testing.T) {
 	f := &flaky{}
 	f.status.Store(http.StatusServiceUnavailable)
 	srv := httptest.NewServer(f)
 	defer srv.Close()
 	clock := storetest.NewClock(time.Unix(1_200_000, 0))
 	window := 20 * time.Second
-	th := newThrottle(t, adaptive.ThrottleOptions{Window: window, Now: clock.Now, Rand: rand.New(rand.NewPCG(1, 2)).Float64})
-	c := &httplimit.Client{HTTP: srv.Client(), Throttle: th, MaxRetries: -1}
+	th := newRejecter(t, adaptive.RejecterOptions{Window: window, Now: clock.Now, Rand: rand.New(rand.NewPCG(1, 2)).Float64})
+	c := &httplimit.Client{HTTP: srv.Client(), Rejecter: th, MaxRetries: -1}
 	const step = 100 * time.Millisecond
 
 	// 30 s of failure: a request every 100 ms.
@@ -63,10 +63,10 @@ func TestClientThrottle(t *testing.T) {
 		switch {
 		case err == nil && resp.StatusCode == http.StatusServiceUnavailable:
 			unavailable++
-		case errors.Is(err, httplimit.ErrThrottled) && !errors.Is(err, httplimit.ErrWouldExceedDeadline):
+		case errors.Is(err, httplimit.ErrRejectedLocally) && !errors.Is(err, httplimit.ErrWouldExceedDeadline):
 			rejected++
 		default:
-			t.Fatalf("while failing: %v, %v; want a 503 or ErrThrottled", resp, err)
+			t.Fatalf("while failing: %v, %v; want a 503 or ErrRejectedLocally", resp, err)
 		}
 		clock.Advance(step)
 	}
@@ -75,11 +75,11 @@ func TestClientThrottle(t *testing.T) {
 	}
 	st := th.Stats()
 	if st.TotalRequests != 300 || st.TotalAccepts != 0 || st.TotalRejected != int64(rejected) {
-		t.Errorf("throttle stats %+v, want 300 requests, no accepts, %d rejected", st, rejected)
+		t.Errorf("rejecter stats %+v, want 300 requests, no accepts, %d rejected", st, rejected)
 	}
 	t.Logf("failing: %d rejected locally, %d sent and answered 503; probability at the end %.3f", rejected, unavailable, st.Probability)
 
-	// The server recovers. The throttle still rejects at first, then
+	// The server recovers. The rejecter still rejects at first, then
 	// stops; within two windows (the cap on the probability kept one request
 	// in ten probing it) every request goes out again.
 	f.status.Store(0)
@@ -92,13 +92,13 @@ func TestClientThrottle(t *testing.T) {
 		resp, err := get(t, t.Context(), c, srv.URL)
 		switch {
 		case err == nil && resp.StatusCode == http.StatusOK:
-		case errors.Is(err, httplimit.ErrThrottled):
+		case errors.Is(err, httplimit.ErrRejectedLocally):
 			rejected++
 			if recovered >= 0 {
-				t.Fatalf("throttled %v after the recovery, after the probability fell to zero at %v", at, recovered)
+				t.Fatalf("rejected %v after the recovery, after the probability fell to zero at %v", at, recovered)
 			}
 		default:
-			t.Fatalf("after the recovery: %v, %v; want a 200 or ErrThrottled", resp, err)
+			t.Fatalf("after the recovery: %v, %v; want a 200 or ErrRejectedLocally", resp, err)
 		}
 		clock.Advance(step)
 		if recovered < 0 && th.Stats().Probability == 0 {
@@ -106,21 +106,21 @@ func TestClientThrottle(t *testing.T) {
 		}
 	}
 	if rejected == 0 {
-		t.Error("nothing was throttled after the recovery: the failure was forgotten at once")
+		t.Error("nothing was rejected after the recovery: the failure was forgotten at once")
 	}
 	if recovered < 0 {
-		t.Fatalf("still throttling %v after the recovery (stats %+v)", 2*window, th.Stats())
+		t.Fatalf("still rejecting %v after the recovery (stats %+v)", 2*window, th.Stats())
 	}
 	if sent := f.n.Load() - sentBefore; sent != int64(requests-rejected) {
 		t.Errorf("the server saw %d requests after the recovery, want the %d not rejected", sent, requests-rejected)
 	}
-	t.Logf("recovery: %d rejected locally, throttling stopped %v after the recovery", rejected, recovered)
+	t.Logf("recovery: %d rejected locally, rejecting stopped %v after the recovery", rejected, recovered)
 }
 
-// TestClientThrottlePassesOverloadOn: 429s and 503s are returned to the
+// TestClientRejecterPassesOverloadOn: 429s and 503s are returned to the
 // caller after the Client's retries, not absorbed, and none of them counts
 // as an accept; a 400 or 404 does.
-func TestClientThrottlePassesOverloadOn(t *testing.T) {
+func TestClientRejecterPassesOverloadOn(t *testing.T) {
 	for _, c := range []struct {
 		status   int
 		accepted bool
@@ -128,8 +128,8 @@ func TestClientThrottlePassesOverloadOn(t *testing.T) {
 		f := &flaky{}
 		f.status.Store(int64(c.status))
 		srv := httptest.NewServer(f)
-		th := newThrottle(t, adaptive.ThrottleOptions{Rand: func() float64 { return 0.999999 }})
-		cl := &httplimit.Client{HTTP: srv.Client(), Throttle: th, MaxRetries: 2, Rand: func() float64 { return 0 }}
+		th := newRejecter(t, adaptive.RejecterOptions{Rand: func() float64 { return 0.999999 }})
+		cl := &httplimit.Client{HTTP: srv.Client(), Rejecter: th, MaxRetries: 2, Rand: func() float64 { return 0 }}
 		resp, err := get(t, t.Context(), cl, srv.URL)
 		srv.Close()
 		if err != nil || resp.StatusCode != c.status {
@@ -144,21 +144,21 @@ func TestClientThrottlePassesOverloadOn(t *testing.T) {
 			t.Errorf("status %d: the server saw %d requests, want %d", c.status, n, wantSent)
 		}
 		if st := th.Stats(); st.TotalRequests != wantSent || st.TotalAccepts != wantAccepts {
-			t.Errorf("status %d: throttle counted %d requests and %d accepts, want %d and %d", c.status, st.TotalRequests, st.TotalAccepts, wantSent, wantAccepts)
+			t.Errorf("status %d: rejecter counted %d requests and %d accepts, want %d and %d", c.status, st.TotalRequests, st.TotalAccepts, wantSent, wantAccepts)
 		}
 	}
 }
 
-// TestClientThrottleRejectsRetry: a retry the Throttle rejects is not
-// sent, and the service's 503 is returned instead of ErrThrottled.
-func TestClientThrottleRejectsRetry(t *testing.T) {
+// TestClientRejecterRejectsRetry: a retry the Rejecter rejects is not
+// sent, and the service's 503 is returned instead of ErrRejectedLocally.
+func TestClientRejecterRejectsRetry(t *testing.T) {
 	f := &flaky{}
 	f.status.Store(http.StatusServiceUnavailable)
 	srv := httptest.NewServer(f)
 	defer srv.Close()
 	at := time.Unix(1_200_000, 0)
 	draws := []float64{0, 0, 0, 0, 0, 0, 0, 0, 0, 0} // whatever the filling below draws
-	th := newThrottle(t, adaptive.ThrottleOptions{Now: func() time.Time { return at }, Rand: func() float64 {
+	th := newRejecter(t, adaptive.RejecterOptions{Now: func() time.Time { return at }, Rand: func() float64 {
 		r := draws[0]
 		draws = draws[1:]
 		return r
@@ -171,33 +171,33 @@ func TestClientThrottleRejectsRetry(t *testing.T) {
 	}
 	draws = []float64{0.99, 0} // the request passes, its retry does not
 	before := th.Stats().TotalRejected
-	c := &httplimit.Client{HTTP: srv.Client(), Throttle: th, MaxRetries: 3, Rand: func() float64 { return 0 }}
+	c := &httplimit.Client{HTTP: srv.Client(), Rejecter: th, MaxRetries: 3, Rand: func() float64 { return 0 }}
 	resp, err := get(t, t.Context(), c, srv.URL)
 	if err != nil || resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("got %v, %v; want the 503", resp, err)
 	}
 	if n := f.n.Load(); n != 1 {
-		t.Errorf("the server saw %d requests, want 1: the retry was throttled", n)
+		t.Errorf("the server saw %d requests, want 1: the retry was rejected", n)
 	}
 	if st := c.Stats(); st.Retries != 0 {
 		t.Errorf("%d retries counted, want 0", st.Retries)
 	}
 	if st := th.Stats(); st.TotalRejected != before+1 || st.TotalRequests != 12 {
-		t.Errorf("throttle stats %+v, want 12 requests, 1 rejected more than %d", st, before)
+		t.Errorf("rejecter stats %+v, want 12 requests, 1 rejected more than %d", st, before)
 	}
 }
 
-// TestClientThrottleOutcomes: an error of the transport is not an accept;
+// TestClientRejecterOutcomes: an error of the transport is not an accept;
 // a request its caller cancelled is.
-func TestClientThrottleOutcomes(t *testing.T) {
+func TestClientRejecterOutcomes(t *testing.T) {
 	arrived := make(chan struct{}, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		arrived <- struct{}{}
 		<-r.Context().Done() // answers nothing until the client gives up
 	}))
 	defer srv.Close()
-	th := newThrottle(t, adaptive.ThrottleOptions{Rand: func() float64 { return 0.999999 }})
-	c := &httplimit.Client{HTTP: srv.Client(), Throttle: th}
+	th := newRejecter(t, adaptive.RejecterOptions{Rand: func() float64 { return 0.999999 }})
+	c := &httplimit.Client{HTTP: srv.Client(), Rejecter: th}
 
 	ctx, cancel := context.WithCancel(t.Context())
 	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL, nil)

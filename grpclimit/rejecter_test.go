@@ -84,28 +84,28 @@ func startLoopback(t *testing.T, h *flakyHealth, c *grpclimit.Client) healthpb.H
 	return healthpb.NewHealthClient(conn)
 }
 
-func newThrottle(t *testing.T, o adaptive.ThrottleOptions) *adaptive.Throttle {
+func newRejecter(t *testing.T, o adaptive.RejecterOptions) *adaptive.Rejecter {
 	t.Helper()
-	th, err := adaptive.NewThrottle(o)
+	th, err := adaptive.NewRejecter(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return th
 }
 
-// isThrottled reports whether err is the Client's local rejection: it
-// matches ErrThrottled and is an UNAVAILABLE saying so.
-func isThrottled(err error) bool {
-	return errors.Is(err, grpclimit.ErrThrottled) && status.Code(err) == codes.Unavailable &&
-		strings.Contains(status.Convert(err).Message(), "throttled locally")
+// isRejected reports whether err is the Client's local rejection: it
+// matches ErrRejectedLocally and is an UNAVAILABLE saying so.
+func isRejected(err error) bool {
+	return errors.Is(err, grpclimit.ErrRejectedLocally) && status.Code(err) == codes.Unavailable &&
+		strings.Contains(status.Convert(err).Message(), "rejected locally")
 }
 
-// TestClientThrottle: against a real server on loopback that answers
+// TestClientRejecter: against a real server on loopback that answers
 // UNAVAILABLE for a while, the Client rejects most calls locally with an
-// UNAVAILABLE "throttled locally" matching ErrThrottled, and returns the
+// UNAVAILABLE "rejected locally" matching ErrRejectedLocally, and returns the
 // server's own UNAVAILABLE for those it sends (which does not match
-// ErrThrottled); after the server recovers, throttling stops.
-func TestClientThrottle(t *testing.T) {
+// ErrRejectedLocally); after the server recovers, rejecting stops.
+func TestClientRejecter(t *testing.T) {
 	for _, stream := range []bool{false, true} {
 		name := map[bool]string{false: "unary", true: "stream"}[stream]
 		t.Run(name, func(t *testing.T) {
@@ -113,8 +113,8 @@ func TestClientThrottle(t *testing.T) {
 			h.code.Store(uint32(codes.Unavailable))
 			clock := storetest.NewClock(time.Unix(1_200_000, 0))
 			window := 20 * time.Second
-			th := newThrottle(t, adaptive.ThrottleOptions{Window: window, Now: clock.Now, Rand: rand.New(rand.NewPCG(1, 2)).Float64})
-			cl := startLoopback(t, h, &grpclimit.Client{Throttle: th, MaxRetries: -1})
+			th := newRejecter(t, adaptive.RejecterOptions{Window: window, Now: clock.Now, Rand: rand.New(rand.NewPCG(1, 2)).Float64})
+			cl := startLoopback(t, h, &grpclimit.Client{Rejecter: th, MaxRetries: -1})
 			call := func() error {
 				if !stream {
 					_, err := cl.Check(t.Context(), &healthpb.HealthCheckRequest{})
@@ -133,9 +133,9 @@ func TestClientThrottle(t *testing.T) {
 			for range 300 {
 				err := call()
 				switch {
-				case isThrottled(err):
+				case isRejected(err):
 					rejected++
-				case status.Code(err) == codes.Unavailable && !errors.Is(err, grpclimit.ErrThrottled):
+				case status.Code(err) == codes.Unavailable && !errors.Is(err, grpclimit.ErrRejectedLocally):
 					refused++
 				default:
 					t.Fatalf("while failing: %v; want the server's UNAVAILABLE or a local rejection", err)
@@ -146,7 +146,7 @@ func TestClientThrottle(t *testing.T) {
 				t.Errorf("the server saw %d calls of 300 while failing (%d refusals returned), want at most 45 (the probability is capped at 0.9)", n, refused)
 			}
 			if st := th.Stats(); st.TotalRequests != 300 || st.TotalAccepts != 0 || st.TotalRejected != int64(rejected) {
-				t.Errorf("throttle stats %+v, want 300 requests, no accepts, %d rejected", st, rejected)
+				t.Errorf("rejecter stats %+v, want 300 requests, no accepts, %d rejected", st, rejected)
 			}
 
 			h.code.Store(uint32(codes.OK))
@@ -158,10 +158,10 @@ func TestClientThrottle(t *testing.T) {
 				err := call()
 				switch {
 				case err == nil:
-				case isThrottled(err):
+				case isRejected(err):
 					rejected++
 					if recovered >= 0 {
-						t.Fatalf("throttled %v after the recovery, after the probability fell to zero at %v", at, recovered)
+						t.Fatalf("rejected %v after the recovery, after the probability fell to zero at %v", at, recovered)
 					}
 				default:
 					t.Fatalf("after the recovery: %v", err)
@@ -172,34 +172,34 @@ func TestClientThrottle(t *testing.T) {
 				}
 			}
 			if rejected == 0 {
-				t.Error("nothing was throttled after the recovery")
+				t.Error("nothing was rejected after the recovery")
 			}
 			if recovered < 0 {
-				t.Fatalf("still throttling %v after the recovery (stats %+v)", 2*window, th.Stats())
+				t.Fatalf("still rejecting %v after the recovery (stats %+v)", 2*window, th.Stats())
 			}
 			if n := h.calls.Load() - before; n != int64(requests-rejected) {
 				t.Errorf("the server saw %d calls after the recovery, want the %d not rejected", n, requests-rejected)
 			}
-			t.Logf("%s: %d rejected while failing, %d after; throttling stopped %v after the recovery", name, 300-refused, rejected, recovered)
+			t.Logf("%s: %d rejected while failing, %d after; rejecting stopped %v after the recovery", name, 300-refused, rejected, recovered)
 		})
 	}
 }
 
-// TestClientThrottlePassesOverloadOn: the server's RESOURCE_EXHAUSTED and
+// TestClientRejecterPassesOverloadOn: the server's RESOURCE_EXHAUSTED and
 // UNAVAILABLE with RetryInfo are retried, then returned to the caller as
 // they came; none counts as an accept, and an INVALID_ARGUMENT or
 // NOT_FOUND does.
-func TestClientThrottlePassesOverloadOn(t *testing.T) {
+func TestClientRejecterPassesOverloadOn(t *testing.T) {
 	for _, c := range []struct {
 		code     codes.Code
 		accepted bool
 	}{{codes.ResourceExhausted, false}, {codes.Unavailable, false}, {codes.InvalidArgument, true}, {codes.NotFound, true}} {
 		h := &flakyHealth{retry: time.Millisecond}
 		h.code.Store(uint32(c.code))
-		th := newThrottle(t, adaptive.ThrottleOptions{Rand: func() float64 { return 0.999999 }})
-		cl := startLoopback(t, h, &grpclimit.Client{Throttle: th, MaxRetries: 2, MaxPause: time.Millisecond})
+		th := newRejecter(t, adaptive.RejecterOptions{Rand: func() float64 { return 0.999999 }})
+		cl := startLoopback(t, h, &grpclimit.Client{Rejecter: th, MaxRetries: 2, MaxPause: time.Millisecond})
 		_, err := cl.Check(t.Context(), &healthpb.HealthCheckRequest{})
-		if status.Code(err) != c.code || status.Convert(err).Message() != "the server refuses" || errors.Is(err, grpclimit.ErrThrottled) {
+		if status.Code(err) != c.code || status.Convert(err).Message() != "the server refuses" || errors.Is(err, grpclimit.ErrRejectedLocally) {
 			t.Errorf("%v: got %v, want the server's answer", c.code, err)
 			continue
 		}
@@ -211,19 +211,19 @@ func TestClientThrottlePassesOverloadOn(t *testing.T) {
 			t.Errorf("%v: the server saw %d calls, want %d", c.code, n, wantCalls)
 		}
 		if st := th.Stats(); st.TotalRequests != wantCalls || st.TotalAccepts != wantAccepts {
-			t.Errorf("%v: the throttle counted %d requests and %d accepts, want %d and %d", c.code, st.TotalRequests, st.TotalAccepts, wantCalls, wantAccepts)
+			t.Errorf("%v: the rejecter counted %d requests and %d accepts, want %d and %d", c.code, st.TotalRequests, st.TotalAccepts, wantCalls, wantAccepts)
 		}
 	}
 }
 
-// TestClientThrottleRejectsRetry: a retry the Throttle rejects is not
+// TestClientRejecterRejectsRetry: a retry the Rejecter rejects is not
 // made, and the server's refusal is returned, not a local rejection.
-func TestClientThrottleRejectsRetry(t *testing.T) {
+func TestClientRejecterRejectsRetry(t *testing.T) {
 	h := &flakyHealth{retry: time.Millisecond}
 	h.code.Store(uint32(codes.ResourceExhausted))
 	at := time.Unix(1_200_000, 0)
 	var draws []float64
-	th := newThrottle(t, adaptive.ThrottleOptions{Now: func() time.Time { return at }, Rand: func() float64 {
+	th := newRejecter(t, adaptive.RejecterOptions{Now: func() time.Time { return at }, Rand: func() float64 {
 		if len(draws) == 0 {
 			return 0
 		}
@@ -239,14 +239,14 @@ func TestClientThrottleRejectsRetry(t *testing.T) {
 	}
 	before := th.Stats().TotalRejected
 	draws = []float64{0.99, 0} // the call passes, its retry does not
-	c := &grpclimit.Client{Throttle: th, MaxRetries: 3, MaxPause: time.Millisecond}
+	c := &grpclimit.Client{Rejecter: th, MaxRetries: 3, MaxPause: time.Millisecond}
 	cl := startLoopback(t, h, c)
 	_, err := cl.Check(t.Context(), &healthpb.HealthCheckRequest{})
-	if status.Code(err) != codes.ResourceExhausted || errors.Is(err, grpclimit.ErrThrottled) {
+	if status.Code(err) != codes.ResourceExhausted || errors.Is(err, grpclimit.ErrRejectedLocally) {
 		t.Fatalf("got %v, want the server's RESOURCE_EXHAUSTED", err)
 	}
 	if n := h.calls.Load(); n != 1 {
-		t.Errorf("the server saw %d calls, want 1: the retry was throttled", n)
+		t.Errorf("the server saw %d calls, want 1: the retry was rejected", n)
 	}
 	if made, _ := c.Retries(); made != 0 {
 		t.Errorf("%d retries counted, want 0", made)

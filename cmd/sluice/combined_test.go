@@ -1,0 +1,196 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	commonv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/sluicehq/sluice/internal/redistest"
+)
+
+// combinedRules turn on, in one domain, what a user combines: a real
+// limit, a shadow-mode one, two quota-mode ones and a per-value metric.
+const combinedRules = `domain: mix
+descriptors:
+  - key: user
+    detailed_metric: true
+    rate_limit: {unit: hour, requests_per_unit: 3, name: per_user}
+  - key: trial
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1, name: trial_pool}
+  - key: plan
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1, name: plan_quota}
+  - key: region
+    quota_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 100, name: region_quota}
+`
+
+// TestCombinedBinary drives the built binary with the features a user
+// turns on together — shadow mode, quota mode, a per-value metric, top-K,
+// --headers, an override set through the admin API — on the memory store
+// and on Redis, over gRPC, /json and /v1/check in turn, against what the
+// decided semantics say: one count shared by the three transports, the
+// override applied against what was consumed, shadow never denying, a
+// request over quota allowed while a real limit admits it.
+func TestCombinedBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	bin := buildSluice(t)
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "mix.yaml"), []byte(combinedRules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte(longToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	stores := map[string]func(t *testing.T) []string{
+		"memory": func(*testing.T) []string { return nil },
+		"redis": func(t *testing.T) []string {
+			return []string{"--store", "redis", "--redis-addr", redistest.Standalone(t).Addr()}
+		},
+	}
+	for name, store := range stores {
+		t.Run(name, func(t *testing.T) {
+			args := append([]string{"serve", "--rules", dir, "--log-format", "json", "--headers",
+				"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0",
+				"--admin-addr", "127.0.0.1:0", "--admin-token-file", tokenFile}, store(t)...)
+			p := startSluice(t, bin, nil, args...)
+			up := p.next(t, "sluice serving", 20*time.Second)
+			testCombined(t, up.str("grpc"), up.str("http"), up.str("admin"))
+		})
+	}
+}
+
+func testCombined(t *testing.T, grpcAddr, httpAddr, adminAddr string) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rls := rlsv3.NewRateLimitServiceClient(conn)
+	do := func(addr, method, path, body string) (int, http.Header, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, method, "http://"+addr+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+longToken)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header, string(b)
+	}
+	// ask sends one request of the four descriptors user=ann, trial=t1,
+	// plan=free, region=eu over the transport of step i (gRPC, /json, /v1/check in
+	// turn) and returns the overall answer and the RateLimit field.
+	type answer struct {
+		over      bool
+		rateLimit string
+		body      string
+	}
+	ask := func(i int) answer {
+		t.Helper()
+		kv := [][2]string{{"user", "ann"}, {"trial", "t1"}, {"plan", "free"}, {"region", "eu"}}
+		switch i % 3 {
+		case 0:
+			var descs []*commonv3.RateLimitDescriptor
+			for _, e := range kv {
+				descs = append(descs, &commonv3.RateLimitDescriptor{Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: e[0], Value: e[1]}}})
+			}
+			var hdr metadata.MD
+			resp, err := rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "mix", Descriptors: descs}, grpc.Header(&hdr))
+			if err != nil {
+				t.Fatalf("step %d: gRPC: %v", i, err)
+			}
+			var rl string
+			for _, h := range resp.GetResponseHeadersToAdd() {
+				if h.GetKey() == "RateLimit" {
+					rl = h.GetValue()
+				}
+			}
+			return answer{over: resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT, rateLimit: rl, body: resp.String()}
+		default:
+			var ds []string
+			for _, e := range kv {
+				ds = append(ds, fmt.Sprintf(`{"entries":[{"key":%q,"value":%q}]}`, e[0], e[1]))
+			}
+			path := "/json"
+			if i%3 == 2 {
+				path = "/v1/check"
+			}
+			code, h, body := do(httpAddr, "POST", path, `{"domain":"mix","descriptors":[`+strings.Join(ds, ",")+`]}`)
+			if code != 200 && code != 429 {
+				t.Fatalf("step %d: %s: %d %s", i, path, code, body)
+			}
+			return answer{over: code == 429, rateLimit: h.Get("RateLimit"), body: body}
+		}
+	}
+	// per_user admits 3 an hour; trial (shadow) would deny from the
+	// second; plan (quota mode) is over from the second, but the request
+	// stays allowed: region, its other quota descriptor, is not over.
+	for i := range 3 {
+		a := ask(i)
+		if a.over {
+			t.Fatalf("step %d: over the limit, want allowed (shadow never denies; one quota descriptor of two over): %s", i, a.body)
+		}
+		if want := fmt.Sprintf(`"per_user";r=%d;`, 2-i); !strings.Contains(a.rateLimit, want) {
+			t.Errorf("step %d: RateLimit %q, want %s…: one count across the transports", i, a.rateLimit, want)
+		}
+	}
+	// An override lifts per_user to 5 against what was consumed (3): two
+	// more are admitted, then the real limit denies.
+	if code, _, body := do(adminAddr, "PUT", "/admin/v1/overrides/mix/per_user", `{"limit":5,"ttl":"10m","reason":"combined test"}`); code != 200 {
+		t.Fatalf("override: %d %s", code, body)
+	}
+	for i := 3; i < 5; i++ {
+		if a := ask(i); a.over || !strings.Contains(a.rateLimit, fmt.Sprintf(`"per_user";r=%d;`, 4-i)) {
+			t.Fatalf("step %d with the override: over=%v RateLimit %q: %s", i, a.over, a.rateLimit, a.body)
+		}
+	}
+	if a := ask(5); !a.over {
+		t.Fatalf("step 5: allowed past the override's 5: %s", a.body)
+	}
+	// Top-K saw the user; the per-value series counts ann; no panic.
+	code, _, top := do(adminAddr, "GET", "/admin/v1/top?domain=mix&rule=per_user", "")
+	if code != 200 || !strings.Contains(top, "ann") {
+		t.Errorf("top of per_user: %d %s", code, top)
+	}
+	_, _, metrics := do(httpAddr, "GET", "/metrics", "")
+	for _, want := range []string{
+		`sluice_detailed_decisions_total{domain="mix",key="mix.user_ann",outcome="ok",rule="per_user"} 5`,
+		`sluice_detailed_decisions_total{domain="mix",key="mix.user_ann",outcome="over_limit",rule="per_user"} 1`,
+		`sluice_decisions_total{domain="mix",outcome="shadow_would_deny",rule="trial_pool"}`,
+		`sluice_decisions_total{domain="mix",outcome="quota_exceeded",rule="plan_quota"}`,
+		`sluice_decisions_total{domain="mix",outcome="ok",rule="region_quota"}`,
+		`sluice_panics_total{listener="grpc"} 0`,
+		`sluice_panics_total{listener="http"} 0`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if t.Failed() {
+		for _, l := range strings.Split(metrics, "\n") {
+			if strings.Contains(l, `domain="mix"`) {
+				t.Log(l)
+			}
+		}
+	}
+}

@@ -214,6 +214,10 @@ type waiter struct {
 	evicted Refusal // set, and ready closed, when a higher priority took its place
 }
 
+// coldLimit is where a warm-up hands over: a tenth of the way from Min to
+// Max, the limit a Controller starts at when nothing is known.
+func (o *ConcurrencyOptions) coldLimit() float64 { return float64(o.Min + (o.Max-o.Min)/10) }
+
 // NewConcurrency returns a Concurrency with the given options, or an error naming
 // the first invalid one.
 func NewConcurrency(opt ConcurrencyOptions) (*Concurrency, error) {
@@ -452,7 +456,7 @@ func (l *Concurrency) closeWindow(t int64) {
 		// now to end.
 		l.warming, l.draining = 0, true
 		l.warmEnd, l.stale = t, l.held
-		next = float64(l.opt.Min + (l.opt.Max-l.opt.Min)/10)
+		next = l.opt.coldLimit()
 	case l.warming > 0:
 		// Healthy so far: the limit stays at Max, and at the end of the
 		// warm-up falls to twice the most held in a window, the limit
@@ -460,7 +464,7 @@ func (l *Concurrency) closeWindow(t int64) {
 		l.warmHeld = max(l.warmHeld, s.MaxInFlight)
 		next = l.limit
 		if l.warming--; l.warming == 0 {
-			next = max(float64(2*l.warmHeld), float64(l.opt.Min+(l.opt.Max-l.opt.Min)/10))
+			next = max(float64(2*l.warmHeld), l.opt.coldLimit())
 		}
 	case l.draining && (s.MaxInFlight > int(s.Limit) || l.staleEnded > 0):
 		next = l.limit

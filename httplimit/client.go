@@ -18,18 +18,13 @@ import (
 // A Limiter paces a Client: WaitN blocks until n units of cost may be spent,
 // or fails at once (with ratelimit.ErrWouldExceedDeadline, say) when the
 // wait would outlast ctx's deadline. *ratelimit.Limiter satisfies it, and so
-// does any store-backed or lease-backed limiter with the same method.
-type Limiter interface {
-	WaitN(ctx context.Context, n int) error
-}
+// does any store-backed or lease-backed limiter with the same method. It is
+// retry's Limiter: the Client paces through retry.Caller.
+type Limiter = retry.Limiter
 
 // An AdjustableLimiter is a Limiter whose rate the Client may lower and
 // raise (see Client, 4). *ratelimit.Limiter satisfies it.
-type AdjustableLimiter interface {
-	Limiter
-	Limit() ratelimit.Limit
-	SetLimit(ratelimit.Limit)
-}
+type AdjustableLimiter = retry.AdjustableLimiter
 
 // ErrWouldExceedDeadline is returned by Client.Do, wrapped, when the wait
 // needed before the request may be sent — pacing, a shared pause, or the

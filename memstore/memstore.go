@@ -323,7 +323,7 @@ func check(it *ratelimit.Item) error {
 	switch {
 	case r == nil:
 		return fmt.Errorf("%w: item %q has no rule", ratelimit.ErrInvalidRule, it.Key)
-	case r.Calendar == ratelimit.NoCalendar && r.Period <= 0, r.Quota < 0, r.Burst < 0, r.Quota == 0 && !r.Block:
+	case r.Calendar == ratelimit.NoCalendar && r.Period <= 0, r.Quota < 0, r.Burst < 0, r.Block != (r.Quota == 0):
 		return r.Validate()
 	}
 	return nil

@@ -313,11 +313,13 @@ func (c *Caller) Await(ctx context.Context, scope string, cost int64) error {
 			}
 		}
 		if c.Limiter != nil && cost > 0 {
-			c.mu.Lock()
-			if c.thr.Lowered() {
-				c.setRateLocked(c.now()) // climbing back after a cut
+			if c.adj != nil { // set once by start; a plain Limiter is never cut
+				c.mu.Lock()
+				if c.thr.Lowered() {
+					c.setRateLocked(c.now()) // climbing back after a cut
+				}
+				c.mu.Unlock()
 			}
-			c.mu.Unlock()
 			if err := c.Limiter.WaitN(ctx, waitCost(cost)); err != nil {
 				return &StageError{Stage: StagePacing, Err: err}
 			}

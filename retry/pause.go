@@ -1,6 +1,7 @@
 package retry
 
 import (
+	"strings"
 	"sync"
 	"time"
 )
@@ -29,7 +30,9 @@ func (p *Pauses) Extend(scope string, now, until time.Time) {
 		p.until = make(map[string]time.Time)
 	}
 	if until.After(p.until[scope]) {
-		p.until[scope] = until
+		// A copy of the key: stored, scope would escape, and with it
+		// every caller's request on the path of a call never refused.
+		p.until[strings.Clone(scope)] = until
 	}
 	for s, u := range p.until {
 		if !u.After(now) {

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/grpclimit"
+	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -67,7 +68,7 @@ func serveGated(t *testing.T, mod func(*limitsConfig)) (*gatedStore, string, str
 	}
 	mod(&cfg.limits)
 	log := slog.New(slog.DiscardHandler)
-	set, err := loadRules(cfg.rulesDir)
+	set, err := loadRulesDir(cfg.rulesDir, rules.DirOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

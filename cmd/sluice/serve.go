@@ -586,11 +586,8 @@ func serve(ctx context.Context, cfg serveConfig, log *slog.Logger) error {
 	return srv.run(ctx, &cfg, set, lns, log)
 }
 
-// loadRules loads the rules directory, with an error that says what to do
-// when it is missing.
-func loadRules(dir string) (*rules.Set, error) { return loadRulesDir(dir, rules.DirOptions{}) }
-
-// loadRulesDir is loadRules with the options of the directory.
+// loadRulesDir loads the rules directory with its options, with an error
+// that says what to do when it is missing.
 func loadRulesDir(dir string, opts rules.DirOptions) (*rules.Set, error) {
 	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
 		if errors.Is(err, fs.ErrNotExist) {

@@ -137,6 +137,12 @@ func (w *trackingWriter) Write(b []byte) (int, error) {
 	return w.ResponseWriter.Write(b)
 }
 
+// Flush keeps http.Flusher for a handler that asserts it.
+func (w *trackingWriter) Flush() {
+	w.started = true
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
 // Unwrap gives http.ResponseController the writer underneath.
 func (w *trackingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 

@@ -90,7 +90,7 @@ func TestMiddlewareAfterTheResponseStarted(t *testing.T) {
 	h := r.Middleware("http")(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write([]byte(strings.Repeat("x", 10)))
-		_ = http.NewResponseController(w).Flush()
+		w.(http.Flusher).Flush() // the wrapper keeps Flusher
 		panic("late")
 	}))
 	srv := httptest.NewServer(h)

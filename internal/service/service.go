@@ -215,6 +215,8 @@ type scratch struct {
 	ds     []ratelimit.Decision
 	sds    []ratelimit.Decision
 	qds    []ratelimit.Decision
+	refund []ratelimit.Item     // what a request refused by its quotas gives back
+	rds    []ratelimit.Decision // the store's answers to the refund
 	key    []byte
 	mkey   []byte // a per-value metric key
 	// allOver: the request has quota descriptors and every one is over
@@ -394,17 +396,17 @@ func (s *Service) decideQuota(ctx context.Context, sc *scratch) error {
 	// which the store may deny (more than the capacity, or units another
 	// request took), and the give-back is one call, all or nothing, so
 	// that denial would keep everything the request took.
-	var refund []ratelimit.Item
+	sc.refund = sc.refund[:0]
 	for _, it := range sc.items {
 		if it.Cost > 0 {
 			it.Cost = -it.Cost
-			refund = append(refund, it)
+			sc.refund = append(sc.refund, it)
 		}
 	}
-	if len(refund) == 0 {
+	if len(sc.refund) == 0 {
 		return nil
 	}
-	if _, err := s.store.Decide(ctx, nil, refund); err != nil {
+	if sc.rds, err = s.store.Decide(ctx, sc.rds[:0], sc.refund); err != nil {
 		s.log.Warn("refunding a request refused by its quota-mode limits failed", "err", err)
 	}
 	return nil

@@ -290,7 +290,6 @@ type Drainer struct {
 	stats    Stats
 	lastDone int64
 	lastAt   time.Time
-	pauseEnd time.Time // the end of the latest shared pause
 }
 
 // New returns a Drainer for cfg, or an error naming what in cfg is
@@ -528,15 +527,13 @@ func (d *Drainer) work(runCtx context.Context, t taken) {
 		// The one place a throttled answer is acted on: the Sink only
 		// classified it, OnThrottle is told.
 		now := time.Now()
-		until := now.Add(pause)
+		extended := d.pauses.Extend("", now, now.Add(pause))
 		d.mu.Lock()
 		d.stats.Throttled++
-		if until.After(d.pauseEnd) {
-			d.pauseEnd = until
+		if extended {
 			d.stats.Pauses++
 		}
 		d.mu.Unlock()
-		d.pauses.Extend("", now, until)
 		settle = m.Nak(ctx, pause)
 	default:
 		d.mu.Lock()

@@ -22,8 +22,9 @@ type Pauses struct {
 // Extend makes scope's pause last until at least until (a pause is never
 // shortened). now is the time of the refusal: the pauses of every scope
 // that have ended by then are forgotten, so that the scopes held are those
-// paused lately, however many a client meets.
-func (p *Pauses) Extend(scope string, now, until time.Time) {
+// paused lately, however many a client meets. It reports whether the
+// pause was extended.
+func (p *Pauses) Extend(scope string, now, until time.Time) (extended bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.until == nil {
@@ -33,12 +34,14 @@ func (p *Pauses) Extend(scope string, now, until time.Time) {
 		// A copy of the key: stored, scope would escape, and with it
 		// every caller's request on the path of a call never refused.
 		p.until[strings.Clone(scope)] = until
+		extended = true
 	}
 	for s, u := range p.until {
 		if !u.After(now) {
 			delete(p.until, s)
 		}
 	}
+	return extended
 }
 
 // Left returns how long scope's pause lasts after now(), or 0 when it has

@@ -272,7 +272,7 @@ func (m *Metrics) observe(req *Request, sc *scratch, resp *Response, took time.D
 		}
 		d := sc.decision(&c)
 		o := outcome(d, c.shadow)
-		if o == outOver && c.quota && !sc.allOver {
+		if o == outOver && sc.overQuota(&c, d) {
 			o = outQuotaExceeded
 		}
 		rc.outcome[o].Inc()

@@ -412,6 +412,14 @@ func (s *Service) decideQuota(ctx context.Context, sc *scratch) error {
 	return nil
 }
 
+// overQuota reports whether c's decision d is a quota-mode limit over its
+// quota that does not deny the request (not every quota descriptor is
+// over): the one rule of "over quota, allowed", for the answer and the
+// metrics alike.
+func (sc *scratch) overQuota(c *check, d *ratelimit.Decision) bool {
+	return !d.Allowed && !c.shadow && c.quota && !sc.allOver
+}
+
 // quotaAllOver reports whether the request has quota descriptors and
 // every one has a quota limit that denied. Descriptors number at most
 // rules.MaxDescriptors (64), one bit each.
@@ -462,7 +470,7 @@ func (s *Service) answer(sc *scratch, resp *Response) (closed *check) {
 			continue
 		}
 		d := sc.decision(c)
-		denies := !d.Allowed && !c.shadow && (!c.quota || sc.allOver)
+		denies := !d.Allowed && !c.shadow && !sc.overQuota(c, d)
 		if denies {
 			if d.Reason != ratelimit.ReasonFailClosed {
 				limited = true

@@ -98,6 +98,14 @@ func (b *batchedCounter) newEntry(key string, r *ratelimit.Rule) *batchedEntry {
 	return &batchedEntry{key: key, rule: b.rules.get(r, b.derive)}
 }
 
+// holdsBlocks reports whether r's blocks can be held at all: a fixed
+// window's until the window ends, a bucket's when it is large enough to
+// keep a block Options.BlockHold (derive's hold is not 0). A rule whose
+// blocks cannot be held is decided at Redis (counting.decidesHere).
+func (b *batchedCounter) holdsBlocks(r *ratelimit.Rule) bool {
+	return r.Algorithm == ratelimit.FixedWindow || (r.Capacity()/8 > 0 && b.hold >= r.Interval())
+}
+
 // derive is what r needs to be counted in blocks.
 func (b *batchedCounter) derive(r *ratelimit.Rule) *batchedRule {
 	br := &batchedRule{Rule: r}
@@ -254,18 +262,10 @@ func (b *batchedCounter) spanOf(e *batchedEntry) time.Duration {
 	return b.span
 }
 
-// holds reports whether e's blocks can be held at all (not spent at once).
-func (e *batchedEntry) holds() bool {
-	return e.rule.hold > 0 || e.rule.Algorithm == ratelimit.FixedWindow
-}
-
 // blockSize is the next block for e: span of its recent demand, at least
 // need, at most the rule's maxBlock (or need, when bigger). Called with
 // e.mu held.
 func (e *batchedEntry) blockSize(b *batchedCounter, now time.Time, need int64) int64 {
-	if !e.holds() {
-		return need // nothing can be held: ask for what is spent now
-	}
 	if !e.since.IsZero() {
 		if dt := now.Sub(e.since).Seconds(); dt > 0 {
 			inst := float64(e.spent) / dt
@@ -284,7 +284,7 @@ func (e *batchedEntry) blockSize(b *batchedCounter, now time.Time, need int64) i
 // maybePrefetch starts a lease in the background when e's blocks run low
 // (below half the next block) and none is in flight. Called with e.mu held.
 func (b *batchedCounter) maybePrefetch(e *batchedEntry, now time.Time, left int64) {
-	if e.busy != nil || !e.holds() {
+	if e.busy != nil {
 		return
 	}
 	want := min(e.rule.maxBlock, int64(e.rate*b.spanOf(e).Seconds()))
@@ -355,14 +355,8 @@ func (b *batchedCounter) leased(e *batchedEntry, d *ratelimit.Decision, sent tim
 }
 
 // giveBack returns n units taken from a block ending at end (an undone
-// decision) to e, if the block is still valid. A rule whose blocks cannot
-// be held (a bucket whose hold is 0) leased them for this decision alone,
-// in a block that ended as it was taken: they go back to Redis.
+// decision) to e, if the block is still valid.
 func (b *batchedCounter) giveBack(e *batchedEntry, n int64, end time.Time) {
-	if !e.holds() {
-		b.refund(e, n)
-		return
-	}
 	e.mu.Lock()
 	if b.s.localNow().Before(end) {
 		b.addBlock(e, n, end)

@@ -104,7 +104,9 @@ func (c *counting) loop() {
 
 // decidesHere reports whether item is decided by a counter: a positive
 // cost of a batched or approximate rule that a block or a share can hold.
-// Checks and refunds go to Redis as they would in strict mode.
+// Checks and refunds go to Redis as they would in strict mode, and so does
+// a batched bucket too small to hold a block: a lease of it would be spent
+// at once, a round trip per decision as strict mode's, with nothing gained.
 func (c *counting) decidesHere(it *ratelimit.Item) bool {
 	r := it.Rule
 	if it.Cost <= 0 || it.Cost > r.Capacity() {
@@ -112,7 +114,7 @@ func (c *counting) decidesHere(it *ratelimit.Item) bool {
 	}
 	switch r.Counting {
 	case ratelimit.Batched:
-		return true
+		return c.batched.holdsBlocks(r)
 	case ratelimit.Approximate:
 		return it.Cost <= r.Capacity()/c.approximate.replicas
 	}

@@ -171,7 +171,9 @@
 // recent admitted demand, at least the cost asked, at most a quarter of
 // this replica's share of the capacity; a bucket's block is held at most
 // Options.BlockHold and leased under the rule with its capacity lowered by
-// what a held block could add, a fixed window's ends with its window. It
+// what a held block could add, a fixed window's ends with its window; a
+// bucket too small to hold a block (a capacity under 8, or an interval
+// longer than BlockHold) is decided at Redis, as strict. It
 // never admits more than the limit, globally: what it spends was taken
 // from the shared counter first. All replicas together strand at most half
 // the capacity; a replica whose key has had no decision for two spans

@@ -108,6 +108,28 @@ func (c *denialCache) forgetUnless(key string, r *ratelimit.Rule, keep bool) {
 	sh.mu.Unlock()
 }
 
+// refresh follows an admitted consumption d of cost units of key under r,
+// sent at sent: a remembered denial under r takes d's Remaining and
+// ResetAfter, and a GCRA denial's instant moves on by what was consumed
+// (the bucket was not full, so it filled by cost intervals; a fixed
+// window's still ends with its window); one under another rule goes.
+func (c *denialCache) refresh(key string, r *ratelimit.Rule, cost int64, d *ratelimit.Decision, sent time.Time) {
+	sh := c.shard(key)
+	sh.mu.Lock()
+	if e, ok := sh.m[key]; ok {
+		if e.rule != r {
+			delete(sh.m, key)
+		} else {
+			e.remaining, e.resetAt = d.Remaining, sent.Add(d.ResetAfter)
+			if r.Algorithm == ratelimit.GCRA {
+				e.until = e.until.Add(time.Duration(cost) * r.Interval())
+			}
+			sh.m[key] = e
+		}
+	}
+	sh.mu.Unlock()
+}
+
 func (c *denialCache) put(key string, d denial, now time.Time) {
 	sh := c.shard(key)
 	sh.mu.Lock()
@@ -129,27 +151,32 @@ func (c *denialCache) put(key string, d denial, now time.Time) {
 }
 
 // record keeps the denials of a request Redis decided, sent at sent, and
-// forgets the keys it changed: refunded, or consumed from (a remembered
-// denial's Remaining and ResetAfter would be stale). A key named twice in
-// one request is not kept: its second item's answer counts the first's
-// cost, which a denied request did not consume.
+// follows the keys it changed: a consumption leaves a remembered denial
+// true (the cost it denied fits no sooner) and refreshes its Remaining and
+// ResetAfter; a refund forgets it. A key named twice in one request is not
+// kept: its second item's answer counts the first's cost, which a denied
+// request did not consume.
 func (c *denialCache) record(items []ratelimit.Item, ds []ratelimit.Decision, sent time.Time) {
 	changed := ratelimit.Allowed(ds) // else nothing was consumed or refunded
 	for i := range items {
 		it := &items[i]
 		d := &ds[i]
 		alg := it.Rule.Algorithm
-		if it.Cost <= 0 || d.Allowed || d.Reason != ratelimit.ReasonLimited || d.RetryAfter < minCachedDenial ||
-			(alg != ratelimit.GCRA && alg != ratelimit.FixedWindow) {
-			c.forgetUnless(it.Key, it.Rule, it.Cost == 0 || !changed)
-			continue
-		}
 		dup := false
 		for j := range items {
 			if j != i && items[j].Key == it.Key {
 				dup = true
 				break
 			}
+		}
+		if it.Cost > 0 && d.Allowed && changed && !dup {
+			c.refresh(it.Key, it.Rule, it.Cost, d, sent)
+			continue
+		}
+		if it.Cost <= 0 || d.Allowed || d.Reason != ratelimit.ReasonLimited || d.RetryAfter < minCachedDenial ||
+			(alg != ratelimit.GCRA && alg != ratelimit.FixedWindow) {
+			c.forgetUnless(it.Key, it.Rule, it.Cost == 0 || !changed)
+			continue
 		}
 		if !dup {
 			c.put(it.Key, denial{

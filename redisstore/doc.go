@@ -223,8 +223,10 @@
 // cost until an instant is denied that cost here until then, with the
 // same answer, without a round trip, in a request of that one item (a
 // request of several items is decided by Redis, which alone can say what
-// each other item would get). Refunds, Reset and decisions under
-// another rule of the key through this Store forget it; a refund through
+// each other item would get). A consumption of the key through this
+// Store refreshes it (its remaining count and reset; a GCRA denial's
+// instant moves on by what was consumed); refunds, Reset and decisions
+// under another rule of the key forget it; a refund through
 // another replica is not seen, so this replica may deny until the
 // remembered instant (never admit too much).
 //

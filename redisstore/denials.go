@@ -109,15 +109,18 @@ func (c *denialCache) forgetUnless(key string, r *ratelimit.Rule, keep bool) {
 }
 
 // refresh follows an admitted consumption d of cost units of key under r,
-// sent at sent: a remembered denial under r takes d's Remaining and
-// ResetAfter, and a GCRA denial's instant moves on by what was consumed
-// (the bucket was not full, so it filled by cost intervals; a fixed
-// window's still ends with its window); one under another rule goes.
+// sent at sent: a remembered denial under r that still holds at sent
+// takes d's Remaining and ResetAfter, and a GCRA denial's instant moves on
+// by what was consumed (it held, so the bucket's theoretical arrival time
+// was past sent and grew by cost intervals; a fixed window's still ends
+// with its window). One under another rule goes, and so does one that had
+// run out: the bucket may have drained below it since, so moving its
+// instant on would deny too long.
 func (c *denialCache) refresh(key string, r *ratelimit.Rule, cost int64, d *ratelimit.Decision, sent time.Time) {
 	sh := c.shard(key)
 	sh.mu.Lock()
 	if e, ok := sh.m[key]; ok {
-		if e.rule != r {
+		if e.rule != r || !sent.Before(e.until) {
 			delete(sh.m, key)
 		} else {
 			e.remaining, e.resetAt = d.Remaining, sent.Add(d.ResetAfter)

@@ -156,6 +156,19 @@ func testDeniedReports(t *testing.T, newStore NewStore) {
 		one(k, 1)
 		one(k, 3)
 	}
+	// So does one after that denial ran out: the key drained meanwhile,
+	// and the next denial reports from what it holds now.
+	for _, k := range []*key{
+		{name: e.key("expired-fixed"), rule: ruleOf(ratelimit.FixedWindow, 5, time.Hour)},
+		{name: e.key("expired-gcra"), rule: ruleOf(ratelimit.GCRA, 5, time.Hour)},
+	} {
+		one(k, 3)
+		one(k, 1)
+		one(k, 3)
+		e.clock.Advance(53 * time.Minute)
+		one(k, 3)
+		one(k, 3)
+	}
 }
 
 // testSameKeyTwice names one key twice in a request: the items are decided

@@ -40,6 +40,11 @@ type Message interface {
 	// Tenant is whose work the message is ("" for nobody's in
 	// particular); tenants of one priority take turns.
 	Tenant() string
+	// Partition is the part of the downstream the message goes to (a
+	// database's partition key, a queue's partition; "" for none), the
+	// same on every delivery: a throttled answer can pause that part
+	// alone.
+	Partition() string
 	// Deliveries is how many times the message has been delivered,
 	// this time included.
 	Deliveries() int

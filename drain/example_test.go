@@ -46,10 +46,11 @@ type memMessage struct {
 	n         int
 }
 
-func (m *memMessage) Key() string     { return m.key }
-func (m *memMessage) Data() []byte    { return []byte(m.data) }
-func (m *memMessage) Tenant() string  { return "" }
-func (m *memMessage) Deliveries() int { return m.n + 1 }
+func (m *memMessage) Key() string       { return m.key }
+func (m *memMessage) Data() []byte      { return []byte(m.data) }
+func (m *memMessage) Tenant() string    { return "" }
+func (m *memMessage) Partition() string { return "" }
+func (m *memMessage) Deliveries() int   { return m.n + 1 }
 func (m *memMessage) Ack(context.Context) error {
 	m.q.acked.Add(1)
 	return nil

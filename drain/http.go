@@ -20,9 +20,13 @@ const IdempotencyKeyHeader = "Idempotency-Key"
 // reads it from a queued message, where its Publish puts it.
 const HeaderTenant = "Sluice-Tenant"
 
+// HeaderPartition is the header field that carries a message's
+// partition, as HeaderTenant carries its tenant.
+const HeaderPartition = "Sluice-Partition"
+
 // HTTPSink sends each message's data as the body of a request to URL,
-// with the message's key in the Idempotency-Key header field and its
-// tenant in Sluice-Tenant. A 2xx answer is a success; 429 and 503 are
+// with the message's key in the Idempotency-Key header field, its
+// tenant in Sluice-Tenant and its partition in Sluice-Partition. A 2xx answer is a success; 429 and 503 are
 // throttling, with the wait their Retry-After (or RateLimit, or the
 // vendor forms limitheader.RetryDelay reads) asks for; anything else, or
 // an error of the transport, is a failure.
@@ -70,6 +74,9 @@ func (s *HTTPSink) Send(ctx context.Context, m Message) error {
 	req.Header.Set(IdempotencyKeyHeader, m.Key())
 	if t := m.Tenant(); t != "" {
 		req.Header.Set(HeaderTenant, t)
+	}
+	if p := m.Partition(); p != "" {
+		req.Header.Set(HeaderPartition, p)
 	}
 	c := s.HTTP
 	if c == nil {

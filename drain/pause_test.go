@@ -35,9 +35,10 @@ type recMsg struct {
 	n     int
 }
 
-func (m *recMsg) Key() string    { return "k" }
-func (m *recMsg) Data() []byte   { return []byte("x") }
-func (m *recMsg) Tenant() string { return "" }
+func (m *recMsg) Key() string       { return "k" }
+func (m *recMsg) Data() []byte      { return []byte("x") }
+func (m *recMsg) Tenant() string    { return "" }
+func (m *recMsg) Partition() string { return "" }
 func (m *recMsg) Deliveries() int {
 	m.mu.Lock()
 	defer m.mu.Unlock()

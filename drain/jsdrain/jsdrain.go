@@ -191,9 +191,11 @@ func (m *jsMessage) Key() string {
 	return m.md.Stream + "/" + strconv.FormatUint(m.md.Sequence.Stream, 10)
 }
 
-func (m *jsMessage) Data() []byte    { return m.m.Data() }
-func (m *jsMessage) Tenant() string  { return m.m.Headers().Get(drain.HeaderTenant) }
-func (m *jsMessage) Deliveries() int { return int(m.md.NumDelivered) }
+func (m *jsMessage) Data() []byte   { return m.m.Data() }
+func (m *jsMessage) Tenant() string { return m.m.Headers().Get(drain.HeaderTenant) }
+
+func (m *jsMessage) Partition() string { return m.m.Headers().Get(drain.HeaderPartition) }
+func (m *jsMessage) Deliveries() int   { return int(m.md.NumDelivered) }
 
 func (m *jsMessage) Ack(ctx context.Context) error { return m.m.Ack() }
 

@@ -11,7 +11,10 @@
 //     whole purpose is gRPC interceptors, may depend on gRPC (and on
 //     nothing else of the three).
 //   - Only redisstore, among the library packages, depends on go-redis:
-//     a program that keeps its state in memory links no Redis code.
+//     a program that keeps its state in memory links no Redis code. The
+//     one exception, drain/redisdrain (drain's Redis Streams Source),
+//     reaches go-redis only through redisstore: never by importing it,
+//     nor through any other package.
 //   - Only drain/jsdrain (drain's JetStream Source), among the library
 //     packages, depends on the NATS client (nats.go), and none on the NATS
 //     server: a program that drains no JetStream queue, drain's own users
@@ -168,6 +171,9 @@ type rule struct {
 	forbidden func(p *pkg) bool
 	// tests makes the rule bind the direct imports of test files too.
 	tests bool
+	// through, when set, reports whether a forbidden package may be
+	// reached through the direct import p (not imported directly).
+	through func(p *pkg) bool
 }
 
 // underAny reports whether rel is one of dirs or lies below one of them.
@@ -195,6 +201,10 @@ const grpcAllowed = "grpclimit"
 
 // redisAllowed is the one library package that may depend on go-redis.
 const redisAllowed = "redisstore"
+
+// redisThrough is the one library package that may depend on go-redis
+// through redisAllowed, and only through it.
+const redisThrough = "drain/redisdrain"
 
 // isBenchOnly reports whether path is in a module that only the
 // benchmarks may import.
@@ -262,8 +272,14 @@ func importRules(mod string) []rule {
 		},
 		{
 			name:      "only redisstore, of the library packages, may depend on go-redis: a memory-only program links no Redis code",
-			applies:   func(rel string) bool { return isLibrary(rel) && rel != redisAllowed },
+			applies:   func(rel string) bool { return isLibrary(rel) && rel != redisAllowed && rel != redisThrough },
 			forbidden: func(p *pkg) bool { return isRedis(p.ImportPath) },
+		},
+		{
+			name:      "drain/redisdrain may depend on go-redis only through redisstore",
+			applies:   func(rel string) bool { return rel == redisThrough },
+			forbidden: func(p *pkg) bool { return isRedis(p.ImportPath) },
+			through:   func(p *pkg) bool { return p.ImportPath == mod+"/"+redisAllowed },
 		},
 		{
 			name:      "only drain/jsdrain, of the library packages, may depend on the NATS client: a program that drains no JetStream queue links no NATS code",
@@ -349,6 +365,9 @@ func checkImports(pkgs map[string]*pkg, mod string, rules []rule) []string {
 				}
 				if r.forbidden(ip) {
 					msgs = append(msgs, fmt.Sprintf("package %s imports %s: %s", path, imp, r.name))
+					continue
+				}
+				if r.through != nil && r.through(ip) {
 					continue
 				}
 				for _, dep := range ip.Deps {
@@ -570,6 +589,42 @@ func TestRulesCatchViolations(t *testing.T) {
 				"package example.com/m/lease imports example.com/m/redisstore, which depends on github.com/redis/go-redis/v9: only redisstore",
 				"package example.com/m/memstore imports github.com/redis/go-redis/v9: only redisstore",
 			},
+		},
+		{
+			name: "drain/redisdrain reaches go-redis only through redisstore",
+			pkgs: []*pkg{
+				ext("github.com/redis/go-redis/v9"),
+				ext("github.com/go-redis/redis_rate/v10", "github.com/redis/go-redis/v9"),
+				own("redisstore", "redisstore", "github.com/redis/go-redis/v9"),
+				own("drain", "drain", "time"),
+				std("time"),
+				own("drain/redisdrain", "redisdrain", mod+"/redisstore", mod+"/drain"), // allowed
+				own("drain/redisdrainx", "redisdrainx", mod+"/redisstore"),
+				own("drain/redisdrain/sub", "sub", mod+"/redisstore"),
+			},
+			want: []string{
+				"package example.com/m/drain/redisdrain/sub imports example.com/m/redisstore, which depends on github.com/redis/go-redis/v9: only redisstore",
+				"package example.com/m/drain/redisdrainx imports example.com/m/redisstore, which depends on github.com/redis/go-redis/v9: only redisstore",
+			},
+		},
+		{
+			name: "drain/redisdrain imports go-redis directly",
+			pkgs: []*pkg{
+				ext("github.com/redis/go-redis/v9"),
+				own("redisstore", "redisstore", "github.com/redis/go-redis/v9"),
+				own("drain/redisdrain", "redisdrain", mod+"/redisstore", "github.com/redis/go-redis/v9"),
+			},
+			want: []string{"package example.com/m/drain/redisdrain imports github.com/redis/go-redis/v9: drain/redisdrain may depend on go-redis only through redisstore"},
+		},
+		{
+			name: "drain/redisdrain reaches go-redis through another package",
+			pkgs: []*pkg{
+				ext("github.com/redis/go-redis/v9"),
+				ext("github.com/go-redis/redis_rate/v10", "github.com/redis/go-redis/v9"),
+				own("redisstore", "redisstore", "github.com/redis/go-redis/v9"),
+				own("drain/redisdrain", "redisdrain", mod+"/redisstore", "github.com/go-redis/redis_rate/v10"),
+			},
+			want: []string{"package example.com/m/drain/redisdrain imports github.com/go-redis/redis_rate/v10, which depends on github.com/redis/go-redis/v9: drain/redisdrain may depend on go-redis only through redisstore"},
 		},
 		{
 			name: "library links NATS",

@@ -1,0 +1,421 @@
+package redisdrain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/drain"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+// Defaults and bounds of Options.
+const (
+	DefaultWindow  = 256
+	DefaultAckWait = 30 * time.Second
+	// MaxWindow bounds Options.Window.
+	MaxWindow = 1 << 14
+	// MinAckWait bounds Options.AckWait below: Redis counts idle time in
+	// milliseconds, and a shorter wait would hand records on while their
+	// holder still works on them.
+	MinAckWait = 10 * time.Millisecond
+	// MaxClaimEvery is the default ClaimEvery's ceiling.
+	MaxClaimEvery = time.Second
+	// DefaultDedupe is the default PublishOptions.Dedupe, JetStream's
+	// default duplicate window.
+	DefaultDedupe = 2 * time.Minute
+)
+
+// maxBlock bounds each XREADGROUP's wait on the server: it is also how
+// long Next may outlast its context's cancellation (go-redis does not
+// interrupt a blocked read), so how long a Drainer's shutdown may wait for
+// it.
+const maxBlock = time.Second
+
+// readMargin is kept between a read's BLOCK and its context's deadline,
+// so that the read ends on the server, with its records, before the
+// client gives up on it (a read cut short by the client loses the
+// records it was sent until their ack wait ends).
+const readMargin = 100 * time.Millisecond
+
+// Options configure a Source.
+type Options struct {
+	// Stream is the name of the stream to drain; required. Its Redis keys
+	// are redisstore.Stream's, under Prefix.
+	Stream string
+	// Prefix starts the stream's Redis keys; redisstore.DefaultStreamPrefix
+	// when "".
+	Prefix string
+	// Group is the consumer group; required. It is created, at the
+	// stream's first record, if missing.
+	Group string
+	// Consumer is this Source's name in the group; required, and unique
+	// among the group's live consumers (a process's host name and pid,
+	// say). A process that restarts under the same name finds the records
+	// it held still its own, and claims them back after AckWait.
+	Consumer string
+	// Window is the most records the Source holds delivered and not
+	// settled (acknowledged, put back or dead-lettered): the bound on a
+	// drainer's memory and on each read's COUNT. DefaultWindow when 0; at
+	// most MaxWindow.
+	Window int
+	// AckWait is how long a record delivered and not settled, nor
+	// extended by InProgress, stays its consumer's before any consumer of
+	// the group may claim it: how long a dead drainer's records wait.
+	// Every consumer of a group should use the same. DefaultAckWait when
+	// 0; at least MinAckWait.
+	AckWait time.Duration
+	// ClaimEvery is how often the Source looks for records to claim:
+	// those of dead consumers, and those put back whose delay has ended.
+	// A record comes back at most ClaimEvery after it may. When 0, a
+	// quarter of AckWait, at most MaxClaimEvery; at most AckWait.
+	ClaimEvery time.Duration
+}
+
+// check fills o's defaults and validates it; it is the one place that
+// does.
+func (o Options) check() (Options, error) {
+	for _, f := range []struct{ v, name string }{{o.Stream, "Stream"}, {o.Group, "Group"}, {o.Consumer, "Consumer"}} {
+		if f.v == "" {
+			return o, fmt.Errorf("redisdrain: Options.%s is empty", f.name)
+		}
+	}
+	switch {
+	case o.Window < 0 || o.Window > MaxWindow:
+		return o, fmt.Errorf("redisdrain: Options.Window %d out of [0, %d]", o.Window, MaxWindow)
+	case o.Window == 0:
+		o.Window = DefaultWindow
+	}
+	switch {
+	case o.AckWait < 0 || (o.AckWait > 0 && o.AckWait < MinAckWait):
+		return o, fmt.Errorf("redisdrain: Options.AckWait %v is below %v", o.AckWait, MinAckWait)
+	case o.AckWait == 0:
+		o.AckWait = DefaultAckWait
+	}
+	switch {
+	case o.ClaimEvery < 0 || o.ClaimEvery > o.AckWait:
+		return o, fmt.Errorf("redisdrain: Options.ClaimEvery %v out of [0, AckWait %v]", o.ClaimEvery, o.AckWait)
+	case o.ClaimEvery == 0:
+		o.ClaimEvery = min(o.AckWait/4, MaxClaimEvery)
+	}
+	return o, nil
+}
+
+var _ drain.Source = (*Source)(nil)
+
+// Source is a drain.Source on a consumer of a Redis stream's consumer
+// group; see the package doc. Make one with New; Close it when done.
+type Source struct {
+	cfg    Options
+	stream *redisstore.Stream
+	cons   *redisstore.StreamConsumer
+
+	next      sync.Mutex // one Next at a time: it reads and claims
+	cursor    string     // where the claim scan goes on; "0-0" between scans
+	nextClaim time.Time  // when the next scan starts
+
+	mu     sync.Mutex
+	held   int                       // records read or claimed and not settled
+	buf    []redisstore.StreamRecord // of those, not yet handed out by Next
+	wake   chan struct{}             // closed and replaced when a record is settled
+	closed bool
+}
+
+// New creates the group of o if it is missing and returns a Source on it,
+// on c, which the caller owns and closes after the Source.
+func New(ctx context.Context, c redisstore.Client, o Options) (*Source, error) {
+	o, err := o.check()
+	if err != nil {
+		return nil, err
+	}
+	st, err := redisstore.NewStream(c, o.Stream, redisstore.StreamOptions{Prefix: o.Prefix})
+	if err != nil {
+		return nil, fmt.Errorf("redisdrain: %w", err)
+	}
+	cons, err := st.Consumer(o.Group, o.Consumer, o.AckWait)
+	if err != nil {
+		return nil, fmt.Errorf("redisdrain: %w", err)
+	}
+	if err := st.CreateGroup(ctx, o.Group); err != nil {
+		return nil, fmt.Errorf("redisdrain: %w", err)
+	}
+	return &Source{cfg: o, stream: st, cons: cons, cursor: "0-0", wake: make(chan struct{})}, nil
+}
+
+// Options returns the Source's options, defaults filled in.
+func (s *Source) Options() Options { return s.cfg }
+
+// Stream returns the Source's stream: its keys, its dead letters.
+func (s *Source) Stream() *redisstore.Stream { return s.stream }
+
+// Window is Options.Window.
+func (s *Source) Window() int { return s.cfg.Window }
+
+// Next returns the next record: one read or claimed earlier and not yet
+// handed out, else one claimed (idle past AckWait, every ClaimEvery), else
+// a new one, waiting on the server up to a second at a time. While the
+// Source holds Window records it waits for one to be settled. A read
+// under way when ctx is cancelled finishes first (within a second); its
+// records are kept for the next call (or Close).
+func (s *Source) Next(ctx context.Context) (drain.Message, error) {
+	s.next.Lock()
+	defer s.next.Unlock()
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+		if len(s.buf) > 0 {
+			r := s.buf[0]
+			s.buf[0] = redisstore.StreamRecord{}
+			s.buf = s.buf[1:]
+			s.mu.Unlock()
+			return &message{src: s, r: r}, nil
+		}
+		free, wake := s.cfg.Window-s.held, s.wake
+		s.mu.Unlock()
+		if free <= 0 {
+			select {
+			case <-wake:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		recs, err := s.fetch(ctx, free)
+		if len(recs) > 0 {
+			s.mu.Lock()
+			closed := s.closed
+			if !closed {
+				s.held += len(recs)
+				s.buf = append(s.buf, recs...)
+			}
+			s.mu.Unlock()
+			if closed {
+				s.handBack(context.WithoutCancel(ctx), recs)
+				continue
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("redisdrain: %w", err)
+		}
+	}
+}
+
+// fetch claims or reads up to free records; it may return none.
+func (s *Source) fetch(ctx context.Context, free int) ([]redisstore.StreamRecord, error) {
+	now := time.Now()
+	if s.cursor != "0-0" || !now.Before(s.nextClaim) {
+		recs, next, err := s.cons.Claim(ctx, s.cursor, free)
+		if err != nil {
+			return nil, err
+		}
+		s.cursor = next
+		if next == "0-0" {
+			s.nextClaim = now.Add(s.cfg.ClaimEvery)
+		}
+		if len(recs) > 0 || next != "0-0" {
+			return recs, nil
+		}
+	}
+	block := min(maxBlock, time.Until(s.nextClaim))
+	if d, ok := ctx.Deadline(); ok {
+		block = min(block, time.Until(d)-readMargin)
+	}
+	if block < time.Millisecond {
+		// Too close to the claim or to the deadline for a read.
+		t := time.NewTimer(max(0, time.Until(s.nextClaim)))
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		return nil, nil
+	}
+	return s.cons.Read(ctx, free, block)
+}
+
+// Backlog returns the group's records not yet delivered plus those
+// delivered and not acknowledged (redisstore.Stream.Backlog; Redis 7.0 or
+// later).
+func (s *Source) Backlog(ctx context.Context) (int64, error) {
+	n, err := s.stream.Backlog(ctx, s.cfg.Group)
+	if err != nil {
+		return 0, fmt.Errorf("redisdrain: %w", err)
+	}
+	return n, nil
+}
+
+// Close hands back the records read or claimed and not handed out by
+// Next, to be claimed at once by any consumer of the group (a record
+// Close cannot hand back is claimed after AckWait). Records handed out
+// are their holders' to settle. The Source takes nothing more after
+// Close (Next waits for its context to end), and Close does not close
+// the client.
+func (s *Source) Close(ctx context.Context) error {
+	s.mu.Lock()
+	left := s.buf
+	s.buf, s.closed = nil, true
+	s.held -= len(left)
+	s.mu.Unlock()
+	return s.handBack(ctx, left)
+}
+
+// handBack releases records with no delay.
+func (s *Source) handBack(ctx context.Context, recs []redisstore.StreamRecord) error {
+	var errs []error
+	for _, r := range recs {
+		if err := s.cons.Release(ctx, r.ID, 0); err != nil && !errors.Is(err, redisstore.ErrNotHeld) {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("redisdrain: handing back: %w", err)
+	}
+	return nil
+}
+
+// settled frees the window slot of one record and wakes a waiting Next.
+func (s *Source) settled() {
+	s.mu.Lock()
+	s.held--
+	close(s.wake)
+	s.wake = make(chan struct{})
+	s.mu.Unlock()
+}
+
+// message is one delivery of a record.
+type message struct {
+	src  *Source
+	r    redisstore.StreamRecord
+	once sync.Once
+}
+
+// Key is the record's key field, else the stream's name and the record's id.
+func (m *message) Key() string {
+	if m.r.Key != "" {
+		return m.r.Key
+	}
+	return m.src.cfg.Stream + "/" + m.r.ID
+}
+
+func (m *message) Data() []byte      { return m.r.Data }
+func (m *message) Tenant() string    { return m.r.Tenant }
+func (m *message) Partition() string { return m.r.Partition }
+func (m *message) Deliveries() int   { return m.r.Deliveries }
+
+// done frees the record's window slot, once, whatever the outcome of the
+// settlement: a record whose acknowledgement failed is still pending in
+// Redis and is claimed again after AckWait.
+func (m *message) done() { m.once.Do(m.src.settled) }
+
+// Ack acknowledges the record (XACK).
+func (m *message) Ack(ctx context.Context) error {
+	defer m.done()
+	return m.src.cons.Ack(ctx, m.r.ID)
+}
+
+// Nak puts the record back to be claimed once delay has passed (see the
+// package doc, "Delays").
+func (m *message) Nak(ctx context.Context, delay time.Duration) error {
+	defer m.done()
+	return m.src.cons.Release(ctx, m.r.ID, delay)
+}
+
+// InProgress resets the record's idle time, so that no consumer claims it
+// for another AckWait.
+func (m *message) InProgress(ctx context.Context) error {
+	return m.src.cons.Extend(ctx, m.r.ID)
+}
+
+// DeadLetter moves the record, with its key and reason, to the stream's
+// dead-letter stream and acknowledges it, atomically.
+func (m *message) DeadLetter(ctx context.Context, reason error) error {
+	why := "dead-lettered"
+	if reason != nil {
+		why = reason.Error()
+	}
+	_, err := m.src.cons.DeadLetter(ctx, m.r.ID, m.Key(), why)
+	if err == nil {
+		m.done()
+	}
+	return err
+}
+
+// A Record is a message as published.
+type Record struct {
+	// Key is the message's idempotency key (drain.Message.Key); "" for
+	// none, in which case the key is the stream and the record's id, and
+	// the record is not deduplicated.
+	Key string
+	// Tenant and Partition are the message's (drain.Message.Tenant and
+	// Partition); "" for none.
+	Tenant, Partition string
+	// Data is the message's body.
+	Data []byte
+}
+
+// PublishOptions configure a Publisher.
+type PublishOptions struct {
+	// Stream and Prefix name the stream, as Options do; Stream is
+	// required.
+	Stream, Prefix string
+	// Dedupe is the window within which a second record of the same key
+	// is dropped: DefaultDedupe when 0.
+	Dedupe time.Duration
+}
+
+// A Publisher adds records to a stream. Make one with NewPublisher.
+type Publisher struct {
+	stream *redisstore.Stream
+	dedupe time.Duration
+}
+
+// NewPublisher returns a Publisher of o on c, which the caller owns and
+// closes. It does not contact Redis.
+func NewPublisher(c redisstore.Client, o PublishOptions) (*Publisher, error) {
+	if o.Stream == "" {
+		return nil, errors.New("redisdrain: PublishOptions.Stream is empty")
+	}
+	if o.Dedupe < 0 {
+		return nil, fmt.Errorf("redisdrain: PublishOptions.Dedupe is negative (%v)", o.Dedupe)
+	}
+	if o.Dedupe == 0 {
+		o.Dedupe = DefaultDedupe
+	}
+	st, err := redisstore.NewStream(c, o.Stream, redisstore.StreamOptions{Prefix: o.Prefix})
+	if err != nil {
+		return nil, fmt.Errorf("redisdrain: %w", err)
+	}
+	return &Publisher{stream: st, dedupe: o.Dedupe}, nil
+}
+
+// Publish adds r to the stream, with its key, tenant, partition and data
+// as the record's fields, once: a record of the same key published within
+// the dedupe window of the first is dropped, and Publish returns added
+// false. Once Publish returns nil, the record is in Redis (as durable as
+// the server's persistence makes it).
+func (p *Publisher) Publish(ctx context.Context, r Record) (added bool, err error) {
+	_, added, err = p.stream.Add(ctx, redisstore.StreamRecord{Key: r.Key, Tenant: r.Tenant, Partition: r.Partition, Data: r.Data}, p.dedupe)
+	if err != nil {
+		return false, fmt.Errorf("redisdrain: %w", err)
+	}
+	return added, nil
+}
+
+// Publish adds r to the stream named stream, under the default prefix and
+// dedupe window, as a Publisher does.
+func Publish(ctx context.Context, c redisstore.Client, stream string, r Record) (added bool, err error) {
+	p, err := NewPublisher(c, PublishOptions{Stream: stream})
+	if err != nil {
+		return false, err
+	}
+	return p.Publish(ctx, r)
+}

@@ -259,7 +259,16 @@ func (s *Stream) Backlog(ctx context.Context, group string) (int64, error) {
 		return 0, fmt.Errorf("redisstore: the groups of stream %q: %w", s.name, err)
 	}
 	for _, g := range groups {
-		kv, _ := g.([]any)
+		// A flat list of names and values (RESP2), or a map (RESP3).
+		var kv []any
+		switch g := g.(type) {
+		case []any:
+			kv = g
+		case map[any]any:
+			for k, v := range g {
+				kv = append(kv, k, v)
+			}
+		}
 		var name string
 		var pending int64
 		lag, hasLag, lagKnown := int64(0), false, false

@@ -34,6 +34,10 @@ const (
 // it.
 const maxBlock = time.Second
 
+// gatherWait bounds how long Next waits for half the window to be free
+// before it reads fewer records.
+const gatherWait = 2 * time.Millisecond
+
 // readMargin is kept between a read's BLOCK and its context's deadline,
 // so that the read ends on the server, with its records, before the
 // client gives up on it (a read cut short by the client loses the
@@ -162,6 +166,13 @@ func (s *Source) Window() int { return s.cfg.Window }
 func (s *Source) Next(ctx context.Context) (drain.Message, error) {
 	s.next.Lock()
 	defer s.next.Unlock()
+	var gather *time.Timer // the wait for half the window to be free
+	gathered := false      // that wait is over
+	defer func() {
+		if gather != nil {
+			gather.Stop()
+		}
+	}()
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -181,13 +192,26 @@ func (s *Source) Next(ctx context.Context) (drain.Message, error) {
 		}
 		free, wake := s.cfg.Window-s.held, s.wake
 		s.mu.Unlock()
-		if free <= 0 {
+		if free <= 0 || (free < s.cfg.Window/2 && !gathered) {
+			// A full window waits for a settled record; one less than
+			// half free waits up to gatherWait for more, so that reads
+			// take many records at a time rather than one per settled
+			// record.
+			var expired <-chan time.Time
+			if free > 0 {
+				if gather == nil {
+					gather = time.NewTimer(gatherWait)
+				}
+				expired = gather.C
+			}
 			select {
 			case <-wake:
-				continue
+			case <-expired:
+				gathered = true
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			}
+			continue
 		}
 		recs, err := s.fetch(ctx, free)
 		if len(recs) > 0 {

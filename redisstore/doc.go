@@ -12,9 +12,15 @@
 //     downstream's limit.
 //   - ExpiringHash is a small table of entries with their own TTLs, for
 //     settings every replica must see (the service's runtime overrides).
+//   - Stream is a work queue on a Redis stream and its consumer groups
+//     (StreamConsumer: read, claim, extend, release with a delay,
+//     acknowledge, dead-letter), with deduplicated adds and a dead-letter
+//     stream, every key of one stream under one hash tag: the Redis side
+//     of drain/redisdrain. Its type doc has its model; streams.go and the
+//     stream_*.lua scripts (one per step) hold it.
 //
-// All of them are built on a redis.UniversalClient that the caller owns and
-// closes; NewClient makes one with the settings they expect (every call
+// All of them are built on a redis.UniversalClient (Client, the name other
+// packages use for it) that the caller owns and closes; NewClient makes one with the settings they expect (every call
 // bounded, no retries), for a standalone server, Sentinel or Cluster. All of
 // them time what they store by the Redis server's clock (TIME inside their
 // scripts), never by a client's. LogTo routes go-redis's own log lines

@@ -31,6 +31,9 @@ var streamAckLua string
 //go:embed stream_dead.lua
 var streamDeadLua string
 
+//go:embed stream_prune.lua
+var streamPruneLua string
+
 // Client is the client every type of this package is built on: the one
 // NewClient returns, or any go-redis UniversalClient. Packages that build
 // on this one (drain/redisdrain) name it here, so that they depend on
@@ -113,6 +116,7 @@ type Stream struct {
 	key, dead, delays, dupKp string
 	add, claim, release      *redis.Script
 	extend, ack, deadLetter  *redis.Script
+	prune                    *redis.Script
 }
 
 // NewStream returns the stream named name on c, which the caller owns and
@@ -144,6 +148,7 @@ func NewStream(c Client, name string, o StreamOptions) (*Stream, error) {
 		extend:     redis.NewScript(streamExtendLua),
 		ack:        redis.NewScript(streamAckLua),
 		deadLetter: redis.NewScript(streamDeadLua),
+		prune:      redis.NewScript(streamPruneLua),
 	}, nil
 }
 
@@ -296,6 +301,28 @@ func (s *Stream) Backlog(ctx context.Context, group string) (int64, error) {
 		return lag + pending, nil
 	}
 	return 0, fmt.Errorf("redisstore: stream %q has no group %q", s.name, group)
+}
+
+// MaxPrune bounds the consumers one Prune removes.
+const MaxPrune = 1000
+
+// Prune removes from group up to MaxPrune consumers that hold no pending
+// record and have been idle (no read or claim) for at least idle, and
+// returns how many it removed. A group's consumers are never removed by
+// Redis itself, so without Prune every name a crashed process used stays
+// in the group. The check and the removal are one step, so no pending
+// record is dropped; a live consumer removed is made again by its next
+// read.
+func (s *Stream) Prune(ctx context.Context, group string, idle time.Duration) (int, error) {
+	return s.pruneRun(ctx, group, idle, "")
+}
+
+func (s *Stream) pruneRun(ctx context.Context, group string, idle time.Duration, name string) (int, error) {
+	n, err := s.prune.Run(ctx, s.c, []string{s.key}, group, max(idle.Milliseconds(), 0), MaxPrune, name).Int()
+	if err != nil {
+		return 0, fmt.Errorf("redisstore: pruning the consumers of group %q of stream %q: %w", group, s.name, err)
+	}
+	return n, nil
 }
 
 // DeadLetters returns up to count of the oldest records of the
@@ -461,6 +488,14 @@ func (c *StreamConsumer) Claim(ctx context.Context, start string, count int) ([]
 		out = append(out, r)
 	}
 	return out, next, nil
+}
+
+// Remove removes this consumer from its group if it holds no pending
+// record, and reports whether it did. A process that stops calls it so
+// that its name does not stay in the group.
+func (c *StreamConsumer) Remove(ctx context.Context) (bool, error) {
+	n, err := c.s.pruneRun(ctx, c.group, 1<<62, c.name)
+	return n > 0, err
 }
 
 // Ack acknowledges the record id: it leaves the group's pending list and

@@ -311,3 +311,57 @@ func TestStreamValidation(t *testing.T) {
 		t.Errorf("Backlog of a missing group: %v", err)
 	}
 }
+
+func TestStreamPrune(t *testing.T) {
+	s, c := newTestStream(t, "prune")
+	ctx := t.Context()
+	s.Add(ctx, StreamRecord{Data: []byte("x")}, 0)
+	a, _ := s.Consumer("g", "a", time.Minute)
+	b, _ := s.Consumer("g", "b", time.Minute)
+	d, _ := s.Consumer("g", "d", time.Minute)
+	recs, err := a.Read(ctx, 5, time.Second)
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("Read = %+v, %v", recs, err)
+	}
+	for _, k := range []*StreamConsumer{b, d} {
+		if err := c.XGroupCreateConsumer(ctx, s.Key(), "g", k.Name()).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	names := func() []string {
+		cs, err := c.XInfoConsumers(ctx, s.Key(), "g").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, k := range cs {
+			out = append(out, k.Name)
+		}
+		return out
+	}
+	if n, err := s.Prune(ctx, "g", time.Hour); err != nil || n != 0 {
+		t.Errorf("Prune of consumers idle an hour = %d, %v; none is", n, err)
+	}
+	if ok, err := b.Remove(ctx); err != nil || !ok {
+		t.Errorf("b.Remove = %v, %v", ok, err)
+	}
+	if got := strings.Join(names(), ","); got != "a,d" {
+		t.Errorf("consumers after b.Remove: %s", got)
+	}
+	if n, err := s.Prune(ctx, "g", 0); err != nil || n != 1 {
+		t.Errorf("Prune(0) = %d, %v; want d alone removed", n, err)
+	}
+	if got := strings.Join(names(), ","); got != "a" {
+		t.Errorf("consumers after Prune: %s; a holds a record", got)
+	}
+	if ok, err := a.Remove(ctx); err != nil || ok {
+		t.Errorf("Remove of a consumer with a pending record = %v, %v", ok, err)
+	}
+	if p := c.XPending(ctx, s.Key(), "g").Val(); p.Count != 1 {
+		t.Errorf("pending %d after the prunes, want 1", p.Count)
+	}
+	a.Ack(ctx, recs[0].ID)
+	if ok, err := a.Remove(ctx); err != nil || !ok {
+		t.Errorf("Remove after the ack = %v, %v", ok, err)
+	}
+}

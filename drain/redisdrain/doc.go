@@ -28,6 +28,12 @@
 // record's idle time, if its consumer still holds it. Deliveries is the
 // group's delivery counter, which a claim increments.
 //
+// Redis keeps a group's consumers until they are removed, so a Source
+// removes its own on Close when it holds nothing, and New removes the
+// group's consumers that hold nothing and have been idle for an hour
+// (the names of processes that died), each check and removal one atomic
+// step that never drops a pending record.
+//
 // A Source holds at most Options.Window records delivered and not
 // settled: each read's and claim's COUNT is the free part of the window,
 // and while it is full Next waits. Every wait on the server (BLOCK) is

@@ -38,6 +38,10 @@ const maxBlock = time.Second
 // before it reads fewer records.
 const gatherWait = 2 * time.Millisecond
 
+// pruneIdle is how long a consumer of the group that holds nothing must
+// have been idle for New to remove it (redisstore.Stream.Prune).
+const pruneIdle = time.Hour
+
 // readMargin is kept between a read's BLOCK and its context's deadline,
 // so that the read ends on the server, with its records, before the
 // client gives up on it (a read cut short by the client loses the
@@ -143,6 +147,11 @@ func New(ctx context.Context, c redisstore.Client, o Options) (*Source, error) {
 		return nil, fmt.Errorf("redisdrain: %w", err)
 	}
 	if err := st.CreateGroup(ctx, o.Group); err != nil {
+		return nil, fmt.Errorf("redisdrain: %w", err)
+	}
+	// The names of processes that died holding nothing (or whose records
+	// others claimed since) would otherwise stay in the group for ever.
+	if _, err := st.Prune(ctx, o.Group, pruneIdle); err != nil {
 		return nil, fmt.Errorf("redisdrain: %w", err)
 	}
 	return &Source{cfg: o, stream: st, cons: cons, cursor: "0-0", wake: make(chan struct{})}, nil
@@ -279,8 +288,10 @@ func (s *Source) Backlog(ctx context.Context) (int64, error) {
 
 // Close hands back the records read or claimed and not handed out by
 // Next, to be claimed at once by any consumer of the group (a record
-// Close cannot hand back is claimed after AckWait). Records handed out
-// are their holders' to settle. The Source takes nothing more after
+// Close cannot hand back is claimed after AckWait), and then removes the
+// consumer from the group if it holds nothing. Records handed out are
+// their holders' to settle (call Close after the Drainer's Run has
+// returned). The Source takes nothing more after
 // Close (Next waits for its context to end), and Close does not close
 // the client.
 func (s *Source) Close(ctx context.Context) error {
@@ -289,7 +300,11 @@ func (s *Source) Close(ctx context.Context) error {
 	s.buf, s.closed = nil, true
 	s.held -= len(left)
 	s.mu.Unlock()
-	return s.handBack(ctx, left)
+	err := s.handBack(ctx, left)
+	if _, rerr := s.cons.Remove(ctx); rerr != nil {
+		err = errors.Join(err, fmt.Errorf("redisdrain: %w", rerr))
+	}
+	return err
 }
 
 // handBack releases records with no delay.

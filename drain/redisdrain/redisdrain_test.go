@@ -10,7 +10,6 @@ import (
 	"github.com/sluicehq/sluice/drain"
 	"github.com/sluicehq/sluice/drain/redisdrain"
 	"github.com/sluicehq/sluice/internal/redistest"
-	"github.com/sluicehq/sluice/redisstore"
 )
 
 func TestOptions(t *testing.T) {
@@ -138,6 +137,7 @@ func TestClose(t *testing.T) {
 	}
 	b := open("b")
 	var keys []string
+	var bs []drain.Message
 	for range 2 {
 		n, err := b.Next(ctx)
 		if err != nil {
@@ -147,15 +147,93 @@ func TestClose(t *testing.T) {
 			t.Errorf("%s handed back: Deliveries %d, want 2", n.Key(), n.Deliveries())
 		}
 		keys = append(keys, n.Key())
+		bs = append(bs, n)
 	}
 	if strings.Join(keys, ",") == "" || keys[0] == m.Key() || keys[1] == m.Key() {
 		t.Errorf("handed back %v; %s was handed out and is a's", keys, m.Key())
 	}
+	// a still holds m and b the two it took: Close removes neither.
+	if err := b.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cs, err := c.XInfoConsumers(ctx, b.Stream().Key(), "g").Result()
+	if err != nil || len(cs) != 2 || cs[0].Name != "a" || cs[0].Pending != 1 {
+		t.Errorf("consumers after Close: %+v, %v; want a holding 1 and b its 2", cs, err)
+	}
 	if err := m.Ack(ctx); err != nil {
 		t.Errorf("Ack of a message handed out before Close: %v", err)
 	}
-	st, _ := redisstore.NewStream(c, "s", redisstore.StreamOptions{})
-	if n, err := st.Backlog(ctx, "g"); err != nil || n != 2 {
-		t.Errorf("Backlog = %d, %v; want the 2 b holds", n, err)
+	// Holding nothing, a Source's Close removes its consumer.
+	for _, n := range bs {
+		if err := n.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if cs, err := c.XInfoConsumers(ctx, b.Stream().Key(), "g").Result(); err != nil || len(cs) != 1 || cs[0].Name != "b" {
+		t.Errorf("consumers after a's Close: %+v, %v; want b alone", cs, err)
+	}
+	if n, err := b.Backlog(ctx); err != nil || n != 0 {
+		t.Errorf("Backlog = %d, %v; want 0, all acknowledged", n, err)
+	}
+}
+
+// TestReadsWithinWindow checks that the Source never takes from Redis
+// more than its window: what the consumer has pending there is what it
+// handed out plus what it holds to hand out, never above Window.
+func TestReadsWithinWindow(t *testing.T) {
+	c := client(t, []string{redistest.Standalone(t).Addr()})
+	ctx := t.Context()
+	p, _ := redisdrain.NewPublisher(c, redisdrain.PublishOptions{Stream: "w"})
+	for i := range 20 {
+		if _, err := p.Publish(ctx, redisdrain.Record{Data: []byte{byte(i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const window = 6
+	src, err := redisdrain.New(ctx, c, redisdrain.Options{Stream: "w", Group: "g", Consumer: "c", Window: window, AckWait: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending := func() int64 {
+		t.Helper()
+		ps, err := c.XPending(ctx, src.Stream().Key(), "g").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ps.Count
+	}
+	var held []drain.Message
+	for range window {
+		m, err := src.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, m)
+		if n := pending(); n > window {
+			t.Fatalf("%d pending for a window of %d", n, window)
+		}
+	}
+	if n := pending(); n != window {
+		t.Fatalf("%d pending with the window full, want %d", n, window)
+	}
+	// Settling two lets two more in, not more.
+	for _, m := range held[:2] {
+		if err := m.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 2 {
+		if _, err := src.Next(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := pending(); n != window {
+		t.Errorf("%d pending after two settled and two taken, want %d", n, window)
+	}
+	if n, err := src.Backlog(ctx); err != nil || n != 18 {
+		t.Errorf("Backlog = %d, %v; want 18", n, err)
 	}
 }

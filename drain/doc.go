@@ -1,9 +1,10 @@
 // Package drain drains durable queues only as fast as the downstream's
 // capacity allows.
 //
-// A Drainer takes messages from one or more Sources (durable queues; the
-// one provided, a JetStream pull consumer, is in package drain/jsdrain, so
-// that drain itself links no queue's client) and hands each to a Sink
+// A Drainer takes messages from one or more Sources (durable queues; those
+// provided, a JetStream pull consumer and a Redis stream's consumer group,
+// are in packages drain/jsdrain and drain/redisdrain, so that drain itself
+// links no queue's client; every one passes drain/draintest) and hands each to a Sink
 // (an HTTP call, say: HTTPSink), releasing them no faster than a Limiter
 // grants — a ratelimit.Limiter, a lease Holder's limiter whose rate
 // follows the capacity this process holds among many, or a
@@ -16,7 +17,8 @@
 // keeps it, and if the process dies (kill -9 included) the queue delivers
 // it again once its ack wait has passed. Every message carries a key
 // (Message.Key) that stays the same on every delivery — for JetStream the
-// publisher's Nats-Msg-Id, else the stream and sequence — and the Sink
+// publisher's Nats-Msg-Id, else the stream and sequence; for Redis the
+// record's key field, else the stream and the record's id — and the Sink
 // passes it on (HTTPSink sends it as Idempotency-Key), so a sink that
 // honours it applies each message once even when the message is delivered
 // twice. The drainer gives at-least-once delivery; effects are exactly
@@ -24,7 +26,8 @@
 //
 // Memory is bounded whatever the backlog: each Source holds at most its
 // window of messages delivered and not yet acknowledged (JetStream's
-// MaxAckPending), and the drainer never asks for more.
+// MaxAckPending; for Redis, what its Source holds pending), and the
+// drainer never asks for more.
 //
 // # Outcomes of a Sink call
 //

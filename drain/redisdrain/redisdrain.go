@@ -232,7 +232,9 @@ func (s *Source) Next(ctx context.Context) (drain.Message, error) {
 			}
 			s.mu.Unlock()
 			if closed {
-				s.handBack(context.WithoutCancel(ctx), recs)
+				// Read as Close ran: handed back too (one that is not is
+				// claimed after AckWait).
+				_ = s.handBack(context.WithoutCancel(ctx), recs)
 				continue
 			}
 		}

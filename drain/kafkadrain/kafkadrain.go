@@ -730,7 +730,8 @@ func (m *message) DeadLetter(ctx context.Context, reason error) error {
 		return errors.New("kafkadrain: record settled twice")
 	}
 	if gone {
-		_ = m.src.settle(m.x, false, 0)
+		// Not dead-lettered here: the new owner gets it, and the
+		// Drainer's Nak that follows this error settles it.
 		return errRevoked
 	}
 	why := reason.Error()

@@ -333,16 +333,21 @@ func (s *Source) Next(ctx context.Context) (drain.Message, error) {
 		wake := s.wake
 		s.mu.Unlock()
 		var due <-chan time.Time
+		var t *time.Timer
 		if !soonest.IsZero() {
-			t := time.NewTimer(time.Until(soonest))
+			t = time.NewTimer(time.Until(soonest))
 			due = t.C
-			defer t.Stop()
 		}
 		select {
 		case <-wake:
 		case <-due:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+		}
+		if t != nil {
+			t.Stop()
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
 		}
 	}
 }

@@ -119,3 +119,100 @@ func TestKeyDefaults(t *testing.T) {
 
 func itoa(p int32) string   { return strconv.Itoa(int(p)) }
 func itoa64(o int64) string { return strconv.FormatInt(o, 10) }
+
+// heldOnePerPartition publishes one record to each partition and returns
+// them as delivered to a Source of the cluster's group with o.
+func heldOnePerPartition(t *testing.T, c *cluster, o kafkadrain.Options) (*consumer, map[int32]drain.Message) {
+	t.Helper()
+	prod, err := kafkadrain.NewProducer(c.brokers, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prod.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for p := range int32(partitions) {
+		r := &kgo.Record{Topic: c.topic, Partition: p, Value: []byte("x")}
+		if err := prod.ProduceSync(ctx, r).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src := c.open(t, o)
+	held := make(map[int32]drain.Message)
+	for range partitions {
+		m, err := src.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The default key is topic/partition/offset.
+		p, _ := strconv.Atoi(strings.Split(m.Key(), "/")[1])
+		held[int32(p)] = m
+	}
+	return src, held
+}
+
+// TestRevokeWaits: a member joins while another holds a record of every
+// partition; the rebalance waits for them (RevokeWait), so the newcomer
+// gets none of them, and once they are acknowledged it gets nothing.
+func TestRevokeWaits(t *testing.T) {
+	c := newCluster(t)
+	o := kafkadrain.Options{SessionTimeout: c.session(2 * time.Second), RevokeWait: time.Minute}
+	_, held := heldOnePerPartition(t, c, o)
+	other := c.open(t, o)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*o.SessionTimeout)
+	if m, err := other.Next(ctx); err == nil {
+		t.Fatalf("the newcomer got %s, held by the other member", m.Key())
+	}
+	cancel()
+	for _, m := range held {
+		if err := m.Ack(context.Background()); err != nil {
+			t.Fatalf("Ack %s: %v", m.Key(), err)
+		}
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 2*o.SessionTimeout)
+	defer cancel()
+	if m, err := other.Next(ctx); err == nil {
+		t.Fatalf("the newcomer got %s, acknowledged by the other member", m.Key())
+	}
+}
+
+// TestRevokeDrops: with a short RevokeWait, the partition that moves to a
+// newcomer is let go with its record still out: that record's Ack fails
+// and commits nothing, the newcomer gets it, and the acks of the others
+// hold.
+func TestRevokeDrops(t *testing.T) {
+	c := newCluster(t)
+	o := kafkadrain.Options{SessionTimeout: c.session(2 * time.Second), RevokeWait: time.Millisecond}
+	_, held := heldOnePerPartition(t, c, o)
+	other := c.open(t, o)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	moved, err := other.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if moved.Deliveries() != 1 {
+		t.Errorf("Deliveries %d at the new owner, want 1", moved.Deliveries())
+	}
+	var failed int
+	for _, m := range held {
+		err := m.Ack(ctx)
+		switch {
+		case m.Key() == moved.Key() && err == nil:
+			t.Errorf("Ack of %s, whose partition moved, succeeded", m.Key())
+		case m.Key() == moved.Key():
+			failed++
+		case err != nil:
+			t.Errorf("Ack %s: %v", m.Key(), err)
+		}
+	}
+	if failed != 1 {
+		t.Fatalf("the newcomer got %s, not one of the records held", moved.Key())
+	}
+	if err := moved.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Every record settled once, by its partition's owner: the group's
+	// committed offsets reach the end.
+	committedAll(t, c, 30*time.Second)
+}

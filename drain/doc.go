@@ -1,9 +1,10 @@
 // Package drain drains durable queues only as fast as the downstream's
 // capacity allows.
 //
-// A Drainer takes messages from one or more Sources (durable queues; the
-// one provided, a JetStream pull consumer, is in package drain/jsdrain, so
-// that drain itself links no queue's client) and hands each to a Sink
+// A Drainer takes messages from one or more Sources (durable queues: a
+// JetStream pull consumer in package drain/jsdrain, a Kafka consumer
+// group in drain/kafkadrain, so that drain itself links no queue's
+// client) and hands each to a Sink
 // (an HTTP call, say: HTTPSink), releasing them no faster than a Limiter
 // grants — a ratelimit.Limiter, a lease Holder's limiter whose rate
 // follows the capacity this process holds among many, or a

@@ -216,3 +216,46 @@ func TestRevokeDrops(t *testing.T) {
 	// committed offsets reach the end.
 	committedAll(t, c, 30*time.Second)
 }
+
+// TestMaxUncommitted: a record put back for long holds its partition's
+// commit point; the records settled behind it stay tracked, and once
+// MaxUncommitted are, the Source takes no more from the topic.
+func TestMaxUncommitted(t *testing.T) {
+	const bound = 6
+	c := newCluster(t)
+	prod := c.producer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for i := range 3 * bound {
+		if err := kafkadrain.Publish(ctx, prod, c.topic, key(i), "", "one", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src := c.open(t, kafkadrain.Options{Window: bound, MaxUncommitted: bound, SessionTimeout: c.session(2 * time.Second)})
+	first, err := src.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Nak(ctx, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	for range bound - 1 {
+		m, err := src.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Ack(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// bound records tracked: the one put back and those settled behind it.
+	wctx, wcancel := context.WithTimeout(ctx, time.Second)
+	defer wcancel()
+	if m, err := src.Next(wctx); err == nil {
+		t.Fatalf("delivered %s with %d records tracked past the commit point", m.Key(), bound)
+	}
+	n, err := src.Backlog(ctx)
+	if err != nil || n != 2*bound+1 {
+		t.Fatalf("Backlog %d, %v; want %d (the %d not settled)", n, err, 2*bound+1, 2*bound+1)
+	}
+}

@@ -623,7 +623,7 @@ func TestRulesCatchViolations(t *testing.T) {
 				ext("github.com/twmb/franz-go/pkg/kgo"), ext("github.com/twmb/franz-go/pkg/kfake"),
 				func() *pkg {
 					p := own("drain/kafkadrain", "kafkadrain", "github.com/twmb/franz-go/pkg/kgo") // allowed
-					p.XTestImports = []string{"github.com/twmb/franz-go/pkg/kfake"}              // allowed
+					p.XTestImports = []string{"github.com/twmb/franz-go/pkg/kfake"}                // allowed
 					return p
 				}(),
 				own("drain", "drain", "github.com/twmb/franz-go/pkg/kgo"),

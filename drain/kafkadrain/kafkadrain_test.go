@@ -2,8 +2,11 @@ package kafkadrain_test
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -257,5 +260,61 @@ func TestMaxUncommitted(t *testing.T) {
 	n, err := src.Backlog(ctx)
 	if err != nil || n != 2*bound+1 {
 		t.Fatalf("Backlog %d, %v; want %d (the %d not settled)", n, err, 2*bound+1, 2*bound+1)
+	}
+}
+
+// TestOrderedDrainer drains records of four downstream partitions (so at
+// most four Kafka partitions) through a Drainer of eight workers on an
+// Ordered Source, with one record throttled twice: each partition's
+// records are applied in the order they were published.
+func TestOrderedDrainer(t *testing.T) {
+	const n = 120
+	c := newCluster(t)
+	prod := c.producer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for i := range n {
+		if err := kafkadrain.Publish(ctx, prod, c.topic, key(i), "", "k"+strconv.Itoa(i%4), []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src := c.open(t, kafkadrain.Options{Window: 16, Ordered: true, SessionTimeout: c.session(2 * time.Second)})
+	var mu sync.Mutex
+	last := make(map[string]int) // partition → the last record applied
+	throttled := 0
+	done := make(chan struct{})
+	applied := 0
+	sink := func(_ context.Context, m drain.Message) error {
+		mu.Lock()
+		defer mu.Unlock()
+		i, _ := strconv.Atoi(string(m.Data()))
+		if i == 41 && throttled < 2 {
+			throttled++
+			return drain.Throttle(5*time.Millisecond, errors.New("429"))
+		}
+		if prev, ok := last[m.Partition()]; ok && i <= prev {
+			t.Errorf("partition %s: record %d applied after %d", m.Partition(), i, prev)
+		}
+		last[m.Partition()] = i
+		if applied++; applied == n {
+			close(done)
+		}
+		return nil
+	}
+	d, err := drain.New(drain.Options{Inputs: []drain.Input{{Source: src}}, Sink: sink, Workers: 8,
+		DefaultPause: time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- d.Run(rctx) }()
+	await(t, done, 60*time.Second, "every record applied")
+	stop()
+	if err := <-ran; err != nil {
+		t.Fatal(err)
+	}
+	if throttled != 2 {
+		t.Errorf("record 41 throttled %d times, want 2", throttled)
 	}
 }

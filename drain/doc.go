@@ -2,9 +2,10 @@
 // capacity allows.
 //
 // A Drainer takes messages from one or more Sources (durable queues; those
-// provided, a JetStream pull consumer and a Redis stream's consumer group,
-// are in packages drain/jsdrain and drain/redisdrain, so that drain itself
-// links no queue's client; every one passes drain/draintest) and hands each to a Sink
+// provided, a JetStream pull consumer, a Redis stream's consumer group and
+// a Kafka consumer group, are in packages drain/jsdrain, drain/redisdrain
+// and drain/kafkadrain, so that drain itself links no queue's client;
+// every one passes drain/draintest) and hands each to a Sink
 // (an HTTP call, say: HTTPSink), releasing them no faster than a Limiter
 // grants — a ratelimit.Limiter, a lease Holder's limiter whose rate
 // follows the capacity this process holds among many, or a

@@ -6,12 +6,20 @@
 //
 //   - Delivered: each message published is delivered with its key, data,
 //     tenant and partition, and once acknowledged is never delivered
-//     again, to this consumer or another of its group.
+//     again, to this consumer or another of its group that takes over
+//     from it. (A queue that records acknowledgements in batches, as a
+//     Kafka group commits offsets, may deliver the last ones again after
+//     a crash: delivery is at least once, and the suite checks no crash
+//     here.)
 //   - Window: a Source delivers at most Window messages that were not
 //     acknowledged, put back or dead-lettered (the drainer's bounded
 //     memory), and delivers one more as soon as one is settled.
 //   - InProgress: a message whose holder keeps calling InProgress is not
-//     delivered to another consumer, however long past the ack wait.
+//     delivered to another consumer, however long past the ack wait. (A
+//     queue without a deadline per message, such as a Kafka group, meets
+//     this through its member's session, and, when another member joins,
+//     by holding the rebalance while the message is out, for a bound of
+//     its own.)
 //   - Crash: the messages a consumer held when it stopped without a word
 //     (as a process killed with SIGKILL) are delivered to another within
 //     its ack wait and a margin.

@@ -20,6 +20,11 @@
 //     server: a program that drains no JetStream queue, drain's own users
 //     included, links no NATS code, and only cmd/ and internal/ embed a
 //     server.
+//   - Only drain/kafkadrain (drain's Kafka Source), among the library
+//     packages, depends on franz-go: a program that drains no Kafka topic
+//     links no Kafka code. Its in-process test cluster, kfake, is imported
+//     by drain/kafkadrain's tests alone, and this rule binds test files
+//     too.
 //   - No library package imports a package under internal/: what a
 //     library needs is public, so its users can see and use it too.
 //   - Only package main under cmd/ imports flag or reads the environment
@@ -42,8 +47,8 @@
 //     packages are exempt: every program that imports sync or os links
 //     internal/synctest and internal/testlog.
 //
-// Test files are exempt from every rule but those two (ARCHITECTURE.md's
-// sixth and seventh). So are test-support packages (those that import
+// Test files are exempt from every rule but those three (ARCHITECTURE.md's
+// sixth, seventh and, for kfake, tenth). So are test-support packages (those that import
 // "testing", such as internal/redistest) from the environment rule, as the Go tree exempts its internal/testenv: they run
 // only inside tests, where reading CI=true is how a test learns that a
 // missing tool is a failure rather than a reason to skip.
@@ -249,6 +254,15 @@ const natsAllowed = "drain/jsdrain"
 func isNATSClient(path string) bool { return hasPathPrefix(path, "github.com/nats-io/nats.go") }
 func isNATSServer(path string) bool { return hasPathPrefix(path, "github.com/nats-io/nats-server") }
 
+// kafkaAllowed is the one library package that may depend on franz-go,
+// and the one package whose tests may import kfake.
+const kafkaAllowed = "drain/kafkadrain"
+
+// isFranz and isKfake report whether path is franz-go (any of its
+// modules) or its in-process test cluster, kfake.
+func isFranz(path string) bool { return hasPathPrefix(path, "github.com/twmb/franz-go") }
+func isKfake(path string) bool { return hasPathPrefix(path, "github.com/twmb/franz-go/pkg/kfake") }
+
 // isLibrary reports whether the package at rel is a library package: one
 // that users of the module import.
 func isLibrary(rel string) bool { return !underAny(rel, "cmd", "internal", "bench") }
@@ -290,6 +304,22 @@ func importRules(mod string) []rule {
 			name:      "no library package may depend on the NATS server (only cmd/ and internal/ embed it)",
 			applies:   isLibrary,
 			forbidden: func(p *pkg) bool { return isNATSServer(p.ImportPath) },
+		},
+		{
+			name:      "only drain/kafkadrain, of the library packages, may depend on franz-go: a program that drains no Kafka topic links no Kafka code",
+			applies:   func(rel string) bool { return isLibrary(rel) && rel != kafkaAllowed },
+			forbidden: func(p *pkg) bool { return isFranz(p.ImportPath) },
+		},
+		{
+			name:      "only drain/kafkadrain's tests may import kfake, franz-go's in-process test cluster",
+			applies:   func(rel string) bool { return rel != kafkaAllowed },
+			forbidden: func(p *pkg) bool { return isKfake(p.ImportPath) },
+			tests:     true,
+		},
+		{
+			name:      "drain/kafkadrain may depend on franz-go but not link kfake outside its tests",
+			applies:   func(rel string) bool { return rel == kafkaAllowed },
+			forbidden: func(p *pkg) bool { return isKfake(p.ImportPath) },
 		},
 		{
 			name:      "library packages may not import the module's internal/ packages",
@@ -640,6 +670,29 @@ func TestRulesCatchViolations(t *testing.T) {
 				"package example.com/m/drain imports github.com/nats-io/nats.go: only drain/jsdrain",
 				"package example.com/m/drain/x imports github.com/nats-io/nats-server/v2/server: no library package may depend on the NATS server",
 				"package example.com/m/lease imports example.com/m/drain/jsdrain, which depends on github.com/nats-io/nats.go/jetstream: only drain/jsdrain",
+			},
+		},
+		{
+			name: "library links franz-go; kfake outside drain/kafkadrain's tests",
+			pkgs: []*pkg{
+				ext("github.com/twmb/franz-go/pkg/kgo"), ext("github.com/twmb/franz-go/pkg/kfake"),
+				func() *pkg {
+					p := own("drain/kafkadrain", "kafkadrain", "github.com/twmb/franz-go/pkg/kgo") // allowed
+					p.XTestImports = []string{"github.com/twmb/franz-go/pkg/kfake"}                // allowed
+					return p
+				}(),
+				own("drain", "drain", "github.com/twmb/franz-go/pkg/kgo"),
+				own("lease", "lease", mod+"/drain/kafkadrain"),
+				own("internal/kafkademo", "kafkademo", "github.com/twmb/franz-go/pkg/kgo"), // allowed
+				{ImportPath: mod + "/drain/jsdrain", Name: "jsdrain", XTestImports: []string{"github.com/twmb/franz-go/pkg/kfake"}},
+				own("drain/kafkadrain/x", "x", "github.com/twmb/franz-go/pkg/kfake"),
+			},
+			want: []string{
+				"package example.com/m/drain imports github.com/twmb/franz-go/pkg/kgo: only drain/kafkadrain",
+				"package example.com/m/drain/jsdrain imports github.com/twmb/franz-go/pkg/kfake in a test: only drain/kafkadrain's tests",
+				"package example.com/m/drain/kafkadrain/x imports github.com/twmb/franz-go/pkg/kfake: only drain/kafkadrain, of the library packages",
+				"package example.com/m/drain/kafkadrain/x imports github.com/twmb/franz-go/pkg/kfake: only drain/kafkadrain's tests",
+				"package example.com/m/lease imports example.com/m/drain/kafkadrain, which depends on github.com/twmb/franz-go/pkg/kgo: only drain/kafkadrain",
 			},
 		},
 		{

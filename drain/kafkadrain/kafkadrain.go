@@ -1,0 +1,790 @@
+package kafkadrain
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/drain"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// Header fields of the records a Source dead-letters, besides those of the
+// original record (its drain.IdempotencyKeyHeader, drain.HeaderTenant and
+// drain.HeaderPartition, which Publish sets).
+const (
+	// HeaderError, on a dead-lettered record, is the last error (its
+	// first 1024 bytes).
+	HeaderError = "Sluice-Error"
+	// HeaderKey, on a dead-lettered record, is the original's
+	// drain.Message.Key; HeaderOrigin its "topic/partition/offset".
+	HeaderKey    = "Sluice-Key"
+	HeaderOrigin = "Sluice-Origin"
+)
+
+// Defaults of Options.
+const (
+	DefaultWindow         = 256
+	DefaultSessionTimeout = 45 * time.Second
+	DefaultRevokeWait     = 10 * time.Second
+	DefaultCommitEvery    = time.Second
+	// DefaultUncommittedPerWindow is how many Windows of records
+	// Options.MaxUncommitted is when 0.
+	DefaultUncommittedPerWindow = 16
+)
+
+// Options configure a Source. Brokers, Topic and Group are required; a
+// zero field takes its default.
+type Options struct {
+	// Brokers are the seed brokers, "host:port".
+	Brokers []string
+	// Topic is the topic to drain.
+	Topic string
+	// Group is the consumer group; the Sources of one group share the
+	// topic's partitions.
+	Group string
+	// DeadLetterTopic is the topic dead-lettered records are produced to
+	// (the broker's acknowledgement is awaited before the record counts as
+	// settled). "" means none: DeadLetter fails, and the Drainer puts the
+	// record back instead, so nothing is dropped.
+	DeadLetterTopic string
+	// Window is the most records delivered and not yet settled (acked,
+	// put back or dead-lettered); DefaultWindow when 0.
+	Window int
+	// MaxUncommitted bounds the records the Source tracks past the
+	// committed offsets, settled or not: those delivered, those fetched
+	// and waiting, those put back and the settled ones behind a record
+	// that is not. When it is reached the Source fetches no more until
+	// the commit point moves on. At least Window;
+	// DefaultUncommittedPerWindow·Window when 0.
+	MaxUncommitted int
+	// Ordered keeps the order of each Kafka partition: at most one record
+	// of a partition is delivered and not settled at a time, and a record
+	// put back holds its partition until it is delivered again.
+	Ordered bool
+	// SessionTimeout is the group session's timeout: how long the group
+	// waits for a member that went silent (a crashed process) before its
+	// partitions go to another, so the Kafka counterpart of an ack wait.
+	// It must lie within the brokers' group.min.session.timeout.ms and
+	// group.max.session.timeout.ms. DefaultSessionTimeout when 0.
+	SessionTimeout time.Duration
+	// RevokeWait bounds how long a rebalance that takes partitions away
+	// waits for their delivered records to be settled before it commits
+	// what is settled and lets them go; DefaultRevokeWait when 0. The
+	// group's rebalance timeout is set to leave room for it.
+	RevokeWait time.Duration
+	// CommitEvery is how often settled offsets are committed, besides
+	// when partitions are revoked and at Close; DefaultCommitEvery when 0.
+	CommitEvery time.Duration
+	// ClientOptions are added to the franz-go client's (TLS, SASL, a
+	// dialer); those that the Source sets (group, topic, commits,
+	// callbacks) must not be overridden.
+	ClientOptions []kgo.Opt
+	// Logger receives the Source's logs; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// check fills c's defaults and validates it; it is the one place that
+// does.
+func (c Options) check() (Options, error) {
+	if len(c.Brokers) == 0 || c.Topic == "" || c.Group == "" {
+		return c, errors.New("kafkadrain: Options needs Brokers, Topic and Group")
+	}
+	if c.DeadLetterTopic == c.Topic {
+		return c, fmt.Errorf("kafkadrain: Options.DeadLetterTopic is the drained topic %q", c.Topic)
+	}
+	if c.Window < 0 || c.MaxUncommitted < 0 {
+		return c, fmt.Errorf("kafkadrain: Options: negative Window (%d) or MaxUncommitted (%d)", c.Window, c.MaxUncommitted)
+	}
+	if c.Window == 0 {
+		c.Window = DefaultWindow
+	}
+	if c.MaxUncommitted == 0 {
+		c.MaxUncommitted = DefaultUncommittedPerWindow * c.Window
+	}
+	if c.MaxUncommitted < c.Window {
+		return c, fmt.Errorf("kafkadrain: Options.MaxUncommitted %d is below Window %d", c.MaxUncommitted, c.Window)
+	}
+	for _, f := range []struct {
+		v    *time.Duration
+		d    time.Duration
+		name string
+	}{
+		{&c.SessionTimeout, DefaultSessionTimeout, "SessionTimeout"},
+		{&c.RevokeWait, DefaultRevokeWait, "RevokeWait"},
+		{&c.CommitEvery, DefaultCommitEvery, "CommitEvery"},
+	} {
+		if *f.v < 0 {
+			return c, fmt.Errorf("kafkadrain: Options.%s is negative (%v)", f.name, *f.v)
+		}
+		if *f.v == 0 {
+			*f.v = f.d
+		}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c, nil
+}
+
+// ErrClosed is what a Source's methods return once it is closed.
+var ErrClosed = errors.New("kafkadrain: source closed")
+
+// errRevoked is what settling a record of a partition taken away returns.
+var errRevoked = errors.New("kafkadrain: the record's partition was revoked; its new owner gets it again")
+
+var _ drain.Source = (*Source)(nil)
+
+// Source is a drain.Source on a Kafka consumer group member that commits
+// only past records that were settled; see the package doc. Make one
+// with New; stop it with Close.
+type Source struct {
+	cfg    Options
+	cl     *kgo.Client
+	adm    *kadm.Client
+	ctx    context.Context // the poll and commit loops'
+	cancel context.CancelFunc
+	loops  sync.WaitGroup
+
+	mu        sync.Mutex
+	wake      chan struct{} // closed and replaced on every change
+	parts     map[int32]*part
+	order     []*part // parts, for turns
+	turn      int
+	tracked   int   // records in the parts' recs
+	inflight  int   // delivered and not settled, revoked ones included
+	fetchErr  error // the last fetch error, for Next to report once
+	closed    bool
+	abandoned bool // closed without committing, as a crash
+}
+
+// part is the Source's state of one partition it owns.
+type part struct {
+	id        int32
+	recs      []*rec // fetched past the commit point, by offset; settled ones leave from the front
+	fresh     []*rec // fetched, never delivered
+	naked     []*rec // put back, by offset
+	inflight  int
+	settled   int   // settled records in recs
+	next      int64 // the offset after the last record fetched; -1 before one
+	lastEpoch int32
+	committed int64 // the last commit point the broker took; -1 before one
+	gone      bool  // revoked or lost: its records settle nothing
+}
+
+// point returns the offset to commit: that of the first record not
+// settled, else the one after the last fetched (-1 before any).
+func (p *part) point() kgo.EpochOffset {
+	if len(p.recs) > 0 {
+		return kgo.EpochOffset{Epoch: p.recs[0].r.LeaderEpoch, Offset: p.recs[0].r.Offset}
+	}
+	return kgo.EpochOffset{Epoch: p.lastEpoch, Offset: p.next}
+}
+
+// rec is one record fetched.
+type rec struct {
+	p          *part
+	r          *kgo.Record // nil once settled
+	deliveries int
+	due        time.Time // when put back: not before
+	out        bool      // delivered and not settled
+	settled    bool
+}
+
+// New starts a member of cfg's group and returns a Source on it. The
+// member joins the group and fetches in the background; Next waits for
+// its first records.
+func New(cfg Options) (*Source, error) {
+	cfg, err := cfg.check()
+	if err != nil {
+		return nil, err
+	}
+	s := &Source{cfg: cfg, wake: make(chan struct{}), parts: make(map[int32]*part)}
+	opts := []kgo.Opt{
+		kgo.SeedBrokers(cfg.Brokers...),
+		kgo.RequiredAcks(kgo.AllISRAcks()),
+	}
+	opts = append(opts, cfg.ClientOptions...)
+	opts = append(opts,
+		kgo.ConsumerGroup(cfg.Group),
+		kgo.ConsumeTopics(cfg.Topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
+		kgo.Balancers(kgo.CooperativeStickyBalancer()),
+		kgo.DisableAutoCommit(),
+		kgo.BlockRebalanceOnPoll(),
+		kgo.SessionTimeout(cfg.SessionTimeout),
+		kgo.HeartbeatInterval(min(3*time.Second, cfg.SessionTimeout/3)),
+		kgo.RebalanceTimeout(max(60*time.Second, 2*cfg.RevokeWait)),
+		kgo.OnPartitionsRevoked(s.revoked),
+		kgo.OnPartitionsLost(s.lost),
+	)
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("kafkadrain: %w", err)
+	}
+	s.cl = cl
+	s.adm = kadm.NewClient(cl)
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.loops.Go(s.poll)
+	s.loops.Go(s.commitLoop)
+	return s, nil
+}
+
+// Window is Options.Window.
+func (s *Source) Window() int { return s.cfg.Window }
+
+// notify wakes whoever waits on a change; s.mu is held.
+func (s *Source) notify() {
+	close(s.wake)
+	s.wake = make(chan struct{})
+}
+
+// poll fetches records while fewer than MaxUncommitted are tracked,
+// until the Source closes.
+func (s *Source) poll() {
+	for {
+		s.mu.Lock()
+		for s.tracked >= s.cfg.MaxUncommitted && !s.closed {
+			wake := s.wake
+			s.mu.Unlock()
+			select {
+			case <-wake:
+			case <-s.ctx.Done():
+			}
+			s.mu.Lock()
+		}
+		room := s.cfg.MaxUncommitted - s.tracked
+		s.mu.Unlock()
+		if s.ctx.Err() != nil {
+			return
+		}
+		fs := s.cl.PollRecords(s.ctx, room)
+		// The client holds rebalances from the poll until
+		// AllowRebalance: the records are tracked before a revocation
+		// of their partition can run.
+		if fs.IsClientClosed() || s.ctx.Err() != nil {
+			s.cl.AllowRebalance()
+			return
+		}
+		s.mu.Lock()
+		fs.EachError(func(topic string, p int32, err error) {
+			s.fetchErr = fmt.Errorf("kafkadrain: fetching %s/%d: %w", topic, p, err)
+		})
+		fs.EachRecord(s.add)
+		s.notify()
+		s.mu.Unlock()
+		s.cl.AllowRebalance()
+	}
+}
+
+// add tracks a record fetched; s.mu is held.
+func (s *Source) add(r *kgo.Record) {
+	if r.Topic != s.cfg.Topic {
+		return
+	}
+	p := s.parts[r.Partition]
+	if p == nil {
+		p = &part{id: r.Partition, next: -1, committed: -1}
+		s.parts[r.Partition] = p
+		s.order = append(s.order, p)
+	}
+	if p.next >= 0 && r.Offset < p.next {
+		return // fetched before: never tracked twice
+	}
+	x := &rec{p: p, r: r}
+	p.recs = append(p.recs, x)
+	p.fresh = append(p.fresh, x)
+	p.next, p.lastEpoch = r.Offset+1, r.LeaderEpoch
+	s.tracked++
+}
+
+// Next returns the next record: a put-back one whose delay has passed,
+// else one fetched, each partition in turn; it waits while Window records
+// are delivered and not settled.
+func (s *Source) Next(ctx context.Context) (drain.Message, error) {
+	for {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return nil, ErrClosed
+		}
+		if err := s.fetchErr; err != nil {
+			s.fetchErr = nil
+			s.mu.Unlock()
+			return nil, err
+		}
+		var soonest time.Time
+		if s.inflight < s.cfg.Window {
+			var m *message
+			m, soonest = s.pick(time.Now())
+			if m != nil {
+				s.mu.Unlock()
+				return m, nil
+			}
+		}
+		wake := s.wake
+		s.mu.Unlock()
+		var due <-chan time.Time
+		var t *time.Timer
+		if !soonest.IsZero() {
+			t = time.NewTimer(time.Until(soonest))
+			due = t.C
+		}
+		select {
+		case <-wake:
+		case <-due:
+		case <-ctx.Done():
+		}
+		if t != nil {
+			t.Stop()
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// pick delivers a record that may go now, if any, else returns when the
+// first put-back one may; s.mu is held.
+func (s *Source) pick(now time.Time) (*message, time.Time) {
+	var soonest time.Time
+	n := len(s.order)
+	for i := range n {
+		p := s.order[(s.turn+i)%n]
+		if s.cfg.Ordered && p.inflight > 0 {
+			continue
+		}
+		for j, x := range p.naked {
+			if !x.due.After(now) {
+				p.naked = slices.Delete(p.naked, j, j+1)
+				s.turn = (s.turn + i + 1) % n
+				return s.deliver(x), time.Time{}
+			}
+			if soonest.IsZero() || x.due.Before(soonest) {
+				soonest = x.due
+			}
+			if s.cfg.Ordered {
+				break
+			}
+		}
+		if s.cfg.Ordered && len(p.naked) > 0 {
+			continue // the put-back record goes first
+		}
+		if len(p.fresh) > 0 {
+			x := p.fresh[0]
+			p.fresh[0] = nil
+			p.fresh = p.fresh[1:]
+			s.turn = (s.turn + i + 1) % n
+			return s.deliver(x), time.Time{}
+		}
+	}
+	return nil, soonest
+}
+
+// deliver hands x out; s.mu is held.
+func (s *Source) deliver(x *rec) *message {
+	x.deliveries++
+	x.out = true
+	x.p.inflight++
+	s.inflight++
+	return &message{src: s, x: x, r: x.r, deliveries: x.deliveries}
+}
+
+// settle ends x's delivery: done (acked or dead-lettered) or put back
+// with delay. It returns errRevoked when x's partition was taken away,
+// ErrClosed when the Source is closed.
+func (s *Source) settle(x *rec, done bool, delay time.Duration) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !x.out {
+		return errors.New("kafkadrain: record settled twice")
+	}
+	x.out = false
+	x.p.inflight--
+	s.inflight--
+	s.notify()
+	switch {
+	case x.p.gone:
+		return errRevoked
+	case s.closed:
+		return ErrClosed
+	case !done:
+		x.due = time.Now().Add(delay)
+		i, _ := slices.BinarySearchFunc(x.p.naked, x.r.Offset, func(y *rec, o int64) int {
+			return compare(y.r.Offset, o)
+		})
+		x.p.naked = slices.Insert(x.p.naked, i, x)
+		return nil
+	}
+	p := x.p
+	x.settled, x.r = true, nil
+	p.settled++
+	for len(p.recs) > 0 && p.recs[0].settled {
+		p.recs[0] = nil
+		p.recs = p.recs[1:]
+		p.settled--
+		s.tracked--
+	}
+	return nil
+}
+
+func compare(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// commitLoop commits every CommitEvery until the Source closes.
+func (s *Source) commitLoop() {
+	tk := time.NewTicker(s.cfg.CommitEvery)
+	defer tk.Stop()
+	for {
+		select {
+		case <-tk.C:
+		case <-s.ctx.Done():
+			return
+		}
+		if err := s.commit(s.ctx, nil); err != nil && s.ctx.Err() == nil {
+			s.cfg.Logger.Warn("kafkadrain: committing", "group", s.cfg.Group, "err", err)
+		}
+	}
+}
+
+// commit commits the commit points of the partitions in ps that moved
+// on, or of every partition owned when ps is nil.
+func (s *Source) commit(ctx context.Context, ps []*part) error {
+	s.mu.Lock()
+	if ps == nil {
+		ps = slices.Clone(s.order)
+	}
+	offsets := make(map[int32]kgo.EpochOffset)
+	for _, p := range ps {
+		if pt := p.point(); pt.Offset > p.committed {
+			offsets[p.id] = pt
+		}
+	}
+	s.mu.Unlock()
+	if len(offsets) == 0 {
+		return nil
+	}
+	var err error
+	s.cl.CommitOffsetsSync(ctx, map[string]map[int32]kgo.EpochOffset{s.cfg.Topic: offsets},
+		func(_ *kgo.Client, _ *kmsg.OffsetCommitRequest, resp *kmsg.OffsetCommitResponse, cerr error) {
+			if cerr != nil {
+				err = cerr
+				return
+			}
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			for _, t := range resp.Topics {
+				for _, rp := range t.Partitions {
+					if e := kerr.ErrorForCode(rp.ErrorCode); e != nil {
+						err = e
+						continue
+					}
+					if p := s.parts[rp.Partition]; p != nil && t.Topic == s.cfg.Topic {
+						p.committed = max(p.committed, offsets[rp.Partition].Offset)
+					}
+				}
+			}
+		})
+	return err
+}
+
+// revoked is the group's callback for partitions taken away by a
+// rebalance: it waits up to RevokeWait for their delivered records to be
+// settled, forgets them (records fetched, put back or still out: the
+// new owner fetches them again), and commits what was settled.
+func (s *Source) revoked(ctx context.Context, _ *kgo.Client, revoked map[string][]int32) {
+	ids := revoked[s.cfg.Topic]
+	if len(ids) == 0 {
+		return
+	}
+	s.awaitSettled(ctx, ids)
+	ps := s.drop(ids)
+	s.mu.Lock()
+	abandoned := s.abandoned
+	s.mu.Unlock()
+	if abandoned {
+		return
+	}
+	if err := s.commit(ctx, ps); err != nil {
+		s.cfg.Logger.Warn("kafkadrain: committing revoked partitions", "group", s.cfg.Group, "partitions", ids, "err", err)
+	}
+}
+
+// lost is the group's callback for partitions lost (the member was
+// fenced): they are forgotten, and nothing is committed, since the
+// group would refuse it.
+func (s *Source) lost(_ context.Context, _ *kgo.Client, lost map[string][]int32) {
+	s.drop(lost[s.cfg.Topic])
+}
+
+// awaitSettled waits until no record of the partitions ids is delivered
+// and not settled, for RevokeWait at most.
+func (s *Source) awaitSettled(ctx context.Context, ids []int32) {
+	deadline := time.Now().Add(s.cfg.RevokeWait)
+	t := time.NewTimer(s.cfg.RevokeWait)
+	defer t.Stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for !s.closed && ctx.Err() == nil && time.Now().Before(deadline) {
+		busy := false
+		for _, id := range ids {
+			if p := s.parts[id]; p != nil && p.inflight > 0 {
+				busy = true
+			}
+		}
+		if !busy {
+			return
+		}
+		wake := s.wake
+		s.mu.Unlock()
+		select {
+		case <-wake:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		s.mu.Lock()
+	}
+}
+
+// drop forgets the partitions ids and returns their states, whose commit
+// points stay as they were.
+func (s *Source) drop(ids []int32) []*part {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ps []*part
+	for _, id := range ids {
+		p := s.parts[id]
+		if p == nil {
+			continue
+		}
+		p.gone = true
+		delete(s.parts, id)
+		s.order = slices.DeleteFunc(s.order, func(q *part) bool { return q == p })
+		s.tracked -= len(p.recs)
+		p.fresh, p.naked = nil, nil
+		ps = append(ps, p)
+	}
+	s.turn = 0
+	s.notify()
+	return ps
+}
+
+// Backlog returns the records not yet settled: for each partition of the
+// topic, its end offset less the group's committed offset (the log start
+// when none), and for the partitions this Source owns, less the records
+// settled past its commit point, not yet committed. Records fetched,
+// delivered or put back lie past the commit point, so they are counted.
+func (s *Source) Backlog(ctx context.Context) (int64, error) {
+	ends, err := s.adm.ListEndOffsets(ctx, s.cfg.Topic)
+	if err != nil {
+		return 0, err
+	}
+	starts, err := s.adm.ListStartOffsets(ctx, s.cfg.Topic)
+	if err != nil {
+		return 0, err
+	}
+	commits, err := s.adm.FetchOffsets(ctx, s.cfg.Group)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id, end := range ends[s.cfg.Topic] {
+		if end.Err != nil {
+			return 0, end.Err
+		}
+		if p := s.parts[id]; p != nil && p.next >= 0 {
+			n += max(0, end.Offset-p.point().Offset-int64(p.settled))
+			continue
+		}
+		base := int64(0)
+		if st, ok := starts.Lookup(s.cfg.Topic, id); ok && st.Err == nil {
+			base = st.Offset
+		}
+		if c, ok := commits.Lookup(s.cfg.Topic, id); ok && c.Err == nil && c.At >= 0 {
+			base = max(base, c.At)
+		}
+		n += max(0, end.Offset-base)
+	}
+	return n, nil
+}
+
+// Close stops the Source: it fetches and delivers no more, commits what
+// is settled, and leaves the group, whose other members get its
+// partitions at once. Settling a record after Close fails with
+// ErrClosed; such records are delivered again to the partitions' next
+// owners. Close with a ctx already done commits nothing and does not
+// wait to leave: the group sees the member as crashed and hands its
+// partitions on after SessionTimeout.
+func (s *Source) Close(ctx context.Context) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.abandoned = ctx.Err() != nil
+	s.notify()
+	s.mu.Unlock()
+	s.cancel()
+	s.loops.Wait()
+	var err error
+	if ctx.Err() == nil {
+		err = s.commit(ctx, nil)
+	}
+	s.cl.AllowRebalance()
+	_ = s.cl.LeaveGroupContext(ctx)
+	s.cl.Close()
+	return err
+}
+
+// message is one delivery of a record.
+type message struct {
+	src        *Source
+	x          *rec
+	r          *kgo.Record
+	deliveries int
+}
+
+func header(r *kgo.Record, name string) string {
+	for _, h := range r.Headers {
+		if h.Key == name {
+			return string(h.Value)
+		}
+	}
+	return ""
+}
+
+// Key is the record's drain.IdempotencyKeyHeader header, else
+// "topic/partition/offset".
+func (m *message) Key() string {
+	if k := header(m.r, drain.IdempotencyKeyHeader); k != "" {
+		return k
+	}
+	return m.r.Topic + "/" + strconv.Itoa(int(m.r.Partition)) + "/" + strconv.FormatInt(m.r.Offset, 10)
+}
+
+func (m *message) Data() []byte   { return m.r.Value }
+func (m *message) Tenant() string { return header(m.r, drain.HeaderTenant) }
+
+// Partition is the record's drain.HeaderPartition header, else its
+// Kafka key, else "topic/partition".
+func (m *message) Partition() string {
+	if p := header(m.r, drain.HeaderPartition); p != "" {
+		return p
+	}
+	if len(m.r.Key) > 0 {
+		return string(m.r.Key)
+	}
+	return m.r.Topic + "/" + strconv.Itoa(int(m.r.Partition))
+}
+
+// Deliveries counts the deliveries of the record by this Source; a record
+// that comes to a Source after a crash or a rebalance starts again at 1.
+func (m *message) Deliveries() int { return m.deliveries }
+
+// Ack settles the record: its offset is committed once every record
+// before it in its partition is settled too.
+func (m *message) Ack(ctx context.Context) error { return m.src.settle(m.x, true, 0) }
+
+// Nak keeps the record in the Source, to be delivered again after delay;
+// it holds the commit point of its partition meanwhile.
+func (m *message) Nak(ctx context.Context, delay time.Duration) error {
+	err := m.src.settle(m.x, false, max(0, delay))
+	if errors.Is(err, errRevoked) {
+		return nil // put back indeed: the partition's new owner has it
+	}
+	return err
+}
+
+// InProgress does nothing: a Kafka group has no deadline per record. The
+// member's session (kept alive by its heartbeats) is the deadline, and a
+// rebalance waits up to RevokeWait for the record to be settled.
+func (m *message) InProgress(ctx context.Context) error { return nil }
+
+// DeadLetter produces a copy of the record, with its Kafka key, value and
+// headers and the headers HeaderKey, HeaderOrigin and HeaderError, to the
+// dead-letter topic, waits for the brokers' acknowledgement (acks=all),
+// and then settles the record. A crash between the two produces the copy
+// again when the record is dead-lettered again.
+func (m *message) DeadLetter(ctx context.Context, reason error) error {
+	topic := m.src.cfg.DeadLetterTopic
+	if topic == "" {
+		return errors.New("kafkadrain: no dead-letter topic configured")
+	}
+	m.src.mu.Lock()
+	out, gone := m.x.out, m.x.p.gone
+	m.src.mu.Unlock()
+	if !out {
+		return errors.New("kafkadrain: record settled twice")
+	}
+	if gone {
+		// Not dead-lettered here: the new owner gets it, and the
+		// Drainer's Nak that follows this error settles it.
+		return errRevoked
+	}
+	why := reason.Error()
+	if len(why) > 1024 {
+		why = why[:1024]
+	}
+	dead := &kgo.Record{
+		Topic:   topic,
+		Key:     m.r.Key,
+		Value:   m.r.Value,
+		Headers: slices.Clone(m.r.Headers),
+	}
+	dead.Headers = append(dead.Headers,
+		kgo.RecordHeader{Key: HeaderKey, Value: []byte(m.Key())},
+		kgo.RecordHeader{Key: HeaderOrigin, Value: []byte(m.r.Topic + "/" + strconv.Itoa(int(m.r.Partition)) + "/" + strconv.FormatInt(m.r.Offset, 10))},
+		kgo.RecordHeader{Key: HeaderError, Value: []byte(why)},
+	)
+	if err := m.src.cl.ProduceSync(ctx, dead).FirstErr(); err != nil {
+		return fmt.Errorf("kafkadrain: dead-lettering to %q: %w", topic, err)
+	}
+	return m.src.settle(m.x, true, 0)
+}
+
+// NewProducer returns a franz-go client for Publish: brokers as seeds,
+// acks from all in-sync replicas (and idempotent production, franz-go's
+// default), with opts added.
+func NewProducer(brokers []string, opts ...kgo.Opt) (*kgo.Client, error) {
+	return kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.RequiredAcks(kgo.AllISRAcks())}, opts...)...)
+}
+
+// Publish produces data to topic with key in the drain.IdempotencyKeyHeader
+// header (so the Drainer's Message.Key is key), tenant in
+// drain.HeaderTenant and partition in drain.HeaderPartition and as the
+// record's Kafka key (so the records of one downstream partition share a
+// Kafka partition, and their order), and waits for the brokers'
+// acknowledgement: once Publish returns nil, with cl made by NewProducer
+// (acks=all), the record is durable. Empty strings are left out.
+func Publish(ctx context.Context, cl *kgo.Client, topic, key, tenant, partition string, data []byte) error {
+	r := &kgo.Record{Topic: topic, Value: data}
+	if key != "" {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: drain.IdempotencyKeyHeader, Value: []byte(key)})
+	}
+	if tenant != "" {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: drain.HeaderTenant, Value: []byte(tenant)})
+	}
+	if partition != "" {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: drain.HeaderPartition, Value: []byte(partition)})
+		r.Key = []byte(partition)
+	}
+	return cl.ProduceSync(ctx, r).FirstErr()
+}

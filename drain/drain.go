@@ -423,6 +423,7 @@ type Drainer struct {
 	parked   map[string]*parking // messages set aside, by the scope that pauses them
 	held     map[*hold]struct{}  // every message taken and not settled
 	heldN    []int               // of held, by Input
+	sinkN    []int               // of held, those released to the Sink, by Input
 	failures map[string]int      // failed attempts by key
 	acked    [2]map[uint64]struct{}
 	stats    Stats
@@ -463,6 +464,7 @@ func New(cfg Options) (*Drainer, error) {
 		parked:   make(map[string]*parking),
 		held:     make(map[*hold]struct{}),
 		heldN:    make([]int, len(cfg.Inputs)),
+		sinkN:    make([]int, len(cfg.Inputs)),
 		failures: make(map[string]int),
 		acked:    [2]map[uint64]struct{}{make(map[uint64]struct{}), make(map[uint64]struct{})},
 	}
@@ -491,6 +493,9 @@ type hold struct {
 	msg   Message
 	input int
 	scope string // what a throttled answer to it pauses
+	// inSink is set, under the Drainer's mu, when it is released to the
+	// Sink.
+	inSink bool
 
 	mu      sync.Mutex // serialises InProgress and the settlement
 	settled bool
@@ -578,10 +583,11 @@ func (d *Drainer) scopeOf(m Message) string {
 	return allScope
 }
 
-// limit is how many messages of Input i the Drainer may hold: its window,
-// and, when its ack wait and the Limiter's rate are known, what the rate
-// sends in half the ack wait (at least one).
-func (d *Drainer) limit(i int) int {
+// waitLimit is how many messages of Input i may wait in the Drainer (for
+// the Limiter, a pause or a worker) when its ack wait and the Limiter's
+// rate are known: what the rate sends in half the ack wait, at least one;
+// else its window.
+func (d *Drainer) waitLimit(i int) int {
 	n := d.cfg.Inputs[i].Source.Window()
 	aw, ok := d.cfg.Inputs[i].Source.(AckWaiter)
 	if !ok || d.rater == nil {
@@ -597,17 +603,18 @@ func (d *Drainer) limit(i int) int {
 	return int(min(float64(n), max(1, math.Ceil(r*w.Seconds()/2))))
 }
 
-// fetch takes messages from Input i while it holds fewer than its limit,
-// until ctx is done.
+// fetch takes messages from Input i while it holds fewer than its window
+// and fewer wait than its waitLimit, until ctx is done.
 func (d *Drainer) fetch(ctx context.Context, i int) {
 	src := d.cfg.Inputs[i].Source
 	bs, _ := src.(BatchSource)
 	recheck := time.NewTimer(0) // the limit follows the Limiter's rate
 	defer recheck.Stop()
 	for {
-		lim := d.limit(i)
+		lim := d.waitLimit(i)
 		d.mu.Lock()
-		room, settled := lim-d.heldN[i], d.room
+		room := min(d.cfg.Inputs[i].Source.Window()-d.heldN[i], lim-(d.heldN[i]-d.sinkN[i]))
+		settled := d.room
 		d.mu.Unlock()
 		if room <= 0 {
 			recheck.Reset(d.cfg.StatsEvery)
@@ -661,10 +668,19 @@ func (d *Drainer) settle(h *hold, f func() error) error {
 	d.mu.Lock()
 	delete(d.held, h)
 	d.heldN[h.input]--
-	close(d.room)
-	d.room = make(chan struct{})
+	if h.inSink {
+		d.sinkN[h.input]--
+	}
+	d.roomLocked()
 	d.mu.Unlock()
 	return err
+}
+
+// roomLocked wakes the fetchers: a message was settled or released to
+// the Sink. d.mu is held.
+func (d *Drainer) roomLocked() {
+	close(d.room)
+	d.room = make(chan struct{})
 }
 
 // heartbeat tells every held message InProgress at least every
@@ -804,6 +820,9 @@ func (d *Drainer) release(ctx context.Context, jobs chan<- taken) {
 		}
 		d.mu.Lock()
 		d.stats.InFlight++
+		t.inSink = true
+		d.sinkN[t.input]++
+		d.roomLocked()
 		d.mu.Unlock()
 		select {
 		case jobs <- t: // waits for an idle worker: at most Workers in flight
@@ -812,8 +831,10 @@ func (d *Drainer) release(ctx context.Context, jobs chan<- taken) {
 			// Not started: it is handed back with the other waiting ones.
 			d.mu.Lock()
 			d.stats.InFlight--
+			t.inSink = false
+			d.sinkN[t.input]--
+			d.sched.push(t.input, t.msg.Tenant(), t)
 			d.mu.Unlock()
-			d.putBack(t)
 			return
 		}
 	}

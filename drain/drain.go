@@ -315,11 +315,11 @@ func (c Options) check() (Options, error) {
 		if ackWait > 0 {
 			c.ProgressEvery = min(c.ProgressEvery, ackWait/3)
 		}
-		if c.ProgressEvery <= 0 {
-			return c, fmt.Errorf("drain: a Source's ack wait (%v) is too short", ackWait)
-		}
 	case ackWait > 0 && c.ProgressEvery >= ackWait:
 		return c, fmt.Errorf("drain: Options.ProgressEvery %v is not below a Source's ack wait %v", c.ProgressEvery, ackWait)
+	}
+	if c.ProgressEvery < time.Millisecond {
+		return c, fmt.Errorf("drain: Options.ProgressEvery %v is below a millisecond (a Source's ack wait %v)", c.ProgressEvery, ackWait)
 	}
 	if c.MaxBackoff < c.BaseBackoff {
 		return c, fmt.Errorf("drain: Options.MaxBackoff %v is below BaseBackoff %v", c.MaxBackoff, c.BaseBackoff)
@@ -421,6 +421,7 @@ type Drainer struct {
 	room     chan struct{} // closed and replaced when a held message is settled
 	sched    scheduler
 	parked   map[string]*parking // messages set aside, by the scope that pauses them
+	parkedAt time.Time           // the earliest until of parked; zero when none
 	held     map[*hold]struct{}  // every message taken and not settled
 	heldN    []int               // of held, by Input
 	sinkN    []int               // of held, those released to the Sink, by Input
@@ -550,6 +551,7 @@ func (d *Drainer) Run(ctx context.Context) error {
 		left = append(left, p.items...)
 		delete(d.parked, s)
 	}
+	d.parkedAt = time.Time{}
 	d.mu.Unlock()
 	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.Timeout)
 	defer cancel()
@@ -726,20 +728,25 @@ func (d *Drainer) heartbeat(ctx context.Context, stop <-chan struct{}) {
 // pause of a message set aside ends (zero if none is). d.mu is held.
 func (d *Drainer) pick(now time.Time) (t taken, ok bool, next time.Time) {
 	clock := func() time.Time { return now }
-	for s, p := range d.parked {
-		if p.until.After(now) {
-			continue
+	if !d.parkedAt.IsZero() && !now.Before(d.parkedAt) {
+		d.parkedAt = time.Time{}
+		for s, p := range d.parked {
+			if p.until.After(now) {
+				d.parkedAt = earliest(d.parkedAt, p.until)
+				continue
+			}
+			if left := d.pauses.Left(s, clock); left > 0 {
+				p.until = now.Add(left) // extended meanwhile
+				d.parkedAt = earliest(d.parkedAt, p.until)
+				continue
+			}
+			// Back in turn, at the end of their tenants' queues: as many
+			// as the Drainer holds at most, so none waits long.
+			for _, t := range p.items {
+				d.sched.push(t.input, t.msg.Tenant(), t)
+			}
+			delete(d.parked, s)
 		}
-		if left := d.pauses.Left(s, clock); left > 0 {
-			p.until = now.Add(left) // extended meanwhile
-			continue
-		}
-		// Back in turn, at the end of their tenants' queues: as many as
-		// the Drainer holds at most, so none waits long.
-		for _, t := range p.items {
-			d.sched.push(t.input, t.msg.Tenant(), t)
-		}
-		delete(d.parked, s)
 	}
 	for {
 		t, ok = d.sched.pop()
@@ -758,15 +765,19 @@ func (d *Drainer) pick(now time.Time) (t taken, ok bool, next time.Time) {
 		if p == nil {
 			p = &parking{until: now.Add(left)}
 			d.parked[block] = p
+			d.parkedAt = earliest(d.parkedAt, p.until)
 		}
 		p.items = append(p.items, t)
 	}
-	for _, p := range d.parked {
-		if next.IsZero() || p.until.Before(next) {
-			next = p.until
-		}
+	return taken{}, false, d.parkedAt
+}
+
+// earliest returns the earlier of a and b, a zero one being none.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || b.Before(a) {
+		return b
 	}
-	return taken{}, false, next
+	return a
 }
 
 // release hands messages to workers, paced by the Limiter and the pauses,

@@ -427,6 +427,7 @@ type Drainer struct {
 	sinkN    []int               // of held, those released to the Sink, by Input
 	failures map[string]int      // failed attempts by key
 	acked    [2]map[uint64]struct{}
+	inHand   int // picked by release and not yet put back or in flight
 	stats    Stats
 	lastDone int64
 	lastAt   time.Time
@@ -482,7 +483,7 @@ func (d *Drainer) Stats() Stats {
 	for _, p := range d.parked {
 		s.Parked += len(p.items)
 	}
-	s.Waiting = d.sched.len() + s.Parked
+	s.Waiting = d.sched.len() + s.Parked + d.inHand
 	if s.Rate > 0 && s.Backlog > 0 {
 		s.ETA = time.Duration(float64(s.Backlog) / s.Rate * float64(time.Second))
 	}
@@ -705,7 +706,12 @@ func (d *Drainer) heartbeat(ctx context.Context, stop <-chan struct{}) {
 		}
 		d.mu.Unlock()
 		for _, h := range hs {
-			h.mu.Lock()
+			// One being settled (its lock held: a dead-lettering may
+			// take a while) is skipped rather than waited for, so that
+			// it cannot hold up the others' word.
+			if !h.mu.TryLock() {
+				continue
+			}
 			// Due when half a period old: a message taken just after a
 			// tick is told at the second tick after, ProgressEvery later.
 			if now := time.Now(); !h.settled && now.Sub(h.beat) >= half {
@@ -791,6 +797,9 @@ func (d *Drainer) release(ctx context.Context, jobs chan<- taken) {
 	for {
 		d.mu.Lock()
 		t, ok, next := d.pick(time.Now())
+		if ok {
+			d.inHand = 1 // until it is put back or in flight
+		}
 		wake := d.wake
 		d.mu.Unlock()
 		if !ok {
@@ -830,6 +839,7 @@ func (d *Drainer) release(ctx context.Context, jobs chan<- taken) {
 			}
 		}
 		d.mu.Lock()
+		d.inHand = 0
 		d.stats.InFlight++
 		t.inSink = true
 		d.sinkN[t.input]++
@@ -854,6 +864,7 @@ func (d *Drainer) release(ctx context.Context, jobs chan<- taken) {
 // putBack returns t, picked and not sent, to the scheduler.
 func (d *Drainer) putBack(t taken) {
 	d.mu.Lock()
+	d.inHand = 0
 	d.sched.push(t.input, t.msg.Tenant(), t)
 	d.mu.Unlock()
 }
@@ -956,6 +967,7 @@ func (d *Drainer) work(runCtx context.Context, h *hold) {
 		d.cfg.Logger.Warn("drain: settling a message; it will be delivered again", "key", m.Key(), "err", settle)
 	}
 }
+
 // backoff is the delay before the attempt after the n-th failure.
 func (d *Drainer) backoff(n int) time.Duration {
 	b := d.cfg.BaseBackoff

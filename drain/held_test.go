@@ -427,3 +427,51 @@ func TestPauseScopeBound(t *testing.T) {
 		t.Error("ProgressEvery not below the ack wait: no error")
 	}
 }
+
+// TestPauseScopesBounded: with PausePartition, once MaxPauseScopes
+// partitions are paused, the next throttled answer pauses every message:
+// no call until it ends, and then every message is done.
+func TestPauseScopesBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		n := drain.MaxPauseScopes + 20
+		q := newFakeQueue(2*n, n, 0, func(i int) string { return fmt.Sprint("p", i) })
+		var mu sync.Mutex
+		var calls []time.Duration
+		tried := map[string]bool{}
+		begin := time.Now()
+		d, err := drain.New(drain.Options{
+			Inputs: []drain.Input{{Source: q}},
+			Sink: func(ctx context.Context, m drain.Message) error {
+				mu.Lock()
+				defer mu.Unlock()
+				calls = append(calls, time.Since(begin))
+				if !tried[m.Key()] {
+					tried[m.Key()] = true
+					return drain.Throttle(10*time.Second, errors.New("429"))
+				}
+				return nil
+			},
+			PauseScope: drain.PausePartition,
+			Workers:    1,
+			Logger:     quiet,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runBubble(t, d, q, time.Minute)
+		mu.Lock()
+		defer mu.Unlock()
+		// MaxPauseScopes partitions paused, then one answer more: every
+		// message paused for 10 s.
+		at0 := during(calls, -1, time.Nanosecond)
+		if at0 != drain.MaxPauseScopes+1 {
+			t.Errorf("%d calls before the pause of every message, want %d", at0, drain.MaxPauseScopes+1)
+		}
+		if c := during(calls, 0, 10*time.Second); c != 0 {
+			t.Errorf("%d calls while every message was paused", c)
+		}
+		if st := d.Stats(); st.Done != int64(n) {
+			t.Errorf("done %d, want %d", st.Done, n)
+		}
+	})
+}

@@ -38,7 +38,7 @@ type sink struct {
 	// Retry-After field, in seconds); else Retry-After: 1 with
 	// Retry-After-Ms: 20.
 	retryAfter string
-	want  int                // close done when this many keys are applied
+	want       int // close done when this many keys are applied
 
 	mu        sync.Mutex
 	applied   map[string]int // key → order of application (from 1)

@@ -25,8 +25,8 @@ func TestDrainSlow(t *testing.T) {
 	src := source(t, js, "slow", "", time.Second)
 	h := &drain.HTTPSink{URL: sk.srv.URL}
 	d := newDrainer(t, drain.Options{
-		Inputs:  []drain.Input{{Source: src}},
-		Sink:    h.Send,
+		Inputs:     []drain.Input{{Source: src}},
+		Sink:       h.Send,
 		Limiter:    ratelimit.NewLimiter(rate, 1),
 		StatsEvery: 100 * time.Millisecond,
 	})
@@ -153,4 +153,3 @@ func emptied(t *testing.T, d *drain.Drainer, since time.Time, limit time.Duratio
 		}
 	}
 }
-

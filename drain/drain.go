@@ -396,7 +396,10 @@ type Stats struct {
 	// Total is the records this Drainer has known of: those it had
 	// settled (Done, Duplicates, DeadLettered) when it last polled the
 	// backlog, plus that backlog. It grows as records are queued and
-	// never decreases; 0 before the first poll.
+	// never decreases; 0 before the first poll. A message the queue
+	// delivers again after losing its acknowledgement (a server that
+	// restarted) is in the backlog again, so it counts twice: once in
+	// Done, once in Duplicates.
 	Total int64
 	// Rate is the recent rate of Done, per second (smoothed over a few
 	// StatsEvery).

@@ -76,8 +76,10 @@ type Message interface {
 	Ack(ctx context.Context) error
 	// Nak puts the message back, to be delivered again after delay.
 	Nak(ctx context.Context, delay time.Duration) error
-	// InProgress tells the queue that work on the message goes on, so
-	// that it is not delivered again meanwhile.
+	// InProgress tells the queue that the message is still held (waiting
+	// in the Drainer or in a Sink call), so that it is not delivered
+	// again meanwhile. The Drainer never calls it after, or during, the
+	// message's Ack, Nak or DeadLetter.
 	InProgress(ctx context.Context) error
 	// DeadLetter sends the message, with reason, to the Source's
 	// dead-letter destination and then removes it from the queue.

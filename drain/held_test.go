@@ -475,3 +475,37 @@ func TestPauseScopesBounded(t *testing.T) {
 		}
 	})
 }
+
+// TestHeartbeatMeetsAck: Sink calls that end exactly as a heartbeat is
+// due (each takes two heartbeat periods, in a bubble where both happen at
+// the same instant): no message is told InProgress after, or while, it
+// is acknowledged, and no acknowledgement fails.
+func TestHeartbeatMeetsAck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 64
+		q := newFakeQueue(64, n, 3*time.Second, func(int) string { return "" })
+		d, err := drain.New(drain.Options{
+			Inputs: []drain.Input{{Source: ackQueue{q}}},
+			Sink: func(ctx context.Context, m drain.Message) error {
+				time.Sleep(time.Second)
+				return nil
+			},
+			ProgressEvery: time.Second, // heartbeats every 500 ms
+			Workers:       8,
+			Logger:        quiet,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runBubble(t, d, q, time.Minute)
+		st := d.Stats()
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if q.lateBeats != 0 || st.AckErrors != 0 {
+			t.Errorf("%d InProgress after a settlement, %d ack errors", q.lateBeats, st.AckErrors)
+		}
+		if st.Done != n || q.redelivered != 0 {
+			t.Errorf("done %d, redelivered %d; want %d, 0", st.Done, q.redelivered, n)
+		}
+	})
+}

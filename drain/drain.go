@@ -432,7 +432,8 @@ type Drainer struct {
 	sinkN    []int               // of held, those released to the Sink, by Input
 	failures map[string]int      // failed attempts by key
 	acked    [2]map[uint64]struct{}
-	inHand   int // picked by release and not yet put back or in flight
+	inHand   int  // picked by release and not yet put back or in flight
+	spare    int  // grants of the Limiter handed back unspent
 	stats    Stats
 	lastDone int64
 	lastAt   time.Time
@@ -538,6 +539,22 @@ func (d *Drainer) Run(ctx context.Context) error {
 	for range d.cfg.Workers {
 		workers.Go(func() {
 			for t := range jobs {
+				if d.paused(t.scope) {
+					// Its scope was paused while it waited for this
+					// worker: back, with its grant for the next.
+					d.mu.Lock()
+					d.stats.InFlight--
+					t.inSink = false
+					d.sinkN[t.input]--
+					if d.cfg.Limiter != nil {
+						d.spare++
+					}
+					d.sched.push(t.input, t.msg.Tenant(), t)
+					close(d.wake)
+					d.wake = make(chan struct{})
+					d.mu.Unlock()
+					continue
+				}
 				d.work(ctx, t.hold)
 				d.mu.Lock()
 				d.stats.InFlight--
@@ -805,6 +822,10 @@ func (d *Drainer) release(ctx context.Context, jobs chan<- taken) {
 		if ok {
 			d.inHand = 1 // until it is put back or in flight
 		}
+		if !granted && d.spare > 0 {
+			granted = true
+			d.spare--
+		}
 		wake := d.wake
 		d.mu.Unlock()
 		if !ok {
@@ -835,8 +856,7 @@ func (d *Drainer) release(ctx context.Context, jobs chan<- taken) {
 				continue
 			}
 			granted = true
-			now := time.Now
-			if d.pauses.Left(allScope, now) > 0 || d.pauses.Left(t.scope, now) > 0 {
+			if d.paused(t.scope) {
 				// Paused while waiting for the grant: the grant goes to
 				// another message, t is set aside.
 				d.putBack(t)
@@ -864,6 +884,11 @@ func (d *Drainer) release(ctx context.Context, jobs chan<- taken) {
 			return
 		}
 	}
+}
+
+// paused reports whether a message of scope may not be sent now.
+func (d *Drainer) paused(scope string) bool {
+	return d.pauses.Left(allScope, time.Now) > 0 || (scope != allScope && d.pauses.Left(scope, time.Now) > 0)
 }
 
 // putBack returns t, picked and not sent, to the scheduler.

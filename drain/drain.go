@@ -432,8 +432,8 @@ type Drainer struct {
 	sinkN    []int               // of held, those released to the Sink, by Input
 	failures map[string]int      // failed attempts by key
 	acked    [2]map[uint64]struct{}
-	inHand   int  // picked by release and not yet put back or in flight
-	spare    int  // grants of the Limiter handed back unspent
+	inHand   int // picked by release and not yet put back or in flight
+	spare    int // grants of the Limiter handed back unspent
 	stats    Stats
 	lastDone int64
 	lastAt   time.Time

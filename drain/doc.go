@@ -30,24 +30,87 @@
 // MaxAckPending; for Redis, what its Source holds pending), and the
 // drainer never asks for more.
 //
+// # What a drainer holds
+//
+// A message taken from a Source is the drainer's until it is settled
+// (acknowledged, put back or dead-lettered), wherever it waits: for the
+// Limiter, behind a pause, for a worker, or in a Sink call. One goroutine
+// of Run tells every message held InProgress at least every
+// Options.ProgressEvery (by default a third of the shortest ack wait the
+// Sources report, AckWaiter, and at most DefaultProgressEvery), so the
+// queue never delivers a second copy of a message a live drainer holds.
+// It serialises that with the settlement, message by message: a message
+// handed to the Sink just as its heartbeat is due is told InProgress
+// before it is acknowledged, never after. The cost is one pass over the
+// messages held (at most the windows) every half ProgressEvery.
+//
+// A drainer also holds no more than it can send soon: when a Source
+// reports its ack wait and the Limiter its rate (a Limit method, as
+// *ratelimit.Limiter and *lease.Limiter have), no more of that Source's
+// messages wait in the drainer than the rate sends in half the ack wait
+// (at least one; messages in a Sink call do not count); a BatchSource is
+// asked for no more than that room, so none waits unseen in its batch.
+// Should the drainer die, the queue hands on no more than that, and
+// drainers sharing a consumer share its messages rather than one taking
+// them all.
+//
+// So a record reaches the Sink more than once only when
+//
+//   - a drainer died (or its connection to the queue was lost) after the
+//     Sink's call for it began and before the acknowledgement reached the
+//     queue: the messages in flight then, at most Options.Workers, are
+//     sent again by another drainer once the ack wait has passed (what it
+//     held and had not sent is not sent twice);
+//   - a Sink call ran out of Options.Timeout, or was answered throttled,
+//     or failed, after the downstream had applied it: the message is put
+//     back and sent again;
+//   - the queue lost an acknowledgement it had confirmed: an embedded
+//     NATS server (the one `sluice drain` starts by default) writes its
+//     consumers' acknowledgements to disk at most ten times a second, so
+//     a SIGKILL of its process loses those of the last 100 ms or so (see
+//     docs/draining.md);
+//   - the record was queued twice.
+//
+// Stats count the records acknowledged once (Done) apart from those
+// whose key was acknowledged before (Duplicates) and from the deliveries
+// that came again (Redelivered).
+//
 // # Outcomes of a Sink call
 //
 //   - nil: the message is acknowledged.
 //   - a throttling error (Throttle, or any error that wraps a
 //     *ThrottledError; HTTPSink returns one for 429 and 503, and a gRPC
 //     sink returns one for RESOURCE_EXHAUSTED with RetryInfo, from
-//     grpclimit.RetryDelay): the drainer pauses taking new work for the
-//     time asked (capped by Options.MaxPause; Options.DefaultPause when the
-//     answer says nothing), shared by every worker, and puts the message
-//     back with that delay; Options.OnThrottle is told. The Drainer is
-//     the one that acts on the answer: a Sink only classifies it. This
-//     is not a failure: it does not count towards Options.MaxFailures
-//     and never dead-letters a message.
+//     grpclimit.RetryDelay): the drainer pauses the message's scope
+//     (Options.PauseScope) for the time asked (capped by
+//     Options.MaxPause; Options.DefaultPause when the answer says
+//     nothing) and puts the message back with that delay;
+//     Options.OnThrottle is told. The Drainer is the one that acts on the
+//     answer: a Sink only classifies it. This is not a failure: it does
+//     not count towards Options.MaxFailures and never dead-letters a
+//     message.
 //   - any other error: a failure. The message is put back with a
 //     full-jitter exponential backoff; after Options.MaxFailures failures
 //     it goes to the Source's dead-letter destination with the last error
 //     (Message.DeadLetter) and is terminated. If dead-lettering fails, the
 //     message is put back instead: nothing is dropped.
+//
+// # Pause scopes
+//
+// What one throttled answer pauses is Options.PauseScope: every message
+// (PauseAll, the default: the downstream has one quota for all), the
+// messages of the throttled one's partition (PausePartition, by
+// Message.Partition: the downstream limits each partition on its own) or
+// of its tenant (PauseTenant). While a scope is paused the drainer goes
+// on releasing the messages of the others; those of the paused scope it
+// holds are set aside (still told InProgress) and go back in turn when
+// the pause ends, so a paused scope neither spins the drainer nor
+// starves. A grant of the Limiter is spent only on a message that may be
+// sent: one taken as its message's scope was paused goes to the next
+// message. At most MaxPauseScopes scopes are paused at once; a throttled
+// answer beyond that pauses every message. Since a drainer holds a
+// bounded number of messages, many scopes paused at once can fill it with
+// messages set aside: a scope's messages then wait for its pause.
 //
 // Failures are counted in the drainer's memory, per message key. A
 // drainer that restarts forgets them, so a message may get more attempts
@@ -71,7 +134,11 @@
 //
 // Stats reports what has been done, what remains (the Sources' backlog:
 // messages not yet delivered plus those delivered and not acknowledged),
-// the recent completion rate and the estimated time to finish at it.
+// the records known in all (Total: those settled by the last backlog poll
+// plus that backlog, which never decreases), the recent completion rate
+// and the estimated time to finish at it. Done counts records, each key
+// once; Duplicates, Redelivered, Throttled and Failed count the rest
+// apart.
 //
 // # Shutdown
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"math"
 	"math/rand/v2"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/priority"
+	"github.com/sluicehq/sluice/ratelimit"
 	"github.com/sluicehq/sluice/retry"
 )
 
@@ -27,6 +29,28 @@ type Source interface {
 	// being acknowledged (or put back); the Drainer holds no more than
 	// that many of this Source's at once.
 	Window() int
+}
+
+// An AckWaiter is a Source that reports its queue's ack wait: how long a
+// message delivered and neither acknowledged nor told InProgress is kept
+// before the queue delivers it again. The Drainer then tells every
+// message it holds InProgress well within that time (see
+// Options.ProgressEvery), and holds no more of the Source's messages than
+// its Limiter lets it send in half of it (see the package doc, "What a
+// drainer holds").
+type AckWaiter interface {
+	AckWait() time.Duration
+}
+
+// A BatchSource is a Source that takes messages from its queue in
+// batches, so that it may hold messages already delivered by the queue
+// (their ack wait running) that Next has not yet returned. NextUpTo is
+// Next, told that the Drainer has room for n messages now (n >= 1): a
+// batch it takes from the queue is of n messages at most, so none waits
+// in the Source for room in the Drainer.
+type BatchSource interface {
+	Source
+	NextUpTo(ctx context.Context, n int) (Message, error)
 }
 
 // A Message is one delivery of a queued message. Its methods other than
@@ -52,8 +76,10 @@ type Message interface {
 	Ack(ctx context.Context) error
 	// Nak puts the message back, to be delivered again after delay.
 	Nak(ctx context.Context, delay time.Duration) error
-	// InProgress tells the queue that work on the message goes on, so
-	// that it is not delivered again meanwhile.
+	// InProgress tells the queue that the message is still held (waiting
+	// in the Drainer or in a Sink call), so that it is not delivered
+	// again meanwhile. The Drainer never calls it after, or during, the
+	// message's Ack, Nak or DeadLetter.
 	InProgress(ctx context.Context) error
 	// DeadLetter sends the message, with reason, to the Source's
 	// dead-letter destination and then removes it from the queue.
@@ -119,6 +145,50 @@ const (
 	DefaultStatsEvery      = time.Second
 )
 
+// A PauseScope is what one throttled answer of the Sink pauses.
+type PauseScope int
+
+const (
+	// PauseAll pauses every message: the Sink's limit is one for all
+	// (a database's quota, a service's rate limit per client).
+	PauseAll PauseScope = iota
+	// PausePartition pauses the messages of the throttled message's
+	// partition (Message.Partition; those with none are one partition):
+	// the downstream limits each partition on its own.
+	PausePartition
+	// PauseTenant pauses the messages of the throttled message's tenant
+	// (Message.Tenant; those with none are one tenant).
+	PauseTenant
+)
+
+// String returns "all", "partition" or "tenant".
+func (s PauseScope) String() string {
+	switch s {
+	case PauseAll:
+		return "all"
+	case PausePartition:
+		return "partition"
+	case PauseTenant:
+		return "tenant"
+	}
+	return fmt.Sprintf("PauseScope(%d)", int(s))
+}
+
+// ParsePauseScope returns the PauseScope that String names.
+func ParsePauseScope(name string) (PauseScope, error) {
+	for _, s := range []PauseScope{PauseAll, PausePartition, PauseTenant} {
+		if s.String() == name {
+			return s, nil
+		}
+	}
+	return 0, fmt.Errorf("drain: unknown pause scope %q: want all, partition or tenant", name)
+}
+
+// MaxPauseScopes bounds the scopes paused at once that a Drainer
+// remembers: a throttled answer that would pause one more pauses every
+// message instead (never fewer).
+const MaxPauseScopes = 1024
+
 // Options configure a Drainer. Inputs and Sink are required; a zero
 // field takes its default.
 type Options struct {
@@ -128,7 +198,11 @@ type Options struct {
 	// Sink does the work.
 	Sink Sink
 	// Limiter paces the release of messages, one unit each; nil means no
-	// pacing (as fast as the Workers go).
+	// pacing (as fast as the Workers go). When it reports its rate (a
+	// Limit() ratelimit.Limit method, as *ratelimit.Limiter and
+	// *lease.Limiter have) and a Source its ack wait (AckWaiter), the
+	// Drainer holds no more of that Source's messages than the rate sends
+	// in half the ack wait.
 	Limiter Limiter
 	// OnThrottle is told of each throttled answer of the Sink, with the
 	// pause the Drainer takes for it, before the pause begins: a report,
@@ -148,11 +222,19 @@ type Options struct {
 	// MaxPause caps the pause a throttled answer may ask for; DefaultPause
 	// is the pause when it asks for none.
 	MaxPause, DefaultPause time.Duration
+	// PauseScope is what a throttled answer pauses: every message
+	// (PauseAll, the zero value), the messages of the throttled one's
+	// partition (PausePartition) or of its tenant (PauseTenant).
+	PauseScope PauseScope
 	// Timeout bounds each Sink call; DefaultTimeout when 0.
 	Timeout time.Duration
-	// ProgressEvery is how often a Sink call still running tells the
-	// Source so (Message.InProgress); keep it well below the Source's ack
-	// wait. DefaultProgressEvery when 0.
+	// ProgressEvery is how often every message the Drainer holds (waiting
+	// for the Limiter, a pause or a worker, or in a Sink call) is told
+	// InProgress, so that the queue does not deliver it again meanwhile:
+	// at least once every ProgressEvery after it was taken. It must be
+	// below the ack wait of every Source that reports one (AckWaiter);
+	// when 0, DefaultProgressEvery, or a third of the shortest such ack
+	// wait if that is less.
 	ProgressEvery time.Duration
 	// StarvationLimit is how many times in a row a priority with messages
 	// waiting may be passed over for higher ones; DefaultStarvationLimit
@@ -209,12 +291,37 @@ func (c Options) check() (Options, error) {
 		{&c.MaxPause, DefaultMaxPause, "MaxPause"},
 		{&c.DefaultPause, DefaultPause, "DefaultPause"},
 		{&c.Timeout, DefaultTimeout, "Timeout"},
-		{&c.ProgressEvery, DefaultProgressEvery, "ProgressEvery"},
 		{&c.StatsEvery, DefaultStatsEvery, "StatsEvery"},
 	} {
 		if err := def(f.v, f.d, f.name); err != nil {
 			return c, err
 		}
+	}
+	if c.PauseScope < PauseAll || c.PauseScope > PauseTenant {
+		return c, fmt.Errorf("drain: Options.PauseScope is invalid (%d)", int(c.PauseScope))
+	}
+	if c.ProgressEvery < 0 {
+		return c, fmt.Errorf("drain: Options.ProgressEvery is negative (%v)", c.ProgressEvery)
+	}
+	var ackWait time.Duration // the shortest reported
+	for _, in := range c.Inputs {
+		if aw, ok := in.Source.(AckWaiter); ok {
+			if w := aw.AckWait(); w > 0 && (ackWait == 0 || w < ackWait) {
+				ackWait = w
+			}
+		}
+	}
+	switch {
+	case c.ProgressEvery == 0:
+		c.ProgressEvery = DefaultProgressEvery
+		if ackWait > 0 {
+			c.ProgressEvery = min(c.ProgressEvery, ackWait/3)
+		}
+	case ackWait > 0 && c.ProgressEvery >= ackWait:
+		return c, fmt.Errorf("drain: Options.ProgressEvery %v is not below a Source's ack wait %v", c.ProgressEvery, ackWait)
+	}
+	if c.ProgressEvery < time.Millisecond {
+		return c, fmt.Errorf("drain: Options.ProgressEvery %v is below a millisecond (a Source's ack wait %v)", c.ProgressEvery, ackWait)
 	}
 	if c.MaxBackoff < c.BaseBackoff {
 		return c, fmt.Errorf("drain: Options.MaxBackoff %v is below BaseBackoff %v", c.MaxBackoff, c.BaseBackoff)
@@ -246,16 +353,31 @@ func (c Options) check() (Options, error) {
 // bound is reached every count is forgotten.
 const maxFailureKeys = 1 << 16
 
-// Stats are a Drainer's figures at one instant.
+// ackedKeys is how many acknowledged keys a Drainer remembers at least
+// (and twice that at most), to tell Stats.Duplicates from Stats.Done: a
+// hash of 8 bytes each, so about a megabyte at most.
+const ackedKeys = 1 << 15
+
+// Stats are a Drainer's figures at one instant. Done, Duplicates,
+// DeadLettered and Total count records (queued messages); Throttled,
+// Failed and Redelivered count deliveries and Sink calls.
 type Stats struct {
-	// Done counts the messages acknowledged after their Sink succeeded.
+	// Done counts the records acknowledged after their Sink succeeded,
+	// each key once: an acknowledged message whose key this Drainer had
+	// already acknowledged counts in Duplicates instead.
 	Done int64
+	// Duplicates counts the acknowledged messages whose key this Drainer
+	// had acknowledged before (a record queued twice, or delivered again
+	// after an acknowledgement the queue lost). It remembers the keys of
+	// at least the last 32,768 records acknowledged, so a repeat older
+	// than that counts in Done.
+	Duplicates int64
 	// Throttled counts the Sink calls answered throttled (the message put
 	// back, not counted as a failure); Failed the other failed calls.
 	Throttled, Failed int64
-	// Pauses counts the throttled answers that began or extended the
-	// shared pause (one that ends no later than the pause in force
-	// changes nothing).
+	// Pauses counts the throttled answers that began or extended a pause
+	// (one that ends no later than its scope's pause in force changes
+	// nothing).
 	Pauses int64
 	// DeadLettered counts the messages sent to a dead-letter destination.
 	DeadLettered int64
@@ -266,12 +388,21 @@ type Stats struct {
 	// such a message is delivered again.
 	AckErrors int64
 	// InFlight is the number of Sink calls running; Waiting the messages
-	// taken from the Sources and not yet released to the Sink.
-	InFlight, Waiting int
+	// taken from the Sources and not yet released to the Sink, of which
+	// Parked are set aside because their scope is paused.
+	InFlight, Waiting, Parked int
 	// Backlog is the Sources' backlog at the last poll (see
 	// Source.Backlog), and BacklogAt the time of that poll.
 	Backlog   int64
 	BacklogAt time.Time
+	// Total is the records this Drainer has known of: those it had
+	// settled (Done, Duplicates, DeadLettered) when it last polled the
+	// backlog, plus that backlog. It grows as records are queued and
+	// never decreases; 0 before the first poll. A message the queue
+	// delivers again after losing its acknowledgement (a server that
+	// restarted) is in the backlog again, so it counts twice: once in
+	// Done, once in Duplicates.
+	Total int64
 	// Rate is the recent rate of Done, per second (smoothed over a few
 	// StatsEvery).
 	Rate float64
@@ -286,15 +417,39 @@ type Stats struct {
 // Make one with New.
 type Drainer struct {
 	cfg    Options
-	pauses retry.Pauses // one scope, "": the drainer's shared pause
+	rater  rater        // cfg.Limiter's rate, if it tells it
+	pauses retry.Pauses // by scope (see scopeOf); allScope pauses every message
+	seed   maphash.Seed
 
 	mu       sync.Mutex
 	wake     chan struct{} // closed and replaced when a message is queued
+	room     chan struct{} // closed and replaced when a held message is settled
 	sched    scheduler
-	failures map[string]int // failed attempts by key
+	parked   map[string]*parking // messages set aside, by the scope that pauses them
+	parkedAt time.Time           // the earliest until of parked; zero when none
+	held     map[*hold]struct{}  // every message taken and not settled
+	heldN    []int               // of held, by Input
+	sinkN    []int               // of held, those released to the Sink, by Input
+	failures map[string]int      // failed attempts by key
+	acked    [2]map[uint64]struct{}
+	inHand   int // picked by release and not yet put back or in flight
+	spare    int // grants of the Limiter handed back unspent
 	stats    Stats
 	lastDone int64
 	lastAt   time.Time
+}
+
+// rater is a Limiter that tells its rate.
+type rater interface{ Limit() ratelimit.Limit }
+
+// allScope is the scope that pauses every message: no partition or tenant
+// (header values) holds a NUL.
+const allScope = "\x00all"
+
+// parking holds the messages of one paused scope until its pause ends.
+type parking struct {
+	until time.Time
+	items []taken
 }
 
 // New returns a Drainer for cfg, or an error naming what in cfg is
@@ -308,12 +463,21 @@ func New(cfg Options) (*Drainer, error) {
 	for i, in := range cfg.Inputs {
 		prios[i] = in.Priority
 	}
-	return &Drainer{
+	d := &Drainer{
 		cfg:      cfg,
+		seed:     maphash.MakeSeed(),
 		wake:     make(chan struct{}),
+		room:     make(chan struct{}),
 		sched:    newScheduler(prios, cfg.StarvationLimit),
+		parked:   make(map[string]*parking),
+		held:     make(map[*hold]struct{}),
+		heldN:    make([]int, len(cfg.Inputs)),
+		sinkN:    make([]int, len(cfg.Inputs)),
 		failures: make(map[string]int),
-	}, nil
+		acked:    [2]map[uint64]struct{}{make(map[uint64]struct{}), make(map[uint64]struct{})},
+	}
+	d.rater, _ = cfg.Limiter.(rater)
+	return d, nil
 }
 
 // Stats returns the Drainer's figures now.
@@ -321,18 +485,33 @@ func (d *Drainer) Stats() Stats {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	s := d.stats
-	s.Waiting = d.sched.len()
+	s.Parked = 0
+	for _, p := range d.parked {
+		s.Parked += len(p.items)
+	}
+	s.Waiting = d.sched.len() + s.Parked + d.inHand
 	if s.Rate > 0 && s.Backlog > 0 {
 		s.ETA = time.Duration(float64(s.Backlog) / s.Rate * float64(time.Second))
 	}
 	return s
 }
 
-// taken is a message the Drainer holds, with the Input it came from.
-type taken struct {
+// hold is a message the Drainer holds, from Next until it is settled.
+type hold struct {
 	msg   Message
 	input int
+	scope string // what a throttled answer to it pauses
+	// inSink is set, under the Drainer's mu, when it is released to the
+	// Sink.
+	inSink bool
+
+	mu      sync.Mutex // serialises InProgress and the settlement
+	settled bool
+	beat    time.Time // when taken or last told InProgress
 }
+
+// taken is a message in the scheduler or set aside.
+type taken struct{ *hold }
 
 // Run drains until ctx is done, then shuts down as the package doc
 // says and returns nil. A Drainer runs once: a second Run returns an
@@ -346,24 +525,40 @@ func (d *Drainer) Run(ctx context.Context) error {
 	d.stats.Started = time.Now()
 	d.mu.Unlock()
 
-	// slots[i] bounds what Input i has delivered and not settled.
-	slots := make([]chan struct{}, len(d.cfg.Inputs))
-	var fetchers, workers sync.WaitGroup
-	for i, in := range d.cfg.Inputs {
-		slots[i] = make(chan struct{}, in.Source.Window())
-		fetchers.Go(func() { d.fetch(ctx, i, slots[i]) })
+	var fetchers, workers, beater sync.WaitGroup
+	for i := range d.cfg.Inputs {
+		fetchers.Go(func() { d.fetch(ctx, i) })
 	}
 	fetchers.Go(func() { d.poll(ctx) })
+	// Held messages are told InProgress until the last is settled, after
+	// Run's ctx is done too (work in flight finishes).
+	stopBeat := make(chan struct{})
+	beater.Go(func() { d.heartbeat(context.WithoutCancel(ctx), stopBeat) })
 
 	jobs := make(chan taken)
 	for range d.cfg.Workers {
 		workers.Go(func() {
 			for t := range jobs {
-				d.work(ctx, t)
+				if d.paused(t.scope) {
+					// Its scope was paused while it waited for this
+					// worker: back, with its grant for the next.
+					d.mu.Lock()
+					d.stats.InFlight--
+					t.inSink = false
+					d.sinkN[t.input]--
+					if d.cfg.Limiter != nil {
+						d.spare++
+					}
+					d.sched.push(t.input, t.msg.Tenant(), t)
+					close(d.wake)
+					d.wake = make(chan struct{})
+					d.mu.Unlock()
+					continue
+				}
+				d.work(ctx, t.hold)
 				d.mu.Lock()
 				d.stats.InFlight--
 				d.mu.Unlock()
-				<-slots[t.input]
 			}
 		})
 	}
@@ -375,16 +570,24 @@ func (d *Drainer) Run(ctx context.Context) error {
 	// Hand back what was taken and never released.
 	d.mu.Lock()
 	left := d.sched.drainAll()
+	for s, p := range d.parked {
+		left = append(left, p.items...)
+		delete(d.parked, s)
+	}
+	d.parkedAt = time.Time{}
 	d.mu.Unlock()
 	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.Timeout)
 	defer cancel()
 	for _, t := range left {
-		if err := t.msg.Nak(hctx, 0); err != nil {
+		if err := d.settle(t.hold, func() error { return t.msg.Nak(hctx, 0) }); err != nil {
 			d.count(func(s *Stats) { s.AckErrors++ })
 			d.cfg.Logger.Warn("drain: handing back a message at shutdown", "key", t.msg.Key(), "err", err)
 		}
 	}
-	d.cfg.Logger.Info("drain: stopped", "done", d.Stats().Done, "handed_back", len(left))
+	close(stopBeat)
+	beater.Wait()
+	st := d.Stats()
+	d.cfg.Logger.Info("drain: stopped", "done", st.Done, "duplicates", st.Duplicates, "handed_back", len(left))
 	return nil
 }
 
@@ -394,19 +597,68 @@ func (d *Drainer) count(f func(*Stats)) {
 	d.mu.Unlock()
 }
 
-// fetch takes messages from Input i while it has a free slot, until ctx
-// is done.
-func (d *Drainer) fetch(ctx context.Context, i int, slots chan struct{}) {
+// scopeOf is the pause scope of m.
+func (d *Drainer) scopeOf(m Message) string {
+	switch d.cfg.PauseScope {
+	case PausePartition:
+		return m.Partition()
+	case PauseTenant:
+		return m.Tenant()
+	}
+	return allScope
+}
+
+// waitLimit is how many messages of Input i may wait in the Drainer (for
+// the Limiter, a pause or a worker) when its ack wait and the Limiter's
+// rate are known: what the rate sends in half the ack wait, at least one;
+// else its window.
+func (d *Drainer) waitLimit(i int) int {
+	n := d.cfg.Inputs[i].Source.Window()
+	aw, ok := d.cfg.Inputs[i].Source.(AckWaiter)
+	if !ok || d.rater == nil {
+		return n
+	}
+	r, w := float64(d.rater.Limit()), aw.AckWait()
+	if w <= 0 || r >= float64(ratelimit.Inf) || math.IsNaN(r) {
+		return n
+	}
+	if r <= 0 {
+		return 1
+	}
+	return int(min(float64(n), max(1, math.Ceil(r*w.Seconds()/2))))
+}
+
+// fetch takes messages from Input i while it holds fewer than its window
+// and fewer wait than its waitLimit, until ctx is done.
+func (d *Drainer) fetch(ctx context.Context, i int) {
 	src := d.cfg.Inputs[i].Source
+	bs, _ := src.(BatchSource)
+	recheck := time.NewTimer(0) // the limit follows the Limiter's rate
+	defer recheck.Stop()
 	for {
-		select {
-		case slots <- struct{}{}:
-		case <-ctx.Done():
-			return
+		lim := d.waitLimit(i)
+		d.mu.Lock()
+		room := min(d.cfg.Inputs[i].Source.Window()-d.heldN[i], lim-(d.heldN[i]-d.sinkN[i]))
+		settled := d.room
+		d.mu.Unlock()
+		if room <= 0 {
+			recheck.Reset(d.cfg.StatsEvery)
+			select {
+			case <-settled:
+			case <-recheck.C:
+			case <-ctx.Done():
+				return
+			}
+			continue
 		}
-		m, err := src.Next(ctx)
+		var m Message
+		var err error
+		if bs != nil {
+			m, err = bs.NextUpTo(ctx, room)
+		} else {
+			m, err = src.Next(ctx)
+		}
 		if err != nil {
-			<-slots
 			if ctx.Err() != nil {
 				return
 			}
@@ -416,44 +668,184 @@ func (d *Drainer) fetch(ctx context.Context, i int, slots chan struct{}) {
 			}
 			continue
 		}
+		h := &hold{msg: m, input: i, scope: d.scopeOf(m), beat: time.Now()}
 		d.mu.Lock()
 		if m.Deliveries() > 1 {
 			d.stats.Redelivered++
 		}
-		d.sched.push(i, m.Tenant(), taken{msg: m, input: i})
+		d.held[h] = struct{}{}
+		d.heldN[i]++
+		d.sched.push(i, m.Tenant(), taken{h})
 		close(d.wake)
 		d.wake = make(chan struct{})
 		d.mu.Unlock()
 	}
 }
 
-// release hands waiting messages to workers, paced by the Limiter and the
-// shared pause, until ctx is done.
-func (d *Drainer) release(ctx context.Context, jobs chan<- taken) {
+// settle runs f, which acknowledges, puts back or dead-letters h's
+// message, unless the heartbeat is telling it InProgress (then after),
+// and lets the Drainer forget h.
+func (d *Drainer) settle(h *hold, f func() error) error {
+	h.mu.Lock()
+	h.settled = true
+	err := f()
+	h.mu.Unlock()
+	d.mu.Lock()
+	delete(d.held, h)
+	d.heldN[h.input]--
+	if h.inSink {
+		d.sinkN[h.input]--
+	}
+	d.roomLocked()
+	d.mu.Unlock()
+	return err
+}
+
+// roomLocked wakes the fetchers: a message was settled or released to
+// the Sink. d.mu is held.
+func (d *Drainer) roomLocked() {
+	close(d.room)
+	d.room = make(chan struct{})
+}
+
+// heartbeat tells every held message InProgress at least every
+// ProgressEvery, until stop is closed.
+func (d *Drainer) heartbeat(ctx context.Context, stop <-chan struct{}) {
+	half := d.cfg.ProgressEvery / 2
+	tk := time.NewTicker(half)
+	defer tk.Stop()
+	var hs []*hold
 	for {
-		// A message to release.
-		for {
-			d.mu.Lock()
-			n, wake := d.sched.len(), d.wake
-			d.mu.Unlock()
-			if n > 0 {
-				break
+		select {
+		case <-tk.C:
+		case <-stop:
+			return
+		}
+		d.mu.Lock()
+		hs = hs[:0]
+		for h := range d.held {
+			hs = append(hs, h)
+		}
+		d.mu.Unlock()
+		for _, h := range hs {
+			// One being settled (its lock held: a dead-lettering may
+			// take a while) is skipped rather than waited for, so that
+			// it cannot hold up the others' word.
+			if !h.mu.TryLock() {
+				continue
+			}
+			// Due when half a period old: a message taken just after a
+			// tick is told at the second tick after, ProgressEvery later.
+			if now := time.Now(); !h.settled && now.Sub(h.beat) >= half {
+				h.beat = now
+				pctx, cancel := context.WithTimeout(ctx, half)
+				err := h.msg.InProgress(pctx)
+				cancel()
+				if err != nil {
+					d.cfg.Logger.Warn("drain: in progress", "key", h.msg.Key(), "err", err)
+				}
+			}
+			h.mu.Unlock()
+		}
+		clear(hs) // let settled messages go
+	}
+}
+
+// pick returns the next message that may be sent now, setting aside
+// those whose scope is paused, and otherwise the earliest instant a
+// pause of a message set aside ends (zero if none is). d.mu is held.
+func (d *Drainer) pick(now time.Time) (t taken, ok bool, next time.Time) {
+	clock := func() time.Time { return now }
+	if !d.parkedAt.IsZero() && !now.Before(d.parkedAt) {
+		d.parkedAt = time.Time{}
+		for s, p := range d.parked {
+			if p.until.After(now) {
+				d.parkedAt = earliest(d.parkedAt, p.until)
+				continue
+			}
+			if left := d.pauses.Left(s, clock); left > 0 {
+				p.until = now.Add(left) // extended meanwhile
+				d.parkedAt = earliest(d.parkedAt, p.until)
+				continue
+			}
+			// Back in turn, at the end of their tenants' queues: as many
+			// as the Drainer holds at most, so none waits long.
+			for _, t := range p.items {
+				d.sched.push(t.input, t.msg.Tenant(), t)
+			}
+			delete(d.parked, s)
+		}
+	}
+	for {
+		t, ok = d.sched.pop()
+		if !ok {
+			break
+		}
+		block := allScope
+		left := d.pauses.Left(allScope, clock)
+		if left <= 0 && t.scope != allScope {
+			block, left = t.scope, d.pauses.Left(t.scope, clock)
+		}
+		if left <= 0 {
+			return t, true, time.Time{}
+		}
+		p := d.parked[block]
+		if p == nil {
+			p = &parking{until: now.Add(left)}
+			d.parked[block] = p
+			d.parkedAt = earliest(d.parkedAt, p.until)
+		}
+		p.items = append(p.items, t)
+	}
+	return taken{}, false, d.parkedAt
+}
+
+// earliest returns the earlier of a and b, a zero one being none.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || b.Before(a) {
+		return b
+	}
+	return a
+}
+
+// release hands messages to workers, paced by the Limiter and the pauses,
+// until ctx is done. A grant of the Limiter is spent only on a message
+// that may be sent: one taken for a message whose scope was paused
+// meanwhile goes to the next.
+func (d *Drainer) release(ctx context.Context, jobs chan<- taken) {
+	granted := d.cfg.Limiter == nil
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		d.mu.Lock()
+		t, ok, next := d.pick(time.Now())
+		if ok {
+			d.inHand = 1 // until it is put back or in flight
+		}
+		if !granted && d.spare > 0 {
+			granted = true
+			d.spare--
+		}
+		wake := d.wake
+		d.mu.Unlock()
+		if !ok {
+			var tc <-chan time.Time
+			if !next.IsZero() {
+				timer.Reset(time.Until(next))
+				tc = timer.C
 			}
 			select {
 			case <-wake:
+			case <-tc:
 			case <-ctx.Done():
-				return
-			}
-		}
-		// No shared pause, then the Limiter's grant, then a worker.
-		if left := d.pauses.Left("", time.Now); left > 0 {
-			if retry.Sleep(ctx, left) != nil {
 				return
 			}
 			continue
 		}
-		if d.cfg.Limiter != nil {
-			if err := d.cfg.Limiter.WaitN(ctx, 1); err != nil {
+		if !granted {
+			err := d.cfg.Limiter.WaitN(ctx, 1)
+			if err != nil {
+				d.putBack(t)
 				if ctx.Err() != nil {
 					return
 				}
@@ -463,21 +855,30 @@ func (d *Drainer) release(ctx context.Context, jobs chan<- taken) {
 				}
 				continue
 			}
-			if d.pauses.Left("", time.Now) > 0 {
-				// A pause began while waiting for the grant.
+			granted = true
+			if d.paused(t.scope) {
+				// Paused while waiting for the grant: the grant goes to
+				// another message, t is set aside.
+				d.putBack(t)
 				continue
 			}
 		}
 		d.mu.Lock()
-		t, _ := d.sched.pop()
+		d.inHand = 0
 		d.stats.InFlight++
+		t.inSink = true
+		d.sinkN[t.input]++
+		d.roomLocked()
 		d.mu.Unlock()
 		select {
 		case jobs <- t: // waits for an idle worker: at most Workers in flight
+			granted = d.cfg.Limiter == nil
 		case <-ctx.Done():
 			// Not started: it is handed back with the other waiting ones.
 			d.mu.Lock()
 			d.stats.InFlight--
+			t.inSink = false
+			d.sinkN[t.input]--
 			d.sched.push(t.input, t.msg.Tenant(), t)
 			d.mu.Unlock()
 			return
@@ -485,40 +886,55 @@ func (d *Drainer) release(ctx context.Context, jobs chan<- taken) {
 	}
 }
 
-// work runs the Sink on t's message and settles it.
-func (d *Drainer) work(runCtx context.Context, t taken) {
-	m := t.msg
+// paused reports whether a message of scope may not be sent now.
+func (d *Drainer) paused(scope string) bool {
+	return d.pauses.Left(allScope, time.Now) > 0 || (scope != allScope && d.pauses.Left(scope, time.Now) > 0)
+}
+
+// putBack returns t, picked and not sent, to the scheduler.
+func (d *Drainer) putBack(t taken) {
+	d.mu.Lock()
+	d.inHand = 0
+	d.sched.push(t.input, t.msg.Tenant(), t)
+	d.mu.Unlock()
+}
+
+// keyHash is the hash under which an acknowledged key is remembered.
+func (d *Drainer) keyHash(key string) uint64 { return maphash.String(d.seed, key) }
+
+// work runs the Sink on h's message and settles it. Its heartbeat is the
+// Drainer's, as for every message held.
+func (d *Drainer) work(runCtx context.Context, h *hold) {
+	m := h.msg
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(runCtx), d.cfg.Timeout)
-	defer cancel()
-	// Long work tells the queue it goes on, every ProgressEvery, from a
-	// timer's goroutine that exists only while it fires.
-	var pmu sync.Mutex
-	var progress *time.Timer
-	stopped := false
-	progress = time.AfterFunc(d.cfg.ProgressEvery, func() {
-		if err := m.InProgress(ctx); err != nil {
-			d.cfg.Logger.Warn("drain: in progress", "key", m.Key(), "err", err)
-		}
-		pmu.Lock()
-		if !stopped {
-			progress.Reset(d.cfg.ProgressEvery)
-		}
-		pmu.Unlock()
-	})
 	err := d.cfg.Sink(ctx, m)
-	pmu.Lock()
-	stopped = true
-	progress.Stop()
-	pmu.Unlock()
+	cancel()
+	// The settlement has its own time, whatever the Sink took of its own.
+	ctx, cancel = context.WithTimeout(context.WithoutCancel(runCtx), d.cfg.Timeout)
+	defer cancel()
 
 	var settle error
 	var te *ThrottledError
 	switch {
 	case err == nil:
-		settle = m.Ack(ctx)
+		settle = d.settle(h, func() error { return m.Ack(ctx) })
+		if settle != nil {
+			break // delivered again, and counted then
+		}
+		k := d.keyHash(m.Key())
 		d.mu.Lock()
 		delete(d.failures, m.Key())
-		d.stats.Done++
+		_, dup0 := d.acked[0][k]
+		_, dup1 := d.acked[1][k]
+		if dup0 || dup1 {
+			d.stats.Duplicates++
+		} else {
+			d.stats.Done++
+			if len(d.acked[0]) >= ackedKeys {
+				d.acked[1], d.acked[0] = d.acked[0], make(map[uint64]struct{})
+			}
+			d.acked[0][k] = struct{}{}
+		}
 		d.mu.Unlock()
 	case errors.As(err, &te):
 		pause := te.After
@@ -531,15 +947,19 @@ func (d *Drainer) work(runCtx context.Context, t taken) {
 		}
 		// The one place a throttled answer is acted on: the Sink only
 		// classified it, OnThrottle is told.
+		scope := h.scope
+		if scope != allScope && d.pauses.Len() >= MaxPauseScopes {
+			scope = allScope
+		}
 		now := time.Now()
-		extended := d.pauses.Extend("", now, now.Add(pause))
+		extended := d.pauses.Extend(scope, now, now.Add(pause))
 		d.mu.Lock()
 		d.stats.Throttled++
 		if extended {
 			d.stats.Pauses++
 		}
 		d.mu.Unlock()
-		settle = m.Nak(ctx, pause)
+		settle = d.settle(h, func() error { return m.Nak(ctx, pause) })
 	default:
 		d.mu.Lock()
 		if len(d.failures) >= maxFailureKeys {
@@ -553,16 +973,24 @@ func (d *Drainer) work(runCtx context.Context, t taken) {
 		}
 		d.mu.Unlock()
 		if n < d.cfg.MaxFailures {
-			settle = m.Nak(ctx, d.backoff(n))
+			settle = d.settle(h, func() error { return m.Nak(ctx, d.backoff(n)) })
 			break
 		}
-		if derr := m.DeadLetter(ctx, err); derr != nil {
+		var derr error
+		settle = d.settle(h, func() error {
+			if derr = m.DeadLetter(ctx, err); derr != nil {
+				return m.Nak(ctx, d.cfg.MaxBackoff)
+			}
+			return nil
+		})
+		if derr != nil {
 			d.cfg.Logger.Error("drain: dead-lettering failed; the message is put back", "key", m.Key(), "err", derr, "last_error", err)
-			settle = m.Nak(ctx, d.cfg.MaxBackoff)
 			break
 		}
-		d.count(func(s *Stats) { s.DeadLettered++ })
-		d.cfg.Logger.Warn("drain: dead-lettered", "key", m.Key(), "failures", n, "last_error", err)
+		if settle == nil {
+			d.count(func(s *Stats) { s.DeadLettered++ })
+			d.cfg.Logger.Warn("drain: dead-lettered", "key", m.Key(), "failures", n, "last_error", err)
+		}
 	}
 	if settle != nil {
 		d.count(func(s *Stats) { s.AckErrors++ })
@@ -589,6 +1017,12 @@ func (d *Drainer) poll(ctx context.Context) {
 	tk := time.NewTicker(d.cfg.StatsEvery)
 	defer tk.Stop()
 	for {
+		// What was settled before the backlog is asked for: an
+		// acknowledgement the queue took meanwhile is then counted in
+		// neither (the next poll has it), never in both.
+		d.mu.Lock()
+		settled := d.stats.Done + d.stats.Duplicates + d.stats.DeadLettered
+		d.mu.Unlock()
 		var backlog int64
 		ok := true
 		for _, in := range d.cfg.Inputs {
@@ -605,6 +1039,7 @@ func (d *Drainer) poll(ctx context.Context) {
 		d.mu.Lock()
 		if ok {
 			d.stats.Backlog, d.stats.BacklogAt = backlog, now
+			d.stats.Total = max(d.stats.Total, settled+backlog)
 		}
 		if !d.lastAt.IsZero() {
 			if dt := now.Sub(d.lastAt).Seconds(); dt > 0 {

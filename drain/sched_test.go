@@ -19,8 +19,8 @@ func TestSchedulerStarvation(t *testing.T) {
 	const limit = 4
 	s := newScheduler([]priority.Priority{priority.Low, priority.High}, limit)
 	for i := range 100 {
-		s.push(0, "", taken{msg: fakeMsg{key: fmt.Sprint("low", i)}, input: 0})
-		s.push(1, "", taken{msg: fakeMsg{key: fmt.Sprint("high", i)}, input: 1})
+		s.push(0, "", taken{&hold{msg: fakeMsg{key: fmt.Sprint("low", i)}, input: 0}})
+		s.push(1, "", taken{&hold{msg: fakeMsg{key: fmt.Sprint("high", i)}, input: 1}})
 	}
 	var got []int
 	for range 50 {
@@ -53,7 +53,7 @@ func TestSchedulerThreeLevels(t *testing.T) {
 	s := newScheduler([]priority.Priority{priority.Sheddable, priority.Normal, priority.Critical}, limit)
 	for i := range 200 {
 		for in := range 3 {
-			s.push(in, "", taken{msg: fakeMsg{key: fmt.Sprint(in, i)}, input: in})
+			s.push(in, "", taken{&hold{msg: fakeMsg{key: fmt.Sprint(in, i)}, input: in}})
 		}
 	}
 	since := [3]int{}
@@ -77,11 +77,11 @@ func TestSchedulerThreeLevels(t *testing.T) {
 func TestSchedulerTenants(t *testing.T) {
 	s := newScheduler([]priority.Priority{priority.Normal}, 16)
 	for i := range 90 {
-		s.push(0, "big", taken{msg: fakeMsg{key: fmt.Sprint("big", i)}})
+		s.push(0, "big", taken{&hold{msg: fakeMsg{key: fmt.Sprint("big", i)}}})
 	}
 	for i := range 10 {
-		s.push(0, "small", taken{msg: fakeMsg{key: fmt.Sprint("small", i)}})
-		s.push(0, "tiny", taken{msg: fakeMsg{key: fmt.Sprint("tiny", i)}})
+		s.push(0, "small", taken{&hold{msg: fakeMsg{key: fmt.Sprint("small", i)}}})
+		s.push(0, "tiny", taken{&hold{msg: fakeMsg{key: fmt.Sprint("tiny", i)}}})
 	}
 	counts := map[string]int{}
 	for range 30 {
@@ -111,7 +111,7 @@ func TestSchedulerTenants(t *testing.T) {
 func TestFifoBounded(t *testing.T) {
 	var q fifo
 	for i := range 100000 {
-		q.push(taken{input: i})
+		q.push(taken{&hold{input: i}})
 		if q.len() > 10 {
 			if got := q.pop(); got.input != i-10 {
 				t.Fatalf("popped %d, want %d", got.input, i-10)

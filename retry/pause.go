@@ -57,3 +57,11 @@ func (p *Pauses) Left(scope string, now func() time.Time) time.Duration {
 	}
 	return max(0, until.Sub(now()))
 }
+
+// Len returns the number of scopes held: those paused at the last Extend
+// (some of which may have ended since).
+func (p *Pauses) Len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.until)
+}

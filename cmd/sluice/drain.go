@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -33,10 +34,14 @@ Drain takes the records of a JetStream stream and POSTs each to URL (its
 key in the Idempotency-Key header), no faster than -rate, or than this
 process's leased share of -capacity when several drainers share one
 downstream through leases on Redis. A record is acknowledged only after a
-2xx answer; 429 and 503 pause every worker for the time the answer asks
-and put the record back without counting a failure; other failures are
-retried with backoff up to -max-failures, then published to the
-dead-letter subject with the last error.
+2xx answer; 429 and 503 pause the records of -pause-scope (all of them,
+the throttled record's partition, or its tenant) for the time the answer
+asks, at most -max-pause, and put the record back without counting a
+failure; other failures are retried with backoff up to -max-failures,
+then published to the dead-letter subject with the last error. Every
+record the drainer holds is kept from redelivery (told in progress
+within the ack wait), and it holds no more than -rate sends in half of
+-ack-wait.
 
 By default the stream lives in an embedded NATS server whose data is in
 -data; -nats-url drains an external server or cluster instead. Drain stops
@@ -51,6 +56,8 @@ Enqueue puts each line of FILE (or of standard input) into the JetStream
 stream as one record, durably: it returns once the stream has confirmed
 every record. Record i's key is -key-prefix followed by i, so enqueuing the
 same file again within the stream's duplicate window (an hour) adds nothing.
+With -partitions N, record i goes to partition p<(i-1) mod N> (the
+Sluice-Partition header), which drain -pause-scope partition pauses alone.
 `
 
 // queueFlags are the flags that say where the queue is, shared by drain
@@ -126,8 +133,12 @@ func runEnqueue(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	prefix := fs.String("key-prefix", "rec-", "the records' keys: this prefix and the line number from 1")
 	sub := fs.String("subject", "records", "the subject, under the stream's: <stream>.<subject>")
 	tenant := fs.String("tenant", "", "the records' tenant")
+	partitions := fs.Int("partitions", 0, "spread the records over this many partitions, p0, p1, … in turn; 0: none")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *partitions < 0 {
+		return usagef("enqueue: -partitions is negative")
 	}
 	var in io.Reader = os.Stdin
 	if *file != "-" {
@@ -168,6 +179,9 @@ func runEnqueue(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		msg.Header.Set(jetstream.MsgIDHeader, *prefix+strconv.Itoa(n))
 		if *tenant != "" {
 			msg.Header.Set(drain.HeaderTenant, *tenant)
+		}
+		if *partitions > 0 {
+			msg.Header.Set(drain.HeaderPartition, "p"+strconv.Itoa((n-1)%*partitions))
 		}
 		f, err := js.PublishMsgAsync(msg)
 		if err != nil {
@@ -210,6 +224,8 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 	consumer := fs.String("consumer", "sluice-drain", "the durable consumer's name (shared by drainers of one stream)")
 	workers := fs.Int("workers", drain.DefaultWorkers, "requests in flight at most")
 	maxFailures := fs.Int("max-failures", drain.DefaultMaxFailures, "failed attempts before a record is dead-lettered")
+	pauseScope := fs.String("pause-scope", "all", "what a 429 or 503 pauses: all (every record: one quota for the whole sink), partition (the throttled record's partition) or tenant (its tenant)")
+	maxPause := fs.Duration("max-pause", drain.DefaultMaxPause, "the longest pause one throttled answer may ask for")
 	follow := fs.Bool("follow", false, "keep draining when the stream is empty")
 	window := fs.Int("window", jsdrain.DefaultWindow, "records delivered and not yet acknowledged at most (the consumer's max-ack-pending)")
 	ackWait := fs.Duration("ack-wait", jsdrain.DefaultAckWait, "how long a record delivered to a drainer that went silent waits before it is delivered again")
@@ -226,7 +242,16 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 	if *leaseRedis != "" && *capacity == "" {
 		return usagef("drain: -lease-redis needs -capacity")
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
+	scope, err := drain.ParsePauseScope(*pauseScope)
+	if err != nil {
+		return usagef("drain: -pause-scope: want all, partition or tenant")
+	}
+	if *maxPause <= 0 {
+		return usagef("drain: -max-pause must be positive")
+	}
+	// On a terminal, log lines go above the progress bar.
+	out, term := newProgressWriter(stderr)
+	log := slog.New(slog.NewTextHandler(out, nil))
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
@@ -289,9 +314,18 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 	d, err := drain.New(drain.Options{
 		Inputs: []drain.Input{{Source: src}}, Sink: sink, Limiter: limiter, OnThrottle: onThrottle,
 		Workers: *workers, MaxFailures: *maxFailures, Logger: log, StatsEvery: drainLook,
+		PauseScope: scope, MaxPause: *maxPause,
 	})
 	if err != nil {
 		return usagef("drain: %v", err)
+	}
+	// Before this drainer takes any: what another holds, or held when it
+	// stopped, waits out the ack wait before anyone can send it.
+	if held, err := src.Held(ctx); err != nil {
+		log.Warn("drain: reading the consumer", "err", err)
+	} else if held > 0 {
+		log.Warn("drain: records held by another drainer of this consumer, or by one that stopped: those of a stopped one are delivered again once the ack wait has passed",
+			"held", held, "ack_wait", src.AckWait(), "until", time.Now().Add(src.AckWait()).Format(time.TimeOnly))
 	}
 	if *metricsAddr != "" {
 		reg := prometheus.NewRegistry()
@@ -304,7 +338,7 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 	}
 	runErr := make(chan error, 1)
 	go func() { runErr <- d.Run(ctx) }()
-	show := progressFunc(stderr, log)
+	show := progressFunc(out, term, log)
 	tk := time.NewTicker(drainLook)
 	defer tk.Stop()
 	for n := 1; ; n++ {
@@ -334,36 +368,77 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 // shows progress every second.
 const drainLook = 100 * time.Millisecond
 
-// progressFunc returns what shows progress on w: a bar with the ETA when
-// w is a terminal, a log line otherwise.
-func progressFunc(w io.Writer, log *slog.Logger) func(st drain.Stats, last bool) {
-	f, ok := w.(*os.File)
+// progressWriter is stderr with a progress bar on its last line when
+// stderr is a terminal: a log line written while the bar shows clears the
+// bar's line, goes above it, and the bar is drawn again below.
+type progressWriter struct {
+	mu  sync.Mutex
+	w   io.Writer
+	bar string // the frame shown; "" when none
+}
+
+// newProgressWriter returns w as a progressWriter and whether w is a
+// terminal (when not, the writer only passes writes on).
+func newProgressWriter(w io.Writer) (*progressWriter, bool) {
 	term := false
-	if ok {
+	if f, ok := w.(*os.File); ok {
 		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
 			term = true
 		}
 	}
-	if !term {
-		return func(st drain.Stats, last bool) {
-			log.Info("drain: progress", "done", st.Done, "backlog", st.Backlog, "rate", math.Round(st.Rate), "eta", st.ETA.Round(time.Second),
-				"throttled", st.Throttled, "failed", st.Failed, "dead_lettered", st.DeadLettered)
-		}
+	return &progressWriter{w: w}, term
+}
+
+func (p *progressWriter) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.bar == "" {
+		return p.w.Write(b)
 	}
-	return func(st drain.Stats, last bool) {
-		fmt.Fprintf(w, "\r%s", progressLine(st, 30))
-		if last {
-			fmt.Fprintln(w)
-		}
+	if _, err := io.WriteString(p.w, "\r\x1b[K"); err != nil {
+		return 0, err
+	}
+	n, err := p.w.Write(b)
+	if err == nil {
+		_, err = io.WriteString(p.w, "\r"+p.bar)
+	}
+	return n, err
+}
+
+// frame shows the bar line; the last one ends with a newline, after
+// which the bar is gone.
+func (p *progressWriter) frame(line string, last bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fmt.Fprintf(p.w, "\r%s", line)
+	p.bar = line
+	if last {
+		fmt.Fprintln(p.w)
+		p.bar = ""
 	}
 }
 
-// progressLine draws st as a bar of width cells with counts, rate and ETA.
+// progressFunc returns what shows progress on w: a bar with the ETA when
+// w is a terminal, a log line otherwise.
+func progressFunc(w *progressWriter, term bool, log *slog.Logger) func(st drain.Stats, last bool) {
+	if !term {
+		return func(st drain.Stats, last bool) {
+			log.Info("drain: progress", "done", st.Done, "total", st.Total, "backlog", st.Backlog, "rate", math.Round(st.Rate), "eta", st.ETA.Round(time.Second),
+				"throttled", st.Throttled, "failed", st.Failed, "dead_lettered", st.DeadLettered, "duplicates", st.Duplicates, "redelivered", st.Redelivered)
+		}
+	}
+	return func(st drain.Stats, last bool) { w.frame(progressLine(st, 30), last) }
+}
+
+// progressLine draws st as a bar of width cells with counts, rate and ETA:
+// the records settled (done, duplicates and dead-lettered) of the total
+// known, which only grows.
 func progressLine(st drain.Stats, width int) string {
-	total := st.Done + st.Backlog
+	settled := st.Done + st.Duplicates + st.DeadLettered
+	total := max(st.Total, settled)
 	frac := 1.0
 	if total > 0 {
-		frac = float64(st.Done) / float64(total)
+		frac = float64(settled) / float64(total)
 	}
 	cells := int(frac * float64(width))
 	eta := "?"
@@ -372,9 +447,13 @@ func progressLine(st drain.Stats, width int) string {
 	} else if st.Backlog == 0 && !st.BacklogAt.IsZero() {
 		eta = "0s"
 	}
-	return fmt.Sprintf("[%s%s] %3.0f%% %d/%d %.0f/s ETA %s  429s %d  failed %d  dead %d ",
-		strings.Repeat("#", cells), strings.Repeat(".", width-cells), 100*frac, st.Done, total, st.Rate, eta,
+	line := fmt.Sprintf("[%s%s] %3.0f%% %d/%d %.0f/s ETA %s  429s %d  failed %d  dead %d ",
+		strings.Repeat("#", cells), strings.Repeat(".", width-cells), 100*frac, settled, total, st.Rate, eta,
 		st.Throttled, st.Failed, st.DeadLettered)
+	if st.Duplicates > 0 {
+		line += fmt.Sprintf(" dup %d ", st.Duplicates)
+	}
+	return line
 }
 
 // maxRate bounds what parseRate accepts, per second.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/drain"
+	"github.com/sluicehq/sluice/drain/jsdrain"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -30,8 +31,17 @@ func TestDrainLeased(t *testing.T) {
 	enqueueDrain(t, 600, "-lease-redis", srv.Addr(), "-capacity", "300/s", "-partitions", "10")
 }
 
+// TestDrainSlowOnce: 20 records at 4/s from a consumer with a 1 s ack
+// wait, so that most wait in the drainer for longer than the ack wait:
+// each is POSTed once. Before, the records waiting were delivered again
+// and both copies were sent (40 records at 2/s with a 5 s ack wait made
+// 103 POSTs).
+func TestDrainSlowOnce(t *testing.T) {
+	enqueueDrain(t, 20, "-rate", "4/s", "-ack-wait", "1s")
+}
+
 // enqueueDrain enqueues n records and drains them with the pacing flags,
-// which must allow 300/s.
+// which must allow 300/s at most.
 func enqueueDrain(t *testing.T, n int, pacing ...string) {
 	dir := t.TempDir()
 	var lines strings.Builder
@@ -85,13 +95,13 @@ func enqueueDrain(t *testing.T, n int, pacing ...string) {
 	if took < 1900*time.Millisecond {
 		t.Errorf("drained %d at 300/s in %v: faster than the rate", n, took)
 	}
-	if !strings.Contains(errb.String(), "drain: progress") || !strings.Contains(errb.String(), fmt.Sprint("done=", n)) {
+	if !strings.Contains(errb.String(), "drain: progress") || !strings.Contains(errb.String(), fmt.Sprintf("done=%d total=%d", n, n)) {
 		t.Errorf("no progress logged:\n%s", errb.String())
 	}
 }
 
 func TestProgressLine(t *testing.T) {
-	got := progressLine(drain.Stats{Done: 250, Backlog: 750, Rate: 100, ETA: 7500 * time.Millisecond, BacklogAt: time.Now()}, 20)
+	got := progressLine(drain.Stats{Done: 250, Backlog: 750, Total: 1000, Rate: 100, ETA: 7500 * time.Millisecond, BacklogAt: time.Now()}, 20)
 	if want := "[#####...............]  25% 250/1000 100/s ETA 8s  429s 0  failed 0  dead 0 "; got != want {
 		t.Errorf("progressLine = %q, want %q", got, want)
 	}
@@ -123,4 +133,85 @@ func FuzzParseRate(f *testing.F) {
 			t.Fatalf("parseRate(%q) = %v accepted", s, r)
 		}
 	})
+}
+
+// TestProgressWriter: on a terminal, a log line written while the bar
+// shows goes above it (the bar's line cleared, the bar drawn again
+// below), and the last frame ends its line.
+func TestProgressWriter(t *testing.T) {
+	var b bytes.Buffer
+	w := &progressWriter{w: &b}
+	fmt.Fprint(w, "before\n")
+	w.frame("[bar 1]", false)
+	fmt.Fprint(w, "drain: stopped\n")
+	w.frame("[bar 2]", true)
+	fmt.Fprint(w, "after\n")
+	if want := "before\n\r[bar 1]\r\x1b[Kdrain: stopped\n\r[bar 1]\r[bar 2]\nafter\n"; b.String() != want {
+		t.Errorf("wrote %q, want %q", b.String(), want)
+	}
+}
+
+// TestDrainHeldNotice: a drainer that starts while records are held by
+// another of its consumer (here one whose server stopped with 5 records
+// delivered and not acknowledged) says how many and for how long, then
+// drains them once the ack wait has passed.
+func TestDrainHeldNotice(t *testing.T) {
+	const n = 10
+	dir := t.TempDir()
+	var lines strings.Builder
+	for i := range n {
+		fmt.Fprintf(&lines, "{\"record\":%d}\n", i)
+	}
+	file := filepath.Join(dir, "records.jsonl")
+	if err := os.WriteFile(file, []byte(lines.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(dir, "data")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out, errb bytes.Buffer
+	if err := run(ctx, []string{"enqueue", "-data", data, "-file", file}, &out, &errb); err != nil {
+		t.Fatalf("enqueue: %v\n%s", err, errb.String())
+	}
+	// A drainer that takes 5 records and dies with them.
+	func() {
+		var q queueFlags
+		q.data, q.stream = data, "RECORDS"
+		js, _, closeFn, err := q.open(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer closeFn()
+		src, err := jsdrain.New(ctx, js, jsdrain.Options{Stream: "RECORDS", Consumer: "sluice-drain", AckWait: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer src.Stop()
+		for range 5 {
+			if _, err := src.NextUpTo(ctx, 1); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}()
+	var mu sync.Mutex
+	seen := map[string]int{}
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen[r.Header.Get(drain.IdempotencyKeyHeader)]++
+	}))
+	defer hs.Close()
+	errb.Reset()
+	if err := run(ctx, []string{"drain", "-data", data, "-url", hs.URL, "-rate", "100/s", "-ack-wait", "1s"}, &out, &errb); err != nil {
+		t.Fatalf("drain: %v\n%s", err, errb.String())
+	}
+	log := errb.String()
+	if !strings.Contains(log, "records held by another drainer") || !strings.Contains(log, "held=5 ack_wait=1s") {
+		t.Errorf("no notice of the 5 records held:\n%s", log)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != n {
+		t.Errorf("%d records sent, want %d", len(seen), n)
+	}
 }

@@ -27,7 +27,9 @@ type drainCollector struct {
 	partitions    int
 
 	done, throttled, failed, dead, redelivered *prometheus.Desc
+	duplicates, drainPauses, ackErrors         *prometheus.Desc
 	backlog, inFlight, rate, eta               *prometheus.Desc
+	waiting, parked, total                     *prometheus.Desc
 
 	capacity, granted, used, wanted, leases *prometheus.Desc
 	leaseThrottled, cuts, pauses, outages   *prometheus.Desc
@@ -37,7 +39,13 @@ func newDrainCollector(d *drain.Drainer, h *lease.Holder, service string, capaci
 	lab := []string{"service", "member"}
 	c := &drainCollector{
 		d: d, h: h, service: service,
-		done:           prometheus.NewDesc("sluice_drain_done_total", "Records the drainer's sink accepted (and the queue acknowledged).", nil, nil),
+		done:           prometheus.NewDesc("sluice_drain_done_total", "Records the drainer's sink accepted and the queue acknowledged, each key once (see sluice_drain_duplicates_total).", nil, nil),
+		duplicates:     prometheus.NewDesc("sluice_drain_duplicates_total", "Records acknowledged whose key this drainer had acknowledged before (of the last 32,768 at least): a record queued twice, or an acknowledgement the queue lost.", nil, nil),
+		drainPauses:    prometheus.NewDesc("sluice_drain_pauses_total", "Throttled answers that began or extended a pause of the drainer (of its -pause-scope).", nil, nil),
+		ackErrors:      prometheus.NewDesc("sluice_drain_ack_errors_total", "Acknowledgements and NAKs the queue did not take (the record is delivered again).", nil, nil),
+		waiting:        prometheus.NewDesc("sluice_drain_waiting", "Records the drainer holds that wait for the rate, a pause or a worker (each kept from redelivery).", nil, nil),
+		parked:         prometheus.NewDesc("sluice_drain_parked", "Of the records waiting, those set aside until their scope's pause ends.", nil, nil),
+		total:          prometheus.NewDesc("sluice_drain_records", "Records the drainer has known of: settled by its last backlog poll plus that backlog (never decreases).", nil, nil),
 		throttled:      prometheus.NewDesc("sluice_drain_throttled_total", "Records put back because the sink asked to slow down (429, 503, RESOURCE_EXHAUSTED); not failures.", nil, nil),
 		failed:         prometheus.NewDesc("sluice_drain_failed_total", "Failed attempts (retried with backoff, then dead-lettered).", nil, nil),
 		dead:           prometheus.NewDesc("sluice_drain_dead_lettered_total", "Records sent to the dead-letter subject after too many failures.", nil, nil),
@@ -67,7 +75,8 @@ func (c *drainCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *drainCollector) descs() []*prometheus.Desc {
-	ds := []*prometheus.Desc{c.done, c.throttled, c.failed, c.dead, c.redelivered, c.backlog, c.inFlight, c.rate, c.eta}
+	ds := []*prometheus.Desc{c.done, c.throttled, c.failed, c.dead, c.redelivered, c.duplicates, c.drainPauses, c.ackErrors,
+		c.backlog, c.inFlight, c.rate, c.eta, c.waiting, c.parked, c.total}
 	if c.h != nil {
 		ds = append(ds, c.capacity, c.granted, c.used, c.wanted, c.leases, c.leaseThrottled, c.cuts, c.pauses, c.outages)
 	}
@@ -87,6 +96,12 @@ func (c *drainCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.failed, float64(st.Failed))
 	counter(c.dead, float64(st.DeadLettered))
 	counter(c.redelivered, float64(st.Redelivered))
+	counter(c.duplicates, float64(st.Duplicates))
+	counter(c.drainPauses, float64(st.Pauses))
+	counter(c.ackErrors, float64(st.AckErrors))
+	gauge(c.waiting, float64(st.Waiting))
+	gauge(c.parked, float64(st.Parked))
+	gauge(c.total, float64(st.Total))
 	gauge(c.backlog, float64(st.Backlog))
 	gauge(c.inFlight, float64(st.InFlight))
 	gauge(c.rate, st.Rate)

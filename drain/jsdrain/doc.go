@@ -12,5 +12,10 @@
 // A message's key (drain.Message.Key) is the publisher's Nats-Msg-Id, else
 // the stream and sequence; its tenant is the drain.HeaderTenant header field.
 // A drainer that dies leaves what it held to be delivered again after the
-// consumer's AckWait.
+// consumer's AckWait; a live one keeps what it holds, however long it
+// waits, by telling it InProgress (the Source reports its AckWait, and
+// pulls no more than the drainer has room for, NextUpTo). Held reports
+// the messages a previous drainer holds or held when it stopped. Ack is a
+// double ack: it returns once the server has the acknowledgement, which
+// an embedded server writes to disk within about 100 ms.
 package jsdrain

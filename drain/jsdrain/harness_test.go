@@ -34,7 +34,11 @@ type sink struct {
 	srv   *httptest.Server
 	limit *ratelimit.Limiter // nil: no rate limit
 	share float64            // of requests answered 429 at random
-	want  int                // close done when this many keys are applied
+	// retryAfter, when set, is the one retry hint of a 429 (the
+	// Retry-After field, in seconds); else Retry-After: 1 with
+	// Retry-After-Ms: 20.
+	retryAfter string
+	want       int // close done when this many keys are applied
 
 	mu        sync.Mutex
 	applied   map[string]int // key → order of application (from 1)
@@ -65,8 +69,12 @@ func (s *sink) serve(w http.ResponseWriter, r *http.Request) {
 	}
 	if (s.limit != nil && !s.limit.Allow()) || (s.share > 0 && rand.Float64() < s.share) {
 		s.throttled++
-		w.Header().Set("Retry-After", "1")
-		w.Header().Set("Retry-After-Ms", "20")
+		if s.retryAfter != "" {
+			w.Header().Set("Retry-After", s.retryAfter)
+		} else {
+			w.Header().Set("Retry-After", "1")
+			w.Header().Set("Retry-After-Ms", "20")
+		}
 		w.WriteHeader(http.StatusTooManyRequests)
 		return
 	}
@@ -174,6 +182,12 @@ func queue(t testing.TB, url string, replicas int) (*nats.Conn, jetstream.JetStr
 // i%tenants, confirmed.
 func enqueue(t testing.TB, js jetstream.JetStream, subject string, from, to, tenants int) {
 	t.Helper()
+	enqueueParts(t, js, subject, from, to, tenants, 0)
+}
+
+// enqueueParts is enqueue with partition i%partitions (none when 0).
+func enqueueParts(t testing.TB, js jetstream.JetStream, subject string, from, to, tenants, partitions int) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	const batch = 2000
@@ -184,6 +198,9 @@ func enqueue(t testing.TB, js jetstream.JetStream, subject string, from, to, ten
 			msg.Data = []byte(`{"record":` + fmt.Sprint(i) + `}`)
 			msg.Header.Set(jetstream.MsgIDHeader, key(i))
 			msg.Header.Set(drain.HeaderTenant, fmt.Sprint("t", i%max(1, tenants)))
+			if partitions > 0 {
+				msg.Header.Set(drain.HeaderPartition, fmt.Sprint("p", i%partitions))
+			}
 			f, err := js.PublishMsgAsync(msg)
 			if err != nil {
 				t.Fatal(err)

@@ -57,7 +57,10 @@ type Options struct {
 	DeadLetter string
 }
 
-var _ drain.Source = (*Source)(nil)
+var (
+	_ drain.BatchSource = (*Source)(nil)
+	_ drain.AckWaiter   = (*Source)(nil)
+)
 
 // Source is a drain.Source on a JetStream durable pull consumer with
 // explicit acks and unlimited deliveries (the Drainer, not the server,
@@ -105,6 +108,23 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Options) (*Source, err
 // Window is the consumer's MaxAckPending.
 func (s *Source) Window() int { return s.window }
 
+// AckWait is the consumer's ack wait: a Drainer tells the messages it
+// holds InProgress well within it.
+func (s *Source) AckWait() time.Duration { return s.cfg.AckWait }
+
+// Held returns the consumer's messages delivered and not yet
+// acknowledged (NumAckPending): before this Source has taken any, those
+// a previous drainer holds, or held when it stopped — the server
+// delivers these again once the ack wait (AckWait) has passed since
+// each was last delivered or told InProgress.
+func (s *Source) Held(ctx context.Context) (int64, error) {
+	info, err := s.cons.Info(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return int64(info.NumAckPending), nil
+}
+
 // fetchWait bounds each pull on the server. A pull that expires while a
 // message is on its way to the client loses that delivery (the client has
 // stopped listening): the message is not lost, but comes back only after
@@ -117,6 +137,13 @@ const fetchWait = 5 * time.Second
 // Next returns the next message of the consumer. It pulls half the
 // window at a time, each pull bounded by fetchWait on the server.
 func (s *Source) Next(ctx context.Context) (drain.Message, error) {
+	return s.NextUpTo(ctx, s.window/2)
+}
+
+// NextUpTo is Next, pulling n messages at most (and half the window at
+// most): the server starts their ack wait as it delivers them, so a
+// Drainer asks for no more than it has room for.
+func (s *Source) NextUpTo(ctx context.Context, n int) (drain.Message, error) {
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -126,7 +153,7 @@ func (s *Source) Next(ctx context.Context) (drain.Message, error) {
 		s.mu.Unlock()
 		if batch == nil {
 			var err error
-			batch, err = s.cons.Fetch(max(1, s.window/2), jetstream.FetchMaxWait(fetchWait))
+			batch, err = s.cons.Fetch(max(1, min(n, s.window/2)), jetstream.FetchMaxWait(fetchWait))
 			if err != nil {
 				return nil, fmt.Errorf("jsdrain: pulling from %q: %w", s.cfg.Consumer, err)
 			}
@@ -197,7 +224,12 @@ func (m *jsMessage) Tenant() string { return m.m.Headers().Get(drain.HeaderTenan
 func (m *jsMessage) Partition() string { return m.m.Headers().Get(drain.HeaderPartition) }
 func (m *jsMessage) Deliveries() int   { return int(m.md.NumDelivered) }
 
-func (m *jsMessage) Ack(ctx context.Context) error { return m.m.Ack() }
+// Ack acknowledges the message and waits for the server to confirm it
+// (a double ack): an acknowledgement lost on the way is an error (the
+// message comes again), and once Ack returns the consumer's count of
+// pending messages no longer has it, so a Drainer's Stats never count a
+// record both done and in the backlog.
+func (m *jsMessage) Ack(ctx context.Context) error { return m.m.DoubleAck(ctx) }
 
 func (m *jsMessage) Nak(ctx context.Context, delay time.Duration) error {
 	if delay <= 0 {

@@ -1,0 +1,511 @@
+package drain_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluicehq/sluice/drain"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// fakeQueue is a Source in memory with an ack wait, for tests in a
+// synctest bubble: a message it has delivered and that is neither settled
+// nor told InProgress within ackWait is delivered again, as JetStream
+// does. It records what the Drainer does to each message.
+type fakeQueue struct {
+	window  int
+	ackWait time.Duration // 0: no AckWaiter behaviour (never redelivered)
+	ch      chan *fakeMsg
+	started time.Time
+
+	mu          sync.Mutex
+	outstanding int // delivered, not settled
+	maxOut      int
+	asked       []int // NextUpTo's n
+	acked       map[string]int
+	redelivered int
+	lateBeats   int // InProgress on a settled message
+	allAcked    chan struct{}
+	want        int
+	all         []*fakeMsg
+}
+
+// ackQueue is a fakeQueue that reports its ack wait.
+type ackQueue struct{ *fakeQueue }
+
+func (q ackQueue) AckWait() time.Duration { return q.ackWait }
+
+func newFakeQueue(window, n int, ackWait time.Duration, partition func(i int) string) *fakeQueue {
+	q := &fakeQueue{window: window, ackWait: ackWait, ch: make(chan *fakeMsg, 2*n+window), started: time.Now(),
+		acked: make(map[string]int), allAcked: make(chan struct{}), want: n}
+	for i := range n {
+		m := &fakeMsg{q: q, key: fmt.Sprintf("k%03d", i), part: partition(i), deliveries: 1}
+		q.all = append(q.all, m)
+		q.ch <- m
+	}
+	return q
+}
+
+func (q *fakeQueue) Next(ctx context.Context) (drain.Message, error) { return q.NextUpTo(ctx, 1) }
+
+func (q *fakeQueue) NextUpTo(ctx context.Context, n int) (drain.Message, error) {
+	q.mu.Lock()
+	q.asked = append(q.asked, n)
+	q.mu.Unlock()
+	select {
+	case m := <-q.ch:
+		q.mu.Lock()
+		q.outstanding++
+		q.maxOut = max(q.maxOut, q.outstanding)
+		q.mu.Unlock()
+		m.deliver()
+		return m, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (q *fakeQueue) Backlog(context.Context) (int64, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return int64(q.want - len(q.acked)), nil
+}
+
+func (q *fakeQueue) Window() int { return q.window }
+
+// fakeMsg is one message of a fakeQueue; one value serves every delivery.
+type fakeMsg struct {
+	q          *fakeQueue
+	key, part  string
+	mu         sync.Mutex
+	deliveries int
+	gen        int         // delivery generation: a timer of an older one does nothing
+	timer      *time.Timer // the ack wait of the current delivery
+	settled    bool
+	last       time.Time     // delivered or told InProgress
+	maxGap     time.Duration // longest time held without word
+}
+
+func (m *fakeMsg) deliver() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.settled = false
+	m.last = time.Now()
+	m.gen++
+	m.arm()
+}
+
+// arm starts the ack wait; m.mu is held.
+func (m *fakeMsg) arm() {
+	if m.q.ackWait == 0 {
+		return
+	}
+	if m.timer != nil {
+		m.timer.Stop()
+	}
+	gen := m.gen
+	m.timer = time.AfterFunc(m.q.ackWait, func() {
+		m.mu.Lock()
+		if m.settled || m.gen != gen {
+			m.mu.Unlock()
+			return
+		}
+		m.settled = true // this delivery is over: the queue gives it again
+		m.deliveries++
+		m.mu.Unlock()
+		m.q.mu.Lock()
+		m.q.outstanding--
+		m.q.redelivered++
+		m.q.mu.Unlock()
+		m.q.ch <- m
+	})
+}
+
+// settle ends the current delivery; it reports false if it had ended.
+func (m *fakeMsg) settle() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.settled {
+		return false
+	}
+	m.settled = true
+	m.maxGap = max(m.maxGap, time.Since(m.last))
+	if m.timer != nil {
+		m.timer.Stop()
+	}
+	m.q.mu.Lock()
+	m.q.outstanding--
+	m.q.mu.Unlock()
+	return true
+}
+
+func (m *fakeMsg) Key() string       { return m.key }
+func (m *fakeMsg) Data() []byte      { return []byte(m.key) }
+func (m *fakeMsg) Tenant() string    { return "" }
+func (m *fakeMsg) Partition() string { return m.part }
+func (m *fakeMsg) Deliveries() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.deliveries
+}
+
+func (m *fakeMsg) Ack(context.Context) error {
+	if !m.settle() {
+		return errors.New("ack of a delivery that ended")
+	}
+	q := m.q
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.acked[m.key]++
+	if len(q.acked) == q.want && q.acked[m.key] == 1 {
+		close(q.allAcked)
+	}
+	return nil
+}
+
+func (m *fakeMsg) Nak(_ context.Context, delay time.Duration) error {
+	if !m.settle() {
+		return errors.New("nak of a delivery that ended")
+	}
+	m.mu.Lock()
+	m.deliveries++
+	m.mu.Unlock()
+	time.AfterFunc(delay, func() { m.q.ch <- m })
+	return nil
+}
+
+func (m *fakeMsg) InProgress(context.Context) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.settled {
+		m.q.mu.Lock()
+		m.q.lateBeats++
+		m.q.mu.Unlock()
+		return errors.New("in progress of a delivery that ended")
+	}
+	m.maxGap = max(m.maxGap, time.Since(m.last))
+	m.last = time.Now()
+	m.arm()
+	return nil
+}
+
+func (m *fakeMsg) DeadLetter(context.Context, error) error { return errors.New("no dead letters here") }
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// runBubble runs d in the bubble until q has every message acknowledged
+// (or the bubble's clock passes limit), then stops it and returns the
+// time taken.
+func runBubble(t *testing.T, d *drain.Drainer, q *fakeQueue, limit time.Duration) time.Duration {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	begin := time.Now()
+	go func() { done <- d.Run(ctx) }()
+	var took time.Duration
+	select {
+	case <-q.allAcked:
+		took = time.Since(begin)
+	case <-time.After(limit):
+		q.mu.Lock()
+		t.Errorf("after %v: %d of %d acknowledged", limit, len(q.acked), q.want)
+		q.mu.Unlock()
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	return took
+}
+
+// TestDrainHeldHeartbeat: 20 messages at 2/s from a queue whose ack wait
+// is 2 s. Every message held (waiting for the Limiter, or in the Sink)
+// is told InProgress at least every ProgressEvery, never after it was
+// settled; the Drainer holds no more than the rate sends in half the ack
+// wait; nothing is delivered twice, so each is sent once. Before, the
+// Drainer took the whole window at once and only messages in the Sink
+// were told InProgress: all but the first few came again.
+func TestDrainHeldHeartbeat(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 20
+		q := newFakeQueue(64, n, 2*time.Second, func(int) string { return "" })
+		var mu sync.Mutex
+		sent := map[string]int{}
+		d, err := drain.New(drain.Options{
+			Inputs: []drain.Input{{Source: ackQueue{q}}},
+			Sink: func(ctx context.Context, m drain.Message) error {
+				mu.Lock()
+				sent[m.Key()]++
+				mu.Unlock()
+				// A slow sink: longer than ProgressEvery, shorter than
+				// the Timeout.
+				time.Sleep(1500 * time.Millisecond)
+				return nil
+			},
+			Limiter: ratelimit.NewLimiter(2, 1),
+			Logger:  quiet,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		took := runBubble(t, d, q, time.Minute)
+		synctest.Wait()
+		st := d.Stats()
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if q.redelivered != 0 || st.Redelivered != 0 {
+			t.Errorf("%d messages delivered again by the queue (stats: %d)", q.redelivered, st.Redelivered)
+		}
+		for k, c := range sent {
+			if c != 1 {
+				t.Errorf("%s sent %d times", k, c)
+			}
+		}
+		if len(sent) != n || st.Done != n || st.Duplicates != 0 {
+			t.Errorf("%d sent, done %d, duplicates %d; want %d, %d, 0", len(sent), st.Done, st.Duplicates, n, n)
+		}
+		if q.lateBeats != 0 {
+			t.Errorf("%d InProgress after the message was settled", q.lateBeats)
+		}
+		// ProgressEvery defaults to a third of the ack wait.
+		every := 2 * time.Second / 3
+		for _, m := range q.all {
+			if m.maxGap > every {
+				t.Errorf("%s held %v without InProgress, want at most %v", m.key, m.maxGap, every)
+			}
+		}
+		// At most 2 waiting (2/s × 2 s / 2) and 4 in the Sink (1.5 s each
+		// at 2/s).
+		if q.maxOut > 6 {
+			t.Errorf("held %d at once, want at most 6", q.maxOut)
+		}
+		for _, a := range q.asked {
+			if a > 2 {
+				t.Errorf("asked the source for %d, want at most 2", a)
+				break
+			}
+		}
+		t.Logf("took %v; held at most %d; stats %+v", took, q.maxOut, st)
+	})
+}
+
+// scopeRun drains 40 messages of partitions p0..p3 at 20/s, where the
+// first call for p0 is answered throttled for 1 s, and returns the calls'
+// times (from the start) by partition, the time of that answer and the
+// time taken.
+func scopeRun(t *testing.T, scope drain.PauseScope) (calls map[string][]time.Duration, throttledAt, took time.Duration) {
+	const n = 40
+	q := newFakeQueue(16, n, 0, func(i int) string { return fmt.Sprint("p", i%4) })
+	var mu sync.Mutex
+	calls = map[string][]time.Duration{}
+	throttledAt = -1
+	begin := time.Now()
+	d, err := drain.New(drain.Options{
+		Inputs: []drain.Input{{Source: q}},
+		Sink: func(ctx context.Context, m drain.Message) error {
+			mu.Lock()
+			defer mu.Unlock()
+			at := time.Since(begin)
+			calls[m.Partition()] = append(calls[m.Partition()], at)
+			if m.Partition() == "p0" && throttledAt < 0 {
+				throttledAt = at
+				return drain.Throttle(time.Second, errors.New("429"))
+			}
+			return nil
+		},
+		Limiter:    ratelimit.NewLimiter(20, 1),
+		PauseScope: scope,
+		Workers:    4,
+		Logger:     quiet,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	took = runBubble(t, d, q, time.Minute)
+	st := d.Stats()
+	if st.Done != n || st.Throttled != 1 || st.Pauses != 1 {
+		t.Errorf("stats %+v: want %d done, 1 throttled, 1 pause", st, n)
+	}
+	return calls, throttledAt, took
+}
+
+// during counts the calls in (from, to).
+func during(calls []time.Duration, from, to time.Duration) int {
+	c := 0
+	for _, at := range calls {
+		if at > from && at < to {
+			c++
+		}
+	}
+	return c
+}
+
+// TestPauseScopePartition: with PausePartition, a throttled answer for
+// partition p0 pauses p0 alone: no call for p0 until its pause ends,
+// while the other partitions go on at the full rate; the messages of p0
+// held meanwhile are set aside and sent after it, and no grant of the
+// Limiter is spent on them: the 41 calls take 41 grants' time (the
+// bubble's clock is exact). Before, a throttled answer paused every
+// worker.
+func TestPauseScopePartition(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		calls, at, took := scopeRun(t, drain.PausePartition)
+		if at < 0 {
+			t.Fatal("p0 was never called")
+		}
+		if c := during(calls["p0"], at, at+time.Second); c != 0 {
+			t.Errorf("%d calls for p0 during its pause", c)
+		}
+		others := 0
+		for _, p := range []string{"p1", "p2", "p3"} {
+			others += during(calls[p], at, at+time.Second)
+		}
+		// 20/s for 1 s: 20 grants, one of which may have been in hand.
+		if others < 19 {
+			t.Errorf("%d calls for other partitions during p0's pause, want at least 19 (20/s)", others)
+		}
+		if len(calls["p0"]) != 11 {
+			t.Errorf("%d calls for p0, want 11 (10 and the one throttled)", len(calls["p0"]))
+		}
+		// 41 calls at 20/s with a burst of 1: 2 s, and nothing lost to
+		// the pause.
+		if took > 2100*time.Millisecond {
+			t.Errorf("took %v, want at most 2.1 s: grants were spent on paused messages", took)
+		}
+		t.Logf("throttled at %v, %d other calls during the pause, took %v", at, others, took)
+	})
+}
+
+// TestPauseScopeAll: with PauseAll (the default), the same answer pauses
+// every partition for its second.
+func TestPauseScopeAll(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		calls, at, took := scopeRun(t, drain.PauseAll)
+		for p, cs := range calls {
+			if c := during(cs, at, at+time.Second); c != 0 {
+				t.Errorf("%d calls for %s during the sink-wide pause", c, p)
+			}
+		}
+		// The 1 s pause, then 40 calls at 20/s less the grants banked
+		// meanwhile (a burst of 1, and one in hand).
+		if took < 2800*time.Millisecond {
+			t.Errorf("took %v, want at least 2.8 s", took)
+		}
+	})
+}
+
+// TestPauseScopeBound: options name the scopes; an invalid one is refused.
+func TestPauseScopeBound(t *testing.T) {
+	for _, s := range []drain.PauseScope{drain.PauseAll, drain.PausePartition, drain.PauseTenant} {
+		got, err := drain.ParsePauseScope(s.String())
+		if err != nil || got != s {
+			t.Errorf("ParsePauseScope(%q) = %v, %v", s.String(), got, err)
+		}
+	}
+	if _, err := drain.ParsePauseScope("host"); err == nil {
+		t.Error("ParsePauseScope(host): no error")
+	}
+	q := newFakeQueue(1, 0, 0, func(int) string { return "" })
+	if _, err := drain.New(drain.Options{Inputs: []drain.Input{{Source: q}}, Sink: func(context.Context, drain.Message) error { return nil },
+		PauseScope: 7}); err == nil {
+		t.Error("New with PauseScope 7: no error")
+	}
+	if _, err := drain.New(drain.Options{Inputs: []drain.Input{{Source: ackQueue{q}}}, Sink: func(context.Context, drain.Message) error { return nil },
+		ProgressEvery: time.Second}); err != nil {
+		t.Errorf("ProgressEvery without an ack wait: %v", err)
+	}
+	q.ackWait = time.Second
+	if _, err := drain.New(drain.Options{Inputs: []drain.Input{{Source: ackQueue{q}}}, Sink: func(context.Context, drain.Message) error { return nil },
+		ProgressEvery: time.Second}); err == nil {
+		t.Error("ProgressEvery not below the ack wait: no error")
+	}
+}
+
+// TestPauseScopesBounded: with PausePartition, once MaxPauseScopes
+// partitions are paused, the next throttled answer pauses every message:
+// no call until it ends, and then every message is done.
+func TestPauseScopesBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		n := drain.MaxPauseScopes + 20
+		q := newFakeQueue(2*n, n, 0, func(i int) string { return fmt.Sprint("p", i) })
+		var mu sync.Mutex
+		var calls []time.Duration
+		tried := map[string]bool{}
+		begin := time.Now()
+		d, err := drain.New(drain.Options{
+			Inputs: []drain.Input{{Source: q}},
+			Sink: func(ctx context.Context, m drain.Message) error {
+				mu.Lock()
+				defer mu.Unlock()
+				calls = append(calls, time.Since(begin))
+				if !tried[m.Key()] {
+					tried[m.Key()] = true
+					return drain.Throttle(10*time.Second, errors.New("429"))
+				}
+				return nil
+			},
+			PauseScope: drain.PausePartition,
+			Workers:    1,
+			Logger:     quiet,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runBubble(t, d, q, time.Minute)
+		mu.Lock()
+		defer mu.Unlock()
+		// MaxPauseScopes partitions paused, then one answer more: every
+		// message paused for 10 s.
+		at0 := during(calls, -1, time.Nanosecond)
+		if at0 != drain.MaxPauseScopes+1 {
+			t.Errorf("%d calls before the pause of every message, want %d", at0, drain.MaxPauseScopes+1)
+		}
+		if c := during(calls, 0, 10*time.Second); c != 0 {
+			t.Errorf("%d calls while every message was paused", c)
+		}
+		if st := d.Stats(); st.Done != int64(n) {
+			t.Errorf("done %d, want %d", st.Done, n)
+		}
+	})
+}
+
+// TestHeartbeatMeetsAck: Sink calls that end exactly as a heartbeat is
+// due (each takes two heartbeat periods, in a bubble where both happen at
+// the same instant): no message is told InProgress after, or while, it
+// is acknowledged, and no acknowledgement fails.
+func TestHeartbeatMeetsAck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 64
+		q := newFakeQueue(64, n, 3*time.Second, func(int) string { return "" })
+		d, err := drain.New(drain.Options{
+			Inputs: []drain.Input{{Source: ackQueue{q}}},
+			Sink: func(ctx context.Context, m drain.Message) error {
+				time.Sleep(time.Second)
+				return nil
+			},
+			ProgressEvery: time.Second, // heartbeats every 500 ms
+			Workers:       8,
+			Logger:        quiet,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runBubble(t, d, q, time.Minute)
+		st := d.Stats()
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if q.lateBeats != 0 || st.AckErrors != 0 {
+			t.Errorf("%d InProgress after a settlement, %d ack errors", q.lateBeats, st.AckErrors)
+		}
+		if st.Done != n || q.redelivered != 0 {
+			t.Errorf("done %d, redelivered %d; want %d, 0", st.Done, q.redelivered, n)
+		}
+	})
+}

@@ -111,7 +111,10 @@ func (o Options) check() (Options, error) {
 	return o, nil
 }
 
-var _ drain.Source = (*Source)(nil)
+var (
+	_ drain.BatchSource = (*Source)(nil)
+	_ drain.AckWaiter   = (*Source)(nil)
+)
 
 // Source is a drain.Source on a consumer of a Redis stream's consumer
 // group; see the package doc. Make one with New; Close it when done.
@@ -163,6 +166,10 @@ func (s *Source) Options() Options { return s.cfg }
 // Stream returns the Source's stream: its keys, its dead letters.
 func (s *Source) Stream() *redisstore.Stream { return s.stream }
 
+// AckWait is Options.AckWait (drain.AckWaiter): the Drainer tells what
+// it holds InProgress well within it.
+func (s *Source) AckWait() time.Duration { return s.cfg.AckWait }
+
 // Window is Options.Window.
 func (s *Source) Window() int { return s.cfg.Window }
 
@@ -173,6 +180,13 @@ func (s *Source) Window() int { return s.cfg.Window }
 // under way when ctx is cancelled finishes first (within a second); its
 // records are kept for the next call (or Close).
 func (s *Source) Next(ctx context.Context) (drain.Message, error) {
+	return s.NextUpTo(ctx, s.cfg.Window)
+}
+
+// NextUpTo is Next, told that the Drainer has room for n messages: a read
+// takes n records at most, so that none waits in the Source, its ack wait
+// running, for room in the Drainer (drain.BatchSource).
+func (s *Source) NextUpTo(ctx context.Context, n int) (drain.Message, error) {
 	s.next.Lock()
 	defer s.next.Unlock()
 	var gather *time.Timer // the wait for half the window to be free
@@ -199,7 +213,7 @@ func (s *Source) Next(ctx context.Context) (drain.Message, error) {
 			s.mu.Unlock()
 			return &message{src: s, r: r}, nil
 		}
-		free, wake := s.cfg.Window-s.held, s.wake
+		free, wake := min(s.cfg.Window-s.held, max(1, n)), s.wake
 		s.mu.Unlock()
 		if free <= 0 || (free < s.cfg.Window/2 && !gathered) {
 			// A full window waits for a settled record; one less than

@@ -1,0 +1,312 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/sluicehq/sluice/drain"
+	"github.com/sluicehq/sluice/drain/jsdrain"
+	"github.com/sluicehq/sluice/drain/kafkadrain"
+	"github.com/sluicehq/sluice/drain/redisdrain"
+	"github.com/sluicehq/sluice/internal/natsembed"
+	"github.com/sluicehq/sluice/redisstore"
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// The queues sluice enqueue, sluice drain and the ingestion demo run on
+// (-source).
+const (
+	sourceJetStream = "jetstream"
+	sourceRedis     = "redis"
+	sourceKafka     = "kafka"
+)
+
+// queueFlags are the flags that say where the queue is, shared by drain,
+// enqueue and the ingestion demo's processes.
+type queueFlags struct {
+	source        string
+	natsURL, data string
+	redis         string
+	kafka         string
+	stream        string
+}
+
+func (q *queueFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&q.source, "source", sourceJetStream, "the queue: jetstream (NATS JetStream), redis (Redis Streams) or kafka")
+	fs.StringVar(&q.natsURL, "nats-url", "", "with -source jetstream: an external NATS server or cluster (comma-separated URLs); empty: the embedded server")
+	fs.StringVar(&q.data, "data", "sluice-data", "with -source jetstream: the embedded server's data directory")
+	fs.StringVar(&q.redis, "redis", "", "with -source redis: the Redis address (host:port; several, comma-separated, for a Cluster)")
+	fs.StringVar(&q.kafka, "kafka-brokers", "", "with -source kafka: the seed brokers (host:port, comma-separated)")
+	fs.StringVar(&q.stream, "stream", "RECORDS", "the stream (JetStream: subjects <lower-case name>.>, dead letters <lower-case name>-dead.>; Redis: the stream's name, dead letters beside it; Kafka: the topic, dead letters to <name>-dead)")
+}
+
+// check validates the flags together; it is the one place that does.
+func (q *queueFlags) check() error {
+	if q.stream == "" || len(q.stream) > 200 {
+		return errors.New("-stream must have 1 to 200 bytes")
+	}
+	switch q.source {
+	case sourceJetStream:
+	case sourceRedis:
+		if q.redis == "" {
+			return errors.New("-source redis needs -redis")
+		}
+	case sourceKafka:
+		if q.kafka == "" {
+			return errors.New("-source kafka needs -kafka-brokers (no Kafka broker is embedded)")
+		}
+	default:
+		return fmt.Errorf("-source %q: want jetstream, redis or kafka", q.source)
+	}
+	return nil
+}
+
+// args are the flags that name the same queue, for a child process.
+func (q *queueFlags) args() []string {
+	a := []string{"-source", q.source}
+	switch q.source {
+	case sourceJetStream:
+		a = append(a, "-nats-url", q.natsURL)
+	case sourceRedis:
+		a = append(a, "-redis", q.redis)
+	case sourceKafka:
+		a = append(a, "-kafka-brokers", q.kafka)
+	}
+	return a
+}
+
+// A queueRecord is a record as enqueued.
+type queueRecord struct {
+	key, tenant, partition string
+	data                   []byte
+}
+
+// A queue is a connection to where records wait: it publishes records to
+// a stream (a topic) and makes drain.Sources on one.
+type queue interface {
+	// publish enqueues recs on stream, durably: once it returns nil,
+	// every one is stored. It reports which of them the queue already
+	// held (by key), as far as the queue tells.
+	publish(ctx context.Context, stream string, recs []queueRecord) (dups []bool, err error)
+	// source returns a Source of consumer (a durable consumer, or a
+	// consumer group) on stream, and what stops it.
+	source(ctx context.Context, stream, consumer string, window int, ackWait time.Duration) (drain.Source, func(), error)
+	close()
+}
+
+// open connects to the queue, starting the embedded NATS server when
+// -source jetstream names no external one.
+func (q *queueFlags) open(ctx context.Context) (queue, error) {
+	if err := q.check(); err != nil {
+		return nil, err
+	}
+	switch q.source {
+	case sourceRedis:
+		c, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: splitList(q.redis)})
+		if err != nil {
+			return nil, err
+		}
+		return &redisQueue{c: c, pubs: map[string]*redisdrain.Publisher{}}, nil
+	case sourceKafka:
+		p, err := kafkadrain.NewProducer(splitList(q.kafka))
+		if err != nil {
+			return nil, err
+		}
+		return &kafkaQueue{brokers: splitList(q.kafka), prod: p}, nil
+	}
+	url := q.natsURL
+	var srv *server.Server
+	if url == "" {
+		var err error
+		if srv, err = natsembed.Start(filepath.Clean(q.data), "127.0.0.1", -1); err != nil {
+			return nil, err
+		}
+		url = srv.ClientURL()
+	}
+	stop := func() {
+		if srv != nil {
+			srv.Shutdown()
+			srv.WaitForShutdown()
+		}
+	}
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1))
+	if err != nil {
+		stop()
+		return nil, fmt.Errorf("connecting to %s: %w", url, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		stop()
+		return nil, err
+	}
+	return &jsQueue{js: js, closeFn: func() { _ = nc.Drain(); nc.Close(); stop() }}, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// jsQueue is a JetStream queue: stream NAME with the subjects
+// <lower-case name>.>, and NAME-DEAD with <lower-case name>-dead.>.
+type jsQueue struct {
+	js      jetstream.JetStream
+	closeFn func()
+}
+
+func (q *jsQueue) close() { q.closeFn() }
+
+// ensureStream makes sure that the file-backed stream name, with the
+// subjects <lower-case name>.>, and its dead-letter stream exist, and
+// returns the subjects' base.
+func ensureStream(ctx context.Context, js jetstream.JetStream, name string) (base string, err error) {
+	base = strings.ToLower(name)
+	for n, subj := range map[string]string{name: base + ".>", name + "-DEAD": base + "-dead.>"} {
+		if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+			Name: n, Subjects: []string{subj}, Storage: jetstream.FileStorage, Duplicates: time.Hour,
+		}); err != nil {
+			return "", fmt.Errorf("stream %s: %w", n, err)
+		}
+	}
+	return base, nil
+}
+
+func (q *jsQueue) publish(ctx context.Context, stream string, recs []queueRecord) ([]bool, error) {
+	base, err := ensureStream(ctx, q.js, stream)
+	if err != nil {
+		return nil, err
+	}
+	futs := make([]jetstream.PubAckFuture, 0, len(recs))
+	for _, r := range recs {
+		msg := nats.NewMsg(base + ".records")
+		msg.Data = r.data
+		for h, v := range map[string]string{jetstream.MsgIDHeader: r.key, drain.HeaderTenant: r.tenant, drain.HeaderPartition: r.partition} {
+			if v != "" {
+				msg.Header.Set(h, v)
+			}
+		}
+		f, err := q.js.PublishMsgAsync(msg)
+		if err != nil {
+			return nil, err
+		}
+		futs = append(futs, f)
+	}
+	dups := make([]bool, len(recs))
+	for i, f := range futs {
+		select {
+		case ack := <-f.Ok():
+			dups[i] = ack.Duplicate
+		case err := <-f.Err():
+			return nil, err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return dups, nil
+}
+
+func (q *jsQueue) source(ctx context.Context, stream, consumer string, window int, ackWait time.Duration) (drain.Source, func(), error) {
+	base, err := ensureStream(ctx, q.js, stream)
+	if err != nil {
+		return nil, nil, err
+	}
+	src, err := jsdrain.New(ctx, q.js, jsdrain.Options{
+		Stream: stream, Consumer: consumer, DeadLetter: base + "-dead.records", Window: window, AckWait: ackWait,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return src, src.Stop, nil
+}
+
+// redisQueue is a Redis Streams queue: one stream per name, its dead
+// letters beside it.
+type redisQueue struct {
+	c    redisstore.Client
+	pubs map[string]*redisdrain.Publisher
+}
+
+func (q *redisQueue) close() { q.c.Close() }
+
+func (q *redisQueue) publish(ctx context.Context, stream string, recs []queueRecord) ([]bool, error) {
+	p := q.pubs[stream]
+	if p == nil {
+		var err error
+		if p, err = redisdrain.NewPublisher(q.c, redisdrain.PublishOptions{Stream: stream}); err != nil {
+			return nil, err
+		}
+		q.pubs[stream] = p
+	}
+	dups := make([]bool, len(recs))
+	for i, r := range recs {
+		added, err := p.Publish(ctx, redisdrain.Record{Key: r.key, Tenant: r.tenant, Partition: r.partition, Data: r.data})
+		if err != nil {
+			return nil, err
+		}
+		dups[i] = !added
+	}
+	return dups, nil
+}
+
+func (q *redisQueue) source(ctx context.Context, stream, consumer string, window int, ackWait time.Duration) (drain.Source, func(), error) {
+	host, _ := os.Hostname()
+	src, err := redisdrain.New(ctx, q.c, redisdrain.Options{
+		Stream: stream, Group: consumer, Consumer: fmt.Sprintf("%s-%d", host, os.Getpid()), Window: window, AckWait: ackWait,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return src, func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = src.Close(cctx)
+	}, nil
+}
+
+// kafkaQueue is a Kafka cluster: a topic per name, its dead letters to
+// <name>-dead.
+type kafkaQueue struct {
+	brokers []string
+	prod    *kgo.Client
+}
+
+func (q *kafkaQueue) close() { q.prod.Close() }
+
+func (q *kafkaQueue) publish(ctx context.Context, stream string, recs []queueRecord) ([]bool, error) {
+	for _, r := range recs {
+		if err := kafkadrain.Publish(ctx, q.prod, stream, r.key, r.tenant, r.partition, r.data); err != nil {
+			return nil, err
+		}
+	}
+	return make([]bool, len(recs)), nil // Kafka does not deduplicate by key
+}
+
+func (q *kafkaQueue) source(ctx context.Context, stream, consumer string, window int, ackWait time.Duration) (drain.Source, func(), error) {
+	src, err := kafkadrain.New(kafkadrain.Options{
+		Brokers: q.brokers, Topic: stream, Group: consumer, DeadLetterTopic: stream + "-dead",
+		Window: window, SessionTimeout: ackWait,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return src, func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = src.Close(cctx)
+	}, nil
+}

@@ -4,25 +4,19 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sluicehq/sluice/drain"
 	"github.com/sluicehq/sluice/drain/jsdrain"
-	"github.com/sluicehq/sluice/internal/natsembed"
 	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/ratelimit"
 	"github.com/sluicehq/sluice/redisstore"
@@ -60,70 +54,6 @@ With -partitions N, record i goes to partition p<(i-1) mod N> (the
 Sluice-Partition header), which drain -pause-scope partition pauses alone.
 `
 
-// queueFlags are the flags that say where the queue is, shared by drain
-// and enqueue.
-type queueFlags struct {
-	natsURL, data string
-	stream        string
-}
-
-func (q *queueFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&q.natsURL, "nats-url", "", "an external NATS server or cluster (comma-separated URLs); empty: the embedded server")
-	fs.StringVar(&q.data, "data", "sluice-data", "the embedded server's data directory")
-	fs.StringVar(&q.stream, "stream", "RECORDS", "the stream's name; its subjects are <lower-case name>.>, its dead letters <lower-case name>-dead.>")
-}
-
-// open connects to the queue, starting the embedded server if need be,
-// and makes sure the stream and its dead-letter stream exist. close undoes
-// it all.
-func (q *queueFlags) open(ctx context.Context) (js jetstream.JetStream, subjects string, closeFn func(), err error) {
-	url := q.natsURL
-	var srv *server.Server
-	if url == "" {
-		if srv, err = natsembed.Start(filepath.Clean(q.data), "127.0.0.1", -1); err != nil {
-			return nil, "", nil, err
-		}
-		url = srv.ClientURL()
-	}
-	stop := func() {
-		if srv != nil {
-			srv.Shutdown()
-			srv.WaitForShutdown()
-		}
-	}
-	nc, err := nats.Connect(url, nats.MaxReconnects(-1))
-	if err != nil {
-		stop()
-		return nil, "", nil, fmt.Errorf("connecting to %s: %w", url, err)
-	}
-	closeFn = func() { _ = nc.Drain(); nc.Close(); stop() }
-	if js, err = jetstream.New(nc); err != nil {
-		closeFn()
-		return nil, "", nil, err
-	}
-	base, err := ensureStream(ctx, js, q.stream)
-	if err != nil {
-		closeFn()
-		return nil, "", nil, err
-	}
-	return js, base, closeFn, nil
-}
-
-// ensureStream makes sure that the file-backed stream name, with the
-// subjects <lower-case name>.>, and its dead-letter stream exist, and
-// returns the subjects' base.
-func ensureStream(ctx context.Context, js jetstream.JetStream, name string) (base string, err error) {
-	base = strings.ToLower(name)
-	for n, subj := range map[string]string{name: base + ".>", name + "-DEAD": base + "-dead.>"} {
-		if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-			Name: n, Subjects: []string{subj}, Storage: jetstream.FileStorage, Duplicates: time.Hour,
-		}); err != nil {
-			return "", fmt.Errorf("stream %s: %w", n, err)
-		}
-	}
-	return base, nil
-}
-
 // runEnqueue runs `sluice enqueue`.
 func runEnqueue(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("enqueue", enqueueUsage, stderr)
@@ -131,7 +61,7 @@ func runEnqueue(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	q.register(fs)
 	file := fs.String("file", "-", "the records, one a line; - for standard input")
 	prefix := fs.String("key-prefix", "rec-", "the records' keys: this prefix and the line number from 1")
-	sub := fs.String("subject", "records", "the subject, under the stream's: <stream>.<subject>")
+	fs.StringVar(&q.subject, "subject", "records", "with -source jetstream: the subject, under the stream's: <stream>.<subject>")
 	tenant := fs.String("tenant", "", "the records' tenant")
 	partitions := fs.Int("partitions", 0, "spread the records over this many partitions, p0, p1, … in turn; 0: none")
 	if err := parseFlags(fs, args); err != nil {
@@ -149,45 +79,32 @@ func runEnqueue(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		defer f.Close()
 		in = f
 	}
-	js, base, closeFn, err := q.open(ctx)
+	qu, err := q.open(ctx)
 	if err != nil {
-		return err
+		return usagef("enqueue: %v", err)
 	}
-	defer closeFn()
-	subject := base + "." + *sub
+	defer qu.close()
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 64<<10), 1<<20) // a record is at most 1 MiB, NATS's default payload limit
-	n := 0
-	var futs []jetstream.PubAckFuture
+	n, dups := 0, 0
+	var batch []queueRecord
 	flush := func() error {
-		for _, f := range futs {
-			select {
-			case <-f.Ok():
-			case err := <-f.Err():
-				return err
-			case <-ctx.Done():
-				return ctx.Err()
+		d, err := qu.publish(ctx, q.stream, batch)
+		for _, dup := range d {
+			if dup {
+				dups++
 			}
 		}
-		futs = futs[:0]
-		return nil
+		batch = batch[:0]
+		return err
 	}
 	for sc.Scan() {
 		n++
-		msg := nats.NewMsg(subject)
-		msg.Data = append([]byte(nil), sc.Bytes()...)
-		msg.Header.Set(jetstream.MsgIDHeader, *prefix+strconv.Itoa(n))
-		if *tenant != "" {
-			msg.Header.Set(drain.HeaderTenant, *tenant)
-		}
+		r := queueRecord{key: *prefix + strconv.Itoa(n), tenant: *tenant, data: append([]byte(nil), sc.Bytes()...)}
 		if *partitions > 0 {
-			msg.Header.Set(drain.HeaderPartition, "p"+strconv.Itoa((n-1)%*partitions))
+			r.partition = "p" + strconv.Itoa((n-1)%*partitions)
 		}
-		f, err := js.PublishMsgAsync(msg)
-		if err != nil {
-			return err
-		}
-		if futs = append(futs, f); len(futs) == 1000 {
+		if batch = append(batch, r); len(batch) == 1000 {
 			if err := flush(); err != nil {
 				return err
 			}
@@ -199,7 +116,11 @@ func runEnqueue(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := flush(); err != nil {
 		return err
 	}
-	_, err = fmt.Fprintf(stdout, "enqueued %d records on %s\n", n, subject)
+	if dups > 0 {
+		_, err = fmt.Fprintf(stdout, "enqueued %d records on %s %s (%d already there, dropped)\n", n-dups, q.source, q.stream, dups)
+		return err
+	}
+	_, err = fmt.Fprintf(stdout, "enqueued %d records on %s %s\n", n, q.source, q.stream)
 	return err
 }
 
@@ -221,14 +142,14 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 	capacity := fs.String("capacity", "", "with -lease-redis: the downstream's whole capacity, as N/s")
 	partitions := fs.Int("partitions", 20, "with -lease-redis: the partitions the capacity is leased in")
 	service := fs.String("lease-service", "sluice-drain", "with -lease-redis: the name the drainers share leases under")
-	consumer := fs.String("consumer", "sluice-drain", "the durable consumer's name (shared by drainers of one stream)")
+	consumer := fs.String("consumer", "sluice-drain", "the durable consumer's name (Redis and Kafka: the consumer group's), shared by the drainers of one stream")
 	workers := fs.Int("workers", drain.DefaultWorkers, "requests in flight at most")
 	maxFailures := fs.Int("max-failures", drain.DefaultMaxFailures, "failed attempts before a record is dead-lettered")
 	pauseScope := fs.String("pause-scope", "all", "what a 429 or 503 pauses: all (every record: one quota for the whole sink), partition (the throttled record's partition) or tenant (its tenant)")
 	maxPause := fs.Duration("max-pause", drain.DefaultMaxPause, "the longest pause one throttled answer may ask for")
 	follow := fs.Bool("follow", false, "keep draining when the stream is empty")
-	window := fs.Int("window", jsdrain.DefaultWindow, "records delivered and not yet acknowledged at most (the consumer's max-ack-pending)")
-	ackWait := fs.Duration("ack-wait", jsdrain.DefaultAckWait, "how long a record delivered to a drainer that went silent waits before it is delivered again")
+	window := fs.Int("window", jsdrain.DefaultWindow, "records delivered and not yet acknowledged at most (JetStream: the consumer's max-ack-pending)")
+	ackWait := fs.Duration("ack-wait", jsdrain.DefaultAckWait, "how long a record delivered to a drainer that went silent waits before it is delivered again (Kafka: the group's session timeout)")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics of the drainer (and of its leases) at http://ADDR/metrics; empty: none")
 	if err := parseFlagsEnv(fs, args, drainEnvPrefix, os.LookupEnv); err != nil {
 		return err
@@ -295,18 +216,16 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 		onThrottle = h.ThrottledAfter
 	}
 
-	js, base, closeFn, err := q.open(ctx)
+	qu, err := q.open(ctx)
+	if err != nil {
+		return usagef("drain: %v", err)
+	}
+	defer qu.close()
+	src, stopSrc, err := qu.source(ctx, q.stream, *consumer, *window, *ackWait)
 	if err != nil {
 		return err
 	}
-	defer closeFn()
-	src, err := jsdrain.New(ctx, js, jsdrain.Options{
-		Stream: q.stream, Consumer: *consumer, DeadLetter: base + "-dead.records", Window: *window, AckWait: *ackWait,
-	})
-	if err != nil {
-		return err
-	}
-	defer src.Stop()
+	defer stopSrc()
 	sink := (&drain.HTTPSink{URL: *url}).Send
 	if wrap != nil {
 		sink = wrap(sink)
@@ -321,11 +240,13 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 	}
 	// Before this drainer takes any: what another holds, or held when it
 	// stopped, waits out the ack wait before anyone can send it.
-	if held, err := src.Held(ctx); err != nil {
-		log.Warn("drain: reading the consumer", "err", err)
-	} else if held > 0 {
-		log.Warn("drain: records held by another drainer of this consumer, or by one that stopped: those of a stopped one are delivered again once the ack wait has passed",
-			"held", held, "ack_wait", src.AckWait(), "until", time.Now().Add(src.AckWait()).Format(time.TimeOnly))
+	if hs, ok := src.(heldSource); ok {
+		if held, err := hs.Held(ctx); err != nil {
+			log.Warn("drain: reading the consumer", "err", err)
+		} else if held > 0 {
+			log.Warn("drain: records held by another drainer of this consumer, or by one that stopped: those of a stopped one are delivered again once the ack wait has passed",
+				"held", held, "ack_wait", hs.AckWait(), "until", time.Now().Add(hs.AckWait()).Format(time.TimeOnly))
+		}
 	}
 	if *metricsAddr != "" {
 		reg := prometheus.NewRegistry()

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/drain"
-	"github.com/sluicehq/sluice/drain/jsdrain"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -175,20 +174,19 @@ func TestDrainHeldNotice(t *testing.T) {
 	}
 	// A drainer that takes 5 records and dies with them.
 	func() {
-		var q queueFlags
-		q.data, q.stream = data, "RECORDS"
-		js, _, closeFn, err := q.open(ctx)
+		q := queueFlags{source: sourceJetStream, data: data, stream: "RECORDS"}
+		qu, err := q.open(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer closeFn()
-		src, err := jsdrain.New(ctx, js, jsdrain.Options{Stream: "RECORDS", Consumer: "sluice-drain", AckWait: time.Second})
+		defer qu.close()
+		src, stop, err := qu.source(ctx, "RECORDS", "sluice-drain", 0, time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer src.Stop()
+		defer stop()
 		for range 5 {
-			if _, err := src.NextUpTo(ctx, 1); err != nil {
+			if _, err := src.(drain.BatchSource).NextUpTo(ctx, 1); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -213,5 +211,79 @@ func TestDrainHeldNotice(t *testing.T) {
 	defer mu.Unlock()
 	if len(seen) != n {
 		t.Errorf("%d records sent, want %d", len(seen), n)
+	}
+}
+
+// TestDrainPauseScopePartition: sluice enqueue -partitions spreads the
+// records over partitions (the Sluice-Partition header), and sluice drain
+// -pause-scope partition pauses only the throttled record's: a 429 with
+// Retry-After: 1 for the first record of p0 holds p0 back for its second
+// while p1 and p2 are all written meanwhile; each record is written once.
+func TestDrainPauseScopePartition(t *testing.T) {
+	const n = 30
+	dir := t.TempDir()
+	var lines strings.Builder
+	for i := range n {
+		fmt.Fprintf(&lines, "{\"record\":%d}\n", i)
+	}
+	file := filepath.Join(dir, "records.jsonl")
+	if err := os.WriteFile(file, []byte(lines.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	data := filepath.Join(dir, "data")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out, errb bytes.Buffer
+	if err := run(ctx, []string{"enqueue", "-data", data, "-file", file, "-partitions", "3"}, &out, &errb); err != nil {
+		t.Fatalf("enqueue: %v\n%s", err, errb.String())
+	}
+	var mu sync.Mutex
+	written := map[string]time.Time{} // key → when
+	parts := map[string]string{}      // key → partition
+	var throttledAt time.Time
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		key, part := r.Header.Get(drain.IdempotencyKeyHeader), r.Header.Get(drain.HeaderPartition)
+		if part == "p0" && throttledAt.IsZero() {
+			throttledAt = time.Now()
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		if _, ok := written[key]; ok {
+			t.Errorf("%s written twice", key)
+		}
+		written[key], parts[key] = time.Now(), part
+	}))
+	defer hs.Close()
+	errb.Reset()
+	if err := run(ctx, []string{"drain", "-data", data, "-url", hs.URL, "-rate", "300/s", "-pause-scope", "partition"}, &out, &errb); err != nil {
+		t.Fatalf("drain: %v\n%s", err, errb.String())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(written) != n {
+		t.Fatalf("%d records written, want %d", len(written), n)
+	}
+	for i := 1; i <= n; i++ {
+		key := fmt.Sprint("rec-", i)
+		if want := fmt.Sprint("p", (i-1)%3); parts[key] != want {
+			t.Errorf("%s in partition %q, want %q", key, parts[key], want)
+		}
+		at := written[key].Sub(throttledAt)
+		switch {
+		case parts[key] == "p0" && at < time.Second:
+			t.Errorf("%s (p0) written %v after p0's 429, within its pause", key, at)
+		case parts[key] != "p0" && at > time.Second:
+			t.Errorf("%s (%s) written %v after p0's 429: held back by another partition's pause", key, parts[key], at)
+		}
+	}
+	if _, err := drain.ParsePauseScope("host"); err == nil {
+		t.Error("ParsePauseScope(host) accepted")
+	}
+	errb.Reset()
+	if err := run(ctx, []string{"drain", "-data", data, "-url", hs.URL, "-rate", "1/s", "-pause-scope", "host"}, &out, &errb); err == nil {
+		t.Error("-pause-scope host: no error")
 	}
 }

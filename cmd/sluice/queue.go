@@ -38,6 +38,7 @@ type queueFlags struct {
 	redis         string
 	kafka         string
 	stream        string
+	subject       string // JetStream: what sluice enqueue publishes to, under the stream's subjects
 }
 
 func (q *queueFlags) register(fs *flag.FlagSet) {
@@ -103,6 +104,13 @@ type queue interface {
 	close()
 }
 
+// A heldSource tells what other consumers hold of its queue: a drainer
+// that starts says so, and until when (jsdrain's Source).
+type heldSource interface {
+	Held(ctx context.Context) (int64, error)
+	AckWait() time.Duration
+}
+
 // open connects to the queue, starting the embedded NATS server when
 // -source jetstream names no external one.
 func (q *queueFlags) open(ctx context.Context) (queue, error) {
@@ -149,7 +157,11 @@ func (q *queueFlags) open(ctx context.Context) (queue, error) {
 		stop()
 		return nil, err
 	}
-	return &jsQueue{js: js, closeFn: func() { _ = nc.Drain(); nc.Close(); stop() }}, nil
+	subject := q.subject
+	if subject == "" {
+		subject = "records"
+	}
+	return &jsQueue{js: js, subject: subject, closeFn: func() { _ = nc.Drain(); nc.Close(); stop() }}, nil
 }
 
 func splitList(s string) []string {
@@ -166,6 +178,7 @@ func splitList(s string) []string {
 // <lower-case name>.>, and NAME-DEAD with <lower-case name>-dead.>.
 type jsQueue struct {
 	js      jetstream.JetStream
+	subject string
 	closeFn func()
 }
 
@@ -193,7 +206,7 @@ func (q *jsQueue) publish(ctx context.Context, stream string, recs []queueRecord
 	}
 	futs := make([]jetstream.PubAckFuture, 0, len(recs))
 	for _, r := range recs {
-		msg := nats.NewMsg(base + ".records")
+		msg := nats.NewMsg(base + "." + q.subject)
 		msg.Data = r.data
 		for h, v := range map[string]string{jetstream.MsgIDHeader: r.key, drain.HeaderTenant: r.tenant, drain.HeaderPartition: r.partition} {
 			if v != "" {

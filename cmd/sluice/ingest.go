@@ -19,8 +19,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/sluicehq/sluice/drain"
 	"github.com/sluicehq/sluice/httplimit/rudb"
 	"github.com/sluicehq/sluice/internal/chart"
@@ -33,8 +31,11 @@ const ingestUsage = `Usage: sluice demo ingest [flags]
 
 Demo ingest runs the ingestion example of the rate-limiting pattern end to
 end, in real processes on loopback. An API process accepts records over
-HTTP and puts each, durably before it answers, in queue A or queue B of an
-embedded NATS JetStream server by its type. Job processors A and B,
+HTTP and puts each, durably before it answers, in queue A or queue B by
+its type: streams of an embedded NATS JetStream server (-source
+jetstream, the default), Redis streams on the demo's redis-server
+(-source redis) or Kafka topics (-source kafka, on the brokers of
+-kafka-brokers: no Kafka broker is embedded). Job processors A and B,
 separate processes that never talk to each other, each drain their queue
 (sluice drain with a step that validates and enriches each record) into a
 throttled database that grants -capacity writes per fixed one-second
@@ -120,32 +121,21 @@ func enrichRecord(body []byte, processor string) ([]byte, error) {
 // runIngestAPI runs the demo's API process (sluice demo ingest-api): it
 // prints its address on stdout and serves POST /records until ctx ends.
 func runIngestAPI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("demo ingest-api", "Usage: sluice demo ingest-api -nats-url URL [-addr HOST:PORT]\n\nThe API process of sluice demo ingest.\n", stderr)
-	natsURL := fs.String("nats-url", "", "the NATS server (required)")
+	fs := newFlagSet("demo ingest-api", "Usage: sluice demo ingest-api -source S (-nats-url URL | -redis ADDR | -kafka-brokers ADDRS) [-addr HOST:PORT]\n\nThe API process of sluice demo ingest.\n", stderr)
+	var q queueFlags
+	q.register(fs)
 	addr := fs.String("addr", "127.0.0.1:0", "the address to listen on")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *natsURL == "" {
+	if q.source == sourceJetStream && q.natsURL == "" {
 		return usagef("demo ingest-api: -nats-url is required")
 	}
-	nc, err := nats.Connect(*natsURL, nats.MaxReconnects(-1))
+	qu, err := q.open(ctx)
 	if err != nil {
-		return err
+		return usagef("demo ingest-api: %v", err)
 	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
-	subjects := map[string]string{}
-	for typ, stream := range ingestStreams {
-		base, err := ensureStream(ctx, js, stream)
-		if err != nil {
-			return err
-		}
-		subjects[typ] = base + ".records"
-	}
+	defer qu.close()
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /records", func(w http.ResponseWriter, r *http.Request) {
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRecordBytes))
@@ -158,18 +148,15 @@ func runIngestAPI(ctx context.Context, args []string, stdout, stderr io.Writer) 
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
-		msg := nats.NewMsg(subjects[rec.Type])
-		msg.Data = body
-		msg.Header.Set(jetstream.MsgIDHeader, rec.ID)
-		// Queued durably before the answer: the stream has stored it.
-		ack, err := js.PublishMsg(r.Context(), msg)
+		// Queued durably before the answer: the queue has stored it.
+		dups, err := qu.publish(r.Context(), ingestStreams[rec.Type], []queueRecord{{key: rec.ID, data: body}})
 		if err != nil {
 			http.Error(w, "queue unavailable: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusAccepted)
-		fmt.Fprintf(w, `{"queue":%q,"duplicate":%t}`+"\n", rec.Type, ack.Duplicate)
+		fmt.Fprintf(w, `{"queue":%q,"duplicate":%t}`+"\n", rec.Type, dups[0])
 	})
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
@@ -322,6 +309,8 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up when the records are not all written by then")
 	verbose := fs.Bool("v", false, "pass the processes' logs on to standard error")
 	self := fs.String("self", "", "the sluice binary the processes run; empty: this one")
+	source := fs.String("source", sourceJetStream, "the queues: jetstream (an embedded NATS server), redis (streams on the demo's redis-server) or kafka (topics on -kafka-brokers)")
+	kafka := fs.String("kafka-brokers", "", "with -source kafka: the seed brokers (host:port, comma-separated)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -332,6 +321,10 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return usagef("demo ingest: want 1 <= -partitions <= -capacity")
 	case *timeout <= 0:
 		return usagef("demo ingest: -timeout must be positive")
+	case *source != sourceJetStream && *source != sourceRedis && *source != sourceKafka:
+		return usagef("demo ingest: -source %q: want jetstream, redis or kafka", *source)
+	case *source == sourceKafka && *kafka == "":
+		return usagef("demo ingest: -source kafka needs -kafka-brokers")
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
@@ -354,11 +347,15 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer os.RemoveAll(dir)
-	ns, err := natsembed.Start(filepath.Join(dir, "nats"), "127.0.0.1", -1)
-	if err != nil {
-		return err
+	q := queueFlags{source: *source, redis: redisAddr, kafka: *kafka}
+	if *source == sourceJetStream {
+		ns, err := natsembed.Start(filepath.Join(dir, "nats"), "127.0.0.1", -1)
+		if err != nil {
+			return err
+		}
+		defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+		q.natsURL = ns.ClientURL()
 	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
 
 	db := &ingestDB{
 		db:    &rudb.DB{Budget: int64(*capacity), WriteCost: 1, ReadCost: 1, Idempotent: true},
@@ -393,7 +390,7 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	// The API prints its address first.
 	pr, pw := io.Pipe()
-	api, err := start(pw, "ingest-api", "-nats-url", ns.ClientURL())
+	api, err := start(pw, "ingest-api", q.args()...)
 	if err != nil {
 		return err
 	}
@@ -402,10 +399,16 @@ func runIngest(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	// A dead processor's records come back after the ack wait (on Kafka,
+	// the group's session timeout, which brokers bound below at 6 s).
+	ackWait := "2s"
+	if *source == sourceKafka {
+		ackWait = "6s"
+	}
 	processor := func(typ string) (*exec.Cmd, error) {
-		return start(logs, "ingest-processor", "-type", typ, "-nats-url", ns.ClientURL(), "-url", dbURL,
+		return start(logs, "ingest-processor", append([]string{"-type", typ}, append(q.args(), "-url", dbURL,
 			"-lease-redis", redisAddr, "-capacity", strconv.Itoa(*capacity)+"/s", "-partitions", strconv.Itoa(*partitions),
-			"-lease-service", "ingest-db", "-ack-wait", "2s")
+			"-lease-service", "ingest-db", "-ack-wait", ackWait)...)...)
 	}
 
 	// Submit every record at once (A and B interleaved, as they arrive);

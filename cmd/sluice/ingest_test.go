@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/internal/longtest"
+	"github.com/twmb/franz-go/pkg/kfake"
 )
 
 // needRedis skips a test without redis-server on PATH, except under
@@ -159,4 +160,70 @@ func FuzzParseRecord(f *testing.F) {
 			t.Fatalf("enriched %q into %q: %+v, %v; want %+v", body, out, again, err, rec)
 		}
 	})
+}
+
+// kafkaBrokers starts franz-go's in-process Kafka (kfake: no broker
+// installs here) for the test and returns its address; topics are made
+// at their first record.
+func kafkaBrokers(t *testing.T) string {
+	t.Helper()
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.AllowAutoTopicCreation(), kfake.DefaultNumPartitions(3),
+		kfake.GroupMinSessionTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return strings.Join(c.ListenAddrs(), ",")
+}
+
+// sourceArgs are the demo's flags for source, with a fresh Kafka when it
+// is kafka.
+func sourceArgs(t *testing.T, source string) []string {
+	args := []string{"-source", source}
+	if source == sourceKafka {
+		args = append(args, "-kafka-brokers", kafkaBrokers(t))
+	}
+	return args
+}
+
+// TestDemoIngestSources runs the ingestion example, small, on each queue
+// the binary drains: the API process puts each record in its queue, two
+// drainer processes share the database's capacity through leases, and
+// every record is written exactly once with ≤ 1 % of the requests
+// throttled.
+func TestDemoIngestSources(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes")
+	}
+	needRedis(t)
+	for _, source := range []string{sourceJetStream, sourceRedis, sourceKafka} {
+		t.Run(source, func(t *testing.T) {
+			rep := runIngestDemo(t, append(sourceArgs(t, source), "-a", "300", "-b", "150", "-capacity", "150", "-partitions", "5")...)
+			if rep.Missing != 0 || rep.Written != 450 || rep.Redelivered != 0 {
+				t.Errorf("missing %d, written %d, redelivered %d: want 0, 450, 0", rep.Missing, rep.Written, rep.Redelivered)
+			}
+			if float64(rep.Throttled) > 0.01*float64(rep.Requests) {
+				t.Errorf("throttled %d of %d requests, want ≤ 1%%", rep.Throttled, rep.Requests)
+			}
+		})
+	}
+}
+
+// TestDemoIngestKillSources is TestDemoIngestKill on Redis Streams and
+// Kafka: processor A killed with SIGKILL half-way and started again, every
+// record written exactly once; it logs what the restart repeated and when
+// A finished (a killed drainer's records wait out the ack wait: 2 s on
+// Redis, the group's 6 s session timeout on Kafka).
+func TestDemoIngestKillSources(t *testing.T) {
+	longtest.Run(t)
+	needRedis(t)
+	for _, source := range []string{sourceRedis, sourceKafka} {
+		t.Run(source, func(t *testing.T) {
+			rep := runIngestDemo(t, append(sourceArgs(t, source), "-a", "2000", "-b", "1000", "-kill")...)
+			if !rep.Killed || rep.Missing != 0 || rep.Written != 3000 {
+				t.Errorf("killed %v, missing %d, written %d, want true, 0, 3000", rep.Killed, rep.Missing, rep.Written)
+			}
+			t.Logf("%s: %d records sent again after the kill (answered as already written); A finished at %.1f s, B at %.1f s", source, rep.Redelivered, rep.FinishA, rep.FinishB)
+		})
+	}
 }

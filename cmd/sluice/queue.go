@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -92,7 +93,8 @@ type queueRecord struct {
 }
 
 // A queue is a connection to where records wait: it publishes records to
-// a stream (a topic) and makes drain.Sources on one.
+// a stream (a topic) and makes drain.Sources on one. It is safe for
+// concurrent use (the ingestion demo's API publishes from every request).
 type queue interface {
 	// publish enqueues recs on stream, durably: once it returns nil,
 	// every one is stored. It reports which of them the queue already
@@ -125,7 +127,9 @@ func (q *queueFlags) open(ctx context.Context) (queue, error) {
 		}
 		return &redisQueue{c: c, pubs: map[string]*redisdrain.Publisher{}}, nil
 	case sourceKafka:
-		p, err := kafkadrain.NewProducer(splitList(q.kafka))
+		// Topics are made at their first record, where the brokers allow
+		// it (Kafka's default).
+		p, err := kafkadrain.NewProducer(splitList(q.kafka), kgo.AllowAutoTopicCreation())
 		if err != nil {
 			return nil, err
 		}
@@ -161,7 +165,7 @@ func (q *queueFlags) open(ctx context.Context) (queue, error) {
 	if subject == "" {
 		subject = "records"
 	}
-	return &jsQueue{js: js, subject: subject, closeFn: func() { _ = nc.Drain(); nc.Close(); stop() }}, nil
+	return &jsQueue{js: js, subject: subject, bases: map[string]string{}, closeFn: func() { _ = nc.Drain(); nc.Close(); stop() }}, nil
 }
 
 func splitList(s string) []string {
@@ -180,6 +184,22 @@ type jsQueue struct {
 	js      jetstream.JetStream
 	subject string
 	closeFn func()
+	mu      sync.Mutex
+	bases   map[string]string // stream → its subjects' base, once ensured
+}
+
+// ensure makes sure stream and its dead letters' stream exist, once.
+func (q *jsQueue) ensure(ctx context.Context, stream string) (string, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if base, ok := q.bases[stream]; ok {
+		return base, nil
+	}
+	base, err := ensureStream(ctx, q.js, stream)
+	if err == nil {
+		q.bases[stream] = base
+	}
+	return base, err
 }
 
 func (q *jsQueue) close() { q.closeFn() }
@@ -200,7 +220,7 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, name string) (bas
 }
 
 func (q *jsQueue) publish(ctx context.Context, stream string, recs []queueRecord) ([]bool, error) {
-	base, err := ensureStream(ctx, q.js, stream)
+	base, err := q.ensure(ctx, stream)
 	if err != nil {
 		return nil, err
 	}
@@ -234,7 +254,7 @@ func (q *jsQueue) publish(ctx context.Context, stream string, recs []queueRecord
 }
 
 func (q *jsQueue) source(ctx context.Context, stream, consumer string, window int, ackWait time.Duration) (drain.Source, func(), error) {
-	base, err := ensureStream(ctx, q.js, stream)
+	base, err := q.ensure(ctx, stream)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -251,20 +271,24 @@ func (q *jsQueue) source(ctx context.Context, stream, consumer string, window in
 // letters beside it.
 type redisQueue struct {
 	c    redisstore.Client
+	mu   sync.Mutex
 	pubs map[string]*redisdrain.Publisher
 }
 
 func (q *redisQueue) close() { q.c.Close() }
 
 func (q *redisQueue) publish(ctx context.Context, stream string, recs []queueRecord) ([]bool, error) {
+	q.mu.Lock()
 	p := q.pubs[stream]
 	if p == nil {
 		var err error
 		if p, err = redisdrain.NewPublisher(q.c, redisdrain.PublishOptions{Stream: stream}); err != nil {
+			q.mu.Unlock()
 			return nil, err
 		}
 		q.pubs[stream] = p
 	}
+	q.mu.Unlock()
 	dups := make([]bool, len(recs))
 	for i, r := range recs {
 		added, err := p.Publish(ctx, redisdrain.Record{Key: r.key, Tenant: r.tenant, Partition: r.partition, Data: r.data})
@@ -312,7 +336,7 @@ func (q *kafkaQueue) publish(ctx context.Context, stream string, recs []queueRec
 func (q *kafkaQueue) source(ctx context.Context, stream, consumer string, window int, ackWait time.Duration) (drain.Source, func(), error) {
 	src, err := kafkadrain.New(kafkadrain.Options{
 		Brokers: q.brokers, Topic: stream, Group: consumer, DeadLetterTopic: stream + "-dead",
-		Window: window, SessionTimeout: ackWait,
+		Window: window, SessionTimeout: ackWait, ClientOptions: []kgo.Opt{kgo.AllowAutoTopicCreation()},
 	})
 	if err != nil {
 		return nil, nil, err

@@ -23,7 +23,8 @@
 //   - Only drain/kafkadrain (drain's Kafka Source), among the library
 //     packages, depends on franz-go: a program that drains no Kafka topic
 //     links no Kafka code. Its in-process test cluster, kfake, is imported
-//     by drain/kafkadrain's tests alone, and this rule binds test files
+//     by the tests of drain/kafkadrain and of cmd/sluice (which run the
+//     binary's -source kafka on it) alone, and this rule binds test files
 //     too.
 //   - No library package imports a package under internal/: what a
 //     library needs is public, so its users can see and use it too.
@@ -254,9 +255,12 @@ const natsAllowed = "drain/jsdrain"
 func isNATSClient(path string) bool { return hasPathPrefix(path, "github.com/nats-io/nats.go") }
 func isNATSServer(path string) bool { return hasPathPrefix(path, "github.com/nats-io/nats-server") }
 
-// kafkaAllowed is the one library package that may depend on franz-go,
-// and the one package whose tests may import kfake.
+// kafkaAllowed is the one library package that may depend on franz-go;
+// its tests and cmd/sluice's may import kfake.
 const kafkaAllowed = "drain/kafkadrain"
+
+// kfakeUsers are the packages whose tests may import kfake.
+var kfakeUsers = []string{kafkaAllowed, "cmd/sluice"}
 
 // isFranz and isKfake report whether path is franz-go (any of its
 // modules) or its in-process test cluster, kfake.
@@ -311,14 +315,14 @@ func importRules(mod string) []rule {
 			forbidden: func(p *pkg) bool { return isFranz(p.ImportPath) },
 		},
 		{
-			name:      "only drain/kafkadrain's tests may import kfake, franz-go's in-process test cluster",
-			applies:   func(rel string) bool { return rel != kafkaAllowed },
+			name:      "only the tests of drain/kafkadrain and cmd/sluice may import kfake, franz-go's in-process test cluster",
+			applies:   func(rel string) bool { return !slices.Contains(kfakeUsers, rel) },
 			forbidden: func(p *pkg) bool { return isKfake(p.ImportPath) },
 			tests:     true,
 		},
 		{
-			name:      "drain/kafkadrain may depend on franz-go but not link kfake outside its tests",
-			applies:   func(rel string) bool { return rel == kafkaAllowed },
+			name:      "drain/kafkadrain and cmd/sluice may depend on franz-go but not link kfake outside their tests",
+			applies:   func(rel string) bool { return slices.Contains(kfakeUsers, rel) },
 			forbidden: func(p *pkg) bool { return isKfake(p.ImportPath) },
 		},
 		{
@@ -689,9 +693,9 @@ func TestRulesCatchViolations(t *testing.T) {
 			},
 			want: []string{
 				"package example.com/m/drain imports github.com/twmb/franz-go/pkg/kgo: only drain/kafkadrain",
-				"package example.com/m/drain/jsdrain imports github.com/twmb/franz-go/pkg/kfake in a test: only drain/kafkadrain's tests",
+				"package example.com/m/drain/jsdrain imports github.com/twmb/franz-go/pkg/kfake in a test: only the tests of drain/kafkadrain and cmd/sluice",
 				"package example.com/m/drain/kafkadrain/x imports github.com/twmb/franz-go/pkg/kfake: only drain/kafkadrain, of the library packages",
-				"package example.com/m/drain/kafkadrain/x imports github.com/twmb/franz-go/pkg/kfake: only drain/kafkadrain's tests",
+				"package example.com/m/drain/kafkadrain/x imports github.com/twmb/franz-go/pkg/kfake: only the tests of drain/kafkadrain and cmd/sluice",
 				"package example.com/m/lease imports example.com/m/drain/kafkadrain, which depends on github.com/twmb/franz-go/pkg/kgo: only drain/kafkadrain",
 			},
 		},

@@ -68,7 +68,9 @@
 //     NATS server (the one `sluice drain` starts by default) writes its
 //     consumers' acknowledgements to disk at most ten times a second, so
 //     a SIGKILL of its process loses those of the last 100 ms or so (see
-//     docs/draining.md);
+//     docs/draining.md), and drain/kafkadrain commits the offsets of
+//     what was acknowledged once a second (CommitEvery), so a drainer
+//     killed sends again up to a second of acknowledged records;
 //   - the record was queued twice.
 //
 // Stats count the records acknowledged once (Done) apart from those

@@ -325,10 +325,13 @@ type kafkaQueue struct {
 func (q *kafkaQueue) close() { q.prod.Close() }
 
 func (q *kafkaQueue) publish(ctx context.Context, stream string, recs []queueRecord) ([]bool, error) {
-	for _, r := range recs {
-		if err := kafkadrain.Publish(ctx, q.prod, stream, r.key, r.tenant, r.partition, r.data); err != nil {
-			return nil, err
-		}
+	krs := make([]*kgo.Record, len(recs))
+	for i, r := range recs {
+		krs[i] = kafkadrain.NewRecord(stream, r.key, r.tenant, r.partition, r.data)
+	}
+	// Produced together, in order per partition, each acknowledged.
+	if err := q.prod.ProduceSync(ctx, krs...).FirstErr(); err != nil {
+		return nil, err
 	}
 	return make([]bool, len(recs)), nil // Kafka does not deduplicate by key
 }

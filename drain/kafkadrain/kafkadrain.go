@@ -767,14 +767,21 @@ func NewProducer(brokers []string, opts ...kgo.Opt) (*kgo.Client, error) {
 	return kgo.NewClient(append([]kgo.Opt{kgo.SeedBrokers(brokers...), kgo.RequiredAcks(kgo.AllISRAcks())}, opts...)...)
 }
 
-// Publish produces data to topic with key in the drain.IdempotencyKeyHeader
-// header (so the Drainer's Message.Key is key), tenant in
-// drain.HeaderTenant and partition in drain.HeaderPartition and as the
-// record's Kafka key (so the records of one downstream partition share a
-// Kafka partition, and their order), and waits for the brokers'
-// acknowledgement: once Publish returns nil, with cl made by NewProducer
-// (acks=all), the record is durable. Empty strings are left out.
+// Publish produces data to topic as NewRecord makes it and waits for the
+// brokers' acknowledgement: once Publish returns nil, with cl made by
+// NewProducer (acks=all), the record is durable.
 func Publish(ctx context.Context, cl *kgo.Client, topic, key, tenant, partition string, data []byte) error {
+	return cl.ProduceSync(ctx, NewRecord(topic, key, tenant, partition, data)).FirstErr()
+}
+
+// NewRecord returns the record Publish produces, for a producer that
+// sends many at once (kgo.Client.ProduceSync takes several): data to
+// topic with key in the drain.IdempotencyKeyHeader header (so the
+// Drainer's Message.Key is key), tenant in drain.HeaderTenant and
+// partition in drain.HeaderPartition and as the record's Kafka key (so
+// the records of one downstream partition share a Kafka partition, and
+// their order). Empty strings are left out.
+func NewRecord(topic, key, tenant, partition string, data []byte) *kgo.Record {
 	r := &kgo.Record{Topic: topic, Value: data}
 	if key != "" {
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: drain.IdempotencyKeyHeader, Value: []byte(key)})
@@ -786,5 +793,5 @@ func Publish(ctx context.Context, cl *kgo.Client, topic, key, tenant, partition 
 		r.Headers = append(r.Headers, kgo.RecordHeader{Key: drain.HeaderPartition, Value: []byte(partition)})
 		r.Key = []byte(partition)
 	}
-	return cl.ProduceSync(ctx, r).FirstErr()
+	return r
 }

@@ -226,14 +226,7 @@ func (q *jsQueue) publish(ctx context.Context, stream string, recs []queueRecord
 	}
 	futs := make([]jetstream.PubAckFuture, 0, len(recs))
 	for _, r := range recs {
-		msg := nats.NewMsg(base + "." + q.subject)
-		msg.Data = r.data
-		for h, v := range map[string]string{jetstream.MsgIDHeader: r.key, drain.HeaderTenant: r.tenant, drain.HeaderPartition: r.partition} {
-			if v != "" {
-				msg.Header.Set(h, v)
-			}
-		}
-		f, err := q.js.PublishMsgAsync(msg)
+		f, err := q.js.PublishMsgAsync(jsdrain.NewMsg(base+"."+q.subject, r.key, r.tenant, r.partition, r.data))
 		if err != nil {
 			return nil, err
 		}

@@ -1,8 +1,8 @@
 // Package jsdrain is package drain's queue on NATS JetStream: Source, a
 // drain.Source on a durable pull consumer (explicit acks, MaxAckPending as
 // the window, dead-lettering by a confirmed publication to a subject), and
-// Publish, which enqueues a message with its idempotency key and tenant
-// and waits for the stream to confirm it.
+// Publish (and NewMsg), which enqueues a message with its idempotency key,
+// tenant and partition and waits for the stream to confirm it.
 //
 // It is the one library package that links the NATS client (nats.go): a
 // program that drains another queue, or none, imports drain without it.

@@ -270,12 +270,20 @@ func (m *jsMessage) DeadLetter(ctx context.Context, reason error) error {
 	return m.m.TermWithReason("dead-lettered")
 }
 
-// Publish puts data on subject with key as its Nats-Msg-Id (so the
-// stream drops a second publication within its duplicate window, and the
-// Drainer's Message.Key is key) and tenant in drain.HeaderTenant, and waits for
-// the stream to confirm it: once Publish returns nil, the message is
-// durable.
-func Publish(ctx context.Context, js jetstream.JetStream, subject, key, tenant string, data []byte) error {
+// Publish puts the message NewMsg makes on subject and waits for the
+// stream to confirm it: once Publish returns nil, the message is durable.
+func Publish(ctx context.Context, js jetstream.JetStream, subject, key, tenant, partition string, data []byte) error {
+	_, err := js.PublishMsg(ctx, NewMsg(subject, key, tenant, partition, data))
+	return err
+}
+
+// NewMsg returns the message Publish publishes, for a publisher that
+// sends many at once (jetstream.JetStream.PublishMsgAsync): data on
+// subject with key as its Nats-Msg-Id (so the stream drops a second
+// publication within its duplicate window, and the Drainer's Message.Key
+// is key), tenant in drain.HeaderTenant and partition in
+// drain.HeaderPartition. Empty strings are left out.
+func NewMsg(subject, key, tenant, partition string, data []byte) *nats.Msg {
 	msg := nats.NewMsg(subject)
 	msg.Data = data
 	if key != "" {
@@ -284,6 +292,8 @@ func Publish(ctx context.Context, js jetstream.JetStream, subject, key, tenant s
 	if tenant != "" {
 		msg.Header.Set(drain.HeaderTenant, tenant)
 	}
-	_, err := js.PublishMsg(ctx, msg)
-	return err
+	if partition != "" {
+		msg.Header.Set(drain.HeaderPartition, partition)
+	}
+	return msg
 }

@@ -9,7 +9,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/sluicehq/sluice/drain"
 	"github.com/sluicehq/sluice/drain/draintest"
 	"github.com/sluicehq/sluice/drain/jsdrain"
 	"github.com/sluicehq/sluice/internal/natstest"
@@ -32,13 +31,7 @@ type jsQueue struct {
 }
 
 func (q *jsQueue) Publish(ctx context.Context, r draintest.Record) error {
-	msg := nats.NewMsg("work.conformance")
-	msg.Data = r.Data
-	msg.Header.Set(jetstream.MsgIDHeader, r.Key)
-	msg.Header.Set(drain.HeaderTenant, r.Tenant)
-	msg.Header.Set(drain.HeaderPartition, r.Partition)
-	_, err := q.js.PublishMsg(ctx, msg)
-	return err
+	return jsdrain.Publish(ctx, q.js, "work.conformance", r.Key, r.Tenant, r.Partition, r.Data)
 }
 
 func (q *jsQueue) Open(t testing.TB, o draintest.Options) draintest.Consumer {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -437,6 +438,8 @@ type Drainer struct {
 	stats    Stats
 	lastDone int64
 	lastAt   time.Time
+
+	backlogWarned time.Time // when poll last logged a failed Backlog; poll's own
 }
 
 // rater is a Limiter that tells its rate.
@@ -727,27 +730,50 @@ func (d *Drainer) heartbeat(ctx context.Context, stop <-chan struct{}) {
 			hs = append(hs, h)
 		}
 		d.mu.Unlock()
-		for _, h := range hs {
-			// One being settled (its lock held: a dead-lettering may
-			// take a while) is skipped rather than waited for, so that
-			// it cannot hold up the others' word.
-			if !h.mu.TryLock() {
-				continue
-			}
-			// Due when half a period old: a message taken just after a
-			// tick is told at the second tick after, ProgressEvery later.
-			if now := time.Now(); !h.settled && now.Sub(h.beat) >= half {
-				h.beat = now
-				pctx, cancel := context.WithTimeout(ctx, half)
-				err := h.msg.InProgress(pctx)
-				cancel()
-				if err != nil {
-					d.cfg.Logger.Warn("drain: in progress", "key", h.msg.Key(), "err", err)
+		// The oldest word first, from a few goroutines at once, so that
+		// a sweep of many messages over a slow queue keeps each within
+		// its ack wait. beat is written only here (and before the
+		// message was held), and the last sweep's goroutines are done.
+		slices.SortFunc(hs, func(a, b *hold) int { return a.beat.Compare(b.beat) })
+		next := make(chan *hold)
+		var sweep sync.WaitGroup
+		for range min(len(hs), heartbeatCalls) {
+			sweep.Go(func() {
+				for h := range next {
+					d.beat(ctx, h, half)
 				}
-			}
-			h.mu.Unlock()
+			})
 		}
+		for _, h := range hs {
+			next <- h
+		}
+		close(next)
+		sweep.Wait()
 		clear(hs) // let settled messages go
+	}
+}
+
+// heartbeatCalls bounds the InProgress calls a heartbeat makes at once.
+const heartbeatCalls = 16
+
+// beat tells h's message InProgress if it is due: half a period old (a
+// message taken just after a tick is told at the second tick after,
+// ProgressEvery later). One being settled (its lock held: a
+// dead-lettering may take a while) is skipped rather than waited for, so
+// that it cannot hold up the others' word.
+func (d *Drainer) beat(ctx context.Context, h *hold, half time.Duration) {
+	if !h.mu.TryLock() {
+		return
+	}
+	defer h.mu.Unlock()
+	if now := time.Now(); !h.settled && now.Sub(h.beat) >= half {
+		h.beat = now
+		pctx, cancel := context.WithTimeout(ctx, half)
+		err := h.msg.InProgress(pctx)
+		cancel()
+		if err != nil {
+			d.cfg.Logger.Warn("drain: in progress", "key", h.msg.Key(), "err", err)
+		}
 	}
 }
 
@@ -1008,6 +1034,10 @@ func (d *Drainer) backoff(n int) time.Duration {
 	return b/2 + time.Duration(rand.Int64N(int64(b/2)+1))
 }
 
+// backlogTimeout bounds one poll of a Source's backlog, when StatsEvery
+// is shorter.
+const backlogTimeout = 5 * time.Second
+
 // rateTau is the time constant, in seconds, of the rate Stats reports.
 const rateTau = 2.5
 
@@ -1026,11 +1056,18 @@ func (d *Drainer) poll(ctx context.Context) {
 		var backlog int64
 		ok := true
 		for _, in := range d.cfg.Inputs {
-			pctx, cancel := context.WithTimeout(ctx, d.cfg.StatsEvery)
+			// Its own time, not StatsEvery's: a queue far away takes
+			// several round trips to count (Kafka's lag), and a poll
+			// that never succeeds would leave the backlog unknown.
+			pctx, cancel := context.WithTimeout(ctx, max(d.cfg.StatsEvery, backlogTimeout))
 			n, err := in.Source.Backlog(pctx)
 			cancel()
 			if err != nil {
 				ok = false
+				if ctx.Err() == nil && time.Since(d.backlogWarned) >= time.Minute {
+					d.backlogWarned = time.Now()
+					d.cfg.Logger.Warn("drain: reading the backlog", "err", err)
+				}
 				break
 			}
 			backlog += n

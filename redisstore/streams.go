@@ -72,7 +72,8 @@ const (
 
 // ErrNotHeld is the error of an operation on a record that is no longer
 // pending for the consumer that asked: acknowledged, or claimed by another
-// consumer after its ack wait.
+// consumer after its ack wait (Extend, Release and, for the latter,
+// DeadLetter).
 var ErrNotHeld = errors.New("redisstore: the record is not pending for this consumer")
 
 // ErrNotPending is the error of DeadLetter on a record that is no longer
@@ -98,7 +99,7 @@ type StreamOptions struct {
 //
 //	Prefix + "{" + enc(name) + "}"                the stream (Key)
 //	  … + ":dead"                                 its dead-letter stream (DeadLetterKey)
-//	  … + ":delays"                               a hash: record id -> instant before which it is not delivered
+//	  … + ":delays"                               a hash: group "\0" record id -> instant before which the group's copy is not delivered
 //	  … + ":dup:" + enc(key)                      a record key's dedupe marker, expiring with the window
 //
 // where enc is the encoding of every caller-chosen string in this
@@ -528,8 +529,10 @@ func (c *StreamConsumer) Extend(ctx context.Context, id string) error {
 // a millisecond) has passed by the server's clock, never sooner: it
 // stays in the pending list, idle as if delivered the ack wait less delay
 // ago, so that Claim takes it when the delay ends. A delay longer than
-// the ack wait is also recorded beside the stream: a Claim that meets the
-// record before then puts it back unseen for the time left. It returns
+// the ack wait is also recorded beside the stream, for this group alone:
+// a Claim that meets the record before then puts it back unseen for the
+// time left. Another group's copy of the record, and its Acks, Releases
+// and Claims, neither see nor change the delay. It returns
 // ErrNotHeld when the consumer no longer holds the record.
 func (c *StreamConsumer) Release(ctx context.Context, id string, delay time.Duration) error {
 	ms := int64(0)
@@ -546,12 +549,14 @@ func (c *StreamConsumer) Release(ctx context.Context, id string, delay time.Dura
 	return nil
 }
 
-// DeadLetter moves the pending record id to the dead-letter stream, in
-// one atomic step: it adds a copy of the record's fields with FieldKey
-// key, FieldError reason (cut to MaxStreamReason bytes), FieldID id and
-// FieldDeliveries its delivery count, and acknowledges the record. It
-// returns the copy's id, or ErrNotPending when the record is no longer
-// pending in the group (a record is dead-lettered at most once).
+// DeadLetter moves the record id, which this consumer holds, to the
+// dead-letter stream, in one atomic step: it adds a copy of the record's
+// fields with FieldKey key, FieldError reason (cut to MaxStreamReason
+// bytes), FieldID id and FieldDeliveries its delivery count, and
+// acknowledges the record. It returns the copy's id; ErrNotPending when
+// the record is no longer pending in the group (a record is dead-lettered
+// at most once); ErrNotHeld when it is pending for another consumer
+// (claimed after this one's ack wait), which keeps it.
 func (c *StreamConsumer) DeadLetter(ctx context.Context, id, key, reason string) (string, error) {
 	if len(reason) > MaxStreamReason {
 		cut := MaxStreamReason
@@ -560,13 +565,18 @@ func (c *StreamConsumer) DeadLetter(ctx context.Context, id, key, reason string)
 		}
 		reason = reason[:cut]
 	}
-	res, err := c.s.deadLetter.Run(ctx, c.s.c, []string{c.s.key, c.s.dead, c.s.delays}, c.group, id, key, reason).Result()
+	res, err := c.s.deadLetter.Run(ctx, c.s.c, []string{c.s.key, c.s.dead, c.s.delays}, c.group, c.name, id, key, reason).Result()
 	if err != nil {
 		return "", fmt.Errorf("redisstore: dead-lettering %s of stream %q: %w", id, c.s.name, err)
 	}
-	dead, ok := res.(string)
-	if !ok {
+	switch res := res.(type) {
+	case string:
+		return res, nil
+	case int64:
+		if res == 0 {
+			return "", fmt.Errorf("redisstore: dead-lettering %s of stream %q as %q: %w", id, c.s.name, c.name, ErrNotHeld)
+		}
 		return "", fmt.Errorf("redisstore: dead-lettering %s of stream %q: %w", id, c.s.name, ErrNotPending)
 	}
-	return dead, nil
+	return "", fmt.Errorf("redisstore: dead-lettering %s of stream %q: reply %v", id, c.s.name, res)
 }

@@ -212,6 +212,133 @@ func TestStreamReleaseBeyondAckWait(t *testing.T) {
 	}
 }
 
+// A delay is its group's: another group's Ack of its own copy of the
+// record neither forgets it nor lets this group's claim take the record
+// early, and a delay in one group does not hold back another.
+func TestStreamDelayPerGroup(t *testing.T) {
+	s, _ := newTestStream(t, "delaygroups")
+	ctx := t.Context()
+	if err := s.CreateGroup(ctx, "h"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.Add(ctx, StreamRecord{Key: "k", Data: []byte("x")}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	const ackWait, delay = 200 * time.Millisecond, time.Second
+	a, _ := s.Consumer("g", "a", ackWait)
+	a2, _ := s.Consumer("g", "a2", ackWait)
+	b, _ := s.Consumer("h", "b", ackWait)
+	b2, _ := s.Consumer("h", "b2", ackWait)
+	ra, err := a.Read(ctx, 1, time.Second)
+	if err != nil || len(ra) != 1 {
+		t.Fatalf("Read in g = %+v, %v", ra, err)
+	}
+	rb, err := b.Read(ctx, 1, time.Second)
+	if err != nil || len(rb) != 1 || rb[0].ID != ra[0].ID {
+		t.Fatalf("Read in h = %+v, %v", rb, err)
+	}
+	id := ra[0].ID
+	released := time.Now()
+	if err := a.Release(ctx, id, delay); err != nil {
+		t.Fatal(err)
+	}
+	// h puts its copy back with no delay and claims it at once: g's delay
+	// is not h's.
+	if err := b.Release(ctx, id, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := b2.Claim(ctx, "0-0", 10); err != nil || len(got) != 1 || got[0].ID != id {
+		t.Fatalf("h's claim of its copy released with no delay = %+v, %v; g's delay held it", got, err)
+	}
+	if err := b2.Ack(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	cursor := "0-0"
+	var parked int
+	for {
+		got, next, err := a2.Claim(ctx, cursor, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cursor = next
+		if len(got) > 0 {
+			if since := time.Since(released); since < delay {
+				t.Fatalf("g claimed %v after Release(%v): h's Ack forgot g's delay", since, delay)
+			}
+			if got[0].ID != id || got[0].Deliveries != 2 {
+				t.Fatalf("claimed %+v, want %s with 2 deliveries", got[0], id)
+			}
+			break
+		}
+		if time.Since(released) > delay+5*time.Second {
+			t.Fatal("not claimed 5 s after its delay")
+		}
+		if time.Since(released) > ackWait+50*time.Millisecond {
+			parked++
+		}
+		time.Sleep(20 * time.Millisecond) // polling, as a Source's claims do
+	}
+	if parked == 0 {
+		t.Error("no claim ran between the ack wait and the delay: the test proved nothing")
+	}
+	if err := a2.Ack(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range []string{"g", "h"} {
+		if n, err := s.Backlog(ctx, g); err != nil || n != 0 {
+			t.Errorf("Backlog of %s after the acks = %d, %v", g, n, err)
+		}
+	}
+	if n := s.c.HLen(ctx, s.delays).Val(); n != 0 {
+		t.Errorf("%d delays left after every group acked", n)
+	}
+}
+
+// A consumer whose record another consumer has claimed since cannot
+// dead-letter it: the new owner keeps it.
+func TestStreamDeadLetterNotHeld(t *testing.T) {
+	s, c := newTestStream(t, "deadheld")
+	ctx := t.Context()
+	s.Add(ctx, StreamRecord{Data: []byte("x")}, 0)
+	a, _ := s.Consumer("g", "a", time.Minute)
+	b, _ := s.Consumer("g", "b", time.Minute)
+	recs, err := a.Read(ctx, 5, time.Second)
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("Read = %+v, %v", recs, err)
+	}
+	id := recs[0].ID
+	if _, err := b.DeadLetter(ctx, id, "k", "not mine"); !errors.Is(err, ErrNotHeld) {
+		t.Errorf("DeadLetter by another consumer: %v, want ErrNotHeld", err)
+	}
+	// a puts it back (as if its ack wait had passed) and b claims it; a,
+	// still working on its copy, fails and dead-letters it.
+	if err := a.Release(ctx, id, 0); err != nil {
+		t.Fatal(err)
+	}
+	if got, _, err := b.Claim(ctx, "0-0", 5); err != nil || len(got) != 1 {
+		t.Fatalf("Claim = %+v, %v", got, err)
+	}
+	if _, err := a.DeadLetter(ctx, id, "k", "stale"); !errors.Is(err, ErrNotHeld) {
+		t.Errorf("DeadLetter by the consumer that lost the record: %v, want ErrNotHeld", err)
+	}
+	if n := c.XLen(ctx, s.DeadLetterKey()).Val(); n != 0 {
+		t.Errorf("%d dead letters after refused DeadLetters", n)
+	}
+	p := c.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: s.Key(), Group: "g", Start: id, End: id, Count: 1}).Val()
+	if len(p) != 1 || p[0].Consumer != "b" {
+		t.Fatalf("pending after the refused DeadLetter: %+v, want held by b", p)
+	}
+	if _, err := b.DeadLetter(ctx, id, "k", "b's"); err != nil {
+		t.Fatalf("DeadLetter by the holder: %v", err)
+	}
+	if _, err := a.DeadLetter(ctx, id, "k", "again"); !errors.Is(err, ErrNotPending) {
+		t.Errorf("DeadLetter of a dead-lettered record: %v, want ErrNotPending", err)
+	}
+	if dead, err := s.DeadLetters(ctx, 10); err != nil || len(dead) != 1 || dead[0].Error != "b's" || dead[0].Deliveries != 2 {
+		t.Errorf("DeadLetters = %+v, %v; want b's alone, after 2 deliveries", dead, err)
+	}
+}
+
 func TestStreamNotHeld(t *testing.T) {
 	s, _ := newTestStream(t, "held")
 	ctx := t.Context()

@@ -44,7 +44,9 @@
 //
 // Nak(delay) leaves the record pending, idle as if delivered AckWait less
 // delay ago, so that a claim takes it once delay has passed by the Redis
-// server's clock, and records the instant beside the stream. A claim that
+// server's clock, and records the instant beside the stream, under the
+// group and the record's id: another group reading the same stream keeps
+// its own delays, and its acks forget none of this group's. A claim that
 // meets the record before that instant (a delay longer than AckWait, or a
 // consumer whose AckWait is longer than the one that put the record back)
 // puts it back unseen for the time left, with its delivery counter as it
@@ -58,7 +60,10 @@
 // (cut to redisstore.MaxStreamReason bytes), its id and delivery count —
 // to the stream's dead-letter stream (redisstore.Stream.DeadLetterKey)
 // and acknowledges the record, in one script, so a record is
-// dead-lettered once or not at all. Nothing trims either stream: an
+// dead-lettered once or not at all, and only by the consumer that holds
+// it: a drainer whose record was claimed by another since (after its
+// AckWait) gets redisstore.ErrNotHeld, as from Nak and InProgress, and
+// the new holder keeps the record. Nothing trims either stream: an
 // operator reads, replays and trims the dead letters.
 //
 // # Deduplication

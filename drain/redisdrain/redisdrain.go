@@ -391,7 +391,8 @@ func (m *message) InProgress(ctx context.Context) error {
 }
 
 // DeadLetter moves the record, with its key and reason, to the stream's
-// dead-letter stream and acknowledges it, atomically.
+// dead-letter stream and acknowledges it, atomically, if this Source's
+// consumer still holds it (else redisstore.ErrNotHeld).
 func (m *message) DeadLetter(ctx context.Context, reason error) error {
 	why := "dead-lettered"
 	if reason != nil {

@@ -1036,7 +1036,7 @@ func (d *Drainer) backoff(n int) time.Duration {
 
 // backlogTimeout bounds one poll of a Source's backlog, when StatsEvery
 // is shorter.
-const backlogTimeout = 5 * time.Second
+const backlogTimeout = time.Second
 
 // rateTau is the time constant, in seconds, of the rate Stats reports.
 const rateTau = 2.5

@@ -24,8 +24,8 @@ type fakeQueue struct {
 	window   int
 	ackWait  time.Duration // 0: no AckWaiter behaviour (never redelivered)
 	beatCost atomic.Int64  // how long an InProgress takes (a round trip), in ns
-	ch      chan *fakeMsg
-	started time.Time
+	ch       chan *fakeMsg
+	started  time.Time
 
 	mu          sync.Mutex
 	outstanding int // delivered, not settled

@@ -225,7 +225,11 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 	if err != nil {
 		return err
 	}
-	defer stopSrc()
+	defer func() {
+		if err := stopSrc(); err != nil {
+			log.Warn("drain: closing the consumer; what it settled last may be delivered again", "err", err)
+		}
+	}()
 	sink := (&drain.HTTPSink{URL: *url}).Send
 	if wrap != nil {
 		sink = wrap(sink)

@@ -101,8 +101,9 @@ type queue interface {
 	// held (by key), as far as the queue tells.
 	publish(ctx context.Context, stream string, recs []queueRecord) (dups []bool, err error)
 	// source returns a Source of consumer (a durable consumer, or a
-	// consumer group) on stream, and what stops it.
-	source(ctx context.Context, stream, consumer string, window int, ackWait time.Duration) (drain.Source, func(), error)
+	// consumer group) on stream, and what stops it (an error there means
+	// what was settled may be delivered again: Kafka's last commit).
+	source(ctx context.Context, stream, consumer string, window int, ackWait time.Duration) (drain.Source, func() error, error)
 	close()
 }
 
@@ -246,7 +247,7 @@ func (q *jsQueue) publish(ctx context.Context, stream string, recs []queueRecord
 	return dups, nil
 }
 
-func (q *jsQueue) source(ctx context.Context, stream, consumer string, window int, ackWait time.Duration) (drain.Source, func(), error) {
+func (q *jsQueue) source(ctx context.Context, stream, consumer string, window int, ackWait time.Duration) (drain.Source, func() error, error) {
 	base, err := q.ensure(ctx, stream)
 	if err != nil {
 		return nil, nil, err
@@ -257,7 +258,7 @@ func (q *jsQueue) source(ctx context.Context, stream, consumer string, window in
 	if err != nil {
 		return nil, nil, err
 	}
-	return src, src.Stop, nil
+	return src, func() error { src.Stop(); return nil }, nil
 }
 
 // redisQueue is a Redis Streams queue: one stream per name, its dead
@@ -293,7 +294,7 @@ func (q *redisQueue) publish(ctx context.Context, stream string, recs []queueRec
 	return dups, nil
 }
 
-func (q *redisQueue) source(ctx context.Context, stream, consumer string, window int, ackWait time.Duration) (drain.Source, func(), error) {
+func (q *redisQueue) source(ctx context.Context, stream, consumer string, window int, ackWait time.Duration) (drain.Source, func() error, error) {
 	host, _ := os.Hostname()
 	src, err := redisdrain.New(ctx, q.c, redisdrain.Options{
 		Stream: stream, Group: consumer, Consumer: fmt.Sprintf("%s-%d", host, os.Getpid()), Window: window, AckWait: ackWait,
@@ -301,10 +302,10 @@ func (q *redisQueue) source(ctx context.Context, stream, consumer string, window
 	if err != nil {
 		return nil, nil, err
 	}
-	return src, func() {
+	return src, func() error {
 		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = src.Close(cctx)
+		return src.Close(cctx)
 	}, nil
 }
 
@@ -329,7 +330,7 @@ func (q *kafkaQueue) publish(ctx context.Context, stream string, recs []queueRec
 	return make([]bool, len(recs)), nil // Kafka does not deduplicate by key
 }
 
-func (q *kafkaQueue) source(ctx context.Context, stream, consumer string, window int, ackWait time.Duration) (drain.Source, func(), error) {
+func (q *kafkaQueue) source(ctx context.Context, stream, consumer string, window int, ackWait time.Duration) (drain.Source, func() error, error) {
 	src, err := kafkadrain.New(kafkadrain.Options{
 		Brokers: q.brokers, Topic: stream, Group: consumer, DeadLetterTopic: stream + "-dead",
 		Window: window, SessionTimeout: ackWait, ClientOptions: []kgo.Opt{kgo.AllowAutoTopicCreation()},
@@ -337,9 +338,9 @@ func (q *kafkaQueue) source(ctx context.Context, stream, consumer string, window
 	if err != nil {
 		return nil, nil, err
 	}
-	return src, func() {
+	return src, func() error {
 		cctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_ = src.Close(cctx)
+		return src.Close(cctx)
 	}, nil
 }

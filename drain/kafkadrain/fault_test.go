@@ -207,6 +207,13 @@ func TestBrokerFailing(t *testing.T) {
 	}
 	t.Logf("broker %d dropped the connections of %d requests", victim, failed.Load())
 	s.check(t, n)
+	// Close commits what is settled, whatever the periodic commits did
+	// while the member lost and regained its partitions.
+	cctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := src.Close(cctx); err != nil {
+		t.Errorf("Close: %v", err)
+	}
 	committedAll(t, c, 30*time.Second)
 }
 

@@ -757,7 +757,13 @@ func (m *message) DeadLetter(ctx context.Context, reason error) error {
 	if err := m.src.cl.ProduceSync(ctx, dead).FirstErr(); err != nil {
 		return fmt.Errorf("kafkadrain: dead-lettering to %q: %w", topic, err)
 	}
-	return m.src.settle(m.x, true, 0)
+	// Dead-lettered: done, even when the partition was taken away
+	// meanwhile (its new owner gets the record again; a put-back here
+	// would fail as well, and count an error for a record that is safe).
+	if err := m.src.settle(m.x, true, 0); err != nil && !errors.Is(err, errRevoked) {
+		return err
+	}
+	return nil
 }
 
 // NewProducer returns a franz-go client for Publish: brokers as seeds,

@@ -60,14 +60,7 @@ func enqueueDrain(t *testing.T, n int, pacing ...string) {
 // enqueueDrainOn is enqueueDrain on the queue the flags of queue name.
 func enqueueDrainOn(t *testing.T, n int, queue []string, pacing ...string) {
 	dir := t.TempDir()
-	var lines strings.Builder
-	for i := range n {
-		fmt.Fprintf(&lines, "{\"record\":%d}\n", i)
-	}
-	file := filepath.Join(dir, "records.jsonl")
-	if err := os.WriteFile(file, []byte(lines.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	file := recordsFile(t, dir, n)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	source := sourceJetStream
@@ -181,14 +174,7 @@ func TestProgressWriter(t *testing.T) {
 func TestDrainHeldNotice(t *testing.T) {
 	const n = 10
 	dir := t.TempDir()
-	var lines strings.Builder
-	for i := range n {
-		fmt.Fprintf(&lines, "{\"record\":%d}\n", i)
-	}
-	file := filepath.Join(dir, "records.jsonl")
-	if err := os.WriteFile(file, []byte(lines.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	file := recordsFile(t, dir, n)
 	data := filepath.Join(dir, "data")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -246,14 +232,7 @@ func TestDrainHeldNotice(t *testing.T) {
 func TestDrainPauseScopePartition(t *testing.T) {
 	const n = 30
 	dir := t.TempDir()
-	var lines strings.Builder
-	for i := range n {
-		fmt.Fprintf(&lines, "{\"record\":%d}\n", i)
-	}
-	file := filepath.Join(dir, "records.jsonl")
-	if err := os.WriteFile(file, []byte(lines.String()), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	file := recordsFile(t, dir, n)
 	data := filepath.Join(dir, "data")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -310,4 +289,19 @@ func TestDrainPauseScopePartition(t *testing.T) {
 	if err := run(ctx, []string{"drain", "-data", data, "-url", hs.URL, "-rate", "1/s", "-pause-scope", "host"}, &out, &errb); err == nil {
 		t.Error("-pause-scope host: no error")
 	}
+}
+
+// recordsFile writes n records, one a line, to a file in dir for sluice
+// enqueue, and returns its path.
+func recordsFile(t *testing.T, dir string, n int) string {
+	t.Helper()
+	var lines strings.Builder
+	for i := range n {
+		fmt.Fprintf(&lines, "{\"record\":%d}\n", i)
+	}
+	file := filepath.Join(dir, "records.jsonl")
+	if err := os.WriteFile(file, []byte(lines.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
 }

@@ -5,25 +5,16 @@ import (
 	"fmt"
 	"log/slog"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/sluicehq/sluice/drain"
+	"github.com/sluicehq/sluice/drain/draintest"
 	"github.com/sluicehq/sluice/drain/jsdrain"
 	"github.com/sluicehq/sluice/internal/natstest"
 	"github.com/sluicehq/sluice/ratelimit"
 )
-
-// cpuTime is the CPU time (user + system) this process has used.
-func cpuTime(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 // BenchmarkRate drains for 10 s at 2,000/s and 20,000/s into a sink that
 // does nothing, the server in its own process, and reports the rate
@@ -74,9 +65,9 @@ func BenchmarkCost(b *testing.B) {
 		n := b.N
 		enqueue(b, js, "work.a", 0, n, 1)
 		b.ResetTimer()
-		cpu0, begin := cpuTime(b), time.Now()
+		cpu0, begin := draintest.CPUTime(b), time.Now()
 		drainIt(b, js, n)
-		cpu, took := cpuTime(b)-cpu0, time.Since(begin)
+		cpu, took := draintest.CPUTime(b)-cpu0, time.Since(begin)
 		b.ReportMetric(float64(cpu.Microseconds())/float64(n), "cpu-µs/msg")
 		b.ReportMetric(float64(n)/took.Seconds(), "msgs/s")
 	}

@@ -5,23 +5,14 @@ import (
 	"fmt"
 	"log/slog"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sluicehq/sluice/drain"
+	"github.com/sluicehq/sluice/drain/draintest"
 	"github.com/sluicehq/sluice/drain/kafkadrain"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
-
-// cpuTime is the CPU time (user + system) this process has used.
-func cpuTime(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 // BenchmarkCost drains b.N records as fast as possible, with no limiter,
 // through a Drainer on a Source and through a bare loop of a group member
@@ -48,9 +39,9 @@ func BenchmarkCost(b *testing.B) {
 		}
 		b.ReportAllocs()
 		b.ResetTimer()
-		cpu0, begin := cpuTime(b), time.Now()
+		cpu0, begin := draintest.CPUTime(b), time.Now()
 		drainIt(b, c, n)
-		cpu, took := cpuTime(b)-cpu0, time.Since(begin)
+		cpu, took := draintest.CPUTime(b)-cpu0, time.Since(begin)
 		b.ReportMetric(float64(cpu.Microseconds())/float64(n), "cpu-µs/msg")
 		b.ReportMetric(float64(n)/took.Seconds(), "msgs/s")
 	}

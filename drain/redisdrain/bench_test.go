@@ -8,25 +8,16 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sluicehq/sluice/drain"
+	"github.com/sluicehq/sluice/drain/draintest"
 	"github.com/sluicehq/sluice/drain/redisdrain"
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/redisstore"
 )
-
-// cpuTime is the CPU time (user + system) this process has used.
-func cpuTime(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 // serverCPU is the CPU time (user + system) the server has used, from
 // INFO cpu.
@@ -93,9 +84,9 @@ func BenchmarkCost(b *testing.B) {
 		enqueue(b, c, stream, n)
 		b.ReportAllocs()
 		b.ResetTimer()
-		cpu0, srv0, begin := cpuTime(b), serverCPU(b, c), time.Now()
+		cpu0, srv0, begin := draintest.CPUTime(b), serverCPU(b, c), time.Now()
 		drainIt(b, stream, n)
-		cpu, scpu, took := cpuTime(b)-cpu0, serverCPU(b, c)-srv0, time.Since(begin)
+		cpu, scpu, took := draintest.CPUTime(b)-cpu0, serverCPU(b, c)-srv0, time.Since(begin)
 		b.StopTimer()
 		b.ReportMetric(float64(cpu.Nanoseconds())/1e3/float64(n), "cpu-µs/msg")
 		b.ReportMetric(float64(scpu.Nanoseconds())/1e3/float64(n), "redis-cpu-µs/msg")

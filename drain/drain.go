@@ -730,6 +730,9 @@ func (d *Drainer) heartbeat(ctx context.Context, stop <-chan struct{}) {
 			hs = append(hs, h)
 		}
 		d.mu.Unlock()
+		if len(hs) == 0 {
+			continue
+		}
 		// The oldest word first, from a few goroutines at once, so that
 		// a sweep of many messages over a slow queue keeps each within
 		// its ack wait. beat is written only here (and before the

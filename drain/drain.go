@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/priority"
@@ -227,7 +228,10 @@ type Options struct {
 	// (PauseAll, the zero value), the messages of the throttled one's
 	// partition (PausePartition) or of its tenant (PauseTenant).
 	PauseScope PauseScope
-	// Timeout bounds each Sink call; DefaultTimeout when 0.
+	// Timeout bounds each Sink call, and each settlement (Ack, Nak,
+	// DeadLetter) after it, to within an eighth more: the calls begun
+	// within Timeout/8 of each other share one deadline, so that a call
+	// makes no timer of its own. DefaultTimeout when 0.
 	Timeout time.Duration
 	// ProgressEvery is how often every message the Drainer holds (waiting
 	// for the Limiter, a pause or a worker, or in a Sink call) is told
@@ -354,10 +358,38 @@ func (c Options) check() (Options, error) {
 // bound is reached every count is forgotten.
 const maxFailureKeys = 1 << 16
 
-// ackedKeys is how many acknowledged keys a Drainer remembers at least
-// (and twice that at most), to tell Stats.Duplicates from Stats.Done: a
-// hash of 8 bytes each, so about a megabyte at most.
+// ackedKeys is how many acknowledged keys a Drainer remembers, the last
+// ones, to tell Stats.Duplicates from Stats.Done: a hash of 8 bytes each,
+// in a map and a ring, so under a megabyte.
 const ackedKeys = 1 << 15
+
+// recentKeys is the set of the last ackedKeys key hashes added: a map of
+// fixed size, the oldest forgotten as each new one comes (so that it is
+// never grown again). Its zero value is empty.
+type recentKeys struct {
+	set  map[uint64]struct{}
+	ring []uint64 // in the order added, from next on once full
+	next int
+}
+
+// add reports whether k is in the set, and adds it if it is not.
+func (r *recentKeys) add(k uint64) (seen bool) {
+	if _, ok := r.set[k]; ok {
+		return true
+	}
+	if r.set == nil {
+		r.set = make(map[uint64]struct{}, ackedKeys)
+	}
+	if len(r.ring) < ackedKeys {
+		r.ring = append(r.ring, k)
+	} else {
+		delete(r.set, r.ring[r.next])
+		r.ring[r.next] = k
+		r.next = (r.next + 1) % ackedKeys
+	}
+	r.set[k] = struct{}{}
+	return false
+}
 
 // Stats are a Drainer's figures at one instant. Done, Duplicates,
 // DeadLettered and Total count records (queued messages); Throttled,
@@ -370,8 +402,8 @@ type Stats struct {
 	// Duplicates counts the acknowledged messages whose key this Drainer
 	// had acknowledged before (a record queued twice, or delivered again
 	// after an acknowledgement the queue lost). It remembers the keys of
-	// at least the last 32,768 records acknowledged, so a repeat older
-	// than that counts in Done.
+	// the last 32,768 records acknowledged, so a repeat older than that
+	// counts in Done.
 	Duplicates int64
 	// Throttled counts the Sink calls answered throttled (the message put
 	// back, not counted as a failure); Failed the other failed calls.
@@ -420,21 +452,33 @@ type Drainer struct {
 	cfg    Options
 	rater  rater        // cfg.Limiter's rate, if it tells it
 	pauses retry.Pauses // by scope (see scopeOf); allScope pauses every message
-	seed   maphash.Seed
+	// pausedTo is the latest end of a pause begun (Unix nanoseconds):
+	// before it, pauses must be looked up; after it, none holds.
+	pausedTo atomic.Int64
+	seed     maphash.Seed
+
+	// gate is held (a value in it) by the one worker choosing the next
+	// message to send (waiting for one, for the Limiter's grant or for a
+	// pause to end); the others wait their turn for it. granted is its: a
+	// grant of the Limiter not yet spent (one taken for a message paused
+	// meanwhile goes to the next).
+	gate    chan struct{}
+	granted bool
 
 	mu       sync.Mutex
-	wake     chan struct{} // closed and replaced when a message is queued
-	room     chan struct{} // closed and replaced when a held message is settled
+	wake     chan struct{}   // signalled when a message is queued
+	room     []chan struct{} // by Input: signalled when it may take want more
+	want     []int           // by Input: the room its fetcher waits for; 0 when it does not
 	sched    scheduler
 	parked   map[string]*parking // messages set aside, by the scope that pauses them
 	parkedAt time.Time           // the earliest until of parked; zero when none
 	held     map[*hold]struct{}  // every message taken and not settled
 	heldN    []int               // of held, by Input
 	sinkN    []int               // of held, those released to the Sink, by Input
+	limN     []int               // by Input: its waitLimit when its fetcher last looked
 	failures map[string]int      // failed attempts by key
-	acked    [2]map[uint64]struct{}
-	inHand   int // picked by release and not yet put back or in flight
-	spare    int // grants of the Limiter handed back unspent
+	acked    recentKeys
+	inHand   int // picked by the gate's holder and not yet put back or in flight
 	stats    Stats
 	lastDone int64
 	lastAt   time.Time
@@ -469,15 +513,20 @@ func New(cfg Options) (*Drainer, error) {
 	d := &Drainer{
 		cfg:      cfg,
 		seed:     maphash.MakeSeed(),
-		wake:     make(chan struct{}),
-		room:     make(chan struct{}),
+		gate:     make(chan struct{}, 1),
+		wake:     make(chan struct{}, 1),
+		room:     make([]chan struct{}, len(cfg.Inputs)),
+		want:     make([]int, len(cfg.Inputs)),
 		sched:    newScheduler(prios, cfg.StarvationLimit),
 		parked:   make(map[string]*parking),
 		held:     make(map[*hold]struct{}),
 		heldN:    make([]int, len(cfg.Inputs)),
 		sinkN:    make([]int, len(cfg.Inputs)),
+		limN:     make([]int, len(cfg.Inputs)),
 		failures: make(map[string]int),
-		acked:    [2]map[uint64]struct{}{make(map[uint64]struct{}), make(map[uint64]struct{})},
+	}
+	for i := range d.room {
+		d.room[i] = make(chan struct{}, 1)
 	}
 	d.rater, _ = cfg.Limiter.(rater)
 	return d, nil
@@ -538,39 +587,24 @@ func (d *Drainer) Run(ctx context.Context) error {
 	stopBeat := make(chan struct{})
 	beater.Go(func() { d.heartbeat(context.WithoutCancel(ctx), stopBeat) })
 
-	jobs := make(chan taken)
+	// Work in flight finishes: the calls' contexts end at their deadline,
+	// or once the last is done.
+	base, stop := context.WithCancel(context.WithoutCancel(ctx))
+	calls := &deadlines{base: base, timeout: d.cfg.Timeout}
 	for range d.cfg.Workers {
 		workers.Go(func() {
-			for t := range jobs {
-				if d.paused(t.scope) {
-					// Its scope was paused while it waited for this
-					// worker: back, with its grant for the next.
-					d.mu.Lock()
-					d.stats.InFlight--
-					t.inSink = false
-					d.sinkN[t.input]--
-					if d.cfg.Limiter != nil {
-						d.spare++
-					}
-					d.sched.push(t.input, t.msg.Tenant(), t)
-					close(d.wake)
-					d.wake = make(chan struct{})
-					d.mu.Unlock()
-					continue
+			for {
+				h := d.next(ctx)
+				if h == nil {
+					return
 				}
-				d.work(ctx, t.hold)
-				d.mu.Lock()
-				d.stats.InFlight--
-				d.mu.Unlock()
+				d.work(calls, h)
 			}
 		})
 	}
-	d.release(ctx, jobs)
-	close(jobs)
-
-	fetchers.Wait()
 	workers.Wait()
-	// Hand back what was taken and never released.
+	stop()
+	fetchers.Wait()	// Hand back what was taken and never released.
 	d.mu.Lock()
 	left := d.sched.drainAll()
 	for s, p := range d.parked {
@@ -582,7 +616,7 @@ func (d *Drainer) Run(ctx context.Context) error {
 	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.Timeout)
 	defer cancel()
 	for _, t := range left {
-		if err := d.settle(t.hold, func() error { return t.msg.Nak(hctx, 0) }); err != nil {
+		if err := d.settle(t.hold, false, func() error { return t.msg.Nak(hctx, 0) }); err != nil {
 			d.count(func(s *Stats) { s.AckErrors++ })
 			d.cfg.Logger.Warn("drain: handing back a message at shutdown", "key", t.msg.Key(), "err", err)
 		}
@@ -632,7 +666,10 @@ func (d *Drainer) waitLimit(i int) int {
 }
 
 // fetch takes messages from Input i while it holds fewer than its window
-// and fewer wait than its waitLimit, until ctx is done.
+// and fewer wait than its waitLimit, until ctx is done. Once it has taken
+// all it may, it waits until it may take a quarter of that again (or one,
+// if less), so that it takes messages in batches rather than one by one
+// as each is settled.
 func (d *Drainer) fetch(ctx context.Context, i int) {
 	src := d.cfg.Inputs[i].Source
 	bs, _ := src.(BatchSource)
@@ -641,13 +678,16 @@ func (d *Drainer) fetch(ctx context.Context, i int) {
 	for {
 		lim := d.waitLimit(i)
 		d.mu.Lock()
-		room := min(d.cfg.Inputs[i].Source.Window()-d.heldN[i], lim-(d.heldN[i]-d.sinkN[i]))
-		settled := d.room
+		d.limN[i] = lim
+		room := d.roomLocked(i)
+		if room <= 0 {
+			d.want[i] = max(1, min(src.Window(), lim)/4)
+		}
 		d.mu.Unlock()
 		if room <= 0 {
 			recheck.Reset(d.cfg.StatsEvery)
 			select {
-			case <-settled:
+			case <-d.room[i]:
 			case <-recheck.C:
 			case <-ctx.Done():
 				return
@@ -679,36 +719,76 @@ func (d *Drainer) fetch(ctx context.Context, i int) {
 		d.held[h] = struct{}{}
 		d.heldN[i]++
 		d.sched.push(i, m.Tenant(), taken{h})
-		close(d.wake)
-		d.wake = make(chan struct{})
 		d.mu.Unlock()
+		signal(d.wake)
+	}
+}
+
+// roomLocked is how many more messages Input i may take now: fewer than
+// its window held, fewer than its waitLimit waiting. d.mu is held.
+func (d *Drainer) roomLocked(i int) int {
+	return min(d.cfg.Inputs[i].Source.Window()-d.heldN[i], d.limN[i]-(d.heldN[i]-d.sinkN[i]))
+}
+
+// roomMadeLocked wakes Input i's fetcher if it waits and may now take
+// what it waits for: a message of it was settled or released to the
+// Sink. d.mu is held.
+func (d *Drainer) roomMadeLocked(i int) {
+	if d.want[i] > 0 && d.roomLocked(i) >= d.want[i] {
+		d.want[i] = 0
+		signal(d.room[i])
+	}
+}
+
+// signal wakes the one waiting on c, a channel of capacity one, or the
+// next to wait on it.
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
 	}
 }
 
 // settle runs f, which acknowledges, puts back or dead-letters h's
 // message, unless the heartbeat is telling it InProgress (then after),
-// and lets the Drainer forget h.
-func (d *Drainer) settle(h *hold, f func() error) error {
+// and lets the Drainer forget h. When f acknowledged it (ack) and
+// succeeded, the record is counted Done, or Duplicates if this Drainer
+// acknowledged its key before, and its failed attempts are forgotten.
+func (d *Drainer) settle(h *hold, ack bool, f func() error) error {
 	h.mu.Lock()
 	h.settled = true
 	err := f()
 	h.mu.Unlock()
+	var k uint64
+	if ack && err == nil {
+		k = d.keyHash(h.msg.Key())
+	}
 	d.mu.Lock()
 	delete(d.held, h)
 	d.heldN[h.input]--
 	if h.inSink {
 		d.sinkN[h.input]--
+		d.stats.InFlight--
 	}
-	d.roomLocked()
+	if ack && err == nil {
+		d.countAckLocked(k)
+		if len(d.failures) > 0 {
+			delete(d.failures, h.msg.Key()) // it succeeded
+		}
+	}
+	d.roomMadeLocked(h.input)
 	d.mu.Unlock()
 	return err
 }
 
-// roomLocked wakes the fetchers: a message was settled or released to
-// the Sink. d.mu is held.
-func (d *Drainer) roomLocked() {
-	close(d.room)
-	d.room = make(chan struct{})
+// countAckLocked counts an acknowledged record of key hash k in Done, or
+// in Duplicates if its key was acknowledged before. d.mu is held.
+func (d *Drainer) countAckLocked(k uint64) {
+	if d.acked.add(k) {
+		d.stats.Duplicates++
+	} else {
+		d.stats.Done++
+	}
 }
 
 // heartbeat tells every held message InProgress at least every
@@ -805,10 +885,14 @@ func (d *Drainer) pick(now time.Time) (t taken, ok bool, next time.Time) {
 			delete(d.parked, s)
 		}
 	}
+	pausing := now.UnixNano() < d.pausedTo.Load()
 	for {
 		t, ok = d.sched.pop()
 		if !ok {
 			break
+		}
+		if !pausing {
+			return t, true, time.Time{}
 		}
 		block := allScope
 		left := d.pauses.Left(allScope, clock)
@@ -837,79 +921,102 @@ func earliest(a, b time.Time) time.Time {
 	return a
 }
 
-// release hands messages to workers, paced by the Limiter and the pauses,
-// until ctx is done. A grant of the Limiter is spent only on a message
-// that may be sent: one taken for a message whose scope was paused
-// meanwhile goes to the next.
-func (d *Drainer) release(ctx context.Context, jobs chan<- taken) {
-	granted := d.cfg.Limiter == nil
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
+// next returns the next message a worker may send, once the Limiter
+// grants it and no pause holds it back, or nil when ctx is done. One
+// worker at a time chooses (it holds the gate), so that at most one
+// message is in hand while the Limiter is waited for, and that one is
+// the highest in the scheduler's order; the others wait for the gate. A
+// grant is spent only on a message that may be sent: one taken for a
+// message whose scope was paused meanwhile goes to the next.
+func (d *Drainer) next(ctx context.Context) *hold {
+	select {
+	case d.gate <- struct{}{}:
+	default: // another worker chooses: wait for it
+		select {
+		case d.gate <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+	}
+	defer func() { <-d.gate }()
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for ctx.Err() == nil {
 		d.mu.Lock()
 		t, ok, next := d.pick(time.Now())
+		granted := d.granted || d.cfg.Limiter == nil
+		if ok && granted {
+			d.sendLocked(t)
+			d.mu.Unlock()
+			d.granted = false
+			return t.hold
+		}
 		if ok {
-			d.inHand = 1 // until it is put back or in flight
+			d.inHand = 1 // until it is put back or sent
 		}
-		if !granted && d.spare > 0 {
-			granted = true
-			d.spare--
-		}
-		wake := d.wake
 		d.mu.Unlock()
 		if !ok {
 			var tc <-chan time.Time
 			if !next.IsZero() {
-				timer.Reset(time.Until(next))
+				if timer == nil {
+					timer = time.NewTimer(time.Until(next))
+				} else {
+					timer.Reset(time.Until(next))
+				}
 				tc = timer.C
 			}
 			select {
-			case <-wake:
+			case <-d.wake:
 			case <-tc:
 			case <-ctx.Done():
-				return
 			}
 			continue
 		}
-		if !granted {
-			err := d.cfg.Limiter.WaitN(ctx, 1)
-			if err != nil {
-				d.putBack(t)
-				if ctx.Err() != nil {
-					return
-				}
-				d.cfg.Logger.Warn("drain: limiter", "err", err)
-				if retry.Sleep(ctx, 100*time.Millisecond) != nil {
-					return
-				}
-				continue
+		if err := d.cfg.Limiter.WaitN(ctx, 1); err != nil {
+			d.putBack(t)
+			if ctx.Err() != nil {
+				break
 			}
-			granted = true
-			if d.paused(t.scope) {
-				// Paused while waiting for the grant: the grant goes to
-				// another message, t is set aside.
-				d.putBack(t)
-				continue
+			d.cfg.Logger.Warn("drain: limiter", "err", err)
+			if retry.Sleep(ctx, 100*time.Millisecond) != nil {
+				break
 			}
+			continue
+		}
+		d.granted = true
+		if d.paused(t.scope) {
+			// Paused while waiting for the grant: the grant goes to
+			// another message, t is set aside.
+			d.putBack(t)
+			continue
 		}
 		d.mu.Lock()
-		d.inHand = 0
-		d.stats.InFlight++
-		t.inSink = true
-		d.sinkN[t.input]++
-		d.roomLocked()
+		d.sendLocked(t)
 		d.mu.Unlock()
-		select {
-		case jobs <- t: // waits for an idle worker: at most Workers in flight
-			granted = d.cfg.Limiter == nil
-		case <-ctx.Done():
-			// Not started: it is handed back with the other waiting ones.
-			d.mu.Lock()
-			d.stats.InFlight--
-			t.inSink = false
-			d.sinkN[t.input]--
-			d.sched.push(t.input, t.msg.Tenant(), t)
-			d.mu.Unlock()
+		d.granted = false
+		return t.hold
+	}
+	return nil
+}
+
+// sendLocked counts t, picked, as released to the Sink. d.mu is held.
+func (d *Drainer) sendLocked(t taken) {
+	d.inHand = 0
+	d.stats.InFlight++
+	t.inSink = true
+	d.sinkN[t.input]++
+	d.roomMadeLocked(t.input)
+}
+
+// pausesUntil notes that a pause may hold until until.
+func (d *Drainer) pausesUntil(until time.Time) {
+	for {
+		to := d.pausedTo.Load()
+		if until.UnixNano() <= to || d.pausedTo.CompareAndSwap(to, until.UnixNano()) {
 			return
 		}
 	}
@@ -917,6 +1024,9 @@ func (d *Drainer) release(ctx context.Context, jobs chan<- taken) {
 
 // paused reports whether a message of scope may not be sent now.
 func (d *Drainer) paused(scope string) bool {
+	if time.Now().UnixNano() >= d.pausedTo.Load() {
+		return false // no pause holds
+	}
 	return d.pauses.Left(allScope, time.Now) > 0 || (scope != allScope && d.pauses.Left(scope, time.Now) > 0)
 }
 
@@ -931,41 +1041,50 @@ func (d *Drainer) putBack(t taken) {
 // keyHash is the hash under which an acknowledged key is remembered.
 func (d *Drainer) keyHash(key string) uint64 { return maphash.String(d.seed, key) }
 
+// deadlines hands out the contexts of Sink calls and settlements, each
+// with a deadline between timeout and timeout·9/8 from when it is asked
+// for: one context for all those asked for within timeout/8 of its
+// making. Each ends at its deadline, or when base does. It is safe for
+// concurrent use.
+type deadlines struct {
+	base    context.Context
+	timeout time.Duration
+	cur     atomic.Pointer[deadline]
+}
+
+// deadline is one context of deadlines.
+type deadline struct {
+	ctx    context.Context
+	cancel context.CancelFunc // called by its timer, at its deadline
+	until  time.Time          // when it is no longer handed out
+}
+
+// get returns a context for a call that begins now.
+func (c *deadlines) get(now time.Time) context.Context {
+	cur := c.cur.Load()
+	if cur != nil && now.Before(cur.until) {
+		return cur.ctx
+	}
+	ctx, cancel := context.WithDeadline(c.base, now.Add(c.timeout+c.timeout/8))
+	next := &deadline{ctx: ctx, cancel: cancel, until: now.Add(c.timeout / 8)}
+	c.cur.CompareAndSwap(cur, next) // another call's, made meanwhile, serves as well
+	return ctx
+}
+
 // work runs the Sink on h's message and settles it. Its heartbeat is the
 // Drainer's, as for every message held.
-func (d *Drainer) work(runCtx context.Context, h *hold) {
+func (d *Drainer) work(calls *deadlines, h *hold) {
 	m := h.msg
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(runCtx), d.cfg.Timeout)
-	err := d.cfg.Sink(ctx, m)
-	cancel()
+	err := d.cfg.Sink(calls.get(time.Now()), m)
 	// The settlement has its own time, whatever the Sink took of its own.
-	ctx, cancel = context.WithTimeout(context.WithoutCancel(runCtx), d.cfg.Timeout)
-	defer cancel()
+	ctx := calls.get(time.Now())
 
 	var settle error
 	var te *ThrottledError
 	switch {
 	case err == nil:
-		settle = d.settle(h, func() error { return m.Ack(ctx) })
-		if settle != nil {
-			break // delivered again, and counted then
-		}
-		k := d.keyHash(m.Key())
-		d.mu.Lock()
-		delete(d.failures, m.Key())
-		_, dup0 := d.acked[0][k]
-		_, dup1 := d.acked[1][k]
-		if dup0 || dup1 {
-			d.stats.Duplicates++
-		} else {
-			d.stats.Done++
-			if len(d.acked[0]) >= ackedKeys {
-				d.acked[1], d.acked[0] = d.acked[0], make(map[uint64]struct{})
-			}
-			d.acked[0][k] = struct{}{}
-		}
-		d.mu.Unlock()
-	case errors.As(err, &te):
+		settle = d.settle(h, true, func() error { return m.Ack(ctx) })
+	case throttled(err, &te):
 		pause := te.After
 		if pause <= 0 {
 			pause = d.cfg.DefaultPause
@@ -981,14 +1100,16 @@ func (d *Drainer) work(runCtx context.Context, h *hold) {
 			scope = allScope
 		}
 		now := time.Now()
-		extended := d.pauses.Extend(scope, now, now.Add(pause))
+		until := now.Add(pause)
+		d.pausesUntil(until)
+		extended := d.pauses.Extend(scope, now, until)
 		d.mu.Lock()
 		d.stats.Throttled++
 		if extended {
 			d.stats.Pauses++
 		}
 		d.mu.Unlock()
-		settle = d.settle(h, func() error { return m.Nak(ctx, pause) })
+		settle = d.settle(h, false, func() error { return m.Nak(ctx, pause) })
 	default:
 		d.mu.Lock()
 		if len(d.failures) >= maxFailureKeys {
@@ -1002,11 +1123,11 @@ func (d *Drainer) work(runCtx context.Context, h *hold) {
 		}
 		d.mu.Unlock()
 		if n < d.cfg.MaxFailures {
-			settle = d.settle(h, func() error { return m.Nak(ctx, d.backoff(n)) })
+			settle = d.settle(h, false, func() error { return m.Nak(ctx, d.backoff(n)) })
 			break
 		}
 		var derr error
-		settle = d.settle(h, func() error {
+		settle = d.settle(h, false, func() error {
 			if derr = m.DeadLetter(ctx, err); derr != nil {
 				return m.Nak(ctx, d.cfg.MaxBackoff)
 			}
@@ -1025,6 +1146,17 @@ func (d *Drainer) work(runCtx context.Context, h *hold) {
 		d.count(func(s *Stats) { s.AckErrors++ })
 		d.cfg.Logger.Warn("drain: settling a message; it will be delivered again", "key", m.Key(), "err", settle)
 	}
+}
+
+// throttled reports whether err is a *ThrottledError, setting *te to it;
+// errors.As on its own would make every call of work allocate te.
+func throttled(err error, te **ThrottledError) bool {
+	var t *ThrottledError
+	if !errors.As(err, &t) {
+		return false
+	}
+	*te = t
+	return true
 }
 
 // backoff is the delay before the attempt after the n-th failure.

@@ -20,19 +20,19 @@ type scheduler struct {
 // level holds one priority's waiting messages, by tenant.
 type level struct {
 	prio    priority.Priority
-	skipped int              // releases in a row that passed it over while it waited
-	turns   []string         // tenants with messages, in turn order
-	queues  map[string]*fifo // by tenant
+	skipped int                     // releases in a row that passed it over while it waited
+	turns   fifo[string]            // tenants with messages, in turn order
+	queues  map[string]*fifo[taken] // by tenant
 	n       int
 }
 
-// fifo is a queue of messages.
-type fifo struct {
-	items []taken
+// fifo is a queue; its zero value is empty.
+type fifo[T any] struct {
+	items []T
 	head  int
 }
 
-func (q *fifo) push(t taken) {
+func (q *fifo[T]) push(t T) {
 	if q.head > 0 && len(q.items) == cap(q.items) {
 		// Reuse the space of what was popped rather than grow: a queue
 		// that never empties must not grow with what passed through it.
@@ -43,9 +43,10 @@ func (q *fifo) push(t taken) {
 	q.items = append(q.items, t)
 }
 
-func (q *fifo) pop() taken {
+func (q *fifo[T]) pop() T {
 	t := q.items[q.head]
-	q.items[q.head] = taken{}
+	var zero T
+	q.items[q.head] = zero
 	q.head++
 	if q.head == len(q.items) {
 		q.items, q.head = q.items[:0], 0
@@ -53,7 +54,7 @@ func (q *fifo) pop() taken {
 	return t
 }
 
-func (q *fifo) len() int { return len(q.items) - q.head }
+func (q *fifo[T]) len() int { return len(q.items) - q.head }
 
 // newScheduler returns a scheduler for Inputs of priorities prios.
 func newScheduler(prios []priority.Priority, limit int) scheduler {
@@ -62,7 +63,7 @@ func newScheduler(prios []priority.Priority, limit int) scheduler {
 	for i, p := range prios {
 		l := byPrio[p]
 		if l == nil {
-			l = &level{prio: p, queues: make(map[string]*fifo)}
+			l = &level{prio: p, queues: make(map[string]*fifo[taken])}
 			byPrio[p] = l
 			s.levels = append(s.levels, l)
 		}
@@ -79,11 +80,11 @@ func (s *scheduler) push(input int, tenant string, t taken) {
 	l := s.ofInput[input]
 	q := l.queues[tenant]
 	if q == nil {
-		q = new(fifo)
+		q = new(fifo[taken])
 		l.queues[tenant] = q
 	}
 	if q.len() == 0 {
-		l.turns = append(l.turns, tenant)
+		l.turns.push(tenant)
 	}
 	q.push(t)
 	l.n++
@@ -120,12 +121,11 @@ func (s *scheduler) pop() (taken, bool) {
 			l.skipped++
 		}
 	}
-	tenant := pick.turns[0]
-	pick.turns = pick.turns[1:]
+	tenant := pick.turns.pop()
 	q := pick.queues[tenant]
 	t := q.pop()
 	if q.len() > 0 {
-		pick.turns = append(pick.turns, tenant)
+		pick.turns.push(tenant)
 	} else {
 		delete(pick.queues, tenant) // tenants come and go: keep only those waiting
 	}

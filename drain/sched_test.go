@@ -109,7 +109,7 @@ func TestSchedulerTenants(t *testing.T) {
 // TestFifoBounded: a queue that never empties keeps its storage to what
 // it holds.
 func TestFifoBounded(t *testing.T) {
-	var q fifo
+	var q fifo[taken]
 	for i := range 100000 {
 		q.push(taken{&hold{input: i}})
 		if q.len() > 10 {

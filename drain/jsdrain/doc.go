@@ -15,7 +15,10 @@
 // consumer's AckWait; a live one keeps what it holds, however long it
 // waits, by telling it InProgress (the Source reports its AckWait, and
 // pulls no more than the drainer has room for, NextUpTo). Held reports
-// the messages a previous drainer holds or held when it stopped. Ack is a
-// double ack: it returns once the server has the acknowledgement, which
-// an embedded server writes to disk within about 100 ms.
+// the messages a previous drainer holds or held when it stopped. Ack
+// returns once the server has the acknowledgement (which an embedded
+// server writes to disk within about 100 ms): the acknowledgements asked
+// for while one group is on its way go together, all but the last as
+// plain acks and the last as a double ack, whose answer confirms them all
+// since the server handles them in order — one round trip for many.
 package jsdrain

@@ -74,6 +74,8 @@ type Source struct {
 
 	mu    sync.Mutex
 	batch jetstream.MessageBatch // the pull being read, if any
+
+	acks acks
 }
 
 // New creates or updates cfg's consumer on js and returns a Source on it.
@@ -225,11 +227,12 @@ func (m *jsMessage) Partition() string { return m.m.Headers().Get(drain.HeaderPa
 func (m *jsMessage) Deliveries() int   { return int(m.md.NumDelivered) }
 
 // Ack acknowledges the message and waits for the server to confirm it
-// (a double ack): an acknowledgement lost on the way is an error (the
-// message comes again), and once Ack returns the consumer's count of
-// pending messages no longer has it, so a Drainer's Stats never count a
-// record both done and in the backlog.
-func (m *jsMessage) Ack(ctx context.Context) error { return m.m.DoubleAck(ctx) }
+// (a double ack, shared by the acknowledgements sent together; see
+// acks): an acknowledgement lost on the way is an error (the message
+// comes again), and once Ack returns the consumer's count of pending
+// messages no longer has it, so a Drainer's Stats never count a record
+// both done and in the backlog.
+func (m *jsMessage) Ack(ctx context.Context) error { return m.src.acks.ack(ctx, m.m) }
 
 func (m *jsMessage) Nak(ctx context.Context, delay time.Duration) error {
 	if delay <= 0 {

@@ -155,7 +155,8 @@ type Source struct {
 	loops  sync.WaitGroup
 
 	mu        sync.Mutex
-	wake      chan struct{} // closed and replaced on every change
+	wake      chan struct{} // closed and replaced on a change, if watched
+	watched   bool          // wake was taken by one who waits on it
 	parts     map[int32]*part
 	order     []*part // parts, for turns
 	turn      int
@@ -243,8 +244,16 @@ func (s *Source) Window() int { return s.cfg.Window }
 
 // notify wakes whoever waits on a change; s.mu is held.
 func (s *Source) notify() {
-	close(s.wake)
-	s.wake = make(chan struct{})
+	if s.watched {
+		close(s.wake)
+		s.wake, s.watched = make(chan struct{}), false
+	}
+}
+
+// waitOn returns the channel that the next change closes; s.mu is held.
+func (s *Source) waitOn() <-chan struct{} {
+	s.watched = true
+	return s.wake
 }
 
 // poll fetches records while fewer than MaxUncommitted are tracked,
@@ -253,7 +262,7 @@ func (s *Source) poll() {
 	for {
 		s.mu.Lock()
 		for s.tracked >= s.cfg.MaxUncommitted && !s.closed {
-			wake := s.wake
+			wake := s.waitOn()
 			s.mu.Unlock()
 			select {
 			case <-wake:
@@ -330,7 +339,7 @@ func (s *Source) Next(ctx context.Context) (drain.Message, error) {
 				return m, nil
 			}
 		}
-		wake := s.wake
+		wake := s.waitOn()
 		s.mu.Unlock()
 		var due <-chan time.Time
 		var t *time.Timer
@@ -550,7 +559,7 @@ func (s *Source) awaitSettled(ctx context.Context, ids []int32) {
 		if !busy {
 			return
 		}
-		wake := s.wake
+		wake := s.waitOn()
 		s.mu.Unlock()
 		select {
 		case <-wake:

@@ -604,7 +604,8 @@ func (d *Drainer) Run(ctx context.Context) error {
 	}
 	workers.Wait()
 	stop()
-	fetchers.Wait() // Hand back what was taken and never released.
+	fetchers.Wait()
+	// Hand back what was taken and never released.
 	d.mu.Lock()
 	left := d.sched.drainAll()
 	for s, p := range d.parked {

@@ -15,8 +15,12 @@
 //     arrival order across every process.
 //     Every permit expires after a TTL unless renewed, so a process that dies
 //     gives its permits back by itself within one TTL; a Permit renews itself
-//     while held and reports through Lost the moment it can no longer be sure
-//     that it still holds its permit.
+//     while held, and its Err reports the loss as soon as it can no longer
+//     be sure that it still holds its permit, judged by the monotonic clock
+//     at the moment of the call. Each permit carries a fencing token
+//     (Permit.Fence) that grows with every grant of the semaphore's name,
+//     for the protected service to refuse the requests of a holder that
+//     lost its permit (see package fence).
 //
 // # Waiting across processes
 //

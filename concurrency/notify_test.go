@@ -479,7 +479,7 @@ type polled struct {
 	attempts atomic.Int64
 }
 
-func (p *polled) Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (bool, error) {
+func (p *polled) Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (uint64, error) {
 	p.attempts.Add(1)
 	return p.FairStore.Acquire(ctx, name, token, limit, ttl)
 }

@@ -421,8 +421,8 @@ func TestSemaphoreFreeze(t *testing.T) {
 	// Open connections and sample the clock: n holders at once, released.
 	warmAtOnce(t, n, func(i int) error {
 		tok := fmt.Sprint("warm", i)
-		ok, err := sem.Acquire(ctx, "s", tok, n, time.Hour)
-		if err == nil && !ok {
+		fence, err := sem.Acquire(ctx, "s", tok, n, time.Hour)
+		if err == nil && fence == 0 {
 			err = errors.New("no permit")
 		}
 		if err == nil {

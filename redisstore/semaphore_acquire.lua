@@ -2,13 +2,16 @@
 -- KEYS[1]  the semaphore's sorted set: member = token, score = expiry (ms, server clock)
 -- KEYS[2]  the weights above 1 of its holders (see semaphore_fair.lua)
 -- KEYS[3]  the semaphore's pub/sub channel (see semaphore_release.lua)
+-- KEYS[4]  the holders' fences: hash token -> fence
+-- KEYS[5]  the fence counter: the last fence granted; it never expires
 -- ARGV[1]  token
 -- ARGV[2]  limit (most holders)
 -- ARGV[3]  ttl in milliseconds
 -- ARGV[4]  the cutoff: Unix ns of the server's clock past which the caller
 --          has given up on the call, or "" for none (see clock.go)
--- Returns 1 if token holds a permit afterwards, 0 if the semaphore is full,
--- -1 (having done nothing) past the cutoff. When it forgot expired holders
+-- Returns the fence of token's permit if it holds one afterwards (the one
+-- it had if it held it already, the counter's next value if not), 0 if the
+-- semaphore is full, -1 (having done nothing) past the cutoff. When it forgot expired holders
 -- and did not find the semaphore full, it PUBLISHes "" on the channel, so
 -- that other waiters look: the expired permits may be more than it takes.
 -- (When the last holder expires, the key expires with it: nothing to see.)
@@ -27,9 +30,11 @@ local gone = redis.call('ZRANGEBYSCORE', key, '-inf', now)
 if #gone > 0 then
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
   redis.call('HDEL', KEYS[2], unpack(gone))
+  redis.call('HDEL', KEYS[4], unpack(gone))
 end
 
-if not redis.call('ZSCORE', key, token) then
+local held = redis.call('ZSCORE', key, token)
+if not held then
   local used = redis.call('ZCARD', key)
   if used < limit and redis.call('EXISTS', KEYS[2]) == 1 then
     local ws = redis.call('HVALS', KEYS[2])
@@ -45,8 +50,16 @@ if #gone > 0 then
   redis.call('PUBLISH', KEYS[3], '')
 end
 redis.call('ZADD', key, now + ttl, token)
--- The key lives as long as its longest-lived holder.
-if redis.call('PTTL', key) < ttl then
-  redis.call('PEXPIRE', key, ttl)
+-- A renewal keeps its fence; a grant takes the next one.
+local fence = held and redis.call('HGET', KEYS[4], token)
+if not fence then
+  fence = redis.call('INCR', KEYS[5])
+  redis.call('HSET', KEYS[4], token, fence)
 end
-return 1
+-- The keys live as long as their longest-lived holder.
+for _, k in ipairs({key, KEYS[2], KEYS[4]}) do
+  if redis.call('PTTL', k) < ttl then
+    redis.call('PEXPIRE', k, ttl)
+  end
+end
+return tonumber(fence)

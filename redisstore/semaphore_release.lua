@@ -6,6 +6,8 @@
 -- KEYS[4]  the waiters' places: hash token -> the instant (ms) it lapses
 -- KEYS[5]  the pub/sub channel of the semaphore (a channel, not a key; it
 --          shares the hash tag)
+-- KEYS[6]  the holders' fences (see semaphore_acquire.lua); the fence
+--          counter is left as it is
 -- ARGV[1]  token
 -- ARGV[2]  "release" (the holder's permit) or "dequeue" (the waiter's place)
 -- Returns 1 if token held a permit (or a place), 0 otherwise.
@@ -29,6 +31,7 @@ if ARGV[2] == 'dequeue' then
 else
   changed = redis.call('ZREM', KEYS[1], token)
   redis.call('HDEL', KEYS[2], token)
+  redis.call('HDEL', KEYS[6], token)
 end
 if changed == 1 then
   redis.call('PUBLISH', KEYS[5], head[1] or '')

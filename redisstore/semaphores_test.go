@@ -167,8 +167,8 @@ func BenchmarkSemaphoreStore(b *testing.B) {
 	b.Run("acquire+release", func(b *testing.B) {
 		run(b, 2, func() error {
 			tok := token()
-			ok, err := be.Acquire(ctx, "bench", tok, 1<<30, time.Minute)
-			if err != nil || !ok {
+			fence, err := be.Acquire(ctx, "bench", tok, 1<<30, time.Minute)
+			if err != nil || fence == 0 {
 				return errors.Join(err, errors.New("not acquired"))
 			}
 			_, err = be.Release(ctx, "bench", tok)
@@ -229,7 +229,7 @@ func TestSemaphoreWatch(t *testing.T) {
 	}
 	fair := func(token string, want concurrency.FairResult) {
 		t.Helper()
-		if got, err := b.AcquireFair(ctx, "w", token, 1, 1, time.Minute, 10*time.Second); err != nil || got != want {
+		if got, _, err := b.AcquireFair(ctx, "w", token, 1, 1, time.Minute, 10*time.Second); err != nil || got != want {
 			t.Fatalf("AcquireFair(%s) = %v, %v; want %v", token, got, err, want)
 		}
 	}
@@ -266,16 +266,16 @@ func TestSemaphoreWatch(t *testing.T) {
 		token string
 		ttl   time.Duration
 	}{{"g", time.Minute}, {"e", 20 * time.Millisecond}} {
-		if ok, err := b.Acquire(ctx, "w", h.token, 2, h.ttl); err != nil || !ok {
-			t.Fatalf("Acquire(%s) = %v, %v", h.token, ok, err)
+		if fence, err := b.Acquire(ctx, "w", h.token, 2, h.ttl); err != nil || fence == 0 {
+			t.Fatalf("Acquire(%s) = %v, %v", h.token, fence, err)
 		}
 	}
 	for {
-		ok, err := b.Acquire(ctx, "w", "f", 2, time.Minute)
+		fence, err := b.Acquire(ctx, "w", "f", 2, time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ok {
+		if fence != 0 {
 			break
 		}
 	}

@@ -199,7 +199,8 @@ type DistributedOptions struct {
 // remembers the highest fence it has accepted per semaphore refuses a
 // request carrying a lower one: the request of a holder that paused past
 // its permit, sent after its successor's. Package fence is such a check
-// for HTTP, and Set is how a client sends the fence. The protection holds
+// for HTTP (fence.Guard), and fence.Set is how a client sends the fence
+// and the name. The protection holds
 // only where the protected side checks; the fences are per name, so the
 // resource a service checks must be the semaphore's name.
 //

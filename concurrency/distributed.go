@@ -200,9 +200,9 @@ type DistributedOptions struct {
 // request carrying a lower one: the request of a holder that paused past
 // its permit, sent after its successor's. Package fence is such a check
 // for HTTP (fence.Guard), and fence.Set is how a client sends the fence
-// and the name. The protection holds
-// only where the protected side checks; the fences are per name, so the
-// resource a service checks must be the semaphore's name.
+// and the name. The protection holds only where the protected side
+// checks; the fences are per name, so the resource a service checks must
+// be the semaphore's name.
 //
 // # Waiting
 //

@@ -34,8 +34,12 @@ type Store interface {
 	// weights held (1 a holder, unless a FairStore granted more) leave
 	// room for one more under limit, and returns its new fence; it
 	// returns 0 when there is no room. If token already holds a permit,
-	// its expiry is extended and Acquire returns the fence it has.
-	Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (fence uint64, err error)
+	// its expiry is extended and Acquire returns the fence it has. When
+	// there is no room and wait > 0, a Notifier records token as a waiter
+	// for wait from now (each refused attempt moves that on), so that a
+	// release names it (see Notifier); a Store that is no Notifier may
+	// ignore wait.
+	Acquire(ctx context.Context, name, token string, limit int64, ttl, wait time.Duration) (fence uint64, err error)
 	// Renew moves token's expiry to ttl from now if token still holds an
 	// unexpired permit of name, and reports whether it did. It never
 	// creates a permit.
@@ -63,24 +67,30 @@ type FairStore interface {
 	// has its expiry extended and is Granted. The fence is the permit's
 	// (as Acquire's) when Granted, 0 otherwise.
 	AcquireFair(ctx context.Context, name, token string, weight, limit int64, ttl, wait time.Duration) (res FairResult, fence uint64, err error)
-	// Dequeue removes token from name's waiters, if it waits.
+	// Dequeue removes token from name's waiters, if it waits (in the
+	// queue, or recorded by Acquire).
 	Dequeue(ctx context.Context, name, token string) error
 }
 
 // A Notifier is a Store that tells a semaphore's waiters, in every
 // process, when room may have opened: a permit released, an expired one
-// reclaimed, the first waiter gone or granted with room left. A blocked
-// Acquire on a Notifier watches while it waits and tries again at once
-// when told; it keeps polling besides, so a notification lost costs at
-// most one poll interval (MaxBackoff), and a notification is never a grant
-// by itself: the waiter still asks the store.
+// reclaimed, the first waiter gone or granted with room left. It names
+// the waiters to wake, as many as there is room for: the first in line of
+// a FairStore's queue, or the waiters that Acquire recorded (with
+// wait > 0). A blocked Acquire on a Notifier watches while it waits and
+// tries again at once when told; it keeps polling besides, so a
+// notification lost costs at most one poll interval (MaxBackoff), and a
+// notification is never a grant by itself: the waiter still asks the
+// store.
 //
 // redisstore.SemaphoreStore (Redis pub/sub) implements it.
 type Notifier interface {
 	// Watch returns a channel on which the store sends, for as long as
 	// ctx lasts, a message each time room may have opened in semaphore
-	// name: the token of the waiter first in line (FairStore.AcquireFair's
-	// queue), or "" when nobody queues. It returns once the watch is in
+	// name: the token of a waiter to wake (the first in line of
+	// FairStore.AcquireFair's queue, or one that Acquire recorded), or ""
+	// when it names none (one waiter of each process should then ask).
+	// It returns once the watch is in
 	// place, so that a change after it returns is not missed. A slow
 	// receiver loses messages rather than blocking the store. The channel
 	// is closed when ctx is done or the watch fails.
@@ -146,8 +156,9 @@ type DistributedOptions struct {
 	Fair bool
 	// QueueTTL is how long a waiter keeps its place in a FairStore's
 	// queue without asking again: the longest a waiter that died holds up
-	// those behind it. Default max(1 s, 4 × MaxBackoff); at least
-	// 2 × MaxBackoff.
+	// those behind it; and how long a Notifier keeps a blocked Acquire
+	// recorded as a waiter to name, after each attempt. Default
+	// max(1 s, 4 × MaxBackoff); at least 2 × MaxBackoff.
 	QueueTTL time.Duration
 }
 
@@ -213,8 +224,11 @@ type DistributedOptions struct {
 // (redisstore.SemaphoreStore), a Distributed watches the store while any
 // of its Acquires waits, in a goroutine it owns that ends when the last
 // one stops waiting, and a permit freed in another process wakes a waiter
-// at once too: one waiter of each process, or, when waiters queue with
-// Fair, the one first in line. A waiter woken asks the store again, so
+// at once too: the one the store names, in whichever process it waits
+// (a blocked Acquire is recorded by the store as a waiter, for QueueTTL
+// from each attempt, under the one token it keeps for all its attempts),
+// as many as the permits freed; or, when waiters queue with Fair, the one
+// first in line. A waiter woken asks the store again, so
 // the message grants nothing by itself; if it is lost, or the watch
 // fails (it is tried again at most every max(1 s, MaxBackoff)), the
 // waiters still poll, and a freed permit waits at most a poll interval.
@@ -318,16 +332,25 @@ func (d *Distributed) Acquire(ctx context.Context) (*Permit, error) {
 	if d.o.Fair {
 		return d.AcquireN(ctx, 1)
 	}
-	w := d.newWaiter("")
+	// One token for every attempt, under which the store records the
+	// waiter and names it when room opens.
+	w := d.newWaiter(crand.Text())
 	defer w.done()
 	for {
-		p, err := d.TryAcquire(ctx)
-		// A grant answered too late to be valid (ErrLost) is retried too;
-		// ErrExceedsLimit, like any other error, ends the wait.
-		if !errors.Is(err, ErrNoPermit) && !errors.Is(err, ErrLost) {
+		p, err := d.tryAcquire(ctx, w.token, d.o.QueueTTL)
+		if errors.Is(err, ErrLost) {
+			// Granted too late to be valid, and given back: try again
+			// under a new token.
+			w.setToken(crand.Text())
+		} else if !errors.Is(err, ErrNoPermit) {
+			// Granted, or an error (ErrExceedsLimit among them) that
+			// ends the wait.
 			return p, err
 		}
 		if w.wait(ctx, w.next()); ctx.Err() != nil {
+			if fs, ok := d.backend.(FairStore); ok && d.notes != nil {
+				d.dequeue(ctx, fs, w.token) // the record would lapse; a release may name it before
+			}
 			return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, ctx.Err())
 		}
 	}
@@ -591,15 +614,21 @@ func (d *Distributed) TryAcquire(ctx context.Context) (*Permit, error) {
 	if d.o.Fair {
 		return d.TryAcquireN(ctx, 1)
 	}
+	return d.tryAcquire(ctx, crand.Text(), 0)
+}
+
+// tryAcquire is one attempt to take a permit of weight 1 under token;
+// refused, the store records token as a waiter for wait (see
+// Store.Acquire).
+func (d *Distributed) tryAcquire(ctx context.Context, token string, wait time.Duration) (*Permit, error) {
 	if d.limit <= 0 {
 		return nil, fmt.Errorf("%w: semaphore %q has limit %d", ErrExceedsLimit, d.name, d.limit)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, err)
 	}
-	token := crand.Text()
 	sent := time.Now()
-	fence, err := d.backend.Acquire(ctx, d.name, token, d.limit, d.o.TTL)
+	fence, err := d.backend.Acquire(ctx, d.name, token, d.limit, d.o.TTL, wait)
 	if err != nil {
 		// The request may have added the token before failing: remove it
 		// so that it does not hold a slot until it expires.

@@ -94,9 +94,9 @@ type counting struct {
 	acquires atomic.Int64
 }
 
-func (c *counting) Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (uint64, error) {
+func (c *counting) Acquire(ctx context.Context, name, token string, limit int64, ttl, wait time.Duration) (uint64, error) {
 	c.acquires.Add(1)
-	return c.Store.Acquire(ctx, name, token, limit, ttl)
+	return c.Store.Acquire(ctx, name, token, limit, ttl, wait)
 }
 
 // TestAcquireBacksOff: a blocked Acquire polls at most once per

@@ -29,11 +29,12 @@
 // over Redis pub/sub) it is told besides: the store publishes, in the same
 // round trip as the change, whenever room may have opened (a release, an
 // expired permit reclaimed when the store notices it, the first waiter
-// leaving or granted with room to spare), naming the waiter first in line
-// when waiters queue with Fair, and the waiter that is told asks again at
-// once, so a permit freed in
-// another process is taken in about a round trip instead of a poll
-// interval. A notification is only a wake-up: the waiter is granted only
+// leaving or granted with room to spare), naming the waiters to wake, as
+// many as the room opened (the first in line when waiters queue with
+// Fair; otherwise those that its refusals recorded, in whichever process
+// they wait), and a waiter that is told asks again at once, so a permit
+// freed in another process is taken in about a round trip instead of a
+// poll interval, by one waiter rather than one in every process. A notification is only a wake-up: the waiter is granted only
 // by asking the store, so a message lost, delayed or duplicated never
 // breaks the limit or the order, and a lost one costs at most one poll
 // interval, since the polling goes on.

@@ -43,8 +43,9 @@ type memHolder struct {
 // NewMemoryStore returns an empty MemoryStore.
 func NewMemoryStore() *MemoryStore { return &MemoryStore{} }
 
-// Acquire implements Store.
-func (m *MemoryStore) Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (uint64, error) {
+// Acquire implements Store. It records no waiter: a MemoryStore is no
+// Notifier, and its Distributed wakes its own waiters.
+func (m *MemoryStore) Acquire(ctx context.Context, name, token string, limit int64, ttl, wait time.Duration) (uint64, error) {
 	return m.AcquireAt(time.Now(), name, token, limit, ttl), nil
 }
 

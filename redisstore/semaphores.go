@@ -25,6 +25,12 @@ var semaphoreFairLua string
 //go:embed semaphore_release.lua
 var semaphoreReleaseLua string
 
+// semaphoreWakeLua is the prelude of the acquire and release scripts: how
+// they tell the waiters.
+//
+//go:embed semaphore_wake.lua
+var semaphoreWakeLua string
+
 // DefaultSemaphorePrefix is the default SemaphoreOptions.Prefix.
 const DefaultSemaphorePrefix = "sluice:sem:"
 
@@ -89,8 +95,16 @@ type SemaphoreOptions struct {
 // moment Redis notices an expiry) and left room; a fair grant that left
 // room for the next in line. When the last holder's permit expires, the
 // set expires with it and nothing is published: the waiters find the
-// room by polling. The message is the token first in line, or
-// "" when nobody queues. Watch SUBSCRIBEs to it. Pub/sub delivers at most
+// room by polling. The message names the waiter to wake: the token first
+// in line when waiters queue (AcquireFair); otherwise as many of the
+// plain waiters as there is room for (the weight released, or the room an
+// acquire left), one message each. A plain waiter is recorded by its
+// refused Acquire (with wait > 0) in a sorted set, Key + ":pw", scored by
+// the instant its place lapses, and forgotten once named, granted,
+// dequeued or lapsed; so a release of one permit wakes one waiter in one
+// process, not one in every process. With no plain waiter recorded, the
+// message is "" (one waiter of each process that has one asks; a waiter
+// of an older Sluice records nothing). Watch SUBSCRIBEs to it. Pub/sub delivers at most
 // once, to the subscribers connected then; a message lost (to a
 // reconnection, a full channel) costs the waiters one poll interval, since
 // they keep polling. On a Cluster, PUBLISH reaches the subscribers of
@@ -140,10 +154,10 @@ func NewSemaphoreStore(c redis.UniversalClient, o SemaphoreOptions) (*SemaphoreS
 	return &SemaphoreStore{
 		c:       c,
 		prefix:  o.Prefix,
-		acquire: redis.NewScript(semaphoreAcquireLua),
+		acquire: redis.NewScript(semaphoreWakeLua + semaphoreAcquireLua),
 		renew:   redis.NewScript(semaphoreRenewLua),
 		fair:    redis.NewScript(semaphoreFairLua),
-		release: redis.NewScript(semaphoreReleaseLua),
+		release: redis.NewScript(semaphoreWakeLua + semaphoreReleaseLua),
 		sclock:  newServerClock(c, redis.NewScript(timeLua)),
 	}, nil
 }
@@ -164,6 +178,15 @@ func (r *SemaphoreStore) Key(name string) string {
 // never expires a permit before its holder stops relying on it.
 func ttlMillis(ttl time.Duration) int64 {
 	return max(int64((ttl+time.Millisecond-1)/time.Millisecond), 1)
+}
+
+// waitMillis converts a waiter's wait to milliseconds, rounded up; 0 (or
+// below) stays 0: record nothing.
+func waitMillis(wait time.Duration) int64 {
+	if wait <= 0 {
+		return 0
+	}
+	return ttlMillis(wait)
 }
 
 // cutoff returns the cutoff argument of an acquire on key: the server's
@@ -192,12 +215,8 @@ func (r *SemaphoreStore) AcquireFair(ctx context.Context, name, token string, we
 	if err != nil {
 		return concurrency.Queued, 0, err
 	}
-	waitMs := int64(0)
-	if wait > 0 {
-		waitMs = ttlMillis(wait)
-	}
 	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":seq", key + ":freed", key + ":f", key + ":fence"}
-	res, err := r.fair.Run(ctx, r.c, keys, token, weight, limit, ttlMillis(ttl), waitMs, cut).Int64Slice()
+	res, err := r.fair.Run(ctx, r.c, keys, token, weight, limit, ttlMillis(ttl), waitMillis(wait), cut).Int64Slice()
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("semaphore_fair.lua answered %v", res)
 	}
@@ -241,7 +260,7 @@ func (r *SemaphoreStore) Dequeue(ctx context.Context, name, token string) error 
 // runRelease runs semaphore_release.lua in mode "release" or "dequeue".
 func (r *SemaphoreStore) runRelease(ctx context.Context, name, token, mode string) (bool, error) {
 	key := r.Key(name)
-	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":freed", key + ":f"}
+	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":freed", key + ":f", key + ":pw"}
 	n, err := r.release.Run(ctx, r.c, keys, token, mode).Int64()
 	return n == 1, err
 }
@@ -261,14 +280,14 @@ func (r *SemaphoreStore) Watch(ctx context.Context, name string) (<-chan string,
 // context's, or the client's read timeout) carries its cutoff: if Redis
 // runs it only after the caller gave up, it adds no holder (see the
 // package documentation, Deadlines).
-func (r *SemaphoreStore) Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (uint64, error) {
+func (r *SemaphoreStore) Acquire(ctx context.Context, name, token string, limit int64, ttl, wait time.Duration) (uint64, error) {
 	key := r.Key(name)
 	cut, err := r.cutoff(ctx, key)
 	if err != nil {
 		return 0, err
 	}
-	keys := []string{key, key + ":w", key + ":freed", key + ":f", key + ":fence"}
-	n, err := r.acquire.Run(ctx, r.c, keys, token, limit, ttlMillis(ttl), cut).Int64()
+	keys := []string{key, key + ":w", key + ":freed", key + ":f", key + ":fence", key + ":pw"}
+	n, err := r.acquire.Run(ctx, r.c, keys, token, limit, ttlMillis(ttl), cut, waitMillis(wait)).Int64()
 	if err == nil {
 		err = r.checkCutoff(ctx, key, n)
 	}

@@ -451,7 +451,7 @@ func passTime(d time.Duration) { <-time.After(d) }
 // acquire calls Store.Acquire and fails the test on an error.
 func acquire(t *testing.T, b concurrency.Store, sem, token string, limit int64, ttl time.Duration) uint64 {
 	t.Helper()
-	f, err := b.Acquire(context.Background(), sem, token, limit, ttl)
+	f, err := b.Acquire(context.Background(), sem, token, limit, ttl, 0)
 	if err != nil {
 		t.Fatalf("Acquire(%q, %q): %v", sem, token, err)
 	}

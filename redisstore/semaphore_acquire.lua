@@ -5,7 +5,7 @@
 -- KEYS[4]  the holders' fences: hash token -> fence
 -- KEYS[5]  the fence counter: the last fence granted; it never expires
 -- KEYS[6]  the plain waiters: sorted set token -> the instant (ms) its
---          place lapses (see semaphore_wake.lua)
+--          place lapses (see semaphore_prelude.lua)
 -- ARGV[1]  token
 -- ARGV[2]  limit (most holders)
 -- ARGV[3]  ttl in milliseconds
@@ -17,7 +17,7 @@
 -- it had if it held it already, the counter's next value if not), 0 if the
 -- semaphore is full, -1 (having done nothing) past the cutoff. When it
 -- forgot expired holders and did not find the semaphore full, it wakes as
--- many waiters as the room left after its grant (semaphore_wake.lua): the
+-- many waiters as the room left after its grant (semaphore_prelude.lua): the
 -- expired permits may be more than it takes. (When the last holder
 -- expires, the key expires with it: nothing to see.)
 local key, token = KEYS[1], ARGV[1]
@@ -48,12 +48,6 @@ local function used()
     end
   end
   return n
-end
-
-local function keep(k, ms)
-  if redis.call('PTTL', k) < ms then
-    redis.call('PEXPIRE', k, ms)
-  end
 end
 
 local held = redis.call('ZSCORE', key, token)

@@ -57,12 +57,6 @@ local function tell()
   end
 end
 
-local function keep(k, ms)
-  if redis.call('PTTL', k) < ms then
-    redis.call('PEXPIRE', k, ms)
-  end
-end
-
 -- grant makes token a holder for ttl with the next fence, and returns it.
 local function grant()
   redis.call('ZADD', KEYS[1], now + ttl, token)

@@ -8,13 +8,13 @@
 --          shares the hash tag)
 -- KEYS[6]  the holders' fences (see semaphore_acquire.lua); the fence
 --          counter is left as it is
--- KEYS[7]  the plain waiters (see semaphore_wake.lua)
+-- KEYS[7]  the plain waiters (see semaphore_prelude.lua)
 -- ARGV[1]  token
 -- ARGV[2]  "release" (the holder's permit) or "dequeue" (the waiter's place)
 -- Returns 1 if token held a permit (or a place), 0 otherwise.
 -- When room may have opened for the first waiter, it PUBLISHes the token
 -- of the waiter first in line; when nobody queues, it wakes as many plain
--- waiters as the weight released (semaphore_wake.lua). A wake-up, never a
+-- waiters as the weight released (semaphore_prelude.lua). A wake-up, never a
 -- grant. Dequeue forgets the token as a plain waiter too.
 local token = ARGV[1]
 local head = redis.call('ZRANGE', KEYS[3], 0, 0)

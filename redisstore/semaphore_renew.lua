@@ -23,8 +23,6 @@ end
 redis.call('ZADD', key, 'XX', now + ttl, token)
 -- The weights and fences live as long as the holders they describe.
 for k = 1, 3 do
-  if redis.call('PTTL', KEYS[k]) < ttl then
-    redis.call('PEXPIRE', KEYS[k], ttl)
-  end
+  keep(KEYS[k], ttl)
 end
 return 1

@@ -25,11 +25,11 @@ var semaphoreFairLua string
 //go:embed semaphore_release.lua
 var semaphoreReleaseLua string
 
-// semaphoreWakeLua is the prelude of the acquire and release scripts: how
-// they tell the waiters.
+// semaphorePreludeLua is loaded in front of every semaphore script: the
+// functions they share.
 //
-//go:embed semaphore_wake.lua
-var semaphoreWakeLua string
+//go:embed semaphore_prelude.lua
+var semaphorePreludeLua string
 
 // DefaultSemaphorePrefix is the default SemaphoreOptions.Prefix.
 const DefaultSemaphorePrefix = "sluice:sem:"
@@ -154,10 +154,10 @@ func NewSemaphoreStore(c redis.UniversalClient, o SemaphoreOptions) (*SemaphoreS
 	return &SemaphoreStore{
 		c:       c,
 		prefix:  o.Prefix,
-		acquire: redis.NewScript(semaphoreWakeLua + semaphoreAcquireLua),
-		renew:   redis.NewScript(semaphoreRenewLua),
-		fair:    redis.NewScript(semaphoreFairLua),
-		release: redis.NewScript(semaphoreWakeLua + semaphoreReleaseLua),
+		acquire: redis.NewScript(semaphorePreludeLua + semaphoreAcquireLua),
+		renew:   redis.NewScript(semaphorePreludeLua + semaphoreRenewLua),
+		fair:    redis.NewScript(semaphorePreludeLua + semaphoreFairLua),
+		release: redis.NewScript(semaphorePreludeLua + semaphoreReleaseLua),
 		sclock:  newServerClock(c, redis.NewScript(timeLua)),
 	}, nil
 }

@@ -315,14 +315,13 @@ func TestSemaphoreWatch(t *testing.T) {
 
 	// A permit that expires while another is held (so that the set
 	// lives) is noticed by the next acquire, which names as many waiters
-	// as the room it leaves: here r, still recorded.
-	for _, h := range []struct {
-		token string
-		ttl   time.Duration
-	}{{"g", time.Minute}, {"e1", 20 * time.Millisecond}, {"e2", 20 * time.Millisecond}} {
-		if !acquire(h.token, 3, h.ttl, 0) {
-			t.Fatalf("%s not granted", h.token)
-		}
+	// as the room it leaves: e, of weight 2, expires, f takes one unit of
+	// the two, and r, still recorded, is named for the other.
+	if !acquire("g", 3, time.Minute, 0) {
+		t.Fatal("g not granted")
+	}
+	if got, _, err := b.AcquireFair(ctx, "w", "e", 2, 3, 20*time.Millisecond, 0); err != nil || got != concurrency.Granted {
+		t.Fatalf("AcquireFair(e, weight 2) = %v, %v", got, err)
 	}
 	for !acquire("f", 3, time.Minute, 0) {
 	}

@@ -1,6 +1,13 @@
--- The prelude of semaphore_acquire.lua and semaphore_release.lua (loaded
--- in front of each): how a change that frees room tells the waiters.
---
+-- The prelude of every semaphore script (loaded in front of each): what
+-- they share.
+
+-- keep makes key k live at least ms milliseconds more.
+local function keep(k, ms)
+  if redis.call('PTTL', k) < ms then
+    redis.call('PEXPIRE', k, ms)
+  end
+end
+
 -- wake tells up to n waiters that room may have opened. It names the
 -- plain waiters recorded in pw (a sorted set token -> the instant, in ms
 -- of the server's clock, its place lapses; semaphore_acquire.lua records

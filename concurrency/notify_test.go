@@ -163,14 +163,14 @@ func TestReleaseWakesOtherStore(t *testing.T) {
 }
 
 // counted is a SemaphoreStore (a Notifier still) that counts the acquire
-// attempts.
+// attempts that have returned.
 type counted struct {
 	*redisstore.SemaphoreStore
 	attempts *atomic.Int64
 }
 
 func (c counted) Acquire(ctx context.Context, name, token string, limit int64, ttl, wait time.Duration) (uint64, error) {
-	c.attempts.Add(1)
+	defer c.attempts.Add(1)
 	return c.SemaphoreStore.Acquire(ctx, name, token, limit, ttl, wait)
 }
 
@@ -206,7 +206,8 @@ func TestReleaseWakesOneWaiter(t *testing.T) {
 		got = append(got, acquireAsync(ctx, d, 1))
 	}
 	// Each waiter asks once, and once more when its watch is in place;
-	// each is recorded, and watches.
+	// each is recorded, and watches. (Counted as they return: an attempt
+	// still in flight at the release could be granted.)
 	pollRedis(t, 5*time.Second, "the waiters' subscriptions", subscribers(admin, hb, name, 3))
 	pollRedis(t, 5*time.Second, "the waiters recorded", members(admin, hb.Key(name)+":pw", 3))
 	pollRedis(t, 5*time.Second, "the waiters' second attempts", func(context.Context) (bool, error) { return attempts.Load() == 6, nil })

@@ -17,8 +17,8 @@
 -- it had if it held it already, the counter's next value if not), 0 if the
 -- semaphore is full, -1 (having done nothing) past the cutoff. When it
 -- forgot expired holders and did not find the semaphore full, it wakes as
--- many waiters as the room left after its grant (semaphore_prelude.lua): the
--- expired permits may be more than it takes. (When the last holder
+-- many waiters as the room left after its grant (semaphore_prelude.lua):
+-- the expired permits may be more than it takes. (When the last holder
 -- expires, the key expires with it: nothing to see.)
 local key, token = KEYS[1], ARGV[1]
 local limit, ttl, wait = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
@@ -60,7 +60,8 @@ if not held and used() >= limit then
 end
 redis.call('ZREM', KEYS[6], token)
 redis.call('ZADD', key, now + ttl, token)
--- A renewal keeps its fence; a grant takes the next one.
+-- A renewal keeps its fence; a grant (or a holder without one, written
+-- before fences were) takes the next one.
 local fence = held and redis.call('HGET', KEYS[4], token)
 if not fence then
   fence = redis.call('INCR', KEYS[5])

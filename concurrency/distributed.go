@@ -11,9 +11,20 @@ import (
 )
 
 // A Store stores the holders of distributed semaphores. Each semaphore is
-// identified by its name; its holders are tokens, each with an expiry. Every
-// method must be atomic with respect to the others on the same name, and
-// must never touch a token other than the one it is given.
+// identified by its name; its holders are tokens, each with an expiry and a
+// fence. Every method must be atomic with respect to the others on the same
+// name, and must never touch a token other than the one it is given.
+//
+// A fence is the fencing token of a grant: a number that the store takes,
+// in the same atomic step as the grant, from a counter of the name that
+// only grows: each grant of a name gets the counter's next value, 1 for
+// the first. Renewing a permit (Renew, or an acquire by a token that
+// holds one) keeps its fence; a token whose permit has expired, or was
+// released, gets a new, larger fence when it is granted again. The
+// counter outlives the holders (a name whose every permit expired goes on
+// from where it was) and is the name's alone. A store that loses its data
+// (a Redis restart without persistence) may start a name's fences again:
+// see Permit.Fence.
 //
 // Implementations: MemoryStore (one process) and redisstore.SemaphoreStore
 // (many processes, on Redis).
@@ -21,9 +32,14 @@ type Store interface {
 	// Acquire first forgets the holders of name whose expiry has passed,
 	// then adds token, of weight 1, with an expiry ttl from now if the
 	// weights held (1 a holder, unless a FairStore granted more) leave
-	// room for one more under limit, and reports whether it did. If token already holds
-	// a permit, its expiry is extended and Acquire reports true.
-	Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (bool, error)
+	// room for one more under limit, and returns its new fence; it
+	// returns 0 when there is no room. If token already holds a permit,
+	// its expiry is extended and Acquire returns the fence it has. When
+	// there is no room and wait > 0, a Notifier records token as a waiter
+	// for wait from now (each refused attempt moves that on), so that a
+	// release names it (see Notifier); a Store that is no Notifier may
+	// ignore wait.
+	Acquire(ctx context.Context, name, token string, limit int64, ttl, wait time.Duration) (fence uint64, err error)
 	// Renew moves token's expiry to ttl from now if token still holds an
 	// unexpired permit of name, and reports whether it did. It never
 	// creates a permit.
@@ -48,26 +64,33 @@ type FairStore interface {
 	// keeps its place for wait from now; with wait 0 it queues nothing.
 	// It reports Granted, Queued (waiting behind others) or First (first
 	// in line, waiting for room). A token that already holds a permit
-	// has its expiry extended and is Granted.
-	AcquireFair(ctx context.Context, name, token string, weight, limit int64, ttl, wait time.Duration) (FairResult, error)
-	// Dequeue removes token from name's waiters, if it waits.
+	// has its expiry extended and is Granted. The fence is the permit's
+	// (as Acquire's) when Granted, 0 otherwise.
+	AcquireFair(ctx context.Context, name, token string, weight, limit int64, ttl, wait time.Duration) (res FairResult, fence uint64, err error)
+	// Dequeue removes token from name's waiters, if it waits (in the
+	// queue, or recorded by Acquire).
 	Dequeue(ctx context.Context, name, token string) error
 }
 
 // A Notifier is a Store that tells a semaphore's waiters, in every
 // process, when room may have opened: a permit released, an expired one
-// reclaimed, the first waiter gone or granted with room left. A blocked
-// Acquire on a Notifier watches while it waits and tries again at once
-// when told; it keeps polling besides, so a notification lost costs at
-// most one poll interval (MaxBackoff), and a notification is never a grant
-// by itself: the waiter still asks the store.
+// reclaimed, the first waiter gone or granted with room left. It names
+// the waiters to wake, as many as there is room for: the first in line of
+// a FairStore's queue, or the waiters that Acquire recorded (with
+// wait > 0). A blocked Acquire on a Notifier watches while it waits and
+// tries again at once when told; it keeps polling besides, so a
+// notification lost costs at most one poll interval (MaxBackoff), and a
+// notification is never a grant by itself: the waiter still asks the
+// store.
 //
 // redisstore.SemaphoreStore (Redis pub/sub) implements it.
 type Notifier interface {
 	// Watch returns a channel on which the store sends, for as long as
 	// ctx lasts, a message each time room may have opened in semaphore
-	// name: the token of the waiter first in line (FairStore.AcquireFair's
-	// queue), or "" when nobody queues. It returns once the watch is in
+	// name: the token of a waiter to wake (the first in line of
+	// FairStore.AcquireFair's queue, or one that Acquire recorded), or ""
+	// when it names none (one waiter of each process should then ask).
+	// It returns once the watch is in
 	// place, so that a change after it returns is not missed. A slow
 	// receiver loses messages rather than blocking the store. The channel
 	// is closed when ctx is done or the watch fails.
@@ -133,8 +156,9 @@ type DistributedOptions struct {
 	Fair bool
 	// QueueTTL is how long a waiter keeps its place in a FairStore's
 	// queue without asking again: the longest a waiter that died holds up
-	// those behind it. Default max(1 s, 4 × MaxBackoff); at least
-	// 2 × MaxBackoff.
+	// those behind it; and how long a Notifier keeps a blocked Acquire
+	// recorded as a waiter to name, after each attempt. Default
+	// max(1 s, 4 × MaxBackoff); at least 2 × MaxBackoff.
 	QueueTTL time.Duration
 }
 
@@ -161,10 +185,35 @@ type DistributedOptions struct {
 // before the holder stops believing in it (clock rates aside, which Margin
 // covers). When a renewal finds the permit gone, or validity ends without a
 // successful renewal (the store is unreachable or slow, the process was
-// paused), the Permit is lost: Lost is closed at that instant, even while a
-// renewal is still in flight, and renewals stop. A lost permit is never
-// re-acquired silently; the holder should abandon its work (or finish it if
-// the protected service tolerates it) and Acquire again.
+// paused), the Permit is lost and renewals stop. Err decides at the moment
+// it is called, from the monotonic clock: once validity has ended it
+// reports the loss, even if no goroutine of the Permit has run since (a
+// process resumed after SIGSTOP, a goroutine descheduled for long). Lost
+// is closed by the first of: a timer set for the end of validity (which
+// fires even while a renewal is still in flight, but only when the
+// runtime gets to run it), a renewal that finds the permit gone, and a
+// call of Err or Lost that finds validity ended. So check Err (or call
+// Lost anew) right before each use of what the permit protects, rather
+// than trusting a Lost channel received earlier. A lost permit is never
+// re-acquired silently; the holder should abandon its work (or finish it
+// if the protected service tolerates it) and Acquire again.
+//
+// # Fencing
+//
+// No check made by the holder can be exact: a process may pause between
+// Err and its use of the protected resource, longer than a TTL. Each
+// Permit therefore carries a fencing token, Fence, taken by the store in
+// the same atomic step as the grant: it increases with every permit
+// granted of the semaphore's name (a renewal keeps it), so a permit
+// granted after another's expiry always has a larger one. A holder sends
+// it with each request to the protected service, and a service that
+// remembers the highest fence it has accepted per semaphore refuses a
+// request carrying a lower one: the request of a holder that paused past
+// its permit, sent after its successor's. Package fence is such a check
+// for HTTP (fence.Guard), and fence.Set is how a client sends the fence
+// and the name. The protection holds only where the protected side
+// checks; the fences are per name, so the resource a service checks must
+// be the semaphore's name.
 //
 // # Waiting
 //
@@ -175,8 +224,11 @@ type DistributedOptions struct {
 // (redisstore.SemaphoreStore), a Distributed watches the store while any
 // of its Acquires waits, in a goroutine it owns that ends when the last
 // one stops waiting, and a permit freed in another process wakes a waiter
-// at once too: one waiter of each process, or, when waiters queue with
-// Fair, the one first in line. A waiter woken asks the store again, so
+// at once too: the one the store names, in whichever process it waits
+// (a blocked Acquire is recorded by the store as a waiter, for QueueTTL
+// from each attempt, under the one token it keeps for all its attempts),
+// as many as the permits freed; or, when waiters queue with Fair, the one
+// first in line. A waiter woken asks the store again, so
 // the message grants nothing by itself; if it is lost, or the watch
 // fails (it is tried again at most every max(1 s, MaxBackoff)), the
 // waiters still poll, and a freed permit waits at most a poll interval.
@@ -280,16 +332,25 @@ func (d *Distributed) Acquire(ctx context.Context) (*Permit, error) {
 	if d.o.Fair {
 		return d.AcquireN(ctx, 1)
 	}
-	w := d.newWaiter("")
+	// One token for every attempt, under which the store records the
+	// waiter and names it when room opens.
+	w := d.newWaiter(crand.Text())
 	defer w.done()
 	for {
-		p, err := d.TryAcquire(ctx)
-		// A grant answered too late to be valid (ErrLost) is retried too;
-		// ErrExceedsLimit, like any other error, ends the wait.
-		if !errors.Is(err, ErrNoPermit) && !errors.Is(err, ErrLost) {
+		p, err := d.tryAcquire(ctx, w.token, d.o.QueueTTL)
+		if errors.Is(err, ErrLost) {
+			// Granted too late to be valid, and given back: try again
+			// under a new token.
+			w.setToken(crand.Text())
+		} else if !errors.Is(err, ErrNoPermit) {
+			// Granted, or an error (ErrExceedsLimit among them) that
+			// ends the wait.
 			return p, err
 		}
 		if w.wait(ctx, w.next()); ctx.Err() != nil {
+			if fs, ok := d.backend.(FairStore); ok && d.notes != nil {
+				d.dequeue(ctx, fs, w.token) // the record would lapse; a release may name it before
+			}
 			return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, ctx.Err())
 		}
 	}
@@ -467,14 +528,14 @@ func (d *Distributed) AcquireN(ctx context.Context, n int64) (*Permit, error) {
 		if d.o.Fair {
 			wait = d.o.QueueTTL
 		}
-		res, err := fs.AcquireFair(ctx, d.name, token, n, d.limit, d.o.TTL, wait)
+		res, fence, err := fs.AcquireFair(ctx, d.name, token, n, d.limit, d.o.TTL, wait)
 		if err != nil {
 			d.releaseDetached(ctx, token)
 			d.dequeue(ctx, fs, token)
 			return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, err)
 		}
 		if res == Granted {
-			if p := d.newPermit(token, sent); p != nil {
+			if p := d.newPermit(token, fence, sent); p != nil {
 				return p, nil
 			}
 			// Granted after its validity: give it back, queue again.
@@ -508,7 +569,7 @@ func (d *Distributed) TryAcquireN(ctx context.Context, n int64) (*Permit, error)
 	}
 	token := crand.Text()
 	sent := time.Now()
-	res, err := fs.AcquireFair(ctx, d.name, token, n, d.limit, d.o.TTL, 0)
+	res, fence, err := fs.AcquireFair(ctx, d.name, token, n, d.limit, d.o.TTL, 0)
 	if err != nil {
 		d.releaseDetached(ctx, token)
 		return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, err)
@@ -516,7 +577,7 @@ func (d *Distributed) TryAcquireN(ctx context.Context, n int64) (*Permit, error)
 	if res != Granted {
 		return nil, ErrNoPermit
 	}
-	p := d.newPermit(token, sent)
+	p := d.newPermit(token, fence, sent)
 	if p == nil {
 		d.releaseDetached(ctx, token)
 		return nil, fmt.Errorf("concurrency: acquire %q: %w: granted after its validity ended", d.name, ErrLost)
@@ -553,25 +614,31 @@ func (d *Distributed) TryAcquire(ctx context.Context) (*Permit, error) {
 	if d.o.Fair {
 		return d.TryAcquireN(ctx, 1)
 	}
+	return d.tryAcquire(ctx, crand.Text(), 0)
+}
+
+// tryAcquire is one attempt to take a permit of weight 1 under token;
+// refused, the store records token as a waiter for wait (see
+// Store.Acquire).
+func (d *Distributed) tryAcquire(ctx context.Context, token string, wait time.Duration) (*Permit, error) {
 	if d.limit <= 0 {
 		return nil, fmt.Errorf("%w: semaphore %q has limit %d", ErrExceedsLimit, d.name, d.limit)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, err)
 	}
-	token := crand.Text()
 	sent := time.Now()
-	ok, err := d.backend.Acquire(ctx, d.name, token, d.limit, d.o.TTL)
+	fence, err := d.backend.Acquire(ctx, d.name, token, d.limit, d.o.TTL, wait)
 	if err != nil {
 		// The request may have added the token before failing: remove it
 		// so that it does not hold a slot until it expires.
 		d.releaseDetached(ctx, token)
 		return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, err)
 	}
-	if !ok {
+	if fence == 0 {
 		return nil, ErrNoPermit
 	}
-	p := d.newPermit(token, sent)
+	p := d.newPermit(token, fence, sent)
 	if p == nil {
 		// Granted, but the answer came after its validity: give it back.
 		d.releaseDetached(ctx, token)
@@ -588,29 +655,36 @@ func (d *Distributed) releaseDetached(ctx context.Context, token string) {
 }
 
 // A Permit is one held unit of a Distributed semaphore. It renews itself in
-// a goroutine it owns until Release or until it is lost. The end of its
-// validity is kept by a timer (time.AfterFunc), so Lost is closed on time
-// even while that goroutine waits for a slow renewal.
+// a goroutine it owns until Release or until it is lost. Its validity ends
+// at a monotonic instant that each successful renewal moves; Err and Lost
+// compare it with the clock when called, and a timer (time.AfterFunc)
+// closes Lost at that instant even while that goroutine waits for a slow
+// renewal.
 //
 // A Permit is safe for concurrent use.
 type Permit struct {
 	d     *Distributed
 	token string
+	fence uint64
 
 	exited chan struct{}      // closed when the renewal goroutine returns
 	lost   chan struct{}      // closed when the permit is lost
 	cancel context.CancelFunc // called by Release: ends the renewal goroutine
 
 	mu       sync.Mutex
-	until    time.Time   // end of validity
+	until    time.Time   // end of validity, on the monotonic clock
 	expire   *time.Timer // fires lose at until
 	err      error       // nil while held
 	released bool
 }
 
-// newPermit starts a permit whose validity counts from sent, or returns
-// nil if that validity has already ended.
-func (d *Distributed) newPermit(token string, sent time.Time) *Permit {
+// errValidityEnded is the loss of a permit whose validity ended without a
+// successful renewal.
+var errValidityEnded = fmt.Errorf("%w: validity ended without a successful renewal", ErrLost)
+
+// newPermit starts a permit of the given fence whose validity counts from
+// sent, or returns nil if that validity has already ended.
+func (d *Distributed) newPermit(token string, fence uint64, sent time.Time) *Permit {
 	until := sent.Add(d.o.TTL - d.o.Margin)
 	left := time.Until(until)
 	if left <= 0 {
@@ -620,13 +694,14 @@ func (d *Distributed) newPermit(token string, sent time.Time) *Permit {
 	p := &Permit{
 		d:      d,
 		token:  token,
+		fence:  fence,
 		exited: make(chan struct{}),
 		lost:   make(chan struct{}),
 		cancel: cancel,
 	}
 	p.mu.Lock()
 	p.until = until
-	p.expire = time.AfterFunc(left, func() { p.lose(fmt.Errorf("%w: validity ended without a successful renewal", ErrLost)) })
+	p.expire = time.AfterFunc(left, func() { p.lose(errValidityEnded) })
 	p.mu.Unlock()
 	go p.renew(ctx, sent)
 	return p
@@ -635,16 +710,47 @@ func (d *Distributed) newPermit(token string, sent time.Time) *Permit {
 // Token returns the permit's random token, as stored in the Store.
 func (p *Permit) Token() string { return p.token }
 
-// Lost returns a channel that is closed when the permit is lost. It is
-// never closed by Release.
-func (p *Permit) Lost() <-chan struct{} { return p.lost }
+// Fence returns the permit's fencing token: a number, at least 1, that
+// the Store took in the same atomic step as the grant, larger than the
+// fence of every permit granted before it of the same semaphore name (see
+// Store). It does not change while the permit is held. A protected service
+// that refuses any fence lower than the highest it has accepted for the
+// name refuses the late requests of a holder that lost its permit to
+// another (package fence). A store that loses its data (a Redis restart
+// without persistence, a failover to a replica behind it) may grant a
+// fence again; such a service then refuses the new holders until their
+// fences pass the highest it remembers.
+func (p *Permit) Fence() uint64 { return p.fence }
+
+// Lost returns a channel that is closed when the permit is lost; it first
+// checks the validity, as Err does, so a channel returned after the
+// validity ended is already closed. It is never closed by Release.
+func (p *Permit) Lost() <-chan struct{} {
+	p.Err()
+	return p.lost
+}
 
 // Err returns nil while the permit is held, an error wrapping ErrLost once
 // it is lost, and ErrReleased after Release (unless it was lost first).
-func (p *Permit) Err() error {
+// It compares the end of the permit's validity with the monotonic clock at
+// the moment of the call, so it reports the loss as soon as validity has
+// ended, whether or not the Permit's timer or renewal goroutine has run.
+func (p *Permit) Err() error { return p.errAt(time.Now()) }
+
+// errAt is Err at the instant now.
+func (p *Permit) errAt(now time.Time) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.checkLocked(now)
 	return p.err
+}
+
+// checkLocked loses the permit if its validity has ended at now. p.mu is
+// held.
+func (p *Permit) checkLocked(now time.Time) {
+	if p.err == nil && !now.Before(p.until) {
+		p.loseLocked(errValidityEnded)
+	}
 }
 
 // lose marks the permit lost, once, and closes Lost.
@@ -665,18 +771,21 @@ func (p *Permit) loseLocked(cause error) {
 }
 
 // extend moves the validity to sent+TTL-Margin after a successful renewal
-// sent at sent. It reports false if the permit is lost (now or before).
+// sent at sent. It reports false if the permit is lost (now or before): a
+// renewal answered after the validity ended revives nothing, even if the
+// timer has not fired yet.
 func (p *Permit) extend(sent time.Time) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.err != nil {
+	now := time.Now()
+	if p.checkLocked(now); p.err != nil {
 		return false
 	}
 	if !p.expire.Stop() {
 		return false // validity ended; lose has run or is about to
 	}
 	until := sent.Add(p.d.o.TTL - p.d.o.Margin)
-	left := time.Until(until)
+	left := until.Sub(now)
 	if left <= 0 {
 		p.loseLocked(fmt.Errorf("%w: renewal answered after its validity", ErrLost))
 		return false
@@ -749,7 +858,7 @@ func (p *Permit) Release(ctx context.Context) error {
 		return nil
 	}
 	p.released = true
-	if p.err == nil {
+	if p.checkLocked(time.Now()); p.err == nil {
 		p.err = ErrReleased
 		p.expire.Stop()
 	}

@@ -94,9 +94,9 @@ type counting struct {
 	acquires atomic.Int64
 }
 
-func (c *counting) Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (bool, error) {
+func (c *counting) Acquire(ctx context.Context, name, token string, limit int64, ttl, wait time.Duration) (uint64, error) {
 	c.acquires.Add(1)
-	return c.Store.Acquire(ctx, name, token, limit, ttl)
+	return c.Store.Acquire(ctx, name, token, limit, ttl, wait)
 }
 
 // TestAcquireBacksOff: a blocked Acquire polls at most once per
@@ -127,5 +127,49 @@ func TestAcquireBacksOff(t *testing.T) {
 			t.Fatalf("%d attempts in %v, want %d..%d", n, wait, lo, hi)
 		}
 		p.Release(context.Background())
+	})
+}
+
+// TestErrDecidesAtTheCall: a holder that resumes past its permit's
+// validity (a process stopped by SIGSTOP, a goroutine descheduled), before
+// the Permit's timer or renewal goroutine has had a chance to run, is told
+// by Err at once, and finds Lost closed.
+func TestErrDecidesAtTheCall(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ctx := context.Background()
+		const ttl = time.Hour // no timer of the Permit's fires in this test
+		d, err := NewDistributed(NewMemoryStore(), "paused", 1, DistributedOptions{TTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent := time.Now() // fake time stands still until every goroutine blocks
+		p, err := d.TryAcquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Release(ctx)
+		until := sent.Add(ttl - d.o.Margin)
+		if err := p.errAt(until.Add(-time.Nanosecond)); err != nil {
+			t.Fatalf("Err a nanosecond before the validity ends = %v, want nil", err)
+		}
+		select {
+		case <-p.lost:
+			t.Fatal("Lost closed before the validity ended")
+		default:
+		}
+		if err := p.errAt(until); !errors.Is(err, ErrLost) {
+			t.Fatalf("Err as the validity ends = %v, want ErrLost", err)
+		}
+		select {
+		case <-p.lost:
+		default:
+			t.Fatal("Lost still open after Err reported the loss")
+		}
+		if err := p.Err(); !errors.Is(err, ErrLost) {
+			t.Fatalf("Err once lost = %v, want it to stay ErrLost", err)
+		}
+		if p.extend(time.Now()) {
+			t.Fatal("a renewal revived a lost permit")
+		}
 	})
 }

@@ -15,8 +15,12 @@
 //     arrival order across every process.
 //     Every permit expires after a TTL unless renewed, so a process that dies
 //     gives its permits back by itself within one TTL; a Permit renews itself
-//     while held and reports through Lost the moment it can no longer be sure
-//     that it still holds its permit.
+//     while held, and its Err reports the loss as soon as it can no longer
+//     be sure that it still holds its permit, judged by the monotonic clock
+//     at the moment of the call. Each permit carries a fencing token
+//     (Permit.Fence) that grows with every grant of the semaphore's name,
+//     for the protected service to refuse the requests of a holder that
+//     lost its permit (see package fence).
 //
 // # Waiting across processes
 //
@@ -25,11 +29,12 @@
 // over Redis pub/sub) it is told besides: the store publishes, in the same
 // round trip as the change, whenever room may have opened (a release, an
 // expired permit reclaimed when the store notices it, the first waiter
-// leaving or granted with room to spare), naming the waiter first in line
-// when waiters queue with Fair, and the waiter that is told asks again at
-// once, so a permit freed in
-// another process is taken in about a round trip instead of a poll
-// interval. A notification is only a wake-up: the waiter is granted only
+// leaving or granted with room to spare), naming the waiters to wake, as
+// many as the room opened (the first in line when waiters queue with
+// Fair; otherwise those that its refusals recorded, in whichever process
+// they wait), and a waiter that is told asks again at once, so a permit
+// freed in another process is taken in about a round trip instead of a
+// poll interval, by one waiter rather than one in every process. A notification is only a wake-up: the waiter is granted only
 // by asking the store, so a message lost, delayed or duplicated never
 // breaks the limit or the order, and a lost one costs at most one poll
 // interval, since the polling goes on.

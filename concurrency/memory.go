@@ -12,13 +12,16 @@ import (
 // permits and waiters in arrival order. Expiry is measured on the
 // process's monotonic clock. A semaphore's entry is deleted when its last
 // holder and waiter leave, so memory is bounded by the permits held and
-// the waiters queued.
+// the waiters queued, plus one fence counter (a uint64) for every name
+// ever granted: a fence never goes back, so the counter outlives the
+// holders.
 //
 // A MemoryStore is safe for concurrent use; its zero value is ready to
 // use.
 type MemoryStore struct {
-	mu   sync.Mutex
-	sems map[string]*memSem
+	mu     sync.Mutex
+	sems   map[string]*memSem
+	fences map[string]uint64 // the last fence granted, per name
 }
 
 var _ FairStore = (*MemoryStore)(nil)
@@ -34,19 +37,22 @@ type memSem struct {
 type memHolder struct {
 	expiry time.Time
 	weight int64
+	fence  uint64
 }
 
 // NewMemoryStore returns an empty MemoryStore.
 func NewMemoryStore() *MemoryStore { return &MemoryStore{} }
 
-// Acquire implements Store.
-func (m *MemoryStore) Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (bool, error) {
+// Acquire implements Store. It records no waiter: a MemoryStore is no
+// Notifier, and its Distributed wakes its own waiters.
+func (m *MemoryStore) Acquire(ctx context.Context, name, token string, limit int64, ttl, wait time.Duration) (uint64, error) {
 	return m.AcquireAt(time.Now(), name, token, limit, ttl), nil
 }
 
 // AcquireFair implements FairStore.
-func (m *MemoryStore) AcquireFair(ctx context.Context, name, token string, weight, limit int64, ttl, wait time.Duration) (FairResult, error) {
-	return m.AcquireFairAt(time.Now(), name, token, weight, limit, ttl, wait), nil
+func (m *MemoryStore) AcquireFair(ctx context.Context, name, token string, weight, limit int64, ttl, wait time.Duration) (FairResult, uint64, error) {
+	res, fence := m.AcquireFairAt(time.Now(), name, token, weight, limit, ttl, wait)
+	return res, fence, nil
 }
 
 // Dequeue implements FairStore.
@@ -106,29 +112,48 @@ func (s *memSem) unqueue(token string) {
 }
 
 // AcquireAt is Acquire at the instant now: a permit of weight 1, whoever
-// waits.
-func (m *MemoryStore) AcquireAt(now time.Time, name, token string, limit int64, ttl time.Duration) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	s := m.sem(now, name)
-	h, held := s.holders[token]
-	if !held && s.used()+1 > limit {
-		m.forgetEmpty(name, s)
-		return false
-	}
-	s.holders[token] = memHolder{expiry: now.Add(ttl), weight: max(1, h.weight)}
-	return true
-}
-
-// AcquireFairAt is AcquireFair at the instant now.
-func (m *MemoryStore) AcquireFairAt(now time.Time, name, token string, weight, limit int64, ttl, wait time.Duration) FairResult {
+// waits. It returns the permit's fence, or 0 when the semaphore is full.
+func (m *MemoryStore) AcquireAt(now time.Time, name, token string, limit int64, ttl time.Duration) uint64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	s := m.sem(now, name)
 	if h, held := s.holders[token]; held {
-		h.expiry = now.Add(ttl)
-		s.holders[token] = h
-		return Granted
+		return s.extend(token, h, now.Add(ttl))
+	}
+	if s.used()+1 > limit {
+		m.forgetEmpty(name, s)
+		return 0
+	}
+	return m.grant(s, name, token, memHolder{expiry: now.Add(ttl), weight: 1})
+}
+
+// extend moves held token's expiry and returns its fence, which a renewal
+// keeps.
+func (s *memSem) extend(token string, h memHolder, expiry time.Time) uint64 {
+	h.expiry = expiry
+	s.holders[token] = h
+	return h.fence
+}
+
+// grant adds token as a holder of name with the next fence of name, and
+// returns that fence. m.mu is held.
+func (m *MemoryStore) grant(s *memSem, name, token string, h memHolder) uint64 {
+	if m.fences == nil {
+		m.fences = make(map[string]uint64)
+	}
+	m.fences[name]++
+	h.fence = m.fences[name]
+	s.holders[token] = h
+	return h.fence
+}
+
+// AcquireFairAt is AcquireFair at the instant now.
+func (m *MemoryStore) AcquireFairAt(now time.Time, name, token string, weight, limit int64, ttl, wait time.Duration) (FairResult, uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	s := m.sem(now, name)
+	if h, held := s.holders[token]; held {
+		return Granted, s.extend(token, h, now.Add(ttl))
 	}
 	// Waiters whose place lapsed leave the head of the line.
 	for len(s.queue) > 0 && !now.Before(s.placed[s.queue[0]]) {
@@ -138,8 +163,7 @@ func (m *MemoryStore) AcquireFairAt(now time.Time, name, token string, weight, l
 	first := len(s.queue) == 0 || s.queue[0] == token
 	if first && s.used()+weight <= limit {
 		s.unqueue(token)
-		s.holders[token] = memHolder{expiry: now.Add(ttl), weight: weight}
-		return Granted
+		return Granted, m.grant(s, name, token, memHolder{expiry: now.Add(ttl), weight: weight})
 	}
 	if wait > 0 {
 		if _, queued := s.placed[token]; !queued {
@@ -149,9 +173,9 @@ func (m *MemoryStore) AcquireFairAt(now time.Time, name, token string, weight, l
 	}
 	m.forgetEmpty(name, s)
 	if first {
-		return First
+		return First, 0
 	}
-	return Queued
+	return Queued, 0
 }
 
 // RenewAt is Renew at the instant now.

@@ -58,9 +58,13 @@ func subscribers(c *redis.Client, b *redisstore.SemaphoreStore, name string, n i
 
 // queued returns a condition: n waiters queue on semaphore name.
 func queued(c *redis.Client, b *redisstore.SemaphoreStore, name string, n int64) func(context.Context) (bool, error) {
-	q := b.Key(name) + ":q"
+	return members(c, b.Key(name)+":q", n)
+}
+
+// members returns a condition: the sorted set at key has n members.
+func members(c *redis.Client, key string, n int64) func(context.Context) (bool, error) {
 	return func(ctx context.Context) (bool, error) {
-		got, err := c.ZCard(ctx, q).Result()
+		got, err := c.ZCard(ctx, key).Result()
 		return got == n, err
 	}
 }
@@ -155,6 +159,83 @@ func TestReleaseWakesOtherStore(t *testing.T) {
 			}
 			t.Logf("release to grant on another client: %v (poll interval %v)", lat, poll)
 		})
+	}
+}
+
+// counted is a SemaphoreStore (a Notifier still) that counts the acquire
+// attempts that have returned.
+type counted struct {
+	*redisstore.SemaphoreStore
+	attempts *atomic.Int64
+}
+
+func (c counted) Acquire(ctx context.Context, name, token string, limit int64, ttl, wait time.Duration) (uint64, error) {
+	defer c.attempts.Add(1)
+	return c.SemaphoreStore.Acquire(ctx, name, token, limit, ttl, wait)
+}
+
+// TestReleaseWakesOneWaiter: three waiters, each on a client of its own
+// (as in three processes), wait for a permit of limit 1 with a poll
+// interval longer than the test; each release is answered by exactly one
+// attempt, the named waiter's, which is granted, and no waiter of another
+// process asks in vain. Every waiter ends granted, so every attempt it
+// made is counted by then.
+func TestReleaseWakesOneWaiter(t *testing.T) {
+	srv := redistest.Standalone(t)
+	admin := srv.Client()
+	const name, poll = "one", time.Minute
+	o := concurrency.DistributedOptions{TTL: 30 * time.Second, MinBackoff: poll, MaxBackoff: poll, QueueTTL: 2 * poll}
+	var attempts atomic.Int64
+	hb := newStore(t, srv)
+	holder, err := concurrency.NewDistributed(hb, name, 1, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	p, err := holder.TryAcquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []<-chan grant
+	for range 3 {
+		d, err := concurrency.NewDistributed(counted{newStore(t, srv), &attempts}, name, 1, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, acquireAsync(ctx, d, 1))
+	}
+	// Each waiter asks once, and once more when its watch is in place;
+	// each is recorded, and watches. (Counted as they return: an attempt
+	// still in flight at the release could be granted.)
+	pollRedis(t, 5*time.Second, "the waiters' subscriptions", subscribers(admin, hb, name, 3))
+	pollRedis(t, 5*time.Second, "the waiters recorded", members(admin, hb.Key(name)+":pw", 3))
+	pollRedis(t, 5*time.Second, "the waiters' second attempts", func(context.Context) (bool, error) { return attempts.Load() == 6, nil })
+	granted := 0
+	for granted < 3 {
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case g := <-got[0]:
+			p, err = g.p, g.err
+		case g := <-got[1]:
+			p, err = g.p, g.err
+		case g := <-got[2]:
+			p, err = g.p, g.err
+		case <-ctx.Done():
+			t.Fatalf("%d waiters granted, then none", granted)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		granted++
+	}
+	if err := p.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := attempts.Load(); n != 6+3 {
+		t.Fatalf("%d acquire attempts, want 9: 2 each to wait, then one a release", n)
 	}
 }
 
@@ -479,9 +560,9 @@ type polled struct {
 	attempts atomic.Int64
 }
 
-func (p *polled) Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (bool, error) {
+func (p *polled) Acquire(ctx context.Context, name, token string, limit int64, ttl, wait time.Duration) (uint64, error) {
 	p.attempts.Add(1)
-	return p.FairStore.Acquire(ctx, name, token, limit, ttl)
+	return p.FairStore.Acquire(ctx, name, token, limit, ttl, wait)
 }
 
 // BenchmarkReleaseToGrant measures the time from a release on one client

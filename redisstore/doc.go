@@ -7,7 +7,7 @@
 //   - Store is a ratelimit.Store: exact rate-limit decisions, shared by
 //     every replica. Most of this documentation is about it.
 //   - SemaphoreStore is a concurrency.Store: distributed semaphores with
-//     expiring permits.
+//     expiring permits, each with its fencing token.
 //   - LeaseStore is a lease.Store: capacity leases on partitions of a
 //     downstream's limit.
 //   - ExpiringHash is a small table of entries with their own TTLs, for

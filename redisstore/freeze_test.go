@@ -421,8 +421,8 @@ func TestSemaphoreFreeze(t *testing.T) {
 	// Open connections and sample the clock: n holders at once, released.
 	warmAtOnce(t, n, func(i int) error {
 		tok := fmt.Sprint("warm", i)
-		ok, err := sem.Acquire(ctx, "s", tok, n, time.Hour)
-		if err == nil && !ok {
+		fence, err := sem.Acquire(ctx, "s", tok, n, time.Hour, 0)
+		if err == nil && fence == 0 {
 			err = errors.New("no permit")
 		}
 		if err == nil {
@@ -435,7 +435,7 @@ func TestSemaphoreFreeze(t *testing.T) {
 	failFrozen(t, n, func(i int) (any, error) {
 		cctx, cancel := context.WithTimeout(ctx, faultTimeout)
 		defer cancel()
-		return sem.Acquire(cctx, "s", fmt.Sprint("frozen", i), n, time.Hour)
+		return sem.Acquire(cctx, "s", fmt.Sprint("frozen", i), n, time.Hour, 0)
 	})
 	srv.Thaw()
 

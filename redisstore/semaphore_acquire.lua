@@ -2,18 +2,26 @@
 -- KEYS[1]  the semaphore's sorted set: member = token, score = expiry (ms, server clock)
 -- KEYS[2]  the weights above 1 of its holders (see semaphore_fair.lua)
 -- KEYS[3]  the semaphore's pub/sub channel (see semaphore_release.lua)
+-- KEYS[4]  the holders' fences: hash token -> fence
+-- KEYS[5]  the fence counter: the last fence granted; it never expires
+-- KEYS[6]  the plain waiters: sorted set token -> the instant (ms) its
+--          place lapses (see semaphore_prelude.lua)
 -- ARGV[1]  token
 -- ARGV[2]  limit (most holders)
 -- ARGV[3]  ttl in milliseconds
 -- ARGV[4]  the cutoff: Unix ns of the server's clock past which the caller
 --          has given up on the call, or "" for none (see clock.go)
--- Returns 1 if token holds a permit afterwards, 0 if the semaphore is full,
--- -1 (having done nothing) past the cutoff. When it forgot expired holders
--- and did not find the semaphore full, it PUBLISHes "" on the channel, so
--- that other waiters look: the expired permits may be more than it takes.
--- (When the last holder expires, the key expires with it: nothing to see.)
+-- ARGV[5]  wait in milliseconds: how long a refused token stays recorded
+--          as a waiter, to be named when room opens; 0 to record nothing
+-- Returns the fence of token's permit if it holds one afterwards (the one
+-- it had if it held it already, the counter's next value if not), 0 if the
+-- semaphore is full, -1 (having done nothing) past the cutoff. When it
+-- forgot expired holders and did not find the semaphore full, it wakes as
+-- many waiters as the room left after its grant (semaphore_prelude.lua):
+-- the expired permits may be more than it takes. (When the last holder
+-- expires, the key expires with it: nothing to see.)
 local key, token = KEYS[1], ARGV[1]
-local limit, ttl = tonumber(ARGV[2]), tonumber(ARGV[3])
+local limit, ttl, wait = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
 local t = redis.call('TIME')
 local cut = ARGV[4]
 if cut ~= '' and (string.sub(cut, 1, -10) - t[1]) * 1000000000 + (string.sub(cut, -9) - t[2] * 1000) < 0 then
@@ -27,26 +35,43 @@ local gone = redis.call('ZRANGEBYSCORE', key, '-inf', now)
 if #gone > 0 then
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
   redis.call('HDEL', KEYS[2], unpack(gone))
+  redis.call('HDEL', KEYS[4], unpack(gone))
 end
 
-if not redis.call('ZSCORE', key, token) then
-  local used = redis.call('ZCARD', key)
-  if used < limit and redis.call('EXISTS', KEYS[2]) == 1 then
+-- used returns the weight held, or at least limit when that is reached.
+local function used()
+  local n = redis.call('ZCARD', key)
+  if n < limit and redis.call('EXISTS', KEYS[2]) == 1 then
     local ws = redis.call('HVALS', KEYS[2])
     for i = 1, #ws do
-      used = used + tonumber(ws[i]) - 1
+      n = n + tonumber(ws[i]) - 1
     end
   end
-  if used >= limit then
-    return 0
+  return n
+end
+
+local held = redis.call('ZSCORE', key, token)
+if not held and used() >= limit then
+  if wait > 0 then
+    redis.call('ZADD', KEYS[6], now + wait, token)
+    keep(KEYS[6], wait)
   end
+  return 0
+end
+redis.call('ZREM', KEYS[6], token)
+redis.call('ZADD', key, now + ttl, token)
+-- A renewal keeps its fence; a grant (or a holder without one, written
+-- before fences were) takes the next one.
+local fence = held and redis.call('HGET', KEYS[4], token)
+if not fence then
+  fence = redis.call('INCR', KEYS[5])
+  redis.call('HSET', KEYS[4], token, fence)
+end
+-- The keys live as long as their longest-lived holder.
+for _, k in ipairs({key, KEYS[2], KEYS[4]}) do
+  keep(k, ttl)
 end
 if #gone > 0 then
-  redis.call('PUBLISH', KEYS[3], '')
+  wake(KEYS[6], KEYS[3], now, limit - used())
 end
-redis.call('ZADD', key, now + ttl, token)
--- The key lives as long as its longest-lived holder.
-if redis.call('PTTL', key) < ttl then
-  redis.call('PEXPIRE', key, ttl)
-end
-return 1
+return tonumber(fence)

@@ -5,6 +5,8 @@
 -- KEYS[4]  the waiters' places: hash token -> the instant (ms) it lapses
 -- KEYS[5]  the ticket counter
 -- KEYS[6]  the semaphore's pub/sub channel (see semaphore_release.lua)
+-- KEYS[7]  the holders' fences: hash token -> fence
+-- KEYS[8]  the fence counter: the last fence granted; it never expires
 -- ARGV[1]  token
 -- ARGV[2]  weight
 -- ARGV[3]  limit (the most weight held)
@@ -13,9 +15,10 @@
 --          must wait; 0 to queue nothing
 -- ARGV[6]  the cutoff: Unix ns of the server's clock past which the caller
 --          has given up on the call, or "" for none (see clock.go)
--- Returns 2 when token holds the permit, 1 when it is first in line and
--- waits for room, 0 when others wait before it, -1 (having done nothing)
--- past the cutoff.
+-- Returns {2, fence} when token holds the permit (the fence it had if it
+-- held it already, the counter's next value if not), {1, 0} when it is
+-- first in line and waits for room, {0, 0} when others wait before it,
+-- {-1, 0} (having done nothing) past the cutoff.
 -- When the head of the line changed (a waiter granted or lapsed) or
 -- expired holders were forgotten, and room is left, it PUBLISHes the token
 -- of the waiter now first in line, so that it asks at once.
@@ -25,7 +28,7 @@ local ttl, wait = tonumber(ARGV[4]), tonumber(ARGV[5])
 local t = redis.call('TIME')
 local cut = ARGV[6]
 if cut ~= '' and (string.sub(cut, 1, -10) - t[1]) * 1000000000 + (string.sub(cut, -9) - t[2] * 1000) < 0 then
-  return -1
+  return {-1, 0}
 end
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
@@ -34,6 +37,7 @@ local gone = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now)
 if #gone > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
   redis.call('HDEL', KEYS[2], unpack(gone))
+  redis.call('HDEL', KEYS[7], unpack(gone))
 end
 
 local function used()
@@ -53,16 +57,29 @@ local function tell()
   end
 end
 
-local function keep(k, ms)
-  if redis.call('PTTL', k) < ms then
-    redis.call('PEXPIRE', k, ms)
-  end
+-- grant makes token a holder for ttl with the next fence, and returns it.
+local function grant()
+  redis.call('ZADD', KEYS[1], now + ttl, token)
+  local fence = redis.call('INCR', KEYS[8])
+  redis.call('HSET', KEYS[7], token, fence)
+  keep(KEYS[1], ttl)
+  keep(KEYS[7], ttl)
+  return fence
 end
 
 if redis.call('ZSCORE', KEYS[1], token) then
-  redis.call('ZADD', KEYS[1], now + ttl, token)
-  keep(KEYS[1], ttl)
-  return 2
+  -- A renewal keeps its fence (a holder without one, written before
+  -- fences were, takes one).
+  local fence = redis.call('HGET', KEYS[7], token)
+  if fence then
+    redis.call('ZADD', KEYS[1], now + ttl, token)
+  else
+    fence = grant()
+  end
+  for _, k in ipairs({KEYS[1], KEYS[2], KEYS[7]}) do
+    keep(k, ttl)
+  end
+  return {2, tonumber(fence)}
 end
 
 -- Waiters whose place lapsed leave the head of the line.
@@ -85,16 +102,15 @@ local head = redis.call('ZRANGE', KEYS[3], 0, 0)
 local first = #head == 0 or head[1] == token
 if first then
   if used() + weight <= limit then
-    redis.call('ZADD', KEYS[1], now + ttl, token)
+    local fence = grant()
     if weight ~= 1 then
       redis.call('HSET', KEYS[2], token, weight)
       keep(KEYS[2], ttl)
     end
-    keep(KEYS[1], ttl)
     redis.call('ZREM', KEYS[3], token)
     redis.call('HDEL', KEYS[4], token)
     tell()
-    return 2
+    return {2, fence}
   end
 end
 if changed then
@@ -110,6 +126,6 @@ if wait > 0 then
   end
 end
 if first then
-  return 1
+  return {1, 0}
 end
-return 0
+return {0, 0}

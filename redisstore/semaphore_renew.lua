@@ -1,5 +1,8 @@
--- Renew one holder's permit; never creates one.
+-- Renew one holder's permit; never creates one, and keeps its weight and
+-- its fence.
 -- KEYS[1]  the semaphore's sorted set
+-- KEYS[2]  the holders' weights (see semaphore_fair.lua)
+-- KEYS[3]  the holders' fences (see semaphore_acquire.lua)
 -- ARGV[1]  token
 -- ARGV[2]  ttl in milliseconds
 -- Returns 1 if the permit was held and is extended, 0 if it is gone.
@@ -13,10 +16,13 @@ if not exp then
 end
 if tonumber(exp) <= now then
   redis.call('ZREM', key, token)
+  redis.call('HDEL', KEYS[2], token)
+  redis.call('HDEL', KEYS[3], token)
   return 0
 end
 redis.call('ZADD', key, 'XX', now + ttl, token)
-if redis.call('PTTL', key) < ttl then
-  redis.call('PEXPIRE', key, ttl)
+-- The weights and fences live as long as the holders they describe.
+for k = 1, 3 do
+  keep(KEYS[k], ttl)
 end
 return 1

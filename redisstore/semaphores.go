@@ -25,6 +25,12 @@ var semaphoreFairLua string
 //go:embed semaphore_release.lua
 var semaphoreReleaseLua string
 
+// semaphorePreludeLua is loaded in front of every semaphore script: the
+// functions they share.
+//
+//go:embed semaphore_prelude.lua
+var semaphorePreludeLua string
+
 // DefaultSemaphorePrefix is the default SemaphoreOptions.Prefix.
 const DefaultSemaphorePrefix = "sluice:sem:"
 
@@ -50,8 +56,18 @@ type SemaphoreOptions struct {
 // Every operation is one atomic step: acquire and renew are Lua scripts
 // (EVALSHA, falling back to EVAL) that read TIME; acquire first removes the
 // expired holders, then adds the token if fewer than the limit remain;
-// renew extends a token only if it is present and unexpired; release
-// removes the caller's own token (and its weight).
+// renew extends a token (and keeps its weight and fence) only if it is
+// present and unexpired; release removes the caller's own token (and its
+// weight and fence).
+//
+// Each permit's fence (see concurrency.Store) is taken by the acquire
+// script from a counter, Key + ":fence" (INCR), and kept for its holder in
+// a hash, Key + ":f", that renewals leave as it is; both share the name's
+// hash tag, so the grant and its fence are one step on a Cluster too. The
+// counter has no expiry, so that a name's fences never go back when its
+// holders have all gone: it is one small key for every name ever
+// acquired. A server that loses it (see below) starts the name's fences
+// again from 1.
 //
 // It is a concurrency.FairStore: beside the holders' set, a semaphore has
 // a hash of the weights above 1 (Key + ":w"), a sorted set of waiters
@@ -79,8 +95,16 @@ type SemaphoreOptions struct {
 // moment Redis notices an expiry) and left room; a fair grant that left
 // room for the next in line. When the last holder's permit expires, the
 // set expires with it and nothing is published: the waiters find the
-// room by polling. The message is the token first in line, or
-// "" when nobody queues. Watch SUBSCRIBEs to it. Pub/sub delivers at most
+// room by polling. The message names the waiter to wake: the token first
+// in line when waiters queue (AcquireFair); otherwise as many of the
+// plain waiters as there is room for (the weight released, or the room an
+// acquire left), one message each. A plain waiter is recorded by its
+// refused Acquire (with wait > 0) in a sorted set, Key + ":pw", scored by
+// the instant its place lapses, and forgotten once named, granted,
+// dequeued or lapsed; so a release of one permit wakes one waiter in one
+// process, not one in every process. With no plain waiter recorded, the
+// message is "" (one waiter of each process that has one asks; a waiter
+// of an older Sluice records nothing). Watch SUBSCRIBEs to it. Pub/sub delivers at most
 // once, to the subscribers connected then; a message lost (to a
 // reconnection, a full channel) costs the waiters one poll interval, since
 // they keep polling. On a Cluster, PUBLISH reaches the subscribers of
@@ -130,10 +154,10 @@ func NewSemaphoreStore(c redis.UniversalClient, o SemaphoreOptions) (*SemaphoreS
 	return &SemaphoreStore{
 		c:       c,
 		prefix:  o.Prefix,
-		acquire: redis.NewScript(semaphoreAcquireLua),
-		renew:   redis.NewScript(semaphoreRenewLua),
-		fair:    redis.NewScript(semaphoreFairLua),
-		release: redis.NewScript(semaphoreReleaseLua),
+		acquire: redis.NewScript(semaphorePreludeLua + semaphoreAcquireLua),
+		renew:   redis.NewScript(semaphorePreludeLua + semaphoreRenewLua),
+		fair:    redis.NewScript(semaphorePreludeLua + semaphoreFairLua),
+		release: redis.NewScript(semaphorePreludeLua + semaphoreReleaseLua),
 		sclock:  newServerClock(c, redis.NewScript(timeLua)),
 	}, nil
 }
@@ -156,6 +180,15 @@ func ttlMillis(ttl time.Duration) int64 {
 	return max(int64((ttl+time.Millisecond-1)/time.Millisecond), 1)
 }
 
+// waitMillis converts a waiter's wait to milliseconds, rounded up; 0 (or
+// below) stays 0: record nothing.
+func waitMillis(wait time.Duration) int64 {
+	if wait <= 0 {
+		return 0
+	}
+	return ttlMillis(wait)
+}
+
 // cutoff returns the cutoff argument of an acquire on key: the server's
 // clock past which the caller has given up, or "" without a deadline.
 func (r *SemaphoreStore) cutoff(ctx context.Context, key string) (string, error) {
@@ -176,34 +209,43 @@ func (r *SemaphoreStore) cutoff(ctx context.Context, key string) (string, error)
 
 // AcquireFair implements concurrency.FairStore; it carries a cutoff as
 // Acquire does.
-func (r *SemaphoreStore) AcquireFair(ctx context.Context, name, token string, weight, limit int64, ttl, wait time.Duration) (concurrency.FairResult, error) {
+func (r *SemaphoreStore) AcquireFair(ctx context.Context, name, token string, weight, limit int64, ttl, wait time.Duration) (concurrency.FairResult, uint64, error) {
 	key := r.Key(name)
 	cut, err := r.cutoff(ctx, key)
 	if err != nil {
-		return concurrency.Queued, err
+		return concurrency.Queued, 0, err
 	}
-	waitMs := int64(0)
-	if wait > 0 {
-		waitMs = ttlMillis(wait)
+	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":seq", key + ":freed", key + ":f", key + ":fence"}
+	res, err := r.fair.Run(ctx, r.c, keys, token, weight, limit, ttlMillis(ttl), waitMillis(wait), cut).Int64Slice()
+	if err == nil && len(res) != 2 {
+		err = fmt.Errorf("semaphore_fair.lua answered %v", res)
 	}
-	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":seq", key + ":freed"}
-	n, err := r.fair.Run(ctx, r.c, keys, token, weight, limit, ttlMillis(ttl), waitMs, cut).Int64()
-	if err == nil && n == -1 {
-		if d, ok := ctx.Deadline(); ok && time.Now().Before(d) {
-			r.sclock.expired(ctx, key)
-		}
-		err = errExpired
+	if err == nil {
+		err = r.checkCutoff(ctx, key, res[0])
 	}
 	if err != nil {
-		return concurrency.Queued, fmt.Errorf("redisstore: semaphore acquire: %w", err)
+		return concurrency.Queued, 0, fmt.Errorf("redisstore: semaphore acquire: %w", err)
 	}
-	switch n {
+	switch res[0] {
 	case 2:
-		return concurrency.Granted, nil
+		return concurrency.Granted, uint64(res[1]), nil
 	case 1:
-		return concurrency.First, nil
+		return concurrency.First, 0, nil
 	}
-	return concurrency.Queued, nil
+	return concurrency.Queued, 0, nil
+}
+
+// checkCutoff returns errExpired when an acquire script answered n == -1,
+// having done nothing past its cutoff, and then, if the call was answered
+// before its deadline, has the server's clock on key measured again.
+func (r *SemaphoreStore) checkCutoff(ctx context.Context, key string, n int64) error {
+	if n != -1 {
+		return nil
+	}
+	if d, ok := ctx.Deadline(); ok && time.Now().Before(d) {
+		r.sclock.expired(ctx, key) // answered in time, yet past the cutoff: measure again
+	}
+	return errExpired
 }
 
 // Dequeue implements concurrency.FairStore. When token was first in
@@ -218,7 +260,7 @@ func (r *SemaphoreStore) Dequeue(ctx context.Context, name, token string) error 
 // runRelease runs semaphore_release.lua in mode "release" or "dequeue".
 func (r *SemaphoreStore) runRelease(ctx context.Context, name, token, mode string) (bool, error) {
 	key := r.Key(name)
-	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":freed"}
+	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":freed", key + ":f", key + ":pw"}
 	n, err := r.release.Run(ctx, r.c, keys, token, mode).Int64()
 	return n == 1, err
 }
@@ -238,28 +280,27 @@ func (r *SemaphoreStore) Watch(ctx context.Context, name string) (<-chan string,
 // context's, or the client's read timeout) carries its cutoff: if Redis
 // runs it only after the caller gave up, it adds no holder (see the
 // package documentation, Deadlines).
-func (r *SemaphoreStore) Acquire(ctx context.Context, name, token string, limit int64, ttl time.Duration) (bool, error) {
+func (r *SemaphoreStore) Acquire(ctx context.Context, name, token string, limit int64, ttl, wait time.Duration) (uint64, error) {
 	key := r.Key(name)
 	cut, err := r.cutoff(ctx, key)
 	if err != nil {
-		return false, err
+		return 0, err
 	}
-	n, err := r.acquire.Run(ctx, r.c, []string{key, key + ":w", key + ":freed"}, token, limit, ttlMillis(ttl), cut).Int64()
-	if err == nil && n == -1 {
-		if d, ok := ctx.Deadline(); ok && time.Now().Before(d) {
-			r.sclock.expired(ctx, key) // answered in time, yet past the cutoff: measure again
-		}
-		err = errExpired
+	keys := []string{key, key + ":w", key + ":freed", key + ":f", key + ":fence", key + ":pw"}
+	n, err := r.acquire.Run(ctx, r.c, keys, token, limit, ttlMillis(ttl), cut, waitMillis(wait)).Int64()
+	if err == nil {
+		err = r.checkCutoff(ctx, key, n)
 	}
 	if err != nil {
-		return false, fmt.Errorf("redisstore: semaphore acquire: %w", err)
+		return 0, fmt.Errorf("redisstore: semaphore acquire: %w", err)
 	}
-	return n == 1, nil
+	return uint64(n), nil
 }
 
 // Renew implements concurrency.Store.
 func (r *SemaphoreStore) Renew(ctx context.Context, name, token string, ttl time.Duration) (bool, error) {
-	n, err := r.renew.Run(ctx, r.c, []string{r.Key(name)}, token, ttlMillis(ttl)).Int64()
+	key := r.Key(name)
+	n, err := r.renew.Run(ctx, r.c, []string{key, key + ":w", key + ":f"}, token, ttlMillis(ttl)).Int64()
 	if err != nil {
 		return false, fmt.Errorf("redisstore: semaphore renew: %w", err)
 	}

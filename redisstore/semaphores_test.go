@@ -167,8 +167,8 @@ func BenchmarkSemaphoreStore(b *testing.B) {
 	b.Run("acquire+release", func(b *testing.B) {
 		run(b, 2, func() error {
 			tok := token()
-			ok, err := be.Acquire(ctx, "bench", tok, 1<<30, time.Minute)
-			if err != nil || !ok {
+			fence, err := be.Acquire(ctx, "bench", tok, 1<<30, time.Minute, 0)
+			if err != nil || fence == 0 {
 				return errors.Join(err, errors.New("not acquired"))
 			}
 			_, err = be.Release(ctx, "bench", tok)
@@ -177,7 +177,7 @@ func BenchmarkSemaphoreStore(b *testing.B) {
 	})
 	b.Run("renew", func(b *testing.B) {
 		tok := token()
-		if _, err := be.Acquire(ctx, "bench-renew", tok, 1, time.Minute); err != nil {
+		if _, err := be.Acquire(ctx, "bench-renew", tok, 1, time.Minute, 0); err != nil {
 			b.Fatal(err)
 		}
 		run(b, 1, func() error {
@@ -201,7 +201,8 @@ func BenchmarkSemaphoreStore(b *testing.B) {
 }
 
 // TestSemaphoreWatch: the scripts publish, on the semaphore's channel, the
-// token first in line (or "") when a release, the departure of the head
+// token first in line (or, when nobody queues, the plain waiters recorded
+// that there is room for, or "") when a release, the departure of the head
 // or the reclaiming of an expired permit may open room, and nothing when a
 // waiter behind the head leaves.
 func TestSemaphoreWatch(t *testing.T) {
@@ -229,7 +230,7 @@ func TestSemaphoreWatch(t *testing.T) {
 	}
 	fair := func(token string, want concurrency.FairResult) {
 		t.Helper()
-		if got, err := b.AcquireFair(ctx, "w", token, 1, 1, time.Minute, 10*time.Second); err != nil || got != want {
+		if got, _, err := b.AcquireFair(ctx, "w", token, 1, 1, time.Minute, 10*time.Second); err != nil || got != want {
 			t.Fatalf("AcquireFair(%s) = %v, %v; want %v", token, got, err, want)
 		}
 	}
@@ -260,26 +261,73 @@ func TestSemaphoreWatch(t *testing.T) {
 	}
 	next("release, nobody queued", "")
 
-	// A permit that expires while another is held (so that the set
-	// lives) is noticed by the next acquire, which says so.
-	for _, h := range []struct {
-		token string
-		ttl   time.Duration
-	}{{"g", time.Minute}, {"e", 20 * time.Millisecond}} {
-		if ok, err := b.Acquire(ctx, "w", h.token, 2, h.ttl); err != nil || !ok {
-			t.Fatalf("Acquire(%s) = %v, %v", h.token, ok, err)
-		}
-	}
-	for {
-		ok, err := b.Acquire(ctx, "w", "f", 2, time.Minute)
+	// Plain waiters: an Acquire refused with a wait is recorded, and a
+	// release names as many of them as the weight it frees, the one that
+	// asked least recently first, one message each; each change's
+	// messages come before the next change's, so a message that follows
+	// shows that no other came between.
+	acquire := func(token string, limit int64, ttl, wait time.Duration) bool {
+		t.Helper()
+		fence, err := b.Acquire(ctx, "w", token, limit, ttl, wait)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ok {
-			break
+		return fence != 0
+	}
+	release := func(token string) {
+		t.Helper()
+		if ok, err := b.Release(ctx, "w", token); err != nil || !ok {
+			t.Fatalf("Release(%s) = %v, %v", token, ok, err)
 		}
 	}
-	next("an expired permit reclaimed", "")
+	const wait = 10 * time.Second
+	if !acquire("g", 1, time.Minute, 0) {
+		t.Fatal("g not granted")
+	}
+	if acquire("x", 1, time.Minute, wait) || acquire("y", 1, time.Minute, wait) || acquire("n", 1, time.Minute, 0) {
+		t.Fatal("granted above the limit")
+	}
+	release("g")
+	next("release of weight 1, x and y waiting", "x")
+	if !acquire("x", 1, time.Minute, wait) {
+		t.Fatal("x not granted")
+	}
+	release("x")
+	next("release of weight 1, y waiting", "y")
+	if !acquire("z", 1, time.Minute, 0) {
+		t.Fatal("z not granted")
+	}
+	release("z")
+	next("release, nobody recorded (n asked with no wait)", "")
+
+	// A release of weight 2 names two waiters.
+	if got, _, err := b.AcquireFair(ctx, "w", "h", 2, 2, time.Minute, 0); err != nil || got != concurrency.Granted {
+		t.Fatalf("AcquireFair(h, weight 2) = %v, %v", got, err)
+	}
+	for _, tok := range []string{"p", "q", "r"} {
+		if acquire(tok, 2, time.Minute, wait) {
+			t.Fatalf("%s granted above the limit", tok)
+		}
+	}
+	release("h")
+	next("release of weight 2, first waiter", "p")
+	next("release of weight 2, second waiter", "q")
+
+	// A permit that expires while another is held (so that the set
+	// lives) is noticed by the next acquire, which names as many waiters
+	// as the room it leaves: e, of weight 2, expires, f takes one unit of
+	// the two, and r, still recorded, is named for the other.
+	if !acquire("g", 3, time.Minute, 0) {
+		t.Fatal("g not granted")
+	}
+	if got, _, err := b.AcquireFair(ctx, "w", "e", 2, 3, 20*time.Millisecond, 0); err != nil || got != concurrency.Granted {
+		t.Fatalf("AcquireFair(e, weight 2) = %v, %v", got, err)
+	}
+	for !acquire("f", 3, time.Minute, 0) {
+	}
+	next("expired permits reclaimed, room for one", "r")
+	release("g")
+	next("release, nobody recorded", "")
 	select {
 	case m := <-notes:
 		t.Fatalf("unexpected message %q", m)

@@ -22,10 +22,13 @@ type NewSemaphoreStore func(t *testing.T) concurrency.Store
 // tokens that never touch each other's permits, separate names, renewal
 // that keeps a permit past its TTL, a stalled holder that loses its permit
 // within a TTL while the store hands the slot on, a permit removed from the
-// store reported lost, and limit 0; and, for a concurrency.FairStore,
-// waiters of separate Distributeds (as of separate processes) granted in
-// arrival order, and weighted permits that never add up to more than the
-// limit.
+// store reported lost, limit 0, and fences (each grant of a name takes the
+// name's next fence, whatever other names do; a renewal keeps it; it never
+// goes back, not even after every holder expired); and, for a
+// concurrency.FairStore, waiters of separate Distributeds (as of separate
+// processes) granted in arrival order, weighted permits that never add up
+// to more than the limit, a weight kept by renewals past a TTL, and the
+// fences of the fair path.
 //
 // With fakeTime, each test runs in a testing/synctest bubble: for stores
 // that take their time from time.Now in this process. A store on a server's
@@ -45,6 +48,10 @@ func RunSemaphores(t *testing.T, newStore NewSemaphoreStore, fakeTime bool) {
 		{"limit zero", testLimitZero},
 		{"waiters in arrival order", testArrivalOrder},
 		{"weights never exceed the limit", testWeights},
+		{"renewal keeps the weight", testWeightRenewed},
+		{"fences increase per name", testFences},
+		{"fences survive expiry", testFencesSurviveExpiry},
+		{"fences of the fair path", testFairFences},
 	}
 	b := newStore(t)
 	for i, tt := range tests {
@@ -294,8 +301,8 @@ type joining struct {
 	joined chan struct{}
 }
 
-func (j *joining) AcquireFair(ctx context.Context, name, token string, weight, limit int64, ttl, wait time.Duration) (concurrency.FairResult, error) {
-	res, err := j.FairStore.AcquireFair(ctx, name, token, weight, limit, ttl, wait)
+func (j *joining) AcquireFair(ctx context.Context, name, token string, weight, limit int64, ttl, wait time.Duration) (concurrency.FairResult, uint64, error) {
+	res, fence, err := j.FairStore.AcquireFair(ctx, name, token, weight, limit, ttl, wait)
 	j.mu.Lock()
 	first := wait > 0 && !j.seen[token]
 	j.seen[token] = true
@@ -303,7 +310,7 @@ func (j *joining) AcquireFair(ctx context.Context, name, token string, weight, l
 	if first && err == nil && res != concurrency.Granted {
 		j.joined <- struct{}{}
 	}
-	return res, err
+	return res, fence, err
 }
 
 func fairOrSkip(t *testing.T, b concurrency.Store) concurrency.FairStore {
@@ -416,5 +423,133 @@ func testWeights(t *testing.T, b concurrency.Store, sem string) {
 	wg.Wait()
 	if m := peak.Load(); m > limit || m < 3 {
 		t.Fatalf("peak weight held %d, want at most %d (and at least 3: permits overlapped)", m, limit)
+	}
+}
+
+// testWeightRenewed holds a permit of the whole limit's weight for longer
+// than a TTL: renewed, it still weighs what it did, and nobody else is let
+// in.
+func testWeightRenewed(t *testing.T, b concurrency.Store, sem string) {
+	fairOrSkip(t, b)
+	d := newDist(t, b, sem, 3)
+	p, err := d.AcquireN(context.Background(), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Release(context.Background()) })
+	passTime(testTTL * 3 / 2)
+	if err := p.Err(); err != nil {
+		t.Fatalf("Err after renewals = %v, want nil", err)
+	}
+	wantFull(t, d)
+}
+
+// passTime lets d pass, in fake time as in real time: what the tests
+// that call it look at is the stores' expiry, not another goroutine.
+func passTime(d time.Duration) { <-time.After(d) }
+
+// acquire calls Store.Acquire and fails the test on an error.
+func acquire(t *testing.T, b concurrency.Store, sem, token string, limit int64, ttl time.Duration) uint64 {
+	t.Helper()
+	f, err := b.Acquire(context.Background(), sem, token, limit, ttl, 0)
+	if err != nil {
+		t.Fatalf("Acquire(%q, %q): %v", sem, token, err)
+	}
+	return f
+}
+
+// testFences: each grant of a name takes the next fence of that name,
+// whatever other names do; a renewal keeps it; a release does not take
+// it back.
+func testFences(t *testing.T, b concurrency.Store, sem string) {
+	ctx := context.Background()
+	d := newDist(t, b, sem, 2)
+	other := newDist(t, b, sem+"/other", 10)
+	p1 := mustTry(t, d)
+	p2 := mustTry(t, d)
+	if p1.Fence() == 0 || p2.Fence() != p1.Fence()+1 {
+		t.Fatalf("fences of two grants: %d, %d; want n > 0, n+1", p1.Fence(), p2.Fence())
+	}
+	for range 3 { // grants of another name move nothing here
+		if o := mustTry(t, other); o.Fence() == 0 {
+			t.Fatal("a permit of fence 0")
+		}
+	}
+	// Renewals, and an acquire by a token that holds a permit, keep it.
+	if ok, err := b.Renew(ctx, sem, p1.Token(), testTTL); !ok || err != nil {
+		t.Fatalf("Renew = %v, %v; want true, nil", ok, err)
+	}
+	if f := acquire(t, b, sem, p1.Token(), 2, testTTL); f != p1.Fence() {
+		t.Fatalf("acquire by the holder's token: fence %d, want its own %d", f, p1.Fence())
+	}
+	if f := acquire(t, b, sem, "someone-else", 2, testTTL); f != 0 {
+		t.Fatalf("acquire of a full semaphore: fence %d, want 0", f)
+	}
+	if err := p1.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p3 := mustTry(t, d); p3.Fence() != p2.Fence()+1 {
+		t.Fatalf("fence after a release and grants of another name: %d, want %d", p3.Fence(), p2.Fence()+1)
+	}
+	if f := acquire(t, b, sem, p1.Token(), 3, testTTL); f != p2.Fence()+2 {
+		t.Fatalf("a released token granted again: fence %d, want a new one, %d", f, p2.Fence()+2)
+	}
+}
+
+// testFencesSurviveExpiry: a name whose every holder expired (the store
+// free to forget it) goes on from its last fence, and a token granted
+// again after its permit expired gets a new fence.
+func testFencesSurviveExpiry(t *testing.T, b concurrency.Store, sem string) {
+	const ttl = 50 * time.Millisecond
+	a := acquire(t, b, sem, "a", 1, ttl)
+	if a == 0 {
+		t.Fatal("not granted")
+	}
+	passTime(3 * ttl)
+	c := acquire(t, b, sem, "c", 1, ttl) // a expired: c takes its place
+	if c <= a {
+		t.Fatalf("fence after the holder expired: %d, want above %d", c, a)
+	}
+	passTime(3 * ttl)
+	again := acquire(t, b, sem, "a", 1, ttl) // c expired too; a comes back
+	if again <= c {
+		t.Fatalf("fence of a token granted again after every holder expired: %d, want above %d", again, c)
+	}
+}
+
+// testFairFences: the fair path takes its fences from the same counter as
+// the plain one, and answers 0 when it grants nothing.
+func testFairFences(t *testing.T, b concurrency.Store, sem string) {
+	fs := fairOrSkip(t, b)
+	ctx := context.Background()
+	plain := newDist(t, b, sem, 3)
+	o := testOpts
+	o.Fair = true
+	fair, err := concurrency.NewDistributed(b, sem, 3, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p1 := mustTry(t, plain)
+	p2, err := fair.AcquireN(ctx, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p2.Release(ctx) })
+	if p2.Fence() != p1.Fence()+1 {
+		t.Fatalf("fair grant after a plain one: fence %d, want %d", p2.Fence(), p1.Fence()+1)
+	}
+	res, f, err := fs.AcquireFair(ctx, sem, p2.Token(), 2, 3, testTTL, 0)
+	if err != nil || res != concurrency.Granted || f != p2.Fence() {
+		t.Fatalf("AcquireFair by the holder's token = %v, %d, %v; want Granted, its own fence %d", res, f, err, p2.Fence())
+	}
+	res, f, err = fs.AcquireFair(ctx, sem, "waiter", 1, 3, testTTL, 0)
+	if err != nil || res == concurrency.Granted || f != 0 {
+		t.Fatalf("AcquireFair of a full semaphore = %v, %d, %v; want not Granted, fence 0", res, f, err)
+	}
+	if err := p1.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p3 := mustTry(t, fair); p3.Fence() != p2.Fence()+1 {
+		t.Fatalf("fair TryAcquire: fence %d, want %d", p3.Fence(), p2.Fence()+1)
 	}
 }

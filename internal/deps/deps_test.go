@@ -2,9 +2,10 @@
 // ARCHITECTURE.md over the whole module, in the spirit of the Go tree's
 // go/build/deps_test.go.
 //
-//   - ratelimit, limitheader (the codec of the RateLimit header fields)
-//     and priority (a request's priority, its names and its context)
-//     depend on the standard library only; adaptive (overload protection)
+//   - ratelimit, limitheader (the codec of the RateLimit header fields),
+//     priority (a request's priority, its names and its context) and
+//     fence (the protected side's check of fencing tokens) depend on the
+//     standard library only; adaptive (overload protection)
 //     on the standard library and priority only.
 //   - No library package (outside cmd/, internal/ and bench/) depends on
 //     gRPC, a YAML package or Prometheus — except that grpclimit, whose
@@ -274,8 +275,10 @@ func isLibrary(rel string) bool { return !underAny(rel, "cmd", "internal", "benc
 func importRules(mod string) []rule {
 	return []rule{
 		{
-			name:      "ratelimit, the header codec limitheader and priority may depend on the standard library only",
-			applies:   func(rel string) bool { return rel == "ratelimit" || rel == "limitheader" || rel == "priority" },
+			name: "ratelimit, the header codec limitheader, priority and fence may depend on the standard library only",
+			applies: func(rel string) bool {
+				return rel == "ratelimit" || rel == "limitheader" || rel == "priority" || rel == "fence"
+			},
 			forbidden: func(p *pkg) bool { return !p.Standard },
 		},
 		{
@@ -557,7 +560,7 @@ func TestRulesCatchViolations(t *testing.T) {
 		{
 			name: "ratelimit imports a module",
 			pkgs: []*pkg{ext("github.com/x/y"), own("ratelimit", "ratelimit", "github.com/x/y")},
-			want: []string{"package example.com/m/ratelimit imports github.com/x/y: ratelimit, the header codec limitheader and priority may depend on the standard library only"},
+			want: []string{"package example.com/m/ratelimit imports github.com/x/y: ratelimit, the header codec limitheader, priority and fence may depend on the standard library only"},
 		},
 		{
 			name: "ratelimit imports another module package",
@@ -566,7 +569,7 @@ func TestRulesCatchViolations(t *testing.T) {
 				own("clock", "clock", "github.com/x/y"),
 				own("ratelimit", "ratelimit", mod+"/clock"),
 			},
-			want: []string{"package example.com/m/ratelimit imports example.com/m/clock: ratelimit, the header codec limitheader and priority may depend on the standard library only"},
+			want: []string{"package example.com/m/ratelimit imports example.com/m/clock: ratelimit, the header codec limitheader, priority and fence may depend on the standard library only"},
 		},
 		{
 			name: "library imports grpc, yaml and prometheus",
@@ -608,7 +611,7 @@ func TestRulesCatchViolations(t *testing.T) {
 		{
 			name: "the header codec imports ratelimit",
 			pkgs: []*pkg{own("ratelimit", "ratelimit", "time"), std("time"), own("limitheader", "limitheader", mod+"/ratelimit")},
-			want: []string{"package example.com/m/limitheader imports example.com/m/ratelimit: ratelimit, the header codec limitheader and priority may depend on the standard library only"},
+			want: []string{"package example.com/m/limitheader imports example.com/m/ratelimit: ratelimit, the header codec limitheader, priority and fence may depend on the standard library only"},
 		},
 		{
 			name: "library links go-redis",
@@ -735,7 +738,7 @@ func TestRulesCatchViolations(t *testing.T) {
 			},
 			want: []string{
 				"package example.com/m/adaptive imports example.com/m/priority, which depends on github.com/x/y: adaptive may depend on the standard library and priority only",
-				"package example.com/m/priority imports github.com/x/y: ratelimit, the header codec limitheader and priority may depend on the standard library only",
+				"package example.com/m/priority imports github.com/x/y: ratelimit, the header codec limitheader, priority and fence may depend on the standard library only",
 			},
 		},
 		{

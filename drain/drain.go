@@ -363,32 +363,71 @@ const maxFailureKeys = 1 << 16
 // in a map and a ring, so under a megabyte.
 const ackedKeys = 1 << 15
 
-// recentKeys is the set of the last ackedKeys key hashes added: a map of
-// fixed size, the oldest forgotten as each new one comes (so that it is
-// never grown again). Its zero value is empty.
+// recentKeys is the set of the last ackedKeys key hashes added: a table
+// of twice that many slots, open addressing with linear probing (a hash
+// is its own place; 0 marks an empty slot, so a hash of 0 is kept as 1),
+// and a ring of the hashes in the order added, the oldest forgotten as
+// each new one comes. It never grows, and a lookup is one probe or two.
+// Its zero value is empty.
 type recentKeys struct {
-	set  map[uint64]struct{}
-	ring []uint64 // in the order added, from next on once full
-	next int
+	slots []uint64
+	ring  []uint64 // in the order added, from next on once full
+	next  int
 }
 
 // add reports whether k is in the set, and adds it if it is not.
 func (r *recentKeys) add(k uint64) (seen bool) {
-	if _, ok := r.set[k]; ok {
-		return true
+	if r.slots == nil {
+		r.slots = make([]uint64, 2*ackedKeys)
+		r.ring = make([]uint64, 0, ackedKeys)
 	}
-	if r.set == nil {
-		r.set = make(map[uint64]struct{}, ackedKeys)
+	k = max(k, 1)
+	if _, ok := r.find(k); ok {
+		return true
 	}
 	if len(r.ring) < ackedKeys {
 		r.ring = append(r.ring, k)
 	} else {
-		delete(r.set, r.ring[r.next])
+		r.remove(r.ring[r.next])
 		r.ring[r.next] = k
 		r.next = (r.next + 1) % ackedKeys
 	}
-	r.set[k] = struct{}{}
+	i, _ := r.find(k) // the first empty slot of k's run, since the removal
+	r.slots[i] = k
 	return false
+}
+
+// find returns the slot of k, or the empty slot ending its run.
+func (r *recentKeys) find(k uint64) (int, bool) {
+	mask := uint64(len(r.slots) - 1)
+	for i := k & mask; ; i = (i + 1) & mask {
+		switch r.slots[i] {
+		case k:
+			return int(i), true
+		case 0:
+			return int(i), false
+		}
+	}
+}
+
+// remove empties k's slot, moving back the entries after it in its run
+// that may fill it, so that no run is cut.
+func (r *recentKeys) remove(k uint64) {
+	j, ok := r.find(k)
+	if !ok {
+		return
+	}
+	mask := len(r.slots) - 1
+	for i := (j + 1) & mask; r.slots[i] != 0; i = (i + 1) & mask {
+		// The entry at i may move to j unless its place lies in (j, i],
+		// cyclically.
+		home := int(r.slots[i]) & mask
+		if (i > j && (home <= j || home > i)) || (i < j && home <= j && home > i) {
+			r.slots[j] = r.slots[i]
+			j = i
+		}
+	}
+	r.slots[j] = 0
 }
 
 // Stats are a Drainer's figures at one instant. Done, Duplicates,
@@ -455,6 +494,11 @@ type Drainer struct {
 	// pausedTo is the latest end of a pause begun (Unix nanoseconds):
 	// before it, pauses must be looked up; after it, none holds.
 	pausedTo atomic.Int64
+	// tickAt is when the heartbeat last ticked (Unix nanoseconds), a
+	// message's beat when it is taken: earlier than the instant, so that
+	// it is told InProgress a tick early rather than late, and with no
+	// reading of the clock for each message.
+	tickAt atomic.Int64
 	seed     maphash.Seed
 
 	// gate is held (a value in it) by the one worker choosing the next
@@ -472,7 +516,7 @@ type Drainer struct {
 	sched    scheduler
 	parked   map[string]*parking // messages set aside, by the scope that pauses them
 	parkedAt time.Time           // the earliest until of parked; zero when none
-	held     map[*hold]struct{}  // every message taken and not settled
+	held     []*hold             // every message taken and not settled, each at its index
 	heldN    []int               // of held, by Input
 	sinkN    []int               // of held, those released to the Sink, by Input
 	limN     []int               // by Input: its waitLimit when its fetcher last looked
@@ -519,7 +563,6 @@ func New(cfg Options) (*Drainer, error) {
 		want:     make([]int, len(cfg.Inputs)),
 		sched:    newScheduler(prios, cfg.StarvationLimit),
 		parked:   make(map[string]*parking),
-		held:     make(map[*hold]struct{}),
 		heldN:    make([]int, len(cfg.Inputs)),
 		sinkN:    make([]int, len(cfg.Inputs)),
 		limN:     make([]int, len(cfg.Inputs)),
@@ -554,12 +597,13 @@ type hold struct {
 	input int
 	scope string // what a throttled answer to it pauses
 	// inSink is set, under the Drainer's mu, when it is released to the
-	// Sink.
+	// Sink; index is its place in the Drainer's held.
 	inSink bool
+	index  int
 
 	mu      sync.Mutex // serialises InProgress and the settlement
 	settled bool
-	beat    time.Time // when taken or last told InProgress
+	beat    time.Time // when last told InProgress, or the heartbeat's tick before it was taken
 }
 
 // taken is a message in the scheduler or set aside.
@@ -575,6 +619,7 @@ func (d *Drainer) Run(ctx context.Context) error {
 		return errors.New("drain: Run called twice")
 	}
 	d.stats.Started = time.Now()
+	d.tickAt.Store(d.stats.Started.UnixNano())
 	d.mu.Unlock()
 
 	var fetchers, workers, beater sync.WaitGroup
@@ -589,8 +634,7 @@ func (d *Drainer) Run(ctx context.Context) error {
 
 	// Work in flight finishes: the calls' contexts end at their deadline,
 	// or once the last is done.
-	base, stop := context.WithCancel(context.WithoutCancel(ctx))
-	calls := &deadlines{base: base, timeout: d.cfg.Timeout}
+	calls := newDeadlines(context.WithoutCancel(ctx), d.cfg.Timeout)
 	for range d.cfg.Workers {
 		workers.Go(func() {
 			for {
@@ -603,7 +647,7 @@ func (d *Drainer) Run(ctx context.Context) error {
 		})
 	}
 	workers.Wait()
-	stop()
+	calls.stop()
 	fetchers.Wait()
 	// Hand back what was taken and never released.
 	d.mu.Lock()
@@ -712,12 +756,13 @@ func (d *Drainer) fetch(ctx context.Context, i int) {
 			}
 			continue
 		}
-		h := &hold{msg: m, input: i, scope: d.scopeOf(m), beat: time.Now()}
+		h := &hold{msg: m, input: i, scope: d.scopeOf(m), beat: time.Unix(0, d.tickAt.Load())}
 		d.mu.Lock()
 		if m.Deliveries() > 1 {
 			d.stats.Redelivered++
 		}
-		d.held[h] = struct{}{}
+		h.index = len(d.held)
+		d.held = append(d.held, h)
 		d.heldN[i]++
 		d.sched.push(i, m.Tenant(), taken{h})
 		d.mu.Unlock()
@@ -765,7 +810,10 @@ func (d *Drainer) settle(h *hold, ack bool, f func() error) error {
 		k = d.keyHash(h.msg.Key())
 	}
 	d.mu.Lock()
-	delete(d.held, h)
+	last := d.held[len(d.held)-1]
+	d.held[h.index], last.index = last, h.index
+	d.held[len(d.held)-1] = nil
+	d.held = d.held[:len(d.held)-1]
 	d.heldN[h.input]--
 	if h.inSink {
 		d.sinkN[h.input]--
@@ -805,11 +853,9 @@ func (d *Drainer) heartbeat(ctx context.Context, stop <-chan struct{}) {
 		case <-stop:
 			return
 		}
+		d.tickAt.Store(time.Now().UnixNano())
 		d.mu.Lock()
-		hs = hs[:0]
-		for h := range d.held {
-			hs = append(hs, h)
-		}
+		hs = append(hs[:0], d.held...)
 		d.mu.Unlock()
 		if len(hs) == 0 {
 			continue
@@ -864,7 +910,18 @@ func (d *Drainer) beat(ctx context.Context, h *hold, half time.Duration) {
 // pick returns the next message that may be sent now, setting aside
 // those whose scope is paused, and otherwise the earliest instant a
 // pause of a message set aside ends (zero if none is). d.mu is held.
-func (d *Drainer) pick(now time.Time) (t taken, ok bool, next time.Time) {
+func (d *Drainer) pick() (t taken, ok bool, next time.Time) {
+	if d.parkedAt.IsZero() && d.pausedTo.Load() == 0 {
+		// Never paused: no clock to read.
+		t, ok = d.sched.pop()
+		return t, ok, time.Time{}
+	}
+	now := time.Now()
+	if to := d.pausedTo.Load(); d.parkedAt.IsZero() && now.UnixNano() >= to {
+		// Every pause is over and nothing is set aside: back to the
+		// fast path (unless a pause begins meanwhile).
+		d.pausedTo.CompareAndSwap(to, 0)
+	}
 	clock := func() time.Time { return now }
 	if !d.parkedAt.IsZero() && !now.Before(d.parkedAt) {
 		d.parkedAt = time.Time{}
@@ -948,7 +1005,7 @@ func (d *Drainer) next(ctx context.Context) *hold {
 	}()
 	for ctx.Err() == nil {
 		d.mu.Lock()
-		t, ok, next := d.pick(time.Now())
+		t, ok, next := d.pick()
 		granted := d.granted || d.cfg.Limiter == nil
 		if ok && granted {
 			d.sendLocked(t)
@@ -1044,41 +1101,66 @@ func (d *Drainer) keyHash(key string) uint64 { return maphash.String(d.seed, key
 
 // deadlines hands out the contexts of Sink calls and settlements, each
 // with a deadline between timeout and timeout·9/8 from when it is asked
-// for: one context for all those asked for within timeout/8 of its
-// making. Each ends at its deadline, or when base does. It is safe for
-// concurrent use.
+// for: a new context every timeout/16, with its deadline timeout·9/8
+// later, serves every call begun until the next (so a timer that fires up
+// to timeout/16 late still keeps the bound), and no call reads the clock
+// or makes a timer of its own. Each ends at its deadline, or at stop. It
+// is safe for concurrent use.
 type deadlines struct {
 	base    context.Context
+	end     context.CancelFunc // base's
 	timeout time.Duration
 	cur     atomic.Pointer[deadline]
+
+	mu      sync.Mutex
+	timer   *time.Timer // makes the next
+	stopped bool
 }
 
 // deadline is one context of deadlines.
 type deadline struct {
 	ctx    context.Context
-	cancel context.CancelFunc // called by its timer, at its deadline
-	until  time.Time          // when it is no longer handed out
+	cancel context.CancelFunc // called by its timer at its deadline, or by base's
 }
 
-// get returns a context for a call that begins now.
-func (c *deadlines) get(now time.Time) context.Context {
-	cur := c.cur.Load()
-	if cur != nil && now.Before(cur.until) {
-		return cur.ctx
+// newDeadlines starts the contexts, children of parent, for timeout.
+func newDeadlines(parent context.Context, timeout time.Duration) *deadlines {
+	base, end := context.WithCancel(parent)
+	c := &deadlines{base: base, end: end, timeout: timeout}
+	c.renew()
+	return c
+}
+
+// renew makes the next context, and arms the timer for the one after.
+func (c *deadlines) renew() {
+	ctx, cancel := context.WithTimeout(c.base, c.timeout+c.timeout/8)
+	c.cur.Store(&deadline{ctx: ctx, cancel: cancel})
+	c.mu.Lock()
+	if !c.stopped {
+		c.timer = time.AfterFunc(c.timeout/16, c.renew)
 	}
-	ctx, cancel := context.WithDeadline(c.base, now.Add(c.timeout+c.timeout/8))
-	next := &deadline{ctx: ctx, cancel: cancel, until: now.Add(c.timeout / 8)}
-	c.cur.CompareAndSwap(cur, next) // another call's, made meanwhile, serves as well
-	return ctx
+	c.mu.Unlock()
+}
+
+// get returns the context of a call that begins now.
+func (c *deadlines) get() context.Context { return c.cur.Load().ctx }
+
+// stop makes no more contexts and ends them all, once no call runs.
+func (c *deadlines) stop() {
+	c.mu.Lock()
+	c.stopped = true
+	c.timer.Stop()
+	c.mu.Unlock()
+	c.end()
 }
 
 // work runs the Sink on h's message and settles it. Its heartbeat is the
 // Drainer's, as for every message held.
 func (d *Drainer) work(calls *deadlines, h *hold) {
 	m := h.msg
-	err := d.cfg.Sink(calls.get(time.Now()), m)
+	err := d.cfg.Sink(calls.get(), m)
 	// The settlement has its own time, whatever the Sink took of its own.
-	ctx := calls.get(time.Now())
+	ctx := calls.get()
 
 	var settle error
 	var te *ThrottledError

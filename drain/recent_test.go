@@ -1,0 +1,50 @@
+package drain
+
+import (
+	"math/rand/v2"
+	"testing"
+)
+
+// TestRecentKeys checks recentKeys against a model (a map and a queue of
+// the last ackedKeys distinct keys) over keys chosen so that many share a
+// place in the table, and repeats both recent and forgotten.
+func TestRecentKeys(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var r recentKeys
+	model := map[uint64]bool{}
+	var order []uint64
+	for n := range 300000 {
+		var k uint64
+		switch rng.IntN(4) {
+		case 0: // a place shared by many: runs wrap and collide
+			k = uint64(rng.IntN(64))<<16 | uint64(rng.IntN(8))
+		case 1: // a recent one again, or one forgotten
+			if len(order) > 0 {
+				k = order[max(0, len(order)-1-rng.IntN(2*ackedKeys))]
+			}
+		default:
+			k = rng.Uint64()
+		}
+		want := model[max(k, 1)]
+		if got := r.add(k); got != want {
+			t.Fatalf("add %d (#%d): seen %v, want %v", k, n, got, want)
+		}
+		if !want {
+			k = max(k, 1)
+			model[k] = true
+			order = append(order, k)
+			if len(order) > ackedKeys {
+				delete(model, order[len(order)-ackedKeys-1])
+			}
+		}
+	}
+	held := 0
+	for _, s := range r.slots {
+		if s != 0 {
+			held++
+		}
+	}
+	if held != ackedKeys {
+		t.Fatalf("the table holds %d keys, want %d", held, ackedKeys)
+	}
+}

@@ -20,17 +20,19 @@ type memSource struct {
 
 type memMsg struct{ key string }
 
-func (m *memMsg) Key() string                                { return m.key }
-func (m *memMsg) Data() []byte                               { return nil }
-func (m *memMsg) Tenant() string                             { return "" }
-func (m *memMsg) Partition() string                          { return "" }
-func (m *memMsg) Deliveries() int                            { return 1 }
-func (m *memMsg) Ack(context.Context) error                  { return nil }
-func (m *memMsg) Nak(context.Context, time.Duration) error   { return nil }
-func (m *memMsg) InProgress(context.Context) error           { return nil }
-func (m *memMsg) DeadLetter(context.Context, error) error    { return nil }
-func (s *memSource) Backlog(context.Context) (int64, error) { return int64(len(s.msgs)) - s.next.Load(), nil }
-func (s *memSource) Window() int                            { return 256 }
+func (m *memMsg) Key() string                              { return m.key }
+func (m *memMsg) Data() []byte                             { return nil }
+func (m *memMsg) Tenant() string                           { return "" }
+func (m *memMsg) Partition() string                        { return "" }
+func (m *memMsg) Deliveries() int                          { return 1 }
+func (m *memMsg) Ack(context.Context) error                { return nil }
+func (m *memMsg) Nak(context.Context, time.Duration) error { return nil }
+func (m *memMsg) InProgress(context.Context) error         { return nil }
+func (m *memMsg) DeadLetter(context.Context, error) error  { return nil }
+func (s *memSource) Backlog(context.Context) (int64, error) {
+	return int64(len(s.msgs)) - s.next.Load(), nil
+}
+func (s *memSource) Window() int { return 256 }
 
 func (s *memSource) Next(ctx context.Context) (drain.Message, error) {
 	i := s.next.Add(1) - 1
@@ -70,5 +72,5 @@ func BenchmarkDrainer(b *testing.B) {
 	if err := d.Run(ctx); err != nil {
 		b.Fatal(err)
 	}
-	b.ReportMetric(float64((draintest.CPUTime(b) - cpu0).Nanoseconds())/float64(b.N), "cpu-ns/msg")
+	b.ReportMetric(float64((draintest.CPUTime(b)-cpu0).Nanoseconds())/float64(b.N), "cpu-ns/msg")
 }

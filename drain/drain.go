@@ -499,7 +499,7 @@ type Drainer struct {
 	// it is told InProgress a tick early rather than late, and with no
 	// reading of the clock for each message.
 	tickAt atomic.Int64
-	seed     maphash.Seed
+	seed   maphash.Seed
 
 	// gate is held (a value in it) by the one worker choosing the next
 	// message to send (waiting for one, for the Limiter's grant or for a

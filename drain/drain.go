@@ -230,7 +230,7 @@ type Options struct {
 	PauseScope PauseScope
 	// Timeout bounds each Sink call, and each settlement (Ack, Nak,
 	// DeadLetter) after it, to within an eighth more: the calls begun
-	// within Timeout/8 of each other share one deadline, so that a call
+	// within Timeout/16 of each other share one deadline, so that a call
 	// makes no timer of its own. DefaultTimeout when 0.
 	Timeout time.Duration
 	// ProgressEvery is how often every message the Drainer holds (waiting
@@ -360,7 +360,7 @@ const maxFailureKeys = 1 << 16
 
 // ackedKeys is how many acknowledged keys a Drainer remembers, the last
 // ones, to tell Stats.Duplicates from Stats.Done: a hash of 8 bytes each,
-// in a map and a ring, so under a megabyte.
+// in a table of twice that many slots and a ring, 768 KiB in all.
 const ackedKeys = 1 << 15
 
 // recentKeys is the set of the last ackedKeys key hashes added: a table

@@ -714,22 +714,27 @@ func (d *Drainer) waitLimit(i int) int {
 // and fewer wait than its waitLimit, until ctx is done. Once it has taken
 // all it may, it waits until it may take a quarter of that again (or one,
 // if less), so that it takes messages in batches rather than one by one
-// as each is settled.
+// as each is settled. What a BatchSource may still hold of the room it
+// was told of (owed) is taken whatever the room now (the Limiter's rate
+// may have fallen meanwhile): a message held there is told InProgress by
+// nobody.
 func (d *Drainer) fetch(ctx context.Context, i int) {
 	src := d.cfg.Inputs[i].Source
 	bs, _ := src.(BatchSource)
 	recheck := time.NewTimer(0) // the limit follows the Limiter's rate
 	defer recheck.Stop()
+	owed := 0
 	for {
 		lim := d.waitLimit(i)
 		d.mu.Lock()
 		d.limN[i] = lim
 		room := d.roomLocked(i)
-		if room <= 0 {
+		wait := room <= 0 && owed <= 0
+		if wait {
 			d.want[i] = max(1, min(src.Window(), lim)/4)
 		}
 		d.mu.Unlock()
-		if room <= 0 {
+		if wait {
 			recheck.Reset(d.cfg.StatsEvery)
 			select {
 			case <-d.room[i]:
@@ -742,7 +747,11 @@ func (d *Drainer) fetch(ctx context.Context, i int) {
 		var m Message
 		var err error
 		if bs != nil {
-			m, err = bs.NextUpTo(ctx, room)
+			n := max(room, 1)
+			m, err = bs.NextUpTo(ctx, n)
+			if err == nil {
+				owed = max(owed, n) - 1
+			}
 		} else {
 			m, err = src.Next(ctx)
 		}

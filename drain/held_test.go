@@ -35,6 +35,12 @@ type fakeQueue struct {
 	allAcked    chan struct{}
 	want        int
 	all         []*fakeMsg
+	// batched: NextUpTo takes up to n messages at once and keeps those
+	// it does not return yet, delivered (their ack wait running), for
+	// the next calls, as a queue's client does with a batch it pulled.
+	batched bool
+	buf     []*fakeMsg
+	onBatch func() // called after a batch is pulled, if set
 }
 
 // ackQueue is a fakeQueue that reports its ack wait.
@@ -58,18 +64,54 @@ func (q *fakeQueue) Next(ctx context.Context) (drain.Message, error) { return q.
 func (q *fakeQueue) NextUpTo(ctx context.Context, n int) (drain.Message, error) {
 	q.mu.Lock()
 	q.asked = append(q.asked, n)
+	if q.batched && len(q.buf) > 0 {
+		m := q.buf[0]
+		q.buf = q.buf[1:]
+		q.mu.Unlock()
+		return m, nil
+	}
 	q.mu.Unlock()
+	if q.batched {
+		m, err := q.NextUpTo1(ctx)
+		if err != nil {
+			return nil, err
+		}
+		for range n - 1 {
+			select {
+			case more := <-q.ch:
+				q.take(more)
+				q.mu.Lock()
+				q.buf = append(q.buf, more)
+				q.mu.Unlock()
+			default:
+			}
+		}
+		if q.onBatch != nil {
+			q.onBatch()
+		}
+		return m, nil
+	}
+	return q.NextUpTo1(ctx)
+}
+
+// NextUpTo1 delivers one message, waiting for it.
+func (q *fakeQueue) NextUpTo1(ctx context.Context) (drain.Message, error) {
 	select {
 	case m := <-q.ch:
-		q.mu.Lock()
-		q.outstanding++
-		q.maxOut = max(q.maxOut, q.outstanding)
-		q.mu.Unlock()
-		m.deliver()
+		q.take(m)
 		return m, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// take delivers m.
+func (q *fakeQueue) take(m *fakeMsg) {
+	q.mu.Lock()
+	q.outstanding++
+	q.maxOut = max(q.maxOut, q.outstanding)
+	q.mu.Unlock()
+	m.deliver()
 }
 
 func (q *fakeQueue) Backlog(context.Context) (int64, error) {
@@ -293,6 +335,44 @@ func TestDrainHeldHeartbeat(t *testing.T) {
 			}
 		}
 		t.Logf("took %v; held at most %d; stats %+v", took, q.maxOut, st)
+	})
+}
+
+// TestBatchTakenWhenRateFalls: a Source that pulls a batch of what the
+// Drainer has room for (20/s × half the 2 s ack wait) keeps it,
+// delivered, until it is taken; as the batch comes, the Limiter's rate
+// falls to 2/s, so that the Drainer's room for waiting messages is gone.
+// What the Source still holds of the batch must be taken all the same,
+// and so told InProgress: none is delivered again. Before, the Drainer
+// took one more each time one was sent, at 2/s, and the end of the batch
+// outlived its ack wait in the Source.
+func TestBatchTakenWhenRateFalls(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 30
+		q := newFakeQueue(64, n, 2*time.Second, func(int) string { return "" })
+		q.batched = true
+		lim := ratelimit.NewLimiter(20, 1)
+		var once sync.Once
+		q.onBatch = func() { once.Do(func() { lim.SetLimit(2) }) }
+		d, err := drain.New(drain.Options{
+			Inputs:  []drain.Input{{Source: ackQueue{q}}},
+			Sink:    func(context.Context, drain.Message) error { return nil },
+			Limiter: lim,
+			Logger:  quiet,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runBubble(t, d, q, 5*time.Minute)
+		synctest.Wait()
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if q.redelivered != 0 {
+			t.Errorf("%d messages delivered again by the queue while the Drainer or its Source held them", q.redelivered)
+		}
+		if len(q.acked) != n {
+			t.Errorf("%d of %d acknowledged", len(q.acked), n)
+		}
 	})
 }
 

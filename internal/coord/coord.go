@@ -308,9 +308,11 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (Grant, error
 	}
 	defer s.done(key, req.Wait > 0)
 	var p *concurrency.Permit
+	waitOver := false // the store's error may be the wait's end, as a Redis call cut off
 	if req.Wait > 0 {
 		wctx, cancel := context.WithTimeout(ctx, req.Wait)
 		p, err = d.AcquireN(wctx, req.Weight)
+		waitOver = wctx.Err() != nil
 		cancel()
 	} else {
 		p, err = d.TryAcquireN(ctx, req.Weight)
@@ -322,7 +324,7 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (Grant, error
 		}
 		return Grant{}, &Error{Code: Gone, Msg: "the caller went away before the permit was granted", Err: ctx.Err()}
 	case err == nil:
-	case errors.Is(err, concurrency.ErrNoPermit), errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, concurrency.ErrNoPermit), waitOver:
 		return Grant{}, errorf(NoPermit, "semaphore %q: no permit of weight %d within the wait (%v) under limit %d", req.Name, req.Weight, req.Wait, req.Limit)
 	default:
 		return Grant{}, &Error{Code: Unavailable, Msg: "the semaphore store failed", Err: err}

@@ -85,6 +85,19 @@ off unless --admin-addr is given. It binds loopback only unless
 variable (the dashboard's page loads without it, and shows nothing until
 it is typed in).
 
+The coordination API hands out permits of distributed semaphores to
+programs in any language: the gRPC service sluice.v1.SemaphoreService
+(proto/sluice/v1/semaphore.proto) and POST /v1/semaphores/acquire, /renew
+and /release on the HTTP listener (docs/openapi.yaml). Permits live in the
+same store as the counters (memory, or Redis with --store redis, where
+every replica shares them), carry fencing tokens, and lapse unless renewed
+within their TTL. An acquire waits for room at most --coord-max-wait
+(below --http-write-timeout); at most --coord-max-waiters wait at once
+per semaphore. With --coord-token-file or SLUICE_COORD_TOKEN every call
+needs that bearer token (Authorization: Bearer TOKEN, or gRPC metadata
+authorization). It is not behind the overload guard: a waiting acquire
+is slow by design.
+
 Every rule keeps its --top-k hottest, most denied and nearest-the-limit
 keys in memory fixed per rule, whatever the number of keys (--top-k 0
 turns it off); the keys of rules whose descriptors include one of
@@ -281,7 +294,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&cfg.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight calls may take to finish on shutdown")
 	fs.StringVar(&cfg.logFormat, "log-format", "text", "log format: text or json")
 	fs.IntVar(&cfg.detailedKeys, "detailed-metric-keys", service.DefaultDetailedKeys, "most keys per rule in sluice_detailed_decisions_total (rules with detailed_metric or value_to_metric); the decisions of further keys count under key _overflow")
-	fs.StringVar(&coordTokenFile, "coord-token-file", "", "`file` holding the bearer token the coordination API (semaphores, over gRPC and HTTP) requires (default: $"+coordTokenEnv+"; neither: no token)")
+	fs.StringVar(&coordTokenFile, "coord-token-file", "", "`file` holding the bearer token the coordination API (semaphores, over gRPC and HTTP) requires; with neither it nor the variable set, none is required (default: $"+coordTokenEnv+")")
 	fs.DurationVar(&cfg.coord.DefaultTTL, "coord-default-ttl", coord.DefaultTTL, "coordination API: a permit's TTL when the request gives none")
 	fs.DurationVar(&cfg.coord.MaxTTL, "coord-max-ttl", coord.DefaultMaxTTL, "coordination API: the longest TTL a permit may ask for, the longest a crashed holder keeps it")
 	fs.DurationVar(&cfg.coord.MaxWait, "coord-max-wait", coord.DefaultMaxWait, "coordination API: the longest an acquire may wait for a permit; below --http-write-timeout")
@@ -361,6 +374,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("serve: reading the coordination API's token: %w", err)
 	}
 	cfg.coordToken = strings.TrimSpace(coordToken)
+	if err := cfg.coord.Validate(); err != nil {
+		return usagef("serve: the --coord-* flags: %v", err)
+	}
 	if cfg.coord.MaxWait >= cfg.limits.httpWriteTimeout {
 		return usagef("serve: --coord-max-wait %v must be below --http-write-timeout %v, or a waiting acquire's answer could not be written", cfg.coord.MaxWait, cfg.limits.httpWriteTimeout)
 	}
@@ -735,6 +751,10 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	sems.Register(s.grpc)
+	if cfg.coordToken != "" && len(cfg.coordToken) < minAdminTokenLen {
+		log.Warn("serve: the coordination API's token is short; nothing limits how many tokens a client may try, so use a long random one (e.g. 32 random bytes in hex)",
+			slog.Int("bytes", len(cfg.coordToken)), slog.Int("recommended_min", minAdminTokenLen))
+	}
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)

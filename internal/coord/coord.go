@@ -47,6 +47,13 @@ type Limits struct {
 	MaxWaiters int
 }
 
+// Validate returns the error New would return for l: a bound negative or
+// out of order.
+func (l Limits) Validate() error {
+	_, err := l.withDefaults()
+	return err
+}
+
 // withDefaults returns l with its zero fields set to the defaults, or an
 // error naming the first field out of range.
 func (l Limits) withDefaults() (Limits, error) {

@@ -43,7 +43,8 @@ const coordToken = "a-test-coordination-token-0123456789"
 // transports; waiters granted one by one as permits are released; a
 // holder that stops renewing losing its permit within the TTL to a
 // waiter with a larger fence; wrong ids and tokens refused; reflection
-// and health. Every HTTP answer is checked against docs/openapi.yaml.
+// and health; waiters answered at once when serve stops. Every HTTP
+// answer is checked against docs/openapi.yaml.
 func TestSemaphoresEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
@@ -67,12 +68,7 @@ func TestSemaphoresEndToEnd(t *testing.T) {
 			up := p.next(t, "sluice serving", 10*time.Second)
 			c := newCoordClient(t, api, up.str("http"), up.str("grpc"))
 			testSemaphores(t, c)
-			if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
-				t.Fatal(err)
-			}
-			if err := p.waitExit(t, 15*time.Second); err != nil {
-				t.Errorf("serve exited with %v", err)
-			}
+			testSemaphoreShutdown(t, c, p)
 			t.Logf("%s: %v", store, time.Since(start).Round(time.Millisecond))
 		})
 	}
@@ -160,7 +156,7 @@ func (c *coordClient) acquire(grpc bool, name string, limit int64, ttl, wait tim
 		return grant{ID: m["permit_id"].(string), Fence: uint64(m["fence"].(float64)), Valid: time.Duration(m["valid_for_ms"].(float64)) * time.Millisecond}, code
 	}
 	g, code := c.acquireGRPC(name, limit, ttl, wait)
-	return g, map[codes.Code]int{codes.OK: 200, codes.ResourceExhausted: 429, codes.InvalidArgument: 400}[code]
+	return g, map[codes.Code]int{codes.OK: 200, codes.ResourceExhausted: 429, codes.InvalidArgument: 400, codes.Unavailable: 503}[code]
 }
 
 // acquireGRPC acquires over gRPC, returning its status code.
@@ -280,54 +276,85 @@ func testSemaphoreLimit(t *testing.T, c *coordClient) {
 	}
 }
 
-// testSemaphoreWaiters holds the one permit of a semaphore, lets 4
-// acquirers (2 per transport) wait on it, knows they all wait when one
-// more is refused 429 (--coord-max-waiters 4), and then releases permit
-// after permit: each release grants one waiter, with a larger fence. (A
-// waiter refused because the probe held a place asks again.)
-func testSemaphoreWaiters(t *testing.T, c *coordClient) {
-	held := c.acquireHTTP(200, "lock", 1, 30*time.Second, 0)
-	granted := make(chan grant, 4)
-	var wg sync.WaitGroup
+// gather starts 4 acquirers (2 per transport) waiting up to 9 s on name,
+// whose one permit the caller holds, and returns once all of them wait:
+// when one more is refused 429 (--coord-max-waiters 4). Until then the
+// probe waits a millisecond and is told no permit came; a waiter refused
+// because the probe held a place asks again. Each waiter's answer (its
+// grant and status) comes on the channel.
+func gather(t *testing.T, c *coordClient, name string, wg *sync.WaitGroup) <-chan grantStatus {
+	answers := make(chan grantStatus, 4)
 	for w := range 4 {
 		wg.Go(func() {
 			for {
-				// 429 while the probe below holds a place: ask again.
-				g, code := c.acquire(w%2 == 1, "lock", 1, 30*time.Second, 9*time.Second)
-				if code == http.StatusTooManyRequests {
-					continue
+				g, code := c.acquire(w%2 == 1, name, 1, 30*time.Second, 9*time.Second)
+				if code != http.StatusTooManyRequests {
+					answers <- grantStatus{g, code}
+					return
 				}
-				if code != http.StatusOK {
-					t.Errorf("waiter (gRPC %v): %d", w%2 == 1, code)
-				}
-				granted <- g
-				return
 			}
 		})
 	}
-	// A fifth waiter is refused once all four wait; until then it waits
-	// a millisecond and is told no permit came.
 	deadline := time.Now().Add(8 * time.Second)
 	for {
-		code, _ := c.post("/v1/semaphores/acquire", coordToken, `{"name":"lock","limit":1,"ttl_ms":1000,"wait_ms":1}`)
+		code, _ := c.post("/v1/semaphores/acquire", coordToken, fmt.Sprintf(`{"name":%q,"limit":1,"ttl_ms":1000,"wait_ms":1}`, name))
 		if code == http.StatusTooManyRequests {
-			break
+			return answers
 		}
 		if code != http.StatusConflict || time.Now().After(deadline) {
 			t.Fatalf("probe while the waiters gather: %d", code)
 		}
 	}
+}
+
+// grantStatus is a waiter's answer.
+type grantStatus struct {
+	g    grant
+	code int
+}
+
+// testSemaphoreWaiters holds the one permit of a semaphore, lets 4
+// acquirers wait on it (gather), and then releases permit after permit:
+// each release grants one waiter, with a larger fence.
+func testSemaphoreWaiters(t *testing.T, c *coordClient) {
+	held := c.acquireHTTP(200, "lock", 1, 30*time.Second, 0)
+	var wg sync.WaitGroup
+	answers := gather(t, c, "lock", &wg)
 	fence := held.Fence
 	for range 4 {
 		c.releaseHTTP(http.StatusNoContent, "lock", held.ID)
-		held = <-granted
-		if held.Fence <= fence {
+		a := <-answers
+		if a.code != http.StatusOK {
+			t.Fatalf("waiter: %d", a.code)
+		}
+		if held = a.g; held.Fence <= fence {
 			t.Errorf("waiter granted fence %d, not above %d", held.Fence, fence)
 		}
 		fence = held.Fence
 	}
 	wg.Wait()
 	c.releaseHTTP(http.StatusNoContent, "lock", held.ID)
+}
+
+// testSemaphoreShutdown lets 4 acquirers wait on a semaphore held, then
+// stops serve: the waiters are answered 503 (UNAVAILABLE) at once rather
+// than holding up the drain for their wait, and serve exits 0.
+func testSemaphoreShutdown(t *testing.T, c *coordClient, p *sluiceProcess) {
+	c.acquireHTTP(200, "drain", 1, 30*time.Second, 0)
+	var wg sync.WaitGroup
+	answers := gather(t, c, "drain", &wg)
+	if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	for range 4 {
+		if a := <-answers; a.code != http.StatusServiceUnavailable {
+			t.Errorf("waiter at shutdown: %d, want 503", a.code)
+		}
+	}
+	wg.Wait()
+	if err := p.waitExit(t, 15*time.Second); err != nil {
+		t.Errorf("serve exited with %v", err)
+	}
 }
 
 // testSemaphoreLapse acquires a permit with a short TTL and never renews

@@ -675,6 +675,7 @@ type servers struct {
 	grpc         *grpc.Server
 	health       *health.Server
 	api          *httpapi.API
+	semaphores   *coord.Service // the coordination API
 	http         *httpServer
 	admin        *httpServer // nil when the admin API is off
 }
@@ -750,6 +751,7 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
+	s.semaphores = sems
 	sems.Register(s.grpc)
 	if cfg.coordToken != "" && len(cfg.coordToken) < minAdminTokenLen {
 		log.Warn("serve: the coordination API's token is short; nothing limits how many tokens a client may try, so use a long random one (e.g. 32 random bytes in hex)",
@@ -895,11 +897,14 @@ func (s *servers) run(ctx context.Context, cfg *serveConfig, set *rules.Set, lns
 }
 
 // setReady turns readiness on or off: /readyz, and gRPC health for every
-// service. Off is final: the health server answers NOT_SERVING from then on.
+// service. Off is final: the health server answers NOT_SERVING from then on,
+// and the coordination API's waiting acquires end (they would hold up the
+// drain for up to --coord-max-wait).
 func (s *servers) setReady(ready bool) {
 	s.api.SetReady(ready)
 	if !ready {
 		s.health.Shutdown()
+		s.semaphores.Shutdown()
 		return
 	}
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)

@@ -123,6 +123,9 @@ type Service struct {
 	limits Limits
 	token  []byte
 
+	closing context.Context // cancelled by Shutdown: the waits end
+	shut    context.CancelFunc
+
 	mu      sync.Mutex
 	waiting map[string]int        // acquires waiting, per name
 	sems    map[semKey]*semaphore // the semaphores acquires use now
@@ -155,8 +158,16 @@ func New(opts Options) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Service{store: fs, limits: l, token: []byte(opts.Token), waiting: make(map[string]int), sems: make(map[semKey]*semaphore)}, nil
+	closing, shut := context.WithCancel(context.Background())
+	return &Service{store: fs, limits: l, token: []byte(opts.Token), closing: closing, shut: shut,
+		waiting: make(map[string]int), sems: make(map[semKey]*semaphore)}, nil
 }
+
+// Shutdown ends every wait at once and refuses those to come, as
+// Unavailable, so that a server draining for shutdown is not held up by
+// acquires waiting for room (their callers may ask another replica);
+// acquires that do not wait, renewals and releases go on being answered.
+func (s *Service) Shutdown() { s.shut() }
 
 // Limits returns the bounds in force, defaults applied.
 func (s *Service) Limits() Limits { return s.limits }
@@ -315,11 +326,16 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (Grant, error
 	}
 	defer s.done(key, req.Wait > 0)
 	var p *concurrency.Permit
-	waitOver := false // the store's error may be the wait's end, as a Redis call cut off
+	// The store's error may be the wait's end: a Redis call cut off near
+	// its deadline (a context.DeadlineExceeded, which may come a little
+	// before the deadline itself).
+	waitOver := false
 	if req.Wait > 0 {
 		wctx, cancel := context.WithTimeout(ctx, req.Wait)
+		stop := context.AfterFunc(s.closing, cancel)
 		p, err = d.AcquireN(wctx, req.Weight)
-		waitOver = wctx.Err() != nil
+		stop()
+		waitOver = wctx.Err() != nil || errors.Is(err, context.DeadlineExceeded)
 		cancel()
 	} else {
 		p, err = d.TryAcquireN(ctx, req.Weight)
@@ -331,8 +347,12 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (Grant, error
 		}
 		return Grant{}, &Error{Code: Gone, Msg: "the caller went away before the permit was granted", Err: ctx.Err()}
 	case err == nil:
+	case req.Wait > 0 && s.closing.Err() != nil:
+		return Grant{}, errorf(Unavailable, "semaphore %q: this server is shutting down: ask another", req.Name)
 	case errors.Is(err, concurrency.ErrNoPermit), waitOver:
 		return Grant{}, errorf(NoPermit, "semaphore %q: no permit of weight %d within the wait (%v) under limit %d", req.Name, req.Weight, req.Wait, req.Limit)
+	case errors.Is(err, context.DeadlineExceeded): // the caller's deadline, about to pass
+		return Grant{}, &Error{Code: Gone, Msg: "the caller's deadline passed before the permit was granted", Err: err}
 	default:
 		return Grant{}, &Error{Code: Unavailable, Msg: "the semaphore store failed", Err: err}
 	}

@@ -277,3 +277,42 @@ func TestAuthorized(t *testing.T) {
 		t.Error("Authorized with token \"secret\" answers wrongly")
 	}
 }
+
+// TestShutdown checks that Shutdown ends a waiting acquire at once, as
+// Unavailable, holding nothing, and that renewals and releases go on.
+func TestShutdown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, m := newService(t, Limits{})
+		ctx := context.Background()
+		held, err := s.Acquire(ctx, AcquireRequest{Name: "x", Limit: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := s.Acquire(ctx, AcquireRequest{Name: "x", Limit: 1, Wait: 10 * time.Second})
+			done <- err
+		}()
+		synctest.Wait()
+		start := time.Now()
+		s.Shutdown()
+		if err := <-done; code(t, err) != Unavailable || !strings.Contains(err.Error(), "shutting down") {
+			t.Errorf("waiter at shutdown: %v; want Unavailable, shutting down", err)
+		}
+		if d := time.Since(start); d != 0 {
+			t.Errorf("the waiter ended %v after Shutdown; want at once", d)
+		}
+		if _, err := s.Acquire(ctx, AcquireRequest{Name: "x", Limit: 1, Wait: time.Second}); code(t, err) != Unavailable {
+			t.Errorf("a wait after Shutdown: %v; want Unavailable", err)
+		}
+		if _, err := s.Renew(ctx, "x", held.PermitID, 0); err != nil {
+			t.Errorf("renewal after Shutdown: %v", err)
+		}
+		if err := s.Release(ctx, "x", held.PermitID); err != nil {
+			t.Errorf("release after Shutdown: %v", err)
+		}
+		if n := m.HoldersAt(time.Now(), "x"); n != 0 {
+			t.Errorf("holders = %d, want 0", n)
+		}
+	})
+}

@@ -193,7 +193,8 @@ const (
 	// NotFound: the permit id holds no permit of the name (expired,
 	// released, or never granted).
 	NotFound
-	// Unavailable: the store failed.
+	// Unavailable: the store failed, or (for an acquire that would
+	// wait) the Service is shutting down.
 	Unavailable
 	// Gone: the caller's context ended (it went away, or its deadline
 	// passed) before an answer.

@@ -81,7 +81,8 @@
 // a problem: 400 outside the bounds, 401 without the bearer token
 // (coord.Options.Token), 404 for a permit id that holds nothing under the
 // name, 409 when no permit came within the wait, 429 when too many
-// acquires already wait on the semaphore, 503 when the store failed. These
+// acquires already wait on the semaphore, 503 when the store failed or
+// serve is shutting down (a waiting acquire is answered at once). These
 // routes are not behind Options.Protect: a waiting acquire is slow by
 // design, and would read to the overload guard as a slow service.
 //

@@ -169,9 +169,6 @@ func New(opts Options) (*Service, error) {
 // acquires that do not wait, renewals and releases go on being answered.
 func (s *Service) Shutdown() { s.shut() }
 
-// Limits returns the bounds in force, defaults applied.
-func (s *Service) Limits() Limits { return s.limits }
-
 // Authorized reports whether a call presenting bearer token may proceed:
 // always when the Service has no token, else when token is it (compared
 // in constant time).
@@ -358,7 +355,15 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (Grant, error
 		return Grant{}, &Error{Code: Unavailable, Msg: "the semaphore store failed", Err: err}
 	}
 	until := p.Detach()
-	return Grant{PermitID: p.Token(), Fence: p.Fence(), ValidFor: max(time.Until(until), 0)}, nil
+	if valid := time.Until(until); valid > 0 {
+		return Grant{PermitID: p.Token(), Fence: p.Fence(), ValidFor: valid}, nil
+	}
+	// Its validity ended between the grant and now (a process paused):
+	// give it back rather than hand over a permit already lost.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	_, _ = s.store.Release(rctx, req.Name, p.Token()) // best effort: it lapses anyway
+	return Grant{}, errorf(Unavailable, "semaphore %q: the permit's validity ended before it could be handed over", req.Name)
 }
 
 // releaseDetached releases p in a bounded call that outlives ctx.

@@ -39,20 +39,22 @@ type (
 	}
 )
 
-// semaphoreRoutes registers the semaphore routes of s on mux, behind
-// readFirst (the body bounded and read first) and s's bearer token. They
-// are not behind Options.Protect: an acquire that waits is slow by
-// design, and would read to the overload guard as a slow service.
+// semaphoreRoutes registers the semaphore routes of s on mux, behind s's
+// bearer token (checked before the body is read) and readFirst (the body
+// bounded and read first). They are not behind Options.Protect: an
+// acquire that waits is slow by design, and would read to the overload
+// guard as a slow service.
 func (a *API) semaphoreRoutes(s *coord.Service) {
 	route := func(path string, h func(s *coord.Service, w http.ResponseWriter, r *http.Request)) {
-		a.mux.Handle("POST "+path, a.readFirst(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		read := a.readFirst(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h(s, w, r) }))
+		a.mux.HandleFunc("POST "+path, func(w http.ResponseWriter, r *http.Request) {
 			if !s.AuthorizedHeader(r.Header.Get("Authorization")) {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="sluice-coordination"`)
 				writeProblem(w, r, http.StatusUnauthorized, "a valid bearer token is required (Authorization: Bearer TOKEN)")
 				return
 			}
-			h(s, w, r)
-		})))
+			read.ServeHTTP(w, r)
+		})
 	}
 	route("/v1/semaphores/acquire", semAcquire)
 	route("/v1/semaphores/renew", semRenew)

@@ -104,9 +104,20 @@ func newCoordClient(t *testing.T, api *openAPI, httpAddr, grpcAddr string) *coor
 // against the OpenAPI document, and returns its status and decoded body.
 func (c *coordClient) post(path, token, body string) (int, map[string]any) {
 	c.t.Helper()
-	req, err := http.NewRequestWithContext(c.t.Context(), "POST", "http://"+c.http+path, bytes.NewBufferString(body))
+	code, m, err := c.do(c.t.Context(), path, token, body)
 	if err != nil {
 		c.t.Fatal(err)
+	}
+	return code, m
+}
+
+// do is post under ctx, returning the error of a request that got no
+// answer; it fails no test itself but for an answer that does not match
+// the OpenAPI document, so that goroutines may call it.
+func (c *coordClient) do(ctx context.Context, path, token, body string) (int, map[string]any, error) {
+	req, err := http.NewRequestWithContext(ctx, "POST", "http://"+c.http+path, bytes.NewBufferString(body))
+	if err != nil {
+		return 0, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if token != "" {
@@ -114,12 +125,12 @@ func (c *coordClient) post(path, token, body string) (int, map[string]any) {
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		c.t.Fatal(err)
+		return 0, nil, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		c.t.Fatal(err)
+		return 0, nil, err
 	}
 	if err := c.api.checkResponse(path, resp.StatusCode, resp.Header.Get("Content-Type"), b); err != nil {
 		c.t.Errorf("POST %s %s: answer %d %s does not match docs/openapi.yaml: %v", path, body, resp.StatusCode, b, err)
@@ -127,42 +138,49 @@ func (c *coordClient) post(path, token, body string) (int, map[string]any) {
 	var m map[string]any
 	if len(b) > 0 {
 		if err := json.Unmarshal(b, &m); err != nil {
-			c.t.Fatalf("POST %s: %v: %s", path, err, b)
+			return 0, nil, fmt.Errorf("POST %s: %w: %s", path, err, b)
 		}
 	}
-	return resp.StatusCode, m
+	return resp.StatusCode, m, nil
 }
 
 // acquireHTTP acquires over HTTP, wanting status want.
 func (c *coordClient) acquireHTTP(want int, name string, limit int64, ttl, wait time.Duration) grant {
 	c.t.Helper()
-	g, code := c.acquire(false, name, limit, ttl, wait)
+	g, code := c.acquire(c.t.Context(), false, name, limit, ttl, wait)
 	if code != want {
 		c.t.Fatalf("HTTP acquire %q: %d, want %d", name, code, want)
 	}
 	return g
 }
 
-// acquire acquires over HTTP or, with grpc, over gRPC, and returns the
-// grant and the answer's status, a gRPC code as its HTTP status. It
-// fails no test itself, so that goroutines may call it.
-func (c *coordClient) acquire(grpc bool, name string, limit int64, ttl, wait time.Duration) (grant, int) {
+// acquire acquires under ctx over HTTP or, with grpc, over gRPC, and
+// returns the grant and the answer's status, a gRPC code as its HTTP
+// status; -1 when no answer came (ctx ended). It fails no test itself,
+// so that goroutines may call it.
+func (c *coordClient) acquire(ctx context.Context, grpc bool, name string, limit int64, ttl, wait time.Duration) (grant, int) {
 	if !grpc {
-		code, m := c.post("/v1/semaphores/acquire", coordToken,
+		code, m, err := c.do(ctx, "/v1/semaphores/acquire", coordToken,
 			fmt.Sprintf(`{"name":%q,"limit":%d,"ttl_ms":%d,"wait_ms":%d}`, name, limit, ttl.Milliseconds(), wait.Milliseconds()))
+		if err != nil {
+			return grant{}, -1
+		}
 		if code != http.StatusOK {
 			return grant{}, code
 		}
 		return grant{ID: m["permit_id"].(string), Fence: uint64(m["fence"].(float64)), Valid: time.Duration(m["valid_for_ms"].(float64)) * time.Millisecond}, code
 	}
-	g, code := c.acquireGRPC(name, limit, ttl, wait)
-	return g, map[codes.Code]int{codes.OK: 200, codes.ResourceExhausted: 429, codes.InvalidArgument: 400, codes.Unavailable: 503}[code]
+	g, code := c.acquireGRPC(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+coordToken), name, limit, ttl, wait)
+	if n, ok := map[codes.Code]int{codes.OK: 200, codes.ResourceExhausted: 429, codes.InvalidArgument: 400, codes.Unavailable: 503}[code]; ok {
+		return g, n
+	}
+	return g, -1
 }
 
-// acquireGRPC acquires over gRPC, returning its status code.
-func (c *coordClient) acquireGRPC(name string, limit int64, ttl, wait time.Duration) (grant, codes.Code) {
+// acquireGRPC acquires over gRPC under ctx, returning its status code.
+func (c *coordClient) acquireGRPC(ctx context.Context, name string, limit int64, ttl, wait time.Duration) (grant, codes.Code) {
 	var out sluicev1.AcquireResponse
-	err := c.invoke(c.ctx, "Acquire", &sluicev1.AcquireRequest{Name: name, Limit: limit, Ttl: durationpb.New(ttl), Wait: durationpb.New(wait)}, &out)
+	err := c.invoke(ctx, "Acquire", &sluicev1.AcquireRequest{Name: name, Limit: limit, Ttl: durationpb.New(ttl), Wait: durationpb.New(wait)}, &out)
 	return grant{ID: out.GetPermitId(), Fence: out.GetFence(), Valid: out.GetValidFor().AsDuration()}, status.Code(err)
 }
 
@@ -195,18 +213,18 @@ func testSemaphores(t *testing.T, c *coordClient) {
 			t.Errorf("HTTP acquire with token %q: %d, want 401", tok, code)
 		}
 	}
-	if _, code := (&coordClient{t: t, conn: c.conn, ctx: t.Context()}).acquireGRPC("db", 2, time.Second, 0); code != codes.Unauthenticated {
+	if _, code := c.acquireGRPC(t.Context(), "db", 2, time.Second, 0); code != codes.Unauthenticated {
 		t.Errorf("gRPC acquire without the token: %v, want UNAUTHENTICATED", code)
 	}
 
 	// Acquire, renew and release, over both; fences grow.
 	h := c.acquireHTTP(200, "db", 2, 10*time.Second, 0)
-	g, code := c.acquireGRPC("db", 2, 10*time.Second, 0)
+	g, code := c.acquireGRPC(c.ctx, "db", 2, 10*time.Second, 0)
 	if code != codes.OK || g.Fence <= h.Fence || g.ID == h.ID {
 		t.Fatalf("gRPC grant after an HTTP one: %+v %v; HTTP's %+v", g, code, h)
 	}
 	c.acquireHTTP(http.StatusConflict, "db", 2, time.Second, 0)
-	if _, code := c.acquireGRPC("db", 2, time.Second, 0); code != codes.ResourceExhausted {
+	if _, code := c.acquireGRPC(c.ctx, "db", 2, time.Second, 0); code != codes.ResourceExhausted {
 		t.Errorf("gRPC acquire of a full semaphore: %v, want RESOURCE_EXHAUSTED", code)
 	}
 	if code, m := c.post("/v1/semaphores/renew", coordToken, fmt.Sprintf(`{"name":"db","permit_id":%q,"ttl_ms":20000}`, g.ID)); code != 200 || m["valid_for_ms"].(float64) < 10000 {
@@ -253,7 +271,7 @@ func testSemaphoreLimit(t *testing.T, c *coordClient) {
 	for w := range 4 {
 		wg.Go(func() {
 			for range rounds {
-				g, code := c.acquire(w%2 == 1, "pool", limit, 10*time.Second, 8*time.Second)
+				g, code := c.acquire(t.Context(), w%2 == 1, "pool", limit, 10*time.Second, 8*time.Second)
 				if code != http.StatusOK {
 					t.Errorf("acquire of the pool (gRPC %v): %d", w%2 == 1, code)
 					return
@@ -278,16 +296,20 @@ func testSemaphoreLimit(t *testing.T, c *coordClient) {
 
 // gather starts 4 acquirers (2 per transport) waiting up to 9 s on name,
 // whose one permit the caller holds, and returns once all of them wait:
-// when one more is refused 429 (--coord-max-waiters 4). Until then the
-// probe waits a millisecond and is told no permit came; a waiter refused
-// because the probe held a place asks again. Each waiter's answer (its
-// grant and status) comes on the channel.
-func gather(t *testing.T, c *coordClient, name string, wg *sync.WaitGroup) <-chan grantStatus {
+// when one more is refused 429 (--coord-max-waiters 4; probe). Each
+// waiter's answer comes on the channel; the first waiter (over HTTP) hangs
+// up when ctx0 ends.
+func gather(t *testing.T, c *coordClient, ctx0 context.Context, name string, wg *sync.WaitGroup) <-chan grantStatus {
 	answers := make(chan grantStatus, 4)
 	for w := range 4 {
+		ctx := t.Context()
+		if w == 0 {
+			ctx = ctx0
+		}
 		wg.Go(func() {
 			for {
-				g, code := c.acquire(w%2 == 1, name, 1, 30*time.Second, 9*time.Second)
+				// 429 while the probe holds a place: ask again.
+				g, code := c.acquire(ctx, w%2 == 1, name, 1, 30*time.Second, 9*time.Second)
 				if code != http.StatusTooManyRequests {
 					answers <- grantStatus{g, code}
 					return
@@ -295,14 +317,23 @@ func gather(t *testing.T, c *coordClient, name string, wg *sync.WaitGroup) <-cha
 			}
 		})
 	}
+	probe(t, c, name, http.StatusTooManyRequests)
+	return answers
+}
+
+// probe asks for a permit of name, waiting a millisecond, until the
+// answer is want: 429 once 4 acquires wait (--coord-max-waiters 4), 409
+// (no permit within the wait) once fewer do.
+func probe(t *testing.T, c *coordClient, name string, want int) {
+	t.Helper()
 	deadline := time.Now().Add(8 * time.Second)
 	for {
-		code, _ := c.post("/v1/semaphores/acquire", coordToken, fmt.Sprintf(`{"name":%q,"limit":1,"ttl_ms":1000,"wait_ms":1}`, name))
-		if code == http.StatusTooManyRequests {
-			return answers
+		code, m := c.post("/v1/semaphores/acquire", coordToken, fmt.Sprintf(`{"name":%q,"limit":1,"ttl_ms":1000,"wait_ms":1}`, name))
+		if code == want {
+			return
 		}
-		if code != http.StatusConflict || time.Now().After(deadline) {
-			t.Fatalf("probe while the waiters gather: %d", code)
+		if (code != http.StatusConflict && code != http.StatusTooManyRequests) || time.Now().After(deadline) {
+			t.Fatalf("probe of %s: %d %v, waiting for %d", name, code, m, want)
 		}
 	}
 }
@@ -313,15 +344,23 @@ type grantStatus struct {
 	code int
 }
 
-// testSemaphoreWaiters holds the one permit of a semaphore, lets 4
-// acquirers wait on it (gather), and then releases permit after permit:
-// each release grants one waiter, with a larger fence.
+// testSemaphoreWaiters holds the one permit of a semaphore and lets 4
+// acquirers wait on it (gather). One hangs up: once serve has let it go
+// (the probe is told 409, not 429), permit after permit is released:
+// each release grants one of the 3 others, with a larger fence, and then
+// the semaphore is free: the caller that hung up holds nothing.
 func testSemaphoreWaiters(t *testing.T, c *coordClient) {
 	held := c.acquireHTTP(200, "lock", 1, 30*time.Second, 0)
 	var wg sync.WaitGroup
-	answers := gather(t, c, "lock", &wg)
+	ctx0, hangUp := context.WithCancel(t.Context())
+	answers := gather(t, c, ctx0, "lock", &wg)
+	hangUp()
+	if a := <-answers; a.code != -1 {
+		t.Fatalf("the waiter that hung up: %d, want no answer", a.code)
+	}
+	probe(t, c, "lock", http.StatusConflict)
 	fence := held.Fence
-	for range 4 {
+	for range 3 {
 		c.releaseHTTP(http.StatusNoContent, "lock", held.ID)
 		a := <-answers
 		if a.code != http.StatusOK {
@@ -334,6 +373,8 @@ func testSemaphoreWaiters(t *testing.T, c *coordClient) {
 	}
 	wg.Wait()
 	c.releaseHTTP(http.StatusNoContent, "lock", held.ID)
+	free := c.acquireHTTP(200, "lock", 1, time.Second, 0)
+	c.releaseHTTP(http.StatusNoContent, "lock", free.ID)
 }
 
 // testSemaphoreShutdown lets 4 acquirers wait on a semaphore held, then
@@ -342,7 +383,7 @@ func testSemaphoreWaiters(t *testing.T, c *coordClient) {
 func testSemaphoreShutdown(t *testing.T, c *coordClient, p *sluiceProcess) {
 	c.acquireHTTP(200, "drain", 1, 30*time.Second, 0)
 	var wg sync.WaitGroup
-	answers := gather(t, c, "drain", &wg)
+	answers := gather(t, c, t.Context(), "drain", &wg)
 	if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)
 	}
@@ -364,7 +405,7 @@ func testSemaphoreLapse(t *testing.T, c *coordClient) {
 	const ttl = 500 * time.Millisecond
 	start := time.Now()
 	crashed := c.acquireHTTP(200, "crash", 1, ttl, 0)
-	g, code := c.acquireGRPC("crash", 1, 10*time.Second, 5*time.Second)
+	g, code := c.acquireGRPC(c.ctx, "crash", 1, 10*time.Second, 5*time.Second)
 	if code != codes.OK {
 		t.Fatalf("acquire after a holder stopped renewing: %v", code)
 	}

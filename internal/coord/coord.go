@@ -326,14 +326,16 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (Grant, error
 	var p *concurrency.Permit
 	// The store's error may be the wait's end: a Redis call cut off near
 	// its deadline (a context.DeadlineExceeded, which may come a little
-	// before the deadline itself).
+	// before the deadline itself, or a network timeout at the deadline,
+	// before the context says it is done).
 	waitOver := false
 	if req.Wait > 0 {
 		wctx, cancel := context.WithTimeout(ctx, req.Wait)
 		stop := context.AfterFunc(s.closing, cancel)
 		p, err = d.AcquireN(wctx, req.Weight)
 		stop()
-		waitOver = wctx.Err() != nil || errors.Is(err, context.DeadlineExceeded)
+		dl, _ := wctx.Deadline()
+		waitOver = !time.Now().Before(dl) || errors.Is(err, context.DeadlineExceeded)
 		cancel()
 	} else {
 		p, err = d.TryAcquireN(ctx, req.Weight)

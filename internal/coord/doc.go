@@ -40,8 +40,10 @@
 //	TooManyWaiters  RESOURCE_EXHAUSTED   429
 //	NotFound        NOT_FOUND            404
 //	Unavailable     UNAVAILABLE          503
-//	Gone            CANCELLED            499 (never read: the caller left)
+//	Gone            CANCELLED or         499 (never read: the caller left)
+//	                DEADLINE_EXCEEDED
 //
 // and a call without the bearer token, when Options.Token is set,
-// UNAUTHENTICATED or 401.
+// UNAUTHENTICATED or 401. Shutdown ends the waiting acquires at once, as
+// Unavailable, so that a server draining is not held up by them.
 package coord

@@ -640,4 +640,25 @@ func TestOpenAPIChecker(t *testing.T) {
 	if err := api.checkResponse("/v1/semaphores/release", 204, "", []byte("x")); err == nil {
 		t.Error("a body in a 204 passed")
 	}
+	// Every $ref of the document resolves, whether a test's answers
+	// reach it or not.
+	var walk func(at string, v any)
+	walk = func(at string, v any) {
+		switch v := v.(type) {
+		case map[string]any:
+			if _, ok := v["$ref"]; ok {
+				if _, err := api.node(v); err != nil {
+					t.Errorf("%s: %v", at, err)
+				}
+			}
+			for k, x := range v {
+				walk(at+"/"+k, x)
+			}
+		case []any:
+			for i, x := range v {
+				walk(fmt.Sprintf("%s/%d", at, i), x)
+			}
+		}
+	}
+	walk("#", api.doc)
 }

@@ -106,9 +106,10 @@ type Options struct {
 //
 // A permit is acquired through a concurrency.Distributed (one shared by
 // the acquires in flight that agree on name, limit, TTL and fairness, so
-// that they share one watch of a Notifier store), so the waiting (backoff, the store's notifications, the fair
-// queue, leaving it when the caller goes) is that package's, and then
-// detached (concurrency.Permit.Detach): the Service keeps no state of
+// that they share one watch of a Notifier store), so the waiting
+// (backoff, the store's notifications, the fair queue, leaving it when
+// the caller goes) is that package's, and then detached
+// (concurrency.Permit.Detach): the Service keeps no state of
 // its own about permits, and its caller renews and releases the permit
 // by its id, which is the permit's token in the store (crypto/rand.Text:
 // 26 base32 characters, 130 random bits). Any replica of serve on the
@@ -117,7 +118,8 @@ type Options struct {
 // and the count of those waiting per name (MaxWaiters), which is this
 // process's.
 //
-// A Service is safe for concurrent use.
+// A Service is safe for concurrent use. Make one with New; the zero
+// value is not usable.
 type Service struct {
 	store  concurrency.FairStore
 	limits Limits

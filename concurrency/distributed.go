@@ -431,6 +431,14 @@ func (w *waiter) poke() {
 	}
 }
 
+// Notify tells one of d's blocked Acquires that room may have opened, so
+// that it asks the store at once instead of at its next poll: for a
+// caller that released a permit of d's name through the Store directly
+// (a permit detached, as sluice serve's coordination API releases them).
+// A Release through a Permit of d needs none. It never blocks, and grants
+// nothing by itself.
+func (d *Distributed) Notify() { d.wakeOne() }
+
 // wakeOne wakes one of d's waiters without blocking.
 func (d *Distributed) wakeOne() {
 	select {

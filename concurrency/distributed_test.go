@@ -219,3 +219,42 @@ func TestPermitDetach(t *testing.T) {
 		}
 	})
 }
+
+// TestNotify checks, in fake time, that Notify wakes a blocked Acquire at
+// once after a permit is released through the store directly, where it
+// would otherwise wait for its next poll.
+func TestNotify(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := NewMemoryStore()
+		d, err := NewDistributed(b, "s", 1, DistributedOptions{TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := d.TryAcquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Detach()
+		got := make(chan *Permit, 1)
+		go func() {
+			q, err := d.Acquire(context.Background())
+			if err != nil {
+				t.Error(err)
+			}
+			got <- q
+		}()
+		// Let the waiter back off to its longest pause.
+		time.Sleep(2 * DefaultMaxBackoff)
+		synctest.Wait()
+		if !b.ReleaseToken("s", p.Token()) {
+			t.Fatal("the detached permit was not in the store")
+		}
+		start := time.Now()
+		d.Notify()
+		q := <-got
+		if el := time.Since(start); el != 0 {
+			t.Errorf("granted %v after Notify; want at once", el)
+		}
+		q.Release(context.Background())
+	})
+}

@@ -460,7 +460,22 @@ func (s *Service) Release(ctx context.Context, name, id string) error {
 	if !ok {
 		return errorf(NotFound, "semaphore %q holds no permit with this id: it expired or was released", name)
 	}
+	s.notify(name)
 	return nil
+}
+
+// notify wakes a waiter of name in this process, in each Distributed of
+// the name in use, so that a permit released here is taken at once rather
+// than at the next poll (a MemoryStore notifies nobody; a Notifier store
+// tells the waiters of every process besides).
+func (s *Service) notify(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, sem := range s.sems {
+		if k.name == name {
+			sem.d.Notify()
+		}
+	}
 }
 
 func (s *Service) checkPermit(name, id string) error {

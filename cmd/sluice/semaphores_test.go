@@ -223,6 +223,11 @@ func testSemaphores(t *testing.T, c *coordClient) {
 	if code != codes.OK || g.Fence <= h.Fence || g.ID == h.ID {
 		t.Fatalf("gRPC grant after an HTTP one: %+v %v; HTTP's %+v", g, code, h)
 	}
+	for _, x := range []grant{h, g} {
+		if x.Valid <= 9*time.Second || x.Valid > 10*time.Second-10*time.Second/50 {
+			t.Errorf("grant %+v: valid for %v, want (9s, TTL - TTL/50]", x, x.Valid)
+		}
+	}
 	c.acquireHTTP(http.StatusConflict, "db", 2, time.Second, 0)
 	if _, code := c.acquireGRPC(c.ctx, "db", 2, time.Second, 0); code != codes.ResourceExhausted {
 		t.Errorf("gRPC acquire of a full semaphore: %v, want RESOURCE_EXHAUSTED", code)

@@ -264,6 +264,22 @@ func testSemaphores(t *testing.T, c *coordClient) {
 	testSemaphoreLimit(t, c)
 	testSemaphoreWaiters(t, c)
 	testSemaphoreLapse(t, c)
+
+	// The calls are counted.
+	resp, err := http.Get("http://" + c.http + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	scrape, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`sluice_semaphore_calls_total{method="acquire",outcome="ok"} `, `sluice_semaphore_calls_total{method="release",outcome="not_found"} `, `sluice_semaphore_calls_total{method="acquire",outcome="too_many_waiters"} `, "sluice_semaphore_waiting 0\n"} {
+		if !bytes.Contains(scrape, []byte(want)) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
 }
 
 // testSemaphoreLimit runs 4 acquirers (--coord-max-waiters), two on each

@@ -747,7 +747,7 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 	}
 	rlsServer := rls.New(svc, rls.Options{Headers: cfg.headers})
 	rlsServer.Register(s.grpc)
-	sems, err := coord.New(coord.Options{Store: b.semaphores, Limits: cfg.coord, Token: cfg.coordToken})
+	sems, err := coord.New(coord.Options{Store: b.semaphores, Limits: cfg.coord, Token: cfg.coordToken, Registerer: reg})
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}

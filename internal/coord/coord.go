@@ -9,6 +9,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sluicehq/sluice/concurrency"
 )
 
@@ -97,6 +99,10 @@ type Options struct {
 	// Token, when not empty, is the bearer token every call must present
 	// (Authorized); empty lets every call through.
 	Token string
+	// Registerer, if set, registers the Service's metrics:
+	// sluice_semaphore_calls_total{method,outcome} and
+	// sluice_semaphore_waiting.
+	Registerer prometheus.Registerer
 }
 
 // A Service hands out permits of distributed semaphores to remote
@@ -127,6 +133,7 @@ type Service struct {
 
 	closing context.Context // cancelled by Shutdown: the waits end
 	shut    context.CancelFunc
+	metrics *metrics
 
 	mu      sync.Mutex
 	waiting map[string]int        // acquires waiting, per name
@@ -161,8 +168,13 @@ func New(opts Options) (*Service, error) {
 		return nil, err
 	}
 	closing, shut := context.WithCancel(context.Background())
-	return &Service{store: fs, limits: l, token: []byte(opts.Token), closing: closing, shut: shut,
-		waiting: make(map[string]int), sems: make(map[semKey]*semaphore)}, nil
+	s := &Service{store: fs, limits: l, token: []byte(opts.Token), closing: closing, shut: shut,
+		waiting: make(map[string]int), sems: make(map[semKey]*semaphore)}
+	if s.metrics, err = newMetrics(s, opts.Registerer); err != nil {
+		shut()
+		return nil, err
+	}
+	return s, nil
 }
 
 // Shutdown ends every wait at once and refuses those to come, as
@@ -315,7 +327,8 @@ func checkID(id string) error {
 // place in the queue is left and a permit granted meanwhile is released.
 // (An answer lost on its way back is not seen here: that permit lapses
 // within its TTL.)
-func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (Grant, error) {
+func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (g Grant, err error) {
+	defer func() { s.metrics.count("acquire", err) }()
 	if err := s.validate(&req); err != nil {
 		return Grant{}, err
 	}
@@ -417,6 +430,17 @@ func (s *Service) done(key semKey, waited bool) {
 	}
 }
 
+// waitingTotal returns the number of acquires waiting in this process.
+func (s *Service) waitingTotal() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, w := range s.waiting {
+		n += w
+	}
+	return n
+}
+
 // Waiting returns the number of acquires waiting on name in this process.
 func (s *Service) Waiting(name string) int {
 	s.mu.Lock()
@@ -428,11 +452,12 @@ func (s *Service) Waiting(name string) int {
 // default TTL) and returns how long it is valid from when the caller sent
 // the request. A permit that expired, was released or never existed is
 // NotFound: renewal never creates one.
-func (s *Service) Renew(ctx context.Context, name, id string, ttl time.Duration) (time.Duration, error) {
+func (s *Service) Renew(ctx context.Context, name, id string, ttl time.Duration) (valid time.Duration, err error) {
+	defer func() { s.metrics.count("renew", err) }()
 	if err := s.checkPermit(name, id); err != nil {
 		return 0, err
 	}
-	ttl, err := s.ttl(ttl)
+	ttl, err = s.ttl(ttl)
 	if err != nil {
 		return 0, err
 	}
@@ -449,7 +474,8 @@ func (s *Service) Renew(ctx context.Context, name, id string, ttl time.Duration)
 
 // Release gives permit id of name back. One that is not held (expired,
 // released before, or never granted) is NotFound.
-func (s *Service) Release(ctx context.Context, name, id string) error {
+func (s *Service) Release(ctx context.Context, name, id string) (err error) {
+	defer func() { s.metrics.count("release", err) }()
 	if err := s.checkPermit(name, id); err != nil {
 		return err
 	}

@@ -10,6 +10,9 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/sluicehq/sluice/concurrency"
 )
 
@@ -313,6 +316,52 @@ func TestShutdown(t *testing.T) {
 		}
 		if n := m.HoldersAt(time.Now(), "x"); n != 0 {
 			t.Errorf("holders = %d, want 0", n)
+		}
+	})
+}
+
+// TestMetrics checks the calls counted by outcome and the waiting gauge.
+func TestMetrics(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reg := prometheus.NewRegistry()
+		s, err := New(Options{Store: concurrency.NewMemoryStore(), Registerer: reg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		g, err := s.Acquire(ctx, AcquireRequest{Name: "x", Limit: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Acquire(ctx, AcquireRequest{Name: "x", Limit: 1})
+		s.Acquire(ctx, AcquireRequest{Name: "", Limit: 1})
+		s.Renew(ctx, "x", g.PermitID, 0)
+		done := make(chan struct{})
+		go func() {
+			s.Acquire(ctx, AcquireRequest{Name: "x", Limit: 1, Wait: time.Second})
+			close(done)
+		}()
+		synctest.Wait()
+		if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP sluice_semaphore_waiting Acquires of the coordination API waiting for a permit in this process, over every semaphore.
+# TYPE sluice_semaphore_waiting gauge
+sluice_semaphore_waiting 1
+`), "sluice_semaphore_waiting"); err != nil {
+			t.Error(err)
+		}
+		<-done
+		s.Release(ctx, "x", g.PermitID)
+		s.Release(ctx, "x", g.PermitID)
+		for _, tc := range []struct {
+			method, outcome string
+			want            float64
+		}{
+			{"acquire", "ok", 1}, {"acquire", "no_permit", 2}, {"acquire", "invalid", 1},
+			{"renew", "ok", 1}, {"release", "ok", 1}, {"release", "not_found", 1},
+		} {
+			if n := testutil.ToFloat64(s.metrics.calls.WithLabelValues(tc.method, tc.outcome)); n != tc.want {
+				t.Errorf("calls{%s,%s} = %v, want %v", tc.method, tc.outcome, n, tc.want)
+			}
 		}
 	})
 }

@@ -358,7 +358,7 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (g Grant, err
 	switch {
 	case ctx.Err() != nil:
 		if p != nil {
-			s.releaseDetached(ctx, p)
+			s.releaseLate(ctx, p)
 		}
 		return Grant{}, &Error{Code: Gone, Msg: "the caller went away before the permit was granted", Err: ctx.Err()}
 	case err == nil:
@@ -383,8 +383,9 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (g Grant, err
 	return Grant{}, errorf(Unavailable, "semaphore %q: the permit's validity ended before it could be handed over", req.Name)
 }
 
-// releaseDetached releases p in a bounded call that outlives ctx.
-func (s *Service) releaseDetached(ctx context.Context, p *concurrency.Permit) {
+// releaseLate releases p, granted to a caller that has gone, in a
+// bounded call that outlives ctx.
+func (s *Service) releaseLate(ctx context.Context, p *concurrency.Permit) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
 	_ = p.Release(rctx) // best effort: the permit lapses within its TTL anyway

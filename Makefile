@@ -19,6 +19,12 @@ FUZZTIME ?= 10s
 # 5m17s here (2m56s of CPU). .ci/run calls it; with a warm cache it takes
 # seconds.
 STATICCHECK_VERSION ?= v0.8.2
+# `make proto` generates the Go messages of proto/ (Sluice's own API,
+# sluice.v1) with buf and protoc-gen-go, both through `go run`: buf at
+# this pinned version, protoc-gen-go at go.mod's google.golang.org/protobuf.
+# internal/coord's TestGeneratedCode reads this line, regenerates into a
+# temporary directory and fails when the checked-in code differs.
+BUF_VERSION ?= v1.75.0
 # `make vuln` runs govulncheck, pinned, against a database
 # built offline from the golang.org/x/vulndb module (vuln.go.dev is not
 # reachable here); .ci/vuln.sh pins both versions (GOVULNCHECK_VERSION,
@@ -42,7 +48,7 @@ TEST_TOOLS ?= redis-server chromium
 # containers-storage:localhost/sluice:dev.
 IMAGE_DEST ?=
 
-.PHONY: help test test-long test-setup bench fuzz lint staticcheck vuln serve image
+.PHONY: help test test-long test-setup bench fuzz lint staticcheck vuln serve image proto
 
 help: ## list the targets (the default)
 	@echo 'Usage: make <target> [VAR=value ...]'
@@ -105,6 +111,9 @@ staticcheck: ## staticcheck (pinned; slow on a cold cache, so not in lint)
 
 vuln: ## govulncheck (pinned), offline database from golang.org/x/vulndb; exit 3: findings, 4: skipped
 	GO='$(GO)' VULNDB='$(VULNDB)' .ci/vuln.sh
+
+proto: ## regenerate internal/coord/sluicev1 from proto/ (buf and protoc-gen-go, pinned, through go run)
+	$(GO) run github.com/bufbuild/buf/cmd/buf@$(BUF_VERSION) generate proto --template proto/buf.gen.yaml
 
 serve: ## run sluice serve (the embedded in-memory default)
 	$(GO) run ./cmd/sluice serve

@@ -116,6 +116,8 @@ var (
 	ErrLost = errors.New("concurrency: permit lost")
 	// ErrReleased is returned by Permit.Err after Release.
 	ErrReleased = errors.New("concurrency: permit released")
+	// ErrDetached is returned by Permit.Err after Detach.
+	ErrDetached = errors.New("concurrency: permit detached")
 )
 
 // Defaults of DistributedOptions.
@@ -428,6 +430,14 @@ func (w *waiter) poke() {
 	default: // a wake-up is already pending
 	}
 }
+
+// Notify tells one of d's blocked Acquires that room may have opened, so
+// that it asks the store at once instead of at its next poll: for a
+// caller that released a permit of d's name through the Store directly
+// (a permit detached, as sluice serve's coordination API releases them).
+// A Release through a Permit of d needs none. It never blocks, and grants
+// nothing by itself.
+func (d *Distributed) Notify() { d.wakeOne() }
 
 // wakeOne wakes one of d's waiters without blocking.
 func (d *Distributed) wakeOne() {
@@ -844,6 +854,40 @@ func jitter(d time.Duration) time.Duration {
 		return 0
 	}
 	return d - d/10 + rand.N(d/5+1)
+}
+
+// Detach stops the renewals (waiting for one in flight to return) without
+// releasing the permit, and returns the end of its validity on this
+// process's monotonic clock (see Distributed): the permit stays in the
+// Store under Token until it expires, unless whoever Token is handed to
+// renews or releases it through the Store (Store.Renew, Store.Release).
+// It is how a process acquires a permit for another, as sluice serve
+// does for its remote callers, who then renew it themselves. After
+// Detach, Err returns ErrDetached (or the loss that came first) and
+// Release does nothing; a Permit already released or lost has nothing
+// to detach, and Detach returns the zero time.
+func (p *Permit) Detach() time.Time {
+	p.mu.Lock()
+	if p.released {
+		p.mu.Unlock()
+		return time.Time{}
+	}
+	p.released = true
+	if p.checkLocked(time.Now()); p.err != nil {
+		p.mu.Unlock()
+		p.cancel()
+		<-p.exited
+		return time.Time{}
+	}
+	p.err = ErrDetached
+	p.expire.Stop()
+	p.mu.Unlock()
+	p.cancel()
+	<-p.exited
+	// A renewal in flight may have moved until before it returned.
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.until
 }
 
 // Release stops the renewals (waiting for one in flight to return) and

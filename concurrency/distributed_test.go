@@ -173,3 +173,88 @@ func TestErrDecidesAtTheCall(t *testing.T) {
 		}
 	})
 }
+
+// TestPermitDetach checks, in fake time, that a detached permit is no
+// longer renewed nor released by its Permit, stays in the store until its
+// TTL, and can be renewed through the store by whoever has its token.
+func TestPermitDetach(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := NewMemoryStore()
+		o := DistributedOptions{TTL: 3 * time.Second, Margin: 30 * time.Millisecond}
+		d, err := NewDistributed(b, "s", 1, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		p, err := d.TryAcquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if until := p.Detach(); !until.Equal(start.Add(o.TTL - o.Margin)) {
+			t.Errorf("Detach = start + %v, want start + TTL - Margin = %v", until.Sub(start), o.TTL-o.Margin)
+		}
+		if err := p.Err(); !errors.Is(err, ErrDetached) {
+			t.Errorf("Err after Detach = %v, want ErrDetached", err)
+		}
+		if err := p.Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if n := b.HoldersAt(time.Now(), "s"); n != 1 {
+			t.Errorf("holders after Release of a detached permit = %d, want 1", n)
+		}
+		// No renewal: the permit lapses at its TTL.
+		time.Sleep(o.TTL - time.Nanosecond)
+		if n := b.HoldersAt(time.Now(), "s"); n != 1 {
+			t.Errorf("holders just before the TTL = %d, want 1", n)
+		}
+		if ok, err := b.Renew(context.Background(), "s", p.Token(), o.TTL); !ok || err != nil {
+			t.Fatalf("Renew by token = %v, %v; want true", ok, err)
+		}
+		time.Sleep(o.TTL)
+		if n := b.HoldersAt(time.Now(), "s"); n != 0 {
+			t.Errorf("holders a TTL after the renewal by token = %d, want 0", n)
+		}
+		if p.Detach() != (time.Time{}) {
+			t.Error("a second Detach returned a validity")
+		}
+	})
+}
+
+// TestNotify checks, in fake time, that Notify wakes a blocked Acquire at
+// once after a permit is released through the store directly, where it
+// would otherwise wait for its next poll.
+func TestNotify(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := NewMemoryStore()
+		d, err := NewDistributed(b, "s", 1, DistributedOptions{TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := d.TryAcquire(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Detach()
+		got := make(chan *Permit, 1)
+		go func() {
+			q, err := d.Acquire(context.Background())
+			if err != nil {
+				t.Error(err)
+			}
+			got <- q
+		}()
+		// Let the waiter back off to its longest pause.
+		time.Sleep(2 * DefaultMaxBackoff)
+		synctest.Wait()
+		if !b.ReleaseToken("s", p.Token()) {
+			t.Fatal("the detached permit was not in the store")
+		}
+		start := time.Now()
+		d.Notify()
+		q := <-got
+		if el := time.Since(start); el != 0 {
+			t.Errorf("granted %v after Notify; want at once", el)
+		}
+		q.Release(context.Background())
+	})
+}

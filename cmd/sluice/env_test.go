@@ -97,7 +97,7 @@ func TestServeHelpListsEnv(t *testing.T) {
 	if len(entries) < 40 {
 		t.Fatalf("serve -h lists %d flags:\n%s", len(entries), help)
 	}
-	secrets := map[string]bool{adminTokenEnv: true, redisPasswordEnv: true, sentinelPasswordEnv: true}
+	secrets := map[string]bool{adminTokenEnv: true, coordTokenEnv: true, redisPasswordEnv: true, sentinelPasswordEnv: true}
 	for name, entry := range entries {
 		env := envName(serveEnvPrefix, name)
 		if secrets[env] {
@@ -107,7 +107,7 @@ func TestServeHelpListsEnv(t *testing.T) {
 			t.Errorf("serve -h: flag -%s's entry does not end with $%s:\n%s", name, env, entry)
 		}
 	}
-	for _, secret := range []string{adminTokenEnv, redisPasswordEnv, sentinelPasswordEnv} {
+	for _, secret := range []string{adminTokenEnv, coordTokenEnv, redisPasswordEnv, sentinelPasswordEnv} {
 		if !strings.Contains(help, "$"+secret+")") {
 			t.Errorf("serve -h no longer mentions %s", secret)
 		}

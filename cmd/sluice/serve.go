@@ -27,8 +27,10 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/sluicehq/sluice/concurrency"
 	"github.com/sluicehq/sluice/dashboard"
 	"github.com/sluicehq/sluice/internal/connlimit"
+	"github.com/sluicehq/sluice/internal/coord"
 	"github.com/sluicehq/sluice/internal/httpapi"
 	"github.com/sluicehq/sluice/internal/overrides"
 	"github.com/sluicehq/sluice/internal/recovery"
@@ -82,6 +84,19 @@ off unless --admin-addr is given. It binds loopback only unless
 --admin-token-file or, failing that, the SLUICE_ADMIN_TOKEN environment
 variable (the dashboard's page loads without it, and shows nothing until
 it is typed in).
+
+The coordination API hands out permits of distributed semaphores to
+programs in any language: the gRPC service sluice.v1.SemaphoreService
+(proto/sluice/v1/semaphore.proto) and POST /v1/semaphores/acquire, /renew
+and /release on the HTTP listener (docs/openapi.yaml). Permits live in the
+same store as the counters (memory, or Redis with --store redis, where
+every replica shares them), carry fencing tokens, and lapse unless renewed
+within their TTL. An acquire waits for room at most --coord-max-wait
+(below --http-write-timeout); at most --coord-max-waiters wait at once
+per semaphore. With --coord-token-file or SLUICE_COORD_TOKEN every call
+needs that bearer token (Authorization: Bearer TOKEN, or gRPC metadata
+authorization). It is not behind the overload guard: a waiting acquire
+is slow by design.
 
 Every rule keeps its --top-k hottest, most denied and nearest-the-limit
 keys in memory fixed per rule, whatever the number of keys (--top-k 0
@@ -158,6 +173,8 @@ type serveConfig struct {
 	maxBodyBytes     int64
 	shutdownTimeout  time.Duration
 	logFormat        string
+	coordToken       string // the coordination API's bearer token; "" for none
+	coord            coord.Limits
 	limits           limitsConfig
 	top              topConfig
 	// hooks are set by tests only, never by a flag.
@@ -230,6 +247,10 @@ const adminTokenEnv = "SLUICE_ADMIN_TOKEN"
 // failed-authentication budget does not stop guessing.
 const minAdminTokenLen = 16
 
+// coordTokenEnv names the environment variable holding the coordination
+// API's bearer token when --coord-token-file is not given.
+const coordTokenEnv = "SLUICE_COORD_TOKEN"
+
 // redisPasswordEnv names the environment variable holding the Redis
 // password when --redis-password-file is not given.
 const redisPasswordEnv = "SLUICE_REDIS_PASSWORD"
@@ -243,7 +264,7 @@ const sentinelPasswordEnv = "SLUICE_REDIS_SENTINEL_PASSWORD"
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newEnvFlagSet("serve", serveUsage, serveEnvPrefix, stderr)
 	var cfg serveConfig
-	var redisAddr, tokenFile, redisPasswordFile, sentinelPasswordFile, redisCA string
+	var redisAddr, tokenFile, coordTokenFile, redisPasswordFile, sentinelPasswordFile, redisCA string
 	var redisTLS bool
 	fs.StringVar(&cfg.rulesDir, "rules", "examples/rules", "`directory` of rule files (*.yaml), relative to the working directory")
 	fs.StringVar(&cfg.store, "store", "memory", "where counters live: memory or redis")
@@ -273,6 +294,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&cfg.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight calls may take to finish on shutdown")
 	fs.StringVar(&cfg.logFormat, "log-format", "text", "log format: text or json")
 	fs.IntVar(&cfg.detailedKeys, "detailed-metric-keys", service.DefaultDetailedKeys, "most keys per rule in sluice_detailed_decisions_total (rules with detailed_metric or value_to_metric); the decisions of further keys count under key _overflow")
+	fs.StringVar(&coordTokenFile, "coord-token-file", "", "`file` holding the bearer token the coordination API (semaphores, over gRPC and HTTP) requires; with neither it nor the variable set, none is required (default: $"+coordTokenEnv+")")
+	fs.DurationVar(&cfg.coord.DefaultTTL, "coord-default-ttl", coord.DefaultTTL, "coordination API: a permit's TTL when the request gives none")
+	fs.DurationVar(&cfg.coord.MaxTTL, "coord-max-ttl", coord.DefaultMaxTTL, "coordination API: the longest TTL a permit may ask for, the longest a crashed holder keeps it")
+	fs.DurationVar(&cfg.coord.MaxWait, "coord-max-wait", coord.DefaultMaxWait, "coordination API: the longest an acquire may wait for a permit; below --http-write-timeout")
+	fs.IntVar(&cfg.coord.MaxWaiters, "coord-max-waiters", coord.DefaultMaxWaiters, "coordination API: acquires that may wait at once on one semaphore in this process; one more is refused (429, RESOURCE_EXHAUSTED)")
 	var rt runtimeFlags
 	addRuntimeFlags(fs, &rt)
 	var gc gcConfig
@@ -343,6 +369,17 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 	}
+	coordToken, err := secret(coordTokenFile, coordTokenEnv)
+	if err != nil {
+		return fmt.Errorf("serve: reading the coordination API's token: %w", err)
+	}
+	cfg.coordToken = strings.TrimSpace(coordToken)
+	if err := cfg.coord.Validate(); err != nil {
+		return usagef("serve: the --coord-* flags: %v", err)
+	}
+	if cfg.coord.MaxWait >= cfg.limits.httpWriteTimeout {
+		return usagef("serve: --coord-max-wait %v must be below --http-write-timeout %v, or a waiting acquire's answer could not be written", cfg.coord.MaxWait, cfg.limits.httpWriteTimeout)
+	}
 	if cfg.detailedKeys <= 0 {
 		return usagef("serve: --detailed-metric-keys must be positive")
 	}
@@ -392,6 +429,10 @@ type backend struct {
 	store     ratelimit.Store
 	keys      httpapi.KeyStore
 	overrides overrides.Store
+	// semaphores holds the coordination API's permits: a
+	// concurrency.MemoryStore, or a redisstore.SemaphoreStore on the same
+	// Redis as the counters.
+	semaphores concurrency.Store
 	// shared reports that other replicas see the same state, so that the
 	// overrides must be polled for their changes.
 	shared bool
@@ -449,7 +490,7 @@ func (c memstoreCollector) Collect(ch chan<- prometheus.Metric) {
 func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*backend, error) {
 	if cfg.store == "memory" {
 		m := memstore.New(memstore.Options{MaxKeys: cfg.memoryMaxKeys, Now: cfg.hooks.clock()})
-		return &backend{store: m, keys: httpapi.LocalKeys(m), overrides: &overrides.MemoryStore{}, metrics: memstoreCollector{m}, health: memoryHealth(m), closers: []func() error{m.Close}}, nil
+		return &backend{store: m, keys: httpapi.LocalKeys(m), overrides: &overrides.MemoryStore{}, semaphores: concurrency.NewMemoryStore(), metrics: memstoreCollector{m}, health: memoryHealth(m), closers: []func() error{m.Close}}, nil
 	}
 	redisstore.LogTo(log)
 	c, err := redisstore.NewClient(redisstore.ClientOptions{
@@ -481,7 +522,12 @@ func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*back
 		b.close(log)
 		return nil, fmt.Errorf("serve: %w", err)
 	}
-	b.store, b.keys, b.overrides = rs, rs, overrides.NewRedisStore(h)
+	sems, err := redisstore.NewSemaphoreStore(c, redisstore.SemaphoreOptions{Prefix: cfg.redisPrefix + "sem:"})
+	if err != nil {
+		b.close(log)
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	b.store, b.keys, b.overrides, b.semaphores = rs, rs, overrides.NewRedisStore(h), sems
 	b.health = redisHealth(c, rs, cfg)
 	b.errors = func() uint64 { return rs.Stats().Errors }
 	return b, nil
@@ -629,6 +675,7 @@ type servers struct {
 	grpc         *grpc.Server
 	health       *health.Server
 	api          *httpapi.API
+	semaphores   *coord.Service // the coordination API
 	http         *httpServer
 	admin        *httpServer // nil when the admin API is off
 }
@@ -700,12 +747,23 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 	}
 	rlsServer := rls.New(svc, rls.Options{Headers: cfg.headers})
 	rlsServer.Register(s.grpc)
+	sems, err := coord.New(coord.Options{Store: b.semaphores, Limits: cfg.coord, Token: cfg.coordToken, Registerer: reg})
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	s.semaphores = sems
+	sems.Register(s.grpc)
+	if cfg.coordToken != "" && len(cfg.coordToken) < minAdminTokenLen {
+		log.Warn("serve: the coordination API's token is short; nothing limits how many tokens a client may try, so use a long random one (e.g. 32 random bytes in hex)",
+			slog.Int("bytes", len(cfg.coordToken)), slog.Int("recommended_min", minAdminTokenLen))
+	}
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	s.health.SetServingStatus(rlsName, healthpb.HealthCheckResponse_NOT_SERVING)
+	s.health.SetServingStatus(coord.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 
-	if s.api, err = httpapi.New(httpapi.Options{Service: svc, RLS: rlsServer, Gatherer: reg, MaxBodyBytes: cfg.maxBodyBytes, Protect: ov.http()}); err != nil {
+	if s.api, err = httpapi.New(httpapi.Options{Service: svc, RLS: rlsServer, Semaphores: sems, Gatherer: reg, MaxBodyBytes: cfg.maxBodyBytes, Protect: ov.http()}); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	s.http = newHTTPServer(rec.Middleware("http")(cfg.hooks.wrap("http", s.api)), &cfg.limits)
@@ -839,15 +897,19 @@ func (s *servers) run(ctx context.Context, cfg *serveConfig, set *rules.Set, lns
 }
 
 // setReady turns readiness on or off: /readyz, and gRPC health for every
-// service. Off is final: the health server answers NOT_SERVING from then on.
+// service. Off is final: the health server answers NOT_SERVING from then on,
+// and the coordination API's waiting acquires end (they would hold up the
+// drain for up to --coord-max-wait).
 func (s *servers) setReady(ready bool) {
 	s.api.SetReady(ready)
 	if !ready {
 		s.health.Shutdown()
+		s.semaphores.Shutdown()
 		return
 	}
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(rlsName, healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(coord.ServiceName, healthpb.HealthCheckResponse_SERVING)
 }
 
 // httpServers yields the HTTP servers, by the name their errors use.

@@ -85,6 +85,10 @@ func TestServeErrors(t *testing.T) {
 		{"bad body bound", []string{"--rules", good, "--max-body-bytes", "0"}, true, "max-body-bytes"},
 		{"extra argument", []string{"--rules", good, "extra"}, true, "extra"},
 		{"gc percent zero", []string{"--rules", good, "--gc-percent", "0"}, true, "--gc-percent"},
+		{"coord wait past the write timeout", []string{"--rules", good, "--coord-max-wait", "20s", "--http-write-timeout", "15s"}, true, "--coord-max-wait 20s must be below --http-write-timeout"},
+		{"coord TTLs out of order", []string{"--rules", good, "--coord-max-ttl", "1m", "--coord-default-ttl", "2m"}, true, "DefaultTTL 2m0s outside"},
+		{"coord waiters negative", []string{"--rules", good, "--coord-max-waiters", "-1"}, true, "--coord-* flags"},
+		{"coord token file missing", []string{"--rules", good, "--coord-token-file", tokenFile + "x"}, false, "coordination API's token"},
 		{"memory limit negative", []string{"--rules", good, "--memory-limit-mib", "-1"}, true, "--memory-limit-mib"},
 	}
 	for _, tt := range tests {

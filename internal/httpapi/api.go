@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/sluicehq/sluice/internal/coord"
 	"github.com/sluicehq/sluice/internal/service"
 	"github.com/sluicehq/sluice/limitheader"
 )
@@ -41,6 +42,9 @@ type Options struct {
 	Gatherer prometheus.Gatherer
 	// MaxBodyBytes bounds request bodies; 0 means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// Semaphores, if set, serves the coordination API's semaphore
+	// routes (POST /v1/semaphores/acquire, /renew and /release).
+	Semaphores *coord.Service
 	// Protect, if set, wraps the decision endpoints (POST /v1/check and
 	// POST /json), and only them: serve puts its overload guard there,
 	// so that metrics and health checks are answered whatever the load.
@@ -51,6 +55,8 @@ type Options struct {
 //
 //	POST /json       Envoy's RateLimitRequest in proto3 JSON (as envoyproxy/ratelimit)
 //	POST /v1/check   Sluice's native JSON schema (see the package documentation)
+//	POST /v1/semaphores/acquire, /renew, /release
+//	                 the coordination API's semaphores (Options.Semaphores)
 //	GET  /metrics    Prometheus metrics
 //	GET  /healthz    200 while the process runs
 //	GET  /readyz     200 when ready to serve, 503 while starting or draining;
@@ -91,6 +97,9 @@ func New(opts Options) (*API, error) {
 	a.mux.Handle("POST /v1/check", a.readFirst(protect(http.HandlerFunc(a.check))))
 	if a.rls != nil {
 		a.mux.Handle("POST /json", a.readFirst(protect(http.HandlerFunc(a.envoyJSON))))
+	}
+	if opts.Semaphores != nil {
+		a.semaphoreRoutes(opts.Semaphores)
 	}
 	if opts.Gatherer != nil {
 		a.mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{}))

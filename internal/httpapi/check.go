@@ -81,7 +81,14 @@ func decodeCheckJSON(body []byte, in *checkRequest, scan *strictScan) error {
 	ds := in.Descriptors[:cap(in.Descriptors)]
 	clear(ds)
 	*in = checkRequest{Descriptors: ds[:0]}
-	err := unmarshalStrict(body, in)
+	return decodeBodyStrict(body, in, scan)
+}
+
+// decodeBodyStrict decodes body into v: one JSON object, no unknown fields,
+// nothing after it, and nothing that encoding/json would decode with a
+// loss, which scan finds. Errors name the offending field.
+func decodeBodyStrict(body []byte, v any, scan *strictScan) error {
+	err := unmarshalStrict(body, v)
 	var te *json.UnmarshalTypeError
 	switch {
 	case errors.As(err, &te) && te.Field != "":

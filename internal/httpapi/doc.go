@@ -66,6 +66,26 @@
 // ratelimit-headers) for every limit that decided, and Retry-After when the
 // request is denied and could pass later.
 //
+// # POST /v1/semaphores/acquire, /renew, /release
+//
+// The coordination API's semaphores (package internal/coord, which
+// serves the same over gRPC), with Options.Semaphores; docs/openapi.yaml
+// describes them, and cmd/sluice's tests check serve's answers against it.
+//
+//	acquire  {"name": "db", "limit": 3, "weight": 1, "ttl_ms": 30000, "wait_ms": 5000, "fair": false}
+//	         200 {"permit_id": "…", "fence": 17, "valid_for_ms": 29400}
+//	renew    {"name": "db", "permit_id": "…", "ttl_ms": 30000}   200 {"valid_for_ms": 29400}
+//	release  {"name": "db", "permit_id": "…"}                    204
+//
+// Bodies are bounded and decoded as strictly as /v1/check's. A refusal is
+// a problem: 400 outside the bounds, 401 without the bearer token
+// (coord.Options.Token), 404 for a permit id that holds nothing under the
+// name, 409 when no permit came within the wait, 429 when too many
+// acquires already wait on the semaphore, 503 when the store failed or
+// serve is shutting down (a waiting acquire is answered at once). These
+// routes are not behind Options.Protect: a waiting acquire is slow by
+// design, and would read to the overload guard as a slow service.
+//
 // # Errors and bounds
 //
 // Every error is an RFC 9457 application/problem+json object whose detail

@@ -1,0 +1,70 @@
+package coord
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// codeNames are the outcome labels of the Codes.
+var codeNames = [...]string{
+	Invalid:        "invalid",
+	NoPermit:       "no_permit",
+	TooManyWaiters: "too_many_waiters",
+	NotFound:       "not_found",
+	Unavailable:    "unavailable",
+	Gone:           "gone",
+}
+
+// String returns the Code's name, as the metrics' outcome label says it.
+func (c Code) String() string {
+	if c >= 0 && int(c) < len(codeNames) {
+		return codeNames[c]
+	}
+	return fmt.Sprintf("Code(%d)", int(c))
+}
+
+// metrics are the Service's Prometheus metrics; the nil *metrics counts
+// nothing.
+type metrics struct {
+	calls *prometheus.CounterVec
+}
+
+// newMetrics registers s's metrics with reg; nil reg registers none.
+func newMetrics(s *Service, reg prometheus.Registerer) (*metrics, error) {
+	if reg == nil {
+		return nil, nil
+	}
+	m := &metrics{calls: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_semaphore_calls_total",
+		Help: "Calls of the coordination API's semaphores that reached the service (with the bearer token, when one is set), by method (acquire, renew, release) and outcome (ok, invalid, no_permit, too_many_waiters, not_found, unavailable, gone).",
+	}, []string{"method", "outcome"})}
+	waiting := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_semaphore_waiting",
+		Help: "Acquires of the coordination API waiting for a permit in this process, over every semaphore.",
+	}, func() float64 { return float64(s.waitingTotal()) })
+	for _, c := range []prometheus.Collector{m.calls, waiting} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("coord: registering the metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// count counts a call of method that returned err.
+func (m *metrics) count(method string, err error) {
+	if m == nil {
+		return
+	}
+	outcome := "ok"
+	if err != nil {
+		var e *Error
+		if errors.As(err, &e) {
+			outcome = e.Code.String()
+		} else {
+			outcome = "error"
+		}
+	}
+	m.calls.WithLabelValues(method, outcome).Inc()
+}

@@ -198,9 +198,12 @@ class Semaphore:
         renews it in a background thread every renew_every of the TTL,
         and releases it on exit; it gives the Permit to the with block.
 
-        If a renewal finds the permit lost, the thread stops and
+        If a renewal finds the permit lost, or fails until the permit has
+        run out, the thread stops (the Held's error says why) and
         permit.valid() turns false when its time runs out: check it
         before each step that the permit protects, and send its fence.
+        A permit found lost on exit is not an error; any other failure of
+        the release is raised (the permit then lapses within its TTL).
         """
         return Held(self, weight, wait, fair, renew_every)
 
@@ -251,8 +254,8 @@ class Held:
             except (SluiceError, OSError) as e:
                 # Transient (503, a timeout): try again at the next turn
                 # while the permit may still be held.
-                self.error = e
                 if not self.permit.valid():
+                    self.error = e
                     return
 
     def __exit__(self, *exc):

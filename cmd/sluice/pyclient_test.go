@@ -38,7 +38,6 @@ func needPython(t *testing.T) string {
 // the lines it prints.
 type pyProcess struct {
 	cmd    *exec.Cmd
-	stdin  interface{ Close() error }
 	lines  chan string
 	exit   chan error
 	stderr lockedBuffer
@@ -64,7 +63,6 @@ func startPython(t *testing.T, ctx context.Context, python string, args ...strin
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.stdin = stdin
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}

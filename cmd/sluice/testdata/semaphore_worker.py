@@ -17,10 +17,12 @@ Modes:
                                 WAIT s), send one request with its fence,
                                 print "acquired FENCE STATUS", release.
   errors                        each error answer raises its exception;
+                                hold renews past the TTL and releases;
                                 print "errors ok".
 """
 
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -102,6 +104,20 @@ def main(mode, base_url, token, name, limit, ttl, *args):
             fail("a released permit is still valid")
         expect(sluice.PermitLost, lambda: sem.renew(permit))
         expect(sluice.PermitLost, lambda: sem.release(permit))
+
+        # hold renews in the background: the permit outlives 3 TTLs, and
+        # the server still counts it (another acquire finds no room).
+        short = sluice.Semaphore(base_url, name + "-renew", 1, ttl=0.3, token=token)
+        held = short.hold()
+        with held as permit:
+            first = permit.valid_until
+            time.sleep(0.9)  # the span under test, not a synchronisation
+            if not permit.valid() or permit.valid_until <= first + 0.5 or held.error is not None:
+                fail(f"not renewed: {permit!r}, error {held.error!r}")
+            expect(sluice.NoPermit, lambda: short.acquire())
+        if permit.valid():
+            fail("still valid after the with block released it")
+        short.release(short.acquire())  # released on exit: room again
         say("errors ok")
     else:
         fail(f"unknown mode {mode}")

@@ -126,7 +126,11 @@ class Permit:
         any values they had, and return headers.
 
         The resource is the semaphore's name, percent-encoded as package
-        fence reads it; the token is the fence in decimal.
+        fence reads it; the token is the fence in decimal. A fence.Guard
+        refuses a token below the highest it has seen for the resource,
+        so it admits only the newest grant's holder: it suits a semaphore
+        of limit 1 (a lock), or a service that keys what it checks per
+        grant.
         """
         headers[FENCING_TOKEN_HEADER] = str(self.fence)
         headers[FENCING_RESOURCE_HEADER] = urllib.parse.quote(self.name, safe=_RESOURCE_SAFE)

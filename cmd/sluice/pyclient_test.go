@@ -105,19 +105,20 @@ func (p *pyProcess) stderrText() string {
 	return p.stderr.buf.String()
 }
 
-// line waits for the next line the worker prints, which must start with
-// prefix, and returns its fields after the prefix.
-func (p *pyProcess) line(t *testing.T, prefix string, within time.Duration) []string {
+// line waits for the next line the worker prints, which must be prefix
+// and n fields, and returns the fields.
+func (p *pyProcess) line(t *testing.T, prefix string, n int, within time.Duration) []string {
 	t.Helper()
 	select {
 	case l, ok := <-p.lines:
 		if !ok {
 			t.Fatalf("the worker exited before printing %q: %v\n%s", prefix, <-p.exit, p.stderrText())
 		}
-		if !strings.HasPrefix(l, prefix) {
-			t.Fatalf("the worker printed %q, want %q…\n%s", l, prefix, p.stderrText())
+		f := strings.Fields(strings.TrimPrefix(l, prefix))
+		if !strings.HasPrefix(l, prefix) || len(f) != n {
+			t.Fatalf("the worker printed %q, want %q and %d fields\n%s", l, prefix, n, p.stderrText())
 		}
-		return strings.Fields(strings.TrimPrefix(l, prefix))
+		return f
 	case <-time.After(within):
 		t.Fatalf("the worker printed no %q within %v\n%s", prefix, within, p.stderrText())
 		return nil
@@ -140,9 +141,10 @@ func (p *pyProcess) wait(t *testing.T, d time.Duration) {
 
 // TestPythonClient runs the built binary's serve and Python processes
 // using clients/python/sluice.py against it: each error answer raises its
-// exception; six workers share a semaphore of limit 3 in front of a stub
-// service that never sees more than 3 of their requests at once, each
-// worker's fences only growing; and a worker SIGKILLed while it holds a
+// exception, and hold renews and releases; six workers share a semaphore
+// of limit 3 in front of a stub service that never sees more than 3 of
+// their requests at once, each grant with a fence of its own that only
+// grows per worker; and a worker SIGKILLed while it holds a
 // semaphore of limit 1 loses it within its TTL to a waiting worker with a
 // larger fence, whose requests a fence.Guard admits while it refuses the
 // killed worker's fence.
@@ -165,13 +167,13 @@ func TestPythonClient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	py := func(mode, name string, limit int, ttl string, args ...string) *pyProcess {
+	py := func(t *testing.T, mode, name string, limit int, ttl string, args ...string) *pyProcess {
 		return startPython(t, ctx, python, append([]string{worker, mode, base, coordToken, name, strconv.Itoa(limit), ttl}, args...)...)
 	}
 
 	t.Run("errors", func(t *testing.T) {
-		w := py("errors", "py-errors", 2, "5")
-		w.line(t, "errors ok", 20*time.Second)
+		w := py(t, "errors", "py-errors", 2, "5")
+		w.line(t, "errors ok", 0, 20*time.Second)
 		w.wait(t, 10*time.Second)
 	})
 
@@ -188,7 +190,8 @@ func TestPythonClient(t *testing.T) {
 		var (
 			inFlight, most, total atomic.Int64
 			mu                    sync.Mutex
-			last                  = map[string]uint64{} // each worker's fence
+			last                  = map[string]uint64{} // each worker's latest fence
+			grants                = map[uint64]string{} // each fence's worker
 			fenceErrs             []string
 		)
 		stub := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -206,8 +209,10 @@ func TestPythonClient(t *testing.T) {
 				fenceErrs = append(fenceErrs, fmt.Sprintf("resource %q, want %q", resource, name))
 			case token < last[id]:
 				fenceErrs = append(fenceErrs, fmt.Sprintf("worker %s sent fence %d after %d", id, token, last[id]))
+			case grants[token] != "" && grants[token] != id:
+				fenceErrs = append(fenceErrs, fmt.Sprintf("fence %d sent by workers %s and %s", token, grants[token], id))
 			default:
-				last[id] = token
+				last[id], grants[token] = token, id
 			}
 			mu.Unlock()
 			// The protected service's work, during which the request is
@@ -219,10 +224,10 @@ func TestPythonClient(t *testing.T) {
 		start := time.Now()
 		ws := make([]*pyProcess, workers)
 		for i := range ws {
-			ws[i] = py("work", name, limit, "2", strconv.Itoa(i), stub.URL, strconv.Itoa(rounds), strconv.Itoa(requests))
+			ws[i] = py(t, "work", name, limit, "2", strconv.Itoa(i), stub.URL, strconv.Itoa(rounds), strconv.Itoa(requests))
 		}
 		for i, w := range ws {
-			if got := w.line(t, "done", 30*time.Second); len(got) != 1 || got[0] != strconv.Itoa(i) {
+			if got := w.line(t, "done", 1, 30*time.Second); got[0] != strconv.Itoa(i) {
 				t.Errorf("worker %d printed done %q", i, got)
 			}
 			w.wait(t, 10*time.Second)
@@ -239,8 +244,8 @@ func TestPythonClient(t *testing.T) {
 		if len(fenceErrs) > 0 {
 			t.Errorf("fencing header fields: %q", fenceErrs)
 		}
-		if len(last) != workers {
-			t.Errorf("fences of %d workers seen, want %d", len(last), workers)
+		if len(last) != workers || len(grants) != workers*rounds {
+			t.Errorf("%d fences of %d workers seen, want one per grant, %d of %d", len(grants), len(last), workers*rounds, workers)
 		}
 	})
 
@@ -254,18 +259,18 @@ func TestPythonClient(t *testing.T) {
 		defer stub.Close()
 		ttlArg := strconv.FormatFloat(ttl.Seconds(), 'f', -1, 64)
 
-		holder := py("hold", name, 1, ttlArg, stub.URL)
-		held, err := strconv.ParseUint(holder.line(t, "holding", 20*time.Second)[0], 10, 64)
+		holder := py(t, "hold", name, 1, ttlArg, stub.URL)
+		held, err := strconv.ParseUint(holder.line(t, "holding", 1, 20*time.Second)[0], 10, 64)
 		if err != nil {
 			t.Fatal(err)
 		}
-		taker := py("take", name, 1, ttlArg, stub.URL, "8")
-		taker.line(t, "waiting", 20*time.Second)
+		taker := py(t, "take", name, 1, ttlArg, stub.URL, "8")
+		taker.line(t, "waiting", 0, 20*time.Second)
 		killed := time.Now()
 		if err := holder.cmd.Process.Kill(); err != nil { // SIGKILL: it renews no more, releases nothing
 			t.Fatal(err)
 		}
-		got := taker.line(t, "acquired", 10*time.Second)
+		got := taker.line(t, "acquired", 2, 10*time.Second)
 		after := time.Since(killed)
 		t.Logf("the killed holder's permit (fence %d) came back after %v (TTL %v) with fence %s", held, after.Round(time.Millisecond), ttl, got[0])
 		if after > ttl+2*time.Second {

@@ -180,7 +180,8 @@ class Semaphore:
         """Extend permit by ttl seconds (the semaphore's ttl when None) from
         now, moving its valid_until on, and return it.
 
-        Raises PermitLost when the permit lapsed or was released.
+        Raises PermitLost when the permit lapsed or was released, and
+        then marks it invalid at once.
         """
         sent = time.monotonic()
         body = {"name": self.name, "permit_id": permit.permit_id,
@@ -188,7 +189,11 @@ class Semaphore:
         # A renewal answered after the permit ran out is no use; wait no
         # longer than the permit lives, nor than timeout.
         timeout = min(self.timeout, max(permit.valid_until - sent, 0.1))
-        answer = self._post("/v1/semaphores/renew", body, timeout)
+        try:
+            answer = self._post("/v1/semaphores/renew", body, timeout)
+        except PermitLost:
+            permit.valid_until = float("-inf")
+            raise
         permit.valid_until = max(permit.valid_until, sent + answer["valid_for_ms"] / 1000)
         return permit
 
@@ -202,9 +207,9 @@ class Semaphore:
         renews it in a background thread every renew_every of the TTL,
         and releases it on exit; it gives the Permit to the with block.
 
-        If a renewal finds the permit lost, or fails until the permit has
-        run out, the thread stops (the Held's error says why) and
-        permit.valid() turns false when its time runs out: check it
+        If a renewal finds the permit lost (permit.valid() turns false at
+        once), or fails until the permit has run out, the thread stops
+        (the Held's error says why): check permit.valid()
         before each step that the permit protects, and send its fence.
         A permit found lost on exit is not an error; any other failure of
         the release is raised (the permit then lapses within its TTL).

@@ -104,6 +104,13 @@ def main(mode, base_url, token, name, limit, ttl, *args):
             fail("a released permit is still valid")
         expect(sluice.PermitLost, lambda: sem.renew(permit))
         expect(sluice.PermitLost, lambda: sem.release(permit))
+        # A renewal that finds the permit lost marks it invalid at once.
+        permit = sem.acquire()
+        copy = sluice.Permit(name, permit.permit_id, permit.fence, permit.valid_until)
+        sem.release(permit)
+        expect(sluice.PermitLost, lambda: sem.renew(copy))
+        if copy.valid():
+            fail("a permit found lost by renew is still valid")
 
         # hold renews in the background: the permit outlives 3 TTLs, and
         # the server still counts it (another acquire finds no room).

@@ -147,19 +147,22 @@ func (p *pyProcess) wait(t *testing.T, d time.Duration) {
 // grows per worker; and a worker SIGKILLed while it holds a
 // semaphore of limit 1 loses it within its TTL to a waiting worker with a
 // larger fence, whose requests a fence.Guard admits while it refuses the
-// killed worker's fence.
+// killed worker's fence; one acquire more than --coord-max-waiters is
+// refused (429), and the waiters are answered 503 when serve stops.
 func TestPythonClient(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
 	python := needPython(t)
+	const maxWaiters = 4 // above the 3 waiters of "limit"
 	bin := buildSluice(t)
 	tokenFile := filepath.Join(t.TempDir(), "coord-token")
 	if err := os.WriteFile(tokenFile, []byte(coordToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	p := startSluice(t, bin, []string{"SLUICE_COORD_TOKEN="}, "serve", "--rules", rulesDir(t, map[string]string{"st.yaml": testRuleFile}),
-		"--log-format", "json", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--coord-token-file", tokenFile)
+		"--log-format", "json", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--coord-token-file", tokenFile,
+		"--coord-max-waiters", strconv.Itoa(maxWaiters))
 	base := "http://" + p.next(t, "sluice serving", 10*time.Second).str("http")
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute) // no worker outlives the test
 	defer cancel()
@@ -300,6 +303,20 @@ func TestPythonClient(t *testing.T) {
 		}
 		if s := guard.Stats(); s.Refused != 1 {
 			t.Errorf("the guard refused %d requests, want 1 (the killed holder's late one)", s.Refused)
+		}
+	})
+
+	// Last: it stops serve.
+	t.Run("crowd and shutdown", func(t *testing.T) {
+		w := py(t, "crowd", "py-crowd", 1, "30", strconv.Itoa(maxWaiters))
+		w.line(t, "crowded", 0, 20*time.Second)
+		if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
+			t.Fatal(err)
+		}
+		w.line(t, "unavailable ok", 0, 20*time.Second)
+		w.wait(t, 10*time.Second)
+		if err := p.waitExit(t, 15*time.Second); err != nil {
+			t.Errorf("serve exited with %v", err)
 		}
 	})
 }

@@ -19,9 +19,14 @@ Modes:
   errors                        each error answer raises its exception;
                                 hold renews past the TTL and releases;
                                 print "errors ok".
+  crowd WAITERS                 one acquire beyond WAITERS waiting is
+                                refused (429), print "crowded"; the
+                                waiters get 503 when serve stops; print
+                                "unavailable ok".
 """
 
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -126,8 +131,53 @@ def main(mode, base_url, token, name, limit, ttl, *args):
             fail("still valid after the with block released it")
         short.release(short.acquire())  # released on exit: room again
         say("errors ok")
+    elif mode == "crowd":
+        crowd(sem, int(args[0]))
     else:
         fail(f"unknown mode {mode}")
+
+
+def crowd(sem, waiters):
+    """Hold the semaphore (of limit 1), have waiters threads wait on it,
+    one more acquire refused with TooManyWaiters (serve's
+    --coord-max-waiters is waiters), print "crowded", and then, when the
+    test stops serve, every waiter answered with Unavailable."""
+    sem.acquire()
+    answers = []
+
+    def wait():
+        while True:
+            try:
+                sem.acquire(wait=8)
+                answers.append("granted")
+                return
+            except sluice.TooManyWaiters:
+                continue  # while the probe below holds a place: again
+            except sluice.SluiceError as e:
+                answers.append(e)
+                return
+
+    threads = [threading.Thread(target=wait) for _ in range(waiters)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 8
+    while True:
+        try:
+            sem.acquire(wait=0.001)
+            fail("granted beside the holder")
+        except sluice.NoPermit:
+            if time.monotonic() > deadline:
+                fail("no TooManyWaiters")
+        except sluice.TooManyWaiters as e:
+            if not e.detail or e.status != 429:
+                fail(f"odd {e!r}")
+            break
+    say("crowded")
+    for t in threads:
+        t.join()
+    if len(answers) != waiters or not all(isinstance(a, sluice.Unavailable) and a.detail for a in answers):
+        fail(f"waiters at shutdown: {answers!r}, want Unavailable each")
+    say("unavailable ok")
 
 
 if __name__ == "__main__":

@@ -62,7 +62,7 @@ def expect(exc, call):
     except exc as e:
         if not e.detail:
             fail(f"{exc.__name__} without a detail")
-        return e
+        return
     except sluice.SluiceError as e:
         fail(f"{e!r}, want {exc.__name__}")
     fail(f"no {exc.__name__}")

@@ -74,6 +74,10 @@
 //   - a token is per resource: tokens of different semaphores, or of a
 //     semaphore and a lease, are unrelated, and the resource a service
 //     checks must be the one whose grant the token came from;
+//   - a Guard fences a resource that one holder at a time may use: a
+//     semaphore of limit 1, a lease's partition. Under a higher limit
+//     several holders are valid at once, each with its own token, and a
+//     Guard, which keeps only the highest, refuses all but the newest;
 //   - a Guard remembers in memory: a service restarted (or a Guard
 //     created) without memory accepts any token once for each resource,
 //     the first it sees becoming the highest; so does a Guard that has

@@ -223,11 +223,14 @@ func TestServeSlowClientsAreCut(t *testing.T) {
 		slow = append(slow, slowConn{c, dataStep(streams)})
 	}
 	tr := startTrickle(t, 100*time.Millisecond, slow...)
-	// Every slow client was let in: none of this is about the caps.
-	accepted := p.connMetrics(t, "accepted_total")
-	if accepted["http"]-accepted0["http"] < 2*n || accepted["admin"]-accepted0["admin"] < 2*n {
-		t.Fatalf("connections accepted: %v, then %v; want %d more on http and admin", accepted0, accepted, 2*n)
-	}
+	// Every slow client was let in: none of this is about the caps. A
+	// dial returns once the kernel has the connection, before serve's
+	// accept loop counts it: on a loaded machine the last are counted a
+	// little later.
+	eventually(t, 5*time.Second, fmt.Sprintf("%d more connections accepted on http and admin than %v", 2*n, accepted0), func() bool {
+		accepted := p.connMetrics(t, "accepted_total")
+		return accepted["http"]-accepted0["http"] >= 2*n && accepted["admin"]-accepted0["admin"] >= 2*n
+	})
 	held := runtime.NumGoroutine()
 
 	worst := p.answerTimes(t, 10)

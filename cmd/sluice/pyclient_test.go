@@ -37,10 +37,11 @@ func needPython(t *testing.T) string {
 // pyProcess is a running Python worker (testdata/semaphore_worker.py) and
 // the lines it prints.
 type pyProcess struct {
-	cmd    *exec.Cmd
-	lines  chan string
-	exit   chan error
-	stderr lockedBuffer
+	cmd       *exec.Cmd
+	lines     chan string
+	exit      chan error
+	stderr    lockedWriter // writes to stderrBuf, from os/exec's goroutine
+	stderrBuf bytes.Buffer
 }
 
 // startPython runs python3 with the repository's client on its path, and
@@ -54,6 +55,7 @@ func startPython(t *testing.T, ctx context.Context, python string, args ...strin
 	cmd := exec.CommandContext(ctx, python, args...)
 	cmd.Env = append(os.Environ(), "PYTHONPATH="+client, "PYTHONDONTWRITEBYTECODE=1")
 	p := &pyProcess{cmd: cmd, lines: make(chan string, 64), exit: make(chan error, 1)}
+	p.stderr.w = &p.stderrBuf
 	cmd.Stderr = &p.stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -86,23 +88,10 @@ func startPython(t *testing.T, ctx context.Context, python string, args ...strin
 	return p
 }
 
-// lockedBuffer is a bytes.Buffer written by os/exec's goroutine and read
-// by the test's.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (w *lockedBuffer) Write(b []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.Write(b)
-}
-
 func (p *pyProcess) stderrText() string {
 	p.stderr.mu.Lock()
 	defer p.stderr.mu.Unlock()
-	return p.stderr.buf.String()
+	return p.stderrBuf.String()
 }
 
 // line waits for the next line the worker prints, which must be prefix

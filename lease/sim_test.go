@@ -279,6 +279,11 @@ func runSim(t *testing.T, cfg simConfig, warmup time.Duration) *simResult {
 				}
 			}
 		}
+		// The check reads the holders' tables one after another; it
+		// must see them all at one point of the simulation, not while a
+		// holder woken at this instant drops a partition that another
+		// then acquires between two reads.
+		synctest.Wait()
 		res.check(now, el, mem, killAt)
 		if cfg.probe != nil {
 			cfg.probe(el, res.holders)

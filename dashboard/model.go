@@ -133,6 +133,10 @@ type SemaphoreStatus struct {
 // recently acquired first), read from the store when the status is asked
 // for, so holders granted by another replica on the same store are
 // listed too; Waiting counts this process's waiters only.
+//
+// Another kind of thing held through the service (capacity leases) is one
+// more field beside Semaphores, with rows of its own type; readers of the
+// status ignore the fields they do not know.
 type CoordinationStatus struct {
 	Semaphores []HeldSemaphore `json:"semaphores"`
 }

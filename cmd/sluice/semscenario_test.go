@@ -411,9 +411,7 @@ func runScenario(t *testing.T, cfg scenConfig) *scenFigures {
 		}
 	}
 	s.mu.Unlock()
-	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
-		f.loadavg = strings.Join(strings.Fields(string(b))[:3], " ")
-	}
+	f.loadavg = loadavg()
 
 	var victim *scenWorker
 	if cfg.kill && len(libs) > 0 {

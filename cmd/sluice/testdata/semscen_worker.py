@@ -10,8 +10,9 @@ event, which the test reads:
 
     A MICROSECONDS   a permit granted, after so long in acquire
     E REASON         something went wrong (the test fails on any)
-    T REASON         an acquire answered 503 (the store failed); asked again
-    done GRANTS      stdin closed and every thread has stopped
+    T REASON         an acquire or a release answered 503 (the store failed)
+    done GRANTS      stdin closed and every thread has stopped; GRANTS
+                     counts the calls made to STUB
 """
 
 import sys
@@ -59,14 +60,17 @@ def main(base_url, token, name, limit, ttl, stub, threads, fair, worker):
                         say(f"E permit {permit!r} invalid before its call")
                         continue
                     status = send(stub, permit, worker)
+                    with _out:
+                        grants[0] += 1
                     if status != 200:
                         say(f"E the stub answered {status} to fence {permit.fence}")
-                with _out:
-                    grants[0] += 1
             except sluice.NoPermit:
                 continue  # none within the wait: ask again
             except sluice.Unavailable as e:
-                say(f"T {e!r}")  # the store failed: ask again a little later
+                # The store failed (a call past serve's --redis-timeout):
+                # an acquire's wait ends, a release's permit lapses
+                # within its TTL. Ask again a little later.
+                say(f"T {e!r}")
                 stop.wait(0.05)  # not a synchronisation: no hot loop on a failing server
             except (sluice.SluiceError, OSError) as e:
                 say(f"E {e!r}")

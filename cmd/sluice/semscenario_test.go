@@ -72,16 +72,16 @@ type scenConfig struct {
 
 // scenFigures is what a run measured over its steady window.
 type scenFigures struct {
-	window                     time.Duration
-	grants                     int64   // calls the stub received in the window: one per grant
-	transient, calls           int64   // whole run: acquires and releases that failed with the store's error (T lines; an acquire is retried after 50 ms, a permit not released lapses), calls the stub received
-	util                       float64 // permit-seconds inside the stub ÷ (limit × window)
-	peak                       int64   // most calls inside the stub at once, whole run
-	scripts, commands          float64 // per grant: script runs (EVALSHA, EVAL: round trips), and every command Redis counted (those the scripts run included)
-	perKind                    map[string][]time.Duration
-	cpuServe, cpuWork, cpuRedi time.Duration // CPU per grant: serve, every worker, redis-server
-	killFreed, killRefilled    time.Duration // after the SIGKILL: the victim's permits gone from the store; the stub back at the limit
-	loadavg                    string
+	window                      time.Duration
+	grants                      int64   // calls the stub received in the window: one per grant
+	transient, calls            int64   // whole run: acquires and releases that failed with the store's error (T lines; an acquire is retried after 50 ms, a permit not released lapses), calls the stub received
+	util                        float64 // permit-seconds inside the stub ÷ (limit × window)
+	peak                        int64   // most calls inside the stub at once, whole run
+	scripts, commands           float64 // per grant: script runs (EVALSHA, EVAL: round trips), and every command Redis counted (those the scripts run included)
+	perKind                     map[string][]time.Duration
+	cpuServe, cpuWork, cpuRedis time.Duration // CPU per grant: serve, every worker, redis-server
+	killFreed, killRefilled     time.Duration // after the SIGKILL: the victim's permits gone from the store; the stub back at the limit
+	loadavg                     string
 }
 
 // p returns the q-quantile of the acquire latencies of kind ("" for all).
@@ -108,7 +108,7 @@ func (f *scenFigures) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "window %v, %d grants (%.0f/s), utilisation %.2f%%, peak %d; per grant: %.2f script calls, %.2f Redis commands; CPU per grant: serve %v, workers %v, redis %v; load %s\n",
 		f.window.Round(time.Millisecond), f.grants, float64(f.grants)/f.window.Seconds(), 100*f.util, f.peak, f.scripts, f.commands,
-		f.cpuServe.Round(time.Microsecond), f.cpuWork.Round(time.Microsecond), f.cpuRedi.Round(time.Microsecond), f.loadavg)
+		f.cpuServe.Round(time.Microsecond), f.cpuWork.Round(time.Microsecond), f.cpuRedis.Round(time.Microsecond), f.loadavg)
 	fmt.Fprintf(&b, "  whole run: %d calls at the stub, %d acquires or releases failed with a store error\n", f.calls, f.transient)
 	for _, k := range []string{"", "lib", "grpc", "python"} {
 		name := k
@@ -401,7 +401,7 @@ func runScenario(t *testing.T, cfg scenConfig) *scenFigures {
 		f.commands = float64(after.commands-before.commands) / g
 		f.cpuServe = (after.cpuServe - before.cpuServe) / time.Duration(f.grants)
 		f.cpuWork = (after.cpuWork - before.cpuWork) / time.Duration(f.grants)
-		f.cpuRedi = (after.cpuRedis - before.cpuRedis) / time.Duration(f.grants)
+		f.cpuRedis = (after.cpuRedis - before.cpuRedis) / time.Duration(f.grants)
 	}
 	f.perKind = map[string][]time.Duration{}
 	s.mu.Lock()

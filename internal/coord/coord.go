@@ -266,8 +266,13 @@ type Grant struct {
 	// Fence is the grant's fencing token (concurrency.Permit.Fence).
 	Fence uint64
 	// ValidFor is how long the permit is valid from when its caller
-	// sent the request: what is left of TTL, less a margin of TTL/50 for
-	// clock rates, as a concurrency.Permit counts.
+	// sent the request: counted from when the Service received it (which
+	// the caller sent before), to the end of the validity that a
+	// concurrency.Permit counts (TTL, less a margin of TTL/50 for clock
+	// rates, from the store call that granted it). An acquire that waited
+	// W for room is therefore valid for about W + TTL − TTL/50: a caller
+	// that adds ValidFor to the instant it sent the request keeps the
+	// whole TTL, not what the wait left of it.
 	ValidFor time.Duration
 }
 
@@ -344,6 +349,7 @@ func checkID(id string) error {
 // (An answer lost on its way back is not seen here: that permit lapses
 // within its TTL.)
 func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (g Grant, err error) {
+	received := time.Now()
 	defer func() { s.metrics.count("acquire", err) }()
 	if err := s.validate(&req); err != nil {
 		return Grant{}, err
@@ -388,8 +394,8 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (g Grant, err
 		return Grant{}, &Error{Code: Unavailable, Msg: "the semaphore store failed", Err: err}
 	}
 	until := p.Detach()
-	if valid := time.Until(until); valid > 0 {
-		return Grant{PermitID: p.Token(), Fence: p.Fence(), ValidFor: valid}, nil
+	if time.Until(until) > 0 {
+		return Grant{PermitID: p.Token(), Fence: p.Fence(), ValidFor: until.Sub(received)}, nil
 	}
 	// Its validity ended between the grant and now (a process paused):
 	// give it back rather than hand over a permit already lost.

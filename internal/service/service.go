@@ -62,6 +62,7 @@
 package service
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -95,6 +96,9 @@ type Options struct {
 	Top *Top
 	// Logger logs rule changes and store errors; nil discards.
 	Logger *slog.Logger
+	// MaxReserveWait bounds the wait a reservation may ask for
+	// (Reserve); 0 means DefaultMaxReserveWait.
+	MaxReserveWait time.Duration
 }
 
 // Service decides requests. It is safe for concurrent use.
@@ -109,6 +113,7 @@ type Service struct {
 	overrides   *Overrides
 	inline      inlineRules
 	scratch     sync.Pool // of *scratch
+	reserve     reserveRules
 }
 
 // New returns a Service.
@@ -120,6 +125,7 @@ func New(opts Options) (*Service, error) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Service{store: opts.Store, independent: opts.Independent, metrics: opts.Metrics, log: opts.Logger, overrides: opts.Overrides, top: opts.Top}
+	s.reserve.max = cmp.Or(opts.MaxReserveWait, DefaultMaxReserveWait)
 	s.scratch.New = func() any { return new(scratch) }
 	// Overrides that do not apply to the first rules are kept; whoever
 	// set them (Overrides.Replace) was told.
@@ -243,6 +249,11 @@ type check struct {
 // deny it; when a limit denies the request by itself, it is over the limit
 // and there is no error.
 func (s *Service) Decide(ctx context.Context, req *Request, resp *Response) error {
+	return s.decideRequest(ctx, req, resp, nil)
+}
+
+// decideRequest is Decide, and Reserve when rv is not nil (reserve.go).
+func (s *Service) decideRequest(ctx context.Context, req *Request, resp *Response, rv *reservation) error {
 	var start time.Time
 	if s.metrics != nil { // the clock read is only for the latency histogram
 		start = time.Now()
@@ -260,9 +271,17 @@ func (s *Service) Decide(ctx context.Context, req *Request, resp *Response) erro
 	sc := s.scratch.Get().(*scratch)
 	defer s.scratch.Put(sc)
 	s.match(sc, dom, req)
+	if rv != nil {
+		if err := s.reserving(sc, req, rv); err != nil {
+			return err
+		}
+	}
 	if err := s.decide(ctx, sc); err != nil {
 		s.metrics.storeError()
 		return &UnavailableError{Err: err}
+	}
+	if rv != nil {
+		rv.outcome(sc)
 	}
 	closed := s.answer(sc, resp)
 	s.metrics.observe(req, sc, resp, time.Since(start))

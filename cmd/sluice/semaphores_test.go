@@ -557,7 +557,8 @@ func (o *openAPI) validate(s any, v any, at string) error {
 	}
 	for k := range sch {
 		switch k {
-		case "type", "properties", "required", "additionalProperties", "minimum", "maximum", "minLength", "maxLength", "pattern", "description":
+		case "type", "properties", "required", "additionalProperties", "minimum", "maximum", "minLength", "maxLength", "pattern", "description",
+			"items", "minItems", "maxItems": // arrays: /v1/reserve's descriptors
 		default:
 			return fmt.Errorf("%s: the checker does not know the keyword %q", at, k)
 		}
@@ -624,6 +625,26 @@ func (o *openAPI) validate(s any, v any, at string) error {
 	case "boolean":
 		if _, ok := v.(bool); !ok {
 			return fmt.Errorf("%s: %v is not a boolean", at, v)
+		}
+	case "array": // /v1/reserve's descriptors
+		a, ok := v.([]any)
+		if !ok {
+			return fmt.Errorf("%s: %v is not an array", at, v)
+		}
+		if lo, ok := num("minItems"); ok && int64(len(a)) < lo {
+			return fmt.Errorf("%s: %d items, fewer than %d", at, len(a), lo)
+		}
+		if hi, ok := num("maxItems"); ok && int64(len(a)) > hi {
+			return fmt.Errorf("%s: %d items, more than %d", at, len(a), hi)
+		}
+		items, ok := sch["items"]
+		if !ok {
+			return fmt.Errorf("%s: array schema without items", at)
+		}
+		for i, x := range a {
+			if err := o.validate(items, x, fmt.Sprintf("%s[%d]", at, i)); err != nil {
+				return err
+			}
 		}
 	default:
 		return fmt.Errorf("%s: the checker does not know type %v", at, sch["type"])

@@ -97,7 +97,7 @@
 // quota-mode limits are decided at once, as by /v1/check. wait_ms is
 // rounded up to whole milliseconds: a caller that sends when it has
 // waited it conforms to every limit of the request (exactly so for a
-// request of one limit; internal/service's package doc says what a
+// request of one limit; internal/service's reserve.go says what a
 // request of several limits with different waits can do). Errors are
 // /v1/check's.
 //

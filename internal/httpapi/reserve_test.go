@@ -116,3 +116,25 @@ func TestReserveRefuses(t *testing.T) {
 		}
 	}
 }
+
+// FuzzReserveJSON: any body is answered with a reservation (200, 429) or
+// a problem (400, 413), never a panic nor a 5xx on a memory store.
+func FuzzReserveJSON(f *testing.F) {
+	for _, s := range []string{
+		`{"domain":"t","descriptors":[{"entries":[{"key":"g","value":"a"}]}],"max_wait_ms":1000}`,
+		`{"domain":"t","descriptors":[{"entries":[{"key":"g","value":"a"}],"cost":3}],"cost":0,"max_wait_ms":0}`,
+		`{"domain":"t","descriptors":[{"entries":[{"key":"g","value":"a"}],"cost":-2}],"max_wait_ms":60000}`,
+		`{"domain":"t","descriptors":[{"entries":[{"key":"user","value":"a"}]}],"max_wait_ms":1}`,
+		`{"domain":"t","descriptors":[{"entries":[{"key":"trial","value":"a"}]},{"entries":[{"key":"vip","value":"b"}]}],"max_wait_ms":5}`,
+		`{"domain":"t","descriptors":[{"entries":[{"key":"g","value":"a"}]}],"max_wait_ms":9223372036854775807}`,
+		`{"domain":"t","descriptors":[{"entries":[{"key":"g","value":"a"}]}]}`,
+		`{"domain":"t","max_wait_ms":1,"MAX_WAIT_MS":2}`,
+		`[]`, `null`, `{`,
+	} {
+		f.Add([]byte(s))
+	}
+	fx := newFixture(f, Options{MaxBodyBytes: 1 << 16})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		fuzzPost(t, fx, "/v1/reserve", body)
+	})
+}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/memstore"
+	"github.com/sluicehq/sluice/ratelimit"
 )
 
 const reserveRuleFile = `domain: p
@@ -162,5 +163,72 @@ func TestReserveRefuses(t *testing.T) {
 	// An unknown domain limits nothing.
 	if res, err := svc.Reserve(t.Context(), &Request{Domain: "none", Descriptors: descs("api=a")}, time.Second, &resp); err != nil || res.Wait != 0 || resp.Code != OK {
 		t.Errorf("unknown domain: %+v, %v", res, err)
+	}
+}
+
+// TestReserveOutage: a limit admitted by fail_open tells no wait (the
+// store could not be asked); one that fails closed is an
+// *UnavailableError, as for Decide.
+func TestReserveOutage(t *testing.T) {
+	set := overrideSet(t, `domain: o
+descriptors:
+  - key: open
+    rate_limit: {period: 1s, requests_per_unit: 5, name: open}
+  - key: closed
+    rate_limit: {period: 1s, requests_per_unit: 5, name: closed, failure_mode: fail_closed}
+`)
+	svc, err := New(Options{Store: outageStore{}, Rules: set})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var resp Response
+	res, err := svc.Reserve(t.Context(), &Request{Domain: "o", Descriptors: descs("open=a")}, time.Second, &resp)
+	if err != nil || resp.Code != OK || res.Wait != 0 || resp.Statuses[0].Decision.Reason != ratelimit.ReasonFailOpen || resp.Statuses[0].Decision.Capacity != 5 {
+		t.Fatalf("fail_open: %+v, %+v, %v; want OK, no wait, capacity 5", res, resp, err)
+	}
+	var ue *UnavailableError
+	if _, err := svc.Reserve(t.Context(), &Request{Domain: "o", Descriptors: descs("closed=a")}, time.Second, &resp); !errors.As(err, &ue) || !ue.FailedClosed() || ue.Rule != "closed" {
+		t.Fatalf("fail_closed: %v; want an *UnavailableError naming rule closed", err)
+	}
+}
+
+// TestReserveIndependent: with Independent, a limit that admits keeps
+// its reservation though another denies, as Decide counts.
+func TestReserveIndependent(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	st := memstore.New(memstore.Options{JanitorInterval: -1, Now: func() time.Time { return now }})
+	defer st.Close()
+	d, err := rules.Parse("p.yaml", []byte(reserveRuleFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := rules.NewSet(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := New(Options{Store: st, Rules: set, Independent: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var resp Response
+	const ms = time.Millisecond
+	// both_slow (burst 1, 200ms) takes the first; the second would wait
+	// 200ms > 100ms: denied, but both_fast keeps what it took.
+	for i, want := range []Code{OK, OverLimit} {
+		if _, err := svc.Reserve(t.Context(), reserveReq(1, "both=i"), 100*ms, &resp); err != nil || resp.Code != want {
+			t.Fatalf("reservation %d: code %v, %v; want %v", i, resp.Code, err, want)
+		}
+	}
+	// both_fast (10/s, burst 2) kept the second's unit: its debt is 200ms,
+	// and a third unit brings it to 300ms (a check then reports it).
+	res, err := svc.Reserve(t.Context(), reserveReq(1, "both=i"), time.Second, &resp)
+	if err != nil || res.Wait != 200*ms {
+		t.Fatalf("third: %+v, code %v, %v; want a wait of 200ms (both_slow's: its debt 200ms + 200ms − 200ms)", res, resp.Code, err)
+	}
+	if err := svc.Decide(t.Context(), reserveReq(0, "both=i"), &resp); err != nil {
+		t.Fatal(err)
+	}
+	if d := resp.Statuses[0].Decision; d.Rule != "both_fast" || d.ResetAfter != 300*ms {
+		t.Fatalf("both_fast after three reservations, one denied by both_slow: %+v; want ResetAfter 300ms", d)
 	}
 }

@@ -53,6 +53,11 @@ var serviceDesc = grpc.ServiceDesc{
 		Handler: func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
 			in := new(sluicev1.ReserveRequest)
 			if err := dec(in); err != nil {
+				// gRPC calls a request it cannot decode INTERNAL; it is
+				// the caller's (a string that is not UTF-8, not protobuf).
+				if st := status.Convert(err); st.Code() == codes.Internal {
+					return nil, status.Error(codes.InvalidArgument, st.Message())
+				}
 				return nil, err
 			}
 			s := srv.(*Server)

@@ -157,3 +157,15 @@ func TestReserveErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestUndecodable: a request gRPC cannot decode (a string that is not
+// UTF-8) is the caller's fault, INVALID_ARGUMENT, not INTERNAL.
+func TestUndecodable(t *testing.T) {
+	dec := func(any) error {
+		return status.Error(codes.Internal, "grpc: failed to unmarshal the received message: string field contains invalid UTF-8")
+	}
+	_, err := serviceDesc.Methods[0].Handler(&Server{}, context.Background(), dec, nil)
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "invalid UTF-8") {
+		t.Errorf("undecodable request: %v; want INVALID_ARGUMENT with gRPC's message", err)
+	}
+}

@@ -47,6 +47,54 @@ type Store interface {
 	// Release removes token's permit of name, if any, and reports whether
 	// there was one.
 	Release(ctx context.Context, name, token string) (bool, error)
+	// Holders lists the unexpired permits of name, in one atomic step,
+	// by the store's clock: each one's fence, weight, how long it has
+	// been held and how long it has left, ordered by fence; and the
+	// waiters in a FairStore's queue whose place has not lapsed. It never
+	// reveals a token (the capability to renew or release a permit) and
+	// changes nothing a holder or waiter could notice.
+	Holders(ctx context.Context, name string) (Listing, error)
+}
+
+// A Listing is what Store.Holders answers: a semaphore's holders at one
+// instant of the store's clock.
+type Listing struct {
+	// Holders are the unexpired permits, ordered by fence (the order of
+	// their grants). An expired permit that the store has not forgotten
+	// yet is not among them.
+	Holders []Holder
+	// Queued is the number of waiters in a FairStore's queue whose place
+	// has not lapsed; -1 when the store keeps no queue it can count.
+	Queued int
+}
+
+// A Holder describes one permit of a Listing, without its token.
+type Holder struct {
+	// Fence is the permit's fencing token (Permit.Fence).
+	Fence uint64
+	// Weight is the units it holds (1 unless granted by AcquireFair).
+	Weight int64
+	// HeldFor is how long ago it was granted (a renewal keeps the
+	// instant of the grant), by the store's clock; HeldForUnknown when
+	// the store did not record it (a permit granted by an older Sluice
+	// on Redis).
+	HeldFor time.Duration
+	// ExpiresIn is how long the store keeps it without a renewal: always
+	// above 0 (an expired permit is not listed).
+	ExpiresIn time.Duration
+}
+
+// HeldForUnknown is Holder.HeldFor when the store does not know when the
+// permit was granted.
+const HeldForUnknown time.Duration = -1
+
+// Used returns the weight held by the listed permits.
+func (l Listing) Used() int64 {
+	var n int64
+	for _, h := range l.Holders {
+		n += h.Weight
+	}
+	return n
 }
 
 // A FairStore is a Store that also serves waiters in arrival order and

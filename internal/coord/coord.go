@@ -22,6 +22,7 @@ const (
 	DefaultMaxTTL       = 5 * time.Minute
 	DefaultMaxWait      = 10 * time.Second
 	DefaultMaxWaiters   = 1000
+	DefaultMaxSeen      = 64
 )
 
 // MaxLimit is the largest limit a semaphore may have: weights are summed
@@ -47,6 +48,9 @@ type Limits struct {
 	// name in this process; one more is refused at once. Default
 	// DefaultMaxWaiters.
 	MaxWaiters int
+	// MaxSeen bounds the names Status shows: the most recently acquired
+	// through this process. Default DefaultMaxSeen.
+	MaxSeen int
 }
 
 // Validate returns the error New would return for l: a bound negative or
@@ -59,7 +63,7 @@ func (l Limits) Validate() error {
 // withDefaults returns l with its zero fields set to the defaults, or an
 // error naming the first field out of range.
 func (l Limits) withDefaults() (Limits, error) {
-	if l.MaxNameBytes < 0 || l.DefaultTTL < 0 || l.MinTTL < 0 || l.MaxTTL < 0 || l.MaxWait < 0 || l.MaxWaiters < 0 {
+	if l.MaxNameBytes < 0 || l.DefaultTTL < 0 || l.MinTTL < 0 || l.MaxTTL < 0 || l.MaxWait < 0 || l.MaxWaiters < 0 || l.MaxSeen < 0 {
 		return l, fmt.Errorf("coord: negative bound in %+v", l)
 	}
 	def := func(v *time.Duration, d time.Duration) {
@@ -76,6 +80,9 @@ func (l Limits) withDefaults() (Limits, error) {
 	def(&l.MaxWait, DefaultMaxWait)
 	if l.MaxWaiters == 0 {
 		l.MaxWaiters = DefaultMaxWaiters
+	}
+	if l.MaxSeen == 0 {
+		l.MaxSeen = DefaultMaxSeen
 	}
 	switch {
 	case l.MinTTL < time.Millisecond:
@@ -138,6 +145,15 @@ type Service struct {
 	mu      sync.Mutex
 	waiting map[string]int        // acquires waiting, per name
 	sems    map[semKey]*semaphore // the semaphores acquires use now
+	seen    map[string]seenName   // the names acquired lately, at most MaxSeen
+	seq     uint64                // counts the acquires, to order seen
+}
+
+// seenName is a name acquired through the Service: the limit last asked
+// for and when (the Service's count of acquires then).
+type seenName struct {
+	limit int64
+	seq   uint64
 }
 
 // semKey is what a concurrency.Distributed is made of: acquires that
@@ -169,7 +185,7 @@ func New(opts Options) (*Service, error) {
 	}
 	closing, shut := context.WithCancel(context.Background())
 	s := &Service{store: fs, limits: l, token: []byte(opts.Token), closing: closing, shut: shut,
-		waiting: make(map[string]int), sems: make(map[semKey]*semaphore)}
+		waiting: make(map[string]int), sems: make(map[semKey]*semaphore), seen: make(map[string]seenName)}
 	if s.metrics, err = newMetrics(s, opts.Registerer); err != nil {
 		shut()
 		return nil, err
@@ -400,6 +416,7 @@ func (s *Service) use(key semKey, waits bool) (*concurrency.Distributed, error) 
 	if waits && s.waiting[key.name] >= s.limits.MaxWaiters {
 		return nil, errorf(TooManyWaiters, "semaphore %q: too many acquires wait on it already (at most %d at once)", key.name, s.limits.MaxWaiters)
 	}
+	s.see(key.name, key.limit)
 	sem := s.sems[key]
 	if sem == nil {
 		d, err := concurrency.NewDistributed(s.store, key.name, key.limit, concurrency.DistributedOptions{TTL: key.ttl, Fair: key.fair})
@@ -414,6 +431,24 @@ func (s *Service) use(key semKey, waits bool) (*concurrency.Distributed, error) 
 		s.waiting[key.name]++
 	}
 	return sem.d, nil
+}
+
+// see records an acquire of name under limit among the names Status
+// shows, forgetting the least recently acquired beyond MaxSeen. s.mu is
+// held.
+func (s *Service) see(name string, limit int64) {
+	s.seq++
+	s.seen[name] = seenName{limit: limit, seq: s.seq}
+	if len(s.seen) <= s.limits.MaxSeen {
+		return
+	}
+	oldest, at := "", s.seq
+	for n, sn := range s.seen {
+		if sn.seq < at {
+			oldest, at = n, sn.seq
+		}
+	}
+	delete(s.seen, oldest)
 }
 
 // done ends a use of key's Distributed: the last one forgets it.

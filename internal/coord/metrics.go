@@ -38,7 +38,7 @@ func newMetrics(s *Service, reg prometheus.Registerer) (*metrics, error) {
 	}
 	m := &metrics{calls: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_semaphore_calls_total",
-		Help: "Calls of the coordination API's semaphores that reached the service (with the bearer token, when one is set), by method (acquire, renew, release) and outcome (ok, invalid, no_permit, too_many_waiters, not_found, unavailable, gone).",
+		Help: "Calls of the coordination API's semaphores that reached the service (with the bearer token, when one is set), by method (acquire, renew, release, holders) and outcome (ok, invalid, no_permit, too_many_waiters, not_found, unavailable, gone).",
 	}, []string{"method", "outcome"})}
 	waiting := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_semaphore_waiting",

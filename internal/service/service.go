@@ -29,6 +29,8 @@
 //   - A request denied only because the store could not reach its backend
 //     and its limits fail closed is an *UnavailableError, not a request
 //     over the limit (see Decide).
+//   - Reserve decides a request as reservations, "how long must I wait to
+//     send this?", on gcra and leaky_bucket limits (reserve.go).
 //
 // # Quota mode
 //

@@ -70,7 +70,10 @@
 //
 // Paced waiting: "how long must I wait to send this?" instead of "may this
 // go now?", so that a client in any language paces itself below a limit
-// instead of retrying into 429s. The body is /v1/check's with one more
+// instead of retrying into 429s. It is a route of its own rather than a field
+// of /v1/check: its 200 means "taken, send after wait_ms", which a caller
+// of /v1/check that reads only the status would take for "send now", and
+// it refuses what /v1/check answers (window limits). The body is /v1/check's with one more
 // member, required:
 //
 //	{"domain": "edge", "descriptors": [...], "cost": 1,

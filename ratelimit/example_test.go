@@ -36,3 +36,28 @@ func ExampleLimiter() {
 	// 2 reserved at 100ms, wait: 200ms
 	// 4 at once ever possible: false
 }
+
+func ExampleRule_Reserving() {
+	// 10 a second, bursts of 2, on a key of any Store (here one State);
+	// callers accept a wait of up to 300ms.
+	rule := &ratelimit.Rule{Name: "api", Quota: 10, Period: time.Second, Burst: 2}
+	reserving, _ := rule.Reserving(300 * time.Millisecond)
+	var key ratelimit.State
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i := range 6 {
+		d := reserving.Decide(&key, now, 1)
+		wait := rule.ReserveOutcome(&d) // d now in rule's own terms
+		if d.Allowed {
+			fmt.Printf("reservation %d: send after %v\n", i+1, wait)
+		} else {
+			fmt.Printf("reservation %d: refused, nothing taken; fits in %v\n", i+1, d.RetryAfter)
+		}
+	}
+	// Output:
+	// reservation 1: send after 0s
+	// reservation 2: send after 0s
+	// reservation 3: send after 100ms
+	// reservation 4: send after 200ms
+	// reservation 5: send after 300ms
+	// reservation 6: refused, nothing taken; fits in 100ms
+}

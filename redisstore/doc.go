@@ -215,6 +215,13 @@
 // mode, and a request that mixes modes is all or nothing: its local items
 // are taken first and given back if the rest is denied.
 //
+// A reservation (ratelimit.Rule.Reserving) of a batched or approximate
+// rule is an item of a Strict copy of the rule, with a larger burst, on
+// the same key: it is decided at the shared counter, which counts a
+// batched replica's blocks as taken when leased; an approximate rule's
+// hits not yet reconciled are not in it, so a reservation's wait is
+// short by at most what the mode's bound allows.
+//
 // When Redis does not answer, a batched replica spends the blocks it
 // holds and an approximate one decides on its views (once the breaker is
 // open, for up to 40 intervals after each view's last reconciliation);

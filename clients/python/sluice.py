@@ -1,4 +1,5 @@
-"""A client of Sluice's distributed semaphores, standard library only.
+"""A client of Sluice's distributed semaphores and paced rate limits,
+standard library only.
 
 It speaks the JSON/HTTP API that ``sluice serve`` answers
 (POST /v1/semaphores/acquire, /renew and /release; docs/openapi.yaml in
@@ -9,6 +10,14 @@ put its directory on PYTHONPATH.
     with sem.hold(wait=5) as permit:      # renewed in the background
         headers = permit.set_fence({})    # Sluice-Fencing-Token and -Resource
         ...                               # check permit.valid() before each step
+
+Paced waiting under serve's rate limits (POST /v1/reserve): reserve a
+cost and wait the answer's wait before sending, so that processes sharing
+a limit never retry into 429s.
+
+    limits = RateLimits("http://127.0.0.1:8080")
+    limits.pace("api", [{"tenant": "acme"}], cost=1, max_wait=5)  # sleeps
+    ...                                   # now send
 
 Durations are in seconds (floats); the API's milliseconds are converted.
 A permit's validity is kept on time.monotonic(), from when the request
@@ -22,6 +31,7 @@ urllib (URLError, TimeoutError).
 """
 
 import json
+import math
 import threading
 import time
 import urllib.error
@@ -41,6 +51,8 @@ __all__ = [
     "Unavailable",
     "FENCING_TOKEN_HEADER",
     "FENCING_RESOURCE_HEADER",
+    "RateLimits",
+    "OverLimit",
 ]
 
 FENCING_TOKEN_HEADER = "Sluice-Fencing-Token"
@@ -308,3 +320,97 @@ def _error(status, body):
     except (ValueError, AttributeError):
         detail = body[:200].decode("utf-8", "replace")
     return _ERRORS.get(status, SluiceError)(status, title, detail)
+
+
+# Paced waiting (POST /v1/reserve).
+
+
+class OverLimit(SluiceError):
+    """429 from /v1/reserve: the reservation would have to wait longer
+    than max_wait (nothing was taken). retry_after is the seconds after
+    which the same reservation would be admitted (math.inf: never, a cost
+    above a limit's capacity); answer the decoded body."""
+
+    def __init__(self, retry_after, answer):
+        self.retry_after = retry_after
+        self.answer = answer
+        super().__init__(429, "over limit", f"retry after {retry_after:.3f}s")
+
+
+class RateLimits:
+    """The rate limits of sluice serve at base_url, reserved ahead.
+
+    A reservation asks "how long must I wait to send this?": serve takes
+    the cost now, under every limit the descriptors match (gcra or
+    leaky_bucket limits), and answers the wait; a process that sends
+    when it has waited it stays within the limits, whatever other
+    processes share them. timeout bounds every HTTP call.
+    """
+
+    def __init__(self, base_url, timeout=5.0):
+        if timeout <= 0:
+            raise ValueError("timeout must be positive")
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+
+    def reserve(self, domain, descriptors, cost=1, max_wait=1.0):
+        """Reserve cost under domain's limits for descriptors, accepting a
+        wait of up to max_wait seconds, and return the seconds to wait
+        (from when this returns) before sending.
+
+        descriptors is a list of descriptors, each a dict of entries
+        ({"tenant": "acme", "user": "ann"}, outer level first) or a list
+        of (key, value) pairs. Raises OverLimit when the wait would be
+        longer than max_wait (nothing is taken), BadRequest for a limit
+        that cannot be reserved or a max_wait beyond the server's bound,
+        and the other SluiceErrors.
+        """
+        body = {"domain": domain, "descriptors": [_descriptor(d) for d in descriptors],
+                "cost": cost, "max_wait_ms": _millis(max_wait)}
+        req = urllib.request.Request(self.base_url + "/v1/reserve", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json", "Accept": "application/json"},
+                                     method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                answer = json.loads(resp.read())
+        except urllib.error.HTTPError as e:
+            try:
+                data = e.read()
+                if e.code != 429:
+                    raise _error(e.code, data) from None
+                answer = json.loads(data)
+            finally:
+                e.close()
+            retry = 0.0
+            for d in answer["descriptors"]:
+                if not d["allowed"] and "retry_after_ms" in d:
+                    ms = d["retry_after_ms"]
+                    retry = math.inf if ms < 0 else max(retry, ms / 1000)
+            raise OverLimit(retry, answer) from None
+        return answer["wait_ms"] / 1000
+
+    def pace(self, domain, descriptors, cost=1, max_wait=1.0, sleep=time.sleep):
+        """Reserve as reserve does, then sleep the wait; return when the
+        caller may send, with the seconds slept. Refused because the queue
+        is longer than max_wait, it sleeps the answer's retry_after and
+        reserves again; a cost that can never pass raises OverLimit."""
+        slept = 0.0
+        while True:
+            try:
+                wait = self.reserve(domain, descriptors, cost, max_wait)
+            except OverLimit as e:
+                if math.isinf(e.retry_after):
+                    raise
+                wait = None
+                retry = max(e.retry_after, 0.001)
+            if wait is not None:
+                if wait > 0:
+                    sleep(wait)
+                return slept + wait
+            sleep(retry)
+            slept += retry
+
+
+def _descriptor(d):
+    items = d.items() if isinstance(d, dict) else d
+    return {"entries": [{"key": str(k), "value": str(v)} for k, v in items]}

@@ -10,6 +10,7 @@ import (
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/grpclimit"
 	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/internal/reserve"
 	"github.com/sluicehq/sluice/priority"
 )
 
@@ -63,13 +64,14 @@ func (o *overload) http() func(http.Handler) http.Handler {
 	})
 }
 
-// grpcOptions are the gRPC server options that guard ShouldRateLimit.
+// grpcOptions are the gRPC server options that guard ShouldRateLimit
+// and Reserve (sluice.v1.RateLimitService).
 func (o *overload) grpcOptions() []grpc.ServerOption {
 	if o.guard == nil {
 		return nil
 	}
 	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(grpclimit.ProtectUnary(o.guard, grpclimit.ProtectOptions{
-		Skip: func(m string) bool { return m != shouldRateLimit },
+		Skip: func(m string) bool { return m != shouldRateLimit && m != reserve.ReserveMethod },
 	}))}
 }
 

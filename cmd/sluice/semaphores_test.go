@@ -627,7 +627,8 @@ func (o *openAPI) validate(s any, v any, at string) error {
 	}
 	for k := range sch {
 		switch k {
-		case "type", "properties", "required", "additionalProperties", "items", "minimum", "maximum", "minLength", "maxLength", "pattern", "description":
+		case "type", "properties", "required", "additionalProperties", "items", "minimum", "maximum", "minLength", "maxLength", "pattern", "description",
+			"minItems", "maxItems": // arrays' bounds: /v1/reserve's descriptors
 		default:
 			return fmt.Errorf("%s: the checker does not know the keyword %q", at, k)
 		}
@@ -699,6 +700,12 @@ func (o *openAPI) validate(s any, v any, at string) error {
 		a, ok := v.([]any)
 		if !ok {
 			return fmt.Errorf("%s: %v is not an array", at, v)
+		}
+		if lo, ok := num("minItems"); ok && int64(len(a)) < lo {
+			return fmt.Errorf("%s: %d items, fewer than %d", at, len(a), lo)
+		}
+		if hi, ok := num("maxItems"); ok && int64(len(a)) > hi {
+			return fmt.Errorf("%s: %d items, more than %d", at, len(a), hi)
 		}
 		for i, x := range a {
 			if err := o.validate(sch["items"], x, fmt.Sprintf("%s[%d]", at, i)); err != nil {

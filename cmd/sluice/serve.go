@@ -34,6 +34,7 @@ import (
 	"github.com/sluicehq/sluice/internal/httpapi"
 	"github.com/sluicehq/sluice/internal/overrides"
 	"github.com/sluicehq/sluice/internal/recovery"
+	"github.com/sluicehq/sluice/internal/reserve"
 	"github.com/sluicehq/sluice/internal/rls"
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/internal/service"
@@ -48,6 +49,13 @@ Serve runs Sluice's decision service: Envoy's rate limit service API
 (envoy.service.ratelimit.v3) over gRPC, with the gRPC health service and
 reflection, and over HTTP the JSON APIs (POST /json as envoyproxy/ratelimit,
 POST /v1/check), GET /metrics, GET /healthz and GET /readyz.
+
+Paced waiting: POST /v1/reserve and the gRPC service
+sluice.v1.RateLimitService (proto/sluice/v1/ratelimit.proto) answer "how
+long must I wait to send this?" for gcra and leaky_bucket limits: the
+cost is taken now, and the caller waits the answer's wait before sending,
+so that it never retries into refusals. A reservation may ask to wait at
+most --max-reserve-wait.
 
 With no flags it loads ./examples/rules, keeps counters in memory, and
 listens on 127.0.0.1:8081 (gRPC) and 127.0.0.1:8080 (HTTP). The rules
@@ -122,7 +130,8 @@ within --http-read-header-timeout) and be answered within
 is closed after --grpc-max-conn-idle without a call and asked to go away
 after --grpc-max-conn-age; clients that ping too often are disconnected.
 
-The decision endpoints (gRPC ShouldRateLimit, POST /json, POST /v1/check;
+The decision endpoints (gRPC ShouldRateLimit and Reserve, POST /json,
+POST /v1/check, POST /v1/reserve;
 not /metrics, the health checks or the admin API) are guarded against
 overload: at most an adaptive limit of decisions (never above
 --overload-max-concurrency) are in flight, and as their p99 latency
@@ -169,6 +178,7 @@ type serveConfig struct {
 	adminToken       string
 	adminAllowRemote bool
 	independent      bool
+	maxReserveWait   time.Duration // the longest wait a reservation may ask for (POST /v1/reserve, RateLimitService.Reserve)
 	headers          bool
 	maxBodyBytes     int64
 	shutdownTimeout  time.Duration
@@ -289,6 +299,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&tokenFile, "admin-token-file", "", "`file` holding the admin API bearer token (default: $"+adminTokenEnv+")")
 	fs.BoolVar(&cfg.adminAllowRemote, "admin-allow-remote", false, "allow the admin API on a non-loopback address")
 	fs.BoolVar(&cfg.independent, "independent", false, "count every descriptor on its own, as envoyproxy/ratelimit (default: all or nothing)")
+	fs.DurationVar(&cfg.maxReserveWait, "max-reserve-wait", service.DefaultMaxReserveWait, "reservations (POST /v1/reserve, sluice.v1.RateLimitService): the longest wait one may ask for; a longer max_wait is refused")
 	fs.BoolVar(&cfg.headers, "headers", false, "add RateLimit-Policy, RateLimit and Retry-After to gRPC responses")
 	fs.Int64Var(&cfg.maxBodyBytes, "max-body-bytes", httpapi.DefaultMaxBodyBytes, "bound on HTTP request bodies and gRPC messages, in bytes")
 	fs.DurationVar(&cfg.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight calls may take to finish on shutdown")
@@ -352,6 +363,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if cfg.shutdownTimeout <= 0 {
 		return usagef("serve: --shutdown-timeout must be positive")
+	}
+	if cfg.maxReserveWait <= 0 {
+		return usagef("serve: --max-reserve-wait must be positive")
 	}
 	if cfg.memoryMaxKeys <= 0 {
 		return usagef("serve: --memory-max-keys must be positive")
@@ -703,7 +717,7 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 	if err != nil {
 		return nil, err
 	}
-	svc, err := service.New(service.Options{Store: b.store, Rules: set, Independent: cfg.independent, Overrides: table, Metrics: cfg.hooks.serviceMetrics(metrics), Top: top, Logger: log})
+	svc, err := service.New(service.Options{Store: b.store, Rules: set, Independent: cfg.independent, MaxReserveWait: cfg.maxReserveWait, Overrides: table, Metrics: cfg.hooks.serviceMetrics(metrics), Top: top, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
@@ -757,11 +771,13 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 		log.Warn("serve: the coordination API's token is short; nothing limits how many tokens a client may try, so use a long random one (e.g. 32 random bytes in hex)",
 			slog.Int("bytes", len(cfg.coordToken)), slog.Int("recommended_min", minAdminTokenLen))
 	}
+	reserve.New(svc).Register(s.grpc) // sluice.v1.RateLimitService: reservations
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	reflection.Register(s.grpc)
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	s.health.SetServingStatus(rlsName, healthpb.HealthCheckResponse_NOT_SERVING)
 	s.health.SetServingStatus(coord.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
+	s.health.SetServingStatus(reserve.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 
 	if s.api, err = httpapi.New(httpapi.Options{Service: svc, RLS: rlsServer, Semaphores: sems, Gatherer: reg, MaxBodyBytes: cfg.maxBodyBytes, Protect: ov.http()}); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
@@ -911,6 +927,7 @@ func (s *servers) setReady(ready bool) {
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(rlsName, healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(coord.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(reserve.ServiceName, healthpb.HealthCheckResponse_SERVING)
 }
 
 // httpServers yields the HTTP servers, by the name their errors use.

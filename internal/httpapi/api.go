@@ -45,8 +45,8 @@ type Options struct {
 	// Semaphores, if set, serves the coordination API's semaphore
 	// routes (POST /v1/semaphores/acquire, /renew and /release).
 	Semaphores *coord.Service
-	// Protect, if set, wraps the decision endpoints (POST /v1/check and
-	// POST /json), and only them: serve puts its overload guard there,
+	// Protect, if set, wraps the decision endpoints (POST /v1/check,
+	// POST /v1/reserve and POST /json), and only them: serve puts its overload guard there,
 	// so that metrics and health checks are answered whatever the load.
 	Protect func(http.Handler) http.Handler
 }
@@ -55,6 +55,7 @@ type Options struct {
 //
 //	POST /json       Envoy's RateLimitRequest in proto3 JSON (as envoyproxy/ratelimit)
 //	POST /v1/check   Sluice's native JSON schema (see the package documentation)
+//	POST /v1/reserve the same request as a reservation: how long to wait before sending
 //	POST /v1/semaphores/acquire, /renew, /release
 //	                 the coordination API's semaphores (Options.Semaphores)
 //	GET  /metrics    Prometheus metrics
@@ -95,6 +96,8 @@ func New(opts Options) (*API, error) {
 	// The body is read before the guard: a client slow to send it holds
 	// no slot of the guard and its sending time is no latency sample.
 	a.mux.Handle("POST /v1/check", a.readFirst(protect(http.HandlerFunc(a.check))))
+	// Reservations: /v1/check's request, answered with the wait (reserve.go).
+	a.mux.Handle("POST /v1/reserve", a.readFirst(protect(http.HandlerFunc(a.reserve))))
 	if a.rls != nil {
 		a.mux.Handle("POST /json", a.readFirst(protect(http.HandlerFunc(a.envoyJSON))))
 	}

@@ -257,56 +257,61 @@ func (a *API) appendCheckResponse(b []byte, resp *service.Response) []byte {
 	b = appendCode(b, resp.Code)
 	b = append(b, `,"descriptors":[`...)
 	for i := range resp.Statuses {
-		st := &resp.Statuses[i]
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = append(b, `{"allowed":`...)
-		b = strconv.AppendBool(b, st.Code == service.OK)
-		b = append(b, `,"code":`...)
-		b = appendCode(b, st.Code)
-		switch {
-		case st.Rule != nil:
-			d := &st.Decision
-			b = append(b, `,"matched":true,"rule":`...)
-			b = appendJSONString(b, d.Rule)
-			b = append(b, `,"limit":`...)
-			b = strconv.AppendInt(b, d.Capacity, 10)
-			if st.RemainingKnown() { // not for fail_open: nothing is known of the key
-				b = append(b, `,"remaining":`...)
-				b = strconv.AppendInt(b, max(d.Remaining, 0), 10)
-				b = append(b, `,"reset_after_ms":`...)
-				b = strconv.AppendInt(b, ceilMillis(d.ResetAfter), 10)
-			}
-			b = append(b, `,"retry_after_ms":`...)
-			if d.RetryAfter == ratelimit.Never {
-				b = append(b, "-1"...)
-			} else {
-				b = strconv.AppendInt(b, ceilMillis(d.RetryAfter), 10)
-			}
-			b = append(b, `,"reason":"`...)
-			b = append(b, d.Reason.String()...)
-			b = append(b, `","shadow":`...)
-			b = strconv.AppendBool(b, st.Shadow)
-			b = append(b, `,"quota_mode":`...)
-			b = strconv.AppendBool(b, st.Quota)
-			b = append(b, `,"quota_exceeded":`...)
-			b = strconv.AppendBool(b, st.QuotaExceeded)
-			b = append(b, `,"unlimited":false`...)
-		case st.Unlimited:
-			b = append(b, `,"matched":true,"rule":`...)
-			name := ""
-			if st.Spec != nil {
-				name = st.Spec.Name
-			}
-			b = appendJSONString(b, name)
-			b = append(b, `,"reason":"ok","shadow":false,"quota_mode":false,"quota_exceeded":false,"unlimited":true`...)
-		default:
-			b = append(b, `,"matched":false,"reason":"ok","shadow":false,"quota_mode":false,"quota_exceeded":false,"unlimited":false`...)
-		}
-		b = append(b, '}')
+		b = appendStatus(b, &resp.Statuses[i])
 	}
 	return append(b, "]}\n"...)
+}
+
+// appendStatus appends one descriptor's object of the answer of
+// /v1/check, which ends with '}'.
+func appendStatus(b []byte, st *service.Status) []byte {
+	b = append(b, `{"allowed":`...)
+	b = strconv.AppendBool(b, st.Code == service.OK)
+	b = append(b, `,"code":`...)
+	b = appendCode(b, st.Code)
+	switch {
+	case st.Rule != nil:
+		d := &st.Decision
+		b = append(b, `,"matched":true,"rule":`...)
+		b = appendJSONString(b, d.Rule)
+		b = append(b, `,"limit":`...)
+		b = strconv.AppendInt(b, d.Capacity, 10)
+		if st.RemainingKnown() { // not for fail_open: nothing is known of the key
+			b = append(b, `,"remaining":`...)
+			b = strconv.AppendInt(b, max(d.Remaining, 0), 10)
+			b = append(b, `,"reset_after_ms":`...)
+			b = strconv.AppendInt(b, ceilMillis(d.ResetAfter), 10)
+		}
+		b = append(b, `,"retry_after_ms":`...)
+		if d.RetryAfter == ratelimit.Never {
+			b = append(b, "-1"...)
+		} else {
+			b = strconv.AppendInt(b, ceilMillis(d.RetryAfter), 10)
+		}
+		b = append(b, `,"reason":"`...)
+		b = append(b, d.Reason.String()...)
+		b = append(b, `","shadow":`...)
+		b = strconv.AppendBool(b, st.Shadow)
+		b = append(b, `,"quota_mode":`...)
+		b = strconv.AppendBool(b, st.Quota)
+		b = append(b, `,"quota_exceeded":`...)
+		b = strconv.AppendBool(b, st.QuotaExceeded)
+		b = append(b, `,"unlimited":false`...)
+	case st.Unlimited:
+		b = append(b, `,"matched":true,"rule":`...)
+		name := ""
+		if st.Spec != nil {
+			name = st.Spec.Name
+		}
+		b = appendJSONString(b, name)
+		b = append(b, `,"reason":"ok","shadow":false,"quota_mode":false,"quota_exceeded":false,"unlimited":true`...)
+	default:
+		b = append(b, `,"matched":false,"reason":"ok","shadow":false,"quota_mode":false,"quota_exceeded":false,"unlimited":false`...)
+	}
+	return append(b, '}')
 }
 
 func appendCode(b []byte, c service.Code) []byte {

@@ -66,6 +66,44 @@
 // ratelimit-headers) for every limit that decided, and Retry-After when the
 // request is denied and could pass later.
 //
+// # POST /v1/reserve
+//
+// Paced waiting: "how long must I wait to send this?" instead of "may this
+// go now?", so that a client in any language paces itself below a limit
+// instead of retrying into 429s. It is a route of its own rather than a field
+// of /v1/check: its 200 means "taken, send after wait_ms", which a caller
+// of /v1/check that reads only the status would take for "send now", and
+// it refuses what /v1/check answers (window limits). The body is /v1/check's with one more
+// member, required:
+//
+//	{"domain": "edge", "descriptors": [...], "cost": 1,
+//	 "max_wait_ms": 2000}               0 to the server's --max-reserve-wait (60000 by default)
+//
+// The request is decided as a reservation (internal/service's Reserve,
+// and ratelimit.Rule.Reserving for the arithmetic): every limit it matches
+// must be a gcra or leaky_bucket limit (a window limit, the default of a
+// plain envoyproxy/ratelimit rule, or an inline limit, is 400 naming it).
+// Admitted, the cost is taken now, and the answer, 200, says how long to
+// wait before sending:
+//
+//	{"allowed": true, "code": "OK",
+//	 "wait_ms": 350,                    wait this long, then send
+//	 "descriptors": [{…as /v1/check…,   "limit" and "remaining" in the rule's own terms
+//	   "wait_ms": 350}]}                this descriptor's longest limit wait
+//
+// A reservation whose wait would exceed max_wait_ms (counted in whole
+// emission intervals of each limit, rounded down) is 429, takes nothing,
+// and says in Retry-After and each limit's "retry_after_ms" when the same
+// reservation would be admitted; "wait_ms" is 0. A cost above a limit's
+// capacity is 429 with "retry_after_ms": -1, never. Shadow-mode limits
+// are reserved too and reported, but never make the caller wait;
+// quota-mode limits are decided at once, as by /v1/check. wait_ms is
+// rounded up to whole milliseconds: a caller that sends when it has
+// waited it conforms to every limit of the request (exactly so for a
+// request of one limit; internal/service's reserve.go says what a
+// request of several limits with different waits can do). Errors are
+// /v1/check's.
+//
 // # POST /v1/semaphores/acquire, /renew, /release, /holders
 //
 // The coordination API's semaphores (package internal/coord, which

@@ -254,6 +254,7 @@ func TestExampleRules(t *testing.T) {
 		{e("client", "healthcheck"), "demo.client_healthcheck"},
 		{e("client", "internal-batch"), ""},
 		{e("user", "alice"), "user_rate,user_daily"},
+		{e("downstream", "geocoder"), "geocoder"},
 	}
 	for _, tt := range tests {
 		ls := s.Match("demo", tt.entries, nil)

@@ -29,6 +29,8 @@
 //   - A request denied only because the store could not reach its backend
 //     and its limits fail closed is an *UnavailableError, not a request
 //     over the limit (see Decide).
+//   - Reserve decides a request as reservations, "how long must I wait to
+//     send this?", on gcra and leaky_bucket limits (reserve.go).
 //
 // # Quota mode
 //
@@ -62,6 +64,7 @@
 package service
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -95,6 +98,9 @@ type Options struct {
 	Top *Top
 	// Logger logs rule changes and store errors; nil discards.
 	Logger *slog.Logger
+	// MaxReserveWait bounds the wait a reservation may ask for
+	// (Reserve); 0 means DefaultMaxReserveWait.
+	MaxReserveWait time.Duration
 }
 
 // Service decides requests. It is safe for concurrent use.
@@ -109,6 +115,7 @@ type Service struct {
 	overrides   *Overrides
 	inline      inlineRules
 	scratch     sync.Pool // of *scratch
+	reserve     reserveRules
 }
 
 // New returns a Service.
@@ -120,6 +127,7 @@ func New(opts Options) (*Service, error) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Service{store: opts.Store, independent: opts.Independent, metrics: opts.Metrics, log: opts.Logger, overrides: opts.Overrides, top: opts.Top}
+	s.reserve.max = cmp.Or(opts.MaxReserveWait, DefaultMaxReserveWait)
 	s.scratch.New = func() any { return new(scratch) }
 	// Overrides that do not apply to the first rules are kept; whoever
 	// set them (Overrides.Replace) was told.
@@ -243,6 +251,11 @@ type check struct {
 // deny it; when a limit denies the request by itself, it is over the limit
 // and there is no error.
 func (s *Service) Decide(ctx context.Context, req *Request, resp *Response) error {
+	return s.decideRequest(ctx, req, resp, nil)
+}
+
+// decideRequest is Decide, and Reserve when rv is not nil (reserve.go).
+func (s *Service) decideRequest(ctx context.Context, req *Request, resp *Response, rv *reservation) error {
 	var start time.Time
 	if s.metrics != nil { // the clock read is only for the latency histogram
 		start = time.Now()
@@ -260,9 +273,17 @@ func (s *Service) Decide(ctx context.Context, req *Request, resp *Response) erro
 	sc := s.scratch.Get().(*scratch)
 	defer s.scratch.Put(sc)
 	s.match(sc, dom, req)
+	if rv != nil {
+		if err := s.reserving(sc, req, rv); err != nil {
+			return err
+		}
+	}
 	if err := s.decide(ctx, sc); err != nil {
 		s.metrics.storeError()
 		return &UnavailableError{Err: err}
+	}
+	if rv != nil {
+		rv.outcome(sc)
 	}
 	closed := s.answer(sc, resp)
 	s.metrics.observe(req, sc, resp, time.Since(start))

@@ -1,0 +1,190 @@
+// Package reserve is serve's reservation API over gRPC:
+// sluice.v1.RateLimitService (proto/sluice/v1/ratelimit.proto), whose
+// Reserve tells a caller in any language how long to wait before it sends.
+// It only translates: the decision is internal/service's Service.Reserve
+// (and ratelimit.Rule.Reserving for the arithmetic), which POST
+// /v1/reserve (internal/httpapi) calls too, so both transports answer
+// alike.
+package reserve
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/sluicehq/sluice/internal/coord/sluicev1"
+	"github.com/sluicehq/sluice/internal/rules"
+	"github.com/sluicehq/sluice/internal/service"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// ServiceName is the gRPC name of the service; ReserveMethod the full
+// name of its one method.
+const (
+	ServiceName   = "sluice.v1.RateLimitService"
+	ReserveMethod = "/" + ServiceName + "/Reserve"
+)
+
+// Server answers sluice.v1.RateLimitService from a service.Service.
+type Server struct {
+	svc *service.Service
+}
+
+// New returns a Server deciding with svc.
+func New(svc *service.Service) *Server { return &Server{svc: svc} }
+
+// Register registers s as sluice.v1.RateLimitService on g.
+func (s *Server) Register(g grpc.ServiceRegistrar) { g.RegisterService(&serviceDesc, s) }
+
+// serviceDesc is sluice.v1.RateLimitService's descriptor, written by hand
+// as internal/coord's is (no gRPC plugin to pin): one unary method whose
+// messages are sluicev1's. grpc_test.go checks it against the compiled
+// .proto; its Metadata, the .proto's path, is what reflection reports.
+var serviceDesc = grpc.ServiceDesc{
+	ServiceName: ServiceName,
+	HandlerType: (*any)(nil),
+	Methods: []grpc.MethodDesc{{
+		MethodName: "Reserve",
+		Handler: func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
+			in := new(sluicev1.ReserveRequest)
+			if err := dec(in); err != nil {
+				// gRPC calls a request it cannot decode INTERNAL; it is
+				// the caller's (a string that is not UTF-8, not protobuf).
+				if st := status.Convert(err); st.Code() == codes.Internal {
+					return nil, status.Error(codes.InvalidArgument, st.Message())
+				}
+				return nil, err
+			}
+			s := srv.(*Server)
+			if ic == nil {
+				return s.Reserve(ctx, in)
+			}
+			return ic(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: ReserveMethod}, func(ctx context.Context, req any) (any, error) {
+				return s.Reserve(ctx, req.(*sluicev1.ReserveRequest))
+			})
+		},
+	}},
+	Metadata: "sluice/v1/ratelimit.proto",
+}
+
+// Reserve answers one reservation.
+func (s *Server) Reserve(ctx context.Context, in *sluicev1.ReserveRequest) (*sluicev1.ReserveResponse, error) {
+	req, err := convert(in)
+	if err != nil {
+		return nil, err
+	}
+	mw := in.GetMaxWait()
+	if mw == nil {
+		return nil, status.Error(codes.InvalidArgument, "max_wait is required: the longest wait the caller accepts (zero: none)")
+	}
+	if err := mw.CheckValid(); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "max_wait: %v", err)
+	}
+	var resp service.Response
+	res, err := s.svc.Reserve(ctx, req, mw.AsDuration(), &resp)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	return answer(&resp, &res), nil
+}
+
+// convert checks the counts before it copies anything, with the
+// service's own checks (the rest is Service.Reserve's Validate).
+func convert(in *sluicev1.ReserveRequest) (*service.Request, error) {
+	ds := in.GetDescriptors()
+	if err := service.CheckDescriptorCount(len(ds)); err != nil {
+		return nil, grpcError(err)
+	}
+	n := 0
+	for i, d := range ds {
+		if err := service.CheckEntryCount(i, len(d.GetEntries())); err != nil {
+			return nil, grpcError(err)
+		}
+		n += len(d.GetEntries())
+	}
+	cost := int64(1)
+	if in.Cost != nil {
+		cost = in.GetCost()
+	}
+	entries := make([]rules.Entry, 0, n)
+	req := &service.Request{Domain: in.GetDomain(), Descriptors: make([]service.Descriptor, len(ds))}
+	for i, d := range ds {
+		start := len(entries)
+		for _, e := range d.GetEntries() {
+			entries = append(entries, rules.Entry{Key: e.GetKey(), Value: e.GetValue()})
+		}
+		req.Descriptors[i] = service.Descriptor{Entries: entries[start:len(entries):len(entries)], Cost: cost}
+		if d.Cost != nil {
+			req.Descriptors[i].Cost = d.GetCost()
+		}
+	}
+	return req, nil
+}
+
+// answer is the response of a decided reservation.
+func answer(resp *service.Response, res *service.Reservation) *sluicev1.ReserveResponse {
+	out := &sluicev1.ReserveResponse{Allowed: resp.Code == service.OK, Descriptors: make([]*sluicev1.ReserveStatus, len(resp.Statuses))}
+	if out.Allowed {
+		out.Wait = durationpb.New(res.Wait)
+	}
+	var retry time.Duration
+	for i := range resp.Statuses {
+		st := &resp.Statuses[i]
+		ps := &sluicev1.ReserveStatus{Allowed: st.Code == service.OK, Reason: ratelimit.ReasonOK.String()}
+		if i < len(res.Waits) {
+			ps.Wait = durationpb.New(res.Waits[i])
+		}
+		switch {
+		case st.Rule != nil:
+			d := &st.Decision
+			ps.Matched, ps.Rule, ps.Limit, ps.Reason = true, d.Rule, d.Capacity, d.Reason.String()
+			ps.Shadow, ps.QuotaMode, ps.QuotaExceeded = st.Shadow, st.Quota, st.QuotaExceeded
+			if st.RemainingKnown() {
+				ps.Remaining = new(max(d.Remaining, 0))
+				ps.ResetAfter = durationpb.New(d.ResetAfter)
+			}
+			if !d.Allowed && d.RetryAfter != ratelimit.Never {
+				ps.RetryAfter = durationpb.New(d.RetryAfter)
+			}
+			if st.Code == service.OverLimit && retry >= 0 {
+				if d.RetryAfter == ratelimit.Never {
+					retry = -1 // never: no retry_after
+				} else {
+					retry = max(retry, d.RetryAfter)
+				}
+			}
+		case st.Unlimited:
+			ps.Matched, ps.Unlimited = true, true
+			if st.Spec != nil {
+				ps.Rule = st.Spec.Name
+			}
+		}
+		out.Descriptors[i] = ps
+	}
+	if !out.Allowed && retry > 0 {
+		out.RetryAfter = durationpb.New(retry)
+	}
+	return out
+}
+
+// grpcError is the status of an error of Service.Reserve: the request's
+// fault, the store's (never a denial), or the call's deadline.
+func grpcError(err error) error {
+	var ue *service.UnavailableError
+	switch {
+	case errors.Is(err, service.ErrInvalidRequest):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	case errors.As(err, &ue):
+		return status.Error(codes.Unavailable, err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}

@@ -43,7 +43,7 @@ func TestAcquireRenewRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g.Fence != 1 || checkID(g.PermitID) != nil || g.ValidFor <= 0 || g.ValidFor > time.Second-time.Second/50 {
+	if g.Fence != 1 || checkID("permit_id", g.PermitID) != nil || g.ValidFor <= 0 || g.ValidFor > time.Second-time.Second/50 {
 		t.Errorf("grant = %+v; want fence 1, a well-formed id, valid for (0, 980ms]", g)
 	}
 	if n := m.HoldersAt(time.Now(), "db"); n != 1 {

@@ -144,6 +144,7 @@ var grpcCode = [...]codes.Code{
 	NotFound:       codes.NotFound,
 	Unavailable:    codes.Unavailable,
 	Gone:           codes.Canceled,
+	TooMany:        codes.ResourceExhausted,
 }
 
 // grpcError is the status of an error of the Service.

@@ -103,7 +103,7 @@ func TestGRPC(t *testing.T) {
 	if err := invoke(ctx, cc, "Acquire", acq, &g); err != nil {
 		t.Fatal(err)
 	}
-	if g.GetFence() != 1 || checkID(g.GetPermitId()) != nil || g.GetValidFor().AsDuration() <= 0 {
+	if g.GetFence() != 1 || checkID("permit_id", g.GetPermitId()) != nil || g.GetValidFor().AsDuration() <= 0 {
 		t.Errorf("grant %v; want fence 1, an id and a validity", &g)
 	}
 	if err := invoke(ctx, cc, "Acquire", acq, &g); status.Code(err) != codes.ResourceExhausted {

@@ -127,6 +127,7 @@ var semStatus = [...]int{
 	coord.NotFound:       http.StatusNotFound,
 	coord.Unavailable:    http.StatusServiceUnavailable,
 	coord.Gone:           499, // the caller left; nobody reads it
+	coord.TooMany:        http.StatusTooManyRequests,
 }
 
 // semError answers an error of the coordination service.

@@ -114,6 +114,8 @@ func (l Limits) withDefaults() (Limits, error) {
 		return l, fmt.Errorf("coord: DefaultTTL %v outside [%v, %v]", l.DefaultTTL, l.MinTTL, l.MaxTTL)
 	case l.LeaseTTL < l.MinTTL || l.LeaseTTL > l.MaxTTL:
 		return l, fmt.Errorf("coord: LeaseTTL %v outside [%v, %v]", l.LeaseTTL, l.MinTTL, l.MaxTTL)
+	case l.MaxPartitions > MaxPartitions:
+		return l, fmt.Errorf("coord: MaxPartitions %d above %d", l.MaxPartitions, MaxPartitions)
 	case l.MaxWindow < time.Millisecond:
 		return l, fmt.Errorf("coord: MaxWindow %v below 1ms", l.MaxWindow)
 	}

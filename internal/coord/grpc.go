@@ -27,18 +27,18 @@ var serviceDesc = grpc.ServiceDesc{
 	ServiceName: ServiceName,
 	HandlerType: (*any)(nil),
 	Methods: []grpc.MethodDesc{
-		unary("Acquire", (*Service).grpcAcquire),
-		unary("Renew", (*Service).grpcRenew),
-		unary("Release", (*Service).grpcRelease),
+		unary(ServiceName, "Acquire", (*Service).grpcAcquire),
+		unary(ServiceName, "Renew", (*Service).grpcRenew),
+		unary(ServiceName, "Release", (*Service).grpcRelease),
 	},
 	Metadata: "sluice/v1/semaphore.proto",
 }
 
-// unary is the MethodDesc of a unary method that call answers: it decodes
+// unary is the MethodDesc of a unary method of service that call answers: it decodes
 // the request, runs the server's interceptors, and checks the bearer
 // token before call.
-func unary[Req, Resp any](method string, call func(*Service, context.Context, *Req) (*Resp, error)) grpc.MethodDesc {
-	full := "/" + ServiceName + "/" + method
+func unary[Req, Resp any](service, method string, call func(*Service, context.Context, *Req) (*Resp, error)) grpc.MethodDesc {
+	full := "/" + service + "/" + method
 	return grpc.MethodDesc{
 		MethodName: method,
 		Handler: func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {

@@ -60,12 +60,27 @@ func TestServiceDesc(t *testing.T) {
 	}
 }
 
-// dial serves s on an in-memory listener and returns a client of it.
+// dial serves s's semaphores on an in-memory listener and returns a
+// client of it.
 func dial(t *testing.T, s *Service, opts ...grpc.ServerOption) *grpc.ClientConn {
+	t.Helper()
+	return serve(t, s.Register, opts...)
+}
+
+// dialWith serves s's semaphores and leases on an in-memory listener and
+// returns a client of it.
+func dialWith(t *testing.T, s *Service, opts ...grpc.ServerOption) *grpc.ClientConn {
+	t.Helper()
+	return serve(t, func(g grpc.ServiceRegistrar) { s.Register(g); s.RegisterLeases(g) }, opts...)
+}
+
+// serve serves what register registers on an in-memory listener and
+// returns a client of it.
+func serve(t *testing.T, register func(grpc.ServiceRegistrar), opts ...grpc.ServerOption) *grpc.ClientConn {
 	t.Helper()
 	ln := bufconn.Listen(1 << 20)
 	g := grpc.NewServer(opts...)
-	s.Register(g)
+	register(g)
 	go g.Serve(ln) //nolint:errcheck // ends with Stop
 	t.Cleanup(g.Stop)
 	cc, err := grpc.NewClient("passthrough:///bufnet",

@@ -20,6 +20,9 @@ const (
 	DefaultMaxHolders    = 1000
 	DefaultMaxServices   = 1000
 	DefaultMaxWindow     = time.Hour
+	// MaxPartitions bounds Limits.MaxPartitions (the wire's partitions
+	// are 32-bit).
+	MaxPartitions = 1 << 20
 	// MaxWeight bounds a holder's weight.
 	MaxWeight = 1000
 	// MaxBacklog bounds a stated backlog: exact in a float64.
@@ -99,12 +102,12 @@ type LeaseGrant struct {
 	// Rate is the capacity of the holder's valid leases, in units a
 	// second.
 	Rate float64
-	// Limit and Burst are the token bucket to pace with (rate and burst;
+	// PaceRate and Burst are the token bucket to pace with (rate and burst;
 	// new capacity starts empty), so that no window of Window receives
 	// more than Rate's share: lease.Allowance.
-	Limit  float64
-	Burst  int
-	Window time.Duration
+	PaceRate float64
+	Burst    int
+	Window   time.Duration
 	// ValidFor is how long the holder may use Rate: from when it sent
 	// the request (Join, Demand) or received the answer (Watch). Past it,
 	// without a newer answer, it sends nothing.
@@ -560,7 +563,7 @@ func (r *remote) answer(now time.Time) LeaseGrant {
 		until = live
 	}
 	if v := until.Sub(now) - r.ttl/50; v > 0 {
-		g.Rate, g.Limit, g.Burst, g.ValidFor = r.al.Rate, r.al.Limit, r.al.Burst, v
+		g.Rate, g.PaceRate, g.Burst, g.ValidFor = r.al.Rate, r.al.Limit, r.al.Burst, v
 	}
 	return g
 }

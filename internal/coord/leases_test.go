@@ -102,7 +102,7 @@ func TestLeasesShareAndSilence(t *testing.T) {
 		gb := watchFor(t, s, "db", b.HolderID, half)
 		limit, burst := 500-(5/1.0+0.01*500), 5 // lease's pacing of 500/s in 1 s windows
 		for _, g := range []LeaseGrant{ga, gb} {
-			if g.Version <= 1 || math.Abs(g.Limit-limit) > 1e-9 || g.Burst != burst || g.Window != time.Second ||
+			if g.Version <= 1 || math.Abs(g.PaceRate-limit) > 1e-9 || g.Burst != burst || g.Window != time.Second ||
 				g.ValidFor <= 0 || g.ValidFor > ttl || len(g.Leases) != 5 {
 				t.Errorf("answer %+v: want version > 1, limit %v, burst %d, 1s window, valid within (0, %v], 5 leases", g, limit, burst, ttl)
 			}

@@ -40,16 +40,17 @@ func TestGeneratedCode(t *testing.T) {
 		}
 		t.Fatalf("generating: %v\n%s", err, msg)
 	}
-	const file = "internal/coord/sluicev1/semaphore.pb.go"
-	got, err := os.ReadFile(filepath.Join(root, file))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := os.ReadFile(filepath.Join(out, file))
-	if err != nil {
-		t.Fatalf("the generator wrote no %s: %v", file, err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s is stale: run `make proto` and commit the result", file)
+	for _, file := range []string{"internal/coord/sluicev1/semaphore.pb.go", "internal/coord/sluicev1/lease.pb.go"} {
+		got, err := os.ReadFile(filepath.Join(root, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := os.ReadFile(filepath.Join(out, file))
+		if err != nil {
+			t.Fatalf("the generator wrote no %s: %v", file, err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s is stale: run `make proto` and commit the result", file)
+		}
 	}
 }

@@ -789,7 +789,7 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 	s.health.SetServingStatus(coord.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 	s.health.SetServingStatus(coord.LeaseServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 
-	if s.api, err = httpapi.New(httpapi.Options{Service: svc, RLS: rlsServer, Semaphores: sems, Gatherer: reg, MaxBodyBytes: cfg.maxBodyBytes, Protect: ov.http()}); err != nil {
+	if s.api, err = httpapi.New(httpapi.Options{Service: svc, RLS: rlsServer, Semaphores: sems, Leases: sems, Gatherer: reg, MaxBodyBytes: cfg.maxBodyBytes, Protect: ov.http()}); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	s.http = newHTTPServer(rec.Middleware("http")(cfg.hooks.wrap("http", s.api)), &cfg.limits)

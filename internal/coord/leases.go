@@ -256,10 +256,10 @@ func (s *Service) Join(ctx context.Context, req JoinRequest) (g LeaseGrant, err 
 		}
 		svc = &leaseService{store: st}
 		ls.services[req.Service] = svc
-	case svc.holders >= s.limits.MaxHolders:
-		return LeaseGrant{}, errorf(TooMany, "service %q: %d holders already (at most %d per service)", req.Service, svc.holders, s.limits.MaxHolders)
 	case svc.holders > 0 && (svc.capacity != req.Capacity || svc.partitions != req.Partitions):
 		return LeaseGrant{}, errorf(Invalid, "service %q is shared as capacity %v in %d partitions by its holders: join with the same", req.Service, svc.capacity, svc.partitions)
+	case svc.holders >= s.limits.MaxHolders:
+		return LeaseGrant{}, errorf(TooMany, "service %q: %d holders already (at most %d per service)", req.Service, svc.holders, s.limits.MaxHolders)
 	}
 	member := make([]byte, 8)
 	_, _ = rand.Read(member)

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/longtest"
 )
 
 // TestPythonLeases is lease's published example (lease/published_test.go)
@@ -25,7 +27,9 @@ import (
 // computes them: B at half the capacity, 2,500 / 250 = 10 s; A, every
 // record at the whole capacity, 7,500 / 500 = 15 s. Each must finish
 // within 5 % of its ideal, with no 429 and every record accepted once.
+// It holds bounds in real time: a long test (make test-long), about 25 s.
 func TestPythonLeases(t *testing.T) {
+	longtest.Run(t)
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}

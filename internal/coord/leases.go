@@ -283,6 +283,7 @@ func (s *Service) Join(ctx context.Context, req JoinRequest) (g LeaseGrant, err 
 	svc.holders++
 	ls.holders[r.id] = r
 	r.refresh(time.Now()) // version 1
+	first := r.answer(time.Now())
 	run, stop := context.WithCancel(context.Background())
 	r.stop = stop
 	ls.wg.Add(1)
@@ -295,7 +296,7 @@ func (s *Service) Join(ctx context.Context, req JoinRequest) (g LeaseGrant, err 
 		wg.Wait()
 		close(r.done)
 	}()
-	return r.answer(time.Now()), nil
+	return first, nil
 }
 
 // holder returns the holder of id in service, or the error to answer.

@@ -114,3 +114,62 @@ func jsonNum(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
 }
+
+// FuzzLeaseJSON posts arbitrary bodies to every lease route: each is
+// answered as the routes document (a grant, 204, or a problem naming what
+// is wrong), never a 500; and a body the strict decoder takes holds, as
+// encoding/json reads it, the very same request, so that no two bodies
+// reach one service or holder.
+func FuzzLeaseJSON(f *testing.F) {
+	for _, s := range []string{
+		`{"service":"db","capacity":100,"partitions":4}`,
+		`{"service":"db","capacity":100,"partitions":4,"ttl_ms":1000,"weight":2,"window_ms":500,"rate":10,"backlog":5}`,
+		`{"service":"db","holder_id":"AAAAAAAAAAAAAAAAAAAAAAAAAA","rate":1,"backlog":2,"version":3}`,
+		`{"service":"db","holder_id":"AAAAAAAAAAAAAAAAAAAAAAAAAA","version":1,"wait_ms":1}`,
+		`{"service":"d\u00e9","capacity":1e308,"partitions":1}`, `{"service":"db","SERVICE":"x","capacity":1,"partitions":1}`,
+		`{"service":"db","capacity":-1,"partitions":4}`, `{}`, `[]`, `{`, `null`,
+	} {
+		f.Add([]byte(s))
+	}
+	s, err := coord.New(coord.Options{Store: concurrency.NewMemoryStore(), Limits: coord.Limits{MaxWait: time.Millisecond, MaxHolders: 2, MaxServices: 4},
+		Leases: func(string) (lease.Store, error) { return lease.NewMemoryStore(), nil }})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(s.Shutdown)
+	fx := newFixture(f, Options{Leases: s, MaxBodyBytes: 1 << 12})
+	f.Fuzz(func(t *testing.T, body []byte) {
+		for _, op := range []string{"join", "demand", "watch", "leave"} {
+			req := httptest.NewRequest("POST", "/v1/leases/"+op, strings.NewReader(string(body)))
+			w := httptest.NewRecorder()
+			fx.api.ServeHTTP(w, req)
+			switch w.Code {
+			case 200, 204, 400, 404, 413, 429:
+			default:
+				t.Fatalf("%s: status %d (%s) for %q", op, w.Code, w.Body, body)
+			}
+			if w.Code >= 400 {
+				var p problem
+				if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || p.Status != w.Code || p.Detail == "" || w.Header().Get("Content-Type") != "application/problem+json" {
+					t.Fatalf("%s: %d with a bad problem %q for %q", op, w.Code, w.Body, body)
+				}
+			}
+		}
+		same := func(strict, loose any) {
+			if err := decodeBodyStrict(body, strict, new(strictScan)); err != nil {
+				return
+			}
+			if err := json.Unmarshal(body, loose); err != nil {
+				t.Fatalf("the strict decoder took %q, encoding/json refuses it: %v", body, err)
+			}
+			a, _ := json.Marshal(strict)
+			b, _ := json.Marshal(loose)
+			if string(a) != string(b) {
+				t.Fatalf("%q: strictly %s, by encoding/json %s", body, a, b)
+			}
+		}
+		same(new(joinBody), new(joinBody))
+		same(new(demandBody), new(demandBody))
+		same(new(watchBody), new(watchBody))
+	})
+}

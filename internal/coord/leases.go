@@ -143,6 +143,10 @@ type remote struct {
 	seen     uint64
 	pending  []pending // releases held until the client has seen them
 	callTime time.Duration
+	// The demand stated last: its rate, and whether a backlog was held
+	// back.
+	rate       float64
+	backlogged bool
 }
 
 // pending is a release the Holder made that its client may not have seen
@@ -247,6 +251,8 @@ func (s *Service) Join(ctx context.Context, req JoinRequest) (g LeaseGrant, err 
 	defer ls.mu.Unlock()
 	svc := ls.services[req.Service]
 	switch {
+	case s.closing.Err() != nil: // again under ls.mu: shutdownLeases ends every holder made before it looks
+		return LeaseGrant{}, errorf(Unavailable, "this server is shutting down: join another")
 	case svc == nil && len(ls.services) >= s.limits.MaxServices:
 		return LeaseGrant{}, errorf(TooMany, "service %q: this server already keeps %d leased services (at most %d)", req.Service, len(ls.services), s.limits.MaxServices)
 	case svc == nil:
@@ -264,7 +270,7 @@ func (s *Service) Join(ctx context.Context, req JoinRequest) (g LeaseGrant, err 
 	member := make([]byte, 8)
 	_, _ = rand.Read(member)
 	r := &remote{id: rand.Text(), service: req.Service, ttl: req.TTL, store: svc.store,
-		done: make(chan struct{}), changed: make(chan struct{}), beat: time.Now()}
+		done: make(chan struct{}), changed: make(chan struct{}), beat: time.Now(), rate: req.Rate, backlogged: req.Backlog > 0}
 	var st lease.Store = &remoteStore{Store: svc.store, r: r}
 	if n, ok := svc.store.(lease.Notifier); ok {
 		st = &remoteNotifier{remoteStore: st.(*remoteStore), n: n}
@@ -340,9 +346,17 @@ func (s *Service) Demand(ctx context.Context, req DemandRequest) (g LeaseGrant, 
 		return LeaseGrant{}, errorf(NotFound, "service %q has no holder with this id here: it ended", req.Service)
 	}
 	r.beat = now
+	// A round at once only when the demand changed in what decides the
+	// need: its rate, or whether a backlog is held back (any backlog asks
+	// for every partition). A backlog that only shrinks waits for the
+	// period's round, so that heartbeats do not double the store's calls.
+	wake := req.Rate != r.rate || (req.Backlog > 0) != r.backlogged
+	r.rate, r.backlogged = req.Rate, req.Backlog > 0
 	r.mu.Unlock()
 	r.h.SetDemand(req.Rate, int(req.Backlog))
-	r.h.Wake()
+	if wake {
+		r.h.Wake()
+	}
 	r.ack(ctx, req.Version)
 	return r.answer(now), nil
 }

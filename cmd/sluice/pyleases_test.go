@@ -183,3 +183,33 @@ func TestPythonLeases(t *testing.T) {
 		}
 	}
 }
+
+// TestPythonLeaseClient runs clients/python/sluice.py's lease client
+// against the built binary's serve (--coord-max-holders 1): each error
+// answer raises its exception (BadRequest, Unauthorized, TooManyHolders,
+// HolderLost for a made-up id and after leave), a holder is granted the
+// whole capacity, and its Pacer starts empty, lets nothing through past
+// the grant's validity, gives no tokens when the burst grows, and lets
+// nobody through once closed (testdata/lease_worker.py's check).
+func TestPythonLeaseClient(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	python := needPython(t)
+	bin := buildSluice(t)
+	tokenFile := filepath.Join(t.TempDir(), "coord-token")
+	if err := os.WriteFile(tokenFile, []byte(coordToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startSluice(t, bin, []string{"SLUICE_COORD_TOKEN="}, "serve", "--rules", rulesDir(t, map[string]string{"st.yaml": testRuleFile}),
+		"--log-format", "json", "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--coord-token-file", tokenFile,
+		"--coord-max-holders", "1")
+	base := "http://" + p.next(t, "sluice serving", 10*time.Second).str("http")
+	worker, err := filepath.Abs(filepath.Join("testdata", "lease_worker.py"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := startPython(t, t.Context(), python, worker, "check", base, coordToken)
+	w.line(t, "check ok", 0, 30*time.Second)
+	w.wait(t, 10*time.Second)
+}

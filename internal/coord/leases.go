@@ -117,9 +117,6 @@ type LeaseGrant struct {
 	Leases []lease.Grant
 }
 
-// leaseIDLen is the length of a holder id: crypto/rand.Text's, 130 bits.
-const leaseIDLen = permitIDLen
-
 // A remote is a holder that the Service runs for a remote client: its
 // lease.Holder, whose Run is the Service's goroutine, and what its
 // answers were.
@@ -526,7 +523,7 @@ func (s *Service) follow(ctx context.Context, r *remote) {
 		case <-horizon.C:
 		case <-silence.C:
 			r.mu.Lock()
-			left := r.beat.Add(r.ttl).Sub(time.Now())
+			left := time.Until(r.beat.Add(r.ttl))
 			r.mu.Unlock()
 			if left <= 0 {
 				s.end(r, true)

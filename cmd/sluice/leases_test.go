@@ -31,7 +31,8 @@ import (
 // half; a third holder beyond --coord-max-holders, wrong holder ids,
 // requests outside the bounds and calls without the token are refused;
 // a holder that goes silent loses its leases within its TTL of being
-// ended, and the other then has the whole capacity; leave. Every HTTP
+// ended, and the other then has the whole capacity; leave; a long poll and
+// a stream waiting when serve stops are answered at once. Every HTTP
 // answer is checked against docs/openapi.yaml.
 func TestLeasesEndToEnd(t *testing.T) {
 	if testing.Short() {
@@ -55,6 +56,7 @@ func TestLeasesEndToEnd(t *testing.T) {
 			up := p.next(t, "sluice serving", 10*time.Second)
 			c := newCoordClient(t, api, up.str("http"), up.str("grpc"))
 			testLeases(t, c)
+			testLeaseShutdown(t, c, p)
 		})
 	}
 }
@@ -283,6 +285,71 @@ func testLeases(t *testing.T, c *coordClient) {
 		if !bytes.Contains(scrape, []byte(want)) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+}
+
+// testLeaseShutdown joins a holder (no demand: its grant does not change)
+// with an HTTP long poll and a gRPC stream waiting on it, then stops serve: both are answered at once (503,
+// UNAVAILABLE) rather than holding up the drain, and serve exits 0.
+func testLeaseShutdown(t *testing.T, c *coordClient, p *sluiceProcess) {
+	code, m := c.post("/v1/leases/join", coordToken, `{"service":"drain","capacity":10,"partitions":2}`)
+	if code != 200 {
+		t.Fatalf("join: %d %v", code, m)
+	}
+	id := m["holder_id"].(string)
+	polled := make(chan int, 1)
+	go func() {
+		// A holder that states no demand holds no leases: its grant
+		// does not change, and the poll waits until something ends it.
+		ver := uint64(m["version"].(float64))
+		for {
+			code, w, err := c.do(t.Context(), "/v1/leases/watch", coordToken, fmt.Sprintf(`{"service":"drain","holder_id":%q,"version":%d,"wait_ms":9000}`, id, ver))
+			switch {
+			case err != nil:
+				polled <- -1
+				return
+			case code != http.StatusOK:
+				polled <- code
+				return
+			}
+			ver = uint64(w["version"].(float64))
+		}
+	}()
+	st, err := c.conn.NewStream(c.ctx, &grpc.StreamDesc{ServerStreams: true}, "/"+coord.LeaseServiceName+"/Watch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.SendMsg(&sluicev1.WatchRequest{Service: "drain", HolderId: id}); err != nil {
+		t.Fatal(err)
+	}
+	_ = st.CloseSend()
+	if err := st.RecvMsg(new(sluicev1.WatchResponse)); err != nil { // the grant at once: the stream is open
+		t.Fatal(err)
+	}
+	streamed := make(chan error, 1)
+	go func() {
+		for {
+			if err := st.RecvMsg(new(sluicev1.WatchResponse)); err != nil {
+				streamed <- err
+				return
+			}
+		}
+	}()
+	stopped := time.Now()
+	if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	if code := <-polled; code != http.StatusServiceUnavailable {
+		t.Errorf("a long poll at shutdown: %d, want 503", code)
+	}
+	if err := <-streamed; status.Code(err) != codes.Unavailable {
+		t.Errorf("a stream at shutdown: %v, want UNAVAILABLE", err)
+	}
+	if d := time.Since(stopped); d > 5*time.Second {
+		t.Errorf("the watches were answered %v after the signal, want at once (their waits were 9 s)", d)
+	}
+	if err := p.waitExit(t, 15*time.Second); err != nil {
+		t.Errorf("serve exited with %v", err)
 	}
 }
 

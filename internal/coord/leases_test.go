@@ -188,6 +188,15 @@ func TestLeasesReleaseAfterAck(t *testing.T) {
 		if cut.Rate != 500 {
 			t.Fatalf("A's answer: %v/s, want 500 (it yielded half)", cut.Rate)
 		}
+		// A version not handed out yet acknowledges nothing.
+		if _, err := s.Demand(ctx, DemandRequest{Service: "db", HolderID: a.HolderID, Backlog: 1000, Version: cut.Version + 1000}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		synctest.Wait()
+		if g, err := s.Demand(ctx, DemandRequest{Service: "db", HolderID: b.HolderID, Backlog: 1000}); err != nil || g.Rate != 0 {
+			t.Fatalf("B after A acknowledged a version never handed out: %+v, %v; want 0/s", g, err)
+		}
 		// A acknowledges the answer at 500/s: released, and B takes them
 		// within a round trip.
 		acked := time.Now()

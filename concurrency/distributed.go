@@ -47,6 +47,54 @@ type Store interface {
 	// Release removes token's permit of name, if any, and reports whether
 	// there was one.
 	Release(ctx context.Context, name, token string) (bool, error)
+	// Holders lists the unexpired permits of name, in one atomic step,
+	// by the store's clock: each one's fence, weight, how long it has
+	// been held and how long it has left, ordered by fence; and the
+	// waiters in a FairStore's queue whose place has not lapsed. It never
+	// reveals a token (the capability to renew or release a permit) and
+	// changes nothing a holder or waiter could notice.
+	Holders(ctx context.Context, name string) (Listing, error)
+}
+
+// A Listing is what Store.Holders answers: a semaphore's holders at one
+// instant of the store's clock.
+type Listing struct {
+	// Holders are the unexpired permits, ordered by fence (the order of
+	// their grants). An expired permit that the store has not forgotten
+	// yet is not among them.
+	Holders []Holder
+	// Queued is the number of waiters in a FairStore's queue whose place
+	// has not lapsed; -1 when the store keeps no queue it can count.
+	Queued int
+}
+
+// A Holder describes one permit of a Listing, without its token.
+type Holder struct {
+	// Fence is the permit's fencing token (Permit.Fence).
+	Fence uint64
+	// Weight is the units it holds (1 unless granted by AcquireFair).
+	Weight int64
+	// HeldFor is how long ago it was granted (a renewal keeps the
+	// instant of the grant), by the store's clock; HeldForUnknown when
+	// the store did not record it (a permit granted by an older Sluice
+	// on Redis).
+	HeldFor time.Duration
+	// ExpiresIn is how long the store keeps it without a renewal: always
+	// above 0 (an expired permit is not listed).
+	ExpiresIn time.Duration
+}
+
+// HeldForUnknown is Holder.HeldFor when the store does not know when the
+// permit was granted.
+const HeldForUnknown time.Duration = -1
+
+// Used returns the weight held by the listed permits.
+func (l Listing) Used() int64 {
+	var n int64
+	for _, h := range l.Holders {
+		n += h.Weight
+	}
+	return n
 }
 
 // A FairStore is a Store that also serves waiters in arrival order and
@@ -146,7 +194,9 @@ type DistributedOptions struct {
 	// Notifier). The wait doubles from MinBackoff up to MaxBackoff;
 	// each is drawn at random between half of it and all of it, so that
 	// waiters do not retry in step. On a FairStore the first waiter in
-	// line asks every MinBackoff. Defaults DefaultMinBackoff and
+	// line asks every MinBackoff. Once a Notifier store's watch is live,
+	// a waiter (first in line or not) asks at MaxBackoff: the store names
+	// it when room opens. Defaults DefaultMinBackoff and
 	// DefaultMaxBackoff.
 	MinBackoff, MaxBackoff time.Duration
 	// Fair serves the waiters of a FairStore in arrival order, across
@@ -234,6 +284,11 @@ type DistributedOptions struct {
 // the message grants nothing by itself; if it is lost, or the watch
 // fails (it is tried again at most every max(1 s, MaxBackoff)), the
 // waiters still poll, and a freed permit waits at most a poll interval.
+// Once the watch is live, the waiters poll only at MaxBackoff (drawn in
+// [½, 1] of it), not from MinBackoff up: they are named when room opens,
+// and polling sooner would only add refused attempts (about 4 a grant
+// with 20 processes sharing a semaphore of 50; bench/RESULTS.md, section
+// 19).
 //
 // On a FairStore (MemoryStore, redisstore.SemaphoreStore) permits may
 // weigh more than one unit (AcquireN), and with Fair waiters are served in
@@ -241,7 +296,8 @@ type DistributedOptions struct {
 // its first attempt, keeps its place by asking again within QueueTTL, and
 // is granted only when it is first in line and its weight fits, so a
 // large request is never starved by small ones. The first in line asks
-// every MinBackoff; the others at their backoff, so under heavy
+// every MinBackoff (at MaxBackoff once a Notifier's watch is live: the
+// store names it when room opens); the others at their backoff, so under heavy
 // contention a freed permit waits for the next in line to ask (Fair
 // trades throughput for order: a release through the same Distributed
 // wakes one local waiter, which may not be first). A waiter whose context
@@ -349,7 +405,7 @@ func (d *Distributed) Acquire(ctx context.Context) (*Permit, error) {
 			// ends the wait.
 			return p, err
 		}
-		if w.wait(ctx, w.next()); ctx.Err() != nil {
+		if w.wait(ctx, w.pause()); ctx.Err() != nil {
 			if fs, ok := d.backend.(FairStore); ok && d.notes != nil {
 				d.dequeue(ctx, fs, w.token) // the record would lapse; a release may name it before
 			}
@@ -399,6 +455,26 @@ func (w *waiter) setToken(token string) {
 	w.d.mu.Lock()
 	w.token = token
 	w.d.mu.Unlock()
+}
+
+// pause returns the pause before the waiter's next attempt: next's, or,
+// once the watch is live, a pause drawn at MaxBackoff. The store then
+// names the waiter when room opens (Notifier), so polling is only the
+// fallback for a notification lost, which MaxBackoff bounds; polling
+// faster would only add refused attempts (at 20 processes sharing a
+// semaphore of 50, from 5 ms doubling, about 4 of them per grant).
+func (w *waiter) pause() time.Duration {
+	if w.d.watchLive() {
+		w.backoff = w.d.o.MaxBackoff
+	}
+	return w.next()
+}
+
+// watchLive reports whether the store has confirmed d's watch.
+func (d *Distributed) watchLive() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.live
 }
 
 // next returns the next pause, jittered, and doubles the backoff.
@@ -553,9 +629,10 @@ func (d *Distributed) AcquireN(ctx context.Context, n int64) (*Permit, error) {
 			token = crand.Text()
 			w.setToken(token)
 		}
-		pause := w.next()
-		if res == First && d.o.Fair {
-			// First in line: ask at the shortest interval.
+		pause := w.pause()
+		if res == First && d.o.Fair && !d.watchLive() {
+			// First in line, and no watch to be told by: ask at the
+			// shortest interval.
 			pause, w.backoff = d.o.MinBackoff, d.o.MinBackoff
 		}
 		w.wait(ctx, pause)

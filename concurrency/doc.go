@@ -37,7 +37,9 @@
 // poll interval, by one waiter rather than one in every process. A notification is only a wake-up: the waiter is granted only
 // by asking the store, so a message lost, delayed or duplicated never
 // breaks the limit or the order, and a lost one costs at most one poll
-// interval, since the polling goes on.
+// interval, since the polling goes on. Once its watch is live, a waiter
+// polls only at MaxBackoff: it will be named, and sooner polls would
+// only be refused.
 //
 // # Choosing between a semaphore, a rate limit and leases
 //

@@ -1,6 +1,7 @@
 package concurrency
 
 import (
+	"cmp"
 	"context"
 	"slices"
 	"sync"
@@ -36,6 +37,7 @@ type memSem struct {
 
 type memHolder struct {
 	expiry time.Time
+	since  time.Time // the grant; a renewal keeps it
 	weight int64
 	fence  uint64
 }
@@ -124,7 +126,7 @@ func (m *MemoryStore) AcquireAt(now time.Time, name, token string, limit int64, 
 		m.forgetEmpty(name, s)
 		return 0
 	}
-	return m.grant(s, name, token, memHolder{expiry: now.Add(ttl), weight: 1})
+	return m.grant(s, name, token, memHolder{expiry: now.Add(ttl), since: now, weight: 1})
 }
 
 // extend moves held token's expiry and returns its fence, which a renewal
@@ -163,7 +165,7 @@ func (m *MemoryStore) AcquireFairAt(now time.Time, name, token string, weight, l
 	first := len(s.queue) == 0 || s.queue[0] == token
 	if first && s.used()+weight <= limit {
 		s.unqueue(token)
-		return Granted, m.grant(s, name, token, memHolder{expiry: now.Add(ttl), weight: weight})
+		return Granted, m.grant(s, name, token, memHolder{expiry: now.Add(ttl), since: now, weight: weight})
 	}
 	if wait > 0 {
 		if _, queued := s.placed[token]; !queued {
@@ -215,6 +217,35 @@ func (m *MemoryStore) ReleaseToken(name, token string) bool {
 	delete(s.holders, token)
 	m.forgetEmpty(name, s)
 	return true
+}
+
+// Holders implements Store.
+func (m *MemoryStore) Holders(ctx context.Context, name string) (Listing, error) {
+	return m.ListAt(time.Now(), name), nil
+}
+
+// ListAt is Holders at the instant now. It forgets nothing: a holder
+// expired at now is left out of the listing, not removed.
+func (m *MemoryStore) ListAt(now time.Time, name string) Listing {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	l := Listing{Holders: []Holder{}}
+	s := m.sems[name]
+	if s == nil {
+		return l
+	}
+	for _, h := range s.holders {
+		if now.Before(h.expiry) {
+			l.Holders = append(l.Holders, Holder{Fence: h.fence, Weight: h.weight, HeldFor: max(now.Sub(h.since), 0), ExpiresIn: h.expiry.Sub(now)})
+		}
+	}
+	slices.SortFunc(l.Holders, func(a, b Holder) int { return cmp.Compare(a.Fence, b.Fence) })
+	for _, tok := range s.queue {
+		if now.Before(s.placed[tok]) {
+			l.Queued++
+		}
+	}
+	return l
 }
 
 // HoldersAt returns the number of unexpired permits of name at now.

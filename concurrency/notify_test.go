@@ -626,3 +626,73 @@ func BenchmarkReleaseToGrant(b *testing.B) {
 		})
 	}
 }
+
+// countedAll is a SemaphoreStore (a Notifier still) that counts the
+// acquire attempts of both kinds that have returned.
+type countedAll struct {
+	*redisstore.SemaphoreStore
+	attempts *atomic.Int64
+}
+
+func (c countedAll) Acquire(ctx context.Context, name, token string, limit int64, ttl, wait time.Duration) (uint64, error) {
+	defer c.attempts.Add(1)
+	return c.SemaphoreStore.Acquire(ctx, name, token, limit, ttl, wait)
+}
+
+func (c countedAll) AcquireFair(ctx context.Context, name, token string, weight, limit int64, ttl, wait time.Duration) (concurrency.FairResult, uint64, error) {
+	defer c.attempts.Add(1)
+	return c.SemaphoreStore.AcquireFair(ctx, name, token, weight, limit, ttl, wait)
+}
+
+// TestLiveWatchPollsAtMaxBackoff: once its watch is live, a blocked
+// Acquire, which the store names when room opens, polls only at
+// MaxBackoff (1 s here), not from MinBackoff (5 ms) up, nor, first in a
+// fair line, every MinBackoff: over the first 1.2 s of its wait it asks
+// at most 4 times (once, once more when the watch is in place, then
+// pauses drawn in [0.5 s, 1 s]); polling from 5 ms it would ask about 8
+// times, and first in line every 5 ms, about 200. A release still
+// grants it at once.
+func TestLiveWatchPollsAtMaxBackoff(t *testing.T) {
+	srv := redistest.Standalone(t)
+	admin := srv.Client()
+	for _, fair := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fair=%v", fair), func(t *testing.T) {
+			name := "live-" + strconv.FormatBool(fair)
+			o := concurrency.DistributedOptions{TTL: 30 * time.Second, MinBackoff: 5 * time.Millisecond, MaxBackoff: time.Second, Fair: fair}
+			hb := newStore(t, srv)
+			holder, err := concurrency.NewDistributed(hb, name, 1, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var attempts atomic.Int64
+			waiter, err := concurrency.NewDistributed(countedAll{newStore(t, srv), &attempts}, name, 1, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			p, err := holder.TryAcquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			got := acquireAsync(ctx, waiter, 1)
+			pollRedis(t, 5*time.Second, "the waiter's subscription", subscribers(admin, hb, name, 1))
+			// The span measured, not a synchronisation.
+			time.Sleep(time.Until(start.Add(1200 * time.Millisecond)))
+			n := attempts.Load()
+			if n > 4 {
+				t.Errorf("%d acquire attempts in the first 1.2 s of a wait with a live watch, want at most 4", n)
+			}
+			if err := p.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			g := <-got
+			if g.err != nil {
+				t.Fatal(g.err)
+			}
+			g.p.Release(ctx) //nolint:errcheck // the test is over
+			t.Logf("%d attempts in 1.2 s; granted %v after the release", n, g.at.Sub(start.Add(1200*time.Millisecond)).Round(time.Millisecond))
+		})
+	}
+}

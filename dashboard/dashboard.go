@@ -89,6 +89,10 @@ type Options struct {
 	// Store, if not nil, returns the store's health; it is called with
 	// the request's context for every status.
 	Store func(ctx context.Context) *StoreStatus
+	// Coordination, if not nil, returns what a coordination service
+	// holds for its callers (sluice serve's); it is called with the
+	// request's context for every status.
+	Coordination func(ctx context.Context) *CoordinationStatus
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -211,6 +215,9 @@ func (d *Dashboard) Status(ctx context.Context, k int) Status {
 	}
 	for _, s := range d.opts.Semaphores {
 		st.Semaphores = append(st.Semaphores, SemaphoreStatus{Name: s.Name, Limit: s.Semaphore.Size(), Held: s.Semaphore.Held(), Waiting: s.Semaphore.Waiting()})
+	}
+	if d.opts.Coordination != nil {
+		st.Coordination = d.opts.Coordination(ctx)
 	}
 	if d.opts.Store != nil {
 		st.Store = d.opts.Store(ctx)

@@ -210,3 +210,30 @@ func FuzzParseK(f *testing.F) {
 		}
 	})
 }
+
+// TestCoordination: what Options.Coordination reports is in status.json,
+// a holder's unknown time held left out, and no coordination at all
+// without it.
+func TestCoordination(t *testing.T) {
+	held := int64(1234)
+	d := dashboard.New(dashboard.Options{Token: token, Coordination: func(context.Context) *dashboard.CoordinationStatus {
+		return &dashboard.CoordinationStatus{Semaphores: []dashboard.HeldSemaphore{{
+			Name: "api", Limit: 2, Held: 2, Waiting: 3, Queued: -1,
+			Holders: []dashboard.SemaphoreHolder{{Fence: 17, Weight: 1, HeldForMS: &held, ExpiresInMS: 8766}, {Fence: 18, Weight: 1, ExpiresInMS: 9000}},
+		}}}
+	}})
+	resp, body := get(t, d, "/status.json", token)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status.json: %d %s", resp.StatusCode, body)
+	}
+	for _, want := range []string{
+		`"coordination":{"semaphores":[{"name":"api","limit":2,"holders":[{"fence":17,"weight":1,"held_for_ms":1234,"expires_in_ms":8766},{"fence":18,"weight":1,"expires_in_ms":9000}],"held":2,"waiting":3,"queued":-1}]}`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("status.json = %s\nwant it to contain %s", body, want)
+		}
+	}
+	if _, body := get(t, dashboard.New(dashboard.Options{Token: token}), "/status.json", token); strings.Contains(body, "coordination") {
+		t.Errorf("status.json without Options.Coordination = %s, want no coordination", body)
+	}
+}

@@ -14,7 +14,11 @@ type Status struct {
 	Limits     []LimitStatus     `json:"limits"`
 	Leases     []LeaseStatus     `json:"leases"`
 	Semaphores []SemaphoreStatus `json:"semaphores"`
-	Store      *StoreStatus      `json:"store,omitempty"`
+	// Coordination is what a coordination service (sluice serve's
+	// semaphores for programs in any language) holds for its callers, as
+	// this process sees it; nil without Options.Coordination.
+	Coordination *CoordinationStatus `json:"coordination,omitempty"`
+	Store        *StoreStatus        `json:"store,omitempty"`
 }
 
 // A LimitStatus is one limit's totals and top-K tables.
@@ -120,6 +124,51 @@ type SemaphoreStatus struct {
 	Limit   int64  `json:"limit"`
 	Held    int64  `json:"held"`
 	Waiting int    `json:"waiting"`
+}
+
+// A CoordinationStatus is what a coordination service holds for remote
+// callers, as one process sees it: one table per kind of thing held, each
+// row a name with its holders. The semaphores are the names acquired
+// through this process since it started (a bounded number, the most
+// recently acquired first), read from the store when the status is asked
+// for, so holders granted by another replica on the same store are
+// listed too; Waiting counts this process's waiters only.
+//
+// Another kind of thing held through the service (capacity leases) is one
+// more field beside Semaphores, with rows of its own type; readers of the
+// status ignore the fields they do not know.
+type CoordinationStatus struct {
+	Semaphores []HeldSemaphore `json:"semaphores"`
+}
+
+// A HeldSemaphore is one semaphore of a coordination service: its limit
+// (as last asked for through this process), its holders and its waiters.
+type HeldSemaphore struct {
+	Name  string `json:"name"`
+	Limit int64  `json:"limit"`
+	// Holders are its unexpired permits, by fence.
+	Holders []SemaphoreHolder `json:"holders"`
+	// Held is the weight they hold.
+	Held int64 `json:"held"`
+	// Waiting counts the acquires waiting on it in this process; Queued
+	// the fair waiters in the store's queue (of every process), -1 when
+	// the store does not say.
+	Waiting int `json:"waiting"`
+	Queued  int `json:"queued"`
+	// Error says why the holders could not be read (the store failed);
+	// Holders is then empty.
+	Error string `json:"error,omitempty"`
+}
+
+// A SemaphoreHolder is one permit held, without its id (the capability
+// to renew or release it): its fencing token, weight, how long it has
+// been held (absent when the store did not record its grant) and how
+// long the store keeps it without a renewal, by the store's clock.
+type SemaphoreHolder struct {
+	Fence       uint64 `json:"fence"`
+	Weight      int64  `json:"weight"`
+	HeldForMS   *int64 `json:"held_for_ms,omitempty"`
+	ExpiresInMS int64  `json:"expires_in_ms"`
 }
 
 // StoreStatus is the store's health.

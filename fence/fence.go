@@ -58,6 +58,15 @@
 //
 // Each answer has a problem+json body (RFC 9457) whose detail says why.
 //
+// A Checker is the other check, for semaphores of any limit: instead of
+// keeping the highest token, it asks whoever keeps the permits whether the
+// request's token is held now (a HeldFunc: concurrency.Store's Holders, or
+// sluice serve's POST /v1/semaphores/holders), like a lock service's
+// sequencer check, and its Middleware answers 409 Conflict for a token
+// whose permit expired or was released, and 503 when it cannot tell. It
+// costs a round trip per check, or admits a lapsed permit for up to its
+// CacheFor; see Checker.
+//
 // # What it guarantees, and its limits
 //
 // A request whose token is lower than one the Guard has accepted before

@@ -6,6 +6,8 @@
 -- KEYS[5]  the fence counter: the last fence granted; it never expires
 -- KEYS[6]  the plain waiters: sorted set token -> the instant (ms) its
 --          place lapses (see semaphore_prelude.lua)
+-- KEYS[7]  the holders' grant instants: hash token -> ms of the server's
+--          clock when the permit was granted; a renewal keeps it
 -- ARGV[1]  token
 -- ARGV[2]  limit (most holders)
 -- ARGV[3]  ttl in milliseconds
@@ -36,6 +38,7 @@ if #gone > 0 then
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
   redis.call('HDEL', KEYS[2], unpack(gone))
   redis.call('HDEL', KEYS[4], unpack(gone))
+  redis.call('HDEL', KEYS[7], unpack(gone))
 end
 
 -- used returns the weight held, or at least limit when that is reached.
@@ -60,15 +63,20 @@ if not held and used() >= limit then
 end
 redis.call('ZREM', KEYS[6], token)
 redis.call('ZADD', key, now + ttl, token)
--- A renewal keeps its fence; a grant (or a holder without one, written
--- before fences were) takes the next one.
+-- A renewal keeps its fence and its grant instant; a grant (or a holder
+-- without a fence, written before fences were) takes the next fence, and
+-- a grant records its instant (a holder written before grant instants
+-- were is listed without one).
 local fence = held and redis.call('HGET', KEYS[4], token)
 if not fence then
   fence = redis.call('INCR', KEYS[5])
   redis.call('HSET', KEYS[4], token, fence)
 end
+if not held then
+  redis.call('HSET', KEYS[7], token, now)
+end
 -- The keys live as long as their longest-lived holder.
-for _, k in ipairs({key, KEYS[2], KEYS[4]}) do
+for _, k in ipairs({key, KEYS[2], KEYS[4], KEYS[7]}) do
   keep(k, ttl)
 end
 if #gone > 0 then

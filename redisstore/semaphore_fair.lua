@@ -7,6 +7,8 @@
 -- KEYS[6]  the semaphore's pub/sub channel (see semaphore_release.lua)
 -- KEYS[7]  the holders' fences: hash token -> fence
 -- KEYS[8]  the fence counter: the last fence granted; it never expires
+-- KEYS[9]  the holders' grant instants: hash token -> ms (see
+--          semaphore_acquire.lua)
 -- ARGV[1]  token
 -- ARGV[2]  weight
 -- ARGV[3]  limit (the most weight held)
@@ -38,6 +40,7 @@ if #gone > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
   redis.call('HDEL', KEYS[2], unpack(gone))
   redis.call('HDEL', KEYS[7], unpack(gone))
+  redis.call('HDEL', KEYS[9], unpack(gone))
 end
 
 local function used()
@@ -76,7 +79,9 @@ if redis.call('ZSCORE', KEYS[1], token) then
   else
     fence = grant()
   end
-  for _, k in ipairs({KEYS[1], KEYS[2], KEYS[7]}) do
+  -- Its grant instant, if recorded, is kept as it is (a holder granted by
+  -- an older Sluice stays without one).
+  for _, k in ipairs({KEYS[1], KEYS[2], KEYS[7], KEYS[9]}) do
     keep(k, ttl)
   end
   return {2, tonumber(fence)}
@@ -103,6 +108,8 @@ local first = #head == 0 or head[1] == token
 if first then
   if used() + weight <= limit then
     local fence = grant()
+    redis.call('HSET', KEYS[9], token, now)
+    keep(KEYS[9], ttl)
     if weight ~= 1 then
       redis.call('HSET', KEYS[2], token, weight)
       keep(KEYS[2], ttl)

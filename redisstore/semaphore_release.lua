@@ -9,6 +9,7 @@
 -- KEYS[6]  the holders' fences (see semaphore_acquire.lua); the fence
 --          counter is left as it is
 -- KEYS[7]  the plain waiters (see semaphore_prelude.lua)
+-- KEYS[8]  the holders' grant instants (see semaphore_acquire.lua)
 -- ARGV[1]  token
 -- ARGV[2]  "release" (the holder's permit) or "dequeue" (the waiter's place)
 -- Returns 1 if token held a permit (or a place), 0 otherwise.
@@ -38,6 +39,7 @@ changed = redis.call('ZREM', KEYS[1], token)
 local weight = tonumber(redis.call('HGET', KEYS[2], token) or '1')
 redis.call('HDEL', KEYS[2], token)
 redis.call('HDEL', KEYS[6], token)
+redis.call('HDEL', KEYS[8], token)
 if changed == 1 then
   if #head == 1 then
     redis.call('PUBLISH', KEYS[5], head[1])

@@ -1,10 +1,12 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +26,9 @@ var semaphoreFairLua string
 
 //go:embed semaphore_release.lua
 var semaphoreReleaseLua string
+
+//go:embed semaphore_holders.lua
+var semaphoreHoldersLua string
 
 // semaphorePreludeLua is loaded in front of every semaphore script: the
 // functions they share.
@@ -68,6 +73,15 @@ type SemaphoreOptions struct {
 // holders have all gone: it is one small key for every name ever
 // acquired. A server that loses it (see below) starts the name's fences
 // again from 1.
+//
+// The instant of each grant, in milliseconds of the server's clock, is
+// kept the same way in a hash, Key + ":since", written by the acquire
+// scripts when they grant (not when they renew) and left as it is by
+// renewals, so that Holders can say how long each permit has been held.
+// A holder granted by a Sluice from before it has no entry and is listed
+// with concurrency.HeldForUnknown; an older Sluice releasing a permit
+// leaves its entry behind, unread (Holders reads only the holders' set's
+// unexpired tokens) until the hash expires with the holders.
 //
 // It is a concurrency.FairStore: beside the holders' set, a semaphore has
 // a hash of the weights above 1 (Key + ":w"), a sorted set of waiters
@@ -129,6 +143,7 @@ type SemaphoreStore struct {
 	renew   *redis.Script
 	fair    *redis.Script
 	release *redis.Script
+	holders *redis.Script
 	sclock  *serverClock
 }
 
@@ -158,6 +173,7 @@ func NewSemaphoreStore(c redis.UniversalClient, o SemaphoreOptions) (*SemaphoreS
 		renew:   redis.NewScript(semaphorePreludeLua + semaphoreRenewLua),
 		fair:    redis.NewScript(semaphorePreludeLua + semaphoreFairLua),
 		release: redis.NewScript(semaphorePreludeLua + semaphoreReleaseLua),
+		holders: redis.NewScript(semaphoreHoldersLua),
 		sclock:  newServerClock(c, redis.NewScript(timeLua)),
 	}, nil
 }
@@ -215,7 +231,7 @@ func (r *SemaphoreStore) AcquireFair(ctx context.Context, name, token string, we
 	if err != nil {
 		return concurrency.Queued, 0, err
 	}
-	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":seq", key + ":freed", key + ":f", key + ":fence"}
+	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":seq", key + ":freed", key + ":f", key + ":fence", key + ":since"}
 	res, err := r.fair.Run(ctx, r.c, keys, token, weight, limit, ttlMillis(ttl), waitMillis(wait), cut).Int64Slice()
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("semaphore_fair.lua answered %v", res)
@@ -260,7 +276,7 @@ func (r *SemaphoreStore) Dequeue(ctx context.Context, name, token string) error 
 // runRelease runs semaphore_release.lua in mode "release" or "dequeue".
 func (r *SemaphoreStore) runRelease(ctx context.Context, name, token, mode string) (bool, error) {
 	key := r.Key(name)
-	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":freed", key + ":f", key + ":pw"}
+	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":freed", key + ":f", key + ":pw", key + ":since"}
 	n, err := r.release.Run(ctx, r.c, keys, token, mode).Int64()
 	return n == 1, err
 }
@@ -286,7 +302,7 @@ func (r *SemaphoreStore) Acquire(ctx context.Context, name, token string, limit 
 	if err != nil {
 		return 0, err
 	}
-	keys := []string{key, key + ":w", key + ":freed", key + ":f", key + ":fence", key + ":pw"}
+	keys := []string{key, key + ":w", key + ":freed", key + ":f", key + ":fence", key + ":pw", key + ":since"}
 	n, err := r.acquire.Run(ctx, r.c, keys, token, limit, ttlMillis(ttl), cut, waitMillis(wait)).Int64()
 	if err == nil {
 		err = r.checkCutoff(ctx, key, n)
@@ -300,7 +316,7 @@ func (r *SemaphoreStore) Acquire(ctx context.Context, name, token string, limit 
 // Renew implements concurrency.Store.
 func (r *SemaphoreStore) Renew(ctx context.Context, name, token string, ttl time.Duration) (bool, error) {
 	key := r.Key(name)
-	n, err := r.renew.Run(ctx, r.c, []string{key, key + ":w", key + ":f"}, token, ttlMillis(ttl)).Int64()
+	n, err := r.renew.Run(ctx, r.c, []string{key, key + ":w", key + ":f", key + ":since"}, token, ttlMillis(ttl)).Int64()
 	if err != nil {
 		return false, fmt.Errorf("redisstore: semaphore renew: %w", err)
 	}
@@ -314,4 +330,30 @@ func (r *SemaphoreStore) Release(ctx context.Context, name, token string) (bool,
 		return false, fmt.Errorf("redisstore: semaphore release: %w", err)
 	}
 	return ok, nil
+}
+
+// Holders implements concurrency.Store: one read-only script
+// (semaphore_holders.lua) on the name's hash tag lists the unexpired
+// holders by the server's clock, in milliseconds, and counts the fair
+// waiters whose place has not lapsed. A holder granted by a Sluice that
+// recorded no grant instant is listed with concurrency.HeldForUnknown.
+func (r *SemaphoreStore) Holders(ctx context.Context, name string) (concurrency.Listing, error) {
+	key := r.Key(name)
+	res, err := r.holders.Run(ctx, r.c, []string{key, key + ":w", key + ":f", key + ":since", key + ":qt"}).Int64Slice()
+	if err == nil && (len(res) == 0 || (len(res)-1)%4 != 0) {
+		err = fmt.Errorf("semaphore_holders.lua answered %d values", len(res))
+	}
+	if err != nil {
+		return concurrency.Listing{}, fmt.Errorf("redisstore: semaphore holders: %w", err)
+	}
+	l := concurrency.Listing{Queued: int(res[0]), Holders: make([]concurrency.Holder, 0, (len(res)-1)/4)}
+	for i := 1; i < len(res); i += 4 {
+		h := concurrency.Holder{Fence: uint64(res[i]), Weight: res[i+1], HeldFor: concurrency.HeldForUnknown, ExpiresIn: time.Duration(res[i+3]) * time.Millisecond}
+		if res[i+2] >= 0 {
+			h.HeldFor = time.Duration(res[i+2]) * time.Millisecond
+		}
+		l.Holders = append(l.Holders, h)
+	}
+	slices.SortFunc(l.Holders, func(a, b concurrency.Holder) int { return cmp.Compare(a.Fence, b.Fence) })
+	return l, nil
 }

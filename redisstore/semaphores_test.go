@@ -334,3 +334,42 @@ func TestSemaphoreWatch(t *testing.T) {
 	default:
 	}
 }
+
+// TestSemaphoreHoldersWithoutSince: a holder written by a Sluice that
+// recorded no grant instant (no entry in Key + ":since") is listed with
+// concurrency.HeldForUnknown, and its renewals and the acquires of the
+// same token keep it so (a renewal is not a grant); a holder granted
+// now is listed with its time held.
+func TestSemaphoreHoldersWithoutSince(t *testing.T) {
+	srv := redistest.Standalone(t)
+	s, err := NewSemaphoreStore(srv.Client(), SemaphoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	key := s.Key("old")
+	for _, tok := range []string{"old-holder", "new-holder"} {
+		if f, err := s.Acquire(ctx, "old", tok, 3, time.Minute, 0); err != nil || f == 0 {
+			t.Fatalf("Acquire = %d, %v", f, err)
+		}
+	}
+	if err := srv.Client().HDel(ctx, key+":since", "old-holder").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.Renew(ctx, "old", "old-holder", time.Minute); !ok || err != nil {
+		t.Fatalf("Renew = %v, %v", ok, err)
+	}
+	if res, _, err := s.AcquireFair(ctx, "old", "old-holder", 1, 3, time.Minute, 0); err != nil || res != concurrency.Granted {
+		t.Fatalf("AcquireFair by the holder = %v, %v", res, err)
+	}
+	l, err := s.Holders(ctx, "old")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Holders) != 2 || l.Holders[0].HeldFor != concurrency.HeldForUnknown || l.Holders[1].HeldFor < 0 {
+		t.Fatalf("Holders = %+v, want the old holder's time held unknown, the new one's known", l)
+	}
+	if n, err := srv.Client().HExists(ctx, key+":since", "old-holder").Result(); err != nil || n {
+		t.Fatalf("a renewal recorded a grant instant for the old holder (%v, %v)", n, err)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -24,11 +25,15 @@ type NewSemaphoreStore func(t *testing.T) concurrency.Store
 // within a TTL while the store hands the slot on, a permit removed from the
 // store reported lost, limit 0, and fences (each grant of a name takes the
 // name's next fence, whatever other names do; a renewal keeps it; it never
-// goes back, not even after every holder expired); and, for a
+// goes back, not even after every holder expired), and the listing of
+// holders (Store.Holders: fence, weight, held for and expires in, by the
+// store's clock, ordered by fence; a renewal keeps the time held; no
+// expired holder and no token listed); and, for a
 // concurrency.FairStore, waiters of separate Distributeds (as of separate
 // processes) granted in arrival order, weighted permits that never add up
-// to more than the limit, a weight kept by renewals past a TTL, and the
-// fences of the fair path.
+// to more than the limit, a weight kept by renewals past a TTL, the
+// fences of the fair path, and the listing of weighted holders and of the
+// waiters queued.
 //
 // With fakeTime, each test runs in a testing/synctest bubble: for stores
 // that take their time from time.Now in this process. A store on a server's
@@ -52,6 +57,8 @@ func RunSemaphores(t *testing.T, newStore NewSemaphoreStore, fakeTime bool) {
 		{"fences increase per name", testFences},
 		{"fences survive expiry", testFencesSurviveExpiry},
 		{"fences of the fair path", testFairFences},
+		{"holders listed", testHolders},
+		{"holders listed, fair", testHoldersFair},
 	}
 	b := newStore(t)
 	for i, tt := range tests {
@@ -551,5 +558,141 @@ func testFairFences(t *testing.T, b concurrency.Store, sem string) {
 	}
 	if p3 := mustTry(t, fair); p3.Fence() != p2.Fence()+1 {
 		t.Fatalf("fair TryAcquire: fence %d, want %d", p3.Fence(), p2.Fence()+1)
+	}
+}
+
+// list calls Store.Holders and fails the test on an error or on a
+// listing that shows a token.
+func list(t *testing.T, b concurrency.Store, sem string, tokens ...string) concurrency.Listing {
+	t.Helper()
+	l, err := b.Holders(context.Background(), sem)
+	if err != nil {
+		t.Fatalf("Holders(%q): %v", sem, err)
+	}
+	shown := fmt.Sprintf("%+v %#v", l, l)
+	for _, tok := range tokens {
+		if strings.Contains(shown, tok) {
+			t.Fatalf("Holders(%q) shows the token %q: %s", sem, tok, shown)
+		}
+	}
+	return l
+}
+
+// checkHolder fails the test unless h is the permit of fence and weight,
+// granted at least minHeld and at most maxHeld ago (the store's clock
+// counts milliseconds: a millisecond of slack each way), and kept for
+// more than 0 and at most ttl from now.
+func checkHolder(t *testing.T, what string, h concurrency.Holder, fence uint64, weight int64, minHeld, maxHeld, ttl time.Duration) {
+	t.Helper()
+	if h.Fence != fence || h.Weight != weight {
+		t.Errorf("%s: fence %d weight %d, want fence %d weight %d", what, h.Fence, h.Weight, fence, weight)
+	}
+	if h.HeldFor < minHeld-time.Millisecond || h.HeldFor > maxHeld+time.Millisecond {
+		t.Errorf("%s: held for %v, want within [%v, %v]", what, h.HeldFor, minHeld, maxHeld)
+	}
+	if h.ExpiresIn <= 0 || h.ExpiresIn > ttl {
+		t.Errorf("%s: expires in %v, want within (0, %v]", what, h.ExpiresIn, ttl)
+	}
+}
+
+// testHolders: Holders lists the unexpired permits by fence, with how
+// long each has been held (a renewal or a second acquire by the holder
+// keeps it) and how long it has left; never an expired one, never a
+// token.
+func testHolders(t *testing.T, b concurrency.Store, sem string) {
+	ctx := context.Background()
+	const long = 10 * testTTL
+	const pause = 100 * time.Millisecond
+	if l := list(t, b, sem); len(l.Holders) != 0 || l.Queued > 0 {
+		t.Fatalf("Holders of an unused name = %+v, want none", l)
+	}
+	start := time.Now()
+	fa := acquire(t, b, sem, "holders-token-a", 3, long)
+	passTime(pause)
+	fb := acquire(t, b, sem, "holders-token-b", 3, long)
+	fc := acquire(t, b, sem, "holders-token-c", 3, 50*time.Millisecond)
+	if fa == 0 || fb == 0 || fc == 0 {
+		t.Fatalf("not granted: fences %d, %d, %d", fa, fb, fc)
+	}
+	passTime(pause) // c expires, and nothing has asked the store to forget it
+	l := list(t, b, sem, "holders-token-a", "holders-token-b", "holders-token-c")
+	el := time.Since(start)
+	if len(l.Holders) != 2 {
+		t.Fatalf("Holders = %+v, want a and b (c expired)", l)
+	}
+	checkHolder(t, "a", l.Holders[0], fa, 1, 2*pause, el, long)
+	checkHolder(t, "b", l.Holders[1], fb, 1, pause, el-pause, long)
+	if l.Queued > 0 {
+		t.Errorf("Queued = %d, want none (nobody waits in a queue)", l.Queued)
+	}
+	if got := l.Used(); got != 2 {
+		t.Errorf("Used = %d, want 2", got)
+	}
+	// A renewal and an acquire by the holder move its expiry, not the
+	// instant it was granted.
+	if ok, err := b.Renew(ctx, sem, "holders-token-a", long); !ok || err != nil {
+		t.Fatalf("Renew = %v, %v", ok, err)
+	}
+	if f := acquire(t, b, sem, "holders-token-b", 3, long); f != fb {
+		t.Fatalf("acquire by b's token: fence %d, want %d", f, fb)
+	}
+	passTime(pause)
+	l = list(t, b, sem, "holders-token-a", "holders-token-b")
+	el = time.Since(start)
+	if len(l.Holders) != 2 {
+		t.Fatalf("Holders after renewals = %+v, want a and b", l)
+	}
+	checkHolder(t, "a renewed", l.Holders[0], fa, 1, 3*pause, el, long)
+	checkHolder(t, "b acquired again", l.Holders[1], fb, 1, 2*pause, el-pause, long)
+	if ok, err := b.Release(ctx, sem, "holders-token-a"); !ok || err != nil {
+		t.Fatalf("Release = %v, %v", ok, err)
+	}
+	if ok, err := b.Release(ctx, sem, "holders-token-b"); !ok || err != nil {
+		t.Fatalf("Release = %v, %v", ok, err)
+	}
+	if l := list(t, b, sem); len(l.Holders) != 0 {
+		t.Fatalf("Holders after the releases = %+v, want none", l)
+	}
+}
+
+// testHoldersFair: the weights of a FairStore's permits are listed, and
+// its queue is counted (the waiters whose place has not lapsed).
+func testHoldersFair(t *testing.T, b concurrency.Store, sem string) {
+	fs := fairOrSkip(t, b)
+	ctx := context.Background()
+	const long = 10 * testTTL
+	start := time.Now()
+	res, f, err := fs.AcquireFair(ctx, sem, "fair-token-a", 2, 3, long, 0)
+	if err != nil || res != concurrency.Granted {
+		t.Fatalf("AcquireFair = %v, %v", res, err)
+	}
+	for _, w := range []string{"fair-token-w1", "fair-token-w2"} {
+		if res, _, err := fs.AcquireFair(ctx, sem, w, 2, 3, long, long); err != nil || res == concurrency.Granted {
+			t.Fatalf("AcquireFair of a full semaphore = %v, %v; want a place in the queue", res, err)
+		}
+	}
+	l := list(t, b, sem, "fair-token-a", "fair-token-w1", "fair-token-w2")
+	if len(l.Holders) != 1 || l.Queued != 2 {
+		t.Fatalf("Holders = %+v, want a (weight 2) and 2 queued", l)
+	}
+	checkHolder(t, "a", l.Holders[0], f, 2, 0, time.Since(start), long)
+	if err := fs.Dequeue(ctx, sem, "fair-token-w1"); err != nil {
+		t.Fatal(err)
+	}
+	// A waiter whose place lapsed is not counted.
+	if res, _, err := fs.AcquireFair(ctx, sem, "fair-token-w3", 2, 3, long, 50*time.Millisecond); err != nil || res == concurrency.Granted {
+		t.Fatalf("AcquireFair of a full semaphore = %v, %v; want a place in the queue", res, err)
+	}
+	passTime(100 * time.Millisecond)
+	if l := list(t, b, sem); l.Queued != 1 || len(l.Holders) != 1 {
+		t.Fatalf("Holders = %+v, want a and 1 queued (w1 left, w3 lapsed)", l)
+	}
+	for _, w := range []string{"fair-token-w2", "fair-token-w3"} {
+		if err := fs.Dequeue(ctx, sem, w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ok, err := fs.Release(ctx, sem, "fair-token-a"); !ok || err != nil {
+		t.Fatalf("Release = %v, %v", ok, err)
 	}
 }

@@ -229,6 +229,25 @@ class Semaphore:
         self._post("/v1/semaphores/release", {"name": self.name, "permit_id": permit.permit_id}, self.timeout)
         permit.valid_until = float("-inf")
 
+    def holders(self):
+        """The permits of the semaphore held now, by fence, never their
+        ids, as serve answers POST /v1/semaphores/holders: a dict with
+        "name", "holders" (each a dict of "fence", "weight",
+        "held_for_ms", absent when serve does not know it, and
+        "expires_in_ms") and "waiting" (the acquires waiting on the name
+        in the serve that answered).
+        """
+        return self._post("/v1/semaphores/holders", {"name": self.name}, self.timeout)
+
+    def is_held(self, fence):
+        """Whether the permit of fence is held now: the check a protected
+        service makes of a fencing token it received (a holder whose
+        permit expired while it was paused is not held, whether or not
+        anyone was granted after it). One round trip; true of the instant
+        serve read its store.
+        """
+        return any(h["fence"] == fence for h in self.holders()["holders"])
+
     def hold(self, weight=1, wait=0.0, fair=False, renew_every=1 / 3):
         """A context manager that acquires a permit on entry (as acquire),
         renews it in a background thread every renew_every of the TTL,

@@ -92,6 +92,57 @@ func dashLoad(t *testing.T, up map[string]string) {
 	}
 }
 
+// holdSemaphore holds semaphore "dash-api" (limit 1) through serve's
+// coordination API, with one more acquire waiting on it, and returns the
+// holder's fence once serve counts the waiter. The waiter goes away when
+// the test ends, or after 9 s (409).
+func holdSemaphore(t *testing.T, up map[string]string) uint64 {
+	t.Helper()
+	post := func(ctx context.Context, op, body string) (int, map[string]any, error) {
+		req, err := http.NewRequestWithContext(ctx, "POST", "http://"+up["http"]+"/v1/semaphores/"+op, strings.NewReader(body))
+		if err != nil {
+			return 0, nil, err
+		}
+		resp, err := dashClient.Do(req)
+		if err != nil {
+			return 0, nil, err
+		}
+		defer resp.Body.Close()
+		var m map[string]any
+		err = json.NewDecoder(resp.Body).Decode(&m)
+		return resp.StatusCode, m, err
+	}
+	code, g, err := post(t.Context(), "acquire", `{"name":"dash-api","limit":1,"ttl_ms":60000}`)
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("acquire: %d %v %v", code, g, err)
+	}
+	wctx, cancel := context.WithCancel(context.Background())
+	var waiter sync.WaitGroup
+	waiter.Go(func() {
+		code, m, err := post(wctx, "acquire", `{"name":"dash-api","limit":1,"wait_ms":9000}`)
+		if wctx.Err() == nil && code != http.StatusConflict { // its wait over, in a long test
+			t.Errorf("the waiter was answered other than 409 while the test ran: %d %v %v", code, m, err)
+		}
+	})
+	t.Cleanup(func() { cancel(); waiter.Wait() })
+	// Until serve counts the waiter: each round a round trip, within the
+	// waiter's wait.
+	deadline := time.Now().Add(8 * time.Second)
+	for {
+		code, h, err := post(t.Context(), "holders", `{"name":"dash-api"}`)
+		if err != nil || code != http.StatusOK {
+			t.Fatalf("holders: %d %v %v", code, h, err)
+		}
+		if h["waiting"] == 1.0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("serve does not count the waiter: %v", h)
+		}
+	}
+	return uint64(g["fence"].(float64))
+}
+
 // admin calls the admin API with the token.
 func admin(t *testing.T, up map[string]string, method, path, body string) (int, string) {
 	t.Helper()
@@ -114,7 +165,35 @@ func admin(t *testing.T, up map[string]string, method, path, body string) (int, 
 func TestAdminTop(t *testing.T) {
 	up := startDashServe(t)
 	dashLoad(t, up)
-	code, body := admin(t, up, "GET", "/admin/v1/top?domain=dash&rule=per_user&k=3", "")
+	fence := holdSemaphore(t, up)
+	// The status (the dashboard's) shows the semaphore held through the
+	// coordination API, with its holder and its waiter.
+	code, body := admin(t, up, "GET", "/admin/v1/status", "")
+	var st struct {
+		Coordination struct {
+			Semaphores []struct {
+				Name            string
+				Limit, Held     int64
+				Waiting, Queued int
+				Error           string
+				Holders         []struct {
+					Fence       uint64
+					Weight      int64
+					HeldForMS   *int64 `json:"held_for_ms"`
+					ExpiresInMS int64  `json:"expires_in_ms"`
+				}
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(body), &st); code != http.StatusOK || err != nil {
+		t.Fatalf("status: %d %v %s", code, err, body)
+	}
+	if sems := st.Coordination.Semaphores; len(sems) != 1 || sems[0].Name != "dash-api" || sems[0].Limit != 1 || sems[0].Held != 1 || sems[0].Waiting != 1 || sems[0].Queued != 0 ||
+		len(sems[0].Holders) != 1 || sems[0].Holders[0].Fence != fence || sems[0].Holders[0].Weight != 1 || sems[0].Holders[0].HeldForMS == nil ||
+		sems[0].Holders[0].ExpiresInMS <= 0 || sems[0].Holders[0].ExpiresInMS > 60000 {
+		t.Errorf("status's coordination = %+v, want dash-api held once (fence %d) and waited on once", st.Coordination, fence)
+	}
+	code, body = admin(t, up, "GET", "/admin/v1/top?domain=dash&rule=per_user&k=3", "")
 	if code != http.StatusOK {
 		t.Fatalf("top: %d %s", code, body)
 	}
@@ -170,6 +249,7 @@ func TestAdminTop(t *testing.T) {
 func TestTopOnce(t *testing.T) {
 	up := startDashServe(t)
 	dashLoad(t, up)
+	fence := holdSemaphore(t, up)
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(tokenFile, []byte(dashToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -187,6 +267,12 @@ func TestTopOnce(t *testing.T) {
 	hot := regexp.MustCompile(`(?m)^  user:hot-user +12 +0 +user:hot-user +7 +0 +user:hot-user +100%`)
 	if !hot.MatchString(out) {
 		t.Errorf("no row with hot-user's 12 decisions, 7 denials and 100%% used")
+	}
+	// The semaphore held through serve: limit 1, 1 held, 1 waiting, none
+	// queued, its holder's fence and weight, time held and time left.
+	sem := regexp.MustCompile(fmt.Sprintf(`(?m)^  dash-api +1 +1 +1 +0 +%d +1 +[0-9.]+m?s +[0-9.]+s +$`, fence))
+	if !strings.Contains(out, "semaphores held through the coordination API") || !sem.MatchString(out) {
+		t.Errorf("no row of dash-api with its holder (fence %d) and its waiter", fence)
 	}
 	if _, errOut, err := runArgs(t, t.Context(), "top", "-addr", up["admin"], "-once"); err == nil || !strings.Contains(err.Error()+errOut, "401") {
 		t.Errorf("top without a token: %v %s, want a 401", err, errOut)
@@ -417,6 +503,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	})
 	t.Cleanup(func() { stopLoad(); loadDone.Wait() })
 
+	fence := holdSemaphore(t, up)
 	ctx, poll, text := dashBrowser(t, browser)
 	page := "http://" + up["admin"] + "/admin/dashboard/"
 
@@ -425,13 +512,17 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	poll("the page asks for the token", `document.getElementById("state").textContent.includes("no data")`)
-	if body := text("body"); strings.Contains(body, "hot-user") || strings.Contains(body, "per_user") || strings.Contains(body, "incident 42") {
+	if body := text("body"); strings.Contains(body, "hot-user") || strings.Contains(body, "per_user") || strings.Contains(body, "incident 42") || strings.Contains(body, "dash-api") {
 		t.Errorf("without the token the page shows data:\n%s", body)
 	}
 
 	// With the token, in the URL's fragment.
 	if err := chromedp.Do(ctx, chromedp.Navigate(page+"#token="+dashToken)); err != nil {
 		t.Fatal(err)
+	}
+	poll("the semaphore held through the coordination API", fmt.Sprintf(`document.querySelector('#coord-semaphores tr[data-fence="%d"]') !== null`, fence))
+	if sems := text("#coord-semaphores"); !strings.Contains(sems, "dash-api") || !strings.Contains(sems, "expires in") {
+		t.Errorf("coordination table: %q", sems)
 	}
 	poll("the chart has samples with decisions", `Number(document.getElementById("chart").dataset.samples) >= 4 && Number(document.getElementById("chart").dataset.max) > 0`)
 	poll("the top tables", `document.querySelector('[data-limit="dash / per_user"]') !== null`)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"mime"
@@ -12,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -29,6 +31,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/sluicehq/sluice/fence"
 	"github.com/sluicehq/sluice/internal/coord"
 	"github.com/sluicehq/sluice/internal/coord/sluicev1"
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -224,11 +227,14 @@ func testSemaphores(t *testing.T, c *coordClient) {
 		t.Fatalf("gRPC grant after an HTTP one: %+v %v; HTTP's %+v", g, code, h)
 	}
 	for _, x := range []grant{h, g} {
-		if x.Valid <= 9*time.Second || x.Valid > 10*time.Second-10*time.Second/50 {
-			t.Errorf("grant %+v: valid for %v, want (9s, TTL - TTL/50]", x, x.Valid)
+		// Counted from the request's receipt: TTL less its margin, and
+		// the moment serve took before its store call.
+		if x.Valid <= 9*time.Second || x.Valid > 10*time.Second-10*time.Second/50+100*time.Millisecond {
+			t.Errorf("grant %+v: valid for %v, want (9s, TTL - TTL/50 + 100ms]", x, x.Valid)
 		}
 	}
 	c.acquireHTTP(http.StatusConflict, "db", 2, time.Second, 0)
+	testHolders(t, c, "db", h, g)
 	if _, code := c.acquireGRPC(c.ctx, "db", 2, time.Second, 0); code != codes.ResourceExhausted {
 		t.Errorf("gRPC acquire of a full semaphore: %v, want RESOURCE_EXHAUSTED", code)
 	}
@@ -255,7 +261,17 @@ func testSemaphores(t *testing.T, c *coordClient) {
 			t.Errorf("HTTP acquire %s: %d, want 400", bad, code)
 		}
 	}
+	checker := &fence.Checker{Held: c.held}
+	if err := checker.Check(t.Context(), "db", h.Fence); err != nil {
+		t.Errorf("fence.Checker on /v1/semaphores/holders, fence %d held: %v", h.Fence, err)
+	}
 	c.releaseHTTP(http.StatusNoContent, "db", h.ID)
+	if err := checker.Check(t.Context(), "db", h.Fence); !errors.Is(err, fence.ErrNotHeld) {
+		t.Errorf("fence.Checker on /v1/semaphores/holders, fence %d released: %v, want ErrNotHeld", h.Fence, err)
+	}
+	if err := checker.Check(t.Context(), "db", g.Fence); err != nil {
+		t.Errorf("fence.Checker on /v1/semaphores/holders, fence %d still held: %v", g.Fence, err)
+	}
 	if err := c.invoke(c.ctx, "Release", &sluicev1.ReleaseRequest{Name: "db", PermitId: g.ID}, new(sluicev1.ReleaseResponse)); err != nil {
 		t.Errorf("gRPC release: %v", err)
 	}
@@ -278,6 +294,60 @@ func testSemaphores(t *testing.T, c *coordClient) {
 	for _, want := range []string{`sluice_semaphore_calls_total{method="acquire",outcome="ok"} `, `sluice_semaphore_calls_total{method="release",outcome="not_found"} `, `sluice_semaphore_calls_total{method="acquire",outcome="too_many_waiters"} `, "sluice_semaphore_waiting 0\n"} {
 		if !bytes.Contains(scrape, []byte(want)) {
 			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
+// held is a fence.HeldFunc on /v1/semaphores/holders: what a protected
+// service in any language would do.
+func (c *coordClient) held(ctx context.Context, name string, token uint64) (bool, error) {
+	code, m, err := c.do(ctx, "/v1/semaphores/holders", coordToken, fmt.Sprintf(`{"name":%q}`, name))
+	if err != nil || code != http.StatusOK {
+		return false, fmt.Errorf("holders: %d %v %v", code, m, err)
+	}
+	for _, h := range m["holders"].([]any) {
+		if uint64(h.(map[string]any)["fence"].(float64)) == token {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// testHolders lists name, held by exactly the grants held (in their
+// order) with nobody waiting, over both transports, without the token
+// (refused) and with a bad name.
+func testHolders(t *testing.T, c *coordClient, name string, held ...grant) {
+	t.Helper()
+	body := fmt.Sprintf(`{"name":%q}`, name)
+	for _, tok := range []string{"", "wrong"} {
+		if code, _ := c.post("/v1/semaphores/holders", tok, body); code != http.StatusUnauthorized {
+			t.Errorf("HTTP holders with token %q: %d, want 401", tok, code)
+		}
+	}
+	if code, _ := c.post("/v1/semaphores/holders", coordToken, `{"name":""}`); code != http.StatusBadRequest {
+		t.Errorf("HTTP holders of the empty name: %d, want 400", code)
+	}
+	code, m := c.post("/v1/semaphores/holders", coordToken, body)
+	hs, _ := m["holders"].([]any)
+	if code != http.StatusOK || m["name"] != name || m["waiting"] != 0.0 || len(hs) != len(held) {
+		t.Fatalf("HTTP holders of %q: %d %v, want %d holders and nobody waiting", name, code, m, len(held))
+	}
+	for i, g := range held {
+		h := hs[i].(map[string]any)
+		if uint64(h["fence"].(float64)) != g.Fence || h["weight"] != 1.0 || h["held_for_ms"] == nil || h["expires_in_ms"].(float64) <= 0 {
+			t.Errorf("HTTP holder %d: %v, want fence %d, weight 1, a time held and a time left", i, h, g.Fence)
+		}
+		if strings.Contains(fmt.Sprint(m), g.ID) {
+			t.Errorf("HTTP holders shows permit id %s", g.ID)
+		}
+	}
+	var out sluicev1.HoldersResponse
+	if err := c.invoke(c.ctx, "Holders", &sluicev1.HoldersRequest{Name: name}, &out); err != nil || len(out.GetHolders()) != len(held) || out.GetWaiting() != 0 {
+		t.Fatalf("gRPC holders of %q: %v, %v", name, &out, err)
+	}
+	for i, g := range held {
+		if h := out.GetHolders()[i]; h.GetFence() != g.Fence || h.GetWeight() != 1 || h.GetHeldFor() == nil || h.GetExpiresIn().AsDuration() <= 0 {
+			t.Errorf("gRPC holder %d: %v, want fence %d", i, h, g.Fence)
 		}
 	}
 }
@@ -705,6 +775,21 @@ func TestOpenAPIChecker(t *testing.T) {
 	} {
 		if err := api.checkResponse(demand, 200, "application/json", []byte(body)); err == nil {
 			t.Errorf("lease grant %s: passed", body)
+		}
+	}
+	const holders = "/v1/semaphores/holders"
+	if err := api.checkResponse(holders, 200, "application/json", []byte(`{"name":"api","holders":[{"fence":17,"weight":1,"held_for_ms":1234,"expires_in_ms":8766},{"fence":18,"weight":2,"expires_in_ms":1}],"waiting":3}`)); err != nil {
+		t.Errorf("a good listing: %v", err)
+	}
+	for _, body := range []string{
+		`{"name":"api","holders":[{"fence":17,"weight":1,"held_for_ms":1234,"expires_in_ms":8766,"permit_id":"ABCDEFGHIJKLMNOPQRSTUVWXYZ"}],"waiting":3}`,
+		`{"name":"api","holders":[{"fence":0,"weight":1,"expires_in_ms":8766}],"waiting":3}`,
+		`{"name":"api","holders":[{"fence":17,"weight":1}],"waiting":3}`,
+		`{"name":"api","holders":{},"waiting":3}`,
+		`{"name":"api","holders":[]}`,
+	} {
+		if err := api.checkResponse(holders, 200, "application/json", []byte(body)); err == nil {
+			t.Errorf("listing %s: passed", body)
 		}
 	}
 	// Every $ref of the document resolves, whether a test's answers

@@ -94,7 +94,9 @@ const topUsage = `Usage: sluice top -addr HOST:PORT [flags]
 
 Top shows in the terminal what the dashboard of a running sluice serve
 shows: for every rule, its decisions and denials per second and its
-hottest, most denied and nearest-the-limit keys, refreshed every
+hottest, most denied and nearest-the-limit keys, and the semaphores held
+through its coordination API (each holder's fence, weight, time held and
+time left, and the acquires waiting), refreshed every
 -interval (the screen is redrawn) or printed once with -once (totals
 only: a rate needs two readings). It reads GET /admin/v1/status of the
 admin listener at -addr with the bearer token from -token-file or, failing
@@ -264,6 +266,46 @@ func renderTop(w io.Writer, st, prev *dashboard.Status) {
 	case idle > 0:
 		fmt.Fprintf(w, "\n%d of %d rules decided nothing yet\n", idle, len(st.Limits))
 	}
+	renderCoordination(w, st.Coordination)
+}
+
+// renderCoordination writes what the coordination API holds: one line
+// per holder of each semaphore acquired through serve, the semaphore's
+// own cells on its first line.
+func renderCoordination(w io.Writer, c *dashboard.CoordinationStatus) {
+	if c == nil || len(c.Semaphores) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nsemaphores held through the coordination API (holders of every replica, waiters of this one)")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  SEMAPHORE\tLIMIT\tHELD\tWAITING\tQUEUED\tFENCE\tWEIGHT\tHELD FOR\tEXPIRES IN\t")
+	ms := func(v int64) string { return (time.Duration(v) * time.Millisecond).String() }
+	for _, s := range c.Semaphores {
+		queued := "-"
+		if s.Queued >= 0 {
+			queued = strconv.Itoa(s.Queued)
+		}
+		head := fmt.Sprintf("  %s\t%d\t%d\t%d\t%s", s.Name, s.Limit, s.Held, s.Waiting, queued)
+		switch {
+		case s.Error != "":
+			fmt.Fprintf(tw, "%s\t\t\tcannot read: %s\t\t\n", head, s.Error)
+			continue
+		case len(s.Holders) == 0:
+			fmt.Fprintf(tw, "%s\t-\t\t\t\t\n", head)
+			continue
+		}
+		for i, h := range s.Holders {
+			if i > 0 {
+				head = "  \t\t\t\t"
+			}
+			held := "unknown"
+			if h.HeldForMS != nil {
+				held = ms(*h.HeldForMS)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t\n", head, h.Fence, h.Weight, held, ms(h.ExpiresInMS))
+		}
+	}
+	tw.Flush()
 }
 
 func orDash(s string) string {

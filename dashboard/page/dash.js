@@ -75,6 +75,7 @@
     $("leases").replaceChildren();
     $("rules").tBodies[0].replaceChildren();
     $("semaphores").tBodies[0].replaceChildren();
+    $("coord-semaphores").tBodies[0].replaceChildren();
     $("store").replaceChildren();
     $("reload").textContent = "";
     $("legend").replaceChildren();
@@ -177,6 +178,30 @@
 
   function renderSemaphores(sems) {
     fill($("semaphores").tBodies[0], sems.map((s) => row([s.name, s.limit, s.held, s.waiting], 1)), 4);
+  }
+
+  // renderCoordination shows what the coordination API holds: one row
+  // per holder of each semaphore, the semaphore's own cells on its first
+  // row (and one row for a semaphore held by nobody).
+  function renderCoordination(c) {
+    const rows = [];
+    ((c && c.semaphores) || []).forEach((s) => {
+      const head = [s.name, s.limit, s.held, s.waiting, s.queued < 0 ? "" : s.queued];
+      const blank = head.map(() => "");
+      if (s.error) {
+        rows.push(row(head.concat(["", "", "cannot read: " + s.error, ""]), 1));
+        return;
+      }
+      if (s.holders.length === 0) rows.push(row(head.concat(["", "", "", ""]), 1));
+      s.holders.forEach((h, i) => {
+        const heldFor = h.held_for_ms === undefined ? "unknown" : fmtMs(h.held_for_ms);
+        const tr = row((i === 0 ? head : blank).concat([h.fence, h.weight, heldFor, fmtMs(h.expires_in_ms)]), 1);
+        tr.dataset.fence = h.fence;
+        rows.push(tr);
+      });
+    });
+    fill($("coord-semaphores").tBodies[0], rows, 9);
+    $("coordination-section").hidden = !c;
   }
 
   function renderStore(s) {
@@ -305,6 +330,7 @@
     renderLimits(st.limits);
     renderLeases(st.leases);
     renderSemaphores(st.semaphores);
+    renderCoordination(st.coordination);
     renderStore(st.store);
     drawChart();
     setState("live · " + new Date(t).toLocaleTimeString(), false);

@@ -24,6 +24,7 @@ const (
 	DefaultMaxTTL       = 5 * time.Minute
 	DefaultMaxWait      = 10 * time.Second
 	DefaultMaxWaiters   = 1000
+	DefaultMaxSeen      = 64
 )
 
 // MaxLimit is the largest limit a semaphore may have: weights are summed
@@ -49,6 +50,9 @@ type Limits struct {
 	// name in this process; one more is refused at once. Default
 	// DefaultMaxWaiters.
 	MaxWaiters int
+	// MaxSeen bounds the names Status shows: the most recently acquired
+	// through this process. Default DefaultMaxSeen.
+	MaxSeen int
 
 	// The bounds of leases (leases.go). MinTTL and MaxTTL bound a
 	// holder's TTL, MaxWait a Watch's wait, MaxNameBytes a service's
@@ -86,7 +90,7 @@ func (l Limits) Validate() error {
 func (l Limits) withDefaults() (Limits, error) {
 	if l.MaxNameBytes < 0 || l.DefaultTTL < 0 || l.MinTTL < 0 || l.MaxTTL < 0 || l.MaxWait < 0 || l.MaxWaiters < 0 ||
 		l.LeaseTTL < 0 || l.MaxPartitions < 0 || !(l.MaxCapacity >= 0) || math.IsInf(l.MaxCapacity, 0) ||
-		l.MaxHolders < 0 || l.MaxServices < 0 || l.MaxWindow < 0 {
+		l.MaxHolders < 0 || l.MaxServices < 0 || l.MaxWindow < 0 || l.MaxSeen < 0 {
 		return l, fmt.Errorf("coord: negative bound in %+v", l)
 	}
 	def := func(v *time.Duration, d time.Duration) {
@@ -103,6 +107,9 @@ func (l Limits) withDefaults() (Limits, error) {
 	def(&l.MaxWait, DefaultMaxWait)
 	if l.MaxWaiters == 0 {
 		l.MaxWaiters = DefaultMaxWaiters
+	}
+	if l.MaxSeen == 0 {
+		l.MaxSeen = DefaultMaxSeen
 	}
 	l.leaseDefaults()
 	switch {
@@ -180,8 +187,17 @@ type Service struct {
 	mu      sync.Mutex
 	waiting map[string]int        // acquires waiting, per name
 	sems    map[semKey]*semaphore // the semaphores acquires use now
+	seen    map[string]seenName   // the names acquired lately, at most MaxSeen
+	seq     uint64                // counts the acquires, to order seen
 
 	leases *leases // nil without Options.Leases
+}
+
+// seenName is a name acquired through the Service: the limit last asked
+// for and when (the Service's count of acquires then).
+type seenName struct {
+	limit int64
+	seq   uint64
 }
 
 // semKey is what a concurrency.Distributed is made of: acquires that
@@ -213,7 +229,7 @@ func New(opts Options) (*Service, error) {
 	}
 	closing, shut := context.WithCancel(context.Background())
 	s := &Service{store: fs, limits: l, token: []byte(opts.Token), closing: closing, shut: shut,
-		waiting: make(map[string]int), sems: make(map[semKey]*semaphore)}
+		waiting: make(map[string]int), sems: make(map[semKey]*semaphore), seen: make(map[string]seenName)}
 	if opts.Leases != nil {
 		s.leases = &leases{open: opts.Leases, services: make(map[string]*leaseService), holders: make(map[string]*remote)}
 	}
@@ -307,8 +323,13 @@ type Grant struct {
 	// Fence is the grant's fencing token (concurrency.Permit.Fence).
 	Fence uint64
 	// ValidFor is how long the permit is valid from when its caller
-	// sent the request: what is left of TTL, less a margin of TTL/50 for
-	// clock rates, as a concurrency.Permit counts.
+	// sent the request: counted from when the Service received it (which
+	// the caller sent before), to the end of the validity that a
+	// concurrency.Permit counts (TTL, less a margin of TTL/50 for clock
+	// rates, from the store call that granted it). An acquire that waited
+	// W for room is therefore valid for about W + TTL − TTL/50: a caller
+	// that adds ValidFor to the instant it sent the request keeps the
+	// whole TTL, not what the wait left of it.
 	ValidFor time.Duration
 }
 
@@ -386,6 +407,7 @@ func checkID(field, id string) error {
 // (An answer lost on its way back is not seen here: that permit lapses
 // within its TTL.)
 func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (g Grant, err error) {
+	received := time.Now()
 	defer func() { s.metrics.count("acquire", err) }()
 	if err := s.validate(&req); err != nil {
 		return Grant{}, err
@@ -430,8 +452,8 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (g Grant, err
 		return Grant{}, &Error{Code: Unavailable, Msg: "the semaphore store failed", Err: err}
 	}
 	until := p.Detach()
-	if valid := time.Until(until); valid > 0 {
-		return Grant{PermitID: p.Token(), Fence: p.Fence(), ValidFor: valid}, nil
+	if time.Until(until) > 0 {
+		return Grant{PermitID: p.Token(), Fence: p.Fence(), ValidFor: until.Sub(received)}, nil
 	}
 	// Its validity ended between the grant and now (a process paused):
 	// give it back rather than hand over a permit already lost.
@@ -458,6 +480,7 @@ func (s *Service) use(key semKey, waits bool) (*concurrency.Distributed, error) 
 	if waits && s.waiting[key.name] >= s.limits.MaxWaiters {
 		return nil, errorf(TooManyWaiters, "semaphore %q: too many acquires wait on it already (at most %d at once)", key.name, s.limits.MaxWaiters)
 	}
+	s.see(key.name, key.limit)
 	sem := s.sems[key]
 	if sem == nil {
 		d, err := concurrency.NewDistributed(s.store, key.name, key.limit, concurrency.DistributedOptions{TTL: key.ttl, Fair: key.fair})
@@ -472,6 +495,24 @@ func (s *Service) use(key semKey, waits bool) (*concurrency.Distributed, error) 
 		s.waiting[key.name]++
 	}
 	return sem.d, nil
+}
+
+// see records an acquire of name under limit among the names Status
+// shows, forgetting the least recently acquired beyond MaxSeen. s.mu is
+// held.
+func (s *Service) see(name string, limit int64) {
+	s.seq++
+	s.seen[name] = seenName{limit: limit, seq: s.seq}
+	if len(s.seen) <= s.limits.MaxSeen {
+		return
+	}
+	oldest, at := "", s.seq
+	for n, sn := range s.seen {
+		if sn.seq < at {
+			oldest, at = n, sn.seq
+		}
+	}
+	delete(s.seen, oldest)
 }
 
 // done ends a use of key's Distributed: the last one forgets it.

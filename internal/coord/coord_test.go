@@ -43,8 +43,10 @@ func TestAcquireRenewRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if g.Fence != 1 || checkID("permit_id", g.PermitID) != nil || g.ValidFor <= 0 || g.ValidFor > time.Second-time.Second/50 {
-		t.Errorf("grant = %+v; want fence 1, a well-formed id, valid for (0, 980ms]", g)
+	// Valid from the request's receipt: TTL less the margin, and the
+	// moment the Service took before its store call.
+	if g.Fence != 1 || checkID("permit_id", g.PermitID) != nil || g.ValidFor <= 0 || g.ValidFor > time.Second-time.Second/50+100*time.Millisecond {
+		t.Errorf("grant = %+v; want fence 1, a well-formed id, valid for (0, 980ms + 100ms]", g)
 	}
 	if n := m.HoldersAt(time.Now(), "db"); n != 1 {
 		t.Errorf("store holders = %d, want 1", n)
@@ -362,6 +364,38 @@ sluice_semaphore_waiting 1
 			if n := testutil.ToFloat64(s.metrics.calls.WithLabelValues(tc.method, tc.outcome)); n != tc.want {
 				t.Errorf("calls{%s,%s} = %v, want %v", tc.method, tc.outcome, n, tc.want)
 			}
+		}
+	})
+}
+
+// TestValidForAfterAWait: a permit granted after a wait of 5 s is valid
+// for the wait and the TTL (less its margin) from the request, since the
+// caller counts ValidFor from when it sent the request; counted from the
+// answer, it would look valid for 980 ms from 5 s before: already lapsed.
+func TestValidForAfterAWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s, _ := newService(t, Limits{})
+		ctx := context.Background()
+		first, err := s.Acquire(ctx, AcquireRequest{Name: "x", Limit: 1, TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make(chan Grant, 1)
+		go func() {
+			g, err := s.Acquire(ctx, AcquireRequest{Name: "x", Limit: 1, TTL: time.Second, Wait: 10 * time.Second})
+			if err != nil {
+				t.Error(err)
+			}
+			got <- g
+		}()
+		synctest.Wait()
+		time.Sleep(5 * time.Second) // the bubble's clock: the wait
+		if err := s.Release(ctx, "x", first.PermitID); err != nil {
+			t.Fatal(err)
+		}
+		g := <-got
+		if want := 5*time.Second + time.Second - time.Second/50; g.ValidFor != want {
+			t.Errorf("valid for %v after a wait of 5 s, want %v (the wait, and TTL less TTL/50)", g.ValidFor, want)
 		}
 	})
 }

@@ -28,6 +28,28 @@
 // the permit, and ids are never logged. Renew and Release name the
 // semaphore too, and any replica of serve on the same store answers them.
 //
+// # Holders and views
+//
+// Holders lists a name's permits held now, in one atomic read of the
+// store by its clock (concurrency.Store.Holders): each one's fence,
+// weight, how long it has been held (a renewal keeps the instant of the
+// grant) and how long it has left, by fence, never its id; and this
+// process's acquires waiting on the name. Its purpose is the sequencer
+// check: a protected service that receives a call with a fencing token
+// asks whether that fence is still held (fence.Checker), and refuses a
+// holder whose permit expired while it was paused, whether or not anyone
+// was granted after it. The answer is true of the instant the store was
+// read: one round trip per check, and not atomic with what the service
+// then does.
+//
+// Status is the same view for the admin API's status, the dashboard and
+// `sluice top` (dashboard.CoordinationStatus): the names acquired through
+// this process since it started, at most Limits.MaxSeen, the most
+// recently acquired first, each with the limit last asked for, its
+// holders (of every replica on the store) and waiters (of this process).
+// It reads the store once per name when asked, within a bound, and keeps
+// nothing else.
+//
 // # Capacity leases
 //
 // A leased service is a name, a capacity C (units a second) and P

@@ -137,16 +137,34 @@ func TestGRPC(t *testing.T) {
 		{"Acquire", &sluicev1.AcquireRequest{Name: "db", Limit: 1, Ttl: &durationpb.Duration{Seconds: 1, Nanos: -1}}, codes.InvalidArgument},
 		{"Renew", &sluicev1.RenewRequest{Name: "db", PermitId: "AAAAAAAAAAAAAAAAAAAAAAAAAA"}, codes.NotFound},
 		{"Release", &sluicev1.ReleaseRequest{Name: "db", PermitId: "x"}, codes.InvalidArgument},
+		{"Holders", &sluicev1.HoldersRequest{}, codes.InvalidArgument},
 	} {
 		if err := invoke(ctx, cc, tc.method, tc.in, new(sluicev1.ReleaseResponse)); status.Code(err) != tc.want {
 			t.Errorf("%s(%v): %v; want %v", tc.method, tc.in, err, tc.want)
 		}
+	}
+	var hs sluicev1.HoldersResponse
+	if err := invoke(bg, cc, "Holders", &sluicev1.HoldersRequest{Name: "db"}, &hs); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("Holders without the token: %v; want UNAUTHENTICATED", err)
+	}
+	if err := invoke(ctx, cc, "Holders", &sluicev1.HoldersRequest{Name: "db"}, &hs); err != nil {
+		t.Fatal(err)
+	}
+	if hs.GetName() != "db" || len(hs.GetHolders()) != 1 || hs.GetWaiting() != 0 {
+		t.Fatalf("Holders = %v; want db's one holder, nobody waiting", &hs)
+	}
+	if h := hs.GetHolders()[0]; h.GetFence() != g.GetFence() || h.GetWeight() != 1 || h.GetHeldFor() == nil || h.GetHeldFor().AsDuration() < 0 ||
+		h.GetExpiresIn().AsDuration() <= 0 || h.GetExpiresIn().AsDuration() > DefaultTTL {
+		t.Errorf("holder = %v; want fence %d, weight 1, held for >= 0, expiring within the default TTL (renewed)", h, g.GetFence())
 	}
 	if err := invoke(ctx, cc, "Release", &sluicev1.ReleaseRequest{Name: "db", PermitId: g.GetPermitId()}, new(sluicev1.ReleaseResponse)); err != nil {
 		t.Fatal(err)
 	}
 	if err := invoke(ctx, cc, "Release", &sluicev1.ReleaseRequest{Name: "db", PermitId: g.GetPermitId()}, new(sluicev1.ReleaseResponse)); status.Code(err) != codes.NotFound {
 		t.Errorf("second Release: %v; want NOT_FOUND", err)
+	}
+	if err := invoke(ctx, cc, "Holders", &sluicev1.HoldersRequest{Name: "db"}, &hs); err != nil || len(hs.GetHolders()) != 0 {
+		t.Errorf("Holders after the release = %v, %v; want none", &hs, err)
 	}
 }
 

@@ -668,8 +668,8 @@ type remoteNotifier struct {
 
 func (s *remoteNotifier) Watch(ctx context.Context) (<-chan string, error) { return s.n.Watch(ctx) }
 
-// Holders returns the number of remote holders this process runs.
-func (s *Service) Holders() int {
+// LeaseHolders returns the number of remote lease holders this process runs.
+func (s *Service) LeaseHolders() int {
 	if s.leases == nil {
 		return 0
 	}

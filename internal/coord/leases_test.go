@@ -111,7 +111,7 @@ func TestLeasesShareAndSilence(t *testing.T) {
 		close(stopB)
 		last := watchFor(t, s, "db", b.HolderID, func(g LeaseGrant) bool { return len(g.Leases) == 5 })
 		silent := time.Now()
-		for s.Holders() == 2 {
+		for s.LeaseHolders() == 2 {
 			time.Sleep(10 * time.Millisecond)
 		}
 		if gone := time.Since(silent); gone > ttl+time.Second {
@@ -230,8 +230,8 @@ func TestLeaseLeave(t *testing.T) {
 				t.Errorf("lease %+v still valid after Leave", l)
 			}
 		}
-		if s.Holders() != 0 {
-			t.Errorf("%d holders after Leave, want 0", s.Holders())
+		if s.LeaseHolders() != 0 {
+			t.Errorf("%d holders after Leave, want 0", s.LeaseHolders())
 		}
 		if err := s.Leave(ctx, "db", a.HolderID); code(t, err) != NotFound {
 			t.Errorf("second Leave: %v, want NotFound", err)
@@ -313,8 +313,8 @@ func TestLeaseBounds(t *testing.T) {
 				t.Errorf("%s: %v; want Invalid naming %q", tc.name, err, tc.want)
 			}
 		}
-		if s.Holders() != 0 {
-			t.Fatalf("%d holders after refused joins", s.Holders())
+		if s.LeaseHolders() != 0 {
+			t.Fatalf("%d holders after refused joins", s.LeaseHolders())
 		}
 		a, err := s.Join(ctx, ok)
 		if err != nil {

@@ -39,7 +39,7 @@ func newMetrics(s *Service, reg prometheus.Registerer) (*metrics, error) {
 	}
 	m := &metrics{calls: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_semaphore_calls_total",
-		Help: "Calls of the coordination API's semaphores that reached the service (with the bearer token, when one is set), by method (acquire, renew, release) and outcome (ok, invalid, no_permit, too_many_waiters, not_found, unavailable, gone).",
+		Help: "Calls of the coordination API's semaphores that reached the service (with the bearer token, when one is set), by method (acquire, renew, release, holders) and outcome (ok, invalid, no_permit, too_many_waiters, not_found, unavailable, gone).",
 	}, []string{"method", "outcome"})}
 	m.leaseCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_lease_calls_total",
@@ -48,7 +48,7 @@ func newMetrics(s *Service, reg prometheus.Registerer) (*metrics, error) {
 	holders := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_lease_holders",
 		Help: "Lease holders this process runs for remote clients of the coordination API, over every service.",
-	}, func() float64 { return float64(s.Holders()) })
+	}, func() float64 { return float64(s.LeaseHolders()) })
 	waiting := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_semaphore_waiting",
 		Help: "Acquires of the coordination API waiting for a permit in this process, over every semaphore.",

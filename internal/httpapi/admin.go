@@ -87,6 +87,10 @@ type AdminOptions struct {
 	// StoreStatus, if not nil, reports the store's health for the status
 	// and the dashboard.
 	StoreStatus func(ctx context.Context) *dashboard.StoreStatus
+	// Coordination, if not nil, reports what the coordination API holds
+	// (coord.Service.Status) for the status and the dashboard: its
+	// semaphores seen by this process, with their holders and waiters.
+	Coordination func(ctx context.Context) *dashboard.CoordinationStatus
 
 	// Registerer, if not nil, registers sluice_admin_auth_failures_total
 	// and sluice_admin_auth_refused_total.
@@ -188,7 +192,7 @@ func NewAdmin(opts AdminOptions) (*Admin, error) {
 	if opts.Keys != nil {
 		a.mux.HandleFunc("POST /admin/v1/keys/reset", a.resetKey)
 	}
-	dopts := dashboard.Options{Title: "Sluice", Rules: a.ruleSet, Store: opts.StoreStatus}
+	dopts := dashboard.Options{Title: "Sluice", Rules: a.ruleSet, Store: opts.StoreStatus, Coordination: opts.Coordination}
 	if opts.Top != nil {
 		dopts.Limits = []dashboard.LimitSource{opts.Top}
 		a.mux.HandleFunc("GET /admin/v1/top", a.top)

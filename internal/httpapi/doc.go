@@ -66,7 +66,7 @@
 // ratelimit-headers) for every limit that decided, and Retry-After when the
 // request is denied and could pass later.
 //
-// # POST /v1/semaphores/acquire, /renew, /release
+// # POST /v1/semaphores/acquire, /renew, /release, /holders
 //
 // The coordination API's semaphores (package internal/coord, which
 // serves the same over gRPC), with Options.Semaphores; docs/openapi.yaml
@@ -76,6 +76,14 @@
 //	         200 {"permit_id": "…", "fence": 17, "valid_for_ms": 29400}
 //	renew    {"name": "db", "permit_id": "…", "ttl_ms": 30000}   200 {"valid_for_ms": 29400}
 //	release  {"name": "db", "permit_id": "…"}                    204
+//	holders  {"name": "db"}
+//	         200 {"name": "db", "holders": [{"fence": 17, "weight": 1, "held_for_ms": 1234, "expires_in_ms": 8766}], "waiting": 3}
+//
+// holders lists the permits of the name held now, by fence, never their
+// ids (coord.Service.Holders): "held_for_ms" is absent for a permit whose
+// grant the store did not record (granted by an older serve on Redis),
+// and "waiting" counts the acquires waiting in this replica. A protected
+// service asks it whether the fence it received is still held.
 //
 // Bodies are bounded and decoded as strictly as /v1/check's. A refusal is
 // a problem: 400 outside the bounds, 401 without the bearer token

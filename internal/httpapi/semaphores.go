@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/sluicehq/sluice/dashboard"
 	"github.com/sluicehq/sluice/internal/coord"
 )
 
@@ -37,6 +38,17 @@ type (
 	renewedBody struct {
 		ValidForMs int64 `json:"valid_for_ms"`
 	}
+	holdersBody struct {
+		Name string `json:"name"`
+	}
+	// holdersAnswer lists a name's permits held (fence, weight,
+	// held_for_ms, absent when the store did not record the grant, and
+	// expires_in_ms), never their ids, and this server's waiters.
+	holdersAnswer struct {
+		Name    string                      `json:"name"`
+		Holders []dashboard.SemaphoreHolder `json:"holders"`
+		Waiting int                         `json:"waiting"`
+	}
 )
 
 // semaphoreRoutes registers the semaphore routes of s on mux, behind s's
@@ -48,6 +60,7 @@ func (a *API) semaphoreRoutes(s *coord.Service) {
 	a.coordRoute(s, "/v1/semaphores/acquire", semAcquire)
 	a.coordRoute(s, "/v1/semaphores/renew", semRenew)
 	a.coordRoute(s, "/v1/semaphores/release", semRelease)
+	a.coordRoute(s, "/v1/semaphores/holders", semHolders)
 }
 
 // coordRoute registers POST path, answered by h, behind s's bearer token
@@ -113,6 +126,24 @@ func semRelease(s *coord.Service, w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header()["Cache-Control"] = noStore
 	w.WriteHeader(http.StatusNoContent)
+}
+
+func semHolders(s *coord.Service, w http.ResponseWriter, r *http.Request) {
+	var in holdersBody
+	if err := decodeBodyStrict(body(r), &in, new(strictScan)); err != nil {
+		writeProblem(w, r, http.StatusBadRequest, err.Error())
+		return
+	}
+	h, err := s.Holders(r.Context(), in.Name)
+	if err != nil {
+		semError(w, r, err)
+		return
+	}
+	out := holdersAnswer{Name: h.Name, Holders: make([]dashboard.SemaphoreHolder, 0, len(h.Holders)), Waiting: h.Waiting}
+	for _, p := range h.Holders {
+		out.Holders = append(out.Holders, coord.ViewHolder(p))
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 // millis converts milliseconds to a Duration, saturating, so that a

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -76,11 +77,45 @@ func TestSemaphoreRoutes(t *testing.T) {
 		{"renew", `{"name":"a","permit_id":"AAAAAAAAAAAAAAAAAAAAAAAAAA"}`, `no permit with this id`, 404},
 		{"release", `{"name":"a","permit_id":"` + id + `","ttl_ms":1}`, `unknown field "ttl_ms"`, 400},
 		{"release", `{"name":"b","permit_id":"` + id + `"}`, `no permit with this id`, 404},
+		{"holders", `{"name":"a","permit_id":"` + id + `"}`, `unknown field "permit_id"`, 400},
+		{"holders", `{"name":""}`, `name is empty`, 400},
+		{"holders", `{}`, `name is empty`, 400},
 	} {
 		w, p := semPost(t, f, tc.op, "tok", tc.body)
 		if w.Code != tc.code || w.Header().Get("Content-Type") != "application/problem+json" || !strings.Contains(p["detail"].(string), tc.detail) {
 			t.Errorf("%s %.60s: %d %v; want %d saying %q", tc.op, tc.body, w.Code, p, tc.code, tc.detail)
 		}
+	}
+	if w, _ := semPost(t, f, "holders", "", `{"name":"a"}`); w.Code != 401 {
+		t.Errorf("holders without the token: %d", w.Code)
+	}
+	w, hs := semPost(t, f, "holders", "tok", `{"name":"a"}`)
+	if w.Code != 200 || w.Header().Get("Content-Type") != "application/json" {
+		t.Fatalf("holders: %d %v", w.Code, hs)
+	}
+	// Exactly the contract's fields, and never the permit's id.
+	if strings.Contains(w.Body.String(), id) {
+		t.Errorf("holders shows the permit id: %s", w.Body)
+	}
+	var got struct {
+		Name    string                   `json:"name"`
+		Holders []map[string]json.Number `json:"holders"`
+		Waiting int                      `json:"waiting"`
+	}
+	dec := json.NewDecoder(strings.NewReader(w.Body.String()))
+	dec.DisallowUnknownFields()
+	dec.UseNumber()
+	if err := dec.Decode(&got); err != nil {
+		t.Fatalf("holders: %v in %s", err, w.Body)
+	}
+	if got.Name != "a" || got.Waiting != 0 || len(got.Holders) != 1 {
+		t.Fatalf("holders = %s, want a's one holder", w.Body)
+	}
+	h := got.Holders[0]
+	held, _ := h["held_for_ms"].Int64()
+	exp, _ := h["expires_in_ms"].Int64()
+	if len(h) != 4 || h["fence"] != "1" || h["weight"] != "1" || held < 0 || exp <= 2000 || exp > 3000 {
+		t.Errorf("holder = %v, want fence 1, weight 1, held_for_ms >= 0, expires_in_ms in (2000, 3000] (renewed for 3 s)", h)
 	}
 	if w, _ := semPost(t, f, "release", "tok", `{"name":"a","permit_id":"`+id+`"}`); w.Code != http.StatusNoContent || w.Body.Len() != 0 {
 		t.Errorf("release: %d %q", w.Code, w.Body)
@@ -88,10 +123,15 @@ func TestSemaphoreRoutes(t *testing.T) {
 	if w, _ := semPost(t, f, "release", "tok", `{"name":"a","permit_id":"`+id+`"}`); w.Code != http.StatusNotFound {
 		t.Errorf("second release: %d", w.Code)
 	}
+	w, _ = semPost(t, f, "holders", "tok", `{"name":"a"}`)
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, w.Body.Bytes()); w.Code != 200 || err != nil || compact.String() != `{"name":"a","holders":[],"waiting":0}` {
+		t.Errorf("holders after the release: %d %q (%v)", w.Code, w.Body, err)
+	}
 }
 
-// FuzzSemaphoreJSON posts arbitrary bodies to the three semaphore routes:
-// each answer is a grant, a renewal, a release or a problem with a
+// FuzzSemaphoreJSON posts arbitrary bodies to the four semaphore routes:
+// each answer is a grant, a renewal, a release, a listing or a problem with a
 // detail, never a panic or a 5xx; and a body accepted by the strict
 // decoder names the semaphore that encoding/json finds in it, so that no
 // two names reach one semaphore.
@@ -107,7 +147,7 @@ func FuzzSemaphoreJSON(f *testing.F) {
 	}
 	fx := semFixture(f, "", coord.Limits{MaxWait: time.Millisecond})
 	f.Fuzz(func(t *testing.T, body []byte) {
-		for _, op := range []string{"acquire", "renew", "release"} {
+		for _, op := range []string{"acquire", "renew", "release", "holders"} {
 			req := httptest.NewRequest("POST", "/v1/semaphores/"+op, strings.NewReader(string(body)))
 			w := httptest.NewRecorder()
 			fx.api.ServeHTTP(w, req)

@@ -17,6 +17,7 @@ Modes:
                                 WAIT s), send one request with its fence,
                                 print "acquired FENCE STATUS", release.
   errors                        each error answer raises its exception;
+                                holders lists the permit, is_held tells;
                                 hold renews past the TTL and releases;
                                 print "errors ok".
   crowd WAITERS                 one acquire beyond WAITERS waiting is
@@ -96,6 +97,12 @@ def main(mode, base_url, token, name, limit, ttl, *args):
         permit = sem.acquire()
         if not permit.valid() or permit.fence < 1 or len(permit.permit_id) != 26:
             fail(f"odd grant {permit!r}")
+        listing = sem.holders()
+        if [h["fence"] for h in listing["holders"]] != [permit.fence] or listing["waiting"] != 0 \
+                or permit.permit_id in repr(listing) or listing["holders"][0]["expires_in_ms"] <= 0:
+            fail(f"holders {listing!r}, want fence {permit.fence} alone, nobody waiting, no id")
+        if not sem.is_held(permit.fence) or sem.is_held(permit.fence + 1):
+            fail(f"is_held wrong for fence {permit.fence} (held) or {permit.fence + 1} (never granted)")
         expect(sluice.NoPermit, lambda: sem.acquire(weight=int(limit), wait=0.2))
         expect(sluice.BadRequest, lambda: sem.acquire(weight=int(limit) + 1))
         wrong = sluice.Semaphore(base_url, name, int(limit), token="wrong-token")
@@ -107,6 +114,8 @@ def main(mode, base_url, token, name, limit, ttl, *args):
         sem.release(permit)
         if permit.valid():
             fail("a released permit is still valid")
+        if sem.is_held(permit.fence):
+            fail("a released permit is still held")
         expect(sluice.PermitLost, lambda: sem.renew(permit))
         expect(sluice.PermitLost, lambda: sem.release(permit))
         # A renewal that finds the permit lost marks it invalid at once.

@@ -1,7 +1,7 @@
 // Sluice's own coordination API, version 1: distributed semaphores that
 // `sluice serve` holds for programs in any language. The same operations
 // are served as JSON over HTTP (POST /v1/semaphores/acquire, /renew,
-// /release; docs/openapi.yaml).
+// /release, /holders; docs/openapi.yaml).
 //
 // Model. A semaphore is a name and a limit: the weights of the permits
 // held under one name never add up to more than the limit. A permit is
@@ -406,6 +406,190 @@ func (*ReleaseResponse) Descriptor() ([]byte, []int) {
 	return file_sluice_v1_semaphore_proto_rawDescGZIP(), []int{5}
 }
 
+type HoldersRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The semaphore's name.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HoldersRequest) Reset() {
+	*x = HoldersRequest{}
+	mi := &file_sluice_v1_semaphore_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldersRequest) ProtoMessage() {}
+
+func (x *HoldersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_semaphore_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldersRequest.ProtoReflect.Descriptor instead.
+func (*HoldersRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_semaphore_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *HoldersRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type HoldersResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The semaphore's name, as asked.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The unexpired permits, in the order of their grants (by fence).
+	Holders []*Holder `protobuf:"bytes,2,rep,name=holders,proto3" json:"holders,omitempty"`
+	// The acquires waiting on name in the server that answered (each
+	// replica counts its own).
+	Waiting       int64 `protobuf:"varint,3,opt,name=waiting,proto3" json:"waiting,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HoldersResponse) Reset() {
+	*x = HoldersResponse{}
+	mi := &file_sluice_v1_semaphore_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HoldersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HoldersResponse) ProtoMessage() {}
+
+func (x *HoldersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_semaphore_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HoldersResponse.ProtoReflect.Descriptor instead.
+func (*HoldersResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_semaphore_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *HoldersResponse) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *HoldersResponse) GetHolders() []*Holder {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
+func (x *HoldersResponse) GetWaiting() int64 {
+	if x != nil {
+		return x.Waiting
+	}
+	return 0
+}
+
+// Holder is one permit held, without its id.
+type Holder struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The permit's fencing token.
+	Fence uint64 `protobuf:"varint,1,opt,name=fence,proto3" json:"fence,omitempty"`
+	// The permit's weight.
+	Weight int64 `protobuf:"varint,2,opt,name=weight,proto3" json:"weight,omitempty"`
+	// How long ago the permit was granted (renewals keep it), by the
+	// store's clock; unset when the store did not record it (a permit
+	// granted by an older server).
+	HeldFor *durationpb.Duration `protobuf:"bytes,3,opt,name=held_for,json=heldFor,proto3" json:"held_for,omitempty"`
+	// How long the store keeps the permit without a renewal.
+	ExpiresIn     *durationpb.Duration `protobuf:"bytes,4,opt,name=expires_in,json=expiresIn,proto3" json:"expires_in,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Holder) Reset() {
+	*x = Holder{}
+	mi := &file_sluice_v1_semaphore_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Holder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Holder) ProtoMessage() {}
+
+func (x *Holder) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_semaphore_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Holder.ProtoReflect.Descriptor instead.
+func (*Holder) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_semaphore_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *Holder) GetFence() uint64 {
+	if x != nil {
+		return x.Fence
+	}
+	return 0
+}
+
+func (x *Holder) GetWeight() int64 {
+	if x != nil {
+		return x.Weight
+	}
+	return 0
+}
+
+func (x *Holder) GetHeldFor() *durationpb.Duration {
+	if x != nil {
+		return x.HeldFor
+	}
+	return nil
+}
+
+func (x *Holder) GetExpiresIn() *durationpb.Duration {
+	if x != nil {
+		return x.ExpiresIn
+	}
+	return nil
+}
+
 var File_sluice_v1_semaphore_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_semaphore_proto_rawDesc = "" +
@@ -431,11 +615,24 @@ const file_sluice_v1_semaphore_proto_rawDesc = "" +
 	"\x0eReleaseRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tpermit_id\x18\x02 \x01(\tR\bpermitId\"\x11\n" +
-	"\x0fReleaseResponse2\xd2\x01\n" +
+	"\x0fReleaseResponse\"$\n" +
+	"\x0eHoldersRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"l\n" +
+	"\x0fHoldersResponse\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12+\n" +
+	"\aholders\x18\x02 \x03(\v2\x11.sluice.v1.HolderR\aholders\x12\x18\n" +
+	"\awaiting\x18\x03 \x01(\x03R\awaiting\"\xa6\x01\n" +
+	"\x06Holder\x12\x14\n" +
+	"\x05fence\x18\x01 \x01(\x04R\x05fence\x12\x16\n" +
+	"\x06weight\x18\x02 \x01(\x03R\x06weight\x124\n" +
+	"\bheld_for\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\aheldFor\x128\n" +
+	"\n" +
+	"expires_in\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\texpiresIn2\x94\x02\n" +
 	"\x10SemaphoreService\x12@\n" +
 	"\aAcquire\x12\x19.sluice.v1.AcquireRequest\x1a\x1a.sluice.v1.AcquireResponse\x12:\n" +
 	"\x05Renew\x12\x17.sluice.v1.RenewRequest\x1a\x18.sluice.v1.RenewResponse\x12@\n" +
-	"\aRelease\x12\x19.sluice.v1.ReleaseRequest\x1a\x1a.sluice.v1.ReleaseResponseB=Z;github.com/sluicehq/sluice/internal/coord/sluicev1;sluicev1b\x06proto3"
+	"\aRelease\x12\x19.sluice.v1.ReleaseRequest\x1a\x1a.sluice.v1.ReleaseResponse\x12@\n" +
+	"\aHolders\x12\x19.sluice.v1.HoldersRequest\x1a\x1a.sluice.v1.HoldersResponseB=Z;github.com/sluicehq/sluice/internal/coord/sluicev1;sluicev1b\x06proto3"
 
 var (
 	file_sluice_v1_semaphore_proto_rawDescOnce sync.Once
@@ -449,7 +646,7 @@ func file_sluice_v1_semaphore_proto_rawDescGZIP() []byte {
 	return file_sluice_v1_semaphore_proto_rawDescData
 }
 
-var file_sluice_v1_semaphore_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_sluice_v1_semaphore_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_sluice_v1_semaphore_proto_goTypes = []any{
 	(*AcquireRequest)(nil),      // 0: sluice.v1.AcquireRequest
 	(*AcquireResponse)(nil),     // 1: sluice.v1.AcquireResponse
@@ -457,25 +654,33 @@ var file_sluice_v1_semaphore_proto_goTypes = []any{
 	(*RenewResponse)(nil),       // 3: sluice.v1.RenewResponse
 	(*ReleaseRequest)(nil),      // 4: sluice.v1.ReleaseRequest
 	(*ReleaseResponse)(nil),     // 5: sluice.v1.ReleaseResponse
-	(*durationpb.Duration)(nil), // 6: google.protobuf.Duration
+	(*HoldersRequest)(nil),      // 6: sluice.v1.HoldersRequest
+	(*HoldersResponse)(nil),     // 7: sluice.v1.HoldersResponse
+	(*Holder)(nil),              // 8: sluice.v1.Holder
+	(*durationpb.Duration)(nil), // 9: google.protobuf.Duration
 }
 var file_sluice_v1_semaphore_proto_depIdxs = []int32{
-	6, // 0: sluice.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
-	6, // 1: sluice.v1.AcquireRequest.wait:type_name -> google.protobuf.Duration
-	6, // 2: sluice.v1.AcquireResponse.valid_for:type_name -> google.protobuf.Duration
-	6, // 3: sluice.v1.RenewRequest.ttl:type_name -> google.protobuf.Duration
-	6, // 4: sluice.v1.RenewResponse.valid_for:type_name -> google.protobuf.Duration
-	0, // 5: sluice.v1.SemaphoreService.Acquire:input_type -> sluice.v1.AcquireRequest
-	2, // 6: sluice.v1.SemaphoreService.Renew:input_type -> sluice.v1.RenewRequest
-	4, // 7: sluice.v1.SemaphoreService.Release:input_type -> sluice.v1.ReleaseRequest
-	1, // 8: sluice.v1.SemaphoreService.Acquire:output_type -> sluice.v1.AcquireResponse
-	3, // 9: sluice.v1.SemaphoreService.Renew:output_type -> sluice.v1.RenewResponse
-	5, // 10: sluice.v1.SemaphoreService.Release:output_type -> sluice.v1.ReleaseResponse
-	8, // [8:11] is the sub-list for method output_type
-	5, // [5:8] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	9,  // 0: sluice.v1.AcquireRequest.ttl:type_name -> google.protobuf.Duration
+	9,  // 1: sluice.v1.AcquireRequest.wait:type_name -> google.protobuf.Duration
+	9,  // 2: sluice.v1.AcquireResponse.valid_for:type_name -> google.protobuf.Duration
+	9,  // 3: sluice.v1.RenewRequest.ttl:type_name -> google.protobuf.Duration
+	9,  // 4: sluice.v1.RenewResponse.valid_for:type_name -> google.protobuf.Duration
+	8,  // 5: sluice.v1.HoldersResponse.holders:type_name -> sluice.v1.Holder
+	9,  // 6: sluice.v1.Holder.held_for:type_name -> google.protobuf.Duration
+	9,  // 7: sluice.v1.Holder.expires_in:type_name -> google.protobuf.Duration
+	0,  // 8: sluice.v1.SemaphoreService.Acquire:input_type -> sluice.v1.AcquireRequest
+	2,  // 9: sluice.v1.SemaphoreService.Renew:input_type -> sluice.v1.RenewRequest
+	4,  // 10: sluice.v1.SemaphoreService.Release:input_type -> sluice.v1.ReleaseRequest
+	6,  // 11: sluice.v1.SemaphoreService.Holders:input_type -> sluice.v1.HoldersRequest
+	1,  // 12: sluice.v1.SemaphoreService.Acquire:output_type -> sluice.v1.AcquireResponse
+	3,  // 13: sluice.v1.SemaphoreService.Renew:output_type -> sluice.v1.RenewResponse
+	5,  // 14: sluice.v1.SemaphoreService.Release:output_type -> sluice.v1.ReleaseResponse
+	7,  // 15: sluice.v1.SemaphoreService.Holders:output_type -> sluice.v1.HoldersResponse
+	12, // [12:16] is the sub-list for method output_type
+	8,  // [8:12] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_semaphore_proto_init() }
@@ -489,7 +694,7 @@ func file_sluice_v1_semaphore_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_semaphore_proto_rawDesc), len(file_sluice_v1_semaphore_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -48,6 +48,10 @@ type estimator struct {
 	demand      float64   // units/s
 	need, want  int
 	lastTick    time.Time // the last look; zero before the first
+	// stated is set by setStated: the demand is the one a caller states
+	// (Holder.SetDemand), its rate statedRate, not the Limiter's counts.
+	stated     bool
+	statedRate float64 // units/s
 }
 
 func newEstimator(cfg Options) estimator {
@@ -75,6 +79,17 @@ type bucket struct {
 
 // setBacklog sets the units waiting to be sent by the caller.
 func (e *estimator) setBacklog(n int) { e.backlog = int64(max(0, n)) }
+
+// setStated states the demand: rate units/s arrive and backlog units wait,
+// held back for want of rate. From then on the estimate is this stated
+// demand, not what the Limiter counts (see Holder.SetDemand).
+func (e *estimator) setStated(rate float64, backlog int) {
+	if !(rate >= 0) || math.IsInf(rate, 1) {
+		rate = 0
+	}
+	e.stated, e.statedRate = true, rate
+	e.setBacklog(backlog)
+}
 
 // ask counts n units asked for (admitted or not).
 func (e *estimator) ask(n int) { e.requested += int64(max(0, n)) }
@@ -156,6 +171,9 @@ func (e *estimator) estimate(now time.Time, b bucket) (need, want int) {
 	}
 	e.lastTick = now
 	e.lastBacklog = e.backlog
+	if e.stated {
+		return e.estimateStated(b)
+	}
 	e.demand = e.arrival + float64(e.backlog+e.waiting)/e.drainTime.Seconds()
 	e.need = e.partitionsFor(e.demand, b)
 	e.want = e.partitionsFor(e.demand*(1+e.headroom), b)
@@ -171,6 +189,27 @@ func (e *estimator) estimate(now time.Time, b bucket) (need, want int) {
 		}
 		e.need = max(e.need, even)
 		e.want = max(e.want, e.need)
+	}
+	return e.need, e.want
+}
+
+// estimateStated is estimate's end for a stated demand: the demand is
+// the stated rate plus the backlog ÷ DrainTime, and need and want follow
+// from it as from a counted one, except that a backlog is units held back
+// for want of rate (the caller that states it paces itself at the rate it
+// is given, and holds back only what that rate does not let through):
+// like callers blocked in WaitN on a limiter they use to the full, it
+// makes need and want all the partitions (those under the ceiling), and
+// water-filling gives the holder its fair share at once.
+func (e *estimator) estimateStated(b bucket) (need, want int) {
+	e.arrival = e.statedRate
+	e.demand = e.statedRate + float64(e.backlog)/e.drainTime.Seconds()
+	e.need = e.partitionsFor(e.demand, b)
+	e.want = e.partitionsFor(e.demand*(1+e.headroom), b)
+	if e.backlog > 0 {
+		// All, or what the throttle controller's ceiling lets through.
+		e.need = e.partitionsFor(math.Inf(1), b)
+		e.want = e.need
 	}
 	return e.need, e.want
 }

@@ -120,3 +120,47 @@ func TestEstimatorUsed(t *testing.T) {
 		t.Errorf("offered %v, want 25", e.offered)
 	}
 }
+
+// TestEstimatorStated steps a stated demand (Holder.SetDemand) through
+// fixed instants, with the C = 1000 in 10 partitions of TestEstimator: the
+// stated rate is the arrival rate at once (no average), the Limiter's
+// counts no longer count, and a backlog wants every partition under the
+// ceiling.
+func TestEstimatorStated(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC)
+	cfg := Options{Capacity: 1000, Partitions: 10, RenewEvery: time.Second,
+		RateWindow: 2 * time.Second, DrainTime: 10 * time.Second, Headroom: 0.25}
+	full := bucket{limit: 980, burst: 10, window: time.Second, ceiling: math.Inf(1)}
+	e := newEstimator(cfg)
+	e.offer(t0, -1)
+	for i, s := range []struct {
+		do         func(e *estimator)
+		b          bucket
+		demand     float64
+		need, want int
+	}{
+		// 300/s stated: ⌈300/98⌉ = 4, ⌈375/98⌉ = 4.
+		{func(e *estimator) { e.setStated(300, 0) }, full, 300, 4, 4},
+		// What the Limiter counts is ignored, waiters and saturation too.
+		{func(e *estimator) { e.ask(5000); e.admit(5000); e.enter(3); e.block() }, full, 300, 4, 4},
+		// A backlog: demand adds backlog ÷ DrainTime, and need and want
+		// are every partition.
+		{func(e *estimator) { e.leave(3); e.setStated(0, 50) }, full, 5, 10, 10},
+		// ... those under the ceiling only.
+		{nil, bucket{limit: 980, burst: 10, window: time.Second, ceiling: 200}, 5, 3, 3},
+		// Nothing stated: nothing needed, at once.
+		{func(e *estimator) { e.setStated(0, 0) }, full, 0, 0, 0},
+		// A rate that means nothing counts as 0; a negative backlog too.
+		{func(e *estimator) { e.setStated(math.NaN(), -7) }, full, 0, 0, 0},
+		{func(e *estimator) { e.setStated(math.Inf(1), 0) }, full, 0, 0, 0},
+		{func(e *estimator) { e.setStated(-1, 0) }, full, 0, 0, 0},
+	} {
+		if s.do != nil {
+			s.do(&e)
+		}
+		need, want := e.estimate(t0.Add(time.Duration(i+1)*time.Second), s.b)
+		if math.Abs(e.demand-s.demand) > 1e-9 || need != s.need || want != s.want {
+			t.Fatalf("step %d: demand %.4f need %d want %d; want %.4f, %d, %d", i, e.demand, need, want, s.demand, s.need, s.want)
+		}
+	}
+}

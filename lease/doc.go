@@ -46,6 +46,14 @@
 // second split evenly from the first second on; 87 in the first second
 // when notifications are lost, then the same).
 //
+// A caller that paces itself instead of calling the Limiter (sluice serve
+// holds a Holder for each program that leases over its API, in any
+// language) states its demand with SetDemand: a rate and a backlog of
+// units held back for want of rate, which replace what the Limiter
+// counts (a backlog counts as callers blocked on a limiter used to the
+// full). It reads what to pace with from AllowanceAt: the rate, the token
+// bucket the Limiter would admit from, the window and the deadline.
+//
 // # Pacing to the service's window
 //
 // A service that counts in fixed windows refuses whatever one window

@@ -60,7 +60,8 @@ type Stats struct {
 //
 //   - estimates the demand: the arrival rate of units at the limiter
 //     (an average that rises fast and decays over RateWindow) plus the
-//     backlog (SetBacklog, and units waiting in WaitN) ÷ DrainTime; the
+//     backlog (SetBacklog, and units waiting in WaitN) ÷ DrainTime, or
+//     the demand its caller states (SetDemand) when it paces itself; the
 //     partitions it needs are the fewest whose rate, as the Limiter paces
 //     it, covers the demand, and it wants those that cover demand ×
 //     (1 + Headroom), at most P and never above the throttle ceiling.
@@ -199,6 +200,72 @@ func (h *Holder) SetBacklog(n int) {
 	h.mu.Lock()
 	h.dem.setBacklog(n)
 	h.mu.Unlock()
+}
+
+// SetDemand states the holder's demand, for a caller that paces itself
+// rather than through the Limiter (sluice serve holds a Holder for a
+// program in another process, which states its demand over the network):
+// rate units a second arrive, and backlog units wait, held back for want
+// of rate. From the first call on, the demand estimate is the demand
+// stated last instead of what the Limiter counted: the arrival rate is
+// rate, the demand rate + backlog ÷ DrainTime, and a backlog above 0
+// counts as callers blocked on a limiter they use to the full (need and
+// want all P, within the ceiling), so that water-filling gives the holder
+// its fair share at once. A negative, NaN or infinite rate counts as 0, a
+// negative backlog as 0. Run's next round publishes it; call Wake to
+// make that round start now.
+func (h *Holder) SetDemand(rate float64, backlog int) {
+	h.mu.Lock()
+	h.dem.setStated(rate, backlog)
+	h.mu.Unlock()
+}
+
+// Wake asks Run to look at once (at most every fiftieth of a period), as
+// a caller waiting with no capacity does: after SetDemand, so that a
+// demand that grew is published without waiting for the period's end.
+func (h *Holder) Wake() {
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
+}
+
+// An Allowance is what a caller that paces itself (see SetDemand) needs
+// of a Holder at one instant: the rate it may use, the token bucket that
+// paces it to the downstream's window as the Limiter would, and until
+// when.
+type Allowance struct {
+	// Rate is the holder's rate (Stats.Rate): the capacity of its valid
+	// leases and its reserved capacity, under the ceiling.
+	Rate float64
+	// Limit and Burst are the token bucket the Limiter admits from at
+	// Rate: a caller that admits units from a bucket of this rate and
+	// burst (new capacity starting empty: tokens are earned, not given)
+	// sends no window of Window more than Rate's share (see "Pacing to
+	// the service's window" in the package documentation).
+	Limit float64
+	Burst int
+	// Window is the downstream's window the bucket paces to; 0 when it
+	// does not.
+	Window time.Duration
+	// Deadline is when the rate falls next unless the leases are renewed
+	// first: the earliest deadline of the valid leases, on this process's
+	// monotonic clock; zero when no lease is held.
+	Deadline time.Time
+	// Changed is closed when any of the above changes: after a round that
+	// acquired, renewed, released or lost leases, and, once Deadline has
+	// passed without a renewal, at the first call that sees it (a caller
+	// waiting on Changed calls AllowanceAt again at Deadline).
+	Changed <-chan struct{}
+}
+
+// AllowanceAt returns the holder's allowance at now.
+func (h *Holder) AllowanceAt(now time.Time) Allowance {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.refreshDueLocked(now)
+	return Allowance{Rate: h.pace.rate, Limit: max(0, h.pace.limit), Burst: h.pace.lim.Burst(),
+		Window: h.pace.window, Deadline: h.horizon, Changed: h.changed}
 }
 
 // Stats returns the holder's figures now.

@@ -646,3 +646,65 @@ func TestLooksAgainAfterContention(t *testing.T) {
 		}
 	})
 }
+
+// TestStatedDemand runs two holders on one MemoryStore, in a bubble,
+// whose callers pace themselves and state their demand (SetDemand): with
+// backlogs they share the partitions evenly; when one states none, the
+// other takes them all. AllowanceAt reports the rate, the bucket that
+// paces it, a deadline a validity ahead, and a Changed that closes.
+func TestStatedDemand(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		mem := NewMemoryStore()
+		opts := Options{Capacity: 1000, Partitions: 10, TTL: 3 * time.Second}
+		a, err := NewHolder(mem, Options{ID: "a", Capacity: opts.Capacity, Partitions: opts.Partitions, TTL: opts.TTL, Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := NewHolder(mem, Options{ID: "b", Capacity: opts.Capacity, Partitions: opts.Partitions, TTL: opts.TTL, Seed: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := a.AllowanceAt(time.Now())
+		if first.Rate != 0 || !first.Deadline.IsZero() {
+			t.Fatalf("before Run: %+v, want no rate and no deadline", first)
+		}
+		a.SetDemand(0, 10000)
+		b.SetDemand(0, 10000)
+		ctx, cancel := context.WithCancel(context.Background())
+		var wg sync.WaitGroup
+		for _, h := range []*Holder{a, b} {
+			wg.Go(func() { _ = h.Run(ctx) })
+		}
+		time.Sleep(5 * time.Second) // virtual: a few periods
+		synctest.Wait()
+		now := time.Now()
+		for _, h := range []*Holder{a, b} {
+			al := h.AllowanceAt(now)
+			limit, burst := pacing(500, time.Second)
+			if al.Rate != 500 || al.Limit != limit || al.Burst != burst || al.Window != time.Second {
+				t.Errorf("%s: %+v, want 500/s paced at %v with burst %d in 1s windows", h.ID(), al, limit, burst)
+			}
+			if left := al.Deadline.Sub(now); left <= 0 || left > h.Options().validity() {
+				t.Errorf("%s: deadline %v ahead, want within the validity %v", h.ID(), left, h.Options().validity())
+			}
+		}
+		select {
+		case <-first.Changed:
+		default:
+			t.Error("the first allowance's Changed is still open after the rate changed")
+		}
+		b.SetDemand(0, 0)
+		b.Wake()
+		time.Sleep(5 * time.Second)
+		synctest.Wait()
+		now = time.Now()
+		if ra, rb := a.AllowanceAt(now).Rate, b.AllowanceAt(now).Rate; ra != 1000 || rb != 0 {
+			t.Errorf("after b stated no demand: a %v/s, b %v/s; want 1000 and 0", ra, rb)
+		}
+		if st := b.StatsAt(now); st.Demand != 0 || st.Need != 0 {
+			t.Errorf("b's stats: demand %v need %d, want 0 and 0", st.Demand, st.Need)
+		}
+		cancel()
+		wg.Wait()
+	})
+}

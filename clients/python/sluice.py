@@ -1,10 +1,11 @@
-"""A client of Sluice's distributed semaphores and paced rate limits,
-standard library only.
+"""A client of Sluice's distributed semaphores, paced rate limits and
+capacity leases, standard library only.
 
 It speaks the JSON/HTTP API that ``sluice serve`` answers
-(POST /v1/semaphores/acquire, /renew and /release; docs/openapi.yaml in
-the repository) and nothing else. Copy this one file into a program, or
-put its directory on PYTHONPATH.
+(POST /v1/semaphores/acquire, /renew and /release; POST /v1/reserve;
+POST /v1/leases/join, /demand, /watch and /leave; docs/openapi.yaml in
+the repository) and nothing else. Copy this one file into a program, or put its directory on
+PYTHONPATH.
 
     sem = Semaphore("http://127.0.0.1:8080", "reports-db", limit=3, ttl=30)
     with sem.hold(wait=5) as permit:      # renewed in the background
@@ -18,6 +19,13 @@ a limit never retry into 429s.
     limits = RateLimits("http://127.0.0.1:8080")
     limits.pace("api", [{"tenant": "acme"}], cost=1, max_wait=5)  # sleeps
     ...                                   # now send
+
+    # Share a downstream's 500 requests a second with the other holders.
+    holder = LeaseHolder("http://127.0.0.1:8080", "billing-api", capacity=500, partitions=20)
+    with holder.run(demand=lambda: (0, len(queue))):  # heartbeats and watch in the background
+        while queue:
+            holder.pacer.acquire()        # paced at the granted rate
+            send(queue.pop())
 
 Durations are in seconds (floats); the API's milliseconds are converted.
 A permit's validity is kept on time.monotonic(), from when the request
@@ -49,6 +57,11 @@ __all__ = [
     "NoPermit",
     "TooManyWaiters",
     "Unavailable",
+    "HolderLost",
+    "TooManyHolders",
+    "LeaseHolder",
+    "LeaseGrant",
+    "Pacer",
     "FENCING_TOKEN_HEADER",
     "FENCING_RESOURCE_HEADER",
     "RateLimits",
@@ -102,6 +115,17 @@ class Unavailable(SluiceError):
     """503: the store could not be reached, or serve is shutting down."""
 
 
+class HolderLost(PermitLost):
+    """404 from a lease call: the holder id names no holder of the service
+    on this server (it left, went silent for longer than its TTL, or
+    joined another server). Join again."""
+
+
+class TooManyHolders(TooManyWaiters):
+    """429 from a lease join: the service has as many holders as the
+    server allows, or the server keeps as many services as it allows."""
+
+
 _ERRORS = {
     400: BadRequest,
     401: Unauthorized,
@@ -110,6 +134,8 @@ _ERRORS = {
     429: TooManyWaiters,
     503: Unavailable,
 }
+
+_LEASE_ERRORS = {**_ERRORS, 404: HolderLost, 429: TooManyHolders}
 
 
 class Permit:
@@ -312,14 +338,14 @@ def _millis(seconds):
     return max(int(round(seconds * 1000)), 0)
 
 
-def _error(status, body):
+def _error(status, body, errors=None):
     title, detail = "", ""
     try:
         problem = json.loads(body)
         title, detail = str(problem.get("title", "")), str(problem.get("detail", ""))
     except (ValueError, AttributeError):
         detail = body[:200].decode("utf-8", "replace")
-    return _ERRORS.get(status, SluiceError)(status, title, detail)
+    return (errors or _ERRORS).get(status, SluiceError)(status, title, detail)
 
 
 # Paced waiting (POST /v1/reserve).
@@ -414,3 +440,302 @@ class RateLimits:
 def _descriptor(d):
     items = d.items() if isinstance(d, dict) else d
     return {"entries": [{"key": str(k), "value": str(v)} for k, v in items]}
+
+
+def _post(base_url, token, path, body, timeout, errors=None):
+    headers = {"Content-Type": "application/json", "Accept": "application/json"}
+    if token is not None:
+        headers["Authorization"] = "Bearer " + token
+    req = urllib.request.Request(base_url + path, data=json.dumps(body).encode(), headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            data = resp.read()
+    except urllib.error.HTTPError as e:
+        try:
+            raise _error(e.code, e.read(), errors) from None
+        finally:
+            e.close()
+    return json.loads(data) if data else None
+
+
+class LeaseGrant:
+    """What a lease holder may use, as one answer of serve gave it.
+
+    rate is the capacity of its valid leases (units a second); pace_rate
+    and burst the token bucket to pace with, so that no window of window
+    seconds receives more than its share; valid_until the
+    time.monotonic() instant until which it may use them (counted from
+    when the request was sent, or a watch's answer received); version
+    grows with every change; leases the (partition, epoch) pairs held.
+    """
+
+    def __init__(self, answer, since):
+        self.holder_id = answer["holder_id"]
+        self.version = answer["version"]
+        self.rate = answer["rate"]
+        self.pace_rate = answer["pace_rate"]
+        self.burst = answer["burst"]
+        self.window = answer["window_ms"] / 1000
+        self.valid_until = since + answer["valid_for_ms"] / 1000
+        self.leases = [(x["partition"], x["epoch"]) for x in answer["leases"]]
+
+    def valid(self):
+        """Whether the grant may still be used, by the monotonic clock now."""
+        return time.monotonic() < self.valid_until
+
+    def __repr__(self):
+        # The holder id is a secret: not shown.
+        return (f"LeaseGrant(version={self.version}, rate={self.rate}, pace_rate={self.pace_rate}, "
+                f"burst={self.burst}, leases={len(self.leases)}, valid={self.valid()})")
+
+
+class Pacer:
+    """A token bucket at a lease holder's granted rate and burst.
+
+    Tokens are earned at pace_rate up to burst, never given: capacity
+    that grows starts empty, and a burst that shrinks drops the tokens
+    above it. Nothing is earned past the grant's valid_until, and
+    acquire lets nothing through after it: a holder cut off from serve
+    stops when the last validity it was told ends, on the monotonic clock.
+    """
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._turn = threading.Lock()  # held by the one caller waiting for tokens
+        self._rate = 0.0
+        self._burst = 0
+        self._tokens = 0.0
+        self._last = time.monotonic()
+        self._until = float("-inf")
+        self._closed = False
+
+    def update(self, grant):
+        """Pace by grant from now on."""
+        with self._cond:
+            self._advance(time.monotonic())
+            self._rate, self._burst = max(grant.pace_rate, 0.0), max(grant.burst, 0)
+            self._tokens = min(self._tokens, self._burst)
+            self._until = grant.valid_until
+            self._cond.notify_all()
+
+    def close(self):
+        """Wake every caller of acquire: they return False."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def _advance(self, now):
+        earn_to = min(now, self._until)
+        if earn_to > self._last:
+            self._tokens = min(self._burst, self._tokens + self._rate * (earn_to - self._last))
+        self._last = max(self._last, now)
+
+    def acquire(self, n=1, timeout=None):
+        """Take n tokens, waiting for them (at most timeout seconds when it
+        is not None); return whether they were taken (False after the
+        timeout, or once closed). Callers take turns: one at a time waits
+        for the tokens, the others for their turn."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._turn.acquire(timeout=-1 if deadline is None else max(deadline - time.monotonic(), 0)):
+            return False
+        try:
+            with self._cond:
+                while not self._closed:
+                    now = time.monotonic()
+                    self._advance(now)
+                    if now < self._until and self._tokens >= n:
+                        self._tokens -= n
+                        return True
+                    if now < self._until and self._rate > 0 and n <= self._burst:
+                        wait = min((n - self._tokens) / self._rate, self._until - now)
+                    else:
+                        wait = 1.0  # no valid grant that could serve n: wait for an update
+                    if deadline is not None:
+                        if now >= deadline:
+                            return False
+                        wait = min(wait, deadline - now)
+                    self._cond.wait(max(wait, 0.0005))
+                return False
+        finally:
+            self._turn.release()
+
+
+class LeaseHolder:
+    """A holder of capacity leases on a downstream service, held by
+    sluice serve at base_url.
+
+    service names the downstream; capacity (units a second) and partitions
+    must be the same for every holder of it. ttl is the holder's TTL in
+    seconds (None: serve's default): it must state its demand at least
+    this often, and a holder silent for longer is ended and its leases
+    expire. window is the downstream's counting window in seconds (None:
+    one). timeout bounds every HTTP call, beyond a watch's wait.
+
+    join, demand, watch and leave are the API's calls; run does them in
+    background threads and keeps pacer (a Pacer) up to date.
+    """
+
+    def __init__(self, base_url, service, capacity, partitions, ttl=None, weight=None, window=None,
+                 token=None, timeout=5.0):
+        if timeout <= 0 or (ttl is not None and ttl <= 0):
+            raise ValueError("ttl and timeout must be positive")
+        self.base_url = base_url.rstrip("/")
+        self.service = service
+        self.capacity = capacity
+        self.partitions = partitions
+        self.ttl = ttl
+        self.weight = weight
+        self.window = window
+        self.token = token
+        self.timeout = timeout
+        self.pacer = Pacer()
+        self._lock = threading.Lock()
+        self.grant = None  # the newest LeaseGrant
+        self._applied = 0  # the newest version the pacer paces by
+
+    @property
+    def holder_id(self):
+        return self.grant.holder_id if self.grant else None
+
+    def _take(self, answer, since):
+        """Make answer the grant if it is as new as the one held, pace by
+        it, and return the grant held."""
+        g = LeaseGrant(answer, since)
+        with self._lock:
+            cur = self.grant
+            if cur is None or g.version > cur.version or (g.version == cur.version and g.valid_until > cur.valid_until):
+                self.grant = g
+                self.pacer.update(g)
+                self._applied = max(self._applied, g.version)
+            return self.grant
+
+    def join(self, rate=0.0, backlog=0):
+        """Join the service, stating a first demand; return the first
+        LeaseGrant (no leases yet: they come through watch).
+
+        Raises TooManyHolders, BadRequest and the other SluiceErrors."""
+        body = {"service": self.service, "capacity": self.capacity, "partitions": self.partitions,
+                "rate": rate, "backlog": int(backlog)}
+        if self.ttl is not None:
+            body["ttl_ms"] = _millis(self.ttl)
+        if self.weight is not None:
+            body["weight"] = self.weight
+        if self.window is not None:
+            body["window_ms"] = _millis(self.window)
+        sent = time.monotonic()
+        answer = _post(self.base_url, self.token, "/v1/leases/join", body, self.timeout, _LEASE_ERRORS)
+        with self._lock:
+            self.grant, self._applied = None, 0
+        return self._take(answer, sent)
+
+    def demand(self, rate=0.0, backlog=0):
+        """State the demand: rate units a second arriving, backlog units
+        held back for want of rate (with a backlog, the holder asks for
+        its whole fair share). It is the holder's heartbeat, and tells
+        serve the newest grant the pacer paces by, so that what that grant
+        took away goes to the others. Return the newest LeaseGrant.
+
+        Raises HolderLost when serve no longer holds the holder."""
+        with self._lock:
+            body = {"service": self.service, "holder_id": self.holder_id, "rate": rate,
+                    "backlog": int(backlog), "version": self._applied}
+        sent = time.monotonic()
+        answer = _post(self.base_url, self.token, "/v1/leases/demand", body, self.timeout, _LEASE_ERRORS)
+        return self._take(answer, sent)
+
+    def watch(self, wait=5.0):
+        """Wait up to wait seconds for the grant to change (a long poll),
+        and return the newest LeaseGrant."""
+        with self._lock:
+            body = {"service": self.service, "holder_id": self.holder_id, "version": self._applied,
+                    "wait_ms": _millis(wait)}
+        answer = _post(self.base_url, self.token, "/v1/leases/watch", body, self.timeout + wait, _LEASE_ERRORS)
+        # A watch's answer may have waited: its validity counts from now.
+        return self._take(answer, time.monotonic())
+
+    def leave(self):
+        """Leave the service: its leases go to the others at once. Stop
+        sending first. Raises HolderLost when it had ended already."""
+        try:
+            _post(self.base_url, self.token, "/v1/leases/leave",
+                  {"service": self.service, "holder_id": self.holder_id}, self.timeout, _LEASE_ERRORS)
+        finally:
+            self.pacer.close()
+
+    def run(self, demand=lambda: (0.0, 0), beat=None, wait=5.0):
+        """A context manager that joins (unless joined already), states
+        demand() (a (rate, backlog) pair) every beat seconds (a quarter of
+        the TTL, or of serve's default of 3 s, when None) and watches the
+        grant in background threads, and leaves on exit.
+
+        The threads stop when serve no longer holds the holder
+        (HolderLost; the Running's error says so), and the pacer then
+        lets nothing through once the last grant's validity has ended.
+        """
+        return Running(self, demand, beat, wait)
+
+
+class Running:
+    """The context manager of LeaseHolder.run (see there)."""
+
+    def __init__(self, holder, demand, beat, wait):
+        self._h = holder
+        self._demand = demand
+        self._beat = beat if beat is not None else (holder.ttl or 3.0) / 4
+        self._wait = wait
+        self._stop = threading.Event()
+        self._left = False
+        self._threads = []
+        self.error = None  # the exception that stopped the threads, if any
+
+    def __enter__(self):
+        if self._h.grant is None:
+            rate, backlog = self._demand()
+            self._h.join(rate, backlog)
+        for target, name in ((self._beats, "beat"), (self._watches, "watch")):
+            t = threading.Thread(target=target, name=f"sluice-lease-{name}-{self._h.service}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self._h
+
+    def _beats(self):
+        while not self._stop.is_set():
+            try:
+                rate, backlog = self._demand()
+                self._h.demand(rate, backlog)
+            except HolderLost as e:
+                self._fail(e)
+                return
+            except (SluiceError, OSError):
+                pass  # transient: the next beat, while the grant lasts
+            self._stop.wait(self._beat)
+
+    def _watches(self):
+        while not self._stop.is_set():
+            try:
+                self._h.watch(self._wait)
+            except HolderLost as e:
+                self._fail(e)
+                return
+            except (SluiceError, OSError):
+                self._stop.wait(0.05)  # transient: try again soon
+
+    def _fail(self, e):
+        if not self._left:
+            self.error = e
+        self._stop.set()
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        beats, watches = self._threads
+        beats.join()
+        if self.error is None:
+            # Leaving ends the watch's long poll too (HolderLost).
+            self._left = True
+            try:
+                self._h.leave()
+            except HolderLost:
+                pass  # ended already: nothing to give back
+        self._h.pacer.close()
+        watches.join()
+        return False

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -38,6 +39,7 @@ func needPython(t *testing.T) string {
 // the lines it prints.
 type pyProcess struct {
 	cmd       *exec.Cmd
+	stdin     io.WriteCloser
 	lines     chan string
 	exit      chan error
 	stderr    lockedWriter // writes to stderrBuf, from os/exec's goroutine
@@ -68,6 +70,7 @@ func startPython(t *testing.T, ctx context.Context, python string, args ...strin
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	p.stdin = stdin
 	readDone := make(chan struct{})
 	go func() {
 		defer close(readDone)

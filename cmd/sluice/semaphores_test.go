@@ -535,9 +535,10 @@ func reflectedServices(t *testing.T, conn *grpc.ClientConn) map[string]bool {
 }
 
 // openAPI is docs/openapi.yaml, and a checker of answers against it: the
-// subset of JSON Schema the document uses (type object, string, integer
-// or boolean; properties, required, additionalProperties false; minimum,
-// maximum, minLength, maxLength, pattern; $ref within the document). A
+// subset of JSON Schema the document uses (type object, array, string,
+// integer, number or boolean; properties, required, additionalProperties
+// false; items; minimum, maximum, minLength, maxLength, pattern; $ref
+// within the document). A
 // keyword it does not know fails the check, so that the document cannot
 // promise what nothing checks.
 type openAPI struct{ doc map[string]any }
@@ -692,9 +693,20 @@ func (o *openAPI) validate(s any, v any, at string) error {
 		if hi, ok := num("maximum"); ok && n > hi {
 			return fmt.Errorf("%s: %d above %d", at, n, hi)
 		}
-	case "boolean":
-		if _, ok := v.(bool); !ok {
-			return fmt.Errorf("%s: %v is not a boolean", at, v)
+	case "number":
+		jn, ok := v.(json.Number)
+		if !ok {
+			return fmt.Errorf("%s: %v is not a number", at, v)
+		}
+		f, err := jn.Float64()
+		if err != nil {
+			return fmt.Errorf("%s: %v: %w", at, v, err)
+		}
+		if lo, ok := num("minimum"); ok && f < float64(lo) {
+			return fmt.Errorf("%s: %v below %d", at, f, lo)
+		}
+		if hi, ok := num("maximum"); ok && f > float64(hi) {
+			return fmt.Errorf("%s: %v above %d", at, f, hi)
 		}
 	case "array":
 		a, ok := v.([]any)
@@ -707,10 +719,18 @@ func (o *openAPI) validate(s any, v any, at string) error {
 		if hi, ok := num("maxItems"); ok && int64(len(a)) > hi {
 			return fmt.Errorf("%s: %d items, more than %d", at, len(a), hi)
 		}
+		items, ok := sch["items"]
+		if !ok {
+			return fmt.Errorf("%s: an array schema without items", at)
+		}
 		for i, x := range a {
-			if err := o.validate(sch["items"], x, fmt.Sprintf("%s[%d]", at, i)); err != nil {
+			if err := o.validate(items, x, fmt.Sprintf("%s[%d]", at, i)); err != nil {
 				return err
 			}
+		}
+	case "boolean":
+		if _, ok := v.(bool); !ok {
+			return fmt.Errorf("%s: %v is not a boolean", at, v)
 		}
 	default:
 		return fmt.Errorf("%s: the checker does not know type %v", at, sch["type"])
@@ -747,6 +767,22 @@ func TestOpenAPIChecker(t *testing.T) {
 	}
 	if err := api.checkResponse("/v1/semaphores/release", 204, "", []byte("x")); err == nil {
 		t.Error("a body in a 204 passed")
+	}
+	const demand = "/v1/leases/demand"
+	goodGrant := `{"holder_id":"ABCDEFGHIJKLMNOPQRSTUVWXYZ","version":2,"rate":250,"pace_rate":245.5,"burst":2,"window_ms":1000,"valid_for_ms":800,"leases":[{"partition":3,"epoch":7}]}`
+	if err := api.checkResponse(demand, 200, "application/json", []byte(goodGrant)); err != nil {
+		t.Errorf("a good lease grant: %v", err)
+	}
+	for _, body := range []string{
+		`{"holder_id":"ABCDEFGHIJKLMNOPQRSTUVWXYZ","version":2,"rate":"250","pace_rate":245.5,"burst":2,"window_ms":1000,"valid_for_ms":800,"leases":[]}`,
+		`{"holder_id":"ABCDEFGHIJKLMNOPQRSTUVWXYZ","version":2,"rate":-1,"pace_rate":245.5,"burst":2,"window_ms":1000,"valid_for_ms":800,"leases":[]}`,
+		`{"holder_id":"ABCDEFGHIJKLMNOPQRSTUVWXYZ","version":2,"rate":250,"pace_rate":245.5,"burst":2,"window_ms":1000,"valid_for_ms":800,"leases":{}}`,
+		`{"holder_id":"ABCDEFGHIJKLMNOPQRSTUVWXYZ","version":2,"rate":250,"pace_rate":245.5,"burst":2,"window_ms":1000,"valid_for_ms":800,"leases":[{"partition":3,"epoch":0}]}`,
+		`{"holder_id":"ABCDEFGHIJKLMNOPQRSTUVWXYZ","version":2,"rate":250,"pace_rate":245.5,"burst":2,"window_ms":1000,"valid_for_ms":800}`,
+	} {
+		if err := api.checkResponse(demand, 200, "application/json", []byte(body)); err == nil {
+			t.Errorf("lease grant %s: passed", body)
+		}
 	}
 	const holders = "/v1/semaphores/holders"
 	if err := api.checkResponse(holders, 200, "application/json", []byte(`{"name":"api","holders":[{"fence":17,"weight":1,"held_for_ms":1234,"expires_in_ms":8766},{"fence":18,"weight":2,"expires_in_ms":1}],"waiting":3}`)); err != nil {

@@ -38,6 +38,7 @@ import (
 	"github.com/sluicehq/sluice/internal/rls"
 	"github.com/sluicehq/sluice/internal/rules"
 	"github.com/sluicehq/sluice/internal/service"
+	"github.com/sluicehq/sluice/lease"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/ratelimit"
 	"github.com/sluicehq/sluice/redisstore"
@@ -105,6 +106,16 @@ per semaphore. With --coord-token-file or SLUICE_COORD_TOKEN every call
 needs that bearer token (Authorization: Bearer TOKEN, or gRPC metadata
 authorization). It is not behind the overload guard: a waiting acquire
 is slow by design.
+
+It also shares a downstream's capacity among remote holders through
+capacity leases: the gRPC service sluice.v1.LeaseService
+(proto/sluice/v1/lease.proto) and POST /v1/leases/join, /demand, /watch
+and /leave. Serve runs one lease holder per remote holder, on a lease
+store in the same place as the counters (a holder is held by the replica
+that answered its join); a holder that states no demand for longer than
+its TTL (--coord-lease-ttl when its join gives none) is ended, and its
+leases expire. --coord-max-holders, --coord-max-partitions and
+--coord-max-services bound what joins may ask.
 
 Every rule keeps its --top-k hottest, most denied and nearest-the-limit
 keys in memory fixed per rule, whatever the number of keys (--top-k 0
@@ -310,6 +321,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&cfg.coord.MaxTTL, "coord-max-ttl", coord.DefaultMaxTTL, "coordination API: the longest TTL a permit may ask for, the longest a crashed holder keeps it")
 	fs.DurationVar(&cfg.coord.MaxWait, "coord-max-wait", coord.DefaultMaxWait, "coordination API: the longest an acquire may wait for a permit; below --http-write-timeout")
 	fs.IntVar(&cfg.coord.MaxWaiters, "coord-max-waiters", coord.DefaultMaxWaiters, "coordination API: acquires that may wait at once on one semaphore in this process; one more is refused (429, RESOURCE_EXHAUSTED)")
+	fs.DurationVar(&cfg.coord.LeaseTTL, "coord-lease-ttl", coord.DefaultLeaseTTL, "coordination API: a lease holder's TTL when its join gives none (it states its demand at least this often; a silent one's leases are free within it)")
+	fs.IntVar(&cfg.coord.MaxHolders, "coord-max-holders", coord.DefaultMaxHolders, "coordination API: lease holders of one service this process holds at once; one more is refused (429, RESOURCE_EXHAUSTED)")
+	fs.IntVar(&cfg.coord.MaxPartitions, "coord-max-partitions", coord.DefaultMaxPartitions, "coordination API: the most partitions a leased service may be cut into")
+	fs.IntVar(&cfg.coord.MaxServices, "coord-max-services", coord.DefaultMaxServices, "coordination API: leased services this process keeps (each one's store is kept while serve runs); one more is refused (429, RESOURCE_EXHAUSTED)")
 	var rt runtimeFlags
 	addRuntimeFlags(fs, &rt)
 	var gc gcConfig
@@ -447,6 +462,10 @@ type backend struct {
 	// concurrency.MemoryStore, or a redisstore.SemaphoreStore on the same
 	// Redis as the counters.
 	semaphores concurrency.Store
+	// leases opens the lease store of a service the coordination API's
+	// holders lease: a lease.MemoryStore, or a redisstore.LeaseStore on
+	// the same Redis.
+	leases func(service string) (lease.Store, error)
 	// shared reports that other replicas see the same state, so that the
 	// overrides must be polled for their changes.
 	shared bool
@@ -504,7 +523,9 @@ func (c memstoreCollector) Collect(ch chan<- prometheus.Metric) {
 func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*backend, error) {
 	if cfg.store == "memory" {
 		m := memstore.New(memstore.Options{MaxKeys: cfg.memoryMaxKeys, Now: cfg.hooks.clock()})
-		return &backend{store: m, keys: httpapi.LocalKeys(m), overrides: &overrides.MemoryStore{}, semaphores: concurrency.NewMemoryStore(), metrics: memstoreCollector{m}, health: memoryHealth(m), closers: []func() error{m.Close}}, nil
+		return &backend{store: m, keys: httpapi.LocalKeys(m), overrides: &overrides.MemoryStore{}, semaphores: concurrency.NewMemoryStore(),
+			leases:  func(string) (lease.Store, error) { return lease.NewMemoryStore(), nil },
+			metrics: memstoreCollector{m}, health: memoryHealth(m), closers: []func() error{m.Close}}, nil
 	}
 	redisstore.LogTo(log)
 	c, err := redisstore.NewClient(redisstore.ClientOptions{
@@ -542,6 +563,9 @@ func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*back
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	b.store, b.keys, b.overrides, b.semaphores = rs, rs, overrides.NewRedisStore(h), sems
+	b.leases = func(service string) (lease.Store, error) {
+		return redisstore.NewLeaseStore(c, service, redisstore.LeaseOptions{Prefix: cfg.redisPrefix + "lease:", Timeout: cfg.redisTimeout})
+	}
 	b.health = redisHealth(c, rs, cfg)
 	b.errors = func() uint64 { return rs.Stats().Errors }
 	return b, nil
@@ -761,12 +785,13 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 	}
 	rlsServer := rls.New(svc, rls.Options{Headers: cfg.headers})
 	rlsServer.Register(s.grpc)
-	sems, err := coord.New(coord.Options{Store: b.semaphores, Limits: cfg.coord, Token: cfg.coordToken, Registerer: reg})
+	sems, err := coord.New(coord.Options{Store: b.semaphores, Leases: b.leases, Limits: cfg.coord, Token: cfg.coordToken, Registerer: reg})
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	s.semaphores = sems
 	sems.Register(s.grpc)
+	sems.RegisterLeases(s.grpc)
 	if cfg.coordToken != "" && len(cfg.coordToken) < minAdminTokenLen {
 		log.Warn("serve: the coordination API's token is short; nothing limits how many tokens a client may try, so use a long random one (e.g. 32 random bytes in hex)",
 			slog.Int("bytes", len(cfg.coordToken)), slog.Int("recommended_min", minAdminTokenLen))
@@ -778,8 +803,9 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 	s.health.SetServingStatus(rlsName, healthpb.HealthCheckResponse_NOT_SERVING)
 	s.health.SetServingStatus(coord.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 	s.health.SetServingStatus(reserve.ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
+	s.health.SetServingStatus(coord.LeaseServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
 
-	if s.api, err = httpapi.New(httpapi.Options{Service: svc, RLS: rlsServer, Semaphores: sems, Gatherer: reg, MaxBodyBytes: cfg.maxBodyBytes, Protect: ov.http()}); err != nil {
+	if s.api, err = httpapi.New(httpapi.Options{Service: svc, RLS: rlsServer, Semaphores: sems, Leases: sems, Gatherer: reg, MaxBodyBytes: cfg.maxBodyBytes, Protect: ov.http()}); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	s.http = newHTTPServer(rec.Middleware("http")(cfg.hooks.wrap("http", s.api)), &cfg.limits)
@@ -928,6 +954,7 @@ func (s *servers) setReady(ready bool) {
 	s.health.SetServingStatus(rlsName, healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(coord.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	s.health.SetServingStatus(reserve.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	s.health.SetServingStatus(coord.LeaseServiceName, healthpb.HealthCheckResponse_SERVING)
 }
 
 // httpServers yields the HTTP servers, by the name their errors use.

@@ -88,6 +88,9 @@ func TestServeErrors(t *testing.T) {
 		{"coord wait past the write timeout", []string{"--rules", good, "--coord-max-wait", "20s", "--http-write-timeout", "15s"}, true, "--coord-max-wait 20s must be below --http-write-timeout"},
 		{"coord TTLs out of order", []string{"--rules", good, "--coord-max-ttl", "1m", "--coord-default-ttl", "2m"}, true, "DefaultTTL 2m0s outside"},
 		{"coord waiters negative", []string{"--rules", good, "--coord-max-waiters", "-1"}, true, "--coord-* flags"},
+		{"coord lease TTL past the longest", []string{"--rules", good, "--coord-max-ttl", "1m", "--coord-lease-ttl", "2m"}, true, "LeaseTTL 2m0s outside"},
+		{"coord holders negative", []string{"--rules", good, "--coord-max-holders", "-1"}, true, "--coord-* flags"},
+		{"coord partitions too many", []string{"--rules", good, "--coord-max-partitions", "2000000"}, true, "MaxPartitions 2000000 above"},
 		{"coord token file missing", []string{"--rules", good, "--coord-token-file", tokenFile + "x"}, false, "coordination API's token"},
 		{"memory limit negative", []string{"--rules", good, "--memory-limit-mib", "-1"}, true, "--memory-limit-mib"},
 	}

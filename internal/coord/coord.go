@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -12,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sluicehq/sluice/concurrency"
+	"github.com/sluicehq/sluice/lease"
 )
 
 // Defaults of Limits.
@@ -51,6 +53,29 @@ type Limits struct {
 	// MaxSeen bounds the names Status shows: the most recently acquired
 	// through this process. Default DefaultMaxSeen.
 	MaxSeen int
+
+	// The bounds of leases (leases.go). MinTTL and MaxTTL bound a
+	// holder's TTL, MaxWait a Watch's wait, MaxNameBytes a service's
+	// name.
+	//
+	// LeaseTTL is a holder's TTL when Join gives none. Default
+	// DefaultLeaseTTL, within MinTTL and MaxTTL.
+	LeaseTTL time.Duration
+	// MaxPartitions and MaxCapacity bound a leased service's partitions
+	// and capacity (units a second). Defaults DefaultMaxPartitions and
+	// DefaultMaxCapacity.
+	MaxPartitions int
+	MaxCapacity   float64
+	// MaxHolders bounds the holders of one service in this process.
+	// Default DefaultMaxHolders.
+	MaxHolders int
+	// MaxServices bounds the leased services this process keeps (a
+	// service's store is kept for the process's life once a holder has
+	// joined it). Default DefaultMaxServices.
+	MaxServices int
+	// MaxWindow bounds the downstream window a holder paces to. Default
+	// DefaultMaxWindow.
+	MaxWindow time.Duration
 }
 
 // Validate returns the error New would return for l: a bound negative or
@@ -63,7 +88,9 @@ func (l Limits) Validate() error {
 // withDefaults returns l with its zero fields set to the defaults, or an
 // error naming the first field out of range.
 func (l Limits) withDefaults() (Limits, error) {
-	if l.MaxNameBytes < 0 || l.DefaultTTL < 0 || l.MinTTL < 0 || l.MaxTTL < 0 || l.MaxWait < 0 || l.MaxWaiters < 0 || l.MaxSeen < 0 {
+	if l.MaxNameBytes < 0 || l.DefaultTTL < 0 || l.MinTTL < 0 || l.MaxTTL < 0 || l.MaxWait < 0 || l.MaxWaiters < 0 ||
+		l.LeaseTTL < 0 || l.MaxPartitions < 0 || !(l.MaxCapacity >= 0) || math.IsInf(l.MaxCapacity, 0) ||
+		l.MaxHolders < 0 || l.MaxServices < 0 || l.MaxWindow < 0 || l.MaxSeen < 0 {
 		return l, fmt.Errorf("coord: negative bound in %+v", l)
 	}
 	def := func(v *time.Duration, d time.Duration) {
@@ -84,6 +111,7 @@ func (l Limits) withDefaults() (Limits, error) {
 	if l.MaxSeen == 0 {
 		l.MaxSeen = DefaultMaxSeen
 	}
+	l.leaseDefaults()
 	switch {
 	case l.MinTTL < time.Millisecond:
 		return l, fmt.Errorf("coord: MinTTL %v below 1ms", l.MinTTL)
@@ -91,6 +119,12 @@ func (l Limits) withDefaults() (Limits, error) {
 		return l, fmt.Errorf("coord: MaxTTL %v below MinTTL %v", l.MaxTTL, l.MinTTL)
 	case l.DefaultTTL < l.MinTTL || l.DefaultTTL > l.MaxTTL:
 		return l, fmt.Errorf("coord: DefaultTTL %v outside [%v, %v]", l.DefaultTTL, l.MinTTL, l.MaxTTL)
+	case l.LeaseTTL < l.MinTTL || l.LeaseTTL > l.MaxTTL:
+		return l, fmt.Errorf("coord: LeaseTTL %v outside [%v, %v]", l.LeaseTTL, l.MinTTL, l.MaxTTL)
+	case l.MaxPartitions > MaxPartitions:
+		return l, fmt.Errorf("coord: MaxPartitions %d above %d", l.MaxPartitions, MaxPartitions)
+	case l.MaxWindow < time.Millisecond:
+		return l, fmt.Errorf("coord: MaxWindow %v below 1ms", l.MaxWindow)
 	}
 	return l, nil
 }
@@ -103,12 +137,20 @@ type Options struct {
 	Store concurrency.Store
 	// Limits bound the requests.
 	Limits Limits
+	// Leases, if set, opens the lease.Store of a leased service (a
+	// lease.MemoryStore, or a redisstore.LeaseStore on serve's Redis):
+	// the Service then holds capacity leases for remote holders
+	// (leases.go). It is called once per service name, whose store the
+	// Service keeps for its life; without it, the lease calls are
+	// Unavailable.
+	Leases func(service string) (lease.Store, error)
 	// Token, when not empty, is the bearer token every call must present
 	// (Authorized); empty lets every call through.
 	Token string
 	// Registerer, if set, registers the Service's metrics:
-	// sluice_semaphore_calls_total{method,outcome} and
-	// sluice_semaphore_waiting.
+	// sluice_semaphore_calls_total{method,outcome},
+	// sluice_semaphore_waiting, sluice_lease_calls_total{method,outcome}
+	// and sluice_lease_holders.
 	Registerer prometheus.Registerer
 }
 
@@ -147,6 +189,8 @@ type Service struct {
 	sems    map[semKey]*semaphore // the semaphores acquires use now
 	seen    map[string]seenName   // the names acquired lately, at most MaxSeen
 	seq     uint64                // counts the acquires, to order seen
+
+	leases *leases // nil without Options.Leases
 }
 
 // seenName is a name acquired through the Service: the limit last asked
@@ -186,6 +230,9 @@ func New(opts Options) (*Service, error) {
 	closing, shut := context.WithCancel(context.Background())
 	s := &Service{store: fs, limits: l, token: []byte(opts.Token), closing: closing, shut: shut,
 		waiting: make(map[string]int), sems: make(map[semKey]*semaphore), seen: make(map[string]seenName)}
+	if opts.Leases != nil {
+		s.leases = &leases{open: opts.Leases, services: make(map[string]*leaseService), holders: make(map[string]*remote)}
+	}
 	if s.metrics, err = newMetrics(s, opts.Registerer); err != nil {
 		shut()
 		return nil, err
@@ -197,7 +244,14 @@ func New(opts Options) (*Service, error) {
 // Unavailable, so that a server draining for shutdown is not held up by
 // acquires waiting for room (their callers may ask another replica);
 // acquires that do not wait, renewals and releases go on being answered.
-func (s *Service) Shutdown() { s.shut() }
+// It ends every lease holder, without releasing its leases (their clients
+// may use them until the validity they were told; see follow), ends the
+// watches, refuses the lease calls to come as Unavailable, and returns
+// once the holders' goroutines have (each within a store call's timeout).
+func (s *Service) Shutdown() {
+	s.shut()
+	s.shutdownLeases()
+}
 
 // Authorized reports whether a call presenting bearer token may proceed:
 // always when the Service has no token, else when token is it (compared
@@ -226,6 +280,9 @@ const (
 	// Gone: the caller's context ended (it went away, or its deadline
 	// passed) before an answer.
 	Gone
+	// TooMany: a lease service has MaxHolders holders already, or this
+	// process keeps MaxServices services.
+	TooMany
 )
 
 // An Error is a refused or failed call: its Code and a message meant for
@@ -328,15 +385,16 @@ func (s *Service) ttl(ttl time.Duration) (time.Duration, error) {
 // permitIDLen is the length of a permit id: crypto/rand.Text's.
 const permitIDLen = 26
 
-// checkID refuses what cannot be a permit id: anything but 26 characters
-// of crypto/rand.Text's base32 alphabet.
-func checkID(id string) error {
+// checkID refuses what cannot be a permit id or a holder id (field names
+// which): anything but 26 characters of crypto/rand.Text's base32
+// alphabet.
+func checkID(field, id string) error {
 	if len(id) != permitIDLen {
-		return errorf(Invalid, "permit_id is %d bytes: want the %d characters Acquire returned", len(id), permitIDLen)
+		return errorf(Invalid, "%s is %d bytes: want the %d characters the server returned", field, len(id), permitIDLen)
 	}
 	for i := 0; i < len(id); i++ {
 		if c := id[i]; (c < 'A' || c > 'Z') && (c < '2' || c > '7') {
-			return errorf(Invalid, "permit_id has a byte %q outside its alphabet (A-Z, 2-7)", c)
+			return errorf(Invalid, "%s has a byte %q outside its alphabet (A-Z, 2-7)", field, c)
 		}
 	}
 	return nil
@@ -550,7 +608,7 @@ func (s *Service) checkPermit(name, id string) error {
 	if err := s.checkName(name); err != nil {
 		return err
 	}
-	return checkID(id)
+	return checkID("permit_id", id)
 }
 
 // storeError is the Error of a store call that failed under ctx.

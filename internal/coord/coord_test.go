@@ -45,7 +45,7 @@ func TestAcquireRenewRelease(t *testing.T) {
 	}
 	// Valid from the request's receipt: TTL less the margin, and the
 	// moment the Service took before its store call.
-	if g.Fence != 1 || checkID(g.PermitID) != nil || g.ValidFor <= 0 || g.ValidFor > time.Second-time.Second/50+100*time.Millisecond {
+	if g.Fence != 1 || checkID("permit_id", g.PermitID) != nil || g.ValidFor <= 0 || g.ValidFor > time.Second-time.Second/50+100*time.Millisecond {
 		t.Errorf("grant = %+v; want fence 1, a well-formed id, valid for (0, 980ms + 100ms]", g)
 	}
 	if n := m.HoldersAt(time.Now(), "db"); n != 1 {

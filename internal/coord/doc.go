@@ -1,12 +1,13 @@
 // Package coord is sluice serve's coordination API: distributed
-// semaphores held for programs in any language, as the gRPC service
-// sluice.v1.SemaphoreService (proto/sluice/v1/semaphore.proto; its Go
-// messages generated into sluicev1, its service descriptor written by
-// hand in grpc.go) and as JSON over HTTP (internal/httpapi's
-// /v1/semaphores/ routes, docs/openapi.yaml). Both transports call one
-// Service.
+// semaphores and capacity leases held for programs in any language, as
+// the gRPC services sluice.v1.SemaphoreService and sluice.v1.LeaseService
+// (proto/sluice/v1/semaphore.proto and lease.proto; their Go messages
+// generated into sluicev1, their service descriptors written by hand in
+// grpc.go and grpc_leases.go) and as JSON over HTTP (internal/httpapi's
+// /v1/semaphores/ and /v1/leases/ routes, docs/openapi.yaml). Both
+// transports call one Service.
 //
-// # Model
+// # Semaphores
 //
 // A semaphore is a name and a limit; the permits held under a name never
 // weigh more than the limit. Acquire grants a permit for a TTL, waiting
@@ -49,23 +50,90 @@
 // It reads the store once per name when asked, within a bound, and keeps
 // nothing else.
 //
+// # Capacity leases
+//
+// A leased service is a name, a capacity C (units a second) and P
+// partitions of C/P, shared by its holders as package lease shares them
+// among processes: the Service is one more user of lease, running for
+// each remote holder a lease.Holder on the service's lease.Store
+// (Options.Leases: serve's lease.MemoryStore per service, or a
+// redisstore.LeaseStore on its Redis, where holders joined through
+// several replicas, and Go processes running their own Holders, share
+// one pool). So the lease logic decides, as for the library's holders:
+// water-filling, weights, fair share at once, renewals, epochs.
+//
+// Join makes a holder: a holder id (crypto/rand.Text, 130 random bits:
+// knowing it is being the holder; never logged, and not the member id the
+// store and its views show, which is another random name), the Holder,
+// and two goroutines the Service owns: the Holder's Run, and a follower
+// that keeps the holder's answer. Demand is the holder's heartbeat: it
+// states the demand (lease.Holder.SetDemand: a rate, and a backlog of
+// units held back for want of rate, which asks for the whole fair share)
+// and renews the holder's liveness. Watch (a long poll) and Stream (the
+// gRPC Watch) hand out the answer as it changes: the rate of the valid
+// leases, the token bucket that paces it to the downstream's window
+// (lease.Allowance), the leases with their epochs, how long it may be
+// used, and a version that grows with every change. Leave releases the
+// leases and ends the holder. A holder lives in the process that
+// answered its Join: another replica answers NotFound, and the client
+// joins again.
+//
+// Validity. An answer's validity is what is left of the leases' (the
+// Holder's deadline, on this process's monotonic clock) and of the
+// holder's liveness (its last heartbeat plus its TTL), less TTL/50 for
+// the answer's transit: the client counts it from when it sent its
+// request (Join, Demand) or received the answer (Watch, whose answer may
+// have waited), and sends nothing past it without a newer answer. The
+// store keeps every lease longer than any validity told (lease's margins:
+// the drift and half of Options.Margin past the deadline).
+//
+// Releases wait for the client. The Holder stops using a partition it
+// gives up at once, but its client learns of it only from the next
+// answer, a transit later; released at once, the partition could be
+// leased to another holder while the client still sends at the old rate.
+// So the Service's Holder sees the service's store through a wrapper that
+// holds such a release back until the client acknowledges a version at
+// least as new as the answer without the partition (Demand's or Watch's
+// version; an HTTP client's next long poll does so at once, a gRPC
+// stream's client at its next heartbeat), and otherwise lets the lease
+// expire in the store.
+//
+// Silence. A holder whose client states no demand for longer than its
+// TTL is ended without releasing its leases and without leaving: its
+// client may be cut off from this server rather than dead, and still
+// sending at the rate it was told until the validity it was told, which
+// only the leases' expiry in the store is sure to outlast. A release
+// would hand the partitions to another holder at once. So they expire by
+// themselves within a TTL of their last renewal, and the other holders
+// take them then: within two TTLs of the last heartbeat. Shutdown ends
+// every holder the same way.
+//
 // # Bounds and errors
 //
 // Limits bound names, limits, weights, TTLs, waits and the acquires
-// waiting at once per name; a request outside them is refused with an
-// Error whose Code is Invalid and whose message names the bound. The
-// transports answer each Code alike:
+// waiting at once per name; a leased service's name (no braces, as Redis
+// hash tags would read them), capacity, partitions, a holder's TTL,
+// weight, window and stated demand, the holders per service and the
+// services this process keeps (a service's store is kept while the
+// process runs, so that epochs only grow and a silent holder's leases are
+// honoured until they expire). A request outside them is refused with an
+// Error whose Code is Invalid (or TooMany for holders and services) and
+// whose message names the bound; holders that disagree on a service's
+// capacity or partitions are refused too. The transports answer each
+// Code alike:
 //
 //	Code            gRPC                 HTTP
 //	Invalid         INVALID_ARGUMENT     400
 //	NoPermit        RESOURCE_EXHAUSTED   409 (every permit is held)
 //	TooManyWaiters  RESOURCE_EXHAUSTED   429
+//	TooMany         RESOURCE_EXHAUSTED   429
 //	NotFound        NOT_FOUND            404
 //	Unavailable     UNAVAILABLE          503
 //	Gone            CANCELLED or         499 (never read: the caller left)
 //	                DEADLINE_EXCEEDED
 //
 // and a call without the bearer token, when Options.Token is set,
-// UNAUTHENTICATED or 401. Shutdown ends the waiting acquires at once, as
-// Unavailable, so that a server draining is not held up by them.
+// UNAUTHENTICATED or 401. Shutdown ends the waiting acquires and watches
+// at once, as Unavailable, so that a server draining is not held up by
+// them, and ends the lease holders without releasing.
 package coord

@@ -27,19 +27,19 @@ var serviceDesc = grpc.ServiceDesc{
 	ServiceName: ServiceName,
 	HandlerType: (*any)(nil),
 	Methods: []grpc.MethodDesc{
-		unary("Acquire", (*Service).grpcAcquire),
-		unary("Renew", (*Service).grpcRenew),
-		unary("Release", (*Service).grpcRelease),
-		unary("Holders", (*Service).grpcHolders),
+		unary(ServiceName, "Acquire", (*Service).grpcAcquire),
+		unary(ServiceName, "Renew", (*Service).grpcRenew),
+		unary(ServiceName, "Release", (*Service).grpcRelease),
+		unary(ServiceName, "Holders", (*Service).grpcHolders),
 	},
 	Metadata: "sluice/v1/semaphore.proto",
 }
 
-// unary is the MethodDesc of a unary method that call answers: it decodes
+// unary is the MethodDesc of a unary method of service that call answers: it decodes
 // the request, runs the server's interceptors, and checks the bearer
 // token before call.
-func unary[Req, Resp any](method string, call func(*Service, context.Context, *Req) (*Resp, error)) grpc.MethodDesc {
-	full := "/" + ServiceName + "/" + method
+func unary[Req, Resp any](service, method string, call func(*Service, context.Context, *Req) (*Resp, error)) grpc.MethodDesc {
+	full := "/" + service + "/" + method
 	return grpc.MethodDesc{
 		MethodName: method,
 		Handler: func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
@@ -161,6 +161,7 @@ var grpcCode = [...]codes.Code{
 	NotFound:       codes.NotFound,
 	Unavailable:    codes.Unavailable,
 	Gone:           codes.Canceled,
+	TooMany:        codes.ResourceExhausted,
 }
 
 // grpcError is the status of an error of the Service.

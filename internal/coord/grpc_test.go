@@ -60,12 +60,27 @@ func TestServiceDesc(t *testing.T) {
 	}
 }
 
-// dial serves s on an in-memory listener and returns a client of it.
+// dial serves s's semaphores on an in-memory listener and returns a
+// client of it.
 func dial(t *testing.T, s *Service, opts ...grpc.ServerOption) *grpc.ClientConn {
+	t.Helper()
+	return serve(t, s.Register, opts...)
+}
+
+// dialWith serves s's semaphores and leases on an in-memory listener and
+// returns a client of it.
+func dialWith(t *testing.T, s *Service, opts ...grpc.ServerOption) *grpc.ClientConn {
+	t.Helper()
+	return serve(t, func(g grpc.ServiceRegistrar) { s.Register(g); s.RegisterLeases(g) }, opts...)
+}
+
+// serve serves what register registers on an in-memory listener and
+// returns a client of it.
+func serve(t *testing.T, register func(grpc.ServiceRegistrar), opts ...grpc.ServerOption) *grpc.ClientConn {
 	t.Helper()
 	ln := bufconn.Listen(1 << 20)
 	g := grpc.NewServer(opts...)
-	s.Register(g)
+	register(g)
 	go g.Serve(ln) //nolint:errcheck // ends with Stop
 	t.Cleanup(g.Stop)
 	cc, err := grpc.NewClient("passthrough:///bufnet",
@@ -103,7 +118,7 @@ func TestGRPC(t *testing.T) {
 	if err := invoke(ctx, cc, "Acquire", acq, &g); err != nil {
 		t.Fatal(err)
 	}
-	if g.GetFence() != 1 || checkID(g.GetPermitId()) != nil || g.GetValidFor().AsDuration() <= 0 {
+	if g.GetFence() != 1 || checkID("permit_id", g.GetPermitId()) != nil || g.GetValidFor().AsDuration() <= 0 {
 		t.Errorf("grant %v; want fence 1, an id and a validity", &g)
 	}
 	if err := invoke(ctx, cc, "Acquire", acq, &g); status.Code(err) != codes.ResourceExhausted {

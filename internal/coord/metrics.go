@@ -15,6 +15,7 @@ var codeNames = [...]string{
 	NotFound:       "not_found",
 	Unavailable:    "unavailable",
 	Gone:           "gone",
+	TooMany:        "too_many",
 }
 
 // String returns the Code's name, as the metrics' outcome label says it.
@@ -28,7 +29,7 @@ func (c Code) String() string {
 // metrics are the Service's Prometheus metrics; the nil *metrics counts
 // nothing.
 type metrics struct {
-	calls *prometheus.CounterVec
+	calls, leaseCalls *prometheus.CounterVec
 }
 
 // newMetrics registers s's metrics with reg; nil reg registers none.
@@ -40,11 +41,19 @@ func newMetrics(s *Service, reg prometheus.Registerer) (*metrics, error) {
 		Name: "sluice_semaphore_calls_total",
 		Help: "Calls of the coordination API's semaphores that reached the service (with the bearer token, when one is set), by method (acquire, renew, release, holders) and outcome (ok, invalid, no_permit, too_many_waiters, not_found, unavailable, gone).",
 	}, []string{"method", "outcome"})}
+	m.leaseCalls = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_lease_calls_total",
+		Help: "Calls of the coordination API's leases that reached the service (with the bearer token, when one is set), by method (join, demand, watch, stream, leave) and outcome (ok, invalid, not_found, too_many, unavailable, gone).",
+	}, []string{"method", "outcome"})
+	holders := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_lease_holders",
+		Help: "Lease holders this process runs for remote clients of the coordination API, over every service.",
+	}, func() float64 { return float64(s.LeaseHolders()) })
 	waiting := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_semaphore_waiting",
 		Help: "Acquires of the coordination API waiting for a permit in this process, over every semaphore.",
 	}, func() float64 { return float64(s.waitingTotal()) })
-	for _, c := range []prometheus.Collector{m.calls, waiting} {
+	for _, c := range []prometheus.Collector{m.calls, waiting, m.leaseCalls, holders} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("coord: registering the metrics: %w", err)
 		}
@@ -52,11 +61,24 @@ func newMetrics(s *Service, reg prometheus.Registerer) (*metrics, error) {
 	return m, nil
 }
 
-// count counts a call of method that returned err.
+// count counts a call of a semaphore method that returned err.
 func (m *metrics) count(method string, err error) {
 	if m == nil {
 		return
 	}
+	m.calls.WithLabelValues(method, outcome(err)).Inc()
+}
+
+// countLease counts a call of a lease method that returned err.
+func (m *metrics) countLease(method string, err error) {
+	if m == nil {
+		return
+	}
+	m.leaseCalls.WithLabelValues(method, outcome(err)).Inc()
+}
+
+// outcome is the outcome label of err.
+func outcome(err error) string {
 	outcome := "ok"
 	if err != nil {
 		var e *Error
@@ -66,5 +88,5 @@ func (m *metrics) count(method string, err error) {
 			outcome = "error"
 		}
 	}
-	m.calls.WithLabelValues(method, outcome).Inc()
+	return outcome
 }

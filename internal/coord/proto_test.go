@@ -42,6 +42,7 @@ func TestGeneratedCode(t *testing.T) {
 	}
 	for _, file := range []string{
 		"internal/coord/sluicev1/semaphore.pb.go",
+		"internal/coord/sluicev1/lease.pb.go",
 		"internal/coord/sluicev1/ratelimit.pb.go", // sluice.v1.RateLimitService (internal/reserve)
 	} {
 		got, err := os.ReadFile(filepath.Join(root, file))

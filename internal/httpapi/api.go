@@ -45,6 +45,9 @@ type Options struct {
 	// Semaphores, if set, serves the coordination API's semaphore
 	// routes (POST /v1/semaphores/acquire, /renew and /release).
 	Semaphores *coord.Service
+	// Leases, if set, serves the coordination API's lease routes (POST
+	// /v1/leases/join, /demand, /watch and /leave).
+	Leases *coord.Service
 	// Protect, if set, wraps the decision endpoints (POST /v1/check,
 	// POST /v1/reserve and POST /json), and only them: serve puts its overload guard there,
 	// so that metrics and health checks are answered whatever the load.
@@ -58,6 +61,8 @@ type Options struct {
 //	POST /v1/reserve the same request as a reservation: how long to wait before sending
 //	POST /v1/semaphores/acquire, /renew, /release
 //	                 the coordination API's semaphores (Options.Semaphores)
+//	POST /v1/leases/join, /demand, /watch, /leave
+//	                 the coordination API's capacity leases (Options.Leases)
 //	GET  /metrics    Prometheus metrics
 //	GET  /healthz    200 while the process runs
 //	GET  /readyz     200 when ready to serve, 503 while starting or draining;
@@ -103,6 +108,9 @@ func New(opts Options) (*API, error) {
 	}
 	if opts.Semaphores != nil {
 		a.semaphoreRoutes(opts.Semaphores)
+	}
+	if opts.Leases != nil {
+		a.leaseRoutes(opts.Leases)
 	}
 	if opts.Gatherer != nil {
 		a.mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{}))

@@ -132,6 +132,34 @@
 // routes are not behind Options.Protect: a waiting acquire is slow by
 // design, and would read to the overload guard as a slow service.
 //
+// # POST /v1/leases/join, /demand, /watch, /leave
+//
+// The coordination API's capacity leases (package internal/coord, which
+// serves the same over gRPC, where the watch is a stream), with
+// Options.Leases; docs/openapi.yaml describes them, and cmd/sluice's
+// tests check serve's answers against it.
+//
+//	join    {"service": "billing", "capacity": 500, "partitions": 20, "ttl_ms": 3000,
+//	         "weight": 1, "window_ms": 1000, "rate": 0, "backlog": 10000}
+//	demand  {"service": "billing", "holder_id": "…", "rate": 0, "backlog": 9500, "version": 4}
+//	watch   {"service": "billing", "holder_id": "…", "version": 4, "wait_ms": 5000}
+//	        200 (each) {"holder_id": "…", "version": 5, "rate": 250, "pace_rate": 245,
+//	                    "burst": 2, "window_ms": 1000, "valid_for_ms": 2600,
+//	                    "leases": [{"partition": 3, "epoch": 7}, …]}
+//	leave   {"service": "billing", "holder_id": "…"}         204
+//
+// A watch is a long poll: it answers when the grant's version differs
+// from the one given, or after wait_ms (at most coord.Limits.MaxWait)
+// with the grant as it is. The version given to demand and watch is the
+// newest grant the client paces by: what grants up to it took away goes
+// to the other holders then. Bodies are bounded and decoded as strictly
+// as /v1/check's. A refusal is a problem: 400 outside the bounds, 401
+// without the bearer token, 404 for a holder id that names no holder of
+// the service here, 429 when the service has as many holders as allowed,
+// 503 when the store failed or serve is shutting down (a waiting watch
+// is answered at once). Like the semaphore routes, they are not behind
+// Options.Protect.
+//
 // # Errors and bounds
 //
 // Every error is an RFC 9457 application/problem+json object whose detail

@@ -57,21 +57,24 @@ type (
 // acquire that waits is slow by design, and would read to the overload
 // guard as a slow service.
 func (a *API) semaphoreRoutes(s *coord.Service) {
-	route := func(path string, h func(s *coord.Service, w http.ResponseWriter, r *http.Request)) {
-		read := a.readFirst(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h(s, w, r) }))
-		a.mux.HandleFunc("POST "+path, func(w http.ResponseWriter, r *http.Request) {
-			if !s.AuthorizedHeader(r.Header.Get("Authorization")) {
-				w.Header().Set("WWW-Authenticate", `Bearer realm="sluice-coordination"`)
-				writeProblem(w, r, http.StatusUnauthorized, "a valid bearer token is required (Authorization: Bearer TOKEN)")
-				return
-			}
-			read.ServeHTTP(w, r)
-		})
-	}
-	route("/v1/semaphores/acquire", semAcquire)
-	route("/v1/semaphores/renew", semRenew)
-	route("/v1/semaphores/release", semRelease)
-	route("/v1/semaphores/holders", semHolders)
+	a.coordRoute(s, "/v1/semaphores/acquire", semAcquire)
+	a.coordRoute(s, "/v1/semaphores/renew", semRenew)
+	a.coordRoute(s, "/v1/semaphores/release", semRelease)
+	a.coordRoute(s, "/v1/semaphores/holders", semHolders)
+}
+
+// coordRoute registers POST path, answered by h, behind s's bearer token
+// (checked before the body is read) and readFirst.
+func (a *API) coordRoute(s *coord.Service, path string, h func(s *coord.Service, w http.ResponseWriter, r *http.Request)) {
+	read := a.readFirst(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { h(s, w, r) }))
+	a.mux.HandleFunc("POST "+path, func(w http.ResponseWriter, r *http.Request) {
+		if !s.AuthorizedHeader(r.Header.Get("Authorization")) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="sluice-coordination"`)
+			writeProblem(w, r, http.StatusUnauthorized, "a valid bearer token is required (Authorization: Bearer TOKEN)")
+			return
+		}
+		read.ServeHTTP(w, r)
+	})
 }
 
 // decodeAcquire decodes an acquire body strictly (as /v1/check's).
@@ -158,6 +161,7 @@ var semStatus = [...]int{
 	coord.NotFound:       http.StatusNotFound,
 	coord.Unavailable:    http.StatusServiceUnavailable,
 	coord.Gone:           499, // the caller left; nobody reads it
+	coord.TooMany:        http.StatusTooManyRequests,
 }
 
 // semError answers an error of the coordination service.

@@ -1,0 +1,143 @@
+"""A processor of TestPythonLeases: it holds capacity leases of a service
+through sluice serve (clients/python/sluice.py's LeaseHolder) and sends its
+records to a throttled stub at the granted rate, each until accepted.
+
+    lease_worker.py BASE TOKEN SERVICE NAME RECORDS STUB CAPACITY PARTITIONS TTL
+
+It prints READY, starts on a line from stdin, and prints
+"DONE NAME THROTTLED" when every record was accepted, THROTTLED being the
+429s it met.
+
+    lease_worker.py check BASE TOKEN
+
+checks, for TestPythonLeaseClient, the client's errors against a serve
+started with --coord-max-holders 1, and the Pacer's promises; it prints
+"check ok" or fails.
+"""
+
+import collections
+import http.client
+import sys
+import threading
+import time
+import urllib.parse
+
+import sluice
+
+WORKERS = 16
+
+
+def main():
+    base, token, service, name, records, stub, capacity, partitions, ttl = sys.argv[1:10]
+    records, capacity, partitions, ttl = int(records), float(capacity), int(partitions), float(ttl)
+    stub = urllib.parse.urlsplit(stub)
+    queue = collections.deque(range(records))
+    cond = threading.Condition()
+    state = {"left": records, "throttled": 0}
+    holder = sluice.LeaseHolder(base, service, capacity, partitions, ttl=ttl, token=token)
+
+    def backlog():
+        with cond:
+            return 0.0, state["left"]
+
+    def work():
+        conn = http.client.HTTPConnection(stub.hostname, stub.port, timeout=10)
+        while True:
+            with cond:
+                while not queue and state["left"] > 0:
+                    cond.wait()
+                if state["left"] == 0:
+                    return
+                rec = queue.popleft()
+            if not holder.pacer.acquire(timeout=30):
+                raise SystemExit(f"{name}: no capacity within 30 s")
+            status = 0
+            try:
+                conn.request("GET", f"/?c={name}&r={rec}")
+                resp = conn.getresponse()
+                resp.read()
+                status = resp.status
+            except OSError:
+                conn.close()
+                conn = http.client.HTTPConnection(stub.hostname, stub.port, timeout=10)
+            with cond:
+                if status == 200:
+                    state["left"] -= 1
+                    if state["left"] == 0:
+                        cond.notify_all()
+                else:
+                    if status == 429:
+                        state["throttled"] += 1
+                    queue.append(rec)
+                    cond.notify()
+
+    print("READY", flush=True)
+    sys.stdin.readline()
+    with holder.run(demand=backlog, beat=ttl / 4):
+        threads = [threading.Thread(target=work) for _ in range(WORKERS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    print(f"DONE {name} {state['throttled']}", flush=True)
+
+
+def check(base, token):
+    def raises(exc, f):
+        try:
+            f()
+        except exc:
+            return
+        raise AssertionError(f"{f} did not raise {exc.__name__}")
+
+    # Errors: bounds, a third... second holder, made-up and ended ids, no token.
+    raises(sluice.BadRequest, lambda: sluice.LeaseHolder(base, "py-check", 0, 4, token=token).join())
+    raises(sluice.Unauthorized, lambda: sluice.LeaseHolder(base, "py-check", 100, 4).join())
+    h = sluice.LeaseHolder(base, "py-check", 100, 4, ttl=1, token=token)
+    g = h.join(backlog=10)
+    assert g.version == 1 and g.rate == 0 and not g.valid(), g
+    raises(sluice.TooManyHolders, lambda: sluice.LeaseHolder(base, "py-check", 100, 4, token=token).join())
+    for _ in range(20):
+        g = h.watch(wait=1)
+        if g.rate == 100:
+            break
+    assert g.rate == 100 and len(g.leases) == 4 and g.valid() and g.valid_until <= time.monotonic() + 1, g
+    assert "holder_id" not in repr(g) and g.holder_id not in repr(g), "a grant's repr shows the holder id"
+    g = h.demand(backlog=10)
+    assert g.rate == 100, g
+    other = sluice.LeaseHolder(base, "py-check", 100, 4, token=token)
+    other.grant = sluice.LeaseGrant(dict(holder_id="A" * 26, version=1, rate=0, pace_rate=0, burst=0,
+                                         window_ms=1000, valid_for_ms=0, leases=[]), time.monotonic())
+    raises(sluice.HolderLost, lambda: other.demand())
+    h.leave()
+    raises(sluice.HolderLost, lambda: h.demand())
+
+    # The Pacer: capacity starts empty, nothing after the validity, a
+    # burst that grows gives no tokens.
+    p = sluice.Pacer()
+    now = time.monotonic()
+    grant = sluice.LeaseGrant(dict(holder_id="A" * 26, version=2, rate=100, pace_rate=100, burst=1,
+                                   window_ms=1000, valid_for_ms=300, leases=[]), now)
+    p.update(grant)
+    assert not p.acquire(timeout=0), "a new grant's bucket was not empty"
+    taken, last = 0, None
+    while p.acquire(timeout=0.5):
+        taken += 1
+        last = time.monotonic()
+    assert last is not None and last < grant.valid_until, (last, grant.valid_until)
+    assert 20 <= taken <= 31, f"{taken} tokens in 300 ms at 100/s with a burst of 1"
+    assert time.monotonic() >= grant.valid_until
+    now = time.monotonic()
+    p.update(sluice.LeaseGrant(dict(holder_id="A" * 26, version=3, rate=100, pace_rate=100, burst=50,
+                                    window_ms=1000, valid_for_ms=5000, leases=[]), now))
+    assert not p.acquire(n=2, timeout=0), "a larger burst gave tokens at once"
+    p.close()
+    assert not p.acquire(timeout=5), "a closed pacer let a caller through"
+    print("check ok", flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "check":
+        check(sys.argv[2], sys.argv[3])
+    else:
+        main()

@@ -32,9 +32,11 @@ type Store interface {
 	// Acquire first forgets the holders of name whose expiry has passed,
 	// then adds token, of weight 1, with an expiry ttl from now if the
 	// weights held (1 a holder, unless a FairStore granted more) leave
-	// room for one more under limit, and returns its new fence; it
-	// returns 0 when there is no room. If token already holds a permit,
-	// its expiry is extended and Acquire returns the fence it has. When
+	// room for one more under limit and, on a FairStore, no waiter's
+	// place in its queue holds (see FairStore), and returns its new
+	// fence; it returns 0 when there is no room or others queue. If token
+	// already holds a permit, its expiry is extended and Acquire returns
+	// the fence it has. When
 	// there is no room and wait > 0, a Notifier records token as a waiter
 	// for wait from now (each refused attempt moves that on), so that a
 	// release names it (see Notifier); a Store that is no Notifier may
@@ -173,6 +175,7 @@ const (
 	DefaultTTL        = 10 * time.Second
 	DefaultMinBackoff = 5 * time.Millisecond
 	DefaultMaxBackoff = 250 * time.Millisecond
+	DefaultFairAfter  = time.Second
 )
 
 // DistributedOptions configure a Distributed semaphore. The zero value
@@ -204,8 +207,18 @@ type DistributedOptions struct {
 	// it is first in line and its weight fits. Every Distributed of a
 	// semaphore should agree: an unfair attempt is refused while fair
 	// waiters queue. Without Fair (the default), whichever waiter asks
-	// first after a release wins, as on any Store.
+	// first after a release wins, as on any Store (but see FairAfter).
 	Fair bool
+	// FairAfter bounds how long a waiter without Fair goes on losing to
+	// those who ask at the right moment: an Acquire (or AcquireN) on a
+	// FairStore that has waited that long joins the store's queue, as
+	// with Fair, and from then on the unfair attempts of others are
+	// refused until it is served. Without it a waiter may lose every
+	// race for a freed permit to a holder that releases and acquires
+	// again at once, and wait without end; with it, barging keeps the
+	// short waits short and the longest wait is FairAfter plus a place
+	// in line. Default DefaultFairAfter; negative: never (pure barging).
+	FairAfter time.Duration
 	// QueueTTL is how long a waiter keeps its place in a FairStore's
 	// queue without asking again: the longest a waiter that died holds up
 	// those behind it; and how long a Notifier keeps a blocked Acquire
@@ -302,8 +315,12 @@ type DistributedOptions struct {
 // trades throughput for order: a release through the same Distributed
 // wakes one local waiter, which may not be first). A waiter whose context
 // ends leaves the queue; one that dies holds up those behind it for
-// QueueTTL at most. Without Fair, or on another Store, waiters are not
-// served in arrival order: whichever asks first after a release wins.
+// QueueTTL at most. Without Fair waiters are not served in arrival
+// order: whichever asks first after a release wins, which keeps most
+// waits short and leaves a long tail (a holder that releases and acquires
+// again at once wins nearly every race). On a FairStore a waiter that has
+// waited FairAfter joins the queue, which bounds that tail; on another
+// Store it is not bounded.
 //
 // A Distributed is safe for concurrent use. Use NewDistributed; the zero
 // value is not usable.
@@ -372,6 +389,9 @@ func NewDistributed(b Store, name string, limit int64, o DistributedOptions) (*D
 	if o.QueueTTL == 0 {
 		o.QueueTTL = max(time.Second, 4*o.MaxBackoff)
 	}
+	if o.FairAfter == 0 {
+		o.FairAfter = DefaultFairAfter
+	}
 	o.QueueTTL = max(o.QueueTTL, 2*o.MaxBackoff)
 	d := &Distributed{backend: b, name: name, limit: limit, o: o, freed: make(chan struct{}, 1), waiters: map[*waiter]struct{}{}}
 	d.notes, _ = b.(Notifier)
@@ -394,7 +414,15 @@ func (d *Distributed) Acquire(ctx context.Context) (*Permit, error) {
 	// waiter and names it when room opens.
 	w := d.newWaiter(crand.Text())
 	defer w.done()
+	fs, canQueue := d.backend.(FairStore)
+	since := time.Now()
 	for {
+		if canQueue && d.waitedTooLong(since) {
+			// Take the place in line; the record as a plain waiter
+			// would only take a wake-up meant for another.
+			d.dequeue(ctx, fs, w.token)
+			return d.acquireQueued(ctx, fs, 1, true)
+		}
 		p, err := d.tryAcquire(ctx, w.token, d.o.QueueTTL)
 		if errors.Is(err, ErrLost) {
 			// Granted too late to be valid, and given back: try again
@@ -405,7 +433,11 @@ func (d *Distributed) Acquire(ctx context.Context) (*Permit, error) {
 			// ends the wait.
 			return p, err
 		}
-		if w.wait(ctx, w.pause()); ctx.Err() != nil {
+		pause := w.pause()
+		if canQueue {
+			pause = d.untilQueue(since, pause)
+		}
+		if w.wait(ctx, pause); ctx.Err() != nil {
 			if fs, ok := d.backend.(FairStore); ok && d.notes != nil {
 				d.dequeue(ctx, fs, w.token) // the record would lapse; a release may name it before
 			}
@@ -589,7 +621,8 @@ func (d *Distributed) noted(head string) {
 	}
 }
 
-// AcquireN waits for a permit of weight n (in arrival order with Fair)
+// AcquireN waits for a permit of weight n (in arrival order with Fair, or
+// once it has waited FairAfter)
 // until it is granted, ctx ends or the Store fails; the weights of the
 // permits held never add up to more than the limit. It needs a FairStore; n above the
 // limit fails at once with ErrExceedsLimit. The Permit must be released.
@@ -601,17 +634,40 @@ func (d *Distributed) AcquireN(ctx context.Context, n int64) (*Permit, error) {
 	if err != nil {
 		return nil, err
 	}
+	return d.acquireQueued(ctx, fs, n, d.o.Fair)
+}
+
+// waitedTooLong reports whether a waiter without Fair that began at since
+// has waited FairAfter, and should queue.
+func (d *Distributed) waitedTooLong(since time.Time) bool {
+	return d.o.FairAfter > 0 && time.Since(since) >= d.o.FairAfter
+}
+
+// untilQueue cuts the pause of a waiter without Fair that began at since
+// so that it asks again once it has waited FairAfter, and queues then.
+func (d *Distributed) untilQueue(since time.Time, pause time.Duration) time.Duration {
+	if d.o.FairAfter <= 0 {
+		return pause
+	}
+	return min(pause, max(0, d.o.FairAfter-time.Since(since)))
+}
+
+// acquireQueued is AcquireN on fs: queued in arrival order when queue is
+// set, or from when it has waited FairAfter.
+func (d *Distributed) acquireQueued(ctx context.Context, fs FairStore, n int64, queue bool) (*Permit, error) {
 	token := crand.Text()
 	w := d.newWaiter(token)
 	defer w.done()
+	since := time.Now()
 	for {
 		if err := ctx.Err(); err != nil {
 			d.dequeue(ctx, fs, token)
 			return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, err)
 		}
+		queue = queue || d.waitedTooLong(since)
 		sent := time.Now()
 		var wait time.Duration
-		if d.o.Fair {
+		if queue {
 			wait = d.o.QueueTTL
 		}
 		res, fence, err := fs.AcquireFair(ctx, d.name, token, n, d.limit, d.o.TTL, wait)
@@ -630,7 +686,10 @@ func (d *Distributed) AcquireN(ctx context.Context, n int64) (*Permit, error) {
 			w.setToken(token)
 		}
 		pause := w.pause()
-		if res == First && d.o.Fair && !d.watchLive() {
+		if !queue {
+			pause = d.untilQueue(since, pause)
+		}
+		if res == First && queue && !d.watchLive() {
 			// First in line, and no watch to be told by: ask at the
 			// shortest interval.
 			pause, w.backoff = d.o.MinBackoff, d.o.MinBackoff

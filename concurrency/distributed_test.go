@@ -60,13 +60,16 @@ func TestNewDistributedOptions(t *testing.T) {
 	}{
 		{"defaults", DistributedOptions{}, false, DistributedOptions{
 			TTL: DefaultTTL, RenewEvery: DefaultTTL / 3, Margin: DefaultTTL / 50,
-			MinBackoff: DefaultMinBackoff, MaxBackoff: DefaultMaxBackoff, QueueTTL: time.Second}},
+			MinBackoff: DefaultMinBackoff, MaxBackoff: DefaultMaxBackoff, QueueTTL: time.Second, FairAfter: DefaultFairAfter}},
 		{"renew capped at TTL/2", DistributedOptions{TTL: time.Second, RenewEvery: time.Hour}, false, DistributedOptions{
 			TTL: time.Second, RenewEvery: time.Second / 2, Margin: time.Second / 50,
-			MinBackoff: DefaultMinBackoff, MaxBackoff: DefaultMaxBackoff, QueueTTL: time.Second}},
+			MinBackoff: DefaultMinBackoff, MaxBackoff: DefaultMaxBackoff, QueueTTL: time.Second, FairAfter: DefaultFairAfter}},
 		{"max backoff raised to min", DistributedOptions{TTL: time.Second, MinBackoff: time.Second, MaxBackoff: time.Millisecond}, false, DistributedOptions{
 			TTL: time.Second, RenewEvery: time.Second / 3, Margin: time.Second / 50,
-			MinBackoff: time.Second, MaxBackoff: time.Second, QueueTTL: 4 * time.Second}},
+			MinBackoff: time.Second, MaxBackoff: time.Second, QueueTTL: 4 * time.Second, FairAfter: DefaultFairAfter}},
+		{"fair after, never", DistributedOptions{TTL: time.Second, FairAfter: -1}, false, DistributedOptions{
+			TTL: time.Second, RenewEvery: time.Second / 3, Margin: time.Second / 50,
+			MinBackoff: DefaultMinBackoff, MaxBackoff: DefaultMaxBackoff, QueueTTL: time.Second, FairAfter: -1}},
 		{"negative", DistributedOptions{TTL: -1}, true, DistributedOptions{}},
 		{"negative queue TTL", DistributedOptions{QueueTTL: -1}, true, DistributedOptions{}},
 		{"tiny TTL", DistributedOptions{TTL: time.Microsecond}, true, DistributedOptions{}},
@@ -257,4 +260,71 @@ func TestNotify(t *testing.T) {
 		}
 		q.Release(context.Background())
 	})
+}
+
+// TestFairAfterBoundsBarging: a holder in another process that releases
+// and acquires again at once wins every race for the permit against a
+// waiter that polls (MemoryStore names no waiter); without FairAfter
+// the waiter starves, with it the waiter queues after FairAfter and is
+// served at the holder's next release.
+func TestFairAfterBoundsBarging(t *testing.T) {
+	const hold = 10 * time.Millisecond
+	for _, tc := range []struct {
+		name      string
+		fairAfter time.Duration
+	}{{"default", 0}, {"never", -1}} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				store := NewMemoryStore()
+				barger, err := NewDistributed(store, "s", 1, DistributedOptions{TTL: time.Minute})
+				if err != nil {
+					t.Fatal(err)
+				}
+				waiter, err := NewDistributed(store, "s", 1, DistributedOptions{TTL: time.Minute, FairAfter: tc.fairAfter})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, stop := context.WithCancel(t.Context())
+				held := make(chan struct{})
+				bargerDone := make(chan struct{})
+				go func() {
+					defer close(bargerDone)
+					for first := true; ; first = false {
+						p, err := barger.Acquire(ctx)
+						if err != nil {
+							return
+						}
+						if first {
+							close(held)
+						}
+						time.Sleep(hold)
+						p.Release(context.Background())
+					}
+				}()
+				<-held
+				start := time.Now()
+				wctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+				p, err := waiter.Acquire(wctx)
+				cancel()
+				waited := time.Since(start)
+				stop()
+				if p != nil {
+					p.Release(context.Background())
+				}
+				<-bargerDone
+				if tc.fairAfter < 0 {
+					if err == nil {
+						t.Errorf("granted after %v to a waiter that never queues; want it starved for the 5 s", waited)
+					}
+					return
+				}
+				if err != nil {
+					t.Fatalf("waiter: %v after %v", err, waited)
+				}
+				if limit := DefaultFairAfter + hold + DefaultMinBackoff; waited < DefaultFairAfter || waited > limit {
+					t.Errorf("granted after %v, want between FairAfter %v and %v", waited, DefaultFairAfter, limit)
+				}
+			})
+		})
+	}
 }

@@ -106,6 +106,15 @@ func (s *memSem) used() int64 {
 	return n
 }
 
+// lapse takes the waiters whose place lapsed at now off the head of the
+// line.
+func (s *memSem) lapse(now time.Time) {
+	for len(s.queue) > 0 && !now.Before(s.placed[s.queue[0]]) {
+		delete(s.placed, s.queue[0])
+		s.queue = s.queue[1:]
+	}
+}
+
 func (s *memSem) unqueue(token string) {
 	if _, ok := s.placed[token]; ok {
 		delete(s.placed, token)
@@ -113,8 +122,9 @@ func (s *memSem) unqueue(token string) {
 	}
 }
 
-// AcquireAt is Acquire at the instant now: a permit of weight 1, whoever
-// waits. It returns the permit's fence, or 0 when the semaphore is full.
+// AcquireAt is Acquire at the instant now: a permit of weight 1, unless
+// waiters queue (AcquireFairAt). It returns the permit's fence, or 0 when
+// the semaphore is full or others queue.
 func (m *MemoryStore) AcquireAt(now time.Time, name, token string, limit int64, ttl time.Duration) uint64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -122,7 +132,8 @@ func (m *MemoryStore) AcquireAt(now time.Time, name, token string, limit int64, 
 	if h, held := s.holders[token]; held {
 		return s.extend(token, h, now.Add(ttl))
 	}
-	if s.used()+1 > limit {
+	s.lapse(now)
+	if len(s.queue) > 0 || s.used()+1 > limit {
 		m.forgetEmpty(name, s)
 		return 0
 	}
@@ -157,11 +168,7 @@ func (m *MemoryStore) AcquireFairAt(now time.Time, name, token string, weight, l
 	if h, held := s.holders[token]; held {
 		return Granted, s.extend(token, h, now.Add(ttl))
 	}
-	// Waiters whose place lapsed leave the head of the line.
-	for len(s.queue) > 0 && !now.Before(s.placed[s.queue[0]]) {
-		delete(s.placed, s.queue[0])
-		s.queue = s.queue[1:]
-	}
+	s.lapse(now)
 	first := len(s.queue) == 0 || s.queue[0] == token
 	if first && s.used()+weight <= limit {
 		s.unqueue(token)

@@ -8,6 +8,8 @@
 --          place lapses (see semaphore_prelude.lua)
 -- KEYS[7]  the holders' grant instants: hash token -> ms of the server's
 --          clock when the permit was granted; a renewal keeps it
+-- KEYS[8]  the fair waiters: sorted set token -> ticket (semaphore_fair.lua)
+-- KEYS[9]  the fair waiters' places: hash token -> the instant (ms) it lapses
 -- ARGV[1]  token
 -- ARGV[2]  limit (most holders)
 -- ARGV[3]  ttl in milliseconds
@@ -17,7 +19,9 @@
 --          as a waiter, to be named when room opens; 0 to record nothing
 -- Returns the fence of token's permit if it holds one afterwards (the one
 -- it had if it held it already, the counter's next value if not), 0 if the
--- semaphore is full, -1 (having done nothing) past the cutoff. When it
+-- semaphore is full or fair waiters queue (a waiter that waited long
+-- enough queues, and is not to be overtaken), -1 (having done nothing)
+-- past the cutoff. When it
 -- forgot expired holders and did not find the semaphore full, it wakes as
 -- many waiters as the room left after its grant (semaphore_prelude.lua):
 -- the expired permits may be more than it takes. (When the last holder
@@ -53,8 +57,25 @@ local function used()
   return n
 end
 
+-- queued reports whether a fair waiter's place holds; the waiters whose
+-- place lapsed leave the head of the line (their successor, if any, asks
+-- within its backoff).
+local function queued()
+  while true do
+    local head = redis.call('ZRANGE', KEYS[8], 0, 0)
+    if #head == 0 then
+      return false
+    end
+    if tonumber(redis.call('HGET', KEYS[9], head[1]) or '0') > now then
+      return true
+    end
+    redis.call('ZREM', KEYS[8], head[1])
+    redis.call('HDEL', KEYS[9], head[1])
+  end
+end
+
 local held = redis.call('ZSCORE', key, token)
-if not held and used() >= limit then
+if not held and (used() >= limit or queued()) then
   if wait > 0 then
     redis.call('ZADD', KEYS[6], now + wait, token)
     keep(KEYS[6], wait)

@@ -302,7 +302,7 @@ func (r *SemaphoreStore) Acquire(ctx context.Context, name, token string, limit 
 	if err != nil {
 		return 0, err
 	}
-	keys := []string{key, key + ":w", key + ":freed", key + ":f", key + ":fence", key + ":pw", key + ":since"}
+	keys := []string{key, key + ":w", key + ":freed", key + ":f", key + ":fence", key + ":pw", key + ":since", key + ":q", key + ":qt"}
 	n, err := r.acquire.Run(ctx, r.c, keys, token, limit, ttlMillis(ttl), cut, waitMillis(wait)).Int64()
 	if err == nil {
 		err = r.checkCutoff(ctx, key, n)

@@ -57,6 +57,7 @@ func RunSemaphores(t *testing.T, newStore NewSemaphoreStore, fakeTime bool) {
 		{"fences increase per name", testFences},
 		{"fences survive expiry", testFencesSurviveExpiry},
 		{"fences of the fair path", testFairFences},
+		{"plain acquire yields to the queue", testPlainYieldsToQueue},
 		{"holders listed", testHolders},
 		{"holders listed, fair", testHoldersFair},
 	}
@@ -694,5 +695,39 @@ func testHoldersFair(t *testing.T, b concurrency.Store, sem string) {
 	}
 	if ok, err := fs.Release(ctx, sem, "fair-token-a"); !ok || err != nil {
 		t.Fatalf("Release = %v, %v", ok, err)
+	}
+}
+
+// testPlainYieldsToQueue: while a waiter keeps its place in the queue,
+// Acquire grants nobody else, though there is room; once the waiter
+// leaves the queue, Acquire grants again.
+func testPlainYieldsToQueue(t *testing.T, b concurrency.Store, sem string) {
+	fs := fairOrSkip(t, b)
+	ctx := context.Background()
+	// A holder of 2 in a semaphore of 2 makes the waiter queue.
+	res, _, err := fs.AcquireFair(ctx, sem, "holder", 2, 2, testTTL, 0)
+	if err != nil || res != concurrency.Granted {
+		t.Fatalf("AcquireFair(holder, 2) = %v, %v; want Granted", res, err)
+	}
+	res, _, err = fs.AcquireFair(ctx, sem, "waiter", 2, 2, testTTL, testTTL)
+	if err != nil || res != concurrency.First {
+		t.Fatalf("AcquireFair(waiter, 2) = %v, %v; want First", res, err)
+	}
+	if _, err := b.Release(ctx, sem, "holder"); err != nil {
+		t.Fatal(err)
+	}
+	// Room for 2, but the waiter (of weight 2) holds its place.
+	if f, err := b.Acquire(ctx, sem, "barger", 2, testTTL, 0); err != nil || f != 0 {
+		t.Fatalf("Acquire while a waiter queues = %d, %v; want 0 (refused)", f, err)
+	}
+	if err := fs.Dequeue(ctx, sem, "waiter"); err != nil {
+		t.Fatal(err)
+	}
+	f, err := b.Acquire(ctx, sem, "barger", 2, testTTL, 0)
+	if err != nil || f == 0 {
+		t.Fatalf("Acquire once the waiter left = %d, %v; want a grant", f, err)
+	}
+	if _, err := b.Release(ctx, sem, "barger"); err != nil {
+		t.Fatal(err)
 	}
 }

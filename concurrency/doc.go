@@ -12,7 +12,8 @@
 //     processes). At most Limit units of one named semaphore are held at
 //     any moment; on a FairStore (both of those) permits may weigh more
 //     than one unit (AcquireN) and, with Fair, waiters are served in
-//     arrival order across every process.
+//     arrival order across every process; without it, a waiter joins that
+//     order once it has waited FairAfter, so that none waits without end.
 //     Every permit expires after a TTL unless renewed, so a process that dies
 //     gives its permits back by itself within one TTL; a Permit renews itself
 //     while held, and its Err reports the loss as soon as it can no longer

@@ -274,20 +274,7 @@ class Semaphore:
         return Held(self, weight, wait, fair, renew_every)
 
     def _post(self, path, body, timeout):
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self.token is not None:
-            headers["Authorization"] = "Bearer " + self.token
-        req = urllib.request.Request(self.base_url + path, data=json.dumps(body).encode(),
-                                     headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                data = resp.read()
-        except urllib.error.HTTPError as e:
-            try:
-                raise _error(e.code, e.read()) from None
-            finally:
-                e.close()
-        return json.loads(data) if data else None
+        return _post(self.base_url, self.token, path, body, timeout)
 
 
 class Held:

@@ -94,9 +94,9 @@ func dashLoad(t *testing.T, up map[string]string) {
 
 // holdSemaphore holds semaphore "dash-api" (limit 1) through serve's
 // coordination API, with one more acquire waiting on it, and returns the
-// holder's fence once serve counts the waiter. The waiter goes away when
-// the test ends, or after 9 s (409).
-func holdSemaphore(t *testing.T, up map[string]string) uint64 {
+// holder's fence and permit id once serve counts the waiter. The waiter
+// goes away when the test ends, or after 9 s (409).
+func holdSemaphore(t *testing.T, up map[string]string) (fence uint64, permit string) {
 	t.Helper()
 	post := func(ctx context.Context, op, body string) (int, map[string]any, error) {
 		return dashPost(ctx, up, "/v1/semaphores/"+op, body)
@@ -129,7 +129,7 @@ func holdSemaphore(t *testing.T, up map[string]string) uint64 {
 			t.Fatalf("serve does not count the waiter: %v", h)
 		}
 	}
-	return uint64(g["fence"].(float64))
+	return uint64(g["fence"].(float64)), g["permit_id"].(string)
 }
 
 // dashPost posts body to serve's HTTP API at path and decodes the JSON
@@ -207,7 +207,7 @@ func admin(t *testing.T, up map[string]string, method, path, body string) (int, 
 func TestAdminTop(t *testing.T) {
 	up := startDashServe(t)
 	dashLoad(t, up)
-	fence := holdSemaphore(t, up)
+	fence, _ := holdSemaphore(t, up)
 	holderID, rate := joinLease(t, up)
 	// The status (the dashboard's) shows the semaphore held through the
 	// coordination API, with its holder and its waiter, and the leased
@@ -319,7 +319,7 @@ func TestAdminTop(t *testing.T) {
 func TestTopOnce(t *testing.T) {
 	up := startDashServe(t)
 	dashLoad(t, up)
-	fence := holdSemaphore(t, up)
+	fence, _ := holdSemaphore(t, up)
 	holderID, rate := joinLease(t, up)
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(tokenFile, []byte(dashToken+"\n"), 0o600); err != nil {
@@ -585,7 +585,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	})
 	t.Cleanup(func() { stopLoad(); loadDone.Wait() })
 
-	fence := holdSemaphore(t, up)
+	fence, permit := holdSemaphore(t, up)
 	holderID, _ := joinLease(t, up)
 	ctx, poll, text := dashBrowser(t, browser)
 	page := "http://" + up["admin"] + "/admin/dashboard/"
@@ -640,8 +640,16 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	picture := os.Getenv("SLUICE_DASHBOARD_PNG") // refreshes the README's picture
 	if picture != "" {
-		// A minute of varied load first, so that the chart has a shape.
+		// A minute of varied load first, so that the chart has a shape,
+		// the semaphore's permit renewed and the lease holder's demand
+		// stated every second, so that they stay in the picture.
 		for i := range 60 {
+			if code, m, err := dashPost(t.Context(), up, "/v1/semaphores/renew", fmt.Sprintf(`{"name":"dash-api","permit_id":%q,"ttl_ms":60000}`, permit)); err != nil || code != http.StatusOK {
+				t.Fatalf("renew: %d %v %v", code, m, err)
+			}
+			if code, m, err := dashPost(t.Context(), up, "/v1/leases/demand", fmt.Sprintf(`{"service":%q,"holder_id":%q,"rate":%d,"backlog":%d}`, dashLeased, holderID, dashLeasedRate, dashLeasedLog)); err != nil || code != http.StatusOK {
+				t.Fatalf("demand: %d %v %v", code, m, err)
+			}
 			for j := range 5 + (i%20)*2 {
 				dashCheck(t, up, "user", fmt.Sprint("burst-", i/10, "-", j%3))
 			}

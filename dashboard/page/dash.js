@@ -219,6 +219,7 @@
       s.holders.forEach((h, i) => {
         const tr = row((i === 0 ? head : blank).concat([h.member, f(h.weight), fmtMs(h.joined_for_ms) + " ago", f(h.rate) + "/s",
           f(h.demand_rate) + "/s", h.backlog, h.leases, fmtMs(h.valid_for_ms), fmtMs(h.heartbeat_ago_ms) + " ago"]), 1);
+        tr.children[4].className = ""; // the member id, a name
         tr.dataset.member = h.member;
         rows.push(tr);
       });

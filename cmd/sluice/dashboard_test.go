@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/promql/parser"
 
+	"github.com/sluicehq/sluice/dashboard"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -401,6 +402,7 @@ func FuzzDecodeStatus(f *testing.F) {
 	f.Add([]byte(`{"title":"x","limits":[{"domain":"d","name":"r","decisions":3,"hot":[{"key":"k","count":3}],"near":[{"key":"k","used":0.5,"whole_in_ns":1000}]}]}`))
 	f.Add([]byte(`{"store":{"kind":"redis","healthy":false,"error":"down"}}`))
 	f.Add([]byte(`[]`))
+	f.Add([]byte(`{"coordination":{"semaphores":[],"leases":[{"service":"s","capacity":1.5,"partitions":2,"holder_count":-3,"holders":[{"member":"m","valid_for_ms":-1}]},{"service":"t"}]}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		st, err := decodeStatus(bytes.NewReader(b))
 		if err != nil {
@@ -409,6 +411,34 @@ func FuzzDecodeStatus(f *testing.F) {
 		var out bytes.Buffer
 		renderTop(&out, st, st) // never panics, whatever the server says
 	})
+}
+
+// TestTopLeasesRows: sluice top's leases table writes a service's cells
+// on its first holder's line only, says how many holders it does not
+// list, and writes a dash for a service listed without holders.
+func TestTopLeasesRows(t *testing.T) {
+	var out bytes.Buffer
+	renderCoordination(&out, &dashboard.CoordinationStatus{Leases: []dashboard.LeasedService{
+		{Service: "db", Capacity: 100, Partitions: 4, HolderCount: 4, Holders: []dashboard.RemoteHolder{
+			{Member: "remote-aa", Weight: 2, JoinedForMS: 61000, Rate: 33.333, DemandRate: 40, Backlog: 7, Leases: 1, ValidForMS: 2500, HeartbeatAgoMS: 120},
+			{Member: "remote-bb", Weight: 1, JoinedForMS: 1500, Rate: 66.667, Leases: 3, ValidForMS: 2900, HeartbeatAgoMS: 5},
+		}},
+		{Service: "idle", Capacity: 10, Partitions: 1},
+	}})
+	t.Logf("\n%s", out.String())
+	for _, re := range []string{
+		`(?m)^  db +100 +4 +4 +remote-aa +2 +1m1s ago +33\.3/s +40/s +7 +1 +2\.5s +120ms ago +$`,
+		`(?m)^ +remote-bb +1 +1\.5s ago +66\.7/s +0/s +0 +3 +2\.9s +5ms ago +$`,
+		`(?m)^ +\(2 more\) +$`,
+		`(?m)^  idle +10 +1 +0 +- +$`,
+	} {
+		if !regexp.MustCompile(re).MatchString(out.String()) {
+			t.Errorf("no line matches %s", re)
+		}
+	}
+	if strings.Contains(out.String(), "semaphores held") {
+		t.Errorf("a semaphores table without semaphores")
+	}
 }
 
 // chromium returns the browser the test drives: Debian's chromium, which

@@ -173,8 +173,9 @@ type leaseService struct {
 	partitions int
 	holders    int
 	// seq is the number of the last join of the service (the status lists
-	// the latest first).
-	seq uint64
+	// the latest first); remotes its holders now, by holder id.
+	seq     uint64
+	remotes map[string]*remote
 }
 
 // leases is the Service's lease state.
@@ -269,7 +270,7 @@ func (s *Service) Join(ctx context.Context, req JoinRequest) (g LeaseGrant, err 
 		if err != nil {
 			return LeaseGrant{}, &Error{Code: Unavailable, Msg: "opening the lease store", Err: err}
 		}
-		svc = &leaseService{store: st}
+		svc = &leaseService{store: st, remotes: map[string]*remote{}}
 		ls.services[req.Service] = svc
 	case svc.holders > 0 && (svc.capacity != req.Capacity || svc.partitions != req.Partitions):
 		return LeaseGrant{}, errorf(Invalid, "service %q is shared as capacity %v in %d partitions by its holders: join with the same", req.Service, svc.capacity, svc.partitions)
@@ -300,6 +301,7 @@ func (s *Service) Join(ctx context.Context, req JoinRequest) (g LeaseGrant, err 
 	svc.capacity, svc.partitions = req.Capacity, req.Partitions
 	svc.holders++
 	svc.seq = r.seq
+	svc.remotes[r.id] = r
 	ls.holders[r.id] = r
 	r.refresh(time.Now()) // version 1
 	first := r.answer(time.Now())
@@ -504,7 +506,9 @@ func (s *Service) end(r *remote, keep bool) {
 	defer ls.mu.Unlock()
 	if ls.holders[r.id] == r {
 		delete(ls.holders, r.id)
-		ls.services[r.service].holders--
+		svc := ls.services[r.service]
+		svc.holders--
+		delete(svc.remotes, r.id)
 	}
 }
 
@@ -728,32 +732,33 @@ func (s *Service) LeaseStatus(now time.Time) []dashboard.LeasedService {
 		return out
 	}
 	type service struct {
-		name string
-		svc  leaseService
-		rs   []*remote
+		name                string
+		capacity            float64
+		partitions, holders int
+		seq                 uint64
+		rs                  []*remote
 	}
+	// Under ls.mu (which every call on a holder takes briefly) only the
+	// copies: the services with holders, then the holders of those shown.
 	ls.mu.Lock()
-	byName := map[string]*service{}
 	var svcs []*service
 	for name, svc := range ls.services {
 		if svc.holders > 0 {
-			sv := &service{name: name, svc: *svc}
-			byName[name] = sv
-			svcs = append(svcs, sv)
+			svcs = append(svcs, &service{name: name, capacity: svc.capacity, partitions: svc.partitions, holders: svc.holders, seq: svc.seq})
 		}
 	}
-	for _, r := range ls.holders {
-		if sv := byName[r.service]; sv != nil {
+	slices.SortFunc(svcs, func(a, b *service) int { return cmp.Compare(b.seq, a.seq) })
+	svcs = svcs[:min(len(svcs), s.limits.MaxSeen)]
+	for _, sv := range svcs {
+		for _, r := range ls.services[sv.name].remotes {
 			sv.rs = append(sv.rs, r)
 		}
 	}
 	ls.mu.Unlock()
-	slices.SortFunc(svcs, func(a, b *service) int { return cmp.Compare(b.svc.seq, a.svc.seq) })
-	svcs = svcs[:min(len(svcs), s.limits.MaxSeen)]
 	for _, sv := range svcs {
 		slices.SortFunc(sv.rs, func(a, b *remote) int { return cmp.Compare(b.seq, a.seq) })
-		v := dashboard.LeasedService{Service: sv.name, Capacity: sv.svc.capacity, Partitions: sv.svc.partitions,
-			HolderCount: sv.svc.holders, Holders: make([]dashboard.RemoteHolder, 0, min(len(sv.rs), s.limits.MaxSeen))}
+		v := dashboard.LeasedService{Service: sv.name, Capacity: sv.capacity, Partitions: sv.partitions,
+			HolderCount: sv.holders, Holders: make([]dashboard.RemoteHolder, 0, min(len(sv.rs), s.limits.MaxSeen))}
 		for _, r := range sv.rs[:min(len(sv.rs), s.limits.MaxSeen)] {
 			v.Holders = append(v.Holders, r.view(now))
 		}

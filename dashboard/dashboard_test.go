@@ -211,8 +211,8 @@ func FuzzParseK(f *testing.F) {
 	})
 }
 
-// TestCoordination: what Options.Coordination reports is in status.json,
-// a holder's unknown time held left out, and no coordination at all
+// TestCoordination: what Options.Coordination reports is in status.json
+// (semaphores and leased services), a holder's unknown time held left out, and no coordination at all
 // without it.
 func TestCoordination(t *testing.T) {
 	held := int64(1234)
@@ -220,6 +220,9 @@ func TestCoordination(t *testing.T) {
 		return &dashboard.CoordinationStatus{Semaphores: []dashboard.HeldSemaphore{{
 			Name: "api", Limit: 2, Held: 2, Waiting: 3, Queued: -1,
 			Holders: []dashboard.SemaphoreHolder{{Fence: 17, Weight: 1, HeldForMS: &held, ExpiresInMS: 8766}, {Fence: 18, Weight: 1, ExpiresInMS: 9000}},
+		}}, Leases: []dashboard.LeasedService{{
+			Service: "db", Capacity: 100, Partitions: 4, HolderCount: 3,
+			Holders: []dashboard.RemoteHolder{{Member: "remote-0123456789abcdef", Weight: 1, JoinedForMS: 5000, Rate: 50, DemandRate: 40, Backlog: 7, Leases: 2, ValidForMS: 2900, HeartbeatAgoMS: 100}},
 		}}}
 	}})
 	resp, body := get(t, d, "/status.json", token)
@@ -227,7 +230,9 @@ func TestCoordination(t *testing.T) {
 		t.Fatalf("status.json: %d %s", resp.StatusCode, body)
 	}
 	for _, want := range []string{
-		`"coordination":{"semaphores":[{"name":"api","limit":2,"holders":[{"fence":17,"weight":1,"held_for_ms":1234,"expires_in_ms":8766},{"fence":18,"weight":1,"expires_in_ms":9000}],"held":2,"waiting":3,"queued":-1}]}`,
+		`"coordination":{"semaphores":[{"name":"api","limit":2,"holders":[{"fence":17,"weight":1,"held_for_ms":1234,"expires_in_ms":8766},{"fence":18,"weight":1,"expires_in_ms":9000}],"held":2,"waiting":3,"queued":-1}],` +
+			`"leases":[{"service":"db","capacity":100,"partitions":4,"holder_count":3,"holders":[{"member":"remote-0123456789abcdef","weight":1,"joined_for_ms":5000,` +
+			`"rate":50,"demand_rate":40,"backlog":7,"leases":2,"valid_for_ms":2900,"heartbeat_ago_ms":100}]}]}`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("status.json = %s\nwant it to contain %s", body, want)

@@ -2,7 +2,10 @@
 // the rules, decisions and denials per limit over the last minutes, the
 // hottest, most denied and near-limit keys of each limit (package topk),
 // the capacity that lease holders have against what they want, the
-// semaphores' holdings, and the store's health.
+// semaphores' holdings, what a coordination service (sluice serve) holds
+// for remote callers (Options.Coordination: semaphores with their holders
+// and waiters, leased services with their remote holders, by member id),
+// and the store's health.
 //
 // A Dashboard is an http.Handler. Mount it under a prefix with
 // http.StripPrefix; it answers

@@ -134,11 +134,48 @@ type SemaphoreStatus struct {
 // for, so holders granted by another replica on the same store are
 // listed too; Waiting counts this process's waiters only.
 //
-// Another kind of thing held through the service (capacity leases) is one
-// more field beside Semaphores, with rows of its own type; readers of the
-// status ignore the fields they do not know.
+// The leases are the leased services this process runs remote holders
+// for now (a bounded number, the most recently joined first), each with
+// its holders as this process runs them: nothing is read from the store
+// for them, and holders of another replica are not listed.
+//
+// Each kind of thing held is one field, with rows of its own type;
+// readers of the status ignore the fields they do not know.
 type CoordinationStatus struct {
 	Semaphores []HeldSemaphore `json:"semaphores"`
+	Leases     []LeasedService `json:"leases"`
+}
+
+// A LeasedService is one leased service of a coordination service: the
+// capacity its holders share, in how many partitions, and the remote
+// holders this process runs for it.
+type LeasedService struct {
+	Service    string  `json:"service"`
+	Capacity   float64 `json:"capacity"`
+	Partitions int     `json:"partitions"`
+	// HolderCount is how many remote holders this process runs for the
+	// service; Holders lists them, the most recently joined first, at
+	// most a bounded number of them.
+	HolderCount int            `json:"holder_count"`
+	Holders     []RemoteHolder `json:"holders"`
+}
+
+// A RemoteHolder is one remote holder of a leased service, without its
+// holder id (the capability to state its demand, watch and leave): its
+// member id as the lease store sees it, its weight, how long since it
+// joined, the rate it may use now, the demand it stated last, how many
+// leases (partitions) it holds and how long what it was told stays
+// valid, and how long since its last heartbeat (join or demand).
+type RemoteHolder struct {
+	Member         string  `json:"member"`
+	Weight         float64 `json:"weight"`
+	JoinedForMS    int64   `json:"joined_for_ms"`
+	Rate           float64 `json:"rate"`
+	DemandRate     float64 `json:"demand_rate"`
+	Backlog        int64   `json:"backlog"`
+	Leases         int     `json:"leases"`
+	ValidForMS     int64   `json:"valid_for_ms"`
+	HeartbeatAgoMS int64   `json:"heartbeat_ago_ms"`
 }
 
 // A HeldSemaphore is one semaphore of a coordination service: its limit

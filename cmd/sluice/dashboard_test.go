@@ -27,6 +27,7 @@ import (
 	"github.com/prometheus/prometheus/model/rulefmt"
 	"github.com/prometheus/prometheus/promql/parser"
 
+	"github.com/sluicehq/sluice/dashboard"
 	"github.com/sluicehq/sluice/internal/redistest"
 )
 
@@ -94,23 +95,12 @@ func dashLoad(t *testing.T, up map[string]string) {
 
 // holdSemaphore holds semaphore "dash-api" (limit 1) through serve's
 // coordination API, with one more acquire waiting on it, and returns the
-// holder's fence once serve counts the waiter. The waiter goes away when
-// the test ends, or after 9 s (409).
-func holdSemaphore(t *testing.T, up map[string]string) uint64 {
+// holder's fence and permit id once serve counts the waiter. The waiter
+// goes away when the test ends, or after 9 s (409).
+func holdSemaphore(t *testing.T, up map[string]string) (fence uint64, permit string) {
 	t.Helper()
 	post := func(ctx context.Context, op, body string) (int, map[string]any, error) {
-		req, err := http.NewRequestWithContext(ctx, "POST", "http://"+up["http"]+"/v1/semaphores/"+op, strings.NewReader(body))
-		if err != nil {
-			return 0, nil, err
-		}
-		resp, err := dashClient.Do(req)
-		if err != nil {
-			return 0, nil, err
-		}
-		defer resp.Body.Close()
-		var m map[string]any
-		err = json.NewDecoder(resp.Body).Decode(&m)
-		return resp.StatusCode, m, err
+		return dashPost(ctx, up, "/v1/semaphores/"+op, body)
 	}
 	code, g, err := post(t.Context(), "acquire", `{"name":"dash-api","limit":1,"ttl_ms":60000}`)
 	if err != nil || code != http.StatusOK {
@@ -140,7 +130,60 @@ func holdSemaphore(t *testing.T, up map[string]string) uint64 {
 			t.Fatalf("serve does not count the waiter: %v", h)
 		}
 	}
-	return uint64(g["fence"].(float64))
+	return uint64(g["fence"].(float64)), g["permit_id"].(string)
+}
+
+// dashPost posts body to serve's HTTP API at path and decodes the JSON
+// answer.
+func dashPost(ctx context.Context, up map[string]string, path, body string) (int, map[string]any, error) {
+	req, err := http.NewRequestWithContext(ctx, "POST", "http://"+up["http"]+path, strings.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := dashClient.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	var m map[string]any
+	err = json.NewDecoder(resp.Body).Decode(&m)
+	return resp.StatusCode, m, err
+}
+
+// The leased service joinLease holds, and the demand it states.
+const (
+	dashLeased     = "dash-leased"
+	dashLeasedRate = 25
+	dashLeasedLog  = 3
+)
+
+// joinLease makes a remote holder of dashLeased (capacity 100 in 4
+// partitions, TTL 60 s) through serve's coordination API over HTTP,
+// states its demand (25 a second, a backlog of 3), and returns its holder
+// id and the rate granted once an answer grants one (each round a long
+// poll of at most 2 s; its backlog asks for every partition).
+func joinLease(t *testing.T, up map[string]string) (id string, rate float64) {
+	t.Helper()
+	code, g, err := dashPost(t.Context(), up, "/v1/leases/join", fmt.Sprintf(`{"service":%q,"capacity":100,"partitions":4,"ttl_ms":60000}`, dashLeased))
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("join: %d %v %v", code, g, err)
+	}
+	id = g["holder_id"].(string)
+	code, g, err = dashPost(t.Context(), up, "/v1/leases/demand", fmt.Sprintf(`{"service":%q,"holder_id":%q,"rate":%d,"backlog":%d}`, dashLeased, id, dashLeasedRate, dashLeasedLog))
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("demand: %d %v %v", code, g, err)
+	}
+	for range 10 {
+		if r, _ := g["rate"].(float64); r > 0 {
+			return id, r
+		}
+		code, g, err = dashPost(t.Context(), up, "/v1/leases/watch", fmt.Sprintf(`{"service":%q,"holder_id":%q,"version":%v,"wait_ms":2000}`, dashLeased, id, g["version"]))
+		if err != nil || code != http.StatusOK {
+			t.Fatalf("watch: %d %v %v", code, g, err)
+		}
+	}
+	t.Fatalf("no rate granted to the holder within 10 polls: %v", g)
+	return "", 0
 }
 
 // admin calls the admin API with the token.
@@ -165,12 +208,31 @@ func admin(t *testing.T, up map[string]string, method, path, body string) (int, 
 func TestAdminTop(t *testing.T) {
 	up := startDashServe(t)
 	dashLoad(t, up)
-	fence := holdSemaphore(t, up)
+	fence, _ := holdSemaphore(t, up)
+	holderID, rate := joinLease(t, up)
 	// The status (the dashboard's) shows the semaphore held through the
-	// coordination API, with its holder and its waiter.
+	// coordination API, with its holder and its waiter, and the leased
+	// service with its remote holder (by member id, not holder id).
 	code, body := admin(t, up, "GET", "/admin/v1/status", "")
 	var st struct {
 		Coordination struct {
+			Leases []struct {
+				Service     string
+				Capacity    float64
+				Partitions  int
+				HolderCount int `json:"holder_count"`
+				Holders     []struct {
+					Member         string
+					Weight         float64
+					JoinedForMS    int64 `json:"joined_for_ms"`
+					Rate           float64
+					DemandRate     float64 `json:"demand_rate"`
+					Backlog        int64
+					Leases         int
+					ValidForMS     int64 `json:"valid_for_ms"`
+					HeartbeatAgoMS int64 `json:"heartbeat_ago_ms"`
+				}
+			}
 			Semaphores []struct {
 				Name            string
 				Limit, Held     int64
@@ -192,6 +254,15 @@ func TestAdminTop(t *testing.T) {
 		len(sems[0].Holders) != 1 || sems[0].Holders[0].Fence != fence || sems[0].Holders[0].Weight != 1 || sems[0].Holders[0].HeldForMS == nil ||
 		sems[0].Holders[0].ExpiresInMS <= 0 || sems[0].Holders[0].ExpiresInMS > 60000 {
 		t.Errorf("status's coordination = %+v, want dash-api held once (fence %d) and waited on once", st.Coordination, fence)
+	}
+	if ls := st.Coordination.Leases; len(ls) != 1 || ls[0].Service != dashLeased || ls[0].Capacity != 100 || ls[0].Partitions != 4 || ls[0].HolderCount != 1 || len(ls[0].Holders) != 1 {
+		t.Errorf("status's leases = %+v, want %s with one holder", ls, dashLeased)
+	} else if h := ls[0].Holders[0]; !strings.HasPrefix(h.Member, "remote-") || h.Weight != 1 || h.JoinedForMS < 0 || h.Rate != rate || h.DemandRate != dashLeasedRate ||
+		h.Backlog != dashLeasedLog || h.Leases != 4 || h.ValidForMS <= 0 || h.ValidForMS > 60000 || h.HeartbeatAgoMS < 0 || h.HeartbeatAgoMS > h.JoinedForMS {
+		t.Errorf("status's lease holder = %+v, want its demand (%d/s, %d), rate %v on 4 leases", h, dashLeasedRate, dashLeasedLog, rate)
+	}
+	if strings.Contains(body, holderID) {
+		t.Errorf("the status shows the holder id %s", holderID)
 	}
 	code, body = admin(t, up, "GET", "/admin/v1/top?domain=dash&rule=per_user&k=3", "")
 	if code != http.StatusOK {
@@ -249,7 +320,8 @@ func TestAdminTop(t *testing.T) {
 func TestTopOnce(t *testing.T) {
 	up := startDashServe(t)
 	dashLoad(t, up)
-	fence := holdSemaphore(t, up)
+	fence, _ := holdSemaphore(t, up)
+	holderID, rate := joinLease(t, up)
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(tokenFile, []byte(dashToken+"\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -273,6 +345,17 @@ func TestTopOnce(t *testing.T) {
 	sem := regexp.MustCompile(fmt.Sprintf(`(?m)^  dash-api +1 +1 +1 +0 +%d +1 +[0-9.]+m?s +[0-9.]+s +$`, fence))
 	if !strings.Contains(out, "semaphores held through the coordination API") || !sem.MatchString(out) {
 		t.Errorf("no row of dash-api with its holder (fence %d) and its waiter", fence)
+	}
+	// The leased service: capacity 100 in 4 partitions, 1 holder, by its
+	// member id, weight 1, joined ago, its rate, its stated demand, 4
+	// leases, their validity and its last heartbeat.
+	leased := regexp.MustCompile(fmt.Sprintf(`(?m)^  %s +100 +4 +1 +remote-[0-9a-f]{16} +1 +[0-9.]+m?s ago +%v/s +%d/s +%d +4 +[0-9.]+m?s +[0-9.]+[mµn]?s ago +$`,
+		dashLeased, rate, dashLeasedRate, dashLeasedLog))
+	if !strings.Contains(out, "leases held through the coordination API") || !leased.MatchString(out) {
+		t.Errorf("no row of %s with its remote holder", dashLeased)
+	}
+	if strings.Contains(out, holderID) {
+		t.Errorf("top shows the holder id %s", holderID)
 	}
 	if _, errOut, err := runArgs(t, t.Context(), "top", "-addr", up["admin"], "-once"); err == nil || !strings.Contains(err.Error()+errOut, "401") {
 		t.Errorf("top without a token: %v %s, want a 401", err, errOut)
@@ -319,6 +402,7 @@ func FuzzDecodeStatus(f *testing.F) {
 	f.Add([]byte(`{"title":"x","limits":[{"domain":"d","name":"r","decisions":3,"hot":[{"key":"k","count":3}],"near":[{"key":"k","used":0.5,"whole_in_ns":1000}]}]}`))
 	f.Add([]byte(`{"store":{"kind":"redis","healthy":false,"error":"down"}}`))
 	f.Add([]byte(`[]`))
+	f.Add([]byte(`{"coordination":{"semaphores":[],"leases":[{"service":"s","capacity":1.5,"partitions":2,"holder_count":-3,"holders":[{"member":"m","valid_for_ms":-1}]},{"service":"t"}]}}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		st, err := decodeStatus(bytes.NewReader(b))
 		if err != nil {
@@ -327,6 +411,34 @@ func FuzzDecodeStatus(f *testing.F) {
 		var out bytes.Buffer
 		renderTop(&out, st, st) // never panics, whatever the server says
 	})
+}
+
+// TestTopLeasesRows: sluice top's leases table writes a service's cells
+// on its first holder's line only, says how many holders it does not
+// list, and writes a dash for a service listed without holders.
+func TestTopLeasesRows(t *testing.T) {
+	var out bytes.Buffer
+	renderCoordination(&out, &dashboard.CoordinationStatus{Leases: []dashboard.LeasedService{
+		{Service: "db", Capacity: 100, Partitions: 4, HolderCount: 4, Holders: []dashboard.RemoteHolder{
+			{Member: "remote-aa", Weight: 2, JoinedForMS: 61000, Rate: 33.333, DemandRate: 40, Backlog: 7, Leases: 1, ValidForMS: 2500, HeartbeatAgoMS: 120},
+			{Member: "remote-bb", Weight: 1, JoinedForMS: 1500, Rate: 66.667, Leases: 3, ValidForMS: 2900, HeartbeatAgoMS: 5},
+		}},
+		{Service: "idle", Capacity: 10, Partitions: 1},
+	}})
+	t.Logf("\n%s", out.String())
+	for _, re := range []string{
+		`(?m)^  db +100 +4 +4 +remote-aa +2 +1m1s ago +33\.3/s +40/s +7 +1 +2\.5s +120ms ago +$`,
+		`(?m)^ +remote-bb +1 +1\.5s ago +66\.7/s +0/s +0 +3 +2\.9s +5ms ago +$`,
+		`(?m)^ +\(2 more\) +$`,
+		`(?m)^  idle +10 +1 +0 +- +$`,
+	} {
+		if !regexp.MustCompile(re).MatchString(out.String()) {
+			t.Errorf("no line matches %s", re)
+		}
+	}
+	if strings.Contains(out.String(), "semaphores held") {
+		t.Errorf("a semaphores table without semaphores")
+	}
 }
 
 // chromium returns the browser the test drives: Debian's chromium, which
@@ -503,7 +615,8 @@ func TestDashboardInBrowser(t *testing.T) {
 	})
 	t.Cleanup(func() { stopLoad(); loadDone.Wait() })
 
-	fence := holdSemaphore(t, up)
+	fence, permit := holdSemaphore(t, up)
+	holderID, _ := joinLease(t, up)
 	ctx, poll, text := dashBrowser(t, browser)
 	page := "http://" + up["admin"] + "/admin/dashboard/"
 
@@ -512,7 +625,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	poll("the page asks for the token", `document.getElementById("state").textContent.includes("no data")`)
-	if body := text("body"); strings.Contains(body, "hot-user") || strings.Contains(body, "per_user") || strings.Contains(body, "incident 42") || strings.Contains(body, "dash-api") {
+	if body := text("body"); strings.Contains(body, "hot-user") || strings.Contains(body, "per_user") || strings.Contains(body, "incident 42") || strings.Contains(body, "dash-api") || strings.Contains(body, dashLeased) {
 		t.Errorf("without the token the page shows data:\n%s", body)
 	}
 
@@ -523,6 +636,17 @@ func TestDashboardInBrowser(t *testing.T) {
 	poll("the semaphore held through the coordination API", fmt.Sprintf(`document.querySelector('#coord-semaphores tr[data-fence="%d"]') !== null`, fence))
 	if sems := text("#coord-semaphores"); !strings.Contains(sems, "dash-api") || !strings.Contains(sems, "expires in") {
 		t.Errorf("coordination table: %q", sems)
+	}
+	poll("the leased service's remote holder", `document.querySelector('#coord-leases tr[data-member^="remote-"]') !== null`)
+	if ls := text("#coord-leases"); !strings.Contains(ls, dashLeased) || !strings.Contains(ls, fmt.Sprintf("%d/s", dashLeasedRate)) || !strings.Contains(ls, "heartbeat") {
+		t.Errorf("leases table: %q", ls)
+	}
+	html, err := chromedp.Run(ctx, chromedp.OuterHTML("html"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(html, holderID) || !strings.Contains(html, dashLeased) {
+		t.Errorf("the page shows the holder id %s, or not the leased service", holderID)
 	}
 	poll("the chart has samples with decisions", `Number(document.getElementById("chart").dataset.samples) >= 4 && Number(document.getElementById("chart").dataset.max) > 0`)
 	poll("the top tables", `document.querySelector('[data-limit="dash / per_user"]') !== null`)
@@ -546,8 +670,16 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	picture := os.Getenv("SLUICE_DASHBOARD_PNG") // refreshes the README's picture
 	if picture != "" {
-		// A minute of varied load first, so that the chart has a shape.
+		// A minute of varied load first, so that the chart has a shape,
+		// the semaphore's permit renewed and the lease holder's demand
+		// stated every second, so that they stay in the picture.
 		for i := range 60 {
+			if code, m, err := dashPost(t.Context(), up, "/v1/semaphores/renew", fmt.Sprintf(`{"name":"dash-api","permit_id":%q,"ttl_ms":60000}`, permit)); err != nil || code != http.StatusOK {
+				t.Fatalf("renew: %d %v %v", code, m, err)
+			}
+			if code, m, err := dashPost(t.Context(), up, "/v1/leases/demand", fmt.Sprintf(`{"service":%q,"holder_id":%q,"rate":%d,"backlog":%d}`, dashLeased, holderID, dashLeasedRate, dashLeasedLog)); err != nil || code != http.StatusOK {
+				t.Fatalf("demand: %d %v %v", code, m, err)
+			}
 			for j := range 5 + (i%20)*2 {
 				dashCheck(t, up, "user", fmt.Sprint("burst-", i/10, "-", j%3))
 			}

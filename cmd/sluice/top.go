@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -271,16 +272,28 @@ func renderTop(w io.Writer, st, prev *dashboard.Status) {
 
 // renderCoordination writes what the coordination API holds: one line
 // per holder of each semaphore acquired through serve, the semaphore's
-// own cells on its first line.
+// own cells on its first line; then one line per remote holder of each
+// leased service, likewise.
 func renderCoordination(w io.Writer, c *dashboard.CoordinationStatus) {
-	if c == nil || len(c.Semaphores) == 0 {
+	if c == nil {
+		return
+	}
+	renderCoordSemaphores(w, c.Semaphores)
+	renderCoordLeases(w, c.Leases)
+}
+
+func msString(v int64) string { return (time.Duration(v) * time.Millisecond).String() }
+
+// renderCoordSemaphores writes the semaphores held through serve.
+func renderCoordSemaphores(w io.Writer, sems []dashboard.HeldSemaphore) {
+	if len(sems) == 0 {
 		return
 	}
 	fmt.Fprintln(w, "\nsemaphores held through the coordination API (holders of every replica, waiters of this one)")
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "  SEMAPHORE\tLIMIT\tHELD\tWAITING\tQUEUED\tFENCE\tWEIGHT\tHELD FOR\tEXPIRES IN\t")
-	ms := func(v int64) string { return (time.Duration(v) * time.Millisecond).String() }
-	for _, s := range c.Semaphores {
+	ms := msString
+	for _, s := range sems {
 		queued := "-"
 		if s.Queued >= 0 {
 			queued = strconv.Itoa(s.Queued)
@@ -303,6 +316,36 @@ func renderCoordination(w io.Writer, c *dashboard.CoordinationStatus) {
 				held = ms(*h.HeldForMS)
 			}
 			fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t\n", head, h.Fence, h.Weight, held, ms(h.ExpiresInMS))
+		}
+	}
+	tw.Flush()
+}
+
+// renderCoordLeases writes the leased services serve runs remote holders
+// for: each holder by its member id in the store, never its holder id.
+func renderCoordLeases(w io.Writer, svcs []dashboard.LeasedService) {
+	if len(svcs) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nleases held through the coordination API (the remote holders this replica runs, latest joined first)")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "  SERVICE\tCAPACITY\tPARTITIONS\tHOLDERS\tMEMBER\tWEIGHT\tJOINED\tRATE\tDEMAND\tBACKLOG\tLEASES\tVALID FOR\tHEARTBEAT\t")
+	num := func(v float64) string { return strconv.FormatFloat(math.Round(v*10)/10, 'f', -1, 64) }
+	for _, s := range svcs {
+		head := fmt.Sprintf("  %s\t%s\t%d\t%d", s.Service, num(s.Capacity), s.Partitions, s.HolderCount)
+		if len(s.Holders) == 0 {
+			fmt.Fprintf(tw, "%s\t-\t\t\t\t\t\t\t\t\t\n", head)
+			continue
+		}
+		for i, h := range s.Holders {
+			if i > 0 {
+				head = "  \t\t\t"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s ago\t%s/s\t%s/s\t%d\t%d\t%s\t%s ago\t\n", head, h.Member, num(h.Weight), msString(h.JoinedForMS),
+				num(h.Rate), num(h.DemandRate), h.Backlog, h.Leases, msString(h.ValidForMS), msString(h.HeartbeatAgoMS))
+		}
+		if more := s.HolderCount - len(s.Holders); more > 0 {
+			fmt.Fprintf(tw, "  \t\t\t\t(%d more)\t\t\t\t\t\t\t\t\t\n", more)
 		}
 	}
 	tw.Flush()

@@ -76,6 +76,7 @@
     $("rules").tBodies[0].replaceChildren();
     $("semaphores").tBodies[0].replaceChildren();
     $("coord-semaphores").tBodies[0].replaceChildren();
+    $("coord-leases").tBodies[0].replaceChildren();
     $("store").replaceChildren();
     $("reload").textContent = "";
     $("legend").replaceChildren();
@@ -201,7 +202,31 @@
       });
     });
     fill($("coord-semaphores").tBodies[0], rows, 9);
+    renderCoordLeases((c && c.leases) || []);
     $("coordination-section").hidden = !c;
+  }
+
+  // renderCoordLeases shows the leased services the coordination API runs
+  // remote holders for: one row per holder (by its member id in the
+  // store), the service's own cells on its first row.
+  function renderCoordLeases(svcs) {
+    const rows = [];
+    const f = (x) => (Math.round(x * 10) / 10).toString();
+    svcs.forEach((s) => {
+      const head = [s.service, f(s.capacity), s.partitions, s.holder_count];
+      const blank = head.map(() => "");
+      if (s.holders.length === 0) rows.push(row(head.concat(["", "", "", "", "", "", "", "", ""]), 1));
+      s.holders.forEach((h, i) => {
+        const tr = row((i === 0 ? head : blank).concat([h.member, f(h.weight), fmtMs(h.joined_for_ms) + " ago", f(h.rate) + "/s",
+          f(h.demand_rate) + "/s", h.backlog, h.leases, fmtMs(h.valid_for_ms), fmtMs(h.heartbeat_ago_ms) + " ago"]), 1);
+        tr.children[4].className = ""; // the member id, a name
+        tr.dataset.member = h.member;
+        rows.push(tr);
+      });
+      const more = s.holder_count - s.holders.length;
+      if (more > 0) rows.push(row(blank.concat(["(" + more + " more)", "", "", "", "", "", "", "", ""]), 1));
+    });
+    fill($("coord-leases").tBodies[0], rows, 13);
   }
 
   function renderStore(s) {

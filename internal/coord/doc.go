@@ -48,7 +48,15 @@
 // recently acquired first, each with the limit last asked for, its
 // holders (of every replica on the store) and waiters (of this process).
 // It reads the store once per name when asked, within a bound, and keeps
-// nothing else.
+// nothing else. Beside them (LeaseStatus) are the leased services this
+// process runs remote holders for, at most MaxSeen, the most recently
+// joined first, each with its capacity, partitions and number of holders,
+// and at most MaxSeen of its holders, the latest joined first: each by its
+// member id in the store (never its holder id, which is a capability),
+// with its weight, time since it joined, the rate it may use now, the
+// demand it stated last (rate and backlog), its leases and how long what
+// it was told stays valid, and time since its last heartbeat. That is
+// what the Service keeps for the holders' answers: no store call.
 //
 // # Capacity leases
 //

@@ -64,7 +64,9 @@ const statusTimeout = 2 * time.Second
 // each with its limit as last asked for, its holders read from the store
 // now, and its waiters: the dashboard's and `sluice top`'s view of the
 // coordination API. A name whose holders cannot be read within the
-// status's bound shows the error instead.
+// status's bound shows the error instead. Beside them are the leased
+// services this process runs remote holders for (LeaseStatus), which
+// need no read of the store.
 func (s *Service) Status(ctx context.Context) *dashboard.CoordinationStatus {
 	type named struct {
 		name string
@@ -79,7 +81,7 @@ func (s *Service) Status(ctx context.Context) *dashboard.CoordinationStatus {
 	slices.SortFunc(names, func(a, b named) int { return cmp.Compare(b.seq, a.seq) })
 	ctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()
-	out := &dashboard.CoordinationStatus{Semaphores: make([]dashboard.HeldSemaphore, 0, len(names))}
+	out := &dashboard.CoordinationStatus{Semaphores: make([]dashboard.HeldSemaphore, 0, len(names)), Leases: s.LeaseStatus(time.Now())}
 	for _, n := range names {
 		hs := dashboard.HeldSemaphore{Name: n.name, Limit: n.limit, Holders: []dashboard.SemaphoreHolder{}, Waiting: s.Waiting(n.name), Queued: -1}
 		l, err := s.store.Holders(ctx, n.name)

@@ -1,6 +1,7 @@
 package coord
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -9,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/sluicehq/sluice/dashboard"
 	"github.com/sluicehq/sluice/lease"
 )
 
@@ -140,10 +142,16 @@ type remote struct {
 	seen     uint64
 	pending  []pending // releases held until the client has seen them
 	callTime time.Duration
-	// The demand stated last: its rate, and whether a backlog was held
-	// back.
+	// The demand stated last: its rate, its backlog and whether one was
+	// held back.
 	rate       float64
+	backlog    int64
 	backlogged bool
+	// joined is when the holder joined, seq its join's number among this
+	// process's (the status lists the latest first); weight its share.
+	joined time.Time
+	seq    uint64
+	weight float64
 }
 
 // pending is a release the Holder made that its client may not have seen
@@ -164,6 +172,10 @@ type leaseService struct {
 	capacity   float64
 	partitions int
 	holders    int
+	// seq is the number of the last join of the service (the status lists
+	// the latest first); remotes its holders now, by holder id.
+	seq     uint64
+	remotes map[string]*remote
 }
 
 // leases is the Service's lease state.
@@ -172,6 +184,7 @@ type leases struct {
 	mu       sync.Mutex
 	services map[string]*leaseService
 	holders  map[string]*remote
+	seq      uint64         // counts the joins, to order the status
 	wg       sync.WaitGroup // the holders' goroutines
 }
 
@@ -257,7 +270,7 @@ func (s *Service) Join(ctx context.Context, req JoinRequest) (g LeaseGrant, err 
 		if err != nil {
 			return LeaseGrant{}, &Error{Code: Unavailable, Msg: "opening the lease store", Err: err}
 		}
-		svc = &leaseService{store: st}
+		svc = &leaseService{store: st, remotes: map[string]*remote{}}
 		ls.services[req.Service] = svc
 	case svc.holders > 0 && (svc.capacity != req.Capacity || svc.partitions != req.Partitions):
 		return LeaseGrant{}, errorf(Invalid, "service %q is shared as capacity %v in %d partitions by its holders: join with the same", req.Service, svc.capacity, svc.partitions)
@@ -266,8 +279,11 @@ func (s *Service) Join(ctx context.Context, req JoinRequest) (g LeaseGrant, err 
 	}
 	member := make([]byte, 8)
 	_, _ = rand.Read(member)
+	now := time.Now()
+	ls.seq++
 	r := &remote{id: rand.Text(), service: req.Service, ttl: req.TTL, store: svc.store,
-		done: make(chan struct{}), changed: make(chan struct{}), beat: time.Now(), rate: req.Rate, backlogged: req.Backlog > 0}
+		done: make(chan struct{}), changed: make(chan struct{}), beat: now, rate: req.Rate, backlog: req.Backlog, backlogged: req.Backlog > 0,
+		joined: now, seq: ls.seq, weight: req.Weight}
 	var st lease.Store = &remoteStore{Store: svc.store, r: r}
 	if n, ok := svc.store.(lease.Notifier); ok {
 		st = &remoteNotifier{remoteStore: st.(*remoteStore), n: n}
@@ -284,6 +300,8 @@ func (s *Service) Join(ctx context.Context, req JoinRequest) (g LeaseGrant, err 
 	r.h, r.callTime = h, h.Options().CallTimeout
 	svc.capacity, svc.partitions = req.Capacity, req.Partitions
 	svc.holders++
+	svc.seq = r.seq
+	svc.remotes[r.id] = r
 	ls.holders[r.id] = r
 	r.refresh(time.Now()) // version 1
 	first := r.answer(time.Now())
@@ -348,7 +366,7 @@ func (s *Service) Demand(ctx context.Context, req DemandRequest) (g LeaseGrant, 
 	// for every partition). A backlog that only shrinks waits for the
 	// period's round, so that heartbeats do not double the store's calls.
 	wake := req.Rate != r.rate || (req.Backlog > 0) != r.backlogged
-	r.rate, r.backlogged = req.Rate, req.Backlog > 0
+	r.rate, r.backlog, r.backlogged = req.Rate, req.Backlog, req.Backlog > 0
 	r.mu.Unlock()
 	r.h.SetDemand(req.Rate, int(req.Backlog))
 	if wake {
@@ -488,7 +506,9 @@ func (s *Service) end(r *remote, keep bool) {
 	defer ls.mu.Unlock()
 	if ls.holders[r.id] == r {
 		delete(ls.holders, r.id)
-		ls.services[r.service].holders--
+		svc := ls.services[r.service]
+		svc.holders--
+		delete(svc.remotes, r.id)
 	}
 }
 
@@ -696,4 +716,63 @@ func (s *Service) shutdownLeases() {
 		s.end(r, true)
 	}
 	ls.wg.Wait()
+}
+
+// LeaseStatus returns the leased services this process runs remote
+// holders for at now: at most Limits.MaxSeen of them, the most recently
+// joined first, each with its capacity, its number of holders and at most
+// MaxSeen of them, the most recently joined first. It shows a holder by
+// its member id in the store, never by its holder id (a capability), and
+// reads nothing from the store: what it shows is what this process keeps
+// for the holders' answers.
+func (s *Service) LeaseStatus(now time.Time) []dashboard.LeasedService {
+	out := []dashboard.LeasedService{}
+	ls := s.leases
+	if ls == nil {
+		return out
+	}
+	type service struct {
+		name                string
+		capacity            float64
+		partitions, holders int
+		seq                 uint64
+		rs                  []*remote
+	}
+	// Under ls.mu (which every call on a holder takes briefly) only the
+	// copies: the services with holders, then the holders of those shown.
+	ls.mu.Lock()
+	var svcs []*service
+	for name, svc := range ls.services {
+		if svc.holders > 0 {
+			svcs = append(svcs, &service{name: name, capacity: svc.capacity, partitions: svc.partitions, holders: svc.holders, seq: svc.seq})
+		}
+	}
+	slices.SortFunc(svcs, func(a, b *service) int { return cmp.Compare(b.seq, a.seq) })
+	svcs = svcs[:min(len(svcs), s.limits.MaxSeen)]
+	for _, sv := range svcs {
+		for _, r := range ls.services[sv.name].remotes {
+			sv.rs = append(sv.rs, r)
+		}
+	}
+	ls.mu.Unlock()
+	for _, sv := range svcs {
+		slices.SortFunc(sv.rs, func(a, b *remote) int { return cmp.Compare(b.seq, a.seq) })
+		v := dashboard.LeasedService{Service: sv.name, Capacity: sv.capacity, Partitions: sv.partitions,
+			HolderCount: sv.holders, Holders: make([]dashboard.RemoteHolder, 0, min(len(sv.rs), s.limits.MaxSeen))}
+		for _, r := range sv.rs[:min(len(sv.rs), s.limits.MaxSeen)] {
+			v.Holders = append(v.Holders, r.view(now))
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// view is r as the status shows it at now, without its holder id.
+func (r *remote) view(now time.Time) dashboard.RemoteHolder {
+	g := r.answer(now)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return dashboard.RemoteHolder{Member: r.h.ID(), Weight: r.weight, JoinedForMS: now.Sub(r.joined).Milliseconds(),
+		Rate: g.Rate, DemandRate: r.rate, Backlog: r.backlog, Leases: len(g.Leases),
+		ValidForMS: g.ValidFor.Milliseconds(), HeartbeatAgoMS: max(0, now.Sub(r.beat).Milliseconds())}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"path/filepath"
 	"sync"
@@ -298,14 +299,22 @@ func testLeaseShutdown(t *testing.T, c *coordClient, p *sluiceProcess) {
 	}
 	id := m["holder_id"].(string)
 	polled := make(chan int, 1)
+	// The signal goes once the poll's request is written: a request
+	// still being sent when serve stops listening fails to connect.
+	parked := make(chan struct{})
+	var once sync.Once
+	sent := httptrace.WithClientTrace(t.Context(), &httptrace.ClientTrace{
+		WroteRequest: func(httptrace.WroteRequestInfo) { once.Do(func() { close(parked) }) },
+	})
 	go func() {
 		// A holder that states no demand holds no leases: its grant
 		// does not change, and the poll waits until something ends it.
 		ver := uint64(m["version"].(float64))
 		for {
-			code, w, err := c.do(t.Context(), "/v1/leases/watch", coordToken, fmt.Sprintf(`{"service":"drain","holder_id":%q,"version":%d,"wait_ms":9000}`, id, ver))
+			code, w, err := c.do(sent, "/v1/leases/watch", coordToken, fmt.Sprintf(`{"service":"drain","holder_id":%q,"version":%d,"wait_ms":9000}`, id, ver))
 			switch {
 			case err != nil:
+				t.Logf("the long poll (version %d): %v", ver, err)
 				polled <- -1
 				return
 			case code != http.StatusOK:
@@ -335,6 +344,7 @@ func testLeaseShutdown(t *testing.T, c *coordClient, p *sluiceProcess) {
 			}
 		}
 	}()
+	<-parked
 	stopped := time.Now()
 	if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)

@@ -13,9 +13,7 @@ import (
 // reserveRequest is the body of POST /v1/reserve: /v1/check's, and the
 // longest wait the caller accepts.
 type reserveRequest struct {
-	Domain      string            `json:"domain"`
-	Descriptors []checkDescriptor `json:"descriptors"`
-	Cost        *int64            `json:"cost"`
+	checkRequest
 	// MaxWaitMS is required: a reservation that may not wait is a check.
 	MaxWaitMS *int64 `json:"max_wait_ms"`
 }

@@ -88,6 +88,15 @@ func (r *Rule) ReservingFor(cost int64, maxWait time.Duration) (*Rule, error) {
 	return rr, nil
 }
 
+// ReserveWait is what Reserving reads of maxWait: maxWait in whole
+// intervals of r. Callers that keep reserving rules key them by it.
+func (r *Rule) ReserveWait(maxWait time.Duration) time.Duration {
+	if iv := r.Interval(); iv > 0 {
+		return maxWait / iv * iv
+	}
+	return maxWait
+}
+
 // reserveExtra is the capacity Reserving adds: maxWait in whole intervals,
 // bounded by MaxQuota and by Validate's bound on capacity × interval.
 func (r *Rule) reserveExtra(maxWait time.Duration) int64 {

@@ -53,9 +53,7 @@ type reservingRule struct {
 // maxWait is decided under, reusing the last one made for the same wait
 // (a Store caches its work per rule).
 func (l *StoreLimiter) reservingFor(n int64, maxWait time.Duration) (*Rule, error) {
-	if iv := l.Rule.Interval(); iv > 0 {
-		maxWait = maxWait / iv * iv
-	}
+	maxWait = l.Rule.ReserveWait(maxWait)
 	if n <= 0 || n > l.Rule.Capacity() {
 		return l.Rule, nil
 	}
@@ -109,12 +107,8 @@ func (l *StoreLimiter) WaitN(ctx context.Context, n int) error {
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait {
 			return fmt.Errorf("%w: WaitN(n=%d) needs %v", ErrWouldExceedDeadline, n, wait)
 		}
-		tm := time.NewTimer(wait)
-		select {
-		case <-tm.C:
-		case <-ctx.Done():
-			tm.Stop()
-			return ctx.Err()
+		if err := sleep(ctx, wait); err != nil {
+			return err
 		}
 	}
 }

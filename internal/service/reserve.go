@@ -159,10 +159,7 @@ func (c *reserveRules) get(r *ratelimit.Rule, cost int64, maxWait time.Duration)
 	if cost <= 0 || cost > r.Capacity() {
 		return r, nil
 	}
-	k := reserveKey{r, maxWait}
-	if iv := r.Interval(); iv > 0 {
-		k.wait = maxWait / iv * iv
-	}
+	k := reserveKey{r, r.ReserveWait(maxWait)}
 	c.mu.RLock()
 	rr := c.m[k]
 	c.mu.RUnlock()

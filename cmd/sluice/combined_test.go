@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -36,15 +38,20 @@ descriptors:
   - key: region
     quota_mode: true
     rate_limit: {unit: hour, requests_per_unit: 100, name: region_quota}
+  - key: job
+    rate_limit: {period: 1s, requests_per_unit: 10, burst: 1, name: job_pace}
 `
 
 // TestCombinedBinary drives the built binary with the features a user
 // turns on together — shadow mode, quota mode, a per-value metric, top-K,
-// --headers, an override set through the admin API — on the memory store
-// and on Redis, over gRPC, /json and /v1/check in turn, against what the
+// --headers, an override set through the admin API, reservations, and
+// the coordination API's semaphores and leases — on the memory store and
+// on Redis, over gRPC, /json and /v1/check in turn, against what the
 // decided semantics say: one count shared by the three transports, the
-// override applied against what was consumed, shadow never denying, a
-// request over quota allowed while a real limit admits it.
+// override applied against what was consumed (and to the spacing of
+// reservations), shadow never denying, a request over quota allowed while
+// a real limit admits it, a semaphore's permit and a lease holder shown by
+// the admin status beside the limits.
 func TestCombinedBinary(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
@@ -167,6 +174,8 @@ func testCombined(t *testing.T, grpcAddr, httpAddr, adminAddr string) {
 	if a := ask(5); !a.over {
 		t.Fatalf("step 5: allowed past the override's 5: %s", a.body)
 	}
+	testCombinedReserve(t, do, httpAddr, adminAddr)
+	testCombinedCoordination(t, do, httpAddr, adminAddr)
 	// Top-K saw the user; the per-value series counts ann; no panic.
 	code, _, top := do(adminAddr, "GET", "/admin/v1/top?domain=mix&rule=per_user", "")
 	if code != 200 || !strings.Contains(top, "ann") {
@@ -192,5 +201,137 @@ func testCombined(t *testing.T, grpcAddr, httpAddr, adminAddr string) {
 				t.Log(l)
 			}
 		}
+	}
+}
+
+// doFunc sends a request with the admin token and returns the answer.
+type doFunc func(addr, method, path, body string) (int, http.Header, string)
+
+// testCombinedReserve reserves on job_pace (10/s, burst 1) over
+// /v1/reserve: the instants the answers tell are one interval apart, 100
+// ms; an override to 2/s spaces them 500 ms apart. Each told instant is
+// known to lie between the request's sending and its answer's arrival,
+// plus the wait told (rounded up to a millisecond), so the check holds
+// however slow the machine.
+func testCombinedReserve(t *testing.T, do doFunc, httpAddr, adminAddr string) {
+	t.Helper()
+	type told struct{ early, late time.Time }
+	reserve := func() told {
+		t.Helper()
+		sent := time.Now()
+		code, _, body := do(httpAddr, "POST", "/v1/reserve", `{"domain":"mix","descriptors":[{"entries":[{"key":"job","value":"j1"}]}],"max_wait_ms":10000}`)
+		got := time.Now()
+		var r struct {
+			Allowed bool  `json:"allowed"`
+			WaitMS  int64 `json:"wait_ms"`
+		}
+		if err := json.Unmarshal([]byte(body), &r); code != 200 || err != nil || !r.Allowed {
+			t.Fatalf("reserve: %d %s (%v)", code, body, err)
+		}
+		w := time.Duration(r.WaitMS) * time.Millisecond
+		return told{sent.Add(w - time.Millisecond), got.Add(w)}
+	}
+	spaced := func(what string, interval time.Duration, a, b told) {
+		t.Helper()
+		if lo, hi := b.early.Sub(a.late), b.late.Sub(a.early); interval < lo || interval > hi {
+			t.Errorf("%s: the second reservation told %v–%v after the first, want %v", what, lo, hi, interval)
+		}
+	}
+	a, b := reserve(), reserve()
+	spaced("job_pace at 10/s", 100*time.Millisecond, a, b)
+	if code, _, body := do(adminAddr, "PUT", "/admin/v1/overrides/mix/job_pace", `{"limit":2,"ttl":"10m","reason":"combined test"}`); code != 200 {
+		t.Fatalf("override of job_pace: %d %s", code, body)
+	}
+	reserve() // the first under the override follows the old interval's queue
+	c, d := reserve(), reserve()
+	spaced("job_pace overridden to 2/s", 500*time.Millisecond, c, d)
+	if code, _, top := do(adminAddr, "GET", "/admin/v1/top?domain=mix&rule=job_pace", ""); code != 200 || !strings.Contains(top, "j1") {
+		t.Errorf("top of job_pace after reservations: %d %s", code, top)
+	}
+}
+
+// testCombinedCoordination takes a semaphore's permit and joins a leased
+// service through the HTTP coordination API of the same serve, and finds
+// both in the admin status beside the limits; a second acquire is
+// refused while the permit is held, and the next grant after its release
+// carries a larger fence.
+func testCombinedCoordination(t *testing.T, do doFunc, httpAddr, adminAddr string) {
+	t.Helper()
+	type grant struct {
+		PermitID string `json:"permit_id"`
+		Fence    uint64 `json:"fence"`
+	}
+	acquire := func() (int, grant) {
+		t.Helper()
+		code, _, body := do(httpAddr, "POST", "/v1/semaphores/acquire", `{"name":"mix-sem","limit":1,"ttl_ms":30000}`)
+		var g grant
+		if code == 200 {
+			if err := json.Unmarshal([]byte(body), &g); err != nil || g.PermitID == "" || g.Fence == 0 {
+				t.Fatalf("acquire: %s (%v)", body, err)
+			}
+		}
+		return code, g
+	}
+	code, g := acquire()
+	if code != 200 {
+		t.Fatalf("acquire of a free semaphore: %d", code)
+	}
+	if code, _ := acquire(); code != 409 {
+		t.Errorf("second acquire of a limit of 1: %d, want 409", code)
+	}
+	code, _, body := do(httpAddr, "POST", "/v1/leases/join", `{"service":"mix-svc","capacity":100,"partitions":4,"rate":50}`)
+	var joined struct {
+		HolderID string  `json:"holder_id"`
+		Rate     float64 `json:"rate"`
+	}
+	if err := json.Unmarshal([]byte(body), &joined); code != 200 || err != nil || joined.HolderID == "" {
+		t.Fatalf("join: %d %s (%v)", code, body, err)
+	}
+	code, _, body = do(adminAddr, "GET", "/admin/v1/status", "")
+	var st struct {
+		Limits []struct {
+			Name string `json:"name"`
+		} `json:"limits"`
+		Coordination *struct {
+			Semaphores []struct {
+				Name    string `json:"name"`
+				Held    int64  `json:"held"`
+				Holders []struct {
+					Fence uint64 `json:"fence"`
+				} `json:"holders"`
+			} `json:"semaphores"`
+			Leases []struct {
+				Service     string `json:"service"`
+				HolderCount int    `json:"holder_count"`
+			} `json:"leases"`
+		} `json:"coordination"`
+	}
+	if err := json.Unmarshal([]byte(body), &st); code != 200 || err != nil || st.Coordination == nil {
+		t.Fatalf("status: %d %s (%v)", code, body, err)
+	}
+	if strings.Contains(body, g.PermitID) || strings.Contains(body, joined.HolderID) {
+		t.Errorf("the status reveals a permit or holder id: %s", body)
+	}
+	var limits []string
+	for _, l := range st.Limits {
+		limits = append(limits, l.Name)
+	}
+	if !slices.Contains(limits, "per_user") {
+		t.Errorf("status limits %v, want per_user among them", limits)
+	}
+	if s := st.Coordination.Semaphores; len(s) != 1 || s[0].Name != "mix-sem" || s[0].Held != 1 || len(s[0].Holders) != 1 || s[0].Holders[0].Fence != g.Fence {
+		t.Errorf("status semaphores %+v, want mix-sem held once at fence %d", s, g.Fence)
+	}
+	if l := st.Coordination.Leases; len(l) != 1 || l[0].Service != "mix-svc" || l[0].HolderCount != 1 {
+		t.Errorf("status leases %+v, want mix-svc with one holder", l)
+	}
+	if code, _, body := do(httpAddr, "POST", "/v1/semaphores/release", fmt.Sprintf(`{"name":"mix-sem","permit_id":%q}`, g.PermitID)); code != 204 {
+		t.Errorf("release: %d %s", code, body)
+	}
+	if code, g2 := acquire(); code != 200 || g2.Fence <= g.Fence {
+		t.Errorf("acquire after the release: %d, fence %d after %d", code, g2.Fence, g.Fence)
+	}
+	if code, _, body := do(httpAddr, "POST", "/v1/leases/leave", fmt.Sprintf(`{"service":"mix-svc","holder_id":%q}`, joined.HolderID)); code != 200 && code != 204 {
+		t.Errorf("leave: %d %s", code, body)
 	}
 }

@@ -403,15 +403,38 @@ func (p *announcementParser) old(a *Announcement, dialect Dialect, limit, remain
 // maxSeconds is the most seconds a time.Duration holds.
 const maxSeconds = int64(1<<63-1) / int64(time.Second)
 
-// parseOldLimit reads RateLimit-Limit of the older drafts: "100" or
-// "100, 100;w=60, 1000;w=3600".
+// parseOldLimit reads RateLimit-Limit of the older drafts: "100", or the
+// limit followed by quota policies, "100, 100;w=60, 1000;w=3600". The
+// window is the first member's w, else that of the first policy whose
+// quota is the limit.
 func parseOldLimit(v string) (limit int64, window time.Duration, ok bool) {
 	if len(v) > maxValueLen {
 		return 0, 0, false
 	}
-	v, _, _ = strings.Cut(v, ",")
-	num, params, _ := strings.Cut(strings.TrimSpace(v), ";")
-	limit, ok = parseCount(strings.TrimSpace(num))
+	window = Unknown
+	for i := 0; v != ""; i++ {
+		var member string
+		member, v, _ = strings.Cut(v, ",")
+		n, w, ok := parseOldMember(member)
+		if !ok {
+			return 0, 0, false
+		}
+		if i == 0 {
+			limit = n
+		}
+		if window < 0 && n == limit {
+			window = w
+		}
+	}
+	return limit, window, true
+}
+
+// parseOldMember reads one member of the older RateLimit-Limit: a count
+// with an optional w parameter (window Unknown without it); other
+// parameters are ignored.
+func parseOldMember(m string) (n int64, window time.Duration, ok bool) {
+	num, params, _ := strings.Cut(strings.TrimSpace(m), ";")
+	n, ok = parseCount(strings.TrimSpace(num))
 	if !ok {
 		return 0, 0, false
 	}
@@ -427,7 +450,7 @@ func parseOldLimit(v string) (limit int64, window time.Duration, ok bool) {
 			window = secondsDuration(w)
 		}
 	}
-	return limit, window, true
+	return n, window, true
 }
 
 // parseCount reads a non-negative decimal integer that fits an int64.
@@ -472,7 +495,7 @@ func retryAfterFields(h map[string][]string, now time.Time) (d time.Duration, ok
 			if d, ok := parseMillis(v); ok {
 				return d, true, ""
 			}
-			if bad == "" {
+			if bad == "" && strings.TrimSpace(v) != "" {
 				bad = name
 			}
 		}
@@ -481,7 +504,7 @@ func retryAfterFields(h map[string][]string, now time.Time) (d time.Duration, ok
 		if d, ok := parseRetryAfter(v, first(h, "Date"), now); ok {
 			return d, true, ""
 		}
-		if bad == "" {
+		if bad == "" && strings.TrimSpace(v) != "" {
 			bad = "Retry-After"
 		}
 	}

@@ -24,7 +24,7 @@ const (
 	// DialectIETF is RateLimit-Policy and RateLimit (draft-11 syntax).
 	DialectIETF Dialect = iota + 1
 	// DialectIETFOld is the older drafts' RateLimit-Limit,
-	// RateLimit-Remaining and RateLimit-Reset (delay seconds).
+	// RateLimit-Remaining and RateLimit-Reset.
 	DialectIETFOld
 	// DialectXRateLimit is X-RateLimit-Limit, X-RateLimit-Remaining and
 	// X-RateLimit-Reset (delay seconds, Unix seconds or an HTTP-date).
@@ -364,8 +364,10 @@ func joinLines(vs []string) string {
 	return strings.Join(vs, ", ")
 }
 
-// old reads the older forms: a limit, a remaining and a reset in delay
-// seconds (or, for X-RateLimit-Reset, Unix seconds or an HTTP-date). The
+// old reads the older forms: a limit, a remaining and a reset, which
+// servers send as delay seconds, Unix seconds (10^9 and more) or an
+// HTTP-date, as RetryDelay reads X-RateLimit-Reset (early drafts allowed
+// RateLimit-Reset an instant too). The
 // older drafts' RateLimit-Limit may carry a quota policy ("100, 100;w=60"):
 // the first member's number is the limit, its w the window.
 func (p *announcementParser) old(a *Announcement, dialect Dialect, limit, remaining, reset string) {
@@ -381,20 +383,13 @@ func (p *announcementParser) old(a *Announcement, dialect Dialect, limit, remain
 	if v, ok := p.value(reset); ok && v != "-1" {
 		var r time.Duration
 		var ok bool
-		if dialect == DialectXRateLimit {
-			if len(v) <= maxValueLen {
-				r, ok = parseLegacyReset(v, first(p.h, "Date"), p.now)
-			}
-			if ok && r == 1<<63-1 {
-				ok = false
-			}
-		} else if n, okN := parseCount(v); okN && n <= maxSeconds {
-			r, ok = secondsDuration(n), true
+		if len(v) <= maxValueLen {
+			r, ok = parseLegacyReset(v, first(p.h, "Date"), p.now)
 		}
-		if ok {
+		if ok && r < 1<<63-1 {
 			b.Reset = r
 		} else {
-			p.fail(reset, "not delay-seconds")
+			p.fail(reset, "neither delay-seconds, Unix seconds nor an HTTP-date")
 		}
 	}
 	add(a, b)

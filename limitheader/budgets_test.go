@@ -136,6 +136,9 @@ func TestParseAnnouncement(t *testing.T) {
 		{name: "ietf older draft", h: header(
 			"ratelimit-limit", "100, 100;w=60, 1000;w=3600", "ratelimit-remaining", "42", "ratelimit-reset", "17"),
 			want: Announcement{RetryAfter: u, Charge: u, Budgets: []Budget{{DialectIETFOld, "", "requests", 100, 42, 17 * time.Second, time.Minute}}}},
+		{name: "ietf older draft, reset an instant", h: header(
+			"date", annDate, "ratelimit-remaining", "0", "ratelimit-reset", annNow.Add(time.Minute).Format(http.TimeFormat)),
+			want: Announcement{RetryAfter: u, Charge: u, Budgets: []Budget{{DialectIETFOld, "", "requests", u, 0, time.Minute, u}}}},
 		{name: "x-ratelimit with an epoch reset", h: header(
 			"date", annDate, "x-ratelimit-limit", "60", "x-ratelimit-remaining", "0", "x-ratelimit-reset", "1796635845"),
 			want: Announcement{RetryAfter: u, Charge: u, Budgets: []Budget{{DialectXRateLimit, "", "requests", 60, 0, 45 * time.Second, u}}}},

@@ -150,19 +150,30 @@ const maxValueLen = 256
 func ParseAnnouncement(h map[string][]string, now time.Time) (Announcement, error) {
 	p := announcementParser{h: h, now: now}
 	a := Announcement{RetryAfter: Unknown, Charge: Unknown}
-	for _, d := range openAIDims {
-		p.vendor(&a, DialectOpenAI, d)
+	seen := families(h)
+	if seen&seenXRateLimit != 0 {
+		for _, d := range openAIDims {
+			p.vendor(&a, DialectOpenAI, d)
+		}
 	}
-	for _, d := range anthropicDims {
-		p.vendor(&a, DialectAnthropic, d)
+	if seen&seenAnthropic != 0 {
+		for _, d := range anthropicDims {
+			p.vendor(&a, DialectAnthropic, d)
+		}
 	}
-	p.ietf(&a)
-	p.old(&a, DialectIETFOld, "Ratelimit-Limit", "Ratelimit-Remaining", "Ratelimit-Reset")
-	p.old(&a, DialectXRateLimit, "X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset")
-	if d, ok, bad := retryAfterFields(h, now); ok {
-		a.RetryAfter = d
-	} else if bad != "" {
-		p.fail(bad, "neither milliseconds, delay-seconds nor an HTTP-date")
+	if seen&seenRateLimit != 0 {
+		p.ietf(&a)
+		p.old(&a, DialectIETFOld, "Ratelimit-Limit", "Ratelimit-Remaining", "Ratelimit-Reset")
+	}
+	if seen&seenXRateLimit != 0 {
+		p.old(&a, DialectXRateLimit, "X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset")
+	}
+	if seen&seenRetry != 0 {
+		if d, ok, bad := retryAfterFields(h, now); ok {
+			a.RetryAfter = d
+		} else if bad != "" {
+			p.fail(bad, "neither milliseconds, delay-seconds nor an HTTP-date")
+		}
 	}
 	if v, ok := p.value("X-Ms-Request-Charge"); ok {
 		if c, ok := parseCharge(v); ok {
@@ -172,6 +183,35 @@ func ParseAnnouncement(h map[string][]string, now time.Time) (Announcement, erro
 		}
 	}
 	return a, errors.Join(p.errs...)
+}
+
+// The families of fields that families finds in a header.
+const (
+	seenXRateLimit = 1 << iota // OpenAI's and X-RateLimit-*
+	seenAnthropic
+	seenRateLimit // the IETF fields, new and old
+	seenRetry
+)
+
+// families returns the families of fields present in h, so that
+// ParseAnnouncement looks up only the fields of those: one pass over a
+// response's fields costs less than looking up the thirty-odd names that
+// are absent from most responses.
+func families(h map[string][]string) int {
+	seen := 0
+	for k := range h {
+		switch {
+		case strings.HasPrefix(k, "X-Ratelimit-"):
+			seen |= seenXRateLimit
+		case strings.HasPrefix(k, "Anthropic-Ratelimit-"):
+			seen |= seenAnthropic
+		case strings.HasPrefix(k, "Ratelimit"):
+			seen |= seenRateLimit
+		case strings.HasPrefix(k, "Retry-After") || k == "X-Ms-Retry-After-Ms":
+			seen |= seenRetry
+		}
+	}
+	return seen
 }
 
 // A vendorDim is one dimension of a vendor dialect: its name and unit and
@@ -233,24 +273,26 @@ func (p *announcementParser) fail(field, why string) {
 	p.errs = append(p.errs, fmt.Errorf("%w: %s: %q: %s", ErrMalformedValue, field, v, why))
 }
 
-// count reads a count field: Unknown when absent, empty, -1 or malformed
-// (then with an error).
-func (p *announcementParser) count(field string) int64 {
+// count reads a count field: Unknown when absent, empty, -1 (then
+// sentinel is true) or malformed (then with an error).
+func (p *announcementParser) count(field string) (n int64, sentinel bool) {
 	v, ok := p.value(field)
 	if !ok || v == "-1" {
-		return Unknown
+		return Unknown, ok
 	}
 	if n, ok := parseCount(v); ok {
-		return n
+		return n, false
 	}
 	p.fail(field, "not a non-negative integer")
-	return Unknown
+	return Unknown, false
 }
 
 // vendor reads one dimension of OpenAI's or Anthropic's dialect.
 func (p *announcementParser) vendor(a *Announcement, dialect Dialect, d vendorDim) {
+	limit, notEnforced := p.count(d.limit)
 	b := Budget{Dialect: dialect, Name: d.name, Unit: d.unit, Window: Unknown,
-		Limit: p.count(d.limit), Remaining: p.count(d.remaining), Reset: Unknown}
+		Limit: limit, Reset: Unknown}
+	b.Remaining, _ = p.count(d.remaining)
 	if v, ok := p.value(d.reset); ok {
 		var r time.Duration
 		var ok bool
@@ -267,7 +309,7 @@ func (p *announcementParser) vendor(a *Announcement, dialect Dialect, d vendorDi
 			p.fail(d.reset, "not an RFC 3339 instant")
 		}
 	}
-	if strings.TrimSpace(first(p.h, d.limit)) == "-1" {
+	if notEnforced {
 		// The service does not enforce this dimension: what it says of
 		// the rest means nothing.
 		b.Remaining, b.Reset = Unknown, Unknown
@@ -371,8 +413,8 @@ func joinLines(vs []string) string {
 // older drafts' RateLimit-Limit may carry a quota policy ("100, 100;w=60"):
 // the first member's number is the limit, its w the window.
 func (p *announcementParser) old(a *Announcement, dialect Dialect, limit, remaining, reset string) {
-	b := Budget{Dialect: dialect, Unit: "requests", Limit: Unknown, Window: Unknown,
-		Remaining: p.count(remaining), Reset: Unknown}
+	b := Budget{Dialect: dialect, Unit: "requests", Limit: Unknown, Window: Unknown, Reset: Unknown}
+	b.Remaining, _ = p.count(remaining)
 	if v, ok := p.value(limit); ok && v != "-1" {
 		if n, w, ok := parseOldLimit(v); ok {
 			b.Limit, b.Window = n, w

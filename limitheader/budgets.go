@@ -98,7 +98,9 @@ type Announcement struct {
 	// X-Ms-Retry-After-Ms or Retry-After, whichever comes first and is
 	// well formed, as RetryDelay reads them (an HTTP-date is taken
 	// relative to Date; a value too large for a time.Duration saturates,
-	// and callers cap it). Unknown when none is present.
+	// and callers cap it). Unknown when none is present. Unlike
+	// RetryDelay, it derives no wait from an exhausted budget: Budgets
+	// hold those.
 	RetryAfter time.Duration
 	// Charge is what the call cost, as Azure Cosmos DB announces it in
 	// x-ms-request-charge (request units, a decimal). Unknown when

@@ -79,7 +79,13 @@ func checkAnnounced(t *testing.T, hdr http.Header, now time.Time, want map[strin
 		}
 		reset := w.Reset
 		if b.Dialect == limitheader.DialectAnthropic {
-			reset = (reset + time.Second - 1).Truncate(time.Second)
+			// An instant rounded up to the second, read relative to
+			// Date, which is now truncated to the second.
+			full := now.Add(reset)
+			if t := full.Truncate(time.Second); t.Before(full) {
+				full = t.Add(time.Second)
+			}
+			reset = full.Sub(now.Truncate(time.Second))
 		}
 		if b.Limit != w.Limit || b.Remaining != w.Remaining || b.Reset != reset {
 			t.Errorf("%s announced limit %d, remaining %d, reset %v; the provider has %d, %d, %v",
@@ -153,6 +159,10 @@ func TestProviderOpenAI(t *testing.T) {
 	}
 	if got, want := p.Stats(), (ProviderStats{Admitted: 4, Throttled: 2}); got != want {
 		t.Errorf("stats %+v, want %+v", got, want)
+	}
+	clk.Advance(time.Minute)
+	if got, want := p.State("gpt-test"), (State{Requests: BucketState{3, 3, 0}, Tokens: BucketState{1000, 1000, 0}}); got != want {
+		t.Errorf("a window later: %+v, want full buckets %+v", got, want)
 	}
 }
 
@@ -272,7 +282,17 @@ func TestProviderRule(t *testing.T) {
 	p := &Provider{Dialect: limitheader.DialectAnthropic, Now: clk.Now, Window: window, Seed: 3, Limits: lim}
 	ok := 0
 	for i := 0; i < 600; i++ {
+		before := p.State("m")
 		a := call(t, p, fmt.Sprintf(`{"model":"m","input_tokens":%d,"max_tokens":%d}`, 5+i%30, maxTokens))
+		after := p.State("m")
+		// The fields describe the admission's charges, not the output
+		// charged after the answer.
+		checkAnnounced(t, a.header, clk.Now(), map[string]BucketState{
+			"requests": after.Requests, "input-tokens": after.InputTokens, "output-tokens": before.OutputTokens,
+		})
+		if t.Failed() {
+			t.Fatalf("call %d", i)
+		}
 		switch a.status {
 		case http.StatusOK:
 			ok++
@@ -289,6 +309,7 @@ func TestProviderRule(t *testing.T) {
 	}
 	for _, d := range []time.Duration{window / 2, window, 3 * window} {
 		got := p.MaxUsage("m", d)
+		t.Logf("most charged in %v: %+v", d, got)
 		scale := func(l int64) int64 { return l + l*int64(d)/int64(window) }
 		if got.Requests > scale(lim.Requests) || got.InputTokens > scale(lim.InputTokens) ||
 			got.OutputTokens > scale(lim.OutputTokens)+maxTokens-1 {

@@ -49,7 +49,8 @@ type Limits struct {
 //	{"model": "m", "prompt": "…", "max_tokens": 256}
 //
 // where the input tokens are input_tokens if given, else PromptTokens of
-// the prompt, and max_tokens (at least 1) bounds the output. A call is
+// the prompt, and max_tokens (1 to 10⁹, as input_tokens is at most 10⁹)
+// bounds the output. A call is
 // admitted when every bucket of its model can pay (a request, its input
 // tokens, its input plus max_tokens of Tokens, one output token): the
 // answer is 200 with a body reporting the usage,
@@ -130,8 +131,12 @@ type State struct {
 // bytes, rounded up.
 func PromptTokens(prompt string) int64 { return (int64(len(prompt)) + 3) / 4 }
 
-// maxBody bounds a request's body.
-const maxBody = 1 << 20
+// maxBody bounds a request's body, maxTokens its input_tokens and
+// max_tokens.
+const (
+	maxBody   = 1 << 20
+	maxTokens = 1_000_000_000
+)
 
 type providerRequest struct {
 	Model       string `json:"model"`
@@ -164,8 +169,8 @@ func (p *Provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		p.refuse(w, "invalid_request_error", "malformed body: "+err.Error())
 		return
 	}
-	if req.MaxTokens < 1 || req.InputTokens < 0 {
-		p.refuse(w, "invalid_request_error", "max_tokens must be at least 1 and input_tokens not negative")
+	if req.MaxTokens < 1 || req.MaxTokens > maxTokens || req.InputTokens < 0 || req.InputTokens > maxTokens {
+		p.refuse(w, "invalid_request_error", "max_tokens must be in [1, 10^9] and input_tokens in [0, 10^9]")
 		return
 	}
 	in := req.InputTokens
@@ -405,7 +410,7 @@ func (b *bucket) wait(n int64, now time.Time, window time.Duration) time.Duratio
 	if b.limit == 0 || n <= 0 {
 		return 0
 	}
-	return max(0, b.debt(now)+b.span(n, window)-window)
+	return max(0, addSat(b.debt(now), b.span(n, window))-window)
 }
 
 // take charges n, into debt if need be.
@@ -413,7 +418,7 @@ func (b *bucket) take(n int64, now time.Time, window time.Duration) {
 	if b.limit == 0 || n <= 0 {
 		return
 	}
-	b.full = now.Add(b.debt(now) + b.span(n, window))
+	b.full = now.Add(addSat(b.debt(now), b.span(n, window)))
 }
 
 // give refunds n, up to full.
@@ -422,6 +427,14 @@ func (b *bucket) give(n int64, now time.Time, window time.Duration) {
 		return
 	}
 	b.full = now.Add(max(0, b.debt(now)-b.span(n, window)))
+}
+
+// addSat is a+b for non-negative a and b, saturated.
+func addSat(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // state is what b's header fields announce: the whole tokens left (0 in

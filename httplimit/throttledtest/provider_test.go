@@ -254,6 +254,7 @@ func TestProviderRefuses(t *testing.T) {
 	for _, body := range []string{
 		`{"model":"m","input_tokens":10}`,                  // no max_tokens
 		`{"model":"m","input_tokens":-1,"max_tokens":1}`,   // negative input
+		`{"model":"m","max_tokens":1000000001}`,            // absurd max_tokens
 		`{"model":"m","input_tokens":101,"max_tokens":1}`,  // more input than the limit
 		`{"model":"m","input_tokens":100,"max_tokens":51}`, // more than Tokens
 		`{"model":`,
@@ -265,7 +266,7 @@ func TestProviderRefuses(t *testing.T) {
 	if st := p.State("m"); st.Requests.Remaining != 10 || st.InputTokens.Remaining != 100 {
 		t.Errorf("refused calls were charged: %+v", st)
 	}
-	if got := p.Stats(); got != (ProviderStats{Refused: 5}) {
+	if got := p.Stats(); got != (ProviderStats{Refused: 6}) {
 		t.Errorf("stats %+v", got)
 	}
 }

@@ -38,22 +38,21 @@ type Limits struct {
 // http.Handler. Each model (the request's "model"; "" when absent) has its
 // own token buckets, one per enforced dimension of its Limits: a bucket
 // holds at most its limit and refills continuously at its limit per
-// Window, so that any interval of length d admits at most limit·(1 + d/Window)
-// of a dimension, plus, for output tokens (and Tokens, which never go into
-// debt), the debt of the calls answered meanwhile: at most max_tokens − 1
-// each.
+// Window, so that any interval of length d admits at most
+// limit·(1 + d/Window) of a dimension, plus, for output tokens, the debt
+// of the calls answered meanwhile: at most max_tokens − 1 each. (Tokens,
+// reserved in full at admission, never go into debt.)
 //
-// A request is a POST whose body is JSON:
+// A request's body is JSON:
 //
 //	{"model": "m", "input_tokens": 120, "max_tokens": 256}
 //	{"model": "m", "prompt": "…", "max_tokens": 256}
 //
 // where the input tokens are input_tokens if given, else PromptTokens of
 // the prompt, and max_tokens (1 to 10⁹, as input_tokens is at most 10⁹)
-// bounds the output. A call is
-// admitted when every bucket of its model can pay (a request, its input
-// tokens, its input plus max_tokens of Tokens, one output token): the
-// answer is 200 with a body reporting the usage,
+// bounds the output. A call is admitted when every bucket of its model can
+// pay (a request, its input tokens, its input plus max_tokens of Tokens,
+// one output token): the answer is 200 with a body reporting the usage,
 //
 //	{"model": "m", "usage": {"input_tokens": 120, "output_tokens": 37}}
 //

@@ -132,7 +132,9 @@ const maxValueLen = 256
 // and what the call cost (see Announcement). now is when the response
 // arrived; an instant in a reset (Anthropic's, X-RateLimit-Reset's) is
 // taken relative to the response's Date field, or to now when Date is
-// absent or malformed, as RetryDelay takes Retry-After. h is keyed by
+// absent or malformed, as RetryDelay takes Retry-After (Date has whole
+// seconds, so such a reset may be read up to a second long: on the safe
+// side for a client that paces to it). h is keyed by
 // canonical field names, as an http.Header is; a field of several lines
 // is read from its first, but for RateLimit and RateLimit-Policy, whose
 // lines are joined.

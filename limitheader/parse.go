@@ -148,17 +148,8 @@ func ParseRateLimit(v string) ([]LimitItem, error) {
 // field names, as net/http and net/textproto key theirs); the type is
 // spelled out so that this package need not import net/http.
 func RetryDelay(h map[string][]string, now time.Time) (time.Duration, bool) {
-	for _, name := range [...]string{"Retry-After-Ms", "X-Ms-Retry-After-Ms"} {
-		if v := first(h, name); v != "" {
-			if d, ok := parseMillis(v); ok {
-				return d, true
-			}
-		}
-	}
-	if v := first(h, "Retry-After"); v != "" {
-		if d, ok := parseRetryAfter(v, first(h, "Date"), now); ok {
-			return d, true
-		}
+	if d, ok, _ := retryAfterFields(h, now); ok {
+		return d, true
 	}
 	if vs := h["Ratelimit"]; len(vs) > 0 {
 		items, err := ParseRateLimit(strings.Join(vs, ", "))

@@ -1,7 +1,10 @@
 // Package throttledtest holds test conveniences for clients of throttled
 // services: HandlerTransport runs a client and a server (a simulated
 // database of package httplimit/rudb, or any handler) in one goroutine,
-// without a network, so that they can run together under testing/synctest.
+// without a network, so that they can run together under testing/synctest;
+// Provider is a throttled LLM-like API, with token buckets on requests,
+// input and output tokens, that announces its budgets in OpenAI's or
+// Anthropic's header fields, for clients that pace to announced budgets.
 //
 // It is test code (it imports net/http/httptest); the simulated database
 // itself is package rudb, which programs such as `sluice demo` link.

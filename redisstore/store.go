@@ -24,6 +24,7 @@ const (
 	DefaultPipelines        = 4
 	DefaultBreakerThreshold = 3
 	DefaultBreakerCooldown  = time.Second
+	DefaultLivenessTimeout  = time.Second
 )
 
 // clientClockSlack is how much longer keys live when Options.Now is set.
@@ -61,12 +62,25 @@ type Options struct {
 	// Replicas is the number of replicas sharing the limits; a FailLocal
 	// rule decides in process at Quota/Replicas. Default 1.
 	Replicas int
+	// Failure is the failure mode of rules that state none
+	// (ratelimit.FailDefault); default, and for FailDefault,
+	// ratelimit.FailLocal: this replica's share of the limit, so that a
+	// rule's limit holds within a stated bound while Redis cannot decide
+	// (see Failures in the package doc).
+	Failure ratelimit.FailureMode
 	// BreakerThreshold is the number of consecutive failed calls that opens
-	// the circuit breaker; default DefaultBreakerThreshold.
+	// the circuit breaker (or, when the last of them got no answer in
+	// time, asks whether Redis answers at all); default
+	// DefaultBreakerThreshold.
 	BreakerThreshold int
 	// BreakerCooldown is how long an open breaker answers without Redis
 	// before probing it; default DefaultBreakerCooldown.
 	BreakerCooldown time.Duration
+	// LivenessTimeout bounds the check that tells a slow Redis from a
+	// dead one (a WAIT 0 0, sent in the background when calls time out):
+	// a Redis that answers it within LivenessTimeout is slow, and the
+	// breaker stays closed; default DefaultLivenessTimeout.
+	LivenessTimeout time.Duration
 
 	// ReconcileInterval is how often approximate rules send the hits
 	// counted here and read the shared state back, all keys in one
@@ -97,6 +111,7 @@ type Stats struct {
 	FailClosed uint64 // items denied by FailClosed
 	Local      uint64 // items decided in process by FailLocal
 	Trips      uint64 // times the circuit breaker opened
+	Slow       uint64 // times calls timed out but Redis answered a liveness check: slow, not dead; the breaker stayed closed
 	Pipelines  uint64 // pipelines sent by the coalescer
 	Batched    uint64 // requests sent in those pipelines
 	// CachedDenials counts requests answered by the denial cache.
@@ -177,6 +192,9 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 	if strings.ContainsAny(opts.Prefix, "{}") {
 		return nil, fmt.Errorf("redisstore: prefix %q contains a hash tag brace", opts.Prefix)
 	}
+	if opts.Failure > ratelimit.FailLocal {
+		return nil, fmt.Errorf("redisstore: unknown failure mode %v", opts.Failure)
+	}
 	s := &Store{
 		c:       c,
 		prefix:  opts.Prefix,
@@ -202,8 +220,12 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 	// Ring, a wrapper) gets requests whose keys share a tag, one per call.
 	_, single := s.c.(*redis.Client)
 	s.cluster = !single
-	s.brk = breaker{threshold: int64(opts.BreakerThreshold), cooldown: opts.BreakerCooldown, now: time.Now, log: opts.Logger}
+	s.brk = breaker{threshold: int64(opts.BreakerThreshold), cooldown: opts.BreakerCooldown, now: time.Now, log: opts.Logger,
+		check: func() error { return s.alive(opts.LivenessTimeout) },
+		spawn: func(f func()) { go f() },
+	}
 	s.fb = fallback{
+		def:        opts.Failure,
 		replicas:   int64(opts.Replicas),
 		retryAfter: opts.BreakerCooldown,
 		local:      memstore.New(memstore.Options{Now: opts.Now, MaxKeys: 1 << 16}),
@@ -229,6 +251,10 @@ func (o *Options) setDefaults() {
 	setDefault(&o.Replicas, 1)
 	setDefault(&o.BreakerThreshold, DefaultBreakerThreshold)
 	setDefault(&o.BreakerCooldown, DefaultBreakerCooldown)
+	setDefault(&o.LivenessTimeout, DefaultLivenessTimeout)
+	if o.Failure == ratelimit.FailDefault {
+		o.Failure = ratelimit.FailLocal
+	}
 	setDefault(&o.ReconcileInterval, DefaultReconcileInterval)
 	setDefault(&o.BlockSpan, DefaultBlockSpan)
 	setDefault(&o.BlockHold, DefaultBlockHold)
@@ -271,6 +297,7 @@ func (s *Store) Stats() Stats {
 		FailClosed: s.fb.closed.Load(),
 		Local:      s.fb.local_.Load(),
 		Trips:      s.brk.trips.Load(),
+		Slow:       s.brk.slow.Load(),
 		Open:       s.brk.isOpen(),
 	}
 	if s.batch != nil {
@@ -414,6 +441,31 @@ func (s *Store) callFailed(ctx context.Context, err error) error {
 	s.errors.Add(1)
 	s.brk.done(err)
 	return fmt.Errorf("%w: %w", errUnavailable, err)
+}
+
+// alive asks Redis whether it answers at all within timeout: WAIT 0 0,
+// which a live server answers at once and whose reply go-redis waits for
+// as long as the context allows (the client's read timeout, the decision
+// timeout, does not cut it short). Close cancels it.
+func (s *Store) alive(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.closed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	if w, ok := s.c.(waiter); ok {
+		return w.Wait(ctx, 0, 0).Err()
+	}
+	return s.c.Ping(ctx).Err() // a client without Wait: bounded by its read timeout
+}
+
+// waiter is a client with WAIT (go-redis's clients; not in UniversalClient).
+type waiter interface {
+	Wait(ctx context.Context, numSlaves int, timeout time.Duration) *redis.IntCmd
 }
 
 // localNow is this process's clock, or Options.Now: what the denial cache

@@ -26,7 +26,7 @@ import (
 // that reaches the threshold (or fails the half-open probe) is a timeout
 // and check is set, the breaker does not open yet: it asks Redis, once, in
 // the background, whether it answers at all within a longer deadline
-// (check: WAIT 0 0, bounded by Options.LivenessTimeout). Meanwhile a
+// (check: a PING that may take Options.LivenessTimeout). Meanwhile a
 // closed breaker keeps letting calls through (each still bounded by the
 // timeout, and decided by the failure mode when it gets no answer) and a
 // half-open one lets none. An answer means Redis is alive and slow: the

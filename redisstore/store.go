@@ -77,7 +77,8 @@ type Options struct {
 	// before probing it; default DefaultBreakerCooldown.
 	BreakerCooldown time.Duration
 	// LivenessTimeout bounds the check that tells a slow Redis from a
-	// dead one (a WAIT 0 0, sent in the background when calls time out):
+	// dead one (a PING on a connection of its own, sent in the background
+	// when calls time out):
 	// a Redis that answers it within LivenessTimeout is slow, and the
 	// breaker stays closed; default DefaultLivenessTimeout.
 	LivenessTimeout time.Duration
@@ -137,7 +138,8 @@ type Store struct {
 	clock   *redis.Script
 	read    *redis.Script
 	cas     *redis.Script
-	sclock  *serverClock // the nodes' clocks, for cutoffs
+	sclock  *serverClock          // the nodes' clocks, for cutoffs
+	checker redis.UniversalClient // for the breaker's liveness check (alive); nil: s.c
 	tagOf   func(string) string
 	cluster bool // keys of one script must share a slot (not a single server)
 
@@ -220,6 +222,7 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 	// Ring, a wrapper) gets requests whose keys share a tag, one per call.
 	_, single := s.c.(*redis.Client)
 	s.cluster = !single
+	s.checker = newChecker(c, opts.LivenessTimeout)
 	s.brk = breaker{threshold: int64(opts.BreakerThreshold), cooldown: opts.BreakerCooldown, now: time.Now, log: opts.Logger,
 		check: func() error { return s.alive(opts.LivenessTimeout) },
 		spawn: func(f func()) { go f() },
@@ -283,6 +286,9 @@ func (s *Store) Close() error {
 			s.batch.stop()
 		}
 		s.fb.local.Close()
+		if s.checker != nil {
+			s.checker.Close()
+		}
 	})
 	return nil
 }
@@ -443,10 +449,11 @@ func (s *Store) callFailed(ctx context.Context, err error) error {
 	return fmt.Errorf("%w: %w", errUnavailable, err)
 }
 
-// alive asks Redis whether it answers at all within timeout: WAIT 0 0,
-// which a live server answers at once and whose reply go-redis waits for
-// as long as the context allows (the client's read timeout, the decision
-// timeout, does not cut it short). Close cancels it.
+// alive asks Redis whether it answers at all within timeout: a PING on
+// s.checker, a client of the same servers whose dial, reads and writes
+// may each take timeout (the store's client would cut it short at the
+// decision timeout, and could not even dial a slow server: go-redis's
+// connection set-up is a call too). Close cancels it.
 func (s *Store) alive(timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -457,15 +464,30 @@ func (s *Store) alive(timeout time.Duration) error {
 		case <-ctx.Done():
 		}
 	}()
-	if w, ok := s.c.(waiter); ok {
-		return w.Wait(ctx, 0, 0).Err()
+	if s.checker == nil { // a client of another kind: bounded by its own timeouts
+		return s.c.Ping(ctx).Err()
 	}
-	return s.c.Ping(ctx).Err() // a client without Wait: bounded by its read timeout
+	return s.checker.Ping(ctx).Err()
 }
 
-// waiter is a client with WAIT (go-redis's clients; not in UniversalClient).
-type waiter interface {
-	Wait(ctx context.Context, numSlaves int, timeout time.Duration) *redis.IntCmd
+// newChecker returns a client of c's servers with every timeout at
+// timeout and one connection per node, for alive; nil for a client that
+// is neither a *redis.Client (standalone, or Sentinel's failover client)
+// nor a *redis.ClusterClient.
+func newChecker(c redis.UniversalClient, timeout time.Duration) redis.UniversalClient {
+	switch c := c.(type) {
+	case *redis.Client:
+		o := *c.Options()
+		o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout, timeout
+		o.PoolSize, o.MinIdleConns, o.MaxIdleConns = 1, 0, 1
+		return redis.NewClient(&o)
+	case *redis.ClusterClient:
+		o := *c.Options()
+		o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout, timeout
+		o.PoolSize, o.MinIdleConns, o.MaxIdleConns = 1, 0, 1
+		return redis.NewClusterClient(&o)
+	}
+	return nil
 }
 
 // localNow is this process's clock, or Options.Now: what the denial cache

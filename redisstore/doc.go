@@ -158,12 +158,15 @@
 // one call probes Redis; success closes it, so decisions go back to Redis
 // by themselves.
 //
-// A slow Redis is told from a dead one. A refused or reset connection (or
-// an error reply saying Redis cannot serve) at the threshold opens the
-// breaker at once; timeouts do not: the breaker first asks, in the
-// background, whether Redis answers a PING on a connection of its own
-// within Options.LivenessTimeout (1 s; the decisions' client could not
-// even dial a server that slow). If it does, Redis is slow, not dead: the
+// A slow Redis is told from a dead one. A reset connection (or an error
+// reply saying Redis cannot serve) at the threshold opens the breaker at
+// once; timeouts do not: the breaker first asks, in the background,
+// whether Redis answers a PING on a connection of its own within
+// Options.LivenessTimeout (1 s; the decisions' client could not even dial
+// a server that slow). The check dials once, without go-redis's retries,
+// so a refused connection fails it at once (the decisions' client retries
+// its dials past the call's timeout, so to it a refused connection looks
+// like a timeout). If it does, Redis is slow, not dead: the
 // breaker stays closed (Stats.Slow), every call still goes to Redis, and
 // only those that time out are decided by the failure mode, so that a
 // Redis slowed by a saturated CPU keeps deciding what it answers in time

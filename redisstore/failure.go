@@ -21,8 +21,10 @@ import (
 //
 // A slow Redis is not a dead one. A call that got no answer within its
 // timeout (a timeout, an expired cutoff, no pooled connection in time)
-// says only that Redis was slow; one refused, reset or answered with an
-// error that says Redis cannot serve says it is down. So when the failure
+// says only that Redis was slow (go-redis retries a refused dial past the
+// call's timeout, so a refused connection often ends so too); one reset,
+// or answered with an error that says Redis cannot serve, says it is
+// down. So when the failure
 // that reaches the threshold (or fails the half-open probe) is a timeout
 // and check is set, the breaker does not open yet: it asks Redis, once, in
 // the background, whether it answers at all within a longer deadline

@@ -471,24 +471,34 @@ func (s *Store) alive(timeout time.Duration) error {
 }
 
 // newChecker returns a client of c's servers with every timeout at
-// timeout and one connection per node, for alive; nil for a client that
-// is neither a *redis.Client (standalone, or Sentinel's failover client)
-// nor a *redis.ClusterClient.
+// timeout, for alive; nil for a client that is neither a *redis.Client
+// (standalone, or Sentinel's failover client) nor a *redis.ClusterClient.
+// It dials once per attempt (no retries: a refused connection is an
+// answer enough) and keeps one idle connection. Its PoolSize is large
+// only because go-redis stops dialling once a pool has failed PoolSize
+// dials in a row (it fails at once, and probes in a goroutine of its
+// own): a check must really try; at most one is out at a time.
 func newChecker(c redis.UniversalClient, timeout time.Duration) redis.UniversalClient {
+	set := func(dial, read, write, pool *time.Duration, size, minIdle, maxIdle, retries *int) {
+		*dial, *read, *write, *pool = timeout, timeout, timeout, timeout
+		*size, *minIdle, *maxIdle, *retries = checkerPoolSize, 0, 1, 1
+	}
 	switch c := c.(type) {
 	case *redis.Client:
 		o := *c.Options()
-		o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout, timeout
-		o.PoolSize, o.MinIdleConns, o.MaxIdleConns = 1, 0, 1
+		set(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout, &o.PoolSize, &o.MinIdleConns, &o.MaxIdleConns, &o.DialerRetries)
 		return redis.NewClient(&o)
 	case *redis.ClusterClient:
 		o := *c.Options()
-		o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.PoolTimeout = timeout, timeout, timeout, timeout
-		o.PoolSize, o.MinIdleConns, o.MaxIdleConns = 1, 0, 1
+		set(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout, &o.PoolSize, &o.MinIdleConns, &o.MaxIdleConns, &o.DialerRetries)
 		return redis.NewClusterClient(&o)
 	}
 	return nil
 }
+
+// checkerPoolSize is the checker's PoolSize: failed checks in a row
+// before go-redis would stop dialling (over an hour of checks a second).
+const checkerPoolSize = 1 << 13
 
 // localNow is this process's clock, or Options.Now: what the denial cache
 // and the counters of batched and approximate rules time themselves by.

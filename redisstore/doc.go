@@ -195,8 +195,11 @@
 // shares (above it, fewer); a limit below N still gives each replica 1; a
 // Redis restarted without its data (or a failover to a replica that missed
 // writes) starts its counts again, which the 2× covers only for the window
-// of the restart. FailOpen has no bound: a saturated key admits its whole
-// demand while Redis cannot decide. bench/RESULTS.md §20 measures both
+// of the restart. For batched and approximate rules the local share comes
+// on top of what their mode admits (a batched replica's held blocks were
+// counted at Redis; an approximate one's views keep their own bound).
+// FailOpen has no bound: a saturated key admits its whole demand while
+// Redis cannot decide. bench/RESULTS.md §20 measures both
 // (TestFailureBound).
 //
 // # Where the counter lives

@@ -154,7 +154,9 @@ func boundRun(t *testing.T, s *Store, srv *redistest.Server, r *ratelimit.Rule) 
 					return
 				}
 				if d := ds[0]; d.Allowed {
-					w := end.Add(d.ResetAfter).Unix()
+					// The window's end, and up to the call's latency beyond
+					// it (a millisecond for a ResetAfter rounded down).
+					w := end.Add(d.ResetAfter + time.Millisecond).Unix()
 					if d.ResetAfter == 0 {
 						w = end.Unix() + 1 // admitted knowing nothing (fail_open): where it returned
 					}

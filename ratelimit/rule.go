@@ -92,12 +92,16 @@ func ParseCalendar(s string) (Calendar, error) {
 }
 
 // FailureMode says how a Store that cannot reach its backend decides.
-// The zero value is FailOpen.
+// The zero value is FailDefault: the store's default, which for
+// redisstore is FailLocal unless its Options.Failure says otherwise.
 type FailureMode uint8
 
 const (
+	// FailDefault is a rule that states no mode: the store decides as its
+	// own default says (redisstore: Options.Failure, FailLocal unless set).
+	FailDefault FailureMode = iota
 	// FailOpen admits the request and reports ReasonFailOpen.
-	FailOpen FailureMode = iota
+	FailOpen
 	// FailClosed denies the request and reports ReasonFailClosed.
 	FailClosed
 	// FailLocal decides with an in-process limiter at this replica's share
@@ -107,7 +111,7 @@ const (
 	numFailureModes
 )
 
-var failureModeNames = [numFailureModes]string{"fail_open", "fail_closed", "local"}
+var failureModeNames = [numFailureModes]string{"default", "fail_open", "fail_closed", "local"}
 
 func (m FailureMode) String() string {
 	if m < numFailureModes {
@@ -116,10 +120,11 @@ func (m FailureMode) String() string {
 	return fmt.Sprintf("FailureMode(%d)", uint8(m))
 }
 
-// ParseFailureMode returns the FailureMode named s (as printed by String).
+// ParseFailureMode returns the FailureMode named s: fail_open, fail_closed
+// or local (FailDefault is the absence of a mode, not a name one states).
 func ParseFailureMode(s string) (FailureMode, error) {
 	for i, n := range failureModeNames {
-		if n == s {
+		if i > 0 && n == s {
 			return FailureMode(i), nil
 		}
 	}
@@ -239,7 +244,8 @@ type Rule struct {
 	Calendar Calendar
 	// Location is the time zone of calendar windows.
 	Location *time.Location
-	// Failure says how a Store decides when its backend is unreachable.
+	// Failure says how a Store decides when its backend is unreachable;
+	// the zero value, FailDefault, leaves it to the store.
 	Failure FailureMode
 	// Counting says how a shared store counts the rule across replicas;
 	// the zero value is Strict. Validate rejects an algorithm the mode

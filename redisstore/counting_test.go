@@ -468,9 +468,12 @@ func TestCountingFreeze(t *testing.T) {
 			srv := redistest.Standalone(t)
 			r := &ratelimit.Rule{Name: "frz", Quota: rate, Period: time.Second, Burst: burst, Counting: mode, Failure: ratelimit.FailClosed}
 			// Calls time out as they would in production; views are kept
-			// 40 intervals, 400 ms, less than the pause.
+			// 40 intervals, 400 ms, less than the pause; a Redis that does
+			// not answer for 100 ms is taken as dead (the breaker opens),
+			// so the pause reaches the failure mode.
 			stores := countingStores(t, srv, "frz:", func(o *Options) {
 				o.Timeout, o.ReconcileInterval = DefaultTimeout, 10*time.Millisecond
+				o.LivenessTimeout = 100 * time.Millisecond
 			})
 			warmStores(t, stores)
 			freeze := time.AfterFunc(run/3, srv.Freeze) // the fault's schedule

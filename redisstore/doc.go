@@ -151,14 +151,56 @@
 //
 // # Failures
 //
-// Every Redis call is bounded by Options.Timeout (default 50 ms). A circuit
-// breaker opens after Options.BreakerThreshold consecutive failures and then
-// answers without calling Redis for Options.BreakerCooldown, after which one
-// call probes Redis; success closes it, so decisions go back to Redis by
-// themselves. While Redis cannot decide, each item is decided by its rule's
-// Failure mode: FailOpen admits (ReasonFailOpen), FailClosed denies
-// (ReasonFailClosed) and FailLocal decides in process, at this replica's
-// share of the limit, Quota/Options.Replicas (ReasonLocal). Stats counts them.
+// Every Redis call is bounded by Options.Timeout (default 50 ms). A call
+// that fails is decided by its items' failure modes; a circuit breaker
+// opens after Options.BreakerThreshold consecutive failures and then
+// answers without calling Redis for Options.BreakerCooldown, after which
+// one call probes Redis; success closes it, so decisions go back to Redis
+// by themselves.
+//
+// A slow Redis is told from a dead one. A reset connection (or an error
+// reply saying Redis cannot serve) at the threshold opens the breaker at
+// once; timeouts do not: the breaker first asks, in the background,
+// whether Redis answers a PING on a connection of its own within
+// Options.LivenessTimeout (1 s; the decisions' client could not even dial
+// a server that slow). The check dials once, without go-redis's retries,
+// so a refused connection fails it at once (the decisions' client retries
+// its dials past the call's timeout, so to it a refused connection looks
+// like a timeout). If it does, Redis is slow, not dead: the
+// breaker stays closed (Stats.Slow), every call still goes to Redis, and
+// only those that time out are decided by the failure mode, so that a
+// Redis slowed by a saturated CPU keeps deciding what it answers in time
+// instead of handing a whole cooldown to the failure mode (issue 31: three
+// slow calls opened the breaker, and fail_open admitted a key's limit
+// plus 201 in that second). If it does not (a frozen or partitioned
+// Redis), the breaker opens. The price: until the check gives up, calls
+// to a Redis that does not answer still wait their timeout before they
+// are decided by the failure mode, and a Redis that stays slower than the
+// timeout keeps the breaker closed, each decision taking the timeout.
+//
+// Each item is decided by its rule's Failure mode, or by Options.Failure
+// for a rule that states none (ratelimit.FailDefault): FailLocal unless
+// set. FailOpen admits (ReasonFailOpen), FailClosed denies
+// (ReasonFailClosed) and FailLocal decides in process at this replica's
+// share of the limit, Quota/Options.Replicas and Burst/Replicas, each at
+// least 1 (ReasonLocal). Stats counts them.
+//
+// FailLocal's bound, for N replicas that all set Replicas to N: in a
+// window of the rule (for GCRA and leaky buckets, any span: capacity plus
+// rate times its length) that Redis decides nothing of, at most N shares,
+// the limit; in a window that Redis decides part of, at most the limit
+// at Redis plus N shares, twice the limit, because neither side sees what
+// the other admitted (nothing decided locally is carried back to Redis).
+// Past that assumption: Replicas below the true count admits true/Replicas
+// shares (above it, fewer); a limit below N still gives each replica 1; a
+// Redis restarted without its data (or a failover to a replica that missed
+// writes) starts its counts again, which the 2× covers only for the window
+// of the restart. For batched and approximate rules the local share comes
+// on top of what their mode admits (a batched replica's held blocks were
+// counted at Redis; an approximate one's views keep their own bound).
+// FailOpen has no bound: a saturated key admits its whole demand while
+// Redis cannot decide. bench/RESULTS.md §20 measures both
+// (TestFailureBound).
 //
 // # Where the counter lives
 //

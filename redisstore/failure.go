@@ -2,11 +2,14 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/sluicehq/sluice/memstore"
 	"github.com/sluicehq/sluice/ratelimit"
 )
@@ -16,6 +19,23 @@ import (
 // which allow says no; then it lets one probe through (half-open): the
 // probe's success closes it, its failure opens it again.
 //
+// A slow Redis is not a dead one. A call that got no answer within its
+// timeout (a timeout, an expired cutoff, no pooled connection in time)
+// says only that Redis was slow (go-redis retries a refused dial past the
+// call's timeout, so a refused connection often ends so too); one reset,
+// or answered with an error that says Redis cannot serve, says it is
+// down. So when the failure
+// that reaches the threshold (or fails the half-open probe) is a timeout
+// and check is set, the breaker does not open yet: it asks Redis, once, in
+// the background, whether it answers at all within a longer deadline
+// (check: a PING that may take Options.LivenessTimeout). Meanwhile a
+// closed breaker keeps letting calls through (each still bounded by the
+// timeout, and decided by the failure mode when it gets no answer) and a
+// half-open one lets none. An answer means Redis is alive and slow: the
+// breaker closes (Stats.Slow counts it), so a busy Redis keeps deciding
+// what it answers in time instead of every decision falling to the
+// failure mode for a cooldown. No answer opens it, as before.
+//
 // An outage, for the log, runs from the failure that first opens the
 // breaker to the success that closes it: one line at each end, however
 // many times the breaker re-opens in between.
@@ -24,13 +44,21 @@ type breaker struct {
 	cooldown  time.Duration
 	now       func() time.Time // time.Now; tests replace it
 	log       *slog.Logger
+	// check asks Redis whether it answers at all (nil: a timeout opens
+	// the breaker as any failure does); spawn runs it (go f; tests
+	// replace it).
+	check func() error
+	spawn func(func())
 
 	fails atomic.Int64 // consecutive failures
 	trips atomic.Uint64
+	slow  atomic.Uint64 // checks Redis answered: slow, not dead
 
 	mu        sync.Mutex
+	opened    bool // open or half-open (fails ≥ threshold while closed is a check in flight)
 	openUntil time.Time
 	probing   bool
+	checking  bool
 	outage    time.Time // when the current outage began; zero when none
 }
 
@@ -40,8 +68,8 @@ func (b *breaker) allow() bool {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.fails.Load() < b.threshold {
-		return true
+	if !b.opened {
+		return true // closed, maybe checking whether Redis is only slow
 	}
 	if b.probing || b.now().Before(b.openUntil) {
 		return false
@@ -55,13 +83,7 @@ func (b *breaker) done(err error) {
 	if err == nil {
 		if b.fails.Load() != 0 {
 			b.mu.Lock()
-			b.fails.Store(0)
-			b.probing = false
-			if !b.outage.IsZero() {
-				b.log.Info("Redis answers again; decisions are back on Redis",
-					"outage", b.now().Sub(b.outage).Round(time.Millisecond).String())
-				b.outage = time.Time{}
-			}
+			b.closeLocked()
 			b.mu.Unlock()
 		}
 		return
@@ -69,17 +91,59 @@ func (b *breaker) done(err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n := b.fails.Add(1)
-	if n >= b.threshold && (n == b.threshold || b.probing) {
-		now := b.now()
-		b.openUntil = now.Add(b.cooldown)
-		b.trips.Add(1)
-		if b.outage.IsZero() {
-			b.outage = now
-			b.log.Warn("Redis does not answer; deciding by each rule's failure mode until it does",
-				"failures", n, "err", err)
-		}
+	switch {
+	case n < b.threshold, b.opened && !b.probing, b.checking:
+		// Below the threshold; a call let through before the breaker
+		// opened; or a check already out, which decides.
+	case b.check != nil && noAnswer(err):
+		b.checking = true
+		b.spawn(b.runCheck) // a half-open breaker stays probing: no call goes
+		return
+	default:
+		b.openLocked(n, err)
 	}
 	b.probing = false
+}
+
+// runCheck asks Redis whether it answers and closes or opens the breaker
+// accordingly.
+func (b *breaker) runCheck() {
+	err := b.check()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.checking = false
+	switch {
+	case err == nil || isAnswer(err):
+		b.slow.Add(1)
+		b.closeLocked()
+	case b.fails.Load() >= b.threshold: // no call has succeeded meanwhile
+		b.openLocked(b.fails.Load(), err)
+		b.probing = false
+	}
+}
+
+// closeLocked closes the breaker: Redis answered.
+func (b *breaker) closeLocked() {
+	b.fails.Store(0)
+	b.opened, b.probing = false, false
+	if !b.outage.IsZero() {
+		b.log.Info("Redis answers again; decisions are back on Redis",
+			"outage", b.now().Sub(b.outage).Round(time.Millisecond).String())
+		b.outage = time.Time{}
+	}
+}
+
+// openLocked opens the breaker for a cooldown after n failures, the last err.
+func (b *breaker) openLocked(n int64, err error) {
+	now := b.now()
+	b.opened = true
+	b.openUntil = now.Add(b.cooldown)
+	b.trips.Add(1)
+	if b.outage.IsZero() {
+		b.outage = now
+		b.log.Warn("Redis does not answer; deciding by each rule's failure mode until it does",
+			"failures", n, "err", err)
+	}
 }
 
 // abandon ends a call that says nothing about Redis (its caller gave up):
@@ -89,7 +153,9 @@ func (b *breaker) abandon() {
 		return
 	}
 	b.mu.Lock()
-	b.probing = false
+	if !b.checking {
+		b.probing = false
+	}
 	b.mu.Unlock()
 }
 
@@ -99,11 +165,30 @@ func (b *breaker) isOpen() bool {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.now().Before(b.openUntil)
+	return b.opened && b.now().Before(b.openUntil)
+}
+
+// noAnswer reports whether err says only that Redis did not answer in
+// time (it may be slow rather than down): a deadline, a socket timeout, a
+// cutoff that expired, no pooled connection in time.
+func noAnswer(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, redis.ErrPoolTimeout) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// isAnswer reports whether err is a reply of Redis (an error reply): it
+// is alive, whatever it said.
+func isAnswer(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
 }
 
 // fallback decides items by their rules' failure modes.
 type fallback struct {
+	def        ratelimit.FailureMode // for rules of FailDefault: Options.Failure
 	replicas   int64
 	retryAfter time.Duration
 	local      *memstore.Store
@@ -141,10 +226,18 @@ func (f *fallback) share(r *ratelimit.Rule) *ratelimit.Rule {
 	return &l
 }
 
+// mode is r's failure mode, the store's default for FailDefault.
+func (f *fallback) mode(r *ratelimit.Rule) ratelimit.FailureMode {
+	if r.Failure == ratelimit.FailDefault {
+		return f.def
+	}
+	return r.Failure
+}
+
 func (f *fallback) decide(dst []ratelimit.Decision, items []ratelimit.Item) []ratelimit.Decision {
 	anyClosed, nLocal := false, 0
 	for i := range items {
-		switch items[i].Rule.Failure {
+		switch f.mode(items[i].Rule) {
 		case ratelimit.FailClosed:
 			anyClosed = true
 		case ratelimit.FailLocal:
@@ -155,7 +248,7 @@ func (f *fallback) decide(dst []ratelimit.Decision, items []ratelimit.Item) []ra
 	if nLocal > 0 {
 		litems := make([]ratelimit.Item, 0, nLocal)
 		for i := range items {
-			if it := items[i]; it.Rule.Failure == ratelimit.FailLocal {
+			if it := items[i]; f.mode(it.Rule) == ratelimit.FailLocal {
 				it.Rule = f.share(it.Rule)
 				if anyClosed { // denied anyway: consume nothing
 					it.Cost = min(it.Cost, 0)
@@ -169,7 +262,7 @@ func (f *fallback) decide(dst []ratelimit.Decision, items []ratelimit.Item) []ra
 	for i := range items {
 		r := items[i].Rule
 		d := ratelimit.Decision{Capacity: r.Capacity(), Rule: r.Name}
-		switch r.Failure {
+		switch f.mode(r) {
 		case ratelimit.FailClosed:
 			d.Reason, d.RetryAfter = ratelimit.ReasonFailClosed, max(f.retryAfter, 1)
 			f.closed.Add(1)

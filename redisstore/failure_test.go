@@ -97,6 +97,80 @@ level=INFO msg="Redis answers again; decisions are back on Redis" outage=2s
 	}
 }
 
+// TestBreakerSlow: timeouts at the threshold ask whether Redis answers at
+// all; an answer keeps the breaker closed (slow, not dead), no answer
+// opens it; a refused connection opens it at once, with no check.
+func TestBreakerSlow(t *testing.T) {
+	now := time.Unix(0, 0)
+	var checks []func()
+	answer := errors.New("unset")
+	b := breaker{threshold: 3, cooldown: time.Second, now: func() time.Time { return now },
+		log:   slog.New(slog.DiscardHandler),
+		check: func() error { return answer },
+		spawn: func(f func()) { checks = append(checks, f) },
+	}
+	timeout := fmt.Errorf("redis: %w", context.DeadlineExceeded)
+	run := func() { // runs the one check out
+		t.Helper()
+		if len(checks) != 1 {
+			t.Fatalf("%d checks out, want 1", len(checks))
+		}
+		f := checks[0]
+		checks = nil
+		f()
+	}
+	for range 3 {
+		b.done(timeout)
+	}
+	if !b.allow() || b.isOpen() {
+		t.Fatal("closed breaker stopped calls while checking")
+	}
+	b.done(timeout) // more timeouts while the check is out: no second check
+	answer = nil
+	run()
+	if b.isOpen() || b.slow.Load() != 1 || b.trips.Load() != 0 {
+		t.Fatalf("slow Redis: open %v, slow %d, trips %d", b.isOpen(), b.slow.Load(), b.trips.Load())
+	}
+	// No answer to the check: open.
+	for range 3 {
+		b.done(timeout)
+	}
+	answer = context.DeadlineExceeded
+	run()
+	if !b.isOpen() || b.allow() || b.trips.Load() != 1 {
+		t.Fatalf("dead Redis: open %v, trips %d", b.isOpen(), b.trips.Load())
+	}
+	// Half-open probe times out: no call goes while the check is out; an
+	// error reply is an answer and closes it.
+	now = now.Add(time.Second)
+	if !b.allow() {
+		t.Fatal("no probe after the cooldown")
+	}
+	b.done(timeout)
+	if b.allow() {
+		t.Fatal("half-open breaker let a call through while checking")
+	}
+	answer = replyError("LOADING Redis is loading the dataset in memory")
+	run()
+	if b.isOpen() || !b.allow() || b.slow.Load() != 2 {
+		t.Fatalf("after an answered check: open %v, slow %d", b.isOpen(), b.slow.Load())
+	}
+	b.done(nil)
+	// A refused connection is no timeout: open at the threshold, no check.
+	for range 3 {
+		b.done(errDown)
+	}
+	if len(checks) != 0 || !b.isOpen() || b.trips.Load() != 2 {
+		t.Fatalf("refused: checks %d, open %v, trips %d", len(checks), b.isOpen(), b.trips.Load())
+	}
+}
+
+// replyError is an error reply of Redis.
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+func (replyError) RedisError()     {}
+
 // policyRules have one rule of each failure mode, 10 per hour: a replica
 // of 2 decides locally at 5.
 func policyRules() (open, closed, local *ratelimit.Rule) {

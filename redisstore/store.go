@@ -24,6 +24,7 @@ const (
 	DefaultPipelines        = 4
 	DefaultBreakerThreshold = 3
 	DefaultBreakerCooldown  = time.Second
+	DefaultLivenessTimeout  = time.Second
 )
 
 // clientClockSlack is how much longer keys live when Options.Now is set.
@@ -61,12 +62,26 @@ type Options struct {
 	// Replicas is the number of replicas sharing the limits; a FailLocal
 	// rule decides in process at Quota/Replicas. Default 1.
 	Replicas int
+	// Failure is the failure mode of rules that state none
+	// (ratelimit.FailDefault); default, and for FailDefault,
+	// ratelimit.FailLocal: this replica's share of the limit, so that a
+	// rule's limit holds within a stated bound while Redis cannot decide
+	// (see Failures in the package doc).
+	Failure ratelimit.FailureMode
 	// BreakerThreshold is the number of consecutive failed calls that opens
-	// the circuit breaker; default DefaultBreakerThreshold.
+	// the circuit breaker (or, when the last of them got no answer in
+	// time, asks whether Redis answers at all); default
+	// DefaultBreakerThreshold.
 	BreakerThreshold int
 	// BreakerCooldown is how long an open breaker answers without Redis
 	// before probing it; default DefaultBreakerCooldown.
 	BreakerCooldown time.Duration
+	// LivenessTimeout bounds the check that tells a slow Redis from a
+	// dead one (a PING on a connection of its own, sent in the background
+	// when calls time out):
+	// a Redis that answers it within LivenessTimeout is slow, and the
+	// breaker stays closed; default DefaultLivenessTimeout.
+	LivenessTimeout time.Duration
 
 	// ReconcileInterval is how often approximate rules send the hits
 	// counted here and read the shared state back, all keys in one
@@ -97,6 +112,7 @@ type Stats struct {
 	FailClosed uint64 // items denied by FailClosed
 	Local      uint64 // items decided in process by FailLocal
 	Trips      uint64 // times the circuit breaker opened
+	Slow       uint64 // times calls timed out but Redis answered a liveness check: slow, not dead; the breaker stayed closed
 	Pipelines  uint64 // pipelines sent by the coalescer
 	Batched    uint64 // requests sent in those pipelines
 	// CachedDenials counts requests answered by the denial cache.
@@ -122,7 +138,8 @@ type Store struct {
 	clock   *redis.Script
 	read    *redis.Script
 	cas     *redis.Script
-	sclock  *serverClock // the nodes' clocks, for cutoffs
+	sclock  *serverClock          // the nodes' clocks, for cutoffs
+	checker redis.UniversalClient // for the breaker's liveness check (alive); nil: s.c
 	tagOf   func(string) string
 	cluster bool // keys of one script must share a slot (not a single server)
 
@@ -177,6 +194,9 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 	if strings.ContainsAny(opts.Prefix, "{}") {
 		return nil, fmt.Errorf("redisstore: prefix %q contains a hash tag brace", opts.Prefix)
 	}
+	if opts.Failure > ratelimit.FailLocal {
+		return nil, fmt.Errorf("redisstore: unknown failure mode %v", opts.Failure)
+	}
 	s := &Store{
 		c:       c,
 		prefix:  opts.Prefix,
@@ -202,8 +222,13 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 	// Ring, a wrapper) gets requests whose keys share a tag, one per call.
 	_, single := s.c.(*redis.Client)
 	s.cluster = !single
-	s.brk = breaker{threshold: int64(opts.BreakerThreshold), cooldown: opts.BreakerCooldown, now: time.Now, log: opts.Logger}
+	s.checker = newChecker(c, opts.LivenessTimeout)
+	s.brk = breaker{threshold: int64(opts.BreakerThreshold), cooldown: opts.BreakerCooldown, now: time.Now, log: opts.Logger,
+		check: func() error { return s.alive(opts.LivenessTimeout) },
+		spawn: func(f func()) { go f() },
+	}
 	s.fb = fallback{
+		def:        opts.Failure,
 		replicas:   int64(opts.Replicas),
 		retryAfter: opts.BreakerCooldown,
 		local:      memstore.New(memstore.Options{Now: opts.Now, MaxKeys: 1 << 16}),
@@ -229,6 +254,10 @@ func (o *Options) setDefaults() {
 	setDefault(&o.Replicas, 1)
 	setDefault(&o.BreakerThreshold, DefaultBreakerThreshold)
 	setDefault(&o.BreakerCooldown, DefaultBreakerCooldown)
+	setDefault(&o.LivenessTimeout, DefaultLivenessTimeout)
+	if o.Failure == ratelimit.FailDefault {
+		o.Failure = ratelimit.FailLocal
+	}
 	setDefault(&o.ReconcileInterval, DefaultReconcileInterval)
 	setDefault(&o.BlockSpan, DefaultBlockSpan)
 	setDefault(&o.BlockHold, DefaultBlockHold)
@@ -257,6 +286,9 @@ func (s *Store) Close() error {
 			s.batch.stop()
 		}
 		s.fb.local.Close()
+		if s.checker != nil {
+			s.checker.Close()
+		}
 	})
 	return nil
 }
@@ -271,6 +303,7 @@ func (s *Store) Stats() Stats {
 		FailClosed: s.fb.closed.Load(),
 		Local:      s.fb.local_.Load(),
 		Trips:      s.brk.trips.Load(),
+		Slow:       s.brk.slow.Load(),
 		Open:       s.brk.isOpen(),
 	}
 	if s.batch != nil {
@@ -415,6 +448,57 @@ func (s *Store) callFailed(ctx context.Context, err error) error {
 	s.brk.done(err)
 	return fmt.Errorf("%w: %w", errUnavailable, err)
 }
+
+// alive asks Redis whether it answers at all within timeout: a PING on
+// s.checker, a client of the same servers whose dial, reads and writes
+// may each take timeout (the store's client would cut it short at the
+// decision timeout, and could not even dial a slow server: go-redis's
+// connection set-up is a call too). Close cancels it.
+func (s *Store) alive(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.closed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	if s.checker == nil { // a client of another kind: bounded by its own timeouts
+		return s.c.Ping(ctx).Err()
+	}
+	return s.checker.Ping(ctx).Err()
+}
+
+// newChecker returns a client of c's servers with every timeout at
+// timeout, for alive; nil for a client that is neither a *redis.Client
+// (standalone, or Sentinel's failover client) nor a *redis.ClusterClient.
+// It dials once per attempt (no retries: a refused connection is an
+// answer enough) and keeps one idle connection. Its PoolSize is large
+// only because go-redis stops dialling once a pool has failed PoolSize
+// dials in a row (it fails at once, and probes in a goroutine of its
+// own): a check must really try; at most one is out at a time.
+func newChecker(c redis.UniversalClient, timeout time.Duration) redis.UniversalClient {
+	set := func(dial, read, write, pool *time.Duration, size, minIdle, maxIdle, retries *int) {
+		*dial, *read, *write, *pool = timeout, timeout, timeout, timeout
+		*size, *minIdle, *maxIdle, *retries = checkerPoolSize, 0, 1, 1
+	}
+	switch c := c.(type) {
+	case *redis.Client:
+		o := *c.Options()
+		set(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout, &o.PoolSize, &o.MinIdleConns, &o.MaxIdleConns, &o.DialerRetries)
+		return redis.NewClient(&o)
+	case *redis.ClusterClient:
+		o := *c.Options()
+		set(&o.DialTimeout, &o.ReadTimeout, &o.WriteTimeout, &o.PoolTimeout, &o.PoolSize, &o.MinIdleConns, &o.MaxIdleConns, &o.DialerRetries)
+		return redis.NewClusterClient(&o)
+	}
+	return nil
+}
+
+// checkerPoolSize is the checker's PoolSize: failed checks in a row
+// before go-redis would stop dialling (over an hour of checks a second).
+const checkerPoolSize = 1 << 13
 
 // localNow is this process's clock, or Options.Now: what the denial cache
 // and the counters of batched and approximate rules time themselves by.

@@ -28,7 +28,8 @@ package main
 //     request OK, unless every quota descriptor is over: then the request
 //     is OVER_LIMIT and what the real limits took is given back.
 //   - Store down (redisstore's fallback): each item by its rule's
-//     failure_mode: fail_open admits (nothing known of the key),
+//     failure_mode, local when it states none (--failure-default):
+//     fail_open admits (nothing known of the key),
 //     fail_closed denies (retry the breaker's cooldown, 1 s; a request
 //     denied by nothing else is 503 on HTTP, OVER_LIMIT on gRPC), local
 //     decides in process at the replica's share, limit/replicas.
@@ -673,7 +674,7 @@ func (m *refModel) call(items []refItem, now int64) []refDecision {
 	anyClosed := false
 	var local []refItem
 	for _, it := range items {
-		switch it.rule.Failure {
+		switch failureOf(it.rule) {
 		case "fail_closed":
 			anyClosed = true
 		case "local":
@@ -701,7 +702,7 @@ func (m *refModel) call(items []refItem, now int64) []refDecision {
 	for i, it := range items {
 		r := it.rule
 		d := refDecision{Capacity: r.capacity(), Rule: r.Name}
-		switch r.Failure {
+		switch failureOf(r) {
 		case "fail_closed":
 			d.Reason, d.RetryAfter = "fail_closed", time.Second
 		case "local":
@@ -714,6 +715,15 @@ func (m *refModel) call(items []refItem, now int64) []refDecision {
 		out[i] = d
 	}
 	return out
+}
+
+// failureOf is r's failure_mode, serve's --failure-default (local) when
+// it states none.
+func failureOf(r *refRule) string {
+	if r.Failure == "" {
+		return "local"
+	}
+	return r.Failure
 }
 
 // together decides items all or nothing: in order on working copies,

@@ -129,7 +129,10 @@ SLUICE_REDIS_PASSWORD environment variable; Sentinels that require their
 own, from --redis-sentinel-password-file or SLUICE_REDIS_SENTINEL_PASSWORD.
 A Redis that refuses the credentials stops serve at start-up; one that
 cannot be reached, or is not ready (loading its data), is logged, and each
-rule's failure_mode decides until it can.
+rule's failure_mode decides until it can. A rule that states no
+failure_mode follows --failure-default: local (this replica's share of
+the limit, limit/--replicas, decided in memory), or fail_open (admit, as
+envoyproxy/ratelimit does when Redis fails) or fail_closed.
 
 Every listener keeps at most --http-max-conns, --grpc-max-conns or
 --admin-max-conns connections open; beyond them a new connection is closed
@@ -183,6 +186,7 @@ type serveConfig struct {
 	redisWindow      time.Duration
 	redisTimeout     time.Duration
 	replicas         int
+	failureDefault   ratelimit.FailureMode // of rules that state no failure_mode
 	grpcAddr         string
 	httpAddr         string
 	adminAddr        string
@@ -304,6 +308,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.IntVar(&cfg.redisPipelines, "redis-pipelines", redisstore.DefaultPipelines, "Redis pipelines in flight at once; concurrent decisions wait for one and share it")
 	fs.DurationVar(&cfg.redisWindow, "redis-batch-window", 0, "how long a Redis pipeline waits for more decisions before it is sent")
 	fs.IntVar(&cfg.replicas, "replicas", 1, "replicas sharing the limits: while Redis is down, a rule with failure_mode local admits Limit/replicas here")
+	failureDefault := fs.String("failure-default", "local", "failure_mode of rules that state none: local (this replica's share, Limit/replicas), fail_open or fail_closed")
 	fs.StringVar(&cfg.grpcAddr, "grpc-addr", "127.0.0.1:8081", "gRPC listen `address` (host:port; port 0 picks a free one)")
 	fs.StringVar(&cfg.httpAddr, "http-addr", "127.0.0.1:8080", "HTTP listen `address`")
 	fs.StringVar(&cfg.adminAddr, "admin-addr", "", "admin API listen `address`; empty disables it")
@@ -343,6 +348,11 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := cfg.limits.validate(); err != nil {
 		return err
 	}
+	mode, err := ratelimit.ParseFailureMode(*failureDefault)
+	if err != nil {
+		return usagef("serve: --failure-default %q: want local, fail_open or fail_closed", *failureDefault)
+	}
+	cfg.failureDefault = mode
 	switch cfg.store {
 	case "memory":
 	case "redis":
@@ -543,7 +553,7 @@ func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*back
 		return nil, err
 	}
 	rs, err := redisstore.New(c, redisstore.Options{
-		Prefix: cfg.redisPrefix, Replicas: cfg.replicas,
+		Prefix: cfg.redisPrefix, Replicas: cfg.replicas, Failure: cfg.failureDefault,
 		Pipelines: cfg.redisPipelines, BatchWindow: cfg.redisWindow, Timeout: cfg.redisTimeout,
 		Logger: log, Now: cfg.hooks.clock(),
 	})

@@ -82,6 +82,7 @@ func TestServeErrors(t *testing.T) {
 		{"admin without token", []string{"--rules", good, "--admin-addr", "127.0.0.1:0", "--admin-token-file", tokenFile}, true, "token"},
 		{"admin token file missing", []string{"--rules", good, "--admin-addr", "127.0.0.1:0", "--admin-token-file", tokenFile + "x"}, false, "admin token"},
 		{"bad log format", []string{"--rules", good, "--log-format", "xml"}, true, "xml"},
+		{"bad failure default", []string{"--rules", good, "--failure-default", "default"}, true, `--failure-default "default": want local, fail_open or fail_closed`},
 		{"bad body bound", []string{"--rules", good, "--max-body-bytes", "0"}, true, "max-body-bytes"},
 		{"extra argument", []string{"--rules", good, "extra"}, true, "extra"},
 		{"gc percent zero", []string{"--rules", good, "--gc-percent", "0"}, true, "--gc-percent"},
@@ -399,7 +400,8 @@ func TestServeRedisUnreachable(t *testing.T) {
 		}
 	}
 	// A decision while Redis is down follows the rule's failure_mode
-	// (fail_open here) and counts as a store error.
+	// (none stated here: --failure-default, local) and counts as a store
+	// error.
 	resp, err := http.Post("http://"+up["http"]+"/v1/check", "application/json",
 		strings.NewReader(`{"domain":"st","descriptors":[{"entries":[{"key":"user","value":"r"}]}]}`))
 	if err != nil {
@@ -407,7 +409,7 @@ func TestServeRedisUnreachable(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if resp.StatusCode != 200 || !strings.Contains(string(body), `"reason":"fail_open"`) {
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"reason":"local"`) {
 		t.Fatalf("check with Redis down: %d %s", resp.StatusCode, body)
 	}
 	login := `{"domain":"st","descriptors":[{"entries":[{"key":"login","value":"r"}]}]}`

@@ -54,7 +54,9 @@
 //	calendar      true: fixed windows on calendar units (real months, days
 //	              through DST) of unit, in
 //	timezone      an IANA zone (default UTC)
-//	failure_mode  fail_open (default) | fail_closed | local
+//	failure_mode  local | fail_open | fail_closed; unstated, the store's
+//	              default (ratelimit.FailDefault: serve's
+//	              --failure-default, local unless set)
 //	counting      strict (default) | batched | approximate: where the
 //	              counter lives on a shared store (redisstore's package
 //	              doc); batched takes gcra, fixed_window and

@@ -38,7 +38,7 @@ func describeDomain(d *Domain) string {
 			if r.Location != nil {
 				fmt.Fprintf(&sb, " tz=%s", r.Location)
 			}
-			if r.Failure != ratelimit.FailOpen {
+			if r.Failure != ratelimit.FailDefault {
 				fmt.Fprintf(&sb, " failure=%s", r.Failure)
 			}
 			if r.Counting != ratelimit.Strict {

@@ -54,6 +54,8 @@ func TestValues(t *testing.T) {
 		{in: "leaky_bucket", dst: (*algorithmName)(&alg), got: func() any { return alg }, want: ratelimit.LeakyBucket},
 		{in: "token_bucket", dst: (*algorithmName)(&alg), err: `invalid algorithm "token_bucket" (want gcra, fixed_window, sliding_log, sliding_window or leaky_bucket)`},
 		{in: "local", dst: (*failureMode)(&mode), got: func() any { return mode }, want: ratelimit.FailLocal},
+		{in: "fail_open", dst: (*failureMode)(&mode), got: func() any { return mode }, want: ratelimit.FailOpen},
+		{in: "default", dst: (*failureMode)(&mode), err: `invalid failure_mode "default" (want fail_open, fail_closed or local)`},
 		{in: "fail_maybe", dst: (*failureMode)(&mode), err: `invalid failure_mode "fail_maybe" (want fail_open, fail_closed or local)`},
 
 		{in: "Europe/Paris", dst: &timezone{&loc}, got: func() any { return loc.String() }, want: "Europe/Paris"},

@@ -143,10 +143,10 @@ func TestFailOpenRemainingUnknown(t *testing.T) {
 descriptors:
   - key: k
     limits:
-      - {unit: minute, requests_per_unit: 5, name: open}
+      - {unit: minute, requests_per_unit: 5, name: open, failure_mode: fail_open}
       - {unit: hour, requests_per_unit: 50, name: known, failure_mode: fail_closed}
   - key: alone
-    rate_limit: {unit: minute, requests_per_unit: 5, name: alone}
+    rate_limit: {unit: minute, requests_per_unit: 5, name: alone, failure_mode: fail_open}
 `))
 	if err != nil {
 		t.Fatal(err)

@@ -543,9 +543,16 @@ func (w *waiter) poke() {
 // that it asks the store at once instead of at its next poll: for a
 // caller that released a permit of d's name through the Store directly
 // (a permit detached, as sluice serve's coordination API releases them).
-// A Release through a Permit of d needs none. It never blocks, and grants
-// nothing by itself.
-func (d *Distributed) Notify() { d.wakeOne() }
+// A Release through a Permit of d needs none. While d's watch of a
+// Notifier store is live it does nothing (nor does a Permit's Release):
+// the store names the waiter the room is for, and holds the room for it
+// a while, so another waiter woken here would only be refused. It never
+// blocks, and grants nothing by itself.
+func (d *Distributed) Notify() {
+	if !d.watchLive() {
+		d.wakeOne()
+	}
+}
 
 // wakeOne wakes one of d's waiters without blocking.
 func (d *Distributed) wakeOne() {

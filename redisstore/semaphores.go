@@ -39,11 +39,21 @@ var semaphorePreludeLua string
 // DefaultSemaphorePrefix is the default SemaphoreOptions.Prefix.
 const DefaultSemaphorePrefix = "sluice:sem:"
 
+// DefaultSemaphoreHold is the default SemaphoreOptions.Hold.
+const DefaultSemaphoreHold = 100 * time.Millisecond
+
 // SemaphoreOptions configure a SemaphoreStore.
 type SemaphoreOptions struct {
 	// Prefix starts every key the store writes; it must not contain "{"
 	// or "}". Default DefaultSemaphorePrefix.
 	Prefix string
+	// Hold is how long a waiter the store names when room opens has that
+	// room to itself (see SemaphoreStore, Holds): long enough for the
+	// message to reach it and its acquire to come back, short enough
+	// that a waiter that died or gave up keeps the room from the others
+	// only briefly. Default DefaultSemaphoreHold; negative: hold nothing
+	// (whoever asks first takes the room).
+	Hold time.Duration
 }
 
 // A SemaphoreStore is a concurrency.Store on Redis (standalone, Sentinel or
@@ -139,6 +149,7 @@ type SemaphoreOptions struct {
 type SemaphoreStore struct {
 	c       redis.UniversalClient
 	prefix  string
+	hold    int64 // Hold in milliseconds; 0: none
 	acquire *redis.Script
 	renew   *redis.Script
 	fair    *redis.Script
@@ -166,9 +177,17 @@ func NewSemaphoreStore(c redis.UniversalClient, o SemaphoreOptions) (*SemaphoreS
 		// semaphore in one slot, or a tag the names do not choose.
 		return nil, fmt.Errorf("redisstore: semaphore prefix %q contains a hash tag brace", o.Prefix)
 	}
+	hold := int64(0)
+	if o.Hold == 0 {
+		o.Hold = DefaultSemaphoreHold
+	}
+	if o.Hold > 0 {
+		hold = ttlMillis(o.Hold)
+	}
 	return &SemaphoreStore{
 		c:       c,
 		prefix:  o.Prefix,
+		hold:    hold,
 		acquire: redis.NewScript(semaphorePreludeLua + semaphoreAcquireLua),
 		renew:   redis.NewScript(semaphorePreludeLua + semaphoreRenewLua),
 		fair:    redis.NewScript(semaphorePreludeLua + semaphoreFairLua),
@@ -231,8 +250,8 @@ func (r *SemaphoreStore) AcquireFair(ctx context.Context, name, token string, we
 	if err != nil {
 		return concurrency.Queued, 0, err
 	}
-	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":seq", key + ":freed", key + ":f", key + ":fence", key + ":since"}
-	res, err := r.fair.Run(ctx, r.c, keys, token, weight, limit, ttlMillis(ttl), waitMillis(wait), cut).Int64Slice()
+	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":seq", key + ":freed", key + ":f", key + ":fence", key + ":since", key + ":hold", key + ":pw"}
+	res, err := r.fair.Run(ctx, r.c, keys, token, weight, limit, ttlMillis(ttl), waitMillis(wait), cut, r.hold).Int64Slice()
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("semaphore_fair.lua answered %v", res)
 	}
@@ -276,8 +295,8 @@ func (r *SemaphoreStore) Dequeue(ctx context.Context, name, token string) error 
 // runRelease runs semaphore_release.lua in mode "release" or "dequeue".
 func (r *SemaphoreStore) runRelease(ctx context.Context, name, token, mode string) (bool, error) {
 	key := r.Key(name)
-	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":freed", key + ":f", key + ":pw", key + ":since"}
-	n, err := r.release.Run(ctx, r.c, keys, token, mode).Int64()
+	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":freed", key + ":f", key + ":pw", key + ":since", key + ":hold"}
+	n, err := r.release.Run(ctx, r.c, keys, token, mode, r.hold).Int64()
 	return n == 1, err
 }
 
@@ -302,8 +321,8 @@ func (r *SemaphoreStore) Acquire(ctx context.Context, name, token string, limit 
 	if err != nil {
 		return 0, err
 	}
-	keys := []string{key, key + ":w", key + ":freed", key + ":f", key + ":fence", key + ":pw", key + ":since", key + ":q", key + ":qt"}
-	n, err := r.acquire.Run(ctx, r.c, keys, token, limit, ttlMillis(ttl), cut, waitMillis(wait)).Int64()
+	keys := []string{key, key + ":w", key + ":freed", key + ":f", key + ":fence", key + ":pw", key + ":since", key + ":q", key + ":qt", key + ":hold"}
+	n, err := r.acquire.Run(ctx, r.c, keys, token, limit, ttlMillis(ttl), cut, waitMillis(wait), r.hold).Int64()
 	if err == nil {
 		err = r.checkCutoff(ctx, key, n)
 	}

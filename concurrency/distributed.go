@@ -32,8 +32,9 @@ type Store interface {
 	// Acquire first forgets the holders of name whose expiry has passed,
 	// then adds token, of weight 1, with an expiry ttl from now if the
 	// weights held (1 a holder, unless a FairStore granted more) leave
-	// room for one more under limit and, on a FairStore, no waiter's
-	// place in its queue holds (see FairStore), and returns its new
+	// room for one more under limit (on a Notifier, room held for
+	// another token counts as used: see Notifier) and, on a FairStore,
+	// no waiter's place in its queue holds (see FairStore), and returns its new
 	// fence; it returns 0 when there is no room or others queue. If token
 	// already holds a permit, its expiry is extended and Acquire returns
 	// the fence it has. When
@@ -132,6 +133,20 @@ type FairStore interface {
 // notification lost costs at most one poll interval (MaxBackoff), and a
 // notification is never a grant by itself: the waiter still asks the
 // store.
+//
+// A Notifier may hold the room it names a recorded waiter for, for a
+// short while (redisstore.SemaphoreOptions.Hold): until the hold lapses,
+// Acquire and AcquireFair by any other token count that room as used
+// (they are refused, and recorded, as when the semaphore is full), and
+// the named token's own attempt takes it. Otherwise the holder that
+// released, asking again at once, would take the room before the waiter
+// woke, and the waiter's attempt would be wasted. A hold is room, never a
+// permit: the permits held and the holds together stay within the limit,
+// and the named token's grant consumes its hold. A hold that lapses unused
+// (its waiter slow, dead or gone) is room again, which the store passes
+// on as a release's; a Release or Dequeue of the token gives its hold up
+// the same way. A FairStore's queue needs none: nobody overtakes the
+// first in line.
 //
 // redisstore.SemaphoreStore (Redis pub/sub) implements it.
 type Notifier interface {
@@ -292,8 +307,9 @@ type DistributedOptions struct {
 // at once too: the one the store names, in whichever process it waits
 // (a blocked Acquire is recorded by the store as a waiter, for QueueTTL
 // from each attempt, under the one token it keeps for all its attempts),
-// as many as the permits freed; or, when waiters queue with Fair, the one
-// first in line. A waiter woken asks the store again, so
+// as many as the permits freed, each with the room held for it a moment
+// (see Notifier); or, when waiters queue with Fair, the one first in
+// line. A waiter woken asks the store again, so
 // the message grants nothing by itself; if it is lost, or the watch
 // fails (it is tried again at most every max(1 s, MaxBackoff)), the
 // waiters still poll, and a freed permit waits at most a poll interval.

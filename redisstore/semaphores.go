@@ -128,7 +128,28 @@ type SemaphoreOptions struct {
 // dequeued or lapsed; so a release of one permit wakes one waiter in one
 // process, not one in every process. With no plain waiter recorded, the
 // message is "" (one waiter of each process that has one asks; a waiter
-// of an older Sluice records nothing). Watch SUBSCRIBEs to it. Pub/sub delivers at most
+// of an older Sluice records nothing).
+//
+// Holds: each plain waiter a script names gets the room it is named for
+// held, in a sorted set Key + ":hold" (token → the instant, in
+// milliseconds of the server's clock, the hold lapses: Hold from the
+// naming, or the waiter's place's lapse if that is sooner), so that the
+// holder who released and asks again at once does not take the room
+// before the waiter it woke can ask (see concurrency.Notifier). Every
+// acquire script counts the holds of other tokens as units used; the
+// named token's acquire takes its hold in place of room and, granted,
+// consumes it. The scripts forget lapsed holds first and pass that room
+// on (to the first fair waiter, or the next plain ones, with new holds);
+// a release or dequeue of a token gives its hold up the same way. A
+// release names as many waiters as the weight it frees: its script knows
+// no limit, and the permits and holds cannot exceed it by that. The first
+// fair waiter needs no hold: nobody overtakes the line. The key shares
+// the name's hash tag and expires a hold's length after its last write.
+// A Sluice from before holds neither reads nor writes it: its acquires
+// may take held room (the waiter is then refused and recorded again, as
+// before).
+//
+// Watch SUBSCRIBEs to the channel. Pub/sub delivers at most
 // once, to the subscribers connected then; a message lost (to a
 // reconnection, a full channel) costs the waiters one poll interval, since
 // they keep polling. On a Cluster, PUBLISH reaches the subscribers of

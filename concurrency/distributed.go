@@ -302,8 +302,9 @@ type DistributedOptions struct {
 // is noticed within about MaxBackoff. A permit released through the same
 // Distributed wakes one of its waiters at once. On a Notifier
 // (redisstore.SemaphoreStore), a Distributed watches the store while any
-// of its Acquires waits, in a goroutine it owns that ends when the last
-// one stops waiting, and a permit freed in another process wakes a waiter
+// of its Acquires waits, in a goroutine it owns that ends a second after
+// the last one stops waiting (unless another begins to wait meanwhile),
+// and a permit freed in another process wakes a waiter
 // at once too: the one the store names, in whichever process it waits
 // (a blocked Acquire is recorded by the store as a waiter, for QueueTTL
 // from each attempt, under the one token it keeps for all its attempts),
@@ -355,16 +356,26 @@ type Distributed struct {
 	mu      sync.Mutex
 	waiters map[*waiter]struct{} // the blocked acquires
 	// The watch: a goroutine of the Distributed's runs while waiters is
-	// not empty (watching), started by the first waiter and stopped by
-	// the last (stopWatch); gen tells its successive runs apart. live is
-	// set once the store has confirmed it, retryAt delays a new attempt
-	// after a failure.
+	// not empty (watching), started by the first waiter and stopped
+	// (stopWatch) watchLinger after the last left, unless another came
+	// meanwhile: idle counts the departures of a last waiter, so that a
+	// stop scheduled by one that a new waiter followed does nothing; gen
+	// tells its successive runs apart. live is set once the store has
+	// confirmed it, retryAt delays a new attempt after a failure.
 	watching  bool
 	live      bool
 	gen       uint64
+	idle      uint64
 	stopWatch context.CancelFunc
 	retryAt   time.Time
 }
+
+// watchLinger is how long a Distributed's watch outlives its last waiter:
+// a waiter that comes within it (a loop that released its permit and
+// asks again, refused) finds the watch live, and neither waits for a new
+// subscription, polling from MinBackoff meanwhile, nor is asked once more
+// when it is in place.
+const watchLinger = time.Second
 
 // NewDistributed returns a semaphore named name, of at most limit holders,
 // stored in b. A limit of 0 (or below) admits nobody: Acquire returns
@@ -485,7 +496,8 @@ func (d *Distributed) newWaiter(token string) *waiter {
 	return w
 }
 
-// done unregisters the waiter; the last one stops the watch.
+// done unregisters the waiter; the last one stops the watch
+// watchLinger later, unless another waiter comes meanwhile.
 func (w *waiter) done() {
 	w.timer.Stop()
 	d := w.d
@@ -493,6 +505,18 @@ func (w *waiter) done() {
 	defer d.mu.Unlock()
 	delete(d.waiters, w)
 	if len(d.waiters) == 0 && d.watching {
+		d.idle++
+		gen, idle := d.gen, d.idle
+		time.AfterFunc(watchLinger, func() { d.unwatch(gen, idle) })
+	}
+}
+
+// unwatch stops the watch of generation gen if no waiter has come since
+// the departure idle of the last one.
+func (d *Distributed) unwatch(gen, idle uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.gen == gen && d.idle == idle && d.watching && len(d.waiters) == 0 {
 		d.stopWatch()
 		d.watching, d.live, d.stopWatch = false, false, nil
 	}
@@ -630,12 +654,14 @@ func (d *Distributed) watchRun(ctx context.Context, gen uint64) {
 // that it names, if that waiter is here; to one waiter when it names
 // none.
 func (d *Distributed) noted(head string) {
-	if head == "" {
-		d.wakeOne()
-		return
-	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if head == "" {
+		if len(d.waiters) > 0 { // none while the watch lingers
+			d.wakeOne()
+		}
+		return
+	}
 	for w := range d.waiters {
 		if w.token == head {
 			w.poke()

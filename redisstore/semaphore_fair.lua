@@ -112,8 +112,8 @@ if redis.call('ZSCORE', KEYS[1], token) then
 end
 
 -- Waiters whose place lapsed leave the head of the line.
-local room = #gone > 0 or opened > 0
-local changed = room
+local freed = #gone > 0 or opened > 0
+local changed = freed
 while true do
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)
   if #head == 0 then
@@ -141,12 +141,12 @@ if first then
     end
     redis.call('ZREM', KEYS[3], token)
     redis.call('HDEL', KEYS[4], token)
-    tell(room)
+    tell(freed)
     return {2, fence}
   end
 end
 if changed then
-  tell(room)
+  tell(freed)
 end
 if wait > 0 then
   if not redis.call('ZSCORE', KEYS[3], token) then

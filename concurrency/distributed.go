@@ -32,8 +32,9 @@ type Store interface {
 	// Acquire first forgets the holders of name whose expiry has passed,
 	// then adds token, of weight 1, with an expiry ttl from now if the
 	// weights held (1 a holder, unless a FairStore granted more) leave
-	// room for one more under limit and, on a FairStore, no waiter's
-	// place in its queue holds (see FairStore), and returns its new
+	// room for one more under limit (on a Notifier, room held for
+	// another token counts as used: see Notifier) and, on a FairStore,
+	// no waiter's place in its queue holds (see FairStore), and returns its new
 	// fence; it returns 0 when there is no room or others queue. If token
 	// already holds a permit, its expiry is extended and Acquire returns
 	// the fence it has. When
@@ -132,6 +133,20 @@ type FairStore interface {
 // notification lost costs at most one poll interval (MaxBackoff), and a
 // notification is never a grant by itself: the waiter still asks the
 // store.
+//
+// A Notifier may hold the room it names a recorded waiter for, for a
+// short while (redisstore.SemaphoreOptions.Hold): until the hold lapses,
+// Acquire and AcquireFair by any other token count that room as used
+// (they are refused, and recorded, as when the semaphore is full), and
+// the named token's own attempt takes it. Otherwise the holder that
+// released, asking again at once, would take the room before the waiter
+// woke, and the waiter's attempt would be wasted. A hold is room, never a
+// permit: the permits held and the holds together stay within the limit,
+// and the named token's grant consumes its hold. A hold that lapses unused
+// (its waiter slow, dead or gone) is room again, which the store passes
+// on as a release's; a Release or Dequeue of the token gives its hold up
+// the same way. A FairStore's queue needs none: nobody overtakes the
+// first in line.
 //
 // redisstore.SemaphoreStore (Redis pub/sub) implements it.
 type Notifier interface {
@@ -287,13 +302,15 @@ type DistributedOptions struct {
 // is noticed within about MaxBackoff. A permit released through the same
 // Distributed wakes one of its waiters at once. On a Notifier
 // (redisstore.SemaphoreStore), a Distributed watches the store while any
-// of its Acquires waits, in a goroutine it owns that ends when the last
-// one stops waiting, and a permit freed in another process wakes a waiter
+// of its Acquires waits, in a goroutine it owns that ends a second after
+// the last one stops waiting (unless another begins to wait meanwhile),
+// and a permit freed in another process wakes a waiter
 // at once too: the one the store names, in whichever process it waits
 // (a blocked Acquire is recorded by the store as a waiter, for QueueTTL
 // from each attempt, under the one token it keeps for all its attempts),
-// as many as the permits freed; or, when waiters queue with Fair, the one
-// first in line. A waiter woken asks the store again, so
+// as many as the permits freed, each with the room held for it a moment
+// (see Notifier); or, when waiters queue with Fair, the one first in
+// line. A waiter woken asks the store again, so
 // the message grants nothing by itself; if it is lost, or the watch
 // fails (it is tried again at most every max(1 s, MaxBackoff)), the
 // waiters still poll, and a freed permit waits at most a poll interval.
@@ -339,16 +356,26 @@ type Distributed struct {
 	mu      sync.Mutex
 	waiters map[*waiter]struct{} // the blocked acquires
 	// The watch: a goroutine of the Distributed's runs while waiters is
-	// not empty (watching), started by the first waiter and stopped by
-	// the last (stopWatch); gen tells its successive runs apart. live is
-	// set once the store has confirmed it, retryAt delays a new attempt
-	// after a failure.
+	// not empty (watching), started by the first waiter and stopped
+	// (stopWatch) watchLinger after the last left, unless another came
+	// meanwhile: idle counts the departures of a last waiter, so that a
+	// stop scheduled by one that a new waiter followed does nothing; gen
+	// tells its successive runs apart. live is set once the store has
+	// confirmed it, retryAt delays a new attempt after a failure.
 	watching  bool
 	live      bool
 	gen       uint64
+	idle      uint64
 	stopWatch context.CancelFunc
 	retryAt   time.Time
 }
+
+// watchLinger is how long a Distributed's watch outlives its last waiter:
+// a waiter that comes within it (a loop that released its permit and
+// asks again, refused) finds the watch live, and neither waits for a new
+// subscription, polling from MinBackoff meanwhile, nor is asked once more
+// when it is in place.
+const watchLinger = time.Second
 
 // NewDistributed returns a semaphore named name, of at most limit holders,
 // stored in b. A limit of 0 (or below) admits nobody: Acquire returns
@@ -469,7 +496,8 @@ func (d *Distributed) newWaiter(token string) *waiter {
 	return w
 }
 
-// done unregisters the waiter; the last one stops the watch.
+// done unregisters the waiter; the last one stops the watch
+// watchLinger later, unless another waiter comes meanwhile.
 func (w *waiter) done() {
 	w.timer.Stop()
 	d := w.d
@@ -477,6 +505,18 @@ func (w *waiter) done() {
 	defer d.mu.Unlock()
 	delete(d.waiters, w)
 	if len(d.waiters) == 0 && d.watching {
+		d.idle++
+		gen, idle := d.gen, d.idle
+		time.AfterFunc(watchLinger, func() { d.unwatch(gen, idle) })
+	}
+}
+
+// unwatch stops the watch of generation gen if no waiter has come since
+// the departure idle of the last one.
+func (d *Distributed) unwatch(gen, idle uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.gen == gen && d.idle == idle && d.watching && len(d.waiters) == 0 {
 		d.stopWatch()
 		d.watching, d.live, d.stopWatch = false, false, nil
 	}
@@ -543,9 +583,16 @@ func (w *waiter) poke() {
 // that it asks the store at once instead of at its next poll: for a
 // caller that released a permit of d's name through the Store directly
 // (a permit detached, as sluice serve's coordination API releases them).
-// A Release through a Permit of d needs none. It never blocks, and grants
-// nothing by itself.
-func (d *Distributed) Notify() { d.wakeOne() }
+// A Release through a Permit of d needs none. While d's watch of a
+// Notifier store is live it does nothing (nor does a Permit's Release):
+// the store names the waiter the room is for, and holds the room for it
+// a while, so another waiter woken here would only be refused. It never
+// blocks, and grants nothing by itself.
+func (d *Distributed) Notify() {
+	if !d.watchLive() {
+		d.wakeOne()
+	}
+}
 
 // wakeOne wakes one of d's waiters without blocking.
 func (d *Distributed) wakeOne() {
@@ -607,12 +654,14 @@ func (d *Distributed) watchRun(ctx context.Context, gen uint64) {
 // that it names, if that waiter is here; to one waiter when it names
 // none.
 func (d *Distributed) noted(head string) {
-	if head == "" {
-		d.wakeOne()
-		return
-	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if head == "" {
+		if len(d.waiters) > 0 { // none while the watch lingers
+			d.wakeOne()
+		}
+		return
+	}
 	for w := range d.waiters {
 		if w.token == head {
 			w.poke()

@@ -696,3 +696,65 @@ func TestLiveWatchPollsAtMaxBackoff(t *testing.T) {
 		})
 	}
 }
+
+// TestWatchLingers: the watch outlives its last waiter for a while, so a
+// waiter that comes soon after (a loop that released and asks again)
+// finds it live: no new SUBSCRIBE (Redis's count of them is unchanged),
+// and it is granted at the next release; the watch still ends once no
+// waiter comes.
+func TestWatchLingers(t *testing.T) {
+	srv := redistest.Standalone(t)
+	admin := srv.Client()
+	const name = "linger"
+	o := concurrency.DistributedOptions{TTL: 30 * time.Second, MinBackoff: time.Second, MaxBackoff: 10 * time.Second}
+	hb, wb := newStore(t, srv), newStore(t, srv)
+	holder, err := concurrency.NewDistributed(hb, name, 1, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter, err := concurrency.NewDistributed(wb, name, 1, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	subscribes := func() int64 {
+		t.Helper()
+		stats, err := admin.InfoMap(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int64
+		if _, err := fmt.Sscanf(stats["Commandstats"]["cmdstat_subscribe"], "calls=%d", &n); err != nil {
+			t.Fatalf("cmdstat_subscribe %q: %v", stats["Commandstats"]["cmdstat_subscribe"], err)
+		}
+		return n
+	}
+	round := func(i int) {
+		t.Helper()
+		p, err := holder.TryAcquire(ctx)
+		if err != nil {
+			t.Fatalf("round %d: holder: %v", i, err)
+		}
+		got := acquireAsync(ctx, waiter, 1)
+		pollRedis(t, 5*time.Second, "the waiter's subscription", subscribers(admin, wb, name, 1))
+		pollRedis(t, 5*time.Second, "the waiter recorded", members(admin, wb.Key(name)+":pw", 1))
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		g := <-got
+		if g.err != nil {
+			t.Fatalf("round %d: waiter: %v", i, g.err)
+		}
+		if err := g.p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	round(0)
+	before := subscribes()
+	round(1)
+	if after := subscribes(); after != before {
+		t.Errorf("%d SUBSCRIBEs for a waiter that came while the watch lingered, want none", after-before)
+	}
+	pollRedis(t, 5*time.Second, "the end of the watch", subscribers(admin, wb, name, 0))
+}

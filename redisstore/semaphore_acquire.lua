@@ -10,6 +10,8 @@
 --          clock when the permit was granted; a renewal keeps it
 -- KEYS[8]  the fair waiters: sorted set token -> ticket (semaphore_fair.lua)
 -- KEYS[9]  the fair waiters' places: hash token -> the instant (ms) it lapses
+-- KEYS[10] the holds: sorted set token -> the instant (ms) it lapses
+--          (semaphore_prelude.lua)
 -- ARGV[1]  token
 -- ARGV[2]  limit (most holders)
 -- ARGV[3]  ttl in milliseconds
@@ -17,17 +19,21 @@
 --          has given up on the call, or "" for none (see clock.go)
 -- ARGV[5]  wait in milliseconds: how long a refused token stays recorded
 --          as a waiter, to be named when room opens; 0 to record nothing
+-- ARGV[6]  hold in milliseconds: how long a waiter it names has the room
+--          to itself (semaphore_prelude.lua); 0 to hold nothing
 -- Returns the fence of token's permit if it holds one afterwards (the one
 -- it had if it held it already, the counter's next value if not), 0 if the
--- semaphore is full or fair waiters queue (a waiter that waited long
--- enough queues, and is not to be overtaken), -1 (having done nothing)
--- past the cutoff. When it
--- forgot expired holders and did not find the semaphore full, it wakes as
--- many waiters as the room left after its grant (semaphore_prelude.lua):
--- the expired permits may be more than it takes. (When the last holder
--- expires, the key expires with it: nothing to see.)
+-- semaphore is full (the holds of other tokens counted as used) or fair
+-- waiters queue (a waiter that waited long enough queues, and is not to
+-- be overtaken), -1 (having done nothing) past the cutoff. A token's own
+-- hold is taken in place of room: granted, it is consumed; refused (fair
+-- waiters queue), it is given up. When it forgot expired holders or
+-- lapsed holds, or gave up its hold, and room is left, it wakes as many
+-- waiters as the room left (semaphore_prelude.lua), or tells the first
+-- fair waiter: the room opened may be more than it takes. (When the last
+-- holder expires, the key expires with it: nothing to see.)
 local key, token = KEYS[1], ARGV[1]
-local limit, ttl, wait = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
+local limit, ttl, wait, hold = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local t = redis.call('TIME')
 local cut = ARGV[4]
 if cut ~= '' and (string.sub(cut, 1, -10) - t[1]) * 1000000000 + (string.sub(cut, -9) - t[2] * 1000) < 0 then
@@ -45,9 +51,14 @@ if #gone > 0 then
   redis.call('HDEL', KEYS[7], unpack(gone))
 end
 
--- used returns the weight held, or at least limit when that is reached.
+-- Lapsed holds are room opened; token's own hold is taken here (granted,
+-- it is consumed; refused, given up).
+local opened = lapse(KEYS[10], now) + redis.call('ZREM', KEYS[10], token)
+
+-- used returns the weight held and the holds of others, or at least
+-- limit when that is reached.
 local function used()
-  local n = redis.call('ZCARD', key)
+  local n = redis.call('ZCARD', key) + redis.call('ZCARD', KEYS[10])
   if n < limit and redis.call('EXISTS', KEYS[2]) == 1 then
     local ws = redis.call('HVALS', KEYS[2])
     for i = 1, #ws do
@@ -74,8 +85,25 @@ local function queued()
   end
 end
 
+-- tell passes on the room left, if any: to the first fair waiter when
+-- one queues, else to the plain waiters (with holds).
+local function tell()
+  local room = limit - used()
+  if room <= 0 then
+    return
+  end
+  if queued() then
+    redis.call('PUBLISH', KEYS[3], redis.call('ZRANGE', KEYS[8], 0, 0)[1])
+  else
+    wake(KEYS[6], KEYS[10], KEYS[3], now, room, hold)
+  end
+end
+
 local held = redis.call('ZSCORE', key, token)
 if not held and (used() >= limit or queued()) then
+  if opened > 0 or #gone > 0 then
+    tell()
+  end
   if wait > 0 then
     redis.call('ZADD', KEYS[6], now + wait, token)
     keep(KEYS[6], wait)
@@ -100,7 +128,7 @@ end
 for _, k in ipairs({key, KEYS[2], KEYS[4], KEYS[7]}) do
   keep(k, ttl)
 end
-if #gone > 0 then
-  wake(KEYS[6], KEYS[3], now, limit - used())
+if #gone > 0 or opened > 0 then
+  tell()
 end
 return tonumber(fence)

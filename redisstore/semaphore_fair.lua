@@ -9,6 +9,9 @@
 -- KEYS[8]  the fence counter: the last fence granted; it never expires
 -- KEYS[9]  the holders' grant instants: hash token -> ms (see
 --          semaphore_acquire.lua)
+-- KEYS[10] the holds: sorted set token -> the instant (ms) it lapses
+--          (semaphore_prelude.lua)
+-- KEYS[11] the plain waiters (semaphore_prelude.lua)
 -- ARGV[1]  token
 -- ARGV[2]  weight
 -- ARGV[3]  limit (the most weight held)
@@ -17,16 +20,21 @@
 --          must wait; 0 to queue nothing
 -- ARGV[6]  the cutoff: Unix ns of the server's clock past which the caller
 --          has given up on the call, or "" for none (see clock.go)
+-- ARGV[7]  hold in milliseconds (semaphore_acquire.lua)
 -- Returns {2, fence} when token holds the permit (the fence it had if it
 -- held it already, the counter's next value if not), {1, 0} when it is
 -- first in line and waits for room, {0, 0} when others wait before it,
 -- {-1, 0} (having done nothing) past the cutoff.
--- When the head of the line changed (a waiter granted or lapsed) or
--- expired holders were forgotten, and room is left, it PUBLISHes the token
--- of the waiter now first in line, so that it asks at once.
+-- The holds of other tokens count as used (semaphore_prelude.lua); a
+-- token's own hold is taken in place of room.
+-- When the head of the line changed (a waiter granted or lapsed), expired
+-- holders or lapsed holds were forgotten, or token gave up a hold, and
+-- room is left, it PUBLISHes the token of the waiter now first in line,
+-- so that it asks at once; with nobody in line, when room opened, it wakes
+-- the plain waiters (with holds) instead.
 local token = ARGV[1]
 local weight, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
-local ttl, wait = tonumber(ARGV[4]), tonumber(ARGV[5])
+local ttl, wait, hold = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[7])
 local t = redis.call('TIME')
 local cut = ARGV[6]
 if cut ~= '' and (string.sub(cut, 1, -10) - t[1]) * 1000000000 + (string.sub(cut, -9) - t[2] * 1000) < 0 then
@@ -43,8 +51,12 @@ if #gone > 0 then
   redis.call('HDEL', KEYS[9], unpack(gone))
 end
 
+-- Lapsed holds are room opened; token's own hold is taken here.
+local opened = lapse(KEYS[10], now) + redis.call('ZREM', KEYS[10], token)
+
+-- used returns the weight held and the holds of others.
 local function used()
-  local n = redis.call('ZCARD', KEYS[1])
+  local n = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[10])
   local ws = redis.call('HVALS', KEYS[2])
   for i = 1, #ws do
     n = n + tonumber(ws[i]) - 1
@@ -52,11 +64,20 @@ local function used()
   return n
 end
 
--- tell wakes the waiter first in line, if it is another and room is left.
-local function tell()
+-- tell wakes the waiter first in line, if it is another and room is left;
+-- with nobody in line and plain set, the plain waiters there is room for.
+local function tell(plain)
+  local room = limit - used()
+  if room <= 0 then
+    return
+  end
   local h = redis.call('ZRANGE', KEYS[3], 0, 0)
-  if #h == 1 and h[1] ~= token and used() < limit then
-    redis.call('PUBLISH', KEYS[6], h[1])
+  if #h == 1 then
+    if h[1] ~= token then
+      redis.call('PUBLISH', KEYS[6], h[1])
+    end
+  elseif plain then
+    wake(KEYS[11], KEYS[10], KEYS[6], now, room, hold)
   end
 end
 
@@ -84,11 +105,15 @@ if redis.call('ZSCORE', KEYS[1], token) then
   for _, k in ipairs({KEYS[1], KEYS[2], KEYS[7], KEYS[9]}) do
     keep(k, ttl)
   end
+  if opened > 0 or #gone > 0 then
+    tell(true)
+  end
   return {2, tonumber(fence)}
 end
 
 -- Waiters whose place lapsed leave the head of the line.
-local changed = #gone > 0
+local freed = #gone > 0 or opened > 0
+local changed = freed
 while true do
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)
   if #head == 0 then
@@ -116,12 +141,12 @@ if first then
     end
     redis.call('ZREM', KEYS[3], token)
     redis.call('HDEL', KEYS[4], token)
-    tell()
+    tell(freed)
     return {2, fence}
   end
 end
 if changed then
-  tell()
+  tell(freed)
 end
 if wait > 0 then
   if not redis.call('ZSCORE', KEYS[3], token) then

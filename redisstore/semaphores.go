@@ -39,11 +39,21 @@ var semaphorePreludeLua string
 // DefaultSemaphorePrefix is the default SemaphoreOptions.Prefix.
 const DefaultSemaphorePrefix = "sluice:sem:"
 
+// DefaultSemaphoreHold is the default SemaphoreOptions.Hold.
+const DefaultSemaphoreHold = 100 * time.Millisecond
+
 // SemaphoreOptions configure a SemaphoreStore.
 type SemaphoreOptions struct {
 	// Prefix starts every key the store writes; it must not contain "{"
 	// or "}". Default DefaultSemaphorePrefix.
 	Prefix string
+	// Hold is how long a waiter the store names when room opens has that
+	// room to itself (see SemaphoreStore, Holds): long enough for the
+	// message to reach it and its acquire to come back, short enough
+	// that a waiter that died or gave up keeps the room from the others
+	// only briefly. Default DefaultSemaphoreHold; negative: hold nothing
+	// (whoever asks first takes the room).
+	Hold time.Duration
 }
 
 // A SemaphoreStore is a concurrency.Store on Redis (standalone, Sentinel or
@@ -118,7 +128,28 @@ type SemaphoreOptions struct {
 // dequeued or lapsed; so a release of one permit wakes one waiter in one
 // process, not one in every process. With no plain waiter recorded, the
 // message is "" (one waiter of each process that has one asks; a waiter
-// of an older Sluice records nothing). Watch SUBSCRIBEs to it. Pub/sub delivers at most
+// of an older Sluice records nothing).
+//
+// Holds: each plain waiter a script names gets the room it is named for
+// held, in a sorted set Key + ":hold" (token → the instant, in
+// milliseconds of the server's clock, the hold lapses: Hold from the
+// naming, or the waiter's place's lapse if that is sooner), so that the
+// holder who released and asks again at once does not take the room
+// before the waiter it woke can ask (see concurrency.Notifier). Every
+// acquire script counts the holds of other tokens as units used; the
+// named token's acquire takes its hold in place of room and, granted,
+// consumes it. The scripts forget lapsed holds first and pass that room
+// on (to the first fair waiter, or the next plain ones, with new holds);
+// a release or dequeue of a token gives its hold up the same way. A
+// release names as many waiters as the weight it frees: its script knows
+// no limit, and the permits and holds cannot exceed it by that. The first
+// fair waiter needs no hold: nobody overtakes the line. The key shares
+// the name's hash tag and expires a hold's length after its last write.
+// A Sluice from before holds neither reads nor writes it: its acquires
+// may take held room (the waiter is then refused and recorded again, as
+// before).
+//
+// Watch SUBSCRIBEs to the channel. Pub/sub delivers at most
 // once, to the subscribers connected then; a message lost (to a
 // reconnection, a full channel) costs the waiters one poll interval, since
 // they keep polling. On a Cluster, PUBLISH reaches the subscribers of
@@ -139,6 +170,7 @@ type SemaphoreOptions struct {
 type SemaphoreStore struct {
 	c       redis.UniversalClient
 	prefix  string
+	hold    int64 // Hold in milliseconds; 0: none
 	acquire *redis.Script
 	renew   *redis.Script
 	fair    *redis.Script
@@ -166,9 +198,17 @@ func NewSemaphoreStore(c redis.UniversalClient, o SemaphoreOptions) (*SemaphoreS
 		// semaphore in one slot, or a tag the names do not choose.
 		return nil, fmt.Errorf("redisstore: semaphore prefix %q contains a hash tag brace", o.Prefix)
 	}
+	hold := int64(0)
+	if o.Hold == 0 {
+		o.Hold = DefaultSemaphoreHold
+	}
+	if o.Hold > 0 {
+		hold = ttlMillis(o.Hold)
+	}
 	return &SemaphoreStore{
 		c:       c,
 		prefix:  o.Prefix,
+		hold:    hold,
 		acquire: redis.NewScript(semaphorePreludeLua + semaphoreAcquireLua),
 		renew:   redis.NewScript(semaphorePreludeLua + semaphoreRenewLua),
 		fair:    redis.NewScript(semaphorePreludeLua + semaphoreFairLua),
@@ -231,8 +271,8 @@ func (r *SemaphoreStore) AcquireFair(ctx context.Context, name, token string, we
 	if err != nil {
 		return concurrency.Queued, 0, err
 	}
-	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":seq", key + ":freed", key + ":f", key + ":fence", key + ":since"}
-	res, err := r.fair.Run(ctx, r.c, keys, token, weight, limit, ttlMillis(ttl), waitMillis(wait), cut).Int64Slice()
+	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":seq", key + ":freed", key + ":f", key + ":fence", key + ":since", key + ":hold", key + ":pw"}
+	res, err := r.fair.Run(ctx, r.c, keys, token, weight, limit, ttlMillis(ttl), waitMillis(wait), cut, r.hold).Int64Slice()
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("semaphore_fair.lua answered %v", res)
 	}
@@ -276,8 +316,8 @@ func (r *SemaphoreStore) Dequeue(ctx context.Context, name, token string) error 
 // runRelease runs semaphore_release.lua in mode "release" or "dequeue".
 func (r *SemaphoreStore) runRelease(ctx context.Context, name, token, mode string) (bool, error) {
 	key := r.Key(name)
-	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":freed", key + ":f", key + ":pw", key + ":since"}
-	n, err := r.release.Run(ctx, r.c, keys, token, mode).Int64()
+	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":freed", key + ":f", key + ":pw", key + ":since", key + ":hold"}
+	n, err := r.release.Run(ctx, r.c, keys, token, mode, r.hold).Int64()
 	return n == 1, err
 }
 
@@ -302,8 +342,8 @@ func (r *SemaphoreStore) Acquire(ctx context.Context, name, token string, limit 
 	if err != nil {
 		return 0, err
 	}
-	keys := []string{key, key + ":w", key + ":freed", key + ":f", key + ":fence", key + ":pw", key + ":since", key + ":q", key + ":qt"}
-	n, err := r.acquire.Run(ctx, r.c, keys, token, limit, ttlMillis(ttl), cut, waitMillis(wait)).Int64()
+	keys := []string{key, key + ":w", key + ":freed", key + ":f", key + ":fence", key + ":pw", key + ":since", key + ":q", key + ":qt", key + ":hold"}
+	n, err := r.acquire.Run(ctx, r.c, keys, token, limit, ttlMillis(ttl), cut, waitMillis(wait), r.hold).Int64()
 	if err == nil {
 		err = r.checkCutoff(ctx, key, n)
 	}

@@ -207,7 +207,9 @@ func BenchmarkSemaphoreStore(b *testing.B) {
 // waiter behind the head leaves.
 func TestSemaphoreWatch(t *testing.T) {
 	srv := redistest.Standalone(t)
-	b, err := NewSemaphoreStore(srv.Client(), SemaphoreOptions{})
+	// Without holds (TestSemaphoreHold has them): who is named, not who
+	// may take the room.
+	b, err := NewSemaphoreStore(srv.Client(), SemaphoreOptions{Hold: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -332,6 +334,200 @@ func TestSemaphoreWatch(t *testing.T) {
 	case m := <-notes:
 		t.Fatalf("unexpected message %q", m)
 	default:
+	}
+}
+
+// TestSemaphoreHold: a waiter named when room opens has that room to
+// itself while its hold lasts: an acquire by any other token, plain or
+// fair, is refused (and recorded) and the waiter's own is granted,
+// consuming the hold; a waiter that gives up (Dequeue) passes its hold
+// to the next one recorded; a hold lasts no longer than its waiter's
+// place, and one that lapses is room again, which the next script to
+// find it passes on: to the next waiter recorded, with a hold, or to the
+// first acquire that asks. The permits never exceed the limit.
+func TestSemaphoreHold(t *testing.T) {
+	srv := redistest.Standalone(t)
+	rc := srv.Client()
+	b, err := NewSemaphoreStore(rc, SemaphoreOptions{Hold: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const name = "h"
+	holds := b.Key(name) + ":hold"
+	notes, err := b.Watch(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func(step, want string) {
+		t.Helper()
+		select {
+		case got, ok := <-notes:
+			if !ok || got != want {
+				t.Fatalf("%s: message %q (open %v), want %q", step, got, ok, want)
+			}
+		case <-ctx.Done():
+			t.Fatalf("%s: no message", step)
+		}
+	}
+	acquire := func(token string, limit int64, wait time.Duration) bool {
+		t.Helper()
+		fence, err := b.Acquire(ctx, name, token, limit, time.Minute, wait)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fence != 0
+	}
+	release := func(token string) {
+		t.Helper()
+		if ok, err := b.Release(ctx, name, token); err != nil || !ok {
+			t.Fatalf("Release(%s) = %v, %v", token, ok, err)
+		}
+	}
+	held := func(token string) (lapse int64, ok bool) {
+		t.Helper()
+		ms, err := rc.ZScore(ctx, holds, token).Result()
+		if errors.Is(err, redis.Nil) {
+			return 0, false
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return int64(ms), true
+	}
+	serverMillis := func() int64 {
+		t.Helper()
+		tm, err := rc.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tm.UnixMilli()
+	}
+	const wait = 10 * time.Second
+
+	// A release names w and holds the room for it: c (plain) and y
+	// (fair) are refused, w is granted and its hold is gone.
+	if !acquire("g", 1, 0) {
+		t.Fatal("g not granted")
+	}
+	if acquire("w", 1, wait) {
+		t.Fatal("w granted above the limit")
+	}
+	release("g")
+	next("release, w waiting", "w")
+	if _, ok := held("w"); !ok {
+		t.Fatal("no hold for w after the release named it")
+	}
+	if acquire("c", 1, wait) {
+		t.Fatal("c granted the room held for w")
+	}
+	if res, _, err := b.AcquireFair(ctx, name, "y", 1, 1, time.Minute, 0); err != nil || res == concurrency.Granted {
+		t.Fatalf("AcquireFair(y) = %v, %v over w's hold", res, err)
+	}
+	if !acquire("w", 1, wait) {
+		t.Fatal("w refused the room held for it")
+	}
+	if _, ok := held("w"); ok {
+		t.Fatal("w's hold outlived its grant")
+	}
+
+	// w releases: c, recorded first, is named and held for (places that
+	// lapse in the same millisecond go in the order of their tokens: c
+	// before v); c gives up, and its hold goes to v, the next recorded.
+	if acquire("v", 1, wait) {
+		t.Fatal("v granted above the limit")
+	}
+	release("w")
+	next("release, c and v waiting", "c")
+	if err := b.Dequeue(ctx, name, "c"); err != nil {
+		t.Fatal(err)
+	}
+	next("c gave up its hold", "v")
+	if _, ok := held("c"); ok {
+		t.Fatal("c's hold outlived its Dequeue")
+	}
+	if acquire("x", 1, 0) {
+		t.Fatal("x granted the room held for v")
+	}
+	if !acquire("v", 1, wait) {
+		t.Fatal("v refused the room held for it")
+	}
+
+	// A hold lasts no longer than its waiter's place: u, recorded for
+	// 300 ms, is named; x is refused until the hold lapses and granted
+	// after it, never before, by the server's clock.
+	if acquire("u", 1, 300*time.Millisecond) {
+		t.Fatal("u granted above the limit")
+	}
+	release("v")
+	next("release, u waiting", "u")
+	lapse, ok := held("u")
+	if !ok {
+		t.Fatal("no hold for u")
+	}
+	if now := serverMillis(); lapse > now+300 {
+		t.Fatalf("u's hold lapses %d ms from now, after its place (300 ms)", lapse-now)
+	}
+	for {
+		granted := acquire("x", 1, 0)
+		after := serverMillis()
+		if granted {
+			if after < lapse {
+				t.Fatalf("x granted at %d ms or before, u's hold lapses at %d", after, lapse)
+			}
+			break
+		}
+		if after > lapse+5000 {
+			t.Fatal("x still refused 5 s after u's hold lapsed")
+		}
+	}
+
+	// Limit 2: x holds one unit, s the other; q (recorded for 300 ms)
+	// and r (for 10 s) wait. s releases: q is named and held for; q
+	// never comes, and the first script to find its hold lapsed (x's
+	// renewal by Acquire, polled) passes the room on to r, with a hold.
+	if !acquire("s", 2, 0) {
+		t.Fatal("s not granted")
+	}
+	if acquire("q", 2, 300*time.Millisecond) || acquire("r", 2, wait) {
+		t.Fatal("granted above the limit")
+	}
+	release("s")
+	next("release, q and r waiting", "q")
+	for named := false; !named; {
+		if !acquire("x", 2, 0) {
+			t.Fatal("x's renewal refused")
+		}
+		select {
+		case m := <-notes:
+			if m != "r" {
+				t.Fatalf("after q's hold lapsed: message %q, want \"r\"", m)
+			}
+			named = true
+		case <-ctx.Done():
+			t.Fatal("r never named after q's hold lapsed")
+		default:
+		}
+	}
+	if _, ok := held("q"); ok {
+		t.Fatal("q's hold still there after r was named")
+	}
+	if _, ok := held("r"); !ok {
+		t.Fatal("no hold for r")
+	}
+	if acquire("p", 2, 0) {
+		t.Fatal("p granted the room held for r")
+	}
+	if !acquire("r", 2, wait) {
+		t.Fatal("r refused the room held for it")
+	}
+	l, err := b.Holders(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Used() != 2 {
+		t.Fatalf("%d units held, want x's and r's", l.Used())
 	}
 }
 

@@ -351,8 +351,10 @@ type DistributedOptions struct {
 // ends while the store is failing (the last attempt failed), the error
 // wraps ErrStoreFailing, the context's error and the store's last
 // error, so that errors.Is finds each of them; when the last attempt was
-// answered, it wraps only the context's error. Other errors of the
-// store end the wait at once, and TryAcquire, TryAcquireN, Release and
+// answered, it wraps only the context's error. An attempt that times
+// out less than 10 ms before the context's deadline was cut off by it (a
+// store may give up a little early) and ends the wait as the deadline
+// does. Other errors of the store end the wait at once, and TryAcquire, TryAcquireN, Release and
 // the renewals return or act on every error as it comes. Without a
 // deadline, a blocked acquire waits through a store that stays down:
 // give its context a deadline, or watch OnStoreError, to bound that.
@@ -467,15 +469,19 @@ func (d *Distributed) Acquire(ctx context.Context) (*Permit, error) {
 		}
 		p, serr, err := d.attempt(ctx, w.token, d.o.QueueTTL)
 		switch {
+		case serr != nil && cutOff(ctx, serr):
+			// The wait is over. The request may have added the token
+			// before failing: remove it so that it does not hold a slot
+			// until it expires.
+			d.releaseDetached(ctx, w.token)
+			if fs, ok := d.backend.(FairStore); ok && d.notes != nil {
+				d.dequeue(ctx, fs, w.token)
+			}
+			return nil, d.waitEnded(ctx, failed)
 		case serr != nil && d.absorb(ctx, serr):
 			failed = serr
 		case serr != nil:
-			// The request may have added the token before failing: remove
-			// it so that it does not hold a slot until it expires.
 			d.releaseDetached(ctx, w.token)
-			if ctx.Err() != nil {
-				return nil, d.waitEnded(ctx, failed)
-			}
 			return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, serr)
 		case errors.Is(err, ErrLost):
 			// Granted too late to be valid, and given back: try again
@@ -518,13 +524,39 @@ func (d *Distributed) absorb(ctx context.Context, err error) bool {
 	return true
 }
 
-// waitEnded is the error of a blocked acquire whose ctx ended; failed is
-// the store's error at its last attempt, nil if that was answered.
-func (d *Distributed) waitEnded(ctx context.Context, failed error) error {
-	if failed == nil {
-		return fmt.Errorf("concurrency: acquire %q: %w", d.name, ctx.Err())
+// deadlineSlack is how close to its context's deadline an attempt that
+// times out is taken for cut off by that deadline: a store may give up a
+// little before it (redisstore's cutoff errs early, by up to a round trip
+// to the server), and the context may say so a little after.
+const deadlineSlack = 10 * time.Millisecond
+
+// cutOff reports whether err, an attempt's store error, is the end of
+// ctx's wait rather than a failure of the store: ctx has ended, or err is
+// a timeout that came less than deadlineSlack before ctx's deadline.
+func cutOff(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return true
 	}
-	return fmt.Errorf("concurrency: acquire %q: %w while %w: %w", d.name, ctx.Err(), ErrStoreFailing, failed)
+	dl, ok := ctx.Deadline()
+	if !ok || time.Until(dl) >= deadlineSlack {
+		return false
+	}
+	var to interface{ Timeout() bool }
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &to) && to.Timeout())
+}
+
+// waitEnded is the error of a blocked acquire whose ctx ended (or is
+// about to: see cutOff); failed is the store's error at its last attempt
+// before, nil if that was answered.
+func (d *Distributed) waitEnded(ctx context.Context, failed error) error {
+	cause := ctx.Err()
+	if cause == nil {
+		cause = context.DeadlineExceeded
+	}
+	if failed == nil {
+		return fmt.Errorf("concurrency: acquire %q: %w", d.name, cause)
+	}
+	return fmt.Errorf("concurrency: acquire %q: %w while %w: %w", d.name, cause, ErrStoreFailing, failed)
 }
 
 // Transient reports whether err, an error of a Store, may pass by
@@ -784,6 +816,11 @@ func (d *Distributed) acquireQueued(ctx context.Context, fs FairStore, n int64, 
 			wait = d.o.QueueTTL
 		}
 		res, fence, err := fs.AcquireFair(ctx, d.name, token, n, d.limit, d.o.TTL, wait)
+		if err != nil && cutOff(ctx, err) {
+			d.releaseDetached(ctx, token)
+			d.dequeue(ctx, fs, token)
+			return nil, d.waitEnded(ctx, failed)
+		}
 		if err != nil && d.absorb(ctx, err) {
 			// As a refusal: keep the token, and the place in line.
 			failed = err
@@ -797,9 +834,6 @@ func (d *Distributed) acquireQueued(ctx context.Context, fs FairStore, n int64, 
 		if err != nil {
 			d.releaseDetached(ctx, token)
 			d.dequeue(ctx, fs, token)
-			if ctx.Err() != nil {
-				return nil, d.waitEnded(ctx, failed)
-			}
 			return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, err)
 		}
 		failed = nil

@@ -261,3 +261,35 @@ type markedTransient struct{}
 
 func (markedTransient) Error() string   { return "busy" }
 func (markedTransient) Transient() bool { return true }
+
+// TestAcquireCutOffByDeadline: an attempt that times out just before the
+// wait's deadline (a store that gives up a little early, as redisstore's
+// cutoff does) ends the wait as the deadline would: no ErrStoreFailing,
+// nothing left in the store.
+func TestAcquireCutOffByDeadline(t *testing.T) {
+	for _, m := range acquireModes {
+		t.Run(m.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				b := &failing{MemoryStore: NewMemoryStore(), lost: true, err: context.DeadlineExceeded, fails: -1}
+				var heard int
+				d, err := NewDistributed(b, "s", 1, DistributedOptions{TTL: time.Minute, Fair: m.fair, OnStoreError: func(error) { heard++ }})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ctx, cancel := context.WithTimeout(t.Context(), time.Millisecond)
+				defer cancel()
+				start := time.Now()
+				_, err = m.acquire(d, ctx)
+				if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrStoreFailing) {
+					t.Errorf("error %q; want the deadline alone", err)
+				}
+				if took := time.Since(start); took != 0 || heard != 0 {
+					t.Errorf("ended after %v, %d failures waited through; want at once, none", took, heard)
+				}
+				if n := b.HoldersAt(time.Now(), "s"); n != 0 {
+					t.Errorf("%d holders; want 0", n)
+				}
+			})
+		})
+	}
+}

@@ -97,7 +97,8 @@ func TestAcquireWaitsThroughStoreTimeouts(t *testing.T) {
 			if code(t, err) != Unavailable || !errors.Is(err, errStoreTimeout) || !errors.Is(err, concurrency.ErrStoreFailing) {
 				t.Errorf("fair %v: a wait that ends with the store failing: %v, want Unavailable wrapping the store's timeout", fair, err)
 			}
-			if el := time.Since(start); el != 2*time.Second {
+			// An attempt timing out within 10 ms of the deadline ends it.
+			if el := time.Since(start); el < 2*time.Second-10*time.Millisecond || el > 2*time.Second {
 				t.Errorf("fair %v: answered after %v, want the wait, 2s", fair, el)
 			}
 			if n := store.HoldersAt(time.Now(), "x"); n != 0 {

@@ -156,10 +156,18 @@ func TestSemaphoreScenario(t *testing.T) {
 		lib: 6, grpc: 6, python: 8, threads: 4, limit: 50, ttl: 2 * time.Second,
 		callMin: 100 * time.Millisecond, callMax: 600 * time.Millisecond,
 		warm: 2 * time.Second, steady: 8 * time.Second, kill: true, stale: true,
+		// The Go workers are this race-instrumented binary on a shared
+		// machine: a Redis call's 50 ms default bound is often spent
+		// before the call is sent (see bench/RESULTS.md, section 19).
+		// A waiting acquire now waits through that, but a release still
+		// fails, and its permit stays taken until its TTL: at 50 ms, 0
+		// to 27 releases failed a run, and utilisation fell below 95%
+		// in 3 runs of 7 on a loaded machine.
+		redisTimeout: 250 * time.Millisecond,
 	})
 	t.Logf("scenario:\n%s", f)
 	if f.transient > f.calls/50 {
-		t.Errorf("%d acquires or releases failed with the store's error (timeout %v), %d calls made: more than 2%%", f.transient, redisstore.DefaultTimeout, f.calls)
+		t.Errorf("%d acquires or releases failed with the store's error (timeout %v), %d calls made: more than 2%%", f.transient, 250*time.Millisecond, f.calls)
 	}
 	if f.util < 0.95 {
 		t.Errorf("utilisation %.2f%% over the steady window, want at least 95%% under saturating demand", 100*f.util)

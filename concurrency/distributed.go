@@ -5,7 +5,9 @@ import (
 	crand "crypto/rand"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"sync"
 	"time"
 )
@@ -183,6 +185,12 @@ var (
 	ErrReleased = errors.New("concurrency: permit released")
 	// ErrDetached is returned by Permit.Err after Detach.
 	ErrDetached = errors.New("concurrency: permit detached")
+	// ErrStoreFailing is wrapped by the error of a blocked acquire whose
+	// wait ended (its context done) while the store was failing: its last
+	// attempt met a Transient error of the store. That error wraps the
+	// context's error and the store's last error too (see Distributed,
+	// Store failures).
+	ErrStoreFailing = errors.New("the store was failing")
 )
 
 // Defaults of DistributedOptions.
@@ -234,6 +242,12 @@ type DistributedOptions struct {
 	// short waits short and the longest wait is FairAfter plus a place
 	// in line. Default DefaultFairAfter; negative: never (pure barging).
 	FairAfter time.Duration
+	// OnStoreError, if set, is called with each Transient error of the
+	// store that a blocked acquire waits through (it asks again after its
+	// backoff, see Distributed, Store failures), from the acquiring
+	// goroutine: to count or log them. It is not called for the errors
+	// an acquire returns.
+	OnStoreError func(err error)
 	// QueueTTL is how long a waiter keeps its place in a FairStore's
 	// queue without asking again: the longest a waiter that died holds up
 	// those behind it; and how long a Notifier keeps a blocked Acquire
@@ -339,6 +353,29 @@ type DistributedOptions struct {
 // waited FairAfter joins the queue, which bounds that tail; on another
 // Store it is not bounded.
 //
+// # Store failures
+//
+// A slow store is a longer wait, not an error: a blocked acquire
+// (Acquire, AcquireN) whose attempt fails with a Transient error of the
+// store (a call past its timeout, a connection refused or lost) counts it
+// as one more refused attempt: it calls OnStoreError, if set, waits its
+// backoff and asks again, under the same token, until it is granted or
+// its context ends. An attempt whose answer was lost may have been
+// granted in the store; the next attempt under the same token then finds
+// that permit and takes it, with its fence (a token that holds a permit
+// is granted again, its expiry extended: see Store), so a lost answer
+// never leaks a permit, and one given up is released. When the context
+// ends while the store is failing (the last attempt failed), the error
+// wraps ErrStoreFailing, the context's error and the store's last
+// error, so that errors.Is finds each of them; when the last attempt was
+// answered, it wraps only the context's error. An attempt that times
+// out less than 10 ms before the context's deadline was cut off by it (a
+// store may give up a little early) and ends the wait as the deadline
+// does. Other errors of the store end the wait at once, and TryAcquire, TryAcquireN, Release and
+// the renewals return or act on every error as it comes. Without a
+// deadline, a blocked acquire waits through a store that stays down:
+// give its context a deadline, or watch OnStoreError, to bound that.
+//
 // A Distributed is safe for concurrent use. Use NewDistributed; the zero
 // value is not usable.
 type Distributed struct {
@@ -432,7 +469,8 @@ func (d *Distributed) Name() string { return d.name }
 func (d *Distributed) Limit() int64 { return d.limit }
 
 // Acquire waits for a permit until one is granted, ctx ends or the Store
-// fails. The returned Permit must be released.
+// fails with an error that is not Transient (see Store failures). The
+// returned Permit must be released.
 func (d *Distributed) Acquire(ctx context.Context) (*Permit, error) {
 	if d.o.Fair {
 		return d.AcquireN(ctx, 1)
@@ -443,19 +481,43 @@ func (d *Distributed) Acquire(ctx context.Context) (*Permit, error) {
 	defer w.done()
 	fs, canQueue := d.backend.(FairStore)
 	since := time.Now()
+	// The store's error at the last attempt, if it failed: the token may
+	// hold a permit granted by an attempt whose answer was lost.
+	var failed error
 	for {
 		if canQueue && d.waitedTooLong(since) {
 			// Take the place in line; the record as a plain waiter
 			// would only take a wake-up meant for another.
+			if failed != nil {
+				d.releaseDetached(ctx, w.token)
+			}
 			d.dequeue(ctx, fs, w.token)
 			return d.acquireQueued(ctx, fs, 1, true)
 		}
-		p, err := d.tryAcquire(ctx, w.token, d.o.QueueTTL)
-		if errors.Is(err, ErrLost) {
+		p, serr, err := d.attempt(ctx, w.token, d.o.QueueTTL)
+		switch {
+		case serr != nil && cutOff(ctx, serr):
+			// The wait is over. The request may have added the token
+			// before failing: remove it so that it does not hold a slot
+			// until it expires.
+			d.releaseDetached(ctx, w.token)
+			if fs, ok := d.backend.(FairStore); ok && d.notes != nil {
+				d.dequeue(ctx, fs, w.token)
+			}
+			return nil, d.waitEnded(ctx, failed)
+		case serr != nil && d.absorb(ctx, serr):
+			failed = serr
+		case serr != nil:
+			d.releaseDetached(ctx, w.token)
+			return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, serr)
+		case errors.Is(err, ErrLost):
 			// Granted too late to be valid, and given back: try again
 			// under a new token.
 			w.setToken(crand.Text())
-		} else if !errors.Is(err, ErrNoPermit) {
+			failed = nil
+		case errors.Is(err, ErrNoPermit):
+			failed = nil
+		default:
 			// Granted, or an error (ErrExceedsLimit among them) that
 			// ends the wait.
 			return p, err
@@ -465,12 +527,90 @@ func (d *Distributed) Acquire(ctx context.Context) (*Permit, error) {
 			pause = d.untilQueue(since, pause)
 		}
 		if w.wait(ctx, pause); ctx.Err() != nil {
+			if failed != nil {
+				d.releaseDetached(ctx, w.token)
+			}
 			if fs, ok := d.backend.(FairStore); ok && d.notes != nil {
 				d.dequeue(ctx, fs, w.token) // the record would lapse; a release may name it before
 			}
-			return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, ctx.Err())
+			return nil, d.waitEnded(ctx, failed)
 		}
 	}
+}
+
+// absorb reports whether a blocked acquire waits through err, its
+// attempt's store error, and asks again: when err is Transient and ctx
+// has not ended. It tells OnStoreError.
+func (d *Distributed) absorb(ctx context.Context, err error) bool {
+	if ctx.Err() != nil || !Transient(err) {
+		return false
+	}
+	if d.o.OnStoreError != nil {
+		d.o.OnStoreError(err)
+	}
+	return true
+}
+
+// deadlineSlack is how close to its context's deadline an attempt that
+// times out is taken for cut off by that deadline: a store may give up a
+// little before it (redisstore's cutoff errs early, by up to a round trip
+// to the server), and the context may say so a little after.
+const deadlineSlack = 10 * time.Millisecond
+
+// cutOff reports whether err, an attempt's store error, is the end of
+// ctx's wait rather than a failure of the store: ctx has ended, or err is
+// a timeout that came less than deadlineSlack before ctx's deadline.
+func cutOff(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	if !ok || time.Until(dl) >= deadlineSlack {
+		return false
+	}
+	var to interface{ Timeout() bool }
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &to) && to.Timeout())
+}
+
+// waitEnded is the error of a blocked acquire whose ctx ended (or is
+// about to: see cutOff); failed is the store's error at its last attempt
+// before, nil if that was answered.
+func (d *Distributed) waitEnded(ctx context.Context, failed error) error {
+	cause := ctx.Err()
+	if cause == nil {
+		cause = context.DeadlineExceeded
+	}
+	if failed == nil {
+		return fmt.Errorf("concurrency: acquire %q: %w", d.name, cause)
+	}
+	return fmt.Errorf("concurrency: acquire %q: %w while %w: %w", d.name, cause, ErrStoreFailing, failed)
+}
+
+// Transient reports whether err, an error of a Store, may pass by
+// itself, so that a blocked acquire waits through it (see Distributed,
+// Store failures): a timeout (context.DeadlineExceeded, which is also
+// how a call past its own deadline ends, or an error in err's chain whose
+// Timeout method reports true), a connection that failed (any net.Error,
+// such as a refused or reset connection; io.EOF; io.ErrUnexpectedEOF),
+// or an error in err's chain whose Transient method reports true, by
+// which a Store marks its own (redisstore marks the client's pool
+// timeout and Redis's LOADING, BUSY, READONLY, MASTERDOWN, CLUSTERDOWN
+// and TRYAGAIN answers). context.Canceled is not: it is the caller's.
+func Transient(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var tr interface{ Transient() bool }
+	if errors.As(err, &tr) && tr.Transient() {
+		return true
+	}
+	var to interface{ Timeout() bool }
+	if errors.As(err, &to) && to.Timeout() {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // waiter is a blocked acquire's wait between attempts: exponential
@@ -708,10 +848,15 @@ func (d *Distributed) acquireQueued(ctx context.Context, fs FairStore, n int64, 
 	w := d.newWaiter(token)
 	defer w.done()
 	since := time.Now()
+	// The store's error at the last attempt, if it failed (see Acquire).
+	var failed error
 	for {
-		if err := ctx.Err(); err != nil {
+		if ctx.Err() != nil {
+			if failed != nil {
+				d.releaseDetached(ctx, token)
+			}
 			d.dequeue(ctx, fs, token)
-			return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, err)
+			return nil, d.waitEnded(ctx, failed)
 		}
 		queue = queue || d.waitedTooLong(since)
 		sent := time.Now()
@@ -720,11 +865,27 @@ func (d *Distributed) acquireQueued(ctx context.Context, fs FairStore, n int64, 
 			wait = d.o.QueueTTL
 		}
 		res, fence, err := fs.AcquireFair(ctx, d.name, token, n, d.limit, d.o.TTL, wait)
+		if err != nil && cutOff(ctx, err) {
+			d.releaseDetached(ctx, token)
+			d.dequeue(ctx, fs, token)
+			return nil, d.waitEnded(ctx, failed)
+		}
+		if err != nil && d.absorb(ctx, err) {
+			// As a refusal: keep the token, and the place in line.
+			failed = err
+			pause := w.pause()
+			if !queue {
+				pause = d.untilQueue(since, pause)
+			}
+			w.wait(ctx, pause)
+			continue
+		}
 		if err != nil {
 			d.releaseDetached(ctx, token)
 			d.dequeue(ctx, fs, token)
 			return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, err)
 		}
+		failed = nil
 		if res == Granted {
 			if p := d.newPermit(token, fence, sent); p != nil {
 				return p, nil
@@ -816,30 +977,41 @@ func (d *Distributed) TryAcquire(ctx context.Context) (*Permit, error) {
 // refused, the store records token as a waiter for wait (see
 // Store.Acquire).
 func (d *Distributed) tryAcquire(ctx context.Context, token string, wait time.Duration) (*Permit, error) {
+	p, serr, err := d.attempt(ctx, token, wait)
+	if serr != nil {
+		// The request may have added the token before failing: remove it
+		// so that it does not hold a slot until it expires.
+		d.releaseDetached(ctx, token)
+		return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, serr)
+	}
+	return p, err
+}
+
+// attempt is tryAcquire without the clean-up of a store error, which it
+// returns as serr, unwrapped: the permit granted, or serr, or err (the
+// refusal ErrNoPermit, ErrLost for a grant after its validity, given
+// back, ErrExceedsLimit, or ctx's error before the attempt).
+func (d *Distributed) attempt(ctx context.Context, token string, wait time.Duration) (p *Permit, serr, err error) {
 	if d.limit <= 0 {
-		return nil, fmt.Errorf("%w: semaphore %q has limit %d", ErrExceedsLimit, d.name, d.limit)
+		return nil, nil, fmt.Errorf("%w: semaphore %q has limit %d", ErrExceedsLimit, d.name, d.limit)
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, err)
+		return nil, nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, err)
 	}
 	sent := time.Now()
 	fence, err := d.backend.Acquire(ctx, d.name, token, d.limit, d.o.TTL, wait)
 	if err != nil {
-		// The request may have added the token before failing: remove it
-		// so that it does not hold a slot until it expires.
-		d.releaseDetached(ctx, token)
-		return nil, fmt.Errorf("concurrency: acquire %q: %w", d.name, err)
+		return nil, err, nil
 	}
 	if fence == 0 {
-		return nil, ErrNoPermit
+		return nil, nil, ErrNoPermit
 	}
-	p := d.newPermit(token, fence, sent)
-	if p == nil {
+	if p = d.newPermit(token, fence, sent); p == nil {
 		// Granted, but the answer came after its validity: give it back.
 		d.releaseDetached(ctx, token)
-		return nil, fmt.Errorf("concurrency: acquire %q: %w: granted after its validity ended", d.name, ErrLost)
+		return nil, nil, fmt.Errorf("concurrency: acquire %q: %w: granted after its validity ended", d.name, ErrLost)
 	}
-	return p, nil
+	return p, nil, nil
 }
 
 // releaseDetached makes a best-effort, bounded attempt to remove token.

@@ -3,6 +3,7 @@ package concurrency
 import (
 	"context"
 	"errors"
+	"reflect"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -81,7 +82,7 @@ func TestNewDistributedOptions(t *testing.T) {
 			if (err != nil) != tt.wantErr {
 				t.Fatalf("err = %v, wantErr %v", err, tt.wantErr)
 			}
-			if err == nil && d.o != tt.want {
+			if err == nil && !reflect.DeepEqual(d.o, tt.want) {
 				t.Fatalf("options = %+v, want %+v", d.o, tt.want)
 			}
 		})

@@ -42,6 +42,12 @@
 // polls only at MaxBackoff: it will be named, and sooner polls would
 // only be refused.
 //
+// A store that fails for a while (a Redis call past its timeout on a
+// busy machine, a connection lost) only lengthens a blocked acquire's
+// wait: it asks again after its backoff, until its context ends, and
+// only then reports the store's error (ErrStoreFailing; see
+// Distributed, Store failures).
+//
 // # Choosing between a semaphore, a rate limit and leases
 //
 // A semaphore bounds concurrency: it suits a downstream service whose limit

@@ -258,7 +258,7 @@ func (r *SemaphoreStore) cutoff(ctx context.Context, key string) (string, error)
 	}
 	ns, err := r.sclock.cutoff(ctx, key, now, d)
 	if err != nil {
-		return "", fmt.Errorf("redisstore: semaphore acquire: reading the server's clock: %w", err)
+		return "", fmt.Errorf("redisstore: semaphore acquire: reading the server's clock: %w", markTransient(err))
 	}
 	return strconv.FormatInt(max(ns, 1e9), 10), nil
 }
@@ -280,7 +280,7 @@ func (r *SemaphoreStore) AcquireFair(ctx context.Context, name, token string, we
 		err = r.checkCutoff(ctx, key, res[0])
 	}
 	if err != nil {
-		return concurrency.Queued, 0, fmt.Errorf("redisstore: semaphore acquire: %w", err)
+		return concurrency.Queued, 0, fmt.Errorf("redisstore: semaphore acquire: %w", markTransient(err))
 	}
 	switch res[0] {
 	case 2:
@@ -348,7 +348,7 @@ func (r *SemaphoreStore) Acquire(ctx context.Context, name, token string, limit 
 		err = r.checkCutoff(ctx, key, n)
 	}
 	if err != nil {
-		return 0, fmt.Errorf("redisstore: semaphore acquire: %w", err)
+		return 0, fmt.Errorf("redisstore: semaphore acquire: %w", markTransient(err))
 	}
 	return uint64(n), nil
 }

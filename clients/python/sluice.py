@@ -112,7 +112,9 @@ class TooManyWaiters(SluiceError):
 
 
 class Unavailable(SluiceError):
-    """503: the store could not be reached, or serve is shutting down."""
+    """503: the store could not be reached (for an acquire that waits:
+    it still failed when the wait ended; serve waits through shorter
+    failures), or serve is shutting down."""
 
 
 class HolderLost(PermitLost):

@@ -149,8 +149,8 @@ type Options struct {
 	Token string
 	// Registerer, if set, registers the Service's metrics:
 	// sluice_semaphore_calls_total{method,outcome},
-	// sluice_semaphore_waiting, sluice_lease_calls_total{method,outcome}
-	// and sluice_lease_holders.
+	// sluice_semaphore_waiting, sluice_semaphore_store_errors_waited_total,
+	// sluice_lease_calls_total{method,outcome} and sluice_lease_holders.
 	Registerer prometheus.Registerer
 }
 
@@ -274,8 +274,9 @@ const (
 	// NotFound: the permit id holds no permit of the name (expired,
 	// released, or never granted).
 	NotFound
-	// Unavailable: the store failed, or (for an acquire that would
-	// wait) the Service is shutting down.
+	// Unavailable: the store failed (for an acquire that waits: failed
+	// still when the wait ended; it waits through the failures before),
+	// or (for an acquire that would wait) the Service is shutting down.
 	Unavailable
 	// Gone: the caller's context ended (it went away, or its deadline
 	// passed) before an answer.
@@ -444,6 +445,10 @@ func (s *Service) Acquire(ctx context.Context, req AcquireRequest) (g Grant, err
 	case err == nil:
 	case req.Wait > 0 && s.closing.Err() != nil:
 		return Grant{}, errorf(Unavailable, "semaphore %q: this server is shutting down: ask another", req.Name)
+	case errors.Is(err, concurrency.ErrStoreFailing):
+		// The store failed at the wait's last attempt (it waited through
+		// those before): no answer on the permits, rather than none free.
+		return Grant{}, &Error{Code: Unavailable, Msg: fmt.Sprintf("semaphore %q: the semaphore store was failing when the wait (%v) ended", req.Name, req.Wait), Err: err}
 	case errors.Is(err, concurrency.ErrNoPermit), waitOver:
 		return Grant{}, errorf(NoPermit, "semaphore %q: no permit of weight %d within the wait (%v) under limit %d", req.Name, req.Weight, req.Wait, req.Limit)
 	case errors.Is(err, context.DeadlineExceeded): // the caller's deadline, about to pass
@@ -483,7 +488,7 @@ func (s *Service) use(key semKey, waits bool) (*concurrency.Distributed, error) 
 	s.see(key.name, key.limit)
 	sem := s.sems[key]
 	if sem == nil {
-		d, err := concurrency.NewDistributed(s.store, key.name, key.limit, concurrency.DistributedOptions{TTL: key.ttl, Fair: key.fair})
+		d, err := concurrency.NewDistributed(s.store, key.name, key.limit, concurrency.DistributedOptions{TTL: key.ttl, Fair: key.fair, OnStoreError: s.metrics.storeError})
 		if err != nil { // the bounds keep the options valid
 			return nil, &Error{Code: Invalid, Msg: "semaphore options", Err: err}
 		}

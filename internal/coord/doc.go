@@ -28,6 +28,15 @@
 // the permit, and ids are never logged. Renew and Release name the
 // semaphore too, and any replica of serve on the same store answers them.
 //
+// A slow store makes an acquire that waits wait longer, not fail: a
+// store call past its timeout (serve's --redis-timeout) or a connection
+// lost is one more refused attempt of the Distributed's wait (see
+// concurrency.Distributed, Store failures), counted by
+// sluice_semaphore_store_errors_waited_total; only when the wait ends
+// with the store still failing is the acquire Unavailable. An acquire
+// that does not wait, Renew and Release answer a store error as
+// Unavailable at once.
+//
 // # Holders and views
 //
 // Holders lists a name's permits held now, in one atomic read of the

@@ -30,6 +30,7 @@ func (c Code) String() string {
 // nothing.
 type metrics struct {
 	calls, leaseCalls *prometheus.CounterVec
+	storeErrors       prometheus.Counter
 }
 
 // newMetrics registers s's metrics with reg; nil reg registers none.
@@ -53,7 +54,11 @@ func newMetrics(s *Service, reg prometheus.Registerer) (*metrics, error) {
 		Name: "sluice_semaphore_waiting",
 		Help: "Acquires of the coordination API waiting for a permit in this process, over every semaphore.",
 	}, func() float64 { return float64(s.waitingTotal()) })
-	for _, c := range []prometheus.Collector{m.calls, waiting, m.leaseCalls, holders} {
+	m.storeErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_semaphore_store_errors_waited_total",
+		Help: "Store errors (a Redis call past --redis-timeout, a connection refused or lost) that the waiting acquires of the coordination API waited through, asking the store again after their backoff, rather than failing.",
+	})
+	for _, c := range []prometheus.Collector{m.calls, waiting, m.leaseCalls, holders, m.storeErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("coord: registering the metrics: %w", err)
 		}
@@ -67,6 +72,15 @@ func (m *metrics) count(method string, err error) {
 		return
 	}
 	m.calls.WithLabelValues(method, outcome(err)).Inc()
+}
+
+// storeError counts a store error that a waiting acquire waited through
+// (concurrency.DistributedOptions.OnStoreError).
+func (m *metrics) storeError(error) {
+	if m == nil {
+		return
+	}
+	m.storeErrors.Inc()
 }
 
 // countLease counts a call of a lease method that returned err.

@@ -189,6 +189,19 @@ type Client struct {
 	// not pause calls made for others.
 	PauseScope func(*http.Request) string
 
+	// Budgets paces every dimension of the budgets the service announces
+	// in its responses (see 3 above, and Budgets); nil means off. Share
+	// one among every Client calling the same service account.
+	Budgets *Budgets
+	// Usage reads what a call actually used, by dimension name, from its
+	// response and its body, to settle the call's reservation in Budgets
+	// (see Budgets and Reservation.Settle); nil, or a nil map, keeps the
+	// estimate as the cost. It is called once, when the caller has read
+	// the body to its end or closed it, with what the caller read (at
+	// most maxUsageBody bytes, else nil): the body reaches the caller
+	// as it came.
+	Usage func(resp *http.Response, body []byte) map[string]int64
+
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Rand returns a random number in [0, 1) for the jitter; nil means
@@ -234,6 +247,13 @@ func (c *Client) seq() *retry.Caller {
 	return c.caller
 }
 
+func (c *Client) clock() time.Time {
+	if c.Now != nil {
+		return c.Now()
+	}
+	return time.Now()
+}
+
 func (c *Client) scope(req *http.Request) string {
 	if c.PauseScope != nil {
 		return c.PauseScope(req)
@@ -269,10 +289,19 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 				req = req.Clone(ctx)
 				req.Body = body
 			}
+			var res *Reservation
+			if c.Budgets != nil {
+				e := estimateOf(ctx, scope)
+				var err error
+				if res, err = c.Budgets.reserve(ctx, e.Key, e.Cost, c.clock); err != nil {
+					return retry.Answer{Outcome: retry.Failed}, fmt.Errorf("httplimit: %s %s: budgets of %q: %w", req.Method, req.URL.Redacted(), e.Key, err)
+				}
+			}
 			var permit adaptive.Permit
 			if c.Concurrency != nil {
 				var err error
 				if permit, err = c.Concurrency.Acquire(ctx); err != nil {
+					res.Release(c.clock())
 					return retry.Answer{Outcome: retry.Failed}, fmt.Errorf("httplimit: %s %s: concurrency: %w", req.Method, req.URL.Redacted(), err)
 				}
 			}
@@ -281,7 +310,11 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 			refused := err == nil && (r.StatusCode == http.StatusTooManyRequests || r.StatusCode == http.StatusServiceUnavailable)
 			endPermit(&permit, ctx, err != nil || refused)
 			if err != nil {
+				res.Settle(nil, c.clock()) // the service may have done the work
 				return retry.Answer{Outcome: retry.Failed}, err
+			}
+			if res != nil {
+				c.settleFrom(res, r, refused)
 			}
 			resp = r
 			return classify(r, c.Now, retryable), nil

@@ -135,6 +135,7 @@ type Reservation struct {
 	b    *Budgets
 	k    *budgetKey
 	seq  uint64
+	cost map[string]int64
 	held []held
 	done bool // guarded by b.mu
 }
@@ -195,9 +196,12 @@ func (b *Budgets) TryReserve(key string, cost map[string]int64, now time.Time) (
 		return nil, wait, k.wake
 	}
 	k.seq++
-	r = &Reservation{b: b, k: k, seq: k.seq}
+	r = &Reservation{b: b, k: k, seq: k.seq, cost: cost}
 	for _, d := range k.dims {
 		if n := d.cost(cost); n > 0 {
+			if d.known {
+				n = min(n, d.limit) // as much as it waited for
+			}
 			d.reserved += n
 			r.held = append(r.held, held{d, n})
 		}
@@ -268,13 +272,16 @@ func (r *Reservation) settle(used map[string]int64, free bool, now time.Time) {
 	}
 	r.done = true
 	for _, d := range r.k.dims {
-		var est int64
+		est, found := int64(0), false
 		for _, h := range r.held {
 			if h.d == d {
-				est = h.n
+				est, found = h.n, true
 				d.reserved -= h.n
 				break
 			}
+		}
+		if !found {
+			est = d.cost(r.cost) // a dimension learned since r was granted
 		}
 		if free || !d.known {
 			continue

@@ -75,7 +75,7 @@ func TestBudgetsSteps(t *testing.T) {
 		{"first call unpaced, announcement learned, settlement refunds and charges", []budgetStep{
 			{op: "reserve", res: 0, cost: tokens(1000)}, // nothing known: sent at once
 			{op: "learn", res: 0, ann: learned},
-			{op: "settle", res: 0, used: tokens(800)}, // tokens 1000-800 = 200; requests 59-1 = 58
+			{op: "settle", res: 0, used: tokens(800)},                         // tokens 1000-800 = 200; requests 59-1 = 58
 			{op: "reserve", res: 1, cost: tokens(500), wait: 3 * time.Second}, // 300 short at 100/s
 			{at: 2900 * time.Millisecond, op: "reserve", res: 1, cost: tokens(500), wait: 100 * time.Millisecond},
 			{at: 3 * time.Second, op: "reserve", res: 1, cost: tokens(500)}, // level 500, all reserved

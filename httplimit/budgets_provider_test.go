@@ -1,0 +1,181 @@
+package httplimit_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/httplimit/throttledtest"
+	"github.com/sluicehq/sluice/limitheader"
+)
+
+// latencyTransport delays each call by a random latency, half before the
+// provider admits it and half after it answers, as a model's generation
+// and the network would.
+type latencyTransport struct {
+	rt       http.RoundTripper
+	min, max time.Duration
+	mu       sync.Mutex
+	rng      *rand.Rand
+}
+
+func (t *latencyTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	t.mu.Lock()
+	d := t.min + time.Duration(t.rng.Int64N(int64(t.max-t.min)))
+	t.mu.Unlock()
+	time.Sleep(d / 2)
+	resp, err := t.rt.RoundTrip(req)
+	time.Sleep(d - d/2)
+	return resp, err
+}
+
+// llmUsage is the Usage hook of the provider's answers.
+func llmUsage(resp *http.Response, body []byte) map[string]int64 {
+	if resp.StatusCode != http.StatusOK {
+		return nil
+	}
+	var a struct {
+		Usage struct {
+			InputTokens  int64 `json:"input_tokens"`
+			OutputTokens int64 `json:"output_tokens"`
+		} `json:"usage"`
+	}
+	if json.Unmarshal(body, &a) != nil {
+		return nil
+	}
+	in, out := a.Usage.InputTokens, a.Usage.OutputTokens
+	return map[string]int64{"requests": 1, "tokens": in + out, "input-tokens": in, "output-tokens": out}
+}
+
+// providerRun is what one run against a Provider measured.
+type providerRun struct {
+	calls, throttled429, failed int64
+	used                        throttledtest.Usage // of the calls answered 200
+	tokens                      int64               // input plus output
+	maxUsage                    throttledtest.Usage
+}
+
+// runProvider has workers goroutines call p through a Client (with Budgets
+// or not) for d of virtual time, each call with random input tokens and
+// max_tokens; it runs inside a synctest bubble.
+func runProvider(t *testing.T, p *throttledtest.Provider, budgets bool, workers int, d time.Duration) providerRun {
+	t.Helper()
+	c := &httplimit.Client{
+		HTTP: &http.Client{Transport: &latencyTransport{rt: throttledtest.HandlerTransport{Handler: p},
+			min: 200 * time.Millisecond, max: 3 * time.Second, rng: rand.New(rand.NewPCG(1, 2))}},
+		Usage: llmUsage,
+	}
+	if budgets {
+		c.Budgets = &httplimit.Budgets{}
+	}
+	end := time.Now().Add(d)
+	var mu sync.Mutex
+	var run providerRun
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 7))
+			ctx, cancel := context.WithDeadline(context.Background(), end)
+			defer cancel()
+			for time.Now().Before(end) {
+				in, maxTok := 100+rng.Int64N(900), 50+rng.Int64N(450)
+				body, _ := json.Marshal(map[string]any{"model": "m", "input_tokens": in, "max_tokens": maxTok})
+				cctx := httplimit.WithEstimate(ctx, httplimit.Estimate{Key: "m", Cost: map[string]int64{
+					"tokens": in + maxTok, "input-tokens": in, "output-tokens": maxTok}})
+				req, _ := http.NewRequestWithContext(cctx, http.MethodPost, "http://llm.test/v1/messages", bytes.NewReader(body))
+				resp, err := c.Do(req)
+				if err != nil {
+					// A wait past the end fails at once, a call in flight
+					// at the end fails with the deadline: this worker is
+					// done.
+					if !errors.Is(err, context.DeadlineExceeded) {
+						mu.Lock()
+						run.failed++
+						mu.Unlock()
+					}
+					return
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				u := llmUsage(resp, b)
+				mu.Lock()
+				if u != nil {
+					run.calls++
+					run.used.Requests++
+					run.used.InputTokens += u["input-tokens"]
+					run.used.OutputTokens += u["output-tokens"]
+					run.tokens += u["tokens"]
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	run.throttled429 = p.Stats().Throttled
+	run.maxUsage = p.MaxUsage("m", time.Minute)
+	return run
+}
+
+// TestBudgetsAgainstProvider paces 8 goroutines to the budgets a Provider
+// announces, in both dialects, for 5 minutes of virtual time: no 429 (an
+// estimate of max_tokens never under-estimates the output, and the calls
+// sent before the first announcement fit a full budget), and at least
+// 85 % of the binding dimension's budget used (what any 5 minutes admit:
+// the limit once full plus 5 minutes of refill). Beside it, the same
+// Client without Budgets, for the figures.
+func TestBudgetsAgainstProvider(t *testing.T) {
+	const (
+		workers = 8
+		d       = 5 * time.Minute
+	)
+	cases := []struct {
+		dialect limitheader.Dialect
+		limits  throttledtest.Limits
+		binding string
+		bound   int64 // the binding dimension's limit
+		used    func(providerRun) int64
+	}{
+		// Tokens bind: about 690 a call (825 reserved), 87 calls a
+		// minute; requests allow 120.
+		{limitheader.DialectOpenAI, throttledtest.Limits{Requests: 120, Tokens: 60000}, "tokens", 60000,
+			func(r providerRun) int64 { return r.tokens }},
+		// Output tokens bind: about 138 a call (275 reserved), 72 calls
+		// a minute; input tokens allow 91, requests 200.
+		{limitheader.DialectAnthropic, throttledtest.Limits{Requests: 200, InputTokens: 50000, OutputTokens: 10000}, "output-tokens", 10000,
+			func(r providerRun) int64 { return r.used.OutputTokens }},
+	}
+	for _, tc := range cases {
+		for _, budgets := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%v/budgets=%v", tc.dialect, budgets), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					p := &throttledtest.Provider{Dialect: tc.dialect, Limits: tc.limits, Seed: 3}
+					r := runProvider(t, p, budgets, workers, d)
+					allowed := tc.bound * int64(time.Minute+d) / int64(time.Minute)
+					share := float64(tc.used(r)) / float64(allowed)
+					t.Logf("%v budgets=%v: %d calls answered, %d answered 429 (%.1f%% of %d sent), %d failed; %s used %d of %d allowed in %v: %.1f%%; most in a minute: %+v",
+						tc.dialect, budgets, r.calls, r.throttled429, 100*float64(r.throttled429)/float64(r.calls+r.throttled429),
+						r.calls+r.throttled429, r.failed, tc.binding, tc.used(r), allowed, d, 100*share, r.maxUsage)
+					if !budgets {
+						return
+					}
+					if r.throttled429 != 0 {
+						t.Errorf("%d answers 429, want 0", r.throttled429)
+					}
+					if share < 0.85 {
+						t.Errorf("used %.1f%% of the binding budget, want at least 85%%", 100*share)
+					}
+				})
+			})
+		}
+	}
+}

@@ -137,7 +137,8 @@ type Reservation struct {
 	seq  uint64
 	cost map[string]int64
 	held []held
-	done bool // guarded by b.mu
+	buf  [4]held // held's first elements: one allocation a call
+	done bool    // guarded by b.mu
 }
 
 type held struct {
@@ -197,6 +198,7 @@ func (b *Budgets) TryReserve(key string, cost map[string]int64, now time.Time) (
 	}
 	k.seq++
 	r = &Reservation{b: b, k: k, seq: k.seq, cost: cost}
+	r.held = r.buf[:0]
 	for _, d := range k.dims {
 		if n := d.cost(cost); n > 0 {
 			if d.known {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/limitheader"
+	"github.com/sluicehq/sluice/ratelimit"
 )
 
 // A budgetStep is one step of a Budgets table, at a fixed instant.
@@ -179,4 +180,52 @@ func TestBudgetsReserveDeadline(t *testing.T) {
 	if !errors.Is(err, httplimit.ErrWouldExceedDeadline) {
 		t.Fatalf("err %v, want ErrWouldExceedDeadline", err)
 	}
+}
+
+// BenchmarkBudgetsReserveSettle is a Client's per-call work in Budgets:
+// reserve an estimate in three dimensions, learn the response's
+// announcement (parsed already), settle the usage; one key shared by every
+// goroutine, budgets too large to wait.
+func BenchmarkBudgetsReserveSettle(b *testing.B) {
+	const big = 1 << 50
+	ann := limitheader.Announcement{Budgets: []limitheader.Budget{
+		openAI("requests", big, big, 0), openAI("tokens", big, big, 0),
+		{Dialect: limitheader.DialectAnthropic, Name: "output-tokens", Unit: "tokens", Limit: big, Remaining: big, Reset: 0, Window: limitheader.Unknown},
+	}}
+	var bu httplimit.Budgets
+	r, _, _ := bu.TryReserve("m", nil, t0)
+	r.Learn(ann, t0)
+	r.Settle(nil, t0)
+	cost := map[string]int64{"tokens": 1200, "output-tokens": 256}
+	used := map[string]int64{"requests": 1, "tokens": 1100, "output-tokens": 150}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			r, wait, _ := bu.TryReserve("m", cost, t0)
+			if r == nil {
+				b.Fatalf("wait %v", wait)
+			}
+			r.Learn(ann, t0)
+			r.Settle(used, t0)
+		}
+	})
+}
+
+// BenchmarkBudgetsBaselineLimiters is the plain decision beside it: three
+// ratelimit.Limiters (one per dimension), AllowN each, nothing settled.
+func BenchmarkBudgetsBaselineLimiters(b *testing.B) {
+	ls := [3]*ratelimit.Limiter{}
+	for i := range ls {
+		ls[i] = ratelimit.NewLimiter(1e15, 1<<40) // finite: the full decision
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			for _, l := range ls {
+				if !l.AllowN(t0, 1) {
+					b.Fatal("denied")
+				}
+			}
+		}
+	})
 }

@@ -9,6 +9,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -178,4 +179,93 @@ func TestBudgetsAgainstProvider(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestClientBudgetsSteps follows one Client through a Provider's
+// announcements: the body reaches the caller whole, the usage is settled
+// when it is read, a wait past the deadline fails at once without a call
+// sent, and the wait that fits is made.
+func TestClientBudgetsSteps(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// 60 output tokens a minute: one a second.
+		p := &throttledtest.Provider{Dialect: limitheader.DialectAnthropic, Limits: throttledtest.Limits{OutputTokens: 60}, Seed: 1,
+			Models: map[string]throttledtest.Limits{"n": {Requests: 1}}}
+		var settled []map[string]int64
+		c := &httplimit.Client{
+			HTTP:    &http.Client{Transport: throttledtest.HandlerTransport{Handler: p}},
+			Budgets: &httplimit.Budgets{},
+			Usage: func(resp *http.Response, body []byte) map[string]int64 {
+				u := llmUsage(resp, body)
+				settled = append(settled, u)
+				return u
+			},
+		}
+		call := func(ctx context.Context, model string, maxTok int64) (string, error) {
+			body := fmt.Sprintf(`{"model":%q,"input_tokens":10,"max_tokens":%d}`, model, maxTok)
+			ctx = httplimit.WithEstimate(ctx, httplimit.Estimate{Key: model, Cost: map[string]int64{"output-tokens": maxTok}})
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://llm.test/", bytes.NewReader([]byte(body)))
+			resp, err := c.Do(req)
+			if err != nil {
+				return "", err
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			return string(b), err
+		}
+		// The first call is sent at once and its whole output charged.
+		body, err := call(t.Context(), "m", 60)
+		if err != nil || len(settled) != 1 || !bytes.Contains([]byte(body), []byte(`"output_tokens"`)) {
+			t.Fatalf("first call: %q, %v; settled %v", body, err, settled)
+		}
+		out := settled[0]["output-tokens"]
+		st := p.State("m").OutputTokens
+		// The Client knows what the provider knows: a wait of (60 - what
+		// is left) seconds, the output's, before the next 60.
+		want := time.Duration(60-st.Remaining) * time.Second
+		if want != time.Duration(out)*time.Second {
+			t.Fatalf("output %d, %d left", out, st.Remaining)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), want/2)
+		_, err = call(ctx, "m", 60)
+		cancel()
+		if !errors.Is(err, httplimit.ErrWouldExceedDeadline) {
+			t.Fatalf("second call (output %d, %d left): %v, want ErrWouldExceedDeadline", out, st.Remaining, err)
+		}
+		if got := p.Stats().Admitted + p.Stats().Throttled; got != 1 {
+			t.Fatalf("%d calls reached the provider, want 1", got)
+		}
+		start := time.Now()
+		if _, err := call(t.Context(), "m", 60); err != nil {
+			t.Fatal(err)
+		}
+		if waited := time.Since(start); waited != want {
+			t.Errorf("waited %v, want about %v", waited, want)
+		}
+		if p.Stats().Throttled != 0 {
+			t.Errorf("%d answers 429", p.Stats().Throttled)
+		}
+
+		// Another Client, with Budgets of its own, knows nothing of model
+		// n, which this one has just used up: its first call there is
+		// answered 429 (released: nothing charged, nothing in flight),
+		// from which it learns to wait.
+		if _, err := call(t.Context(), "n", 1); err != nil {
+			t.Fatal(err)
+		}
+		// (MaxPause is short so that the 429's shared pause, a minute,
+		// does not answer for the Budgets.)
+		c = &httplimit.Client{HTTP: c.HTTP, Budgets: &httplimit.Budgets{}, Usage: c.Usage, MaxRetries: -1, MaxPause: time.Millisecond}
+		if body, err := call(t.Context(), "n", 1); err != nil || p.Stats().Throttled != 1 {
+			t.Fatalf("other client: %q, %v; %d answers 429, want 1", body, err, p.Stats().Throttled)
+		}
+		ctx, cancel = context.WithTimeout(t.Context(), time.Second)
+		_, err = call(ctx, "n", 1)
+		cancel()
+		if !errors.Is(err, httplimit.ErrWouldExceedDeadline) || !strings.Contains(err.Error(), "budgets") {
+			t.Fatalf("other client, after the 429: %v, want ErrWouldExceedDeadline from its budgets", err)
+		}
+		if st := p.Stats(); st.Throttled != 1 || st.Admitted != 3 {
+			t.Errorf("provider: %+v, want 3 admitted and 1 throttled", st)
+		}
+	})
 }

@@ -52,7 +52,9 @@ import (
 //     stops counting as in flight, and its actual usage is charged to the
 //     level, which may go below zero (a debt that the next calls wait
 //     out) — even when the announcement already counts it: the next
-//     announcement corrects that.
+//     announcement corrects that. A token bucket announced with 0 left
+//     keeps the debt charged here, since a service in debt announces 0,
+//     not how deep.
 //   - A dimension of which the service announced no Limit (a sentinel, a
 //     field missing or malformed) does not pace; neither does a dimension
 //     never announced: the first call to a key is sent at once.
@@ -349,6 +351,12 @@ func (d *budgetDim) learn(bu limitheader.Budget, now time.Time, window time.Dura
 		default:
 			d.known = false
 			return
+		}
+		if level == 0 && d.known && !d.window {
+			// A bucket in debt is announced with 0 left, not how deep:
+			// keep the debt charged here.
+			d.advance(now)
+			level = min(0, d.level)
 		}
 		*d = budgetDim{name: d.name, unit: d.unit, known: true, limit: bu.Limit,
 			level: level, at: now, rate: rate, reserved: d.reserved, seq: d.seq}

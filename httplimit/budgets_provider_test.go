@@ -68,8 +68,9 @@ type providerRun struct {
 
 // runProvider has workers goroutines call p through a Client (with Budgets
 // or not) for d of virtual time, each call with random input tokens and
-// max_tokens; it runs inside a synctest bubble.
-func runProvider(t *testing.T, p *throttledtest.Provider, budgets bool, workers int, d time.Duration) providerRun {
+// max_tokens, estimating its output tokens as max_tokens/outDiv; it runs
+// inside a synctest bubble.
+func runProvider(t *testing.T, p *throttledtest.Provider, budgets bool, outDiv int64, workers int, d time.Duration) providerRun {
 	t.Helper()
 	c := &httplimit.Client{
 		HTTP: &http.Client{Transport: &latencyTransport{rt: throttledtest.HandlerTransport{Handler: p},
@@ -92,7 +93,7 @@ func runProvider(t *testing.T, p *throttledtest.Provider, budgets bool, workers 
 				in, maxTok := 100+rng.Int64N(900), 50+rng.Int64N(450)
 				body, _ := json.Marshal(map[string]any{"model": "m", "input_tokens": in, "max_tokens": maxTok})
 				cctx := httplimit.WithEstimate(ctx, httplimit.Estimate{Key: "m", Cost: map[string]int64{
-					"tokens": in + maxTok, "input-tokens": in, "output-tokens": maxTok}})
+					"tokens": in + maxTok, "input-tokens": in, "output-tokens": maxTok / outDiv}})
 				req, _ := http.NewRequestWithContext(cctx, http.MethodPost, "http://llm.test/v1/messages", bytes.NewReader(body))
 				resp, err := c.Do(req)
 				if err != nil {
@@ -155,18 +156,36 @@ func TestBudgetsAgainstProvider(t *testing.T) {
 		{limitheader.DialectAnthropic, throttledtest.Limits{Requests: 200, InputTokens: 50000, OutputTokens: 10000}, "output-tokens", 10000,
 			func(r providerRun) int64 { return r.used.OutputTokens }},
 	}
+	type variant struct {
+		budgets bool
+		outDiv  int64
+	}
 	for _, tc := range cases {
-		for _, budgets := range []bool{true, false} {
-			t.Run(fmt.Sprintf("%v/budgets=%v", tc.dialect, budgets), func(t *testing.T) {
+		for _, v := range []variant{{true, 1}, {false, 1}, {true, 4}} {
+			budgets := v.budgets
+			if v.outDiv > 1 && tc.dialect != limitheader.DialectAnthropic {
+				continue // OpenAI's tokens are reserved at max_tokens by the provider itself
+			}
+			t.Run(fmt.Sprintf("%v/budgets=%v/output-estimate=max_tokens÷%d", tc.dialect, budgets, v.outDiv), func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
 					p := &throttledtest.Provider{Dialect: tc.dialect, Limits: tc.limits, Seed: 3}
-					r := runProvider(t, p, budgets, workers, d)
+					r := runProvider(t, p, budgets, v.outDiv, workers, d)
 					allowed := tc.bound * int64(time.Minute+d) / int64(time.Minute)
 					share := float64(tc.used(r)) / float64(allowed)
-					t.Logf("%v budgets=%v: %d calls answered, %d answered 429 (%.1f%% of %d sent), %d failed; %s used %d of %d allowed in %v: %.1f%%; most in a minute: %+v",
-						tc.dialect, budgets, r.calls, r.throttled429, 100*float64(r.throttled429)/float64(r.calls+r.throttled429),
+					t.Logf("%v budgets=%v output-estimate=max_tokens/%d: %d calls answered, %d answered 429 (%.1f%% of %d sent), %d failed; %s used %d of %d allowed in %v: %.1f%%; most in a minute: %+v",
+						tc.dialect, budgets, v.outDiv, r.calls, r.throttled429, 100*float64(r.throttled429)/float64(r.calls+r.throttled429),
 						r.calls+r.throttled429, r.failed, tc.binding, tc.used(r), allowed, d, 100*share, r.maxUsage)
 					if !budgets {
+						return
+					}
+					if v.outDiv > 1 {
+						// An under-estimate lets the output go into debt,
+						// which the provider announces as 0 left, not
+						// how deep: calls are sent early, and refused.
+						// A figure, with a loose bound.
+						if frac := float64(r.throttled429) / float64(r.calls+r.throttled429); frac > 0.25 {
+							t.Errorf("%.1f%% answered 429", 100*frac)
+						}
 						return
 					}
 					if r.throttled429 != 0 {

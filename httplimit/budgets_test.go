@@ -142,6 +142,17 @@ func TestBudgetsSteps(t *testing.T) {
 			{op: "settle", res: 0},
 			{op: "reserve", res: 1},
 		}},
+		{"a debt outlives an announcement of 0 left, not one of more", []budgetStep{
+			{op: "reserve", res: 0, cost: tokens(100)}, // three calls sent before anything is known
+			{op: "reserve", res: 1, cost: tokens(100)},
+			{op: "reserve", res: 2, cost: tokens(100)},
+			{op: "learn", res: 0, ann: []limitheader.Budget{openAI("tokens", 6000, 100, 59*time.Second)}},
+			{op: "settle", res: 0, used: tokens(600)},                                                // 100-600 = -500
+			{op: "learn", res: 1, ann: []limitheader.Budget{openAI("tokens", 6000, 0, time.Minute)}}, // in debt: -500 kept
+			{op: "reserve", res: 3, cost: tokens(100), wait: 6 * time.Second},
+			{op: "learn", res: 2, ann: []limitheader.Budget{openAI("tokens", 6000, 50, time.Minute)}}, // more: taken
+			{op: "reserve", res: 3, cost: tokens(100), wait: 500 * time.Millisecond},
+		}},
 		{"keys are apart; a refusal releases", []budgetStep{
 			{op: "reserve", res: 0, cost: tokens(1000)},
 			{op: "learn", res: 0, ann: []limitheader.Budget{openAI("tokens", 6000, 0, time.Minute)}},

@@ -458,13 +458,15 @@ type settlingBody struct {
 	c    *Client
 	res  *Reservation
 	resp *http.Response
+	once sync.Once
+	mu   sync.Mutex // guards buf and over: Close may come during a Read
 	buf  []byte
 	over bool
-	once sync.Once
 }
 
 func (b *settlingBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
+	b.mu.Lock()
 	if !b.over {
 		if len(b.buf)+n > maxUsageBody {
 			b.over, b.buf = true, nil
@@ -472,6 +474,7 @@ func (b *settlingBody) Read(p []byte) (int, error) {
 			b.buf = append(b.buf, p[:n]...)
 		}
 	}
+	b.mu.Unlock()
 	if err == io.EOF {
 		b.settle()
 	}
@@ -486,9 +489,12 @@ func (b *settlingBody) Close() error {
 
 func (b *settlingBody) settle() {
 	b.once.Do(func() {
+		b.mu.Lock()
+		buf, over := b.buf, b.over
+		b.mu.Unlock()
 		var used map[string]int64
-		if !b.over {
-			used = b.c.usage(b.resp, b.buf)
+		if !over {
+			used = b.c.usage(b.resp, buf)
 		}
 		b.res.Settle(used, b.c.clock())
 	})

@@ -205,10 +205,12 @@ type Client struct {
 	// Usage reads what a call actually used, by dimension name, from its
 	// response and its body, to settle the call's reservation in Budgets
 	// (see Budgets and Reservation.Settle); nil, or a nil map, keeps the
-	// estimate as the cost. It is called once, when the caller has read
-	// the body to its end or closed it, with what the caller read (at
-	// most maxUsageBody bytes, else nil): the body reaches the caller
-	// as it came.
+	// estimate as the cost. It is called once per answer other than 429
+	// and 503 (those cost nothing), when the caller has read the body to
+	// its end or closed it, with what the caller read (nil beyond 4 MiB):
+	// the body reaches the caller as it came. It sees the status: a 400,
+	// say, may cost nothing. A response whose body is never closed keeps
+	// its estimate in flight for good.
 	Usage func(resp *http.Response, body []byte) map[string]int64
 
 	// Now is the clock; nil means time.Now.

@@ -71,6 +71,10 @@ type Budgets struct {
 	// Anthropic's budgets) refills when the response does not say; 0
 	// means a minute.
 	Window time.Duration
+	// Hold is the longest a reservation counts as in flight: one older
+	// (its response's body never closed, its Reservation never settled)
+	// is settled at its estimate; 0 means 10 minutes.
+	Hold time.Duration
 
 	mu   sync.Mutex
 	keys map[string]*budgetKey
@@ -81,6 +85,9 @@ type budgetKey struct {
 	seq  uint64 // reservations granted so far
 	dims []*budgetDim
 	wake chan struct{} // closed when a call is settled; nil when none waits
+	// The reservations in flight, oldest first, linked through their
+	// prev and next.
+	head, tail *Reservation
 }
 
 // budgetDim is one dimension of a key: what the service last announced,
@@ -131,8 +138,9 @@ func estimateOf(ctx context.Context, scope string) Estimate {
 
 // A Reservation is a call's estimate, reserved in its key's budgets until
 // it is settled (Settle or Release; only the first counts). A
-// reservation never settled counts as in flight for ever, and holds back
-// the calls after it: settle every one.
+// reservation never settled counts as in flight until Budgets.Hold has
+// passed, holding back the calls after it, and is then settled at its
+// estimate: settle every one.
 type Reservation struct {
 	b    *Budgets
 	k    *budgetKey
@@ -140,7 +148,10 @@ type Reservation struct {
 	cost map[string]int64
 	held []held
 	buf  [4]held // held's first elements: one allocation a call
-	done bool    // guarded by b.mu
+	// Guarded by b.mu:
+	at         time.Time // when it was granted
+	prev, next *Reservation
+	done       bool
 }
 
 type held struct {
@@ -187,6 +198,9 @@ func (b *Budgets) TryReserve(key string, cost map[string]int64, now time.Time) (
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	k := b.key(key)
+	for hold := b.hold(); k.head != nil && now.Sub(k.head.at) > hold; {
+		k.head.settleLocked(nil, false, now) // expired: its estimate stands
+	}
 	for _, d := range k.dims {
 		if w := d.wait(d.cost(cost), now); w > wait {
 			wait = w
@@ -199,8 +213,14 @@ func (b *Budgets) TryReserve(key string, cost map[string]int64, now time.Time) (
 		return nil, wait, k.wake
 	}
 	k.seq++
-	r = &Reservation{b: b, k: k, seq: k.seq, cost: cost}
+	r = &Reservation{b: b, k: k, seq: k.seq, cost: cost, at: now, prev: k.tail}
 	r.held = r.buf[:0]
+	if k.tail != nil {
+		k.tail.next = r
+	} else {
+		k.head = r
+	}
+	k.tail = r
 	for _, d := range k.dims {
 		if n := d.cost(cost); n > 0 {
 			if d.known {
@@ -268,13 +288,29 @@ func (r *Reservation) settle(used map[string]int64, free bool, now time.Time) {
 	if r == nil {
 		return
 	}
-	b := r.b
-	b.mu.Lock()
-	defer b.mu.Unlock()
+	r.b.mu.Lock()
+	defer r.b.mu.Unlock()
+	r.settleLocked(used, free, now)
+}
+
+// settleLocked is settle with r.b.mu held.
+func (r *Reservation) settleLocked(used map[string]int64, free bool, now time.Time) {
 	if r.done {
 		return
 	}
 	r.done = true
+	k := r.k
+	if r.prev != nil {
+		r.prev.next = r.next
+	} else {
+		k.head = r.next
+	}
+	if r.next != nil {
+		r.next.prev = r.prev
+	} else {
+		k.tail = r.prev
+	}
+	r.prev, r.next = nil, nil
 	for _, d := range r.k.dims {
 		est, found := int64(0), false
 		for _, h := range r.held {
@@ -303,6 +339,13 @@ func (r *Reservation) settle(used map[string]int64, free bool, now time.Time) {
 		close(r.k.wake)
 		r.k.wake = nil
 	}
+}
+
+func (b *Budgets) hold() time.Duration {
+	if b.Hold > 0 {
+		return b.Hold
+	}
+	return 10 * time.Minute
 }
 
 func (b *Budgets) window() time.Duration {

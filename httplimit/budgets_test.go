@@ -72,6 +72,7 @@ func TestBudgetsSteps(t *testing.T) {
 	cases := []struct {
 		name  string
 		steps []budgetStep
+		hold  time.Duration
 	}{
 		{"first call unpaced, announcement learned, settlement refunds and charges", []budgetStep{
 			{op: "reserve", res: 0, cost: tokens(1000)}, // nothing known: sent at once
@@ -86,7 +87,7 @@ func TestBudgetsSteps(t *testing.T) {
 			{at: 3 * time.Second, op: "settle", res: 2, used: tokens(2000)}, // debt: 400-2000 = -1600
 			{at: 3 * time.Second, op: "reserve", res: 3, cost: tokens(100), wait: 17 * time.Second},
 			{at: 20 * time.Second, op: "reserve", res: 3, cost: tokens(100)},
-		}},
+		}, 0},
 		{"requests count 1 by default; the refill stops at the limit", []budgetStep{
 			{op: "reserve", res: 0},
 			{op: "learn", res: 0, ann: []limitheader.Budget{openAI("requests", 60, 1, 59*time.Second)}},
@@ -96,7 +97,7 @@ func TestBudgetsSteps(t *testing.T) {
 			{at: time.Hour, op: "reserve", res: 2, wait: time.Second},                       // 60 left, 60 in flight
 			{at: time.Hour, op: "release", res: 1},
 			{at: time.Hour, op: "reserve", res: 2},
-		}},
+		}, 0},
 		{"a stale announcement is ignored", []budgetStep{
 			{op: "reserve", res: 0},
 			{op: "learn", res: 0, ann: []limitheader.Budget{openAI("tokens", 6000, 6000, 0)}},
@@ -108,7 +109,7 @@ func TestBudgetsSteps(t *testing.T) {
 			{op: "settle", res: 1, used: tokens(10)},
 			{op: "settle", res: 2, used: tokens(10)}, // 100-20 = 80 left
 			{op: "reserve", res: 3, cost: tokens(100), wait: 200 * time.Millisecond},
-		}},
+		}, 0},
 		{"unknown dimensions and sentinels do not pace", []budgetStep{
 			{op: "reserve", res: 0},
 			{op: "learn", res: 0, ann: []limitheader.Budget{
@@ -117,13 +118,13 @@ func TestBudgetsSteps(t *testing.T) {
 			}},
 			{op: "settle", res: 0},
 			{op: "reserve", res: 1, cost: map[string]int64{"tokens": 1 << 40, "output-tokens": 1 << 40}},
-		}},
+		}, 0},
 		{"a remaining unknown is read from the reset", []budgetStep{
 			{op: "reserve", res: 0},
 			{op: "learn", res: 0, ann: []limitheader.Budget{openAI("tokens", 6000, limitheader.Unknown, 59*time.Second)}},
 			{op: "settle", res: 0, used: tokens(0)}, // 100 left
 			{op: "reserve", res: 1, cost: tokens(150), wait: 500 * time.Millisecond},
-		}},
+		}, 0},
 		{"an IETF window holds until its reset, then its limit", []budgetStep{
 			{op: "reserve", res: 0},
 			{op: "learn", res: 0, ann: []limitheader.Budget{{Dialect: limitheader.DialectIETF, Name: "default", Unit: "requests",
@@ -134,14 +135,14 @@ func TestBudgetsSteps(t *testing.T) {
 			{at: 5 * time.Second, op: "settle", res: 1},
 			{at: 6 * time.Second, op: "reserve", res: 2, wait: 9 * time.Second}, // the next window ends at t0+15s
 			{at: 15 * time.Second, op: "reserve", res: 2},
-		}},
+		}, 0},
 		{"an IETF window without a reset does not pace", []budgetStep{
 			{op: "reserve", res: 0},
 			{op: "learn", res: 0, ann: []limitheader.Budget{{Dialect: limitheader.DialectIETF, Name: "default", Unit: "requests",
 				Limit: 10, Remaining: 0, Reset: limitheader.Unknown, Window: limitheader.Unknown}}},
 			{op: "settle", res: 0},
 			{op: "reserve", res: 1},
-		}},
+		}, 0},
 		{"a debt outlives an announcement of 0 left, not one of more", []budgetStep{
 			{op: "reserve", res: 0, cost: tokens(100)}, // three calls sent before anything is known
 			{op: "reserve", res: 1, cost: tokens(100)},
@@ -152,17 +153,26 @@ func TestBudgetsSteps(t *testing.T) {
 			{op: "reserve", res: 3, cost: tokens(100), wait: 6 * time.Second},
 			{op: "learn", res: 2, ann: []limitheader.Budget{openAI("tokens", 6000, 50, time.Minute)}}, // more: taken
 			{op: "reserve", res: 3, cost: tokens(100), wait: 500 * time.Millisecond},
-		}},
+		}, 0},
+		{"a reservation never settled expires after Hold, charged at its estimate", []budgetStep{
+			{op: "reserve", res: 0},
+			{op: "learn", res: 0, ann: []limitheader.Budget{openAI("tokens", 6000, 6000, 0)}},
+			{op: "settle", res: 0, used: tokens(0)},
+			{op: "reserve", res: 1, cost: tokens(6000)}, // never settled
+			{at: 30 * time.Second, op: "reserve", res: 2, cost: tokens(100), wait: time.Second},
+			{at: 61 * time.Second, op: "reserve", res: 2, cost: tokens(100), wait: time.Second}, // expired: 6000-6000 charged
+			{at: 62 * time.Second, op: "reserve", res: 2, cost: tokens(100)},                    // 100 refilled since
+		}, time.Minute},
 		{"keys are apart; a refusal releases", []budgetStep{
 			{op: "reserve", res: 0, cost: tokens(1000)},
 			{op: "learn", res: 0, ann: []limitheader.Budget{openAI("tokens", 6000, 0, time.Minute)}},
 			{op: "release", res: 0}, // a 429: nothing charged beyond the announcement
 			{op: "reserve", res: 1, cost: tokens(100), wait: time.Second},
-		}},
+		}, 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			runBudgetSteps(t, &httplimit.Budgets{}, tc.steps)
+			runBudgetSteps(t, &httplimit.Budgets{Hold: tc.hold}, tc.steps)
 		})
 	}
 }

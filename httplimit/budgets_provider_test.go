@@ -288,3 +288,51 @@ func TestClientBudgetsSteps(t *testing.T) {
 		}
 	})
 }
+
+// TestClientBudgetsBody checks when the Usage hook runs: once, at the end
+// of the body or at its Close, with what the caller read, the body
+// reaching the caller whole.
+func TestClientBudgetsBody(t *testing.T) {
+	const answer = `{"usage":{"input_tokens":3,"output_tokens":5}}`
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Ratelimit-Limit-Tokens", "1000")
+		w.Header().Set("X-Ratelimit-Remaining-Tokens", "990")
+		w.Header().Set("X-Ratelimit-Reset-Tokens", "1s")
+		io.WriteString(w, answer)
+	})
+	var calls []string
+	c := &httplimit.Client{
+		HTTP:    &http.Client{Transport: throttledtest.HandlerTransport{Handler: h}},
+		Budgets: &httplimit.Budgets{},
+		Usage: func(resp *http.Response, body []byte) map[string]int64 {
+			calls = append(calls, string(body))
+			return llmUsage(resp, body)
+		},
+	}
+	get := func() *http.Response {
+		req, _ := http.NewRequest(http.MethodGet, "http://llm.test/", nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	// Read to the end: settled at EOF, once, whatever Close does after.
+	resp := get()
+	b, _ := io.ReadAll(resp.Body)
+	if string(b) != answer || len(calls) != 1 || calls[0] != answer {
+		t.Fatalf("read %q; hook calls %q", b, calls)
+	}
+	resp.Body.Close()
+	if len(calls) != 1 {
+		t.Fatalf("hook called %d times", len(calls))
+	}
+	// Closed after a part: settled at Close with that part.
+	resp = get()
+	part := make([]byte, 10)
+	n, _ := io.ReadFull(resp.Body, part)
+	resp.Body.Close()
+	if len(calls) != 2 || calls[1] != answer[:n] {
+		t.Fatalf("hook calls %q, want the 10 bytes read", calls)
+	}
+}

@@ -29,8 +29,10 @@ import (
 //   - OpenAI's and Anthropic's budgets are token buckets (their resets are
 //     the time until the budget is full again): the level is the
 //     announced Remaining, and it refills linearly at Limit per Window
-//     (the IETF policy's w when announced, else Budgets.Window: a minute,
-//     the unit of both vendors' limits), up to Limit.
+//     (Budgets.Window: a minute, the unit of both vendors' limits), up
+//     to Limit — or slower, when a budget at least half spent announces
+//     a reset more than 10 % longer than that rate implies (a budget per
+//     hour or per day): then at the announced pace.
 //   - The IETF fields and the older forms (RateLimit-*, X-RateLimit-*)
 //     count in fixed windows (their reset is the window's end): the level
 //     is Remaining until the reset, and Limit from then on (a window of w
@@ -383,6 +385,16 @@ func (d *budgetDim) learn(bu limitheader.Budget, now time.Time, window time.Dura
 	case limitheader.DialectOpenAI, limitheader.DialectAnthropic:
 		if bu.Window > 0 {
 			window = bu.Window
+		}
+		if bu.Remaining >= 0 && bu.Remaining <= bu.Limit/2 && bu.Reset > 0 {
+			// A budget at least half spent says how long a full refill
+			// takes; one clearly slower than assumed (an hourly or daily
+			// budget) is taken, a little slower is the rounding of a
+			// reset to the second, and ignored.
+			full := time.Duration(float64(bu.Reset) * float64(bu.Limit) / float64(bu.Limit-bu.Remaining))
+			if full > window+window/10 {
+				window = full
+			}
 		}
 		rate := float64(bu.Limit) / float64(window)
 		var level float64

@@ -159,21 +159,22 @@ func TestBudgetsAgainstProvider(t *testing.T) {
 	type variant struct {
 		budgets bool
 		outDiv  int64
+		window  time.Duration // the provider's; the Budgets assume a minute
 	}
 	for _, tc := range cases {
-		for _, v := range []variant{{true, 1}, {false, 1}, {true, 4}} {
+		for _, v := range []variant{{true, 1, time.Minute}, {false, 1, time.Minute}, {true, 4, time.Minute}, {true, 1, 10 * time.Minute}} {
 			budgets := v.budgets
 			if v.outDiv > 1 && tc.dialect != limitheader.DialectAnthropic {
 				continue // OpenAI's tokens are reserved at max_tokens by the provider itself
 			}
-			t.Run(fmt.Sprintf("%v/budgets=%v/output-estimate=max_tokens÷%d", tc.dialect, budgets, v.outDiv), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%v/budgets=%v/output-estimate=max_tokens÷%d/window=%v", tc.dialect, budgets, v.outDiv, v.window), func(t *testing.T) {
 				synctest.Test(t, func(t *testing.T) {
-					p := &throttledtest.Provider{Dialect: tc.dialect, Limits: tc.limits, Seed: 3}
+					p := &throttledtest.Provider{Dialect: tc.dialect, Limits: tc.limits, Seed: 3, Window: v.window}
 					r := runProvider(t, p, budgets, v.outDiv, workers, d)
-					allowed := tc.bound * int64(time.Minute+d) / int64(time.Minute)
+					allowed := tc.bound * int64(v.window+d) / int64(v.window)
 					share := float64(tc.used(r)) / float64(allowed)
-					t.Logf("%v budgets=%v output-estimate=max_tokens/%d: %d calls answered, %d answered 429 (%.1f%% of %d sent), %d failed; %s used %d of %d allowed in %v: %.1f%%; most in a minute: %+v",
-						tc.dialect, budgets, v.outDiv, r.calls, r.throttled429, 100*float64(r.throttled429)/float64(r.calls+r.throttled429),
+					t.Logf("%v budgets=%v output-estimate=max_tokens/%d window=%v: %d calls answered, %d answered 429 (%.1f%% of %d sent), %d failed; %s used %d of %d allowed in %v: %.1f%%; most in a minute: %+v",
+						tc.dialect, budgets, v.outDiv, v.window, r.calls, r.throttled429, 100*float64(r.throttled429)/float64(r.calls+r.throttled429),
 						r.calls+r.throttled429, r.failed, tc.binding, tc.used(r), allowed, d, 100*share, r.maxUsage)
 					if !budgets {
 						return

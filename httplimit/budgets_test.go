@@ -119,6 +119,14 @@ func TestBudgetsSteps(t *testing.T) {
 			{op: "settle", res: 0},
 			{op: "reserve", res: 1, cost: map[string]int64{"tokens": 1 << 40, "output-tokens": 1 << 40}},
 		}, 0},
+		{"a reset slower than a minute's refill is taken; the rounding of one is not", []budgetStep{
+			{op: "reserve", res: 0},
+			{op: "reserve", res: 1},
+			{op: "learn", res: 0, ann: []limitheader.Budget{openAI("tokens", 6000, 0, 10*time.Minute)}}, // a refill in 10 minutes: 10/s
+			{op: "reserve", res: 2, cost: tokens(100), wait: 10 * time.Second},
+			{op: "learn", res: 1, ann: []limitheader.Budget{openAI("tokens", 6000, 0, 65*time.Second)}}, // 100/s, 65 s rounded
+			{op: "reserve", res: 2, cost: tokens(100), wait: time.Second},
+		}, 0},
 		{"a remaining unknown is read from the reset", []budgetStep{
 			{op: "reserve", res: 0},
 			{op: "learn", res: 0, ann: []limitheader.Budget{openAI("tokens", 6000, limitheader.Unknown, 59*time.Second)}},

@@ -133,8 +133,11 @@ func runProvider(t *testing.T, p *throttledtest.Provider, budgets bool, outDiv i
 // estimate of max_tokens never under-estimates the output, and the calls
 // sent before the first announcement fit a full budget), and at least
 // 85 % of the binding dimension's budget used (what any 5 minutes admit:
-// the limit once full plus 5 minutes of refill). Beside it, the same
-// Client without Budgets, for the figures.
+// the limit once full plus 5 minutes of refill); the same with the
+// provider's budgets refilled over 10 minutes, which the Budgets (assuming
+// a minute) learn from the resets. Beside them, for the figures, the same
+// Client without Budgets, and with an output estimate of max_tokens/4 (a
+// loose bound: the under-estimates of the calls in flight go into debt).
 func TestBudgetsAgainstProvider(t *testing.T) {
 	const (
 		workers = 8

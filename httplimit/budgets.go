@@ -59,7 +59,10 @@ import (
 //     not how deep.
 //   - A dimension of which the service announced no Limit (a sentinel, a
 //     field missing or malformed) does not pace; neither does a dimension
-//     never announced: the first call to a key is sent at once.
+//     never announced: the calls made before a key's first answer are
+//     sent at once.
+//   - A reservation never settled stops counting as in flight after
+//     Hold, charged at its estimate.
 //
 // An estimate counts in each dimension the cost Estimate.Cost gives it by
 // name; a dimension it does not name costs 1 if it counts requests (its

@@ -23,7 +23,7 @@ import (
 type Limiter = retry.Limiter
 
 // An AdjustableLimiter is a Limiter whose rate the Client may lower and
-// raise (see Client, 4). *ratelimit.Limiter satisfies it.
+// raise (see Client, 5). *ratelimit.Limiter satisfies it.
 type AdjustableLimiter = retry.AdjustableLimiter
 
 // ErrWouldExceedDeadline is returned by Client.Do, wrapped, when the wait
@@ -75,7 +75,16 @@ func costOf(ctx context.Context) int64 {
 //  2. Pacing: it waits for the Limiter (if any) to grant the request's cost
 //     (WithCost), so that calls stay under the service's limit instead of
 //     discovering it through 429s.
-//  3. Shared pause: when a response is 429 or 503 and says how long to wait
+//  3. Announced budgets: with Budgets, it reserves the request's estimate
+//     (WithEstimate: for an LLM, the prompt's tokens and max_tokens) in
+//     every dimension the service has announced for the request's key
+//     (requests, tokens, input and output tokens, an IETF policy), waiting
+//     until the announced budgets, refilled as the service refills them,
+//     cover it beside the calls in flight; then it learns the response's
+//     budgets (limitheader.ParseAnnouncement) and settles the estimate
+//     with what the call used (Usage reads it from the body when the
+//     caller has read it; a 429 or 503 costs nothing). See Budgets.
+//  4. Shared pause: when a response is 429 or 503 and says how long to wait
 //     (Retry-After as delay-seconds or HTTP-date, Retry-After-Ms,
 //     X-Ms-Retry-After-Ms, or RateLimit's t; see RetryDelay), capped at
 //     MaxPause, every request of the same scope (the host, by default) made
@@ -84,7 +93,7 @@ func costOf(ctx context.Context) int64 {
 //     waiting requests are spread over the first backoff step (full
 //     jitter) and pass through the Limiter again, so traffic resumes
 //     gradually.
-//  4. Rate in proportion (retry.Ceiling, as a lease.Holder does): a 429
+//  5. Rate in proportion (retry.Ceiling, as a lease.Holder does): a 429
 //     with a retry hint pauses for that long and cuts nothing; the 429s
 //     that come back until the pause has ended (and 100 ms more, for the
 //     requests in flight) are one episode and cut nothing. Only a 429
@@ -95,17 +104,17 @@ func costOf(ctx context.Context) int64 {
 //     then climbs back to MaxRate linearly in Recovery. A 503 is
 //     overload, not quota: it pauses as its hint says and cuts nothing
 //     (the Rejecter and Concurrency answer overload).
-//  5. Retries: a throttled request is retried only if it may be (an
+//  6. Retries: a throttled request is retried only if it may be (an
 //     idempotent method without a body, or any request with GetBody), at
 //     most MaxRetries times, after the shared pause plus a full-jitter
 //     exponential backoff, and only while the retry budget lasts: retries
 //     may be at most RetryRatio of the requests of the last RetryWindow
 //     (plus MinRetries). Otherwise the throttled response is returned to the
 //     caller — backpressure travels upstream instead of piling on.
-//  6. Deadlines: if a wait it must make is longer than the time left before
+//  7. Deadlines: if a wait it must make is longer than the time left before
 //     the request context's deadline, Do fails at once with an error
 //     matching ErrWouldExceedDeadline.
-//  7. Concurrency: with a Concurrency limiter, each attempt holds one of
+//  8. Concurrency: with a Concurrency limiter, each attempt holds one of
 //     its slots while it is in flight; the limit adapts to the service's
 //     latency and overload answers (see the field).
 //
@@ -113,7 +122,7 @@ func costOf(ctx context.Context) int64 {
 // the transport's business.
 //
 // The order of the waits is: local rejection, shared pause, Limiter,
-// concurrency slot, send (a slot is held only while a request is in
+// announced budgets, concurrency slot, send (a slot is held only while a request is in
 // flight). The Rejecter comes first so that a request it rejects fails at once, rather
 // than after sitting out a pause or a pacing wait for nothing, and takes
 // no capacity from the Limiter, which is the service's to give to
@@ -135,7 +144,7 @@ type Client struct {
 	HTTP *http.Client
 	// Limiter paces requests; nil means no pacing. If it is an
 	// AdjustableLimiter, the Client lowers its rate when 429s repeat and
-	// raises it back (see 4 above).
+	// raises it back (see 5 above).
 	Limiter Limiter
 	// Rejecter rejects requests locally while the service is overloaded
 	// (see the list above); nil means off. Share one
@@ -189,6 +198,21 @@ type Client struct {
 	// not pause calls made for others.
 	PauseScope func(*http.Request) string
 
+	// Budgets paces every dimension of the budgets the service announces
+	// in its responses (see 3 above, and Budgets); nil means off. Share
+	// one among every Client calling the same service account.
+	Budgets *Budgets
+	// Usage reads what a call actually used, by dimension name, from its
+	// response and its body, to settle the call's reservation in Budgets
+	// (see Budgets and Reservation.Settle); nil, or a nil map, keeps the
+	// estimate as the cost. It is called once per answer other than 429
+	// and 503 (those cost nothing), when the caller has read the body to
+	// its end or closed it, with what the caller read (nil beyond 4 MiB):
+	// the body reaches the caller as it came. It sees the status: a 400,
+	// say, may cost nothing. A response whose body is never closed keeps
+	// its estimate in flight for good.
+	Usage func(resp *http.Response, body []byte) map[string]int64
+
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Rand returns a random number in [0, 1) for the jitter; nil means
@@ -234,6 +258,13 @@ func (c *Client) seq() *retry.Caller {
 	return c.caller
 }
 
+func (c *Client) clock() time.Time {
+	if c.Now != nil {
+		return c.Now()
+	}
+	return time.Now()
+}
+
 func (c *Client) scope(req *http.Request) string {
 	if c.PauseScope != nil {
 		return c.PauseScope(req)
@@ -269,10 +300,19 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 				req = req.Clone(ctx)
 				req.Body = body
 			}
+			var res *Reservation
+			if c.Budgets != nil {
+				e := estimateOf(ctx, scope)
+				var err error
+				if res, err = c.Budgets.reserve(ctx, e.Key, e.Cost, c.clock); err != nil {
+					return retry.Answer{Outcome: retry.Failed}, fmt.Errorf("httplimit: %s %s: budgets of %q: %w", req.Method, req.URL.Redacted(), e.Key, err)
+				}
+			}
 			var permit adaptive.Permit
 			if c.Concurrency != nil {
 				var err error
 				if permit, err = c.Concurrency.Acquire(ctx); err != nil {
+					res.Release(c.clock())
 					return retry.Answer{Outcome: retry.Failed}, fmt.Errorf("httplimit: %s %s: concurrency: %w", req.Method, req.URL.Redacted(), err)
 				}
 			}
@@ -281,7 +321,11 @@ func (c *Client) Do(req *http.Request) (*http.Response, error) {
 			refused := err == nil && (r.StatusCode == http.StatusTooManyRequests || r.StatusCode == http.StatusServiceUnavailable)
 			endPermit(&permit, ctx, err != nil || refused)
 			if err != nil {
+				res.Settle(nil, c.clock()) // the service may have done the work
 				return retry.Answer{Outcome: retry.Failed}, err
+			}
+			if res != nil {
+				c.settleFrom(res, r, refused)
 			}
 			resp = r
 			return classify(r, c.Now, retryable), nil

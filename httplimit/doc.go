@@ -41,6 +41,17 @@
 // It sends the priority of the request's context (other than
 // Normal) as Sluice-Priority when the request has none of its own.
 //
+// With Budgets, the Client paces every dimension of the budgets the
+// service announces in its responses (OpenAI's, Anthropic's, the IETF
+// RateLimit fields; limitheader.ParseAnnouncement reads them), per model
+// or deployment: each call reserves its estimate (WithEstimate: for an LLM,
+// the prompt's tokens and max_tokens) before it is sent, waiting for the
+// refill that covers it beside the calls in flight, and is settled with
+// what it used, which the Usage hook reads from the body as the caller
+// reads it. Budgets' doc states the model: token buckets for the vendors,
+// fixed windows for the IETF fields, newer announcements only, debt
+// carried.
+//
 // # The fields
 //
 // Package limitheader writes the RateLimit, RateLimit-Policy and

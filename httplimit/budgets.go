@@ -1,0 +1,559 @@
+package httplimit
+
+import (
+	"context"
+	"io"
+	"math"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/sluicehq/sluice/limitheader"
+	"github.com/sluicehq/sluice/retry"
+)
+
+// Budgets paces calls to the budgets a service announces in its responses
+// (limitheader.ParseAnnouncement reads them: OpenAI's and Anthropic's
+// fields, the IETF RateLimit fields and their older forms), every
+// dimension at once: requests, tokens, input tokens, output tokens or any
+// unit a policy names. A Client with Budgets reserves each call's estimate
+// (WithEstimate) before sending it and settles it from the response; it
+// can also be used directly, with Reserve and a Reservation's Learn and
+// Settle.
+//
+// The budgets are kept per key (a model or a deployment: Estimate.Key),
+// and per dimension (limitheader.Budget.Name). For each it holds what the
+// service last announced and the estimates of the calls in flight. The
+// model of a dimension is:
+//
+//   - OpenAI's and Anthropic's budgets are token buckets (their resets are
+//     the time until the budget is full again): the level is the
+//     announced Remaining, and it refills linearly at Limit per Window
+//     (Budgets.Window: a minute, the unit of both vendors' limits), up
+//     to Limit — or slower, when a budget at least half spent announces
+//     a reset more than 10 % longer than that rate implies (a budget per
+//     hour or per day): then at the announced pace.
+//   - The IETF fields and the older forms (RateLimit-*, X-RateLimit-*)
+//     count in fixed windows (their reset is the window's end): the level
+//     is Remaining until the reset, and Limit from then on (a window of w
+//     later ends w after, when w is known). A window's budget without a
+//     reset is not paced.
+//   - A call may be sent when, in every dimension it costs something, the
+//     level minus the estimates of the calls in flight covers its
+//     estimate (an estimate above Limit needs only Limit); otherwise it
+//     waits for the refill that covers it, or for a call in flight to be
+//     settled, whichever comes first. The estimates of the calls in flight
+//     are subtracted even when the service has already counted some of
+//     them: the pacing errs on the side of waiting, by at most what is in
+//     flight, which shifts the level once and costs no throughput in the
+//     long run.
+//   - A response's announcement replaces what is known of each dimension
+//     it names, unless a response to a call reserved later was taken
+//     already (responses may come back out of order: an older one must
+//     not roll the state back). Then the call is settled: its estimate
+//     stops counting as in flight, and its actual usage is charged to the
+//     level, which may go below zero (a debt that the next calls wait
+//     out) — even when the announcement already counts it: the next
+//     announcement corrects that. A token bucket announced with 0 left
+//     keeps the debt charged here, since a service in debt announces 0,
+//     not how deep.
+//   - A dimension of which the service announced no Limit (a sentinel, a
+//     field missing or malformed) does not pace; neither does a dimension
+//     never announced: the calls made before a key's first answer are
+//     sent at once.
+//   - A reservation never settled stops counting as in flight after
+//     Hold, charged at its estimate.
+//
+// An estimate counts in each dimension the cost Estimate.Cost gives it by
+// name; a dimension it does not name costs 1 if it counts requests (its
+// Unit is "requests"), else 0.
+//
+// The zero value is ready to use; a Budgets is safe for concurrent use and
+// is shared by every Client calling the same service account. Its keys
+// are never forgotten: use a bounded set (models, deployments).
+type Budgets struct {
+	// Window is the time in which an empty token bucket (OpenAI's and
+	// Anthropic's budgets) refills when the response does not say; 0
+	// means a minute.
+	Window time.Duration
+	// Hold is the longest a reservation counts as in flight: one older
+	// (its response's body never closed, its Reservation never settled)
+	// is settled at its estimate; 0 means 10 minutes.
+	Hold time.Duration
+
+	mu   sync.Mutex
+	keys map[string]*budgetKey
+}
+
+// budgetKey is the budgets of one key.
+type budgetKey struct {
+	seq  uint64 // reservations granted so far
+	dims []*budgetDim
+	wake chan struct{} // closed when a call is settled; nil when none waits
+	// The reservations in flight, oldest first, linked through their
+	// prev and next.
+	head, tail *Reservation
+}
+
+// budgetDim is one dimension of a key: what the service last announced,
+// aged by the model, and the estimates in flight.
+type budgetDim struct {
+	name, unit string
+	known      bool // an announcement paces it
+	window     bool // a fixed window, else a token bucket
+	limit      int64
+	level      float64   // what is left at `at` (or until resetAt, for a window)
+	at         time.Time // bucket: the instant of level
+	rate       float64   // bucket: refill per nanosecond
+	resetAt    time.Time // window: when the level is back to limit
+	period     time.Duration
+	reserved   int64  // estimates of the calls in flight
+	seq        uint64 // the reservation whose answer was last learned
+}
+
+// An Estimate is what a call is expected to cost, in each dimension a
+// service announces, and the key of the budgets it draws on.
+type Estimate struct {
+	// Key selects the budgets: a model, a deployment; "" means the
+	// Client's pause scope (the host).
+	Key string
+	// Cost is the estimate per dimension, by its name ("requests",
+	// "tokens", "input-tokens", "output-tokens", an IETF policy's name).
+	// For an LLM call: input tokens the prompt's count, output tokens
+	// max_tokens, tokens both. A dimension not named costs 1 if it counts
+	// requests, else 0.
+	Cost map[string]int64
+}
+
+type estimateKey struct{}
+
+// WithEstimate returns a context whose requests, sent through a Client
+// with Budgets, reserve e before they are sent.
+func WithEstimate(ctx context.Context, e Estimate) context.Context {
+	return context.WithValue(ctx, estimateKey{}, e)
+}
+
+func estimateOf(ctx context.Context, scope string) Estimate {
+	e, _ := ctx.Value(estimateKey{}).(Estimate)
+	if e.Key == "" {
+		e.Key = scope
+	}
+	return e
+}
+
+// A Reservation is a call's estimate, reserved in its key's budgets until
+// it is settled (Settle or Release; only the first counts). A
+// reservation never settled counts as in flight until Budgets.Hold has
+// passed, holding back the calls after it, and is then settled at its
+// estimate: settle every one.
+type Reservation struct {
+	b    *Budgets
+	k    *budgetKey
+	seq  uint64
+	cost map[string]int64
+	held []held
+	buf  [4]held // held's first elements: one allocation a call
+	// Guarded by b.mu:
+	at         time.Time // when it was granted
+	prev, next *Reservation
+	done       bool
+}
+
+type held struct {
+	d *budgetDim
+	n int64
+}
+
+// Reserve waits until cost fits every budget of key (see Budgets) and
+// reserves it. It fails at once, with an error matching
+// ErrWouldExceedDeadline, when the wait is longer than the time left
+// before ctx's deadline, and with ctx's error if ctx is done meanwhile.
+func (b *Budgets) Reserve(ctx context.Context, key string, cost map[string]int64) (*Reservation, error) {
+	return b.reserve(ctx, key, cost, time.Now)
+}
+
+// reserve is Reserve on the clock now.
+func (b *Budgets) reserve(ctx context.Context, key string, cost map[string]int64, now func() time.Time) (*Reservation, error) {
+	for {
+		t := now()
+		r, wait, wake := b.TryReserve(key, cost, t)
+		if r != nil {
+			return r, nil
+		}
+		if dl, ok := ctx.Deadline(); ok && t.Add(wait).After(dl) {
+			return nil, &retry.DeadlineError{Wait: wait, Left: dl.Sub(t)}
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-timer.C:
+		case <-wake:
+			timer.Stop()
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// TryReserve reserves cost in key's budgets at now if it fits every one
+// of them; otherwise it reserves nothing and returns how long the refill
+// takes to cover it, and a channel closed when a call of key is settled
+// meanwhile (which may cover it sooner).
+func (b *Budgets) TryReserve(key string, cost map[string]int64, now time.Time) (r *Reservation, wait time.Duration, settled <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	k := b.key(key)
+	for hold := b.hold(); k.head != nil && now.Sub(k.head.at) > hold; {
+		k.head.settleLocked(nil, false, now) // expired: its estimate stands
+	}
+	for _, d := range k.dims {
+		if w := d.wait(d.cost(cost), now); w > wait {
+			wait = w
+		}
+	}
+	if wait > 0 {
+		if k.wake == nil {
+			k.wake = make(chan struct{})
+		}
+		return nil, wait, k.wake
+	}
+	k.seq++
+	r = &Reservation{b: b, k: k, seq: k.seq, cost: cost, at: now, prev: k.tail}
+	r.held = r.buf[:0]
+	if k.tail != nil {
+		k.tail.next = r
+	} else {
+		k.head = r
+	}
+	k.tail = r
+	for _, d := range k.dims {
+		if n := d.cost(cost); n > 0 {
+			if d.known {
+				n = min(n, d.limit) // as much as it waited for
+			}
+			d.reserved += n
+			r.held = append(r.held, held{d, n})
+		}
+	}
+	return r, 0, nil
+}
+
+// key returns key's budgets, made on first use. b.mu is held.
+func (b *Budgets) key(key string) *budgetKey {
+	if k, ok := b.keys[key]; ok {
+		return k
+	}
+	if b.keys == nil {
+		b.keys = make(map[string]*budgetKey)
+	}
+	k := &budgetKey{}
+	b.keys[key] = k
+	return k
+}
+
+// Learn takes what a response to r's call announced at now as the truth
+// of each dimension it names, unless the answer to a call reserved after
+// r's was learned already (see Budgets). It may be called before the call
+// is settled, when the response's header arrives.
+func (r *Reservation) Learn(a limitheader.Announcement, now time.Time) {
+	if r == nil || len(a.Budgets) == 0 {
+		return
+	}
+	b := r.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, bu := range a.Budgets {
+		if bu.Limit <= 0 {
+			continue // not announced: unknown
+		}
+		d := r.k.dim(bu.Name)
+		if d == nil {
+			d = &budgetDim{name: bu.Name}
+			r.k.dims = append(r.k.dims, d)
+		}
+		if d.seq > r.seq {
+			continue // stale: a later call's answer was learned
+		}
+		d.learn(bu, now, b.window())
+		d.seq = r.seq
+	}
+}
+
+// Settle ends r: its estimate stops counting as in flight, and what the
+// call used is charged at now, by dimension name; a dimension used does
+// not name is charged r's estimate of it (so Settle(nil, now) keeps the
+// estimate as the cost).
+func (r *Reservation) Settle(used map[string]int64, now time.Time) { r.settle(used, false, now) }
+
+// Release ends r without charging anything: the call was not made, or the
+// service refused it at no cost (a 429).
+func (r *Reservation) Release(now time.Time) { r.settle(nil, true, now) }
+
+func (r *Reservation) settle(used map[string]int64, free bool, now time.Time) {
+	if r == nil {
+		return
+	}
+	r.b.mu.Lock()
+	defer r.b.mu.Unlock()
+	r.settleLocked(used, free, now)
+}
+
+// settleLocked is settle with r.b.mu held.
+func (r *Reservation) settleLocked(used map[string]int64, free bool, now time.Time) {
+	if r.done {
+		return
+	}
+	r.done = true
+	k := r.k
+	if r.prev != nil {
+		r.prev.next = r.next
+	} else {
+		k.head = r.next
+	}
+	if r.next != nil {
+		r.next.prev = r.prev
+	} else {
+		k.tail = r.prev
+	}
+	r.prev, r.next = nil, nil
+	for _, d := range r.k.dims {
+		est, found := int64(0), false
+		for _, h := range r.held {
+			if h.d == d {
+				est, found = h.n, true
+				d.reserved -= h.n
+				break
+			}
+		}
+		if !found {
+			est = d.cost(r.cost) // a dimension learned since r was granted
+		}
+		if free || !d.known {
+			continue
+		}
+		n, ok := used[d.name]
+		if !ok {
+			n = est
+		}
+		if n > 0 {
+			d.advance(now)
+			d.level -= float64(n)
+		}
+	}
+	if r.k.wake != nil {
+		close(r.k.wake)
+		r.k.wake = nil
+	}
+}
+
+func (b *Budgets) hold() time.Duration {
+	if b.Hold > 0 {
+		return b.Hold
+	}
+	return 10 * time.Minute
+}
+
+func (b *Budgets) window() time.Duration {
+	if b.Window > 0 {
+		return b.Window
+	}
+	return time.Minute
+}
+
+func (k *budgetKey) dim(name string) *budgetDim {
+	for _, d := range k.dims {
+		if d.name == name {
+			return d
+		}
+	}
+	return nil
+}
+
+// cost is d's share of an estimate.
+func (d *budgetDim) cost(cost map[string]int64) int64 {
+	if n, ok := cost[d.name]; ok {
+		return max(0, n)
+	}
+	if d.unit == "requests" {
+		return 1
+	}
+	return 0
+}
+
+// learn takes bu, announced at now, as d's state; window is the default
+// refill time of a token bucket.
+func (d *budgetDim) learn(bu limitheader.Budget, now time.Time, window time.Duration) {
+	d.unit = bu.Unit
+	switch bu.Dialect {
+	case limitheader.DialectOpenAI, limitheader.DialectAnthropic:
+		if bu.Window > 0 {
+			window = bu.Window
+		}
+		if bu.Remaining >= 0 && bu.Remaining <= bu.Limit/2 && bu.Reset > 0 {
+			// A budget at least half spent says how long a full refill
+			// takes; one clearly slower than assumed (an hourly or daily
+			// budget) is taken, a little slower is the rounding of a
+			// reset to the second, and ignored.
+			full := time.Duration(float64(bu.Reset) * float64(bu.Limit) / float64(bu.Limit-bu.Remaining))
+			if full > window+window/10 {
+				window = full
+			}
+		}
+		rate := float64(bu.Limit) / float64(window)
+		var level float64
+		switch {
+		case bu.Remaining >= 0:
+			level = float64(min(bu.Remaining, bu.Limit))
+		case bu.Reset >= 0:
+			level = float64(bu.Limit) - rate*float64(bu.Reset)
+		default:
+			d.known = false
+			return
+		}
+		if level == 0 && d.known && !d.window {
+			// A bucket in debt is announced with 0 left, not how deep:
+			// keep the debt charged here.
+			d.advance(now)
+			level = min(0, d.level)
+		}
+		*d = budgetDim{name: d.name, unit: d.unit, known: true, limit: bu.Limit,
+			level: level, at: now, rate: rate, reserved: d.reserved, seq: d.seq}
+	default:
+		if bu.Remaining < 0 || bu.Reset < 0 {
+			d.known = false
+			return
+		}
+		*d = budgetDim{name: d.name, unit: d.unit, known: true, window: true, limit: bu.Limit,
+			level: float64(min(bu.Remaining, bu.Limit)), resetAt: now.Add(bu.Reset),
+			period: max(0, bu.Window), reserved: d.reserved, seq: d.seq}
+	}
+}
+
+// advance ages d's level to now (never back: the clocks of concurrent
+// callers are read in any order).
+func (d *budgetDim) advance(now time.Time) {
+	if d.window {
+		if d.resetAt.IsZero() || now.Before(d.resetAt) {
+			return
+		}
+		d.level = float64(d.limit)
+		if d.period > 0 {
+			n := now.Sub(d.resetAt)/d.period + 1
+			d.resetAt = d.resetAt.Add(n * d.period)
+		} else {
+			d.resetAt = time.Time{}
+		}
+		return
+	}
+	if !now.After(d.at) {
+		return
+	}
+	if d.level < float64(d.limit) {
+		d.level = min(float64(d.limit), d.level+d.rate*float64(now.Sub(d.at)))
+	}
+	d.at = now
+}
+
+// wait is the time, from now, until d covers n beside what is in flight
+// (0 when it does now or d does not pace).
+func (d *budgetDim) wait(n int64, now time.Time) time.Duration {
+	if !d.known || n <= 0 {
+		return 0
+	}
+	n = min(n, d.limit)
+	d.advance(now)
+	short := float64(n) - (d.level - float64(d.reserved))
+	if short <= 0 {
+		return 0
+	}
+	if d.window {
+		if d.resetAt.IsZero() {
+			// Past the last reset known, with no window: nothing to pace
+			// to until the service says more.
+			return 0
+		}
+		return max(1, d.resetAt.Sub(now))
+	}
+	w := short / d.rate
+	if w >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return max(1, time.Duration(math.Ceil(w)))
+}
+
+// maxUsageBody bounds the body a Client keeps for its Usage hook.
+const maxUsageBody = 4 << 20
+
+// settleFrom learns what resp announces for res, and settles res: at
+// once for a refusal (which cost nothing) or without a Usage hook; when
+// the caller is done with the body otherwise.
+func (c *Client) settleFrom(res *Reservation, resp *http.Response, refused bool) {
+	now := c.clock()
+	a, _ := limitheader.ParseAnnouncement(resp.Header, now) // what is well formed is usable
+	res.Learn(a, now)
+	switch {
+	case refused:
+		res.Release(now)
+	case c.Usage == nil || resp.Body == nil || resp.Body == http.NoBody:
+		res.Settle(c.usage(resp, nil), now)
+	default:
+		resp.Body = &settlingBody{ReadCloser: resp.Body, c: c, res: res, resp: resp}
+	}
+}
+
+func (c *Client) usage(resp *http.Response, body []byte) map[string]int64 {
+	if c.Usage == nil {
+		return nil
+	}
+	return c.Usage(resp, body)
+}
+
+// settlingBody is a response's body that keeps what its reader reads (up
+// to maxUsageBody) and settles its call's reservation at the end of the
+// body or when it is closed, whichever comes first.
+type settlingBody struct {
+	io.ReadCloser
+	c    *Client
+	res  *Reservation
+	resp *http.Response
+	once sync.Once
+	mu   sync.Mutex // guards buf and over: Close may come during a Read
+	buf  []byte
+	over bool
+}
+
+func (b *settlingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.mu.Lock()
+	if !b.over {
+		if len(b.buf)+n > maxUsageBody {
+			b.over, b.buf = true, nil
+		} else {
+			b.buf = append(b.buf, p[:n]...)
+		}
+	}
+	b.mu.Unlock()
+	if err == io.EOF {
+		b.settle()
+	}
+	return n, err
+}
+
+func (b *settlingBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.settle()
+	return err
+}
+
+func (b *settlingBody) settle() {
+	b.once.Do(func() {
+		b.mu.Lock()
+		buf, over := b.buf, b.over
+		b.mu.Unlock()
+		var used map[string]int64
+		if !over {
+			used = b.c.usage(b.resp, buf)
+		}
+		b.res.Settle(used, b.c.clock())
+	})
+}

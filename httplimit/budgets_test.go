@@ -1,0 +1,260 @@
+package httplimit_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/limitheader"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// A budgetStep is one step of a Budgets table, at a fixed instant.
+type budgetStep struct {
+	at  time.Duration // from t0
+	op  string        // "reserve", "learn", "settle", "release"
+	res int           // the reservation the step makes or ends
+	// reserve: the estimate and the wait expected (0: granted).
+	cost map[string]int64
+	wait time.Duration
+	// learn: what the response to res announced.
+	ann []limitheader.Budget
+	// settle: what the call used.
+	used map[string]int64
+}
+
+var t0 = time.Date(2026, 12, 7, 6, 0, 0, 0, time.UTC)
+
+func openAI(name string, limit, remaining int64, reset time.Duration) limitheader.Budget {
+	unit := "tokens"
+	if name == "requests" {
+		unit = "requests"
+	}
+	return limitheader.Budget{Dialect: limitheader.DialectOpenAI, Name: name, Unit: unit,
+		Limit: limit, Remaining: remaining, Reset: reset, Window: limitheader.Unknown}
+}
+
+func runBudgetSteps(t *testing.T, b *httplimit.Budgets, steps []budgetStep) {
+	t.Helper()
+	res := map[int]*httplimit.Reservation{}
+	for i, s := range steps {
+		now := t0.Add(s.at)
+		switch s.op {
+		case "reserve":
+			r, wait, _ := b.TryReserve("m", s.cost, now)
+			if wait != s.wait {
+				t.Fatalf("step %d (at %v, reserve %v): wait %v, want %v", i, s.at, s.cost, wait, s.wait)
+			}
+			if (r != nil) != (s.wait == 0) {
+				t.Fatalf("step %d: reservation %v with wait %v", i, r, wait)
+			}
+			if r != nil {
+				res[s.res] = r
+			}
+		case "learn":
+			res[s.res].Learn(limitheader.Announcement{Budgets: s.ann}, now)
+		case "settle":
+			res[s.res].Settle(s.used, now)
+		case "release":
+			res[s.res].Release(now)
+		default:
+			t.Fatalf("step %d: op %q", i, s.op)
+		}
+	}
+}
+
+func TestBudgetsSteps(t *testing.T) {
+	tokens := func(n int64) map[string]int64 { return map[string]int64{"tokens": n} }
+	// OpenAI's budgets of a minute: 60 requests (1/s), 6,000 tokens (100/s).
+	learned := []limitheader.Budget{openAI("requests", 60, 59, time.Second), openAI("tokens", 6000, 1000, 50*time.Second)}
+	cases := []struct {
+		name  string
+		steps []budgetStep
+		hold  time.Duration
+	}{
+		{"first call unpaced, announcement learned, settlement refunds and charges", []budgetStep{
+			{op: "reserve", res: 0, cost: tokens(1000)}, // nothing known: sent at once
+			{op: "learn", res: 0, ann: learned},
+			{op: "settle", res: 0, used: tokens(800)},                         // tokens 1000-800 = 200; requests 59-1 = 58
+			{op: "reserve", res: 1, cost: tokens(500), wait: 3 * time.Second}, // 300 short at 100/s
+			{at: 2900 * time.Millisecond, op: "reserve", res: 1, cost: tokens(500), wait: 100 * time.Millisecond},
+			{at: 3 * time.Second, op: "reserve", res: 1, cost: tokens(500)}, // level 500, all reserved
+			{at: 3 * time.Second, op: "reserve", res: 2, cost: tokens(100), wait: time.Second},
+			{at: 3 * time.Second, op: "settle", res: 1, used: tokens(100)}, // refund: level 400, nothing in flight
+			{at: 3 * time.Second, op: "reserve", res: 2, cost: tokens(100)},
+			{at: 3 * time.Second, op: "settle", res: 2, used: tokens(2000)}, // debt: 400-2000 = -1600
+			{at: 3 * time.Second, op: "reserve", res: 3, cost: tokens(100), wait: 17 * time.Second},
+			{at: 20 * time.Second, op: "reserve", res: 3, cost: tokens(100)},
+		}, 0},
+		{"requests count 1 by default; the refill stops at the limit", []budgetStep{
+			{op: "reserve", res: 0},
+			{op: "learn", res: 0, ann: []limitheader.Budget{openAI("requests", 60, 1, 59*time.Second)}},
+			{op: "settle", res: 0}, // 1-1 = 0 left
+			{op: "reserve", res: 1, wait: time.Second},
+			{at: time.Hour, op: "reserve", res: 1, cost: map[string]int64{"requests": 100}}, // above the limit: needs it full
+			{at: time.Hour, op: "reserve", res: 2, wait: time.Second},                       // 60 left, 60 in flight
+			{at: time.Hour, op: "release", res: 1},
+			{at: time.Hour, op: "reserve", res: 2},
+		}, 0},
+		{"a stale announcement is ignored", []budgetStep{
+			{op: "reserve", res: 0},
+			{op: "learn", res: 0, ann: []limitheader.Budget{openAI("tokens", 6000, 6000, 0)}},
+			{op: "settle", res: 0, used: tokens(0)},
+			{op: "reserve", res: 1, cost: tokens(10)},
+			{op: "reserve", res: 2, cost: tokens(10)},
+			{op: "learn", res: 2, ann: []limitheader.Budget{openAI("tokens", 6000, 100, 59*time.Second)}},
+			{op: "learn", res: 1, ann: []limitheader.Budget{openAI("tokens", 6000, 5000, 10*time.Second)}}, // older: ignored
+			{op: "settle", res: 1, used: tokens(10)},
+			{op: "settle", res: 2, used: tokens(10)}, // 100-20 = 80 left
+			{op: "reserve", res: 3, cost: tokens(100), wait: 200 * time.Millisecond},
+		}, 0},
+		{"unknown dimensions and sentinels do not pace", []budgetStep{
+			{op: "reserve", res: 0},
+			{op: "learn", res: 0, ann: []limitheader.Budget{
+				openAI("tokens", limitheader.Unknown, 0, limitheader.Unknown), // Azure's "not enforced"
+				openAI("requests", 60, limitheader.Unknown, limitheader.Unknown),
+			}},
+			{op: "settle", res: 0},
+			{op: "reserve", res: 1, cost: map[string]int64{"tokens": 1 << 40, "output-tokens": 1 << 40}},
+		}, 0},
+		{"a reset slower than a minute's refill is taken; the rounding of one is not", []budgetStep{
+			{op: "reserve", res: 0},
+			{op: "reserve", res: 1},
+			{op: "learn", res: 0, ann: []limitheader.Budget{openAI("tokens", 6000, 0, 10*time.Minute)}}, // a refill in 10 minutes: 10/s
+			{op: "reserve", res: 2, cost: tokens(100), wait: 10 * time.Second},
+			{op: "learn", res: 1, ann: []limitheader.Budget{openAI("tokens", 6000, 0, 65*time.Second)}}, // 100/s, 65 s rounded
+			{op: "reserve", res: 2, cost: tokens(100), wait: time.Second},
+		}, 0},
+		{"a remaining unknown is read from the reset", []budgetStep{
+			{op: "reserve", res: 0},
+			{op: "learn", res: 0, ann: []limitheader.Budget{openAI("tokens", 6000, limitheader.Unknown, 59*time.Second)}},
+			{op: "settle", res: 0, used: tokens(0)}, // 100 left
+			{op: "reserve", res: 1, cost: tokens(150), wait: 500 * time.Millisecond},
+		}, 0},
+		{"an IETF window holds until its reset, then its limit", []budgetStep{
+			{op: "reserve", res: 0},
+			{op: "learn", res: 0, ann: []limitheader.Budget{{Dialect: limitheader.DialectIETF, Name: "default", Unit: "requests",
+				Limit: 10, Remaining: 1, Reset: 5 * time.Second, Window: 10 * time.Second}}},
+			{op: "settle", res: 0}, // 0 left until t0+5s
+			{at: time.Second, op: "reserve", res: 1, wait: 4 * time.Second},
+			{at: 5 * time.Second, op: "reserve", res: 1, cost: map[string]int64{"default": 10}},
+			{at: 5 * time.Second, op: "settle", res: 1},
+			{at: 6 * time.Second, op: "reserve", res: 2, wait: 9 * time.Second}, // the next window ends at t0+15s
+			{at: 15 * time.Second, op: "reserve", res: 2},
+		}, 0},
+		{"an IETF window without a reset does not pace", []budgetStep{
+			{op: "reserve", res: 0},
+			{op: "learn", res: 0, ann: []limitheader.Budget{{Dialect: limitheader.DialectIETF, Name: "default", Unit: "requests",
+				Limit: 10, Remaining: 0, Reset: limitheader.Unknown, Window: limitheader.Unknown}}},
+			{op: "settle", res: 0},
+			{op: "reserve", res: 1},
+		}, 0},
+		{"a debt outlives an announcement of 0 left, not one of more", []budgetStep{
+			{op: "reserve", res: 0, cost: tokens(100)}, // three calls sent before anything is known
+			{op: "reserve", res: 1, cost: tokens(100)},
+			{op: "reserve", res: 2, cost: tokens(100)},
+			{op: "learn", res: 0, ann: []limitheader.Budget{openAI("tokens", 6000, 100, 59*time.Second)}},
+			{op: "settle", res: 0, used: tokens(600)},                                                // 100-600 = -500
+			{op: "learn", res: 1, ann: []limitheader.Budget{openAI("tokens", 6000, 0, time.Minute)}}, // in debt: -500 kept
+			{op: "reserve", res: 3, cost: tokens(100), wait: 6 * time.Second},
+			{op: "learn", res: 2, ann: []limitheader.Budget{openAI("tokens", 6000, 50, time.Minute)}}, // more: taken
+			{op: "reserve", res: 3, cost: tokens(100), wait: 500 * time.Millisecond},
+		}, 0},
+		{"a reservation never settled expires after Hold, charged at its estimate", []budgetStep{
+			{op: "reserve", res: 0},
+			{op: "learn", res: 0, ann: []limitheader.Budget{openAI("tokens", 6000, 6000, 0)}},
+			{op: "settle", res: 0, used: tokens(0)},
+			{op: "reserve", res: 1, cost: tokens(6000)}, // never settled
+			{at: 30 * time.Second, op: "reserve", res: 2, cost: tokens(100), wait: time.Second},
+			{at: 61 * time.Second, op: "reserve", res: 2, cost: tokens(100), wait: time.Second}, // expired: 6000-6000 charged
+			{at: 62 * time.Second, op: "reserve", res: 2, cost: tokens(100)},                    // 100 refilled since
+		}, time.Minute},
+		{"keys are apart; a refusal releases", []budgetStep{
+			{op: "reserve", res: 0, cost: tokens(1000)},
+			{op: "learn", res: 0, ann: []limitheader.Budget{openAI("tokens", 6000, 0, time.Minute)}},
+			{op: "release", res: 0}, // a 429: nothing charged beyond the announcement
+			{op: "reserve", res: 1, cost: tokens(100), wait: time.Second},
+		}, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			runBudgetSteps(t, &httplimit.Budgets{Hold: tc.hold}, tc.steps)
+		})
+	}
+}
+
+func TestBudgetsKeysApart(t *testing.T) {
+	var b httplimit.Budgets
+	r, _, _ := b.TryReserve("a", nil, t0)
+	r.Learn(limitheader.Announcement{Budgets: []limitheader.Budget{openAI("requests", 60, 0, time.Minute)}}, t0)
+	r.Settle(nil, t0)
+	if _, wait, _ := b.TryReserve("a", nil, t0); wait == 0 {
+		t.Fatal("key a: granted with nothing left")
+	}
+	if r, wait, _ := b.TryReserve("b", nil, t0); r == nil || wait != 0 {
+		t.Fatalf("key b: wait %v", wait)
+	}
+}
+
+func TestBudgetsReserveDeadline(t *testing.T) {
+	var b httplimit.Budgets
+	r, _, _ := b.TryReserve("m", nil, time.Now())
+	r.Learn(limitheader.Announcement{Budgets: []limitheader.Budget{openAI("requests", 1, 0, time.Minute)}}, time.Now())
+	r.Settle(nil, time.Now())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err := b.Reserve(ctx, "m", nil)
+	if !errors.Is(err, httplimit.ErrWouldExceedDeadline) {
+		t.Fatalf("err %v, want ErrWouldExceedDeadline", err)
+	}
+}
+
+// BenchmarkBudgetsReserveSettle is a Client's per-call work in Budgets:
+// reserve an estimate in three dimensions, learn the response's
+// announcement (parsed already), settle the usage; one key shared by every
+// goroutine, budgets too large to wait.
+func BenchmarkBudgetsReserveSettle(b *testing.B) {
+	const big = 1 << 50
+	ann := limitheader.Announcement{Budgets: []limitheader.Budget{
+		openAI("requests", big, big, 0), openAI("tokens", big, big, 0),
+		{Dialect: limitheader.DialectAnthropic, Name: "output-tokens", Unit: "tokens", Limit: big, Remaining: big, Reset: 0, Window: limitheader.Unknown},
+	}}
+	var bu httplimit.Budgets
+	r, _, _ := bu.TryReserve("m", nil, t0)
+	r.Learn(ann, t0)
+	r.Settle(nil, t0)
+	cost := map[string]int64{"tokens": 1200, "output-tokens": 256}
+	used := map[string]int64{"requests": 1, "tokens": 1100, "output-tokens": 150}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			r, wait, _ := bu.TryReserve("m", cost, t0)
+			if r == nil {
+				b.Fatalf("wait %v", wait)
+			}
+			r.Learn(ann, t0)
+			r.Settle(used, t0)
+		}
+	})
+}
+
+// BenchmarkBudgetsBaselineLimiters is the plain decision beside it: three
+// ratelimit.Limiters (one per dimension), AllowN each, nothing settled.
+func BenchmarkBudgetsBaselineLimiters(b *testing.B) {
+	ls := [3]*ratelimit.Limiter{}
+	for i := range ls {
+		ls[i] = ratelimit.NewLimiter(1e15, 1<<40) // finite: the full decision
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			for _, l := range ls {
+				if !l.AllowN(t0, 1) {
+					b.Fatal("denied")
+				}
+			}
+		}
+	})
+}

@@ -501,9 +501,10 @@ type Drainer struct {
 	tickAt atomic.Int64
 	seed   maphash.Seed
 
-	// gate is held (a value in it) by the one worker choosing the next
-	// message to send (waiting for one, for the Limiter's grant or for a
-	// pause to end); the others wait their turn for it. granted is its: a
+	// gate is held (a value in it), when there is a Limiter, by the one
+	// worker choosing the next message to send (waiting for one, for the
+	// Limiter's grant or for a pause to end); the others wait their turn
+	// for it. Without a Limiter there is no gate (see nextFree). granted is its: a
 	// grant of the Limiter not yet spent (one taken for a message paused
 	// meanwhile goes to the next).
 	gate    chan struct{}
@@ -996,6 +997,9 @@ func earliest(a, b time.Time) time.Time {
 // grant is spent only on a message that may be sent: one taken for a
 // message whose scope was paused meanwhile goes to the next.
 func (d *Drainer) next(ctx context.Context) *hold {
+	if d.cfg.Limiter == nil {
+		return d.nextFree(ctx)
+	}
 	select {
 	case d.gate <- struct{}{}:
 	default: // another worker chooses: wait for it
@@ -1066,6 +1070,51 @@ func (d *Drainer) next(ctx context.Context) *hold {
 		d.mu.Unlock()
 		d.granted = false
 		return t.hold
+	}
+	return nil
+}
+
+// nextFree is next without a Limiter: nothing is waited for between
+// the pick and the release, so a worker takes the next message itself,
+// under d.mu, without the gate (no hand-over from one worker to another
+// while messages wait). One that finds none waits for a message to be
+// queued, or for the first pause of one set aside to end; one that takes
+// a message while more wait wakes another, since a wake-up is one
+// signal, whatever was queued.
+func (d *Drainer) nextFree(ctx context.Context) *hold {
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for ctx.Err() == nil {
+		d.mu.Lock()
+		t, ok, next := d.pick()
+		if ok {
+			d.sendLocked(t)
+			more := d.sched.len() > 0
+			d.mu.Unlock()
+			if more {
+				signal(d.wake)
+			}
+			return t.hold
+		}
+		d.mu.Unlock()
+		var tc <-chan time.Time
+		if !next.IsZero() {
+			if timer == nil {
+				timer = time.NewTimer(time.Until(next))
+			} else {
+				timer.Reset(time.Until(next))
+			}
+			tc = timer.C
+		}
+		select {
+		case <-d.wake:
+		case <-tc:
+		case <-ctx.Done():
+		}
 	}
 	return nil
 }

@@ -198,6 +198,9 @@ type rec struct {
 	due        time.Time // when put back: not before
 	out        bool      // delivered and not settled
 	settled    bool
+	// first is the message of its first delivery, allocated with it:
+	// one allocation per record for the records delivered once.
+	first message
 }
 
 // New starts a member of cfg's group and returns a Source on it. The
@@ -404,7 +407,13 @@ func (s *Source) deliver(x *rec) *message {
 	x.out = true
 	x.p.inflight++
 	s.inflight++
-	return &message{src: s, x: x, r: x.r, deliveries: x.deliveries}
+	m := &x.first
+	if x.deliveries > 1 {
+		m = new(message)
+	}
+	*m = message{src: s, x: x, r: x.r, deliveries: x.deliveries,
+		key: header(x.r, drain.IdempotencyKeyHeader), tenant: header(x.r, drain.HeaderTenant)}
+	return m
 }
 
 // settle ends x's delivery: done (acked or dead-lettered) or put back
@@ -663,12 +672,14 @@ func (s *Source) Close(ctx context.Context) error {
 	return err
 }
 
-// message is one delivery of a record.
+// message is one delivery of a record, with its key and tenant headers
+// copied out once (the Drainer asks for each more than once).
 type message struct {
-	src        *Source
-	x          *rec
-	r          *kgo.Record
-	deliveries int
+	src         *Source
+	x           *rec
+	r           *kgo.Record
+	deliveries  int
+	key, tenant string // the headers; "" when absent
 }
 
 func header(r *kgo.Record, name string) string {
@@ -683,14 +694,14 @@ func header(r *kgo.Record, name string) string {
 // Key is the record's drain.IdempotencyKeyHeader header, else
 // "topic/partition/offset".
 func (m *message) Key() string {
-	if k := header(m.r, drain.IdempotencyKeyHeader); k != "" {
-		return k
+	if m.key != "" {
+		return m.key
 	}
 	return m.r.Topic + "/" + strconv.Itoa(int(m.r.Partition)) + "/" + strconv.FormatInt(m.r.Offset, 10)
 }
 
 func (m *message) Data() []byte   { return m.r.Value }
-func (m *message) Tenant() string { return header(m.r, drain.HeaderTenant) }
+func (m *message) Tenant() string { return m.tenant }
 
 // Partition is the record's drain.HeaderPartition header, else its
 // Kafka key, else "topic/partition".

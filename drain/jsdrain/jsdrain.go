@@ -60,6 +60,7 @@ type Options struct {
 var (
 	_ drain.BatchSource = (*Source)(nil)
 	_ drain.AckWaiter   = (*Source)(nil)
+	_ drain.AsyncAcker  = (*jsMessage)(nil)
 )
 
 // Source is a drain.Source on a JetStream durable pull consumer with
@@ -233,6 +234,13 @@ func (m *jsMessage) Deliveries() int   { return int(m.md.NumDelivered) }
 // messages no longer has it, so a Drainer's Stats never count a record
 // both done and in the backlog.
 func (m *jsMessage) Ack(ctx context.Context) error { return m.src.acks.ack(ctx, m.m) }
+
+// AckAsync is Ack without the wait: done is told once the server has
+// confirmed the acknowledgement (or the group's answer failed), so that a
+// Drainer's worker goes on meanwhile (drain.AsyncAcker).
+func (m *jsMessage) AckAsync(ctx context.Context, done func(error)) {
+	m.src.acks.ackAsync(ctx, m.m, done)
+}
 
 func (m *jsMessage) Nak(ctx context.Context, delay time.Duration) error {
 	if delay <= 0 {

@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go"
 )
 
 // ackTimeout bounds the wait for the server's answer to a group of
@@ -32,13 +32,13 @@ type acks struct {
 
 // ackCall is one caller's acknowledgement, answered by done.
 type ackCall struct {
-	m    jetstream.Msg
+	m    *nats.Msg
 	ctx  context.Context
 	done func(error)
 }
 
 // ack acknowledges m and waits for the server to confirm it, or for ctx.
-func (a *acks) ack(ctx context.Context, m jetstream.Msg) error {
+func (a *acks) ack(ctx context.Context, m *nats.Msg) error {
 	c := make(chan error, 1)
 	a.ackAsync(ctx, m, func(err error) { c <- err })
 	select {
@@ -52,7 +52,7 @@ func (a *acks) ack(ctx context.Context, m jetstream.Msg) error {
 // ackAsync acknowledges m and calls done once the server has confirmed
 // it (nil) or the group's answer failed; the wait for the answer ends at
 // ctx's deadline at the latest.
-func (a *acks) ackAsync(ctx context.Context, m jetstream.Msg, done func(error)) {
+func (a *acks) ackAsync(ctx context.Context, m *nats.Msg, done func(error)) {
 	a.mu.Lock()
 	a.queue = append(a.queue, ackCall{m: m, ctx: ctx, done: done})
 	start := !a.sending
@@ -88,7 +88,7 @@ func (a *acks) send() {
 			}
 		}
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		confirmed := group[last].m.DoubleAck(ctx)
+		confirmed := group[last].m.AckSync(nats.Context(ctx))
 		cancel()
 		for i, c := range group {
 			err := errs[i]

@@ -336,7 +336,7 @@ func (s *Source) Next(ctx context.Context) (drain.Message, error) {
 		var soonest time.Time
 		if s.inflight < s.cfg.Window {
 			var m *message
-			m, soonest = s.pick(time.Now())
+			m, soonest = s.pick()
 			if m != nil {
 				s.mu.Unlock()
 				return m, nil
@@ -365,9 +365,10 @@ func (s *Source) Next(ctx context.Context) (drain.Message, error) {
 }
 
 // pick delivers a record that may go now, if any, else returns when the
-// first put-back one may; s.mu is held.
-func (s *Source) pick(now time.Time) (*message, time.Time) {
-	var soonest time.Time
+// first put-back one may; s.mu is held. It reads the clock only when a
+// record was put back.
+func (s *Source) pick() (*message, time.Time) {
+	var soonest, now time.Time
 	n := len(s.order)
 	for i := range n {
 		p := s.order[(s.turn+i)%n]
@@ -375,6 +376,9 @@ func (s *Source) pick(now time.Time) (*message, time.Time) {
 			continue
 		}
 		for j, x := range p.naked {
+			if now.IsZero() {
+				now = time.Now()
+			}
 			if !x.due.After(now) {
 				p.naked = slices.Delete(p.naked, j, j+1)
 				s.turn = (s.turn + i + 1) % n

@@ -33,6 +33,20 @@ type Source interface {
 	Window() int
 }
 
+// An AsyncAcker is a Message whose acknowledgement is confirmed later
+// than it is sent (a queue that confirms acknowledgements in groups).
+// AckAsync acknowledges the message as Ack does, without waiting for the
+// confirmation: it calls done once, with what Ack would have returned,
+// when the queue has confirmed the acknowledgement or failed to (done may
+// run on another goroutine, or before AckAsync returns). The Drainer uses
+// it instead of Ack, so that a worker goes on to its next message
+// meanwhile rather than wait, and be woken, for each confirmation; the
+// message is still the Drainer's (held, counted in flight, settled as
+// Ack's would be) until done.
+type AsyncAcker interface {
+	AckAsync(ctx context.Context, done func(error))
+}
+
 // An AckWaiter is a Source that reports its queue's ack wait: how long a
 // message delivered and neither acknowledged nor told InProgress is kept
 // before the queue delivers it again. The Drainer then tells every
@@ -501,9 +515,10 @@ type Drainer struct {
 	tickAt atomic.Int64
 	seed   maphash.Seed
 
-	// gate is held (a value in it) by the one worker choosing the next
-	// message to send (waiting for one, for the Limiter's grant or for a
-	// pause to end); the others wait their turn for it. granted is its: a
+	// gate is held (a value in it), when there is a Limiter, by the one
+	// worker choosing the next message to send (waiting for one, for the
+	// Limiter's grant or for a pause to end); the others wait their turn
+	// for it. Without a Limiter there is no gate (see nextFree). granted is its: a
 	// grant of the Limiter not yet spent (one taken for a message paused
 	// meanwhile goes to the next).
 	gate    chan struct{}
@@ -528,6 +543,8 @@ type Drainer struct {
 	lastAt   time.Time
 
 	backlogWarned time.Time // when poll last logged a failed Backlog; poll's own
+
+	acking sync.WaitGroup // acknowledgements sent through AckAsync and not yet confirmed
 }
 
 // rater is a Limiter that tells its rate.
@@ -647,6 +664,7 @@ func (d *Drainer) Run(ctx context.Context) error {
 		})
 	}
 	workers.Wait()
+	d.acking.Wait() // acknowledgements being confirmed (AsyncAcker)
 	calls.stop()
 	fetchers.Wait()
 	// Hand back what was taken and never released.
@@ -814,6 +832,36 @@ func (d *Drainer) settle(h *hold, ack bool, f func() error) error {
 	h.settled = true
 	err := f()
 	h.mu.Unlock()
+	return d.forget(h, ack, err)
+}
+
+// settleAsync acknowledges h's message through AckAsync and returns
+// without waiting for the confirmation: settle's work is done when the
+// confirmation comes, on the goroutine that calls done, and Run waits for
+// it (d.acking). h.mu is held from here until then, as settle holds it
+// through Ack: the heartbeat leaves the message alone meanwhile.
+func (d *Drainer) settleAsync(ctx context.Context, h *hold, m AsyncAcker) {
+	h.mu.Lock()
+	h.settled = true
+	d.acking.Add(1)
+	m.AckAsync(ctx, func(err error) {
+		h.mu.Unlock()
+		if err = d.forget(h, true, err); err != nil {
+			d.settleFailed(h.msg, err)
+		}
+		d.acking.Done()
+	})
+}
+
+// settleFailed counts and logs a settlement the queue did not take.
+func (d *Drainer) settleFailed(m Message, err error) {
+	d.count(func(s *Stats) { s.AckErrors++ })
+	d.cfg.Logger.Warn("drain: settling a message; it will be delivered again", "key", m.Key(), "err", err)
+}
+
+// forget lets the Drainer forget h, settled with err (by an
+// acknowledgement when ack), and counts it; it returns err.
+func (d *Drainer) forget(h *hold, ack bool, err error) error {
 	var k uint64
 	if ack && err == nil {
 		k = d.keyHash(h.msg.Key())
@@ -996,6 +1044,9 @@ func earliest(a, b time.Time) time.Time {
 // grant is spent only on a message that may be sent: one taken for a
 // message whose scope was paused meanwhile goes to the next.
 func (d *Drainer) next(ctx context.Context) *hold {
+	if d.cfg.Limiter == nil {
+		return d.nextFree(ctx)
+	}
 	select {
 	case d.gate <- struct{}{}:
 	default: // another worker chooses: wait for it
@@ -1066,6 +1117,51 @@ func (d *Drainer) next(ctx context.Context) *hold {
 		d.mu.Unlock()
 		d.granted = false
 		return t.hold
+	}
+	return nil
+}
+
+// nextFree is next without a Limiter: nothing is waited for between
+// the pick and the release, so a worker takes the next message itself,
+// under d.mu, without the gate (no hand-over from one worker to another
+// while messages wait). One that finds none waits for a message to be
+// queued, or for the first pause of one set aside to end; one that takes
+// a message while more wait wakes another, since a wake-up is one
+// signal, whatever was queued.
+func (d *Drainer) nextFree(ctx context.Context) *hold {
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for ctx.Err() == nil {
+		d.mu.Lock()
+		t, ok, next := d.pick()
+		if ok {
+			d.sendLocked(t)
+			more := d.sched.len() > 0
+			d.mu.Unlock()
+			if more {
+				signal(d.wake)
+			}
+			return t.hold
+		}
+		d.mu.Unlock()
+		var tc <-chan time.Time
+		if !next.IsZero() {
+			if timer == nil {
+				timer = time.NewTimer(time.Until(next))
+			} else {
+				timer.Reset(time.Until(next))
+			}
+			tc = timer.C
+		}
+		select {
+		case <-d.wake:
+		case <-tc:
+		case <-ctx.Done():
+		}
 	}
 	return nil
 }
@@ -1175,6 +1271,10 @@ func (d *Drainer) work(calls *deadlines, h *hold) {
 	var te *ThrottledError
 	switch {
 	case err == nil:
+		if aa, ok := m.(AsyncAcker); ok {
+			d.settleAsync(ctx, h, aa)
+			return
+		}
 		settle = d.settle(h, true, func() error { return m.Ack(ctx) })
 	case throttled(err, &te):
 		pause := te.After
@@ -1235,8 +1335,7 @@ func (d *Drainer) work(calls *deadlines, h *hold) {
 		}
 	}
 	if settle != nil {
-		d.count(func(s *Stats) { s.AckErrors++ })
-		d.cfg.Logger.Warn("drain: settling a message; it will be delivered again", "key", m.Key(), "err", settle)
+		d.settleFailed(m, settle)
 	}
 }
 

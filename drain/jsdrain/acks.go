@@ -5,12 +5,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go"
 )
 
 // ackTimeout bounds the wait for the server's answer to a group of
-// acknowledgements; each caller of Ack waits no longer than its own
-// context besides.
+// acknowledgements, and so does the earliest deadline of the group's
+// callers' contexts.
 const ackTimeout = 30 * time.Second
 
 // acks confirms acknowledgements in groups, one round trip for many
@@ -30,34 +30,43 @@ type acks struct {
 	sending bool // the goroutine runs
 }
 
-// ackCall is one caller's acknowledgement, answered on done.
+// ackCall is one caller's acknowledgement, answered by done.
 type ackCall struct {
-	m    jetstream.Msg
-	done chan error // capacity one
+	m    *nats.Msg
+	ctx  context.Context
+	done func(error)
 }
 
 // ack acknowledges m and waits for the server to confirm it, or for ctx.
-func (a *acks) ack(ctx context.Context, m jetstream.Msg) error {
-	c := ackCall{m: m, done: make(chan error, 1)}
-	a.mu.Lock()
-	a.queue = append(a.queue, c)
-	start := !a.sending
-	a.sending = true
-	a.mu.Unlock()
-	if start {
-		go a.send()
-	}
+func (a *acks) ack(ctx context.Context, m *nats.Msg) error {
+	c := make(chan error, 1)
+	a.ackAsync(ctx, m, func(err error) { c <- err })
 	select {
-	case err := <-c.done:
+	case err := <-c:
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
 }
 
+// ackAsync acknowledges m and calls done once the server has confirmed
+// it (nil) or the group's answer failed; the wait for the answer ends at
+// ctx's deadline at the latest.
+func (a *acks) ackAsync(ctx context.Context, m *nats.Msg, done func(error)) {
+	a.mu.Lock()
+	a.queue = append(a.queue, ackCall{m: m, ctx: ctx, done: done})
+	start := !a.sending
+	a.sending = true
+	a.mu.Unlock()
+	if start {
+		go a.send()
+	}
+}
+
 // send sends the waiting groups, one at a time, until none waits.
 func (a *acks) send() {
 	var group []ackCall
+	var errs []error
 	for {
 		a.mu.Lock()
 		group, a.queue = a.queue, group[:0]
@@ -67,20 +76,26 @@ func (a *acks) send() {
 			return
 		}
 		a.mu.Unlock()
-		errs := make([]error, len(group))
+		errs = append(errs[:0], make([]error, len(group))...)
 		last := len(group) - 1
-		for i, c := range group[:last] {
-			errs[i] = c.m.Ack()
+		deadline := time.Now().Add(ackTimeout)
+		for i, c := range group {
+			if i < last {
+				errs[i] = c.m.Ack()
+			}
+			if d, ok := c.ctx.Deadline(); ok && d.Before(deadline) {
+				deadline = d
+			}
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
-		confirmed := group[last].m.DoubleAck(ctx)
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		confirmed := group[last].m.AckSync(nats.Context(ctx))
 		cancel()
 		for i, c := range group {
 			err := errs[i]
 			if err == nil {
 				err = confirmed
 			}
-			c.done <- err
+			c.done(err)
 		}
 		clear(group)
 	}

@@ -20,5 +20,13 @@
 // server writes to disk within about 100 ms): the acknowledgements asked
 // for while one group is on its way go together, all but the last as
 // plain acks and the last as a double ack, whose answer confirms them all
-// since the server handles them in order — one round trip for many.
+// since the server handles them in order — one round trip for many. A
+// message is also a drain.AsyncAcker, so a Drainer's worker goes on to
+// its next message while its acknowledgement is confirmed.
+//
+// The Source pulls with pull requests of its own, one at a time, each no
+// larger than the room it was told of (and half the window), on one
+// subscription for its life: a pull costs a request, not a subscription
+// and a goroutine as a jetstream Fetch does, and a message that arrives
+// after its pull was given up is handed out all the same.
 package jsdrain

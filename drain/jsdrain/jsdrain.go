@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -60,6 +61,7 @@ type Options struct {
 var (
 	_ drain.BatchSource = (*Source)(nil)
 	_ drain.AckWaiter   = (*Source)(nil)
+	_ drain.AsyncAcker  = (*jsMessage)(nil)
 )
 
 // Source is a drain.Source on a JetStream durable pull consumer with
@@ -68,12 +70,23 @@ var (
 // failure). Make one with New; close it with Stop.
 type Source struct {
 	js     jetstream.JetStream
+	nc     *nats.Conn
 	cfg    Options
 	cons   jetstream.Consumer
 	window int
+	next   string // the subject of the consumer's pull requests
 
-	mu    sync.Mutex
-	batch jetstream.MessageBatch // the pull being read, if any
+	// reading is held (a value in it) by the one NextUpTo that reads; the
+	// pull's state below is its, and Stop's under mu.
+	reading chan struct{}
+	mu      sync.Mutex
+	sub     *nats.Subscription // on inbox.*, once subscribed
+	msgs    chan *nats.Msg     // sub's
+	inbox   string
+	pulls   uint64
+	cur     string      // the reply subject of the pull in progress; "" when none
+	owed    int         // what it may still deliver
+	expiry  *time.Timer // fires when the pull in progress should have ended
 
 	acks acks
 }
@@ -104,7 +117,25 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Options) (*Source, err
 	if err != nil {
 		return nil, fmt.Errorf("jsdrain: consumer %q on stream %q: %w", cfg.Consumer, cfg.Stream, err)
 	}
-	return &Source{js: js, cfg: cfg, cons: cons, window: cfg.Window}, nil
+	expiry := time.NewTimer(time.Hour)
+	expiry.Stop()
+	return &Source{js: js, nc: js.Conn(), cfg: cfg, cons: cons, window: cfg.Window,
+		next:    apiPrefix(js.Options()) + "CONSUMER.MSG.NEXT." + cfg.Stream + "." + cfg.Consumer,
+		reading: make(chan struct{}, 1), expiry: expiry}, nil
+}
+
+// apiPrefix is the prefix of o's JetStream API subjects, as
+// jetstream.New, NewWithAPIPrefix and NewWithDomain set it.
+func apiPrefix(o jetstream.JetStreamOptions) string {
+	switch {
+	case o.Domain != "":
+		return "$JS." + o.Domain + ".API."
+	case o.APIPrefix != "" && !strings.HasSuffix(o.APIPrefix, "."):
+		return o.APIPrefix + "."
+	case o.APIPrefix != "":
+		return o.APIPrefix
+	}
+	return "$JS.API."
 }
 
 // Window is the consumer's MaxAckPending.
@@ -127,13 +158,10 @@ func (s *Source) Held(ctx context.Context) (int64, error) {
 	return int64(info.NumAckPending), nil
 }
 
-// fetchWait bounds each pull on the server. A pull that expires while a
-// message is on its way to the client loses that delivery (the client has
-// stopped listening): the message is not lost, but comes back only after
-// AckWait. A pull that fills up ends before it expires, so a long bound
-// makes expiries rare while there is work; a short one would bound the
-// cost of a pull lost with a connection (a server restart) but race more
-// often.
+// fetchWait bounds each pull on the server. A pull that fills up ends
+// before it expires, so a long bound makes expiries rare while there is
+// work. A pull the server forgot (a connection lost and made again) is
+// given up a second after it should have expired.
 const fetchWait = 5 * time.Second
 
 // Next returns the next message of the consumer. It pulls half the
@@ -145,46 +173,121 @@ func (s *Source) Next(ctx context.Context) (drain.Message, error) {
 // NextUpTo is Next, pulling n messages at most (and half the window at
 // most): the server starts their ack wait as it delivers them, so a
 // Drainer asks for no more than it has room for.
+//
+// The pulls are the consumer's pull requests, sent one at a time, each
+// once the last has ended (all its messages came, or the server said it
+// expired), on one subscription that lives as long as the Source: a pull
+// costs a request, not a subscription, and a message that arrives after
+// its pull was given up is handed out all the same.
 func (s *Source) NextUpTo(ctx context.Context, n int) (drain.Message, error) {
+	select {
+	case s.reading <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	defer func() { <-s.reading }()
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		s.mu.Lock()
-		batch := s.batch
-		s.mu.Unlock()
-		if batch == nil {
-			var err error
-			batch, err = s.cons.Fetch(max(1, min(n, s.window/2)), jetstream.FetchMaxWait(fetchWait))
-			if err != nil {
-				return nil, fmt.Errorf("jsdrain: pulling from %q: %w", s.cfg.Consumer, err)
-			}
-			s.mu.Lock()
-			s.batch = batch
-			s.mu.Unlock()
+		msgs, err := s.pull(n)
+		if err != nil {
+			return nil, fmt.Errorf("jsdrain: pulling from %q: %w", s.cfg.Consumer, err)
 		}
 		select {
-		case m, ok := <-batch.Messages():
-			if !ok {
-				s.mu.Lock()
-				s.batch = nil
-				s.mu.Unlock()
-				if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
-					return nil, fmt.Errorf("jsdrain: pulling from %q: %w", s.cfg.Consumer, err)
+		case m := <-msgs:
+			// A pull's end (a status) comes on its own reply subject, a
+			// message on its original subject.
+			if status := m.Header.Get("Status"); len(m.Data) == 0 && status != "" {
+				if m.Subject != s.current() || status == "100" {
+					continue // an earlier pull's end, or a heartbeat
 				}
-				continue
+				s.ended()
+				if status == "404" || status == "408" {
+					continue // no messages, or expired: pull again
+				}
+				return nil, fmt.Errorf("jsdrain: pulling from %q: %s %s", s.cfg.Consumer, status, m.Header.Get("Description"))
 			}
+			s.delivered()
 			md, err := m.Metadata()
 			if err != nil {
 				// Not a JetStream message: it cannot be acknowledged,
 				// so it is not ours to deliver.
 				return nil, fmt.Errorf("jsdrain: message without JetStream metadata: %w", err)
 			}
-			return &jsMessage{src: s, m: m, md: md}, nil
+			jm := &jsMessage{src: s, m: m, md: md, tenant: m.Header.Get(drain.HeaderTenant)}
+			if jm.key = m.Header.Get(jetstream.MsgIDHeader); jm.key == "" {
+				jm.key = md.Stream + "/" + strconv.FormatUint(md.Sequence.Stream, 10)
+			}
+			return jm, nil
+		case <-s.expiry.C:
+			s.ended() // the server forgot it
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// pull subscribes if the Source is not, and sends a pull of n messages at
+// most (half the window at most) if none is in progress; it returns the
+// subscription's channel. The reader calls it.
+func (s *Source) pull(n int) (chan *nats.Msg, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sub == nil {
+		s.inbox = s.nc.NewInbox()
+		// Room for every message the consumer may deliver (its
+		// MaxAckPending) and the pulls' ends: a full channel would drop
+		// messages (a slow consumer).
+		s.msgs = make(chan *nats.Msg, 2*s.window+64)
+		sub, err := s.nc.ChanSubscribe(s.inbox+".*", s.msgs)
+		if err != nil {
+			return nil, err
+		}
+		s.sub, s.cur = sub, ""
+	}
+	if s.cur == "" {
+		s.pulls++
+		cur := s.inbox + "." + strconv.FormatUint(s.pulls, 10)
+		owed := max(1, min(n, s.window/2))
+		req := fmt.Appendf(nil, `{"batch":%d,"expires":%d}`, owed, fetchWait.Nanoseconds())
+		if err := s.nc.PublishRequest(s.next, cur, req); err != nil {
+			return nil, err
+		}
+		s.cur, s.owed = cur, owed
+		s.expiry.Reset(fetchWait + time.Second)
+	}
+	return s.msgs, nil
+}
+
+// current is the reply subject of the pull in progress.
+func (s *Source) current() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur
+}
+
+// delivered counts a message against the pull in progress, if any (one
+// that came after its own pull was given up, too: the server has one
+// pull fewer to fill, and it ends the sooner).
+func (s *Source) delivered() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur == "" {
+		return
+	}
+	if s.owed--; s.owed <= 0 {
+		s.cur = ""
+		s.expiry.Stop()
+	}
+}
+
+// ended ends the pull in progress.
+func (s *Source) ended() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.cur = ""
+	s.expiry.Stop()
 }
 
 // Backlog returns the consumer's pending and acknowledgement-pending
@@ -202,28 +305,27 @@ func (s *Source) Backlog(ctx context.Context) (int64, error) {
 func (s *Source) Stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.batch = nil
+	if s.sub != nil {
+		_ = s.sub.Unsubscribe()
+		s.sub, s.cur = nil, ""
+	}
 }
 
 // jsMessage is one delivery of a JetStream message.
 type jsMessage struct {
-	src *Source
-	m   jetstream.Msg
-	md  *jetstream.MsgMetadata
+	src         *Source
+	m           *nats.Msg
+	md          *nats.MsgMetadata // parsed once
+	key, tenant string
 }
 
 // Key is the publisher's Nats-Msg-Id, else stream/sequence.
-func (m *jsMessage) Key() string {
-	if id := m.m.Headers().Get(jetstream.MsgIDHeader); id != "" {
-		return id
-	}
-	return m.md.Stream + "/" + strconv.FormatUint(m.md.Sequence.Stream, 10)
-}
+func (m *jsMessage) Key() string { return m.key }
 
-func (m *jsMessage) Data() []byte   { return m.m.Data() }
-func (m *jsMessage) Tenant() string { return m.m.Headers().Get(drain.HeaderTenant) }
+func (m *jsMessage) Data() []byte   { return m.m.Data }
+func (m *jsMessage) Tenant() string { return m.tenant }
 
-func (m *jsMessage) Partition() string { return m.m.Headers().Get(drain.HeaderPartition) }
+func (m *jsMessage) Partition() string { return m.m.Header.Get(drain.HeaderPartition) }
 func (m *jsMessage) Deliveries() int   { return int(m.md.NumDelivered) }
 
 // Ack acknowledges the message and waits for the server to confirm it
@@ -233,6 +335,13 @@ func (m *jsMessage) Deliveries() int   { return int(m.md.NumDelivered) }
 // messages no longer has it, so a Drainer's Stats never count a record
 // both done and in the backlog.
 func (m *jsMessage) Ack(ctx context.Context) error { return m.src.acks.ack(ctx, m.m) }
+
+// AckAsync is Ack without the wait: done is told once the server has
+// confirmed the acknowledgement (or the group's answer failed), so that a
+// Drainer's worker goes on meanwhile (drain.AsyncAcker).
+func (m *jsMessage) AckAsync(ctx context.Context, done func(error)) {
+	m.src.acks.ackAsync(ctx, m.m, done)
+}
 
 func (m *jsMessage) Nak(ctx context.Context, delay time.Duration) error {
 	if delay <= 0 {
@@ -254,8 +363,8 @@ func (m *jsMessage) DeadLetter(ctx context.Context, reason error) error {
 		return errors.New("jsdrain: no dead-letter subject configured")
 	}
 	out := nats.NewMsg(subj)
-	out.Data = m.m.Data()
-	for k, v := range m.m.Headers() {
+	out.Data = m.m.Data
+	for k, v := range m.m.Header {
 		out.Header[k] = v
 	}
 	why := reason.Error()
@@ -264,13 +373,13 @@ func (m *jsMessage) DeadLetter(ctx context.Context, reason error) error {
 	}
 	out.Header.Set(HeaderError, why)
 	out.Header.Set(HeaderKey, m.Key())
-	out.Header.Set(HeaderSubject, m.m.Subject())
+	out.Header.Set(HeaderSubject, m.m.Subject)
 	out.Header.Set(HeaderSequence, strconv.FormatUint(m.md.Sequence.Stream, 10))
 	out.Header.Set(jetstream.MsgIDHeader, "dead:"+m.Key())
 	if _, err := m.src.js.PublishMsg(ctx, out); err != nil {
 		return fmt.Errorf("jsdrain: dead-lettering to %q: %w", subj, err)
 	}
-	return m.m.TermWithReason("dead-lettered")
+	return m.m.Respond([]byte("+TERM dead-lettered"))
 }
 
 // Publish puts the message NewMsg makes on subject and waits for the

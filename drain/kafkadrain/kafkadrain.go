@@ -198,6 +198,9 @@ type rec struct {
 	due        time.Time // when put back: not before
 	out        bool      // delivered and not settled
 	settled    bool
+	// first is the message of its first delivery, allocated with it:
+	// one allocation per record for the records delivered once.
+	first message
 }
 
 // New starts a member of cfg's group and returns a Source on it. The
@@ -333,7 +336,7 @@ func (s *Source) Next(ctx context.Context) (drain.Message, error) {
 		var soonest time.Time
 		if s.inflight < s.cfg.Window {
 			var m *message
-			m, soonest = s.pick(time.Now())
+			m, soonest = s.pick()
 			if m != nil {
 				s.mu.Unlock()
 				return m, nil
@@ -362,9 +365,10 @@ func (s *Source) Next(ctx context.Context) (drain.Message, error) {
 }
 
 // pick delivers a record that may go now, if any, else returns when the
-// first put-back one may; s.mu is held.
-func (s *Source) pick(now time.Time) (*message, time.Time) {
-	var soonest time.Time
+// first put-back one may; s.mu is held. It reads the clock only when a
+// record was put back.
+func (s *Source) pick() (*message, time.Time) {
+	var soonest, now time.Time
 	n := len(s.order)
 	for i := range n {
 		p := s.order[(s.turn+i)%n]
@@ -372,6 +376,9 @@ func (s *Source) pick(now time.Time) (*message, time.Time) {
 			continue
 		}
 		for j, x := range p.naked {
+			if now.IsZero() {
+				now = time.Now()
+			}
 			if !x.due.After(now) {
 				p.naked = slices.Delete(p.naked, j, j+1)
 				s.turn = (s.turn + i + 1) % n
@@ -404,7 +411,13 @@ func (s *Source) deliver(x *rec) *message {
 	x.out = true
 	x.p.inflight++
 	s.inflight++
-	return &message{src: s, x: x, r: x.r, deliveries: x.deliveries}
+	m := &x.first
+	if x.deliveries > 1 {
+		m = new(message)
+	}
+	*m = message{src: s, x: x, r: x.r, deliveries: x.deliveries,
+		key: header(x.r, drain.IdempotencyKeyHeader), tenant: header(x.r, drain.HeaderTenant)}
+	return m
 }
 
 // settle ends x's delivery: done (acked or dead-lettered) or put back
@@ -663,12 +676,14 @@ func (s *Source) Close(ctx context.Context) error {
 	return err
 }
 
-// message is one delivery of a record.
+// message is one delivery of a record, with its key and tenant headers
+// copied out once (the Drainer asks for each more than once).
 type message struct {
-	src        *Source
-	x          *rec
-	r          *kgo.Record
-	deliveries int
+	src         *Source
+	x           *rec
+	r           *kgo.Record
+	deliveries  int
+	key, tenant string // the headers; "" when absent
 }
 
 func header(r *kgo.Record, name string) string {
@@ -683,14 +698,14 @@ func header(r *kgo.Record, name string) string {
 // Key is the record's drain.IdempotencyKeyHeader header, else
 // "topic/partition/offset".
 func (m *message) Key() string {
-	if k := header(m.r, drain.IdempotencyKeyHeader); k != "" {
-		return k
+	if m.key != "" {
+		return m.key
 	}
 	return m.r.Topic + "/" + strconv.Itoa(int(m.r.Partition)) + "/" + strconv.FormatInt(m.r.Offset, 10)
 }
 
 func (m *message) Data() []byte   { return m.r.Value }
-func (m *message) Tenant() string { return header(m.r, drain.HeaderTenant) }
+func (m *message) Tenant() string { return m.tenant }
 
 // Partition is the record's drain.HeaderPartition header, else its
 // Kafka key, else "topic/partition".

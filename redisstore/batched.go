@@ -72,7 +72,7 @@ type batchedEntry struct {
 	// cannot cover while a lease is in flight is denied here at once
 	// (shortDenial) instead of waiting for the lease.
 	shortUntil time.Time
-	listed bool // in batchedCounter.holding
+	listed     bool // in batchedCounter.holding
 }
 
 // A block is capacity taken from the shared counter, valid until end.

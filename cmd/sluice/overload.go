@@ -76,8 +76,8 @@ func newOverload(l *limitsConfig) (*overload, error) {
 	// callers on a saturated CPU long before anything is overloaded, so a
 	// limit relative to the lowest latency seen (Gradient's default) would
 	// refuse healthy load; this one refuses only when decisions get slow.
-	// (A refusal over Envoy's API hands the request to Envoy's
-	// failure_mode_deny, which by default lets it through unlimited.)
+	// (A refusal over Envoy's API is answered by --shed-answer: see
+	// shedAnswer.)
 	g, err := adaptive.NewGuard(adaptive.GuardOptions{
 		Concurrency: adaptive.ConcurrencyOptions{
 			Max:        l.overloadMaxConcurrency,

@@ -99,3 +99,104 @@ func TestSaturatedLatency(t *testing.T) {
 	}
 	t.Logf("batched p99 ÷ strict p99 (worst of two runs each): %.2f", float64(p99[ratelimit.Batched])/float64(p99[ratelimit.Strict]))
 }
+
+// TestBatchedShortKeyDeniesHere: while a lease of a batched key Redis was
+// short of is in flight (Redis frozen), another caller the blocks cannot
+// cover is denied at once, in process, rather than waiting for the lease;
+// a key Redis was not short of makes it wait, and admits it once Redis
+// answers.
+func TestBatchedShortKeyDeniesHere(t *testing.T) {
+	srv := redistest.Standalone(t)
+	s := countingStore(t, srv.Addr(), fmt.Sprintf("short%d:", time.Now().UnixNano()), 1, func(o *Options) {
+		o.BlockSpan, o.BlockHold = time.Second, time.Second // a short key stays short for a second past its refusal
+	})
+	r := &ratelimit.Rule{Name: "short", Quota: 100, Period: time.Second, Burst: 800, Counting: ratelimit.Batched}
+	ctx := context.Background()
+	decide := func(key string) (ratelimit.Decision, error) {
+		ds, err := s.Decide(ctx, nil, []ratelimit.Item{{Key: key, Rule: r, Cost: 1}})
+		if err != nil {
+			return ratelimit.Decision{}, err
+		}
+		return ds[0], nil
+	}
+	// Saturate "k": ask until Redis refuses its lease.
+	for i := 0; ; i++ {
+		d, err := decide("k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.Allowed {
+			break
+		}
+		if i > 2000 {
+			t.Fatal("never denied")
+		}
+	}
+	e := s.counting.batched.entry("k", r)
+	e.mu.Lock()
+	short, denied := e.shortUntil, e.deniedUntil
+	e.mu.Unlock()
+	if !time.Now().Before(short) {
+		t.Fatalf("a refused lease left the key short until %v, now %v", short, time.Now())
+	}
+	time.Sleep(time.Until(denied) + 2*time.Millisecond) // the refusal's RetryAfter passes: the next caller leases
+
+	// inFlight starts a caller of key on Redis frozen and returns once its
+	// lease is in flight, with the caller's answer to come.
+	inFlight := func(key string) chan error {
+		srv.Freeze()
+		first := make(chan error, 1)
+		go func() { _, err := decide(key); first <- err }()
+		e := s.counting.batched.entry(key, r)
+		for start := time.Now(); ; time.Sleep(time.Millisecond) {
+			e.mu.Lock()
+			busy := e.busy != nil
+			e.mu.Unlock()
+			if busy {
+				return first
+			}
+			if time.Since(start) > 5*time.Second {
+				srv.Thaw()
+				t.Fatal("no lease in flight")
+			}
+		}
+	}
+
+	first := inFlight("k")
+	start := time.Now()
+	d, err := decide("k")
+	took := time.Since(start)
+	srv.Thaw()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Allowed || d.Reason != ratelimit.ReasonLimited || d.RetryAfter <= 0 || took > 500*time.Millisecond {
+		t.Errorf("a short key with a lease in flight: %+v after %v; want denied here at once, with a RetryAfter", d, took)
+	}
+	if err := <-first; err != nil {
+		t.Error(err)
+	}
+
+	// A fresh key is not short: its second caller waits for the lease.
+	first = inFlight("fresh")
+	second := make(chan ratelimit.Decision, 1)
+	go func() {
+		d, err := decide("fresh")
+		if err != nil {
+			t.Error(err)
+		}
+		second <- d
+	}()
+	select {
+	case d := <-second:
+		t.Errorf("a fresh key's caller answered %+v while its lease was in flight; want it to wait", d)
+	case <-time.After(100 * time.Millisecond):
+	}
+	srv.Thaw()
+	if d := <-second; !d.Allowed {
+		t.Errorf("a fresh key's second caller: %+v; want admitted", d)
+	}
+	if err := <-first; err != nil {
+		t.Error(err)
+	}
+}

@@ -208,7 +208,13 @@ func (e *batchedEntry) shortDenial(now time.Time, cost int64) ratelimit.Decision
 	if r.Algorithm != ratelimit.FixedWindow {
 		retry = min(retry, time.Duration(min(cost, r.Capacity()))*r.Interval())
 	}
-	return ratelimit.Decision{Allowed: false, Reason: ratelimit.ReasonLimited, Capacity: r.Capacity(), RetryAfter: retry, Rule: r.Name}
+	// ResetAfter: the last refusal's, timed from when its lease was sent,
+	// at least the RetryAfter.
+	reset := retry
+	if !e.deniedUntil.IsZero() {
+		reset = max(reset, e.deniedUntil.Add(e.denied.ResetAfter-e.denied.RetryAfter).Sub(now))
+	}
+	return ratelimit.Decision{Allowed: false, Reason: ratelimit.ReasonLimited, Capacity: r.Capacity(), ResetAfter: reset, RetryAfter: retry, Rule: r.Name}
 }
 
 // held answers cost of key under r as a check, Allowed, when the blocks

@@ -170,8 +170,8 @@ func TestBatchedShortKeyDeniesHere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d.Allowed || d.Reason != ratelimit.ReasonLimited || d.RetryAfter <= 0 || took > 500*time.Millisecond {
-		t.Errorf("a short key with a lease in flight: %+v after %v; want denied here at once, with a RetryAfter", d, took)
+	if d.Allowed || d.Reason != ratelimit.ReasonLimited || d.RetryAfter <= 0 || d.ResetAfter < d.RetryAfter || took > 500*time.Millisecond {
+		t.Errorf("a short key with a lease in flight: %+v after %v; want denied here at once, with a RetryAfter and a ResetAfter", d, took)
 	}
 	if err := <-first; err != nil {
 		t.Error(err)

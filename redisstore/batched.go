@@ -367,8 +367,8 @@ func (b *batchedCounter) lease(ctx context.Context, e *batchedEntry, n, need int
 // leased keeps Redis's answer d to a lease of n units (asked for a block
 // of asked) sent at sent, of which need are spent at once: an admitted
 // lease's block (whose end it returns), or a refusal to remember; and
-// whether the key is short (see batchedEntry.shortUntil). Called with e.mu
-// held.
+// marks whether the key is short (see batchedEntry.shortUntil). Called
+// with e.mu held.
 func (b *batchedCounter) leased(e *batchedEntry, d *ratelimit.Decision, sent time.Time, asked, n, need int64) time.Time {
 	r := e.rule
 	if !d.Allowed {
@@ -467,8 +467,9 @@ func (b *batchedCounter) returnIdle(e *batchedEntry, now time.Time) {
 }
 
 // refund gives n units of e back to Redis, in one refund under the lease
-// rule, and forgets the refusal of a lease it remembers, which the units
-// may now cover; what Redis does not take back is stranded.
+// rule, and forgets the refusal of a lease it remembers (and that the key
+// was short), which the units may now cover; what Redis does not take
+// back is stranded.
 func (b *batchedCounter) refund(e *batchedEntry, n int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.s.timeout)
 	defer cancel()
@@ -478,7 +479,7 @@ func (b *batchedCounter) refund(e *batchedEntry, n int64) {
 	}
 	b.givebacks.Add(uint64(n))
 	e.mu.Lock()
-	e.deniedUntil = time.Time{}
+	e.deniedUntil, e.shortUntil = time.Time{}, time.Time{}
 	e.mu.Unlock()
 }
 

@@ -66,7 +66,13 @@ type batchedEntry struct {
 	// remote is what Redis said remained after the last lease: a
 	// decision reports it plus what the blocks hold.
 	remote int64
-	listed bool // in batchedCounter.holding
+	// shortUntil is when the key stops counting as saturated: Redis
+	// refused its last lease, or gave less than was asked or could not
+	// give another block of that size. Until then, a cost the blocks
+	// cannot cover while a lease is in flight is denied here at once
+	// (shortDenial) instead of waiting for the lease.
+	shortUntil time.Time
+	listed     bool // in batchedCounter.holding
 }
 
 // A block is capacity taken from the shared counter, valid until end.
@@ -143,6 +149,12 @@ func (b *batchedCounter) take(ctx context.Context, key string, r *ratelimit.Rule
 			return d, func() { b.giveBack(e, cost, end) }, nil
 		}
 		if ch := e.busy; ch != nil {
+			if now.Before(e.shortUntil) {
+				d := e.shortDenial(now, cost)
+				e.mu.Unlock()
+				b.counted.Add(1)
+				return d, nil, nil
+			}
 			e.mu.Unlock()
 			select {
 			case <-ch:
@@ -182,6 +194,27 @@ func (b *batchedCounter) takeHeld(e *batchedEntry, now time.Time, cost int64) (d
 		return d, time.Time{}, true
 	}
 	return ratelimit.Decision{}, time.Time{}, false
+}
+
+// shortDenial is the denial of cost on a saturated key whose blocks cannot
+// cover it while a lease is in flight: what Redis would most likely answer
+// (the lease in flight takes what it holds), without waiting a round trip
+// behind it. Denying more than Redis would is on the safe side of the
+// limit; what is not admitted stays in Redis, for the next lease. Called
+// with e.mu held.
+func (e *batchedEntry) shortDenial(now time.Time, cost int64) ratelimit.Decision {
+	r := e.rule
+	retry := e.shortUntil.Sub(now)
+	if r.Algorithm != ratelimit.FixedWindow {
+		retry = min(retry, time.Duration(min(cost, r.Capacity()))*r.Interval())
+	}
+	// ResetAfter: the last refusal's, timed from when its lease was sent,
+	// at least the RetryAfter.
+	reset := retry
+	if !e.deniedUntil.IsZero() {
+		reset = max(reset, e.deniedUntil.Add(e.denied.ResetAfter-e.denied.RetryAfter).Sub(now))
+	}
+	return ratelimit.Decision{Allowed: false, Reason: ratelimit.ReasonLimited, Capacity: r.Capacity(), ResetAfter: reset, RetryAfter: retry, Rule: r.Name}
 }
 
 // held answers cost of key under r as a check, Allowed, when the blocks
@@ -325,23 +358,33 @@ func (b *batchedCounter) lease(ctx context.Context, e *batchedEntry, n, need int
 	close(ch)
 	if err == nil {
 		d = ds[0]
-		end = b.leased(e, &d, sent, item[0].Cost, need)
+		end = b.leased(e, &d, sent, n, item[0].Cost, need)
 	}
 	e.mu.Unlock()
 	return d, end, err
 }
 
-// leased keeps Redis's answer d to a lease of n units sent at sent, of
-// which need are spent at once: an admitted lease's block (whose end it
-// returns), or a refusal to remember. Called with e.mu held.
-func (b *batchedCounter) leased(e *batchedEntry, d *ratelimit.Decision, sent time.Time, n, need int64) time.Time {
+// leased keeps Redis's answer d to a lease of n units (asked for a block
+// of asked) sent at sent, of which need are spent at once: an admitted
+// lease's block (whose end it returns), or a refusal to remember; and
+// marks whether the key is short (see batchedEntry.shortUntil). Called
+// with e.mu held.
+func (b *batchedCounter) leased(e *batchedEntry, d *ratelimit.Decision, sent time.Time, asked, n, need int64) time.Time {
 	r := e.rule
 	if !d.Allowed {
-		if need > 0 && d.Reason == ratelimit.ReasonLimited {
-			d.Capacity, d.Rule = r.Capacity(), r.Name
-			e.denied, e.deniedCost, e.deniedUntil = *d, n, sent.Add(d.RetryAfter)
+		if d.Reason == ratelimit.ReasonLimited {
+			e.short(b, sent, d)
+			if need > 0 {
+				d.Capacity, d.Rule = r.Capacity(), r.Name
+				e.denied, e.deniedCost, e.deniedUntil = *d, n, sent.Add(d.RetryAfter)
+			}
 		}
 		return time.Time{}
+	}
+	if n < asked || d.Remaining < asked {
+		e.short(b, sent, d)
+	} else {
+		e.shortUntil = time.Time{}
 	}
 	end := sent.Add(e.rule.hold)
 	if r.Algorithm == ratelimit.FixedWindow {
@@ -352,6 +395,18 @@ func (b *batchedCounter) leased(e *batchedEntry, d *ratelimit.Decision, sent tim
 	e.remote = d.Remaining
 	d.Remaining = min(r.Capacity(), d.Remaining+e.available(b.s.localNow(), b))
 	return end
+}
+
+// short marks e saturated after Redis's answer d to a lease sent at sent:
+// a fixed window until its window ends (the next one starts full), a
+// bucket for a span beyond the refusal's RetryAfter (what refills in the
+// meantime goes to the next lease). Called with e.mu held.
+func (e *batchedEntry) short(b *batchedCounter, sent time.Time, d *ratelimit.Decision) {
+	if e.rule.Algorithm == ratelimit.FixedWindow {
+		e.shortUntil = sent.Add(d.ResetAfter)
+		return
+	}
+	e.shortUntil = sent.Add(d.RetryAfter + b.spanOf(e))
 }
 
 // giveBack returns n units taken from a block ending at end (an undone
@@ -412,8 +467,9 @@ func (b *batchedCounter) returnIdle(e *batchedEntry, now time.Time) {
 }
 
 // refund gives n units of e back to Redis, in one refund under the lease
-// rule, and forgets the refusal of a lease it remembers, which the units
-// may now cover; what Redis does not take back is stranded.
+// rule, and forgets the refusal of a lease it remembers (and that the key
+// was short), which the units may now cover; what Redis does not take
+// back is stranded.
 func (b *batchedCounter) refund(e *batchedEntry, n int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.s.timeout)
 	defer cancel()
@@ -423,7 +479,7 @@ func (b *batchedCounter) refund(e *batchedEntry, n int64) {
 	}
 	b.givebacks.Add(uint64(n))
 	e.mu.Lock()
-	e.deniedUntil = time.Time{}
+	e.deniedUntil, e.shortUntil = time.Time{}, time.Time{}
 	e.mu.Unlock()
 }
 

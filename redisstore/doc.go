@@ -228,7 +228,15 @@
 // gives what it holds back (Stats.GivenBack), and a block that ends
 // unspent is lost (Stats.Stranded). A lease Redis refuses is remembered
 // until its RetryAfter, so a saturated key asks Redis about once per
-// refill, not once per request.
+// refill, not once per request. A key is short when Redis refused its last
+// lease or gave less than a block (a bucket's for a span past the refusal,
+// a fixed window's until its window ends): while a lease of a short key is
+// in flight, a cost the blocks cannot cover is denied at once, in process,
+// instead of waiting behind the lease — Redis would most likely refuse it,
+// the lease taking what it holds — so a saturated key's callers wait for
+// at most the one lease each starts (bench/RESULTS.md §22). Denying more
+// is on the safe side of the limit; what is not admitted stays in Redis
+// for the next lease.
 //
 // Approximate (GCRA, LeakyBucket; approximate.go) decides each key in
 // process on a view of the shared state (the instant the key is full

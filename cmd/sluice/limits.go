@@ -61,6 +61,9 @@ type limitsConfig struct {
 	overloadOff            bool // on by default, as its zero value
 	overloadMaxConcurrency int
 	overloadObjective      time.Duration
+	// overloadShedAnswer is what a ShouldRateLimit call the guard refuses
+	// is answered (--shed-answer; see shedAnswer).
+	overloadShedAnswer shedAnswer
 }
 
 // defaultLimits are the limits serve applies unless told otherwise.
@@ -143,6 +146,8 @@ func addLimitFlags(fs *flag.FlagSet, l *limitsConfig) {
 			fs.BoolVar(f.b, f.name, *defs[i].b, f.usage)
 		}
 	}
+	l.overloadShedAnswer = d.overloadShedAnswer
+	fs.Var(&l.overloadShedAnswer, "shed-answer", "what a gRPC ShouldRateLimit call the overload guard refuses is answered: over_limit (deny it: Envoy returns 429, whatever its failure_mode_deny) or unavailable (UNAVAILABLE with RetryInfo, which Envoy's default failure_mode_deny: false turns into letting the request through unlimited)")
 }
 
 // validate refuses a count or a duration that is not positive, and more

@@ -1,11 +1,16 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluicehq/sluice/adaptive"
 	"github.com/sluicehq/sluice/grpclimit"
@@ -23,7 +28,42 @@ const shouldRateLimit = "/" + rlsName + "/ShouldRateLimit"
 // its metrics. The zero value (protection off) wraps nothing.
 type overload struct {
 	guard    *adaptive.Guard
+	shed     shedAnswer
 	features []string // the Guard's features, by name
+}
+
+// shedAnswer is what serve answers a ShouldRateLimit call its overload
+// guard refuses (--shed-answer). Envoy's rate limit filter treats any
+// gRPC error, UNAVAILABLE included, by its failure_mode_deny, false by
+// default: the request goes through unlimited. So the zero value,
+// shedOverLimit, answers OVER_LIMIT: serve protecting itself never opens
+// the limit at the proxy; shedUnavailable answers UNAVAILABLE with
+// RetryInfo, as every other guarded endpoint does, for a proxy whose
+// failure_mode_deny is true or a client that retries elsewhere.
+type shedAnswer int
+
+const (
+	shedOverLimit shedAnswer = iota
+	shedUnavailable
+)
+
+func (a shedAnswer) String() string {
+	if a == shedUnavailable {
+		return "unavailable"
+	}
+	return "over_limit"
+}
+
+func (a *shedAnswer) Set(v string) error {
+	switch v {
+	case "over_limit":
+		*a = shedOverLimit
+	case "unavailable":
+		*a = shedUnavailable
+	default:
+		return fmt.Errorf("%q: want over_limit or unavailable", v)
+	}
+	return nil
 }
 
 // newOverload returns the overload protection that l configures.
@@ -36,8 +76,8 @@ func newOverload(l *limitsConfig) (*overload, error) {
 	// callers on a saturated CPU long before anything is overloaded, so a
 	// limit relative to the lowest latency seen (Gradient's default) would
 	// refuse healthy load; this one refuses only when decisions get slow.
-	// (A refusal over Envoy's API hands the request to Envoy's
-	// failure_mode_deny, which by default lets it through unlimited.)
+	// (A refusal over Envoy's API is answered by --shed-answer: see
+	// shedAnswer.)
 	g, err := adaptive.NewGuard(adaptive.GuardOptions{
 		Concurrency: adaptive.ConcurrencyOptions{
 			Max:        l.overloadMaxConcurrency,
@@ -49,7 +89,7 @@ func newOverload(l *limitsConfig) (*overload, error) {
 	if err != nil {
 		return nil, fmt.Errorf("serve: overload protection: %w", err)
 	}
-	return &overload{guard: g}, nil
+	return &overload{guard: g, shed: l.overloadShedAnswer}, nil
 }
 
 // http returns the middleware for the decision endpoints, or nil when
@@ -70,9 +110,46 @@ func (o *overload) grpcOptions() []grpc.ServerOption {
 	if o.guard == nil {
 		return nil
 	}
-	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(grpclimit.ProtectUnary(o.guard, grpclimit.ProtectOptions{
+	protect := grpclimit.ProtectUnary(o.guard, grpclimit.ProtectOptions{
 		Skip: func(m string) bool { return m != shouldRateLimit && m != reserve.ReserveMethod },
-	}))}
+	})
+	if o.shed == shedUnavailable {
+		return []grpc.ServerOption{grpc.ChainUnaryInterceptor(protect)}
+	}
+	return []grpc.ServerOption{grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if info.FullMethod != shouldRateLimit {
+			return protect(ctx, req, info, handler)
+		}
+		called := false
+		resp, err := protect(ctx, req, info, func(ctx context.Context, req any) (any, error) {
+			called = true
+			return handler(ctx, req)
+		})
+		if err == nil || called || status.Code(err) != codes.Unavailable {
+			return resp, err
+		}
+		return shedOverLimitResponse(req, err), nil
+	})}
+}
+
+// shedOverLimitResponse is the answer to req, a ShouldRateLimit call the
+// guard refused with err, under --shed-answer over_limit: OVER_LIMIT
+// overall and for every descriptor, each with the refusal's retry delay as
+// its duration_until_reset (no current_limit: no rule decided it).
+func shedOverLimitResponse(req any, err error) *rlsv3.RateLimitResponse {
+	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OVER_LIMIT}
+	in, _ := req.(*rlsv3.RateLimitRequest)
+	var reset *durationpb.Duration
+	if d, ok := grpclimit.RetryDelay(err); ok {
+		reset = durationpb.New(d)
+	}
+	for range in.GetDescriptors() {
+		resp.Statuses = append(resp.Statuses, &rlsv3.RateLimitResponse_DescriptorStatus{
+			Code:               rlsv3.RateLimitResponse_OVER_LIMIT,
+			DurationUntilReset: reset,
+		})
+	}
+	return resp
 }
 
 // overloadCollector exports a Guard's Stats as Prometheus metrics.

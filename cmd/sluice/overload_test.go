@@ -153,7 +153,10 @@ func checkGRPC(ctx context.Context, c rlsv3.RateLimitServiceClient, u string) ou
 // are answered again.
 func TestServeShedsOverload(t *testing.T) {
 	const maxConc = 8
-	gs, httpAddr, grpcAddr := serveGated(t, func(l *limitsConfig) { l.overloadMaxConcurrency = maxConc })
+	gs, httpAddr, grpcAddr := serveGated(t, func(l *limitsConfig) {
+		l.overloadMaxConcurrency = maxConc
+		l.overloadShedAnswer = shedUnavailable // TestServeShedAnswer has the default's answer
+	})
 	tr := &http.Transport{MaxConnsPerHost: 64, MaxIdleConnsPerHost: 64}
 	defer tr.CloseIdleConnections()
 	web := &http.Client{Transport: tr, Timeout: 30 * time.Second}
@@ -281,6 +284,115 @@ func TestServeShedsOverload(t *testing.T) {
 		}
 	}
 	t.Logf("well-behaved calls answered again, 50 in a row, %v after the overload", time.Since(start))
+}
+
+// TestServeShedAnswer: a ShouldRateLimit call serve's overload guard
+// refuses is answered, at once, by --shed-answer: by default OVER_LIMIT
+// for every descriptor, with the refusal's retry delay as
+// duration_until_reset (so that Envoy, whatever its failure_mode_deny,
+// denies the request instead of letting it through unlimited), and with
+// --shed-answer unavailable UNAVAILABLE with RetryInfo. The guard counts
+// it refused either way; POST /v1/check is answered 503 either way.
+func TestServeShedAnswer(t *testing.T) {
+	for _, answer := range []shedAnswer{shedOverLimit, shedUnavailable} {
+		t.Run(answer.String(), func(t *testing.T) {
+			const maxConc = 2
+			gs, httpAddr, grpcAddr := serveGated(t, func(l *limitsConfig) {
+				l.overloadMaxConcurrency = maxConc
+				if answer != shedOverLimit { // the zero value is the default
+					l.overloadShedAnswer = answer
+				}
+			})
+			conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			rls := rlsv3.NewRateLimitServiceClient(conn)
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			// Fill the guard: of 4×maxConc calls, those it admits wait in
+			// the store, the others are refused.
+			const fill = 4 * maxConc
+			held := make(chan error, fill)
+			for i := range fill {
+				go func() {
+					_, err := rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "st",
+						Descriptors: []*commonv3.RateLimitDescriptor{{Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "user", Value: fmt.Sprint("held", i)}}}}})
+					held <- err
+				}()
+			}
+			refused := 0
+			for refused+int(gs.inside.Load()) < fill || gs.inside.Load() == 0 {
+				select {
+				case <-gs.entered:
+				case <-held:
+					refused++
+				case <-time.After(10 * time.Millisecond):
+				case <-ctx.Done():
+					t.Fatal("the held calls were neither admitted nor refused")
+				}
+			}
+			inStore := int(gs.inside.Load())
+			// Every call beyond them is refused at once, as --shed-answer says.
+			for i := range 20 {
+				start := time.Now()
+				resp, err := rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "st",
+					Descriptors: []*commonv3.RateLimitDescriptor{
+						{Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "user", Value: fmt.Sprint("a", i)}}},
+						{Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: "user", Value: fmt.Sprint("b", i)}}},
+					}})
+				if took := time.Since(start); took > 5*time.Second {
+					t.Errorf("a refusal took %v", took)
+				}
+				switch answer {
+				case shedOverLimit:
+					if err != nil {
+						t.Fatalf("call %d: %v; want OVER_LIMIT, never an error Envoy would let through", i, err)
+					}
+					if resp.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || len(resp.GetStatuses()) != 2 {
+						t.Fatalf("call %d: %v; want OVER_LIMIT overall and for both descriptors", i, resp)
+					}
+					for _, st := range resp.GetStatuses() {
+						if st.GetCode() != rlsv3.RateLimitResponse_OVER_LIMIT || st.GetDurationUntilReset().AsDuration() <= 0 {
+							t.Fatalf("call %d: a descriptor's status %v; want OVER_LIMIT with the retry delay", i, st)
+						}
+					}
+				case shedUnavailable:
+					if status.Code(err) != codes.Unavailable {
+						t.Fatalf("call %d: %v, %v; want UNAVAILABLE", i, resp, err)
+					}
+					if d, ok := grpclimit.RetryDelay(err); !ok || d <= 0 {
+						t.Errorf("call %d: no RetryInfo in %v", i, err)
+					}
+				}
+			}
+			web := &http.Client{Timeout: 10 * time.Second}
+			if o := checkHTTP(ctx, web, httpAddr, "h"); o.err != nil || o.code != 503 {
+				t.Errorf("POST /v1/check while the guard is full: %+v; want 503", o)
+			}
+			// The held calls are decided once the store answers.
+			gs.open()
+			for range inStore {
+				if err := <-held; err != nil {
+					t.Errorf("a held call: %v", err)
+				}
+			}
+			resp, err := web.Get("http://" + httpAddr + "/metrics")
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			m := regexp.MustCompile(`(?m)^sluice_overload_refused_total\{priority="normal"\} (\S+)$`).FindSubmatch(body)
+			if m == nil {
+				t.Fatalf("no sluice_overload_refused_total{priority=\"normal\"} in\n%s", body)
+			}
+			if v, _ := strconv.ParseFloat(string(m[1]), 64); int(v) != refused+21 {
+				t.Errorf("sluice_overload_refused_total{normal} = %s, want %d", m[1], refused+21)
+			}
+		})
+	}
 }
 
 // TestServeSlowBodiesHoldNoGuardSlot: the decision endpoints read a

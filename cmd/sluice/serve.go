@@ -154,6 +154,10 @@ approaches --overload-objective a growing share of the lowest priorities
 normal) is shed. A refused decision is answered at once, 503 or
 UNAVAILABLE with a Retry-After or RetryInfo computed from the load, instead
 of queueing; sluice_overload_* metrics show the limit and what is refused.
+Envoy lets a request through unlimited when its rate limit service answers
+UNAVAILABLE (failure_mode_deny: false, its default), so a ShouldRateLimit
+call the guard refuses is answered OVER_LIMIT instead (--shed-answer
+over_limit, the default; --shed-answer unavailable answers UNAVAILABLE).
 --overload-off turns it off.
 
 On SIGINT or SIGTERM, readiness goes off first (/readyz 503, gRPC health

@@ -74,6 +74,10 @@
 // configured); the outage shows in Sluice's sluice_decisions_total{outcome=
 // "fail_closed"} and sluice_store_errors_total. Server.ShouldRateLimitJSON, for HTTP,
 // reports it as the *service.UnavailableError it is.
+//
+// For the same reason, a call sluice serve's overload guard refuses (it
+// never reaches this package) is answered OVER_LIMIT by serve, not
+// UNAVAILABLE, unless --shed-answer unavailable says otherwise.
 package rls
 
 import (

@@ -136,7 +136,66 @@ def check(base, token):
     assert not p.acquire(n=2, timeout=0), "a larger burst gave tokens at once"
     p.close()
     assert not p.acquire(timeout=5), "a closed pacer let a caller through"
+    check_catchup()
     print("check ok", flush=True)
+
+
+def check_catchup():
+    """The Pacer lets a stalled sender catch up, within its catchup and
+    within the window's credit, also across a change of rate."""
+    def grant(version, rate, pace, valid=10000):
+        return sluice.LeaseGrant(dict(holder_id="A" * 26, version=version, rate=rate, pace_rate=pace, burst=1,
+                                      window_ms=1000, valid_for_ms=valid, leases=[]), time.monotonic())
+
+    def drain(p):
+        n = 0
+        while p.acquire(timeout=0):
+            n += 1
+        return n
+
+    # A stall of 300 ms at 99/s: what it earned goes at once (a bucket of
+    # burst 1 would give 1); a longer one keeps half a window's worth.
+    p = sluice.Pacer()
+    p.update(grant(1, 100, 99))
+    time.sleep(0.3)
+    n = drain(p)
+    assert 25 <= n <= 31, f"{n} units at once after a stall of 300 ms at 99/s"
+    time.sleep(0.8)
+    n = drain(p)
+    assert 45 <= n <= 50, f"{n} units at once after a stall of 800 ms, catchup 500 ms at 99/s"
+
+    # Catching up never puts more in a window than the credit: 1.5 s
+    # earned, a window's 100 sent. Then the rate halves (share 50/s): every
+    # window ending at a send holds no more than the capacity held over
+    # it, the old rate and the new pro rata.
+    p = sluice.Pacer(catchup=5)
+    t0 = time.monotonic()
+    p.update(grant(2, 100, 99))
+    time.sleep(1.5)
+    sent = []
+    while p.acquire(timeout=0):
+        sent.append(time.monotonic())
+    assert 95 <= len(sent) <= 100, f"{len(sent)} units in a window of credit 100"
+    end = time.monotonic() + 0.4
+    while time.monotonic() < end:
+        if p.acquire(timeout=0.5):
+            sent.append(time.monotonic())
+    changed = time.monotonic()
+    p.update(grant(3, 50, 49.5))
+    end = time.monotonic() + 1.3
+    while time.monotonic() < end:
+        if p.acquire(timeout=1.3):
+            sent.append(time.monotonic())
+
+    def credit(t):
+        lo = t - 1
+        return 100 * max(0, min(changed, t) - max(t0, lo)) + 50 * max(0, t - max(changed, lo))
+
+    for i, t in enumerate(sent):
+        k = sum(1 for u in sent[:i + 1] if u > t - 1)
+        assert k <= max(1, credit(t)) + 1e-6, f"{k} units in the window ending {t - t0:.3f} s, credit {credit(t):.1f}"
+    late = [t for t in sent if t > changed]
+    assert len(late) >= 55, f"{len(late)} units in 1.3 s after the rate fell to 50/s"
 
 
 if __name__ == "__main__":

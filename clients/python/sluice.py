@@ -24,7 +24,7 @@ a limit never retry into 429s.
     holder = LeaseHolder("http://127.0.0.1:8080", "billing-api", capacity=500, partitions=20)
     with holder.run(demand=lambda: (0, len(queue))):  # heartbeats and watch in the background
         while queue:
-            holder.pacer.acquire()        # paced at the granted rate
+            holder.pacer.acquire()        # paced at the granted rate; catches up after a stall
             send(queue.pop())
 
 Durations are in seconds (floats); the API's milliseconds are converted.
@@ -453,7 +453,8 @@ class LeaseGrant:
 
     rate is the capacity of its valid leases (units a second); pace_rate
     and burst the token bucket to pace with, so that no window of window
-    seconds receives more than its share; valid_until the
+    seconds receives more than its share (Pacer paces at pace_rate and
+    guards each window at that bucket's share of the rate); valid_until the
     time.monotonic() instant until which it may use them (counted from
     when the request was sent, or a watch's answer received); version
     grows with every change; leases the (partition, epoch) pairs held.
@@ -651,7 +652,10 @@ class LeaseHolder:
     one). timeout bounds every HTTP call, beyond a watch's wait.
 
     join, demand, watch and leave are the API's calls; run does them in
-    background threads and keeps pacer (a Pacer) up to date.
+    background threads and keeps pacer (a Pacer) up to date: a grant is
+    paced by before it is acknowledged (the version demand and watch
+    send), so the capacity it takes away goes to the others only once
+    this holder has stopped using it.
     """
 
     def __init__(self, base_url, service, capacity, partitions, ttl=None, weight=None, window=None,
@@ -744,8 +748,9 @@ class LeaseHolder:
     def run(self, demand=lambda: (0.0, 0), beat=None, wait=5.0):
         """A context manager that joins (unless joined already), states
         demand() (a (rate, backlog) pair) every beat seconds (a quarter of
-        the TTL, or of serve's default of 3 s, when None) and watches the
-        grant in background threads, and leaves on exit.
+        the TTL, or of serve's default of 3 s, when None; each due a beat
+        after the previous one was sent, not after its answer) and watches
+        the grant in background threads, and leaves on exit.
 
         The threads stop when serve no longer holds the holder
         (HolderLost; the Running's error says so), and the pacer then

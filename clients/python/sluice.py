@@ -488,7 +488,7 @@ class Pacer:
     The schedule: units are earned at the grant's pace_rate while the
     grant is valid, and acquire takes them. A sender that stalls (a
     starved thread, a late wake-up) keeps what it earned, up to catchup
-    seconds' worth (half the window when None), and takes it at once when
+    seconds' worth (a quarter of the window when None), and takes it at once when
     it runs again: a stall costs no time, as long as the guard allows.
     Nothing is earned past the grant's valid_until, nor given: capacity
     that grows starts empty, and a pace that shrinks cuts what was earned
@@ -496,12 +496,15 @@ class Pacer:
 
     The guard: the units acquired in any window of the grant's window_ms
     (W) ending now, counted at the instants acquire let them through,
-    never exceed floor(share × credit) (at least the burst), where credit
+    never exceed ceil(share × credit) (at least the burst), where credit
     is the capacity the holder held over that window, its granted rate
     integrated over it (no rate while no grant was valid), and share =
-    (pace_rate × W + burst) / (rate × W), what a token bucket of
-    pace_rate and burst (serve's pacing) lets through in a W: 99 % with
-    serve's. The holders' rates never add up to more than the capacity at
+    pace_rate / rate, the schedule's own part of the rate (98 % with
+    serve's pacing): catching up refills what a stall left out of the
+    window, and no window gets fuller than the schedule fills one when
+    nothing stalls, so the 1 to 2 % left of the capacity stays for the
+    jitter between the instants acquire returns and those at which the
+    downstream counts the sends. The holders' rates never add up to more than the capacity at
     any instant: serve hands a partition a holder yields to another only
     once the yielder has acknowledged the grant without it, and the
     holder acknowledges a grant only once its pacer paces by it. So their
@@ -545,10 +548,10 @@ class Pacer:
             rate, pace, burst = max(grant.rate, 0.0), max(grant.pace_rate, 0.0), max(grant.burst, 0)
             self._window = grant.window if grant.window > 0 else 1.0
             self._pace, self._burst = pace, burst
-            catchup = self._window / 2 if self._catchup is None else self._catchup
+            catchup = self._window / 4 if self._catchup is None else self._catchup
             self._cap = max(float(burst), pace * catchup)
             self._tokens = min(self._tokens, self._cap)
-            self._share = min(1.0, (pace * self._window + burst) / (rate * self._window)) if rate > 0 else 1.0
+            self._share = min(1.0, pace / rate) if rate > 0 else 1.0
             self._until = grant.valid_until
             # The rate history: the current rate ends now (or at its
             # validity, if that came first), the grant's starts.
@@ -588,7 +591,7 @@ class Pacer:
         lo = now - self._window
         while self._sent and self._sent[0][0] <= lo:
             self._count -= self._sent.popleft()[1]
-        limit = max(self._burst, math.floor(self._share * self._credit(now) + 1e-9))
+        limit = max(self._burst, math.ceil(self._share * self._credit(now) - 1e-9))
         if self._count + n <= limit:
             return 0.0
         # Look again when the oldest unit leaves the window, or sooner:
@@ -615,7 +618,7 @@ class Pacer:
                     self._advance(now)
                     fits = False
                     if self._rates:
-                        most = max(self._burst, math.floor(self._share * self._rates[-1][2] * self._window + 1e-9))
+                        most = max(self._burst, math.ceil(self._share * self._rates[-1][2] * self._window - 1e-9))
                         fits = n <= self._cap and n <= most
                     if now < self._until and self._pace > 0 and fits:
                         if self._tokens >= n:

@@ -153,19 +153,19 @@ def check_catchup():
             n += 1
         return n
 
-    # A stall of 300 ms at 99/s: what it earned goes at once (a bucket of
-    # burst 1 would give 1); a longer one keeps half a window's worth.
+    # A stall of 200 ms at 99/s: what it earned goes at once (a bucket of
+    # burst 1 would give 1); a longer one keeps a quarter window's worth.
     p = sluice.Pacer()
     p.update(grant(1, 100, 99))
-    time.sleep(0.3)
+    time.sleep(0.2)
     n = drain(p)
-    assert 25 <= n <= 31, f"{n} units at once after a stall of 300 ms at 99/s"
+    assert 17 <= n <= 21, f"{n} units at once after a stall of 200 ms at 99/s"
     time.sleep(0.8)
     n = drain(p)
-    assert 45 <= n <= 50, f"{n} units at once after a stall of 800 ms, catchup 500 ms at 99/s"
+    assert 22 <= n <= 25, f"{n} units at once after a stall of 800 ms, catchup 250 ms at 99/s"
 
-    # Catching up never puts more in a window than the credit: 1.5 s
-    # earned, a window's 100 sent. Then the rate halves (share 50/s): every
+    # Catching up never puts more in a window than the schedule's share
+    # of the credit: 1.5 s earned, 99 of a window's 100 sent. Then the rate halves (share 50/s): every
     # window ending at a send holds no more than the capacity held over
     # it, the old rate and the new pro rata.
     p = sluice.Pacer(catchup=5)
@@ -175,7 +175,7 @@ def check_catchup():
     sent = []
     while p.acquire(timeout=0):
         sent.append(time.monotonic())
-    assert 95 <= len(sent) <= 100, f"{len(sent)} units in a window of credit 100"
+    assert 95 <= len(sent) <= 99, f"{len(sent)} units in a window of credit 100 at 99/s"
     end = time.monotonic() + 0.4
     while time.monotonic() < end:
         if p.acquire(timeout=0.5):
@@ -193,7 +193,7 @@ def check_catchup():
 
     for i, t in enumerate(sent):
         k = sum(1 for u in sent[:i + 1] if u > t - 1)
-        assert k <= max(1, credit(t)) + 1e-6, f"{k} units in the window ending {t - t0:.3f} s, credit {credit(t):.1f}"
+        assert k <= credit(t) + 1, f"{k} units in the window ending {t - t0:.3f} s, credit {credit(t):.1f}"
     late = [t for t in sent if t > changed]
     assert len(late) >= 55, f"{len(late)} units in 1.3 s after the rate fell to 50/s"
 

@@ -480,6 +480,10 @@ class LeaseGrant:
                 f"burst={self.burst}, leases={len(self.leases)}, valid={self.valid()})")
 
 
+# How much faster than its pace a Pacer catches up after a stall.
+_CATCHUP_SPEED = 2.0
+
+
 class Pacer:
     """Paces a lease holder's sends at its granted rate, so that no window
     of the downstream receives more than the holder's share of it, and
@@ -488,8 +492,10 @@ class Pacer:
     The schedule: units are earned at the grant's pace_rate while the
     grant is valid, and acquire takes them. A sender that stalls (a
     starved thread, a late wake-up) keeps what it earned, up to catchup
-    seconds' worth (a quarter of the window when None), and takes it at once when
-    it runs again: a stall costs no time, as long as the guard allows.
+    seconds' worth (a quarter of the window when None), and catches up
+    when it runs again, at up to twice the pace (a burst of units sent at
+    once reaches the downstream spread out, some in its next window): a
+    stall costs no time, as long as the guard allows.
     Nothing is earned past the grant's valid_until, nor given: capacity
     that grows starts empty, and a pace that shrinks cuts what was earned
     to the new pace's catchup.
@@ -531,6 +537,8 @@ class Pacer:
         self._cap = 0.0  # the most units earned and kept
         self._burst = 0
         self._tokens = 0.0  # earned, not taken
+        self._quick = 0.0  # the catch-up's own bucket: twice the pace, a small burst
+        self._qcap = 0.0
         self._last = time.monotonic()  # earned up to here
         self._until = float("-inf")
         self._window = 1.0
@@ -551,6 +559,8 @@ class Pacer:
             catchup = self._window / 4 if self._catchup is None else self._catchup
             self._cap = max(float(burst), pace * catchup)
             self._tokens = min(self._tokens, self._cap)
+            self._qcap = max(float(burst), _CATCHUP_SPEED * pace * self._window / 100)
+            self._quick = min(self._quick, self._qcap)
             self._share = min(1.0, pace / rate) if rate > 0 else 1.0
             self._until = grant.valid_until
             # The rate history: the current rate ends now (or at its
@@ -578,6 +588,7 @@ class Pacer:
         earn_to = min(now, self._until)
         if earn_to > self._last:
             self._tokens = min(self._cap, self._tokens + self._pace * (earn_to - self._last))
+            self._quick = min(self._qcap, self._quick + _CATCHUP_SPEED * self._pace * (earn_to - self._last))
         self._last = max(self._last, now)
 
     def _credit(self, now):
@@ -606,8 +617,9 @@ class Pacer:
         is not None); return whether they were taken (False after the
         timeout, or once closed). Callers take turns: one at a time waits
         for the units, the others for their turn. n must be at most the
-        grant's burst or its share of a window, whichever is larger, and
-        what catchup keeps; a larger n waits for a grant that allows it."""
+        grant's burst (or a hundredth of a window at twice the pace, if
+        more), its share of a window and what catchup keeps; a larger n
+        waits for a grant that allows it."""
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self._turn.acquire(timeout=-1 if deadline is None else max(deadline - time.monotonic(), 0)):
             return False
@@ -619,17 +631,18 @@ class Pacer:
                     fits = False
                     if self._rates:
                         most = max(self._burst, math.ceil(self._share * self._rates[-1][2] * self._window - 1e-9))
-                        fits = n <= self._cap and n <= most
+                        fits = n <= self._cap and n <= self._qcap and n <= most
                     if now < self._until and self._pace > 0 and fits:
-                        if self._tokens >= n:
+                        if self._tokens >= n and self._quick >= n:
                             wait = self._guard(now, n)
                             if wait == 0:
                                 self._tokens -= n
+                                self._quick -= n
                                 self._sent.append((now, n))
                                 self._count += n
                                 return True
                         else:
-                            wait = (n - self._tokens) / self._pace
+                            wait = max(n - self._tokens, (n - self._quick) / _CATCHUP_SPEED) / self._pace
                         wait = min(wait, self._until - now)
                     else:
                         wait = 1.0  # no valid grant that could serve n: update wakes us

@@ -147,22 +147,24 @@ def check_catchup():
         return sluice.LeaseGrant(dict(holder_id="A" * 26, version=version, rate=rate, pace_rate=pace, burst=1,
                                       window_ms=1000, valid_for_ms=valid, leases=[]), time.monotonic())
 
-    def drain(p):
-        n = 0
-        while p.acquire(timeout=0):
-            n += 1
-        return n
+    def take(p, secs):
+        sent, end = [], time.monotonic() + secs
+        while time.monotonic() < end:
+            if p.acquire(timeout=max(end - time.monotonic(), 0)):
+                sent.append(time.monotonic())
+        return sent
 
-    # A stall of 200 ms at 99/s: what it earned goes at once (a bucket of
-    # burst 1 would give 1); a longer one keeps a quarter window's worth.
+    # After a stall of 200 ms at 99/s, what it earned goes too, at twice
+    # the pace (a bucket of burst 1 would give about 20 in the next 200
+    # ms); after a longer one, a quarter window's worth.
     p = sluice.Pacer()
     p.update(grant(1, 100, 99))
     time.sleep(0.2)
-    n = drain(p)
-    assert 17 <= n <= 21, f"{n} units at once after a stall of 200 ms at 99/s"
+    n = len(take(p, 0.2))
+    assert 35 <= n <= 42, f"{n} units in 200 ms after a stall of 200 ms at 99/s"
     time.sleep(0.8)
-    n = drain(p)
-    assert 22 <= n <= 25, f"{n} units at once after a stall of 800 ms, catchup 250 ms at 99/s"
+    n = len(take(p, 0.4))
+    assert 58 <= n <= 68, f"{n} units in 400 ms after a stall of 800 ms, catchup 250 ms at 99/s"
 
     # Catching up never puts more in a window than the schedule's share
     # of the credit: 1.5 s earned, 99 of a window's 100 sent. Then the rate halves (share 50/s): every
@@ -172,20 +174,12 @@ def check_catchup():
     t0 = time.monotonic()
     p.update(grant(2, 100, 99))
     time.sleep(1.5)
-    sent = []
-    while p.acquire(timeout=0):
-        sent.append(time.monotonic())
+    sent = take(p, 0.6)
     assert 95 <= len(sent) <= 99, f"{len(sent)} units in a window of credit 100 at 99/s"
-    end = time.monotonic() + 0.4
-    while time.monotonic() < end:
-        if p.acquire(timeout=0.5):
-            sent.append(time.monotonic())
+    sent += take(p, 0.2)
     changed = time.monotonic()
     p.update(grant(3, 50, 49.5))
-    end = time.monotonic() + 1.3
-    while time.monotonic() < end:
-        if p.acquire(timeout=1.3):
-            sent.append(time.monotonic())
+    sent += take(p, 1.3)
 
     def credit(t):
         lo = t - 1

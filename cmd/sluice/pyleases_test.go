@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluicehq/sluice/internal/longtest"
 )
 
 // TestPythonLeases is lease's published example (lease/published_test.go)
@@ -25,14 +27,20 @@ import (
 // computes them: B at half the capacity, 2,500 / 250 = 10 s; A, every
 // record at the whole capacity, 7,500 / 500 = 15 s. Each must finish
 // within 5 % of its ideal, with no 429 and every record accepted once.
-// It holds bounds in real time, about 20 s, and runs in make test beside
-// other packages' tests: the pacing itself costs 2 % (245/s of 250: A
-// 15.31 s, B 10.20 s at best), and the Pacer keeps that beside a loaded
-// machine, because a sender that stalls catches up within the window's
-// credit rather than losing the time (a token bucket of burst 2 lost 1.2
-// to 2.5 s of A's in 3 of 9 loaded runs), and the heartbeats are due
-// from the previous one's sending, so that the validity does not lapse.
+// It holds bounds in real time (about 20 s): a long test (make test-long).
+// The pacing itself costs 2 % (245/s of 250: A 15.31 s, B 10.20 s at
+// best). The Pacer now catches up after a stall (a token bucket of burst
+// 2 lost it: A 15.64 to 15.74 s, B 10.52 to 10.71 s in 3 runs of 3 beside
+// four CPU loops and TestSemaphoreScenario), and kept the times in every
+// run since, loaded or not (A at most 15.60 s, B 10.41 s). It stays a
+// long test for the 429s: in about one loaded run in five, one of the
+// stub's windows receives 5 to 55 requests too many (where tabulated,
+// right after a window short by as many, in A and B alike: the stub
+// counted late what was sent in time, its process or the machine
+// stalled at a window's edge), which no pacing within the 5 % absorbs. bench/RESULTS.md,
+// section 16, has the figures.
 func TestPythonLeases(t *testing.T) {
+	longtest.Run(t)
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}

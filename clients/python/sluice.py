@@ -454,9 +454,10 @@ class LeaseGrant:
     rate is the capacity of its valid leases (units a second); pace_rate
     and burst the token bucket to pace with, so that no window of window
     seconds receives more than its share (Pacer paces at pace_rate and
-    guards each window at that bucket's share of the rate); valid_until the
-    time.monotonic() instant until which it may use them (counted from
-    when the request was sent, or a watch's answer received); version
+    guards each window at pace_rate / rate of the capacity held over it);
+    valid_until the time.monotonic() instant until which it may use them
+    (counted from when the request was sent, or a watch's answer
+    received); version
     grows with every change; leases the (partition, epoch) pairs held.
     """
 
@@ -510,13 +511,16 @@ class Pacer:
     window, and no window gets fuller than the schedule fills one when
     nothing stalls, so the 1 to 2 % left of the capacity stays for the
     jitter between the instants acquire returns and those at which the
-    downstream counts the sends. The holders' rates never add up to more than the capacity at
-    any instant: serve hands a partition a holder yields to another only
-    once the yielder has acknowledged the grant without it, and the
-    holder acknowledges a grant only once its pacer paces by it. So their
-    credits over any window add up to at most capacity × W, and catching
-    up can never put more than the capacity into a window, wherever it
-    starts (a downstream's fixed windows included). Across a change of
+    downstream counts the sends. The holders' rates never add up to more
+    than the capacity at any instant: serve hands a partition a holder
+    yields to another only once the yielder has acknowledged the grant
+    without it, and the holder acknowledges a grant only once its pacer
+    paces by it. So their credits over any window add up to at most
+    capacity × W, and catching up never puts more than the capacity into
+    a window of those instants, wherever it starts (a downstream's fixed
+    windows included, as far as it counts the sends when they are made:
+    one that counts them late, stalled, may still find too many in a
+    window). Across a change of
     rate the credit counts the old rate and the new pro rata: a holder
     whose share shrank goes on at its new rate at once, and one whose
     share grew has the larger capacity as the window moves past the

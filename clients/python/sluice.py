@@ -457,8 +457,8 @@ class LeaseGrant:
     guards each window at pace_rate / rate of the capacity held over it);
     valid_until the time.monotonic() instant until which it may use them
     (counted from when the request was sent, or a watch's answer
-    received); version
-    grows with every change; leases the (partition, epoch) pairs held.
+    received); version grows with every change; leases the (partition,
+    epoch) pairs held.
     """
 
     def __init__(self, answer, since):
@@ -496,10 +496,10 @@ class Pacer:
     seconds' worth (a quarter of the window when None), and catches up
     when it runs again, at up to twice the pace (a burst of units sent at
     once reaches the downstream spread out, some in its next window): a
-    stall costs no time, as long as the guard allows.
-    Nothing is earned past the grant's valid_until, nor given: capacity
-    that grows starts empty, and a pace that shrinks cuts what was earned
-    to the new pace's catchup.
+    stall costs no time, as long as the guard allows. Nothing is earned
+    past the grant's valid_until, nor given: capacity that grows starts
+    empty, and a pace that shrinks cuts what was earned to the new pace's
+    catchup.
 
     The guard: the units acquired in any window of the grant's window_ms
     (W) ending now, counted at the instants acquire let them through,
@@ -520,11 +520,10 @@ class Pacer:
     a window of those instants, wherever it starts (a downstream's fixed
     windows included, as far as it counts the sends when they are made:
     one that counts them late, stalled, may still find too many in a
-    window). Across a change of
-    rate the credit counts the old rate and the new pro rata: a holder
-    whose share shrank goes on at its new rate at once, and one whose
-    share grew has the larger capacity as the window moves past the
-    change.
+    window). Across a change of rate the credit counts the old rate and
+    the new pro rata: a holder whose share shrank goes on at its new rate
+    at once, and one whose share grew has the larger capacity as the
+    window moves past the change.
 
     Nothing is let through at or after the grant's valid_until: a holder
     cut off from serve stops when the last validity it was told ends,

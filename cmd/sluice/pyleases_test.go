@@ -33,7 +33,7 @@ import (
 // 2 lost it: A 15.64 to 15.74 s, B 10.52 to 10.71 s in 3 runs of 3 beside
 // four CPU loops and TestSemaphoreScenario), and kept the times in every
 // run since, loaded or not (A at most 15.60 s, B 10.41 s). It stays a
-// long test for the 429s: in 5 of 17 loaded runs one of the stub's
+// long test for the 429s: in 5 of 20 loaded runs one of the stub's
 // windows received 5 to 55 requests too many (where tabulated, right
 // after a window short by as many, in A and B alike: the stub counted
 // late what was sent in time, its process or the machine stalled at a

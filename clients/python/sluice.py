@@ -24,7 +24,7 @@ a limit never retry into 429s.
     holder = LeaseHolder("http://127.0.0.1:8080", "billing-api", capacity=500, partitions=20)
     with holder.run(demand=lambda: (0, len(queue))):  # heartbeats and watch in the background
         while queue:
-            holder.pacer.acquire()        # paced at the granted rate
+            holder.pacer.acquire()        # paced at the granted rate; catches up after a stall
             send(queue.pop())
 
 Durations are in seconds (floats); the API's milliseconds are converted.
@@ -38,6 +38,7 @@ problem's detail; a request that got no answer raises the OSError of
 urllib (URLError, TimeoutError).
 """
 
+import collections
 import json
 import math
 import threading
@@ -452,10 +453,12 @@ class LeaseGrant:
 
     rate is the capacity of its valid leases (units a second); pace_rate
     and burst the token bucket to pace with, so that no window of window
-    seconds receives more than its share; valid_until the
-    time.monotonic() instant until which it may use them (counted from
-    when the request was sent, or a watch's answer received); version
-    grows with every change; leases the (partition, epoch) pairs held.
+    seconds receives more than its share (Pacer paces at pace_rate and
+    guards each window at pace_rate / rate of the capacity held over it);
+    valid_until the time.monotonic() instant until which it may use them
+    (counted from when the request was sent, or a watch's answer
+    received); version grows with every change; leases the (partition,
+    epoch) pairs held.
     """
 
     def __init__(self, answer, since):
@@ -478,33 +481,104 @@ class LeaseGrant:
                 f"burst={self.burst}, leases={len(self.leases)}, valid={self.valid()})")
 
 
-class Pacer:
-    """A token bucket at a lease holder's granted rate and burst.
+# How much faster than its pace a Pacer catches up after a stall.
+_CATCHUP_SPEED = 2.0
 
-    Tokens are earned at pace_rate up to burst, never given: capacity
-    that grows starts empty, and a burst that shrinks drops the tokens
-    above it. Nothing is earned past the grant's valid_until, and
-    acquire lets nothing through after it: a holder cut off from serve
-    stops when the last validity it was told ends, on the monotonic clock.
+
+class Pacer:
+    """Paces a lease holder's sends at its granted rate, so that no window
+    of the downstream receives more than the holder's share of it, and
+    lets a sender that stalled catch up (lease.Limiter's model, in Go).
+
+    The schedule: units are earned at the grant's pace_rate while the
+    grant is valid, and acquire takes them. A sender that stalls (a
+    starved thread, a late wake-up) keeps what it earned, up to catchup
+    seconds' worth (a quarter of the window when None), and catches up
+    when it runs again, at up to twice the pace (a burst of units sent at
+    once reaches the downstream spread out, some in its next window): a
+    stall costs no time, as long as the guard allows. Nothing is earned
+    past the grant's valid_until, nor given: capacity that grows starts
+    empty, and a pace that shrinks cuts what was earned to the new pace's
+    catchup.
+
+    The guard: the units acquired in any window of the grant's window_ms
+    (W) ending now, counted at the instants acquire let them through,
+    never exceed ceil(share × credit) (at least the burst), where credit
+    is the capacity the holder held over that window, its granted rate
+    integrated over it (no rate while no grant was valid), and share =
+    pace_rate / rate, the schedule's own part of the rate (98 % with
+    serve's pacing): catching up refills what a stall left out of the
+    window, and no window gets fuller than the schedule fills one when
+    nothing stalls, so the 1 to 2 % left of the capacity stays for the
+    jitter between the instants acquire returns and those at which the
+    downstream counts the sends. The holders' rates never add up to more
+    than the capacity at any instant: serve hands a partition a holder
+    yields to another only once the yielder has acknowledged the grant
+    without it, and the holder acknowledges a grant only once its pacer
+    paces by it. So their credits over any window add up to at most
+    capacity × W, and catching up never puts more than the capacity into
+    a window of those instants, wherever it starts (a downstream's fixed
+    windows included, as far as it counts the sends when they are made:
+    one that counts them late, stalled, may still find too many in a
+    window). Across a change of rate the credit counts the old rate and
+    the new pro rata: a holder whose share shrank goes on at its new rate
+    at once, and one whose share grew has the larger capacity as the
+    window moves past the change.
+
+    Nothing is let through at or after the grant's valid_until: a holder
+    cut off from serve stops when the last validity it was told ends,
+    on the monotonic clock.
     """
 
-    def __init__(self):
+    def __init__(self, catchup=None):
+        if catchup is not None and catchup < 0:
+            raise ValueError("catchup must not be negative")
+        self._catchup = catchup
         self._cond = threading.Condition()
-        self._turn = threading.Lock()  # held by the one caller waiting for tokens
-        self._rate = 0.0
+        self._turn = threading.Lock()  # held by the one caller waiting for its turn
+        self._pace = 0.0  # the schedule's rate, units a second
+        self._cap = 0.0  # the most units earned and kept
         self._burst = 0
-        self._tokens = 0.0
-        self._last = time.monotonic()
+        self._tokens = 0.0  # earned, not taken
+        self._quick = 0.0  # the catch-up's own bucket: twice the pace, a small burst
+        self._qcap = 0.0
+        self._last = time.monotonic()  # earned up to here
         self._until = float("-inf")
+        self._window = 1.0
+        self._share = 1.0
+        self._rates = collections.deque()  # [start, end, rate]: the granted rate over the last window
+        self._sent = collections.deque()  # (instant, units) acquired in the last window
+        self._count = 0  # the units in _sent
         self._closed = False
 
     def update(self, grant):
         """Pace by grant from now on."""
         with self._cond:
-            self._advance(time.monotonic())
-            self._rate, self._burst = max(grant.pace_rate, 0.0), max(grant.burst, 0)
-            self._tokens = min(self._tokens, self._burst)
+            now = time.monotonic()
+            self._advance(now)
+            rate, pace, burst = max(grant.rate, 0.0), max(grant.pace_rate, 0.0), max(grant.burst, 0)
+            self._window = grant.window if grant.window > 0 else 1.0
+            self._pace, self._burst = pace, burst
+            catchup = self._window / 4 if self._catchup is None else self._catchup
+            self._cap = max(float(burst), pace * catchup)
+            self._tokens = min(self._tokens, self._cap)
+            self._qcap = max(float(burst), _CATCHUP_SPEED * pace * self._window / 100)
+            self._quick = min(self._quick, self._qcap)
+            self._share = min(1.0, pace / rate) if rate > 0 else 1.0
             self._until = grant.valid_until
+            # The rate history: the current rate ends now (or at its
+            # validity, if that came first), the grant's starts.
+            if self._rates:
+                last = self._rates[-1]
+                last[1] = min(last[1], now)
+                if last[2] == rate and last[1] >= now:
+                    last[1] = max(now, grant.valid_until)
+                else:
+                    self._rates.append([now, max(now, grant.valid_until), rate])
+            else:
+                self._rates.append([now, max(now, grant.valid_until), rate])
+            while len(self._rates) > 1 and self._rates[0][1] <= now - self._window:
+                self._rates.popleft()
             self._cond.notify_all()
 
     def close(self):
@@ -516,14 +590,39 @@ class Pacer:
     def _advance(self, now):
         earn_to = min(now, self._until)
         if earn_to > self._last:
-            self._tokens = min(self._burst, self._tokens + self._rate * (earn_to - self._last))
+            self._tokens = min(self._cap, self._tokens + self._pace * (earn_to - self._last))
+            self._quick = min(self._qcap, self._quick + _CATCHUP_SPEED * self._pace * (earn_to - self._last))
         self._last = max(self._last, now)
 
+    def _credit(self, now):
+        """The capacity held over the window ending at now, in units."""
+        lo = now - self._window
+        return sum(r * max(0.0, min(e, now) - max(s, lo)) for s, e, r in self._rates)
+
+    def _guard(self, now, n):
+        """How long after now n more units fit in the window's share: 0
+        when they fit now."""
+        lo = now - self._window
+        while self._sent and self._sent[0][0] <= lo:
+            self._count -= self._sent.popleft()[1]
+        limit = max(self._burst, math.ceil(self._share * self._credit(now) - 1e-9))
+        if self._count + n <= limit:
+            return 0.0
+        # Look again when the oldest unit leaves the window, or sooner:
+        # the credit grows as the window moves on.
+        wait = self._window / 20
+        if self._sent:
+            wait = min(wait, self._sent[0][0] + self._window - now)
+        return max(wait, 0.0005)
+
     def acquire(self, n=1, timeout=None):
-        """Take n tokens, waiting for them (at most timeout seconds when it
+        """Take n units, waiting for them (at most timeout seconds when it
         is not None); return whether they were taken (False after the
         timeout, or once closed). Callers take turns: one at a time waits
-        for the tokens, the others for their turn."""
+        for the units, the others for their turn. n must be at most the
+        grant's burst (or a hundredth of a window at twice the pace, if
+        more), its share of a window and what catchup keeps; a larger n
+        waits for a grant that allows it."""
         deadline = None if timeout is None else time.monotonic() + timeout
         if not self._turn.acquire(timeout=-1 if deadline is None else max(deadline - time.monotonic(), 0)):
             return False
@@ -532,13 +631,24 @@ class Pacer:
                 while not self._closed:
                     now = time.monotonic()
                     self._advance(now)
-                    if now < self._until and self._tokens >= n:
-                        self._tokens -= n
-                        return True
-                    if now < self._until and self._rate > 0 and n <= self._burst:
-                        wait = min((n - self._tokens) / self._rate, self._until - now)
+                    fits = False
+                    if self._rates:
+                        most = max(self._burst, math.ceil(self._share * self._rates[-1][2] * self._window - 1e-9))
+                        fits = n <= self._cap and n <= self._qcap and n <= most
+                    if now < self._until and self._pace > 0 and fits:
+                        if self._tokens >= n and self._quick >= n:
+                            wait = self._guard(now, n)
+                            if wait == 0:
+                                self._tokens -= n
+                                self._quick -= n
+                                self._sent.append((now, n))
+                                self._count += n
+                                return True
+                        else:
+                            wait = max(n - self._tokens, (n - self._quick) / _CATCHUP_SPEED) / self._pace
+                        wait = min(wait, self._until - now)
                     else:
-                        wait = 1.0  # no valid grant that could serve n: wait for an update
+                        wait = 1.0  # no valid grant that could serve n: update wakes us
                     if deadline is not None:
                         if now >= deadline:
                             return False
@@ -561,7 +671,10 @@ class LeaseHolder:
     one). timeout bounds every HTTP call, beyond a watch's wait.
 
     join, demand, watch and leave are the API's calls; run does them in
-    background threads and keeps pacer (a Pacer) up to date.
+    background threads and keeps pacer (a Pacer) up to date: a grant is
+    paced by before it is acknowledged (the version demand and watch
+    send), so the capacity it takes away goes to the others only once
+    this holder has stopped using it.
     """
 
     def __init__(self, base_url, service, capacity, partitions, ttl=None, weight=None, window=None,
@@ -654,8 +767,9 @@ class LeaseHolder:
     def run(self, demand=lambda: (0.0, 0), beat=None, wait=5.0):
         """A context manager that joins (unless joined already), states
         demand() (a (rate, backlog) pair) every beat seconds (a quarter of
-        the TTL, or of serve's default of 3 s, when None) and watches the
-        grant in background threads, and leaves on exit.
+        the TTL, or of serve's default of 3 s, when None; each due a beat
+        after the previous one was sent, not after its answer) and watches
+        the grant in background threads, and leaves on exit.
 
         The threads stop when serve no longer holds the holder
         (HolderLost; the Running's error says so), and the pacer then
@@ -688,7 +802,11 @@ class Running:
         return self._h
 
     def _beats(self):
+        # Each beat is due a period after the previous one was sent, not
+        # after its answer came: a slow answer, or a thread that ran late,
+        # does not push the next renewal of the validity back.
         while not self._stop.is_set():
+            due = time.monotonic() + self._beat
             try:
                 rate, backlog = self._demand()
                 self._h.demand(rate, backlog)
@@ -697,7 +815,7 @@ class Running:
                 return
             except (SluiceError, OSError):
                 pass  # transient: the next beat, while the grant lasts
-            self._stop.wait(self._beat)
+            self._stop.wait(max(due - time.monotonic(), 0))
 
     def _watches(self):
         while not self._stop.is_set():

@@ -27,15 +27,18 @@ import (
 // computes them: B at half the capacity, 2,500 / 250 = 10 s; A, every
 // record at the whole capacity, 7,500 / 500 = 15 s. Each must finish
 // within 5 % of its ideal, with no 429 and every record accepted once.
-// It holds bounds in real time: a long test (make test-long), about 25 s.
-// It stays one: the pacing itself costs 2 % (the buckets run at 245/s of
-// 250, burst 2: A 15.31 s, B 10.20 s at best), and beside a loaded
-// machine the Python processes lose more: a Pacer that wakes late earns
-// at most its burst (it keeps no reservations, as lease.Limiter does),
-// and a grant whose renewal is late stops the sending (A once sent 24,
-// 0, then 514 records in three seconds). Of 9 runs with -race beside
-// other tests (load 5 to 17 on 2 cores), 3 missed the 5 % (A 16.2 to
-// 17.5 s).
+// It holds bounds in real time (about 20 s): a long test (make test-long).
+// The pacing itself costs 2 % (245/s of 250: A 15.31 s, B 10.20 s at
+// best). The Pacer now catches up after a stall (a token bucket of burst
+// 2 lost it: A 15.64 to 15.74 s, B 10.52 to 10.71 s in 3 runs of 3 beside
+// four CPU loops and TestSemaphoreScenario), and kept the times in every
+// run since, loaded or not (A at most 15.60 s, B 10.41 s). It stays a
+// long test for the 429s: in 5 of 20 loaded runs one of the stub's
+// windows received 5 to 55 requests too many (where tabulated, right
+// after a window short by as many, in A and B alike: the stub counted
+// late what was sent in time, its process or the machine stalled at a
+// window's edge), which no pacing within the 5 % absorbs.
+// bench/RESULTS.md, section 16, has the figures.
 func TestPythonLeases(t *testing.T) {
 	longtest.Run(t)
 	if testing.Short() {
@@ -63,6 +66,7 @@ func TestPythonLeases(t *testing.T) {
 	// The throttled downstream: fixed one-second windows from origin.
 	type event struct {
 		at     time.Duration // since the start signal
+		win    int64         // the stub's window
 		client byte
 		record int
 		ok     bool
@@ -94,7 +98,7 @@ func TestPythonLeases(t *testing.T) {
 			count++
 		}
 		if !start.IsZero() {
-			events = append(events, event{at: now.Sub(start), client: c[0], record: rec, ok: ok})
+			events = append(events, event{at: now.Sub(start), win: window, client: c[0], record: rec, ok: ok})
 		}
 		mu.Unlock()
 		if !ok {
@@ -141,9 +145,11 @@ func TestPythonLeases(t *testing.T) {
 	var a, b time.Duration
 	refused, total := 0, len(events)
 	accepted := map[byte]map[int]int{'A': {}, 'B': {}}
+	// Per window of the stub's (which decides the 429s), from the first
+	// one that received anything.
 	perSec := [][3]int{}
 	for _, e := range events {
-		s := int(e.at / time.Second)
+		s := int(e.win - events[0].win)
 		for len(perSec) <= s {
 			perSec = append(perSec, [3]int{})
 		}
@@ -162,7 +168,7 @@ func TestPythonLeases(t *testing.T) {
 		}
 	}
 	var tbl strings.Builder
-	fmt.Fprintf(&tbl, "t(s)      A      B   429s\n")
+	fmt.Fprintf(&tbl, "window    A      B   429s\n")
 	for s, x := range perSec {
 		fmt.Fprintf(&tbl, "%4d %6d %6d %6d\n", s, x[0], x[1], x[2])
 	}

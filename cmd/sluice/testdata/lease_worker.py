@@ -136,7 +136,60 @@ def check(base, token):
     assert not p.acquire(n=2, timeout=0), "a larger burst gave tokens at once"
     p.close()
     assert not p.acquire(timeout=5), "a closed pacer let a caller through"
+    check_catchup()
     print("check ok", flush=True)
+
+
+def check_catchup():
+    """The Pacer lets a stalled sender catch up, within its catchup and
+    within the window's credit, also across a change of rate."""
+    def grant(version, rate, pace, valid=10000):
+        return sluice.LeaseGrant(dict(holder_id="A" * 26, version=version, rate=rate, pace_rate=pace, burst=1,
+                                      window_ms=1000, valid_for_ms=valid, leases=[]), time.monotonic())
+
+    def take(p, secs):
+        sent, end = [], time.monotonic() + secs
+        while time.monotonic() < end:
+            if p.acquire(timeout=max(end - time.monotonic(), 0)):
+                sent.append(time.monotonic())
+        return sent
+
+    # After a stall of 200 ms at 99/s, what it earned goes too, at twice
+    # the pace (a bucket of burst 1 would give about 20 in the next 200
+    # ms); after a longer one, a quarter window's worth.
+    p = sluice.Pacer()
+    p.update(grant(1, 100, 99))
+    time.sleep(0.2)
+    n = len(take(p, 0.2))
+    assert 35 <= n <= 42, f"{n} units in 200 ms after a stall of 200 ms at 99/s"
+    time.sleep(0.8)
+    n = len(take(p, 0.4))
+    assert 58 <= n <= 68, f"{n} units in 400 ms after a stall of 800 ms, catchup 250 ms at 99/s"
+
+    # Catching up never puts more in a window than the schedule's share
+    # of the credit: 1.5 s earned, 99 of a window's 100 sent. Then the rate halves (share 50/s): every
+    # window ending at a send holds no more than the capacity held over
+    # it, the old rate and the new pro rata.
+    p = sluice.Pacer(catchup=5)
+    t0 = time.monotonic()
+    p.update(grant(2, 100, 99))
+    time.sleep(1.5)
+    sent = take(p, 0.6)
+    assert 95 <= len(sent) <= 99, f"{len(sent)} units in a window of credit 100 at 99/s"
+    sent += take(p, 0.2)
+    changed = time.monotonic()
+    p.update(grant(3, 50, 49.5))
+    sent += take(p, 1.3)
+
+    def credit(t):
+        lo = t - 1
+        return 100 * max(0, min(changed, t) - max(t0, lo)) + 50 * max(0, t - max(changed, lo))
+
+    for i, t in enumerate(sent):
+        k = sum(1 for u in sent[:i + 1] if u > t - 1)
+        assert k <= credit(t) + 1, f"{k} units in the window ending {t - t0:.3f} s, credit {credit(t):.1f}"
+    late = [t for t in sent if t > changed]
+    assert len(late) >= 55, f"{len(late)} units in 1.3 s after the rate fell to 50/s"
 
 
 if __name__ == "__main__":

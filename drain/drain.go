@@ -1078,20 +1078,7 @@ func (d *Drainer) next(ctx context.Context) *hold {
 		}
 		d.mu.Unlock()
 		if !ok {
-			var tc <-chan time.Time
-			if !next.IsZero() {
-				if timer == nil {
-					timer = time.NewTimer(time.Until(next))
-				} else {
-					timer.Reset(time.Until(next))
-				}
-				tc = timer.C
-			}
-			select {
-			case <-d.wake:
-			case <-tc:
-			case <-ctx.Done():
-			}
+			d.await(ctx, &timer, next)
 			continue
 		}
 		if err := d.cfg.Limiter.WaitN(ctx, 1); err != nil {
@@ -1148,22 +1135,28 @@ func (d *Drainer) nextFree(ctx context.Context) *hold {
 			return t.hold
 		}
 		d.mu.Unlock()
-		var tc <-chan time.Time
-		if !next.IsZero() {
-			if timer == nil {
-				timer = time.NewTimer(time.Until(next))
-			} else {
-				timer.Reset(time.Until(next))
-			}
-			tc = timer.C
-		}
-		select {
-		case <-d.wake:
-		case <-tc:
-		case <-ctx.Done():
-		}
+		d.await(ctx, &timer, next)
 	}
 	return nil
+}
+
+// await waits for a wake-up, for next (none when zero) on *timer (made on
+// first use; its caller stops it), or for ctx's end.
+func (d *Drainer) await(ctx context.Context, timer **time.Timer, next time.Time) {
+	var tc <-chan time.Time
+	if !next.IsZero() {
+		if *timer == nil {
+			*timer = time.NewTimer(time.Until(next))
+		} else {
+			(*timer).Reset(time.Until(next))
+		}
+		tc = (*timer).C
+	}
+	select {
+	case <-d.wake:
+	case <-tc:
+	case <-ctx.Done():
+	}
 }
 
 // sendLocked counts t, picked, as released to the Sink. d.mu is held.

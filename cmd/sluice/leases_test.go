@@ -9,6 +9,7 @@ import (
 	"net/http/httptrace"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -344,7 +345,16 @@ func testLeaseShutdown(t *testing.T, c *coordClient, p *sluiceProcess) {
 			}
 		}
 	}()
+	// Written is not read: a request serve has not read yet is on a
+	// connection its shutdown closes as idle. Stop once serve counts
+	// both watches waiting.
 	<-parked
+	for deadline := time.Now().Add(10 * time.Second); !bytes.Contains(c.scrape(t), []byte("sluice_lease_watches 2\n")); {
+		if time.Now().After(deadline) {
+			t.Fatalf("serve does not count the long poll and the stream as waiting:\n%s", c.scrape(t))
+		}
+		runtime.Gosched()
+	}
 	stopped := time.Now()
 	if err := p.cmd.Process.Signal(os.Interrupt); err != nil {
 		t.Fatal(err)

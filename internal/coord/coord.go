@@ -150,7 +150,8 @@ type Options struct {
 	// Registerer, if set, registers the Service's metrics:
 	// sluice_semaphore_calls_total{method,outcome},
 	// sluice_semaphore_waiting, sluice_semaphore_store_errors_waited_total,
-	// sluice_lease_calls_total{method,outcome} and sluice_lease_holders.
+	// sluice_lease_calls_total{method,outcome}, sluice_lease_holders and
+	// sluice_lease_watches.
 	Registerer prometheus.Registerer
 }
 

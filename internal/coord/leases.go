@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluicehq/sluice/dashboard"
@@ -186,6 +187,7 @@ type leases struct {
 	holders  map[string]*remote
 	seq      uint64         // counts the joins, to order the status
 	wg       sync.WaitGroup // the holders' goroutines
+	watches  atomic.Int64   // Watch and Stream calls waiting on a holder
 }
 
 // checkService refuses a service name that is empty, too long, not UTF-8
@@ -390,6 +392,8 @@ func (s *Service) Watch(ctx context.Context, service, id string, version uint64,
 		return LeaseGrant{}, err
 	}
 	r.ack(ctx, version)
+	s.leases.watches.Add(1)
+	defer s.leases.watches.Add(-1)
 	tm := time.NewTimer(wait)
 	defer tm.Stop()
 	for {
@@ -424,6 +428,8 @@ func (s *Service) Stream(ctx context.Context, service, id string, send func(Leas
 	if err != nil {
 		return err
 	}
+	s.leases.watches.Add(1)
+	defer s.leases.watches.Add(-1)
 	var sent uint64
 	first := true
 	for {
@@ -696,6 +702,15 @@ func (s *Service) LeaseHolders() int {
 	s.leases.mu.Lock()
 	defer s.leases.mu.Unlock()
 	return len(s.leases.holders)
+}
+
+// LeaseWatches returns the long polls (Watch) and streams (Stream) in
+// this process waiting on a holder's next answer.
+func (s *Service) LeaseWatches() int64 {
+	if s.leases == nil {
+		return 0
+	}
+	return s.leases.watches.Load()
 }
 
 // shutdownLeases ends every holder without releasing (as a silent one:

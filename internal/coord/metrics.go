@@ -50,6 +50,10 @@ func newMetrics(s *Service, reg prometheus.Registerer) (*metrics, error) {
 		Name: "sluice_lease_holders",
 		Help: "Lease holders this process runs for remote clients of the coordination API, over every service.",
 	}, func() float64 { return float64(s.LeaseHolders()) })
+	watches := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_lease_watches",
+		Help: "Long polls and streams of the coordination API's leases waiting in this process for a holder's next answer.",
+	}, func() float64 { return float64(s.LeaseWatches()) })
 	waiting := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_semaphore_waiting",
 		Help: "Acquires of the coordination API waiting for a permit in this process, over every semaphore.",
@@ -58,7 +62,7 @@ func newMetrics(s *Service, reg prometheus.Registerer) (*metrics, error) {
 		Name: "sluice_semaphore_store_errors_waited_total",
 		Help: "Store errors (a Redis call past --redis-timeout, a connection refused or lost) that the waiting acquires of the coordination API waited through, asking the store again after their backoff, rather than failing.",
 	})
-	for _, c := range []prometheus.Collector{m.calls, waiting, m.leaseCalls, holders, m.storeErrors} {
+	for _, c := range []prometheus.Collector{m.calls, waiting, m.leaseCalls, holders, watches, m.storeErrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("coord: registering the metrics: %w", err)
 		}

@@ -830,7 +830,7 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 			Reload: watcher.Reload, Status: watcher.Status, Logger: log,
 			AuthFailures: cfg.limits.adminAuthFailures, AuthFailurePeriod: cfg.limits.adminAuthFailurePeriod,
 			Registerer: reg, Top: top, StoreStatus: b.health,
-			Coordination: sems.Status,
+			Coordination: sems.Status, FailureDefault: cfg.failureDefault,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("serve: %w", err)

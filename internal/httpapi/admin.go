@@ -92,6 +92,11 @@ type AdminOptions struct {
 	// semaphores seen by this process, with their holders and waiters.
 	Coordination func(ctx context.Context) *dashboard.CoordinationStatus
 
+	// FailureDefault is the failure mode of the rules that state none
+	// (serve's --failure-default); their views show it as "local
+	// (default)", say. ratelimit.FailDefault shows "default".
+	FailureDefault ratelimit.FailureMode
+
 	// Registerer, if not nil, registers sluice_admin_auth_failures_total
 	// and sluice_admin_auth_refused_total.
 	Registerer prometheus.Registerer
@@ -335,6 +340,9 @@ func (a *Admin) ruleSet() *dashboard.RuleSet {
 		dv := domainView{Name: name, File: d.File(), Rules: []ruleView{}}
 		for _, sp := range d.Specs() {
 			v := viewRule(sp)
+			if r := sp.Rule; r != nil && r.Failure == ratelimit.FailDefault && a.opts.FailureDefault != ratelimit.FailDefault {
+				v.FailureMode = a.opts.FailureDefault.String() + " (default)"
+			}
 			if o := byRule[[2]string{name, sp.Name}]; o != nil {
 				v.Override = viewOverride(o, now)
 			}

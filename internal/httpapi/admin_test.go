@@ -14,6 +14,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/overrides"
 	"github.com/sluicehq/sluice/internal/rules"
+	"github.com/sluicehq/sluice/ratelimit"
 )
 
 const testToken = "s3cret-token"
@@ -40,8 +41,9 @@ func newAdminFixture(t *testing.T) *adminFixture {
 			}
 			return nil
 		},
-		Status: func() rules.WatchStatus { return rules.WatchStatus{Loads: af.reloads} },
-		Logger: slog.New(slog.NewTextHandler(af.logs, nil)),
+		Status:         func() rules.WatchStatus { return rules.WatchStatus{Loads: af.reloads} },
+		Logger:         slog.New(slog.NewTextHandler(af.logs, nil)),
+		FailureDefault: ratelimit.FailLocal,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -92,6 +94,10 @@ func TestAdminRulesAndReload(t *testing.T) {
 	first := out.Domains[0].Rules[0]
 	if first.Name != "per_user" || first.Source != "rules0.yaml:4" || first.Limit != 3 || first.Unit != "minute" || first.Algorithm != "fixed_window" {
 		t.Errorf("first rule = %+v", first)
+	}
+	// It states no failure_mode: the view shows the one in force.
+	if first.FailureMode != "local (default)" {
+		t.Errorf("first rule's failure mode %q, want the default in force, local (default)", first.FailureMode)
 	}
 
 	r = af.call(t, "POST", "/admin/v1/reload", "")

@@ -180,17 +180,8 @@ func (b *Budgets) reserve(ctx context.Context, key string, cost map[string]int64
 		if r != nil {
 			return r, nil
 		}
-		if dl, ok := ctx.Deadline(); ok && t.Add(wait).After(dl) {
-			return nil, &retry.DeadlineError{Wait: wait, Left: dl.Sub(t)}
-		}
-		timer := time.NewTimer(wait)
-		select {
-		case <-timer.C:
-		case <-wake:
-			timer.Stop()
-		case <-ctx.Done():
-			timer.Stop()
-			return nil, ctx.Err()
+		if err := retry.WaitOrWake(ctx, t, wait, wake); err != nil {
+			return nil, err
 		}
 	}
 }

@@ -37,13 +37,28 @@ func (e *DeadlineError) Unwrap() []error {
 // now is the caller's reading of its clock, against which the deadline is
 // compared; the wait itself is a timer of the runtime's clock.
 func Wait(ctx context.Context, now time.Time, d time.Duration) error {
+	return WaitOrWake(ctx, now, d, nil)
+}
+
+// WaitOrWake is Wait that also ends early, returning nil, when wake is
+// closed (a nil wake never is): for a waiter that something other than
+// time may let through sooner.
+func WaitOrWake(ctx context.Context, now time.Time, d time.Duration, wake <-chan struct{}) error {
 	if d <= 0 {
 		return nil
 	}
 	if dl, ok := ctx.Deadline(); ok && now.Add(d).After(dl) {
 		return &DeadlineError{Wait: d, Left: dl.Sub(now)}
 	}
-	return Sleep(ctx, d)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-wake:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return nil
 }
 
 // Sleep waits for d, or until ctx is done, and then returns ctx.Err(). It

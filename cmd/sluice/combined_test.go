@@ -18,8 +18,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/sluicehq/sluice/internal/coord/sluicev1"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/internal/reserve"
 )
 
 // combinedRules turn on, in one domain, what a user combines: a real
@@ -174,7 +177,7 @@ func testCombined(t *testing.T, grpcAddr, httpAddr, adminAddr string) {
 	if a := ask(5); !a.over {
 		t.Fatalf("step 5: allowed past the override's 5: %s", a.body)
 	}
-	testCombinedReserve(t, do, httpAddr, adminAddr)
+	testCombinedReserve(t, do, conn, httpAddr, adminAddr)
 	testCombinedCoordination(t, do, httpAddr, adminAddr)
 	// Top-K saw the user; the per-value series counts ann; no panic.
 	code, _, top := do(adminAddr, "GET", "/admin/v1/top?domain=mix&rule=per_user", "")
@@ -208,17 +211,34 @@ func testCombined(t *testing.T, grpcAddr, httpAddr, adminAddr string) {
 type doFunc func(addr, method, path, body string) (int, http.Header, string)
 
 // testCombinedReserve reserves on job_pace (10/s, burst 1) over
-// /v1/reserve: the instants the answers tell are one interval apart, 100
-// ms; an override to 2/s spaces them 500 ms apart. Each told instant is
+// /v1/reserve and gRPC's Reserve in turn, one queue for both: the
+// instants the answers tell are one interval apart, 100 ms; an override
+// to 2/s spaces them 500 ms apart. Each told instant is
 // known to lie between the request's sending and its answer's arrival,
 // plus the wait told (rounded up to a millisecond), so the check holds
 // however slow the machine.
-func testCombinedReserve(t *testing.T, do doFunc, httpAddr, adminAddr string) {
+func testCombinedReserve(t *testing.T, do doFunc, conn *grpc.ClientConn, httpAddr, adminAddr string) {
 	t.Helper()
 	type told struct{ early, late time.Time }
-	reserve := func() told {
+	calls := 0
+	reserveOnce := func() told {
 		t.Helper()
+		calls++
 		sent := time.Now()
+		if calls%2 == 0 {
+			var out sluicev1.ReserveResponse
+			err := conn.Invoke(t.Context(), reserve.ReserveMethod, &sluicev1.ReserveRequest{
+				Domain:      "mix",
+				Descriptors: []*sluicev1.RateLimitDescriptor{{Entries: []*sluicev1.RateLimitEntry{{Key: "job", Value: "j1"}}}},
+				MaxWait:     durationpb.New(10 * time.Second),
+			}, &out)
+			got := time.Now()
+			if err != nil || !out.GetAllowed() {
+				t.Fatalf("gRPC Reserve: %v %v", err, &out)
+			}
+			w := out.GetWait().AsDuration()
+			return told{sent.Add(w), got.Add(w)}
+		}
 		code, _, body := do(httpAddr, "POST", "/v1/reserve", `{"domain":"mix","descriptors":[{"entries":[{"key":"job","value":"j1"}]}],"max_wait_ms":10000}`)
 		got := time.Now()
 		var r struct {
@@ -228,7 +248,7 @@ func testCombinedReserve(t *testing.T, do doFunc, httpAddr, adminAddr string) {
 		if err := json.Unmarshal([]byte(body), &r); code != 200 || err != nil || !r.Allowed {
 			t.Fatalf("reserve: %d %s (%v)", code, body, err)
 		}
-		w := time.Duration(r.WaitMS) * time.Millisecond
+		w := time.Duration(r.WaitMS) * time.Millisecond // rounded up
 		return told{sent.Add(w - time.Millisecond), got.Add(w)}
 	}
 	spaced := func(what string, interval time.Duration, a, b told) {
@@ -237,13 +257,13 @@ func testCombinedReserve(t *testing.T, do doFunc, httpAddr, adminAddr string) {
 			t.Errorf("%s: the second reservation told %v–%v after the first, want %v", what, lo, hi, interval)
 		}
 	}
-	a, b := reserve(), reserve()
+	a, b := reserveOnce(), reserveOnce()
 	spaced("job_pace at 10/s", 100*time.Millisecond, a, b)
 	if code, _, body := do(adminAddr, "PUT", "/admin/v1/overrides/mix/job_pace", `{"limit":2,"ttl":"10m","reason":"combined test"}`); code != 200 {
 		t.Fatalf("override of job_pace: %d %s", code, body)
 	}
-	reserve() // the first under the override follows the old interval's queue
-	c, d := reserve(), reserve()
+	reserveOnce() // the first under the override follows the old interval's queue
+	c, d := reserveOnce(), reserveOnce()
 	spaced("job_pace overridden to 2/s", 500*time.Millisecond, c, d)
 	if code, _, top := do(adminAddr, "GET", "/admin/v1/top?domain=mix&rule=job_pace", ""); code != 200 || !strings.Contains(top, "j1") {
 		t.Errorf("top of job_pace after reservations: %d %s", code, top)

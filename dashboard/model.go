@@ -53,6 +53,7 @@ type Rule struct {
 	Shadow      bool      `json:"shadow,omitempty"`
 	Algorithm   string    `json:"algorithm,omitempty"`
 	Limit       int64     `json:"limit"`
+	CostUnit    string    `json:"cost_unit,omitempty"` // what Limit counts; empty: the request's cost
 	Period      string    `json:"period,omitempty"`
 	Burst       int64     `json:"burst,omitempty"`
 	Unit        string    `json:"unit,omitempty"`

@@ -96,7 +96,7 @@
     (rs ? rs.domains : []).forEach((d) => {
       d.rules.forEach((r) => {
         const o = r.override ? r.override.limit + " for " + fmtMs(r.override.expires_in_ms) + (r.override.reason ? " (" + r.override.reason + ")" : "") : "";
-        rows.push(row([d.name, r.name, r.unlimited ? "unlimited" : r.limit, r.period || r.calendar || "", r.algorithm || "", r.failure_mode || "", o, r.source]));
+        rows.push(row([d.name, r.name, r.unlimited ? "unlimited" : r.limit + (r.cost_unit ? " " + r.cost_unit : ""), r.period || r.calendar || "", r.algorithm || "", r.failure_mode || "", o, r.source]));
       });
     });
     fill($("rules").tBodies[0], rows, 8);

@@ -1,18 +1,23 @@
 package httpapi
 
+import (
+	"github.com/sluicehq/sluice/internal/rules"
+	"github.com/sluicehq/sluice/internal/service"
+)
+
 // fastCheck decodes body into in when it is a /v1/check body of the plain
 // shape almost every caller sends, and reports whether it did: members
 // named exactly as the schema spells them, each at most once, strings of
 // printable ASCII without escapes, costs as integers of at most 18
-// digits, no nulls. On such a body it gives what decodeCheck's
+// digits, at most rules.MaxCostUnits costs per object, no nulls. On such a body it gives what decodeCheck's
 // encoding/json pass gives, without reflection; on anything else (and on
 // every error) it reports false, and decodeCheck takes the general path,
 // which explains errors. It reuses in's descriptors and their entries.
 func fastCheck(body []byte, in *checkRequest) bool {
 	p := fastParser{b: body}
-	ds := in.Descriptors[:0]
+	ds, cs := in.Descriptors[:0], in.Costs[:0]
 	*in = checkRequest{}
-	var seen [3]bool
+	var seen [4]bool
 	ok := p.object(func(name []byte) bool {
 		switch string(name) {
 		case "domain":
@@ -34,6 +39,10 @@ func fastCheck(body []byte, in *checkRequest) bool {
 			n, ok := p.int()
 			in.Cost = &n
 			return once(&seen[2]) && ok
+		case "costs":
+			var ok bool
+			in.Costs, ok = p.costs(cs)
+			return once(&seen[3]) && ok
 		}
 		return false
 	})
@@ -169,9 +178,9 @@ func (p *fastParser) int() (int64, bool) {
 
 // descriptor reads a descriptor into d, reusing its entries.
 func (p *fastParser) descriptor(d *checkDescriptor) bool {
-	es := d.Entries[:0]
+	es, cs := d.Entries[:0], d.Costs[:0]
 	*d = checkDescriptor{}
-	var seen [2]bool
+	var seen [3]bool
 	return p.object(func(name []byte) bool {
 		switch string(name) {
 		case "entries":
@@ -185,9 +194,42 @@ func (p *fastParser) descriptor(d *checkDescriptor) bool {
 			n, ok := p.int()
 			d.Cost = &n
 			return once(&seen[1]) && ok
+		case "costs":
+			var ok bool
+			d.Costs, ok = p.costs(cs)
+			return once(&seen[2]) && ok
 		}
 		return false
 	})
+}
+
+// costs reads a costs object of 1 to rules.MaxCostUnits units, each
+// named once, into cs, reusing its elements: a unit named as the element
+// it replaces keeps that element's string, so that a caller that sends
+// the same units each time allocates nothing for them. More units are left
+// to the general path, which explains the error.
+func (p *fastParser) costs(cs costList) (costList, bool) {
+	cs = cs[:0]
+	ok := p.object(func(name []byte) bool {
+		if len(cs) == rules.MaxCostUnits {
+			return false
+		}
+		for _, c := range cs {
+			if c.Unit == string(name) {
+				return false
+			}
+		}
+		n, ok := p.int()
+		var unit string
+		if len(cs) < cap(cs) && cs[:len(cs)+1][len(cs)].Unit == string(name) {
+			unit = cs[:len(cs)+1][len(cs)].Unit
+		} else {
+			unit = string(name)
+		}
+		cs = append(cs, service.UnitCost{Unit: unit, Cost: n})
+		return ok
+	})
+	return cs, ok && len(cs) > 0
 }
 
 // entry reads an entry into e.

@@ -114,6 +114,15 @@ func CheckEntryCount(i, n int) error {
 	return nil
 }
 
+// CheckCostCount checks the number of costs n of descriptor i of a
+// request: at most rules.MaxCostUnits. See CheckDescriptorCount.
+func CheckCostCount(i, n int) error {
+	if n > rules.MaxCostUnits {
+		return invalid("descriptor %d: costs for %d units; at most %d (MaxCostUnits)", i, n, rules.MaxCostUnits)
+	}
+	return nil
+}
+
 // Validate reports whether r is well formed and within the bounds, with an
 // error wrapping ErrInvalidRequest that names what is wrong. In order: the
 // number of descriptors, the number of entries of each, the domain (not
@@ -175,8 +184,8 @@ func (d *Descriptor) validate(i int) error {
 	if d.Cost < -ratelimit.MaxQuota || d.Cost > ratelimit.MaxQuota {
 		return invalid("descriptor %d: cost %d is beyond ±%d (MaxQuota)", i, d.Cost, int64(ratelimit.MaxQuota))
 	}
-	if n := len(d.Costs); n > rules.MaxCostUnits {
-		return invalid("descriptor %d: costs for %d units; at most %d (MaxCostUnits)", i, n, rules.MaxCostUnits)
+	if err := CheckCostCount(i, len(d.Costs)); err != nil {
+		return err
 	}
 	for j, c := range d.Costs {
 		if err := rules.CheckCostUnit(c.Unit); err != nil {

@@ -633,8 +633,9 @@ func (c *inlineRules) get(l *InlineLimit) *ratelimit.Rule {
 
 // AppendFields appends to policy and limit the values of the
 // RateLimit-Policy and RateLimit header fields for every decided limit of
-// r, and returns them with the Retry-After seconds when r is over the limit
-// and can succeed later (0 otherwise).
+// r (a policy item names its limit's cost unit as qu), and returns them
+// with the Retry-After seconds when r is over the limit and can succeed
+// later (0 otherwise).
 func (r *Response) AppendFields(policy, limit []byte) ([]byte, []byte, int64) {
 	var retry time.Duration
 	p0, l0 := len(policy), len(limit)

@@ -17,7 +17,8 @@ descriptors:
     value: one
     descriptors:
       - key: user
-        rate_limit: {unit: second, requests_per_unit: 1000000000}
+        limits:
+          - {unit: second, requests_per_unit: 1000000000}
   - key: model
     value: three
     descriptors:

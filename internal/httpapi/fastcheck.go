@@ -9,10 +9,11 @@ import (
 // shape almost every caller sends, and reports whether it did: members
 // named exactly as the schema spells them, each at most once, strings of
 // printable ASCII without escapes, costs as integers of at most 18
-// digits, at most rules.MaxCostUnits costs per object, no nulls. On such a body it gives what decodeCheck's
-// encoding/json pass gives, without reflection; on anything else (and on
-// every error) it reports false, and decodeCheck takes the general path,
-// which explains errors. It reuses in's descriptors and their entries.
+// digits, at most rules.MaxCostUnits costs per object, no nulls. On such
+// a body it gives what decodeCheck's encoding/json pass gives, without
+// reflection; on anything else (and on every error) it reports false, and
+// decodeCheck takes the general path, which explains errors. It reuses
+// in's descriptors, their entries and the costs.
 func fastCheck(body []byte, in *checkRequest) bool {
 	p := fastParser{b: body}
 	ds, cs := in.Descriptors[:0], in.Costs[:0]
@@ -220,13 +221,11 @@ func (p *fastParser) costs(cs costList) (costList, bool) {
 			}
 		}
 		n, ok := p.int()
-		var unit string
-		if len(cs) < cap(cs) && cs[:len(cs)+1][len(cs)].Unit == string(name) {
-			unit = cs[:len(cs)+1][len(cs)].Unit
+		if i := len(cs); i < cap(cs) && cs[:i+1][i].Unit == string(name) {
+			cs = append(cs, service.UnitCost{Unit: cs[:i+1][i].Unit, Cost: n}) // the string kept
 		} else {
-			unit = string(name)
+			cs = append(cs, service.UnitCost{Unit: string(name), Cost: n})
 		}
-		cs = append(cs, service.UnitCost{Unit: unit, Cost: n})
 		return ok
 	})
 	return cs, ok && len(cs) > 0

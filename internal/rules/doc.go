@@ -112,10 +112,11 @@
 // Unknown keys, metadata, duplicate mapping keys, duplicate domains, duplicate
 // descriptors (the same key and value at one level), duplicate rule names
 // in a domain, values of the wrong type, empty domains and keys, bad
-// units and cost units, unit or other limit keys with unlimited, missing or negative
-// requests_per_unit, a burst without a refill rate, replaces naming its
-// own rule, an empty replaces entry or a rule that does not exist, and
-// share_threshold on a value that is not a wildcard are errors. Every
+// units and cost units, unit or other limit keys with unlimited, missing
+// or negative requests_per_unit, a burst without a refill rate, replaces
+// naming its own rule, an empty replaces entry or a rule that does not
+// exist, and share_threshold on a value that is not a wildcard are
+// errors. Every
 // limit becomes a ratelimit.Rule that passed Rule.Validate. A value may be
 // written as a number (value: 30 is "30"), as envoyproxy/ratelimit allows.
 // YAML aliases are followed; merge keys (<<) are not supported.

@@ -132,8 +132,8 @@ func (s *Spec) ShortKey(key string) string {
 // What the key leaves out is deliberate: the rule's name and limit (a
 // changed requests_per_unit, burst or name keeps the count, so limit
 // changes apply at once against what was consumed), and its shadow,
-// metric and failure flags. A changed window, algorithm or cost unit gives a new key,
-// since the old state means something else under them.
+// metric and failure flags. A changed window, algorithm or cost unit
+// gives a new key, since the old state means something else under them.
 func (s *Spec) AppendKey(dst []byte, entries []Entry) []byte {
 	if len(entries) != len(s.levels) || s.tail == "" {
 		return dst

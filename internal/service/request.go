@@ -129,8 +129,9 @@ func CheckCostCount(i, n int) error {
 // empty, valid UTF-8, at most rules.MaxKeyValueBytes), then for each
 // descriptor its keys (not empty) and values (either may be empty), both
 // valid UTF-8 and at most rules.MaxKeyValueBytes, its cost, its costs per
-// unit and its inline limit. It is the one check of a request, which Service.Decide makes
-// before anything else; it does not allocate when r is valid.
+// unit and its inline limit. It is the one check of a request, which
+// Service.Decide makes before anything else; it does not allocate when r
+// is valid.
 //
 // Valid UTF-8 is required because a transport that repairs it (replacing
 // each invalid byte by U+FFFD, as encoding/json does) would count two

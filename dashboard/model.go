@@ -26,9 +26,11 @@ type LimitStatus struct {
 	Domain string `json:"domain,omitempty"`
 	Name   string `json:"name"`
 	// Limit and Window are the limit's configured capacity and window
-	// ("" when not known).
-	Limit  int64  `json:"limit,omitempty"`
-	Window string `json:"window,omitempty"`
+	// ("" when not known); CostUnit what Limit counts ("" for requests'
+	// costs).
+	Limit    int64  `json:"limit,omitempty"`
+	CostUnit string `json:"cost_unit,omitempty"`
+	Window   string `json:"window,omitempty"`
 	topk.Snapshot
 }
 

@@ -138,7 +138,7 @@
     limits.forEach((l) => {
       const div = el("div", null, "limit");
       div.dataset.limit = name(l);
-      const lim = l.limit ? " — " + l.limit + (l.window ? " per " + l.window : "") : "";
+      const lim = l.limit ? " — " + l.limit + (l.cost_unit ? " " + l.cost_unit : "") + (l.window ? " per " + l.window : "") : "";
       const sampled = l.sample > 1 ? " (1 in " + l.sample + " counted)" : "";
       div.appendChild(el("h3", name(l) + lim + ": " + l.decisions + " decisions, " + l.denied + " denied" + sampled));
       const tables = el("div", null, "tables");

@@ -25,21 +25,14 @@ func (s *recordingStore) Decide(_ context.Context, dst []ratelimit.Decision, ite
 // when the descriptor's costs give none, the descriptor's Cost without a
 // unit; without costs every limit takes Cost; an inline limit takes Cost.
 func TestCostsReachTheirLimits(t *testing.T) {
-	d, err := rules.Parse("c.yaml", []byte(`domain: c
+	set := overrideSet(t, `domain: c
 descriptors:
   - key: model
     limits:
       - {unit: minute, requests_per_unit: 10, name: requests}
       - {unit: minute, requests_per_unit: 1000, cost_unit: input_tokens, name: input}
       - {unit: minute, requests_per_unit: 1000, cost_unit: output_tokens, name: output}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	set, err := rules.NewSet(d)
-	if err != nil {
-		t.Fatal(err)
-	}
+`)
 	st := &recordingStore{}
 	svc, err := New(Options{Store: st, Rules: set})
 	if err != nil {

@@ -227,7 +227,7 @@ func (d *Dashboard) Status(ctx context.Context, k int) Status {
 
 // Limit returns the status of one tracked limit, k entries per table.
 func Limit(l topk.Limit, k int) LimitStatus {
-	ls := LimitStatus{Domain: l.Domain, Name: l.Name, Snapshot: l.Tracker.Snapshot(k)}
+	ls := LimitStatus{Domain: l.Domain, Name: l.Name, CostUnit: l.CostUnit, Snapshot: l.Tracker.Snapshot(k)}
 	if l.Rule != nil {
 		ls.Limit = l.Rule.Capacity()
 		if l.Rule.Period > 0 {

@@ -26,9 +26,11 @@ type LimitStatus struct {
 	Domain string `json:"domain,omitempty"`
 	Name   string `json:"name"`
 	// Limit and Window are the limit's configured capacity and window
-	// ("" when not known).
-	Limit  int64  `json:"limit,omitempty"`
-	Window string `json:"window,omitempty"`
+	// ("" when not known); CostUnit what Limit counts ("" for requests'
+	// costs).
+	Limit    int64  `json:"limit,omitempty"`
+	CostUnit string `json:"cost_unit,omitempty"`
+	Window   string `json:"window,omitempty"`
 	topk.Snapshot
 }
 
@@ -53,6 +55,7 @@ type Rule struct {
 	Shadow      bool      `json:"shadow,omitempty"`
 	Algorithm   string    `json:"algorithm,omitempty"`
 	Limit       int64     `json:"limit"`
+	CostUnit    string    `json:"cost_unit,omitempty"` // what Limit counts; empty: the request's cost
 	Period      string    `json:"period,omitempty"`
 	Burst       int64     `json:"burst,omitempty"`
 	Unit        string    `json:"unit,omitempty"`

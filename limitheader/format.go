@@ -42,6 +42,15 @@ func AppendPolicyItem(b []byte, name string, quota int64, window time.Duration) 
 	return strconv.AppendInt(b, PolicyWindow(window), 10)
 }
 
+// AppendQuotaUnit appends the qu parameter of a RateLimit-Policy item,
+// ";qu=" and unit as a Structured Field String: what the policy's quota
+// counts. The draft registers "requests" (the meaning of an item without
+// qu), "content-bytes" and "concurrent-requests"; a client that does not
+// know a unit should take the policy as not about requests.
+func AppendQuotaUnit(b []byte, unit string) []byte {
+	return AppendPolicyName(append(b, ";qu="...), unit)
+}
+
 // AppendLimitItem appends one member of a RateLimit list:
 // "name";r=remaining;t=seconds-until-reset (remaining below 0 is written
 // 0). For a decision d: AppendLimitItem(b, d.Rule, d.Remaining, d.ResetAfter).

@@ -22,6 +22,12 @@
 //     with ReasonExceedsCapacity and RetryAfter Never, not told to retry.
 //   - A Store decides the items of one request all or nothing: if any item
 //     is denied, none is consumed.
+//   - Several dimensions in one decision: each item has its own key, rule
+//     and cost, so one Decide can limit requests, input tokens and output
+//     tokens (or any units) at once, each against its own limit, all or
+//     nothing (the Store example). A dimension whose cost is not known yet
+//     takes cost 0, a check that denies only a key already over its limit,
+//     and is charged later with another Decide.
 //   - A rule changed between two decisions applies at once, against the cost
 //     already consumed under the old rule.
 //   - Time that goes backwards (a caller with an older clock reading) never

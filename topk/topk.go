@@ -80,8 +80,11 @@ type Limit struct {
 	// policy; Name the rule's or policy's name.
 	Domain, Name string
 	// Rule is the limit, nil when not known.
-	Rule    *ratelimit.Rule
-	Tracker *Tracker
+	Rule *ratelimit.Rule
+	// CostUnit is what Rule counts ("input_tokens"); "" when it counts
+	// requests' costs, whatever they stand for.
+	CostUnit string
+	Tracker  *Tracker
 }
 
 // A Tracker follows the keys of one limit; see the package documentation.

@@ -12,7 +12,9 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -81,6 +83,7 @@ type mLimit struct {
 	WriteAlg bool
 	Counting string // "" or "batched"
 	Failure  string // "" or a failure_mode
+	CostUnit string // "" or a cost_unit
 	Replaces []string
 }
 
@@ -109,12 +112,14 @@ type mInline struct {
 }
 
 // An mDesc is one request descriptor. Cost fields by transport: on
-// v1/check, Cost when HasCost; on RLS, hits_addend = Cost (≥ 0) when
-// HasCost, and Negative sets is_negative_hits.
+// v1/check, Cost when HasCost, and Costs ("costs") when not empty; on
+// RLS, hits_addend = Cost (≥ 0) when HasCost, and Negative sets
+// is_negative_hits.
 type mDesc struct {
 	Entries  []mEntry
 	HasCost  bool
 	Cost     int64
+	Costs    map[string]int64
 	Negative bool
 	Inline   *mInline
 }
@@ -137,6 +142,7 @@ type mStep struct {
 	// hits_addend (0 means 1).
 	HasCost bool
 	Cost    int64
+	Costs   map[string]int64 // v1/check's "costs"
 	Descs   []mDesc
 	// Overrides.
 	Rule  string
@@ -160,6 +166,9 @@ var (
 	genValues = []string{"a", "b", "ab"}
 	genWild   = []string{"a*", "ab*", "*"}
 	reqValues = []string{"a", "b", "ab", "abc", "c", ""}
+	// genCostUnits are the cost units of limits (the first two) and of
+	// requests' costs (all three: one no limit counts).
+	genCostUnits = []string{"tok", "ru", "zz"}
 )
 
 // genOpts say what a configuration lets the generator produce.
@@ -313,6 +322,9 @@ func (g *generator) limits(nd *mNode) {
 		if chance(c, 10) || (g.o.down && chance(c, 75)) {
 			l.Failure = pick(c, "fail_open", "fail_closed", "local")
 		}
+		if chance(c, 20) {
+			l.CostUnit = pick(c, genCostUnits[:2]...)
+		}
 		nd.Limits = append(nd.Limits, l)
 		g.rules = append(g.rules, l)
 	}
@@ -371,6 +383,9 @@ func (g *generator) step() mStep {
 			st.Cost = int64(pick(c, 0, 1, 2, -1, 3))
 		}
 	}
+	if st.Transport == tCheck && !mc.Batched && chance(c, 20) {
+		st.Costs = genCosts(c)
+	}
 	n := 1 + c.intn(3)
 	if g.o.narrow() {
 		n = 1 // see modelRedisNarrow
@@ -395,6 +410,9 @@ func (g *generator) step() mStep {
 				d.Cost = int64(pick(c, 0, 1, 2, 3, 6, -1, -2))
 			}
 		}
+		if !rls && !mc.Batched && chance(c, 25) {
+			d.Costs = genCosts(c)
+		}
 		if rls && !mc.Batched && !g.o.narrow() {
 			d.Negative = chance(c, 10)
 			if chance(c, 18) {
@@ -404,6 +422,15 @@ func (g *generator) step() mStep {
 		st.Descs = append(st.Descs, d)
 	}
 	return st
+}
+
+// genCosts returns v1/check "costs" of one or two units.
+func genCosts(c chooser) map[string]int64 {
+	costs := map[string]int64{}
+	for range 1 + c.intn(2) {
+		costs[pick(c, genCostUnits...)] = int64(pick(c, 0, 1, 2, 3, -1, 5))
+	}
+	return costs
 }
 
 // requestValue returns a request value that a descriptor of the rule value
@@ -486,6 +513,9 @@ func limitFlow(l *mLimit) string {
 		if l.Failure != "" {
 			f = append(f, "failure_mode: "+l.Failure)
 		}
+		if l.CostUnit != "" {
+			f = append(f, "cost_unit: "+l.CostUnit)
+		}
 	}
 	f = append(f, "name: "+l.Name)
 	if len(l.Replaces) > 0 {
@@ -523,6 +553,7 @@ func (st *mStep) String() string {
 			fmt.Fprintf(&b, " hits_addend=%d", st.Cost)
 		}
 	}
+	writeCosts(&b, st.Costs)
 	for _, d := range st.Descs {
 		b.WriteString(" [")
 		for i, e := range d.Entries {
@@ -538,6 +569,7 @@ func (st *mStep) String() string {
 				fmt.Fprintf(&b, " hits_addend=%d", d.Cost)
 			}
 		}
+		writeCosts(&b, d.Costs)
 		if d.Negative {
 			b.WriteString(" is_negative_hits")
 		}
@@ -547,4 +579,21 @@ func (st *mStep) String() string {
 		b.WriteString("]")
 	}
 	return b.String()
+}
+
+// writeCosts prints v1/check's "costs", if any, in the order of their
+// units.
+func writeCosts(b *strings.Builder, costs map[string]int64) {
+	if len(costs) == 0 {
+		return
+	}
+	units := slices.Sorted(maps.Keys(costs))
+	b.WriteString(" costs={")
+	for i, u := range units {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(b, "%s:%d", u, costs[u])
+	}
+	b.WriteString("}")
 }

@@ -69,6 +69,7 @@ type refRule struct {
 	Period    time.Duration
 	Unit      int
 	Failure   string // "" (fail_open), fail_open, fail_closed or local
+	CostUnit  string // what it counts; "" the descriptor's cost
 }
 
 func (r *refRule) capacity() int64 {
@@ -400,7 +401,7 @@ func perValue(path []*mNode) bool {
 }
 
 func (m *refModel) rule(l *mLimit) *refRule {
-	r := &refRule{Name: l.Name, Algorithm: l.Algorithm, Quota: l.Quota, Burst: l.Burst, Period: unitDurations[l.Unit], Unit: l.Unit, Failure: l.Failure}
+	r := &refRule{Name: l.Name, Algorithm: l.Algorithm, Quota: l.Quota, Burst: l.Burst, Period: unitDurations[l.Unit], Unit: l.Unit, Failure: l.Failure, CostUnit: l.CostUnit}
 	if q, ok := m.overrides[l.Name]; ok {
 		r.Quota, r.Burst = q, 0
 	}
@@ -430,6 +431,22 @@ func (st *mStep) cost(i int) int64 {
 		c = -c
 	}
 	return c
+}
+
+// costOf is what descriptor i takes from a limit that counts unit ("":
+// none). With costs per unit (v1/check's "costs": the descriptor's, else
+// the request's), a limit with a unit takes its unit's, or nothing when
+// they name none; any other limit, and any limit without costs, takes
+// cost(i).
+func (st *mStep) costOf(i int, unit string) int64 {
+	costs := st.Descs[i].Costs
+	if len(costs) == 0 {
+		costs = st.Costs
+	}
+	if unit == "" || len(costs) == 0 {
+		return st.cost(i)
+	}
+	return costs[unit]
 }
 
 // apply applies a step to the model; for a request, it returns the answer.
@@ -485,8 +502,8 @@ func (m *refModel) apply(st *mStep, now int64) *refResponse {
 		case mt.l.Unlimited:
 			c.unlimName = mt.l.Name
 		default:
-			c.rule = m.rule(mt.l)
-			c.key = pathKey(node, d.Entries) + "|" + mt.l.Algorithm + "|" + c.rule.Period.String()
+			c.rule, c.cost = m.rule(mt.l), st.costOf(mt.desc, mt.l.CostUnit)
+			c.key = pathKey(node, d.Entries) + "|" + mt.l.Algorithm + "|" + c.rule.Period.String() + "|" + mt.l.CostUnit
 		}
 		checks = append(checks, c)
 	}

@@ -687,7 +687,11 @@ func wantHeaders(want *refResponse, on bool) map[string]string {
 		if s.Rule == nil {
 			continue
 		}
-		pol = append(pol, fmt.Sprintf("%q;q=%d;w=%d", s.Rule.Name, s.Rule.capacity(), s.Rule.window()))
+		p := fmt.Sprintf("%q;q=%d;w=%d", s.Rule.Name, s.Rule.capacity(), s.Rule.window())
+		if s.Rule.CostUnit != "" {
+			p += fmt.Sprintf(";qu=%q", s.Rule.CostUnit)
+		}
+		pol = append(pol, p)
 		if s.D.Reason != "fail_open" { // nothing is known of a key that failed open
 			lim = append(lim, fmt.Sprintf("%q;r=%d;t=%d", s.D.Rule, max(0, s.D.Remaining), ceilDiv(s.D.ResetAfter, time.Second)))
 		}
@@ -732,6 +736,7 @@ type checkAnswer struct {
 		Matched      bool   `json:"matched"`
 		Rule         string `json:"rule"`
 		Limit        *int64 `json:"limit"`
+		CostUnit     string `json:"cost_unit"`
 		Remaining    *int64 `json:"remaining"`
 		ResetAfterMS *int64 `json:"reset_after_ms"`
 		RetryAfterMS *int64 `json:"retry_after_ms"`
@@ -749,20 +754,22 @@ func (ms *modelServer) viaCheck(domain string, st *mStep, want *refResponse, bat
 		Value string `json:"value"`
 	}
 	type desc struct {
-		Entries []entry `json:"entries"`
-		Cost    *int64  `json:"cost,omitempty"`
+		Entries []entry          `json:"entries"`
+		Cost    *int64           `json:"cost,omitempty"`
+		Costs   map[string]int64 `json:"costs,omitempty"`
 	}
 	body := struct {
-		Domain      string `json:"domain"`
-		Descriptors []desc `json:"descriptors"`
-		Cost        *int64 `json:"cost,omitempty"`
-	}{Domain: domain}
+		Domain      string           `json:"domain"`
+		Descriptors []desc           `json:"descriptors"`
+		Cost        *int64           `json:"cost,omitempty"`
+		Costs       map[string]int64 `json:"costs,omitempty"`
+	}{Domain: domain, Costs: st.Costs}
 	if st.HasCost {
 		body.Cost = &st.Cost
 	}
 	for i := range st.Descs {
 		d := &st.Descs[i]
-		var jd desc
+		jd := desc{Costs: d.Costs}
 		for _, e := range d.Entries {
 			jd.Entries = append(jd.Entries, entry(e))
 		}
@@ -823,8 +830,8 @@ func (ms *modelServer) viaCheck(domain string, st *mStep, want *refResponse, bat
 			continue
 		}
 		var got, exp string
-		got = fmt.Sprintf("matched=%v rule=%q reason=%s shadow=%v unlimited=%v limit=%s remaining=%s reset_ms=%s retry_ms=%s",
-			g.Matched, g.Rule, g.Reason, g.Shadow, g.Unlimited, ip(g.Limit), ip(g.Remaining), ip(g.ResetAfterMS), ip(g.RetryAfterMS))
+		got = fmt.Sprintf("matched=%v rule=%q unit=%q reason=%s shadow=%v unlimited=%v limit=%s remaining=%s reset_ms=%s retry_ms=%s",
+			g.Matched, g.Rule, g.CostUnit, g.Reason, g.Shadow, g.Unlimited, ip(g.Limit), ip(g.Remaining), ip(g.ResetAfterMS), ip(g.RetryAfterMS))
 		switch {
 		case w.Rule != nil:
 			retry := ceilDiv(w.D.RetryAfter, time.Millisecond)
@@ -835,12 +842,12 @@ func (ms *modelServer) viaCheck(domain string, st *mStep, want *refResponse, bat
 			if w.D.Reason == "fail_open" { // nothing is known of the key
 				rem, reset = "-", "-"
 			}
-			exp = fmt.Sprintf("matched=true rule=%q reason=%s shadow=%v unlimited=false limit=%d remaining=%s reset_ms=%s retry_ms=%d",
-				w.D.Rule, w.D.Reason, w.Shadow, w.D.Capacity, rem, reset, retry)
+			exp = fmt.Sprintf("matched=true rule=%q unit=%q reason=%s shadow=%v unlimited=false limit=%d remaining=%s reset_ms=%s retry_ms=%d",
+				w.D.Rule, w.Rule.CostUnit, w.D.Reason, w.Shadow, w.D.Capacity, rem, reset, retry)
 		case w.Unlimited:
-			exp = fmt.Sprintf("matched=true rule=%q reason=ok shadow=false unlimited=true limit=- remaining=- reset_ms=- retry_ms=-", w.UnlimName)
+			exp = fmt.Sprintf(`matched=true rule=%q unit="" reason=ok shadow=false unlimited=true limit=- remaining=- reset_ms=- retry_ms=-`, w.UnlimName)
 		default:
-			exp = `matched=false rule="" reason=ok shadow=false unlimited=false limit=- remaining=- reset_ms=- retry_ms=-`
+			exp = `matched=false rule="" unit="" reason=ok shadow=false unlimited=false limit=- remaining=- reset_ms=- retry_ms=-`
 		}
 		if got != exp {
 			diffs = append(diffs, fmt.Sprintf("descriptor %d: %s, want %s", i, got, exp))
@@ -1184,6 +1191,32 @@ func modelRegressions() []*mCase {
 				{Transport: tCheck, Descs: []mDesc{{Entries: []mEntry{{"k2", "a"}}}}},
 				{Transport: tCheck, Descs: []mDesc{{Entries: []mEntry{{"k0", "a"}}}, {Entries: []mEntry{{"k1", "a"}}, HasCost: true, Cost: -5}, {Entries: []mEntry{{"k2", "a"}}}}},
 				{Transport: tCheck, HasCost: true, Descs: []mDesc{{Entries: []mEntry{{"k0", "a"}}}, {Entries: []mEntry{{"k1", "a"}}}}},
+			}},
+		// A GCRA bucket whose rate an override changes, then decided
+		// 110ms later: Redis answers a reset 55ms shorter than the
+		// model and the memory store (found by TestModel, open).
+		{Seed: 7, KnownRedis: "a GCRA key's reset after an override changed its rate is 55ms short",
+			Nodes: []*mNode{{ID: 0, Key: "k0", Value: "b", Quota: true, Limits: []*mLimit{{Name: "r0", Unit: 2, Quota: 2, Burst: 6, Algorithm: algGCRA, WriteAlg: true}}}},
+			Steps: []mStep{
+				{Transport: tGRPC, Descs: []mDesc{{Entries: []mEntry{{"k0", "b"}}, HasCost: true, Cost: 1}}},
+				{Transport: tCheck, HasCost: true, Cost: 3, Descs: []mDesc{{Entries: []mEntry{{"k0", "b"}}}}},
+				{Kind: sOverride, Rule: "r0", Quota: 4},
+				{Transport: tJSON, HasCost: true, Cost: 1, Descs: []mDesc{{Entries: []mEntry{{"k0", "b"}}}}},
+				{Advance: 110 * time.Millisecond, Transport: tJSON, Descs: []mDesc{{Entries: []mEntry{{"k0", "b"}}, HasCost: true, Cost: 1}}},
+			}},
+		// Costs per unit on v1/check: a limit of a unit the costs name,
+		// one they do not (0: a check), one without a unit (the cost),
+		// the request's costs and a descriptor's own.
+		{Seed: 8, Nodes: []*mNode{
+			{ID: 0, Key: "k0", List: true, Limits: []*mLimit{
+				{Name: "r0", Unit: 2, Quota: 3, Algorithm: algFixed, WriteAlg: true},
+				{Name: "r1", Unit: 1, Quota: 5, Algorithm: algFixed, WriteAlg: true, CostUnit: "tok"},
+				{Name: "r2", Unit: 3, Quota: 2, Algorithm: algGCRA, CostUnit: "ru"}}}},
+			Steps: []mStep{
+				{Transport: tCheck, Costs: map[string]int64{"tok": 4}, Descs: []mDesc{{Entries: []mEntry{{"k0", "a"}}}}},
+				{Transport: tCheck, Costs: map[string]int64{"tok": 4}, Descs: []mDesc{{Entries: []mEntry{{"k0", "a"}}, Costs: map[string]int64{"ru": 2, "zz": 9}}}},
+				{Transport: tCheck, HasCost: true, Cost: 2, Descs: []mDesc{{Entries: []mEntry{{"k0", "a"}}, Costs: map[string]int64{"tok": 1}}}},
+				{Transport: tGRPC, Descs: []mDesc{{Entries: []mEntry{{"k0", "a"}}, HasCost: true, Cost: 1}}},
 			}},
 		// A shadow limit beside fewer real ones (the top-K panic).
 		{Seed: 2, Nodes: []*mNode{

@@ -225,7 +225,11 @@ func renderTop(w io.Writer, st, prev *dashboard.Status) {
 		}
 		fmt.Fprintf(w, "\n%s / %s", l.Domain, l.Name)
 		if l.Limit > 0 {
-			fmt.Fprintf(w, "  (%d per %s)", l.Limit, orDash(l.Window))
+			unit := ""
+			if l.CostUnit != "" {
+				unit = " " + l.CostUnit
+			}
+			fmt.Fprintf(w, "  (%d%s per %s)", l.Limit, unit, orDash(l.Window))
 		}
 		fmt.Fprintf(w, "  %d decisions, %d denied", l.Decisions, l.Denied)
 		if l.Sample > 1 {

@@ -96,7 +96,7 @@
     (rs ? rs.domains : []).forEach((d) => {
       d.rules.forEach((r) => {
         const o = r.override ? r.override.limit + " for " + fmtMs(r.override.expires_in_ms) + (r.override.reason ? " (" + r.override.reason + ")" : "") : "";
-        rows.push(row([d.name, r.name, r.unlimited ? "unlimited" : r.limit, r.period || r.calendar || "", r.algorithm || "", r.failure_mode || "", o, r.source]));
+        rows.push(row([d.name, r.name, r.unlimited ? "unlimited" : r.limit + (r.cost_unit ? " " + r.cost_unit : ""), r.period || r.calendar || "", r.algorithm || "", r.failure_mode || "", o, r.source]));
       });
     });
     fill($("rules").tBodies[0], rows, 8);
@@ -138,7 +138,7 @@
     limits.forEach((l) => {
       const div = el("div", null, "limit");
       div.dataset.limit = name(l);
-      const lim = l.limit ? " — " + l.limit + (l.window ? " per " + l.window : "") : "";
+      const lim = l.limit ? " — " + l.limit + (l.cost_unit ? " " + l.cost_unit : "") + (l.window ? " per " + l.window : "") : "";
       const sampled = l.sample > 1 ? " (1 in " + l.sample + " counted)" : "";
       div.appendChild(el("h3", name(l) + lim + ": " + l.decisions + " decisions, " + l.denied + " denied" + sampled));
       const tables = el("div", null, "tables");

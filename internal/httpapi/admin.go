@@ -294,7 +294,7 @@ func viewOverride(o *service.Override, now time.Time) *overrideView {
 }
 
 func viewRule(sp *rules.Spec) ruleView {
-	v := ruleView{Name: sp.Name, Source: sp.Source, Unlimited: sp.Unlimited, Shadow: sp.Shadow, Replaces: sp.Replaces}
+	v := ruleView{Name: sp.Name, Source: sp.Source, Unlimited: sp.Unlimited, Shadow: sp.Shadow, Replaces: sp.Replaces, CostUnit: sp.CostUnit}
 	if sp.Unit != rules.UnitUnknown {
 		v.Unit = sp.Unit.String()
 	}

@@ -88,8 +88,11 @@ func TestAdminRulesAndReload(t *testing.T) {
 		Reload  *reloadView  `json:"reload"`
 	}
 	decodeStrict(t, r.body, &out)
-	if len(out.Domains) != 1 || out.Domains[0].Name != "t" || len(out.Domains[0].Rules) != 5 {
+	if len(out.Domains) != 1 || out.Domains[0].Name != "t" || len(out.Domains[0].Rules) != 8 {
 		t.Fatalf("domains = %+v", out.Domains)
+	}
+	if last := out.Domains[0].Rules[7]; last.Name != "model_output" || last.CostUnit != "output_tokens" || last.Limit != 50 {
+		t.Errorf("last rule = %+v, want model_output counting 50 output_tokens", last)
 	}
 	first := out.Domains[0].Rules[0]
 	if first.Name != "per_user" || first.Source != "rules0.yaml:4" || first.Limit != 3 || first.Unit != "minute" || first.Algorithm != "fixed_window" {

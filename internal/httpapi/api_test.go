@@ -32,6 +32,11 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 2, burst: 4, name: gcra}
   - key: blocked
     rate_limit: {unit: second, requests_per_unit: 0, name: blocked}
+  - key: model
+    limits:
+      - {unit: hour, requests_per_unit: 3, algorithm: fixed_window, name: model_requests}
+      - {unit: hour, requests_per_unit: 100, algorithm: fixed_window, cost_unit: input_tokens, name: model_input}
+      - {unit: hour, requests_per_unit: 50, algorithm: fixed_window, cost_unit: output_tokens, name: model_output}
 `
 
 // fixture is a service on a memory store with the test rules, and its
@@ -126,6 +131,7 @@ type checkResponse struct {
 		Matched       bool   `json:"matched"`
 		Rule          string `json:"rule"`
 		Limit         int64  `json:"limit"`
+		CostUnit      string `json:"cost_unit"`
 		Remaining     int64  `json:"remaining"`
 		ResetAfterMS  int64  `json:"reset_after_ms"`
 		RetryAfterMS  int64  `json:"retry_after_ms"`

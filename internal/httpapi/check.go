@@ -25,11 +25,53 @@ type checkRequest struct {
 	Descriptors []checkDescriptor `json:"descriptors"`
 	// Cost is the cost of every descriptor without its own; absent means 1.
 	Cost *int64 `json:"cost"`
+	// Costs are the costs per cost unit of every descriptor without its
+	// own (service.Descriptor.Costs).
+	Costs costList `json:"costs"`
 }
 
 type checkDescriptor struct {
-	Entries []entry `json:"entries"`
-	Cost    *int64  `json:"cost"`
+	Entries []entry  `json:"entries"`
+	Cost    *int64   `json:"cost"`
+	Costs   costList `json:"costs"`
+}
+
+// costList is a costs object, {"input_tokens": 1200, "requests": 1}: cost
+// units to integer costs, in the body's order. null is no costs; {} is an
+// error (leave costs out instead). Service.Decide validates the units and
+// bounds.
+type costList []service.UnitCost
+
+func (cl *costList) UnmarshalJSON(b []byte) error {
+	*cl = (*cl)[:0]
+	if string(b) == "null" {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return errors.New(`field "costs": want an object of cost units to integer costs, as {"input_tokens": 1200}`)
+	}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		unit, _ := t.(string) // an object's member names are strings
+		if t, err = dec.Token(); err != nil {
+			return err
+		}
+		n, ok := t.(json.Number)
+		cost, err := strconv.ParseInt(string(n), 10, 64)
+		if !ok || err != nil {
+			return fmt.Errorf("field \"costs\": unit %q: want an integer cost, got %v", unit, t)
+		}
+		*cl = append(*cl, service.UnitCost{Unit: unit, Cost: cost})
+	}
+	if len(*cl) == 0 {
+		return errors.New(`field "costs": empty object; give a cost for at least one unit, or leave costs out`)
+	}
+	return nil
 }
 
 // entry is a rules.Entry with the JSON names of the API.
@@ -118,7 +160,8 @@ func unmarshalStrict(body []byte, v any) error {
 	return nil
 }
 
-// convert fills c.req from c.in: the costs pass through as they are. It
+// convert fills c.req from c.in: the costs pass through as they are (a
+// descriptor's cost or costs, each replacing the request's). It
 // checks the counts before it copies anything, with the service's own
 // checks; Service.Decide validates the rest.
 func (c *checkCall) convert() error {
@@ -144,9 +187,12 @@ func (c *checkCall) convert() error {
 		d := &in.Descriptors[i]
 		start := len(c.entries)
 		c.entries = toEntries(c.entries, d.Entries)
-		sd := service.Descriptor{Entries: c.entries[start:len(c.entries):len(c.entries)], Cost: cost}
+		sd := service.Descriptor{Entries: c.entries[start:len(c.entries):len(c.entries)], Cost: cost, Costs: in.Costs}
 		if d.Cost != nil {
 			sd.Cost = *d.Cost
+		}
+		if len(d.Costs) > 0 {
+			sd.Costs = d.Costs
 		}
 		c.req.Descriptors = append(c.req.Descriptors, sd)
 	}
@@ -279,6 +325,10 @@ func appendStatus(b []byte, st *service.Status) []byte {
 		b = appendJSONString(b, d.Rule)
 		b = append(b, `,"limit":`...)
 		b = strconv.AppendInt(b, d.Capacity, 10)
+		if u := st.CostUnit(); u != "" {
+			b = append(b, `,"cost_unit":`...)
+			b = appendJSONString(b, u)
+		}
 		if st.RemainingKnown() { // not for fail_open: nothing is known of the key
 			b = append(b, `,"remaining":`...)
 			b = strconv.AppendInt(b, max(d.Remaining, 0), 10)

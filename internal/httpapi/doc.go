@@ -22,12 +22,20 @@
 //	   {"entries": [                    1 to 16, in order (outer level first)
 //	      {"key": "tenant", "value": "acme"},
 //	      {"key": "user", "value": "alice"}],
-//	    "cost": 3}],                    optional; this descriptor's cost
-//	 "cost": 1}                         optional; the default cost, 1 if absent
+//	    "cost": 3,                      optional; this descriptor's cost
+//	    "costs": {"input_tokens": 900}}],  optional; its costs per cost unit
+//	 "cost": 1,                         optional; the default cost, 1 if absent
+//	 "costs": {"input_tokens": 1200}}   optional; the default costs per unit
 //
 // Keys and values are at most 256 bytes. A cost of 0 checks without
 // counting; a negative cost refunds (never above the limit's capacity);
-// |cost| is at most 2^40. The costs go to the service as they are. The
+// |cost| is at most 2^40. "costs" names 1 to 8 cost units (a-z, 0-9 and
+// _, at most 32 bytes) with a cost each, as "cost": a limit whose rule has
+// that cost_unit takes it, 0 when the costs name none for its unit; a
+// limit without a cost_unit takes "cost"; without "costs", every limit
+// takes "cost" (service.Descriptor.Costs). A descriptor's "cost" and
+// "costs" each replace the request's. The costs go to the service as
+// they are. The
 // answer, with status 200 when every descriptor is allowed and 429 when a
 // limit denies (for a store outage, see Errors):
 //
@@ -37,6 +45,7 @@
 //	   "matched": true,                 false: no rule applies (no fields below but reason)
 //	   "rule": "acme_user",             the rule that decided
 //	   "limit": 5,                      its capacity (overrides applied)
+//	   "cost_unit": "input_tokens",     what it counts; absent for a rule without a cost_unit
 //	   "remaining": 4,                  what could still be admitted now (absent for fail_open)
 //	   "reset_after_ms": 12000,         until back to full capacity (absent for fail_open)
 //	   "retry_after_ms": 0,             until the same cost would pass; -1: never
@@ -63,8 +72,9 @@
 // or nothing (unless the service counts independently): in a denied request
 // nothing is consumed, so an allowed descriptor's remaining is unchanged.
 // The response carries RateLimit-Policy and RateLimit (draft-ietf-httpapi-
-// ratelimit-headers) for every limit that decided, and Retry-After when the
-// request is denied and could pass later.
+// ratelimit-headers) for every limit that decided (a RateLimit-Policy item
+// names a rule's cost_unit as the draft's quota unit, qu="input_tokens"),
+// and Retry-After when the request is denied and could pass later.
 //
 // # POST /v1/reserve
 //
@@ -192,8 +202,10 @@
 // API and Admin are safe for concurrent use. A /v1/check call reuses
 // pooled buffers and encodes its answer without reflection. The plain body
 // almost every caller sends (the schema's member names, each once; strings
-// of printable ASCII without escapes; integer costs) is decoded in one pass
-// without reflection, allocating only its strings; any other body goes
+// of printable ASCII without escapes; integer costs; at most 8 costs per
+// object) is decoded in one pass without reflection, allocating only its
+// strings (a unit the reused call named last time, at the same place, is
+// not allocated again); any other body goes
 // through encoding/json and the strict checks, one more pass that
 // allocates nothing, and is decoded the same (a fuzz target holds the two
 // to it). Nothing is logged per request.

@@ -1,18 +1,24 @@
 package httpapi
 
+import (
+	"github.com/sluicehq/sluice/internal/rules"
+	"github.com/sluicehq/sluice/internal/service"
+)
+
 // fastCheck decodes body into in when it is a /v1/check body of the plain
 // shape almost every caller sends, and reports whether it did: members
 // named exactly as the schema spells them, each at most once, strings of
 // printable ASCII without escapes, costs as integers of at most 18
-// digits, no nulls. On such a body it gives what decodeCheck's
-// encoding/json pass gives, without reflection; on anything else (and on
-// every error) it reports false, and decodeCheck takes the general path,
-// which explains errors. It reuses in's descriptors and their entries.
+// digits, at most rules.MaxCostUnits costs per object, no nulls. On such
+// a body it gives what decodeCheck's encoding/json pass gives, without
+// reflection; on anything else (and on every error) it reports false, and
+// decodeCheck takes the general path, which explains errors. It reuses
+// in's descriptors, their entries and the costs.
 func fastCheck(body []byte, in *checkRequest) bool {
 	p := fastParser{b: body}
-	ds := in.Descriptors[:0]
+	ds, cs := in.Descriptors[:0], in.Costs[:0]
 	*in = checkRequest{}
-	var seen [3]bool
+	var seen [4]bool
 	ok := p.object(func(name []byte) bool {
 		switch string(name) {
 		case "domain":
@@ -34,6 +40,10 @@ func fastCheck(body []byte, in *checkRequest) bool {
 			n, ok := p.int()
 			in.Cost = &n
 			return once(&seen[2]) && ok
+		case "costs":
+			var ok bool
+			in.Costs, ok = p.costs(cs)
+			return once(&seen[3]) && ok
 		}
 		return false
 	})
@@ -169,9 +179,9 @@ func (p *fastParser) int() (int64, bool) {
 
 // descriptor reads a descriptor into d, reusing its entries.
 func (p *fastParser) descriptor(d *checkDescriptor) bool {
-	es := d.Entries[:0]
+	es, cs := d.Entries[:0], d.Costs[:0]
 	*d = checkDescriptor{}
-	var seen [2]bool
+	var seen [3]bool
 	return p.object(func(name []byte) bool {
 		switch string(name) {
 		case "entries":
@@ -185,9 +195,40 @@ func (p *fastParser) descriptor(d *checkDescriptor) bool {
 			n, ok := p.int()
 			d.Cost = &n
 			return once(&seen[1]) && ok
+		case "costs":
+			var ok bool
+			d.Costs, ok = p.costs(cs)
+			return once(&seen[2]) && ok
 		}
 		return false
 	})
+}
+
+// costs reads a costs object of 1 to rules.MaxCostUnits units, each
+// named once, into cs, reusing its elements: a unit named as the element
+// it replaces keeps that element's string, so that a caller that sends
+// the same units each time allocates nothing for them. More units are left
+// to the general path, which explains the error.
+func (p *fastParser) costs(cs costList) (costList, bool) {
+	cs = cs[:0]
+	ok := p.object(func(name []byte) bool {
+		if len(cs) == rules.MaxCostUnits {
+			return false
+		}
+		for _, c := range cs {
+			if c.Unit == string(name) {
+				return false
+			}
+		}
+		n, ok := p.int()
+		if i := len(cs); i < cap(cs) && cs[:i+1][i].Unit == string(name) {
+			cs = append(cs, service.UnitCost{Unit: cs[:i+1][i].Unit, Cost: n}) // the string kept
+		} else {
+			cs = append(cs, service.UnitCost{Unit: string(name), Cost: n})
+		}
+		return ok
+	})
+	return cs, ok && len(cs) > 0
 }
 
 // entry reads an entry into e.

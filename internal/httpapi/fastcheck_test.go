@@ -9,9 +9,11 @@ import (
 // decodings.
 func normal(in *checkRequest) checkRequest {
 	out := checkRequest{Domain: in.Domain, Cost: in.Cost}
+	out.Costs = append(out.Costs, in.Costs...)
 	for _, d := range in.Descriptors {
 		nd := checkDescriptor{Cost: d.Cost}
 		nd.Entries = append(nd.Entries, d.Entries...)
+		nd.Costs = append(nd.Costs, d.Costs...)
 		out.Descriptors = append(out.Descriptors, nd)
 	}
 	return out
@@ -41,6 +43,8 @@ var fastBodies = []string{
 	`{"domain":"t","descriptors":[{"entries":[]}],"cost":-0}`,
 	`{"domain":"t","descriptors":[{}],"cost":-123456789012345678}`,
 	`{"domain":"t","descriptors":[{"entries":[{"value":"v"},{}]}]}`,
+	`{"domain":"llm","costs":{"input_tokens":1200,"output_tokens":0},"descriptors":[{"entries":[{"key":"model","value":"m"}],"costs":{"ru":-5}},{"entries":[{"key":"user","value":"u"}]}]}`,
+	`{"domain":"t","descriptors":[{"costs":{"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8}}]}`,
 }
 
 // TestFastCheck: the plain bodies take the fast path and decode as
@@ -73,6 +77,12 @@ func TestFastCheck(t *testing.T) {
 		`{"domain":"t","descriptors":[{"entries":[{"key":"k","x":"j"}]}]}`,
 		`{"domain":"t","descriptors":[],}`,
 		`{"domain":"t","descriptors":[`,
+		`{"domain":"t","descriptors":[],"costs":{}}`,                                                       // empty costs
+		`{"domain":"t","descriptors":[],"costs":null}`,                                                     // null costs
+		`{"domain":"t","descriptors":[{"costs":{"a":1,"a":2}}]}`,                                           // a unit twice
+		`{"domain":"t","descriptors":[{"costs":{"a":1.5}}]}`,                                               // a fraction
+		`{"domain":"t","descriptors":[],"costs":{"input_tokens":1},"costs":{"a":1}}`,                       // costs twice
+		`{"domain":"t","descriptors":[{"costs":{"a":1,"b":2,"c":3,"d":4,"e":5,"f":6,"g":7,"h":8,"i":9}}]}`, // beyond MaxCostUnits
 		``,
 	} {
 		if fastCheck([]byte(b), &checkRequest{}) {
@@ -92,6 +102,17 @@ func TestFastCheckAllocs(t *testing.T) {
 	}
 }
 
+// TestFastCheckCostsAllocs: costs of the units a reused request named
+// last time allocate nothing more.
+func TestFastCheckCostsAllocs(t *testing.T) {
+	body := []byte(`{"domain":"llm","descriptors":[{"entries":[{"key":"model","value":"m"}],"costs":{"input_tokens":1200,"output_tokens":0}}]}`)
+	var in checkRequest
+	fastCheck(body, &in)
+	if a := testing.AllocsPerRun(100, func() { fastCheck(body, &in) }); a > 3 {
+		t.Errorf("%v allocations, want at most the 3 strings of the entries and domain", a)
+	}
+}
+
 // FuzzFastCheck: the fast path and encoding/json's agree on every body the
 // fast path accepts.
 func FuzzFastCheck(f *testing.F) {
@@ -102,6 +123,8 @@ func FuzzFastCheck(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		reused := checkRequest{Descriptors: make([]checkDescriptor, 2, 4)}
 		reused.Descriptors[1].Entries = []entry{{Key: "stale", Value: "stale"}}
+		reused.Descriptors[1].Costs = costList{{Unit: "stale", Cost: 9}}
+		reused.Costs = make(costList, 1, 2)
 		checkSame(t, body, &reused)
 	})
 }

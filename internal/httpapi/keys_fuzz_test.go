@@ -135,6 +135,8 @@ func FuzzCheckKeys(f *testing.F) {
 	f.Add(body("d", entry("tenant", "acme"), entry("user", "x")), []byte(`{"domain":"d","descriptors":[{"entries":[`+entry("tenant", "acme")+`]},{"entries":[`+entry("user", "x")+`]}]}`))
 	f.Add(body("d", entry("path", "/v1/x")), body("d", entry("path", "/v1%2Fx")))
 	f.Add(body("d", entry("user", "a|b")), body("d", entry("user", "a"), entry("b", "")))
+	f.Add([]byte(`{"domain":"d","costs":{"tokens":5},"descriptors":[{"entries":[`+entry("user", "a")+`],"costs":{"tokens":1,"tokens":2}}]}`),
+		[]byte(`{"domain":"d","descriptors":[{"entries":[`+entry("user", "a")+`],"costs":{"tok\u0065ns":1,"t\xffokens":2}}]}`))
 	fx := newKeyFixture(f)
 	f.Fuzz(func(t *testing.T, a, b []byte) {
 		own := owners{}

@@ -36,7 +36,7 @@ func (a *API) reserve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	pooled := c.in // its buffers stay with the pooled call
-	c.in = checkRequest{Domain: in.Domain, Descriptors: in.Descriptors, Cost: in.Cost}
+	c.in = in.checkRequest
 	err = c.convert()
 	c.in = pooled
 	if err != nil {

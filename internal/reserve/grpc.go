@@ -10,6 +10,8 @@ package reserve
 import (
 	"context"
 	"errors"
+	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -106,11 +108,19 @@ func convert(in *sluicev1.ReserveRequest) (*service.Request, error) {
 			return nil, grpcError(err)
 		}
 		n += len(d.GetEntries())
+		nc := len(d.GetCosts())
+		if nc == 0 {
+			nc = len(in.GetCosts())
+		}
+		if err := service.CheckCostCount(i, nc); err != nil {
+			return nil, grpcError(err)
+		}
 	}
 	cost := int64(1)
 	if in.Cost != nil {
 		cost = in.GetCost()
 	}
+	costs := unitCosts(in.GetCosts())
 	entries := make([]rules.Entry, 0, n)
 	req := &service.Request{Domain: in.GetDomain(), Descriptors: make([]service.Descriptor, len(ds))}
 	for i, d := range ds {
@@ -118,12 +128,30 @@ func convert(in *sluicev1.ReserveRequest) (*service.Request, error) {
 		for _, e := range d.GetEntries() {
 			entries = append(entries, rules.Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
-		req.Descriptors[i] = service.Descriptor{Entries: entries[start:len(entries):len(entries)], Cost: cost}
+		req.Descriptors[i] = service.Descriptor{Entries: entries[start:len(entries):len(entries)], Cost: cost, Costs: costs}
 		if d.Cost != nil {
 			req.Descriptors[i].Cost = d.GetCost()
 		}
+		if len(d.GetCosts()) > 0 {
+			req.Descriptors[i].Costs = unitCosts(d.GetCosts())
+		}
 	}
 	return req, nil
+}
+
+// unitCosts returns the costs of a map in the order of their units, so
+// that the first of several invalid units named in an error is always
+// the same.
+func unitCosts(m map[string]int64) []service.UnitCost {
+	if len(m) == 0 {
+		return nil
+	}
+	cs := make([]service.UnitCost, 0, len(m))
+	for u, c := range m {
+		cs = append(cs, service.UnitCost{Unit: u, Cost: c})
+	}
+	slices.SortFunc(cs, func(a, b service.UnitCost) int { return strings.Compare(a.Unit, b.Unit) })
+	return cs
 }
 
 // answer is the response of a decided reservation.
@@ -144,6 +172,7 @@ func answer(resp *service.Response, res *service.Reservation) *sluicev1.ReserveR
 			d := &st.Decision
 			ps.Matched, ps.Rule, ps.Limit, ps.Reason = true, d.Rule, d.Capacity, d.Reason.String()
 			ps.Shadow, ps.QuotaMode, ps.QuotaExceeded = st.Shadow, st.Quota, st.QuotaExceeded
+			ps.CostUnit = st.CostUnit()
 			if st.RemainingKnown() {
 				ps.Remaining = new(max(d.Remaining, 0))
 				ps.ResetAfter = durationpb.New(d.ResetAfter)

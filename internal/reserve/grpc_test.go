@@ -63,6 +63,10 @@ descriptors:
     rate_limit: {period: 1s, requests_per_unit: 2, burst: 4, name: gcra}
   - key: w
     rate_limit: {unit: second, requests_per_unit: 2, name: window}
+  - key: model
+    limits:
+      - {period: 1s, requests_per_unit: 1000, name: requests}
+      - {period: 1s, requests_per_unit: 100, cost_unit: input_tokens, name: input}
 `
 
 // dial serves the test rules on a memory store whose clock stands still
@@ -136,6 +140,38 @@ func TestReserve(t *testing.T) {
 	}
 	if out, err = call(req("g", 5, sec)); err != nil || out.Allowed || out.RetryAfter != nil || out.Descriptors[0].Reason != "exceeds_capacity" {
 		t.Fatalf("above the capacity: %v, %v; want denied, no retry_after", out, err)
+	}
+}
+
+// TestReserveCosts: a descriptor's costs per unit (or the request's)
+// reach the limits of their units: 100 input tokens per second, no
+// burst: 150 at once exceed the capacity; 60 go at once, then 90 more
+// wait 500ms. The answer names the unit that decided.
+func TestReserveCosts(t *testing.T) {
+	call, _ := dial(t)
+	sec := durationpb.New(time.Second)
+	in := req("model", 1, sec)
+	in.Descriptors[0].Entries[0].Value = "m"
+	in.Costs = map[string]int64{"input_tokens": 150}
+	if out, err := call(in); err != nil || out.Allowed || out.Descriptors[0].Reason != "exceeds_capacity" || out.Descriptors[0].CostUnit != "input_tokens" {
+		t.Fatalf("150 input tokens at once: %v, %v; want exceeds_capacity (above the capacity of 100)", out, err)
+	}
+	in.Costs = map[string]int64{"input_tokens": 60}
+	out, err := call(in)
+	if err != nil || !out.Allowed || out.Wait.AsDuration() != 0 || out.Descriptors[0].CostUnit != "input_tokens" || out.Descriptors[0].GetRemaining() != 40 {
+		t.Fatalf("60 input tokens: %v, %v; want admitted at once, 40 left", out, err)
+	}
+	in.Costs, in.Descriptors[0].Costs = map[string]int64{"input_tokens": 1}, map[string]int64{"input_tokens": 90}
+	if out, err = call(in); err != nil || !out.Allowed || out.Wait.AsDuration() != 500*time.Millisecond {
+		t.Fatalf("90 more: %v, %v; want a wait of 500ms (the descriptor's costs, not the request's)", out, err)
+	}
+	in.Descriptors[0].Costs = map[string]int64{"Input": 1, "input_tokens": 1}
+	if _, err = call(in); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), `invalid cost unit "Input"`) {
+		t.Errorf("a bad unit: %v; want INVALID_ARGUMENT naming it", err)
+	}
+	in.Descriptors[0].Costs = map[string]int64{"a": 1, "b": 1, "c": 1, "d": 1, "e": 1, "f": 1, "g": 1, "h": 1, "i": 1}
+	if _, err = call(in); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "MaxCostUnits") {
+		t.Errorf("9 units: %v; want INVALID_ARGUMENT naming MaxCostUnits", err)
 	}
 }
 

@@ -167,6 +167,7 @@ func (b *builder) specs(n *node, rd *descriptorConfig, path []ancestor) {
 			Domain:         b.d.name,
 			Source:         fmt.Sprintf("%s:%d", b.p.file, l.line),
 			Unit:           l.Unit,
+			CostUnit:       l.CostUnit,
 			Unlimited:      l.Unlimited,
 			Shadow:         rd.ShadowMode,
 			QuotaMode:      rd.QuotaMode,
@@ -185,11 +186,19 @@ func (b *builder) specs(n *node, rd *descriptorConfig, path []ancestor) {
 			name, key, cal := l.window()
 			s.Name = stat + "." + name
 			s.tail = "#" + l.Algorithm.String() + "/" + key
+			// The limits of one cost unit need their own windows.
+			what, whose := "", "each limit"
+			if l.CostUnit != "" {
+				s.Name += "." + l.CostUnit
+				s.tail = "#" + l.CostUnit + s.tail
+				what, whose = " of cost unit "+l.CostUnit, "each limit of one cost unit"
+			}
 			ok := true
 			for _, w := range []string{"name:" + name, "key:" + key} {
+				w = l.CostUnit + "/" + w
 				if line, dup := seenWindow[w]; dup {
 					if ok {
-						b.p.add(l.line, l.path, fmt.Errorf("a second limit with window %s on one descriptor (first at line %d); each limit needs its own window", name, line))
+						b.p.add(l.line, l.path, fmt.Errorf("a second limit%s with window %s on one descriptor (first at line %d); %s needs its own window", what, name, line, whose))
 					}
 					ok = false
 				}

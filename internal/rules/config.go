@@ -201,6 +201,7 @@ type limitConfig struct {
 	Timezone        *time.Location
 	FailureMode     ratelimit.FailureMode
 	Counting        ratelimit.Counting
+	CostUnit        string
 
 	path     string
 	extended bool // an entry of limits, rather than a rate_limit block
@@ -230,6 +231,7 @@ func (l *limitConfig) UnmarshalYAML(n *yaml.Node) error {
 		{"timezone", timezone{&l.Timezone}},
 		{"failure_mode", (*failureMode)(&l.FailureMode)},
 		{"counting", (*counting)(&l.Counting)},
+		{"cost_unit", (*costUnit)(&l.CostUnit)},
 		{"metadata", refusedMetadata},
 	}, &ps)
 	// Checked further, a limit with a value that did not decode would be

@@ -61,6 +61,11 @@
 //	              counter lives on a shared store (redisstore's package
 //	              doc); batched takes gcra, fixed_window and
 //	              leaky_bucket, approximate gcra and leaky_bucket
+//	cost_unit     what the limit counts: a name of a-z, 0-9 and _, at
+//	              most MaxCostUnitBytes (requests, input_tokens, ru);
+//	              unstated, the limit counts the request's cost, as in
+//	              envoyproxy/ratelimit. (unit is the window's time unit,
+//	              as there; cost_unit is what requests_per_unit counts.)
 //
 // and a descriptor may carry several limits, each with its own counter,
 // with a `limits:` list in place of rate_limit:
@@ -71,7 +76,21 @@
 //	      - {requests_per_unit: 10, unit: second, burst: 20}
 //	      - {requests_per_unit: 1000, unit: day, calendar: true, timezone: Europe/Paris}
 //
-// Each limit of one descriptor needs its own window. Unlimited rules are
+// Each limit of one descriptor needs its own window, among the limits of
+// its cost unit: a descriptor may limit requests, input tokens and output
+// tokens per minute at once, each with its own counter, and a request
+// decided against them gives a cost per unit (the service's
+// Descriptor.Costs):
+//
+//	descriptors:
+//	  - key: model
+//	    limits:
+//	      - {requests_per_unit: 60, unit: minute}
+//	      - {requests_per_unit: 100000, unit: minute, cost_unit: input_tokens}
+//	      - {requests_per_unit: 20000, unit: minute, cost_unit: output_tokens}
+//
+// A limit's generated name ends with its cost unit
+// ("llm.model.minute.input_tokens"). Unlimited rules are
 // written `rate_limit: {unlimited: true}` only, without any other key but
 // name and replaces.
 //
@@ -93,10 +112,11 @@
 // Unknown keys, metadata, duplicate mapping keys, duplicate domains, duplicate
 // descriptors (the same key and value at one level), duplicate rule names
 // in a domain, values of the wrong type, empty domains and keys, bad
-// units, unit or other limit keys with unlimited, missing or negative
-// requests_per_unit, a burst without a refill rate, replaces naming its
-// own rule, an empty replaces entry or a rule that does not exist, and
-// share_threshold on a value that is not a wildcard are errors. Every
+// units and cost units, unit or other limit keys with unlimited, missing
+// or negative requests_per_unit, a burst without a refill rate, replaces
+// naming its own rule, an empty replaces entry or a rule that does not
+// exist, and share_threshold on a value that is not a wildcard are
+// errors. Every
 // limit becomes a ratelimit.Rule that passed Rule.Validate. A value may be
 // written as a number (value: 30 is "30"), as envoyproxy/ratelimit allows.
 // YAML aliases are followed; merge keys (<<) are not supported.

@@ -24,6 +24,7 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("domain: d\ndescriptors:\n  - &a {key: k, descriptors: [*a]}\n"))
 	f.Add([]byte("domain: d\ndescriptors:\n  - key: a\n    value_to_metric: true\n    descriptors:\n      - key: b\n        value: x*\n        share_threshold: true\n        detailed_metric: true\n        quota_mode: true\n        rate_limit: {unit: second, requests_per_unit: 1}\n"))
 	f.Add([]byte("domain: d\nmetadata: {a: 1}\ndescriptors: []\n"))
+	f.Add([]byte("domain: d\ndescriptors:\n  - key: m\n    limits:\n      - {unit: minute, requests_per_unit: 1}\n      - {unit: minute, requests_per_unit: 9, cost_unit: tokens}\n      - {period: 60s, requests_per_unit: 9, cost_unit: x_2}\n"))
 	f.Add([]byte("\x00"))
 	f.Add([]byte("domain: [unclosed"))
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -48,13 +49,21 @@ func FuzzParse(f *testing.F) {
 					t.Fatalf("Parse accepted an invalid rule: %v", err)
 				}
 			}
+			if s.CostUnit != "" && (s.Unlimited || CheckCostUnit(s.CostUnit) != nil) {
+				t.Fatalf("Parse accepted cost unit %q on %s (unlimited %v)", s.CostUnit, s.Name, s.Unlimited)
+			}
 			entries := make([]Entry, s.Depth())
 			for i := range entries {
 				entries[i] = Entry{Key: "k", Value: "v"}
 			}
 			dst = d.Match(0, entries, dst[:0])
+			keys := map[string]string{} // two limits of one descriptor never share a counter
 			for _, l := range ApplyReplaces(dst) {
 				buf = l.AppendKey(buf[:0], entries)
+				if other, dup := keys[string(buf)]; dup && len(buf) > 0 {
+					t.Fatalf("limits %s and %s share the storage key %q", other, l.Name, buf)
+				}
+				keys[string(buf)] = l.Name
 				if mk := string(l.AppendMetricKey(buf[:0], entries)); !strings.HasPrefix(mk, d.Name()+".") {
 					t.Fatalf("metric key %q of %s does not start with its domain", mk, l.Name)
 				}

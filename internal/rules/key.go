@@ -113,13 +113,15 @@ func (s *Spec) ShortKey(key string) string {
 // The key is readable and unambiguous:
 //
 //	domain|key=value|key:value|key~prefix=value|key~prefix*#algorithm/window
+//	domain|key:value#cost_unit#algorithm/window
 //
 // One part per level of the matched path: "key=value" for an exact
 // descriptor (the value is the rule's), "key:value" for a key-only one
 // (the request's value), "key~prefix=value" for a wildcard (the request's
 // value), and "key~prefix*" for a wildcard with share_threshold, whose
-// matching values all share one key. The tail names the algorithm and the
-// window ("60s", or "cal.month@Europe/Paris" for calendar windows).
+// matching values all share one key. The tail names the limit's cost
+// unit if it has one, the algorithm and the window ("60s", or
+// "cal.month@Europe/Paris" for calendar windows).
 //
 // Every byte of the domain, keys, values and prefixes outside printable
 // ASCII, and every byte of " %|=:~*#/{}", is written as %XX, so the parts
@@ -130,8 +132,8 @@ func (s *Spec) ShortKey(key string) string {
 // What the key leaves out is deliberate: the rule's name and limit (a
 // changed requests_per_unit, burst or name keeps the count, so limit
 // changes apply at once against what was consumed), and its shadow,
-// metric and failure flags. A changed window or algorithm gives a new key,
-// since the old state means something else under them.
+// metric and failure flags. A changed window, algorithm or cost unit
+// gives a new key, since the old state means something else under them.
 func (s *Spec) AppendKey(dst []byte, entries []Entry) []byte {
 	if len(entries) != len(s.levels) || s.tail == "" {
 		return dst

@@ -45,6 +45,9 @@ func describeDomain(d *Domain) string {
 				fmt.Fprintf(&sb, " counting=%s", r.Counting)
 			}
 			fmt.Fprintf(&sb, " unit=%s", s.Unit)
+			if s.CostUnit != "" {
+				fmt.Fprintf(&sb, " cost_unit=%s", s.CostUnit)
+			}
 		}
 		for _, f := range []struct {
 			on   bool

@@ -29,6 +29,11 @@ const (
 	MaxDescriptorsPerDomain = 10000
 	// MaxLimitsPerDescriptor bounds the limits of one descriptor.
 	MaxLimitsPerDescriptor = 8
+	// MaxCostUnitBytes bounds the name of a cost unit (see CheckCostUnit).
+	MaxCostUnitBytes = 32
+	// MaxCostUnits bounds the cost units one request descriptor gives
+	// costs for: as many as the limits one descriptor can have.
+	MaxCostUnits = MaxLimitsPerDescriptor
 	// maxErrorsPerFile bounds the errors reported for one file.
 	maxErrorsPerFile = 100
 )
@@ -88,6 +93,24 @@ func parseUnit(s string) (Unit, bool) {
 	return UnitUnknown, false
 }
 
+// CheckCostUnit reports whether name is a valid cost unit: 1 to
+// MaxCostUnitBytes bytes of a-z, 0-9 and _ ("input_tokens", "ru"). Rule
+// files and requests name the units with it.
+func CheckCostUnit(name string) error {
+	if name == "" {
+		return errors.New("empty cost unit")
+	}
+	if len(name) > MaxCostUnitBytes {
+		return fmt.Errorf("cost unit is %d bytes; the bound is %d (MaxCostUnitBytes)", len(name), MaxCostUnitBytes)
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
+			return fmt.Errorf("invalid cost unit %q: want a-z, 0-9 and _ only", name)
+		}
+	}
+	return nil
+}
+
 // An Entry is one key/value pair of a request descriptor.
 type Entry struct {
 	Key, Value string
@@ -113,6 +136,12 @@ type Spec struct {
 	// when the limit was given as a period that is not one unit long, and
 	// for unlimited rules.
 	Unit Unit
+	// CostUnit is what the limit counts (its cost_unit: "input_tokens"),
+	// a name CheckCostUnit accepts; empty for a limit that counts the
+	// descriptor's cost, whatever it stands for. A request that gives
+	// costs per unit takes this unit's from this limit (the service's
+	// Descriptor.Costs).
+	CostUnit string
 	// Unlimited rules match but are never counted: the answer is OK with
 	// no limit (RLS: limit_remaining 2^32−1).
 	Unlimited bool

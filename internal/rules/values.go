@@ -163,6 +163,21 @@ func (u *unitName) UnmarshalYAML(n *yaml.Node) error {
 	return nil
 }
 
+// costUnit is the cost_unit of a limit: a name CheckCostUnit accepts.
+type costUnit string
+
+func (u *costUnit) UnmarshalYAML(n *yaml.Node) error {
+	s, err := decodeString(n)
+	if err != nil {
+		return err
+	}
+	if err := CheckCostUnit(s); err != nil {
+		return err
+	}
+	*u = costUnit(s)
+	return nil
+}
+
 // period is a window given as a Go duration: positive, at most
 // ratelimit.MaxPeriod.
 type period time.Duration

@@ -25,9 +25,42 @@ type Descriptor struct {
 	// counting, a negative cost refunds (never above a limit's capacity).
 	// |Cost| is at most ratelimit.MaxQuota.
 	Cost int64
+	// Costs, if not empty, are the descriptor's costs per cost unit
+	// (several dimensions in one decision: requests, input tokens, output
+	// tokens). A limit with a cost unit (rules.Spec.CostUnit) takes the
+	// cost Costs gives its unit, and 0 (a check: denied when the limit is
+	// in debt, consuming nothing) when Costs gives none; a limit without
+	// one takes Cost. When Costs is empty, every limit takes Cost whatever
+	// its unit, as with one cost per descriptor (Envoy's hits_addend), so
+	// a rule file that gains cost units counts its callers as before until
+	// they give costs. An inline limit always takes Cost. At most
+	// rules.MaxCostUnits, each a unit rules.CheckCostUnit accepts, named
+	// once, with |Cost| at most ratelimit.MaxQuota.
+	Costs []UnitCost
 	// InlineLimit, if not nil, replaces the limits the descriptor matches;
 	// it limits the descriptor even when it matches no rule.
 	InlineLimit *InlineLimit
+}
+
+// A UnitCost is a request descriptor's cost for the limits of one cost
+// unit.
+type UnitCost struct {
+	Unit string
+	Cost int64
+}
+
+// cost returns what the descriptor takes from limit spec (nil for an
+// inline limit): see Costs.
+func (d *Descriptor) cost(spec *rules.Spec) int64 {
+	if len(d.Costs) == 0 || spec == nil || spec.CostUnit == "" {
+		return d.Cost
+	}
+	for _, c := range d.Costs {
+		if c.Unit == spec.CostUnit {
+			return c.Cost
+		}
+	}
+	return 0
 }
 
 // An InlineLimit is a limit carried in a request descriptor instead of a
@@ -81,14 +114,24 @@ func CheckEntryCount(i, n int) error {
 	return nil
 }
 
+// CheckCostCount checks the number of costs n of descriptor i of a
+// request: at most rules.MaxCostUnits. See CheckDescriptorCount.
+func CheckCostCount(i, n int) error {
+	if n > rules.MaxCostUnits {
+		return invalid("descriptor %d: costs for %d units; at most %d (MaxCostUnits)", i, n, rules.MaxCostUnits)
+	}
+	return nil
+}
+
 // Validate reports whether r is well formed and within the bounds, with an
 // error wrapping ErrInvalidRequest that names what is wrong. In order: the
 // number of descriptors, the number of entries of each, the domain (not
 // empty, valid UTF-8, at most rules.MaxKeyValueBytes), then for each
 // descriptor its keys (not empty) and values (either may be empty), both
-// valid UTF-8 and at most rules.MaxKeyValueBytes, its cost and its inline
-// limit. It is the one check of a request, which Service.Decide makes
-// before anything else; it does not allocate when r is valid.
+// valid UTF-8 and at most rules.MaxKeyValueBytes, its cost, its costs per
+// unit and its inline limit. It is the one check of a request, which
+// Service.Decide makes before anything else; it does not allocate when r
+// is valid.
 //
 // Valid UTF-8 is required because a transport that repairs it (replacing
 // each invalid byte by U+FFFD, as encoding/json does) would count two
@@ -141,6 +184,22 @@ func (d *Descriptor) validate(i int) error {
 	}
 	if d.Cost < -ratelimit.MaxQuota || d.Cost > ratelimit.MaxQuota {
 		return invalid("descriptor %d: cost %d is beyond ±%d (MaxQuota)", i, d.Cost, int64(ratelimit.MaxQuota))
+	}
+	if err := CheckCostCount(i, len(d.Costs)); err != nil {
+		return err
+	}
+	for j, c := range d.Costs {
+		if err := rules.CheckCostUnit(c.Unit); err != nil {
+			return invalid("descriptor %d: costs: %v", i, err)
+		}
+		if c.Cost < -ratelimit.MaxQuota || c.Cost > ratelimit.MaxQuota {
+			return invalid("descriptor %d: cost %d of unit %s is beyond ±%d (MaxQuota)", i, c.Cost, c.Unit, int64(ratelimit.MaxQuota))
+		}
+		for _, o := range d.Costs[:j] {
+			if o.Unit == c.Unit {
+				return invalid("descriptor %d: costs: unit %s given twice", i, c.Unit)
+			}
+		}
 	}
 	if l := d.InlineLimit; l != nil {
 		unit := l.Unit.Duration()

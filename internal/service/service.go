@@ -29,6 +29,11 @@
 //   - A request denied only because the store could not reach its backend
 //     and its limits fail closed is an *UnavailableError, not a request
 //     over the limit (see Decide).
+//   - Several dimensions in one decision: a limit of a rule file may
+//     count a named cost unit (cost_unit: input_tokens), and a
+//     descriptor may give a cost per unit (Descriptor.Costs); its limits
+//     of requests, input tokens and output tokens are then each charged
+//     their own cost, all or nothing like any limits of one request.
 //   - Reserve decides a request as reservations, "how long must I wait to
 //     send this?", on gcra and leaky_bucket limits (reserve.go).
 //
@@ -202,6 +207,16 @@ type Status struct {
 	Decision ratelimit.Decision
 }
 
+// CostUnit is the cost unit of the limit that decided (rules.Spec's
+// CostUnit): what its limit and remaining count; empty when the limit has
+// none (it counts the descriptor's cost), and for inline limits.
+func (st *Status) CostUnit() string {
+	if st.Spec == nil || st.Rule == nil {
+		return ""
+	}
+	return st.Spec.CostUnit
+}
+
 // RemainingKnown reports whether Decision.Remaining and ResetAfter say
 // what the key has left. They do not for a limit admitted by its
 // fail_open failure mode: the store could not be asked, so nothing is
@@ -358,7 +373,7 @@ func (s *Service) addCheck(sc *scratch, c check, req *Request, key string) {
 		sc.checks = append(sc.checks, c)
 		return
 	}
-	it := ratelimit.Item{Key: key, Rule: c.rule, Cost: req.Descriptors[c.desc].Cost}
+	it := ratelimit.Item{Key: key, Rule: c.rule, Cost: req.Descriptors[c.desc].cost(c.spec)}
 	switch {
 	case c.shadow:
 		c.result = len(sc.shadow)
@@ -618,8 +633,9 @@ func (c *inlineRules) get(l *InlineLimit) *ratelimit.Rule {
 
 // AppendFields appends to policy and limit the values of the
 // RateLimit-Policy and RateLimit header fields for every decided limit of
-// r, and returns them with the Retry-After seconds when r is over the limit
-// and can succeed later (0 otherwise).
+// r (a policy item names its limit's cost unit as qu), and returns them
+// with the Retry-After seconds when r is over the limit and can succeed
+// later (0 otherwise).
 func (r *Response) AppendFields(policy, limit []byte) ([]byte, []byte, int64) {
 	var retry time.Duration
 	p0, l0 := len(policy), len(limit)
@@ -632,6 +648,9 @@ func (r *Response) AppendFields(policy, limit []byte) ([]byte, []byte, int64) {
 			policy = append(policy, ", "...)
 		}
 		policy = limitheader.AppendPolicyItem(policy, st.Rule.Name, st.Rule.Capacity(), st.Rule.QuotaWindow())
+		if u := st.CostUnit(); u != "" {
+			policy = limitheader.AppendQuotaUnit(policy, u)
+		}
 		if st.Code == OverLimit {
 			retry = max(retry, st.Decision.RetryAfter)
 		}

@@ -59,7 +59,7 @@ func (t *Top) prepare(set *rules.Set) {
 				tr.Tracker, _ = topk.New(opts) // opts were checked by NewTop
 				tr.secret = opts.Secret
 			}
-			tr.rule = sp.Rule
+			tr.rule, tr.unit = sp.Rule, sp.CostUnit
 			names[name], next[sp] = tr, tr.Tracker
 		}
 	}
@@ -88,7 +88,7 @@ func (t *Top) TopLimits() []topk.Limit {
 	t.mu.Lock()
 	out := make([]topk.Limit, 0, len(t.byName))
 	for n, tr := range t.byName {
-		out = append(out, topk.Limit{Domain: n[0], Name: n[1], Rule: tr.rule, Tracker: tr.Tracker})
+		out = append(out, topk.Limit{Domain: n[0], Name: n[1], Rule: tr.rule, CostUnit: tr.unit, Tracker: tr.Tracker})
 	}
 	t.mu.Unlock()
 	slices.SortFunc(out, func(a, b topk.Limit) int { return cmp.Or(cmp.Compare(a.Domain, b.Domain), cmp.Compare(a.Name, b.Name)) })
@@ -99,5 +99,6 @@ func (t *Top) TopLimits() []topk.Limit {
 type tracked struct {
 	*topk.Tracker
 	rule   *ratelimit.Rule
+	unit   string // the rule's cost unit
 	secret bool
 }

@@ -2,6 +2,7 @@ package service_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,6 +19,8 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 10, name: per_user}
   - key: remote_address
     rate_limit: {unit: hour, requests_per_unit: 10, name: per_ip}
+  - key: model
+    rate_limit: {unit: hour, requests_per_unit: 1000, name: tokens, cost_unit: tokens}
 `
 
 func newTopService(t *testing.T, src string) (*service.Service, *service.Top, *prometheus.Registry) {
@@ -65,7 +68,7 @@ func TestTopAndUtilisation(t *testing.T) {
 	decide(t, svc, "remote_address", "192.0.2.1", 3)
 
 	ls := top.TopLimits()
-	if len(ls) != 2 || ls[0].Name != "per_ip" || ls[1].Name != "per_user" || ls[1].Rule.Quota != 10 {
+	if len(ls) != 3 || ls[0].Name != "per_ip" || ls[1].Name != "per_user" || ls[1].Rule.Quota != 10 || ls[1].CostUnit != "" || ls[2].CostUnit != "tokens" {
 		t.Fatalf("limits %+v", ls)
 	}
 	sn := ls[1].Tracker.Snapshot(0)
@@ -78,7 +81,7 @@ func TestTopAndUtilisation(t *testing.T) {
 
 	// A reload with the same rules keeps the trackers; one without
 	// per_ip drops its.
-	dom, _ := rules.Parse("t.yaml", []byte(topRules[:len(topRules)-len("  - key: remote_address\n    rate_limit: {unit: hour, requests_per_unit: 10, name: per_ip}\n")]))
+	dom, _ := rules.Parse("t.yaml", []byte(strings.Replace(topRules, "  - key: remote_address\n    rate_limit: {unit: hour, requests_per_unit: 10, name: per_ip}\n", "", 1)))
 	set, err := rules.NewSet(dom)
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +89,7 @@ func TestTopAndUtilisation(t *testing.T) {
 	if err := svc.SetRules(set); err != nil {
 		t.Fatal(err)
 	}
-	if ls := top.TopLimits(); len(ls) != 1 || ls[0].Tracker.Snapshot(0).Decisions != 12 {
+	if ls := top.TopLimits(); len(ls) != 2 || ls[0].Tracker.Snapshot(0).Decisions != 12 {
 		t.Errorf("after the reload: %+v", ls)
 	}
 

@@ -55,7 +55,10 @@ type ReserveRequest struct {
 	Cost *int64 `protobuf:"varint,3,opt,name=cost,proto3,oneof" json:"cost,omitempty"`
 	// The longest wait the caller accepts, from 0 to the server's
 	// --max-reserve-wait. Required.
-	MaxWait       *durationpb.Duration `protobuf:"bytes,4,opt,name=max_wait,json=maxWait,proto3" json:"max_wait,omitempty"`
+	MaxWait *durationpb.Duration `protobuf:"bytes,4,opt,name=max_wait,json=maxWait,proto3" json:"max_wait,omitempty"`
+	// The costs per cost unit of every descriptor without its own, as
+	// {"input_tokens": 1200}: see RateLimitDescriptor.costs.
+	Costs         map[string]int64 `protobuf:"bytes,5,rep,name=costs,proto3" json:"costs,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -118,6 +121,13 @@ func (x *ReserveRequest) GetMaxWait() *durationpb.Duration {
 	return nil
 }
 
+func (x *ReserveRequest) GetCosts() map[string]int64 {
+	if x != nil {
+		return x.Costs
+	}
+	return nil
+}
+
 // A RateLimitDescriptor is one list of entries and what it costs.
 type RateLimitDescriptor struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -125,7 +135,13 @@ type RateLimitDescriptor struct {
 	Entries []*RateLimitEntry `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
 	// This descriptor's cost; unset means the request's. 0 checks without
 	// counting (and waits for nothing); a negative cost refunds.
-	Cost          *int64 `protobuf:"varint,2,opt,name=cost,proto3,oneof" json:"cost,omitempty"`
+	Cost *int64 `protobuf:"varint,2,opt,name=cost,proto3,oneof" json:"cost,omitempty"`
+	// This descriptor's costs per cost unit; empty means the request's.
+	// A limit with a cost_unit takes its unit's cost, 0 when none is given;
+	// a limit without one takes cost. Without costs (here or in the
+	// request), every limit takes cost, whatever its unit. At most 8 units,
+	// each 1 to 32 bytes of a-z, 0-9 and _, and |cost| at most 2^40.
+	Costs         map[string]int64 `protobuf:"bytes,3,rep,name=costs,proto3" json:"costs,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -172,6 +188,13 @@ func (x *RateLimitDescriptor) GetCost() int64 {
 		return *x.Cost
 	}
 	return 0
+}
+
+func (x *RateLimitDescriptor) GetCosts() map[string]int64 {
+	if x != nil {
+		return x.Costs
+	}
+	return nil
 }
 
 type RateLimitEntry struct {
@@ -331,7 +354,10 @@ type ReserveStatus struct {
 	// An unlimited rule matched.
 	Unlimited bool `protobuf:"varint,12,opt,name=unlimited,proto3" json:"unlimited,omitempty"`
 	// This descriptor's wait: the longest of its limits'.
-	Wait          *durationpb.Duration `protobuf:"bytes,13,opt,name=wait,proto3" json:"wait,omitempty"`
+	Wait *durationpb.Duration `protobuf:"bytes,13,opt,name=wait,proto3" json:"wait,omitempty"`
+	// The cost unit of the rule that decided (its cost_unit); empty when
+	// it counts the descriptor's cost.
+	CostUnit      string `protobuf:"bytes,14,opt,name=cost_unit,json=costUnit,proto3" json:"cost_unit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -457,20 +483,37 @@ func (x *ReserveStatus) GetWait() *durationpb.Duration {
 	return nil
 }
 
+func (x *ReserveStatus) GetCostUnit() string {
+	if x != nil {
+		return x.CostUnit
+	}
+	return ""
+}
+
 var File_sluice_v1_ratelimit_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_ratelimit_proto_rawDesc = "" +
 	"\n" +
-	"\x19sluice/v1/ratelimit.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\"\xc2\x01\n" +
+	"\x19sluice/v1/ratelimit.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\"\xb8\x02\n" +
 	"\x0eReserveRequest\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12@\n" +
 	"\vdescriptors\x18\x02 \x03(\v2\x1e.sluice.v1.RateLimitDescriptorR\vdescriptors\x12\x17\n" +
 	"\x04cost\x18\x03 \x01(\x03H\x00R\x04cost\x88\x01\x01\x124\n" +
-	"\bmax_wait\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\amaxWaitB\a\n" +
-	"\x05_cost\"l\n" +
+	"\bmax_wait\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\amaxWait\x12:\n" +
+	"\x05costs\x18\x05 \x03(\v2$.sluice.v1.ReserveRequest.CostsEntryR\x05costs\x1a8\n" +
+	"\n" +
+	"CostsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01B\a\n" +
+	"\x05_cost\"\xe7\x01\n" +
 	"\x13RateLimitDescriptor\x123\n" +
 	"\aentries\x18\x01 \x03(\v2\x19.sluice.v1.RateLimitEntryR\aentries\x12\x17\n" +
-	"\x04cost\x18\x02 \x01(\x03H\x00R\x04cost\x88\x01\x01B\a\n" +
+	"\x04cost\x18\x02 \x01(\x03H\x00R\x04cost\x88\x01\x01\x12?\n" +
+	"\x05costs\x18\x03 \x03(\v2).sluice.v1.RateLimitDescriptor.CostsEntryR\x05costs\x1a8\n" +
+	"\n" +
+	"CostsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01B\a\n" +
 	"\x05_cost\"8\n" +
 	"\x0eRateLimitEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -480,7 +523,7 @@ const file_sluice_v1_ratelimit_proto_rawDesc = "" +
 	"\x04wait\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12:\n" +
 	"\vretry_after\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"retryAfter\x12:\n" +
-	"\vdescriptors\x18\x04 \x03(\v2\x18.sluice.v1.ReserveStatusR\vdescriptors\"\xd9\x03\n" +
+	"\vdescriptors\x18\x04 \x03(\v2\x18.sluice.v1.ReserveStatusR\vdescriptors\"\xf6\x03\n" +
 	"\rReserveStatus\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x18\n" +
 	"\amatched\x18\x02 \x01(\bR\amatched\x12\x12\n" +
@@ -498,7 +541,8 @@ const file_sluice_v1_ratelimit_proto_rawDesc = "" +
 	" \x01(\bR\tquotaMode\x12%\n" +
 	"\x0equota_exceeded\x18\v \x01(\bR\rquotaExceeded\x12\x1c\n" +
 	"\tunlimited\x18\f \x01(\bR\tunlimited\x12-\n" +
-	"\x04wait\x18\r \x01(\v2\x19.google.protobuf.DurationR\x04waitB\f\n" +
+	"\x04wait\x18\r \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12\x1b\n" +
+	"\tcost_unit\x18\x0e \x01(\tR\bcostUnitB\f\n" +
 	"\n" +
 	"_remaining2T\n" +
 	"\x10RateLimitService\x12@\n" +
@@ -516,32 +560,36 @@ func file_sluice_v1_ratelimit_proto_rawDescGZIP() []byte {
 	return file_sluice_v1_ratelimit_proto_rawDescData
 }
 
-var file_sluice_v1_ratelimit_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_sluice_v1_ratelimit_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_sluice_v1_ratelimit_proto_goTypes = []any{
 	(*ReserveRequest)(nil),      // 0: sluice.v1.ReserveRequest
 	(*RateLimitDescriptor)(nil), // 1: sluice.v1.RateLimitDescriptor
 	(*RateLimitEntry)(nil),      // 2: sluice.v1.RateLimitEntry
 	(*ReserveResponse)(nil),     // 3: sluice.v1.ReserveResponse
 	(*ReserveStatus)(nil),       // 4: sluice.v1.ReserveStatus
-	(*durationpb.Duration)(nil), // 5: google.protobuf.Duration
+	nil,                         // 5: sluice.v1.ReserveRequest.CostsEntry
+	nil,                         // 6: sluice.v1.RateLimitDescriptor.CostsEntry
+	(*durationpb.Duration)(nil), // 7: google.protobuf.Duration
 }
 var file_sluice_v1_ratelimit_proto_depIdxs = []int32{
 	1,  // 0: sluice.v1.ReserveRequest.descriptors:type_name -> sluice.v1.RateLimitDescriptor
-	5,  // 1: sluice.v1.ReserveRequest.max_wait:type_name -> google.protobuf.Duration
-	2,  // 2: sluice.v1.RateLimitDescriptor.entries:type_name -> sluice.v1.RateLimitEntry
-	5,  // 3: sluice.v1.ReserveResponse.wait:type_name -> google.protobuf.Duration
-	5,  // 4: sluice.v1.ReserveResponse.retry_after:type_name -> google.protobuf.Duration
-	4,  // 5: sluice.v1.ReserveResponse.descriptors:type_name -> sluice.v1.ReserveStatus
-	5,  // 6: sluice.v1.ReserveStatus.reset_after:type_name -> google.protobuf.Duration
-	5,  // 7: sluice.v1.ReserveStatus.retry_after:type_name -> google.protobuf.Duration
-	5,  // 8: sluice.v1.ReserveStatus.wait:type_name -> google.protobuf.Duration
-	0,  // 9: sluice.v1.RateLimitService.Reserve:input_type -> sluice.v1.ReserveRequest
-	3,  // 10: sluice.v1.RateLimitService.Reserve:output_type -> sluice.v1.ReserveResponse
-	10, // [10:11] is the sub-list for method output_type
-	9,  // [9:10] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	7,  // 1: sluice.v1.ReserveRequest.max_wait:type_name -> google.protobuf.Duration
+	5,  // 2: sluice.v1.ReserveRequest.costs:type_name -> sluice.v1.ReserveRequest.CostsEntry
+	2,  // 3: sluice.v1.RateLimitDescriptor.entries:type_name -> sluice.v1.RateLimitEntry
+	6,  // 4: sluice.v1.RateLimitDescriptor.costs:type_name -> sluice.v1.RateLimitDescriptor.CostsEntry
+	7,  // 5: sluice.v1.ReserveResponse.wait:type_name -> google.protobuf.Duration
+	7,  // 6: sluice.v1.ReserveResponse.retry_after:type_name -> google.protobuf.Duration
+	4,  // 7: sluice.v1.ReserveResponse.descriptors:type_name -> sluice.v1.ReserveStatus
+	7,  // 8: sluice.v1.ReserveStatus.reset_after:type_name -> google.protobuf.Duration
+	7,  // 9: sluice.v1.ReserveStatus.retry_after:type_name -> google.protobuf.Duration
+	7,  // 10: sluice.v1.ReserveStatus.wait:type_name -> google.protobuf.Duration
+	0,  // 11: sluice.v1.RateLimitService.Reserve:input_type -> sluice.v1.ReserveRequest
+	3,  // 12: sluice.v1.RateLimitService.Reserve:output_type -> sluice.v1.ReserveResponse
+	12, // [12:13] is the sub-list for method output_type
+	11, // [11:12] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_ratelimit_proto_init() }
@@ -558,7 +606,7 @@ func file_sluice_v1_ratelimit_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_ratelimit_proto_rawDesc), len(file_sluice_v1_ratelimit_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -74,6 +74,9 @@ type Options struct {
 	Shards int
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// MaxReservations bounds the reservation records held (the Store as
+	// a ratelimit.Ledger); default 1<<16.
+	MaxReservations int
 	// JanitorInterval is how often expired keys are reclaimed; default
 	// 10 s. Negative disables the janitor: expired keys are then reclaimed
 	// only when a full shard needs room.
@@ -109,6 +112,8 @@ type Store struct {
 	now         func() time.Time
 
 	reclaimed, evictions, evictedExhausted, unkept, gaveBack atomic.Uint64
+
+	ledger ledger
 
 	closed    atomic.Bool
 	stop      chan struct{}
@@ -249,12 +254,16 @@ func New(opts Options) *Store {
 	if opts.JanitorInterval == 0 {
 		opts.JanitorInterval = 10 * time.Second
 	}
+	if opts.MaxReservations <= 0 {
+		opts.MaxReservations = 1 << 16
+	}
 	s := &Store{
 		shards: make([]shard, n),
 		mask:   uint64(n - 1),
 		seed:   maphash.MakeSeed(),
 		seed2:  maphash.MakeSeed(),
 		now:    opts.Now,
+		ledger: ledger{max: opts.MaxReservations},
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
 	}

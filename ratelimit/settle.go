@@ -261,12 +261,15 @@ func (rs *Reservations) Keep(ctx context.Context, id string, items []Reserved, t
 // every item, the difference between actual(i, item) and the item's
 // Estimate (see "Reservations with settlement"). actual must return a
 // cost in [0, MaxQuota]; it is called once per item, in order, before
-// anything is decided. It returns each item's settlement. Errors:
+// anything is decided, and an error it returns ends the settlement with
+// nothing decided. It returns each item's settlement. Errors:
 // ErrUnknownReservation, ErrAlreadySettled, ErrBadReservation (a bad id, a
-// record that does not decode, an actual cost out of range: the record is
-// taken, and stays charged at its estimate), the Ledger's own errors, and
-// ErrSettlementLost when the adjustment could not be applied.
-func (rs *Reservations) Settle(ctx context.Context, id string, actual func(i int, r *Reserved) int64) ([]Settled, error) {
+// record that does not decode, an actual cost out of range), actual's
+// error, the Ledger's own errors, and ErrSettlementLost when the
+// adjustment could not be applied. Once the record is taken, every error
+// leaves the reservation charged at its estimate: it cannot be settled
+// again.
+func (rs *Reservations) Settle(ctx context.Context, id string, actual func(i int, r *Reserved) (int64, error)) ([]Settled, error) {
 	if err := CheckReservationID(id); err != nil {
 		return nil, err
 	}
@@ -284,7 +287,10 @@ func (rs *Reservations) Settle(ctx context.Context, id string, actual func(i int
 	where := make([]int, 0, len(kept)) // items[j] adjusts out[where[j]]
 	for i := range kept {
 		k := &kept[i]
-		a := actual(i, k)
+		a, err := actual(i, k)
+		if err != nil {
+			return nil, err
+		}
 		if a < 0 || a > MaxQuota {
 			return nil, fmt.Errorf("%w: actual cost %d of item %d out of range [0, %d]", ErrBadReservation, a, i, int64(MaxQuota))
 		}

@@ -83,7 +83,7 @@ func (e *settleEnv) reserve(items ...ratelimit.Item) string {
 
 // settle settles id with one actual cost for every item.
 func (e *settleEnv) settle(id string, actual int64) ([]ratelimit.Settled, error) {
-	return e.rs.Settle(e.t.Context(), id, func(int, *ratelimit.Reserved) int64 { return actual })
+	return e.rs.Settle(e.t.Context(), id, func(int, *ratelimit.Reserved) (int64, error) { return actual, nil })
 }
 
 // A settleStep is one instant of a settlement table: at At, decide Cost
@@ -280,7 +280,7 @@ func testSettleDenied(t *testing.T, newSettling NewSettling) {
 		t.Fatalf("remaining %d on the admitted item of a denied reservation, want 10", got)
 	}
 	id = e.reserve(ratelimit.Item{Key: a, Rule: r, Cost: 3}, ratelimit.Item{Key: b, Rule: r, Cost: 2})
-	st, err := e.rs.Settle(t.Context(), id, func(i int, _ *ratelimit.Reserved) int64 { return []int64{1, 6}[i] })
+	st, err := e.rs.Settle(t.Context(), id, func(i int, _ *ratelimit.Reserved) (int64, error) { return []int64{1, 6}[i], nil })
 	if err != nil || st[0].Refunded != 2 || st[1].Charged != 4 {
 		t.Fatalf("Settle = %+v, %v; want 2 refunded on a, 4 charged on b", st, err)
 	}

@@ -15,6 +15,13 @@ import (
 type Request struct {
 	Domain      string
 	Descriptors []Descriptor
+	// Reservation, if not empty, is the id (ratelimit.CheckReservationID)
+	// under which the request, when admitted, is kept for Settle for
+	// ReservationTTL (0: ratelimit.DefaultReservationTTL; at most
+	// ratelimit.MaxReservationTTL). See "Reservations with settlement"
+	// (settle.go).
+	Reservation    string
+	ReservationTTL time.Duration
 }
 
 // A Descriptor is one list of entries of a Request and what it costs.
@@ -117,7 +124,7 @@ func (r *Request) Validate() error {
 			return err
 		}
 	}
-	return nil
+	return r.checkReservation()
 }
 
 // validate checks descriptor i but for its number of entries.

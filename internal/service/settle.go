@@ -1,0 +1,163 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/rules"
+	"github.com/sluicehq/sluice/ratelimit"
+)
+
+// Reservations with settlement (costs known only after the answer)
+//
+// A Request with a Reservation id is decided as any other (Decide, or
+// Reserve for paced waiting) and, admitted, is kept in the Service's
+// Ledger under that id (ratelimit.Reservations.Keep): every limit that
+// took a positive cost, with its storage key, its rule as decided (the
+// configured or overridden rule, never the paced reservation's raised
+// one) and the descriptor it belongs to. Settle then takes the record,
+// once, with the actual cost of each descriptor, and decides the
+// differences as package ratelimit's Reservations.Settle does: a refund
+// when the actual cost is lower, a charge past the limit (a debt) when it
+// is higher. A reservation never settled expires after its TTL and stays
+// charged at its estimate.
+//
+//   - Shadow-mode limits are settled too (they took their cost); quota-mode
+//     limits are settled when they admitted theirs.
+//   - A request denied (OverLimit, or refused by its quota-mode limits)
+//     keeps no reservation.
+//   - A reservation that the Ledger cannot keep is an *UnavailableError
+//     (the request was admitted and stays charged at its estimate); an id
+//     already kept is an error wrapping ErrInvalidRequest and
+//     ratelimit.ErrReservationExists, with resp filled as decided.
+//   - The rules are those of the reservation: a rule reloaded or
+//     overridden between the two is settled as it was reserved.
+
+// A SettleRequest settles a reservation with its actual costs.
+type SettleRequest struct {
+	// Reservation is the id the request was reserved under.
+	Reservation string
+	// Costs are the actual costs of the reserved request's descriptors,
+	// in their order; a single cost applies to every descriptor. Each is
+	// in [0, ratelimit.MaxQuota].
+	Costs []int64
+}
+
+// A Settlement is what Settle decided, in units of cost summed over the
+// reservation's limits.
+type Settlement struct {
+	Limits            int // the limits settled
+	Refunded, Charged int64
+}
+
+// Settle settles req (see "Reservations with settlement"). Its errors:
+// ErrInvalidRequest (a malformed id or cost; a cost list whose length is
+// neither 1 nor the reservation's descriptor count, which is found once
+// the record is taken, so the reservation stays at its estimate),
+// ratelimit.ErrUnknownReservation (never kept, or expired),
+// ratelimit.ErrAlreadySettled, and an *UnavailableError when the ledger
+// or the store failed (wrapping ratelimit.ErrSettlementLost when the
+// record was taken but its adjustment not applied).
+func (s *Service) Settle(ctx context.Context, req *SettleRequest) (Settlement, error) {
+	var out Settlement
+	err := s.settle(ctx, req, &out)
+	s.metrics.countSettle(err, out)
+	return out, err
+}
+
+func (s *Service) settle(ctx context.Context, req *SettleRequest, out *Settlement) error {
+	if s.rs == nil {
+		return invalid("this server keeps no reservations")
+	}
+	if err := ratelimit.CheckReservationID(req.Reservation); err != nil {
+		return invalid("reservation: %v", err)
+	}
+	if n := len(req.Costs); n == 0 || n > rules.MaxDescriptors {
+		return invalid("%d costs; want 1, or one per descriptor (at most %d)", n, rules.MaxDescriptors)
+	}
+	for i, c := range req.Costs {
+		if c < 0 || c > ratelimit.MaxQuota {
+			return invalid("cost %d (%d) out of range [0, %d]", i, c, int64(ratelimit.MaxQuota))
+		}
+	}
+	settled, err := s.rs.Settle(ctx, req.Reservation, func(_ int, r *ratelimit.Reserved) (int64, error) {
+		if len(req.Costs) == 1 {
+			return req.Costs[0], nil
+		}
+		d, err := strconv.Atoi(r.Tag)
+		if err != nil || d < 0 || d >= len(req.Costs) {
+			return 0, invalid("the reservation has descriptor %s; %d costs given", r.Tag, len(req.Costs))
+		}
+		return req.Costs[d], nil
+	})
+	switch {
+	case errors.Is(err, ratelimit.ErrUnknownReservation), errors.Is(err, ratelimit.ErrAlreadySettled), errors.Is(err, ErrInvalidRequest):
+		return err
+	case errors.Is(err, ratelimit.ErrBadReservation):
+		return invalid("%v", err)
+	case err != nil:
+		return &UnavailableError{Err: err}
+	}
+	for _, st := range settled {
+		out.Limits++
+		out.Refunded += st.Refunded
+		out.Charged += st.Charged
+	}
+	return nil
+}
+
+// reserved returns what a reservation of the admitted request of sc
+// keeps: every limit that took a positive cost, with its rule as decided
+// and its descriptor as its tag.
+func (sc *scratch) reserved() []ratelimit.Reserved {
+	kept := sc.kept[:0]
+	for i := range sc.checks {
+		c := &sc.checks[i]
+		if c.rule == nil {
+			continue
+		}
+		it, d := sc.item(c), sc.decision(c)
+		if d.Allowed && it.Cost > 0 {
+			kept = append(kept, ratelimit.Reserved{Key: it.Key, Rule: c.rule, Estimate: it.Cost, Tag: strconv.Itoa(c.desc)})
+		}
+	}
+	sc.kept = kept
+	return kept
+}
+
+// keep records kept as the reservation req.Reservation, and tells resp.
+func (s *Service) keep(ctx context.Context, kept []ratelimit.Reserved, req *Request, resp *Response) error {
+	err := s.rs.Keep(ctx, req.Reservation, kept, req.ReservationTTL)
+	switch {
+	case err == nil:
+		resp.Reservation = req.Reservation
+		return nil
+	case errors.Is(err, ratelimit.ErrReservationExists), errors.Is(err, ratelimit.ErrBadReservation):
+		return fmt.Errorf("%w: reservation %s: %w", ErrInvalidRequest, req.Reservation, err)
+	}
+	return &UnavailableError{Err: err}
+}
+
+// checkReservation checks a Request's reservation fields.
+func (r *Request) checkReservation() error {
+	if r.Reservation == "" {
+		if r.ReservationTTL != 0 {
+			return invalid("a reservation TTL without a reservation")
+		}
+		return nil
+	}
+	if err := ratelimit.CheckReservationID(r.Reservation); err != nil {
+		return invalid("reservation: %v", err)
+	}
+	if r.ReservationTTL < 0 || r.ReservationTTL > ratelimit.MaxReservationTTL {
+		return invalid("reservation TTL %v out of range [0, %v]", r.ReservationTTL, ratelimit.MaxReservationTTL)
+	}
+	return nil
+}
+
+// storeClock is the clock of a store that tells it (memstore), which
+// places a reservation in its window.
+type storeClock interface{ Now() time.Time }

@@ -36,7 +36,7 @@ func (a *API) reserve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	pooled := c.in // its buffers stay with the pooled call
-	c.in = checkRequest{Domain: in.Domain, Descriptors: in.Descriptors, Cost: in.Cost}
+	c.in = in.checkRequest
 	err = c.convert()
 	c.in = pooled
 	if err != nil {
@@ -86,6 +86,7 @@ func appendReserveResponse(b []byte, resp *service.Response, res *service.Reserv
 	b = appendCode(b, resp.Code)
 	b = append(b, `,"wait_ms":`...)
 	b = strconv.AppendInt(b, ceilMillis(res.Wait), 10)
+	b = appendReservation(b, resp)
 	b = append(b, `,"descriptors":[`...)
 	for i := range resp.Statuses {
 		if i > 0 {

@@ -35,6 +35,10 @@ type Descriptor struct {
 	// InlineLimit, if not nil, replaces the limits the descriptor matches;
 	// it limits the descriptor even when it matches no rule.
 	InlineLimit *InlineLimit
+	// Tag, in a request kept as a reservation, names the descriptor's
+	// limits for Settle (SettleRequest.Tagged); empty means its index in
+	// the request. At most ratelimit.MaxReservationTag bytes.
+	Tag string
 }
 
 // An InlineLimit is a limit carried in a request descriptor instead of a

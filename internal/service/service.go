@@ -319,7 +319,7 @@ func (s *Service) decideRequest(ctx context.Context, req *Request, resp *Respons
 		return &UnavailableError{Domain: req.Domain, Rule: closed.rule.Name, RetryAfter: sc.decision(closed).RetryAfter}
 	}
 	if req.Reservation != "" && resp.Code == OK {
-		return s.keep(ctx, sc.reserved(), req, resp)
+		return s.keep(ctx, sc.reserved(req), req, resp)
 	}
 	return nil
 }

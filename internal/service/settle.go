@@ -32,7 +32,8 @@ import (
 //   - A reservation that the Ledger cannot keep is an *UnavailableError
 //     (the request was admitted and stays charged at its estimate); an id
 //     already kept is an error wrapping ErrInvalidRequest and
-//     ratelimit.ErrReservationExists, with resp filled as decided.
+//     ratelimit.ErrReservationExists. Both wrap ErrNotKept, and resp is
+//     filled as decided.
 //   - The rules are those of the reservation: a rule reloaded or
 //     overridden between the two is settled as it was reserved.
 
@@ -44,6 +45,10 @@ type SettleRequest struct {
 	// in their order; a single cost applies to every descriptor. Each is
 	// in [0, ratelimit.MaxQuota].
 	Costs []int64
+	// Tagged, instead of Costs, are the actual costs by descriptor Tag (a
+	// proxy's settlement, whose descriptors come in no set order); a
+	// limit whose tag it lacks is settled at its estimate.
+	Tagged map[string]int64
 }
 
 // A Settlement is what Settle decided, in units of cost summed over the
@@ -75,15 +80,26 @@ func (s *Service) settle(ctx context.Context, req *SettleRequest, out *Settlemen
 	if err := ratelimit.CheckReservationID(req.Reservation); err != nil {
 		return invalid("reservation: %v", err)
 	}
-	if n := len(req.Costs); n == 0 || n > rules.MaxDescriptors {
-		return invalid("%d costs; want 1, or one per descriptor (at most %d)", n, rules.MaxDescriptors)
+	if n := len(req.Costs); (n == 0) == (req.Tagged == nil) || n > rules.MaxDescriptors || len(req.Tagged) > rules.MaxDescriptors {
+		return invalid("%d costs; want 1, or one per descriptor (at most %d)", max(n, len(req.Tagged)), rules.MaxDescriptors)
 	}
 	for i, c := range req.Costs {
 		if c < 0 || c > ratelimit.MaxQuota {
 			return invalid("cost %d (%d) out of range [0, %d]", i, c, int64(ratelimit.MaxQuota))
 		}
 	}
+	for t, c := range req.Tagged {
+		if c < 0 || c > ratelimit.MaxQuota {
+			return invalid("cost of %q (%d) out of range [0, %d]", t, c, int64(ratelimit.MaxQuota))
+		}
+	}
 	settled, err := s.rs.Settle(ctx, req.Reservation, func(_ int, r *ratelimit.Reserved) (int64, error) {
+		if req.Tagged != nil {
+			if c, ok := req.Tagged[r.Tag]; ok {
+				return c, nil
+			}
+			return r.Estimate, nil
+		}
 		if len(req.Costs) == 1 {
 			return req.Costs[0], nil
 		}
@@ -109,10 +125,10 @@ func (s *Service) settle(ctx context.Context, req *SettleRequest, out *Settlemen
 	return nil
 }
 
-// reserved returns what a reservation of the admitted request of sc
+// reserved returns what a reservation of the admitted request req of sc
 // keeps: every limit that took a positive cost, with its rule as decided
-// and its descriptor as its tag.
-func (sc *scratch) reserved() []ratelimit.Reserved {
+// and its descriptor's tag (or index).
+func (sc *scratch) reserved(req *Request) []ratelimit.Reserved {
 	kept := sc.kept[:0]
 	for i := range sc.checks {
 		c := &sc.checks[i]
@@ -121,12 +137,21 @@ func (sc *scratch) reserved() []ratelimit.Reserved {
 		}
 		it, d := sc.item(c), sc.decision(c)
 		if d.Allowed && it.Cost > 0 {
-			kept = append(kept, ratelimit.Reserved{Key: it.Key, Rule: c.rule, Estimate: it.Cost, Tag: strconv.Itoa(c.desc)})
+			tag := req.Descriptors[c.desc].Tag
+			if tag == "" {
+				tag = strconv.Itoa(c.desc)
+			}
+			kept = append(kept, ratelimit.Reserved{Key: it.Key, Rule: c.rule, Estimate: it.Cost, Tag: tag})
 		}
 	}
 	sc.kept = kept
 	return kept
 }
+
+// ErrNotKept is wrapped by the error of a request that was admitted (its
+// Response says so, and its costs are taken) but whose reservation could
+// not be kept.
+var ErrNotKept = errors.New("admitted, but its reservation could not be kept")
 
 // keep records kept as the reservation req.Reservation, and tells resp.
 func (s *Service) keep(ctx context.Context, kept []ratelimit.Reserved, req *Request, resp *Response) error {
@@ -136,10 +161,14 @@ func (s *Service) keep(ctx context.Context, kept []ratelimit.Reserved, req *Requ
 		resp.Reservation = req.Reservation
 		return nil
 	case errors.Is(err, ratelimit.ErrReservationExists), errors.Is(err, ratelimit.ErrBadReservation):
-		return fmt.Errorf("%w: reservation %s: %w", ErrInvalidRequest, req.Reservation, err)
+		return fmt.Errorf("%w: %w: reservation %s: %w", ErrInvalidRequest, ErrNotKept, req.Reservation, err)
 	}
-	return &UnavailableError{Err: err}
+	return &UnavailableError{Err: fmt.Errorf("%w: %w", ErrNotKept, err)}
 }
+
+// KeepsReservations reports whether the Service has a Ledger: whether a
+// Request may ask for a reservation.
+func (s *Service) KeepsReservations() bool { return s.rs != nil }
 
 // checkReservation checks a Request's reservation fields.
 func (r *Request) checkReservation() error {
@@ -154,6 +183,11 @@ func (r *Request) checkReservation() error {
 	}
 	if r.ReservationTTL < 0 || r.ReservationTTL > ratelimit.MaxReservationTTL {
 		return invalid("reservation TTL %v out of range [0, %v]", r.ReservationTTL, ratelimit.MaxReservationTTL)
+	}
+	for i := range r.Descriptors {
+		if n := len(r.Descriptors[i].Tag); n > ratelimit.MaxReservationTag {
+			return invalid("descriptor %d: tag of %d bytes; at most %d", i, n, ratelimit.MaxReservationTag)
+		}
 	}
 	return nil
 }

@@ -18,9 +18,8 @@ import (
 // Envoy's rate limit filter can call again when a stream ends (a rate
 // limit with apply_on_stream_done), with a hits_addend that only the
 // response told (dynamic metadata a filter set from the usage an LLM
-// reported, as Envoy AI Gateway does). Two descriptor entries, whose keys
-// no rule may use, turn the two calls into a reservation and its
-// settlement:
+// reported, as Envoy AI Gateway does). Two descriptor entries turn the
+// two calls into a reservation and its settlement:
 //
 //   - ReserveKey (sluice_reserve), with the request's id as its value
 //     (Envoy's request_headers action on x-request-id), in a descriptor of
@@ -36,7 +35,7 @@ import (
 //     sluice_settlements_total), as Envoy ignores the answer anyway.
 //
 // Both entries are removed before the descriptor is matched, so the rules
-// see the descriptor without them. The reservation's id is derived from
+// see the descriptor without them (a rule keyed on them never matches). The reservation's id is derived from
 // the domain, the request id and the descriptors' other entries (each
 // reserved descriptor is tagged by a hash of its entries), so the
 // stream-done call must carry the same descriptors as the request-time

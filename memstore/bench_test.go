@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 // BenchmarkDecide measures one decision on an existing key, single-threaded,
@@ -99,4 +100,11 @@ func BenchmarkDecideNewKey(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkSettle: storetest.BenchSettle on a memory store.
+func BenchmarkSettle(b *testing.B) {
+	s := New(Options{JanitorInterval: -1, MaxReservations: 1 << 20})
+	defer s.Close()
+	storetest.BenchSettle(b, s, s)
 }

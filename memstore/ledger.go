@@ -1,7 +1,6 @@
 package memstore
 
 import (
-	"container/heap"
 	"context"
 	"fmt"
 	"sync"
@@ -16,19 +15,21 @@ import (
 // reservations (ratelimit.Reservations) in memory, at most
 // Options.MaxReservations of them, each until its TTL ends by the store's
 // clock, settled or not (a settled record is kept, emptied, to answer a
-// repeat). A full ledger forgets the record that would expire first,
-// which then stays charged at its estimate, as an expired reservation
-// does: a flood of reservations never refuses one, it only shortens how
-// long the oldest can be settled.
+// repeat). A full ledger forgets its oldest record, which then stays
+// charged at its estimate, as an expired reservation does: a flood of
+// reservations never refuses one, it only shortens how long the oldest
+// can be settled (at R reservations a second, MaxReservations/R seconds).
 
 var _ ratelimit.Ledger = (*Store)(nil)
 
-// ledger is a Store's reservations: a map by id and a heap by expiry.
+// ledger is a Store's reservations: a map by id, and the records in the
+// order they were made, the oldest at head.
 type ledger struct {
-	mu   sync.Mutex
-	max  int
-	byID map[string]*reservation
-	exp  expiries
+	mu    sync.Mutex
+	max   int
+	byID  map[string]*reservation
+	order []*reservation // order[head:] are held; nil slots were taken out early
+	head  int
 }
 
 type reservation struct {
@@ -49,22 +50,19 @@ func (s *Store) Record(ctx context.Context, id string, rec []byte, ttl time.Dura
 		return fmt.Errorf("%w: record of %d bytes for %v", ratelimit.ErrBadReservation, len(rec), ttl)
 	}
 	l := &s.ledger
-	now := s.now().UnixNano()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.expire(now)
-	if l.byID[id] != nil {
+	now := s.now().UnixNano()
+	l.trim(now)
+	if r := l.byID[id]; r != nil && r.expires > now {
 		return ratelimit.ErrReservationExists
 	}
 	if l.byID == nil {
 		l.byID = make(map[string]*reservation)
 	}
-	for len(l.exp) >= l.max {
-		delete(l.byID, heap.Pop(&l.exp).(*reservation).id)
-	}
 	r := &reservation{id: id, rec: append([]byte(nil), rec...), expires: now + int64(ttl)}
 	l.byID[id] = r
-	heap.Push(&l.exp, r)
+	l.order = append(l.order, r)
 	return nil
 }
 
@@ -74,13 +72,11 @@ func (s *Store) Take(ctx context.Context, id string) ([]byte, error) {
 		return nil, err
 	}
 	l := &s.ledger
-	now := s.now().UnixNano()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.expire(now)
 	r := l.byID[id]
 	switch {
-	case r == nil:
+	case r == nil || r.expires <= s.now().UnixNano():
 		return nil, ratelimit.ErrUnknownReservation
 	case r.rec == nil:
 		return nil, ratelimit.ErrAlreadySettled
@@ -90,31 +86,31 @@ func (s *Store) Take(ctx context.Context, id string) ([]byte, error) {
 	return rec, nil
 }
 
-// Reservations is the number of reservation records held, settled or not.
+// Reservations is the number of reservation records held, settled or not
+// (expired ones included until a Record finds them).
 func (s *Store) Reservations() int {
 	s.ledger.mu.Lock()
 	defer s.ledger.mu.Unlock()
 	return len(s.ledger.byID)
 }
 
-// expire forgets the records expired at now.
-func (l *ledger) expire(now int64) {
-	for len(l.exp) > 0 && l.exp[0].expires <= now {
-		delete(l.byID, heap.Pop(&l.exp).(*reservation).id)
+// trim forgets the oldest records while the ledger is full or they have
+// expired at now, so that one more fits.
+func (l *ledger) trim(now int64) {
+	for l.head < len(l.order) {
+		r := l.order[l.head]
+		if len(l.byID) < l.max && r.expires > now {
+			break
+		}
+		if l.byID[r.id] == r {
+			delete(l.byID, r.id)
+		}
+		l.order[l.head] = nil
+		l.head++
 	}
-}
-
-// expiries is a min-heap of reservations by expiry (container/heap).
-type expiries []*reservation
-
-func (h expiries) Len() int           { return len(h) }
-func (h expiries) Less(i, j int) bool { return h[i].expires < h[j].expires }
-func (h expiries) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
-func (h *expiries) Push(x any)        { *h = append(*h, x.(*reservation)) }
-func (h *expiries) Pop() any {
-	old := *h
-	r := old[len(old)-1]
-	old[len(old)-1] = nil
-	*h = old[:len(old)-1]
-	return r
+	if l.head > len(l.order)/2 { // reuse the front half
+		n := copy(l.order, l.order[l.head:])
+		clear(l.order[n:])
+		l.order, l.head = l.order[:n], 0
+	}
 }

@@ -75,7 +75,9 @@ type Options struct {
 	// Now is the clock; default time.Now.
 	Now func() time.Time
 	// MaxReservations bounds the reservation records held (the Store as
-	// a ratelimit.Ledger); default 1<<16.
+	// a ratelimit.Ledger); default 1<<18, a few hundred bytes each: at
+	// the default TTL of 5 minutes, enough for some 870 reservations a
+	// second.
 	MaxReservations int
 	// JanitorInterval is how often expired keys are reclaimed; default
 	// 10 s. Negative disables the janitor: expired keys are then reclaimed
@@ -255,7 +257,7 @@ func New(opts Options) *Store {
 		opts.JanitorInterval = 10 * time.Second
 	}
 	if opts.MaxReservations <= 0 {
-		opts.MaxReservations = 1 << 16
+		opts.MaxReservations = 1 << 18
 	}
 	s := &Store{
 		shards: make([]shard, n),

@@ -65,6 +65,7 @@ func TestSettleBinary(t *testing.T) {
 func testSettleServe(t *testing.T, grpcAddr, httpAddr string) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
+	api := loadOpenAPI(t)
 	post := func(path, body string) (int, string) {
 		t.Helper()
 		req, _ := http.NewRequestWithContext(ctx, "POST", "http://"+httpAddr+path, strings.NewReader(body))
@@ -74,6 +75,11 @@ func testSettleServe(t *testing.T, grpcAddr, httpAddr string) {
 		}
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
+		if path == "/v1/settle" { // every answer against docs/openapi.yaml
+			if err := api.checkResponse(path, resp.StatusCode, resp.Header.Get("Content-Type"), b); err != nil {
+				t.Errorf("%s %s: %v", path, body, err)
+			}
+		}
 		return resp.StatusCode, string(b)
 	}
 	remaining := func(user string) int64 {

@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"bytes"
 	"errors"
-	"math"
 	"testing"
 	"time"
 )
@@ -72,7 +71,7 @@ func TestSettling(t *testing.T) {
 		case SlidingLog:
 			most = MaxSlidingLogQuota
 		case GCRA, LeakyBucket:
-			most = min(MaxQuota, (math.MaxInt64/2)/int64(r.Interval()))
+			most = int64(MaxSettleDebt / r.Interval())
 		}
 		if s.Capacity() != most {
 			t.Fatalf("%s: settling capacity %d, want %d", a, s.Capacity(), most)

@@ -38,7 +38,8 @@ import (
 //     until the window ends and then forgets it (fixed_window), weighs it
 //     into the next window as its previous count (sliding_window), or
 //     keeps it for Period (sliding_log, whose log holds at most
-//     MaxSlidingLogQuota units: a charge beyond that is cut to what fits).
+//     MaxSlidingLogQuota units: a charge beyond that is cut to what fits,
+//     as is a bucket's beyond MaxSettleDebt).
 //   - equal: nothing is decided.
 //
 // Settlement is idempotent by id: the Ledger hands a record out once,
@@ -129,15 +130,24 @@ func CheckReservationID(id string) error {
 	return nil
 }
 
+// MaxSettleDebt is the debt a bucket (gcra, leaky_bucket) may be charged
+// into by settlements, as refill time past its capacity: a charge beyond
+// it is cut to what fits. It keeps a settlement's arithmetic within what
+// a store computes exactly in doubles (redisstore's script). A rule whose
+// own capacity takes longer to refill may owe as much again.
+const MaxSettleDebt = time.Duration(1 << 51) // about 26 days
+
 // Settling returns the rule under which a settlement's adjustment is
-// decided: r with its capacity raised to the most a valid rule may hold
-// (Burst for gcra and leaky_bucket, bounded as Validate bounds capacity
-// × interval; Quota for the windows, MaxSlidingLogQuota for sliding_log),
-// Counting Strict and Failure FailClosed (an adjustment no store decided
-// is reported lost, never decided on a replica's share). Its interval
-// and windows are r's, so a refund under it is r's refund, and a charge
-// is r's charge admitted past r's limit. A rule that admits nothing
-// (Quota 0) is returned as it is: nothing was ever charged under it.
+// decided: r with its capacity raised so that a charge past r's limit is
+// admitted (Burst for gcra and leaky_bucket, up to MaxSettleDebt of
+// refill or twice r's capacity, whichever is more, and as Validate bounds
+// capacity × interval; Quota for the windows, MaxQuota, or
+// MaxSlidingLogQuota for sliding_log), Counting Strict and Failure
+// FailClosed (an adjustment no store decided is reported lost, never
+// decided on a replica's share). Its interval and windows are r's, so a
+// refund under it is r's refund, and a charge is r's charge admitted past
+// r's limit. A rule that admits nothing (Quota 0) is returned as it is:
+// nothing was ever charged under it.
 func (r *Rule) Settling() *Rule {
 	if r.Quota <= 0 {
 		return r
@@ -146,7 +156,9 @@ func (r *Rule) Settling() *Rule {
 	rr.Counting, rr.Failure = Strict, FailClosed
 	switch r.Algorithm {
 	case GCRA, LeakyBucket:
-		rr.Burst = max(r.Capacity(), min(int64(MaxQuota), (math.MaxInt64/2)/r.interval()))
+		iv := r.interval()
+		most := min(int64(MaxQuota), (math.MaxInt64/2)/iv)
+		rr.Burst = max(r.Capacity(), min(most, max(2*r.Capacity(), int64(MaxSettleDebt)/iv)))
 	case SlidingLog:
 		rr.Quota = MaxSlidingLogQuota
 	default:
@@ -307,8 +319,9 @@ func (rs *Reservations) Settle(ctx context.Context, id string, actual func(i int
 	}
 	ds, err := rs.Store.Decide(ctx, nil, items)
 	if err == nil && !Allowed(ds) {
-		// Only a charge past the settling rule's capacity (a sliding log's
-		// MaxSlidingLogQuota) is denied: cut it to what fits, once.
+		// Only a charge past the settling rule's capacity (MaxSettleDebt,
+		// a sliding log's MaxSlidingLogQuota) is denied: cut it to what
+		// fits, once.
 		for j := range items {
 			if !ds[j].Allowed && items[j].Cost > 0 {
 				items[j].Cost = min(items[j].Cost, ds[j].Remaining)

@@ -82,3 +82,27 @@ func TestSettleReachesReplicas(t *testing.T) {
 		})
 	}
 }
+
+// TestSettleScriptPath: a settlement's charge on a bucket is decided by
+// the script, not on the exact path: Rule.Settling's debt bound keeps
+// capacity × interval within the script's doubles.
+func TestSettleScriptPath(t *testing.T) {
+	srv := redistest.Standalone(t)
+	s := newTestStore(t, []string{srv.Addr()}, nil, nil)
+	rs := &ratelimit.Reservations{Store: s, Ledger: s}
+	ctx := context.Background()
+	for _, a := range []ratelimit.Algorithm{ratelimit.GCRA, ratelimit.LeakyBucket} {
+		r := &ratelimit.Rule{Name: a.String(), Algorithm: a, Quota: 1000, Period: time.Second}
+		id, _, err := rs.Reserve(ctx, nil, []ratelimit.Item{{Key: a.String(), Rule: r, Cost: 10}})
+		if err != nil || id == "" {
+			t.Fatalf("%s: Reserve: %q %v", a, id, err)
+		}
+		before := s.Stats().Exact
+		if st, err := rs.Settle(ctx, id, func(int, *ratelimit.Reserved) (int64, error) { return 5000, nil }); err != nil || st[0].Charged != 4990 {
+			t.Fatalf("%s: Settle: %+v %v", a, st, err)
+		}
+		if n := s.Stats().Exact - before; n != 0 {
+			t.Errorf("%s: the settlement took the exact path %d times", a, n)
+		}
+	}
+}

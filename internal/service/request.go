@@ -36,8 +36,9 @@ type Descriptor struct {
 	// it limits the descriptor even when it matches no rule.
 	InlineLimit *InlineLimit
 	// Tag, in a request kept as a reservation, names the descriptor's
-	// limits for Settle (SettleRequest.Tagged); empty means its index in
-	// the request. At most ratelimit.MaxReservationTag bytes.
+	// limits for Settle (SettleRequest.Tagged); empty means its place in
+	// the request (SettleRequest.Costs). At most
+	// ratelimit.MaxReservationTag bytes.
 	Tag string
 }
 

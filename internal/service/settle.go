@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sluicehq/sluice/internal/rules"
@@ -103,9 +104,10 @@ func (s *Service) settle(ctx context.Context, req *SettleRequest, out *Settlemen
 		if len(req.Costs) == 1 {
 			return req.Costs[0], nil
 		}
-		d, err := strconv.Atoi(r.Tag)
-		if err != nil || d < 0 || d >= len(req.Costs) {
-			return 0, invalid("the reservation has descriptor %s; %d costs given", r.Tag, len(req.Costs))
+		i, n, _ := strings.Cut(r.Tag, "/") // "index/count", as reserved puts it
+		d, err := strconv.Atoi(i)
+		if err != nil || d < 0 || d >= len(req.Costs) || n != strconv.Itoa(len(req.Costs)) {
+			return 0, invalid("the reservation has %s descriptors; %d costs given", n, len(req.Costs))
 		}
 		return req.Costs[d], nil
 	})
@@ -127,7 +129,8 @@ func (s *Service) settle(ctx context.Context, req *SettleRequest, out *Settlemen
 
 // reserved returns what a reservation of the admitted request req of sc
 // keeps: every limit that took a positive cost, with its rule as decided
-// and its descriptor's tag (or index).
+// and its descriptor's Tag, or "index/count" (its index among the
+// request's count of descriptors), which Settle reads back.
 func (sc *scratch) reserved(req *Request) []ratelimit.Reserved {
 	kept := sc.kept[:0]
 	for i := range sc.checks {
@@ -139,7 +142,7 @@ func (sc *scratch) reserved(req *Request) []ratelimit.Reserved {
 		if d.Allowed && it.Cost > 0 {
 			tag := req.Descriptors[c.desc].Tag
 			if tag == "" {
-				tag = strconv.Itoa(c.desc)
+				tag = strconv.Itoa(c.desc) + "/" + strconv.Itoa(len(req.Descriptors))
 			}
 			kept = append(kept, ratelimit.Reserved{Key: it.Key, Rule: c.rule, Estimate: it.Cost, Tag: tag})
 		}

@@ -77,6 +77,13 @@ func TestSettle(t *testing.T) {
 	if _, err := svc.Settle(t.Context(), &SettleRequest{Reservation: ratelimit.NewReservationID(), Costs: []int64{1}}); !errors.Is(err, ratelimit.ErrUnknownReservation) {
 		t.Fatalf("unknown: %v", err)
 	}
+	id2 := ratelimit.NewReservationID()
+	if err := svc.Decide(t.Context(), settleReq(id2, 1, 1), &resp); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Settle(t.Context(), &SettleRequest{Reservation: id2, Costs: []int64{1, 2, 3}}); !errors.Is(err, ErrInvalidRequest) {
+		t.Errorf("3 costs for 2 descriptors: %v, want ErrInvalidRequest", err)
+	}
 	for _, bad := range []SettleRequest{{Reservation: "bad id", Costs: []int64{1}}, {Reservation: id}, {Reservation: id, Costs: []int64{-1}}} {
 		if _, err := svc.Settle(t.Context(), &bad); !errors.Is(err, ErrInvalidRequest) {
 			t.Errorf("Settle(%+v) = %v, want ErrInvalidRequest", bad, err)

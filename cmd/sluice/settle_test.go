@@ -30,7 +30,8 @@ descriptors:
 `
 
 // TestSettleBinary drives the built binary's reservations with
-// settlement, on the memory store and on Redis: a reservation over
+// settlement, on the memory store, Redis and a Redis Cluster: a
+// reservation over
 // /v1/check settled over /v1/settle, one over gRPC's Reserve settled over
 // HTTP and repeated over gRPC's Settle, and Envoy's request-time and
 // stream-done calls (sluice_reserve, sluice_settle) over the rate limit
@@ -49,6 +50,10 @@ func TestSettleBinary(t *testing.T) {
 		"memory": func(*testing.T) []string { return nil },
 		"redis": func(t *testing.T) []string {
 			return []string{"--store", "redis", "--redis-addr", redistest.Standalone(t).Addr()}
+		},
+		// The reservations' records and the counters in different slots.
+		"cluster": func(t *testing.T) []string {
+			return []string{"--store", "redis", "--redis-addr", strings.Join(redistest.Cluster(t).Addrs(), ",")}
 		},
 	}
 	for name, store := range stores {

@@ -20,7 +20,10 @@
 // when enabled, RateLimit-Policy, RateLimit and
 // Retry-After in response_headers_to_add; and dynamic_metadata when a
 // quota_mode limit matched (below). Not produced: request_headers_to_add,
-// raw_body, quota.
+// raw_body, quota. Two descriptor entries are Sluice's own: sluice_reserve
+// and sluice_settle make a request-time call and its stream-done call a
+// reservation and its settlement (settle.go), and are removed before the
+// rules see the descriptor.
 //
 // # quota_mode
 //
@@ -341,10 +344,8 @@ func (s *Server) decide(ctx context.Context, c *call, in *rlsv3.RateLimitRequest
 	} else {
 		c.resp.Code, c.resp.Statuses = service.OK, c.resp.Statuses[:0]
 	}
-	if len(c.settledAt) > 0 { // a settled descriptor is answered OK
-		for _, i := range c.settledAt {
-			c.resp.Statuses = slices.Insert(c.resp.Statuses, i, service.Status{})
-		}
+	for _, i := range c.settledAt { // a settled descriptor is answered OK
+		c.resp.Statuses = slices.Insert(c.resp.Statuses, i, service.Status{})
 	}
 	return err
 }
@@ -401,6 +402,9 @@ func (c *call) convert(in *rlsv3.RateLimitRequest) error {
 			if ok, err := c.settling.mark(i, re); err != nil {
 				return err
 			} else if ok {
+				if marked != "" && marked != re.Key {
+					return invalid(i, "has both %s and %s", ReserveKey, SettleKey)
+				}
 				marked = re.Key
 				continue
 			}

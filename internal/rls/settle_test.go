@@ -112,6 +112,7 @@ func TestEnvoyStreamDone(t *testing.T) {
 	for _, bad := range []*rlsv3.RateLimitRequest{
 		envoyCall(1, "sluice_reserve", "r"),
 		envoyCall(1, "sluice_settle", "", "user", "a"),
+		envoyCall(1, "sluice_settle", "r", "user", "a", "sluice_reserve", "r"),
 		{Domain: "ai", Descriptors: []*ratelimitv3.RateLimitDescriptor{
 			envoyCall(1, "sluice_reserve", "a", "user", "x").Descriptors[0],
 			envoyCall(1, "sluice_reserve", "b", "user", "y").Descriptors[0]}},

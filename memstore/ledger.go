@@ -19,6 +19,13 @@ import (
 // charged at its estimate, as an expired reservation does: a flood of
 // reservations never refuses one, it only shortens how long the oldest
 // can be settled (at R reservations a second, MaxReservations/R seconds).
+//
+// A settlement is decided under ratelimit.Rule.Settling, a rule of far
+// larger capacity, and a key's share in use (what eviction weighs, see
+// the package doc) is measured against the capacity of its last decision:
+// until the key's next decision under its own rule, a settled key looks
+// nearly unused, and a full shard may evict it first, forgetting what the
+// settlement charged.
 
 var _ ratelimit.Ledger = (*Store)(nil)
 

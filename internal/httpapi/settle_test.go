@@ -63,6 +63,18 @@ func TestSettle(t *testing.T) {
 			t.Errorf("%s: %d %s", bad, r.status, r.body)
 		}
 	}
+	// A paced reservation keeps one too.
+	var paced struct {
+		Allowed     bool   `json:"allowed"`
+		Reservation string `json:"reservation"`
+	}
+	r = do(t, "POST", f.srv.URL+"/v1/reserve", `{"domain":"t","descriptors":[{"entries":[{"key":"g","value":"p"}]}],"cost":2,"max_wait_ms":0,"settle":true}`)
+	if err := json.Unmarshal([]byte(r.body), &paced); err != nil || r.status != 200 || !paced.Allowed || ratelimit.CheckReservationID(paced.Reservation) != nil {
+		t.Fatalf("reserve with settle: %d %s (%v)", r.status, r.body, err)
+	}
+	if r = do(t, "POST", f.srv.URL+"/v1/settle", `{"reservation":"`+paced.Reservation+`","cost":2}`); r.status != 200 || !strings.Contains(r.body, `"limits": 1`) {
+		t.Fatalf("settling the paced reservation: %d %s", r.status, r.body)
+	}
 	for _, bad := range []string{
 		`{"domain":"t","descriptors":[{"entries":[{"key":"g","value":"s"}]}],"settle_within_ms":5}`,
 		`{"domain":"t","descriptors":[{"entries":[{"key":"g","value":"s"}]}],"settle":true,"settle_within_ms":0}`,

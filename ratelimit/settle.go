@@ -54,6 +54,12 @@ import (
 // estimate, as if it had expired), never applies it twice. Settle reports
 // such a loss as an error wrapping ErrSettlementLost.
 //
+// The adjustment of all the items of a reservation is one Store.Decide,
+// all or nothing as any request: on a Redis Cluster, items in different
+// hash slots are decided slot by slot, and a slot that fails has the
+// slots before it given back (as far as the store can), so the
+// settlement is reported lost rather than half applied.
+//
 // Where the counter lives: the adjustment is decided Strict, at the
 // shared counter, whatever the rule's Counting (Rule.Settling). A rule
 // counted batched or approximate reserves on the replica's share as any

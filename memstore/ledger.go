@@ -21,11 +21,9 @@ import (
 // can be settled (at R reservations a second, MaxReservations/R seconds).
 //
 // A settlement is decided under ratelimit.Rule.Settling, a rule of far
-// larger capacity, and a key's share in use (what eviction weighs, see
-// the package doc) is measured against the capacity of its last decision:
-// until the key's next decision under its own rule, a settled key looks
-// nearly unused, and a full shard may evict it first, forgetting what the
-// settlement charged.
+// larger capacity; the key's share in use, which eviction weighs, stays
+// measured against its own capacity (entry.decided), so a key in debt
+// weighs as exhausted.
 
 var _ ratelimit.Ledger = (*Store)(nil)
 

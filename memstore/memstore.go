@@ -20,6 +20,9 @@
 // the sliding ones, may overstate the share in use but never understates
 // it. A key with most of its capacity left is cheap to forget; an exhausted
 // key, as a key is while it is denied at cost 1, costs its whole capacity.
+// A decision under a raised copy of the key's rule (a settlement's charge
+// past the limit, a paced reservation) is measured against the key's own
+// capacity, so a key in debt weighs as exhausted.
 //
 // When a new key needs a place in a full shard, the store samples a few of
 // the shard's other keys. It reclaims an expired one if it finds one;
@@ -144,9 +147,20 @@ type entry struct {
 	state   ratelimit.State
 }
 
-// decided records what a decision at now (Unix ns) left of the entry's key.
+// decided records what a decision at now (Unix ns) left of the entry's
+// key. A decision under a rule of larger capacity than the key's last (a
+// settlement's ratelimit.Rule.Settling, a paced reservation's
+// Rule.Reserving) measures what the key uses against the key's last
+// capacity: a key a settlement charged past its limit weighs as
+// exhausted, not as nearly unused. (A key whose rule was raised for good
+// stays measured against the lower capacity, which only makes it costlier
+// to forget.)
 func (e *entry) decided(d *ratelimit.Decision, now int64) {
-	e.expires, e.last = now+int64(d.ResetAfter), shareOf(d)
+	sh := shareOf(d)
+	if e.last.of > 0 && sh.of > e.last.of {
+		sh.of = e.last.of
+	}
+	e.expires, e.last = now+int64(d.ResetAfter), sh
 }
 
 // inUse is the share of its capacity the entry's key has in use at now,

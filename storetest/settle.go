@@ -106,7 +106,7 @@ func settleTables() []struct {
 	rule  ratelimit.Rule
 	steps []settleStep
 } {
-	bucket := func(a ratelimit.Algorithm) []settleStep {
+	bucket := func() []settleStep {
 		return []settleStep{
 			{At: 0, Reserve: true, Cost: 4, Allowed: true},
 			// 4 taken, 6 left; actual 14: 10 more, a debt of 4 past the capacity.
@@ -126,8 +126,8 @@ func settleTables() []struct {
 		rule  ratelimit.Rule
 		steps []settleStep
 	}{
-		{ratelimit.Rule{Name: "gcra", Algorithm: ratelimit.GCRA, Quota: 10, Period: 10 * time.Second}, bucket(ratelimit.GCRA)},
-		{ratelimit.Rule{Name: "leaky", Algorithm: ratelimit.LeakyBucket, Quota: 10, Period: 10 * time.Second}, bucket(ratelimit.LeakyBucket)},
+		{ratelimit.Rule{Name: "gcra", Algorithm: ratelimit.GCRA, Quota: 10, Period: 10 * time.Second}, bucket()},
+		{ratelimit.Rule{Name: "leaky", Algorithm: ratelimit.LeakyBucket, Quota: 10, Period: 10 * time.Second}, bucket()},
 		{ratelimit.Rule{Name: "fixed", Algorithm: ratelimit.FixedWindow, Quota: 10, Period: 10 * time.Second}, []settleStep{
 			{At: time.Second, Reserve: true, Cost: 4, Allowed: true},
 			{At: time.Second, Settle: true, Actual: 14, Charged: 10},

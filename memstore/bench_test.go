@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 // BenchmarkDecide measures one decision on an existing key, single-threaded,
@@ -99,4 +100,13 @@ func BenchmarkDecideNewKey(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkSettle: storetest.BenchSettle on a memory store with the
+// default bound of its ledger, which the benchmark fills (then each new
+// record forgets the oldest).
+func BenchmarkSettle(b *testing.B) {
+	s := New(Options{JanitorInterval: -1})
+	defer s.Close()
+	storetest.BenchSettle(b, s, s)
 }

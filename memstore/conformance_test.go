@@ -34,3 +34,11 @@ func TestCountingConformance(t *testing.T) {
 		return stores
 	})
 }
+
+func TestSettleConformance(t *testing.T) {
+	storetest.RunSettle(t, func(t *testing.T, now func() time.Time) (ratelimit.Store, ratelimit.Ledger) {
+		s := memstore.New(memstore.Options{Now: now})
+		t.Cleanup(func() { s.Close() })
+		return s, s
+	}, storetest.SettleOptions{})
+}

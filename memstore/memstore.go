@@ -20,6 +20,9 @@
 // the sliding ones, may overstate the share in use but never understates
 // it. A key with most of its capacity left is cheap to forget; an exhausted
 // key, as a key is while it is denied at cost 1, costs its whole capacity.
+// A decision under a raised copy of the key's rule (a settlement's charge
+// past the limit, a paced reservation) is measured against the key's own
+// capacity, so a key in debt weighs as exhausted.
 //
 // When a new key needs a place in a full shard, the store samples a few of
 // the shard's other keys. It reclaims an expired one if it finds one;
@@ -74,6 +77,11 @@ type Options struct {
 	Shards int
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// MaxReservations bounds the reservation records held (the Store as
+	// a ratelimit.Ledger); default 1<<18, a few hundred bytes each: at
+	// the default TTL of 5 minutes, enough for some 870 reservations a
+	// second.
+	MaxReservations int
 	// JanitorInterval is how often expired keys are reclaimed; default
 	// 10 s. Negative disables the janitor: expired keys are then reclaimed
 	// only when a full shard needs room.
@@ -110,6 +118,8 @@ type Store struct {
 
 	reclaimed, evictions, evictedExhausted, unkept, gaveBack atomic.Uint64
 
+	ledger ledger
+
 	closed    atomic.Bool
 	stop      chan struct{}
 	done      chan struct{}
@@ -137,9 +147,20 @@ type entry struct {
 	state   ratelimit.State
 }
 
-// decided records what a decision at now (Unix ns) left of the entry's key.
+// decided records what a decision at now (Unix ns) left of the entry's
+// key. A decision under a rule of larger capacity than the key's last (a
+// settlement's ratelimit.Rule.Settling, a paced reservation's
+// Rule.Reserving) measures what the key uses against the key's last
+// capacity: a key a settlement charged past its limit weighs as
+// exhausted, not as nearly unused. (A key whose rule was raised for good
+// stays measured against the lower capacity, which only makes it costlier
+// to forget.)
 func (e *entry) decided(d *ratelimit.Decision, now int64) {
-	e.expires, e.last = now+int64(d.ResetAfter), shareOf(d)
+	sh := shareOf(d)
+	if e.last.of > 0 && sh.of > e.last.of {
+		sh.of = e.last.of
+	}
+	e.expires, e.last = now+int64(d.ResetAfter), sh
 }
 
 // inUse is the share of its capacity the entry's key has in use at now,
@@ -249,12 +270,16 @@ func New(opts Options) *Store {
 	if opts.JanitorInterval == 0 {
 		opts.JanitorInterval = 10 * time.Second
 	}
+	if opts.MaxReservations <= 0 {
+		opts.MaxReservations = 1 << 18
+	}
 	s := &Store{
 		shards: make([]shard, n),
 		mask:   uint64(n - 1),
 		seed:   maphash.MakeSeed(),
 		seed2:  maphash.MakeSeed(),
 		now:    opts.Now,
+		ledger: ledger{max: opts.MaxReservations},
 		stop:   make(chan struct{}),
 		done:   make(chan struct{}),
 	}

@@ -37,6 +37,27 @@
 //     products could overflow; the emission interval Period/Quota is rounded
 //     up, so rounding never admits more than the rule says.
 //
+// # Reservations with settlement
+//
+// For a cost known only after the work, Reservations reserves an estimate
+// now and settles the actual cost later (settle.go has the whole model):
+//
+//   - A reservation is decided as any request: denied, it takes nothing;
+//     admitted, its record (each item's key, rule and estimate) is kept in
+//     a Ledger under an id for a TTL.
+//   - Settle takes the record once (a repeat is ErrAlreadySettled) and
+//     decides the difference on every item: a lower actual cost is
+//     refunded; a higher one is charged even past the limit, a debt. On
+//     gcra and leaky_bucket the next request waits exactly the excess's
+//     refill time longer; fixed_window carries the excess until its window
+//     ends and then forgets it; sliding_window weighs it into the next
+//     window; sliding_log keeps it for Period. A window's refund counts
+//     only within the reservation's window.
+//   - A reservation never settled expires with its record and stays
+//     charged at its estimate; settling it then is ErrUnknownReservation.
+//   - The record is taken before the difference is applied: a crash in
+//     between loses the difference (at most once, never twice).
+//
 // # Concurrency
 //
 // Rule values are immutable once in use and may be shared. A State is not

@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluicehq/sluice/internal/redistest"
 	"github.com/sluicehq/sluice/ratelimit"
+	"github.com/sluicehq/sluice/storetest"
 )
 
 // BenchmarkDecide measures one GCRA decision on a local redis-server, with
@@ -123,4 +124,11 @@ func BenchmarkReconcile(b *testing.B) {
 		b.StartTimer()
 		s.counting.approximate.flush()
 	}
+}
+
+// BenchmarkSettle: storetest.BenchSettle on a local redis-server.
+func BenchmarkSettle(b *testing.B) {
+	srv := redistest.Standalone(b)
+	s := newTestStore(b, []string{srv.Addr()}, nil, nil)
+	storetest.BenchSettle(b, s, s)
 }

@@ -95,6 +95,9 @@
 //     (decideCounted) and what both modes share; batched.go and
 //     approximate.go: each mode; reconcile.go: an approximate replica's
 //     hits sent to Redis.
+//   - ledger.go, ledger_take.lua: the Store as a ratelimit.Ledger, the
+//     records of reservations with settlement (one key each, its own
+//     hash tag: reservationKey in keys.go).
 //
 // # Clock
 //
@@ -271,6 +274,20 @@
 // batched replica's blocks as taken when leased; an approximate rule's
 // hits not yet reconciled are not in it, so a reservation's wait is
 // short by at most what the mode's bound allows.
+//
+// A settlement (ratelimit.Reservations.Settle) decides its refunds and
+// charges under ratelimit.Rule.Settling, also a Strict copy on the same
+// key: they reach the shared counter at once. The reservation itself was
+// decided as any request of its rule (a batched replica's block, an
+// approximate replica's view). The other replicas see a settlement when
+// they next ask Redis: a batched replica when it next leases (a block it
+// holds is not shortened by a charge, so a charge binds it once that
+// block is spent, within BlockHold for a bucket, by its window's end for
+// a fixed window); an approximate replica with the key's next
+// reconciliation (every ReconcileInterval near the limit, within 40
+// intervals far below it), which carries the shared state back into its
+// view. Until then a charge can be over-admitted by at most the mode's
+// own bound, and a refund is unused capacity, never excess.
 //
 // When Redis does not answer, a batched replica spends the blocks it
 // holds and an approximate one decides on its views (once the breaker is

@@ -115,3 +115,15 @@ func encodedLen(n int) int {
 	}
 	return 1 + b64.EncodedLen(sha256.Size)
 }
+
+// reservationKey is the Redis key of the reservation record id (a
+// ratelimit reservation id, which CheckReservationID keeps to base64's
+// URL-safe alphabet, so it is put in raw):
+//
+//	prefix + "r:{" + id + "}"
+//
+// Its own hash tag keeps it off every rate-limit key, all of which start
+// prefix + "{".
+func reservationKey(prefix, id string) string {
+	return prefix + "r:{" + id + "}"
+}

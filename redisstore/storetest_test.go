@@ -62,3 +62,31 @@ func TestStoretestCounting(t *testing.T) {
 		return stores
 	})
 }
+
+// expireReservation ends a reservation's record at once: the ledger
+// expires by the Redis server's clock, which the suite's clock does not
+// move.
+func expireReservation(t *testing.T, l ratelimit.Ledger, id string) {
+	s := l.(*Store)
+	if err := s.c.Del(t.Context(), reservationKey(s.prefix, id)).Err(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSettleStandalone(t *testing.T) {
+	srv := redistest.Standalone(t)
+	storetest.RunSettle(t, func(t *testing.T, now func() time.Time) (ratelimit.Store, ratelimit.Ledger) {
+		s := newTestStore(t, []string{srv.Addr()}, now, nil)
+		return s, s
+	}, storetest.SettleOptions{Expire: expireReservation})
+}
+
+func TestSettleCluster(t *testing.T) {
+	cl := redistest.Cluster(t)
+	storetest.RunSettle(t, func(t *testing.T, now func() time.Time) (ratelimit.Store, ratelimit.Ledger) {
+		s := newTestStore(t, cl.Addrs(), now, func(o *testConfig) {
+			o.HashTag = func(k string) string { return k[:strings.LastIndexByte(k, '/')+1] }
+		})
+		return s, s
+	}, storetest.SettleOptions{Expire: expireReservation})
+}

@@ -469,7 +469,10 @@ func checkAdminAddr(addr string, allowRemote bool) error {
 // with it: key inspection and reset for the admin API, where runtime
 // overrides live, and how to close it all.
 type backend struct {
-	store     ratelimit.Store
+	store ratelimit.Store
+	// ledger keeps reservations (POST /v1/settle, gRPC's Settle, Envoy's
+	// stream-done settlements): the store itself, in memory or on Redis.
+	ledger    ratelimit.Ledger
 	keys      httpapi.KeyStore
 	overrides overrides.Store
 	// semaphores holds the coordination API's permits: a
@@ -537,7 +540,7 @@ func (c memstoreCollector) Collect(ch chan<- prometheus.Metric) {
 func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*backend, error) {
 	if cfg.store == "memory" {
 		m := memstore.New(memstore.Options{MaxKeys: cfg.memoryMaxKeys, Now: cfg.hooks.clock()})
-		return &backend{store: m, keys: httpapi.LocalKeys(m), overrides: &overrides.MemoryStore{}, semaphores: concurrency.NewMemoryStore(),
+		return &backend{store: m, ledger: m, keys: httpapi.LocalKeys(m), overrides: &overrides.MemoryStore{}, semaphores: concurrency.NewMemoryStore(),
 			leases:  func(string) (lease.Store, error) { return lease.NewMemoryStore(), nil },
 			metrics: memstoreCollector{m}, health: memoryHealth(m), closers: []func() error{m.Close}}, nil
 	}
@@ -576,7 +579,7 @@ func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*back
 		b.close(log)
 		return nil, fmt.Errorf("serve: %w", err)
 	}
-	b.store, b.keys, b.overrides, b.semaphores = rs, rs, overrides.NewRedisStore(h), sems
+	b.store, b.ledger, b.keys, b.overrides, b.semaphores = rs, rs, rs, overrides.NewRedisStore(h), sems
 	b.leases = func(service string) (lease.Store, error) {
 		return redisstore.NewLeaseStore(c, service, redisstore.LeaseOptions{Prefix: cfg.redisPrefix + "lease:", Timeout: cfg.redisTimeout})
 	}
@@ -755,7 +758,7 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 	if err != nil {
 		return nil, err
 	}
-	svc, err := service.New(service.Options{Store: b.store, Rules: set, Independent: cfg.independent, MaxReserveWait: cfg.maxReserveWait, Overrides: table, Metrics: cfg.hooks.serviceMetrics(metrics), Top: top, Logger: log})
+	svc, err := service.New(service.Options{Store: b.store, Ledger: b.ledger, Rules: set, Independent: cfg.independent, MaxReserveWait: cfg.maxReserveWait, Overrides: table, Metrics: cfg.hooks.serviceMetrics(metrics), Top: top, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}

@@ -59,6 +59,7 @@ type Options struct {
 //	POST /json       Envoy's RateLimitRequest in proto3 JSON (as envoyproxy/ratelimit)
 //	POST /v1/check   Sluice's native JSON schema (see the package documentation)
 //	POST /v1/reserve the same request as a reservation: how long to wait before sending
+//	POST /v1/settle  the actual cost of a request kept with "settle": true
 //	POST /v1/semaphores/acquire, /renew, /release
 //	                 the coordination API's semaphores (Options.Semaphores)
 //	POST /v1/leases/join, /demand, /watch, /leave
@@ -103,6 +104,9 @@ func New(opts Options) (*API, error) {
 	a.mux.Handle("POST /v1/check", a.readFirst(protect(http.HandlerFunc(a.check))))
 	// Reservations: /v1/check's request, answered with the wait (reserve.go).
 	a.mux.Handle("POST /v1/reserve", a.readFirst(protect(http.HandlerFunc(a.reserve))))
+	// Settlements of reservations (settle.go): never shed by the guard, so
+	// that what a request really cost is always counted.
+	a.mux.Handle("POST /v1/settle", a.readFirst(http.HandlerFunc(a.settle)))
 	if a.rls != nil {
 		a.mux.Handle("POST /json", a.readFirst(protect(http.HandlerFunc(a.envoyJSON))))
 	}

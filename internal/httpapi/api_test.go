@@ -76,7 +76,7 @@ func newFixture(t testing.TB, opts Options) *fixture {
 	t.Cleanup(func() { f.mem.Close() })
 	f.overrides = service.NewOverrides(set, f.clock.Now)
 	var err error
-	f.svc, err = service.New(service.Options{Store: f.mem, Rules: set, Overrides: f.overrides, Metrics: service.NewMetrics(f.reg)})
+	f.svc, err = service.New(service.Options{Store: f.mem, Ledger: f.mem, Rules: set, Overrides: f.overrides, Metrics: service.NewMetrics(f.reg)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,6 +28,12 @@ type checkRequest struct {
 	// Costs are the costs per cost unit of every descriptor without its
 	// own (service.Descriptor.Costs).
 	Costs costList `json:"costs"`
+	// Settle asks for a reservation: admitted, the request is kept under
+	// the id answered as "reservation", for POST /v1/settle within
+	// SettleWithinMS (default and bound: ratelimit's
+	// DefaultReservationTTL and MaxReservationTTL).
+	Settle         *bool  `json:"settle"`
+	SettleWithinMS *int64 `json:"settle_within_ms"`
 }
 
 type checkDescriptor struct {
@@ -180,6 +186,10 @@ func (c *checkCall) convert() error {
 	if in.Cost != nil {
 		cost = *in.Cost
 	}
+	var err error
+	if c.req.Reservation, c.req.ReservationTTL, err = settleFields(in.Settle, in.SettleWithinMS); err != nil {
+		return fmt.Errorf("%w: %w", service.ErrInvalidRequest, err)
+	}
 	c.entries = slices.Grow(c.entries[:0], n) // sub-slices never move
 	c.req.Domain = in.Domain
 	c.req.Descriptors = c.req.Descriptors[:0]
@@ -301,6 +311,7 @@ func (a *API) appendCheckResponse(b []byte, resp *service.Response) []byte {
 	b = strconv.AppendBool(b, !over)
 	b = append(b, `,"code":`...)
 	b = appendCode(b, resp.Code)
+	b = appendReservation(b, resp)
 	b = append(b, `,"descriptors":[`...)
 	for i := range resp.Statuses {
 		if i > 0 {

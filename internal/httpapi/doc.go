@@ -114,6 +114,44 @@
 // request of several limits with different waits can do). Errors are
 // /v1/check's.
 //
+// # Reservations and POST /v1/settle
+//
+// For a cost known only after the work (the request units a database
+// reports, the tokens an LLM produced), /v1/check and /v1/reserve take
+// two more members:
+//
+//	"settle": true,                    keep the admitted request for /v1/settle
+//	"settle_within_ms": 300000}        optional; 1 to 86400000, default 300000
+//
+// Admitted, the answer carries "reservation": "<id>" (22 characters of
+// URL-safe base64) beside "allowed"; denied, nothing is taken and no id
+// is given. The estimate is taken at once like any cost; POST /v1/settle
+// then tells the actual cost:
+//
+//	{"reservation": "<id>", "cost": 42}                    every descriptor's actual cost
+//	{"reservation": "<id>", "descriptors": [{"cost": 42}, {"cost": 7}]}
+//	                                                       one per descriptor, in the reserved order
+//
+// Each cost is 0 to 2^40. The difference is decided on every limit the
+// reservation took from (internal/service's settle.go; package ratelimit
+// has the arithmetic): a lower actual cost is refunded, a higher one is
+// charged even past the limit, a debt the next requests wait out. The
+// answer is 200:
+//
+//	{"settled": true, "already_settled": false,
+//	 "limits": 2, "refunded": 18, "charged": 0}             units summed over the limits
+//
+// Settling is idempotent: a repeat of a settled id is 200 with
+// "settled": false, "already_settled": true (and no amounts), so a client
+// that lost the first answer may send again. An id never kept, or whose
+// settle_within_ms ran out, is 404: the reservation stays charged at its
+// estimate. A malformed body, or a "descriptors" list whose length is
+// neither 1 nor the reserved request's, is 400 (the latter found once the
+// reservation is taken: it then stays at its estimate); a ledger or store
+// that failed is 503. A reservation is kept where the counters are (in
+// memory, or on Redis where every replica finds it), so any replica may
+// settle it.
+//
 // # POST /v1/semaphores/acquire, /renew, /release, /holders
 //
 // The coordination API's semaphores (package internal/coord, which

@@ -86,6 +86,7 @@ func appendReserveResponse(b []byte, resp *service.Response, res *service.Reserv
 	b = appendCode(b, resp.Code)
 	b = append(b, `,"wait_ms":`...)
 	b = strconv.AppendInt(b, ceilMillis(res.Wait), 10)
+	b = appendReservation(b, resp)
 	b = append(b, `,"descriptors":[`...)
 	for i := range resp.Statuses {
 		if i > 0 {

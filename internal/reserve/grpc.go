@@ -1,10 +1,11 @@
 // Package reserve is serve's reservation API over gRPC:
 // sluice.v1.RateLimitService (proto/sluice/v1/ratelimit.proto), whose
-// Reserve tells a caller in any language how long to wait before it sends.
-// It only translates: the decision is internal/service's Service.Reserve
-// (and ratelimit.Rule.Reserving for the arithmetic), which POST
-// /v1/reserve (internal/httpapi) calls too, so both transports answer
-// alike.
+// Reserve tells a caller in any language how long to wait before it sends,
+// and whose Settle tells the actual cost of a reservation kept with
+// settle. It only translates: the decisions are internal/service's
+// Service.Reserve (and ratelimit.Rule.Reserving for the arithmetic) and
+// Service.Settle, which POST /v1/reserve and /v1/settle
+// (internal/httpapi) call too, so both transports answer alike.
 package reserve
 
 import (
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluicehq/sluice/internal/coord/sluicev1"
@@ -25,11 +27,12 @@ import (
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
-// ServiceName is the gRPC name of the service; ReserveMethod the full
-// name of its one method.
+// ServiceName is the gRPC name of the service; ReserveMethod and
+// SettleMethod the full names of its methods.
 const (
 	ServiceName   = "sluice.v1.RateLimitService"
 	ReserveMethod = "/" + ServiceName + "/Reserve"
+	SettleMethod  = "/" + ServiceName + "/Settle"
 )
 
 // Server answers sluice.v1.RateLimitService from a service.Service.
@@ -50,28 +53,36 @@ func (s *Server) Register(g grpc.ServiceRegistrar) { g.RegisterService(&serviceD
 var serviceDesc = grpc.ServiceDesc{
 	ServiceName: ServiceName,
 	HandlerType: (*any)(nil),
-	Methods: []grpc.MethodDesc{{
-		MethodName: "Reserve",
-		Handler: func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
-			in := new(sluicev1.ReserveRequest)
-			if err := dec(in); err != nil {
-				// gRPC calls a request it cannot decode INTERNAL; it is
-				// the caller's (a string that is not UTF-8, not protobuf).
-				if st := status.Convert(err); st.Code() == codes.Internal {
-					return nil, status.Error(codes.InvalidArgument, st.Message())
-				}
-				return nil, err
-			}
-			s := srv.(*Server)
-			if ic == nil {
-				return s.Reserve(ctx, in)
-			}
-			return ic(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: ReserveMethod}, func(ctx context.Context, req any) (any, error) {
-				return s.Reserve(ctx, req.(*sluicev1.ReserveRequest))
-			})
-		},
-	}},
+	Methods: []grpc.MethodDesc{
+		{MethodName: "Reserve", Handler: unary(ReserveMethod, (*Server).Reserve)},
+		{MethodName: "Settle", Handler: unary(SettleMethod, (*Server).Settle)},
+	},
 	Metadata: "sluice/v1/ratelimit.proto",
+}
+
+// unary is the handler of a unary method that decodes an In and calls f.
+func unary[In any, PIn interface {
+	*In
+	proto.Message
+}, Out any](method string, f func(*Server, context.Context, PIn) (Out, error)) grpc.MethodHandler {
+	return func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
+		in := PIn(new(In))
+		if err := dec(in); err != nil {
+			// gRPC calls a request it cannot decode INTERNAL; it is
+			// the caller's (a string that is not UTF-8, not protobuf).
+			if st := status.Convert(err); st.Code() == codes.Internal {
+				return nil, status.Error(codes.InvalidArgument, st.Message())
+			}
+			return nil, err
+		}
+		s := srv.(*Server)
+		if ic == nil {
+			return f(s, ctx, in)
+		}
+		return ic(ctx, in, &grpc.UnaryServerInfo{Server: srv, FullMethod: method}, func(ctx context.Context, req any) (any, error) {
+			return f(s, ctx, req.(PIn))
+		})
+	}
 }
 
 // Reserve answers one reservation.
@@ -87,12 +98,67 @@ func (s *Server) Reserve(ctx context.Context, in *sluicev1.ReserveRequest) (*slu
 	if err := mw.CheckValid(); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "max_wait: %v", err)
 	}
+	if err := settleFields(in, req); err != nil {
+		return nil, err
+	}
 	var resp service.Response
 	res, err := s.svc.Reserve(ctx, req, mw.AsDuration(), &resp)
 	if err != nil {
 		return nil, grpcError(err)
 	}
-	return answer(&resp, &res), nil
+	out := answer(&resp, &res)
+	out.Reservation = resp.Reservation
+	return out, nil
+}
+
+// settleFields reads settle and settle_within into req.
+func settleFields(in *sluicev1.ReserveRequest, req *service.Request) error {
+	if !in.GetSettle() {
+		if in.GetSettleWithin() != nil {
+			return status.Error(codes.InvalidArgument, "settle_within without settle")
+		}
+		return nil
+	}
+	if sw := in.GetSettleWithin(); sw != nil {
+		if err := sw.CheckValid(); err != nil {
+			return status.Errorf(codes.InvalidArgument, "settle_within: %v", err)
+		}
+		if d := sw.AsDuration(); d < time.Millisecond || d > ratelimit.MaxReservationTTL {
+			return status.Errorf(codes.InvalidArgument, "settle_within %v out of range [1ms, %v]", d, ratelimit.MaxReservationTTL)
+		}
+		req.ReservationTTL = sw.AsDuration()
+	}
+	req.Reservation = ratelimit.NewReservationID()
+	return nil
+}
+
+// Settle settles one reservation: NOT_FOUND for one never kept or
+// expired; already_settled for a repeat.
+func (s *Server) Settle(ctx context.Context, in *sluicev1.SettleRequest) (*sluicev1.SettleResponse, error) {
+	req := &service.SettleRequest{Reservation: in.GetReservation()}
+	switch ds := in.GetDescriptors(); {
+	case (in.Cost != nil) == (len(ds) > 0):
+		return nil, status.Error(codes.InvalidArgument, "give one of cost (every descriptor's) and descriptors (one cost each, in the reserved request's order)")
+	case len(ds) > rules.MaxDescriptors:
+		return nil, status.Errorf(codes.InvalidArgument, "%d descriptors; at most %d", len(ds), rules.MaxDescriptors)
+	case in.Cost != nil:
+		req.Costs = []int64{in.GetCost()}
+	default:
+		req.Costs = make([]int64, len(ds))
+		for i, d := range ds {
+			req.Costs[i] = d.GetCost()
+		}
+	}
+	out, err := s.svc.Settle(ctx, req)
+	switch {
+	case err == nil:
+		return &sluicev1.SettleResponse{Settled: true, Limits: int64(out.Limits), Refunded: out.Refunded, Charged: out.Charged}, nil
+	case errors.Is(err, ratelimit.ErrAlreadySettled):
+		return &sluicev1.SettleResponse{AlreadySettled: true}, nil
+	case errors.Is(err, ratelimit.ErrUnknownReservation):
+		return nil, status.Errorf(codes.NotFound, "reservation %s: never kept, or expired (it stays charged at its estimate)", req.Reservation)
+	}
+	return nil, grpcError(err)
 }
 
 // convert checks the counts before it copies anything, with the
@@ -201,7 +267,7 @@ func answer(resp *service.Response, res *service.Reservation) *sluicev1.ReserveR
 	return out
 }
 
-// grpcError is the status of an error of Service.Reserve: the request's
+// grpcError is the status of an error of Service.Reserve or Settle: the request's
 // fault, the store's (never a denial), or the call's deadline.
 func grpcError(err error) error {
 	var ue *service.UnavailableError

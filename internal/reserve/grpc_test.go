@@ -42,8 +42,8 @@ func TestServiceDesc(t *testing.T) {
 		if md == nil || md.IsStreamingClient() || md.IsStreamingServer() {
 			t.Fatalf("method %s is not a unary method of the .proto", m.MethodName)
 		}
-		if "/"+string(sd.FullName())+"/"+m.MethodName != ReserveMethod {
-			t.Errorf("ReserveMethod %q does not name %s", ReserveMethod, m.MethodName)
+		if full := "/" + string(sd.FullName()) + "/" + m.MethodName; full != ReserveMethod && full != SettleMethod {
+			t.Errorf("neither ReserveMethod %q nor SettleMethod %q names %s", ReserveMethod, SettleMethod, m.MethodName)
 		}
 		var decoded protoreflect.FullName
 		dec := func(v any) error {
@@ -72,6 +72,12 @@ descriptors:
 // dial serves the test rules on a memory store whose clock stands still
 // unless the test moves it, and returns a caller of Reserve.
 func dial(t *testing.T) (func(*sluicev1.ReserveRequest) (*sluicev1.ReserveResponse, error), *storetest.Clock) {
+	call, clock, _ := dialSettle(t)
+	return call, clock
+}
+
+// dialSettle is dial with a caller of Settle.
+func dialSettle(t *testing.T) (func(*sluicev1.ReserveRequest) (*sluicev1.ReserveResponse, error), *storetest.Clock, func(*sluicev1.SettleRequest) (*sluicev1.SettleResponse, error)) {
 	t.Helper()
 	clock := storetest.NewClock(time.Unix(1_800_000_000, 0))
 	mem := memstore.New(memstore.Options{JanitorInterval: -1, Now: clock.Now})
@@ -84,7 +90,7 @@ func dial(t *testing.T) (func(*sluicev1.ReserveRequest) (*sluicev1.ReserveRespon
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := service.New(service.Options{Store: mem, Rules: set})
+	svc, err := service.New(service.Options{Store: mem, Ledger: mem, Rules: set})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +110,11 @@ func dial(t *testing.T) (func(*sluicev1.ReserveRequest) (*sluicev1.ReserveRespon
 		out := new(sluicev1.ReserveResponse)
 		return out, cc.Invoke(t.Context(), ReserveMethod, in, out)
 	}
-	return call, clock
+	settle := func(in *sluicev1.SettleRequest) (*sluicev1.SettleResponse, error) {
+		out := new(sluicev1.SettleResponse)
+		return out, cc.Invoke(t.Context(), SettleMethod, in, out)
+	}
+	return call, clock, settle
 }
 
 func req(key string, cost int64, maxWait *durationpb.Duration) *sluicev1.ReserveRequest {
@@ -203,5 +213,44 @@ func TestUndecodable(t *testing.T) {
 	_, err := serviceDesc.Methods[0].Handler(&Server{}, context.Background(), dec, nil)
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "invalid UTF-8") {
 		t.Errorf("undecodable request: %v; want INVALID_ARGUMENT with gRPC's message", err)
+	}
+}
+
+// TestSettle: a reservation with settle answers an id; Settle refunds
+// what the actual cost did not use, then answers already_settled; an
+// unknown id is NOT_FOUND; malformed requests are INVALID_ARGUMENT.
+func TestSettle(t *testing.T) {
+	call, _, settle := dialSettle(t)
+	in := req("g", 4, durationpb.New(time.Second))
+	in.Settle, in.SettleWithin = true, durationpb.New(time.Minute)
+	out, err := call(in)
+	if err != nil || !out.Allowed || len(out.Reservation) != 22 {
+		t.Fatalf("Reserve with settle: %v, %v", out, err)
+	}
+	one := int64(1)
+	got, err := settle(&sluicev1.SettleRequest{Reservation: out.Reservation, Descriptors: []*sluicev1.SettleDescriptor{{Cost: 1}}})
+	if err != nil || !got.Settled || got.Refunded != 3 || got.Limits != 1 {
+		t.Fatalf("Settle: %v, %v; want 3 refunded", got, err)
+	}
+	if got, err = settle(&sluicev1.SettleRequest{Reservation: out.Reservation, Cost: &one}); err != nil || !got.AlreadySettled || got.Settled {
+		t.Fatalf("repeat: %v, %v", got, err)
+	}
+	if _, err = settle(&sluicev1.SettleRequest{Reservation: "AAAAAAAAAAAAAAAAAAAAAA", Cost: &one}); status.Code(err) != codes.NotFound {
+		t.Fatalf("unknown: %v", err)
+	}
+	for _, bad := range []*sluicev1.SettleRequest{
+		{Reservation: "AAAAAAAAAAAAAAAAAAAAAA"},
+		{Reservation: "bad id", Cost: &one},
+		{Reservation: "AAAAAAAAAAAAAAAAAAAAAA", Cost: &one, Descriptors: []*sluicev1.SettleDescriptor{{Cost: 1}}},
+		{Reservation: "AAAAAAAAAAAAAAAAAAAAAA", Descriptors: []*sluicev1.SettleDescriptor{{Cost: -1}}},
+	} {
+		if _, err := settle(bad); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%v: %v; want INVALID_ARGUMENT", bad, err)
+		}
+	}
+	in = req("g", 0, durationpb.New(time.Second))
+	in.SettleWithin = durationpb.New(time.Minute)
+	if _, err := call(in); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("settle_within without settle: %v", err)
 	}
 }

@@ -64,6 +64,7 @@ func FuzzRequestKeys(f *testing.F) {
 	add(enc("d", inline), enc("d", desc("user", "a")))
 	add(enc("d", desc("user", "a"), desc("user", "a")), enc("e", desc("user", "a")))
 	add([]byte{0xff}, nil)
+	add(enc("d", desc(ReserveKey, "r", "user", "a")), enc("d", desc("user", "a", SettleKey, "r"), desc("user", "b")))
 
 	rec := new(storetest.Recorder)
 	data, err := os.ReadFile("testdata/keys.yaml")

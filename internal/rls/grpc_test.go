@@ -61,23 +61,7 @@ func testGRPCInvalidUTF8(t *testing.T, opts ...grpc.ServerOption) {
 		return h(ctx, req)
 	}))...)
 	outageServer(t, outageStore{}).Register(g)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- g.Serve(lis) }()
-	t.Cleanup(func() {
-		g.Stop()
-		if err := <-served; err != nil {
-			t.Error(err)
-		}
-	})
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := serveLoopback(t, g)
 	call := func(b []byte) (*rlsv3.RateLimitResponse, error) {
 		out := new(rlsv3.RateLimitResponse)
 		err := conn.Invoke(t.Context(), rlsv3.RateLimitService_ShouldRateLimit_FullMethodName, rawMessage(b), out)
@@ -186,4 +170,28 @@ func BenchmarkMarshal(b *testing.B) {
 			})
 		})
 	}
+}
+
+// serveLoopback serves g on a loopback port until the test ends and
+// returns a client connection to it.
+func serveLoopback(t *testing.T, g *grpc.Server) *grpc.ClientConn {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- g.Serve(lis) }()
+	t.Cleanup(func() {
+		g.Stop()
+		if err := <-served; err != nil {
+			t.Error(err)
+		}
+	})
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }

@@ -20,7 +20,10 @@
 // when enabled, RateLimit-Policy, RateLimit and
 // Retry-After in response_headers_to_add; and dynamic_metadata when a
 // quota_mode limit matched (below). Not produced: request_headers_to_add,
-// raw_body, quota.
+// raw_body, quota. Two descriptor entries are Sluice's own: sluice_reserve
+// and sluice_settle make a request-time call and its stream-done call a
+// reservation and its settlement (settle.go), and are removed before the
+// rules see the descriptor.
 //
 // # quota_mode
 //
@@ -298,6 +301,7 @@ type call struct {
 	inline  []service.InlineLimit
 	policy  []byte
 	limit   []byte
+	settling
 }
 
 // ShouldRateLimit implements the RLS v3 API. A request denied because the
@@ -326,10 +330,24 @@ func (s *Server) ShouldRateLimitJSON(ctx context.Context, in *rlsv3.RateLimitReq
 }
 
 func (s *Server) decide(ctx context.Context, c *call, in *rlsv3.RateLimitRequest) error {
+	c.keeps = s.svc.KeepsReservations()
 	if err := c.convert(in); err != nil {
 		return err
 	}
-	return s.svc.Decide(ctx, &c.req, &c.resp)
+	s.settle(ctx, c)
+	var err error
+	if len(c.req.Descriptors) > 0 {
+		err = s.svc.Decide(ctx, &c.req, &c.resp)
+		if notKept(err) {
+			err = nil
+		}
+	} else {
+		c.resp.Code, c.resp.Statuses = service.OK, c.resp.Statuses[:0]
+	}
+	for _, i := range c.settledAt { // a settled descriptor is answered OK
+		c.resp.Statuses = slices.Insert(c.resp.Statuses, i, service.Status{})
+	}
+	return err
 }
 
 // failedClosed reports whether err is a request denied by limits that
@@ -373,11 +391,27 @@ func (c *call) convert(in *rlsv3.RateLimitRequest) error {
 	c.inline = slices.Grow(c.inline[:0], inline)
 	c.req.Domain = in.GetDomain()
 	c.req.Descriptors = c.req.Descriptors[:0]
+	c.req.Reservation = ""
+	c.settling.reset()
 	cost := int64(max(in.GetHitsAddend(), 1))
-	for _, d := range descs {
+	for i, d := range descs {
 		start := len(c.entries)
+		marked := ""
 		for _, e := range d.GetEntries() {
-			c.entries = append(c.entries, rules.Entry{Key: e.GetKey(), Value: e.GetValue()})
+			re := rules.Entry{Key: e.GetKey(), Value: e.GetValue()}
+			if ok, err := c.settling.mark(i, re); err != nil {
+				return err
+			} else if ok {
+				if marked != "" && marked != re.Key {
+					return invalid(i, "has both %s and %s", ReserveKey, SettleKey)
+				}
+				marked = re.Key
+				continue
+			}
+			c.entries = append(c.entries, re)
+		}
+		if marked != "" && len(c.entries) == start {
+			return invalid(i, "has no entries besides %s", marked)
 		}
 		sd := service.Descriptor{Entries: c.entries[start:len(c.entries):len(c.entries)], Cost: cost}
 		if h := d.GetHitsAddend(); h != nil {
@@ -396,7 +430,20 @@ func (c *call) convert(in *rlsv3.RateLimitRequest) error {
 			})
 			sd.InlineLimit = &c.inline[len(c.inline)-1]
 		}
+		switch marked {
+		case SettleKey:
+			if err := c.settling.settled(i, &sd); err != nil {
+				return err
+			}
+			continue
+		case ReserveKey:
+			sd.Tag = descriptorTag(sd.Entries)
+			c.reserveTags = append(c.reserveTags, sd.Tag)
+		}
 		c.req.Descriptors = append(c.req.Descriptors, sd)
+	}
+	if c.reserveID != "" && c.keeps {
+		c.req.Reservation = reservationID(c.req.Domain, c.reserveID, c.reserveTags)
 	}
 	return nil
 }

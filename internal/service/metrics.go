@@ -1,6 +1,7 @@
 package service
 
 import (
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -37,6 +38,8 @@ type Metrics struct {
 	reloads   *prometheus.CounterVec
 	ruleCount prometheus.Gauge
 	detailed  *prometheus.CounterVec
+	settles   *prometheus.CounterVec // settlements by outcome
+	units     *prometheus.CounterVec // units settled, by direction
 	// detailedKeys bounds the keys per rule of detailed; set before use.
 	detailedKeys int
 	// details are the per-value counters of every rule that has had
@@ -165,6 +168,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "sluice_rules",
 			Help: "Limits in the rule set in use.",
 		}),
+		settles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_settlements_total",
+			Help: "Settlements of reservations by outcome: settled, unknown (never kept, or expired), already_settled, invalid, lost (taken but not applied, or the ledger failed).",
+		}, []string{"outcome"}),
+		units: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sluice_settled_units_total",
+			Help: "Units of cost that settlements refunded (actual below the estimate) and charged (actual above it, even past the limit), by direction.",
+		}, []string{"direction"}),
 	}
 	storeErrs := prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "sluice_store_errors_total",
@@ -176,7 +187,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}
 		return float64(n)
 	})
-	reg.MustRegister(m.decisions, m.nearLimit, m.used, m.latency, storeErrs, m.reloads, m.ruleCount, m.detailed)
+	reg.MustRegister(m.decisions, m.nearLimit, m.used, m.latency, storeErrs, m.reloads, m.ruleCount, m.detailed, m.settles, m.units)
 	return m
 }
 
@@ -323,4 +334,25 @@ func outcome(d *ratelimit.Decision, shadow bool) int {
 		return outShadowDeny
 	}
 	return outOver
+}
+
+// countSettle counts a settlement that ended with err.
+func (m *Metrics) countSettle(err error, out Settlement) {
+	if m == nil {
+		return
+	}
+	outcome := "lost"
+	switch {
+	case err == nil:
+		outcome = "settled"
+		m.units.WithLabelValues("refunded").Add(float64(out.Refunded))
+		m.units.WithLabelValues("charged").Add(float64(out.Charged))
+	case errors.Is(err, ratelimit.ErrUnknownReservation):
+		outcome = "unknown"
+	case errors.Is(err, ratelimit.ErrAlreadySettled):
+		outcome = "already_settled"
+	case errors.Is(err, ErrInvalidRequest):
+		outcome = "invalid"
+	}
+	m.settles.WithLabelValues(outcome).Inc()
 }

@@ -15,6 +15,13 @@ import (
 type Request struct {
 	Domain      string
 	Descriptors []Descriptor
+	// Reservation, if not empty, is the id (ratelimit.CheckReservationID)
+	// under which the request, when admitted, is kept for Settle for
+	// ReservationTTL (0: ratelimit.DefaultReservationTTL; at most
+	// ratelimit.MaxReservationTTL). See "Reservations with settlement"
+	// (settle.go).
+	Reservation    string
+	ReservationTTL time.Duration
 }
 
 // A Descriptor is one list of entries of a Request and what it costs.
@@ -40,6 +47,11 @@ type Descriptor struct {
 	// InlineLimit, if not nil, replaces the limits the descriptor matches;
 	// it limits the descriptor even when it matches no rule.
 	InlineLimit *InlineLimit
+	// Tag, in a request kept as a reservation, names the descriptor's
+	// limits for Settle (SettleRequest.Tagged); empty means its place in
+	// the request (SettleRequest.Costs). At most
+	// ratelimit.MaxReservationTag bytes.
+	Tag string
 }
 
 // A UnitCost is a request descriptor's cost for the limits of one cost
@@ -160,7 +172,7 @@ func (r *Request) Validate() error {
 			return err
 		}
 	}
-	return nil
+	return r.checkReservation()
 }
 
 // validate checks descriptor i but for its number of entries.

@@ -106,6 +106,10 @@ type Options struct {
 	// MaxReserveWait bounds the wait a reservation may ask for
 	// (Reserve); 0 means DefaultMaxReserveWait.
 	MaxReserveWait time.Duration
+	// Ledger, if not nil, keeps the reservations of requests that ask for
+	// one (Request.Reservation), which Settle settles; both memstore's and
+	// redisstore's Stores are Ledgers. Nil: such requests are invalid.
+	Ledger ratelimit.Ledger
 }
 
 // Service decides requests. It is safe for concurrent use.
@@ -121,6 +125,7 @@ type Service struct {
 	inline      inlineRules
 	scratch     sync.Pool // of *scratch
 	reserve     reserveRules
+	rs          *ratelimit.Reservations // nil without a Ledger
 }
 
 // New returns a Service.
@@ -133,6 +138,12 @@ func New(opts Options) (*Service, error) {
 	}
 	s := &Service{store: opts.Store, independent: opts.Independent, metrics: opts.Metrics, log: opts.Logger, overrides: opts.Overrides, top: opts.Top}
 	s.reserve.max = cmp.Or(opts.MaxReserveWait, DefaultMaxReserveWait)
+	if opts.Ledger != nil {
+		s.rs = &ratelimit.Reservations{Store: opts.Store, Ledger: opts.Ledger}
+		if c, ok := opts.Store.(storeClock); ok {
+			s.rs.Now = c.Now
+		}
+	}
 	s.scratch.New = func() any { return new(scratch) }
 	// Overrides that do not apply to the first rules are kept; whoever
 	// set them (Overrides.Replace) was told.
@@ -181,6 +192,9 @@ const (
 type Response struct {
 	Code     Code
 	Statuses []Status
+	// Reservation is the Request's Reservation when it was kept (the
+	// request was admitted), for Settle; empty otherwise.
+	Reservation string
 }
 
 // A Status is the answer for one descriptor.
@@ -240,6 +254,7 @@ type scratch struct {
 	qds    []ratelimit.Decision
 	refund []ratelimit.Item     // what a request refused by its quotas gives back
 	rds    []ratelimit.Decision // the store's answers to the refund
+	kept   []ratelimit.Reserved // what a reservation keeps
 	key    []byte
 	mkey   []byte // a per-value metric key
 	// allOver: the request has quota descriptors and every one is over
@@ -278,12 +293,22 @@ func (s *Service) decideRequest(ctx context.Context, req *Request, resp *Respons
 	if err := req.Validate(); err != nil {
 		return err
 	}
+	if req.Reservation != "" && s.rs == nil {
+		return invalid("this server keeps no reservations")
+	}
 	resp.Code = OK
+	resp.Reservation = ""
 	resp.Statuses = append(resp.Statuses[:0], make([]Status, len(req.Descriptors))...)
 	set := s.rules.Load()
 	dom, ok := set.Domain(req.Domain)
 	if !ok {
-		return nil // an unknown domain limits nothing, as in envoyproxy/ratelimit
+		// An unknown domain limits nothing, as in envoyproxy/ratelimit;
+		// a reservation of it is kept empty, so that its settlement is
+		// answered like any other.
+		if req.Reservation != "" {
+			return s.keep(ctx, nil, req, resp)
+		}
+		return nil
 	}
 	sc := s.scratch.Get().(*scratch)
 	defer s.scratch.Put(sc)
@@ -307,6 +332,9 @@ func (s *Service) decideRequest(ctx context.Context, req *Request, resp *Respons
 	}
 	if closed != nil {
 		return &UnavailableError{Domain: req.Domain, Rule: closed.rule.Name, RetryAfter: sc.decision(closed).RetryAfter}
+	}
+	if req.Reservation != "" && resp.Code == OK {
+		return s.keep(ctx, sc.reserved(req), req, resp)
 	}
 	return nil
 }

@@ -15,6 +15,18 @@
 // nothing is taken, and retry_after says when the same reservation would
 // be admitted. Only gcra and leaky_bucket limits can be reserved.
 //
+// Settlement. A cost known only after the work (the request units a
+// database reports, the tokens an LLM produced) is reserved with settle
+// set: admitted, the request is kept under the reservation id the answer
+// carries, and Settle later tells its actual cost. The difference is
+// decided on every limit the reservation took from: a lower cost is
+// refunded, a higher one is charged even past the limit (a debt the next
+// requests wait out). Settling is idempotent: a repeat answers
+// already_settled. A reservation never settled within settle_within
+// expires and stays charged at its estimate; settling it is NOT_FOUND.
+// The same is served as JSON over HTTP (POST /v1/check or /v1/reserve
+// with "settle": true, POST /v1/settle).
+//
 // Errors are gRPC status codes: INVALID_ARGUMENT for a malformed request,
 // a max_wait beyond the server's bound, or a limit that cannot be reserved
 // (a window algorithm; the message names it); UNAVAILABLE when the store
@@ -58,7 +70,13 @@ type ReserveRequest struct {
 	MaxWait *durationpb.Duration `protobuf:"bytes,4,opt,name=max_wait,json=maxWait,proto3" json:"max_wait,omitempty"`
 	// The costs per cost unit of every descriptor without its own, as
 	// {"input_tokens": 1200}: see RateLimitDescriptor.costs.
-	Costs         map[string]int64 `protobuf:"bytes,5,rep,name=costs,proto3" json:"costs,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Costs map[string]int64 `protobuf:"bytes,5,rep,name=costs,proto3" json:"costs,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	// Keep the admitted request for Settle, under the id the answer's
+	// reservation carries.
+	Settle bool `protobuf:"varint,6,opt,name=settle,proto3" json:"settle,omitempty"`
+	// How long the reservation is kept for Settle: 1ms to 24h; unset means
+	// 5 minutes. Only with settle.
+	SettleWithin  *durationpb.Duration `protobuf:"bytes,7,opt,name=settle_within,json=settleWithin,proto3" json:"settle_within,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -124,6 +142,20 @@ func (x *ReserveRequest) GetMaxWait() *durationpb.Duration {
 func (x *ReserveRequest) GetCosts() map[string]int64 {
 	if x != nil {
 		return x.Costs
+	}
+	return nil
+}
+
+func (x *ReserveRequest) GetSettle() bool {
+	if x != nil {
+		return x.Settle
+	}
+	return false
+}
+
+func (x *ReserveRequest) GetSettleWithin() *durationpb.Duration {
+	if x != nil {
+		return x.SettleWithin
 	}
 	return nil
 }
@@ -260,7 +292,10 @@ type ReserveResponse struct {
 	// never can (a cost above a limit's capacity), or when admitted.
 	RetryAfter *durationpb.Duration `protobuf:"bytes,3,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
 	// One per request descriptor, in order.
-	Descriptors   []*ReserveStatus `protobuf:"bytes,4,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
+	Descriptors []*ReserveStatus `protobuf:"bytes,4,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
+	// With settle, when admitted: the id to settle (22 characters of
+	// URL-safe base64); empty otherwise.
+	Reservation   string `protobuf:"bytes,5,opt,name=reservation,proto3" json:"reservation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -321,6 +356,13 @@ func (x *ReserveResponse) GetDescriptors() []*ReserveStatus {
 		return x.Descriptors
 	}
 	return nil
+}
+
+func (x *ReserveResponse) GetReservation() string {
+	if x != nil {
+		return x.Reservation
+	}
+	return ""
 }
 
 // A ReserveStatus is one descriptor's answer: the limit that denied it,
@@ -490,17 +532,209 @@ func (x *ReserveStatus) GetCostUnit() string {
 	return ""
 }
 
+type SettleRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The id a ReserveResponse (or POST /v1/check) answered.
+	Reservation string `protobuf:"bytes,1,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	// The actual cost of every descriptor of the reserved request: 0 to
+	// 2^40. Give this or descriptors.
+	Cost *int64 `protobuf:"varint,2,opt,name=cost,proto3,oneof" json:"cost,omitempty"`
+	// The actual cost of each descriptor of the reserved request, in its
+	// order.
+	Descriptors   []*SettleDescriptor `protobuf:"bytes,3,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleRequest) Reset() {
+	*x = SettleRequest{}
+	mi := &file_sluice_v1_ratelimit_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleRequest) ProtoMessage() {}
+
+func (x *SettleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_ratelimit_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleRequest.ProtoReflect.Descriptor instead.
+func (*SettleRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_ratelimit_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *SettleRequest) GetReservation() string {
+	if x != nil {
+		return x.Reservation
+	}
+	return ""
+}
+
+func (x *SettleRequest) GetCost() int64 {
+	if x != nil && x.Cost != nil {
+		return *x.Cost
+	}
+	return 0
+}
+
+func (x *SettleRequest) GetDescriptors() []*SettleDescriptor {
+	if x != nil {
+		return x.Descriptors
+	}
+	return nil
+}
+
+// A SettleDescriptor is the actual cost of one reserved descriptor.
+type SettleDescriptor struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// 0 to 2^40.
+	Cost          int64 `protobuf:"varint,1,opt,name=cost,proto3" json:"cost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleDescriptor) Reset() {
+	*x = SettleDescriptor{}
+	mi := &file_sluice_v1_ratelimit_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleDescriptor) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleDescriptor) ProtoMessage() {}
+
+func (x *SettleDescriptor) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_ratelimit_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleDescriptor.ProtoReflect.Descriptor instead.
+func (*SettleDescriptor) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_ratelimit_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *SettleDescriptor) GetCost() int64 {
+	if x != nil {
+		return x.Cost
+	}
+	return 0
+}
+
+type SettleResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The reservation was settled now.
+	Settled bool `protobuf:"varint,1,opt,name=settled,proto3" json:"settled,omitempty"`
+	// It had been settled before (nothing more was done; no amounts).
+	AlreadySettled bool `protobuf:"varint,2,opt,name=already_settled,json=alreadySettled,proto3" json:"already_settled,omitempty"`
+	// The limits settled, and the units they refunded and charged in all.
+	Limits        int64 `protobuf:"varint,3,opt,name=limits,proto3" json:"limits,omitempty"`
+	Refunded      int64 `protobuf:"varint,4,opt,name=refunded,proto3" json:"refunded,omitempty"`
+	Charged       int64 `protobuf:"varint,5,opt,name=charged,proto3" json:"charged,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleResponse) Reset() {
+	*x = SettleResponse{}
+	mi := &file_sluice_v1_ratelimit_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleResponse) ProtoMessage() {}
+
+func (x *SettleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_ratelimit_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleResponse.ProtoReflect.Descriptor instead.
+func (*SettleResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_ratelimit_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *SettleResponse) GetSettled() bool {
+	if x != nil {
+		return x.Settled
+	}
+	return false
+}
+
+func (x *SettleResponse) GetAlreadySettled() bool {
+	if x != nil {
+		return x.AlreadySettled
+	}
+	return false
+}
+
+func (x *SettleResponse) GetLimits() int64 {
+	if x != nil {
+		return x.Limits
+	}
+	return 0
+}
+
+func (x *SettleResponse) GetRefunded() int64 {
+	if x != nil {
+		return x.Refunded
+	}
+	return 0
+}
+
+func (x *SettleResponse) GetCharged() int64 {
+	if x != nil {
+		return x.Charged
+	}
+	return 0
+}
+
 var File_sluice_v1_ratelimit_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_ratelimit_proto_rawDesc = "" +
 	"\n" +
-	"\x19sluice/v1/ratelimit.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\"\xb8\x02\n" +
+	"\x19sluice/v1/ratelimit.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\"\x90\x03\n" +
 	"\x0eReserveRequest\x12\x16\n" +
 	"\x06domain\x18\x01 \x01(\tR\x06domain\x12@\n" +
 	"\vdescriptors\x18\x02 \x03(\v2\x1e.sluice.v1.RateLimitDescriptorR\vdescriptors\x12\x17\n" +
 	"\x04cost\x18\x03 \x01(\x03H\x00R\x04cost\x88\x01\x01\x124\n" +
 	"\bmax_wait\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\amaxWait\x12:\n" +
-	"\x05costs\x18\x05 \x03(\v2$.sluice.v1.ReserveRequest.CostsEntryR\x05costs\x1a8\n" +
+	"\x05costs\x18\x05 \x03(\v2$.sluice.v1.ReserveRequest.CostsEntryR\x05costs\x12\x16\n" +
+	"\x06settle\x18\x06 \x01(\bR\x06settle\x12>\n" +
+	"\rsettle_within\x18\a \x01(\v2\x19.google.protobuf.DurationR\fsettleWithin\x1a8\n" +
 	"\n" +
 	"CostsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -517,13 +751,14 @@ const file_sluice_v1_ratelimit_proto_rawDesc = "" +
 	"\x05_cost\"8\n" +
 	"\x0eRateLimitEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value\"\xd2\x01\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value\"\xf4\x01\n" +
 	"\x0fReserveResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12-\n" +
 	"\x04wait\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12:\n" +
 	"\vretry_after\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"retryAfter\x12:\n" +
-	"\vdescriptors\x18\x04 \x03(\v2\x18.sluice.v1.ReserveStatusR\vdescriptors\"\xf6\x03\n" +
+	"\vdescriptors\x18\x04 \x03(\v2\x18.sluice.v1.ReserveStatusR\vdescriptors\x12 \n" +
+	"\vreservation\x18\x05 \x01(\tR\vreservation\"\xf6\x03\n" +
 	"\rReserveStatus\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x18\n" +
 	"\amatched\x18\x02 \x01(\bR\amatched\x12\x12\n" +
@@ -544,9 +779,23 @@ const file_sluice_v1_ratelimit_proto_rawDesc = "" +
 	"\x04wait\x18\r \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12\x1b\n" +
 	"\tcost_unit\x18\x0e \x01(\tR\bcostUnitB\f\n" +
 	"\n" +
-	"_remaining2T\n" +
+	"_remaining\"\x92\x01\n" +
+	"\rSettleRequest\x12 \n" +
+	"\vreservation\x18\x01 \x01(\tR\vreservation\x12\x17\n" +
+	"\x04cost\x18\x02 \x01(\x03H\x00R\x04cost\x88\x01\x01\x12=\n" +
+	"\vdescriptors\x18\x03 \x03(\v2\x1b.sluice.v1.SettleDescriptorR\vdescriptorsB\a\n" +
+	"\x05_cost\"&\n" +
+	"\x10SettleDescriptor\x12\x12\n" +
+	"\x04cost\x18\x01 \x01(\x03R\x04cost\"\xa1\x01\n" +
+	"\x0eSettleResponse\x12\x18\n" +
+	"\asettled\x18\x01 \x01(\bR\asettled\x12'\n" +
+	"\x0falready_settled\x18\x02 \x01(\bR\x0ealreadySettled\x12\x16\n" +
+	"\x06limits\x18\x03 \x01(\x03R\x06limits\x12\x1a\n" +
+	"\brefunded\x18\x04 \x01(\x03R\brefunded\x12\x18\n" +
+	"\acharged\x18\x05 \x01(\x03R\acharged2\x93\x01\n" +
 	"\x10RateLimitService\x12@\n" +
-	"\aReserve\x12\x19.sluice.v1.ReserveRequest\x1a\x1a.sluice.v1.ReserveResponseB=Z;github.com/sluicehq/sluice/internal/coord/sluicev1;sluicev1b\x06proto3"
+	"\aReserve\x12\x19.sluice.v1.ReserveRequest\x1a\x1a.sluice.v1.ReserveResponse\x12=\n" +
+	"\x06Settle\x12\x18.sluice.v1.SettleRequest\x1a\x19.sluice.v1.SettleResponseB=Z;github.com/sluicehq/sluice/internal/coord/sluicev1;sluicev1b\x06proto3"
 
 var (
 	file_sluice_v1_ratelimit_proto_rawDescOnce sync.Once
@@ -560,36 +809,43 @@ func file_sluice_v1_ratelimit_proto_rawDescGZIP() []byte {
 	return file_sluice_v1_ratelimit_proto_rawDescData
 }
 
-var file_sluice_v1_ratelimit_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_sluice_v1_ratelimit_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_sluice_v1_ratelimit_proto_goTypes = []any{
 	(*ReserveRequest)(nil),      // 0: sluice.v1.ReserveRequest
 	(*RateLimitDescriptor)(nil), // 1: sluice.v1.RateLimitDescriptor
 	(*RateLimitEntry)(nil),      // 2: sluice.v1.RateLimitEntry
 	(*ReserveResponse)(nil),     // 3: sluice.v1.ReserveResponse
 	(*ReserveStatus)(nil),       // 4: sluice.v1.ReserveStatus
-	nil,                         // 5: sluice.v1.ReserveRequest.CostsEntry
-	nil,                         // 6: sluice.v1.RateLimitDescriptor.CostsEntry
-	(*durationpb.Duration)(nil), // 7: google.protobuf.Duration
+	(*SettleRequest)(nil),       // 5: sluice.v1.SettleRequest
+	(*SettleDescriptor)(nil),    // 6: sluice.v1.SettleDescriptor
+	(*SettleResponse)(nil),      // 7: sluice.v1.SettleResponse
+	nil,                         // 8: sluice.v1.ReserveRequest.CostsEntry
+	nil,                         // 9: sluice.v1.RateLimitDescriptor.CostsEntry
+	(*durationpb.Duration)(nil), // 10: google.protobuf.Duration
 }
 var file_sluice_v1_ratelimit_proto_depIdxs = []int32{
 	1,  // 0: sluice.v1.ReserveRequest.descriptors:type_name -> sluice.v1.RateLimitDescriptor
-	7,  // 1: sluice.v1.ReserveRequest.max_wait:type_name -> google.protobuf.Duration
-	5,  // 2: sluice.v1.ReserveRequest.costs:type_name -> sluice.v1.ReserveRequest.CostsEntry
-	2,  // 3: sluice.v1.RateLimitDescriptor.entries:type_name -> sluice.v1.RateLimitEntry
-	6,  // 4: sluice.v1.RateLimitDescriptor.costs:type_name -> sluice.v1.RateLimitDescriptor.CostsEntry
-	7,  // 5: sluice.v1.ReserveResponse.wait:type_name -> google.protobuf.Duration
-	7,  // 6: sluice.v1.ReserveResponse.retry_after:type_name -> google.protobuf.Duration
-	4,  // 7: sluice.v1.ReserveResponse.descriptors:type_name -> sluice.v1.ReserveStatus
-	7,  // 8: sluice.v1.ReserveStatus.reset_after:type_name -> google.protobuf.Duration
-	7,  // 9: sluice.v1.ReserveStatus.retry_after:type_name -> google.protobuf.Duration
-	7,  // 10: sluice.v1.ReserveStatus.wait:type_name -> google.protobuf.Duration
-	0,  // 11: sluice.v1.RateLimitService.Reserve:input_type -> sluice.v1.ReserveRequest
-	3,  // 12: sluice.v1.RateLimitService.Reserve:output_type -> sluice.v1.ReserveResponse
-	12, // [12:13] is the sub-list for method output_type
-	11, // [11:12] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	10, // 1: sluice.v1.ReserveRequest.max_wait:type_name -> google.protobuf.Duration
+	8,  // 2: sluice.v1.ReserveRequest.costs:type_name -> sluice.v1.ReserveRequest.CostsEntry
+	10, // 3: sluice.v1.ReserveRequest.settle_within:type_name -> google.protobuf.Duration
+	2,  // 4: sluice.v1.RateLimitDescriptor.entries:type_name -> sluice.v1.RateLimitEntry
+	9,  // 5: sluice.v1.RateLimitDescriptor.costs:type_name -> sluice.v1.RateLimitDescriptor.CostsEntry
+	10, // 6: sluice.v1.ReserveResponse.wait:type_name -> google.protobuf.Duration
+	10, // 7: sluice.v1.ReserveResponse.retry_after:type_name -> google.protobuf.Duration
+	4,  // 8: sluice.v1.ReserveResponse.descriptors:type_name -> sluice.v1.ReserveStatus
+	10, // 9: sluice.v1.ReserveStatus.reset_after:type_name -> google.protobuf.Duration
+	10, // 10: sluice.v1.ReserveStatus.retry_after:type_name -> google.protobuf.Duration
+	10, // 11: sluice.v1.ReserveStatus.wait:type_name -> google.protobuf.Duration
+	6,  // 12: sluice.v1.SettleRequest.descriptors:type_name -> sluice.v1.SettleDescriptor
+	0,  // 13: sluice.v1.RateLimitService.Reserve:input_type -> sluice.v1.ReserveRequest
+	5,  // 14: sluice.v1.RateLimitService.Settle:input_type -> sluice.v1.SettleRequest
+	3,  // 15: sluice.v1.RateLimitService.Reserve:output_type -> sluice.v1.ReserveResponse
+	7,  // 16: sluice.v1.RateLimitService.Settle:output_type -> sluice.v1.SettleResponse
+	15, // [15:17] is the sub-list for method output_type
+	13, // [13:15] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_ratelimit_proto_init() }
@@ -600,13 +856,14 @@ func file_sluice_v1_ratelimit_proto_init() {
 	file_sluice_v1_ratelimit_proto_msgTypes[0].OneofWrappers = []any{}
 	file_sluice_v1_ratelimit_proto_msgTypes[1].OneofWrappers = []any{}
 	file_sluice_v1_ratelimit_proto_msgTypes[4].OneofWrappers = []any{}
+	file_sluice_v1_ratelimit_proto_msgTypes[5].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_ratelimit_proto_rawDesc), len(file_sluice_v1_ratelimit_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"errors"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -42,16 +43,20 @@ func appendReservation(b []byte, resp *service.Response) []byte {
 }
 
 // settleRequest is the body of POST /v1/settle: the reservation and its
-// actual costs, either one cost for every descriptor or one per
-// descriptor of the reserved request, in its order.
+// actual costs, either for every descriptor ("cost", "costs") or for
+// each descriptor of the reserved request, in its order ("descriptors").
+// "costs" are the actual costs per cost unit; a limit whose unit they do
+// not name is settled at its estimate (service.SettleRequest.Units).
 type settleRequest struct {
 	Reservation *string            `json:"reservation"`
 	Cost        *int64             `json:"cost"`
+	Costs       costList           `json:"costs"`
 	Descriptors []settleDescriptor `json:"descriptors"`
 }
 
 type settleDescriptor struct {
-	Cost *int64 `json:"cost"`
+	Cost  *int64   `json:"cost"`
+	Costs costList `json:"costs"`
 }
 
 // settleResponse is the answer of POST /v1/settle.
@@ -63,41 +68,49 @@ type settleResponse struct {
 	Charged        int64 `json:"charged"`
 }
 
-// decodeSettle decodes and checks a /v1/settle body into req.
+// decodeSettle decodes and checks a /v1/settle body into req (the costs'
+// units and bounds are Service.Settle's to check).
 func decodeSettle(body []byte, scan *strictScan, req *service.SettleRequest) error {
 	var in settleRequest
 	if err := decodeBodyStrict(body, &in, scan); err != nil {
 		return err
 	}
+	top := in.Cost != nil || in.Costs != nil
 	switch {
 	case in.Reservation == nil:
 		return errors.New(`field "reservation" is required`)
-	case (in.Cost == nil) == (in.Descriptors == nil):
-		return errors.New(`give one of "cost" (every descriptor's) and "descriptors" (one cost each, in the reserved request's order)`)
+	case top == (in.Descriptors != nil):
+		return errors.New(`give either "cost" or "costs" (every descriptor's), or "descriptors" (each descriptor's, in the reserved request's order)`)
 	case len(in.Descriptors) > rules.MaxDescriptors:
 		return errors.New(`field "descriptors": ` + strconv.Itoa(len(in.Descriptors)) + ` descriptors; at most ` + strconv.Itoa(rules.MaxDescriptors))
+	case in.Descriptors != nil && len(in.Descriptors) == 0:
+		return errors.New(`field "descriptors" is empty`)
 	}
 	if err := ratelimit.CheckReservationID(*in.Reservation); err != nil {
 		return errors.New(`field "reservation": ` + err.Error())
 	}
 	req.Reservation = *in.Reservation
-	req.Costs = req.Costs[:0]
-	if in.Cost != nil {
-		req.Costs = append(req.Costs, *in.Cost)
+	req.Costs, req.Units = req.Costs[:0], req.Units[:0]
+	if top {
+		in.Descriptors = append(in.Descriptors, settleDescriptor{in.Cost, in.Costs})
 	}
+	withCost := in.Descriptors[0].Cost != nil
 	for i, d := range in.Descriptors {
-		if d.Cost == nil {
-			return errors.New(`descriptor ` + strconv.Itoa(i) + `: field "cost" is required`)
+		switch {
+		case d.Cost == nil && d.Costs == nil:
+			return errors.New(`descriptor ` + strconv.Itoa(i) + `: give "cost", "costs" or both`)
+		case (d.Cost != nil) != withCost:
+			return errors.New(`descriptor ` + strconv.Itoa(i) + `: give "cost" for every descriptor or for none`)
+		case d.Cost != nil && (*d.Cost < 0 || *d.Cost > ratelimit.MaxQuota):
+			return errors.New(`cost ` + strconv.FormatInt(*d.Cost, 10) + ` out of range [0, ` + strconv.FormatInt(ratelimit.MaxQuota, 10) + `]`)
 		}
-		req.Costs = append(req.Costs, *d.Cost)
-	}
-	for _, c := range req.Costs {
-		if c < 0 || c > ratelimit.MaxQuota {
-			return errors.New(`cost ` + strconv.FormatInt(c, 10) + ` out of range [0, ` + strconv.FormatInt(ratelimit.MaxQuota, 10) + `]`)
+		if d.Cost != nil {
+			req.Costs = append(req.Costs, *d.Cost)
 		}
+		req.Units = append(req.Units, []service.UnitCost(d.Costs))
 	}
-	if len(req.Costs) == 0 {
-		return errors.New(`field "descriptors" is empty`)
+	if !slices.ContainsFunc(req.Units, func(us []service.UnitCost) bool { return us != nil }) {
+		req.Units = nil
 	}
 	return nil
 }

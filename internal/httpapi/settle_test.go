@@ -58,6 +58,11 @@ func TestSettle(t *testing.T) {
 		`{"reservation":"abc","descriptors":[{}]}`,
 		`{"reservation":"abc","descriptors":[]}`,
 		`{"reservation":"abc","cost":1,"extra":1}`,
+		`{"reservation":"AAAAAAAAAAAAAAAAAAAAAA","descriptors":[{"cost":1},{"costs":{"output_tokens":1}}]}`,
+		`{"reservation":"AAAAAAAAAAAAAAAAAAAAAA","costs":{}}`,
+		`{"reservation":"AAAAAAAAAAAAAAAAAAAAAA","costs":{"output_tokens":-1}}`,
+		`{"reservation":"AAAAAAAAAAAAAAAAAAAAAA","costs":{"Output":1}}`,
+		`{"reservation":"AAAAAAAAAAAAAAAAAAAAAA","cost":1,"descriptors":[{"costs":{"a":1}}]}`,
 	} {
 		if r := do(t, "POST", f.srv.URL+"/v1/settle", bad); r.status != http.StatusBadRequest {
 			t.Errorf("%s: %d %s", bad, r.status, r.body)
@@ -86,12 +91,40 @@ func TestSettle(t *testing.T) {
 	}
 }
 
+// TestSettleUnits: a model call reserved with 40 input and 50 output
+// tokens (the whole output budget) and settled with its output tokens
+// alone gives back 40 of them and keeps the input estimate.
+func TestSettleUnits(t *testing.T) {
+	f := newFixture(t, Options{})
+	var got struct {
+		Reservation string `json:"reservation"`
+	}
+	r := do(t, "POST", f.srv.URL+"/v1/check", `{"domain":"t","descriptors":[{"entries":[{"key":"model","value":"u"}],"costs":{"input_tokens":40,"output_tokens":50}}],"settle":true}`)
+	if err := json.Unmarshal([]byte(r.body), &got); err != nil || r.status != 200 || got.Reservation == "" {
+		t.Fatalf("check with settle: %d %s (%v)", r.status, r.body, err)
+	}
+	r = do(t, "POST", f.srv.URL+"/v1/settle", `{"reservation":"`+got.Reservation+`","costs":{"output_tokens":10}}`)
+	if r.status != 200 || !strings.Contains(r.body, `"refunded": 40`) || !strings.Contains(r.body, `"limits": 3`) {
+		t.Fatalf("settle: %d %s", r.status, r.body)
+	}
+	over := `{"domain":"t","descriptors":[{"entries":[{"key":"model","value":"u"}],"costs":{"input_tokens":61,"output_tokens":40}}]}`
+	if r = do(t, "POST", f.srv.URL+"/v1/check", over); r.status != http.StatusTooManyRequests {
+		t.Fatalf("61 input tokens after 40 kept of 100: %d %s", r.status, r.body)
+	}
+	fits := `{"domain":"t","descriptors":[{"entries":[{"key":"model","value":"u"}],"costs":{"input_tokens":60,"output_tokens":40}}]}`
+	if r = do(t, "POST", f.srv.URL+"/v1/check", fits); r.status != 200 {
+		t.Fatalf("60 input and 40 output tokens left: %d %s", r.status, r.body)
+	}
+}
+
 // FuzzSettleJSON: any /v1/settle body is answered 200, 400 or 404, with
 // JSON or a problem, never a panic or a 5xx on a memory store.
 func FuzzSettleJSON(f *testing.F) {
 	for _, s := range []string{
 		`{"reservation":"AAAAAAAAAAAAAAAAAAAAAA","cost":3}`,
 		`{"reservation":"AAAAAAAAAAAAAAAAAAAAAA","descriptors":[{"cost":1},{"cost":2}]}`,
+		`{"reservation":"AAAAAAAAAAAAAAAAAAAAAA","costs":{"output_tokens":312}}`,
+		`{"reservation":"AAAAAAAAAAAAAAAAAAAAAA","descriptors":[{"cost":1,"costs":{"a":1}},{"cost":2}]}`,
 		`{"reservation":"","cost":0}`, `{"reservation":null}`, `{}`, `[]`, `{`,
 	} {
 		f.Add([]byte(s))

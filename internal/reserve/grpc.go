@@ -136,18 +136,31 @@ func settleFields(in *sluicev1.ReserveRequest, req *service.Request) error {
 // expired; already_settled for a repeat.
 func (s *Server) Settle(ctx context.Context, in *sluicev1.SettleRequest) (*sluicev1.SettleResponse, error) {
 	req := &service.SettleRequest{Reservation: in.GetReservation()}
-	switch ds := in.GetDescriptors(); {
-	case (in.Cost != nil) == (len(ds) > 0):
-		return nil, status.Error(codes.InvalidArgument, "give one of cost (every descriptor's) and descriptors (one cost each, in the reserved request's order)")
+	ds := in.GetDescriptors()
+	top := in.Cost != nil || len(in.GetCosts()) > 0
+	switch {
+	case top == (len(ds) > 0):
+		return nil, status.Error(codes.InvalidArgument, "give either cost or costs (every descriptor's), or descriptors (each descriptor's, in the reserved request's order)")
 	case len(ds) > rules.MaxDescriptors:
 		return nil, status.Errorf(codes.InvalidArgument, "%d descriptors; at most %d", len(ds), rules.MaxDescriptors)
-	case in.Cost != nil:
-		req.Costs = []int64{in.GetCost()}
-	default:
-		req.Costs = make([]int64, len(ds))
-		for i, d := range ds {
-			req.Costs[i] = d.GetCost()
+	case top:
+		ds = []*sluicev1.SettleDescriptor{{Cost: in.Cost, Costs: in.GetCosts()}}
+	}
+	units := false
+	for i, d := range ds {
+		switch {
+		case d.Cost == nil && len(d.GetCosts()) == 0:
+			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: give cost, costs or both", i)
+		case (d.Cost != nil) != (ds[0].Cost != nil):
+			return nil, status.Errorf(codes.InvalidArgument, "descriptor %d: give cost for every descriptor or for none", i)
+		case d.Cost != nil:
+			req.Costs = append(req.Costs, d.GetCost())
 		}
+		req.Units = append(req.Units, unitCosts(d.GetCosts()))
+		units = units || len(d.GetCosts()) > 0
+	}
+	if !units {
+		req.Units = nil
 	}
 	out, err := s.svc.Settle(ctx, req)
 	switch {

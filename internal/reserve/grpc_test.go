@@ -227,8 +227,8 @@ func TestSettle(t *testing.T) {
 	if err != nil || !out.Allowed || len(out.Reservation) != 22 {
 		t.Fatalf("Reserve with settle: %v, %v", out, err)
 	}
-	one := int64(1)
-	got, err := settle(&sluicev1.SettleRequest{Reservation: out.Reservation, Descriptors: []*sluicev1.SettleDescriptor{{Cost: 1}}})
+	one, minus := int64(1), int64(-1)
+	got, err := settle(&sluicev1.SettleRequest{Reservation: out.Reservation, Descriptors: []*sluicev1.SettleDescriptor{{Cost: &one}}})
 	if err != nil || !got.Settled || got.Refunded != 3 || got.Limits != 1 {
 		t.Fatalf("Settle: %v, %v; want 3 refunded", got, err)
 	}
@@ -241,8 +241,8 @@ func TestSettle(t *testing.T) {
 	for _, bad := range []*sluicev1.SettleRequest{
 		{Reservation: "AAAAAAAAAAAAAAAAAAAAAA"},
 		{Reservation: "bad id", Cost: &one},
-		{Reservation: "AAAAAAAAAAAAAAAAAAAAAA", Cost: &one, Descriptors: []*sluicev1.SettleDescriptor{{Cost: 1}}},
-		{Reservation: "AAAAAAAAAAAAAAAAAAAAAA", Descriptors: []*sluicev1.SettleDescriptor{{Cost: -1}}},
+		{Reservation: "AAAAAAAAAAAAAAAAAAAAAA", Cost: &one, Descriptors: []*sluicev1.SettleDescriptor{{Cost: &one}}},
+		{Reservation: "AAAAAAAAAAAAAAAAAAAAAA", Descriptors: []*sluicev1.SettleDescriptor{{Cost: &minus}}},
 	} {
 		if _, err := settle(bad); status.Code(err) != codes.InvalidArgument {
 			t.Errorf("%v: %v; want INVALID_ARGUMENT", bad, err)

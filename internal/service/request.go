@@ -61,6 +61,29 @@ type UnitCost struct {
 	Cost int64
 }
 
+// checkUnitCosts checks the costs per cost unit of descriptor i: their
+// count, their units' names, each unit once and each |cost| at most
+// ratelimit.MaxQuota.
+func checkUnitCosts(i int, costs []UnitCost) error {
+	if err := CheckCostCount(i, len(costs)); err != nil {
+		return err
+	}
+	for j, c := range costs {
+		if err := rules.CheckCostUnit(c.Unit); err != nil {
+			return invalid("descriptor %d: costs: %v", i, err)
+		}
+		if c.Cost < -ratelimit.MaxQuota || c.Cost > ratelimit.MaxQuota {
+			return invalid("descriptor %d: cost %d of unit %s is beyond ±%d (MaxQuota)", i, c.Cost, c.Unit, int64(ratelimit.MaxQuota))
+		}
+		for _, o := range costs[:j] {
+			if o.Unit == c.Unit {
+				return invalid("descriptor %d: costs: unit %s given twice", i, c.Unit)
+			}
+		}
+	}
+	return nil
+}
+
 // cost returns what the descriptor takes from limit spec (nil for an
 // inline limit): see Costs.
 func (d *Descriptor) cost(spec *rules.Spec) int64 {
@@ -197,21 +220,8 @@ func (d *Descriptor) validate(i int) error {
 	if d.Cost < -ratelimit.MaxQuota || d.Cost > ratelimit.MaxQuota {
 		return invalid("descriptor %d: cost %d is beyond ±%d (MaxQuota)", i, d.Cost, int64(ratelimit.MaxQuota))
 	}
-	if err := CheckCostCount(i, len(d.Costs)); err != nil {
+	if err := checkUnitCosts(i, d.Costs); err != nil {
 		return err
-	}
-	for j, c := range d.Costs {
-		if err := rules.CheckCostUnit(c.Unit); err != nil {
-			return invalid("descriptor %d: costs: %v", i, err)
-		}
-		if c.Cost < -ratelimit.MaxQuota || c.Cost > ratelimit.MaxQuota {
-			return invalid("descriptor %d: cost %d of unit %s is beyond ±%d (MaxQuota)", i, c.Cost, c.Unit, int64(ratelimit.MaxQuota))
-		}
-		for _, o := range d.Costs[:j] {
-			if o.Unit == c.Unit {
-				return invalid("descriptor %d: costs: unit %s given twice", i, c.Unit)
-			}
-		}
 	}
 	if l := d.InlineLimit; l != nil {
 		unit := l.Unit.Duration()

@@ -46,9 +46,18 @@ type SettleRequest struct {
 	// in their order; a single cost applies to every descriptor. Each is
 	// in [0, ratelimit.MaxQuota].
 	Costs []int64
-	// Tagged, instead of Costs, are the actual costs by descriptor Tag (a
-	// proxy's settlement, whose descriptors come in no set order); a
-	// limit whose tag it lacks is settled at its estimate.
+	// Units, if not nil, are the actual costs per cost unit (as a
+	// Descriptor's Costs), of the reserved request's descriptors in their
+	// order, or one list for every descriptor. A limit that counts a cost
+	// unit takes its actual cost from its descriptor's list, and is
+	// settled at its estimate when the list does not name its unit; a
+	// limit without a unit then takes Costs, or its estimate when Costs is
+	// empty. So an LLM call reserved with {"input_tokens": 1200,
+	// "output_tokens": 1000} settles with {"output_tokens": 312} alone.
+	Units [][]UnitCost
+	// Tagged, instead of Costs and Units, are the actual costs by
+	// descriptor Tag (a proxy's settlement, whose descriptors come in no
+	// set order); a limit whose tag it lacks is settled at its estimate.
 	Tagged map[string]int64
 }
 
@@ -81,8 +90,19 @@ func (s *Service) settle(ctx context.Context, req *SettleRequest, out *Settlemen
 	if err := ratelimit.CheckReservationID(req.Reservation); err != nil {
 		return invalid("reservation: %v", err)
 	}
-	if n := len(req.Costs); (n == 0) == (req.Tagged == nil) || n > rules.MaxDescriptors || len(req.Tagged) > rules.MaxDescriptors {
-		return invalid("%d costs; want 1, or one per descriptor (at most %d)", max(n, len(req.Tagged)), rules.MaxDescriptors)
+	n, nu := len(req.Costs), len(req.Units)
+	if (n == 0 && nu == 0) == (req.Tagged == nil) || max(n, nu, len(req.Tagged)) > rules.MaxDescriptors {
+		return invalid("%d costs; want 1, or one per descriptor (at most %d)", max(n, nu, len(req.Tagged)), rules.MaxDescriptors)
+	}
+	for i, us := range req.Units {
+		if err := checkUnitCosts(i, us); err != nil {
+			return err
+		}
+		for _, u := range us {
+			if u.Cost < 0 {
+				return invalid("descriptor %d: cost %d of unit %s is negative", i, u.Cost, u.Unit)
+			}
+		}
 	}
 	for i, c := range req.Costs {
 		if c < 0 || c > ratelimit.MaxQuota {
@@ -95,21 +115,30 @@ func (s *Service) settle(ctx context.Context, req *SettleRequest, out *Settlemen
 		}
 	}
 	settled, err := s.rs.Settle(ctx, req.Reservation, func(_ int, r *ratelimit.Reserved) (int64, error) {
+		tag, unit := splitTag(r.Tag)
 		if req.Tagged != nil {
-			if c, ok := req.Tagged[r.Tag]; ok {
+			if c, ok := req.Tagged[tag]; ok {
 				return c, nil
 			}
 			return r.Estimate, nil
 		}
-		if len(req.Costs) == 1 {
-			return req.Costs[0], nil
+		if unit != "" && req.Units != nil {
+			us, err := forDescriptor(req.Units, tag)
+			if err != nil {
+				return 0, err
+			}
+			for _, u := range us {
+				if u.Unit == unit {
+					return u.Cost, nil
+				}
+			}
+			return r.Estimate, nil
 		}
-		i, n, _ := strings.Cut(r.Tag, "/") // "index/count", as reserved puts it
-		d, err := strconv.Atoi(i)
-		if err != nil || d < 0 || d >= len(req.Costs) || n != strconv.Itoa(len(req.Costs)) {
-			return 0, invalid("the reservation has %s descriptors; %d costs given", n, len(req.Costs))
+		if len(req.Costs) == 0 {
+			return r.Estimate, nil
 		}
-		return req.Costs[d], nil
+		c, err := forDescriptor(req.Costs, tag)
+		return c, err
 	})
 	switch {
 	case errors.Is(err, ratelimit.ErrUnknownReservation), errors.Is(err, ratelimit.ErrAlreadySettled), errors.Is(err, ErrInvalidRequest):
@@ -129,8 +158,10 @@ func (s *Service) settle(ctx context.Context, req *SettleRequest, out *Settlemen
 
 // reserved returns what a reservation of the admitted request req of sc
 // keeps: every limit that took a positive cost, with its rule as decided
-// and its descriptor's Tag, or "index/count" (its index among the
-// request's count of descriptors), which Settle reads back.
+// and its tag, which Settle reads back (splitTag): its descriptor's Tag, or
+// "index/count" (its index among the request's count of descriptors),
+// followed by "#unit" when the limit counts a cost unit (neither a Tag,
+// URL-safe base64, nor an index holds a '#').
 func (sc *scratch) reserved(req *Request) []ratelimit.Reserved {
 	kept := sc.kept[:0]
 	for i := range sc.checks {
@@ -144,11 +175,39 @@ func (sc *scratch) reserved(req *Request) []ratelimit.Reserved {
 			if tag == "" {
 				tag = strconv.Itoa(c.desc) + "/" + strconv.Itoa(len(req.Descriptors))
 			}
+			if c.spec != nil && c.spec.CostUnit != "" {
+				tag += "#" + c.spec.CostUnit
+			}
 			kept = append(kept, ratelimit.Reserved{Key: it.Key, Rule: c.rule, Estimate: it.Cost, Tag: tag})
 		}
 	}
 	sc.kept = kept
 	return kept
+}
+
+// splitTag splits a kept limit's tag into its descriptor's part and its
+// cost unit ("" for none); see reserved.
+func splitTag(tag string) (desc, unit string) {
+	if i := strings.LastIndexByte(tag, '#'); i >= 0 {
+		return tag[:i], tag[i+1:]
+	}
+	return tag, ""
+}
+
+// forDescriptor returns the element of costs (the actual costs of a
+// settlement: one for every descriptor, or one per descriptor) for the
+// descriptor whose kept tag is "index/count".
+func forDescriptor[T any](costs []T, tag string) (T, error) {
+	if len(costs) == 1 {
+		return costs[0], nil
+	}
+	var zero T
+	i, n, _ := strings.Cut(tag, "/")
+	d, err := strconv.Atoi(i)
+	if err != nil || d < 0 || d >= len(costs) || n != strconv.Itoa(len(costs)) {
+		return zero, invalid("the reservation has %s descriptors; %d costs given", n, len(costs))
+	}
+	return costs[d], nil
 }
 
 // ErrNotKept is wrapped by the error of a request that was admitted (its

@@ -19,6 +19,11 @@ descriptors:
   - key: shadow
     shadow_mode: true
     rate_limit: {period: 10s, requests_per_unit: 100, name: shadow}
+  - key: model
+    limits:
+      - {period: 10s, requests_per_unit: 10, name: requests}
+      - {period: 10s, requests_per_unit: 1000, cost_unit: input_tokens, name: input}
+      - {period: 10s, requests_per_unit: 1000, cost_unit: output_tokens, name: output}
 `
 
 // settleService is a Service on a memory store, which is its Ledger,
@@ -129,5 +134,53 @@ func TestSettlePaced(t *testing.T) {
 	out, err := svc.Settle(t.Context(), &SettleRequest{Reservation: id, Costs: []int64{10}})
 	if err != nil || out.Refunded != 90 {
 		t.Fatalf("Settle = %+v, %v; want 90 refunded", out, err)
+	}
+}
+
+// TestSettleUnits: a call reserved with 1 request, 300 input and 300
+// output tokens and settled with {"output_tokens": 120} alone: the
+// output limit gets 180 back, the request and input limits stay at their
+// estimates; a cost with unit costs settles the limits without a unit;
+// a negative unit cost is refused.
+func TestSettleUnits(t *testing.T) {
+	now := time.Unix(1_700_000_000, 0)
+	svc := settleService(t, &now)
+	model := []rules.Entry{{Key: "model", Value: "m"}}
+	reserve := func() string {
+		t.Helper()
+		id := ratelimit.NewReservationID()
+		var resp Response
+		req := &Request{Domain: "s", Reservation: id, Descriptors: []Descriptor{{Entries: model, Cost: 1,
+			Costs: []UnitCost{{"input_tokens", 300}, {"output_tokens", 300}}}}}
+		if err := svc.Decide(t.Context(), req, &resp); err != nil || resp.Code != OK || resp.Reservation != id {
+			t.Fatalf("reserve: %v, %+v", err, resp)
+		}
+		return id
+	}
+	decide := func(output int64) Code {
+		t.Helper()
+		var resp Response
+		req := &Request{Domain: "s", Descriptors: []Descriptor{{Entries: model, Costs: []UnitCost{{"output_tokens", output}}}}}
+		if err := svc.Decide(t.Context(), req, &resp); err != nil {
+			t.Fatal(err)
+		}
+		return resp.Code
+	}
+	id := reserve()
+	out, err := svc.Settle(t.Context(), &SettleRequest{Reservation: id, Units: [][]UnitCost{{{"output_tokens", 120}}}})
+	if err != nil || out.Limits != 3 || out.Refunded != 180 || out.Charged != 0 {
+		t.Fatalf("Settle(output_tokens 120) = %+v, %v; want 3 limits, 180 refunded", out, err)
+	}
+	id = reserve()
+	out, err = svc.Settle(t.Context(), &SettleRequest{Reservation: id, Costs: []int64{0}, Units: [][]UnitCost{{{"input_tokens", 350}}}})
+	if err != nil || out.Refunded != 1 || out.Charged != 50 {
+		t.Fatalf("Settle(cost 0, input_tokens 350) = %+v, %v; want 1 refunded, 50 charged", out, err)
+	}
+	if _, err := svc.Settle(t.Context(), &SettleRequest{Reservation: reserve(), Units: [][]UnitCost{{{"output_tokens", -1}}}}); !errors.Is(err, ErrInvalidRequest) {
+		t.Fatalf("a negative unit cost: %v; want ErrInvalidRequest", err)
+	}
+	// Output tokens used: 120 settled, then twice 300 at the estimate.
+	if decide(281) != OverLimit || decide(280) != OK {
+		t.Fatalf("after the settlements, 280 output tokens should be left")
 	}
 }

@@ -541,7 +541,12 @@ type SettleRequest struct {
 	Cost *int64 `protobuf:"varint,2,opt,name=cost,proto3,oneof" json:"cost,omitempty"`
 	// The actual cost of each descriptor of the reserved request, in its
 	// order.
-	Descriptors   []*SettleDescriptor `protobuf:"bytes,3,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
+	Descriptors []*SettleDescriptor `protobuf:"bytes,3,rep,name=descriptors,proto3" json:"descriptors,omitempty"`
+	// The actual costs per cost unit of every descriptor, as
+	// {"output_tokens": 312}: a limit counting a unit not named here is
+	// settled at its estimate. With or instead of cost; not with
+	// descriptors.
+	Costs         map[string]int64 `protobuf:"bytes,4,rep,name=costs,proto3" json:"costs,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -597,11 +602,21 @@ func (x *SettleRequest) GetDescriptors() []*SettleDescriptor {
 	return nil
 }
 
+func (x *SettleRequest) GetCosts() map[string]int64 {
+	if x != nil {
+		return x.Costs
+	}
+	return nil
+}
+
 // A SettleDescriptor is the actual cost of one reserved descriptor.
 type SettleDescriptor struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// 0 to 2^40.
-	Cost          int64 `protobuf:"varint,1,opt,name=cost,proto3" json:"cost,omitempty"`
+	// 0 to 2^40. Unset: limits without a cost unit are settled at their
+	// estimate (give cost for every descriptor or for none).
+	Cost *int64 `protobuf:"varint,1,opt,name=cost,proto3,oneof" json:"cost,omitempty"`
+	// The actual costs per cost unit, as SettleRequest.costs.
+	Costs         map[string]int64 `protobuf:"bytes,2,rep,name=costs,proto3" json:"costs,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -637,10 +652,17 @@ func (*SettleDescriptor) Descriptor() ([]byte, []int) {
 }
 
 func (x *SettleDescriptor) GetCost() int64 {
-	if x != nil {
-		return x.Cost
+	if x != nil && x.Cost != nil {
+		return *x.Cost
 	}
 	return 0
+}
+
+func (x *SettleDescriptor) GetCosts() map[string]int64 {
+	if x != nil {
+		return x.Costs
+	}
+	return nil
 }
 
 type SettleResponse struct {
@@ -779,14 +801,25 @@ const file_sluice_v1_ratelimit_proto_rawDesc = "" +
 	"\x04wait\x18\r \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12\x1b\n" +
 	"\tcost_unit\x18\x0e \x01(\tR\bcostUnitB\f\n" +
 	"\n" +
-	"_remaining\"\x92\x01\n" +
+	"_remaining\"\x87\x02\n" +
 	"\rSettleRequest\x12 \n" +
 	"\vreservation\x18\x01 \x01(\tR\vreservation\x12\x17\n" +
 	"\x04cost\x18\x02 \x01(\x03H\x00R\x04cost\x88\x01\x01\x12=\n" +
-	"\vdescriptors\x18\x03 \x03(\v2\x1b.sluice.v1.SettleDescriptorR\vdescriptorsB\a\n" +
-	"\x05_cost\"&\n" +
-	"\x10SettleDescriptor\x12\x12\n" +
-	"\x04cost\x18\x01 \x01(\x03R\x04cost\"\xa1\x01\n" +
+	"\vdescriptors\x18\x03 \x03(\v2\x1b.sluice.v1.SettleDescriptorR\vdescriptors\x129\n" +
+	"\x05costs\x18\x04 \x03(\v2#.sluice.v1.SettleRequest.CostsEntryR\x05costs\x1a8\n" +
+	"\n" +
+	"CostsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01B\a\n" +
+	"\x05_cost\"\xac\x01\n" +
+	"\x10SettleDescriptor\x12\x17\n" +
+	"\x04cost\x18\x01 \x01(\x03H\x00R\x04cost\x88\x01\x01\x12<\n" +
+	"\x05costs\x18\x02 \x03(\v2&.sluice.v1.SettleDescriptor.CostsEntryR\x05costs\x1a8\n" +
+	"\n" +
+	"CostsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x03R\x05value:\x028\x01B\a\n" +
+	"\x05_cost\"\xa1\x01\n" +
 	"\x0eSettleResponse\x12\x18\n" +
 	"\asettled\x18\x01 \x01(\bR\asettled\x12'\n" +
 	"\x0falready_settled\x18\x02 \x01(\bR\x0ealreadySettled\x12\x16\n" +
@@ -809,7 +842,7 @@ func file_sluice_v1_ratelimit_proto_rawDescGZIP() []byte {
 	return file_sluice_v1_ratelimit_proto_rawDescData
 }
 
-var file_sluice_v1_ratelimit_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_sluice_v1_ratelimit_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_sluice_v1_ratelimit_proto_goTypes = []any{
 	(*ReserveRequest)(nil),      // 0: sluice.v1.ReserveRequest
 	(*RateLimitDescriptor)(nil), // 1: sluice.v1.RateLimitDescriptor
@@ -821,31 +854,35 @@ var file_sluice_v1_ratelimit_proto_goTypes = []any{
 	(*SettleResponse)(nil),      // 7: sluice.v1.SettleResponse
 	nil,                         // 8: sluice.v1.ReserveRequest.CostsEntry
 	nil,                         // 9: sluice.v1.RateLimitDescriptor.CostsEntry
-	(*durationpb.Duration)(nil), // 10: google.protobuf.Duration
+	nil,                         // 10: sluice.v1.SettleRequest.CostsEntry
+	nil,                         // 11: sluice.v1.SettleDescriptor.CostsEntry
+	(*durationpb.Duration)(nil), // 12: google.protobuf.Duration
 }
 var file_sluice_v1_ratelimit_proto_depIdxs = []int32{
 	1,  // 0: sluice.v1.ReserveRequest.descriptors:type_name -> sluice.v1.RateLimitDescriptor
-	10, // 1: sluice.v1.ReserveRequest.max_wait:type_name -> google.protobuf.Duration
+	12, // 1: sluice.v1.ReserveRequest.max_wait:type_name -> google.protobuf.Duration
 	8,  // 2: sluice.v1.ReserveRequest.costs:type_name -> sluice.v1.ReserveRequest.CostsEntry
-	10, // 3: sluice.v1.ReserveRequest.settle_within:type_name -> google.protobuf.Duration
+	12, // 3: sluice.v1.ReserveRequest.settle_within:type_name -> google.protobuf.Duration
 	2,  // 4: sluice.v1.RateLimitDescriptor.entries:type_name -> sluice.v1.RateLimitEntry
 	9,  // 5: sluice.v1.RateLimitDescriptor.costs:type_name -> sluice.v1.RateLimitDescriptor.CostsEntry
-	10, // 6: sluice.v1.ReserveResponse.wait:type_name -> google.protobuf.Duration
-	10, // 7: sluice.v1.ReserveResponse.retry_after:type_name -> google.protobuf.Duration
+	12, // 6: sluice.v1.ReserveResponse.wait:type_name -> google.protobuf.Duration
+	12, // 7: sluice.v1.ReserveResponse.retry_after:type_name -> google.protobuf.Duration
 	4,  // 8: sluice.v1.ReserveResponse.descriptors:type_name -> sluice.v1.ReserveStatus
-	10, // 9: sluice.v1.ReserveStatus.reset_after:type_name -> google.protobuf.Duration
-	10, // 10: sluice.v1.ReserveStatus.retry_after:type_name -> google.protobuf.Duration
-	10, // 11: sluice.v1.ReserveStatus.wait:type_name -> google.protobuf.Duration
+	12, // 9: sluice.v1.ReserveStatus.reset_after:type_name -> google.protobuf.Duration
+	12, // 10: sluice.v1.ReserveStatus.retry_after:type_name -> google.protobuf.Duration
+	12, // 11: sluice.v1.ReserveStatus.wait:type_name -> google.protobuf.Duration
 	6,  // 12: sluice.v1.SettleRequest.descriptors:type_name -> sluice.v1.SettleDescriptor
-	0,  // 13: sluice.v1.RateLimitService.Reserve:input_type -> sluice.v1.ReserveRequest
-	5,  // 14: sluice.v1.RateLimitService.Settle:input_type -> sluice.v1.SettleRequest
-	3,  // 15: sluice.v1.RateLimitService.Reserve:output_type -> sluice.v1.ReserveResponse
-	7,  // 16: sluice.v1.RateLimitService.Settle:output_type -> sluice.v1.SettleResponse
-	15, // [15:17] is the sub-list for method output_type
-	13, // [13:15] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	10, // 13: sluice.v1.SettleRequest.costs:type_name -> sluice.v1.SettleRequest.CostsEntry
+	11, // 14: sluice.v1.SettleDescriptor.costs:type_name -> sluice.v1.SettleDescriptor.CostsEntry
+	0,  // 15: sluice.v1.RateLimitService.Reserve:input_type -> sluice.v1.ReserveRequest
+	5,  // 16: sluice.v1.RateLimitService.Settle:input_type -> sluice.v1.SettleRequest
+	3,  // 17: sluice.v1.RateLimitService.Reserve:output_type -> sluice.v1.ReserveResponse
+	7,  // 18: sluice.v1.RateLimitService.Settle:output_type -> sluice.v1.SettleResponse
+	17, // [17:19] is the sub-list for method output_type
+	15, // [15:17] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_ratelimit_proto_init() }
@@ -857,13 +894,14 @@ func file_sluice_v1_ratelimit_proto_init() {
 	file_sluice_v1_ratelimit_proto_msgTypes[1].OneofWrappers = []any{}
 	file_sluice_v1_ratelimit_proto_msgTypes[4].OneofWrappers = []any{}
 	file_sluice_v1_ratelimit_proto_msgTypes[5].OneofWrappers = []any{}
+	file_sluice_v1_ratelimit_proto_msgTypes[6].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_ratelimit_proto_rawDesc), len(file_sluice_v1_ratelimit_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

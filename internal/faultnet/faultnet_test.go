@@ -1,0 +1,146 @@
+package faultnet_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/internal/faultnet"
+)
+
+func TestWindows(t *testing.T) {
+	at := func(ms int64) time.Time { return time.Unix(100, ms*int64(time.Millisecond)) }
+	op := func(start, end int64, o faultnet.Outcome) faultnet.Op {
+		return faultnet.Op{Start: at(start), End: at(end), Outcome: o}
+	}
+	ops := []faultnet.Op{
+		op(0, 10, faultnet.Admitted),
+		op(100, 200, faultnet.Admitted),
+		op(300, 310, faultnet.Denied),     // never counts
+		op(990, 1010, faultnet.Admitted),  // spans two windows: possible in both
+		op(1500, 1600, faultnet.Admitted), // second window
+		op(1700, 1800, faultnet.Failed),
+	}
+	ws := faultnet.Windows(ops, time.Second)
+	if len(ws) != 2 {
+		t.Fatalf("%d windows, want 2: %+v", len(ws), ws)
+	}
+	for i, want := range []faultnet.Window{{Start: at(0), Certain: 2, Possible: 3}, {Start: at(1000), Certain: 1, Possible: 2}} {
+		if !ws[i].Start.Equal(want.Start) || ws[i].Certain != want.Certain || ws[i].Possible != want.Possible {
+			t.Errorf("window %d: %+v, want %+v", i, ws[i], want)
+		}
+	}
+	r := faultnet.CheckWindows(ops, time.Second, 1)
+	if r.Worst != 2 || !r.WorstAt.Equal(at(0)) || r.Over != 1 {
+		t.Errorf("CheckWindows: %+v, want worst 2 at the first window, 100%% over", r)
+	}
+	if r := faultnet.CheckWindows(ops, time.Second, 2); r.Over != 0 {
+		t.Errorf("CheckWindows within the limit: %+v", r)
+	}
+	l := faultnet.CheckLatency(ops, 50*time.Millisecond)
+	if l.N != 6 || l.Max != 100*time.Millisecond || l.Over != 3 {
+		t.Errorf("CheckLatency: %+v, want 6 ops, max 100ms, 3 over 50ms", l)
+	}
+}
+
+func TestGauge(t *testing.T) {
+	var g faultnet.Gauge
+	g.Enter()
+	g.Enter()
+	g.Exit()
+	g.Enter()
+	g.Exit()
+	g.Exit()
+	if g.Max() != 2 {
+		t.Errorf("Max %d, want 2", g.Max())
+	}
+}
+
+// TestNet: two hosts reach each other from inside, a partition drops
+// what crosses it (a dial times out instead of being refused) and Heal
+// restores it; a process runs inside a host, pauses and resumes.
+func TestNet(t *testing.T) {
+	n := faultnet.New(t)
+	a, b := n.Host("a"), n.Host("b")
+	l, err := b.Listen("tcp", b.Addr(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("hi")) //nolint:errcheck // the dialer checks what it reads
+			c.Close()
+		}
+	}()
+	dial := func(d time.Duration) error {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		c, err := a.DialContext(ctx, "tcp", l.Addr().String())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		got, err := io.ReadAll(c)
+		if err == nil && string(got) != "hi" {
+			err = errors.New("read " + strconv.Quote(string(got)))
+		}
+		return err
+	}
+	if err := dial(5 * time.Second); err != nil {
+		t.Fatalf("a to b: %v", err)
+	}
+	// This process's own namespace has no route to the hosts.
+	if c, err := net.DialTimeout("tcp", l.Addr().String(), 200*time.Millisecond); err == nil {
+		c.Close()
+		t.Error("reached a host from outside its network")
+	}
+	a.Partition(b)
+	if err := dial(300 * time.Millisecond); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("a to b across a partition: %v, want a timeout", err)
+	}
+	a.Heal(b)
+	if err := dial(5 * time.Second); err != nil {
+		t.Fatalf("a to b after healing: %v", err)
+	}
+
+	p := a.Start("sleep", "60")
+	state := func() string {
+		stat, err := os.ReadFile("/proc/" + strconv.Itoa(p.PID()) + "/stat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		return f[0]
+	}
+	// A signal is acted on when the process next runs: wait for the state.
+	await := func(stopped bool) {
+		deadline := time.Now().Add(5 * time.Second)
+		for (state() == "T") != stopped {
+			if time.Now().After(deadline) {
+				t.Fatalf("process state %s, want stopped %v", state(), stopped)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	p.Pause()
+	await(true)
+	p.Resume()
+	await(false)
+	p.Kill()
+	select {
+	case <-p.Exited():
+	default:
+		t.Error("Kill returned before the process exited")
+	}
+}

@@ -35,6 +35,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(holderEnv) != "" {
+		os.Exit(holderMain())
+	}
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)

@@ -1,0 +1,259 @@
+package faultnet_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluicehq/sluice/concurrency"
+	"github.com/sluicehq/sluice/fence"
+	"github.com/sluicehq/sluice/internal/faultnet"
+	"github.com/sluicehq/sluice/internal/redisproc"
+	"github.com/sluicehq/sluice/redisstore"
+)
+
+// The holder processes of TestFaultPause are copies of the test binary
+// run with these variables set (TestMain runs holderMain instead of the
+// tests).
+const (
+	holderEnv   = "FAULTNET_HOLDER" // the holder's name
+	holderRedis = "FAULTNET_REDIS"
+	holderURL   = "FAULTNET_RESOURCE"
+)
+
+// What a holder does with its permit, in a loop: check that it still
+// holds it, tell the resource (so that the test can freeze it right
+// after the check), prepare for holderPrepare, then write to the
+// resource, which takes resourceWork, with its fencing token.
+const (
+	semName       = "faults"
+	semTTL        = time.Second
+	holderPrepare = 300 * time.Millisecond
+	resourceWork  = 50 * time.Millisecond
+)
+
+// holderMain is a holder process: it acquires the semaphore semName
+// (limit 1, TTL semTTL) on Redis and works under it until killed.
+func holderMain() int {
+	name := os.Getenv(holderEnv)
+	c, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{os.Getenv(holderRedis)}, Timeout: 250 * time.Millisecond})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	store, err := redisstore.NewSemaphoreStore(c, redisstore.SemaphoreOptions{})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	d, err := concurrency.NewDistributed(store, semName, 1, concurrency.DistributedOptions{TTL: semTTL})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	url := os.Getenv(holderURL)
+	post := func(path string, token uint64) (int, error) {
+		req, err := http.NewRequest(http.MethodPost, url+path, nil)
+		if err != nil {
+			return 0, err
+		}
+		req.Header.Set("Holder", name)
+		fence.Set(req.Header, semName, token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode, nil
+	}
+	ctx := context.Background()
+	for {
+		p, err := d.Acquire(ctx)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "acquire:", err)
+			continue
+		}
+		fmt.Printf("%s: acquired, fence %d\n", name, p.Fence())
+		for p.Err() == nil {
+			if _, err := post("/checked", p.Fence()); err != nil {
+				fmt.Fprintln(os.Stderr, "checked:", err)
+			}
+			time.Sleep(holderPrepare) // the work before the write
+			status, err := post("/write", p.Fence())
+			fmt.Printf("%s: write with fence %d: %d %v (permit: %v)\n", name, p.Fence(), status, err, p.Err())
+		}
+		fmt.Printf("%s: lost fence %d: %v\n", name, p.Fence(), p.Err())
+		p.Release(ctx) //nolint:errcheck // lost already
+	}
+}
+
+// resource is what the semaphore protects: a fence.Guard in front of a
+// write that takes resourceWork, with a Gauge of the writes inside.
+type resource struct {
+	guard fence.Guard
+	in    faultnet.Gauge
+
+	mu       sync.Mutex
+	checked  chan string // each holder's check, as it tells it
+	accepted []write     // in the order they were let in
+	refused  []write
+}
+
+type write struct {
+	holder string
+	fence  uint64
+	at     time.Time
+}
+
+func (r *resource) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /checked", func(w http.ResponseWriter, req *http.Request) {
+		select {
+		case r.checked <- req.Header.Get("Holder"):
+		default:
+		}
+	})
+	work := r.guard.Middleware(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		r.in.Enter()
+		defer r.in.Exit()
+		_, token, _ := fence.Parse(req.Header) // the Guard parsed it already
+		r.mu.Lock()
+		r.accepted = append(r.accepted, write{req.Header.Get("Holder"), token, time.Now()})
+		r.mu.Unlock()
+		time.Sleep(resourceWork) // the write itself
+	}))
+	mux.Handle("POST /write", http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		rec := &statusRecorder{ResponseWriter: w}
+		work.ServeHTTP(rec, req)
+		if rec.status == http.StatusConflict {
+			_, token, _ := fence.Parse(req.Header)
+			r.mu.Lock()
+			r.refused = append(r.refused, write{req.Header.Get("Holder"), token, time.Now()})
+			r.mu.Unlock()
+		}
+	}))
+	return mux
+}
+
+func (w write) String() string { return fmt.Sprintf("%s with fence %d", w.holder, w.fence) }
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	s.status = code
+	s.ResponseWriter.WriteHeader(code)
+}
+
+// writes returns copies of what was accepted and refused so far.
+func (r *resource) writes() (accepted, refused []write) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]write(nil), r.accepted...), append([]write(nil), r.refused...)
+}
+
+// TestFaultPause: scenario c. Two holder processes on hosts of their own
+// share a semaphore of limit 1 (TTL 1 s) on Redis and write to a
+// resource on a fourth host, which refuses a fencing token lower than the
+// highest it has seen (fence.Guard). Holder A is frozen (SIGSTOP) right
+// after checking that it holds its permit, kept frozen until B, granted
+// once A's permit expired, has written, then resumed: it sends the write
+// it prepared under a permit it no longer holds. Promises checked: the
+// writes inside the resource at once never exceed the limit; the
+// resource refuses A's stale write (what fencing refused); B's fence is
+// above A's.
+func TestFaultPause(t *testing.T) {
+	n := faultnet.New(t)
+	rh, xh, ah, bh := n.Host("redis"), n.Host("resource"), n.Host("holderA"), n.Host("holderB")
+	redis := startRedis(t, rh, redisproc.Standalone, redisPort)
+	l, err := xh.Listen("tcp", xh.Addr(httpPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := &resource{checked: make(chan string, 64)}
+	srv := &http.Server{Handler: res.handler()}
+	go srv.Serve(l) //nolint:errcheck // ends with Close
+	t.Cleanup(func() { srv.Close() })
+	holder := func(h *faultnet.Host, name string) *faultnet.Proc {
+		cmd := h.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), holderEnv+"="+name, holderRedis+"="+redis.Addr(), holderURL+"=http://"+xh.Addr(httpPort))
+		return h.StartCmd(name, cmd)
+	}
+	// awaitChecked waits for name's next check.
+	awaitChecked := func(name string) {
+		t.Helper()
+		timeout := time.After(10 * time.Second)
+		for {
+			select {
+			case who := <-res.checked:
+				if who == name {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("no check from %s within 10 s", name)
+			}
+		}
+	}
+	// awaitWrite waits until pred holds of the writes.
+	awaitWrite := func(what string, pred func(accepted, refused []write) bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for a, r := res.writes(); !pred(a, r); a, r = res.writes() {
+			if time.Now().After(deadline) {
+				t.Fatalf("no %s within 10 s: accepted %v, refused %v", what, a, r)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	a := holder(ah, "A")
+	awaitChecked("A") // A holds the permit
+	holder(bh, "B")   // B waits for it
+	awaitChecked("A") // A checked again: it is preparing its write
+	a.Pause()
+	frozen := time.Now()
+	awaitWrite("write by B", func(acc, _ []write) bool { return len(acc) > 0 && acc[len(acc)-1].holder == "B" })
+	bWrote := time.Now()
+	a.Resume()
+	resumed := time.Now()
+	awaitWrite("refusal of A's stale write", func(_, ref []write) bool { return len(ref) > 0 })
+	refusedAt := time.Now()
+	accepted, refused := res.writes()
+
+	var aFence, bFence uint64
+	for i, w := range accepted {
+		if i > 0 && w.fence < accepted[i-1].fence {
+			t.Errorf("write %d accepted with fence %d after fence %d", i, w.fence, accepted[i-1].fence)
+		}
+		switch w.holder {
+		case "A":
+			aFence = max(aFence, w.fence)
+		case "B":
+			bFence = max(bFence, w.fence)
+		}
+	}
+	t.Logf("A frozen %v (TTL %v); B wrote %v after the freeze; A's stale write refused %v after its resumption",
+		resumed.Sub(frozen).Round(time.Millisecond), semTTL, bWrote.Sub(frozen).Round(time.Millisecond), refusedAt.Sub(resumed).Round(time.Millisecond))
+	t.Logf("accepted %d writes, refused %v; most inside the resource at once: %d", len(accepted), refused, res.in.Max())
+	row(t, "pause: a semaphore holder (limit 1, TTL 1 s) frozen with SIGSTOP right after checking its permit, until the next holder has written",
+		fmt.Sprintf("writes inside the resource at once: at most %d (limit 1); fencing refused %d stale write(s) of the frozen holder; the next holder wrote %v after the freeze",
+			res.in.Max(), len(refused), bWrote.Sub(frozen).Round(time.Millisecond)))
+
+	if res.in.Max() > 1 {
+		t.Errorf("%d writes inside the resource at once, above the limit of 1", res.in.Max())
+	}
+	if len(refused) == 0 || refused[0].holder != "A" || refused[0].fence != aFence {
+		t.Errorf("refused %v, want A's stale write with fence %d", refused, aFence)
+	}
+	if bFence <= aFence {
+		t.Errorf("B's fence %d is not above A's %d", bFence, aFence)
+	}
+	if got := bWrote.Sub(frozen); got < semTTL-semTTL/50 {
+		t.Errorf("B wrote %v after A froze, before A's permit could have expired (TTL %v)", got, semTTL)
+	}
+}

@@ -1,0 +1,207 @@
+package faultnet_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sluicehq/sluice/internal/faultnet"
+	"github.com/sluicehq/sluice/internal/redisproc"
+)
+
+// failoverRules: failoverRules' hot key is strictRules' (100 a second);
+// ledger's limit is never reached, so that every admission Redis
+// acknowledged is an increment it should still hold at the end.
+const (
+	failoverRules = strictRules + `  - key: ledger
+    rate_limit: {unit: day, requests_per_unit: 100000000, algorithm: fixed_window}
+`
+	ledgerLimit = 100000000
+	masterName  = "sluice"
+)
+
+// TestFaultFailover: scenario b. Redis as a primary and a replica, three
+// Sentinels (quorum 2), two serve replicas that find the primary through
+// the Sentinels, each on a host of its own, and clients on another. The
+// primary is frozen (SIGSTOP) under load until the Sentinels have
+// promoted the replica and both serve replicas decide on it, then resumed
+// (the Sentinels make it a replica of the new primary). Promises
+// checked: each window of the strict key admits at most twice the limit
+// (local's bound for a window Redis decides part of); every decision
+// within the Redis timeout plus a margin; both replicas back on Redis.
+// Measured: the time to recover, and the increments Redis acknowledged
+// (admissions with reason ok of a key far below its limit) that the new
+// primary no longer counts: asynchronous replication may lose them.
+func TestFaultFailover(t *testing.T) {
+	n := faultnet.New(t)
+	ph, qh, ch := n.Host("primary"), n.Host("replica"), n.Host("client")
+	primary := startRedis(t, ph, redisproc.Standalone, redisPort)
+	replica := startRedis(t, qh, redisproc.Standalone, redisPort, "--replicaof", ph.IP(), strconv.Itoa(redisPort))
+	client := func(addr string) *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: addr, Dialer: ch.DialContext, MaxRetries: -1})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	poll := func(what string, cond func(ctx context.Context) (bool, string, error)) {
+		t.Helper()
+		if err := redisproc.Poll(20*time.Second, nil, cond); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	rc := client(replica.Addr())
+	poll("replica in sync", func(ctx context.Context) (bool, string, error) {
+		info, err := rc.Info(ctx, "replication").Result()
+		return err == nil && strings.Contains(info, "master_link_status:up"), info, err
+	})
+	conf := []string{
+		fmt.Sprintf("sentinel monitor %s %s %d 2", masterName, ph.IP(), redisPort),
+		fmt.Sprintf("sentinel down-after-milliseconds %s 1000", masterName),
+		fmt.Sprintf("sentinel failover-timeout %s 10000", masterName),
+	}
+	var sentinels []*redis.Client
+	var sentinelAddrs []string
+	for i := range 3 {
+		h := n.Host("sentinel" + strconv.Itoa(i+1))
+		s, err := redisproc.Start(redisproc.Options{Kind: redisproc.Sentinel, Dir: t.TempDir(), Host: h, Port: sentinelPort,
+			Args: func(int) []string { return conf }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Kill)
+		sentinels = append(sentinels, client(s.Addr()))
+		sentinelAddrs = append(sentinelAddrs, s.Addr())
+	}
+	for i, s := range sentinels {
+		poll("Sentinel "+strconv.Itoa(i+1)+" knows the replica and the other Sentinels", func(ctx context.Context) (bool, string, error) {
+			reps, err := s.Do(ctx, "SENTINEL", "REPLICAS", masterName).Slice()
+			if err != nil {
+				return false, "", err
+			}
+			others, err := s.Do(ctx, "SENTINEL", "SENTINELS", masterName).Slice()
+			return err == nil && len(reps) == 1 && len(others) == 2, fmt.Sprintf("%d replicas, %d other Sentinels", len(reps), len(others)), err
+		})
+	}
+	flags := []string{"--store", "redis", "--redis-master", masterName, "--redis-addr", strings.Join(sentinelAddrs, ","), "--replicas", "2"}
+	servers := []*serve{startServe(t, n.Host("serve1"), ch, failoverRules, flags...), startServe(t, n.Host("serve2"), ch, failoverRules, flags...)}
+
+	var hot, ledger faultnet.History
+	stop := make(chan struct{})
+	done := make(chan struct{}, 2)
+	go func() { load(servers, 2, 4*time.Millisecond, &hot, stop, "faults", "k", "hot"); done <- struct{}{} }()
+	go func() { load(servers, 1, 5*time.Millisecond, &ledger, stop, "faults", "ledger", "l"); done <- struct{}{} }()
+	phase := func(d time.Duration) time.Time { <-time.After(d); return time.Now() }
+	phase(2500 * time.Millisecond) // the scenario's own duration
+
+	signal := func(sig os.Signal) {
+		t.Helper()
+		if err := primary.Signal(sig); err != nil {
+			t.Fatalf("%v to the primary: %v", sig, err)
+		}
+	}
+	signal(redisproc.FreezeSignal)
+	frozen := time.Now()
+	poll("the Sentinels promote the replica", func(ctx context.Context) (bool, string, error) {
+		addr, err := sentinels[0].Do(ctx, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", masterName).StringSlice()
+		return err == nil && len(addr) == 2 && addr[0] == qh.IP(), fmt.Sprint(addr), err
+	})
+	promoted := time.Now()
+	// Both replicas decide on the new primary: a ledger decision of each
+	// made by Redis, sent after the promotion.
+	poll("both serve replicas back on Redis", func(context.Context) (bool, string, error) {
+		back := [2]bool{}
+		for _, op := range ledger.Ops() {
+			if op.Start.After(promoted) && op.Reason == "ok" {
+				back[op.Client] = true
+			}
+		}
+		return back[0] && back[1], fmt.Sprint(back), nil
+	})
+	recovered := time.Now()
+	signal(redisproc.ThawSignal)
+	phase(3 * time.Second)
+	close(stop)
+	<-done
+	<-done
+
+	// The ledger: what Redis acknowledged against what the new primary
+	// counts (a check of cost 0 reads it).
+	acked := 0
+	for _, op := range ledger.Ops() {
+		if op.Outcome == faultnet.Admitted && op.Reason == "ok" {
+			acked++
+		}
+	}
+	remaining, reason := readRemaining(t, servers[0], "ledger", "l")
+	counted := ledgerLimit - remaining
+	lost := acked - counted
+
+	ops := hot.Ops()
+	whole := faultnet.CheckWindows(ops, time.Second, strictLimit)
+	lat := faultnet.CheckLatency(append(ops, ledger.Ops()...), decisionBound)
+	var failed []faultnet.Op
+	reasons := map[string]int{}
+	for _, op := range append(ops, ledger.Ops()...) {
+		reasons[op.Reason]++
+		if op.Outcome == faultnet.Failed {
+			failed = append(failed, op)
+		}
+	}
+	for _, w := range faultnet.Windows(ops, time.Second) {
+		t.Logf("  window %s: admitted %d (possibly %d)", w.Start.Format("15:04:05"), w.Certain, w.Possible)
+	}
+	t.Logf("promoted %v after the freeze; both serve replicas on the new primary %v after it", promoted.Sub(frozen).Round(time.Millisecond), recovered.Sub(frozen).Round(time.Millisecond))
+	t.Logf("hot key: %v; latency: %v; reasons %v", whole, lat, reasons)
+	t.Logf("ledger: %d increments acknowledged by Redis, %d counted by the new primary (read: %s): %d lost", acked, counted, reason, lost)
+	row(t, "failover: Redis primary frozen (SIGSTOP) under load, three Sentinels promote its replica; two serve replicas through the Sentinels (strict 100/s, default local)",
+		fmt.Sprintf("over-admission %.0f%% of the limit (bound 100%%); decisions p99 %v, max %v (bound %v); promoted %v after the freeze, both replicas on the new primary %v after it; %d of %d acknowledged increments lost",
+			100*whole.Over, lat.P99.Round(time.Millisecond), lat.Max.Round(time.Millisecond), decisionBound,
+			promoted.Sub(frozen).Round(time.Millisecond), recovered.Sub(frozen).Round(time.Millisecond), lost, acked))
+
+	if len(failed) > 0 {
+		t.Errorf("%d decisions failed, the first: %+v", len(failed), failed[0])
+	}
+	if whole.Worst > 2*strictLimit {
+		t.Errorf("a window admitted %d, above twice the limit: %v", whole.Worst, whole)
+	}
+	if lat.Over > 0 {
+		t.Errorf("%d decisions took longer than %v: %v", lat.Over, decisionBound, lat)
+	}
+	if reason != "ok" {
+		t.Errorf("the ledger's final read was decided by %q, not Redis", reason)
+	}
+	if lost < 0 {
+		t.Logf("the new primary counts %d increments more than Redis acknowledged: calls answered late, decided here too", -lost)
+	}
+}
+
+// readRemaining checks key=value at cost 0 and returns its remaining and
+// the decision's reason.
+func readRemaining(t *testing.T, s *serve, key, value string) (int, string) {
+	t.Helper()
+	body := fmt.Sprintf(`{"domain":"faults","cost":0,"descriptors":[{"entries":[{"key":%q,"value":%q}]}]}`, key, value)
+	resp, err := s.c.Post(s.url+"/v1/check", "application/json", bytes.NewReader([]byte(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var r struct {
+		Descriptors []struct {
+			Remaining int    `json:"remaining"`
+			Reason    string `json:"reason"`
+		} `json:"descriptors"`
+	}
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &r) != nil || len(r.Descriptors) != 1 {
+		t.Fatalf("read of %s: %s %s", key, resp.Status, b)
+	}
+	return r.Descriptors[0].Remaining, r.Descriptors[0].Reason
+}

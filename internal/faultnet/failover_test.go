@@ -97,7 +97,10 @@ func TestFaultFailover(t *testing.T) {
 	stop := make(chan struct{})
 	done := make(chan struct{}, 2)
 	go func() { load(servers, 2, 4*time.Millisecond, &hot, stop, "faults", "k", "hot"); done <- struct{}{} }()
-	go func() { load(servers, 1, 5*time.Millisecond, &ledger, stop, "faults", "ledger", "l"); done <- struct{}{} }()
+	go func() {
+		load(servers, 1, 5*time.Millisecond, &ledger, stop, "faults", "ledger", "l")
+		done <- struct{}{}
+	}()
 	phase := func(d time.Duration) time.Time { <-time.After(d); return time.Now() }
 	phase(2500 * time.Millisecond) // the scenario's own duration
 

@@ -31,20 +31,37 @@ const (
 
 // TestFaultFailover: scenario b. Redis as a primary and a replica, three
 // Sentinels (quorum 2), two serve replicas that find the primary through
-// the Sentinels, each on a host of its own, and clients on another. The
-// primary is frozen (SIGSTOP) under load until the Sentinels have
-// promoted the replica and both serve replicas decide on it, then resumed
-// (the Sentinels make it a replica of the new primary). Promises
-// checked: each window of the strict key admits at most twice the limit
-// (local's bound for a window Redis decides part of); every decision
-// within the Redis timeout plus a margin; both replicas back on Redis.
-// Measured: the time to recover, and the increments Redis acknowledged
-// (admissions with reason ok of a key far below its limit) that the new
-// primary no longer counts: asynchronous replication may lose them.
+// the Sentinels, each on a host of its own, and clients on another. Under
+// load, the primary is either frozen (SIGSTOP) or cut from its replica
+// and the Sentinels (not from the serve replicas) until the Sentinels
+// have promoted the replica and both serve replicas run their scripts on
+// it; then it is resumed or healed (the Sentinels make it a replica of
+// the new primary). Promises checked: each window of the strict key
+// admits at most twice the limit (local's bound for a window Redis
+// decides part of); every decision within the Redis timeout plus a
+// margin. Measured: the time to recover, and the increments Redis
+// acknowledged (admissions with reason ok of a key far below its limit)
+// that the new primary does not count: asynchronous replication loses
+// what a cut primary acknowledged.
+//
+// The third mode is the second with the primary told to refuse writes
+// once its replica has not acknowledged the stream for a second
+// (min-replicas-to-write 1, min-replicas-max-lag 1): Redis's own bound on
+// what a cut primary acknowledges.
 func TestFaultFailover(t *testing.T) {
+	for _, mode := range []string{"freeze", "partition", "partition-min-replicas"} {
+		t.Run(mode, func(t *testing.T) { failover(t, mode) })
+	}
+}
+
+func failover(t *testing.T, mode string) {
 	n := faultnet.New(t)
 	ph, qh, ch := n.Host("primary"), n.Host("replica"), n.Host("client")
-	primary := startRedis(t, ph, redisproc.Standalone, redisPort)
+	var primaryArgs []string
+	if mode == "partition-min-replicas" {
+		primaryArgs = []string{"--min-replicas-to-write", "1", "--min-replicas-max-lag", "1"}
+	}
+	primary := startRedis(t, ph, redisproc.Standalone, redisPort, primaryArgs...)
 	replica := startRedis(t, qh, redisproc.Standalone, redisPort, "--replicaof", ph.IP(), strconv.Itoa(redisPort))
 	client := func(addr string) *redis.Client {
 		c := redis.NewClient(&redis.Options{Addr: addr, Dialer: ch.DialContext, MaxRetries: -1})
@@ -69,8 +86,10 @@ func TestFaultFailover(t *testing.T) {
 	}
 	var sentinels []*redis.Client
 	var sentinelAddrs []string
+	var sentinelHosts []*faultnet.Host
 	for i := range 3 {
 		h := n.Host("sentinel" + strconv.Itoa(i+1))
+		sentinelHosts = append(sentinelHosts, h)
 		s, err := redisproc.Start(redisproc.Options{Kind: redisproc.Sentinel, Dir: t.TempDir(), Host: h, Port: sentinelPort,
 			Args: func(int) []string { return conf }})
 		if err != nil {
@@ -91,7 +110,8 @@ func TestFaultFailover(t *testing.T) {
 		})
 	}
 	flags := []string{"--store", "redis", "--redis-master", masterName, "--redis-addr", strings.Join(sentinelAddrs, ","), "--replicas", "2"}
-	servers := []*serve{startServe(t, n.Host("serve1"), ch, failoverRules, flags...), startServe(t, n.Host("serve2"), ch, failoverRules, flags...)}
+	s1h, s2h := n.Host("serve1"), n.Host("serve2")
+	servers := []*serve{startServe(t, s1h, ch, failoverRules, flags...), startServe(t, s2h, ch, failoverRules, flags...)}
 
 	var hot, ledger faultnet.History
 	stop := make(chan struct{})
@@ -110,26 +130,30 @@ func TestFaultFailover(t *testing.T) {
 			t.Fatalf("%v to the primary: %v", sig, err)
 		}
 	}
-	signal(redisproc.FreezeSignal)
-	frozen := time.Now()
+	cut := append([]*faultnet.Host{qh}, sentinelHosts...)
+	if mode == "freeze" {
+		signal(redisproc.FreezeSignal)
+	} else {
+		ph.Partition(cut...)
+	}
+	began := time.Now()
 	poll("the Sentinels promote the replica", func(ctx context.Context) (bool, string, error) {
 		addr, err := sentinels[0].Do(ctx, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", masterName).StringSlice()
 		return err == nil && len(addr) == 2 && addr[0] == qh.IP(), fmt.Sprint(addr), err
 	})
 	promoted := time.Now()
-	// Both replicas decide on the new primary: a ledger decision of each
-	// made by Redis, sent after the promotion.
-	poll("both serve replicas back on Redis", func(context.Context) (bool, string, error) {
-		back := [2]bool{}
-		for _, op := range ledger.Ops() {
-			if op.Start.After(promoted) && op.Reason == "ok" {
-				back[op.Client] = true
-			}
-		}
-		return back[0] && back[1], fmt.Sprint(back), nil
+	// Both serve replicas decide on the new primary: each has run a
+	// script there.
+	poll("both serve replicas on the new primary", func(ctx context.Context) (bool, string, error) {
+		list, err := rc.ClientList(ctx).Result()
+		return err == nil && ranScript(list, s1h.IP()) && ranScript(list, s2h.IP()), list, err
 	})
 	recovered := time.Now()
-	signal(redisproc.ThawSignal)
+	if mode == "freeze" {
+		signal(redisproc.ThawSignal)
+	} else {
+		ph.Heal(cut...)
+	}
 	phase(3 * time.Second)
 	close(stop)
 	<-done
@@ -161,13 +185,15 @@ func TestFaultFailover(t *testing.T) {
 	for _, w := range faultnet.Windows(ops, time.Second) {
 		t.Logf("  window %s: admitted %d (possibly %d)", w.Start.Format("15:04:05"), w.Certain, w.Possible)
 	}
-	t.Logf("promoted %v after the freeze; both serve replicas on the new primary %v after it", promoted.Sub(frozen).Round(time.Millisecond), recovered.Sub(frozen).Round(time.Millisecond))
+	t.Logf("%s: promoted %v after it began; both serve replicas on the new primary %v after it began", mode, promoted.Sub(began).Round(time.Millisecond), recovered.Sub(began).Round(time.Millisecond))
 	t.Logf("hot key: %v; latency: %v; reasons %v", whole, lat, reasons)
 	t.Logf("ledger: %d increments acknowledged by Redis, %d counted by the new primary (read: %s): %d lost", acked, counted, reason, lost)
-	row(t, "failover: Redis primary frozen (SIGSTOP) under load, three Sentinels promote its replica; two serve replicas through the Sentinels (strict 100/s, default local)",
-		fmt.Sprintf("over-admission %.0f%% of the limit (bound 100%%); decisions p99 %v, max %v (bound %v); promoted %v after the freeze, both replicas on the new primary %v after it; %d of %d acknowledged increments lost",
+	what := map[string]string{"freeze": "frozen (SIGSTOP)", "partition": "cut from its replica and the Sentinels",
+		"partition-min-replicas": "cut from its replica and the Sentinels, with min-replicas-to-write 1 and min-replicas-max-lag 1"}[mode]
+	row(t, "failover: Redis primary "+what+" under load, three Sentinels promote its replica; two serve replicas through the Sentinels (strict 100/s, default local)",
+		fmt.Sprintf("over-admission %.0f%% of the limit (bound 100%%); decisions p99 %v, max %v (bound %v); promoted %v after the fault, both replicas on the new primary %v after it; %d of %d acknowledged increments lost",
 			100*whole.Over, lat.P99.Round(time.Millisecond), lat.Max.Round(time.Millisecond), decisionBound,
-			promoted.Sub(frozen).Round(time.Millisecond), recovered.Sub(frozen).Round(time.Millisecond), lost, acked))
+			promoted.Sub(began).Round(time.Millisecond), recovered.Sub(began).Round(time.Millisecond), lost, acked))
 
 	if len(failed) > 0 {
 		t.Errorf("%d decisions failed, the first: %+v", len(failed), failed[0])
@@ -184,6 +210,17 @@ func TestFaultFailover(t *testing.T) {
 	if lost < 0 {
 		t.Logf("the new primary counts %d increments more than Redis acknowledged: calls answered late, decided here too", -lost)
 	}
+}
+
+// ranScript reports whether CLIENT LIST's answer list has a client from
+// ip whose last command ran a script.
+func ranScript(list, ip string) bool {
+	for _, line := range strings.Split(list, "\n") {
+		if strings.Contains(line, "addr="+ip+":") && strings.Contains(line, " cmd=eval") {
+			return true
+		}
+	}
+	return false
 }
 
 // readRemaining checks key=value at cost 0 and returns its remaining and

@@ -44,13 +44,19 @@ const (
 // that the new primary does not count: asynchronous replication loses
 // what a cut primary acknowledged.
 //
-// The third mode is the second with the primary told to refuse writes
+// `make test` runs the first mode; `make faults` all three. The third
+// mode is the second with the primary told to refuse writes
 // once its replica has not acknowledged the stream for a second
 // (min-replicas-to-write 1, min-replicas-max-lag 1): Redis's own bound on
 // what a cut primary acknowledges.
 func TestFaultFailover(t *testing.T) {
 	for _, mode := range []string{"freeze", "partition", "partition-min-replicas"} {
-		t.Run(mode, func(t *testing.T) { failover(t, mode) })
+		t.Run(mode, func(t *testing.T) {
+			if mode != "freeze" {
+				inMakeFaults(t)
+			}
+			failover(t, mode)
+		})
 	}
 }
 

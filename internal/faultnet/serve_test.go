@@ -27,6 +27,18 @@ const (
 	grpcPort     = 8081
 )
 
+// faultsEnv lets the scenarios run that `make test` leaves out, to stay
+// within its time: `make faults` sets it.
+const faultsEnv = "SLUICE_TEST_FAULTS"
+
+// inMakeFaults skips t unless faultsEnv is set.
+func inMakeFaults(t *testing.T) {
+	t.Helper()
+	if os.Getenv(faultsEnv) == "" {
+		t.Skip("make faults runs it (" + faultsEnv + "=1)")
+	}
+}
+
 var (
 	buildOnce sync.Once
 	binDir    string

@@ -144,3 +144,83 @@ func TestNet(t *testing.T) {
 		t.Error("Kill returned before the process exited")
 	}
 }
+
+// echoServer starts an echo server on b and returns its address.
+func echoServer(t *testing.T, b *faultnet.Host) string {
+	t.Helper()
+	l, err := b.Listen("tcp", b.Addr(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }() //nolint:errcheck // ends with the connection
+		}
+	}()
+	return l.Addr().String()
+}
+
+// roundTrip dials addr from a and returns the time one byte takes to
+// come back, the least of five.
+func roundTrip(t *testing.T, a *faultnet.Host, addr string) time.Duration {
+	t.Helper()
+	c, err := a.DialContext(t.Context(), "tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	best := time.Duration(1 << 62)
+	b := make([]byte, 1)
+	for range 5 {
+		start := time.Now()
+		if _, err := c.Write([]byte{'x'}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, b); err != nil {
+			t.Fatal(err)
+		}
+		best = min(best, time.Since(start))
+	}
+	return best
+}
+
+// TestRelay: a round trip through a relay takes at least twice its
+// one-way delay, and SetDelay changes it.
+func TestRelay(t *testing.T) {
+	n := faultnet.New(t)
+	a, mid, b := n.Host("a"), n.Host("mid"), n.Host("b")
+	r := mid.Relay(9000, echoServer(t, b), 20*time.Millisecond)
+	if rtt := roundTrip(t, a, r.Addr()); rtt < 40*time.Millisecond {
+		t.Errorf("round trip %v through a relay of 20 ms each way", rtt)
+	}
+	r.SetDelay(0)
+	if rtt := roundTrip(t, a, r.Addr()); rtt >= 40*time.Millisecond {
+		t.Errorf("round trip %v through a relay of no delay", rtt)
+	}
+}
+
+// TestNetem: a host's link shaped with 10 ms of delay makes a round trip
+// to it take at least 20 ms (the delay is added in both directions). It
+// runs only where the kernel has sch_netem.
+func TestNetem(t *testing.T) {
+	if !faultnet.NetemSupported() {
+		t.Skip("this kernel has no tc netem (CONFIG_NET_SCH_NETEM): Host.Relay delays instead")
+	}
+	n := faultnet.New(t)
+	a, b := n.Host("a"), n.Host("b")
+	addr := echoServer(t, b)
+	if err := b.Netem("delay", "10ms"); err != nil {
+		t.Fatal(err)
+	}
+	if rtt := roundTrip(t, a, addr); rtt < 20*time.Millisecond {
+		t.Errorf("round trip %v through a link with 10 ms of netem delay", rtt)
+	}
+	if err := b.Netem(); err != nil {
+		t.Fatal(err)
+	}
+}

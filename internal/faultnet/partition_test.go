@@ -127,5 +127,5 @@ func TestFaultPartition(t *testing.T) {
 // measured, and the command that reproduces it.
 func row(t *testing.T, scenario, measured string) {
 	t.Helper()
-	t.Logf("faults.md | %s | %s | `go test -race -count=1 -run '^%s$' -v ./internal/faultnet/` |", scenario, measured, t.Name())
+	t.Logf("faults.md | %s | %s | `%s=1 go test -race -count=1 -run '^%s$' -v ./internal/faultnet/` |", scenario, measured, faultsEnv, t.Name())
 }

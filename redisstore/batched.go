@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,6 +52,12 @@ type batchedEntry struct {
 	rule *batchedRule
 	// busy is non-nil while a lease is in flight; closed when it ends.
 	busy chan struct{}
+	// failedLease is the busy channel of the last lease Redis could not
+	// decide, failed its error: the callers that waited for that lease
+	// are decided by the failure mode at once, rather than each starting
+	// a lease of its own and waiting another timeout behind the last.
+	failedLease chan struct{}
+	failed      error
 	used time.Time // last decision
 
 	blocks []block // by end, earliest first
@@ -158,6 +165,12 @@ func (b *batchedCounter) take(ctx context.Context, key string, r *ratelimit.Rule
 			e.mu.Unlock()
 			select {
 			case <-ch:
+				e.mu.Lock()
+				failed, err := e.failedLease == ch, e.failed
+				e.mu.Unlock()
+				if failed {
+					return ratelimit.Decision{Capacity: r.Capacity(), Rule: r.Name}, nil, err
+				}
 				continue
 			case <-ctx.Done():
 				return ratelimit.Decision{}, nil, ctx.Err()
@@ -355,6 +368,9 @@ func (b *batchedCounter) lease(ctx context.Context, e *batchedEntry, n, need int
 	var end time.Time
 	e.mu.Lock()
 	e.busy = nil
+	if errors.Is(err, errUnavailable) {
+		e.failedLease, e.failed = ch, err
+	}
 	close(ch)
 	if err == nil {
 		d = ds[0]

@@ -17,7 +17,8 @@
 //   - Proc.Pause and Proc.Resume stop and resume a process (SIGSTOP,
 //     SIGCONT), as a long GC pause or a frozen VM would.
 //   - Host.Netem shapes a host's link with tc netem (delay, jitter,
-//     loss), where the kernel has it (NetemSupported).
+//     loss), where the kernel has it (NetemSupported); Host.Relay is a
+//     TCP relay on a host that delays each direction, where it has not.
 //
 // Every namespace is named with the package's prefix, this process's id
 // and a counter ("sfn-PID-N-host"), and removed in t.Cleanup after the

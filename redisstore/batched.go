@@ -58,7 +58,7 @@ type batchedEntry struct {
 	// a lease of its own and waiting another timeout behind the last.
 	failedLease chan struct{}
 	failed      error
-	used time.Time // last decision
+	used        time.Time // last decision
 
 	blocks []block // by end, earliest first
 	spent  int64   // units spent since since

@@ -52,13 +52,13 @@ type batchedEntry struct {
 	rule *batchedRule
 	// busy is non-nil while a lease is in flight; closed when it ends.
 	busy chan struct{}
+	used time.Time // last decision
 	// failedLease is the busy channel of the last lease Redis could not
 	// decide, failed its error: the callers that waited for that lease
 	// are decided by the failure mode at once, rather than each starting
 	// a lease of its own and waiting another timeout behind the last.
 	failedLease chan struct{}
 	failed      error
-	used        time.Time // last decision
 
 	blocks []block // by end, earliest first
 	spent  int64   // units spent since since

@@ -1,12 +1,8 @@
 package faultnet_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -173,8 +169,11 @@ func failover(t *testing.T, mode string) {
 			acked++
 		}
 	}
-	remaining, reason := readRemaining(t, servers[0], "ledger", "l")
-	counted := ledgerLimit - remaining
+	read, err := servers[0].ask("faults", "ledger", "l", 0) // a check: cost 0
+	if err != nil {
+		t.Fatalf("reading the ledger: %v", err)
+	}
+	counted, reason := ledgerLimit-read.Descriptors[0].Remaining, read.Descriptors[0].Reason
 	lost := acked - counted
 
 	ops := hot.Ops()
@@ -227,27 +226,4 @@ func ranScript(list, ip string) bool {
 		}
 	}
 	return false
-}
-
-// readRemaining checks key=value at cost 0 and returns its remaining and
-// the decision's reason.
-func readRemaining(t *testing.T, s *serve, key, value string) (int, string) {
-	t.Helper()
-	body := fmt.Sprintf(`{"domain":"faults","cost":0,"descriptors":[{"entries":[{"key":%q,"value":%q}]}]}`, key, value)
-	resp, err := s.c.Post(s.url+"/v1/check", "application/json", bytes.NewReader([]byte(body)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	var r struct {
-		Descriptors []struct {
-			Remaining int    `json:"remaining"`
-			Reason    string `json:"reason"`
-		} `json:"descriptors"`
-	}
-	if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &r) != nil || len(r.Descriptors) != 1 {
-		t.Fatalf("read of %s: %s %s", key, resp.Status, b)
-	}
-	return r.Descriptors[0].Remaining, r.Descriptors[0].Reason
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -138,43 +139,53 @@ func startServe(t *testing.T, h, from *faultnet.Host, rules string, flags ...str
 // shed is the Reason of a check serve's overload guard refused (503).
 const shed = "shed"
 
-// check asks /v1/check for one unit of key=value in domain and records
-// the operation in hist as client's.
-func (s *serve) check(hist *faultnet.History, client int, domain, key, value string) {
-	body := fmt.Sprintf(`{"domain":%q,"descriptors":[{"entries":[{"key":%q,"value":%q}]}]}`, domain, key, value)
-	op := faultnet.Op{Client: client, Start: time.Now(), Outcome: faultnet.Failed}
-	defer func() { op.End = time.Now(); hist.Add(op) }()
+// answer is what /v1/check said of a request of one descriptor.
+type answer struct {
+	Allowed     bool `json:"allowed"`
+	Descriptors []struct {
+		Reason    string `json:"reason"`
+		Remaining int    `json:"remaining"`
+	} `json:"descriptors"`
+}
+
+// ask asks /v1/check for cost units of key=value in domain. The error
+// says why there is no decision: no answer, or serve's overload guard
+// (shed), or any answer but 200 and 429.
+func (s *serve) ask(domain, key, value string, cost int) (answer, error) {
+	body := fmt.Sprintf(`{"domain":%q,"cost":%d,"descriptors":[{"entries":[{"key":%q,"value":%q}]}]}`, domain, cost, key, value)
+	var a answer
 	resp, err := s.c.Post(s.url+"/v1/check", "application/json", bytes.NewReader([]byte(body)))
 	if err != nil {
-		op.Reason = err.Error()
-		return
+		return a, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	if err != nil {
+	switch {
+	case err != nil:
+		return a, err
+	case resp.StatusCode == http.StatusServiceUnavailable && bytes.Contains(b, []byte("temporary-reduced-capacity")):
+		return a, errors.New(shed) // serve's overload guard refused it
+	case resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusTooManyRequests || json.Unmarshal(b, &a) != nil || len(a.Descriptors) != 1:
+		return a, fmt.Errorf("%s: %.200s", resp.Status, b)
+	}
+	return a, nil
+}
+
+// check asks for one unit of key=value in domain and records the
+// operation in hist as client's.
+func (s *serve) check(hist *faultnet.History, client int, domain, key, value string) {
+	op := faultnet.Op{Client: client, Start: time.Now(), Outcome: faultnet.Failed}
+	a, err := s.ask(domain, key, value, 1)
+	op.End = time.Now()
+	switch {
+	case err != nil:
 		op.Reason = err.Error()
-		return
+	case a.Allowed:
+		op.Outcome, op.Reason = faultnet.Admitted, a.Descriptors[0].Reason
+	default:
+		op.Outcome, op.Reason = faultnet.Denied, a.Descriptors[0].Reason
 	}
-	var r struct {
-		Allowed     bool `json:"allowed"`
-		Descriptors []struct {
-			Reason string `json:"reason"`
-		} `json:"descriptors"`
-	}
-	if resp.StatusCode == http.StatusServiceUnavailable && bytes.Contains(b, []byte("temporary-reduced-capacity")) {
-		op.Reason = shed // serve's overload guard refused it
-		return
-	}
-	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusTooManyRequests || json.Unmarshal(b, &r) != nil || len(r.Descriptors) != 1 {
-		op.Reason = fmt.Sprintf("%s: %.200s", resp.Status, b)
-		return
-	}
-	op.Reason = r.Descriptors[0].Reason
-	if r.Allowed {
-		op.Outcome = faultnet.Admitted
-	} else {
-		op.Outcome = faultnet.Denied
-	}
+	hist.Add(op)
 }
 
 // load sends checks to each serve from workers goroutines per serve, one

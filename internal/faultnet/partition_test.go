@@ -33,14 +33,15 @@ descriptors:
 // hosts of their own; clients on a fourth host keep asking both for one
 // saturated key of a fixed window, counted strict (in make test) or
 // batched (in make faults). One replica is cut from Redis for 3 s, then
-// healed. Promises checked: every window admits at most the limit while
-// Redis decides everything, and at most the limit plus the cut replica's
-// local share (limit/2) while it decides alone (local, the default
-// failure mode, at --replicas 2: ARCHITECTURE.md, "When the store
-// fails"); every decision within the Redis timeout plus a margin; the cut
-// replica back on Redis within its breaker's cooldown and probe after the
-// heal. Batched counting may spend, while cut, blocks it leased before:
-// it is held to local's general bound, twice the limit.
+// healed. Promises checked, per 1 s window (ARCHITECTURE.md, "When the
+// store fails"): what Redis decided (for batched, from its blocks too)
+// never exceeds the limit; what each replica decided by the failure mode
+// (local, the default, at --replicas 2) never exceeds its share, limit/2;
+// so the whole is at most 1.5× the limit while one replica is cut, and
+// never above twice the limit (a replica that is not cut may time out
+// now and then on a loaded machine and decide its share too). Every
+// decision within the Redis timeout plus a margin; the cut replica back
+// on Redis within 3 s of the heal.
 func TestFaultPartition(t *testing.T) {
 	for _, counting := range []string{"strict", "batched"} {
 		t.Run(counting, func(t *testing.T) {
@@ -75,20 +76,12 @@ func partition(t *testing.T, counting string) {
 	<-done
 
 	ops := hist.Ops()
-	var before, during, after []faultnet.Op
-	for _, op := range ops {
-		switch {
-		case op.End.Before(cutAt.Truncate(time.Second)):
-			before = append(before, op)
-		case op.Start.Before(healAt):
-			during = append(during, op)
-		default:
-			after = append(after, op)
-		}
-	}
-	// Recovery: from the heal to the first decision of the cut replica
-	// made by Redis again.
-	local, sheds, recovered := 0, 0, time.Duration(-1)
+	// The parts of the history by who decided: Redis (ok, limited: for
+	// batched, from blocks leased from it too) and each replica by the
+	// failure mode (local).
+	var byRedis []faultnet.Op
+	byLocal := [2][]faultnet.Op{}
+	localBefore, sheds, recovered := 0, 0, time.Duration(-1)
 	var failed []faultnet.Op
 	for _, op := range ops {
 		switch {
@@ -96,34 +89,60 @@ func partition(t *testing.T, counting string) {
 			sheds++
 		case op.Outcome == faultnet.Failed:
 			failed = append(failed, op)
-		}
-		if op.Client != 0 {
-			continue
-		}
-		if op.Reason == "local" {
-			local++
-		}
-		if recovered < 0 && op.Start.After(healAt) && (op.Reason == "ok" || op.Reason == "limited") {
-			recovered = op.End.Sub(healAt)
+		case op.Reason == "local":
+			byLocal[op.Client] = append(byLocal[op.Client], op)
+			if op.End.Before(cutAt) {
+				localBefore++ // a call that timed out on a loaded machine
+			}
+		default:
+			byRedis = append(byRedis, op)
+			// Recovery: from the heal to the first decision of the cut
+			// replica made by Redis again.
+			if op.Client == 0 && recovered < 0 && op.Start.After(healAt) {
+				recovered = op.End.Sub(healAt)
+			}
 		}
 	}
 	whole := faultnet.CheckWindows(ops, time.Second, strictLimit)
-	pre := faultnet.CheckWindows(before, time.Second, strictLimit)
-	lat := faultnet.CheckLatency(ops, decisionBound)
-	t.Logf("before the cut: %v", pre)
-	t.Logf("whole run: %v", whole)
-	t.Logf("latency: %v", lat)
-	t.Logf("cut replica: %d local decisions; back on Redis %v after the heal", local, recovered.Round(time.Millisecond))
-	for _, w := range faultnet.Windows(ops, time.Second) {
-		t.Logf("  window %s: admitted %d (possibly %d)", w.Start.Format("15:04:05"), w.Certain, w.Possible)
+	redisPart := faultnet.CheckWindows(byRedis, time.Second, strictLimit)
+	localParts := [2]faultnet.WindowReport{}
+	for i := range localParts {
+		localParts[i] = faultnet.CheckWindows(byLocal[i], time.Second, strictLimit/2)
 	}
-	bound := strictLimit + strictLimit/2
-	if counting != "strict" {
-		bound = 2 * strictLimit
+	lat := faultnet.CheckLatency(ops, decisionBound)
+	t.Logf("whole run: %v", whole)
+	t.Logf("decided by Redis: %v", redisPart)
+	t.Logf("decided by local on the cut replica: %v; on the other: %v; %d local decisions before the cut", localParts[0], localParts[1], localBefore)
+	t.Logf("latency: %v", lat)
+	t.Logf("back on Redis %v after the heal", recovered.Round(time.Millisecond))
+	var firstShed, lastShed, slowAt time.Duration
+	var slow faultnet.Op
+	for _, op := range ops {
+		if op.Reason == shed {
+			if firstShed == 0 {
+				firstShed = op.Start.Sub(cutAt)
+			}
+			lastShed = op.Start.Sub(cutAt)
+		}
+		if op.End.Sub(op.Start) > slow.End.Sub(slow.Start) {
+			slow, slowAt = op, op.Start.Sub(cutAt)
+		}
+	}
+	t.Logf("sheds from %v to %v after the cut; the slowest decision %v, %v after the cut, replica %d's, %q",
+		firstShed.Round(time.Millisecond), lastShed.Round(time.Millisecond), slow.End.Sub(slow.Start).Round(time.Millisecond), slowAt.Round(time.Millisecond), slow.Client+1, slow.Reason)
+	locals := faultnet.Windows(append(byLocal[0], byLocal[1]...), time.Second)
+	for _, w := range faultnet.Windows(ops, time.Second) {
+		l := 0
+		for _, lw := range locals {
+			if lw.Start.Equal(w.Start) {
+				l = lw.Certain
+			}
+		}
+		t.Logf("  window %s: admitted %d (possibly %d), %d of them by local", w.Start.Format("15:04:05"), w.Certain, w.Possible, l)
 	}
 	row(t, "partition: one of 2 serve replicas cut from Redis 3 s ("+counting+", fixed window 100/s, default failure mode local)",
-		fmt.Sprintf("over-admission %.0f%% of the limit (bound %d%%); decisions p99 %v, max %v (bound %v); %d of %d shed by serve's overload guard; back on Redis %v after the heal",
-			100*whole.Over, 100*(bound-strictLimit)/strictLimit, lat.P99.Round(time.Millisecond), lat.Max.Round(time.Millisecond), decisionBound,
+		fmt.Sprintf("over-admission %.0f%% of the limit (Redis's part %d at most, each replica's local part %d and %d at most); decisions p99 %v, max %v (bound %v); %d of %d shed by serve's overload guard; back on Redis %v after the heal",
+			100*whole.Over, redisPart.Worst, localParts[0].Worst, localParts[1].Worst, lat.P99.Round(time.Millisecond), lat.Max.Round(time.Millisecond), decisionBound,
 			sheds, len(ops), recovered.Round(time.Millisecond)))
 
 	if len(failed) > 0 {
@@ -132,23 +151,25 @@ func partition(t *testing.T, counting string) {
 	if sheds > 0 && counting == "strict" {
 		t.Errorf("serve's overload guard shed %d decisions", sheds)
 	}
-	if pre.Worst > strictLimit {
-		t.Errorf("before the cut, Redis deciding everything: %v", pre)
+	if redisPart.Worst > strictLimit {
+		t.Errorf("Redis's decisions exceeded the limit: %v", redisPart)
 	}
-	if local == 0 {
-		t.Error("the cut replica made no local decision: the partition did not reach it")
+	for i, r := range localParts {
+		if r.Worst > strictLimit/2 {
+			t.Errorf("replica %d's local decisions exceeded its share: %v", i+1, r)
+		}
 	}
-	if whole.Worst > bound {
-		t.Errorf("a window admitted %d, above %d: %v", whole.Worst, bound, whole)
+	if len(byLocal[0]) == localBefore {
+		t.Error("the cut replica made no local decision during the cut: the partition did not reach it")
+	}
+	if whole.Worst > 2*strictLimit {
+		t.Errorf("a window admitted %d, above twice the limit: %v", whole.Worst, whole)
 	}
 	if lat.Over > 0 {
 		t.Errorf("%d decisions took longer than %v: %v", lat.Over, decisionBound, lat)
 	}
 	if recovered < 0 || recovered > 3*time.Second {
 		t.Errorf("the cut replica was not back on Redis within 3 s of the heal (%v)", recovered)
-	}
-	if len(during) == 0 || len(after) == 0 {
-		t.Errorf("decisions: %d during the cut, %d after", len(during), len(after))
 	}
 }
 

@@ -73,6 +73,7 @@ type Net struct {
 	dir    string
 
 	mu    sync.Mutex
+	added int // hosts numbered so far
 	hosts []*Host
 }
 
@@ -183,7 +184,8 @@ type Host struct {
 func (n *Net) Host(name string) *Host {
 	n.t.Helper()
 	n.mu.Lock()
-	i := len(n.hosts) + 1
+	n.added++
+	i := n.added
 	n.mu.Unlock()
 	if i > 250 {
 		n.t.Fatal("faultnet: at most 250 hosts")
@@ -192,7 +194,7 @@ func (n *Net) Host(name string) *Host {
 		ip: netip.AddrFrom4([4]byte{n.subnet[0], n.subnet[1], n.subnet[2], byte(i)}), cuts: map[*Host]bool{}}
 	n.must(ipNetns("add", h.ns))
 	n.mu.Lock()
-	n.hosts = append(n.hosts, h)
+	n.hosts = append(n.hosts, h) // deleted by close from now on
 	n.mu.Unlock()
 	port := "h" + strconv.Itoa(i)
 	n.must(run("ip", "-n", h.ns, "link", "add", "eth0", "type", "veth", "peer", "name", port, "netns", n.bridge))

@@ -169,11 +169,15 @@ func failover(t *testing.T, mode string) {
 			acked++
 		}
 	}
-	read, err := servers[0].ask("faults", "ledger", "l", 0) // a check: cost 0
-	if err != nil {
-		t.Fatalf("reading the ledger: %v", err)
-	}
-	counted, reason := ledgerLimit-read.Descriptors[0].Remaining, read.Descriptors[0].Reason
+	// (counted at Redis: a read that timed out on a loaded machine and
+	// was answered by local says nothing, so it is asked again).
+	var read answer
+	poll("the ledger read at Redis", func(context.Context) (bool, string, error) {
+		var err error
+		read, err = servers[0].ask("faults", "ledger", "l", 0) // a check: cost 0
+		return err == nil && read.Descriptors[0].Reason == "ok", fmt.Sprint(read), err
+	})
+	counted := ledgerLimit - read.Descriptors[0].Remaining
 	lost := acked - counted
 
 	ops := hot.Ops()
@@ -183,7 +187,7 @@ func failover(t *testing.T, mode string) {
 	reasons := map[string]int{}
 	for _, op := range append(ops, ledger.Ops()...) {
 		reasons[op.Reason]++
-		if op.Outcome == faultnet.Failed {
+		if op.Outcome == faultnet.Failed && op.Reason != shed {
 			failed = append(failed, op)
 		}
 	}
@@ -192,12 +196,12 @@ func failover(t *testing.T, mode string) {
 	}
 	t.Logf("%s: promoted %v after it began; both serve replicas on the new primary %v after it began", mode, promoted.Sub(began).Round(time.Millisecond), recovered.Sub(began).Round(time.Millisecond))
 	t.Logf("hot key: %v; latency: %v; reasons %v", whole, lat, reasons)
-	t.Logf("ledger: %d increments acknowledged by Redis, %d counted by the new primary (read: %s): %d lost", acked, counted, reason, lost)
+	t.Logf("ledger: %d increments acknowledged by Redis, %d counted by the new primary: %d lost", acked, counted, lost)
 	what := map[string]string{"freeze": "frozen (SIGSTOP)", "partition": "cut from its replica and the Sentinels",
 		"partition-min-replicas": "cut from its replica and the Sentinels, with min-replicas-to-write 1 and min-replicas-max-lag 1"}[mode]
 	row(t, "failover: Redis primary "+what+" under load, three Sentinels promote its replica; two serve replicas through the Sentinels (strict 100/s, default local)",
-		fmt.Sprintf("over-admission %.0f%% of the limit (bound 100%%); decisions p99 %v, max %v (bound %v); promoted %v after the fault, both replicas on the new primary %v after it; %d of %d acknowledged increments lost",
-			100*whole.Over, lat.P99.Round(time.Millisecond), lat.Max.Round(time.Millisecond), decisionBound,
+		fmt.Sprintf("over-admission %.0f%% of the limit (bound 100%%); decisions p99 %v, max %v (bound %v), %d shed by serve's overload guard; promoted %v after the fault, both replicas on the new primary %v after it; %d of %d acknowledged increments lost",
+			100*whole.Over, lat.P99.Round(time.Millisecond), lat.Max.Round(time.Millisecond), decisionBound, reasons[shed],
 			promoted.Sub(began).Round(time.Millisecond), recovered.Sub(began).Round(time.Millisecond), lost, acked))
 
 	if len(failed) > 0 {
@@ -208,9 +212,6 @@ func failover(t *testing.T, mode string) {
 	}
 	if lat.Over > 0 {
 		t.Errorf("%d decisions took longer than %v: %v", lat.Over, decisionBound, lat)
-	}
-	if reason != "ok" {
-		t.Errorf("the ledger's final read was decided by %q, not Redis", reason)
 	}
 	if lost < 0 {
 		t.Logf("the new primary counts %d increments more than Redis acknowledged: calls answered late, decided here too", -lost)

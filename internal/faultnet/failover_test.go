@@ -56,53 +56,62 @@ func TestFaultFailover(t *testing.T) {
 	}
 }
 
-func failover(t *testing.T, mode string) {
-	n := faultnet.New(t)
-	ph, qh, ch := n.Host("primary"), n.Host("replica"), n.Host("client")
-	var primaryArgs []string
-	if mode == "partition-min-replicas" {
-		primaryArgs = []string{"--min-replicas-to-write", "1", "--min-replicas-max-lag", "1"}
+// sentinelSet is a Redis primary and replica and three Sentinels
+// (quorum 2), each on a host of its own, asked from the client host.
+type sentinelSet struct {
+	primaryHost, replicaHost *faultnet.Host
+	primary                  *redisproc.Process
+	replica                  *redis.Client // a client of the replica, from the client host
+	sentinelHosts            []*faultnet.Host
+	sentinels                []*redis.Client
+	sentinelAddrs            []string
+}
+
+// poll waits for cond, at most 20 s.
+func poll(t *testing.T, what string, cond func(ctx context.Context) (bool, string, error)) {
+	t.Helper()
+	if err := redisproc.Poll(20*time.Second, nil, cond); err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
-	primary := startRedis(t, ph, redisproc.Standalone, redisPort, primaryArgs...)
-	replica := startRedis(t, qh, redisproc.Standalone, redisPort, "--replicaof", ph.IP(), strconv.Itoa(redisPort))
+}
+
+// startSentinelSet starts a sentinelSet on n, the primary with more
+// arguments, and waits until the replica is in sync and every Sentinel
+// knows the replica and the other two.
+func startSentinelSet(t *testing.T, n *faultnet.Net, ch *faultnet.Host, primaryArgs ...string) *sentinelSet {
+	t.Helper()
+	ss := &sentinelSet{primaryHost: n.Host("primary"), replicaHost: n.Host("replica")}
+	ss.primary = startRedis(t, ss.primaryHost, redisproc.Standalone, redisPort, primaryArgs...)
+	replica := startRedis(t, ss.replicaHost, redisproc.Standalone, redisPort, "--replicaof", ss.primaryHost.IP(), strconv.Itoa(redisPort))
 	client := func(addr string) *redis.Client {
 		c := redis.NewClient(&redis.Options{Addr: addr, Dialer: ch.DialContext, MaxRetries: -1})
 		t.Cleanup(func() { c.Close() })
 		return c
 	}
-	poll := func(what string, cond func(ctx context.Context) (bool, string, error)) {
-		t.Helper()
-		if err := redisproc.Poll(20*time.Second, nil, cond); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
-	rc := client(replica.Addr())
-	poll("replica in sync", func(ctx context.Context) (bool, string, error) {
-		info, err := rc.Info(ctx, "replication").Result()
+	ss.replica = client(replica.Addr())
+	poll(t, "replica in sync", func(ctx context.Context) (bool, string, error) {
+		info, err := ss.replica.Info(ctx, "replication").Result()
 		return err == nil && strings.Contains(info, "master_link_status:up"), info, err
 	})
 	conf := []string{
-		fmt.Sprintf("sentinel monitor %s %s %d 2", masterName, ph.IP(), redisPort),
+		fmt.Sprintf("sentinel monitor %s %s %d 2", masterName, ss.primaryHost.IP(), redisPort),
 		fmt.Sprintf("sentinel down-after-milliseconds %s 1000", masterName),
 		fmt.Sprintf("sentinel failover-timeout %s 10000", masterName),
 	}
-	var sentinels []*redis.Client
-	var sentinelAddrs []string
-	var sentinelHosts []*faultnet.Host
 	for i := range 3 {
 		h := n.Host("sentinel" + strconv.Itoa(i+1))
-		sentinelHosts = append(sentinelHosts, h)
 		s, err := redisproc.Start(redisproc.Options{Kind: redisproc.Sentinel, Dir: t.TempDir(), Host: h, Port: sentinelPort,
 			Args: func(int) []string { return conf }})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(s.Kill)
-		sentinels = append(sentinels, client(s.Addr()))
-		sentinelAddrs = append(sentinelAddrs, s.Addr())
+		ss.sentinelHosts = append(ss.sentinelHosts, h)
+		ss.sentinels = append(ss.sentinels, client(s.Addr()))
+		ss.sentinelAddrs = append(ss.sentinelAddrs, s.Addr())
 	}
-	for i, s := range sentinels {
-		poll("Sentinel "+strconv.Itoa(i+1)+" knows the replica and the other Sentinels", func(ctx context.Context) (bool, string, error) {
+	for i, s := range ss.sentinels {
+		poll(t, "Sentinel "+strconv.Itoa(i+1)+" knows the replica and the other Sentinels", func(ctx context.Context) (bool, string, error) {
 			reps, err := s.Do(ctx, "SENTINEL", "REPLICAS", masterName).Slice()
 			if err != nil {
 				return false, "", err
@@ -111,6 +120,27 @@ func failover(t *testing.T, mode string) {
 			return err == nil && len(reps) == 1 && len(others) == 2, fmt.Sprintf("%d replicas, %d other Sentinels", len(reps), len(others)), err
 		})
 	}
+	return ss
+}
+
+// awaitPromotion waits until the Sentinels name the replica master.
+func (ss *sentinelSet) awaitPromotion(t *testing.T) {
+	t.Helper()
+	poll(t, "the Sentinels promote the replica", func(ctx context.Context) (bool, string, error) {
+		addr, err := ss.sentinels[0].Do(ctx, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", masterName).StringSlice()
+		return err == nil && len(addr) == 2 && addr[0] == ss.replicaHost.IP(), fmt.Sprint(addr), err
+	})
+}
+
+func failover(t *testing.T, mode string) {
+	n := faultnet.New(t)
+	ch := n.Host("client")
+	var primaryArgs []string
+	if mode == "partition-min-replicas" {
+		primaryArgs = []string{"--min-replicas-to-write", "1", "--min-replicas-max-lag", "1"}
+	}
+	ss := startSentinelSet(t, n, ch, primaryArgs...)
+	ph, qh, primary, rc, sentinelHosts, sentinelAddrs := ss.primaryHost, ss.replicaHost, ss.primary, ss.replica, ss.sentinelHosts, ss.sentinelAddrs
 	flags := []string{"--store", "redis", "--redis-master", masterName, "--redis-addr", strings.Join(sentinelAddrs, ","), "--replicas", "2"}
 	s1h, s2h := n.Host("serve1"), n.Host("serve2")
 	servers := []*serve{startServe(t, s1h, ch, failoverRules, flags...), startServe(t, s2h, ch, failoverRules, flags...)}
@@ -139,14 +169,11 @@ func failover(t *testing.T, mode string) {
 		ph.Partition(cut...)
 	}
 	began := time.Now()
-	poll("the Sentinels promote the replica", func(ctx context.Context) (bool, string, error) {
-		addr, err := sentinels[0].Do(ctx, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", masterName).StringSlice()
-		return err == nil && len(addr) == 2 && addr[0] == qh.IP(), fmt.Sprint(addr), err
-	})
+	ss.awaitPromotion(t)
 	promoted := time.Now()
 	// Both serve replicas decide on the new primary: each has run a
 	// script there.
-	poll("both serve replicas on the new primary", func(ctx context.Context) (bool, string, error) {
+	poll(t, "both serve replicas on the new primary", func(ctx context.Context) (bool, string, error) {
 		list, err := rc.ClientList(ctx).Result()
 		return err == nil && ranScript(list, s1h.IP()) && ranScript(list, s2h.IP()), list, err
 	})
@@ -172,7 +199,7 @@ func failover(t *testing.T, mode string) {
 	// (counted at Redis: a read that timed out on a loaded machine and
 	// was answered by local says nothing, so it is asked again).
 	var read answer
-	poll("the ledger read at Redis", func(context.Context) (bool, string, error) {
+	poll(t, "the ledger read at Redis", func(context.Context) (bool, string, error) {
 		var err error
 		read, err = servers[0].ask("faults", "ledger", "l", 0) // a check: cost 0
 		return err == nil && read.Descriptors[0].Reason == "ok", fmt.Sprint(read), err

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,9 +21,10 @@ import (
 // run with these variables set (TestMain runs holderMain instead of the
 // tests).
 const (
-	holderEnv   = "FAULTNET_HOLDER" // the holder's name
-	holderRedis = "FAULTNET_REDIS"
-	holderURL   = "FAULTNET_RESOURCE"
+	holderEnv    = "FAULTNET_HOLDER" // the holder's name
+	holderRedis  = "FAULTNET_REDIS"  // its addresses, comma-separated
+	holderMaster = "FAULTNET_MASTER" // the Sentinels' master name, if any
+	holderURL    = "FAULTNET_RESOURCE"
 )
 
 // What a holder does with its permit, in a loop: check that it still
@@ -40,7 +42,8 @@ const (
 // (limit 1, TTL semTTL) on Redis and works under it until killed.
 func holderMain() int {
 	name := os.Getenv(holderEnv)
-	c, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{os.Getenv(holderRedis)}, Timeout: 250 * time.Millisecond})
+	c, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: strings.Split(os.Getenv(holderRedis), ","),
+		MasterName: os.Getenv(holderMaster), Timeout: 250 * time.Millisecond})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -94,6 +97,7 @@ func holderMain() int {
 // resource is what the semaphore protects: a fence.Guard in front of a
 // write that takes resourceWork, with a Gauge of the writes inside.
 type resource struct {
+	url   string
 	guard fence.Guard
 	in    faultnet.Gauge
 
@@ -158,6 +162,57 @@ func (r *resource) writes() (accepted, refused []write) {
 	return append([]write(nil), r.accepted...), append([]write(nil), r.refused...)
 }
 
+// startResource serves a resource on h (at httpPort) until the test ends.
+func startResource(t *testing.T, h *faultnet.Host) *resource {
+	t.Helper()
+	l, err := h.Listen("tcp", h.Addr(httpPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := &resource{url: "http://" + h.Addr(httpPort), checked: make(chan string, 64)}
+	srv := &http.Server{Handler: res.handler()}
+	go srv.Serve(l) //nolint:errcheck // ends with Close
+	t.Cleanup(func() { srv.Close() })
+	return res
+}
+
+// startHolder runs a holder process named name on h: a copy of the test
+// binary that holds the semaphore on Redis at addrs (the Sentinels, with
+// master) and writes to res.
+func startHolder(h *faultnet.Host, name string, res *resource, master string, addrs ...string) *faultnet.Proc {
+	cmd := h.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), holderEnv+"="+name, holderRedis+"="+strings.Join(addrs, ","), holderMaster+"="+master, holderURL+"="+res.url)
+	return h.StartCmd(name, cmd)
+}
+
+// awaitChecked waits for name's next check at res.
+func (r *resource) awaitChecked(t *testing.T, name string) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case who := <-r.checked:
+			if who == name {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("no check from %s within 10 s", name)
+		}
+	}
+}
+
+// awaitWrite waits until pred holds of res's writes, at most 10 s.
+func (r *resource) awaitWrite(t *testing.T, what string, pred func(accepted, refused []write) bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for a, f := r.writes(); !pred(a, f); a, f = r.writes() {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s within 10 s: accepted %v, refused %v", what, a, f)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // TestFaultPause: scenario c. Two holder processes on hosts of their own
 // share a semaphore of limit 1 (TTL 1 s) on Redis and write to a
 // resource on a fourth host, which refuses a fencing token lower than the
@@ -172,56 +227,18 @@ func TestFaultPause(t *testing.T) {
 	n := faultnet.New(t)
 	rh, xh, ah, bh := n.Host("redis"), n.Host("resource"), n.Host("holderA"), n.Host("holderB")
 	redis := startRedis(t, rh, redisproc.Standalone, redisPort)
-	l, err := xh.Listen("tcp", xh.Addr(httpPort))
-	if err != nil {
-		t.Fatal(err)
-	}
-	res := &resource{checked: make(chan string, 64)}
-	srv := &http.Server{Handler: res.handler()}
-	go srv.Serve(l) //nolint:errcheck // ends with Close
-	t.Cleanup(func() { srv.Close() })
-	holder := func(h *faultnet.Host, name string) *faultnet.Proc {
-		cmd := h.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), holderEnv+"="+name, holderRedis+"="+redis.Addr(), holderURL+"=http://"+xh.Addr(httpPort))
-		return h.StartCmd(name, cmd)
-	}
-	// awaitChecked waits for name's next check.
-	awaitChecked := func(name string) {
-		t.Helper()
-		timeout := time.After(10 * time.Second)
-		for {
-			select {
-			case who := <-res.checked:
-				if who == name {
-					return
-				}
-			case <-timeout:
-				t.Fatalf("no check from %s within 10 s", name)
-			}
-		}
-	}
-	// awaitWrite waits until pred holds of the writes.
-	awaitWrite := func(what string, pred func(accepted, refused []write) bool) {
-		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for a, r := res.writes(); !pred(a, r); a, r = res.writes() {
-			if time.Now().After(deadline) {
-				t.Fatalf("no %s within 10 s: accepted %v, refused %v", what, a, r)
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
-	a := holder(ah, "A")
-	awaitChecked("A") // A holds the permit
-	holder(bh, "B")   // B waits for it
-	awaitChecked("A") // A checked again: it is preparing its write
+	res := startResource(t, xh)
+	a := startHolder(ah, "A", res, "", redis.Addr())
+	res.awaitChecked(t, "A")                    // A holds the permit
+	startHolder(bh, "B", res, "", redis.Addr()) // B waits for it
+	res.awaitChecked(t, "A")                    // A checked again: it is preparing its write
 	a.Pause()
 	frozen := time.Now()
-	awaitWrite("write by B", func(acc, _ []write) bool { return len(acc) > 0 && acc[len(acc)-1].holder == "B" })
+	res.awaitWrite(t, "write by B", func(acc, _ []write) bool { return len(acc) > 0 && acc[len(acc)-1].holder == "B" })
 	bWrote := time.Now()
 	a.Resume()
 	resumed := time.Now()
-	awaitWrite("refusal of A's stale write", func(_, ref []write) bool { return len(ref) > 0 })
+	res.awaitWrite(t, "refusal of A's stale write", func(_, ref []write) bool { return len(ref) > 0 })
 	refusedAt := time.Now()
 	accepted, refused := res.writes()
 

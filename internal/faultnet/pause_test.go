@@ -94,7 +94,7 @@ func holderMain() int {
 	}
 }
 
-// resource is what the semaphore protects: a fence.Guard in front of a
+// resource is what the semaphore protects: a fence.Guard checked before a
 // write that takes resourceWork, with a Gauge of the writes inside.
 type resource struct {
 	url   string
@@ -121,39 +121,31 @@ func (r *resource) handler() http.Handler {
 		default:
 		}
 	})
-	work := r.guard.Middleware(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	mux.HandleFunc("POST /write", func(w http.ResponseWriter, req *http.Request) {
+		name, token, err := fence.Parse(req.Header)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		wr := write{req.Header.Get("Holder"), token, time.Now()}
+		if err := r.guard.Admit(name, token); err != nil { // what Guard.Middleware checks
+			r.mu.Lock()
+			r.refused = append(r.refused, wr)
+			r.mu.Unlock()
+			http.Error(w, err.Error(), http.StatusConflict)
+			return
+		}
 		r.in.Enter()
 		defer r.in.Exit()
-		_, token, _ := fence.Parse(req.Header) // the Guard parsed it already
 		r.mu.Lock()
-		r.accepted = append(r.accepted, write{req.Header.Get("Holder"), token, time.Now()})
+		r.accepted = append(r.accepted, wr)
 		r.mu.Unlock()
 		time.Sleep(resourceWork) // the write itself
-	}))
-	mux.Handle("POST /write", http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		rec := &statusRecorder{ResponseWriter: w}
-		work.ServeHTTP(rec, req)
-		if rec.status == http.StatusConflict {
-			_, token, _ := fence.Parse(req.Header)
-			r.mu.Lock()
-			r.refused = append(r.refused, write{req.Header.Get("Holder"), token, time.Now()})
-			r.mu.Unlock()
-		}
-	}))
+	})
 	return mux
 }
 
 func (w write) String() string { return fmt.Sprintf("%s with fence %d", w.holder, w.fence) }
-
-type statusRecorder struct {
-	http.ResponseWriter
-	status int
-}
-
-func (s *statusRecorder) WriteHeader(code int) {
-	s.status = code
-	s.ResponseWriter.WriteHeader(code)
-}
 
 // writes returns copies of what was accepted and refused so far.
 func (r *resource) writes() (accepted, refused []write) {

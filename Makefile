@@ -90,7 +90,7 @@ test-long: test-setup ## run the real-time tests across processes, alone, one pa
 # root. `make test` runs a subset once (they skip when not root, outside
 # CI); `make faults` runs them all alone (SLUICE_TEST_FAULTS=1 lets the
 # rest run), verbose, FAULTS_COUNT runs of each, printing the rows of
-# docs/faults.md.
+# docs/faults.md (the whole output goes to faults.txt).
 FAULTS_COUNT ?= 1
 faults: test-setup ## run the fault scenarios between network namespaces (root), printing docs/faults.md's rows
 	SLUICE_TEST_FAULTS=1 $(GO) test -race -p 1 -count=$(FAULTS_COUNT) -timeout=15m -run '^TestFault' -v $(TESTFLAGS) ./internal/faultnet/ | \

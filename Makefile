@@ -41,14 +41,14 @@ export CI
 # TEST_TOOLS; `make test` then checks that it is on PATH when CI=true, and
 # warns otherwise. Add services that must run before the tests to the
 # test-setup recipe.
-TEST_TOOLS ?= redis-server chromium
+TEST_TOOLS ?= redis-server chromium ip nft
 
 # `make image` pushes the checked image here when set: any destination
 # `buildah push` takes, e.g. oci-archive:sluice.tar or
 # containers-storage:localhost/sluice:dev.
 IMAGE_DEST ?=
 
-.PHONY: help test test-long test-setup bench fuzz lint staticcheck vuln serve image proto
+.PHONY: help test test-long test-setup faults bench fuzz lint staticcheck vuln serve image proto
 
 help: ## list the targets (the default)
 	@echo 'Usage: make <target> [VAR=value ...]'
@@ -85,6 +85,16 @@ test: test-setup ## run every test but the real-time ones, with the race detecto
 
 test-long: test-setup ## run the real-time tests across processes, alone, one package at a time
 	SLUICE_TEST_LONG=1 $(GO) test -race -p 1 -timeout=40m -run '$(LONG)' $(TESTFLAGS) $(LONG_PKGS)
+
+# The fault scenarios (internal/faultnet): hosts as network namespaces, as
+# root. `make test` runs a subset once (they skip when not root, outside
+# CI); `make faults` runs them all alone (SLUICE_TEST_FAULTS=1 lets the
+# rest run), verbose, FAULTS_COUNT runs of each, printing the rows of
+# docs/faults.md (the whole output goes to faults.txt).
+FAULTS_COUNT ?= 1
+faults: test-setup ## run the fault scenarios between network namespaces (root), printing docs/faults.md's rows
+	SLUICE_TEST_FAULTS=1 $(GO) test -race -p 1 -count=$(FAULTS_COUNT) -timeout=15m -run '^TestFault' -v $(TESTFLAGS) ./internal/faultnet/ | \
+		tee faults.txt | grep -E '^(--- |ok|FAIL|PASS)|faults\.md \|'
 
 bench: ## run the benchmarks (BENCH, BENCHTIME) and write them to BENCH_OUT (bench.txt)
 	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -benchtime=$(BENCHTIME) -count=$(BENCHCOUNT) ./... | tee $(BENCH_OUT)

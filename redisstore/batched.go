@@ -2,6 +2,7 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,6 +53,12 @@ type batchedEntry struct {
 	// busy is non-nil while a lease is in flight; closed when it ends.
 	busy chan struct{}
 	used time.Time // last decision
+	// failedLease is the busy channel of the last lease Redis could not
+	// decide, failed its error: the callers that waited for that lease
+	// are decided by the failure mode at once, rather than each starting
+	// a lease of its own and waiting another timeout behind the last.
+	failedLease chan struct{}
+	failed      error
 
 	blocks []block // by end, earliest first
 	spent  int64   // units spent since since
@@ -155,9 +162,23 @@ func (b *batchedCounter) take(ctx context.Context, key string, r *ratelimit.Rule
 				b.counted.Add(1)
 				return d, nil, nil
 			}
+			if b.s.brk.down() {
+				// Redis has not answered since the breaker opened: the
+				// lease in flight is its probe (or was sent before), and
+				// waiting for it would add up to a timeout to what the
+				// failure mode decides anyway.
+				e.mu.Unlock()
+				return ratelimit.Decision{Capacity: r.Capacity(), Rule: r.Name}, nil, errUnavailable
+			}
 			e.mu.Unlock()
 			select {
 			case <-ch:
+				e.mu.Lock()
+				failed, err := e.failedLease == ch, e.failed
+				e.mu.Unlock()
+				if failed {
+					return ratelimit.Decision{Capacity: r.Capacity(), Rule: r.Name}, nil, err
+				}
 				continue
 			case <-ctx.Done():
 				return ratelimit.Decision{}, nil, ctx.Err()
@@ -355,6 +376,9 @@ func (b *batchedCounter) lease(ctx context.Context, e *batchedEntry, n, need int
 	var end time.Time
 	e.mu.Lock()
 	e.busy = nil
+	if errors.Is(err, errUnavailable) {
+		e.failedLease, e.failed = ch, err
+	}
 	close(ch)
 	if err == nil {
 		d = ds[0]

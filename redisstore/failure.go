@@ -159,6 +159,17 @@ func (b *breaker) abandon() {
 	b.mu.Unlock()
 }
 
+// down reports whether the breaker is open or half-open: Redis has not
+// answered since it opened (isOpen is the cooldown alone).
+func (b *breaker) down() bool {
+	if b.fails.Load() < b.threshold {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.opened
+}
+
 func (b *breaker) isOpen() bool {
 	if b.fails.Load() < b.threshold {
 		return false

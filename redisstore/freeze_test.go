@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -622,4 +623,114 @@ func clusterKeys(t *testing.T, s *Store, victim string) (onVictim, elsewhere []r
 		t.Fatalf("keys: %d on the victim, %d on the others", len(onVictim), len(elsewhere))
 	}
 	return onVictim, elsewhere
+}
+
+// TestBatchedLeaseFailureShared: callers waiting for a batched key's
+// lease while Redis is frozen are decided by the failure mode when that
+// lease times out, each within about one timeout, rather than each
+// starting a lease of its own behind the last and waiting another
+// timeout (16 callers waited up to 16 timeouts; a serve replica cut from
+// Redis shed 6–10 % of its decisions to its overload guard that way).
+func TestBatchedLeaseFailureShared(t *testing.T) {
+	if testing.Short() {
+		t.Skip("freezes redis-server")
+	}
+	srv := redistest.Standalone(t)
+	s, _ := faultStore(t, []string{srv.Addr()}, faultTimeout, false)
+	r := &ratelimit.Rule{Name: "b", Algorithm: ratelimit.FixedWindow, Quota: 100, Period: time.Hour,
+		Counting: ratelimit.Batched, Failure: ratelimit.FailClosed}
+	item := ratelimit.Item{Key: "shared", Rule: r, Cost: 1}
+	ready(t, s, ratelimit.Item{Key: item.Key, Rule: r})
+	srv.Freeze()
+	defer srv.Thaw()
+	const callers = 16
+	type result struct {
+		d    ratelimit.Decision
+		err  error
+		took time.Duration
+	}
+	results := make(chan result, callers)
+	for range callers {
+		go func() {
+			start := time.Now()
+			ds, err := s.Decide(context.Background(), nil, []ratelimit.Item{item})
+			var d ratelimit.Decision
+			if err == nil {
+				d = ds[0]
+			}
+			results <- result{d, err, time.Since(start)}
+		}()
+	}
+	var slowest time.Duration
+	for range callers {
+		res := <-results
+		if res.err != nil || res.d.Reason != ratelimit.ReasonFailClosed {
+			t.Errorf("decision %+v, err %v: want fail_closed", res.d, res.err)
+		}
+		slowest = max(slowest, res.took)
+	}
+	if slowest > 3*faultTimeout {
+		t.Errorf("the slowest of %d callers took %v, more than 3 timeouts of %v", callers, slowest, faultTimeout)
+	}
+	t.Logf("the slowest of %d callers took %v (timeout %v)", callers, slowest, faultTimeout)
+}
+
+// TestBatchedNotBehindProbe: once the breaker has opened (Redis frozen),
+// the callers of a batched key that arrive while its lease is the
+// breaker's probe are decided by the failure mode at once, not after
+// waiting for the probe's timeout (a serve replica cut from Redis shed
+// decisions to its overload guard when every second's probe made its
+// callers wait).
+func TestBatchedNotBehindProbe(t *testing.T) {
+	if testing.Short() {
+		t.Skip("freezes redis-server")
+	}
+	srv := redistest.Standalone(t)
+	s := newStoreOn(t, ClientOptions{Addrs: []string{srv.Addr()}, Timeout: faultTimeout}, Options{
+		Timeout: faultTimeout, BreakerThreshold: 1, BreakerCooldown: 50 * time.Millisecond, LivenessTimeout: 50 * time.Millisecond,
+	})
+	r := &ratelimit.Rule{Name: "b", Algorithm: ratelimit.FixedWindow, Quota: 100, Period: time.Hour,
+		Counting: ratelimit.Batched, Failure: ratelimit.FailClosed}
+	item := ratelimit.Item{Key: "probe", Rule: r, Cost: 1}
+	ready(t, s, ratelimit.Item{Key: item.Key, Rule: r})
+	srv.Freeze()
+	defer srv.Thaw()
+	decide := func() (ratelimit.Decision, time.Duration) {
+		start := time.Now()
+		ds, err := s.Decide(context.Background(), nil, []ratelimit.Item{item})
+		if err != nil {
+			t.Errorf("Decide: %v", err)
+			return ratelimit.Decision{}, 0
+		}
+		return ds[0], time.Since(start)
+	}
+	decide() // times out; the liveness check then opens the breaker
+	deadline := time.Now().Add(10 * time.Second)
+	for st := s.Stats(); st.Trips == 0 || st.Open; st = s.Stats() { // opened, and its cooldown over
+		if time.Now().After(deadline) {
+			t.Fatalf("the breaker did not open and cool down: %+v", st)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	const callers = 16
+	took := make(chan time.Duration, callers)
+	for range callers {
+		go func() {
+			d, dt := decide()
+			if d.Reason != ratelimit.ReasonFailClosed {
+				t.Errorf("decision %+v: want fail_closed", d)
+			}
+			took <- dt
+		}()
+	}
+	var times []time.Duration
+	for range callers {
+		times = append(times, <-took)
+	}
+	slices.Sort(times)
+	// One caller is the probe and waits its timeout; the others do not.
+	if median := times[callers/2]; median > faultTimeout/2 {
+		t.Errorf("the median of %d callers took %v behind the probe (timeout %v): %v", callers, median, faultTimeout, times)
+	}
+	t.Logf("callers took %v", times)
 }

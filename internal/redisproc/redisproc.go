@@ -58,11 +58,30 @@ type Options struct {
 	// TLS is the client configuration of a server that speaks only TLS:
 	// readiness is checked with it.
 	TLS *tls.Config
+	// Host, when set, runs the server on another host than this
+	// process's loopback (a network namespace of internal/faultnet): on
+	// Host's address and port Port, started through Host's Command and
+	// checked for readiness through its Dial. Nil: 127.0.0.1 and a free
+	// port.
+	Host Host
+	// Port is the port on Host (required with it, ignored without).
+	Port int
+}
+
+// A Host is where a server runs when it is not this process's loopback.
+type Host interface {
+	// IP is the address the server binds and clients reach.
+	IP() string
+	// Command returns the command that runs name with args on the host.
+	Command(name string, args ...string) *exec.Cmd
+	// DialContext connects from the host (to reach what only it reaches).
+	DialContext(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // A Process is one redis-server process.
 type Process struct {
 	port  int
+	host  Host // nil: loopback
 	dir   string
 	kind  Kind
 	extra []string
@@ -73,8 +92,15 @@ type Process struct {
 	exit chan struct{} // closed when cmd has been waited for
 }
 
-// Addr is the server's address, 127.0.0.1:port.
-func (p *Process) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(p.port)) }
+// Addr is the server's address, 127.0.0.1:port (or its Host's).
+func (p *Process) Addr() string { return net.JoinHostPort(p.ip(), strconv.Itoa(p.port)) }
+
+func (p *Process) ip() string {
+	if p.host == nil {
+		return "127.0.0.1"
+	}
+	return p.host.IP()
+}
 
 // Port is the server's TCP port.
 func (p *Process) Port() int { return p.port }
@@ -90,9 +116,15 @@ func Start(o Options) (*Process, error) {
 	if o.Dir == "" {
 		return nil, errors.New("redisproc: Options.Dir is required")
 	}
+	if o.Host != nil && o.Port <= 0 {
+		return nil, errors.New("redisproc: Options.Port is required with Options.Host")
+	}
 	var last error
 	for range 5 {
-		port, err := freePort(o.Kind == ClusterNode)
+		port, err := o.Port, error(nil)
+		if o.Host == nil {
+			port, err = freePort(o.Kind == ClusterNode)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -100,12 +132,15 @@ func Start(o Options) (*Process, error) {
 		if err != nil {
 			return nil, err
 		}
-		p := &Process{port: port, dir: dir, kind: o.Kind, tls: o.TLS}
+		p := &Process{port: port, host: o.Host, dir: dir, kind: o.Kind, tls: o.TLS}
 		if o.Args != nil {
 			p.extra = o.Args(port)
 		}
 		if last = p.launch(); last == nil {
 			return p, nil
+		}
+		if o.Host != nil {
+			break // a Host's port is its own: another try would meet the same
 		}
 	}
 	return nil, last
@@ -154,23 +189,29 @@ func portFree(p int) bool {
 }
 
 func (p *Process) args() ([]string, error) {
+	var open []string
+	if p.host != nil {
+		// Clients come from the Host's network, not loopback; protected
+		// mode would refuse them.
+		open = []string{"--protected-mode", "no"}
+	}
 	if p.kind == Sentinel {
 		// A Sentinel keeps its state in a configuration file it rewrites.
 		conf := filepath.Join(p.dir, "sentinel.conf")
 		if err := os.WriteFile(conf, []byte(strings.Join(p.extra, "\n")+"\n"), 0o600); err != nil {
 			return nil, err
 		}
-		return []string{conf, "--sentinel",
+		return append([]string{conf, "--sentinel",
 			"--port", strconv.Itoa(p.port),
-			"--bind", "127.0.0.1",
+			"--bind", p.ip(),
 			"--dir", p.dir,
 			"--daemonize", "no",
 			"--logfile", filepath.Join(p.dir, "redis.log"),
-		}, nil
+		}, open...), nil
 	}
 	a := []string{
 		"--port", strconv.Itoa(p.port),
-		"--bind", "127.0.0.1",
+		"--bind", p.ip(),
 		"--save", "",
 		"--appendonly", "no",
 		"--dir", p.dir,
@@ -179,6 +220,7 @@ func (p *Process) args() ([]string, error) {
 		"--enable-debug-command", "local", // DEBUG SLEEP for slow-server tests
 		"--repl-diskless-sync-delay", "0", // a replica syncs at once, not after 5 s
 	}
+	a = append(a, open...)
 	if p.kind == ClusterNode {
 		a = append(a,
 			"--cluster-enabled", "yes",
@@ -201,7 +243,12 @@ func (p *Process) launch() error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command("redis-server", args...)
+	var cmd *exec.Cmd
+	if p.host != nil {
+		cmd = p.host.Command("redis-server", args...)
+	} else {
+		cmd = exec.Command("redis-server", args...)
+	}
 	DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start redis-server: %w", err)
@@ -221,7 +268,11 @@ func (p *Process) launch() error {
 // waitReady polls PING until the server answers, it exits or StartTimeout
 // passes.
 func (p *Process) waitReady(exit <-chan struct{}) error {
-	c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond, TLSConfig: p.tlsConfig()})
+	o := &redis.Options{Addr: p.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond, TLSConfig: p.tlsConfig()}
+	if p.host != nil {
+		o.Dialer = p.host.DialContext
+	}
+	c := redis.NewClient(o)
 	defer c.Close()
 	err := Poll(StartTimeout, exit, func(ctx context.Context) (bool, string, error) {
 		err := c.Ping(ctx).Err()

@@ -69,6 +69,17 @@ type BatchSource interface {
 	NextUpTo(ctx context.Context, n int) (Message, error)
 }
 
+// A MultiSource is a Source that may have several messages at hand at
+// once (a queue read in bulk). NextMany is Next for up to len(ms)
+// messages (len(ms) >= 1, the Drainer's room): it waits for the first as
+// Next does, puts it and those at hand then in ms, without waiting for
+// more, and returns how many it put there. The Drainer then takes them
+// in one step (one lock, one wake-up) rather than one by one.
+type MultiSource interface {
+	Source
+	NextMany(ctx context.Context, ms []Message) (int, error)
+}
+
 // A Message is one delivery of a queued message. Its methods other than
 // the accessors talk to the queue and may fail; they are called by the
 // Drainer, never by a Sink.
@@ -742,9 +753,12 @@ func (d *Drainer) waitLimit(i int) int {
 func (d *Drainer) fetch(ctx context.Context, i int) {
 	src := d.cfg.Inputs[i].Source
 	bs, _ := src.(BatchSource)
+	ms, _ := src.(MultiSource)
 	recheck := time.NewTimer(0) // the limit follows the Limiter's rate
 	defer recheck.Stop()
 	owed := 0
+	var got []Message   // taken by one call, at most the window
+	var scopes []string // got's
 	for {
 		lim := d.waitLimit(i)
 		d.mu.Lock()
@@ -767,13 +781,21 @@ func (d *Drainer) fetch(ctx context.Context, i int) {
 		}
 		var m Message
 		var err error
-		if bs != nil {
+		k := 1
+		switch {
+		case ms != nil:
+			n := max(room, 1)
+			if cap(got) < n {
+				got = make([]Message, n)
+			}
+			k, err = ms.NextMany(ctx, got[:n])
+		case bs != nil:
 			n := max(room, 1)
 			m, err = bs.NextUpTo(ctx, n)
 			if err == nil {
 				owed = max(owed, n) - 1
 			}
-		} else {
+		default:
 			m, err = src.Next(ctx)
 		}
 		if err != nil {
@@ -786,18 +808,28 @@ func (d *Drainer) fetch(ctx context.Context, i int) {
 			}
 			continue
 		}
-		scope, beat := d.scopeOf(m), time.Unix(0, d.tickAt.Load())
-		d.mu.Lock()
-		if m.Deliveries() > 1 {
-			d.stats.Redelivered++
+		if ms == nil {
+			got = append(got[:0], m)
 		}
-		h := d.newHoldLocked(m, beat)
-		h.input, h.scope, h.inSink = i, scope, false
-		h.index = len(d.held)
-		d.held = append(d.held, h)
-		d.heldN[i]++
-		d.sched.push(i, m.Tenant(), taken{h})
+		scopes = scopes[:0]
+		for _, m := range got[:k] {
+			scopes = append(scopes, d.scopeOf(m))
+		}
+		beat := time.Unix(0, d.tickAt.Load())
+		d.mu.Lock()
+		for j, m := range got[:k] {
+			if m.Deliveries() > 1 {
+				d.stats.Redelivered++
+			}
+			h := d.newHoldLocked(m, beat)
+			h.input, h.scope, h.inSink = i, scopes[j], false
+			h.index = len(d.held)
+			d.held = append(d.held, h)
+			d.heldN[i]++
+			d.sched.push(i, m.Tenant(), taken{h})
+		}
 		d.mu.Unlock()
+		clear(got[:k])
 		signal(d.wake)
 	}
 }

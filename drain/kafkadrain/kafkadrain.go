@@ -141,7 +141,7 @@ var ErrClosed = errors.New("kafkadrain: source closed")
 // errRevoked is what settling a record of a partition taken away returns.
 var errRevoked = errors.New("kafkadrain: the record's partition was revoked; its new owner gets it again")
 
-var _ drain.Source = (*Source)(nil)
+var _ drain.MultiSource = (*Source)(nil)
 
 // Source is a drain.Source on a Kafka consumer group member that commits
 // only past records that were settled; see the package doc. Make one
@@ -325,25 +325,42 @@ func (s *Source) add(r *kgo.Record) {
 // else one fetched, each partition in turn; it waits while Window records
 // are delivered and not settled.
 func (s *Source) Next(ctx context.Context) (drain.Message, error) {
+	var ms [1]drain.Message
+	if _, err := s.NextMany(ctx, ms[:]); err != nil {
+		return nil, err
+	}
+	return ms[0], nil
+}
+
+// NextMany is Next for up to len(ms) records: it waits for the first as
+// Next does, and puts in ms those it may deliver then
+// (drain.MultiSource).
+func (s *Source) NextMany(ctx context.Context, ms []drain.Message) (int, error) {
 	for {
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
-			return nil, ErrClosed
+			return 0, ErrClosed
 		}
 		if err := s.fetchErr; err != nil {
 			s.fetchErr = nil
 			s.mu.Unlock()
-			return nil, err
+			return 0, err
 		}
 		var soonest time.Time
-		if s.inflight < s.cfg.Window {
+		n := 0
+		for n < len(ms) && s.inflight < s.cfg.Window {
 			var m *message
 			m, soonest = s.pick()
-			if m != nil {
-				s.mu.Unlock()
-				return m, nil
+			if m == nil {
+				break
 			}
+			ms[n] = m
+			n++
+		}
+		if n > 0 {
+			s.mu.Unlock()
+			return n, nil
 		}
 		wake := s.waitOn()
 		s.mu.Unlock()
@@ -362,7 +379,7 @@ func (s *Source) Next(ctx context.Context) (drain.Message, error) {
 			t.Stop()
 		}
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return 0, err
 		}
 	}
 }

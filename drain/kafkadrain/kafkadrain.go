@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -360,6 +361,7 @@ func (s *Source) NextMany(ctx context.Context, ms []drain.Message) (int, error) 
 		}
 		if n > 0 {
 			s.mu.Unlock()
+			copyHeaders(ms[:n])
 			return n, nil
 		}
 		wake := s.waitOn()
@@ -427,7 +429,8 @@ func (s *Source) pick() (*message, time.Time) {
 	return nil, s.born.Add(soonest)
 }
 
-// deliver hands x out; s.mu is held.
+// deliver hands x out, its key and tenant to be copied (copyHeaders);
+// s.mu is held.
 func (s *Source) deliver(x *rec) *message {
 	x.deliveries++
 	x.out = true
@@ -438,8 +441,7 @@ func (s *Source) deliver(x *rec) *message {
 	if x.deliveries > 1 {
 		m = new(message)
 	}
-	*m = message{x: x, r: r, deliveries: int(x.deliveries),
-		key: header(r, drain.IdempotencyKeyHeader), tenant: header(r, drain.HeaderTenant)}
+	*m = message{x: x, r: r, deliveries: int(x.deliveries)}
 	return m
 }
 
@@ -718,6 +720,38 @@ func header(r *kgo.Record, name string) string {
 		}
 	}
 	return ""
+}
+
+// copyHeaders sets the key and tenant of ms, just delivered, to their
+// records' headers, copied into one string for them all: one allocation
+// per batch rather than one per message, the string kept while one of
+// them is.
+func copyHeaders(ms []drain.Message) {
+	kt := make([][2][]byte, len(ms)) // key and tenant, by message
+	size := 0
+	for i, m := range ms {
+		for _, h := range m.(*message).r.Headers {
+			switch {
+			case h.Key == drain.IdempotencyKeyHeader && kt[i][0] == nil:
+				kt[i][0] = h.Value
+			case h.Key == drain.HeaderTenant && kt[i][1] == nil:
+				kt[i][1] = h.Value
+			}
+		}
+		size += len(kt[i][0]) + len(kt[i][1])
+	}
+	var b strings.Builder
+	b.Grow(size)
+	for _, v := range kt {
+		b.Write(v[0])
+		b.Write(v[1])
+	}
+	all, at := b.String(), 0
+	for i, m := range ms {
+		k, t := len(kt[i][0]), len(kt[i][1])
+		m.(*message).key, m.(*message).tenant = all[at:at+k], all[at+k:at+k+t]
+		at += k + t
+	}
 }
 
 // Key is the record's drain.IdempotencyKeyHeader header, else

@@ -174,6 +174,7 @@ type part struct {
 	src       *Source
 	id        int32
 	recs      []*rec // fetched past the commit point, by offset; settled ones leave from the front
+	array     []*rec // recs' array, from its start: the space of those that left is used again
 	fresh     int    // the last records of recs, fetched and never delivered
 	naked     []*rec // put back, by offset
 	inflight  int
@@ -194,15 +195,16 @@ func (p *part) point() kgo.EpochOffset {
 	return kgo.EpochOffset{Epoch: p.lastEpoch, Offset: p.next}
 }
 
-// rec is one record fetched: 80 bytes with its first delivery.
+// rec is one record fetched: 80 bytes with its first delivery, in an
+// array with the others of its fetch (see add).
 type rec struct {
 	p          *part
 	due        time.Duration // when put back: not before, since the Source's birth
 	deliveries int32
 	out        bool // delivered and not settled
 	settled    bool
-	// first is the message of its first delivery, allocated with it:
-	// one allocation per record for the records delivered once. Its r
+	// first is the message of its first delivery, allocated with it
+	// (no allocation per record for the records delivered once). Its r
 	// is the record's from the start.
 	first message
 }
@@ -294,32 +296,53 @@ func (s *Source) poll() {
 		fs.EachError(func(topic string, p int32, err error) {
 			s.fetchErr = fmt.Errorf("kafkadrain: fetching %s/%d: %w", topic, p, err)
 		})
-		fs.EachRecord(s.add)
+		fs.EachPartition(func(ft kgo.FetchTopicPartition) {
+			if ft.Topic == s.cfg.Topic && len(ft.Records) > 0 {
+				s.add(ft.Partition, ft.Records)
+			}
+		})
 		s.notify()
 		s.mu.Unlock()
 		s.cl.AllowRebalance()
 	}
 }
 
-// add tracks a record fetched; s.mu is held.
-func (s *Source) add(r *kgo.Record) {
-	if r.Topic != s.cfg.Topic {
-		return
-	}
-	p := s.parts[r.Partition]
+// add tracks the records rs fetched from partition id, by offset; s.mu
+// is held. Their tracking is one array (one allocation per fetch, not
+// per record), kept in memory while one of them is tracked or held by
+// the Drainer: since a partition's tracked records are a run of offsets,
+// little more than MaxUncommitted records' worth.
+func (s *Source) add(id int32, rs []*kgo.Record) {
+	p := s.parts[id]
 	if p == nil {
-		p = &part{src: s, id: r.Partition, next: -1, committed: -1}
-		s.parts[r.Partition] = p
+		p = &part{src: s, id: id, next: -1, committed: -1}
+		s.parts[id] = p
 		s.order = append(s.order, p)
 	}
-	if p.next >= 0 && r.Offset < p.next {
-		return // fetched before: never tracked twice
+	for len(rs) > 0 && p.next >= 0 && rs[0].Offset < p.next {
+		rs = rs[1:] // fetched before: never tracked twice
 	}
-	x := &rec{p: p, first: message{r: r}}
-	p.recs = append(p.recs, x)
-	p.fresh++
-	p.next, p.lastEpoch = r.Offset+1, r.LeaderEpoch
-	s.tracked++
+	xs := make([]rec, len(rs))
+	for i, r := range rs {
+		if p.next >= 0 && r.Offset < p.next {
+			continue
+		}
+		x := &xs[i]
+		x.p, x.first.r = p, r
+		if len(p.recs) == cap(p.recs) {
+			// To the front of the array, or of a new one twice as large.
+			if 2*len(p.recs) > len(p.array) {
+				p.array = make([]*rec, 2*len(p.recs)+16)
+			}
+			n := copy(p.array, p.recs)
+			clear(p.array[n:])
+			p.recs = p.array[:n]
+		}
+		p.recs = append(p.recs, x)
+		p.fresh++
+		p.next, p.lastEpoch = r.Offset+1, r.LeaderEpoch
+		s.tracked++
+	}
 }
 
 // Next returns the next record: a put-back one whose delay has passed,
@@ -722,35 +745,43 @@ func header(r *kgo.Record, name string) string {
 	return ""
 }
 
+// keyTenant returns the values of r's key and tenant headers (the first
+// of each); nil when absent.
+func keyTenant(r *kgo.Record) (key, tenant []byte) {
+	for _, h := range r.Headers {
+		switch {
+		case h.Key == drain.IdempotencyKeyHeader && key == nil:
+			key = h.Value
+		case h.Key == drain.HeaderTenant && tenant == nil:
+			tenant = h.Value
+		}
+	}
+	return key, tenant
+}
+
 // copyHeaders sets the key and tenant of ms, just delivered, to their
 // records' headers, copied into one string for them all: one allocation
 // per batch rather than one per message, the string kept while one of
 // them is.
 func copyHeaders(ms []drain.Message) {
-	kt := make([][2][]byte, len(ms)) // key and tenant, by message
 	size := 0
-	for i, m := range ms {
-		for _, h := range m.(*message).r.Headers {
-			switch {
-			case h.Key == drain.IdempotencyKeyHeader && kt[i][0] == nil:
-				kt[i][0] = h.Value
-			case h.Key == drain.HeaderTenant && kt[i][1] == nil:
-				kt[i][1] = h.Value
-			}
-		}
-		size += len(kt[i][0]) + len(kt[i][1])
+	for _, m := range ms {
+		k, t := keyTenant(m.(*message).r)
+		size += len(k) + len(t)
 	}
 	var b strings.Builder
 	b.Grow(size)
-	for _, v := range kt {
-		b.Write(v[0])
-		b.Write(v[1])
+	for _, m := range ms {
+		k, t := keyTenant(m.(*message).r)
+		b.Write(k)
+		b.Write(t)
 	}
-	all, at := b.String(), 0
-	for i, m := range ms {
-		k, t := len(kt[i][0]), len(kt[i][1])
-		m.(*message).key, m.(*message).tenant = all[at:at+k], all[at+k:at+k+t]
-		at += k + t
+	all := b.String()
+	for _, m := range ms {
+		m := m.(*message)
+		k, t := keyTenant(m.r)
+		m.key, all = all[:len(k)], all[len(k):]
+		m.tenant, all = all[:len(t)], all[len(t):]
 	}
 }
 

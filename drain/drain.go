@@ -74,7 +74,9 @@ type BatchSource interface {
 // messages (len(ms) >= 1, the Drainer's room): it waits for the first as
 // Next does, puts it and those at hand then in ms, without waiting for
 // more, and returns how many it put there. The Drainer then takes them
-// in one step (one lock, one wake-up) rather than one by one.
+// in one step (one lock, one wake-up) rather than one by one. One that is
+// also a BatchSource takes len(ms) messages at most from its queue in
+// the call, as NextUpTo does n.
 type MultiSource interface {
 	Source
 	NextMany(ctx context.Context, ms []Message) (int, error)
@@ -772,6 +774,9 @@ func (d *Drainer) fetch(ctx context.Context, i int) {
 				got = make([]Message, n)
 			}
 			k, err = ms.NextMany(ctx, got[:n])
+			if err == nil && bs != nil {
+				owed = max(owed, n) - k
+			}
 		case bs != nil:
 			n := max(room, 1)
 			m, err = bs.NextUpTo(ctx, n)

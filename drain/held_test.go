@@ -49,10 +49,19 @@ type ackQueue struct{ *fakeQueue }
 func (q ackQueue) AckWait() time.Duration { return q.ackWait }
 
 // multiQueue is an ackQueue that is a drain.MultiSource: NextMany waits
-// for one message, and adds those waiting in the queue then.
+// for one message, and adds those waiting in the queue then; batched, it
+// takes a batch of len(ms) as NextUpTo does and returns one of it.
 type multiQueue struct{ ackQueue }
 
 func (q multiQueue) NextMany(ctx context.Context, ms []drain.Message) (int, error) {
+	if q.batched {
+		m, err := q.NextUpTo(ctx, len(ms))
+		if err != nil {
+			return 0, err
+		}
+		ms[0] = m
+		return 1, nil
+	}
 	q.mu.Lock()
 	q.asked = append(q.asked, len(ms))
 	q.mu.Unlock()
@@ -381,8 +390,14 @@ func testDrainHeldHeartbeat(t *testing.T, multi bool) {
 // What the Source still holds of the batch must be taken all the same,
 // and so told InProgress: none is delivered again. Before, the Drainer
 // took one more each time one was sent, at 2/s, and the end of the batch
-// outlived its ack wait in the Source.
+// outlived its ack wait in the Source. The same with a MultiSource that
+// returns one message of its batch at a time.
 func TestBatchTakenWhenRateFalls(t *testing.T) {
+	t.Run("BatchSource", func(t *testing.T) { testBatchTakenWhenRateFalls(t, false) })
+	t.Run("MultiSource", func(t *testing.T) { testBatchTakenWhenRateFalls(t, true) })
+}
+
+func testBatchTakenWhenRateFalls(t *testing.T, multi bool) {
 	synctest.Test(t, func(t *testing.T) {
 		const n = 30
 		q := newFakeQueue(64, n, 2*time.Second, func(int) string { return "" })
@@ -390,8 +405,12 @@ func TestBatchTakenWhenRateFalls(t *testing.T) {
 		lim := ratelimit.NewLimiter(20, 1)
 		var once sync.Once
 		q.onBatch = func() { once.Do(func() { lim.SetLimit(2) }) }
+		var src drain.Source = ackQueue{q}
+		if multi {
+			src = multiQueue{ackQueue{q}}
+		}
 		d, err := drain.New(drain.Options{
-			Inputs:  []drain.Input{{Source: ackQueue{q}}},
+			Inputs:  []drain.Input{{Source: src}},
 			Sink:    func(context.Context, drain.Message) error { return nil },
 			Limiter: lim,
 			Logger:  quiet,

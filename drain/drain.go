@@ -385,59 +385,76 @@ func (c Options) check() (Options, error) {
 // bound is reached every count is forgotten.
 const maxFailureKeys = 1 << 16
 
-// ackedKeys is how many acknowledged keys a Drainer remembers at least,
-// the last ones, to tell Stats.Duplicates from Stats.Done: a hash of 8
-// bytes each, in two tables of twice that many slots, 1 MiB in all.
+// ackedKeys is how many acknowledged keys a Drainer remembers, the last
+// ones, to tell Stats.Duplicates from Stats.Done: a hash of 8 bytes each,
+// in a table of twice that many slots and a ring, 768 KiB in all.
 const ackedKeys = 1 << 15
 
-// recentKeys is a set of key hashes that holds at least the last
-// ackedKeys added, and at most the last 2·ackedKeys-1: two generations,
-// the one being filled and the last one, each a table of 2·ackedKeys
-// slots, open addressing with linear probing (a hash is its own place; 0
-// marks an empty slot, so a hash of 0 is kept as 1). Once the one being
-// filled holds ackedKeys, it becomes the last one and the last one,
-// emptied, the one filled: nothing is ever removed on its own, and a
-// lookup is a probe or two in each. Its zero value is empty.
+// recentKeys is the set of the last ackedKeys key hashes added: a table
+// of twice that many slots, open addressing with linear probing (a hash
+// is its own place; 0 marks an empty slot, so a hash of 0 is kept as 1),
+// and a ring of the hashes in the order added, the oldest forgotten as
+// each new one comes. It never grows, and a lookup is one probe or two.
+// Its zero value is empty.
 type recentKeys struct {
-	cur, last []uint64
-	n         int // in cur
+	slots []uint64
+	ring  []uint64 // in the order added, from next on once full
+	next  int
 }
 
 // add reports whether k is in the set, and adds it if it is not.
 func (r *recentKeys) add(k uint64) (seen bool) {
-	if r.cur == nil {
-		r.cur, r.last = make([]uint64, 2*ackedKeys), make([]uint64, 2*ackedKeys)
+	if r.slots == nil {
+		r.slots = make([]uint64, 2*ackedKeys)
+		r.ring = make([]uint64, 0, ackedKeys)
 	}
 	k = max(k, 1)
-	if _, ok := find(r.last, k); ok {
+	if _, ok := r.find(k); ok {
 		return true
 	}
-	i, ok := find(r.cur, k)
-	if ok {
-		return true
+	if len(r.ring) < ackedKeys {
+		r.ring = append(r.ring, k)
+	} else {
+		r.remove(r.ring[r.next])
+		r.ring[r.next] = k
+		r.next = (r.next + 1) % ackedKeys
 	}
-	if r.n == ackedKeys {
-		r.cur, r.last = r.last, r.cur
-		clear(r.cur)
-		r.n = 0
-		i, _ = find(r.cur, k)
-	}
-	r.cur[i] = k
-	r.n++
+	i, _ := r.find(k) // the first empty slot of k's run, since the removal
+	r.slots[i] = k
 	return false
 }
 
-// find returns the slot of k in table, or the empty slot ending its run.
-func find(table []uint64, k uint64) (int, bool) {
-	mask := uint64(len(table) - 1)
+// find returns the slot of k, or the empty slot ending its run.
+func (r *recentKeys) find(k uint64) (int, bool) {
+	mask := uint64(len(r.slots) - 1)
 	for i := k & mask; ; i = (i + 1) & mask {
-		switch table[i] {
+		switch r.slots[i] {
 		case k:
 			return int(i), true
 		case 0:
 			return int(i), false
 		}
 	}
+}
+
+// remove empties k's slot, moving back the entries after it in its run
+// that may fill it, so that no run is cut.
+func (r *recentKeys) remove(k uint64) {
+	j, ok := r.find(k)
+	if !ok {
+		return
+	}
+	mask := len(r.slots) - 1
+	for i := (j + 1) & mask; r.slots[i] != 0; i = (i + 1) & mask {
+		// The entry at i may move to j unless its place lies in (j, i],
+		// cyclically.
+		home := int(r.slots[i]) & mask
+		if (i > j && (home <= j || home > i)) || (i < j && home <= j && home > i) {
+			r.slots[j] = r.slots[i]
+			j = i
+		}
+	}
+	r.slots[j] = 0
 }
 
 // Stats are a Drainer's figures at one instant. Done, Duplicates,
@@ -451,8 +468,8 @@ type Stats struct {
 	// Duplicates counts the acknowledged messages whose key this Drainer
 	// had acknowledged before (a record queued twice, or delivered again
 	// after an acknowledgement the queue lost). It remembers the keys of
-	// at least the last 32,768 records acknowledged (at most 65,535), so
-	// a repeat older than that may count in Done.
+	// the last 32,768 records acknowledged, so a repeat older than that
+	// counts in Done.
 	Duplicates int64
 	// Throttled counts the Sink calls answered throttled (the message put
 	// back, not counted as a failure); Failed the other failed calls.

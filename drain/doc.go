@@ -52,7 +52,8 @@
 // asked for no more than that room, so none waits unseen in its batch. A
 // MultiSource hands over the messages it has at hand, up to that room, in
 // one call, which the drainer queues in one step (kafkadrain's records
-// fetched, jsdrain's messages of a pull that have come).
+// fetched, jsdrain's messages of a pull that have come, redisdrain's
+// records of a read).
 // Should the drainer die, the queue hands on no more than that, and
 // drainers sharing a consumer share its messages rather than one taking
 // them all.

@@ -319,13 +319,10 @@ func (s *Source) add(id int32, rs []*kgo.Record) {
 		s.parts[id] = p
 		s.order = append(s.order, p)
 	}
-	for len(rs) > 0 && p.next >= 0 && rs[0].Offset < p.next {
-		rs = rs[1:] // fetched before: never tracked twice
-	}
 	xs := make([]rec, len(rs))
 	for i, r := range rs {
 		if p.next >= 0 && r.Offset < p.next {
-			continue
+			continue // fetched before: never tracked twice
 		}
 		x := &xs[i]
 		x.p, x.first.r = p, r

@@ -49,7 +49,11 @@
 // *ratelimit.Limiter and *lease.Limiter have), no more of that Source's
 // messages wait in the drainer than the rate sends in half the ack wait
 // (at least one; messages in a Sink call do not count); a BatchSource is
-// asked for no more than that room, so none waits unseen in its batch.
+// asked for no more than that room, so none waits unseen in its batch. A
+// MultiSource hands over the messages it has at hand, up to that room, in
+// one call, which the drainer queues in one step (kafkadrain's records
+// fetched, jsdrain's messages of a pull that have come, redisdrain's
+// records of a read).
 // Should the drainer die, the queue hands on no more than that, and
 // drainers sharing a consumer share its messages rather than one taking
 // them all.

@@ -69,6 +69,19 @@ type BatchSource interface {
 	NextUpTo(ctx context.Context, n int) (Message, error)
 }
 
+// A MultiSource is a Source that may have several messages at hand at
+// once (a queue read in bulk). NextMany is Next for up to len(ms)
+// messages (len(ms) >= 1, the Drainer's room): it waits for the first as
+// Next does, puts it and those at hand then in ms, without waiting for
+// more, and returns how many it put there. The Drainer then takes them
+// in one step (one lock, one wake-up) rather than one by one. One that is
+// also a BatchSource takes len(ms) messages at most from its queue in
+// the call, as NextUpTo does n.
+type MultiSource interface {
+	Source
+	NextMany(ctx context.Context, ms []Message) (int, error)
+}
+
 // A Message is one delivery of a queued message. Its methods other than
 // the accessors talk to the queue and may fail; they are called by the
 // Drainer, never by a Sink.
@@ -532,6 +545,7 @@ type Drainer struct {
 	parked   map[string]*parking // messages set aside, by the scope that pauses them
 	parkedAt time.Time           // the earliest until of parked; zero when none
 	held     []*hold             // every message taken and not settled, each at its index
+	spare    []*hold             // holds forgotten, for the next messages taken (no more than were ever held at once)
 	heldN    []int               // of held, by Input
 	sinkN    []int               // of held, those released to the Sink, by Input
 	limN     []int               // by Input: its waitLimit when its fetcher last looked
@@ -608,7 +622,8 @@ func (d *Drainer) Stats() Stats {
 	return s
 }
 
-// hold is a message the Drainer holds, from Next until it is settled.
+// hold is a message the Drainer holds, from Next until it is settled;
+// then a spare, for a message taken later (see newHoldLocked).
 type hold struct {
 	msg   Message
 	input int
@@ -679,9 +694,10 @@ func (d *Drainer) Run(ctx context.Context) error {
 	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.Timeout)
 	defer cancel()
 	for _, t := range left {
-		if err := d.settle(t.hold, false, func() error { return t.msg.Nak(hctx, 0) }); err != nil {
+		m := t.msg
+		if err := d.settle(t.hold, false, func() error { return m.Nak(hctx, 0) }); err != nil {
 			d.count(func(s *Stats) { s.AckErrors++ })
-			d.cfg.Logger.Warn("drain: handing back a message at shutdown", "key", t.msg.Key(), "err", err)
+			d.cfg.Logger.Warn("drain: handing back a message at shutdown", "key", m.Key(), "err", err)
 		}
 	}
 	close(stopBeat)
@@ -739,9 +755,12 @@ func (d *Drainer) waitLimit(i int) int {
 func (d *Drainer) fetch(ctx context.Context, i int) {
 	src := d.cfg.Inputs[i].Source
 	bs, _ := src.(BatchSource)
+	ms, _ := src.(MultiSource)
 	recheck := time.NewTimer(0) // the limit follows the Limiter's rate
 	defer recheck.Stop()
 	owed := 0
+	var got []Message   // taken by one call, at most the window
+	var scopes []string // got's
 	for {
 		lim := d.waitLimit(i)
 		d.mu.Lock()
@@ -764,13 +783,24 @@ func (d *Drainer) fetch(ctx context.Context, i int) {
 		}
 		var m Message
 		var err error
-		if bs != nil {
+		k := 1
+		switch {
+		case ms != nil:
+			n := max(room, 1)
+			if cap(got) < n {
+				got = make([]Message, n)
+			}
+			k, err = ms.NextMany(ctx, got[:n])
+			if err == nil && bs != nil {
+				owed = max(owed, n) - k
+			}
+		case bs != nil:
 			n := max(room, 1)
 			m, err = bs.NextUpTo(ctx, n)
 			if err == nil {
 				owed = max(owed, n) - 1
 			}
-		} else {
+		default:
 			m, err = src.Next(ctx)
 		}
 		if err != nil {
@@ -783,18 +813,49 @@ func (d *Drainer) fetch(ctx context.Context, i int) {
 			}
 			continue
 		}
-		h := &hold{msg: m, input: i, scope: d.scopeOf(m), beat: time.Unix(0, d.tickAt.Load())}
-		d.mu.Lock()
-		if m.Deliveries() > 1 {
-			d.stats.Redelivered++
+		if ms == nil {
+			got = append(got[:0], m)
 		}
-		h.index = len(d.held)
-		d.held = append(d.held, h)
-		d.heldN[i]++
-		d.sched.push(i, m.Tenant(), taken{h})
+		scopes = scopes[:0]
+		for _, m := range got[:k] {
+			scopes = append(scopes, d.scopeOf(m))
+		}
+		beat := time.Unix(0, d.tickAt.Load())
+		d.mu.Lock()
+		for j, m := range got[:k] {
+			if m.Deliveries() > 1 {
+				d.stats.Redelivered++
+			}
+			h := d.newHoldLocked(m, beat)
+			h.input, h.scope, h.inSink = i, scopes[j], false
+			h.index = len(d.held)
+			d.held = append(d.held, h)
+			d.heldN[i]++
+			d.sched.push(i, m.Tenant(), taken{h})
+		}
 		d.mu.Unlock()
+		clear(got[:k])
 		signal(d.wake)
 	}
+}
+
+// newHoldLocked returns a hold of m, beaten at beat: a spare one if
+// there is one, else a new one. d.mu is held. A spare one may still be
+// in a heartbeat's sweep, which reads msg, beat and settled under its
+// mu: they are set under it (and the sweep may then tell m InProgress,
+// which m, held, may be told at any time).
+func (d *Drainer) newHoldLocked(m Message, beat time.Time) *hold {
+	n := len(d.spare)
+	if n == 0 {
+		return &hold{msg: m, beat: beat}
+	}
+	h := d.spare[n-1]
+	d.spare[n-1] = nil
+	d.spare = d.spare[:n-1]
+	h.mu.Lock()
+	h.msg, h.beat, h.settled = m, beat, false
+	h.mu.Unlock()
+	return h
 }
 
 // roomLocked is how many more messages Input i may take now: fewer than
@@ -846,8 +907,9 @@ func (d *Drainer) settleAsync(ctx context.Context, h *hold, m AsyncAcker) {
 	d.acking.Add(1)
 	m.AckAsync(ctx, func(err error) {
 		h.mu.Unlock()
+		msg := h.msg // h is a spare once forgotten
 		if err = d.forget(h, true, err); err != nil {
-			d.settleFailed(h.msg, err)
+			d.settleFailed(msg, err)
 		}
 		d.acking.Done()
 	})
@@ -860,7 +922,8 @@ func (d *Drainer) settleFailed(m Message, err error) {
 }
 
 // forget lets the Drainer forget h, settled with err (by an
-// acknowledgement when ack), and counts it; it returns err.
+// acknowledgement when ack), and counts it; it returns err. h is then a
+// spare, for a message taken later: its caller no longer reads it.
 func (d *Drainer) forget(h *hold, ack bool, err error) error {
 	var k uint64
 	if ack && err == nil {
@@ -883,6 +946,7 @@ func (d *Drainer) forget(h *hold, ack bool, err error) error {
 		}
 	}
 	d.roomMadeLocked(h.input)
+	d.spare = append(d.spare, h)
 	d.mu.Unlock()
 	return err
 }
@@ -903,7 +967,11 @@ func (d *Drainer) heartbeat(ctx context.Context, stop <-chan struct{}) {
 	half := d.cfg.ProgressEvery / 2
 	tk := time.NewTicker(half)
 	defer tk.Stop()
-	var hs []*hold
+	type beaten struct {
+		h    *hold
+		beat time.Time
+	}
+	var hs []beaten
 	for {
 		select {
 		case <-tk.C:
@@ -911,17 +979,22 @@ func (d *Drainer) heartbeat(ctx context.Context, stop <-chan struct{}) {
 			return
 		}
 		d.tickAt.Store(time.Now().UnixNano())
+		// A hold's beat is written by the last sweep's goroutines (done)
+		// and, for a message taken, under d.mu: read here under d.mu,
+		// since a hold in the list may be a spare taken again during
+		// the sweep.
 		d.mu.Lock()
-		hs = append(hs[:0], d.held...)
+		for _, h := range d.held {
+			hs = append(hs, beaten{h, h.beat})
+		}
 		d.mu.Unlock()
 		if len(hs) == 0 {
 			continue
 		}
 		// The oldest word first, from a few goroutines at once, so that
 		// a sweep of many messages over a slow queue keeps each within
-		// its ack wait. beat is written only here (and before the
-		// message was held), and the last sweep's goroutines are done.
-		slices.SortFunc(hs, func(a, b *hold) int { return a.beat.Compare(b.beat) })
+		// its ack wait.
+		slices.SortFunc(hs, func(a, b beaten) int { return a.beat.Compare(b.beat) })
 		next := make(chan *hold)
 		var sweep sync.WaitGroup
 		for range min(len(hs), heartbeatCalls) {
@@ -931,12 +1004,13 @@ func (d *Drainer) heartbeat(ctx context.Context, stop <-chan struct{}) {
 				}
 			})
 		}
-		for _, h := range hs {
-			next <- h
+		for _, b := range hs {
+			next <- b.h
 		}
 		close(next)
 		sweep.Wait()
 		clear(hs) // let settled messages go
+		hs = hs[:0]
 	}
 }
 

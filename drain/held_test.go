@@ -48,6 +48,41 @@ type ackQueue struct{ *fakeQueue }
 
 func (q ackQueue) AckWait() time.Duration { return q.ackWait }
 
+// multiQueue is an ackQueue that is a drain.MultiSource: NextMany waits
+// for one message, and adds those waiting in the queue then; batched, it
+// takes a batch of len(ms) as NextUpTo does and returns one of it.
+type multiQueue struct{ ackQueue }
+
+func (q multiQueue) NextMany(ctx context.Context, ms []drain.Message) (int, error) {
+	if q.batched {
+		m, err := q.NextUpTo(ctx, len(ms))
+		if err != nil {
+			return 0, err
+		}
+		ms[0] = m
+		return 1, nil
+	}
+	q.mu.Lock()
+	q.asked = append(q.asked, len(ms))
+	q.mu.Unlock()
+	m, err := q.NextUpTo1(ctx)
+	if err != nil {
+		return 0, err
+	}
+	ms[0] = m
+	n := 1
+	for ; n < len(ms); n++ {
+		select {
+		case more := <-q.ch:
+			q.take(more)
+			ms[n] = more
+		default:
+			return n, nil
+		}
+	}
+	return n, nil
+}
+
 func newFakeQueue(window, n int, ackWait time.Duration, partition func(i int) string) *fakeQueue {
 	q := &fakeQueue{window: window, ackWait: ackWait, ch: make(chan *fakeMsg, 2*n+window), started: time.Now(),
 		acked: make(map[string]int), allAcked: make(chan struct{}), want: n}
@@ -273,15 +308,25 @@ func runBubble(t *testing.T, d *drain.Drainer, q *fakeQueue, limit time.Duration
 // settled; the Drainer holds no more than the rate sends in half the ack
 // wait; nothing is delivered twice, so each is sent once. Before, the
 // Drainer took the whole window at once and only messages in the Sink
-// were told InProgress: all but the first few came again.
+// were told InProgress: all but the first few came again. The same with a
+// MultiSource, which is asked for no more than the room.
 func TestDrainHeldHeartbeat(t *testing.T) {
+	t.Run("Source", func(t *testing.T) { testDrainHeldHeartbeat(t, false) })
+	t.Run("MultiSource", func(t *testing.T) { testDrainHeldHeartbeat(t, true) })
+}
+
+func testDrainHeldHeartbeat(t *testing.T, multi bool) {
 	synctest.Test(t, func(t *testing.T) {
 		const n = 20
 		q := newFakeQueue(64, n, 2*time.Second, func(int) string { return "" })
+		var src drain.Source = ackQueue{q}
+		if multi {
+			src = multiQueue{ackQueue{q}}
+		}
 		var mu sync.Mutex
 		sent := map[string]int{}
 		d, err := drain.New(drain.Options{
-			Inputs: []drain.Input{{Source: ackQueue{q}}},
+			Inputs: []drain.Input{{Source: src}},
 			Sink: func(ctx context.Context, m drain.Message) error {
 				mu.Lock()
 				sent[m.Key()]++
@@ -345,8 +390,14 @@ func TestDrainHeldHeartbeat(t *testing.T) {
 // What the Source still holds of the batch must be taken all the same,
 // and so told InProgress: none is delivered again. Before, the Drainer
 // took one more each time one was sent, at 2/s, and the end of the batch
-// outlived its ack wait in the Source.
+// outlived its ack wait in the Source. The same with a MultiSource that
+// returns one message of its batch at a time.
 func TestBatchTakenWhenRateFalls(t *testing.T) {
+	t.Run("BatchSource", func(t *testing.T) { testBatchTakenWhenRateFalls(t, false) })
+	t.Run("MultiSource", func(t *testing.T) { testBatchTakenWhenRateFalls(t, true) })
+}
+
+func testBatchTakenWhenRateFalls(t *testing.T, multi bool) {
 	synctest.Test(t, func(t *testing.T) {
 		const n = 30
 		q := newFakeQueue(64, n, 2*time.Second, func(int) string { return "" })
@@ -354,8 +405,12 @@ func TestBatchTakenWhenRateFalls(t *testing.T) {
 		lim := ratelimit.NewLimiter(20, 1)
 		var once sync.Once
 		q.onBatch = func() { once.Do(func() { lim.SetLimit(2) }) }
+		var src drain.Source = ackQueue{q}
+		if multi {
+			src = multiQueue{ackQueue{q}}
+		}
 		d, err := drain.New(drain.Options{
-			Inputs:  []drain.Input{{Source: ackQueue{q}}},
+			Inputs:  []drain.Input{{Source: src}},
 			Sink:    func(context.Context, drain.Message) error { return nil },
 			Limiter: lim,
 			Logger:  quiet,
@@ -372,6 +427,61 @@ func TestBatchTakenWhenRateFalls(t *testing.T) {
 		}
 		if len(q.acked) != n {
 			t.Errorf("%d of %d acknowledged", len(q.acked), n)
+		}
+	})
+}
+
+// TestMultiSourceWindow: 2,000 messages of a MultiSource with a window
+// of 64 and an ack wait of 2 s, no Limiter, a Sink that takes 10 ms: the
+// Drainer takes them in batches no larger than its room, holds no more
+// than the window, tells the held ones InProgress and never a settled
+// one (holds are reused), and each message is acknowledged once.
+func TestMultiSourceWindow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n, window = 2000, 64
+		q := newFakeQueue(window, n, 2*time.Second, func(int) string { return "" })
+		d, err := drain.New(drain.Options{
+			Inputs: []drain.Input{{Source: multiQueue{ackQueue{q}}}},
+			Sink: func(context.Context, drain.Message) error {
+				time.Sleep(10 * time.Millisecond)
+				return nil
+			},
+			Workers: 16,
+			Logger:  quiet,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		runBubble(t, d, q, time.Minute)
+		synctest.Wait()
+		st := d.Stats()
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if q.maxOut > window {
+			t.Errorf("held %d at once, want at most %d", q.maxOut, window)
+		}
+		batches := 0
+		for _, a := range q.asked {
+			if a > window {
+				t.Errorf("asked the source for %d, more than the window %d", a, window)
+			}
+			if a > 1 {
+				batches++
+			}
+		}
+		if batches == 0 {
+			t.Errorf("never asked for more than one message: %v", q.asked)
+		}
+		if q.redelivered != 0 || q.lateBeats != 0 {
+			t.Errorf("%d delivered again, %d InProgress after the message was settled", q.redelivered, q.lateBeats)
+		}
+		for k, c := range q.acked {
+			if c != 1 {
+				t.Errorf("%s acknowledged %d times", k, c)
+			}
+		}
+		if len(q.acked) != n || st.Done != n || st.Duplicates != 0 {
+			t.Errorf("%d acknowledged, done %d, duplicates %d; want %d, %d, 0", len(q.acked), st.Done, st.Duplicates, n, n)
 		}
 	})
 }

@@ -23,6 +23,7 @@ type level struct {
 	skipped int                     // releases in a row that passed it over while it waited
 	turns   fifo[string]            // tenants with messages, in turn order
 	queues  map[string]*fifo[taken] // by tenant
+	spare   *fifo[taken]            // the last one emptied, for the next tenant: its space is kept
 	n       int
 }
 
@@ -80,7 +81,10 @@ func (s *scheduler) push(input int, tenant string, t taken) {
 	l := s.ofInput[input]
 	q := l.queues[tenant]
 	if q == nil {
-		q = new(fifo[taken])
+		q, l.spare = l.spare, nil
+		if q == nil {
+			q = new(fifo[taken])
+		}
 		l.queues[tenant] = q
 	}
 	if q.len() == 0 {
@@ -128,6 +132,7 @@ func (s *scheduler) pop() (taken, bool) {
 		pick.turns.push(tenant)
 	} else {
 		delete(pick.queues, tenant) // tenants come and go: keep only those waiting
+		pick.spare = q
 	}
 	pick.n--
 	s.n--

@@ -499,12 +499,30 @@ func (c *StreamConsumer) Remove(ctx context.Context) (bool, error) {
 	return n > 0, err
 }
 
-// Ack acknowledges the record id: it leaves the group's pending list and
-// is never delivered to the group again. Acknowledging a record that is
-// not pending (acknowledged already) does nothing.
-func (c *StreamConsumer) Ack(ctx context.Context, id string) error {
-	if err := c.s.ack.Run(ctx, c.s.c, []string{c.s.key, c.s.delays}, c.group, id).Err(); err != nil {
-		return fmt.Errorf("redisstore: acknowledging %s of stream %q: %w", id, c.s.name, err)
+// maxAckIDs bounds the record ids of one acknowledging script call (Lua's
+// unpack takes a few thousand at most).
+const maxAckIDs = 1024
+
+// Ack acknowledges the records ids: they leave the group's pending list
+// and are never delivered to the group again. Acknowledging a record that
+// is not pending (acknowledged already) does nothing. Many ids take one
+// round trip (one per 1024).
+func (c *StreamConsumer) Ack(ctx context.Context, ids ...string) error {
+	for len(ids) > 0 {
+		n := min(len(ids), maxAckIDs)
+		args := make([]any, 0, 1+n)
+		args = append(args, c.group)
+		for _, id := range ids[:n] {
+			args = append(args, id)
+		}
+		if err := c.s.ack.Run(ctx, c.s.c, []string{c.s.key, c.s.delays}, args...).Err(); err != nil {
+			what := ids[0]
+			if n > 1 {
+				what = fmt.Sprintf("%d records from %s", n, ids[0])
+			}
+			return fmt.Errorf("redisstore: acknowledging %s of stream %q: %w", what, c.s.name, err)
+		}
+		ids = ids[n:]
 	}
 	return nil
 }

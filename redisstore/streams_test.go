@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -490,5 +491,41 @@ func TestStreamPrune(t *testing.T) {
 	a.Ack(ctx, recs[0].ID)
 	if ok, err := a.Remove(ctx); err != nil || !ok {
 		t.Errorf("Remove after the ack = %v, %v", ok, err)
+	}
+}
+
+// TestStreamAckMany: one Ack of several records, one of them put back
+// with a delay beyond the ack wait, leaves none pending and forgets the
+// delay; an id not pending among them changes nothing.
+func TestStreamAckMany(t *testing.T) {
+	s, c := newTestStream(t, "ackmany")
+	ctx := t.Context()
+	for i := range 3 {
+		if _, _, err := s.Add(ctx, StreamRecord{Key: fmt.Sprint("k", i), Data: []byte("x")}, time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, _ := s.Consumer("g", "a", 200*time.Millisecond)
+	recs, err := a.Read(ctx, 3, time.Second)
+	if err != nil || len(recs) != 3 {
+		t.Fatalf("Read = %+v, %v", recs, err)
+	}
+	if err := a.Release(ctx, recs[1].ID, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.HLen(ctx, s.delays).Result(); err != nil || n != 1 {
+		t.Fatalf("delays held = %d, %v; want 1", n, err)
+	}
+	if err := a.Ack(ctx, recs[0].ID, recs[1].ID, recs[2].ID, "0-1"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Backlog(ctx, "g"); err != nil || n != 0 {
+		t.Errorf("Backlog after the ack = %d, %v", n, err)
+	}
+	if n, err := c.HLen(ctx, s.delays).Result(); err != nil || n != 0 {
+		t.Errorf("delays held after the ack = %d, %v; want 0", n, err)
+	}
+	if err := a.Ack(ctx); err != nil {
+		t.Errorf("Ack of no records: %v", err)
 	}
 }

@@ -14,7 +14,8 @@
 // A drainer that dies leaves what it held to be delivered again after the
 // consumer's AckWait; a live one keeps what it holds, however long it
 // waits, by telling it InProgress (the Source reports its AckWait, and
-// pulls no more than the drainer has room for, NextUpTo). Held reports
+// pulls no more than the drainer has room for, NextUpTo and NextMany,
+// which hands over together the messages of a pull that have come). Held reports
 // the messages a previous drainer holds or held when it stopped. Ack
 // returns once the server has the acknowledgement (which an embedded
 // server writes to disk within about 100 ms): the acknowledgements asked

@@ -60,6 +60,7 @@ type Options struct {
 
 var (
 	_ drain.BatchSource = (*Source)(nil)
+	_ drain.MultiSource = (*Source)(nil)
 	_ drain.AckWaiter   = (*Source)(nil)
 	_ drain.AsyncAcker  = (*jsMessage)(nil)
 )
@@ -76,9 +77,10 @@ type Source struct {
 	window int
 	next   string // the subject of the consumer's pull requests
 
-	// reading is held (a value in it) by the one NextUpTo that reads; the
+	// reading is held (a value in it) by the one take that reads; the
 	// pull's state below is its, and Stop's under mu.
 	reading chan struct{}
+	later   error // met by a take that returned messages, for the next one
 	mu      sync.Mutex
 	sub     *nats.Subscription // on inbox.*, once subscribed
 	msgs    chan *nats.Msg     // sub's
@@ -180,52 +182,102 @@ func (s *Source) Next(ctx context.Context) (drain.Message, error) {
 // costs a request, not a subscription, and a message that arrives after
 // its pull was given up is handed out all the same.
 func (s *Source) NextUpTo(ctx context.Context, n int) (drain.Message, error) {
+	var ms [1]drain.Message
+	if _, err := s.take(ctx, ms[:], n); err != nil {
+		return nil, err
+	}
+	return ms[0], nil
+}
+
+// NextMany is NextUpTo for len(ms) messages: it pulls len(ms) at most,
+// waits for the first and puts in ms those that have come by then
+// (drain.MultiSource).
+func (s *Source) NextMany(ctx context.Context, ms []drain.Message) (int, error) {
+	return s.take(ctx, ms, len(ms))
+}
+
+// take pulls n messages at most, waits for one and returns it in ms with
+// those that have come by then, len(ms) at most. It sends one pull at
+// most, before the first message: the Drainer counts on no more than n
+// coming of a call.
+func (s *Source) take(ctx context.Context, ms []drain.Message, n int) (int, error) {
 	select {
 	case s.reading <- struct{}{}:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return 0, ctx.Err()
 	}
 	defer func() { <-s.reading }()
-	for {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		msgs, err := s.pull(n)
-		if err != nil {
-			return nil, fmt.Errorf("jsdrain: pulling from %q: %w", s.cfg.Consumer, err)
-		}
-		select {
-		case m := <-msgs:
-			// A pull's end (a status) comes on its own reply subject, a
-			// message on its original subject.
-			if status := m.Header.Get("Status"); len(m.Data) == 0 && status != "" {
-				if m.Subject != s.current() || status == "100" {
-					continue // an earlier pull's end, or a heartbeat
-				}
-				s.ended()
-				if status == "404" || status == "408" {
-					continue // no messages, or expired: pull again
-				}
-				return nil, fmt.Errorf("jsdrain: pulling from %q: %s %s", s.cfg.Consumer, status, m.Header.Get("Description"))
-			}
-			s.delivered()
-			md, err := m.Metadata()
-			if err != nil {
-				// Not a JetStream message: it cannot be acknowledged,
-				// so it is not ours to deliver.
-				return nil, fmt.Errorf("jsdrain: message without JetStream metadata: %w", err)
-			}
-			jm := &jsMessage{src: s, m: m, md: md, tenant: m.Header.Get(drain.HeaderTenant)}
-			if jm.key = m.Header.Get(jetstream.MsgIDHeader); jm.key == "" {
-				jm.key = md.Stream + "/" + strconv.FormatUint(md.Sequence.Stream, 10)
-			}
-			return jm, nil
-		case <-s.expiry.C:
-			s.ended() // the server forgot it
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
+	if err := s.later; err != nil {
+		s.later = nil
+		return 0, err
 	}
+	var msgs chan *nats.Msg
+	got := 0
+	for got < len(ms) {
+		var m *nats.Msg
+		if got == 0 {
+			if err := ctx.Err(); err != nil {
+				return 0, err
+			}
+			var err error
+			if msgs, err = s.pull(n); err != nil {
+				return 0, fmt.Errorf("jsdrain: pulling from %q: %w", s.cfg.Consumer, err)
+			}
+			select {
+			case m = <-msgs:
+			case <-s.expiry.C:
+				s.ended() // the server forgot it
+				continue
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			}
+		} else {
+			select {
+			case m = <-msgs:
+			default:
+				return got, nil // those that have come
+			}
+		}
+		// A pull's end (a status) comes on its own reply subject, a
+		// message on its original subject.
+		if status := m.Header.Get("Status"); len(m.Data) == 0 && status != "" {
+			if m.Subject != s.current() || status == "100" {
+				continue // an earlier pull's end, or a heartbeat
+			}
+			s.ended()
+			if status == "404" || status == "408" {
+				if got > 0 {
+					return got, nil
+				}
+				continue // no messages, or expired: pull again
+			}
+			return s.failed(got, fmt.Errorf("jsdrain: pulling from %q: %s %s", s.cfg.Consumer, status, m.Header.Get("Description")))
+		}
+		s.delivered()
+		md, err := m.Metadata()
+		if err != nil {
+			// Not a JetStream message: it cannot be acknowledged,
+			// so it is not ours to deliver.
+			return s.failed(got, fmt.Errorf("jsdrain: message without JetStream metadata: %w", err))
+		}
+		jm := &jsMessage{src: s, m: m, md: md, tenant: m.Header.Get(drain.HeaderTenant)}
+		if jm.key = m.Header.Get(jetstream.MsgIDHeader); jm.key == "" {
+			jm.key = md.Stream + "/" + strconv.FormatUint(md.Sequence.Stream, 10)
+		}
+		ms[got] = jm
+		got++
+	}
+	return got, nil
+}
+
+// failed returns err for take, which has got messages in hand: with
+// none, at once; else the messages now, and err from the next take.
+func (s *Source) failed(got int, err error) (int, error) {
+	if got == 0 {
+		return 0, err
+	}
+	s.later = err
+	return got, nil
 }
 
 // pull subscribes if the Source is not, and sends a pull of n messages at

@@ -62,9 +62,14 @@
 // most Options.MaxUncommitted records are tracked past the commit points
 // (delivered, waiting, put back, or settled behind one that is not);
 // when that many are, the Source polls no more until a commit point moves
-// on. Bodies are dropped once settled. Besides these, franz-go buffers
-// what its last fetches returned (kgo.FetchMaxBytes and
-// kgo.FetchMaxPartitionBytes, through Options.ClientOptions, bound it).
+// on. A settled record's body and tracking stay in memory with those of
+// its batch (franz-go's records of a batch share its buffer, and the
+// Source tracks a fetch's records in one array) while one of them is
+// tracked or held: MaxUncommitted records and the batches they came in,
+// since a partition's tracked records are a run of offsets. Besides
+// these, franz-go buffers what its last fetches returned
+// (kgo.FetchMaxBytes and kgo.FetchMaxPartitionBytes, through
+// Options.ClientOptions, bound it).
 //
 // Records of different partitions are delivered in turn. Options.Ordered
 // keeps each partition's order: at most one record of a partition is out

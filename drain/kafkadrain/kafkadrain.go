@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -141,7 +142,7 @@ var ErrClosed = errors.New("kafkadrain: source closed")
 // errRevoked is what settling a record of a partition taken away returns.
 var errRevoked = errors.New("kafkadrain: the record's partition was revoked; its new owner gets it again")
 
-var _ drain.Source = (*Source)(nil)
+var _ drain.MultiSource = (*Source)(nil)
 
 // Source is a drain.Source on a Kafka consumer group member that commits
 // only past records that were settled; see the package doc. Make one
@@ -151,6 +152,7 @@ type Source struct {
 	cl     *kgo.Client
 	adm    *kadm.Client
 	ctx    context.Context // the poll and commit loops'
+	born   time.Time       // when made: put-back records are due at a time since
 	cancel context.CancelFunc
 	loops  sync.WaitGroup
 
@@ -169,9 +171,11 @@ type Source struct {
 
 // part is the Source's state of one partition it owns.
 type part struct {
+	src       *Source
 	id        int32
 	recs      []*rec // fetched past the commit point, by offset; settled ones leave from the front
-	fresh     []*rec // fetched, never delivered
+	array     []*rec // recs' array, from its start: the space of those that left is used again
+	fresh     int    // the last records of recs, fetched and never delivered
 	naked     []*rec // put back, by offset
 	inflight  int
 	settled   int   // settled records in recs
@@ -185,21 +189,23 @@ type part struct {
 // settled, else the one after the last fetched (-1 before any).
 func (p *part) point() kgo.EpochOffset {
 	if len(p.recs) > 0 {
-		return kgo.EpochOffset{Epoch: p.recs[0].r.LeaderEpoch, Offset: p.recs[0].r.Offset}
+		r := p.recs[0].first.r
+		return kgo.EpochOffset{Epoch: r.LeaderEpoch, Offset: r.Offset}
 	}
 	return kgo.EpochOffset{Epoch: p.lastEpoch, Offset: p.next}
 }
 
-// rec is one record fetched.
+// rec is one record fetched: 80 bytes with its first delivery, in an
+// array with the others of its fetch (see add).
 type rec struct {
 	p          *part
-	r          *kgo.Record // nil once settled
-	deliveries int
-	due        time.Time // when put back: not before
-	out        bool      // delivered and not settled
+	due        time.Duration // when put back: not before, since the Source's birth
+	deliveries int32
+	out        bool // delivered and not settled
 	settled    bool
-	// first is the message of its first delivery, allocated with it:
-	// one allocation per record for the records delivered once.
+	// first is the message of its first delivery, allocated with it
+	// (no allocation per record for the records delivered once). Its r
+	// is the record's from the start.
 	first message
 }
 
@@ -211,7 +217,7 @@ func New(cfg Options) (*Source, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Source{cfg: cfg, wake: make(chan struct{}), parts: make(map[int32]*part)}
+	s := &Source{cfg: cfg, born: time.Now(), wake: make(chan struct{}), parts: make(map[int32]*part)}
 	opts := []kgo.Opt{
 		kgo.SeedBrokers(cfg.Brokers...),
 		kgo.RequiredAcks(kgo.AllISRAcks()),
@@ -290,57 +296,93 @@ func (s *Source) poll() {
 		fs.EachError(func(topic string, p int32, err error) {
 			s.fetchErr = fmt.Errorf("kafkadrain: fetching %s/%d: %w", topic, p, err)
 		})
-		fs.EachRecord(s.add)
+		fs.EachPartition(func(ft kgo.FetchTopicPartition) {
+			if ft.Topic == s.cfg.Topic && len(ft.Records) > 0 {
+				s.add(ft.Partition, ft.Records)
+			}
+		})
 		s.notify()
 		s.mu.Unlock()
 		s.cl.AllowRebalance()
 	}
 }
 
-// add tracks a record fetched; s.mu is held.
-func (s *Source) add(r *kgo.Record) {
-	if r.Topic != s.cfg.Topic {
-		return
-	}
-	p := s.parts[r.Partition]
+// add tracks the records rs fetched from partition id, by offset; s.mu
+// is held. Their tracking is one array (one allocation per fetch, not
+// per record), kept in memory while one of them is tracked or held by
+// the Drainer: since a partition's tracked records are a run of offsets,
+// little more than MaxUncommitted records' worth.
+func (s *Source) add(id int32, rs []*kgo.Record) {
+	p := s.parts[id]
 	if p == nil {
-		p = &part{id: r.Partition, next: -1, committed: -1}
-		s.parts[r.Partition] = p
+		p = &part{src: s, id: id, next: -1, committed: -1}
+		s.parts[id] = p
 		s.order = append(s.order, p)
 	}
-	if p.next >= 0 && r.Offset < p.next {
-		return // fetched before: never tracked twice
+	xs := make([]rec, len(rs))
+	for i, r := range rs {
+		if p.next >= 0 && r.Offset < p.next {
+			continue // fetched before: never tracked twice
+		}
+		x := &xs[i]
+		x.p, x.first.r = p, r
+		if len(p.recs) == cap(p.recs) {
+			// To the front of the array, or of a new one twice as large.
+			if 2*len(p.recs) > len(p.array) {
+				p.array = make([]*rec, 2*len(p.recs)+16)
+			}
+			n := copy(p.array, p.recs)
+			clear(p.array[n:])
+			p.recs = p.array[:n]
+		}
+		p.recs = append(p.recs, x)
+		p.fresh++
+		p.next, p.lastEpoch = r.Offset+1, r.LeaderEpoch
+		s.tracked++
 	}
-	x := &rec{p: p, r: r}
-	p.recs = append(p.recs, x)
-	p.fresh = append(p.fresh, x)
-	p.next, p.lastEpoch = r.Offset+1, r.LeaderEpoch
-	s.tracked++
 }
 
 // Next returns the next record: a put-back one whose delay has passed,
 // else one fetched, each partition in turn; it waits while Window records
 // are delivered and not settled.
 func (s *Source) Next(ctx context.Context) (drain.Message, error) {
+	var ms [1]drain.Message
+	if _, err := s.NextMany(ctx, ms[:]); err != nil {
+		return nil, err
+	}
+	return ms[0], nil
+}
+
+// NextMany is Next for up to len(ms) records: it waits for the first as
+// Next does, and puts in ms those it may deliver then
+// (drain.MultiSource).
+func (s *Source) NextMany(ctx context.Context, ms []drain.Message) (int, error) {
 	for {
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
-			return nil, ErrClosed
+			return 0, ErrClosed
 		}
 		if err := s.fetchErr; err != nil {
 			s.fetchErr = nil
 			s.mu.Unlock()
-			return nil, err
+			return 0, err
 		}
 		var soonest time.Time
-		if s.inflight < s.cfg.Window {
+		n := 0
+		for n < len(ms) && s.inflight < s.cfg.Window {
 			var m *message
 			m, soonest = s.pick()
-			if m != nil {
-				s.mu.Unlock()
-				return m, nil
+			if m == nil {
+				break
 			}
+			ms[n] = m
+			n++
+		}
+		if n > 0 {
+			s.mu.Unlock()
+			copyHeaders(ms[:n])
+			return n, nil
 		}
 		wake := s.waitOn()
 		s.mu.Unlock()
@@ -359,7 +401,7 @@ func (s *Source) Next(ctx context.Context) (drain.Message, error) {
 			t.Stop()
 		}
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return 0, err
 		}
 	}
 }
@@ -368,7 +410,7 @@ func (s *Source) Next(ctx context.Context) (drain.Message, error) {
 // first put-back one may; s.mu is held. It reads the clock only when a
 // record was put back.
 func (s *Source) pick() (*message, time.Time) {
-	var soonest, now time.Time
+	var soonest, now time.Duration // since s.born; 0: not read, none
 	n := len(s.order)
 	for i := range n {
 		p := s.order[(s.turn+i)%n]
@@ -376,15 +418,15 @@ func (s *Source) pick() (*message, time.Time) {
 			continue
 		}
 		for j, x := range p.naked {
-			if now.IsZero() {
-				now = time.Now()
+			if now == 0 {
+				now = max(1, time.Since(s.born))
 			}
-			if !x.due.After(now) {
+			if x.due <= now {
 				p.naked = slices.Delete(p.naked, j, j+1)
 				s.turn = (s.turn + i + 1) % n
 				return s.deliver(x), time.Time{}
 			}
-			if soonest.IsZero() || x.due.Before(soonest) {
+			if soonest == 0 || x.due < soonest {
 				soonest = x.due
 			}
 			if s.cfg.Ordered {
@@ -394,29 +436,32 @@ func (s *Source) pick() (*message, time.Time) {
 		if s.cfg.Ordered && len(p.naked) > 0 {
 			continue // the put-back record goes first
 		}
-		if len(p.fresh) > 0 {
-			x := p.fresh[0]
-			p.fresh[0] = nil
-			p.fresh = p.fresh[1:]
+		if p.fresh > 0 {
+			x := p.recs[len(p.recs)-p.fresh]
+			p.fresh--
 			s.turn = (s.turn + i + 1) % n
 			return s.deliver(x), time.Time{}
 		}
 	}
-	return nil, soonest
+	if soonest == 0 {
+		return nil, time.Time{}
+	}
+	return nil, s.born.Add(soonest)
 }
 
-// deliver hands x out; s.mu is held.
+// deliver hands x out, its key and tenant to be copied (copyHeaders);
+// s.mu is held.
 func (s *Source) deliver(x *rec) *message {
 	x.deliveries++
 	x.out = true
 	x.p.inflight++
 	s.inflight++
+	r := x.first.r
 	m := &x.first
 	if x.deliveries > 1 {
 		m = new(message)
 	}
-	*m = message{src: s, x: x, r: x.r, deliveries: x.deliveries,
-		key: header(x.r, drain.IdempotencyKeyHeader), tenant: header(x.r, drain.HeaderTenant)}
+	*m = message{x: x, r: r, deliveries: int(x.deliveries)}
 	return m
 }
 
@@ -439,15 +484,15 @@ func (s *Source) settle(x *rec, done bool, delay time.Duration) error {
 	case s.closed:
 		return ErrClosed
 	case !done:
-		x.due = time.Now().Add(delay)
-		i, _ := slices.BinarySearchFunc(x.p.naked, x.r.Offset, func(y *rec, o int64) int {
-			return compare(y.r.Offset, o)
+		x.due = time.Since(s.born) + delay
+		i, _ := slices.BinarySearchFunc(x.p.naked, x.first.r.Offset, func(y *rec, o int64) int {
+			return compare(y.first.r.Offset, o)
 		})
 		x.p.naked = slices.Insert(x.p.naked, i, x)
 		return nil
 	}
 	p := x.p
-	x.settled, x.r = true, nil
+	x.settled = true
 	p.settled++
 	for len(p.recs) > 0 && p.recs[0].settled {
 		p.recs[0] = nil
@@ -598,7 +643,7 @@ func (s *Source) drop(ids []int32) []*part {
 		delete(s.parts, id)
 		s.order = slices.DeleteFunc(s.order, func(q *part) bool { return q == p })
 		s.tracked -= len(p.recs)
-		p.fresh, p.naked = nil, nil
+		p.fresh, p.naked = 0, nil
 		ps = append(ps, p)
 	}
 	s.turn = 0
@@ -679,12 +724,14 @@ func (s *Source) Close(ctx context.Context) error {
 // message is one delivery of a record, with its key and tenant headers
 // copied out once (the Drainer asks for each more than once).
 type message struct {
-	src         *Source
 	x           *rec
 	r           *kgo.Record
 	deliveries  int
 	key, tenant string // the headers; "" when absent
 }
+
+// src is the Source that delivered m.
+func (m *message) src() *Source { return m.x.p.src }
 
 func header(r *kgo.Record, name string) string {
 	for _, h := range r.Headers {
@@ -693,6 +740,46 @@ func header(r *kgo.Record, name string) string {
 		}
 	}
 	return ""
+}
+
+// keyTenant returns the values of r's key and tenant headers (the first
+// of each); nil when absent.
+func keyTenant(r *kgo.Record) (key, tenant []byte) {
+	for _, h := range r.Headers {
+		switch {
+		case h.Key == drain.IdempotencyKeyHeader && key == nil:
+			key = h.Value
+		case h.Key == drain.HeaderTenant && tenant == nil:
+			tenant = h.Value
+		}
+	}
+	return key, tenant
+}
+
+// copyHeaders sets the key and tenant of ms, just delivered, to their
+// records' headers, copied into one string for them all: one allocation
+// per batch rather than one per message, the string kept while one of
+// them is.
+func copyHeaders(ms []drain.Message) {
+	size := 0
+	for _, m := range ms {
+		k, t := keyTenant(m.(*message).r)
+		size += len(k) + len(t)
+	}
+	var b strings.Builder
+	b.Grow(size)
+	for _, m := range ms {
+		k, t := keyTenant(m.(*message).r)
+		b.Write(k)
+		b.Write(t)
+	}
+	all := b.String()
+	for _, m := range ms {
+		m := m.(*message)
+		k, t := keyTenant(m.r)
+		m.key, all = all[:len(k)], all[len(k):]
+		m.tenant, all = all[:len(t)], all[len(t):]
+	}
 }
 
 // Key is the record's drain.IdempotencyKeyHeader header, else
@@ -725,12 +812,12 @@ func (m *message) Deliveries() int { return m.deliveries }
 
 // Ack settles the record: its offset is committed once every record
 // before it in its partition is settled too.
-func (m *message) Ack(ctx context.Context) error { return m.src.settle(m.x, true, 0) }
+func (m *message) Ack(ctx context.Context) error { return m.src().settle(m.x, true, 0) }
 
 // Nak keeps the record in the Source, to be delivered again after delay;
 // it holds the commit point of its partition meanwhile.
 func (m *message) Nak(ctx context.Context, delay time.Duration) error {
-	err := m.src.settle(m.x, false, max(0, delay))
+	err := m.src().settle(m.x, false, max(0, delay))
 	if errors.Is(err, errRevoked) {
 		return nil // put back indeed: the partition's new owner has it
 	}
@@ -748,13 +835,13 @@ func (m *message) InProgress(ctx context.Context) error { return nil }
 // and then settles the record. A crash between the two produces the copy
 // again when the record is dead-lettered again.
 func (m *message) DeadLetter(ctx context.Context, reason error) error {
-	topic := m.src.cfg.DeadLetterTopic
+	topic := m.src().cfg.DeadLetterTopic
 	if topic == "" {
 		return errors.New("kafkadrain: no dead-letter topic configured")
 	}
-	m.src.mu.Lock()
+	m.src().mu.Lock()
 	out, gone := m.x.out, m.x.p.gone
-	m.src.mu.Unlock()
+	m.src().mu.Unlock()
 	if !out {
 		return errors.New("kafkadrain: record settled twice")
 	}
@@ -778,13 +865,13 @@ func (m *message) DeadLetter(ctx context.Context, reason error) error {
 		kgo.RecordHeader{Key: HeaderOrigin, Value: []byte(m.r.Topic + "/" + strconv.Itoa(int(m.r.Partition)) + "/" + strconv.FormatInt(m.r.Offset, 10))},
 		kgo.RecordHeader{Key: HeaderError, Value: []byte(why)},
 	)
-	if err := m.src.cl.ProduceSync(ctx, dead).FirstErr(); err != nil {
+	if err := m.src().cl.ProduceSync(ctx, dead).FirstErr(); err != nil {
 		return fmt.Errorf("kafkadrain: dead-lettering to %q: %w", topic, err)
 	}
 	// Dead-lettered: done, even when the partition was taken away
 	// meanwhile (its new owner gets the record again; a put-back here
 	// would fail as well, and count an error for a record that is safe).
-	if err := m.src.settle(m.x, true, 0); err != nil && !errors.Is(err, errRevoked) {
+	if err := m.src().settle(m.x, true, 0); err != nil && !errors.Is(err, errRevoked) {
 		return err
 	}
 	return nil

@@ -38,7 +38,10 @@
 // settled: each read's and claim's COUNT is the free part of the window,
 // and while it is full Next waits. Every wait on the server (BLOCK) is
 // bounded (a second at most), so a Next outlives its context's
-// cancellation by at most that.
+// cancellation by at most that. A Drainer takes a read's records together
+// (NextMany), and acknowledges through AckAsync: the acknowledgements
+// asked for while one is on its way go together in one script call (one
+// XACK of many ids), so a round trip serves many records.
 //
 // # Delays
 //

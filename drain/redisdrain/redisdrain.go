@@ -113,7 +113,9 @@ func (o Options) check() (Options, error) {
 
 var (
 	_ drain.BatchSource = (*Source)(nil)
+	_ drain.MultiSource = (*Source)(nil)
 	_ drain.AckWaiter   = (*Source)(nil)
+	_ drain.AsyncAcker  = (*message)(nil)
 )
 
 // Source is a drain.Source on a consumer of a Redis stream's consumer
@@ -127,10 +129,13 @@ type Source struct {
 	cursor    string     // where the claim scan goes on; "0-0" between scans
 	nextClaim time.Time  // when the next scan starts
 
+	acks acks
+
 	mu     sync.Mutex
 	held   int                       // records read or claimed and not settled
 	buf    []redisstore.StreamRecord // of those, not yet handed out by Next
-	wake   chan struct{}             // closed and replaced when a record is settled
+	wake   chan struct{}             // closed and replaced when a record is settled, if waited on
+	waited bool                      // wake was taken by a Next that waits
 	closed bool
 }
 
@@ -157,7 +162,7 @@ func New(ctx context.Context, c redisstore.Client, o Options) (*Source, error) {
 	if _, err := st.Prune(ctx, o.Group, pruneIdle); err != nil {
 		return nil, fmt.Errorf("redisdrain: %w", err)
 	}
-	return &Source{cfg: o, stream: st, cons: cons, cursor: "0-0", wake: make(chan struct{})}, nil
+	return &Source{cfg: o, stream: st, cons: cons, cursor: "0-0", wake: make(chan struct{}), acks: acks{cons: cons}}, nil
 }
 
 // Options returns the Source's options, defaults filled in.
@@ -187,6 +192,21 @@ func (s *Source) Next(ctx context.Context) (drain.Message, error) {
 // takes n records at most, so that none waits in the Source, its ack wait
 // running, for room in the Drainer (drain.BatchSource).
 func (s *Source) NextUpTo(ctx context.Context, n int) (drain.Message, error) {
+	var ms [1]drain.Message
+	if _, err := s.take(ctx, ms[:], n); err != nil {
+		return nil, err
+	}
+	return ms[0], nil
+}
+
+// NextMany is NextUpTo for len(ms) records, all of those read and not
+// yet handed out, up to len(ms), in ms (drain.MultiSource).
+func (s *Source) NextMany(ctx context.Context, ms []drain.Message) (int, error) {
+	return s.take(ctx, ms, len(ms))
+}
+
+// take is NextMany, reading n records at most.
+func (s *Source) take(ctx context.Context, ms []drain.Message, n int) (int, error) {
 	s.next.Lock()
 	defer s.next.Unlock()
 	var gather *time.Timer // the wait for half the window to be free
@@ -198,24 +218,31 @@ func (s *Source) NextUpTo(ctx context.Context, n int) (drain.Message, error) {
 	}()
 	for {
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return 0, err
 		}
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
 			<-ctx.Done()
-			return nil, ctx.Err()
+			return 0, ctx.Err()
 		}
 		if len(s.buf) > 0 {
-			r := s.buf[0]
-			s.buf[0] = redisstore.StreamRecord{}
-			s.buf = s.buf[1:]
+			k := 0
+			for ; k < len(ms) && k < len(s.buf); k++ {
+				ms[k] = &message{src: s, r: s.buf[k]}
+				s.buf[k] = redisstore.StreamRecord{}
+			}
+			s.buf = s.buf[k:]
 			s.mu.Unlock()
-			return &message{src: s, r: r}, nil
+			return k, nil
 		}
-		free, wake := min(s.cfg.Window-s.held, max(1, n)), s.wake
-		s.mu.Unlock()
+		free := min(s.cfg.Window-s.held, max(1, n))
+		var wake chan struct{}
 		if free <= 0 || (free < s.cfg.Window/2 && !gathered) {
+			wake, s.waited = s.wake, true
+		}
+		s.mu.Unlock()
+		if wake != nil {
 			// A full window waits for a settled record; one less than
 			// half free waits up to gatherWait for more, so that reads
 			// take many records at a time rather than one per settled
@@ -232,7 +259,7 @@ func (s *Source) NextUpTo(ctx context.Context, n int) (drain.Message, error) {
 			case <-expired:
 				gathered = true
 			case <-ctx.Done():
-				return nil, ctx.Err()
+				return 0, ctx.Err()
 			}
 			continue
 		}
@@ -253,7 +280,7 @@ func (s *Source) NextUpTo(ctx context.Context, n int) (drain.Message, error) {
 			}
 		}
 		if err != nil {
-			return nil, fmt.Errorf("redisdrain: %w", err)
+			return 0, fmt.Errorf("redisdrain: %w", err)
 		}
 	}
 }
@@ -341,8 +368,10 @@ func (s *Source) handBack(ctx context.Context, recs []redisstore.StreamRecord) e
 func (s *Source) settled() {
 	s.mu.Lock()
 	s.held--
-	close(s.wake)
-	s.wake = make(chan struct{})
+	if s.waited {
+		close(s.wake)
+		s.wake, s.waited = make(chan struct{}), false
+	}
 	s.mu.Unlock()
 }
 
@@ -375,6 +404,61 @@ func (m *message) done() { m.once.Do(m.src.settled) }
 func (m *message) Ack(ctx context.Context) error {
 	defer m.done()
 	return m.src.cons.Ack(ctx, m.r.ID)
+}
+
+// AckAsync is Ack, with the acknowledgements asked for while one is on
+// its way sent together in one script call (drain.AsyncAcker): done is
+// called once theirs has returned.
+func (m *message) AckAsync(ctx context.Context, done func(error)) {
+	m.src.acks.ack(ctx, m.r.ID, func(err error) {
+		m.done()
+		done(err)
+	})
+}
+
+// acks groups acknowledgements: one asked for while none is on its way
+// is sent at once, by its caller, and those asked for meanwhile are sent
+// together next, by the same caller, until none is left. A round trip
+// then serves every record settled during the one before.
+type acks struct {
+	cons *redisstore.StreamConsumer
+
+	mu      sync.Mutex
+	sending bool
+	next    []ackAsked
+}
+
+type ackAsked struct {
+	id   string
+	done func(error)
+}
+
+// ack acknowledges id, and calls done with the outcome.
+func (a *acks) ack(ctx context.Context, id string, done func(error)) {
+	a.mu.Lock()
+	a.next = append(a.next, ackAsked{id, done})
+	if a.sending {
+		a.mu.Unlock()
+		return
+	}
+	a.sending = true
+	var ids []string
+	for len(a.next) > 0 {
+		group := a.next
+		a.next = nil
+		a.mu.Unlock()
+		ids = ids[:0]
+		for _, g := range group {
+			ids = append(ids, g.id)
+		}
+		err := a.cons.Ack(ctx, ids...)
+		for _, g := range group {
+			g.done(err)
+		}
+		a.mu.Lock()
+	}
+	a.sending = false
+	a.mu.Unlock()
 }
 
 // Nak puts the record back to be claimed once delay has passed (see the

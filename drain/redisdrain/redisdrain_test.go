@@ -3,7 +3,9 @@ package redisdrain_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -235,5 +237,81 @@ func TestReadsWithinWindow(t *testing.T) {
 	}
 	if n, err := src.Backlog(ctx); err != nil || n != 18 {
 		t.Errorf("Backlog = %d, %v; want 18", n, err)
+	}
+}
+
+// TestAckAsyncGroups: 200 records acknowledged through AckAsync at once
+// are all acknowledged, each done called once without error, in far fewer
+// XACKs than records (those asked for while one is on its way go
+// together).
+func TestAckAsyncGroups(t *testing.T) {
+	c := client(t, []string{redistest.Standalone(t).Addr()})
+	ctx := t.Context()
+	const n = 200
+	p, _ := redisdrain.NewPublisher(c, redisdrain.PublishOptions{Stream: "grouped"})
+	for i := range n {
+		if _, err := p.Publish(ctx, redisdrain.Record{Data: []byte{byte(i)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	src, err := redisdrain.New(ctx, c, redisdrain.Options{Stream: "grouped", Group: "g", Consumer: "c", Window: n, AckWait: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []drain.AsyncAcker
+	for range n {
+		m, err := src.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, m.(drain.AsyncAcker))
+	}
+	xacks := func() int64 {
+		t.Helper()
+		info, err := c.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\n") {
+			if rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_xack:calls="); ok {
+				calls, _, _ := strings.Cut(rest, ",")
+				v, err := strconv.ParseInt(calls, 10, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return v
+			}
+		}
+		return 0
+	}
+	before := xacks()
+	start := make(chan struct{})
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for _, m := range held {
+		wg.Go(func() {
+			<-start
+			m.AckAsync(ctx, func(err error) { errs <- err })
+		})
+	}
+	close(start)
+	wg.Wait()
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case err := <-errs:
+		t.Fatalf("a done called twice (%v)", err)
+	default:
+	}
+	if n, err := src.Backlog(ctx); err != nil || n != 0 {
+		t.Errorf("Backlog after the acks = %d, %v; want 0", n, err)
+	}
+	if calls := xacks() - before; calls > n/2 {
+		t.Errorf("%d XACKs for %d records, want at most %d", calls, n, n/2)
+	} else {
+		t.Logf("%d XACKs for %d records", calls, n)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limitheader"
+	"github.com/sluicehq/sluice/ratelimit"
 	"github.com/sluicehq/sluice/retry"
 )
 
@@ -96,19 +97,60 @@ type budgetKey struct {
 }
 
 // budgetDim is one dimension of a key: what the service last announced,
-// aged by the model, and the estimates in flight.
+// aged by the model, the pace set for it, and the estimates in flight.
 type budgetDim struct {
 	name, unit string
-	known      bool // an announcement paces it
-	window     bool // a fixed window, else a token bucket
-	limit      int64
-	level      float64   // what is left at `at` (or until resetAt, for a window)
-	at         time.Time // bucket: the instant of level
-	rate       float64   // bucket: refill per nanosecond
+	known      bool      // an announcement paces it
+	window     bool      // a fixed window, else a token bucket
+	bucket               // the announced level and, for a bucket, its refill
 	resetAt    time.Time // window: when the level is back to limit
 	period     time.Duration
-	reserved   int64  // estimates of the calls in flight
-	seq        uint64 // the reservation whose answer was last learned
+	pace       *bucket // set by SetPace; nil when none is
+	reserved   int64   // estimates of the calls in flight
+	seq        uint64  // the reservation whose answer was last learned
+}
+
+// A bucket is a token bucket: level at at, refilled at rate per
+// nanosecond up to limit. A fixed window's level is a bucket's level too,
+// without its refill.
+type bucket struct {
+	limit int64
+	level float64
+	at    time.Time
+	rate  float64
+}
+
+// advance ages b's level to now (never back: the clocks of concurrent
+// callers are read in any order).
+func (b *bucket) advance(now time.Time) {
+	if !now.After(b.at) {
+		return
+	}
+	if b.level < float64(b.limit) {
+		b.level = min(float64(b.limit), b.level+b.rate*float64(now.Sub(b.at)))
+	}
+	b.at = now
+}
+
+// wait is the time, from now, until b's level less reserved covers n
+// (capped at b's limit): 0 when it does now.
+func (b *bucket) wait(n, reserved int64, now time.Time) time.Duration {
+	b.advance(now)
+	short := float64(min(n, b.limit)) - (b.level - float64(reserved))
+	if short <= 0 {
+		return 0
+	}
+	w := short / b.rate
+	if w >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return max(1, time.Duration(math.Ceil(w)))
+}
+
+// charge takes n from b's level at now; it may go below zero (a debt).
+func (b *bucket) charge(n int64, now time.Time) {
+	b.advance(now)
+	b.level -= float64(n)
 }
 
 // An Estimate is what a call is expected to cost, in each dimension a
@@ -219,15 +261,76 @@ func (b *Budgets) TryReserve(key string, cost map[string]int64, now time.Time) (
 	k.tail = r
 	for _, d := range k.dims {
 		if n := d.cost(cost); n > 0 {
-			if d.known {
-				n = min(n, d.limit) // as much as it waited for
-			}
+			n = d.cap(n) // as much as it waited for
 			d.reserved += n
 			r.held = append(r.held, held{d, n})
 		}
 	}
 	return r, 0, nil
 }
+
+// SetPace paces dimension name of key's budgets with a token bucket of
+// limit units a second and burst units, besides what the service
+// announces of it: a call is sent when both cover its estimate. It is the
+// way to pace what the service does not announce, or only part of it:
+//
+//   - a capacity the caller knows, of a service that announces only what
+//     a call cost (Azure Cosmos DB's throughput, of which every answer
+//     says only x-ms-request-charge; see SetCapacity and RequestUnits);
+//   - this process's share of a budget that several processes spend (an
+//     LLM account): each process's Budgets learns the whole budget from
+//     the answers, and paces to its share of it, which a lease.Holder
+//     grants (see Share).
+//
+// The bucket starts full when first set; a later call changes its rate
+// and burst at now, keeping the level (capped at the new burst). It is
+// charged what each call used, when settled, so that a call that cost
+// more than its estimate leaves a debt that the next calls wait out. A
+// burst of 0 or less removes the pace.
+func (b *Budgets) SetPace(key, name string, limit float64, burst int64, now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	k := b.key(key)
+	d := k.dim(name)
+	if d == nil {
+		d = &budgetDim{name: name}
+		k.dims = append(k.dims, d)
+	}
+	rate := max(0, limit) / float64(time.Second)
+	switch {
+	case burst <= 0:
+		d.pace = nil
+	case d.pace == nil:
+		d.pace = &bucket{limit: burst, level: float64(burst), at: now, rate: rate}
+	default:
+		d.pace.advance(now)
+		d.pace.limit, d.pace.rate = burst, rate
+		d.pace.level = min(d.pace.level, float64(burst))
+	}
+	if k.wake != nil { // a waiter may fit now
+		close(k.wake)
+		k.wake = nil
+	}
+}
+
+// SetCapacity paces dimension name of key's budgets to a capacity of
+// perSecond units a second that the service counts in fixed windows of
+// length window whose start the caller does not know (Azure Cosmos DB's
+// provisioned throughput: 20,000 RU/s, counted per second): SetPace with
+// ratelimit.WindowPacing's bucket, which lets no window of that length,
+// wherever it starts, receive more than 99 % of perSecond × window, less
+// what calls in flight cost beyond their estimates.
+func (b *Budgets) SetCapacity(key, name string, perSecond float64, window time.Duration, now time.Time) {
+	limit, burst := ratelimit.WindowPacing(perSecond, window)
+	b.SetPace(key, name, float64(limit), int64(burst), now)
+}
+
+// RequestUnits is the dimension that a response's x-ms-request-charge
+// (Azure Cosmos DB's charge, limitheader.Announcement.Charge) settles: a
+// Client charges a call's reservation what its answer says the call cost,
+// rounded up, unless its Usage hook names the dimension. Pace it with
+// SetCapacity, and reserve an estimate of it (WithEstimate).
+const RequestUnits = "request-units"
 
 // key returns key's budgets, made on first use. b.mu is held.
 func (b *Budgets) key(key string) *budgetKey {
@@ -319,7 +422,7 @@ func (r *Reservation) settleLocked(used map[string]int64, free bool, now time.Ti
 		if !found {
 			est = d.cost(r.cost) // a dimension learned since r was granted
 		}
-		if free || !d.known {
+		if free || (!d.known && d.pace == nil) {
 			continue
 		}
 		n, ok := used[d.name]
@@ -327,8 +430,13 @@ func (r *Reservation) settleLocked(used map[string]int64, free bool, now time.Ti
 			n = est
 		}
 		if n > 0 {
-			d.advance(now)
-			d.level -= float64(n)
+			if d.known {
+				d.advance(now)
+				d.level -= float64(n)
+			}
+			if d.pace != nil {
+				d.pace.charge(n, now)
+			}
 		}
 	}
 	if r.k.wake != nil {
@@ -407,69 +515,76 @@ func (d *budgetDim) learn(bu limitheader.Budget, now time.Time, window time.Dura
 			d.advance(now)
 			level = min(0, d.level)
 		}
-		*d = budgetDim{name: d.name, unit: d.unit, known: true, limit: bu.Limit,
-			level: level, at: now, rate: rate, reserved: d.reserved, seq: d.seq}
+		*d = budgetDim{name: d.name, unit: d.unit, known: true,
+			bucket: bucket{limit: bu.Limit, level: level, at: now, rate: rate},
+			pace:   d.pace, reserved: d.reserved, seq: d.seq}
 	default:
 		if bu.Remaining < 0 || bu.Reset < 0 {
 			d.known = false
 			return
 		}
-		*d = budgetDim{name: d.name, unit: d.unit, known: true, window: true, limit: bu.Limit,
-			level: float64(min(bu.Remaining, bu.Limit)), resetAt: now.Add(bu.Reset),
-			period: max(0, bu.Window), reserved: d.reserved, seq: d.seq}
+		*d = budgetDim{name: d.name, unit: d.unit, known: true, window: true,
+			bucket:  bucket{limit: bu.Limit, level: float64(min(bu.Remaining, bu.Limit))},
+			resetAt: now.Add(bu.Reset), period: max(0, bu.Window),
+			pace: d.pace, reserved: d.reserved, seq: d.seq}
 	}
 }
 
-// advance ages d's level to now (never back: the clocks of concurrent
-// callers are read in any order).
+// advance ages d's announced level to now (never back).
 func (d *budgetDim) advance(now time.Time) {
-	if d.window {
-		if d.resetAt.IsZero() || now.Before(d.resetAt) {
-			return
-		}
-		d.level = float64(d.limit)
-		if d.period > 0 {
-			n := now.Sub(d.resetAt)/d.period + 1
-			d.resetAt = d.resetAt.Add(n * d.period)
-		} else {
-			d.resetAt = time.Time{}
-		}
+	if !d.window {
+		d.bucket.advance(now)
 		return
 	}
-	if !now.After(d.at) {
+	if d.resetAt.IsZero() || now.Before(d.resetAt) {
 		return
 	}
-	if d.level < float64(d.limit) {
-		d.level = min(float64(d.limit), d.level+d.rate*float64(now.Sub(d.at)))
+	d.level = float64(d.limit)
+	if d.period > 0 {
+		n := now.Sub(d.resetAt)/d.period + 1
+		d.resetAt = d.resetAt.Add(n * d.period)
+	} else {
+		d.resetAt = time.Time{}
 	}
-	d.at = now
 }
 
-// wait is the time, from now, until d covers n beside what is in flight
-// (0 when it does now or d does not pace).
+// cap is what an estimate of n holds of d: at most the limit of what
+// paces d (a larger estimate waits for that much only, and its usage is
+// charged at settlement).
+func (d *budgetDim) cap(n int64) int64 {
+	if d.known {
+		n = min(n, d.limit)
+	}
+	if d.pace != nil {
+		n = min(n, d.pace.limit)
+	}
+	return n
+}
+
+// wait is the time, from now, until d covers n beside what is in flight,
+// in what the service announced and in its pace (0 when it does now or
+// nothing paces d).
 func (d *budgetDim) wait(n int64, now time.Time) time.Duration {
-	if !d.known || n <= 0 {
+	if n <= 0 {
 		return 0
 	}
-	n = min(n, d.limit)
+	var w time.Duration
+	if d.pace != nil {
+		w = d.pace.wait(n, d.reserved, now)
+	}
+	if !d.known {
+		return w
+	}
+	if !d.window {
+		return max(w, d.bucket.wait(n, d.reserved, now))
+	}
 	d.advance(now)
-	short := float64(n) - (d.level - float64(d.reserved))
-	if short <= 0 {
-		return 0
+	if float64(min(n, d.limit)) <= d.level-float64(d.reserved) || d.resetAt.IsZero() {
+		// Covered, or past the last reset known, with no window: nothing
+		// to pace to until the service says more.
+		return w
 	}
-	if d.window {
-		if d.resetAt.IsZero() {
-			// Past the last reset known, with no window: nothing to pace
-			// to until the service says more.
-			return 0
-		}
-		return max(1, d.resetAt.Sub(now))
-	}
-	w := short / d.rate
-	if w >= math.MaxInt64 {
-		return math.MaxInt64
-	}
-	return max(1, time.Duration(math.Ceil(w)))
+	return max(w, 1, d.resetAt.Sub(now))
 }
 
 // maxUsageBody bounds the body a Client keeps for its Usage hook.
@@ -486,17 +601,36 @@ func (c *Client) settleFrom(res *Reservation, resp *http.Response, refused bool)
 	case refused:
 		res.Release(now)
 	case c.Usage == nil || resp.Body == nil || resp.Body == http.NoBody:
-		res.Settle(c.usage(resp, nil), now)
+		res.Settle(c.usage(resp, nil, a.Charge), now)
 	default:
-		resp.Body = &settlingBody{ReadCloser: resp.Body, c: c, res: res, resp: resp}
+		resp.Body = &settlingBody{ReadCloser: resp.Body, c: c, res: res, resp: resp, charge: a.Charge}
 	}
 }
 
-func (c *Client) usage(resp *http.Response, body []byte) map[string]int64 {
-	if c.Usage == nil {
-		return nil
+// usage is what the call of resp used: what the Usage hook reads from
+// it and body, with charge.
+func (c *Client) usage(resp *http.Response, body []byte, charge float64) map[string]int64 {
+	var used map[string]int64
+	if c.Usage != nil {
+		used = c.Usage(resp, body)
 	}
-	return c.Usage(resp, body)
+	return withCharge(used, charge)
+}
+
+// withCharge adds the charge a response announced (Unknown when none) to
+// used as RequestUnits, unless used names them.
+func withCharge(used map[string]int64, charge float64) map[string]int64 {
+	if charge < 0 {
+		return used
+	}
+	if _, ok := used[RequestUnits]; ok {
+		return used
+	}
+	if used == nil {
+		used = make(map[string]int64, 1)
+	}
+	used[RequestUnits] = int64(min(math.Ceil(charge), 1<<62))
+	return used
 }
 
 // settlingBody is a response's body that keeps what its reader reads (up
@@ -504,13 +638,14 @@ func (c *Client) usage(resp *http.Response, body []byte) map[string]int64 {
 // body or when it is closed, whichever comes first.
 type settlingBody struct {
 	io.ReadCloser
-	c    *Client
-	res  *Reservation
-	resp *http.Response
-	once sync.Once
-	mu   sync.Mutex // guards buf and over: Close may come during a Read
-	buf  []byte
-	over bool
+	c      *Client
+	res    *Reservation
+	resp   *http.Response
+	charge float64 // the announced charge, or Unknown
+	once   sync.Once
+	mu     sync.Mutex // guards buf and over: Close may come during a Read
+	buf    []byte
+	over   bool
 }
 
 func (b *settlingBody) Read(p []byte) (int, error) {
@@ -541,9 +676,9 @@ func (b *settlingBody) settle() {
 		b.mu.Lock()
 		buf, over := b.buf, b.over
 		b.mu.Unlock()
-		var used map[string]int64
+		used := withCharge(nil, b.charge) // a body too long to keep: no usage read
 		if !over {
-			used = b.c.usage(b.resp, buf)
+			used = b.c.usage(b.resp, buf, b.charge)
 		}
 		b.res.Settle(used, b.c.clock())
 	})

@@ -3,6 +3,9 @@ package httplimit_test
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -257,4 +260,103 @@ func BenchmarkBudgetsBaselineLimiters(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestBudgetsPace: a pace set on a dimension the service never announces
+// starts full at its burst, refills at its rate, is charged what each
+// call used at settlement (a debt when it cost more than its estimate),
+// and, on a dimension the service announces, holds a call that the
+// announced budget alone would send. SetCapacity's bucket is
+// ratelimit.WindowPacing's; a burst of 0 removes the pace.
+func TestBudgetsPace(t *testing.T) {
+	ru := func(n int64) map[string]int64 { return map[string]int64{httplimit.RequestUnits: n} }
+	b := &httplimit.Budgets{}
+	b.SetPace("m", httplimit.RequestUnits, 100, 20, t0) // 100 RU/s, burst 20: 10 ms an RU
+	runBudgetSteps(t, b, []budgetStep{
+		{op: "reserve", res: 0, cost: ru(10)},
+		{op: "reserve", res: 1, cost: ru(10)},
+		{op: "reserve", res: 2, cost: ru(10), wait: 100 * time.Millisecond}, // 20 in flight
+		{op: "settle", res: 0, used: ru(15)},                                // level 5, 10 in flight
+		{op: "reserve", res: 2, cost: ru(10), wait: 150 * time.Millisecond},
+		{op: "settle", res: 1, used: nil}, // the estimate stands: level -5
+		{at: 100 * time.Millisecond, op: "reserve", res: 2, cost: ru(10), wait: 50 * time.Millisecond},
+		{at: 150 * time.Millisecond, op: "reserve", res: 2, cost: ru(10)},
+		{at: 150 * time.Millisecond, op: "release", res: 2},               // refused: level stays 10
+		{at: 150 * time.Millisecond, op: "reserve", res: 3, cost: ru(50)}, // above the burst: needs the burst... 10 short
+	}[:9])
+	runBudgetSteps(t, b, []budgetStep{
+		{at: 150 * time.Millisecond, op: "reserve", res: 3, cost: ru(50), wait: 100 * time.Millisecond}, // needs the burst, 20
+		{at: 250 * time.Millisecond, op: "reserve", res: 3, cost: ru(50)},
+		{at: 250 * time.Millisecond, op: "settle", res: 3, used: ru(50)}, // level -30
+		{at: 250 * time.Millisecond, op: "reserve", res: 4, cost: ru(1), wait: 310 * time.Millisecond},
+	})
+
+	// On an announced dimension, the pace and the announcement each hold.
+	b = &httplimit.Budgets{}
+	tokens := func(n int64) map[string]int64 { return map[string]int64{"tokens": n} }
+	b.SetPace("m", "tokens", 10, 100, t0) // a tenth of the account's 100/s
+	runBudgetSteps(t, b, []budgetStep{
+		{op: "reserve", res: 0, cost: tokens(100)},
+		{op: "learn", res: 0, ann: []limitheader.Budget{openAI("tokens", 6000, 5900, time.Second)}},
+		{op: "settle", res: 0, used: tokens(100)},
+		{op: "reserve", res: 1, cost: tokens(10), wait: time.Second}, // the account has 5,900; the pace 0
+		{at: time.Second, op: "reserve", res: 1, cost: tokens(10)},
+	})
+	b.SetPace("m", "tokens", 0, 0, t0.Add(time.Second))
+	runBudgetSteps(t, b, []budgetStep{{at: time.Second, op: "reserve", res: 2, cost: tokens(1000)}})
+
+	// SetCapacity: 20,000 RU/s per one-second window is a bucket of 200
+	// at 19,600/s.
+	b = &httplimit.Budgets{}
+	b.SetCapacity("m", httplimit.RequestUnits, 20000, time.Second, t0)
+	lim, burst := ratelimit.WindowPacing(20000, time.Second)
+	if lim != 19600 || burst != 200 {
+		t.Fatalf("WindowPacing(20000, 1s) = %v, %d; want 19600, 200", lim, burst)
+	}
+	runBudgetSteps(t, b, []budgetStep{
+		{op: "reserve", res: 0, cost: ru(200)},
+		{op: "reserve", res: 1, cost: ru(196), wait: 10 * time.Millisecond},
+	})
+}
+
+// TestClientCharge: a Client settles a reservation with the charge the
+// answer announces in x-ms-request-charge (rounded up) as RequestUnits,
+// unless the Usage hook names them; a call that cost more than its
+// estimate holds the next one back by the difference.
+func TestClientCharge(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		charge string
+		usage  func(*http.Response, []byte) map[string]int64
+		wait   time.Duration // of the next call of 22 RU, at 100 RU/s from a burst of 30
+	}{
+		{"charge above the estimate", "19.2", nil, 120 * time.Millisecond}, // 30 - 20 = 10 left
+		{"charge higher still", "25", nil, 170 * time.Millisecond},
+		{"hook names the units", "25", func(*http.Response, []byte) map[string]int64 { return map[string]int64{httplimit.RequestUnits: 5} }, 0},
+		{"no charge: the estimate", "", nil, 20 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if tc.charge != "" {
+					w.Header().Set("X-Ms-Request-Charge", tc.charge)
+				}
+			}))
+			defer srv.Close()
+			b := &httplimit.Budgets{}
+			c := &httplimit.Client{Budgets: b, Usage: tc.usage, Now: func() time.Time { return t0 }}
+			b.SetPace("db", httplimit.RequestUnits, 100, 30, t0)
+			ctx := httplimit.WithEstimate(context.Background(), httplimit.Estimate{Key: "db", Cost: map[string]int64{httplimit.RequestUnits: 10}})
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			_, wait, _ := b.TryReserve("db", map[string]int64{httplimit.RequestUnits: 22}, t0)
+			if wait != tc.wait {
+				t.Errorf("next call waits %v, want %v", wait, tc.wait)
+			}
+		})
+	}
 }

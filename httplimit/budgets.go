@@ -88,9 +88,10 @@ type Budgets struct {
 
 // budgetKey is the budgets of one key.
 type budgetKey struct {
-	seq  uint64 // reservations granted so far
-	dims []*budgetDim
-	wake chan struct{} // closed when a call is settled; nil when none waits
+	seq   uint64  // reservations granted so far
+	share float64 // the fraction of every announced budget this process paces to (SetShare); 0 when none
+	dims  []*budgetDim
+	wake  chan struct{} // closed when a call is settled; nil when none waits
 	// The reservations in flight, oldest first, linked through their
 	// prev and next.
 	head, tail *Reservation
@@ -147,10 +148,11 @@ func (b *bucket) wait(n, reserved int64, now time.Time) time.Duration {
 	return max(1, time.Duration(math.Ceil(w)))
 }
 
-// charge takes n from b's level at now; it may go below zero (a debt).
+// charge takes n from b's level at now; it may go below zero (a debt). A
+// negative n gives back, up to the limit.
 func (b *bucket) charge(n int64, now time.Time) {
 	b.advance(now)
-	b.level -= float64(n)
+	b.level = min(float64(b.limit), b.level-float64(n))
 }
 
 // An Estimate is what a call is expected to cost, in each dimension a
@@ -201,9 +203,11 @@ type Reservation struct {
 	done       bool
 }
 
+// held is what a reservation holds of a dimension: n counts in flight
+// against the announced budget, paced was taken from the pace.
 type held struct {
-	d *budgetDim
-	n int64
+	d        *budgetDim
+	n, paced int64
 }
 
 // Reserve waits until cost fits every budget of key (see Budgets) and
@@ -261,9 +265,13 @@ func (b *Budgets) TryReserve(key string, cost map[string]int64, now time.Time) (
 	k.tail = r
 	for _, d := range k.dims {
 		if n := d.cost(cost); n > 0 {
-			n = d.cap(n) // as much as it waited for
-			d.reserved += n
-			r.held = append(r.held, held{d, n})
+			h := held{d: d, n: d.cap(n)} // as much as it waited for
+			d.reserved += h.n
+			if d.pace != nil {
+				h.paced = n
+				d.pace.charge(n, now)
+			}
+			r.held = append(r.held, h)
 		}
 	}
 	return r, 0, nil
@@ -282,8 +290,9 @@ func (b *Budgets) TryReserve(key string, cost map[string]int64, now time.Time) (
 //     the answers, and paces to its share of it, which a lease.Holder
 //     grants (see Share).
 //
-// The bucket starts full when first set; a later call changes its rate
-// and burst at now, keeping the level (capped at the new burst). It is
+// The bucket starts full when first set (or set again after a rate of
+// 0); a later call changes its rate and burst at now, keeping the level
+// (capped at the new burst): tokens of a larger burst are earned. It is
 // charged what each call used, when settled, so that a call that cost
 // more than its estimate leaves a debt that the next calls wait out. A
 // burst of 0 or less removes the pace.
@@ -296,21 +305,83 @@ func (b *Budgets) SetPace(key, name string, limit float64, burst int64, now time
 		d = &budgetDim{name: name}
 		k.dims = append(k.dims, d)
 	}
-	rate := max(0, limit) / float64(time.Second)
-	switch {
-	case burst <= 0:
+	if burst <= 0 {
 		d.pace = nil
-	case d.pace == nil:
-		d.pace = &bucket{limit: burst, level: float64(burst), at: now, rate: rate}
-	default:
-		d.pace.advance(now)
-		d.pace.limit, d.pace.rate = burst, rate
-		d.pace.level = min(d.pace.level, float64(burst))
+	} else {
+		d.setPace(max(0, limit), burst, now)
 	}
-	if k.wake != nil { // a waiter may fit now
+	k.wakeLocked()
+}
+
+// setPace sets d's pace to limit units a second and burst: a bucket
+// starts full when new or when it had no rate (a share granted nothing
+// yet), and keeps its level otherwise (see SetPace).
+func (d *budgetDim) setPace(limit float64, burst int64, now time.Time) {
+	rate := limit / float64(time.Second)
+	if d.pace == nil || d.pace.rate == 0 {
+		d.pace = &bucket{limit: burst, level: float64(burst), at: now, rate: rate}
+		return
+	}
+	d.pace.advance(now)
+	d.pace.limit, d.pace.rate = burst, rate
+	d.pace.level = min(d.pace.level, float64(burst))
+}
+
+// wakeLocked wakes the callers waiting on k: a change may let them
+// through. b.mu is held.
+func (k *budgetKey) wakeLocked() {
+	if k.wake != nil {
 		close(k.wake)
 		k.wake = nil
 	}
+}
+
+// SetShare paces every dimension of key's budgets that the service
+// announces to fraction of it (0 < fraction ≤ 1), besides the announced
+// budget itself: the share of one process among several that spend one
+// account (see Share, which takes the fraction from a lease.Holder). A
+// dimension's share is a pace (SetPace): for a token bucket (OpenAI's,
+// Anthropic's), fraction of its Limit as the burst, refilled at fraction
+// of its rate less 1 % (ratelimit.WindowSlack), so that the processes'
+// buckets together are the service's; for a fixed window of known length
+// (the IETF fields), ratelimit.WindowPacing's bucket for fraction of
+// Limit per window. Dimensions announced later take the share when they
+// are. A fraction of 0 or less stops every call until a later SetShare;
+// above 1 counts as 1. SetShare replaces what SetPace set on the
+// announced dimensions.
+func (b *Budgets) SetShare(key string, fraction float64, now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	k := b.key(key)
+	k.share = min(1, max(fraction, 1e-12)) // 0 would mean unshared
+	for _, d := range k.dims {
+		d.shareLocked(k.share, now)
+	}
+	k.wakeLocked()
+}
+
+// shareLocked paces d at share of what the service announced of it, when
+// it announced a rate (see SetShare).
+func (d *budgetDim) shareLocked(share float64, now time.Time) {
+	if share <= 0 || !d.known {
+		return
+	}
+	var limit float64
+	var burst int64
+	switch {
+	case !d.window && d.rate > 0:
+		limit = (1 - ratelimit.WindowSlack) * share * d.rate * float64(time.Second)
+		burst = int64(share * float64(d.limit))
+	case d.window && d.period > 0:
+		l, b := ratelimit.WindowPacing(share*float64(d.limit)/d.period.Seconds(), d.period)
+		limit, burst = float64(l), int64(b)
+	default:
+		return
+	}
+	if share < 1e-9 {
+		limit, burst = 0, 1 // nothing granted: no call fits until the share grows
+	}
+	d.setPace(limit, max(1, burst), now)
 }
 
 // SetCapacity paces dimension name of key's budgets to a capacity of
@@ -370,6 +441,7 @@ func (r *Reservation) Learn(a limitheader.Announcement, now time.Time) {
 		}
 		d.learn(bu, now, b.window())
 		d.seq = r.seq
+		d.shareLocked(r.k.share, now)
 	}
 }
 
@@ -411,38 +483,33 @@ func (r *Reservation) settleLocked(used map[string]int64, free bool, now time.Ti
 	}
 	r.prev, r.next = nil, nil
 	for _, d := range r.k.dims {
-		est, found := int64(0), false
-		for _, h := range r.held {
-			if h.d == d {
-				est, found = h.n, true
+		var h held
+		for _, x := range r.held {
+			if x.d == d {
+				h = x
 				d.reserved -= h.n
 				break
 			}
 		}
-		if !found {
-			est = d.cost(r.cost) // a dimension learned since r was granted
-		}
-		if free || (!d.known && d.pace == nil) {
-			continue
+		if h.d == nil {
+			h.n = d.cost(r.cost) // a dimension learned since r was granted
 		}
 		n, ok := used[d.name]
-		if !ok {
-			n = est
+		switch {
+		case free:
+			n = 0
+		case !ok:
+			n = h.n
 		}
-		if n > 0 {
-			if d.known {
-				d.advance(now)
-				d.level -= float64(n)
-			}
-			if d.pace != nil {
-				d.pace.charge(n, now)
-			}
+		if d.pace != nil {
+			d.pace.charge(max(0, n)-h.paced, now) // what the estimate missed, or a refund
+		}
+		if d.known && n > 0 {
+			d.advance(now)
+			d.level -= float64(n)
 		}
 	}
-	if r.k.wake != nil {
-		close(r.k.wake)
-		r.k.wake = nil
-	}
+	r.k.wakeLocked()
 }
 
 func (b *Budgets) hold() time.Duration {
@@ -548,15 +615,13 @@ func (d *budgetDim) advance(now time.Time) {
 	}
 }
 
-// cap is what an estimate of n holds of d: at most the limit of what
-// paces d (a larger estimate waits for that much only, and its usage is
-// charged at settlement).
+// cap is what an estimate of n holds of d: at most the limit the service
+// announced (a larger estimate waits for that much only, and its usage is
+// charged at settlement). A pace's burst caps what a call waits for, not
+// what it holds: the calls in flight hold their whole estimates.
 func (d *budgetDim) cap(n int64) int64 {
 	if d.known {
 		n = min(n, d.limit)
-	}
-	if d.pace != nil {
-		n = min(n, d.pace.limit)
 	}
 	return n
 }
@@ -570,7 +635,7 @@ func (d *budgetDim) wait(n int64, now time.Time) time.Duration {
 	}
 	var w time.Duration
 	if d.pace != nil {
-		w = d.pace.wait(n, d.reserved, now)
+		w = d.pace.wait(n, 0, now) // the calls in flight took their estimates from it
 	}
 	if !d.known {
 		return w

@@ -64,6 +64,16 @@ import (
 //     sent at once.
 //   - A reservation never settled stops counting as in flight after
 //     Hold, charged at its estimate.
+//   - A dimension may also have a pace of the caller's (SetPace): a token
+//     bucket of its own, which a call's estimate must fit too, from
+//     which the estimate is taken when the call is reserved (down to a
+//     debt, when it is above the bucket's burst), and which gets the
+//     difference back, or is charged it, when the call is settled. A pace
+//     is what paces a capacity the service never announces (SetCapacity:
+//     Azure Cosmos DB's throughput, whose answers say only what a call
+//     cost, x-ms-request-charge, which a Client settles as RequestUnits)
+//     and a process's share of an account that several spend (SetShare,
+//     and Share, which follows a lease.Holder's share).
 //
 // An estimate counts in each dimension the cost Estimate.Cost gives it by
 // name; a dimension it does not name costs 1 if it counts requests (its
@@ -222,8 +232,14 @@ func (b *Budgets) Reserve(ctx context.Context, key string, cost map[string]int64
 func (b *Budgets) reserve(ctx context.Context, key string, cost map[string]int64, now func() time.Time) (*Reservation, error) {
 	for {
 		t := now()
-		r, wait, wake := b.TryReserve(key, cost, t)
+		r, wait, wake := b.tryReserve(key, cost, t, true)
 		if r != nil {
+			// Booked ahead on its paces: sent when they would have
+			// admitted it.
+			if err := retry.WaitOrWake(ctx, t, wait, nil); err != nil {
+				r.Release(now())
+				return nil, err
+			}
 			return r, nil
 		}
 		if err := retry.WaitOrWake(ctx, t, wait, wake); err != nil {
@@ -237,18 +253,33 @@ func (b *Budgets) reserve(ctx context.Context, key string, cost map[string]int64
 // takes to cover it, and a channel closed when a call of key is settled
 // meanwhile (which may cover it sooner).
 func (b *Budgets) TryReserve(key string, cost map[string]int64, now time.Time) (r *Reservation, wait time.Duration, settled <-chan struct{}) {
+	return b.tryReserve(key, cost, now, false)
+}
+
+// tryReserve is TryReserve; with ahead, a cost that fits every announced
+// budget now and waits only for a pace is reserved at once, booked ahead
+// on the pace (its level goes below zero, so that the next calls are
+// booked after it), and wait is how long the caller must still wait
+// before sending it: the time the pace takes to cover it, at most the
+// time it takes to refill its burst. A caller that is late (a busy
+// machine's scheduler) then loses none of the pace's refill, as a
+// ratelimit.Limiter's reservation does not.
+func (b *Budgets) tryReserve(key string, cost map[string]int64, now time.Time, ahead bool) (r *Reservation, wait time.Duration, settled <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	k := b.key(key)
 	for hold := b.hold(); k.head != nil && now.Sub(k.head.at) > hold; {
 		k.head.settleLocked(nil, false, now) // expired: its estimate stands
 	}
+	var announced time.Duration
 	for _, d := range k.dims {
-		if w := d.wait(d.cost(cost), now); w > wait {
-			wait = w
+		a, p := d.wait(d.cost(cost), now)
+		announced, wait = max(announced, a), max(wait, a, p)
+		if p > 0 && (d.pace.rate <= 0 || float64(p) > float64(d.pace.limit)/d.pace.rate) {
+			ahead = false // booked no further than the pace refills its burst
 		}
 	}
-	if wait > 0 {
+	if announced > 0 || (wait > 0 && !ahead) {
 		if k.wake == nil {
 			k.wake = make(chan struct{})
 		}
@@ -274,7 +305,7 @@ func (b *Budgets) TryReserve(key string, cost map[string]int64, now time.Time) (
 			r.held = append(r.held, h)
 		}
 	}
-	return r, 0, nil
+	return r, wait, nil
 }
 
 // SetPace paces dimension name of key's budgets with a token bucket of
@@ -626,30 +657,29 @@ func (d *budgetDim) cap(n int64) int64 {
 	return n
 }
 
-// wait is the time, from now, until d covers n beside what is in flight,
-// in what the service announced and in its pace (0 when it does now or
-// nothing paces d).
-func (d *budgetDim) wait(n int64, now time.Time) time.Duration {
+// wait is the time, from now, until d covers n beside what is in flight:
+// in what the service announced, and in its pace (each 0 when it does now
+// or nothing paces d).
+func (d *budgetDim) wait(n int64, now time.Time) (announced, pace time.Duration) {
 	if n <= 0 {
-		return 0
+		return 0, 0
 	}
-	var w time.Duration
 	if d.pace != nil {
-		w = d.pace.wait(n, 0, now) // the calls in flight took their estimates from it
+		pace = d.pace.wait(n, 0, now) // the calls in flight took their estimates from it
 	}
 	if !d.known {
-		return w
+		return 0, pace
 	}
 	if !d.window {
-		return max(w, d.bucket.wait(n, d.reserved, now))
+		return d.bucket.wait(n, d.reserved, now), pace
 	}
 	d.advance(now)
 	if float64(min(n, d.limit)) <= d.level-float64(d.reserved) || d.resetAt.IsZero() {
 		// Covered, or past the last reset known, with no window: nothing
 		// to pace to until the service says more.
-		return w
+		return 0, pace
 	}
-	return max(w, 1, d.resetAt.Sub(now))
+	return max(1, d.resetAt.Sub(now)), pace
 }
 
 // maxUsageBody bounds the body a Client keeps for its Usage hook.

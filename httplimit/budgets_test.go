@@ -6,7 +6,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/sluicehq/sluice/httplimit"
@@ -359,4 +361,40 @@ func TestClientCharge(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBudgetsPaceBooked: callers of Reserve on a pace are booked ahead,
+// each sent when the pace would have admitted it (10 RU at 100 RU/s: one
+// every 100 ms after the burst), and one whose deadline comes before its
+// turn fails at once and gives its booking back, so that the next caller
+// is not pushed back by it.
+func TestBudgetsPaceBooked(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &httplimit.Budgets{}
+		start := time.Now()
+		b.SetPace("db", httplimit.RequestUnits, 100, 10, start)
+		ru := map[string]int64{httplimit.RequestUnits: 10}
+		var got []time.Duration
+		for range 3 {
+			r, err := b.Reserve(context.Background(), "db", ru)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, time.Since(start))
+			r.Settle(nil, time.Now())
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		if _, err := b.Reserve(ctx, "db", ru); !errors.Is(err, httplimit.ErrWouldExceedDeadline) {
+			t.Fatalf("a turn past the deadline: %v, want ErrWouldExceedDeadline", err)
+		}
+		if _, err := b.Reserve(context.Background(), "db", ru); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, time.Since(start))
+		want := []time.Duration{0, 100 * time.Millisecond, 200 * time.Millisecond, 300 * time.Millisecond}
+		if !slices.Equal(got, want) {
+			t.Errorf("sent at %v, want %v", got, want)
+		}
+	})
 }

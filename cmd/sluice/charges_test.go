@@ -37,7 +37,7 @@ func runChargesDemo(t *testing.T, args ...string) chargesReport {
 	for _, r := range []struct {
 		name string
 		run  chargesRun
-	}{{"budgets", rep.Budgets}, {"retry on 429", rep.Retry}} {
+	}{{"budgets", rep.Budgets}, {"estimate only", rep.Estimate}, {"retry on 429", rep.Retry}} {
 		t.Logf("%-12s requests %d, 429s %d (%.2f%%), RU %d, %.2f s, ideal %.2f s, ratio %.3f", r.name, r.run.Requests,
 			r.run.Throttled, 100*float64(r.run.Throttled)/float64(max(1, r.run.Requests)), r.run.RU, r.run.Seconds, r.run.Ideal, r.run.Seconds/r.run.Ideal)
 	}
@@ -47,12 +47,12 @@ func runChargesDemo(t *testing.T, args ...string) chargesReport {
 // checkCharges holds a charges report to the proof's bounds: every record
 // written, each charge within 5 to 15 RU (the RU over the records), under
 // 1 % of the paced job's requests answered 429, and its writes done
-// within 5 % of the ideal time (the RU charged over the capacity); the
-// retry-on-429 job, measured in the same run, wrote them all too.
-func checkCharges(t *testing.T, rep chargesReport) {
+// within slow of the ideal time (the RU charged over the capacity); the
+// baselines, measured in the same run, wrote them all too.
+func checkCharges(t *testing.T, rep chargesReport, slow float64) {
 	t.Helper()
 	n := int64(rep.Records)
-	for _, r := range []chargesRun{rep.Budgets, rep.Retry} {
+	for _, r := range []chargesRun{rep.Budgets, rep.Estimate, rep.Retry} {
 		if r.Written != n || r.RU < 5*n || r.RU > 15*n {
 			t.Errorf("written %d of %d, RU %d: want all, at 5 to 15 RU each", r.Written, n, r.RU)
 		}
@@ -61,22 +61,25 @@ func checkCharges(t *testing.T, rep chargesReport) {
 	if float64(b.Throttled) >= 0.01*float64(b.Requests) {
 		t.Errorf("budgets: %d of %d requests answered 429, want under 1%%", b.Throttled, b.Requests)
 	}
-	if b.Seconds > 1.05*b.Ideal {
-		t.Errorf("budgets: the writes took %.2f s, want within 5%% of the ideal %.2f s", b.Seconds, b.Ideal)
+	if b.Seconds > (1+slow)*b.Ideal {
+		t.Errorf("budgets: the writes took %.2f s, want within %.0f%% of the ideal %.2f s", b.Seconds, 100*slow, b.Ideal)
 	}
 }
 
 // TestDemoCharges is the short proof of costs known after the answer:
 // 1,000 records costing 5 to 15 RU each, drawn by the database and said
 // only in x-ms-request-charge, into 4,000 RU/s; the writer reserves 10 RU
-// a write and settles the charge. The chart is a PNG.
+// a write and settles the charge. The chart is a PNG. Beside make test's
+// other packages, a loaded machine's scheduler slows any pacing (the
+// estimate-only Limiter's too), so the time is held within 25 % of the
+// ideal here, and within 5 % by TestDemoChargesExample, which runs alone.
 func TestDemoCharges(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real processes: about 6 s")
 	}
 	plot := filepath.Join(t.TempDir(), "charges.png")
 	rep := runChargesDemo(t, "-records", "1000", "-capacity", "4000", "-plot", plot)
-	checkCharges(t, rep)
+	checkCharges(t, rep, 0.25)
 	f, err := os.Open(plot)
 	if err != nil {
 		t.Fatal(err)
@@ -92,7 +95,7 @@ func TestDemoCharges(t *testing.T) {
 // leaves it to make test-long.
 func TestDemoChargesExample(t *testing.T) {
 	longtest.Run(t)
-	checkCharges(t, runChargesDemo(t, "-records", "10000", "-capacity", "20000"))
+	checkCharges(t, runChargesDemo(t, "-records", "10000", "-capacity", "20000"), 0.05)
 }
 
 // TestDemoChargesUsage: bad flags are refused with what is wanted.

@@ -187,6 +187,13 @@ func WithEstimate(ctx context.Context, e Estimate) context.Context {
 	return context.WithValue(ctx, estimateKey{}, e)
 }
 
+// EstimateFrom returns the estimate WithEstimate put in ctx, for a client
+// of another transport that reserves it (grpclimit.Client).
+func EstimateFrom(ctx context.Context) (Estimate, bool) {
+	e, ok := ctx.Value(estimateKey{}).(Estimate)
+	return e, ok
+}
+
 func estimateOf(ctx context.Context, scope string) Estimate {
 	e, _ := ctx.Value(estimateKey{}).(Estimate)
 	if e.Key == "" {
@@ -481,6 +488,13 @@ func (r *Reservation) Learn(a limitheader.Announcement, now time.Time) {
 // not name is charged r's estimate of it (so Settle(nil, now) keeps the
 // estimate as the cost).
 func (r *Reservation) Settle(used map[string]int64, now time.Time) { r.settle(used, false, now) }
+
+// SettleCharge is Settle with the charge an answer announced
+// (limitheader.Announcement.Charge, Unknown when none) as RequestUnits,
+// rounded up, unless used names them: what a Client does.
+func (r *Reservation) SettleCharge(used map[string]int64, charge float64, now time.Time) {
+	r.Settle(withCharge(used, charge), now)
+}
 
 // Release ends r without charging anything: the call was not made, or the
 // service refused it at no cost (a 429).

@@ -283,18 +283,9 @@ func writeChargesPlot(path string, rep chargesReport, withBaselines bool) error 
 		capLine.Y[i] = float64(rep.Capacity)
 	}
 	series = append(series, capLine)
-	c := chart.Chart{
+	return writeChart(path, chart.Chart{
 		Title:  fmt.Sprintf("sluice demo charges: %d writes of %d-%d RU drawn by the database, %d RU/s in 1 s windows", rep.Records, rep.MinCharge, rep.MaxCharge, rep.Capacity),
 		XLabel: "seconds since the first request", YLabel: "per second (tenths of a second)",
 		Step: 0.1, Series: series,
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if err := c.WritePNG(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	})
 }

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"image/png"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -80,14 +78,7 @@ func TestDemoCharges(t *testing.T) {
 	plot := filepath.Join(t.TempDir(), "charges.png")
 	rep := runChargesDemo(t, "-records", "1000", "-capacity", "4000", "-plot", plot)
 	checkCharges(t, rep, 0.25)
-	f, err := os.Open(plot)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if _, err := png.Decode(f); err != nil {
-		t.Errorf("the plot: %v", err)
-	}
+	checkPNG(t, plot)
 }
 
 // TestDemoChargesExample is the proof at full size: 10,000 records of 5

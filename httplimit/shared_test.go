@@ -187,11 +187,14 @@ func runShared(t *testing.T, mode, redisAddr string, jobs [3]int) sharedRun {
 	return r
 }
 
-// testShared runs the three modes on jobs, holds the leases to the
-// proof's bounds (at least minUse of the binding dimension, under 1 % of
-// calls answered 429, every item done once), and draws the plot to plot
-// when it is not "".
-func testShared(t *testing.T, jobs [3]int, minUse float64, plot string) {
+// testShared runs the three modes on jobs and holds the leases to the
+// proof's bounds: every item done once, under 1 % of calls answered 429,
+// at least minUse of the binding dimension (0 to skip), at least
+// minOfRetry of what retry-on-429 used in the same run (which only the
+// machine's load holds back: a bound that holds beside other tests), and
+// sooner done than the static split. It draws the plot to plot when that
+// is not "".
+func testShared(t *testing.T, jobs [3]int, minUse, minOfRetry float64, plot string) {
 	srv := redistest.Standalone(t) // skipped without redis-server, failed under CI=true
 	var runs []sharedRun
 	for _, mode := range []string{"leases", "static", "retry"} {
@@ -202,9 +205,15 @@ func testShared(t *testing.T, jobs [3]int, minUse float64, plot string) {
 			t.Errorf("%s: %d items lost, %d done twice; want every item done once", r.mode, r.lost, r.twice)
 		}
 	}
-	l := runs[0]
+	l, static, retry := runs[0], runs[1], runs[2]
 	if l.use < minUse {
 		t.Errorf("leases: %.1f%% of the binding dimension used, want at least %.0f%%", 100*l.use, 100*minUse)
+	}
+	if l.use < minOfRetry*retry.use {
+		t.Errorf("leases: %.1f%% of the binding dimension used, want at least %.0f%% of retry-on-429's %.1f%%", 100*l.use, 100*minOfRetry, 100*retry.use)
+	}
+	if l.seconds >= static.seconds {
+		t.Errorf("leases took %.2f s, the static split %.2f s: want the leases sooner", l.seconds, static.seconds)
 	}
 	if float64(l.throttled) >= 0.01*float64(l.calls) {
 		t.Errorf("leases: %d of %d calls answered 429, want under 1%%", l.throttled, l.calls)
@@ -242,15 +251,16 @@ func writeSharedPlot(t *testing.T, path string, runs []sharedRun, jobs [3]int) {
 }
 
 // TestBudgetsShared is the short proof: jobs of 360, 150 and 90 calls
-// (about 8 s at the binding budget). The start (the first calls, sent
-// before any budget is known, and the first leases) weighs more in a
-// short job: at least 85 % of the binding dimension here, 90 % at full
-// size.
+// (about 8 s at the binding budget). Beside make test's other packages,
+// the machine's load holds every mode back (retry-on-429 too), so the
+// use of the binding dimension is held against retry-on-429's in the
+// same run (at least 85 % of it; 91.9 % of the budget, quiet); the 90 %
+// of the budget is TestBudgetsSharedExample's, which runs alone.
 func TestBudgetsShared(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real processes: about 30 s")
 	}
-	testShared(t, [3]int{360, 150, 90}, 0.85, os.Getenv("SLUICE_SHARED_PLOT"))
+	testShared(t, [3]int{360, 150, 90}, 0, 0.85, os.Getenv("SLUICE_SHARED_PLOT"))
 }
 
 // TestBudgetsSharedExample is the proof at full size: jobs of 1,200, 500
@@ -258,7 +268,7 @@ func TestBudgetsShared(t *testing.T) {
 // real time, so make test leaves it to make test-long.
 func TestBudgetsSharedExample(t *testing.T) {
 	longtest.Run(t)
-	testShared(t, [3]int{1200, 500, 300}, 0.9, os.Getenv("SLUICE_SHARED_PLOT"))
+	testShared(t, [3]int{1200, 500, 300}, 0.9, 0.85, os.Getenv("SLUICE_SHARED_PLOT"))
 }
 
 // TestBudgetsSharedChild is a process of TestBudgetsShared.

@@ -417,7 +417,10 @@ func (d *budgetDim) shareLocked(share float64, now time.Time) {
 		return
 	}
 	if share < 1e-9 {
-		limit, burst = 0, 1 // nothing granted: no call fits until the share grows
+		// Nothing granted: no call fits until the share grows (then the
+		// pace starts full, as a pace without a rate does).
+		d.pace = &bucket{limit: 1, level: -1, at: now}
+		return
 	}
 	d.setPace(limit, max(1, burst), now)
 }

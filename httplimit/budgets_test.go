@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -396,5 +397,36 @@ func TestBudgetsPaceBooked(t *testing.T) {
 		if !slices.Equal(got, want) {
 			t.Errorf("sent at %v, want %v", got, want)
 		}
+	})
+}
+
+// TestBudgetsShare: SetShare paces every announced dimension to a
+// fraction of it (a token bucket's burst and 99 % of its rate), from the
+// announcement on when it comes later; a share of nothing holds every
+// call, and the pace then starts full at the share it is granted.
+func TestBudgetsShare(t *testing.T) {
+	tokens := func(n int64) map[string]int64 { return map[string]int64{"tokens": n} }
+	b := &httplimit.Budgets{}
+	b.SetShare("m", 0, t0) // nothing granted yet, nothing announced yet
+	runBudgetSteps(t, b, []budgetStep{
+		{op: "reserve", res: 0, cost: tokens(100)}, // unknown: sent
+		// 6,000 a minute (100/s); the account has 5,000 left.
+		{op: "learn", res: 0, ann: []limitheader.Budget{openAI("tokens", 6000, 5000, 10*time.Second)}},
+		{op: "settle", res: 0, used: tokens(100)},
+		{op: "reserve", res: 1, cost: tokens(1), wait: math.MaxInt64}, // a share of nothing
+	})
+	fresh := &httplimit.Budgets{}
+	runBudgetSteps(t, fresh, []budgetStep{
+		{op: "reserve", res: 0, cost: tokens(1)},
+		{op: "learn", res: 0, ann: []limitheader.Budget{openAI("tokens", 6000, 5000, 10*time.Second)}},
+	})
+	fresh.SetShare("m", 0, t0) // no call of its own to owe for: held all the same
+	runBudgetSteps(t, fresh, []budgetStep{{op: "reserve", res: 1, cost: tokens(1), wait: math.MaxInt64}})
+	b.SetShare("m", 0.5, t0) // a burst of 3,000 (full), 49.5 tokens/s
+	runBudgetSteps(t, b, []budgetStep{
+		{op: "reserve", res: 1, cost: tokens(3000)},
+		{op: "settle", res: 1, used: tokens(2000)}, // 1,000 given back: the pace has 1,000, the account 2,900
+		{op: "reserve", res: 2, cost: tokens(1000)},
+		{op: "reserve", res: 3, cost: tokens(99), wait: 2 * time.Second}, // the pace's 99 at 49.5/s
 	})
 }

@@ -29,7 +29,8 @@ throughput, and charges each write a cost it draws at random from
 -min-charge to -max-charge RU, said only in the answer's
 x-ms-request-charge: the writer cannot know it in advance.
 
-The job runs twice, each against a fresh database:
+The job runs three times (the two baselines unless -baselines=false),
+each against a fresh database:
 
   budgets  an httplimit.Client whose Budgets reserve -estimate RU for each
            write before it is sent, paced to the capacity
@@ -46,7 +47,8 @@ The job runs twice, each against a fresh database:
 It prints what each sent, how many 429s it got, the RU charged and how long
 the writes took at the database (from its first request to its last write),
 beside the ideal time: the RU charged over the capacity. -plot FILE draws
-the RU charged per tenth of a second as a PNG chart.
+the RU charged per tenth of a second as a PNG chart; -json prints the
+figures as one JSON object.
 `
 
 // chargesRun is one job of the charges demo, as the database saw it.
@@ -238,9 +240,7 @@ func runChargesWriter(ctx context.Context, args []string, stdout, stderr io.Writ
 	if *url == "" || (*mode != "budgets" && *mode != "estimate" && *mode != "retry") || *records < 1 || *capacity < 1 || *estimate < 1 || *workers < 1 {
 		return usagef("demo charges-writer: want -url, -mode budgets|estimate|retry, and positive -records, -capacity, -estimate and -workers")
 	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.Proxy = nil
-	tr.MaxConnsPerHost, tr.MaxIdleConnsPerHost = demoConns/2, demoConns/2
+	tr := demoTransport()
 	defer tr.CloseIdleConnections()
 	c := &httplimit.Client{HTTP: &http.Client{Transport: tr}}
 	switch *mode {

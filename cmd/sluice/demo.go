@@ -207,14 +207,21 @@ func demoServer(budget, cost int) (string, *http.Transport, func() error, error)
 	if err != nil {
 		return "", nil, nil, err
 	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.Proxy = nil // loopback, never through a proxy
-	tr.MaxConnsPerHost = demoConns / 2
-	tr.MaxIdleConnsPerHost = demoConns / 2
+	tr := demoTransport()
 	return "http://" + addr + "/items", tr, func() error {
 		tr.CloseIdleConnections()
 		return stopSrv()
 	}, nil
+}
+
+// demoTransport is a job's transport to a demo's database: loopback,
+// never through a proxy, with half the database's connections.
+func demoTransport() *http.Transport {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.Proxy = nil
+	tr.MaxConnsPerHost = demoConns / 2
+	tr.MaxIdleConnsPerHost = demoConns / 2
+	return tr
 }
 
 func demoNaive(ctx context.Context, records, budget, cost int) (r rudb.Result, err error) {

@@ -263,14 +263,20 @@ func (b *Budgets) TryReserve(key string, cost map[string]int64, now time.Time) (
 	return b.tryReserve(key, cost, now, false)
 }
 
+// maxBooking is the furthest ahead a call is booked on a pace: what the
+// pace or the announced budgets learn meanwhile (a share that shrinks, a
+// 429) holds back only the calls booked later.
+const maxBooking = time.Second
+
 // tryReserve is TryReserve; with ahead, a cost that fits every announced
 // budget now and waits only for a pace is reserved at once, booked ahead
 // on the pace (its level goes below zero, so that the next calls are
 // booked after it), and wait is how long the caller must still wait
-// before sending it: the time the pace takes to cover it, at most the
-// time it takes to refill its burst. A caller that is late (a busy
-// machine's scheduler) then loses none of the pace's refill, as a
-// ratelimit.Limiter's reservation does not.
+// before sending it: the time the pace takes to cover it, at most
+// maxBooking. A caller that is late (a busy machine's scheduler) then
+// loses none of the pace's refill, as a ratelimit.Limiter's reservation
+// does not, and callers queue in order instead of all waking at each
+// settlement.
 func (b *Budgets) tryReserve(key string, cost map[string]int64, now time.Time, ahead bool) (r *Reservation, wait time.Duration, settled <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -282,8 +288,8 @@ func (b *Budgets) tryReserve(key string, cost map[string]int64, now time.Time, a
 	for _, d := range k.dims {
 		a, p := d.wait(d.cost(cost), now)
 		announced, wait = max(announced, a), max(wait, a, p)
-		if p > 0 && (d.pace.rate <= 0 || float64(p) > float64(d.pace.limit)/d.pace.rate) {
-			ahead = false // booked no further than the pace refills its burst
+		if p > maxBooking || (p > 0 && d.pace.rate <= 0) {
+			ahead = false
 		}
 	}
 	if announced > 0 || (wait > 0 && !ahead) {

@@ -172,7 +172,8 @@ type Estimate struct {
 	// Client's pause scope (the host).
 	Key string
 	// Cost is the estimate per dimension, by its name ("requests",
-	// "tokens", "input-tokens", "output-tokens", an IETF policy's name).
+	// "tokens", "input-tokens", "output-tokens", an IETF policy's name,
+	// RequestUnits).
 	// For an LLM call: input tokens the prompt's count, output tokens
 	// max_tokens, tokens both. A dimension not named costs 1 if it counts
 	// requests, else 0.
@@ -436,7 +437,7 @@ func (d *budgetDim) shareLocked(share float64, now time.Time) {
 // length window whose start the caller does not know (Azure Cosmos DB's
 // provisioned throughput: 20,000 RU/s, counted per second): SetPace with
 // ratelimit.WindowPacing's bucket, which lets no window of that length,
-// wherever it starts, receive more than 99 % of perSecond × window, less
+// wherever it starts, receive more than 99 % of perSecond × window, plus
 // what calls in flight cost beyond their estimates.
 func (b *Budgets) SetCapacity(key, name string, perSecond float64, window time.Duration, now time.Time) {
 	limit, burst := ratelimit.WindowPacing(perSecond, window)

@@ -77,7 +77,7 @@ test-setup: # integration needs of `make test`
 # `make test` leaves them out, `make test-long` runs them alone, one
 # package at a time. LONG names every one of them (internal/longtest's
 # test checks it against the code).
-LONG := ^(TestBoundedMemory|TestCluster|TestCountingAccuracy|TestCountingManyKeys|TestCountingProcesses|TestDemoIngestExample|TestDemoIngestKill|TestDemoIngestKillSources|TestFairOrderAcrossProcesses|TestKillDrainer|TestNATSRestart|TestPublishedExampleProcesses|TestRandom429Partitions|TestRate|TestRealProcesses|TestRedisColdStart|TestRedisFreedCapacity|TestSemaphoreProcesses|TestSemaphoreRoundTrips|TestSemaphoreScenarioFigures|TestSinkWideQuota|TestThrottledDBRealTime|TestWeightedAcrossProcesses)$$
+LONG := ^(TestBoundedMemory|TestBudgetsSharedExample|TestCluster|TestCountingAccuracy|TestCountingManyKeys|TestCountingProcesses|TestDemoChargesExample|TestDemoIngestExample|TestDemoIngestKill|TestDemoIngestKillSources|TestFairOrderAcrossProcesses|TestKillDrainer|TestNATSRestart|TestPublishedExampleProcesses|TestRandom429Partitions|TestRate|TestRealProcesses|TestRedisColdStart|TestRedisFreedCapacity|TestSemaphoreProcesses|TestSemaphoreRoundTrips|TestSemaphoreScenarioFigures|TestSinkWideQuota|TestThrottledDBRealTime|TestWeightedAcrossProcesses)$$
 LONG_PKGS := ./cmd/sluice/ ./concurrency/ ./drain/jsdrain/ ./httplimit/ ./lease/ ./redisstore/
 
 test: test-setup ## run every test but the real-time ones, with the race detector (CI=true: missing tools fail)

@@ -4,15 +4,19 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net/textproto"
 	"sync"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/sluicehq/sluice/adaptive"
+	"github.com/sluicehq/sluice/httplimit"
+	"github.com/sluicehq/sluice/limitheader"
 	"github.com/sluicehq/sluice/ratelimit"
 	"github.com/sluicehq/sluice/retry"
 )
@@ -75,6 +79,26 @@ type Client struct {
 	// a service time. Share one Limiter among every client of the same
 	// server.
 	Concurrency *adaptive.Concurrency
+	// Budgets paces unary calls to the budgets the server announces in
+	// its response metadata: the header fields that
+	// limitheader.ParseAnnouncement reads (OpenAI's, Anthropic's, the
+	// IETF RateLimit fields, x-ms-request-charge), as lower-case metadata
+	// keys, in the header or the trailer. As with httplimit.Client's
+	// Budgets (one type, one model: see httplimit.Budgets), each call
+	// reserves the estimate of its context (httplimit.WithEstimate; an
+	// estimate's Key "" means the connection's target) before it is sent,
+	// after any pause, and is settled when it returns: RESOURCE_EXHAUSTED
+	// or UNAVAILABLE cost nothing, another error its estimate, an answer
+	// what Usage reads (or the announced charge as
+	// httplimit.RequestUnits, or the estimate). A wait that would outlast
+	// the deadline fails at once with DEADLINE_EXCEEDED. nil means off;
+	// streams are not paced by it.
+	Budgets *httplimit.Budgets
+	// Usage reads what a unary call used, by dimension name, from its
+	// reply and its response's metadata (header and trailer joined), to
+	// settle its reservation in Budgets; nil, or a nil map, keeps the
+	// estimate.
+	Usage func(reply any, md metadata.MD) map[string]int64
 
 	// BaseBackoff and MaxBackoff bound the full-jitter backoff, as
 	// httplimit.Client's: a call waiting out a pause waits a random time in
@@ -169,19 +193,61 @@ func (c *Client) UnaryInterceptor() grpc.UnaryClientInterceptor {
 	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		ctx = withOutgoingPriority(ctx)
 		err := c.seq().Do(ctx, retry.Call{Send: func(ctx context.Context, a retry.Attempt) (retry.Answer, error) {
+			var res *httplimit.Reservation
+			var header, trailer metadata.MD
+			callOpts := opts
+			if c.Budgets != nil {
+				e, _ := httplimit.EstimateFrom(ctx)
+				if e.Key == "" {
+					e.Key = cc.Target()
+				}
+				var err error
+				if res, err = c.Budgets.Reserve(ctx, e.Key, e.Cost); err != nil {
+					return retry.Answer{Outcome: retry.Failed}, waitError(err)
+				}
+				callOpts = append(opts[:len(opts):len(opts)], grpc.Header(&header), grpc.Trailer(&trailer))
+			}
 			var permit adaptive.Permit
 			if c.Concurrency != nil {
 				var err error
 				if permit, err = c.Concurrency.Acquire(ctx); err != nil {
+					res.Release(time.Now())
 					return retry.Answer{Outcome: retry.Failed}, concurrencyError{method, err}
 				}
 			}
 			a.Sending()
-			err := invoker(ctx, method, req, reply, cc, opts...)
+			err := invoker(ctx, method, req, reply, cc, callOpts...)
 			endPermit(ctx, &permit, err)
+			if res != nil {
+				c.settleBudget(res, reply, metadata.Join(header, trailer), err)
+			}
 			return classify(err, true), err
 		}})
 		return stageError(err, method)
+	}
+}
+
+// settleBudget learns what a unary call's response metadata md announce
+// for res, and settles res by the call's outcome err (see Client.Budgets).
+func (c *Client) settleBudget(res *httplimit.Reservation, reply any, md metadata.MD, err error) {
+	h := make(map[string][]string, len(md))
+	for k, v := range md {
+		h[textproto.CanonicalMIMEHeaderKey(k)] = v
+	}
+	now := time.Now()
+	a, _ := limitheader.ParseAnnouncement(h, now) // what is well formed is usable
+	res.Learn(a, now)
+	switch code := status.Code(err); {
+	case code == codes.ResourceExhausted || code == codes.Unavailable:
+		res.Release(now)
+	case err != nil:
+		res.Settle(nil, now) // the server may have done the work
+	default:
+		var used map[string]int64
+		if c.Usage != nil {
+			used = c.Usage(reply, md)
+		}
+		res.SettleCharge(used, a.Charge, now)
 	}
 }
 

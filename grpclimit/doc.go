@@ -57,6 +57,15 @@
 // server's own refusals (RESOURCE_EXHAUSTED, UNAVAILABLE) are returned to
 // the caller as they came, after the retries.
 //
+// With Budgets (an httplimit.Budgets: the one model of announced budgets,
+// shared with httplimit.Client), the unary interceptor paces calls to the
+// budgets the server announces in its response metadata, the header
+// fields of limitheader.ParseAnnouncement as lower-case keys
+// (x-ratelimit-remaining-tokens, anthropic-ratelimit-output-tokens-limit,
+// ratelimit, x-ms-request-charge, ...): each call reserves the estimate
+// of its context (httplimit.WithEstimate) before it is sent and is settled
+// when it returns, with what Usage reads or the announced charge.
+//
 // Both interceptors send the priority of the call's context (other than
 // Normal) as sluice-priority metadata, unless the call sets its own.
 package grpclimit

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluicehq/sluice/limitheader"
+	"github.com/sluicehq/sluice/ratelimit"
 	"github.com/sluicehq/sluice/retry"
 )
 
@@ -63,6 +64,16 @@ import (
 //     sent at once.
 //   - A reservation never settled stops counting as in flight after
 //     Hold, charged at its estimate.
+//   - A dimension may also have a pace of the caller's (SetPace): a token
+//     bucket of its own, which a call's estimate must fit too, from
+//     which the estimate is taken when the call is reserved (down to a
+//     debt, when it is above the bucket's burst), and which gets the
+//     difference back, or is charged it, when the call is settled. A pace
+//     is what paces a capacity the service never announces (SetCapacity:
+//     Azure Cosmos DB's throughput, whose answers say only what a call
+//     cost, x-ms-request-charge, which a Client settles as RequestUnits)
+//     and a process's share of an account that several spend (SetShare,
+//     and Share, which follows a lease.Holder's share).
 //
 // An estimate counts in each dimension the cost Estimate.Cost gives it by
 // name; a dimension it does not name costs 1 if it counts requests (its
@@ -87,28 +98,71 @@ type Budgets struct {
 
 // budgetKey is the budgets of one key.
 type budgetKey struct {
-	seq  uint64 // reservations granted so far
-	dims []*budgetDim
-	wake chan struct{} // closed when a call is settled; nil when none waits
+	seq   uint64  // reservations granted so far
+	share float64 // the fraction of every announced budget this process paces to (SetShare); 0 when none
+	dims  []*budgetDim
+	wake  chan struct{} // closed when a call is settled; nil when none waits
 	// The reservations in flight, oldest first, linked through their
 	// prev and next.
 	head, tail *Reservation
 }
 
 // budgetDim is one dimension of a key: what the service last announced,
-// aged by the model, and the estimates in flight.
+// aged by the model, the pace set for it, and the estimates in flight.
 type budgetDim struct {
 	name, unit string
-	known      bool // an announcement paces it
-	window     bool // a fixed window, else a token bucket
-	limit      int64
-	level      float64   // what is left at `at` (or until resetAt, for a window)
-	at         time.Time // bucket: the instant of level
-	rate       float64   // bucket: refill per nanosecond
+	known      bool      // an announcement paces it
+	window     bool      // a fixed window, else a token bucket
+	bucket               // the announced level and, for a bucket, its refill
 	resetAt    time.Time // window: when the level is back to limit
 	period     time.Duration
-	reserved   int64  // estimates of the calls in flight
-	seq        uint64 // the reservation whose answer was last learned
+	pace       *bucket // set by SetPace; nil when none is
+	reserved   int64   // estimates of the calls in flight
+	seq        uint64  // the reservation whose answer was last learned
+}
+
+// A bucket is a token bucket: level at at, refilled at rate per
+// nanosecond up to limit. A fixed window's level is a bucket's level too,
+// without its refill.
+type bucket struct {
+	limit int64
+	level float64
+	at    time.Time
+	rate  float64
+}
+
+// advance ages b's level to now (never back: the clocks of concurrent
+// callers are read in any order).
+func (b *bucket) advance(now time.Time) {
+	if !now.After(b.at) {
+		return
+	}
+	if b.level < float64(b.limit) {
+		b.level = min(float64(b.limit), b.level+b.rate*float64(now.Sub(b.at)))
+	}
+	b.at = now
+}
+
+// wait is the time, from now, until b's level less reserved covers n
+// (capped at b's limit): 0 when it does now.
+func (b *bucket) wait(n, reserved int64, now time.Time) time.Duration {
+	b.advance(now)
+	short := float64(min(n, b.limit)) - (b.level - float64(reserved))
+	if short <= 0 {
+		return 0
+	}
+	w := short / b.rate
+	if w >= math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return max(1, time.Duration(math.Ceil(w)))
+}
+
+// charge takes n from b's level at now; it may go below zero (a debt). A
+// negative n gives back, up to the limit.
+func (b *bucket) charge(n int64, now time.Time) {
+	b.advance(now)
+	b.level = min(float64(b.limit), b.level-float64(n))
 }
 
 // An Estimate is what a call is expected to cost, in each dimension a
@@ -118,7 +172,8 @@ type Estimate struct {
 	// Client's pause scope (the host).
 	Key string
 	// Cost is the estimate per dimension, by its name ("requests",
-	// "tokens", "input-tokens", "output-tokens", an IETF policy's name).
+	// "tokens", "input-tokens", "output-tokens", an IETF policy's name,
+	// RequestUnits).
 	// For an LLM call: input tokens the prompt's count, output tokens
 	// max_tokens, tokens both. A dimension not named costs 1 if it counts
 	// requests, else 0.
@@ -131,6 +186,13 @@ type estimateKey struct{}
 // with Budgets, reserve e before they are sent.
 func WithEstimate(ctx context.Context, e Estimate) context.Context {
 	return context.WithValue(ctx, estimateKey{}, e)
+}
+
+// EstimateFrom returns the estimate WithEstimate put in ctx, for a client
+// of another transport that reserves it (grpclimit.Client).
+func EstimateFrom(ctx context.Context) (Estimate, bool) {
+	e, ok := ctx.Value(estimateKey{}).(Estimate)
+	return e, ok
 }
 
 func estimateOf(ctx context.Context, scope string) Estimate {
@@ -159,9 +221,11 @@ type Reservation struct {
 	done       bool
 }
 
+// held is what a reservation holds of a dimension: n counts in flight
+// against the announced budget, paced was taken from the pace.
 type held struct {
-	d *budgetDim
-	n int64
+	d        *budgetDim
+	n, paced int64
 }
 
 // Reserve waits until cost fits every budget of key (see Budgets) and
@@ -176,8 +240,14 @@ func (b *Budgets) Reserve(ctx context.Context, key string, cost map[string]int64
 func (b *Budgets) reserve(ctx context.Context, key string, cost map[string]int64, now func() time.Time) (*Reservation, error) {
 	for {
 		t := now()
-		r, wait, wake := b.TryReserve(key, cost, t)
+		r, wait, wake := b.tryReserve(key, cost, t, true)
 		if r != nil {
+			// Booked ahead on its paces: sent when they would have
+			// admitted it.
+			if err := retry.WaitOrWake(ctx, t, wait, nil); err != nil {
+				r.Release(now())
+				return nil, err
+			}
 			return r, nil
 		}
 		if err := retry.WaitOrWake(ctx, t, wait, wake); err != nil {
@@ -191,18 +261,39 @@ func (b *Budgets) reserve(ctx context.Context, key string, cost map[string]int64
 // takes to cover it, and a channel closed when a call of key is settled
 // meanwhile (which may cover it sooner).
 func (b *Budgets) TryReserve(key string, cost map[string]int64, now time.Time) (r *Reservation, wait time.Duration, settled <-chan struct{}) {
+	return b.tryReserve(key, cost, now, false)
+}
+
+// maxBooking is the furthest ahead a call is booked on a pace: what the
+// pace or the announced budgets learn meanwhile (a share that shrinks, a
+// 429) holds back only the calls booked later.
+const maxBooking = time.Second
+
+// tryReserve is TryReserve; with ahead, a cost that fits every announced
+// budget now and waits only for a pace is reserved at once, booked ahead
+// on the pace (its level goes below zero, so that the next calls are
+// booked after it), and wait is how long the caller must still wait
+// before sending it: the time the pace takes to cover it, at most
+// maxBooking. A caller that is late (a busy machine's scheduler) then
+// loses none of the pace's refill, as a ratelimit.Limiter's reservation
+// does not, and callers queue in order instead of all waking at each
+// settlement.
+func (b *Budgets) tryReserve(key string, cost map[string]int64, now time.Time, ahead bool) (r *Reservation, wait time.Duration, settled <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	k := b.key(key)
 	for hold := b.hold(); k.head != nil && now.Sub(k.head.at) > hold; {
 		k.head.settleLocked(nil, false, now) // expired: its estimate stands
 	}
+	var announced time.Duration
 	for _, d := range k.dims {
-		if w := d.wait(d.cost(cost), now); w > wait {
-			wait = w
+		a, p := d.wait(d.cost(cost), now)
+		announced, wait = max(announced, a), max(wait, a, p)
+		if p > maxBooking || (p > 0 && d.pace.rate <= 0) {
+			ahead = false
 		}
 	}
-	if wait > 0 {
+	if announced > 0 || (wait > 0 && !ahead) {
 		if k.wake == nil {
 			k.wake = make(chan struct{})
 		}
@@ -219,15 +310,146 @@ func (b *Budgets) TryReserve(key string, cost map[string]int64, now time.Time) (
 	k.tail = r
 	for _, d := range k.dims {
 		if n := d.cost(cost); n > 0 {
-			if d.known {
-				n = min(n, d.limit) // as much as it waited for
+			h := held{d: d, n: d.cap(n)} // as much as it waited for
+			d.reserved += h.n
+			if d.pace != nil {
+				h.paced = n
+				d.pace.charge(n, now)
 			}
-			d.reserved += n
-			r.held = append(r.held, held{d, n})
+			r.held = append(r.held, h)
 		}
 	}
-	return r, 0, nil
+	return r, wait, nil
 }
+
+// SetPace paces dimension name of key's budgets with a token bucket of
+// limit units a second and burst units, besides what the service
+// announces of it: a call is sent when both cover its estimate. It is the
+// way to pace what the service does not announce, or only part of it:
+//
+//   - a capacity the caller knows, of a service that announces only what
+//     a call cost (Azure Cosmos DB's throughput, of which every answer
+//     says only x-ms-request-charge; see SetCapacity and RequestUnits);
+//   - this process's share of a budget that several processes spend (an
+//     LLM account): each process's Budgets learns the whole budget from
+//     the answers, and paces to its share of it, which a lease.Holder
+//     grants (see Share).
+//
+// The bucket starts full when first set (or set again after a rate of
+// 0); a later call changes its rate and burst at now, keeping the level
+// (capped at the new burst): tokens of a larger burst are earned. It is
+// charged what each call used, when settled, so that a call that cost
+// more than its estimate leaves a debt that the next calls wait out. A
+// burst of 0 or less removes the pace.
+func (b *Budgets) SetPace(key, name string, limit float64, burst int64, now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	k := b.key(key)
+	d := k.dim(name)
+	if d == nil {
+		d = &budgetDim{name: name}
+		k.dims = append(k.dims, d)
+	}
+	if burst <= 0 {
+		d.pace = nil
+	} else {
+		d.setPace(max(0, limit), burst, now)
+	}
+	k.wakeLocked()
+}
+
+// setPace sets d's pace to limit units a second and burst: a bucket
+// starts full when new or when it had no rate (a share granted nothing
+// yet), and keeps its level otherwise (see SetPace).
+func (d *budgetDim) setPace(limit float64, burst int64, now time.Time) {
+	rate := limit / float64(time.Second)
+	if d.pace == nil || d.pace.rate == 0 {
+		d.pace = &bucket{limit: burst, level: float64(burst), at: now, rate: rate}
+		return
+	}
+	d.pace.advance(now)
+	d.pace.limit, d.pace.rate = burst, rate
+	d.pace.level = min(d.pace.level, float64(burst))
+}
+
+// wakeLocked wakes the callers waiting on k: a change may let them
+// through. b.mu is held.
+func (k *budgetKey) wakeLocked() {
+	if k.wake != nil {
+		close(k.wake)
+		k.wake = nil
+	}
+}
+
+// SetShare paces every dimension of key's budgets that the service
+// announces to fraction of it (0 < fraction ≤ 1), besides the announced
+// budget itself: the share of one process among several that spend one
+// account (see Share, which takes the fraction from a lease.Holder). A
+// dimension's share is a pace (SetPace): for a token bucket (OpenAI's,
+// Anthropic's), fraction of its Limit as the burst, refilled at fraction
+// of its rate less 1 % (ratelimit.WindowSlack), so that the processes'
+// buckets together are the service's; for a fixed window of known length
+// (the IETF fields), ratelimit.WindowPacing's bucket for fraction of
+// Limit per window. Dimensions announced later take the share when they
+// are. A fraction of 0 or less stops every call until a later SetShare;
+// above 1 counts as 1. SetShare replaces what SetPace set on the
+// announced dimensions.
+func (b *Budgets) SetShare(key string, fraction float64, now time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	k := b.key(key)
+	k.share = min(1, max(fraction, 1e-12)) // 0 would mean unshared
+	for _, d := range k.dims {
+		d.shareLocked(k.share, now)
+	}
+	k.wakeLocked()
+}
+
+// shareLocked paces d at share of what the service announced of it, when
+// it announced a rate (see SetShare).
+func (d *budgetDim) shareLocked(share float64, now time.Time) {
+	if share <= 0 || !d.known {
+		return
+	}
+	var limit float64
+	var burst int64
+	switch {
+	case !d.window && d.rate > 0:
+		limit = (1 - ratelimit.WindowSlack) * share * d.rate * float64(time.Second)
+		burst = int64(share * float64(d.limit))
+	case d.window && d.period > 0:
+		l, b := ratelimit.WindowPacing(share*float64(d.limit)/d.period.Seconds(), d.period)
+		limit, burst = float64(l), int64(b)
+	default:
+		return
+	}
+	if share < 1e-9 {
+		// Nothing granted: no call fits until the share grows (then the
+		// pace starts full, as a pace without a rate does).
+		d.pace = &bucket{limit: 1, level: -1, at: now}
+		return
+	}
+	d.setPace(limit, max(1, burst), now)
+}
+
+// SetCapacity paces dimension name of key's budgets to a capacity of
+// perSecond units a second that the service counts in fixed windows of
+// length window whose start the caller does not know (Azure Cosmos DB's
+// provisioned throughput: 20,000 RU/s, counted per second): SetPace with
+// ratelimit.WindowPacing's bucket, which lets no window of that length,
+// wherever it starts, receive more than 99 % of perSecond × window, plus
+// what calls in flight cost beyond their estimates.
+func (b *Budgets) SetCapacity(key, name string, perSecond float64, window time.Duration, now time.Time) {
+	limit, burst := ratelimit.WindowPacing(perSecond, window)
+	b.SetPace(key, name, float64(limit), int64(burst), now)
+}
+
+// RequestUnits is the dimension that a response's x-ms-request-charge
+// (Azure Cosmos DB's charge, limitheader.Announcement.Charge) settles: a
+// Client charges a call's reservation what its answer says the call cost,
+// rounded up, unless its Usage hook names the dimension. Pace it with
+// SetCapacity, and reserve an estimate of it (WithEstimate).
+const RequestUnits = "request-units"
 
 // key returns key's budgets, made on first use. b.mu is held.
 func (b *Budgets) key(key string) *budgetKey {
@@ -267,6 +489,7 @@ func (r *Reservation) Learn(a limitheader.Announcement, now time.Time) {
 		}
 		d.learn(bu, now, b.window())
 		d.seq = r.seq
+		d.shareLocked(r.k.share, now)
 	}
 }
 
@@ -275,6 +498,13 @@ func (r *Reservation) Learn(a limitheader.Announcement, now time.Time) {
 // not name is charged r's estimate of it (so Settle(nil, now) keeps the
 // estimate as the cost).
 func (r *Reservation) Settle(used map[string]int64, now time.Time) { r.settle(used, false, now) }
+
+// SettleCharge is Settle with the charge an answer announced
+// (limitheader.Announcement.Charge, Unknown when none) as RequestUnits,
+// rounded up, unless used names them: what a Client does.
+func (r *Reservation) SettleCharge(used map[string]int64, charge float64, now time.Time) {
+	r.Settle(withCharge(used, charge), now)
+}
 
 // Release ends r without charging anything: the call was not made, or the
 // service refused it at no cost (a 429).
@@ -308,33 +538,33 @@ func (r *Reservation) settleLocked(used map[string]int64, free bool, now time.Ti
 	}
 	r.prev, r.next = nil, nil
 	for _, d := range r.k.dims {
-		est, found := int64(0), false
-		for _, h := range r.held {
-			if h.d == d {
-				est, found = h.n, true
+		var h held
+		for _, x := range r.held {
+			if x.d == d {
+				h = x
 				d.reserved -= h.n
 				break
 			}
 		}
-		if !found {
-			est = d.cost(r.cost) // a dimension learned since r was granted
-		}
-		if free || !d.known {
-			continue
+		if h.d == nil {
+			h.n = d.cost(r.cost) // a dimension learned since r was granted
 		}
 		n, ok := used[d.name]
-		if !ok {
-			n = est
+		switch {
+		case free:
+			n = 0
+		case !ok:
+			n = h.n
 		}
-		if n > 0 {
+		if d.pace != nil {
+			d.pace.charge(max(0, n)-h.paced, now) // what the estimate missed, or a refund
+		}
+		if d.known && n > 0 {
 			d.advance(now)
 			d.level -= float64(n)
 		}
 	}
-	if r.k.wake != nil {
-		close(r.k.wake)
-		r.k.wake = nil
-	}
+	r.k.wakeLocked()
 }
 
 func (b *Budgets) hold() time.Duration {
@@ -407,69 +637,73 @@ func (d *budgetDim) learn(bu limitheader.Budget, now time.Time, window time.Dura
 			d.advance(now)
 			level = min(0, d.level)
 		}
-		*d = budgetDim{name: d.name, unit: d.unit, known: true, limit: bu.Limit,
-			level: level, at: now, rate: rate, reserved: d.reserved, seq: d.seq}
+		*d = budgetDim{name: d.name, unit: d.unit, known: true,
+			bucket: bucket{limit: bu.Limit, level: level, at: now, rate: rate},
+			pace:   d.pace, reserved: d.reserved, seq: d.seq}
 	default:
 		if bu.Remaining < 0 || bu.Reset < 0 {
 			d.known = false
 			return
 		}
-		*d = budgetDim{name: d.name, unit: d.unit, known: true, window: true, limit: bu.Limit,
-			level: float64(min(bu.Remaining, bu.Limit)), resetAt: now.Add(bu.Reset),
-			period: max(0, bu.Window), reserved: d.reserved, seq: d.seq}
+		*d = budgetDim{name: d.name, unit: d.unit, known: true, window: true,
+			bucket:  bucket{limit: bu.Limit, level: float64(min(bu.Remaining, bu.Limit))},
+			resetAt: now.Add(bu.Reset), period: max(0, bu.Window),
+			pace: d.pace, reserved: d.reserved, seq: d.seq}
 	}
 }
 
-// advance ages d's level to now (never back: the clocks of concurrent
-// callers are read in any order).
+// advance ages d's announced level to now (never back).
 func (d *budgetDim) advance(now time.Time) {
-	if d.window {
-		if d.resetAt.IsZero() || now.Before(d.resetAt) {
-			return
-		}
-		d.level = float64(d.limit)
-		if d.period > 0 {
-			n := now.Sub(d.resetAt)/d.period + 1
-			d.resetAt = d.resetAt.Add(n * d.period)
-		} else {
-			d.resetAt = time.Time{}
-		}
+	if !d.window {
+		d.bucket.advance(now)
 		return
 	}
-	if !now.After(d.at) {
+	if d.resetAt.IsZero() || now.Before(d.resetAt) {
 		return
 	}
-	if d.level < float64(d.limit) {
-		d.level = min(float64(d.limit), d.level+d.rate*float64(now.Sub(d.at)))
+	d.level = float64(d.limit)
+	if d.period > 0 {
+		n := now.Sub(d.resetAt)/d.period + 1
+		d.resetAt = d.resetAt.Add(n * d.period)
+	} else {
+		d.resetAt = time.Time{}
 	}
-	d.at = now
 }
 
-// wait is the time, from now, until d covers n beside what is in flight
-// (0 when it does now or d does not pace).
-func (d *budgetDim) wait(n int64, now time.Time) time.Duration {
-	if !d.known || n <= 0 {
-		return 0
+// cap is what an estimate of n holds of d: at most the limit the service
+// announced (a larger estimate waits for that much only, and its usage is
+// charged at settlement). A pace's burst caps what a call waits for, not
+// what it holds: the calls in flight hold their whole estimates.
+func (d *budgetDim) cap(n int64) int64 {
+	if d.known {
+		n = min(n, d.limit)
 	}
-	n = min(n, d.limit)
+	return n
+}
+
+// wait is the time, from now, until d covers n beside what is in flight:
+// in what the service announced, and in its pace (each 0 when it does now
+// or nothing paces d).
+func (d *budgetDim) wait(n int64, now time.Time) (announced, pace time.Duration) {
+	if n <= 0 {
+		return 0, 0
+	}
+	if d.pace != nil {
+		pace = d.pace.wait(n, 0, now) // the calls in flight took their estimates from it
+	}
+	if !d.known {
+		return 0, pace
+	}
+	if !d.window {
+		return d.bucket.wait(n, d.reserved, now), pace
+	}
 	d.advance(now)
-	short := float64(n) - (d.level - float64(d.reserved))
-	if short <= 0 {
-		return 0
+	if float64(min(n, d.limit)) <= d.level-float64(d.reserved) || d.resetAt.IsZero() {
+		// Covered, or past the last reset known, with no window: nothing
+		// to pace to until the service says more.
+		return 0, pace
 	}
-	if d.window {
-		if d.resetAt.IsZero() {
-			// Past the last reset known, with no window: nothing to pace
-			// to until the service says more.
-			return 0
-		}
-		return max(1, d.resetAt.Sub(now))
-	}
-	w := short / d.rate
-	if w >= math.MaxInt64 {
-		return math.MaxInt64
-	}
-	return max(1, time.Duration(math.Ceil(w)))
+	return max(1, d.resetAt.Sub(now)), pace
 }
 
 // maxUsageBody bounds the body a Client keeps for its Usage hook.
@@ -486,17 +720,36 @@ func (c *Client) settleFrom(res *Reservation, resp *http.Response, refused bool)
 	case refused:
 		res.Release(now)
 	case c.Usage == nil || resp.Body == nil || resp.Body == http.NoBody:
-		res.Settle(c.usage(resp, nil), now)
+		res.Settle(c.usage(resp, nil, a.Charge), now)
 	default:
-		resp.Body = &settlingBody{ReadCloser: resp.Body, c: c, res: res, resp: resp}
+		resp.Body = &settlingBody{ReadCloser: resp.Body, c: c, res: res, resp: resp, charge: a.Charge}
 	}
 }
 
-func (c *Client) usage(resp *http.Response, body []byte) map[string]int64 {
-	if c.Usage == nil {
-		return nil
+// usage is what the call of resp used: what the Usage hook reads from
+// it and body, with charge.
+func (c *Client) usage(resp *http.Response, body []byte, charge float64) map[string]int64 {
+	var used map[string]int64
+	if c.Usage != nil {
+		used = c.Usage(resp, body)
 	}
-	return c.Usage(resp, body)
+	return withCharge(used, charge)
+}
+
+// withCharge adds the charge a response announced (Unknown when none) to
+// used as RequestUnits, unless used names them.
+func withCharge(used map[string]int64, charge float64) map[string]int64 {
+	if charge < 0 {
+		return used
+	}
+	if _, ok := used[RequestUnits]; ok {
+		return used
+	}
+	if used == nil {
+		used = make(map[string]int64, 1)
+	}
+	used[RequestUnits] = int64(min(math.Ceil(charge), 1<<62))
+	return used
 }
 
 // settlingBody is a response's body that keeps what its reader reads (up
@@ -504,13 +757,14 @@ func (c *Client) usage(resp *http.Response, body []byte) map[string]int64 {
 // body or when it is closed, whichever comes first.
 type settlingBody struct {
 	io.ReadCloser
-	c    *Client
-	res  *Reservation
-	resp *http.Response
-	once sync.Once
-	mu   sync.Mutex // guards buf and over: Close may come during a Read
-	buf  []byte
-	over bool
+	c      *Client
+	res    *Reservation
+	resp   *http.Response
+	charge float64 // the announced charge, or Unknown
+	once   sync.Once
+	mu     sync.Mutex // guards buf and over: Close may come during a Read
+	buf    []byte
+	over   bool
 }
 
 func (b *settlingBody) Read(p []byte) (int, error) {
@@ -541,9 +795,9 @@ func (b *settlingBody) settle() {
 		b.mu.Lock()
 		buf, over := b.buf, b.over
 		b.mu.Unlock()
-		var used map[string]int64
+		used := withCharge(nil, b.charge) // a body too long to keep: no usage read
 		if !over {
-			used = b.c.usage(b.resp, buf)
+			used = b.c.usage(b.resp, buf, b.charge)
 		}
 		b.res.Settle(used, b.c.clock())
 	})

@@ -7,6 +7,7 @@ import (
 	"log"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/sluicehq/sluice/httplimit"
 )
@@ -43,4 +44,26 @@ func ExampleBudgets() {
 	}
 	_ = req // resp, err := client.Do(req): waits until every announced budget covers the call
 	_ = client
+}
+
+// Pacing writes to Azure Cosmos DB, whose answers say only what a write
+// cost (x-ms-request-charge): the container's throughput paces the
+// request units, each write reserves an estimate, and the Client settles
+// it with the charge.
+func ExampleBudgets_SetCapacity() {
+	budgets := &httplimit.Budgets{}
+	budgets.SetCapacity("orders", httplimit.RequestUnits, 20000, time.Second, time.Now()) // 20,000 RU/s, counted per second
+	client := &httplimit.Client{Budgets: budgets}
+	ctx := httplimit.WithEstimate(context.Background(), httplimit.Estimate{Key: "orders",
+		Cost: map[string]int64{httplimit.RequestUnits: 10}}) // a write's usual charge
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost,
+		"https://account.documents.azure.com/dbs/shop/colls/orders/docs", strings.NewReader(`{"id":"1"}`))
+	if err != nil {
+		log.Fatal(err)
+	}
+	resp, err := client.Do(req) // settled with the answer's x-ms-request-charge
+	if err != nil {
+		log.Fatal(err)
+	}
+	resp.Body.Close()
 }

@@ -3,7 +3,13 @@ package httplimit_test
 import (
 	"context"
 	"errors"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"slices"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/sluicehq/sluice/httplimit"
@@ -256,5 +262,171 @@ func BenchmarkBudgetsBaselineLimiters(b *testing.B) {
 				}
 			}
 		}
+	})
+}
+
+// TestBudgetsPace: a pace set on a dimension the service never announces
+// starts full at its burst, refills at its rate, is charged what each
+// call used at settlement (a debt when it cost more than its estimate),
+// and, on a dimension the service announces, holds a call that the
+// announced budget alone would send. SetCapacity's bucket is
+// ratelimit.WindowPacing's; a burst of 0 removes the pace.
+func TestBudgetsPace(t *testing.T) {
+	ru := func(n int64) map[string]int64 { return map[string]int64{httplimit.RequestUnits: n} }
+	b := &httplimit.Budgets{}
+	b.SetPace("m", httplimit.RequestUnits, 100, 20, t0) // 100 RU/s, burst 20: 10 ms an RU
+	runBudgetSteps(t, b, []budgetStep{
+		{op: "reserve", res: 0, cost: ru(10)},
+		{op: "reserve", res: 1, cost: ru(10)},
+		{op: "reserve", res: 2, cost: ru(10), wait: 100 * time.Millisecond}, // 20 in flight
+		{op: "settle", res: 0, used: ru(15)},                                // level 5, 10 in flight
+		{op: "reserve", res: 2, cost: ru(10), wait: 150 * time.Millisecond},
+		{op: "settle", res: 1, used: nil}, // the estimate stands: level -5
+		{at: 100 * time.Millisecond, op: "reserve", res: 2, cost: ru(10), wait: 50 * time.Millisecond},
+		{at: 150 * time.Millisecond, op: "reserve", res: 2, cost: ru(10)},
+		{at: 150 * time.Millisecond, op: "release", res: 2},               // refused: level stays 10
+		{at: 150 * time.Millisecond, op: "reserve", res: 3, cost: ru(50)}, // above the burst: needs the burst... 10 short
+	}[:9])
+	runBudgetSteps(t, b, []budgetStep{
+		{at: 150 * time.Millisecond, op: "reserve", res: 3, cost: ru(50), wait: 100 * time.Millisecond}, // needs the burst, 20
+		{at: 250 * time.Millisecond, op: "reserve", res: 3, cost: ru(50)},
+		{at: 250 * time.Millisecond, op: "settle", res: 3, used: ru(50)}, // level -30
+		{at: 250 * time.Millisecond, op: "reserve", res: 4, cost: ru(1), wait: 310 * time.Millisecond},
+	})
+
+	// On an announced dimension, the pace and the announcement each hold.
+	b = &httplimit.Budgets{}
+	tokens := func(n int64) map[string]int64 { return map[string]int64{"tokens": n} }
+	b.SetPace("m", "tokens", 10, 100, t0) // a tenth of the account's 100/s
+	runBudgetSteps(t, b, []budgetStep{
+		{op: "reserve", res: 0, cost: tokens(100)},
+		{op: "learn", res: 0, ann: []limitheader.Budget{openAI("tokens", 6000, 5900, time.Second)}},
+		{op: "settle", res: 0, used: tokens(100)},
+		{op: "reserve", res: 1, cost: tokens(10), wait: time.Second}, // the account has 5,900; the pace 0
+		{at: time.Second, op: "reserve", res: 1, cost: tokens(10)},
+	})
+	b.SetPace("m", "tokens", 0, 0, t0.Add(time.Second))
+	runBudgetSteps(t, b, []budgetStep{{at: time.Second, op: "reserve", res: 2, cost: tokens(1000)}})
+
+	// SetCapacity: 20,000 RU/s per one-second window is a bucket of 200
+	// at 19,600/s.
+	b = &httplimit.Budgets{}
+	b.SetCapacity("m", httplimit.RequestUnits, 20000, time.Second, t0)
+	lim, burst := ratelimit.WindowPacing(20000, time.Second)
+	if lim != 19600 || burst != 200 {
+		t.Fatalf("WindowPacing(20000, 1s) = %v, %d; want 19600, 200", lim, burst)
+	}
+	runBudgetSteps(t, b, []budgetStep{
+		{op: "reserve", res: 0, cost: ru(200)},
+		{op: "reserve", res: 1, cost: ru(196), wait: 10 * time.Millisecond},
+	})
+}
+
+// TestClientCharge: a Client settles a reservation with the charge the
+// answer announces in x-ms-request-charge (rounded up) as RequestUnits,
+// unless the Usage hook names them; a call that cost more than its
+// estimate holds the next one back by the difference.
+func TestClientCharge(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		charge string
+		usage  func(*http.Response, []byte) map[string]int64
+		wait   time.Duration // of the next call of 22 RU, at 100 RU/s from a burst of 30
+	}{
+		{"charge above the estimate", "19.2", nil, 120 * time.Millisecond}, // 30 - 20 = 10 left
+		{"charge higher still", "25", nil, 170 * time.Millisecond},
+		{"hook names the units", "25", func(*http.Response, []byte) map[string]int64 { return map[string]int64{httplimit.RequestUnits: 5} }, 0},
+		{"no charge: the estimate", "", nil, 20 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if tc.charge != "" {
+					w.Header().Set("X-Ms-Request-Charge", tc.charge)
+				}
+			}))
+			defer srv.Close()
+			b := &httplimit.Budgets{}
+			c := &httplimit.Client{Budgets: b, Usage: tc.usage, Now: func() time.Time { return t0 }}
+			b.SetPace("db", httplimit.RequestUnits, 100, 30, t0)
+			ctx := httplimit.WithEstimate(context.Background(), httplimit.Estimate{Key: "db", Cost: map[string]int64{httplimit.RequestUnits: 10}})
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, srv.URL, nil)
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			_, wait, _ := b.TryReserve("db", map[string]int64{httplimit.RequestUnits: 22}, t0)
+			if wait != tc.wait {
+				t.Errorf("next call waits %v, want %v", wait, tc.wait)
+			}
+		})
+	}
+}
+
+// TestBudgetsPaceBooked: callers of Reserve on a pace are booked ahead,
+// each sent when the pace would have admitted it (10 RU at 100 RU/s: one
+// every 100 ms after the burst), and one whose deadline comes before its
+// turn fails at once and gives its booking back, so that the next caller
+// is not pushed back by it.
+func TestBudgetsPaceBooked(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := &httplimit.Budgets{}
+		start := time.Now()
+		b.SetPace("db", httplimit.RequestUnits, 100, 10, start)
+		ru := map[string]int64{httplimit.RequestUnits: 10}
+		var got []time.Duration
+		for range 3 {
+			r, err := b.Reserve(context.Background(), "db", ru)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, time.Since(start))
+			r.Settle(nil, time.Now())
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		if _, err := b.Reserve(ctx, "db", ru); !errors.Is(err, httplimit.ErrWouldExceedDeadline) {
+			t.Fatalf("a turn past the deadline: %v, want ErrWouldExceedDeadline", err)
+		}
+		if _, err := b.Reserve(context.Background(), "db", ru); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, time.Since(start))
+		want := []time.Duration{0, 100 * time.Millisecond, 200 * time.Millisecond, 300 * time.Millisecond}
+		if !slices.Equal(got, want) {
+			t.Errorf("sent at %v, want %v", got, want)
+		}
+	})
+}
+
+// TestBudgetsShare: SetShare paces every announced dimension to a
+// fraction of it (a token bucket's burst and 99 % of its rate), from the
+// announcement on when it comes later; a share of nothing holds every
+// call, and the pace then starts full at the share it is granted.
+func TestBudgetsShare(t *testing.T) {
+	tokens := func(n int64) map[string]int64 { return map[string]int64{"tokens": n} }
+	b := &httplimit.Budgets{}
+	b.SetShare("m", 0, t0) // nothing granted yet, nothing announced yet
+	runBudgetSteps(t, b, []budgetStep{
+		{op: "reserve", res: 0, cost: tokens(100)}, // unknown: sent
+		// 6,000 a minute (100/s); the account has 5,000 left.
+		{op: "learn", res: 0, ann: []limitheader.Budget{openAI("tokens", 6000, 5000, 10*time.Second)}},
+		{op: "settle", res: 0, used: tokens(100)},
+		{op: "reserve", res: 1, cost: tokens(1), wait: math.MaxInt64}, // a share of nothing
+	})
+	fresh := &httplimit.Budgets{}
+	runBudgetSteps(t, fresh, []budgetStep{
+		{op: "reserve", res: 0, cost: tokens(1)},
+		{op: "learn", res: 0, ann: []limitheader.Budget{openAI("tokens", 6000, 5000, 10*time.Second)}},
+	})
+	fresh.SetShare("m", 0, t0) // no call of its own to owe for: held all the same
+	runBudgetSteps(t, fresh, []budgetStep{{op: "reserve", res: 1, cost: tokens(1), wait: math.MaxInt64}})
+	b.SetShare("m", 0.5, t0) // a burst of 3,000 (full), 49.5 tokens/s
+	runBudgetSteps(t, b, []budgetStep{
+		{op: "reserve", res: 1, cost: tokens(3000)},
+		{op: "settle", res: 1, used: tokens(2000)}, // 1,000 given back: the pace has 1,000, the account 2,900
+		{op: "reserve", res: 2, cost: tokens(1000)},
+		{op: "reserve", res: 3, cost: tokens(99), wait: 2 * time.Second}, // the pace's 99 at 49.5/s
 	})
 }

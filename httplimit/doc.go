@@ -52,6 +52,31 @@
 // fixed windows for the IETF fields, newer announcements only, debt
 // carried.
 //
+// # Costs known after the answer
+//
+// A service that says what a call cost only in its answer is paced the
+// same way: the call reserves an estimate, and is settled with the cost.
+// Azure Cosmos DB announces no budget, only each call's charge
+// (x-ms-request-charge), and its throughput is the caller's to know:
+// Budgets.SetCapacity paces the RequestUnits dimension to it (so that no
+// one-second window, wherever it starts, receives more than the capacity),
+// and the Client settles each call with the charge its answer announces:
+// a call that cost more than its estimate leaves a debt that the next
+// calls wait out, one that cost less gives the difference back.
+//
+// # One account, several processes
+//
+// Processes that spend one account (an LLM API key used by several
+// workers) each learn the whole budget from their answers; each paces to
+// its part of it. Budgets.Share follows a lease.Holder of the account (a
+// Capacity of the whole account in any unit, the holders of every process
+// on one lease.Store, the demand stated by the caller with SetDemand): as
+// the leases move, every announced dimension of the process's Budgets is
+// paced to the holder's fraction of it (Budgets.SetShare), so that the
+// processes' shares add up to the account, and a process that finishes
+// leaves its share to the others. The announced budgets are the capacity
+// the leases divide; no capacity is configured twice.
+//
 // # The fields
 //
 // Package limitheader writes the RateLimit, RateLimit-Policy and

@@ -53,6 +53,11 @@
 // counts (a backlog counts as callers blocked on a limiter used to the
 // full). It reads what to pace with from AllowanceAt: the rate, the token
 // bucket the Limiter would admit from, the window and the deadline.
+// httplimit.Budgets.Share is such a caller: processes that spend one
+// account of a service that announces its budgets (an LLM API) each hold
+// a Holder whose Capacity stands for the whole account, and pace every
+// dimension the service announces to their rate's fraction of Capacity;
+// the announced budget is the capacity the leases divide.
 //
 // # Pacing to the service's window
 //
@@ -60,7 +65,8 @@
 // receives beyond its limit, however smooth the average. A token bucket at
 // rate r with burst b lets b + r·W through in any window W, so the
 // Limiter's bucket has a burst of a hundredth of W's worth and runs at r
-// less that burst over W and less 1 % (490/s of 500 leased, W = 1 s): no
+// less that burst over W and less 1 % (490/s of 500 leased, W = 1 s;
+// ratelimit.WindowPacing): no
 // window of W, wherever it starts, receives more than 99 % of the leased
 // capacity. That holds for the holders together, because a holder's
 // bucket holds at most its burst, a share of its rate at that instant,

@@ -96,20 +96,12 @@ func (p *pacer) maxBurst(rate float64) int {
 	return b
 }
 
-// Window pacing: the Limiter's token bucket is sized so that no window of
-// the downstream's length W, wherever it starts, receives more than the
-// leased capacity. A bucket of rate r' and burst b lets through at most
-// b + r'·W units in any W; with b ≈ paceBurst·r·W and r' = r − b/W −
-// paceSlack·r, that is (1 − paceSlack)·r·W. Summed over the holders: at an
-// instant a, the bucket of holder i holds at most its burst, a fraction of
-// its rate r_i(a), and in [a, a+W) it earns no more than the integral of
-// its rate, so the window receives at most paceBurst·W·Σr_i(a) + (1 −
-// paceBurst − paceSlack)·∫Σr_i ≤ C·W, because the valid leases never add
-// up to more than C at any instant. paceSlack is left for the jitter
-// between the limiter and the downstream's clock.
+// Window pacing: the Limiter's token bucket is ratelimit.WindowPacing's
+// for the holder's rate, whose doc derives why the holders together keep
+// any window within C·W; the guard holds what the callers return with to
+// 1 − paceSlack/2 of the capacity over the window.
 const (
-	paceBurst = 0.01
-	paceSlack = 0.01
+	paceSlack = ratelimit.WindowSlack
 	// guardSlots is the number of slots a window spans in a windowLog,
 	// which keeps one more: the slot the window's start falls in.
 	guardSlots = 128
@@ -117,10 +109,8 @@ const (
 )
 
 // pacing returns the token bucket's limit and burst for a holder's rate
-// when it paces to a window of w (w > 0): see the constants above. The
-// burst is at least 1; for rates below a few units a window, the limit
-// never falls below half the rate, and a window may then see one unit
-// more than its share.
+// when it paces to a window of w, or, when w ≤ 0, at the rate with
+// burstFor's burst.
 func pacing(rate float64, w time.Duration) (limit float64, burst int) {
 	if rate <= 0 {
 		return 0, 0
@@ -128,11 +118,8 @@ func pacing(rate float64, w time.Duration) (limit float64, burst int) {
 	if w <= 0 {
 		return rate, burstFor(rate)
 	}
-	sec := w.Seconds()
-	perWin := rate * sec
-	burst = max(1, int(math.Floor(perWin*paceBurst)))
-	limit = rate - (float64(burst)/sec + paceSlack*rate)
-	return max(limit, rate/2), burst
+	l, b := ratelimit.WindowPacing(rate, w)
+	return float64(l), b
 }
 
 // burstFor is the Limiter's burst at rate without window pacing: a tenth

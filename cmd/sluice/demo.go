@@ -40,6 +40,7 @@ same as one JSON object.
 var demos = []struct{ name, summary string }{
 	{"throttled-db", "a job writing to a simulated throttled database, naive and through httplimit.Client"},
 	{"ingest", "the ingestion example in real processes: an API, two drain processors sharing leased capacity, an idempotent throttled database"},
+	{"charges", "writes whose cost the database draws and says only in its answer: an estimate reserved, the charge settled"},
 }
 
 // printDemos writes demo's own usage: every scenario, one a line.
@@ -84,7 +85,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.IntVar(&workers, "workers", 32, "goroutines per Sluice client")
 	if len(args) == 0 {
 		printDemos(stderr)
-		return usagef("demo: want a scenario: sluice demo throttled-db|ingest [flags]")
+		return usagef("demo: want a scenario: sluice demo throttled-db|ingest|charges [flags]")
 	}
 	scenario, rest := args[0], args[1:]
 	switch scenario {
@@ -98,8 +99,12 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return runIngestAPI(ctx, rest, stdout, stderr)
 	case "ingest-processor": // a process of the ingest demo
 		return runIngestProcessor(ctx, rest, stdout, stderr)
+	case "charges":
+		return runCharges(ctx, rest, stdout, stderr)
+	case "charges-writer": // the writer process of the charges demo
+		return runChargesWriter(ctx, rest, stdout, stderr)
 	default:
-		return usagef("demo: unknown scenario %q (want throttled-db or ingest)", scenario)
+		return usagef("demo: unknown scenario %q (want throttled-db, ingest or charges)", scenario)
 	}
 	if err := parseFlags(fs, rest); err != nil {
 		return err
@@ -202,14 +207,21 @@ func demoServer(budget, cost int) (string, *http.Transport, func() error, error)
 	if err != nil {
 		return "", nil, nil, err
 	}
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.Proxy = nil // loopback, never through a proxy
-	tr.MaxConnsPerHost = demoConns / 2
-	tr.MaxIdleConnsPerHost = demoConns / 2
+	tr := demoTransport()
 	return "http://" + addr + "/items", tr, func() error {
 		tr.CloseIdleConnections()
 		return stopSrv()
 	}, nil
+}
+
+// demoTransport is a job's transport to a demo's database: loopback,
+// never through a proxy, with half the database's connections.
+func demoTransport() *http.Transport {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.Proxy = nil
+	tr.MaxConnsPerHost = demoConns / 2
+	tr.MaxIdleConnsPerHost = demoConns / 2
+	return tr
 }
 
 func demoNaive(ctx context.Context, records, budget, cost int) (r rudb.Result, err error) {

@@ -651,7 +651,11 @@ func writeIngestPlot(path string, rep ingestReport, capacity int) error {
 	if rep.Killed {
 		title += ", processor A killed half-way"
 	}
-	c := chart.Chart{Title: title, XLabel: "seconds since the records were submitted", YLabel: "per second", Series: series}
+	return writeChart(path, chart.Chart{Title: title, XLabel: "seconds since the records were submitted", YLabel: "per second", Series: series})
+}
+
+// writeChart draws c as a PNG image to the file path.
+func writeChart(path string, c chart.Chart) error {
 	f, err := os.Create(path)
 	if err != nil {
 		return err

@@ -72,7 +72,13 @@ func TestDemoIngestKill(t *testing.T) {
 	if rep.FinishA <= rep.FinishB {
 		t.Errorf("A finished at %.1f s, B at %.1f s: want B first (half the records, half the rate)", rep.FinishA, rep.FinishB)
 	}
-	f, err := os.Open(plot)
+	checkPNG(t, plot)
+}
+
+// checkPNG fails t unless the file path is a PNG image.
+func checkPNG(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,10 @@
 // every operation its cost in RU, and answers an operation that the rest of
 // the window's budget cannot pay with 429 Too Many Requests and
 // x-ms-retry-after-ms, the milliseconds until the window ends. A refused
-// operation costs nothing.
+// operation costs nothing. An admitted one says what it cost in
+// x-ms-request-charge; with WriteCostMax, what a write costs is drawn at
+// random by the DB, so that its client learns it only from the answer, as
+// a real database's charge depends on the document and its indexing.
 //
 // Naive and Paced write records to it in the two ways a job can: all at
 // once, resending whatever is refused; or through an httplimit.Client that
@@ -23,6 +26,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -46,6 +50,13 @@ type DB struct {
 	// WriteCost and ReadCost are the RU of a write and of a read; 0 means
 	// 10 and 1.
 	WriteCost, ReadCost int64
+	// WriteCostMax, when above WriteCost, makes each write cost a whole
+	// number of RU drawn uniformly from WriteCost to WriteCostMax, both
+	// included (5 to 15, say), drawn again for each attempt: the client
+	// knows the cost only from the answer's x-ms-request-charge.
+	WriteCostMax int64
+	// Seed seeds the draws of WriteCostMax; 0 draws a random seed.
+	Seed uint64
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// Idempotent makes a write with an Idempotency-Key header field take
@@ -60,6 +71,7 @@ type DB struct {
 	used    int64 // RU used in it
 	stats   Stats
 	written map[string]struct{} // the keys written, when Idempotent
+	rng     *rand.Rand          // the draws of WriteCostMax, made at first use
 }
 
 // ReplayedHeader is the header field with which an Idempotent DB marks
@@ -106,6 +118,16 @@ func (db *DB) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set(ReplayedHeader, "true")
 		w.WriteHeader(http.StatusOK)
 		return
+	}
+	if write && db.WriteCostMax > cost {
+		if db.rng == nil {
+			seed := db.Seed
+			if seed == 0 {
+				seed = rand.Uint64()
+			}
+			db.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+		}
+		cost += db.rng.Int64N(db.WriteCostMax - cost + 1)
 	}
 	if i := t / int64(win); i != db.window {
 		db.window, db.used = i, 0

@@ -3,6 +3,8 @@ package rudb
 import (
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"strconv"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -82,4 +84,50 @@ func TestDBIdempotent(t *testing.T) {
 			t.Errorf("stats = %+v", st)
 		}
 	})
+}
+
+// TestDBChargeDrawn: with WriteCostMax, each write costs a whole number of
+// RU from WriteCost to WriteCostMax, both reached, said in
+// x-ms-request-charge and summed in Stats.RU; the draws are uniform (each
+// of the 11 values within a third of its expected count), and the same
+// Seed draws the same charges.
+func TestDBChargeDrawn(t *testing.T) {
+	charges := func(seed uint64) []int {
+		db := &DB{Budget: 1 << 40, Window: time.Hour, WriteCost: 5, WriteCostMax: 15, Seed: seed}
+		var got []int
+		sum := 0
+		for range 11000 {
+			rec := httptest.NewRecorder()
+			db.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/items", nil))
+			if rec.Code != http.StatusCreated {
+				t.Fatalf("write answered %d", rec.Code)
+			}
+			c, err := strconv.Atoi(rec.Header().Get("X-Ms-Request-Charge"))
+			if err != nil || c < 5 || c > 15 {
+				t.Fatalf("charge %q (%v), want 5 to 15", rec.Header().Get("X-Ms-Request-Charge"), err)
+			}
+			got = append(got, c)
+			sum += c
+		}
+		if st := db.Stats(); st.RU != int64(sum) || st.Written != 11000 {
+			t.Errorf("stats %+v, want RU %d and 11000 written", st, sum)
+		}
+		return got
+	}
+	a := charges(7)
+	counts := map[int]int{}
+	for _, c := range a {
+		counts[c]++
+	}
+	for c := 5; c <= 15; c++ {
+		if counts[c] < 667 || counts[c] > 1333 {
+			t.Errorf("charge %d drawn %d times in 11,000, want about 1,000", c, counts[c])
+		}
+	}
+	if b := charges(7); !slices.Equal(a, b) {
+		t.Error("the same seed drew other charges")
+	}
+	if b := charges(8); slices.Equal(a, b) {
+		t.Error("another seed drew the same charges")
+	}
 }

@@ -67,6 +67,7 @@ __all__ = [
     "FENCING_RESOURCE_HEADER",
     "RateLimits",
     "OverLimit",
+    "UnknownReservation",
 ]
 
 FENCING_TOKEN_HEADER = "Sluice-Fencing-Token"
@@ -353,8 +354,22 @@ class OverLimit(SluiceError):
         super().__init__(429, "over limit", f"retry after {retry_after:.3f}s")
 
 
+class UnknownReservation(SluiceError):
+    """404 from /v1/settle: the reservation was never kept, or has
+    expired (it stays charged at its estimate)."""
+
+
+_SETTLE_ERRORS = {**_ERRORS, 404: UnknownReservation}
+
+
 class RateLimits:
-    """The rate limits of sluice serve at base_url, reserved ahead.
+    """The rate limits of sluice serve at base_url, checked now or
+    reserved ahead.
+
+    check asks "may this go now?" (POST /v1/check); with settle=True an
+    admitted check keeps its cost as an estimate, which settle corrects
+    with the actual cost once the work is done (POST /v1/settle): a cost
+    known only after the answer, such as an LLM call's output tokens.
 
     A reservation asks "how long must I wait to send this?": serve takes
     the cost now, under every limit the descriptors match (gcra or
@@ -369,20 +384,58 @@ class RateLimits:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
 
-    def reserve(self, domain, descriptors, cost=1, max_wait=1.0):
+    def check(self, domain, descriptors, cost=1, costs=None, settle=False, settle_within=None):
+        """Decide cost (and costs, {cost unit: cost} for limits that count
+        a unit) under domain's limits for descriptors now, and return the
+        decoded answer: answer["allowed"], and, when settle is true and the
+        check was admitted, answer["reservation"], the id to settle within
+        settle_within seconds (the server's default, 5 minutes, when None).
+        Over a limit is an answer (allowed false), not an error;
+        BadRequest and the other SluiceErrors are raised."""
+        body = self._body(domain, descriptors, cost, costs, settle, settle_within)
+        return _post(self.base_url, None, "/v1/check", body, self.timeout, answers=(429,))
+
+    def settle(self, reservation, cost=None, costs=None):
+        """Settle reservation with its actual cost (cost: every
+        descriptor's; costs: {cost unit: actual cost}; a limit whose unit
+        costs does not name, or without a unit when cost is None, is
+        settled at its estimate). Returns the decoded answer: settled (or
+        already_settled, for a repeat, which is harmless), and the units
+        refunded and charged. Raises UnknownReservation when it was never
+        kept or has expired, and the other SluiceErrors."""
+        body = {"reservation": reservation}
+        if cost is not None:
+            body["cost"] = cost
+        if costs:
+            body["costs"] = dict(costs)
+        return _post(self.base_url, None, "/v1/settle", body, self.timeout, _SETTLE_ERRORS)
+
+    @staticmethod
+    def _body(domain, descriptors, cost, costs, settle, settle_within):
+        body = {"domain": domain, "descriptors": [_descriptor(d) for d in descriptors], "cost": cost}
+        if costs:
+            body["costs"] = dict(costs)
+        if settle:
+            body["settle"] = True
+            if settle_within is not None:
+                body["settle_within_ms"] = _millis(settle_within)
+        return body
+
+    def reserve(self, domain, descriptors, cost=1, max_wait=1.0, costs=None):
         """Reserve cost under domain's limits for descriptors, accepting a
         wait of up to max_wait seconds, and return the seconds to wait
         (from when this returns) before sending.
 
         descriptors is a list of descriptors, each a dict of entries
         ({"tenant": "acme", "user": "ann"}, outer level first) or a list
-        of (key, value) pairs. Raises OverLimit when the wait would be
+        of (key, value) pairs; costs, {cost unit: cost}, the costs of limits
+        that count a unit (input_tokens, …). Raises OverLimit when the wait would be
         longer than max_wait (nothing is taken), BadRequest for a limit
         that cannot be reserved or a max_wait beyond the server's bound,
         and the other SluiceErrors.
         """
-        body = {"domain": domain, "descriptors": [_descriptor(d) for d in descriptors],
-                "cost": cost, "max_wait_ms": _millis(max_wait)}
+        body = self._body(domain, descriptors, cost, costs, False, None)
+        body["max_wait_ms"] = _millis(max_wait)
         req = urllib.request.Request(self.base_url + "/v1/reserve", data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json", "Accept": "application/json"},
                                      method="POST")
@@ -405,7 +458,7 @@ class RateLimits:
             raise OverLimit(retry, answer) from None
         return answer["wait_ms"] / 1000
 
-    def pace(self, domain, descriptors, cost=1, max_wait=1.0, sleep=time.sleep):
+    def pace(self, domain, descriptors, cost=1, max_wait=1.0, sleep=time.sleep, costs=None):
         """Reserve as reserve does, then sleep the wait; return when the
         caller may send, with the seconds slept. Refused because the queue
         is longer than max_wait, it sleeps the answer's retry_after and
@@ -413,7 +466,7 @@ class RateLimits:
         slept = 0.0
         while True:
             try:
-                wait = self.reserve(domain, descriptors, cost, max_wait)
+                wait = self.reserve(domain, descriptors, cost, max_wait, costs)
             except OverLimit as e:
                 if math.isinf(e.retry_after):
                     raise
@@ -432,7 +485,10 @@ def _descriptor(d):
     return {"entries": [{"key": str(k), "value": str(v)} for k, v in items]}
 
 
-def _post(base_url, token, path, body, timeout, errors=None):
+def _post(base_url, token, path, body, timeout, errors=None, answers=()):
+    """POST body as JSON and return the decoded answer; an error status
+    raises its SluiceError, except those in answers, whose body is the
+    answer."""
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
     if token is not None:
         headers["Authorization"] = "Bearer " + token
@@ -442,7 +498,9 @@ def _post(base_url, token, path, body, timeout, errors=None):
             data = resp.read()
     except urllib.error.HTTPError as e:
         try:
-            raise _error(e.code, e.read(), errors) from None
+            data = e.read()
+            if e.code not in answers:
+                raise _error(e.code, data, errors) from None
         finally:
             e.close()
     return json.loads(data) if data else None

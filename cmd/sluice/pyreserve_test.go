@@ -16,14 +16,17 @@ import (
 // round trip, a sleep's jitter): a send made later than its instant moves
 // the downstream's bucket as if it were on time and the next early, so a
 // pacing rule equal to the downstream's, burst included, leaves no room
-// for it (its first burst is sent at the very edge); and a window limit,
-// which cannot be reserved.
+// for it (its first burst is sent at the very edge); a window limit,
+// which cannot be reserved; and an hourly window of tokens, which the
+// workers check with settle and settle.
 const pyPaceRules = `domain: py
 descriptors:
   - key: job
     rate_limit: {period: 1s, requests_per_unit: 50, burst: 8, name: job}
   - key: win
     rate_limit: {unit: second, requests_per_unit: 5, name: win}
+  - key: tokens
+    rate_limit: {unit: hour, requests_per_unit: 100, cost_unit: tokens, name: tokens}
 `
 
 // TestPythonPacing runs the built binary's serve and two Python

@@ -20,7 +20,8 @@ import (
 // denial is right. It is kept for GCRA and FixedWindow, where every field
 // of the answer is exact too: a fixed window's count stays as it was until
 // the window ends (RetryAfter), and a bucket's remaining capacity follows
-// from the instant it is full again (ResetAfter). LeakyBucket,
+// from the instant it is full again (ResetAfter), which nears one for one
+// with the clock (save after a change of rate, see below). LeakyBucket,
 // SlidingWindow and SlidingLog are not cached: their remaining capacity
 // changes in steps the cache cannot reproduce exactly. Denials that end
 // within minCachedDenial are not cached either: a round trip takes about
@@ -33,7 +34,11 @@ import (
 // What invalidates it: a refund (a negative cost), a consumption (after
 // which the remembered Remaining and ResetAfter are stale) or a Reset of
 // the key, and a decision on the key under another rule (whose rate may
-// rescale the state). Those made through this Store forget the key's entry; those
+// rescale the state). A denial on a GCRA state written at another rate
+// (a runtime override or a reloaded file changed the rule's) is not kept
+// at all: until an admission rewrites the state, its debt, rescaled to
+// the rule's rate, runs down at the old one, so its reset and retry do
+// not shorten one for one with the clock; Redis says so (parse). Those made through this Store forget the key's entry; those
 // made through another replica are not seen, so this replica may deny a
 // key until the remembered instant although a refund elsewhere freed
 // capacity: it never admits too much, and may admit too little for at
@@ -158,8 +163,11 @@ func (c *denialCache) put(key string, d denial, now time.Time) {
 // true (the cost it denied fits no sooner) and refreshes its Remaining and
 // ResetAfter; a refund forgets it. A key named twice in one request is not
 // kept: its second item's answer counts the first's cost, which a denied
-// request did not consume.
-func (c *denialCache) record(items []ratelimit.Item, ds []ratelimit.Decision, sent time.Time) {
+// request did not consume. Nor is any denial of a request that Redis
+// denied on a GCRA state written at another interval (rescaled, see
+// parse): such a debt runs down at the old rate until an admission
+// rewrites the state, not one for one with the clock as answer counts.
+func (c *denialCache) record(items []ratelimit.Item, ds []ratelimit.Decision, sent time.Time, rescaled bool) {
 	changed := ratelimit.Allowed(ds) // else nothing was consumed or refunded
 	for i := range items {
 		it := &items[i]
@@ -181,7 +189,9 @@ func (c *denialCache) record(items []ratelimit.Item, ds []ratelimit.Decision, se
 			c.forgetUnless(it.Key, it.Rule, it.Cost == 0 || !changed)
 			continue
 		}
-		if !dup {
+		if rescaled {
+			c.forget(it.Key)
+		} else if !dup {
 			c.put(it.Key, denial{
 				rule: it.Rule, cost: it.Cost, sent: sent, until: sent.Add(d.RetryAfter),
 				resetAt: sent.Add(d.ResetAfter), remaining: d.Remaining,

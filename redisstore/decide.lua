@@ -446,9 +446,8 @@ local function newd() return {allowed = false, reason = reasonOK, remaining = 0,
 local ns_, nn_ = 0, 0
 
 -- A GCRA state written at another interval (the rule's rate changed) has
--- its debt rescaled to the rule's; d.rescaled says so, since until an
--- admission rewrites the state, that debt runs down at the old rate, not
--- one for one with the clock, which the denial cache must know.
+-- its debt rescaled to the rule's, and d.rescaled set: a denial on it is
+-- reasonRescaled, which the denial cache does not keep (denials.go).
 local function gcra(r, st, now, cost, commit, d)
   local iv, capT = r.iv, r.capT
   local debt = 0

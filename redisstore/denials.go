@@ -34,16 +34,19 @@ import (
 // What invalidates it: a refund (a negative cost), a consumption (after
 // which the remembered Remaining and ResetAfter are stale) or a Reset of
 // the key, and a decision on the key under another rule (whose rate may
-// rescale the state). A denial on a GCRA state written at another rate
-// (a runtime override or a reloaded file changed the rule's) is not kept
-// at all: until an admission rewrites the state, its debt, rescaled to
-// the rule's rate, runs down at the old one, so its reset and retry do
-// not shorten one for one with the clock; Redis says so (parse). Those made through this Store forget the key's entry; those
-// made through another replica are not seen, so this replica may deny a
-// key until the remembered instant although a refund elsewhere freed
-// capacity: it never admits too much, and may admit too little for at
-// most the RetryAfter Redis gave. A rule replaced by a runtime override or
-// a reloaded file is another *Rule, which the entry does not match.
+// rescale the state). Those made through this Store forget the key's
+// entry; those made through another replica are not seen, so this replica
+// may deny a key until the remembered instant although a refund elsewhere
+// freed capacity: it never admits too much, and may admit too little for
+// at most the RetryAfter Redis gave. A rule replaced by a runtime override
+// or a reloaded file is another *Rule, which the entry does not match.
+//
+// A denial on a GCRA state written at another rate (the rule's changed
+// since) is not kept at all: ratelimit rescales that state's debt to the
+// rule's rate at each decision, but until an admission rewrites the state
+// the debt runs down at the old rate, so the denial's reset and retry do
+// not shorten one for one with the clock. Redis reports such a denial
+// (parse's rescaled).
 type denialCache struct {
 	seed   maphash.Seed
 	shards [denialShards]denialShard
@@ -164,9 +167,8 @@ func (c *denialCache) put(key string, d denial, now time.Time) {
 // ResetAfter; a refund forgets it. A key named twice in one request is not
 // kept: its second item's answer counts the first's cost, which a denied
 // request did not consume. Nor is any denial of a request that Redis
-// denied on a GCRA state written at another interval (rescaled, see
-// parse): such a debt runs down at the old rate until an admission
-// rewrites the state, not one for one with the clock as answer counts.
+// denied on a GCRA state written at another rate (rescaled; see
+// denialCache).
 func (c *denialCache) record(items []ratelimit.Item, ds []ratelimit.Decision, sent time.Time, rescaled bool) {
 	changed := ratelimit.Allowed(ds) // else nothing was consumed or refunded
 	for i := range items {

@@ -292,9 +292,8 @@
 // under another rule of the key forget it; a refund through
 // another replica is not seen, so this replica may deny until the
 // remembered instant (never admit too much). A denial on a GCRA state
-// written at another rate (the rule's rate changed since) is never
-// kept: that state's debt runs down at the old rate until an admission
-// rewrites it, so its answer does not shorten with the clock.
+// written at another rate (the rule's changed since) is not kept: until
+// an admission rewrites that state, its debt runs down at the old rate.
 //
 // # Deadlines
 //

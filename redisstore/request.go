@@ -348,10 +348,7 @@ func parseTime(v []any) (time.Time, error) {
 
 // parse turns decide.lua's reply into decisions. rescaled reports an item
 // limited on a GCRA state written at another interval (a rule whose rate
-// changed): until an admission rewrites that state, its debt, rescaled to
-// the rule's interval, runs down at the old rate, so the denial's
-// ResetAfter and RetryAfter do not shorten one for one with the clock, as
-// the denial cache assumes.
+// changed), a denial the denial cache must not keep (see denialCache).
 func parse(dst []ratelimit.Decision, items []ratelimit.Item, res []any) (_ []ratelimit.Decision, rescaled bool, _ error) {
 	if len(res) != replyFields*len(items) {
 		return dst, false, fmt.Errorf("redisstore: script returned %d values for %d items", len(res), len(items))

@@ -112,7 +112,7 @@ func batchDiffRun(t *testing.T, addr string, seed uint64, steps int) {
 			if c.err != nil {
 				t.Fatalf("step %d request %d: %v", step, i, c.err)
 			}
-			got, err := parse(nil, items, c.res)
+			got, _, err := parse(nil, items, c.res)
 			if err != nil {
 				t.Fatalf("step %d request %d: %v", step, i, err)
 			}

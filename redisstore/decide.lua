@@ -20,7 +20,8 @@
 --                  calendar).
 --
 -- Returns replyFields integers per item: replyAllowed (0/1), replyReason
--- (reasonOK, reasonLimited, reasonExceeds: beyond capacity),
+-- (reasonOK, reasonLimited, reasonExceeds: beyond capacity, reasonRescaled:
+-- limited on a GCRA state written at another interval, see gcra),
 -- replyRemaining, replyReset and replyRetry (ns, saturated at maxDuration);
 -- or the single integer replyFar, having written nothing, when a state is
 -- too far from now for doubles (see far): the caller then decides in Go;
@@ -54,7 +55,7 @@ local batchReqHeader = 1
 local replyAllowed, replyReason, replyRemaining, replyReset, replyRetry = 0, 1, 2, 3, 4
 local replyFields = 5
 local replyFar, replyExpired = -1, -2
-local reasonOK, reasonLimited, reasonExceeds = 0, 1, 2
+local reasonOK, reasonLimited, reasonExceeds, reasonRescaled = 0, 1, 2, 3
 local maxDuration = 9223372036854774784 -- 2^63 - 1024, the largest double below 2^63
 -- End of the layout.
 
@@ -444,12 +445,18 @@ local function newd() return {allowed = false, reason = reasonOK, remaining = 0,
 
 local ns_, nn_ = 0, 0
 
+-- A GCRA state written at another interval (the rule's rate changed) has
+-- its debt rescaled to the rule's, and d.rescaled set: a denial on it is
+-- reasonRescaled, which the denial cache does not keep (denials.go).
 local function gcra(r, st, now, cost, commit, d)
   local iv, capT = r.iv, r.capT
   local debt = 0
   if st.t > now then
     debt = st.t - now
-    if st.n ~= 0 and st.n ~= iv then debt = math.min(mulDiv(debt, iv, st.n), MAXI / 4) end
+    if st.n ~= 0 and st.n ~= iv then
+      debt = math.min(mulDiv(debt, iv, st.n), MAXI / 4)
+      d.rescaled = true
+    end
   end
   if cost >= 0 then
     local nxt = debt + cost * iv
@@ -637,6 +644,7 @@ local function decide(r, st, cost, commit)
     algos[r.alg](r, st, now, cost, commit, d)
     if not d.allowed then
       d.reason = reasonLimited
+      if d.rescaled then d.reason = reasonRescaled end
       d.retry = lag + math.max(d.retry, 1)
     elseif commit and cost ~= 0 then
       st.seen, st.ss, st.sn = now, ns_, nn_

@@ -308,7 +308,9 @@
 // instant moves on by what was consumed); refunds, Reset and decisions
 // under another rule of the key forget it; a refund through
 // another replica is not seen, so this replica may deny until the
-// remembered instant (never admit too much).
+// remembered instant (never admit too much). A denial on a GCRA state
+// written at another rate (the rule's changed since) is not kept: until
+// an admission rewrites that state, its debt runs down at the old rate.
 //
 // # Deadlines
 //

@@ -124,7 +124,9 @@ type exactState struct {
 }
 
 // decideExact decides items on the exact path; keys are build's KEYS.
-func (s *Store) decideExact(ctx context.Context, items []ratelimit.Item, keys []string) ([]ratelimit.Decision, error) {
+// rescaled is parse's: an item was limited on a GCRA state written at
+// another interval.
+func (s *Store) decideExact(ctx context.Context, items []ratelimit.Item, keys []string) (_ []ratelimit.Decision, rescaled bool, _ error) {
 	// Which KEYS are state keys, and which item uses which.
 	kinds := make([]any, len(keys))
 	itemKey := make([]int, len(items))
@@ -145,20 +147,20 @@ func (s *Store) decideExact(ctx context.Context, items []ratelimit.Item, keys []
 			select {
 			case <-ctx.Done():
 				t.Stop()
-				return nil, ctx.Err()
+				return nil, false, ctx.Err()
 			case <-t.C:
 			}
 		}
 		v, err := s.read.Run(ctx, s.c, keys, kinds...).Slice()
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		if len(v) != 2+len(keys) {
-			return nil, fmt.Errorf("redisstore: read returned %d values for %d keys", len(v), len(keys))
+			return nil, false, fmt.Errorf("redisstore: read returned %d values for %d keys", len(v), len(keys))
 		}
 		now, err := parseTime(v[:2])
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		if s.now != nil {
 			now = s.now()
@@ -174,7 +176,7 @@ func (s *Store) decideExact(ctx context.Context, items []ratelimit.Item, keys []
 					st.raw = raw
 					st.orig, st.gen, err = parseState(raw)
 					if err != nil {
-						return nil, err
+						return nil, false, err
 					}
 				}
 				states[keys[k]] = st
@@ -185,24 +187,40 @@ func (s *Store) decideExact(ctx context.Context, items []ratelimit.Item, keys []
 				if st.orig.Algorithm == ratelimit.SlidingLog && st.raw != "" {
 					st.orig.Log, err = parseLog(v[2+k+1])
 					if err != nil {
-						return nil, err
+						return nil, false, err
 					}
 				}
 			}
 		}
 		ds, allowed := exactDecide(items, its, now)
 		if !allowed {
-			return ds, nil
+			return ds, rescaledDenial(items, its, ds), nil
 		}
 		ok, err := s.exactWrite(ctx, states, now, takes(items))
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		if ok {
-			return ds, nil
+			return ds, false, nil
 		}
 	}
-	return nil, errContention
+	return nil, false, errContention
+}
+
+// rescaledDenial reports whether a GCRA item of a denied request was
+// limited on a state, as read, written at another interval than its
+// rule's (ratelimit rescales that state's debt). An item decided after
+// another of its key is decided on what that one left; the denial cache
+// keeps neither.
+func rescaledDenial(items []ratelimit.Item, its []*exactState, ds []ratelimit.Decision) bool {
+	for i := range ds {
+		o := &its[i].orig
+		if ds[i].Reason == ratelimit.ReasonLimited && items[i].Rule.Algorithm == ratelimit.GCRA &&
+			o.Algorithm == ratelimit.GCRA && o.N != 0 && o.N != int64(items[i].Rule.Interval()) {
+			return true
+		}
+	}
+	return false
 }
 
 // exactDecide decides items all or nothing on the states read (see

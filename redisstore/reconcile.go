@@ -235,7 +235,7 @@ func (rc *reconciliation) parseCall(pc pushCall) {
 		rc.alone = append(rc.alone, pc.idx[0]) // decided on the exact path
 	default:
 		p := &rc.ps[pc.idx[0]]
-		ds, err := parse(nil, []ratelimit.Item{{Rule: p.e.rule.push}}, res)
+		ds, _, err := parse(nil, []ratelimit.Item{{Rule: p.e.rule.push}}, res) // not for the denial cache
 		if err != nil {
 			rc.failed, p.err = err, err
 		} else {

@@ -32,6 +32,9 @@ type request struct {
 	// takes is set when an item has a positive cost: only then does the
 	// request carry a cutoff (a late refund only gives back).
 	takes bool
+	// rescaled is set by run when Redis denied an item on a GCRA state
+	// written at another interval (see parse).
+	rescaled bool
 	// whole is set on a reconciliation (decide.lua's reconciliation
 	// form, made by pushRequest, not pooled): a pipeline sends it as it is,
 	// never combined with other requests.
@@ -79,7 +82,7 @@ func (r *request) release() {
 func (s *Store) build(items []ratelimit.Item) (*request, error) {
 	req := reqPool.Get().(*request)
 	req.keys, req.kis = req.keys[:0], req.kis[:0]
-	req.exact, req.calendar, req.takes = false, false, false
+	req.exact, req.calendar, req.takes, req.rescaled = false, false, false, false
 	req.args = append(req.args[:0], make([]any, argHeader)...)
 	req.args[argSlack] = s.slackMS
 	req.args[argDeadline] = ""
@@ -208,7 +211,7 @@ func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req *request,
 		defer cancel()
 	}
 	if req.exact {
-		return s.exact(ctx, dst, items, req.keys)
+		return s.exact(ctx, dst, req, items)
 	}
 	now, err := s.instant(ctx, req)
 	if err != nil {
@@ -219,7 +222,7 @@ func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req *request,
 		req.args[argNow] = strconv.FormatInt(now.UnixNano(), 10)
 	}
 	if req.calendar && !setWindows(req, items, now) {
-		return s.exact(ctx, dst, items, req.keys)
+		return s.exact(ctx, dst, req, items)
 	}
 	if req.takes {
 		cut, err := s.sclock.cutoff(ctx, req.keys[0], start, deadline)
@@ -235,9 +238,10 @@ func (s *Store) run(ctx context.Context, dst []ratelimit.Decision, req *request,
 	if len(res) == 1 && res[0] == int64(replyFar) { // a state too far from now for the script's doubles
 		ctx, cancel := context.WithDeadline(ctx, deadline)
 		defer cancel()
-		return s.exact(ctx, dst, items, req.keys)
+		return s.exact(ctx, dst, req, items)
 	}
-	return parse(dst, items, res)
+	dst, req.rescaled, err = parse(dst, items, res)
+	return dst, err
 }
 
 // deadline is when a call made at start ends: after the Store's timeout,
@@ -309,13 +313,14 @@ func (s *Store) checkExpired(ctx context.Context, key string, deadline time.Time
 	return err
 }
 
-// exact decides on the exact path (see exact.go).
-func (s *Store) exact(ctx context.Context, dst []ratelimit.Decision, items []ratelimit.Item, keys []string) ([]ratelimit.Decision, error) {
+// exact decides req on the exact path (see exact.go).
+func (s *Store) exact(ctx context.Context, dst []ratelimit.Decision, req *request, items []ratelimit.Item) ([]ratelimit.Decision, error) {
 	s.exacts.Add(1)
-	ds, err := s.decideExact(ctx, items, keys)
+	ds, rescaled, err := s.decideExact(ctx, items, req.keys)
 	if err != nil {
 		return dst, err
 	}
+	req.rescaled = rescaled
 	return append(dst, ds...), nil
 }
 
@@ -341,17 +346,19 @@ func parseTime(v []any) (time.Time, error) {
 	return time.Unix(f[0], f[1]*1000), nil
 }
 
-// parse turns decide.lua's reply into decisions.
-func parse(dst []ratelimit.Decision, items []ratelimit.Item, res []any) ([]ratelimit.Decision, error) {
+// parse turns decide.lua's reply into decisions. rescaled reports an item
+// limited on a GCRA state written at another interval (a rule whose rate
+// changed), a denial the denial cache must not keep (see denialCache).
+func parse(dst []ratelimit.Decision, items []ratelimit.Item, res []any) (_ []ratelimit.Decision, rescaled bool, _ error) {
 	if len(res) != replyFields*len(items) {
-		return dst, fmt.Errorf("redisstore: script returned %d values for %d items", len(res), len(items))
+		return dst, false, fmt.Errorf("redisstore: script returned %d values for %d items", len(res), len(items))
 	}
 	for i := range items {
 		var f [replyFields]int64
 		for j := range f {
 			v, ok := res[replyFields*i+j].(int64)
 			if !ok {
-				return dst, fmt.Errorf("redisstore: script returned %T", res[replyFields*i+j])
+				return dst, false, fmt.Errorf("redisstore: script returned %T", res[replyFields*i+j])
 			}
 			f[j] = v
 		}
@@ -367,14 +374,15 @@ func parse(dst []ratelimit.Decision, items []ratelimit.Item, res []any) ([]ratel
 		switch f[replyReason] {
 		case reasonOK:
 			d.Reason = ratelimit.ReasonOK
-		case reasonLimited:
+		case reasonLimited, reasonRescaled:
 			d.Reason = ratelimit.ReasonLimited
+			rescaled = rescaled || f[replyReason] == reasonRescaled
 		default: // reasonExceeds
 			d.Reason, d.RetryAfter = ratelimit.ReasonExceedsCapacity, ratelimit.Never
 		}
 		dst = append(dst, d)
 	}
-	return dst, nil
+	return dst, rescaled, nil
 }
 
 // dur maps the script's saturated durations back to MaxInt64.

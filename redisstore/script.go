@@ -57,7 +57,7 @@ const (
 	// The reply: replyFields values per item, or the one value replyFar
 	// (a state too far from now for doubles: nothing written).
 	replyAllowed   = 0 // 1 or 0
-	replyReason    = 1 // one of reasonOK, reasonLimited, reasonExceeds
+	replyReason    = 1 // one of reasonOK, reasonLimited, reasonExceeds, reasonRescaled
 	replyRemaining = 2
 	replyReset     = 3 // ns
 	replyRetry     = 4 // ns
@@ -70,6 +70,9 @@ const (
 	reasonOK      = 0
 	reasonLimited = 1
 	reasonExceeds = 2 // cost beyond capacity
+	// reasonRescaled is reasonLimited on a GCRA state written at another
+	// interval, whose debt was rescaled to the rule's (see parse).
+	reasonRescaled = 3
 
 	// maxDuration is where the script saturates durations: the largest
 	// double below 2^63 (2^63 - 1024), which parse reads as "never".
@@ -92,6 +95,7 @@ var scriptLayout = []struct {
 	{"replyReset", replyReset}, {"replyRetry", replyRetry}, {"replyFields", replyFields},
 	{"replyFar", replyFar}, {"replyExpired", replyExpired},
 	{"reasonOK", reasonOK}, {"reasonLimited", reasonLimited}, {"reasonExceeds", reasonExceeds},
+	{"reasonRescaled", reasonRescaled},
 	{"maxDuration", maxDuration},
 }
 

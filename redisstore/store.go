@@ -413,6 +413,7 @@ func (s *Store) decideRedis(ctx context.Context, dst []ratelimit.Decision, items
 	n := len(dst)
 	sent := s.localNow()
 	dst, err = s.run(ctx, dst, req, items)
+	rescaled := req.rescaled
 	req.release()
 	if err != nil {
 		return dst[:n], s.callFailed(ctx, err)
@@ -420,7 +421,7 @@ func (s *Store) decideRedis(ctx context.Context, dst []ratelimit.Decision, items
 	s.brk.done(nil)
 	s.requests.Add(1)
 	if s.denials != nil {
-		s.denials.record(items, dst[n:], sent)
+		s.denials.record(items, dst[n:], sent, rescaled)
 	}
 	return dst, nil
 }

@@ -161,6 +161,16 @@ type mCase struct {
 	Steps      []mStep
 }
 
+// overrides reports whether mc sets or deletes a runtime override.
+func (mc *mCase) overrides() bool {
+	for i := range mc.Steps {
+		if mc.Steps[i].Kind != sRequest {
+			return true
+		}
+	}
+	return false
+}
+
 var (
 	genKeys   = []string{"k0", "k1", "k2"}
 	genValues = []string{"a", "b", "ab"}

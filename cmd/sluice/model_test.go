@@ -1192,11 +1192,12 @@ func modelRegressions() []*mCase {
 				{Transport: tCheck, Descs: []mDesc{{Entries: []mEntry{{"k0", "a"}}}, {Entries: []mEntry{{"k1", "a"}}, HasCost: true, Cost: -5}, {Entries: []mEntry{{"k2", "a"}}}}},
 				{Transport: tCheck, HasCost: true, Descs: []mDesc{{Entries: []mEntry{{"k0", "a"}}}, {Entries: []mEntry{{"k1", "a"}}}}},
 			}},
-		// A GCRA bucket whose rate an override changes, then decided
-		// 110ms later: Redis answers a reset 55ms shorter than the
-		// model and the memory store (found by TestModel, open).
-		{Seed: 7, KnownRedis: "a GCRA key's reset after an override changed its rate is 55ms short",
-			Nodes: []*mNode{{ID: 0, Key: "k0", Value: "b", Quota: true, Limits: []*mLimit{{Name: "r0", Unit: 2, Quota: 2, Burst: 6, Algorithm: algGCRA, WriteAlg: true}}}},
+		// A GCRA bucket whose rate an override changes (denied under
+		// the new rate), then decided 110ms later: Redis answered a
+		// reset 55ms shorter than the model and the memory store, from
+		// its denial cache, which took the rescaled debt to run down one
+		// for one with the clock (found by TestModel, fixed).
+		{Seed: 7, Nodes: []*mNode{{ID: 0, Key: "k0", Value: "b", Quota: true, Limits: []*mLimit{{Name: "r0", Unit: 2, Quota: 2, Burst: 6, Algorithm: algGCRA, WriteAlg: true}}}},
 			Steps: []mStep{
 				{Transport: tGRPC, Descs: []mDesc{{Entries: []mEntry{{"k0", "b"}}, HasCost: true, Cost: 1}}},
 				{Transport: tCheck, HasCost: true, Cost: 3, Descs: []mDesc{{Entries: []mEntry{{"k0", "b"}}}}},
@@ -1248,6 +1249,9 @@ func TestModelRegressions(t *testing.T) {
 				if mc.redis && c.KnownRedis != "" && !*modelKnown {
 					t.Logf("case %d skipped on Redis, a known defect (-model.known runs it): %s", c.Seed, c.KnownRedis)
 					continue
+				}
+				if mc.down && c.overrides() {
+					continue // overrides live in Redis: genCase makes none when it is down
 				}
 				ms.checkCase(t, c)
 			}

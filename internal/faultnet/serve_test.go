@@ -51,6 +51,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(holderEnv) != "" {
 		os.Exit(holderMain())
 	}
+	if os.Getenv(leaseEnv) != "" {
+		os.Exit(leaseMain())
+	}
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)

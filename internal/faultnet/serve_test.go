@@ -54,6 +54,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(leaseEnv) != "" {
 		os.Exit(leaseMain())
 	}
+	if os.Getenv(natsEnv) != "" {
+		os.Exit(natsMain())
+	}
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)

@@ -152,21 +152,9 @@ func TestFaultDrain(t *testing.T) {
 	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: "WORK", Subjects: []string{"work.>"}, Storage: jetstream.FileStorage}); err != nil {
 		t.Fatal(err)
 	}
-	var futs []jetstream.PubAckFuture
 	for i := range drainRecords {
-		f, err := js.PublishMsgAsync(jsdrain.NewMsg("work.a", "r"+strconv.Itoa(i), "", "", []byte(strconv.Itoa(i))))
-		if err != nil {
+		if err := jsdrain.Publish(ctx, js, "work.a", "r"+strconv.Itoa(i), "", "", []byte(strconv.Itoa(i))); err != nil {
 			t.Fatal(err)
-		}
-		futs = append(futs, f)
-	}
-	for _, f := range futs {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			t.Fatalf("publish: %v", err)
-		case <-ctx.Done():
-			t.Fatal("publish: timed out")
 		}
 	}
 	src, err := jsdrain.New(ctx, js, jsdrain.Options{Stream: "WORK", Consumer: "faults", AckWait: drainAckWait})

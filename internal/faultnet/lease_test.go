@@ -81,7 +81,8 @@ func leaseMain() int {
 				time.Sleep(leasePrepare) // the work before the send
 				req, err := http.NewRequest(http.MethodPost, url, nil)
 				if err != nil {
-					panic(err)
+					fmt.Fprintln(os.Stderr, err)
+					return
 				}
 				req.Header.Set("Holder", name)
 				req.Header.Set("Admitted", strconv.FormatInt(admitted.UnixNano(), 10))
@@ -198,13 +199,18 @@ func (d *downstream) within(holder string, from, to time.Time) []unit {
 // (lease.OutageEvenShare: measured, stated).
 func TestFaultLease(t *testing.T) {
 	inMakeFaults(t)
-	for _, policy := range []lease.OutagePolicy{lease.OutageReserved, lease.OutageEvenShare} {
-		name := map[lease.OutagePolicy]string{lease.OutageReserved: "reserved", lease.OutageEvenShare: "even-share"}[policy]
-		t.Run(name, func(t *testing.T) { leases(t, policy) })
+	for _, c := range []struct {
+		name, label string
+		policy      lease.OutagePolicy
+	}{
+		{"reserved", "lease.OutageReserved, the default", lease.OutageReserved},
+		{"even-share", "lease.OutageEvenShare", lease.OutageEvenShare},
+	} {
+		t.Run(c.name, func(t *testing.T) { leases(t, c.policy, c.label) })
 	}
 }
 
-func leases(t *testing.T, policy lease.OutagePolicy) {
+func leases(t *testing.T, policy lease.OutagePolicy, label string) {
 	n := faultnet.New(t)
 	rh, dh := n.Host("redis"), n.Host("downstream")
 	redis := startRedis(t, rh, redisproc.Standalone, redisPort)
@@ -240,11 +246,7 @@ func leases(t *testing.T, policy lease.OutagePolicy) {
 		arrived, _ = faultnet.Peak(down.arrivals("", from, to), time.Second)
 		return admitted, arrived
 	}
-	admitted, admittedAt := faultnet.Peak(down.admissions("", begin, end), time.Second)
-	arrived, arrivedAt := faultnet.Peak(down.arrivals("", begin, end), time.Second)
-	t.Logf("peaks: admitted from %v, arrived from %v after the start; cut at %v, healed at %v, frozen at %v, resumed at %v",
-		admittedAt.Sub(begin).Round(time.Millisecond), arrivedAt.Sub(begin).Round(time.Millisecond), cutAt.Sub(begin).Round(time.Millisecond),
-		healAt.Sub(begin).Round(time.Millisecond), pauseAt.Sub(begin).Round(time.Millisecond), resumeAt.Sub(begin).Round(time.Millisecond))
+	admitted, arrived := peaks(begin, end)
 	late, longest := down.late("", begin, end)
 	cutAdmitted, cutArrived := peaks(cutAt, healAt.Add(leaseTTL))
 	cutSent := down.arrivals("h1", cutAt.Add(leaseTTL), healAt) // past its leases
@@ -264,7 +266,7 @@ func leases(t *testing.T, policy lease.OutagePolicy) {
 		cutAdmitted, cutArrived, lastCut.Round(time.Millisecond), len(cutSent))
 	t.Logf("pause: the most in one second admitted %d, arrived %d; holder 2's units used late after the resumption: %d, the longest %v",
 		pauseAdmitted, pauseArrived, pauseLate, pauseUse.Round(time.Millisecond))
-	row(t, fmt.Sprintf("leases (%s): 3 holder processes share %d/s in %d partitions (TTL %v) on Redis; one cut from Redis 3 s, later one frozen (SIGSTOP) 2 s", policyName(policy), leaseCap, leaseParts, leaseTTL),
+	row(t, fmt.Sprintf("leases (%s): 3 holder processes share %d/s in %d partitions (TTL %v) on Redis; one cut from Redis 3 s, later one frozen (SIGSTOP) 2 s", label, leaseCap, leaseParts, leaseTTL),
 		fmt.Sprintf("the most in any second, admitted / arrived at the downstream: run %d / %d, cut %d / %d, pause %d / %d (capacity %d); the cut holder's last unit %v after the cut, %d past a TTL; the frozen holder's units sent after its resumption, admitted before: %d (the longest %v from admission); units used > %v after admission in the run: %d",
 			admitted, arrived, cutAdmitted, cutArrived, pauseAdmitted, pauseArrived, leaseCap, lastCut.Round(time.Millisecond), len(cutSent), pauseLate, pauseUse.Round(time.Millisecond), leaseUse, late))
 
@@ -292,11 +294,4 @@ func leases(t *testing.T, policy lease.OutagePolicy) {
 	if len(cutSent) > 0 {
 		t.Errorf("holder 1 sent %d units past its leases' deadlines while cut from Redis", len(cutSent))
 	}
-}
-
-func policyName(p lease.OutagePolicy) string {
-	if p == lease.OutageEvenShare {
-		return "lease.OutageEvenShare"
-	}
-	return "lease.OutageReserved, the default"
 }

@@ -49,6 +49,17 @@ func TestWindows(t *testing.T) {
 	}
 }
 
+func TestPeak(t *testing.T) {
+	at := func(ms int64) time.Time { return time.Unix(100, ms*int64(time.Millisecond)) }
+	ts := []time.Time{at(0), at(400), at(900), at(1000), at(1100), at(1200), at(2500)}
+	if n, from := faultnet.Peak(ts, time.Second); n != 5 || !from.Equal(at(400)) {
+		t.Errorf("Peak: %d from %v, want 5 from 400 ms (the window [400, 1400))", n, from)
+	}
+	if n, _ := faultnet.Peak(nil, time.Second); n != 0 {
+		t.Errorf("Peak of none: %d", n)
+	}
+}
+
 func TestGauge(t *testing.T) {
 	var g faultnet.Gauge
 	g.Enter()

@@ -187,3 +187,20 @@ func (g *Gauge) Exit() { g.in.Add(-1) }
 
 // Max is the most users inside at once so far.
 func (g *Gauge) Max() int64 { return g.max.Load() }
+
+// Peak returns the most instants of at (sorted) inside one window of
+// length w, wherever it starts, and the start of the first such window:
+// the rate in use at a resource that counts arrivals, Σ over every
+// sender, at its worst.
+func Peak(at []time.Time, w time.Duration) (n int, from time.Time) {
+	j := 0
+	for i := range at {
+		for at[i].Sub(at[j]) >= w {
+			j++
+		}
+		if i-j+1 > n {
+			n, from = i-j+1, at[j]
+		}
+	}
+	return n, from
+}

@@ -20,6 +20,19 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 100, algorithm: fixed_window}
 `
 	strictLimit = 100
+	// approximateRules: the same key as a GCRA bucket of 100 a second
+	// with a burst of 10, counted approximate (which takes buckets, not
+	// fixed windows). A window of 1 s admits at most approxLimit, the
+	// burst and a second's refill; approximate's bound (docs/redisstore.md,
+	// "The bound", N = 2 replicas, interval 25 ms, round trip d = 50 ms)
+	// adds ½ × (10 + 100 × 0.075 s) = 8.75 to it.
+	approximateRules = `domain: faults
+descriptors:
+  - key: k
+    rate_limit: {unit: second, requests_per_unit: 100, burst: 10, algorithm: gcra, counting: approximate}
+`
+	approxLimit = 110
+	approxBound = approxLimit + 8
 	// decisionBound is what a decision may take as a client sees it:
 	// serve's Redis timeout (50 ms, its default) and a margin for the
 	// HTTP round trip on a loaded machine running the race detector
@@ -32,7 +45,8 @@ descriptors:
 // TestFaultPartition: scenario a. Two serve replicas share one Redis on
 // hosts of their own; clients on a fourth host keep asking both for one
 // saturated key of a fixed window, counted strict (in make test) or
-// batched (in make faults). One replica is cut from Redis for 3 s, then
+// batched (in make faults), or of a bucket counted approximate (in make
+// faults: the bounds are approximate's, below). One replica is cut from Redis for 3 s, then
 // healed. Promises checked, per 1 s window (ARCHITECTURE.md, "When the
 // store fails"): what Redis decided (for batched, from its blocks too)
 // never exceeds the limit; what each replica decided by the failure mode
@@ -41,9 +55,14 @@ descriptors:
 // never above twice the limit (a replica that is not cut may time out
 // now and then on a loaded machine and decide its share too). Every
 // decision within the Redis timeout plus a margin; the cut replica back
-// on Redis within 3 s of the heal.
+// on Redis within 3 s of the heal. Approximate: a window Redis decides
+// wholly (before the cut, and from 2 s after the heal) admits at most
+// approxBound; the cut replica decides on its last view for a while
+// (those decisions count as Redis's: their hits never reach it), then by
+// local at most its share of approxLimit; no window above twice
+// approxBound.
 func TestFaultPartition(t *testing.T) {
-	for _, counting := range []string{"strict", "batched"} {
+	for _, counting := range []string{"strict", "batched", "approximate"} {
 		t.Run(counting, func(t *testing.T) {
 			if counting != "strict" {
 				inMakeFaults(t)
@@ -59,6 +78,12 @@ func partition(t *testing.T, counting string) {
 	redis := startRedis(t, rh, redisproc.Standalone, redisPort)
 	flags := []string{"--store", "redis", "--redis-addr", redis.Addr(), "--replicas", "2"}
 	rules := strings.Replace(strictRules, "fixed_window}", "fixed_window, counting: "+counting+"}", 1)
+	// limit is what a window of 1 s may admit, redisBound what Redis's
+	// part may (approximate's bound beyond it).
+	limit, redisBound := strictLimit, strictLimit
+	if counting == "approximate" {
+		rules, limit, redisBound = approximateRules, approxLimit, approxBound
+	}
 	servers := []*serve{startServe(t, s1h, ch, rules, flags...), startServe(t, s2h, ch, rules, flags...)}
 
 	var hist faultnet.History
@@ -103,14 +128,24 @@ func partition(t *testing.T, counting string) {
 			}
 		}
 	}
-	whole := faultnet.CheckWindows(ops, time.Second, strictLimit)
-	redisPart := faultnet.CheckWindows(byRedis, time.Second, strictLimit)
+	whole := faultnet.CheckWindows(ops, time.Second, limit)
+	redisPart := faultnet.CheckWindows(byRedis, time.Second, limit)
 	localParts := [2]faultnet.WindowReport{}
 	for i := range localParts {
-		localParts[i] = faultnet.CheckWindows(byLocal[i], time.Second, strictLimit/2)
+		localParts[i] = faultnet.CheckWindows(byLocal[i], time.Second, limit/2)
 	}
+	// The windows Redis decided wholly: before the cut, and from 2 s
+	// after the heal (the cut replica back on Redis, its view fresh).
+	var calm []faultnet.Op
+	for _, op := range ops {
+		if op.End.Before(cutAt.Truncate(time.Second)) || op.Start.After(healAt.Add(2*time.Second).Truncate(time.Second).Add(time.Second)) {
+			calm = append(calm, op)
+		}
+	}
+	calmPart := faultnet.CheckWindows(calm, time.Second, limit)
 	lat := faultnet.CheckLatency(ops, decisionBound)
 	t.Logf("whole run: %v", whole)
+	t.Logf("windows Redis decided wholly: %v", calmPart)
 	t.Logf("decided by Redis: %v", redisPart)
 	t.Logf("decided by local on the cut replica: %v; on the other: %v; %d local decisions before the cut", localParts[0], localParts[1], localBefore)
 	t.Logf("latency: %v", lat)
@@ -140,26 +175,36 @@ func partition(t *testing.T, counting string) {
 		}
 		t.Logf("  window %s: admitted %d (possibly %d), %d of them by local", w.Start.Format("15:04:05"), w.Certain, w.Possible, l)
 	}
-	row(t, "partition: one of 2 serve replicas cut from Redis 3 s ("+counting+", fixed window 100/s, default failure mode local)",
-		fmt.Sprintf("over-admission %.0f%% of the limit (Redis's part %d at most, each replica's local part %d and %d at most); decisions p99 %v, max %v (bound %v); %d of %d shed by serve's overload guard; back on Redis %v after the heal",
-			100*whole.Over, redisPart.Worst, localParts[0].Worst, localParts[1].Worst, lat.P99.Round(time.Millisecond), lat.Max.Round(time.Millisecond), decisionBound,
+	key := "fixed window 100/s"
+	if counting == "approximate" {
+		key = "GCRA 100/s, burst 10"
+	}
+	row(t, "partition: one of 2 serve replicas cut from Redis 3 s ("+counting+", "+key+", default failure mode local)",
+		fmt.Sprintf("over-admission %.0f%% of the limit %d, %.0f%% in the windows Redis decided wholly (Redis's part %d at most, each replica's local part %d and %d at most); decisions p99 %v, max %v (bound %v); %d of %d shed by serve's overload guard; back on Redis %v after the heal",
+			100*whole.Over, limit, 100*calmPart.Over, redisPart.Worst, localParts[0].Worst, localParts[1].Worst, lat.P99.Round(time.Millisecond), lat.Max.Round(time.Millisecond), decisionBound,
 			sheds, len(ops), recovered.Round(time.Millisecond)))
 
 	if len(failed) > 0 {
 		t.Errorf("%d decisions failed, the first: %+v", len(failed), failed[0])
 	}
-	if redisPart.Worst > strictLimit {
+	if counting == "approximate" {
+		// Redis's part includes the cut replica's decisions on its last
+		// view: checked in the windows Redis decided wholly only.
+		if calmPart.Worst > redisBound {
+			t.Errorf("a window Redis decided admitted %d, above approximate's bound %d: %v", calmPart.Worst, redisBound, calmPart)
+		}
+	} else if redisPart.Worst > redisBound {
 		t.Errorf("Redis's decisions exceeded the limit: %v", redisPart)
 	}
 	for i, r := range localParts {
-		if r.Worst > strictLimit/2 {
+		if r.Worst > limit/2 {
 			t.Errorf("replica %d's local decisions exceeded its share: %v", i+1, r)
 		}
 	}
 	if len(byLocal[0]) == localBefore {
 		t.Error("the cut replica made no local decision during the cut: the partition did not reach it")
 	}
-	if whole.Worst > 2*strictLimit {
+	if whole.Worst > 2*redisBound {
 		t.Errorf("a window admitted %d, above twice the limit: %v", whole.Worst, whole)
 	}
 	if lat.Over > 0 {

@@ -51,6 +51,12 @@ func TestMain(m *testing.M) {
 	if os.Getenv(holderEnv) != "" {
 		os.Exit(holderMain())
 	}
+	if os.Getenv(leaseEnv) != "" {
+		os.Exit(leaseMain())
+	}
+	if os.Getenv(natsEnv) != "" {
+		os.Exit(natsMain())
+	}
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)

@@ -227,10 +227,12 @@ func (s *Source) take(ctx context.Context, ms []drain.Message, n int) (int, erro
 			return 0, ctx.Err()
 		}
 		if len(s.buf) > 0 {
-			k := 0
-			for ; k < len(ms) && k < len(s.buf); k++ {
-				ms[k] = &message{src: s, r: s.buf[k]}
-				s.buf[k] = redisstore.StreamRecord{}
+			k := min(len(ms), len(s.buf))
+			msgs := make([]message, k) // one allocation a call, not one a record
+			for i := range k {
+				msgs[i].src, msgs[i].r = s, s.buf[i]
+				ms[i] = &msgs[i]
+				s.buf[i] = redisstore.StreamRecord{}
 			}
 			s.buf = s.buf[k:]
 			s.mu.Unlock()
@@ -410,10 +412,7 @@ func (m *message) Ack(ctx context.Context) error {
 // its way sent together in one script call (drain.AsyncAcker): done is
 // called once theirs has returned.
 func (m *message) AckAsync(ctx context.Context, done func(error)) {
-	m.src.acks.ack(ctx, m.r.ID, func(err error) {
-		m.done()
-		done(err)
-	})
+	m.src.acks.ack(ctx, m, done)
 }
 
 // acks groups acknowledgements: one asked for while none is on its way
@@ -429,14 +428,15 @@ type acks struct {
 }
 
 type ackAsked struct {
-	id   string
+	m    *message
 	done func(error)
 }
 
-// ack acknowledges id, and calls done with the outcome.
-func (a *acks) ack(ctx context.Context, id string, done func(error)) {
+// ack acknowledges m, frees its window slot and calls done with the
+// outcome.
+func (a *acks) ack(ctx context.Context, m *message, done func(error)) {
 	a.mu.Lock()
-	a.next = append(a.next, ackAsked{id, done})
+	a.next = append(a.next, ackAsked{m, done})
 	if a.sending {
 		a.mu.Unlock()
 		return
@@ -449,10 +449,11 @@ func (a *acks) ack(ctx context.Context, id string, done func(error)) {
 		a.mu.Unlock()
 		ids = ids[:0]
 		for _, g := range group {
-			ids = append(ids, g.id)
+			ids = append(ids, g.m.r.ID)
 		}
 		err := a.cons.Ack(ctx, ids...)
 		for _, g := range group {
+			g.m.done()
 			g.done(err)
 		}
 		a.mu.Lock()

@@ -162,7 +162,9 @@ func New(ctx context.Context, c redisstore.Client, o Options) (*Source, error) {
 	if _, err := st.Prune(ctx, o.Group, pruneIdle); err != nil {
 		return nil, fmt.Errorf("redisdrain: %w", err)
 	}
-	return &Source{cfg: o, stream: st, cons: cons, cursor: "0-0", wake: make(chan struct{}), acks: acks{cons: cons}}, nil
+	s := &Source{cfg: o, stream: st, cons: cons, cursor: "0-0", wake: make(chan struct{})}
+	s.acks.src = s
+	return s, nil
 }
 
 // Options returns the Source's options, defaults filled in.
@@ -415,15 +417,23 @@ func (m *message) AckAsync(ctx context.Context, done func(error)) {
 	m.src.acks.ack(ctx, m, done)
 }
 
-// acks groups acknowledgements: one asked for while none is on its way
-// is sent at once, by its caller, and those asked for meanwhile are sent
-// together next, by the same caller, until none is left. A round trip
-// then serves every record settled during the one before.
+// ackGather bounds how long an acknowledgement waits for those of the
+// other records handed out before it is sent.
+const ackGather = time.Millisecond
+
+// acks groups acknowledgements: those asked for go together in one
+// script call, sent by a goroutine of their own (one at a time) as soon
+// as every record handed out and not settled has asked, or ackGather
+// after the first of them was asked for, whichever comes first. So a
+// read's records are acknowledged with one round trip when they are
+// worked on together, and a record's acknowledgement waits at most
+// ackGather for the others.
 type acks struct {
-	cons *redisstore.StreamConsumer
+	src *Source
 
 	mu      sync.Mutex
-	sending bool
+	sending bool          // the goroutine runs
+	full    chan struct{} // closed when every record out has asked, if waited on
 	next    []ackAsked
 }
 
@@ -436,14 +446,51 @@ type ackAsked struct {
 // outcome.
 func (a *acks) ack(ctx context.Context, m *message, done func(error)) {
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	a.next = append(a.next, ackAsked{m, done})
-	if a.sending {
-		a.mu.Unlock()
-		return
+	switch {
+	case !a.sending:
+		a.sending = true
+		go a.send(ctx)
+	case a.full != nil && a.ready():
+		close(a.full)
+		a.full = nil
 	}
-	a.sending = true
+}
+
+// ready reports whether every record handed out and not settled has
+// asked for its acknowledgement; a.mu is held.
+func (a *acks) ready() bool {
+	a.src.mu.Lock()
+	out := a.src.held - len(a.src.buf)
+	a.src.mu.Unlock()
+	return len(a.next) >= out
+}
+
+// send sends the acknowledgements asked for, in groups, until none is
+// left.
+func (a *acks) send(ctx context.Context) {
 	var ids []string
+	var gather *time.Timer
+	a.mu.Lock()
 	for len(a.next) > 0 {
+		if !a.ready() {
+			full := make(chan struct{})
+			a.full = full
+			a.mu.Unlock()
+			if gather == nil {
+				gather = time.NewTimer(ackGather)
+			} else {
+				gather.Reset(ackGather)
+			}
+			select {
+			case <-full:
+				gather.Stop()
+			case <-gather.C:
+			}
+			a.mu.Lock()
+			a.full = nil
+		}
 		group := a.next
 		a.next = nil
 		a.mu.Unlock()
@@ -451,7 +498,7 @@ func (a *acks) ack(ctx context.Context, m *message, done func(error)) {
 		for _, g := range group {
 			ids = append(ids, g.m.r.ID)
 		}
-		err := a.cons.Ack(ctx, ids...)
+		err := a.src.cons.Ack(ctx, ids...)
 		for _, g := range group {
 			g.m.done()
 			g.done(err)

@@ -232,9 +232,10 @@ func (s *Source) take(ctx context.Context, ms []drain.Message, n int) (int, erro
 			k := min(len(ms), len(s.buf))
 			msgs := make([]message, k) // one allocation a call, not one a record
 			for i := range k {
-				msgs[i].src, msgs[i].r = s, s.buf[i]
+				// The records stay where the read put them, shared with
+				// their messages.
+				msgs[i].src, msgs[i].r = s, &s.buf[i]
 				ms[i] = &msgs[i]
-				s.buf[i] = redisstore.StreamRecord{}
 			}
 			s.buf = s.buf[k:]
 			s.mu.Unlock()
@@ -273,7 +274,11 @@ func (s *Source) take(ctx context.Context, ms []drain.Message, n int) (int, erro
 			closed := s.closed
 			if !closed {
 				s.held += len(recs)
-				s.buf = append(s.buf, recs...)
+				if len(s.buf) == 0 {
+					s.buf = recs
+				} else {
+					s.buf = append(s.buf, recs...)
+				}
 			}
 			s.mu.Unlock()
 			if closed {
@@ -382,7 +387,7 @@ func (s *Source) settled() {
 // message is one delivery of a record.
 type message struct {
 	src  *Source
-	r    redisstore.StreamRecord
+	r    *redisstore.StreamRecord // in its read's array, never changed
 	once sync.Once
 }
 
@@ -435,6 +440,7 @@ type acks struct {
 	sending bool          // the goroutine runs
 	full    chan struct{} // closed when every record out has asked, if waited on
 	next    []ackAsked
+	spare   []ackAsked // the last group's array, emptied, for next
 }
 
 type ackAsked struct {
@@ -492,7 +498,7 @@ func (a *acks) send(ctx context.Context) {
 			a.full = nil
 		}
 		group := a.next
-		a.next = nil
+		a.next, a.spare = a.spare, nil
 		a.mu.Unlock()
 		ids = ids[:0]
 		for _, g := range group {
@@ -503,7 +509,9 @@ func (a *acks) send(ctx context.Context) {
 			g.m.done()
 			g.done(err)
 		}
+		clear(group)
 		a.mu.Lock()
+		a.spare = group[:0]
 	}
 	a.sending = false
 	a.mu.Unlock()

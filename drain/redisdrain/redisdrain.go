@@ -134,8 +134,9 @@ type Source struct {
 	mu     sync.Mutex
 	held   int                       // records read or claimed and not settled
 	buf    []redisstore.StreamRecord // of those, not yet handed out by Next
-	wake   chan struct{}             // closed and replaced when a record is settled, if waited on
+	wake   chan struct{}             // closed and replaced when need slots are free, if waited on
 	waited bool                      // wake was taken by a Next that waits
+	need   int                       // the free slots of the window that Next waits for
 	closed bool
 }
 
@@ -243,11 +244,17 @@ func (s *Source) take(ctx context.Context, ms []drain.Message, n int) (int, erro
 		}
 		free := min(s.cfg.Window-s.held, max(1, n))
 		var wake chan struct{}
-		if free <= 0 || (free < s.cfg.Window/2 && !gathered) {
-			wake, s.waited = s.wake, true
+		wait := free <= 0 || (free < s.cfg.Window/2 && !gathered)
+		switch {
+		case free <= 0:
+			wake, s.waited, s.need = s.wake, true, 1
+		case wait && s.cfg.Window-s.held < s.cfg.Window/2:
+			// Woken once half the window is free, not at each record
+			// settled.
+			wake, s.waited, s.need = s.wake, true, s.cfg.Window/2
 		}
 		s.mu.Unlock()
-		if wake != nil {
+		if wait {
 			// A full window waits for a settled record; one less than
 			// half free waits up to gatherWait for more, so that reads
 			// take many records at a time rather than one per settled
@@ -377,7 +384,7 @@ func (s *Source) handBack(ctx context.Context, recs []redisstore.StreamRecord) e
 func (s *Source) settled() {
 	s.mu.Lock()
 	s.held--
-	if s.waited {
+	if s.waited && s.cfg.Window-s.held >= s.need {
 		close(s.wake)
 		s.wake, s.waited = make(chan struct{}), false
 	}

@@ -422,8 +422,8 @@ func (m *message) Ack(ctx context.Context) error {
 	return m.src.cons.Ack(ctx, m.r.ID)
 }
 
-// AckAsync is Ack, with the acknowledgements asked for while one is on
-// its way sent together in one script call (drain.AsyncAcker): done is
+// AckAsync is Ack, with the acknowledgements of the records handed out
+// sent together in one script call (see acks; drain.AsyncAcker): done is
 // called once theirs has returned.
 func (m *message) AckAsync(ctx context.Context, done func(error)) {
 	m.src.acks.ack(ctx, m, done)

@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice/drain"
 	"github.com/sluicehq/sluice/drain/redisdrain"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 func TestOptions(t *testing.T) {
@@ -240,33 +241,42 @@ func TestReadsWithinWindow(t *testing.T) {
 	}
 }
 
-// TestAckAsyncAlone: an acknowledgement asked for while the Source's
-// other records are held is sent within the gathering bound, not held
-// until they ask too.
-func TestAckAsyncAlone(t *testing.T) {
+// holdAll publishes n records to stream, on a Redis server of its own,
+// and takes them all through a Source of window n.
+func holdAll(t *testing.T, stream string, n int) (redisstore.Client, *redisdrain.Source, []drain.AsyncAcker) {
+	t.Helper()
 	c := client(t, []string{redistest.Standalone(t).Addr()})
 	ctx := t.Context()
-	const n = 10
-	p, _ := redisdrain.NewPublisher(c, redisdrain.PublishOptions{Stream: "alone"})
+	p, _ := redisdrain.NewPublisher(c, redisdrain.PublishOptions{Stream: stream})
 	for i := range n {
 		if _, err := p.Publish(ctx, redisdrain.Record{Data: []byte{byte(i)}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	src, err := redisdrain.New(ctx, c, redisdrain.Options{Stream: "alone", Group: "g", Consumer: "c", Window: n, AckWait: time.Minute})
+	src, err := redisdrain.New(ctx, c, redisdrain.Options{Stream: stream, Group: "g", Consumer: "c", Window: n, AckWait: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var held []drain.Message
+	var held []drain.AsyncAcker
 	for range n {
 		m, err := src.Next(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		held = append(held, m)
+		held = append(held, m.(drain.AsyncAcker))
 	}
+	return c, src, held
+}
+
+// TestAckAsyncAlone: an acknowledgement asked for while the Source's
+// other records are held is sent within the gathering bound, not held
+// until they ask too.
+func TestAckAsyncAlone(t *testing.T) {
+	const n = 10
+	_, src, held := holdAll(t, "alone", n)
+	ctx := t.Context()
 	acked := make(chan error, 1)
-	held[0].(drain.AsyncAcker).AckAsync(ctx, func(err error) { acked <- err })
+	held[0].AckAsync(ctx, func(err error) { acked <- err })
 	if err := <-acked; err != nil {
 		t.Fatal(err)
 	}
@@ -279,27 +289,9 @@ func TestAckAsyncAlone(t *testing.T) {
 // are all acknowledged, each done called once without error, in far fewer
 // XACKs than records (they go together once all have asked).
 func TestAckAsyncGroups(t *testing.T) {
-	c := client(t, []string{redistest.Standalone(t).Addr()})
-	ctx := t.Context()
 	const n = 200
-	p, _ := redisdrain.NewPublisher(c, redisdrain.PublishOptions{Stream: "grouped"})
-	for i := range n {
-		if _, err := p.Publish(ctx, redisdrain.Record{Data: []byte{byte(i)}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	src, err := redisdrain.New(ctx, c, redisdrain.Options{Stream: "grouped", Group: "g", Consumer: "c", Window: n, AckWait: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var held []drain.AsyncAcker
-	for range n {
-		m, err := src.Next(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		held = append(held, m.(drain.AsyncAcker))
-	}
+	c, src, held := holdAll(t, "grouped", n)
+	ctx := t.Context()
 	xacks := func() int64 {
 		t.Helper()
 		info, err := c.Info(ctx, "commandstats").Result()

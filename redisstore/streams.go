@@ -338,7 +338,7 @@ func (s *Stream) DeadLetters(ctx context.Context, count int) ([]DeadRecord, erro
 	}
 	out := make([]DeadRecord, 0, len(msgs))
 	for _, m := range msgs {
-		d := DeadRecord{StreamRecord: fromMap(m.ID, m.Values)}
+		d := DeadRecord{StreamRecord: fromMap(m.ID, m.Values, nil)}
 		d.Origin, _ = m.Values[FieldID].(string)
 		d.Error, _ = m.Values[FieldError].(string)
 		if n, ok := m.Values[FieldDeliveries].(string); ok {
@@ -349,14 +349,23 @@ func (s *Stream) DeadLetters(ctx context.Context, count int) ([]DeadRecord, erro
 	return out, nil
 }
 
-// fromMap is the record id with the fields of a go-redis reply.
-func fromMap(id string, v map[string]any) StreamRecord {
+// fromMap is the record id with the fields of a go-redis reply; its Data
+// is appended to *data, when data is not nil and has room for it, and
+// is the part appended (capped, so that appending to it copies), else
+// a copy of its own.
+func fromMap(id string, v map[string]any, data *[]byte) StreamRecord {
 	r := StreamRecord{ID: id}
 	r.Key, _ = v[FieldKey].(string)
 	r.Tenant, _ = v[FieldTenant].(string)
 	r.Partition, _ = v[FieldPartition].(string)
 	if d, ok := v[FieldData].(string); ok {
-		r.Data = []byte(d)
+		if data != nil && cap(*data)-len(*data) >= len(d) {
+			at := len(*data)
+			*data = append(*data, d...)
+			r.Data = (*data)[at:len(*data):len(*data)]
+		} else {
+			r.Data = []byte(d)
+		}
 	}
 	return r
 }
@@ -445,10 +454,20 @@ func (c *StreamConsumer) Read(ctx context.Context, count int, block time.Duratio
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: reading stream %q as %q of group %q: %w", c.s.name, c.name, c.group, err)
 	}
-	var out []StreamRecord
+	n, size := 0, 0
+	for _, st := range res {
+		n += len(st.Messages)
+		for _, m := range st.Messages {
+			d, _ := m.Values[FieldData].(string)
+			size += len(d)
+		}
+	}
+	// The records' data share one array: one allocation a read, not one
+	// a record.
+	out, data := make([]StreamRecord, 0, n), make([]byte, 0, size)
 	for _, st := range res {
 		for _, m := range st.Messages {
-			r := fromMap(m.ID, m.Values)
+			r := fromMap(m.ID, m.Values, &data)
 			r.Deliveries = 1
 			out = append(out, r)
 		}

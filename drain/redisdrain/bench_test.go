@@ -63,13 +63,33 @@ func enqueue(b *testing.B, c redisstore.Client, stream string, n int) {
 	wg.Wait()
 }
 
+// countHook counts the commands a client sends.
+type countHook struct{ n *atomic.Int64 }
+
+func (countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}
+
 // BenchmarkCost drains b.N messages as fast as possible, with no limiter
 // and a sink that does nothing, through a drain.Drainer on the Redis
 // Source and through bare XREADGROUP + XACK loops (a read of the default
 // window, then an XACK of each record, or one of them all), on one
 // redis-server in its own process,
 // a fresh stream each, and reports this process's CPU time per message,
-// the server's, and the rate. Run with -benchtime Nx.
+// the server's, the commands sent per message (each a round trip) and
+// the rate. Run with -benchtime Nx.
 func BenchmarkCost(b *testing.B) {
 	srv := redistest.Standalone(b)
 	c, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{srv.Addr()}, Timeout: 5 * time.Second, PoolSize: 128})
@@ -77,6 +97,8 @@ func BenchmarkCost(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer c.Close()
+	var trips atomic.Int64 // commands sent: the round trips
+	c.AddHook(countHook{&trips})
 	var runs atomic.Int64
 	run := func(b *testing.B, drainIt func(b *testing.B, stream string, n int)) {
 		stream := fmt.Sprint("cost-", runs.Add(1))
@@ -84,10 +106,11 @@ func BenchmarkCost(b *testing.B) {
 		enqueue(b, c, stream, n)
 		b.ReportAllocs()
 		b.ResetTimer()
-		cpu0, srv0, begin := draintest.CPUTime(b), serverCPU(b, c), time.Now()
+		cpu0, srv0, trips0, begin := draintest.CPUTime(b), serverCPU(b, c), trips.Load(), time.Now()
 		drainIt(b, stream, n)
 		cpu, scpu, took := draintest.CPUTime(b)-cpu0, serverCPU(b, c)-srv0, time.Since(begin)
 		b.StopTimer()
+		b.ReportMetric(float64(trips.Load()-trips0-1)/float64(n), "trips/msg") // less serverCPU's INFO
 		b.ReportMetric(float64(cpu.Nanoseconds())/1e3/float64(n), "cpu-µs/msg")
 		b.ReportMetric(float64(scpu.Nanoseconds())/1e3/float64(n), "redis-cpu-µs/msg")
 		b.ReportMetric(float64(n)/took.Seconds(), "msgs/s")

@@ -40,8 +40,10 @@
 // bounded (a second at most), so a Next outlives its context's
 // cancellation by at most that. A Drainer takes a read's records together
 // (NextMany), and acknowledges through AckAsync: the acknowledgements
-// asked for while one is on its way go together in one script call (one
-// XACK of many ids), so a round trip serves many records.
+// go together in one script call (one XACK of many ids), sent once every
+// record handed out and not settled has asked for its own, or a
+// millisecond after the first asked, whichever is sooner, so that a
+// read's records worked on together take one round trip.
 //
 // # Delays
 //

@@ -134,8 +134,9 @@ type Source struct {
 	mu     sync.Mutex
 	held   int                       // records read or claimed and not settled
 	buf    []redisstore.StreamRecord // of those, not yet handed out by Next
-	wake   chan struct{}             // closed and replaced when a record is settled, if waited on
+	wake   chan struct{}             // closed and replaced when need slots are free, if waited on
 	waited bool                      // wake was taken by a Next that waits
+	need   int                       // the free slots of the window that Next waits for
 	closed bool
 }
 
@@ -162,7 +163,9 @@ func New(ctx context.Context, c redisstore.Client, o Options) (*Source, error) {
 	if _, err := st.Prune(ctx, o.Group, pruneIdle); err != nil {
 		return nil, fmt.Errorf("redisdrain: %w", err)
 	}
-	return &Source{cfg: o, stream: st, cons: cons, cursor: "0-0", wake: make(chan struct{}), acks: acks{cons: cons}}, nil
+	s := &Source{cfg: o, stream: st, cons: cons, cursor: "0-0", wake: make(chan struct{})}
+	s.acks.src = s
+	return s, nil
 }
 
 // Options returns the Source's options, defaults filled in.
@@ -227,10 +230,13 @@ func (s *Source) take(ctx context.Context, ms []drain.Message, n int) (int, erro
 			return 0, ctx.Err()
 		}
 		if len(s.buf) > 0 {
-			k := 0
-			for ; k < len(ms) && k < len(s.buf); k++ {
-				ms[k] = &message{src: s, r: s.buf[k]}
-				s.buf[k] = redisstore.StreamRecord{}
+			k := min(len(ms), len(s.buf))
+			msgs := make([]message, k) // one allocation a call, not one a record
+			for i := range k {
+				// The records stay where the read put them, shared with
+				// their messages.
+				msgs[i].src, msgs[i].r = s, &s.buf[i]
+				ms[i] = &msgs[i]
 			}
 			s.buf = s.buf[k:]
 			s.mu.Unlock()
@@ -238,11 +244,17 @@ func (s *Source) take(ctx context.Context, ms []drain.Message, n int) (int, erro
 		}
 		free := min(s.cfg.Window-s.held, max(1, n))
 		var wake chan struct{}
-		if free <= 0 || (free < s.cfg.Window/2 && !gathered) {
-			wake, s.waited = s.wake, true
+		wait := free <= 0 || (free < s.cfg.Window/2 && !gathered)
+		switch {
+		case free <= 0:
+			wake, s.waited, s.need = s.wake, true, 1
+		case wait && s.cfg.Window-s.held < s.cfg.Window/2:
+			// Woken once half the window is free, not at each record
+			// settled.
+			wake, s.waited, s.need = s.wake, true, s.cfg.Window/2
 		}
 		s.mu.Unlock()
-		if wake != nil {
+		if wait {
 			// A full window waits for a settled record; one less than
 			// half free waits up to gatherWait for more, so that reads
 			// take many records at a time rather than one per settled
@@ -269,7 +281,11 @@ func (s *Source) take(ctx context.Context, ms []drain.Message, n int) (int, erro
 			closed := s.closed
 			if !closed {
 				s.held += len(recs)
-				s.buf = append(s.buf, recs...)
+				if len(s.buf) == 0 {
+					s.buf = recs
+				} else {
+					s.buf = append(s.buf, recs...)
+				}
 			}
 			s.mu.Unlock()
 			if closed {
@@ -368,7 +384,7 @@ func (s *Source) handBack(ctx context.Context, recs []redisstore.StreamRecord) e
 func (s *Source) settled() {
 	s.mu.Lock()
 	s.held--
-	if s.waited {
+	if s.waited && s.cfg.Window-s.held >= s.need {
 		close(s.wake)
 		s.wake, s.waited = make(chan struct{}), false
 	}
@@ -378,7 +394,7 @@ func (s *Source) settled() {
 // message is one delivery of a record.
 type message struct {
 	src  *Source
-	r    redisstore.StreamRecord
+	r    *redisstore.StreamRecord // in its read's array, never changed
 	once sync.Once
 }
 
@@ -406,56 +422,103 @@ func (m *message) Ack(ctx context.Context) error {
 	return m.src.cons.Ack(ctx, m.r.ID)
 }
 
-// AckAsync is Ack, with the acknowledgements asked for while one is on
-// its way sent together in one script call (drain.AsyncAcker): done is
+// AckAsync is Ack, with the acknowledgements of the records handed out
+// sent together in one script call (see acks; drain.AsyncAcker): done is
 // called once theirs has returned.
 func (m *message) AckAsync(ctx context.Context, done func(error)) {
-	m.src.acks.ack(ctx, m.r.ID, func(err error) {
-		m.done()
-		done(err)
-	})
+	m.src.acks.ack(ctx, m, done)
 }
 
-// acks groups acknowledgements: one asked for while none is on its way
-// is sent at once, by its caller, and those asked for meanwhile are sent
-// together next, by the same caller, until none is left. A round trip
-// then serves every record settled during the one before.
+// ackGather bounds how long an acknowledgement waits for those of the
+// other records handed out before it is sent.
+const ackGather = time.Millisecond
+
+// acks groups acknowledgements: those asked for go together in one
+// script call, sent by a goroutine of their own (one at a time) as soon
+// as every record handed out and not settled has asked, or ackGather
+// after the first of them was asked for, whichever comes first. So a
+// read's records are acknowledged with one round trip when they are
+// worked on together, and a record's acknowledgement waits at most
+// ackGather for the others.
 type acks struct {
-	cons *redisstore.StreamConsumer
+	src *Source
 
 	mu      sync.Mutex
-	sending bool
+	sending bool          // the goroutine runs
+	full    chan struct{} // closed when every record out has asked, if waited on
 	next    []ackAsked
+	spare   []ackAsked // the last group's array, emptied, for next
 }
 
 type ackAsked struct {
-	id   string
+	m    *message
 	done func(error)
 }
 
-// ack acknowledges id, and calls done with the outcome.
-func (a *acks) ack(ctx context.Context, id string, done func(error)) {
+// ack acknowledges m, frees its window slot and calls done with the
+// outcome.
+func (a *acks) ack(ctx context.Context, m *message, done func(error)) {
 	a.mu.Lock()
-	a.next = append(a.next, ackAsked{id, done})
-	if a.sending {
-		a.mu.Unlock()
-		return
+	defer a.mu.Unlock()
+	a.next = append(a.next, ackAsked{m, done})
+	switch {
+	case !a.sending:
+		a.sending = true
+		go a.send(ctx)
+	case a.full != nil && a.ready():
+		close(a.full)
+		a.full = nil
 	}
-	a.sending = true
+}
+
+// ready reports whether every record handed out and not settled has
+// asked for its acknowledgement; a.mu is held.
+func (a *acks) ready() bool {
+	a.src.mu.Lock()
+	out := a.src.held - len(a.src.buf)
+	a.src.mu.Unlock()
+	return len(a.next) >= out
+}
+
+// send sends the acknowledgements asked for, in groups, until none is
+// left.
+func (a *acks) send(ctx context.Context) {
 	var ids []string
+	var gather *time.Timer
+	a.mu.Lock()
 	for len(a.next) > 0 {
+		if !a.ready() {
+			full := make(chan struct{})
+			a.full = full
+			a.mu.Unlock()
+			if gather == nil {
+				gather = time.NewTimer(ackGather)
+			} else {
+				gather.Reset(ackGather)
+			}
+			select {
+			case <-full:
+				gather.Stop()
+			case <-gather.C:
+			}
+			a.mu.Lock()
+			a.full = nil
+		}
 		group := a.next
-		a.next = nil
+		a.next, a.spare = a.spare, nil
 		a.mu.Unlock()
 		ids = ids[:0]
 		for _, g := range group {
-			ids = append(ids, g.id)
+			ids = append(ids, g.m.r.ID)
 		}
-		err := a.cons.Ack(ctx, ids...)
+		err := a.src.cons.Ack(ctx, ids...)
 		for _, g := range group {
+			g.m.done()
 			g.done(err)
 		}
+		clear(group)
 		a.mu.Lock()
+		a.spare = group[:0]
 	}
 	a.sending = false
 	a.mu.Unlock()

@@ -12,6 +12,7 @@ import (
 	"github.com/sluicehq/sluice/drain"
 	"github.com/sluicehq/sluice/drain/redisdrain"
 	"github.com/sluicehq/sluice/internal/redistest"
+	"github.com/sluicehq/sluice/redisstore"
 )
 
 func TestOptions(t *testing.T) {
@@ -240,21 +241,19 @@ func TestReadsWithinWindow(t *testing.T) {
 	}
 }
 
-// TestAckAsyncGroups: 200 records acknowledged through AckAsync at once
-// are all acknowledged, each done called once without error, in far fewer
-// XACKs than records (those asked for while one is on its way go
-// together).
-func TestAckAsyncGroups(t *testing.T) {
+// holdAll publishes n records to stream, on a Redis server of its own,
+// and takes them all through a Source of window n.
+func holdAll(t *testing.T, stream string, n int) (redisstore.Client, *redisdrain.Source, []drain.AsyncAcker) {
+	t.Helper()
 	c := client(t, []string{redistest.Standalone(t).Addr()})
 	ctx := t.Context()
-	const n = 200
-	p, _ := redisdrain.NewPublisher(c, redisdrain.PublishOptions{Stream: "grouped"})
+	p, _ := redisdrain.NewPublisher(c, redisdrain.PublishOptions{Stream: stream})
 	for i := range n {
 		if _, err := p.Publish(ctx, redisdrain.Record{Data: []byte{byte(i)}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	src, err := redisdrain.New(ctx, c, redisdrain.Options{Stream: "grouped", Group: "g", Consumer: "c", Window: n, AckWait: time.Minute})
+	src, err := redisdrain.New(ctx, c, redisdrain.Options{Stream: stream, Group: "g", Consumer: "c", Window: n, AckWait: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -266,6 +265,33 @@ func TestAckAsyncGroups(t *testing.T) {
 		}
 		held = append(held, m.(drain.AsyncAcker))
 	}
+	return c, src, held
+}
+
+// TestAckAsyncAlone: an acknowledgement asked for while the Source's
+// other records are held is sent within the gathering bound, not held
+// until they ask too.
+func TestAckAsyncAlone(t *testing.T) {
+	const n = 10
+	_, src, held := holdAll(t, "alone", n)
+	ctx := t.Context()
+	acked := make(chan error, 1)
+	held[0].AckAsync(ctx, func(err error) { acked <- err })
+	if err := <-acked; err != nil {
+		t.Fatal(err)
+	}
+	if got, err := src.Backlog(ctx); err != nil || got != n-1 {
+		t.Errorf("Backlog after one ack = %d, %v; want %d", got, err, n-1)
+	}
+}
+
+// TestAckAsyncGroups: 200 records acknowledged through AckAsync at once
+// are all acknowledged, each done called once without error, in far fewer
+// XACKs than records (they go together once all have asked).
+func TestAckAsyncGroups(t *testing.T) {
+	const n = 200
+	c, src, held := holdAll(t, "grouped", n)
+	ctx := t.Context()
 	xacks := func() int64 {
 		t.Helper()
 		info, err := c.Info(ctx, "commandstats").Result()

@@ -3,11 +3,15 @@ package faultnet_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -66,13 +70,12 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1000000000}
 `
 
-// startRatelimit runs envoyproxy/ratelimit on h, its defaults but for the
+// startRatelimit runs envoyproxy/ratelimit (the binary bin) on h, its defaults but for the
 // addresses, the config directory, statsd (off) and Redis (addr, over
 // TCP), and returns a client of its gRPC service from the host from once
 // it decides.
-func startRatelimit(t *testing.T, h, from *faultnet.Host, redisAddr string) rlsv3.RateLimitServiceClient {
+func startRatelimit(t *testing.T, bin string, h, from *faultnet.Host, redisAddr string) rlsv3.RateLimitServiceClient {
 	t.Helper()
-	bin := ratelimitBinary(t)
 	root := t.TempDir()
 	conf := filepath.Join(root, "ratelimit", "config")
 	if err := os.MkdirAll(conf, 0o700); err != nil {
@@ -121,25 +124,60 @@ func rlsRequest(key, value string) *rlsv3.RateLimitRequest {
 		{Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: key, Value: value}}}}}
 }
 
+// failureDecisions is how many decisions s has made by a failure mode
+// (sluice_decisions_total of the outcomes fail_open, fail_closed and
+// local), read from its /metrics: over gRPC an answer does not tell.
+func (s *serve) failureDecisions(t *testing.T) float64 {
+	t.Helper()
+	resp, err := s.c.Get(s.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %s %v", resp.Status, err)
+	}
+	var n float64
+	for line := range strings.Lines(string(b)) {
+		rest, ok := strings.CutPrefix(line, "sluice_decisions_total{")
+		labels, value, cut := strings.Cut(rest, "} ")
+		if !ok || !cut || !strings.Contains(labels, `outcome="fail_open"`) &&
+			!strings.Contains(labels, `outcome="fail_closed"`) && !strings.Contains(labels, `outcome="local"`) {
+			continue
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			t.Fatalf("/metrics: %q: %v", line, err)
+		}
+		n += v
+	}
+	return n
+}
+
 // TestFaultRTTPeer: TestFaultRTT beside envoyproxy/ratelimit. Sluice
 // serve (strict, batched and approximate counting) and envoyproxy/ratelimit
 // run on one host and decide on one Redis reached through one delaying
 // relay; 16 closed-loop clients on another host call ShouldRateLimit over
 // gRPC (each on a key of its own, one connection per service), 2 s per
 // system, the four in turn, three rounds at each of 0.1, 1 and 10 ms round
-// trip. Measured: decisions a second and p50/p99, each the median over
-// the rounds of the ratio to Sluice strict's in the same round. Checked:
+// trip. envoyproxy/ratelimit runs at its defaults (a pool of 10 Redis
+// connections; an error when Redis fails), serve at its own (a 50 ms Redis timeout, past which the
+// failure mode decides). Measured: decisions a second and p50/p99, each
+// the median over the rounds of the ratio to Sluice strict's in the same
+// round, and how many decisions serve made by the failure mode. Checked:
 // strict and envoyproxy/ratelimit, which wait for Redis on every
 // decision, take at least the round trip at p50 — the relay is on their
 // path — and no system leaves a call without a decision.
 func TestFaultRTTPeer(t *testing.T) {
 	inMakeFaults(t)
 	n := faultnet.New(t)
+	bin := ratelimitBinary(t)
 	rh, wh, sh, ch := n.Host("redis"), n.Host("wan"), n.Host("serve"), n.Host("client")
 	redis := startRedis(t, rh, redisproc.Standalone, redisPort)
 	relay := wh.Relay(redisPort, redis.Addr(), 50*time.Microsecond)
-	envoy := startRatelimit(t, sh, ch, relay.Addr())
-	startServe(t, sh, ch, rttRules, "--store", "redis", "--redis-addr", relay.Addr())
+	envoy := startRatelimit(t, bin, sh, ch, relay.Addr())
+	srv := startServe(t, sh, ch, rttRules, "--store", "redis", "--redis-addr", relay.Addr())
 	sluice := rlsClient(t, ch, sh.Addr(grpcPort))
 
 	const (
@@ -150,14 +188,20 @@ func TestFaultRTTPeer(t *testing.T) {
 	systems := []struct {
 		name, key string // the descriptor key: rttRules' counting mode, or rttPeerRules'
 		c         rlsv3.RateLimitServiceClient
-	}{{"strict", "strict", sluice}, {"batched", "batched", sluice}, {"approximate", "approximate", sluice},
-		{"envoyproxy/ratelimit", "envoy", envoy}}
+		srv       *serve // Sluice's, whose failure-mode decisions are counted
+	}{{"strict", "strict", sluice, srv}, {"batched", "batched", sluice, srv}, {"approximate", "approximate", sluice, srv},
+		{"envoyproxy/ratelimit", "envoy", envoy, nil}}
 	type result struct {
-		rate   float64
-		lat    faultnet.LatencyReport
-		failed int // calls without a decision
+		rate      float64
+		lat       faultnet.LatencyReport
+		failed    int // calls without a decision
+		byFailure int // decisions by Sluice's failure mode (a Redis call past the 50 ms timeout)
 	}
-	measure := func(key string, c rlsv3.RateLimitServiceClient, d time.Duration) result {
+	measure := func(key string, c rlsv3.RateLimitServiceClient, srv *serve, d time.Duration) result {
+		var before float64
+		if srv != nil {
+			before = srv.failureDecisions(t)
+		}
 		var hist faultnet.History
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
@@ -197,6 +241,9 @@ func TestFaultRTTPeer(t *testing.T) {
 				r.failed++
 			}
 		}
+		if srv != nil {
+			r.byFailure = int(srv.failureDecisions(t) - before)
+		}
 		return r
 	}
 	median := func(xs []float64) float64 { slices.Sort(xs); return xs[len(xs)/2] }
@@ -206,24 +253,28 @@ func TestFaultRTTPeer(t *testing.T) {
 		for round := range rounds {
 			for i, s := range systems {
 				if round == 0 {
-					measure(s.key, s.c, 300*time.Millisecond) // warm: connections, leases, views
+					measure(s.key, s.c, s.srv, 300*time.Millisecond) // warm: connections, leases, views
 				}
-				res[i] = append(res[i], measure(s.key, s.c, span))
+				res[i] = append(res[i], measure(s.key, s.c, s.srv, span))
 			}
 		}
 		for i, s := range systems {
 			var rate, p50, p99, rateX, p50X, p99X []float64
-			failed := 0
+			failed, byFailure, decided := 0, 0, 0
 			for round, r := range res[i] {
 				base := res[0][round]
 				rate, p50, p99 = append(rate, r.rate), append(p50, float64(r.lat.P50)), append(p99, float64(r.lat.P99))
 				rateX, p50X, p99X = append(rateX, r.rate/base.rate), append(p50X, float64(r.lat.P50)/float64(base.lat.P50)),
 					append(p99X, float64(r.lat.P99)/float64(base.lat.P99))
-				failed += r.failed
+				failed, byFailure, decided = failed+r.failed, byFailure+r.byFailure, decided+r.lat.N
 			}
 			m50, m99 := time.Duration(median(p50)).Round(10*time.Microsecond), time.Duration(median(p99)).Round(10*time.Microsecond)
-			measured := fmt.Sprintf("%.0f decisions/s (%.2f× Sluice strict), p50 %v (%.2f×), p99 %v (%.2f×); %d calls without a decision",
-				median(rate), median(rateX), m50, median(p50X), m99, median(p99X), failed)
+			measured := fmt.Sprintf("%.0f decisions/s (%.2f× Sluice strict), p50 %v (%.2f×), p99 %v (%.2f×); %d decisions",
+				median(rate), median(rateX), m50, median(p50X), m99, median(p99X), decided)
+			if s.srv != nil {
+				measured += fmt.Sprintf(", %d by the failure mode", byFailure)
+			}
+			measured += fmt.Sprintf(", %d calls without one", failed)
 			t.Logf("rtt %v %-20s %s", rtt, s.name, measured)
 			row(t, fmt.Sprintf("RTT %v between the service and Redis (a delaying relay), %d closed-loop gRPC clients, %s; medians of %d interleaved rounds", rtt, workers, s.name, rounds), measured)
 			if failed > 0 {

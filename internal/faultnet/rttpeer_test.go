@@ -124,6 +124,31 @@ func rlsRequest(key, value string) *rlsv3.RateLimitRequest {
 		{Entries: []*commonv3.RateLimitDescriptor_Entry{{Key: key, Value: value}}}}}
 }
 
+// closedLoop calls op from workers goroutines, each again as soon as its
+// last call returns, for d, and returns the operations the calls recorded
+// in hist; w is the worker's index.
+func closedLoop(workers int, d time.Duration, op func(hist *faultnet.History, w int)) []faultnet.Op {
+	var hist faultnet.History
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+					op(&hist, w)
+				}
+			}
+		})
+	}
+	<-time.After(d) // the measurement's own span
+	close(stop)
+	wg.Wait()
+	return hist.Ops()
+}
+
 // failureDecisions is how many decisions s has made by a failure mode
 // (sluice_decisions_total of the outcomes fail_open, fail_closed and
 // local), read from its /metrics: over gRPC an answer does not tell.
@@ -202,39 +227,26 @@ func TestFaultRTTPeer(t *testing.T) {
 		if srv != nil {
 			before = srv.failureDecisions(t)
 		}
-		var hist faultnet.History
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		for w := range workers {
-			req := rlsRequest(key, fmt.Sprint(w))
-			wg.Go(func() {
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					op := faultnet.Op{Client: w, Start: time.Now(), Outcome: faultnet.Failed}
-					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-					r, err := c.ShouldRateLimit(ctx, req)
-					cancel()
-					op.End = time.Now()
-					switch {
-					case err != nil:
-						op.Reason = err.Error()
-					case r.GetOverallCode() == rlsv3.RateLimitResponse_OK:
-						op.Outcome = faultnet.Admitted
-					default:
-						op.Outcome = faultnet.Denied
-					}
-					hist.Add(op)
-				}
-			})
+		reqs := make([]*rlsv3.RateLimitRequest, workers)
+		for w := range reqs {
+			reqs[w] = rlsRequest(key, fmt.Sprint(w))
 		}
-		<-time.After(d) // the measurement's own span
-		close(stop)
-		wg.Wait()
-		ops := hist.Ops()
+		ops := closedLoop(workers, d, func(hist *faultnet.History, w int) {
+			op := faultnet.Op{Client: w, Start: time.Now(), Outcome: faultnet.Failed}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			r, err := c.ShouldRateLimit(ctx, reqs[w])
+			cancel()
+			op.End = time.Now()
+			switch {
+			case err != nil:
+				op.Reason = err.Error()
+			case r.GetOverallCode() == rlsv3.RateLimitResponse_OK:
+				op.Outcome = faultnet.Admitted
+			default:
+				op.Outcome = faultnet.Denied
+			}
+			hist.Add(op)
+		})
 		r := result{rate: float64(len(ops)) / d.Seconds(), lat: faultnet.CheckLatency(ops, time.Second)}
 		for _, op := range ops {
 			if op.Outcome == faultnet.Failed {

@@ -70,9 +70,9 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: 1000000000}
 `
 
-// startRatelimit runs envoyproxy/ratelimit (the binary bin) on h, its defaults but for the
-// addresses, the config directory, statsd (off) and Redis (addr, over
-// TCP), and returns a client of its gRPC service from the host from once
+// startRatelimit runs envoyproxy/ratelimit (the binary bin) on h, at its
+// defaults but for the addresses, the config directory, statsd (off) and
+// Redis (redisAddr, over TCP), and returns a client of its gRPC service from the host from once
 // it decides.
 func startRatelimit(t *testing.T, bin string, h, from *faultnet.Host, redisAddr string) rlsv3.RateLimitServiceClient {
 	t.Helper()
@@ -187,10 +187,12 @@ func (s *serve) failureDecisions(t *testing.T) float64 {
 // gRPC (each on a key of its own, one connection per service), 2 s per
 // system, the four in turn, three rounds at each of 0.1, 1 and 10 ms round
 // trip. envoyproxy/ratelimit runs at its defaults (a pool of 10 Redis
-// connections; an error when Redis fails), serve at its own (a 50 ms Redis timeout, past which the
-// failure mode decides). Measured: decisions a second and p50/p99, each
+// connections; an error when Redis fails), serve at its own (a 50 ms
+// Redis timeout, past which the failure mode decides). Measured: decisions a second and p50/p99, each
 // the median over the rounds of the ratio to Sluice strict's in the same
-// round, and how many decisions serve made by the failure mode. Checked:
+// round, how many decisions serve made by the failure mode and how many
+// calls it shed (its overload guard answers OVER_LIMIT, the only denial
+// here). Checked:
 // strict and envoyproxy/ratelimit, which wait for Redis on every
 // decision, take at least the round trip at p50 — the relay is on their
 // path — and no system leaves a call without a decision.
@@ -220,6 +222,7 @@ func TestFaultRTTPeer(t *testing.T) {
 		rate      float64
 		lat       faultnet.LatencyReport
 		failed    int // calls without a decision
+		denied    int // OVER_LIMIT: no limit is reached, so serve's overload guard shed it
 		byFailure int // decisions by Sluice's failure mode (a Redis call past the 50 ms timeout)
 	}
 	measure := func(key string, c rlsv3.RateLimitServiceClient, srv *serve, d time.Duration) result {
@@ -249,8 +252,11 @@ func TestFaultRTTPeer(t *testing.T) {
 		})
 		r := result{rate: float64(len(ops)) / d.Seconds(), lat: faultnet.CheckLatency(ops, time.Second)}
 		for _, op := range ops {
-			if op.Outcome == faultnet.Failed {
+			switch op.Outcome {
+			case faultnet.Failed:
 				r.failed++
+			case faultnet.Denied:
+				r.denied++
 			}
 		}
 		if srv != nil {
@@ -272,13 +278,13 @@ func TestFaultRTTPeer(t *testing.T) {
 		}
 		for i, s := range systems {
 			var rate, p50, p99, rateX, p50X, p99X []float64
-			failed, byFailure, decided := 0, 0, 0
+			failed, denied, byFailure, decided := 0, 0, 0, 0
 			for round, r := range res[i] {
 				base := res[0][round]
 				rate, p50, p99 = append(rate, r.rate), append(p50, float64(r.lat.P50)), append(p99, float64(r.lat.P99))
 				rateX, p50X, p99X = append(rateX, r.rate/base.rate), append(p50X, float64(r.lat.P50)/float64(base.lat.P50)),
 					append(p99X, float64(r.lat.P99)/float64(base.lat.P99))
-				failed, byFailure, decided = failed+r.failed, byFailure+r.byFailure, decided+r.lat.N
+				failed, denied, byFailure, decided = failed+r.failed, denied+r.denied, byFailure+r.byFailure, decided+r.lat.N-r.failed
 			}
 			m50, m99 := time.Duration(median(p50)).Round(10*time.Microsecond), time.Duration(median(p99)).Round(10*time.Microsecond)
 			measured := fmt.Sprintf("%.0f decisions/s (%.2f× Sluice strict), p50 %v (%.2f×), p99 %v (%.2f×); %d decisions",
@@ -286,7 +292,7 @@ func TestFaultRTTPeer(t *testing.T) {
 			if s.srv != nil {
 				measured += fmt.Sprintf(", %d by the failure mode", byFailure)
 			}
-			measured += fmt.Sprintf(", %d calls without one", failed)
+			measured += fmt.Sprintf(", %d shed (OVER_LIMIT), %d calls without one", denied, failed)
 			t.Logf("rtt %v %-20s %s", rtt, s.name, measured)
 			row(t, fmt.Sprintf("RTT %v between the service and Redis (a delaying relay), %d closed-loop gRPC clients, %s; medians of %d interleaved rounds", rtt, workers, s.name, rounds), measured)
 			if failed > 0 {

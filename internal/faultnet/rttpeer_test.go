@@ -205,7 +205,9 @@ func TestFaultRTTPeer(t *testing.T) {
 	redis := startRedis(t, rh, redisproc.Standalone, redisPort)
 	relay := wh.Relay(redisPort, redis.Addr(), 50*time.Microsecond)
 	envoy := startRatelimit(t, bin, sh, ch, relay.Addr())
-	srv := startServe(t, sh, ch, rttRules, "--store", "redis", "--redis-addr", relay.Addr())
+	// SERVEFLAGS: more flags for serve, as bench/rls.sh takes them.
+	srv := startServe(t, sh, ch, rttRules, append([]string{"--store", "redis", "--redis-addr", relay.Addr()},
+		strings.Fields(os.Getenv("SERVEFLAGS"))...)...)
 	sluice := rlsClient(t, ch, sh.Addr(grpcPort))
 
 	const (

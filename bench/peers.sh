@@ -25,7 +25,8 @@
 #     prints "go list -m -versions"), so it is built at the pseudo-version
 #     RATELIMIT_VERSION, by default the one the proxy resolves "latest" to
 #     on 2026-12-04, with go install; if that fails, the script says so and
-#     goes on without it.
+#     goes on without it. internal/faultnet's TestFaultRTTPeer builds the
+#     same pseudo-version (its ratelimitVersion: change both together).
 #
 # Throughput: C callers, K keys, a limit no run reaches, DUR seconds per
 # run, ROUNDS rounds, each round every system in turn: the do-nothing floor,

@@ -2,7 +2,6 @@ package faultnet_test
 
 import (
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -52,25 +51,9 @@ func TestFaultRTT(t *testing.T) {
 		byFailure, failed int // decided by the failure mode; no decision (shed, an error)
 	}
 	measure := func(mode string, d time.Duration) result {
-		var hist faultnet.History
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		for w := range workers {
-			wg.Go(func() {
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-						s.check(&hist, w, "rtt", mode, fmt.Sprint(w))
-					}
-				}
-			})
-		}
-		<-time.After(d) // the measurement's own span
-		close(stop)
-		wg.Wait()
-		ops := hist.Ops()
+		ops := closedLoop(workers, d, func(hist *faultnet.History, w int) {
+			s.check(hist, w, "rtt", mode, fmt.Sprint(w))
+		})
 		r := result{rate: float64(len(ops)) / d.Seconds(), lat: faultnet.CheckLatency(ops, time.Second)}
 		for _, op := range ops {
 			switch {

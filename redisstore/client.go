@@ -77,13 +77,13 @@ func NewClient(o ClientOptions) (redis.UniversalClient, error) {
 		// A Cluster: as NewUniversalClient would, but with
 		// ClusterStateReloadInterval, which UniversalOptions lacks.
 		c := u.Cluster()
-		c.ClusterStateReloadInterval = ClusterReloadInterval
+		c.ClusterStateReloadInterval = clusterReloadInterval
 		return redis.NewClusterClient(c), nil
 	}
 	return redis.NewUniversalClient(u), nil
 }
 
-// ClusterReloadInterval is how often a Cluster client made by NewClient
+// clusterReloadInterval is how often a Cluster client made by NewClient
 // asks for the slots' owners again (one CLUSTER SLOTS, while it is used).
 // A MOVED answer makes go-redis ask at once, but a master that hangs
 // (frozen, or cut off) answers nothing: after the Cluster promotes its
@@ -91,7 +91,7 @@ func NewClient(o ClientOptions) (redis.UniversalClient, error) {
 // default, 60 s, kept serve deciding the hanging master's keys by its
 // failure mode for 20 s and more after the promotion
 // (internal/faultnet's TestFaultClusterFailover).
-const ClusterReloadInterval = time.Second
+const clusterReloadInterval = time.Second
 
 // LogTo sends go-redis's own log lines (a failed dial, a pool problem) to
 // l at level Debug, instead of go-redis's default of plain text on

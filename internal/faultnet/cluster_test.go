@@ -132,10 +132,16 @@ func clusterFailover(t *testing.T, mode string) {
 
 	var all []faultnet.Op
 	var reports [3]faultnet.WindowReport
+	var local [3]int // each key's decisions by the failure mode
 	for i := range hists {
 		ops := hists[i].Ops()
 		all = append(all, ops...)
 		reports[i] = faultnet.CheckWindows(ops, time.Second, strictLimit)
+		for _, op := range ops {
+			if op.Reason == "local" {
+				local[i]++
+			}
+		}
 		for _, w := range faultnet.Windows(ops, time.Second) {
 			t.Logf("  key %d window %s: admitted %d (possibly %d)", i, w.Start.Format("15:04:05"), w.Certain, w.Possible)
 		}
@@ -152,13 +158,13 @@ func clusterFailover(t *testing.T, mode string) {
 	}
 	others := max(reports[1].Over, reports[2].Over)
 	t.Logf("promoted %v after the fault; both serve replicas on it %v after it", promoted.Sub(began).Round(time.Millisecond), recovered.Sub(began).Round(time.Millisecond))
-	t.Logf("failed master's key: %v; the others: %v, %v", reports[0], reports[1], reports[2])
+	t.Logf("failed master's key: %v; the others: %v, %v; decided by local: %v", reports[0], reports[1], reports[2], local)
 	t.Logf("latency: %v; reasons %v", lat, reasons)
 	t.Logf("ledger: %d increments acknowledged by Redis, %d counted by the promoted node: %d lost", acked, counted, lost)
 	what := map[string]string{"freeze": "frozen (SIGSTOP)", "partition": "cut from the other nodes (not from serve)"}[mode]
 	row(t, "cluster failover: a Redis Cluster of 3 masters with 1 replica each (cluster-node-timeout 1000 ms), each node on a host of its own; one master "+what+" under load until the cluster promotes its replica; two serve replicas given the masters (strict 100/s on a key of each master, default local)",
-		fmt.Sprintf("over-admission %.0f%% of the limit on the failed master's key, %.0f%% on the others (bound 100%%); decisions p99 %v, max %v (bound %v), %d failed, %d shed; promoted %v after the fault, both serve replicas on it %v after it; %d of %d acknowledged increments lost",
-			100*reports[0].Over, 100*others, lat.P99.Round(time.Millisecond), lat.Max.Round(time.Millisecond), decisionBound, len(failures), reasons[shed],
+		fmt.Sprintf("over-admission %.0f%% of the limit on the failed master's key, %.0f%% on the others (bound 100%%); decided by local: %d on the failed master's key, %d and %d on the others; decisions p99 %v, max %v (bound %v), %d failed, %d shed; promoted %v after the fault, both serve replicas on it %v after it; %d of %d acknowledged increments lost",
+			100*reports[0].Over, 100*others, local[0], local[1], local[2], lat.P99.Round(time.Millisecond), lat.Max.Round(time.Millisecond), decisionBound, len(failures), reasons[shed],
 			promoted.Sub(began).Round(time.Millisecond), recovered.Sub(began).Round(time.Millisecond), lost, acked))
 
 	if len(failures) > 0 {

@@ -115,19 +115,8 @@ func clusterFailover(t *testing.T, mode string) {
 		<-done
 	}
 
-	acked := 0
-	for _, op := range ledger.Ops() {
-		if op.Outcome == faultnet.Admitted && op.Reason == "ok" {
-			acked++
-		}
-	}
-	var read answer
-	poll(t, "the ledger read at Redis", func(context.Context) (bool, string, error) {
-		var err error
-		read, err = servers[0].ask("faults", "ledger", ledgerValue, 0) // a check: cost 0
-		return err == nil && read.Descriptors[0].Reason == "ok", fmt.Sprint(read), err
-	})
-	counted := ledgerLimit - read.Descriptors[0].Remaining - 1 // placeValues's ask
+	acked, counted := ledgerCount(t, servers[0], &ledger, ledgerValue)
+	counted-- // placeValues's ask
 	lost := acked - counted
 
 	var all []faultnet.Op

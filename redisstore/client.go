@@ -53,7 +53,7 @@ func NewClient(o ClientOptions) (redis.UniversalClient, error) {
 	if o.Timeout <= 0 {
 		o.Timeout = DefaultTimeout
 	}
-	return redis.NewUniversalClient(&redis.UniversalOptions{
+	u := &redis.UniversalOptions{
 		Addrs:      o.Addrs,
 		MasterName: o.MasterName,
 		Username:   o.Username,
@@ -72,8 +72,26 @@ func NewClient(o ClientOptions) (redis.UniversalClient, error) {
 		ContextTimeoutEnabled: true,
 		// RESP2: RESP3's push notifications cost a socket poll per call.
 		Protocol: 2,
-	}), nil
+	}
+	if o.MasterName == "" && len(o.Addrs) > 1 {
+		// A Cluster: as NewUniversalClient would, but with
+		// ClusterStateReloadInterval, which UniversalOptions lacks.
+		c := u.Cluster()
+		c.ClusterStateReloadInterval = clusterReloadInterval
+		return redis.NewClusterClient(c), nil
+	}
+	return redis.NewUniversalClient(u), nil
 }
+
+// clusterReloadInterval is how often a Cluster client made by NewClient
+// asks for the slots' owners again (one CLUSTER SLOTS, while it is used).
+// A MOVED answer makes go-redis ask at once, but a master that hangs
+// (frozen, or cut off) answers nothing: after the Cluster promotes its
+// replica, the client learns of it only at this interval. go-redis's
+// default, 60 s, kept serve deciding the hanging master's keys by its
+// failure mode for 20 s and more after the promotion
+// (internal/faultnet's TestFaultClusterFailover).
+const clusterReloadInterval = time.Second
 
 // LogTo sends go-redis's own log lines (a failed dial, a pool problem) to
 // l at level Debug, instead of go-redis's default of plain text on

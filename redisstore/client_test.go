@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // TestLogTo: go-redis's own lines (here, a failed dial) reach the given
@@ -35,5 +37,26 @@ func TestNewClientRejects(t *testing.T) {
 		if _, err := NewClient(ClientOptions{Addrs: addrs}); err == nil {
 			t.Errorf("NewClient(%q) accepted", addrs)
 		}
+	}
+}
+
+// TestNewClientCluster: two or more addresses make a Cluster client that
+// asks for the slots' owners every clusterReloadInterval, not go-redis's
+// 60 s, so that it finds a promoted replica while the old master hangs.
+func TestNewClientCluster(t *testing.T) {
+	c, err := NewClient(ClientOptions{Addrs: []string{"127.0.0.1:1", "127.0.0.1:2"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	cc, ok := c.(*redis.ClusterClient)
+	if !ok {
+		t.Fatalf("NewClient of two addresses made a %T, want a *redis.ClusterClient", c)
+	}
+	if got := cc.Options().ClusterStateReloadInterval; got != clusterReloadInterval {
+		t.Errorf("ClusterStateReloadInterval %v, want %v", got, clusterReloadInterval)
+	}
+	if got := cc.Options().MaxRetries; got != -1 {
+		t.Errorf("MaxRetries %d, want -1 (no retries)", got)
 	}
 }

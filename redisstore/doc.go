@@ -21,7 +21,7 @@
 //
 // All of them are built on a redis.UniversalClient (Client, the name other
 // packages use for it) that the caller owns and closes; NewClient makes one with the settings they expect (every call
-// bounded, no retries), for a standalone server, Sentinel or Cluster. All of
+// bounded, no retries; a Cluster's slot owners asked again every second), for a standalone server, Sentinel or Cluster. All of
 // them time what they store by the Redis server's clock (TIME inside their
 // scripts), never by a client's. LogTo routes go-redis's own log lines
 // through log/slog.

@@ -188,23 +188,7 @@ func failover(t *testing.T, mode string) {
 	<-done
 	<-done
 
-	// The ledger: what Redis acknowledged against what the new primary
-	// counts (a check of cost 0 reads it).
-	acked := 0
-	for _, op := range ledger.Ops() {
-		if op.Outcome == faultnet.Admitted && op.Reason == "ok" {
-			acked++
-		}
-	}
-	// (counted at Redis: a read that timed out on a loaded machine and
-	// was answered by local says nothing, so it is asked again).
-	var read answer
-	poll(t, "the ledger read at Redis", func(context.Context) (bool, string, error) {
-		var err error
-		read, err = servers[0].ask("faults", "ledger", "l", 0) // a check: cost 0
-		return err == nil && read.Descriptors[0].Reason == "ok", fmt.Sprint(read), err
-	})
-	counted := ledgerLimit - read.Descriptors[0].Remaining
+	acked, counted := ledgerCount(t, servers[0], &ledger, "l")
 	lost := acked - counted
 
 	ops := hot.Ops()
@@ -243,6 +227,27 @@ func failover(t *testing.T, mode string) {
 	if lost < 0 {
 		t.Logf("the new primary counts %d increments more than Redis acknowledged: calls answered late, decided here too", -lost)
 	}
+}
+
+// ledgerCount returns the increments Redis acknowledged for the ledger's
+// value (admissions answered ok in hist) and the count Redis holds now,
+// read through s by a check of cost 0 (counted at Redis: a read that
+// timed out on a loaded machine and was answered by local says nothing,
+// so it is asked again).
+func ledgerCount(t *testing.T, s *serve, hist *faultnet.History, value string) (acked, counted int) {
+	t.Helper()
+	for _, op := range hist.Ops() {
+		if op.Outcome == faultnet.Admitted && op.Reason == "ok" {
+			acked++
+		}
+	}
+	var read answer
+	poll(t, "the ledger read at Redis", func(context.Context) (bool, string, error) {
+		var err error
+		read, err = s.ask("faults", "ledger", value, 0)
+		return err == nil && read.Descriptors[0].Reason == "ok", fmt.Sprint(read), err
+	})
+	return acked, ledgerLimit - read.Descriptors[0].Remaining
 }
 
 // ranScript reports whether CLIENT LIST's answer list has a client from

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -134,6 +135,7 @@ type Source struct {
 	mu     sync.Mutex
 	held   int                       // records read or claimed and not settled
 	buf    []redisstore.StreamRecord // of those, not yet handed out by Next
+	out    message                   // of those, the handed out: a ring through out.next, out.prev
 	wake   chan struct{}             // closed and replaced when need slots are free, if waited on
 	waited bool                      // wake was taken by a Next that waits
 	need   int                       // the free slots of the window that Next waits for
@@ -164,6 +166,7 @@ func New(ctx context.Context, c redisstore.Client, o Options) (*Source, error) {
 		return nil, fmt.Errorf("redisdrain: %w", err)
 	}
 	s := &Source{cfg: o, stream: st, cons: cons, cursor: "0-0", wake: make(chan struct{})}
+	s.out.prev, s.out.next = &s.out, &s.out
 	s.acks.src = s
 	return s, nil
 }
@@ -235,8 +238,11 @@ func (s *Source) take(ctx context.Context, ms []drain.Message, n int) (int, erro
 			for i := range k {
 				// The records stay where the read put them, shared with
 				// their messages.
-				msgs[i].src, msgs[i].r = s, &s.buf[i]
-				ms[i] = &msgs[i]
+				m := &msgs[i]
+				m.src, m.r = s, &s.buf[i]
+				m.prev, m.next = s.out.prev, &s.out
+				m.prev.next, s.out.prev = m, m
+				ms[i] = m
 			}
 			s.buf = s.buf[k:]
 			s.mu.Unlock()
@@ -275,9 +281,12 @@ func (s *Source) take(ctx context.Context, ms []drain.Message, n int) (int, erro
 			}
 			continue
 		}
-		recs, err := s.fetch(ctx, free)
+		recs, claimed, err := s.fetch(ctx, free)
 		if len(recs) > 0 {
 			s.mu.Lock()
+			if claimed {
+				recs = s.notHeld(recs)
+			}
 			closed := s.closed
 			if !closed {
 				s.held += len(recs)
@@ -301,20 +310,21 @@ func (s *Source) take(ctx context.Context, ms []drain.Message, n int) (int, erro
 	}
 }
 
-// fetch claims or reads up to free records; it may return none.
-func (s *Source) fetch(ctx context.Context, free int) ([]redisstore.StreamRecord, error) {
+// fetch claims or reads up to free records, and tells which; it may
+// return none.
+func (s *Source) fetch(ctx context.Context, free int) (recs []redisstore.StreamRecord, claimed bool, err error) {
 	now := time.Now()
 	if s.cursor != "0-0" || !now.Before(s.nextClaim) {
 		recs, next, err := s.cons.Claim(ctx, s.cursor, free)
 		if err != nil {
-			return nil, err
+			return nil, true, err
 		}
 		s.cursor = next
 		if next == "0-0" {
 			s.nextClaim = now.Add(s.cfg.ClaimEvery)
 		}
 		if len(recs) > 0 || next != "0-0" {
-			return recs, nil
+			return recs, true, nil
 		}
 	}
 	block := min(maxBlock, time.Until(s.nextClaim))
@@ -329,9 +339,33 @@ func (s *Source) fetch(ctx context.Context, free int) ([]redisstore.StreamRecord
 		case <-t.C:
 		case <-ctx.Done():
 		}
-		return nil, nil
+		return nil, false, nil
 	}
-	return s.cons.Read(ctx, free, block)
+	recs, err = s.cons.Read(ctx, free, block)
+	return recs, false, err
+}
+
+// notHeld returns the claimed records recs less those this Source still
+// holds (in buf, or handed out and not settled), under s.mu. A record
+// held past AckWait — its InProgress late, its process starved of CPU —
+// is claimed back by its own consumer; the claim only reset its idle
+// time, and delivering it again would send it twice from one live
+// drainer. (Its delivery counter has grown by one.) A scan of what is
+// held, at a claim that found records: rare, and never per record.
+func (s *Source) notHeld(recs []redisstore.StreamRecord) []redisstore.StreamRecord {
+	return slices.DeleteFunc(recs, func(r redisstore.StreamRecord) bool {
+		for i := range s.buf {
+			if s.buf[i].ID == r.ID {
+				return true
+			}
+		}
+		for m := s.out.next; m != &s.out; m = m.next {
+			if m.r.ID == r.ID {
+				return true
+			}
+		}
+		return false
+	})
 }
 
 // Backlog returns the group's records not yet delivered plus those
@@ -381,8 +415,12 @@ func (s *Source) handBack(ctx context.Context, recs []redisstore.StreamRecord) e
 }
 
 // settled frees the window slot of one record and wakes a waiting Next.
-func (s *Source) settled() {
+func (s *Source) settled(m *message) {
 	s.mu.Lock()
+	if m.next != nil {
+		m.prev.next, m.next.prev = m.next, m.prev
+		m.prev, m.next = nil, nil
+	}
 	s.held--
 	if s.waited && s.cfg.Window-s.held >= s.need {
 		close(s.wake)
@@ -393,9 +431,10 @@ func (s *Source) settled() {
 
 // message is one delivery of a record.
 type message struct {
-	src  *Source
-	r    *redisstore.StreamRecord // in its read's array, never changed
-	once sync.Once
+	src        *Source
+	r          *redisstore.StreamRecord // in its read's array, never changed
+	once       sync.Once
+	prev, next *message // in src.out while handed out and not settled, under src.mu
 }
 
 // Key is the record's key field, else the stream's name and the record's id.
@@ -414,7 +453,7 @@ func (m *message) Deliveries() int   { return m.r.Deliveries }
 // done frees the record's window slot, once, whatever the outcome of the
 // settlement: a record whose acknowledgement failed is still pending in
 // Redis and is claimed again after AckWait.
-func (m *message) done() { m.once.Do(m.src.settled) }
+func (m *message) done() { m.once.Do(func() { m.src.settled(m) }) }
 
 // Ack acknowledges the record (XACK).
 func (m *message) Ack(ctx context.Context) error {

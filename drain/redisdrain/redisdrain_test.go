@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sluicehq/sluice/drain"
 	"github.com/sluicehq/sluice/drain/redisdrain"
 	"github.com/sluicehq/sluice/internal/redistest"
@@ -339,5 +341,80 @@ func TestAckAsyncGroups(t *testing.T) {
 		t.Errorf("%d XACKs for %d records, want at most %d", calls, n, n/2)
 	} else {
 		t.Logf("%d XACKs for %d records", calls, n)
+	}
+}
+
+// TestHeldNotClaimedBack: a record held past AckWait without InProgress
+// (its drainer starved of CPU) is claimed back by its own Source's scan,
+// which must not hand it out a second time: Next finds nothing new, the
+// claim is seen in the record's delivery counter, and the first delivery
+// still settles it. A record put back (Nak) is claimed and delivered
+// again.
+func TestHeldNotClaimedBack(t *testing.T) {
+	c := client(t, []string{redistest.Standalone(t).Addr()})
+	ctx := t.Context()
+	p, _ := redisdrain.NewPublisher(c, redisdrain.PublishOptions{Stream: "h"})
+	publish := func(b byte) {
+		t.Helper()
+		if _, err := p.Publish(ctx, redisdrain.Record{Data: []byte{b}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish(0)
+	src, err := redisdrain.New(ctx, c, redisdrain.Options{Stream: "h", Group: "g", Consumer: "c", Window: 2, AckWait: redisdrain.MinAckWait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := src.Next(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deliveries := func() int64 {
+		t.Helper()
+		ps, err := c.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: src.Stream().Key(), Group: "g", Start: "-", End: "+", Count: 10}).Result()
+		if err != nil || len(ps) != 1 {
+			t.Fatalf("XPENDING: %v, %v; want the one record", ps, err)
+		}
+		return ps[0].RetryCount
+	}
+	// Settle nothing. Until the scan has claimed the held record (its
+	// counter grows), Next has nothing to hand out.
+	for deliveries() < 2 {
+		short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		m, err := src.Next(short)
+		cancel()
+		if err == nil {
+			t.Fatalf("Next handed out %v while the only record was held", m.Data())
+		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatal(err)
+		}
+	}
+	// And after it: the claimed record is not handed out, nor does it
+	// take a second place in the window, which still has room for a new
+	// record.
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	m, err := src.Next(short)
+	cancel()
+	if err == nil {
+		t.Fatalf("Next handed out %v after claiming the held record", m.Data())
+	}
+	publish(1)
+	second, err := src.Next(ctx)
+	if err != nil || second.Data()[0] != 1 {
+		t.Fatalf("Next = %v, %v; want the second record", second, err)
+	}
+	if err := second.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Nak(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	again, err := src.Next(ctx)
+	if err != nil || again.Data()[0] != 0 {
+		t.Fatalf("after the Nak, Next = %v, %v; want the record put back", again, err)
+	}
+	if err := again.Ack(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

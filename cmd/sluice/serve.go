@@ -486,6 +486,9 @@ type backend struct {
 	// shared reports that other replicas see the same state, so that the
 	// overrides must be polled for their changes.
 	shared bool
+	// remote reports that the store is across the network: the time a
+	// decision waits on it is no overload of serve (see waitedStore).
+	remote bool
 	// errors counts the calls to the store's backend that failed, when the
 	// store answers them by each rule's failure_mode instead of an error.
 	errors func() uint64
@@ -554,7 +557,7 @@ func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*back
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
-	b := &backend{shared: true, closers: []func() error{c.Close}}
+	b := &backend{shared: true, remote: true, closers: []func() error{c.Close}}
 	if err := checkRedis(ctx, c, log); err != nil {
 		b.close(log)
 		return nil, err
@@ -758,7 +761,7 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 	if err != nil {
 		return nil, err
 	}
-	svc, err := service.New(service.Options{Store: b.store, Ledger: b.ledger, Rules: set, Independent: cfg.independent, MaxReserveWait: cfg.maxReserveWait, Overrides: table, Metrics: cfg.hooks.serviceMetrics(metrics), Top: top, Logger: log})
+	svc, err := service.New(service.Options{Store: b.decisionStore(), Ledger: b.ledger, Rules: set, Independent: cfg.independent, MaxReserveWait: cfg.maxReserveWait, Overrides: table, Metrics: cfg.hooks.serviceMetrics(metrics), Top: top, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}

@@ -149,7 +149,9 @@ POST /v1/check, POST /v1/reserve;
 not /metrics, the health checks or the admin API) are guarded against
 overload: at most an adaptive limit of decisions (never above
 --overload-max-concurrency) are in flight, and as their p99 latency
-approaches --overload-objective a growing share of the lowest priorities
+(serve's own: the time a decision waits on Redis is left out, which
+--redis-timeout and the rule's failure_mode govern) approaches
+--overload-objective a growing share of the lowest priorities
 (the Sluice-Priority header or sluice-priority metadata, trusted up to
 normal) is shed. A refused decision is answered at once, 503 or
 UNAVAILABLE with a Retry-After or RetryInfo computed from the load, instead

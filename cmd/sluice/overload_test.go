@@ -478,7 +478,9 @@ func TestServeDistantStoreNotShed(t *testing.T) {
 					o := checkGRPC(ctx, c, strconv.Itoa(i))
 					mu.Lock()
 					switch {
-					case o.err != nil && ctx.Err() == nil:
+					case status.Code(o.err) == codes.DeadlineExceeded:
+						// the run's end (gRPC's timer may fire before ctx's)
+					case o.err != nil:
 						t.Errorf("call: %v", o.err)
 					case o.code == 503:
 						refused++

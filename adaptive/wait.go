@@ -6,19 +6,7 @@ import (
 	"time"
 )
 
-// A request's latency, as the Concurrency and the Shedder measure it, is
-// the server's own: the time it spent waiting on something outside the
-// server — a store across the network, a downstream service — is not
-// overload of the server, and a server whose store is 10ms away is no
-// more loaded than one whose store is 0.1ms away. A slow or distant
-// dependency is governed by its own timeout and failure policy; were its
-// round trip counted, it would shrink the limit and make the Shedder shed
-// while the server idles. So an edge gives each request a wait account
-// (WithWaitAccount) before Guard.Acquire, the code that calls the
-// dependency adds each wait to it (AddWait), and the permit's latency
-// sample is its duration less the waits. The permit still holds its slot
-// while it waits: the limit bounds what the server holds in memory, and
-// Max is that bound.
+// The wait account: see the package documentation.
 
 type waitKey struct{}
 

@@ -12,11 +12,11 @@ import (
 
 // runDistantStore runs 16 closed-loop callers for 20 virtual seconds
 // through a Guard configured as serve's (a Gradient aiming at half a 100ms
-// objective, a Shedder holding p99 under it), each call spending 100µs of
-// its own and waiting 90ms on a store, and returns the Guard's stats. With
-// account, the callers give each call a wait account and add the store's
-// wait to it, as serve does.
-func runDistantStore(t *testing.T, account bool) Stats {
+// objective, a Shedder holding p99 under it), each call spending own of
+// its own and then waiting wait on a store, and returns the Guard's
+// stats. With account, the callers give each call a wait account and add
+// the store's wait to it, as serve does.
+func runDistantStore(t *testing.T, account bool, own, wait time.Duration) Stats {
 	var st Stats
 	synctest.Test(t, func(t *testing.T) {
 		const objective = 100 * time.Millisecond
@@ -41,9 +41,9 @@ func runDistantStore(t *testing.T, account bool) Stats {
 						time.Sleep(time.Millisecond) // a refused caller retries soon
 						continue
 					}
-					time.Sleep(100 * time.Microsecond) // the server's own work
+					time.Sleep(own) // the server's own work (its queueing for a CPU)
 					start := time.Now()
-					time.Sleep(90 * time.Millisecond) // the store's round trip
+					time.Sleep(wait) // the store's round trip
 					AddWait(ctx, time.Since(start))
 					pm.Done()
 				}
@@ -67,14 +67,21 @@ func shedTotal(st Stats) uint64 {
 // server, whose own work takes 100µs a call for 16 callers. Without a wait
 // account the Guard takes the round trip for its latency and refuses calls
 // (the control, which shows the scenario is one that sheds); with one it
-// refuses none, and its latency sample is the server's own.
+// refuses none, and its latency sample is the server's own. The same
+// 90ms spent in the server itself still sheds with the account.
 func TestGuardExcludesStoreWaits(t *testing.T) {
-	ctl := runDistantStore(t, false)
+	const us, ms90 = 100 * time.Microsecond, 90 * time.Millisecond
+	st := runDistantStore(t, true, ms90, us)
+	t.Logf("90ms of its own, accounted: %d refused, limit %v, shed fraction %.2f, p99 %v", shedTotal(st), st.Limit, st.Shedder.Fraction, st.Shedder.Quantile)
+	if shedTotal(st) == 0 {
+		t.Errorf("a server taking 90ms of its own a call refused nothing with a wait account; the account must not hide the server's own latency")
+	}
+	ctl := runDistantStore(t, false, us, ms90)
 	t.Logf("without a wait account: %d refused, limit %v, shed fraction %.2f, p99 %v", shedTotal(ctl), ctl.Limit, ctl.Shedder.Fraction, ctl.Shedder.Quantile)
 	if st := ctl; shedTotal(st) == 0 {
 		t.Fatalf("control without a wait account refused nothing (limit %v, p99 %v): the scenario does not reproduce the overload it guards against", st.Limit, st.Shedder.Quantile)
 	}
-	st := runDistantStore(t, true)
+	st = runDistantStore(t, true, us, ms90)
 	if n := shedTotal(st); n != 0 {
 		t.Errorf("with the store's waits accounted, the Guard refused %d calls (limit %v, shed fraction %v, p99 %v); want none", n, st.Limit, st.Shedder.Fraction, st.Shedder.Quantile)
 	}

@@ -608,15 +608,7 @@ func (l *Concurrency) Acquire(ctx context.Context) (Permit, error) {
 // monotonic clock once (time.Since of the epoch, which reads no wall
 // clock), which is most of its cost.
 func (l *Concurrency) acquire(ctx context.Context, p priority.Priority, d time.Duration) (Permit, error) {
-	pm, err := l.acquireSlot(ctx, p, d)
-	if err == nil {
-		pm.waits = waitsOf(ctx)
-	}
-	return pm, err
-}
-
-// acquireSlot is acquire without the wait account.
-func (l *Concurrency) acquireSlot(ctx context.Context, p priority.Priority, d time.Duration) (Permit, error) {
+	wa := waitsOf(ctx)
 	l.mu.Lock()
 	t := l.advanceMono(d)
 	l.account(t)
@@ -624,7 +616,7 @@ func (l *Concurrency) acquireSlot(ctx context.Context, p priority.Priority, d ti
 	if l.held < l.capFor(p) && !l.queuedAtOrAbove(p) {
 		l.take(t)
 		l.mu.Unlock()
-		return Permit{l: l, arrived: t, start: t}, nil
+		return Permit{l: l, arrived: t, start: t, waits: wa}, nil
 	}
 	if l.opt.QueueSize == 0 {
 		r := l.refuse(ReasonLimit, p)
@@ -657,7 +649,7 @@ func (l *Concurrency) acquireSlot(ctx context.Context, p priority.Priority, d ti
 		if w.evicted.Refused() {
 			return Permit{}, w.evicted
 		}
-		return Permit{l: l, arrived: t, start: w.start}, nil
+		return Permit{l: l, arrived: t, start: w.start, waits: wa}, nil
 	case <-ctx.Done():
 		cause = ctx.Err()
 	case <-timer.C:
@@ -667,7 +659,7 @@ func (l *Concurrency) acquireSlot(ctx context.Context, p priority.Priority, d ti
 	switch {
 	case w.granted:
 		// Granted while we were leaving: the slot is ours.
-		return Permit{l: l, arrived: t, start: w.start}, nil
+		return Permit{l: l, arrived: t, start: w.start, waits: wa}, nil
 	case w.evicted.Refused():
 		// Evicted while we were leaving: already out of the queue.
 		return Permit{}, w.evicted

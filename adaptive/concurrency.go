@@ -297,8 +297,9 @@ func NewConcurrency(opt ConcurrencyOptions) (*Concurrency, error) {
 type Permit struct {
 	l       *Concurrency
 	s       *Shedder
-	arrived int64 // on l's clock, when the request asked
-	start   int64 // on l's clock, when it was granted
+	arrived int64        // on l's clock, when the request asked
+	start   int64        // on l's clock, when it was granted
+	waits   *waitAccount // nil: none (see WithWaitAccount)
 }
 
 // Done ends the permit as a completion; see DoneAt.
@@ -348,10 +349,10 @@ func (p *Permit) end(now time.Time, k endKind) {
 	if k != endIgnore {
 		t = l.clock.advance(now)
 	}
-	l.finish(t, p.start, k)
+	l.finish(t, p.start, p.waits.excluded(t-p.start), k)
 	l.mu.Unlock()
 	if s != nil && k != endIgnore {
-		s.ObserveAt(now, time.Duration(t-p.arrived))
+		s.ObserveAt(now, time.Duration(t-p.arrived-p.waits.excluded(t-p.arrived)))
 	}
 }
 
@@ -363,16 +364,17 @@ func (p *Permit) endMono(d time.Duration, k endKind) {
 	p.l, p.s = nil, nil
 	l.mu.Lock()
 	t := l.advanceMono(d)
-	l.finish(t, p.start, k)
+	l.finish(t, p.start, p.waits.excluded(t-p.start), k)
 	l.mu.Unlock()
 	if s != nil {
-		s.ObserveAt(l.epoch.Add(d), time.Duration(t-p.arrived))
+		s.ObserveAt(l.epoch.Add(d), time.Duration(t-p.arrived-p.waits.excluded(t-p.arrived)))
 	}
 }
 
-// finish gives back a permit granted at start, ended at t as k. Called
-// with l.mu held.
-func (l *Concurrency) finish(t, start int64, k endKind) {
+// finish gives back a permit granted at start, ended at t as k after
+// waiting outside the server for waited of that time. Called with l.mu
+// held.
+func (l *Concurrency) finish(t, start, waited int64, k endKind) {
 	l.account(t)
 	l.held = max(l.held-1, 0)
 	if l.stale > 0 && start <= l.warmEnd {
@@ -382,7 +384,7 @@ func (l *Concurrency) finish(t, start int64, k endKind) {
 	switch k {
 	case endDone:
 		l.done++
-		l.hist.record(time.Duration(t - start))
+		l.hist.record(time.Duration(t - start - waited))
 	case endDrop:
 		l.drops++
 	}
@@ -596,6 +598,8 @@ func (l *Concurrency) queuedAtOrAbove(p priority.Priority) bool {
 // or ReasonQueueTimeout), or ctx's error wrapped when ctx ended first
 // (nothing is then counted as refused: the caller went away). Admitted at
 // once it does not allocate; waiting allocates the waiter and a timer.
+// When ctx has a wait account (WithWaitAccount), the permit's latency
+// sample excludes the waits added to it.
 func (l *Concurrency) Acquire(ctx context.Context) (Permit, error) {
 	return l.acquire(ctx, priority.FromContext(ctx), time.Since(l.epoch))
 }
@@ -604,6 +608,7 @@ func (l *Concurrency) Acquire(ctx context.Context) (Permit, error) {
 // monotonic clock once (time.Since of the epoch, which reads no wall
 // clock), which is most of its cost.
 func (l *Concurrency) acquire(ctx context.Context, p priority.Priority, d time.Duration) (Permit, error) {
+	wa := waitsOf(ctx)
 	l.mu.Lock()
 	t := l.advanceMono(d)
 	l.account(t)
@@ -611,7 +616,7 @@ func (l *Concurrency) acquire(ctx context.Context, p priority.Priority, d time.D
 	if l.held < l.capFor(p) && !l.queuedAtOrAbove(p) {
 		l.take(t)
 		l.mu.Unlock()
-		return Permit{l: l, arrived: t, start: t}, nil
+		return Permit{l: l, arrived: t, start: t, waits: wa}, nil
 	}
 	if l.opt.QueueSize == 0 {
 		r := l.refuse(ReasonLimit, p)
@@ -644,7 +649,7 @@ func (l *Concurrency) acquire(ctx context.Context, p priority.Priority, d time.D
 		if w.evicted.Refused() {
 			return Permit{}, w.evicted
 		}
-		return Permit{l: l, arrived: t, start: w.start}, nil
+		return Permit{l: l, arrived: t, start: w.start, waits: wa}, nil
 	case <-ctx.Done():
 		cause = ctx.Err()
 	case <-timer.C:
@@ -654,7 +659,7 @@ func (l *Concurrency) acquire(ctx context.Context, p priority.Priority, d time.D
 	switch {
 	case w.granted:
 		// Granted while we were leaving: the slot is ours.
-		return Permit{l: l, arrived: t, start: w.start}, nil
+		return Permit{l: l, arrived: t, start: w.start, waits: wa}, nil
 	case w.evicted.Refused():
 		// Evicted while we were leaving: already out of the queue.
 		return Permit{}, w.evicted

@@ -45,6 +45,15 @@
 // queue serves the highest priority first, and when full lets a higher
 // priority in by refusing its lowest-priority waiter.
 //
+// A request's latency is the server's own: the time it waited on
+// something outside the server (a store across the network) is no sign
+// that the server is overloaded, and counted it would shrink the limit and
+// shed while the server idles. An edge gives each request a wait account
+// (WithWaitAccount) before Guard.Acquire or Concurrency.Acquire, the code
+// calling the dependency adds each wait to it (AddWait), and the permit's
+// latency sample is its duration less the waits; the permit holds its
+// slot while it waits, and Max bounds what the server holds.
+//
 // # The controllers
 //
 // Gradient (the default) scales the limit by aim/observed latency, bounded

@@ -47,6 +47,11 @@ type ProtectOptions struct {
 // context ends while it waits in the Guard's queue fails with the
 // context's status.
 //
+// The call's context carries a wait account (adaptive.WithWaitAccount):
+// the time the handler adds to it with adaptive.AddWait, waiting on a
+// store or a service across the network, is left out of the latency the
+// Guard measures.
+//
 // An admitted call's permit ends when the handler returns: Dropped when it
 // failed with Unavailable, ResourceExhausted or DeadlineExceeded, or its
 // deadline passed; Ignore when it failed with Canceled or its caller went
@@ -113,6 +118,7 @@ func (s *priorityStream) Context() context.Context { return s.ctx }
 // admitCall reads the call's priority into ctx and asks g for a permit,
 // returning the status error that refuses the call.
 func admitCall(ctx context.Context, g *adaptive.Guard, opt *ProtectOptions, method string) (context.Context, adaptive.Permit, error) {
+	ctx = adaptive.WithWaitAccount(ctx)
 	if p, ok := callPriority(ctx, opt, method); ok {
 		ctx = priority.NewContext(ctx, p)
 	}

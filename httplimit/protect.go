@@ -83,18 +83,24 @@ type ProtectOptions struct {
 // the middleware inside Protect would count as a drop. The price: a
 // request shed with 503 has already consumed its quota.
 //
+// The request's context carries a wait account (adaptive.WithWaitAccount):
+// the time the handler adds to it with adaptive.AddWait, waiting on a
+// store or a service across the network, is left out of the latency the
+// Guard measures, so that a distant dependency is not taken for overload.
+//
 // The middleware is safe for concurrent use. It does not allocate for an
-// admitted request beyond the context carrying the priority and the
-// response writer that records the status.
+// admitted request beyond the context carrying the wait account and the
+// priority, the request bearing it, and the response writer that records
+// the status.
 func Protect(g *adaptive.Guard, opt ProtectOptions) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			p, set := requestPriority(r, &opt)
-			ctx := r.Context()
+			ctx := adaptive.WithWaitAccount(r.Context())
 			if set {
 				ctx = priority.NewContext(ctx, p)
-				r = r.WithContext(ctx)
 			}
+			r = r.WithContext(ctx)
 			pm, err := g.Acquire(ctx)
 			if err != nil {
 				refuseOverloaded(w, p, err)

@@ -128,7 +128,7 @@ func (l *limitsConfig) flags() []limitFlag {
 		{name: "admin-auth-failure-period", d: &l.adminAuthFailurePeriod, usage: "how long a client address takes to win back one failed admin authentication"},
 		{name: "overload-off", b: &l.overloadOff, usage: "turn off the overload protection of the decision endpoints (gRPC ShouldRateLimit, POST /json, POST /v1/check)"},
 		{name: "overload-max-concurrency", n: &l.overloadMaxConcurrency, usage: "decisions in flight at once, at most (default 256 × GOMAXPROCS): the fixed maximum of the adaptive concurrency limit; beyond the limit a decision is refused at once, 503 or UNAVAILABLE with a computed retry hint, counted in sluice_overload_refused_total"},
-		{name: "overload-objective", d: &l.overloadObjective, usage: "p99 latency objective of a decision: as it is approached, a growing share of the lowest-priority decisions (Sluice-Priority header, sluice-priority metadata) is shed"},
+		{name: "overload-objective", d: &l.overloadObjective, usage: "p99 latency objective of a decision, its time in serve (its waits on Redis left out): as it is approached, a growing share of the lowest-priority decisions (Sluice-Priority header, sluice-priority metadata) is shed"},
 	}
 }
 

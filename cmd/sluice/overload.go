@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,6 +18,7 @@ import (
 	"github.com/sluicehq/sluice/httplimit"
 	"github.com/sluicehq/sluice/internal/reserve"
 	"github.com/sluicehq/sluice/priority"
+	"github.com/sluicehq/sluice/ratelimit"
 )
 
 // shouldRateLimit is the one gRPC method serve guards against overload:
@@ -210,4 +212,29 @@ func boolGauge(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// decisionStore returns the store the decisions use: b.store, wrapped in a
+// waitedStore when it is remote.
+func (b *backend) decisionStore() ratelimit.Store {
+	if b.remote {
+		return waitedStore{b.store}
+	}
+	return b.store
+}
+
+// A waitedStore adds the time each decision waits on a remote store to
+// the decision's wait account (adaptive.AddWait), which the overload
+// guard's middleware put in its context: a store's round trip, 10ms
+// away or timing out, is no overload of serve, and the store's timeout
+// and each rule's failure_mode govern it. What serve does itself —
+// decoding, deciding the rules, queueing for a CPU before and after the
+// call — is still measured, so saturation still sheds.
+type waitedStore struct{ ratelimit.Store }
+
+func (s waitedStore) Decide(ctx context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
+	start := time.Now()
+	dst, err := s.Store.Decide(ctx, dst, items)
+	adaptive.AddWait(ctx, time.Since(start))
+	return dst, err
 }

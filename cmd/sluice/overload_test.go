@@ -61,6 +61,20 @@ func (s *gatedStore) open() { s.closeOnce.Do(func() { close(s.gate) }) }
 // with limits changed by mod, and returns the HTTP and gRPC addresses.
 func serveGated(t *testing.T, mod func(*limitsConfig)) (*gatedStore, string, string) {
 	t.Helper()
+	var gs *gatedStore
+	httpAddr, grpcAddr := serveWith(t, mod, func(b *backend) {
+		gs = &gatedStore{Store: b.store, gate: make(chan struct{}), entered: make(chan struct{}, 1024)}
+		b.store = gs
+	})
+	t.Cleanup(gs.open) // before serve stops (cleanups run last first)
+	return gs, httpAddr, grpcAddr
+}
+
+// serveWith runs serve on the memory store with limits changed by mod
+// and the backend by wrap, until the test ends, and returns its HTTP and
+// gRPC addresses.
+func serveWith(t *testing.T, mod func(*limitsConfig), wrap func(*backend)) (string, string) {
+	t.Helper()
 	cfg := serveConfig{
 		rulesDir: rulesDir(t, map[string]string{"st.yaml": testRuleFile}), store: "memory", memoryMaxKeys: 1 << 16,
 		grpcAddr: "127.0.0.1:0", httpAddr: "127.0.0.1:0",
@@ -77,8 +91,7 @@ func serveGated(t *testing.T, mod func(*limitsConfig)) (*gatedStore, string, str
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs := &gatedStore{Store: b.store, gate: make(chan struct{}), entered: make(chan struct{}, 1024)}
-	b.store = gs
+	wrap(b)
 	lns, err := listen(ctx, &cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +103,6 @@ func serveGated(t *testing.T, mod func(*limitsConfig)) (*gatedStore, string, str
 	done := make(chan error, 1)
 	go func() { done <- srv.run(ctx, &cfg, set, lns, log) }()
 	t.Cleanup(func() {
-		gs.open()
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("serve: %v", err)
@@ -98,7 +110,7 @@ func serveGated(t *testing.T, mod func(*limitsConfig)) (*gatedStore, string, str
 		lns.close()
 		b.close(log)
 	})
-	return gs, lns.http.Addr().String(), lns.grpc.Addr().String()
+	return lns.http.Addr().String(), lns.grpc.Addr().String()
 }
 
 // outcome is how serve answered one call.
@@ -417,5 +429,79 @@ func TestServeSlowBodiesHoldNoGuardSlot(t *testing.T) {
 	resp.Body.Close()
 	if m := regexp.MustCompile(`(?m)^sluice_overload_in_flight (\S+)$`).FindSubmatch(metrics); m == nil || string(m[1]) != "0" {
 		t.Errorf("sluice_overload_in_flight with %d clients sending their bodies: %q, want 0", len(slow), m)
+	}
+}
+
+// distantStore is a store whose every decision waits out a round trip
+// first: a store far away.
+type distantStore struct {
+	ratelimit.Store
+	rtt time.Duration
+}
+
+func (s distantStore) Decide(ctx context.Context, dst []ratelimit.Decision, items []ratelimit.Item) ([]ratelimit.Decision, error) {
+	t := time.NewTimer(s.rtt)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		return dst, ctx.Err()
+	}
+	return s.Store.Decide(ctx, dst, items)
+}
+
+// TestServeDistantStoreNotShed: a store 90ms away (beyond half the
+// default 100ms objective, which the limit aims at, and the 80ms the
+// shedder holds p99 under) is no overload of serve, and 16 closed-loop
+// callers get no UNAVAILABLE. The control runs the same store without
+// serve knowing it is remote, so its round trip counts as serve's own
+// latency, as every store's did before: the guard refuses calls then,
+// which shows the scenario is one that sheds.
+func TestServeDistantStoreNotShed(t *testing.T) {
+	run := func(remote bool) (ok, refused int) {
+		_, grpcAddr := serveWith(t, func(l *limitsConfig) { l.overloadShedAnswer = shedUnavailable }, func(b *backend) {
+			b.store, b.remote = distantStore{Store: b.store, rtt: 90 * time.Millisecond}, remote
+		})
+		conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		c := rlsv3.NewRateLimitServiceClient(conn)
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+		defer cancel()
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for i := range 16 {
+			wg.Go(func() {
+				for ctx.Err() == nil {
+					o := checkGRPC(ctx, c, strconv.Itoa(i))
+					mu.Lock()
+					switch {
+					case status.Code(o.err) == codes.DeadlineExceeded:
+						// the run's end (gRPC's timer may fire before ctx's)
+					case o.err != nil:
+						t.Errorf("call: %v", o.err)
+					case o.code == 503:
+						refused++
+					case o.err == nil:
+						ok++
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		return ok, refused
+	}
+	ok, refused := run(false)
+	t.Logf("store's wait counted as serve's: %d answered, %d refused", ok, refused)
+	if refused == 0 {
+		t.Fatalf("control: the guard refused none of %d calls with the store's 90ms counted as serve's latency; the scenario does not shed", ok)
+	}
+	ok, refused = run(true)
+	t.Logf("remote store: %d answered, %d refused", ok, refused)
+	if refused != 0 || ok < 16*20 {
+		t.Errorf("remote store 90ms away: %d answered, %d refused; want none refused and about 16 × 4s / 90ms answered", ok, refused)
 	}
 }

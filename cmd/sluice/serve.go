@@ -149,7 +149,9 @@ POST /v1/check, POST /v1/reserve;
 not /metrics, the health checks or the admin API) are guarded against
 overload: at most an adaptive limit of decisions (never above
 --overload-max-concurrency) are in flight, and as their p99 latency
-approaches --overload-objective a growing share of the lowest priorities
+(serve's own: the time a decision waits on Redis is left out, which
+--redis-timeout and the rule's failure_mode govern) approaches
+--overload-objective a growing share of the lowest priorities
 (the Sluice-Priority header or sluice-priority metadata, trusted up to
 normal) is shed. A refused decision is answered at once, 503 or
 UNAVAILABLE with a Retry-After or RetryInfo computed from the load, instead
@@ -486,6 +488,9 @@ type backend struct {
 	// shared reports that other replicas see the same state, so that the
 	// overrides must be polled for their changes.
 	shared bool
+	// remote reports that the store is across the network: the time a
+	// decision waits on it is no overload of serve (see waitedStore).
+	remote bool
 	// errors counts the calls to the store's backend that failed, when the
 	// store answers them by each rule's failure_mode instead of an error.
 	errors func() uint64
@@ -554,7 +559,7 @@ func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*back
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
-	b := &backend{shared: true, closers: []func() error{c.Close}}
+	b := &backend{shared: true, remote: true, closers: []func() error{c.Close}}
 	if err := checkRedis(ctx, c, log); err != nil {
 		b.close(log)
 		return nil, err
@@ -758,7 +763,7 @@ func newServers(cfg *serveConfig, set *rules.Set, b *backend, lns *listeners, lo
 	if err != nil {
 		return nil, err
 	}
-	svc, err := service.New(service.Options{Store: b.store, Ledger: b.ledger, Rules: set, Independent: cfg.independent, MaxReserveWait: cfg.maxReserveWait, Overrides: table, Metrics: cfg.hooks.serviceMetrics(metrics), Top: top, Logger: log})
+	svc, err := service.New(service.Options{Store: b.decisionStore(), Ledger: b.ledger, Rules: set, Independent: cfg.independent, MaxReserveWait: cfg.maxReserveWait, Overrides: table, Metrics: cfg.hooks.serviceMetrics(metrics), Top: top, Logger: log})
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}

@@ -70,6 +70,48 @@ func TestSemaphoreReplicated(t *testing.T) {
 	}
 }
 
+// TestLeaseReplicated: as TestSemaphoreReplicated, for leases: a grant
+// acknowledged by the live replica is granted; with the replica frozen, a
+// grant is answered as a transient error and released (the partition is
+// free for another member), and a renewal likewise. Thawed, the replica
+// acknowledges again.
+func TestLeaseReplicated(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a master, a replica and a Sentinel")
+	}
+	ss := redistest.Sentinel(t)
+	c := ss.Master.Client()
+	waiting, err := NewLeaseStore(c, "svc", LeaseOptions{Timeout: 5 * time.Second, Replicated: Replicated{Replicas: 1, Timeout: 200 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := NewLeaseStore(c, "svc", LeaseOptions{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	g, err := waiting.Acquire(ctx, "a", []int{0}, time.Minute)
+	if err != nil || len(g) != 1 {
+		t.Fatalf("acquire with the replica live: %v, %v", g, err)
+	}
+	ss.Replica.Freeze()
+	if g, err := waiting.Acquire(ctx, "a", []int{1}, time.Minute); !errors.Is(err, errUnreplicated) || !concurrency.Transient(err) {
+		t.Fatalf("acquire with the replica frozen: %v, %v; want a transient errUnreplicated", g, err)
+	}
+	if _, err := waiting.Renew(ctx, "a", g, time.Minute); !errors.Is(err, errUnreplicated) {
+		t.Fatalf("renew with the replica frozen: %v; want errUnreplicated", err)
+	}
+	// The unacknowledged grant of partition 1 was released: another
+	// member (asking for no replica) gets it at once.
+	if g, err := plain.Acquire(ctx, "b", []int{1}, time.Minute); err != nil || len(g) != 1 {
+		t.Fatalf("partition 1 after the released grant: %v, %v; want it granted to b", g, err)
+	}
+	ss.Replica.Thaw()
+	if ok, err := waiting.Renew(ctx, "a", g, time.Minute); err != nil || len(ok) != 1 || !ok[0] {
+		t.Fatalf("renew with the replica thawed: %v, %v", ok, err)
+	}
+}
+
 // TestReplicatedCheck: negative counts or timeouts are refused; a zero
 // timeout takes the default and a sub-millisecond one is rounded up, since
 // WAIT 0 would block for ever.

@@ -112,6 +112,42 @@ func TestLeaseReplicated(t *testing.T) {
 	}
 }
 
+// TestSemaphoreReplicatedCluster: on a Cluster, the script and its WAIT
+// go to the node that serves the name (elsewhere, the script would be
+// answered MOVED); the Cluster has no replicas, so every grant goes
+// unacknowledged, is answered errUnreplicated, and is released.
+func TestSemaphoreReplicatedCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	cs := redistest.Cluster(t)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cs.Addrs()})
+	t.Cleanup(func() { c.Close() })
+	s, err := NewSemaphoreStore(c, SemaphoreOptions{Replicated: Replicated{Replicas: 1, Timeout: 20 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	nodes := map[string]bool{}
+	for i := range 16 {
+		name := "r" + strconv.Itoa(i)
+		n, err := c.MasterForKey(ctx, s.Key(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes[n.Options().Addr] = true
+		if f, err := s.Acquire(ctx, name, "a", 1, time.Minute, 0); !errors.Is(err, errUnreplicated) {
+			t.Fatalf("%s: fence %d, %v; want errUnreplicated", name, f, err)
+		}
+		if l, err := s.Holders(ctx, name); err != nil || len(l.Holders) != 0 {
+			t.Fatalf("%s: holders %+v, %v; want none (the grant released)", name, l, err)
+		}
+	}
+	if len(nodes) < 2 {
+		t.Fatalf("the names reached %d node(s); want more than one", len(nodes))
+	}
+}
+
 // TestReplicatedCheck: negative counts or timeouts are refused; a zero
 // timeout takes the default and a sub-millisecond one is rounded up, since
 // WAIT 0 would block for ever.

@@ -236,7 +236,7 @@ func TestFaultPause(t *testing.T) {
 	a.Pause()
 	frozen := time.Now()
 	res.awaitWrite(t, "write by B", func(acc, _ []write) bool { return len(acc) > 0 && acc[len(acc)-1].holder == "B" })
-	bWrote := time.Now()
+	awaited := time.Now()
 	a.Resume()
 	resumed := time.Now()
 	res.awaitWrite(t, "refusal of A's stale write", func(_, ref []write) bool { return len(ref) > 0 })
@@ -256,11 +256,11 @@ func TestFaultPause(t *testing.T) {
 		}
 	}
 	t.Logf("A frozen %v (TTL %v); B wrote %v after the freeze; A's stale write refused %v after its resumption",
-		resumed.Sub(frozen).Round(time.Millisecond), semTTL, bWrote.Sub(frozen).Round(time.Millisecond), refusedAt.Sub(resumed).Round(time.Millisecond))
+		resumed.Sub(frozen).Round(time.Millisecond), semTTL, awaited.Sub(frozen).Round(time.Millisecond), refusedAt.Sub(resumed).Round(time.Millisecond))
 	t.Logf("accepted %d writes, refused %v; most inside the resource at once: %d", len(accepted), refused, res.in.Max())
 	row(t, "pause: a semaphore holder (limit 1, TTL 1 s) frozen with SIGSTOP right after checking its permit, until the next holder has written",
 		fmt.Sprintf("writes inside the resource at once: at most %d (limit 1); fencing refused %d stale write(s) of the frozen holder; the next holder wrote %v after the freeze",
-			res.in.Max(), len(refused), bWrote.Sub(frozen).Round(time.Millisecond)))
+			res.in.Max(), len(refused), awaited.Sub(frozen).Round(time.Millisecond)))
 
 	if res.in.Max() > 1 {
 		t.Errorf("%d writes inside the resource at once, above the limit of 1", res.in.Max())
@@ -271,7 +271,7 @@ func TestFaultPause(t *testing.T) {
 	if bFence <= aFence {
 		t.Errorf("B's fence %d is not above A's %d", bFence, aFence)
 	}
-	if got := bWrote.Sub(frozen); got < semTTL-semTTL/50 {
+	if got := awaited.Sub(frozen); got < semTTL-semTTL/50 {
 		t.Errorf("B wrote %v after A froze, before A's permit could have expired (TTL %v)", got, semTTL)
 	}
 }
@@ -339,7 +339,7 @@ func fenceFailover(t *testing.T, replicas int) {
 		}
 		return false
 	})
-	bWrote := time.Now()
+	awaited := time.Now()
 	if replicas == 0 {
 		ss.primaryHost.Heal(cut...)
 	}
@@ -368,11 +368,11 @@ func fenceFailover(t *testing.T, replicas int) {
 			aAfter++
 		}
 	}
-	t.Logf("replicas %d: fences: A %v, B %v; writes before the promotion %d; first write after the promotion %v; accepted %d, refused %v; most inside at once %d; A's writes let in after B's first: %d",
-		replicas, fences["A"], fences["B"], before, bWrote.Sub(promoted).Round(time.Millisecond), len(accepted), refused, res.in.Max(), aAfter)
+	t.Logf("replicas %d: fences: A %v, B %v; writes before the promotion %d; awaited write (B's; with WAIT, the first) %v after the promotion; accepted %d, refused %v; most inside at once %d; A's writes let in after B's first: %d",
+		replicas, fences["A"], fences["B"], before, awaited.Sub(promoted).Round(time.Millisecond), len(accepted), refused, res.in.Max(), aAfter)
 	row(t, fmt.Sprintf("fencing across a failover (grants acknowledged by %d replicas): a semaphore (limit 1, TTL 1 s) asked for on a primary cut from its replica and Sentinels, which promote the replica", replicas),
-		fmt.Sprintf("token repeated: %v (A %v, B %v); writes before the promotion: %d; writes inside the resource at once: at most %d (limit 1); the first holder's writes let in after the second's: %d; refused: %d; first write after the promotion %v",
-			repeated, fences["A"], fences["B"], before, res.in.Max(), aAfter, len(refused), bWrote.Sub(promoted).Round(time.Millisecond)))
+		fmt.Sprintf("token repeated: %v (A %v, B %v); writes before the promotion: %d; writes inside the resource at once: at most %d (limit 1); the first holder's writes let in after the second's: %d; refused: %d; awaited write (B's; with WAIT, the first) %v after the promotion",
+			repeated, fences["A"], fences["B"], before, res.in.Max(), aAfter, len(refused), awaited.Sub(promoted).Round(time.Millisecond)))
 	if replicas == 0 && (len(fences["A"]) == 0 || len(fences["B"]) == 0) {
 		t.Errorf("not both holders wrote: %v", fences)
 	}

@@ -236,7 +236,7 @@ func TestFaultPause(t *testing.T) {
 	a.Pause()
 	frozen := time.Now()
 	res.awaitWrite(t, "write by B", func(acc, _ []write) bool { return len(acc) > 0 && acc[len(acc)-1].holder == "B" })
-	awaited := time.Now()
+	bWrote := time.Now()
 	a.Resume()
 	resumed := time.Now()
 	res.awaitWrite(t, "refusal of A's stale write", func(_, ref []write) bool { return len(ref) > 0 })
@@ -256,11 +256,11 @@ func TestFaultPause(t *testing.T) {
 		}
 	}
 	t.Logf("A frozen %v (TTL %v); B wrote %v after the freeze; A's stale write refused %v after its resumption",
-		resumed.Sub(frozen).Round(time.Millisecond), semTTL, awaited.Sub(frozen).Round(time.Millisecond), refusedAt.Sub(resumed).Round(time.Millisecond))
+		resumed.Sub(frozen).Round(time.Millisecond), semTTL, bWrote.Sub(frozen).Round(time.Millisecond), refusedAt.Sub(resumed).Round(time.Millisecond))
 	t.Logf("accepted %d writes, refused %v; most inside the resource at once: %d", len(accepted), refused, res.in.Max())
 	row(t, "pause: a semaphore holder (limit 1, TTL 1 s) frozen with SIGSTOP right after checking its permit, until the next holder has written",
 		fmt.Sprintf("writes inside the resource at once: at most %d (limit 1); fencing refused %d stale write(s) of the frozen holder; the next holder wrote %v after the freeze",
-			res.in.Max(), len(refused), awaited.Sub(frozen).Round(time.Millisecond)))
+			res.in.Max(), len(refused), bWrote.Sub(frozen).Round(time.Millisecond)))
 
 	if res.in.Max() > 1 {
 		t.Errorf("%d writes inside the resource at once, above the limit of 1", res.in.Max())
@@ -271,7 +271,7 @@ func TestFaultPause(t *testing.T) {
 	if bFence <= aFence {
 		t.Errorf("B's fence %d is not above A's %d", bFence, aFence)
 	}
-	if got := awaited.Sub(frozen); got < semTTL-semTTL/50 {
+	if got := bWrote.Sub(frozen); got < semTTL-semTTL/50 {
 		t.Errorf("B wrote %v after A froze, before A's permit could have expired (TTL %v)", got, semTTL)
 	}
 }

@@ -40,7 +40,10 @@ type Replicated struct {
 	// Replicas is how many replicas must acknowledge a grant; 0: none.
 	Replicas int
 	// Timeout bounds each WAIT; default DefaultReplicaTimeout. (WAIT
-	// with 0 would block for ever, so 0 means the default.)
+	// with 0 would block for ever, so 0 means the default.) Keep it below
+	// the client's read timeout and the calls' deadlines: the WAIT rides
+	// in the grant's call, and a call that times out leaves the grant
+	// unknown to its caller (it expires with its TTL).
 	Timeout time.Duration
 }
 

@@ -10,6 +10,9 @@
 //     expiring permits, each with its fencing token.
 //   - LeaseStore is a lease.Store: capacity leases on partitions of a
 //     downstream's limit.
+//   - Replicated (replicated.go), an option of both, counts their grants
+//     only once N replicas acknowledged them (WAIT), so that a failover
+//     to one of those replicas keeps them; not a consensus guarantee.
 //   - ExpiringHash is a small table of entries with their own TTLs, for
 //     settings every replica must see (the service's runtime overrides).
 //   - Stream is a work queue on a Redis stream and its consumer groups

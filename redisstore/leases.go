@@ -55,6 +55,7 @@ type LeaseStore struct {
 	script  *redis.Script
 	timeout time.Duration
 	sclock  *serverClock
+	repl    Replicated
 }
 
 var (
@@ -70,6 +71,10 @@ type LeaseOptions struct {
 	// Timeout bounds each call when the context has no earlier deadline;
 	// 0 means no bound of its own.
 	Timeout time.Duration
+	// Replicated, when it asks for replicas, counts a lease granted or
+	// renewed only once that many replicas acknowledged it (see
+	// Replicated). The zero value waits for none.
+	Replicated Replicated
 }
 
 // NewLeaseStore returns the lease store of service on client, which the
@@ -89,6 +94,10 @@ func NewLeaseStore(client redis.UniversalClient, service string, opts LeaseOptio
 		// leaves none, scattering a service's keys over three slots.
 		return nil, fmt.Errorf("%w: key prefix %q has a brace", lease.ErrBadArgument, opts.Prefix)
 	}
+	repl, err := opts.Replicated.check()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", lease.ErrBadArgument, err)
+	}
 	base := opts.Prefix + "{" + service + "}:"
 	return &LeaseStore{
 		c:       client,
@@ -96,6 +105,7 @@ func NewLeaseStore(client redis.UniversalClient, service string, opts LeaseOptio
 		script:  redis.NewScript(leaseLua),
 		sclock:  newServerClock(client, redis.NewScript(timeLua)),
 		timeout: opts.Timeout,
+		repl:    repl,
 	}, nil
 }
 
@@ -107,15 +117,24 @@ func (r *LeaseStore) bound(ctx context.Context) (context.Context, context.Cancel
 	return ctx, func() {}
 }
 
+// run runs lease.lua's operation op.
 func (r *LeaseStore) run(ctx context.Context, op, id string, ttl time.Duration, args ...any) (any, error) {
+	v, _, err := r.runReplicated(ctx, Replicated{}, op, id, ttl, args...)
+	return v, err
+}
+
+// runReplicated is run with WAIT behind the script as repl asks (see
+// Replicated.run); acked reports whether enough replicas acknowledged.
+func (r *LeaseStore) runReplicated(ctx context.Context, repl Replicated, op, id string, ttl time.Duration, args ...any) (v any, acked bool, err error) {
 	ctx, cancel := r.bound(ctx)
 	defer cancel()
 	a := append([]any{op, id, max(1, ttl.Milliseconds())}, args...)
-	v, err := r.script.Run(ctx, r.c, r.keys, a...).Result()
+	cmd, acked := repl.run(ctx, r.c, r.script, r.keys[0], r.keys, a...)
+	v, err = cmd.Result()
 	if err != nil {
-		return nil, fmt.Errorf("redisstore: lease %s: %w", op, err)
+		return nil, false, fmt.Errorf("redisstore: lease %s: %w", op, err)
 	}
-	return v, nil
+	return v, acked, nil
 }
 
 // Heartbeat implements lease.Store.
@@ -197,7 +216,7 @@ func (r *LeaseStore) Acquire(ctx context.Context, id string, parts []int, ttl ti
 		}
 		args[0] = strconv.FormatInt(max(cut, 1e9), 10)
 	}
-	v, err := r.run(ctx, "acquire", id, ttl, args...)
+	v, acked, err := r.runReplicated(ctx, r.repl, "acquire", id, ttl, args...)
 	if n, ok := v.(int64); err == nil && ok && n == -1 {
 		if d, ok := ctx.Deadline(); ok && time.Now().Before(d) {
 			r.sclock.expired(ctx, r.keys[0])
@@ -213,6 +232,10 @@ func (r *LeaseStore) Acquire(ctx context.Context, id string, parts []int, ttl ti
 		p, _ := a[i].(int64)
 		e, _ := a[i+1].(int64)
 		out = append(out, lease.Grant{Partition: int(p), Epoch: uint64(e)})
+	}
+	if len(out) > 0 && !acked {
+		_ = r.Release(context.WithoutCancel(ctx), id, out) // best effort: a lease not released expires with its TTL
+		return nil, fmt.Errorf("redisstore: lease acquire: %w", transientError{errUnreplicated})
 	}
 	return out, nil
 }
@@ -234,7 +257,7 @@ func (r *LeaseStore) Renew(ctx context.Context, id string, leases []lease.Grant,
 	if len(leases) == 0 {
 		return ok, nil
 	}
-	v, err := r.run(ctx, "renew", id, ttl, grantArgs(leases)...)
+	v, acked, err := r.runReplicated(ctx, r.repl, "renew", id, ttl, grantArgs(leases)...)
 	if err != nil {
 		return nil, err
 	}
@@ -245,6 +268,9 @@ func (r *LeaseStore) Renew(ctx context.Context, id string, leases []lease.Grant,
 	for i := range a {
 		n, _ := a[i].(int64)
 		ok[i] = n == 1
+		if ok[i] && !acked { // extends nothing for the holder: its lease ends with its validity
+			return nil, fmt.Errorf("redisstore: lease renew: %w", transientError{errUnreplicated})
+		}
 	}
 	return ok, nil
 }

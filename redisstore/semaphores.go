@@ -54,6 +54,10 @@ type SemaphoreOptions struct {
 	// only briefly. Default DefaultSemaphoreHold; negative: hold nothing
 	// (whoever asks first takes the room).
 	Hold time.Duration
+	// Replicated, when it asks for replicas, counts a grant or renewal
+	// only once that many replicas acknowledged it (see Replicated).
+	// The zero value waits for none.
+	Replicated Replicated
 }
 
 // A SemaphoreStore is a concurrency.Store on Redis (standalone, Sentinel or
@@ -177,6 +181,7 @@ type SemaphoreStore struct {
 	release *redis.Script
 	holders *redis.Script
 	sclock  *serverClock
+	repl    Replicated
 }
 
 var (
@@ -198,6 +203,10 @@ func NewSemaphoreStore(c redis.UniversalClient, o SemaphoreOptions) (*SemaphoreS
 		// semaphore in one slot, or a tag the names do not choose.
 		return nil, fmt.Errorf("redisstore: semaphore prefix %q contains a hash tag brace", o.Prefix)
 	}
+	repl, err := o.Replicated.check()
+	if err != nil {
+		return nil, err
+	}
 	hold := int64(0)
 	if o.Hold == 0 {
 		o.Hold = DefaultSemaphoreHold
@@ -215,6 +224,7 @@ func NewSemaphoreStore(c redis.UniversalClient, o SemaphoreOptions) (*SemaphoreS
 		release: redis.NewScript(semaphorePreludeLua + semaphoreReleaseLua),
 		holders: redis.NewScript(semaphoreHoldersLua),
 		sclock:  newServerClock(c, redis.NewScript(timeLua)),
+		repl:    repl,
 	}, nil
 }
 
@@ -272,12 +282,16 @@ func (r *SemaphoreStore) AcquireFair(ctx context.Context, name, token string, we
 		return concurrency.Queued, 0, err
 	}
 	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":seq", key + ":freed", key + ":f", key + ":fence", key + ":since", key + ":hold", key + ":pw"}
-	res, err := r.fair.Run(ctx, r.c, keys, token, weight, limit, ttlMillis(ttl), waitMillis(wait), cut, r.hold).Int64Slice()
+	cmd, acked := r.repl.run(ctx, r.c, r.fair, key, keys, token, weight, limit, ttlMillis(ttl), waitMillis(wait), cut, r.hold)
+	res, err := cmd.Int64Slice()
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("semaphore_fair.lua answered %v", res)
 	}
 	if err == nil {
 		err = r.checkCutoff(ctx, key, res[0])
+	}
+	if err == nil && res[0] == 2 && !acked {
+		err = r.unreplicated(ctx, name, token)
 	}
 	if err != nil {
 		return concurrency.Queued, 0, fmt.Errorf("redisstore: semaphore acquire: %w", markTransient(err))
@@ -289,6 +303,14 @@ func (r *SemaphoreStore) AcquireFair(ctx context.Context, name, token string, we
 		return concurrency.First, 0, nil
 	}
 	return concurrency.Queued, 0, nil
+}
+
+// unreplicated releases a grant too few replicas acknowledged (best
+// effort: a release that fails leaves the permit to expire with its TTL)
+// and returns the transient error that answers it.
+func (r *SemaphoreStore) unreplicated(ctx context.Context, name, token string) error {
+	_, _ = r.runRelease(context.WithoutCancel(ctx), name, token, "release")
+	return transientError{errUnreplicated}
 }
 
 // checkCutoff returns errExpired when an acquire script answered n == -1,
@@ -343,9 +365,13 @@ func (r *SemaphoreStore) Acquire(ctx context.Context, name, token string, limit 
 		return 0, err
 	}
 	keys := []string{key, key + ":w", key + ":freed", key + ":f", key + ":fence", key + ":pw", key + ":since", key + ":q", key + ":qt", key + ":hold"}
-	n, err := r.acquire.Run(ctx, r.c, keys, token, limit, ttlMillis(ttl), cut, waitMillis(wait), r.hold).Int64()
+	cmd, acked := r.repl.run(ctx, r.c, r.acquire, key, keys, token, limit, ttlMillis(ttl), cut, waitMillis(wait), r.hold)
+	n, err := cmd.Int64()
 	if err == nil {
 		err = r.checkCutoff(ctx, key, n)
+	}
+	if err == nil && n > 0 && !acked {
+		err = r.unreplicated(ctx, name, token)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("redisstore: semaphore acquire: %w", markTransient(err))
@@ -356,7 +382,11 @@ func (r *SemaphoreStore) Acquire(ctx context.Context, name, token string, limit 
 // Renew implements concurrency.Store.
 func (r *SemaphoreStore) Renew(ctx context.Context, name, token string, ttl time.Duration) (bool, error) {
 	key := r.Key(name)
-	n, err := r.renew.Run(ctx, r.c, []string{key, key + ":w", key + ":f", key + ":since"}, token, ttlMillis(ttl)).Int64()
+	cmd, acked := r.repl.run(ctx, r.c, r.renew, key, []string{key, key + ":w", key + ":f", key + ":since"}, token, ttlMillis(ttl))
+	n, err := cmd.Int64()
+	if err == nil && n == 1 && !acked {
+		err = transientError{errUnreplicated} // extends nothing for the holder; the permit stays until its validity ends
+	}
 	if err != nil {
 		return false, fmt.Errorf("redisstore: semaphore renew: %w", err)
 	}

@@ -191,6 +191,7 @@ type serveConfig struct {
 	redisPipelines   int
 	redisWindow      time.Duration
 	redisTimeout     time.Duration
+	redisWait        redisstore.Replicated // of permit and lease grants
 	replicas         int
 	failureDefault   ratelimit.FailureMode // of rules that state no failure_mode
 	grpcAddr         string
@@ -313,6 +314,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&cfg.redisTimeout, "redis-timeout", redisstore.DefaultTimeout, "bound on each decision's Redis call; past it, the rule's failure_mode decides")
 	fs.IntVar(&cfg.redisPipelines, "redis-pipelines", redisstore.DefaultPipelines, "Redis pipelines in flight at once; concurrent decisions wait for one and share it")
 	fs.DurationVar(&cfg.redisWindow, "redis-batch-window", 0, "how long a Redis pipeline waits for more decisions before it is sent")
+	fs.IntVar(&cfg.redisWait.Replicas, "redis-wait-replicas", 0, "count a semaphore permit or lease granted (or renewed) only once this `many` Redis replicas acknowledged it (WAIT); 0: do not wait")
+	fs.DurationVar(&cfg.redisWait.Timeout, "redis-wait-timeout", 0, "bound on each WAIT of --redis-wait-replicas; below --redis-timeout (default: half of it)")
 	fs.IntVar(&cfg.replicas, "replicas", 1, "replicas sharing the limits: while Redis is down, a rule with failure_mode local admits Limit/replicas here")
 	failureDefault := fs.String("failure-default", "local", "failure_mode of rules that state none: local (this replica's share, Limit/replicas), fail_open or fail_closed")
 	fs.StringVar(&cfg.grpcAddr, "grpc-addr", "127.0.0.1:8081", "gRPC listen `address` (host:port; port 0 picks a free one)")
@@ -372,6 +375,13 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		if cfg.redisTimeout <= 0 {
 			return usagef("serve: --redis-timeout must be positive")
+		}
+		if cfg.redisWait.Timeout == 0 {
+			cfg.redisWait.Timeout = cfg.redisTimeout / 2
+		}
+		if cfg.redisWait.Replicas < 0 || cfg.redisWait.Timeout < 0 || cfg.redisWait.Timeout >= cfg.redisTimeout {
+			// The WAIT rides in the grant's call, bounded by --redis-timeout.
+			return usagef("serve: --redis-wait-replicas must not be negative and --redis-wait-timeout must be positive and below --redis-timeout")
 		}
 		var err error
 		if cfg.redisPassword, err = secret(redisPasswordFile, redisPasswordEnv); err != nil {
@@ -579,14 +589,14 @@ func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*back
 		b.close(log)
 		return nil, fmt.Errorf("serve: %w", err)
 	}
-	sems, err := redisstore.NewSemaphoreStore(c, redisstore.SemaphoreOptions{Prefix: cfg.redisPrefix + "sem:"})
+	sems, err := redisstore.NewSemaphoreStore(c, redisstore.SemaphoreOptions{Prefix: cfg.redisPrefix + "sem:", Replicated: cfg.redisWait})
 	if err != nil {
 		b.close(log)
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	b.store, b.ledger, b.keys, b.overrides, b.semaphores = rs, rs, rs, overrides.NewRedisStore(h), sems
 	b.leases = func(service string) (lease.Store, error) {
-		return redisstore.NewLeaseStore(c, service, redisstore.LeaseOptions{Prefix: cfg.redisPrefix + "lease:", Timeout: cfg.redisTimeout})
+		return redisstore.NewLeaseStore(c, service, redisstore.LeaseOptions{Prefix: cfg.redisPrefix + "lease:", Timeout: cfg.redisTimeout, Replicated: cfg.redisWait})
 	}
 	b.health = redisHealth(c, rs, cfg)
 	b.errors = func() uint64 { return rs.Stats().Errors }

@@ -77,6 +77,8 @@ func TestServeErrors(t *testing.T) {
 		// used by accident.
 		{"redis, no --redis-addr", []string{"--rules", good, "--store", "redis"}, true, "--store redis needs --redis-addr HOST:PORT"},
 		{"redis timeout zero", []string{"--rules", good, "--store", "redis", "--redis-addr", "127.0.0.1:1", "--redis-timeout", "0s"}, true, "--redis-timeout"},
+		{"redis wait timeout past the call's", []string{"--rules", good, "--store", "redis", "--redis-addr", "127.0.0.1:1", "--redis-wait-replicas", "1", "--redis-wait-timeout", "50ms"}, true, "--redis-wait-timeout must be positive and below --redis-timeout"},
+		{"redis wait replicas negative", []string{"--rules", good, "--store", "redis", "--redis-addr", "127.0.0.1:1", "--redis-wait-replicas", "-1"}, true, "--redis-wait-replicas must not be negative"},
 		{"redis password file missing", []string{"--rules", good, "--store", "redis", "--redis-addr", "127.0.0.1:1", "--redis-password-file", tokenFile + "x"}, false, "Redis password"},
 		{"redis CA not PEM", []string{"--rules", good, "--store", "redis", "--redis-addr", "127.0.0.1:1", "--redis-tls-ca", tokenFile}, true, "no PEM"},
 		{"admin without token", []string{"--rules", good, "--admin-addr", "127.0.0.1:0", "--admin-token-file", tokenFile}, true, "token"},

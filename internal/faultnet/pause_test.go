@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -25,6 +26,7 @@ const (
 	holderRedis  = "FAULTNET_REDIS"  // its addresses, comma-separated
 	holderMaster = "FAULTNET_MASTER" // the Sentinels' master name, if any
 	holderURL    = "FAULTNET_RESOURCE"
+	holderWait   = "FAULTNET_WAIT_REPLICAS" // its SemaphoreOptions.Replicated.Replicas, if set
 )
 
 // What a holder does with its permit, in a loop: check that it still
@@ -48,7 +50,14 @@ func holderMain() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	store, err := redisstore.NewSemaphoreStore(c, redisstore.SemaphoreOptions{})
+	var o redisstore.SemaphoreOptions
+	if w := os.Getenv(holderWait); w != "" {
+		if o.Replicated.Replicas, err = strconv.Atoi(w); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+	}
+	store, err := redisstore.NewSemaphoreStore(c, o)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -267,19 +276,35 @@ func TestFaultPause(t *testing.T) {
 	}
 }
 
-// TestFaultFenceFailover: a stated limit of fencing, measured. Redis as a
-// primary, a replica and three Sentinels; the primary is cut from its
-// replica and the Sentinels (not from the holders) before holder A is
-// granted the semaphore (limit 1, TTL 1 s), so the grant and its fencing
-// token never reach the replica. Holder B waits; the Sentinels promote
-// the replica, which knows of no permit and no token: B is granted, and
-// the token counter starts again. Measured: whether B's token repeats
-// A's (ARCHITECTURE.md, "Fencing": a store that loses its data may hand
-// a token out again), and the writes inside the resource at once.
-// Checked: only that the scenario ran (both holders wrote); the limit it
-// shows is stated, not promised away.
+// TestFaultFenceFailover: a stated limit of fencing, measured, and what
+// waiting for a replica buys. Redis as a primary, a replica and three
+// Sentinels; the primary is cut from its replica and the Sentinels (not
+// from the holders) before holder A asks for the semaphore (limit 1, TTL
+// 1 s), and holder B asks after it; the Sentinels promote the replica.
+//
+// Without WAIT ("nowait"), A is granted on the cut primary, so the grant
+// and its fencing token never reach the replica, which is promoted knowing
+// of no permit and no token: B is granted, and the token counter starts
+// again. Measured: whether B's token repeats A's (ARCHITECTURE.md,
+// "Fencing": a store that loses its data may hand a token out again), and
+// the writes inside the resource at once. Checked: only that the scenario
+// ran (both holders wrote); the limit it shows is stated, not promised
+// away.
+//
+// With the holders asking one replica to acknowledge each grant
+// ("wait1", SemaphoreOptions.Replicated), no grant is counted on the cut
+// primary; once the cut heals and the old primary follows the promoted
+// one as its replica, grants are acknowledged again. Checked: nobody
+// wrote before the promotion, no token was written by both holders, and
+// never two writes inside the resource at once.
 func TestFaultFenceFailover(t *testing.T) {
 	inMakeFaults(t)
+	t.Run("nowait", func(t *testing.T) { fenceFailover(t, 0) })
+	t.Run("wait1", func(t *testing.T) { fenceFailover(t, 1) })
+}
+
+func fenceFailover(t *testing.T, replicas int) {
+	t.Setenv(holderWait, strconv.Itoa(replicas))
 	n := faultnet.New(t)
 	ch := n.Host("client")
 	ss := startSentinelSet(t, n, ch)
@@ -288,20 +313,36 @@ func TestFaultFenceFailover(t *testing.T) {
 	cut := append([]*faultnet.Host{ss.replicaHost}, ss.sentinelHosts...)
 	ss.primaryHost.Partition(cut...)
 	startHolder(ah, "A", res, masterName, ss.sentinelAddrs...)
-	res.awaitChecked(t, "A") // A holds the permit, granted on the cut primary
+	if replicas == 0 {
+		res.awaitChecked(t, "A") // A holds the permit, granted on the cut primary
+	}
 	startHolder(bh, "B", res, masterName, ss.sentinelAddrs...)
 	ss.awaitPromotion(t)
 	promoted := time.Now()
+	acc, ref := res.writes()
+	before := len(acc) + len(ref) // writes before the promotion
+	if replicas > 0 {
+		ss.primaryHost.Heal(cut...) // the new primary needs a replica to acknowledge
+		poll(t, "the old primary follows the promoted one", func(ctx context.Context) (bool, string, error) {
+			info, err := ss.replica.Info(ctx, "replication").Result()
+			return err == nil && strings.Contains(info, "connected_slaves:1"), info, err
+		})
+		t.Logf("the promoted primary has a replica %v after the promotion", time.Since(promoted).Round(time.Millisecond))
+	}
+	// Without WAIT, B's first write; with it, the first write of either
+	// (whoever is granted first keeps the permit).
 	res.awaitWrite(t, "write by B", func(acc, ref []write) bool {
 		for _, w := range append(acc, ref...) {
-			if w.holder == "B" {
+			if w.holder == "B" || replicas > 0 {
 				return true
 			}
 		}
 		return false
 	})
-	bWrote := time.Now()
-	ss.primaryHost.Heal(cut...)
+	awaited := time.Now()
+	if replicas == 0 {
+		ss.primaryHost.Heal(cut...)
+	}
 	<-time.After(2 * time.Second) // the scenario's own span: both go on
 	accepted, refused := res.writes()
 
@@ -327,12 +368,23 @@ func TestFaultFenceFailover(t *testing.T) {
 			aAfter++
 		}
 	}
-	t.Logf("fences: A %v, B %v; B wrote %v after the promotion; accepted %d, refused %v; most inside at once %d; A's writes let in after B's first: %d",
-		fences["A"], fences["B"], bWrote.Sub(promoted).Round(time.Millisecond), len(accepted), refused, res.in.Max(), aAfter)
-	row(t, "fencing across a failover: a semaphore (limit 1, TTL 1 s) granted on a primary cut from its replica and Sentinels, which promote the replica",
-		fmt.Sprintf("token repeated: %v (A %v, B %v); writes inside the resource at once: at most %d (limit 1); the first holder's writes let in after the second's: %d; refused: %d",
-			repeated, fences["A"], fences["B"], res.in.Max(), aAfter, len(refused)))
-	if len(fences["A"]) == 0 || len(fences["B"]) == 0 {
+	t.Logf("replicas %d: fences: A %v, B %v; writes before the promotion %d; awaited write (B's; with WAIT, the first) %v after the promotion; accepted %d, refused %v; most inside at once %d; A's writes let in after B's first: %d",
+		replicas, fences["A"], fences["B"], before, awaited.Sub(promoted).Round(time.Millisecond), len(accepted), refused, res.in.Max(), aAfter)
+	row(t, fmt.Sprintf("fencing across a failover (grants acknowledged by %d replicas): a semaphore (limit 1, TTL 1 s) asked for on a primary cut from its replica and Sentinels, which promote the replica", replicas),
+		fmt.Sprintf("token repeated: %v (A %v, B %v); writes before the promotion: %d; writes inside the resource at once: at most %d (limit 1); the first holder's writes let in after the second's: %d; refused: %d; awaited write (B's; with WAIT, the first) %v after the promotion",
+			repeated, fences["A"], fences["B"], before, res.in.Max(), aAfter, len(refused), awaited.Sub(promoted).Round(time.Millisecond)))
+	if replicas == 0 && (len(fences["A"]) == 0 || len(fences["B"]) == 0) {
 		t.Errorf("not both holders wrote: %v", fences)
+	}
+	if replicas > 0 {
+		if before > 0 {
+			t.Errorf("%d writes before the promotion: a grant on the cut primary was counted", before)
+		}
+		if repeated {
+			t.Errorf("a token written by both holders: A %v, B %v", fences["A"], fences["B"])
+		}
+		if res.in.Max() > 1 {
+			t.Errorf("%d writes inside the resource at once, above the limit of 1", res.in.Max())
+		}
 	}
 }

@@ -183,13 +183,12 @@ func TestFaultDrain(t *testing.T) {
 	healKeys, cutDups := sink.counts()
 	dh.Heal(nh)
 	healed := time.Now()
-	var keys, dups int
-	for keys, dups = sink.counts(); keys < drainRecords && time.Since(healed) < 60*time.Second; keys, dups = sink.counts() {
+	for n, _ := sink.counts(); n < drainRecords && time.Since(healed) < 60*time.Second; n, _ = sink.counts() {
 		<-time.After(50 * time.Millisecond) // the sink's count, polled
 	}
 	done := time.Now()
 	<-time.After(drainAckWait + time.Second) // any redelivery still due
-	keys, dups = sink.counts()
+	keys, dups := sink.counts()
 	stop()
 	if err := <-runErr; err != nil {
 		t.Errorf("Run: %v", err)

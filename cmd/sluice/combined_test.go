@@ -43,6 +43,11 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 100, name: region_quota}
   - key: job
     rate_limit: {period: 1s, requests_per_unit: 10, burst: 1, name: job_pace}
+  - key: model
+    detailed_metric: true
+    limits:
+      - {unit: hour, requests_per_unit: 5, name: model_requests}
+      - {unit: hour, requests_per_unit: 100, cost_unit: tokens, name: model_tokens}
 `
 
 // TestCombinedBinary drives the built binary with the features a user
@@ -178,6 +183,7 @@ func testCombined(t *testing.T, grpcAddr, httpAddr, adminAddr string) {
 		t.Fatalf("step 5: allowed past the override's 5: %s", a.body)
 	}
 	testCombinedReserve(t, do, conn, httpAddr, adminAddr)
+	testCombinedSettle(t, do, httpAddr, adminAddr)
 	testCombinedCoordination(t, do, httpAddr, adminAddr)
 	// Top-K saw the user; the per-value series counts ann; no panic.
 	code, _, top := do(adminAddr, "GET", "/admin/v1/top?domain=mix&rule=per_user", "")
@@ -274,6 +280,51 @@ func testCombinedReserve(t *testing.T, do doFunc, conn *grpc.ClientConn, httpAdd
 // service through the HTTP coordination API of the same serve, and finds
 // both in the admin status beside the limits; a second acquire is
 // refused while the permit is held, and the next grant after its release
+// testCombinedSettle: a check of 80 tokens kept with "settle" beside a
+// shadow-mode descriptor, settled at 20 tokens alone: 60 come back (the
+// request and shadow limits stay at their estimates), so 80 more fit and
+// one more does not; an override raising the tokens to 200 applies
+// against the 100 consumed; a repeat settlement is already_settled.
+func testCombinedSettle(t *testing.T, do doFunc, httpAddr, adminAddr string) {
+	check := func(tokens int, extra string) (int, string) {
+		t.Helper()
+		code, _, body := do(httpAddr, "POST", "/v1/check", fmt.Sprintf(`{"domain":"mix","descriptors":[{"entries":[{"key":"model","value":"m1"}],"costs":{"tokens":%d}}%s]}`, tokens, extra))
+		return code, body
+	}
+	code, _, body := do(httpAddr, "POST", "/v1/check", `{"domain":"mix","descriptors":[{"entries":[{"key":"model","value":"m1"}],"costs":{"tokens":80}},{"entries":[{"key":"trial","value":"t9"}]}],"settle":true}`)
+	var kept struct {
+		Reservation string `json:"reservation"`
+	}
+	if err := json.Unmarshal([]byte(body), &kept); err != nil || code != 200 || kept.Reservation == "" {
+		t.Fatalf("check with settle: %d %s (%v)", code, body, err)
+	}
+	if code, body := check(30, ""); code != http.StatusTooManyRequests {
+		t.Fatalf("30 tokens past 80 of 100: %d %s", code, body)
+	}
+	settle := `{"reservation":"` + kept.Reservation + `","costs":{"tokens":20}}`
+	if code, _, body := do(httpAddr, "POST", "/v1/settle", settle); code != 200 || !strings.Contains(body, `"refunded": 60`) || !strings.Contains(body, `"limits": 3`) {
+		t.Fatalf("settle at 20 tokens: %d %s; want 60 refunded over 3 limits", code, body)
+	}
+	if code, body := check(80, ""); code != 200 {
+		t.Fatalf("80 tokens after 60 came back: %d %s", code, body)
+	}
+	if code, body := check(1, ""); code != http.StatusTooManyRequests {
+		t.Fatalf("a token past 100: %d %s", code, body)
+	}
+	if code, _, body := do(adminAddr, "PUT", "/admin/v1/overrides/mix/model_tokens", `{"limit":200,"ttl":"10m","reason":"combined test"}`); code != 200 {
+		t.Fatalf("override: %d %s", code, body)
+	}
+	if code, body := check(100, ""); code != 200 {
+		t.Fatalf("100 tokens under the override of 200, 100 consumed: %d %s", code, body)
+	}
+	if code, body := check(1, ""); code != http.StatusTooManyRequests {
+		t.Fatalf("a token past the override's 200: %d %s", code, body)
+	}
+	if code, _, body := do(httpAddr, "POST", "/v1/settle", settle); code != 200 || !strings.Contains(body, `"already_settled": true`) {
+		t.Fatalf("repeat: %d %s", code, body)
+	}
+}
+
 // carries a larger fence.
 func testCombinedCoordination(t *testing.T, do doFunc, httpAddr, adminAddr string) {
 	t.Helper()

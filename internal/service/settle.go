@@ -137,8 +137,7 @@ func (s *Service) settle(ctx context.Context, req *SettleRequest, out *Settlemen
 		if len(req.Costs) == 0 {
 			return r.Estimate, nil
 		}
-		c, err := forDescriptor(req.Costs, tag)
-		return c, err
+		return forDescriptor(req.Costs, tag)
 	})
 	switch {
 	case errors.Is(err, ratelimit.ErrUnknownReservation), errors.Is(err, ratelimit.ErrAlreadySettled), errors.Is(err, ErrInvalidRequest):

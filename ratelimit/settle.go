@@ -220,9 +220,12 @@ type Reservations struct {
 
 // Reserve decides items all or nothing, as Store.Decide, and when every
 // item is admitted keeps a record of what they took under a new id, which
-// it returns (empty when denied). A recording that fails gives back what
-// was taken (a refund that is not atomic with the decision) and returns
-// the error with the decisions.
+// it returns (empty when denied). Only items the store decided (Reason
+// ReasonOK) are kept: one its failure mode admitted was charged on a
+// replica's local share or not at all, so a refund at the store would
+// give back what it never counted; it stays at its estimate. A recording
+// that fails gives back what was kept (a refund that is not atomic with
+// the decision) and returns the error with the decisions.
 func (rs *Reservations) Reserve(ctx context.Context, dst []Decision, items []Item) (string, []Decision, error) {
 	base := len(dst)
 	dst, err := rs.Store.Decide(ctx, dst, items)
@@ -230,15 +233,17 @@ func (rs *Reservations) Reserve(ctx context.Context, dst []Decision, items []Ite
 		return "", dst, err
 	}
 	id := NewReservationID()
-	kept := make([]Reserved, len(items))
+	kept := make([]Reserved, 0, len(items))
 	for i, it := range items {
-		kept[i] = Reserved{Key: it.Key, Rule: it.Rule, Estimate: it.Cost}
+		if dst[base+i].Reason == ReasonOK {
+			kept = append(kept, Reserved{Key: it.Key, Rule: it.Rule, Estimate: it.Cost})
+		}
 	}
 	if err := rs.Keep(ctx, id, kept, 0); err != nil {
-		back := make([]Item, 0, len(items))
-		for _, it := range items {
-			if it.Cost > 0 {
-				back = append(back, Item{Key: it.Key, Rule: it.Rule, Cost: -it.Cost})
+		back := make([]Item, 0, len(kept))
+		for _, k := range kept {
+			if k.Estimate > 0 {
+				back = append(back, Item{Key: k.Key, Rule: k.Rule, Cost: -k.Estimate})
 			}
 		}
 		if len(back) > 0 {
@@ -324,21 +329,30 @@ func (rs *Reservations) Settle(ctx context.Context, id string, actual func(i int
 		return out, nil
 	}
 	ds, err := rs.Store.Decide(ctx, nil, items)
+	if err == nil {
+		err = undecided(ds, where)
+	}
 	if err == nil && !Allowed(ds) {
 		// Only a charge past the settling rule's capacity (MaxSettleDebt,
 		// a sliding log's MaxSlidingLogQuota) is denied: cut it to what
-		// fits, once.
+		// fits, once. A denial by the failure mode is not one: the call
+		// may have reached the store after its timeout and been applied
+		// there, so sending it again could apply it twice (found between
+		// hosts: refunds given twice under load); it is lost instead.
 		for j := range items {
 			if !ds[j].Allowed && items[j].Cost > 0 {
 				items[j].Cost = min(items[j].Cost, ds[j].Remaining)
 			}
 		}
 		ds, err = rs.Store.Decide(ctx, ds[:0], items)
+		if err == nil {
+			err = undecided(ds, where)
+		}
 	}
 	if err == nil {
 		for j := range ds {
-			if r := ds[j].Reason; !ds[j].Allowed || r == ReasonFailOpen || r == ReasonFailClosed || r == ReasonLocal {
-				err = fmt.Errorf("the store answered %s for item %d", r, where[j])
+			if !ds[j].Allowed {
+				err = fmt.Errorf("the store answered %s for item %d", ds[j].Reason, where[j])
 				break
 			}
 		}
@@ -355,6 +369,18 @@ func (rs *Reservations) Settle(ctx context.Context, id string, actual func(i int
 		}
 	}
 	return out, nil
+}
+
+// undecided returns an error when the store did not decide one of ds
+// (its failure mode did: fail_open, fail_closed, local), naming its item
+// by where.
+func undecided(ds []Decision, where []int) error {
+	for j := range ds {
+		if r := ds[j].Reason; r == ReasonFailOpen || r == ReasonFailClosed || r == ReasonLocal {
+			return fmt.Errorf("the store answered %s for item %d", r, where[j])
+		}
+	}
+	return nil
 }
 
 func (rs *Reservations) now() time.Time {

@@ -17,7 +17,8 @@ import (
 // A Request with a Reservation id is decided as any other (Decide, or
 // Reserve for paced waiting) and, admitted, is kept in the Service's
 // Ledger under that id (ratelimit.Reservations.Keep): every limit that
-// took a positive cost, with its storage key, its rule as decided (the
+// the store decided (not its failure mode) and that took a positive
+// cost, with its storage key, its rule as decided (the
 // configured or overridden rule, never the paced reservation's raised
 // one) and the descriptor it belongs to. Settle then takes the record,
 // once, with the actual cost of each descriptor, and decides the
@@ -156,7 +157,7 @@ func (s *Service) settle(ctx context.Context, req *SettleRequest, out *Settlemen
 }
 
 // reserved returns what a reservation of the admitted request req of sc
-// keeps: every limit that took a positive cost, with its rule as decided
+// keeps: every limit the store decided that took a positive cost, with its rule as decided
 // and its tag, which Settle reads back (splitTag): its descriptor's Tag, or
 // "index/count" (its index among the request's count of descriptors),
 // followed by "#unit" when the limit counts a cost unit (neither a Tag,
@@ -169,7 +170,10 @@ func (sc *scratch) reserved(req *Request) []ratelimit.Reserved {
 			continue
 		}
 		it, d := sc.item(c), sc.decision(c)
-		if d.Allowed && it.Cost > 0 {
+		// A limit its store's failure mode decided (local, fail_open) was
+		// never counted at the store: a refund there would give back what
+		// it never took, so it is not kept and stays at its estimate.
+		if d.Allowed && d.Reason == ratelimit.ReasonOK && it.Cost > 0 {
 			tag := req.Descriptors[c.desc].Tag
 			if tag == "" {
 				tag = strconv.Itoa(c.desc) + "/" + strconv.Itoa(len(req.Descriptors))

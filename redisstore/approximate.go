@@ -116,7 +116,7 @@ func (a *approximateCounter) take(key string, r *ratelimit.Rule, cost int64) (ra
 	// counts); while the breaker of its node is open, for 40 intervals
 	// after its last reconciliation. A key with no view yet starts from a
 	// fresh state.
-	if a.s.brks.forKey(context.Background(), e.rkey).isOpen() && (e.synced.IsZero() || now.Sub(e.synced) >= a.stale) {
+	if a.s.brks.anyOpen() && a.s.brks.forKey(context.Background(), e.rkey).isOpen() && (e.synced.IsZero() || now.Sub(e.synced) >= a.stale) {
 		e.mu.Unlock()
 		return ratelimit.Decision{}, nil, errUnavailable
 	}

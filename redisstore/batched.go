@@ -162,7 +162,7 @@ func (b *batchedCounter) take(ctx context.Context, key string, r *ratelimit.Rule
 				b.counted.Add(1)
 				return d, nil, nil
 			}
-			if b.s.brks.forKey(ctx, b.s.redisKey(key)).down() {
+			if b.s.brks.anyOpen() && b.s.brks.forKey(ctx, b.s.redisKey(key)).down() {
 				// The key's node has not answered since its breaker
 				// opened: the lease in flight is its probe (or was sent
 				// before), and waiting for it would add up to a timeout

@@ -49,6 +49,9 @@ type breaker struct {
 	now       func() time.Time // time.Now; tests replace it
 	log       *slog.Logger
 	node      string // the master's address on a Cluster, for the log; "" for one server
+	// openNow, when set, counts the breakers of its set that are open or
+	// half-open (see breakers.anyOpen).
+	openNow *atomic.Int64
 	// check asks Redis whether it answers at all (nil: a timeout opens
 	// the breaker as any failure does); spawn runs it (go f; tests
 	// replace it).
@@ -130,6 +133,9 @@ func (b *breaker) runCheck() {
 // closeLocked closes the breaker: Redis answered.
 func (b *breaker) closeLocked() {
 	b.fails.Store(0)
+	if b.opened && b.openNow != nil {
+		b.openNow.Add(-1)
+	}
 	b.opened, b.probing = false, false
 	if !b.outage.IsZero() {
 		b.log.Info("Redis answers again; decisions are back on Redis",
@@ -141,6 +147,9 @@ func (b *breaker) closeLocked() {
 // openLocked opens the breaker for a cooldown after n failures, the last err.
 func (b *breaker) openLocked(n int64, err error) {
 	now := b.now()
+	if !b.opened && b.openNow != nil {
+		b.openNow.Add(1)
+	}
 	b.opened = true
 	b.openUntil = now.Add(b.cooldown)
 	b.trips.Add(1)
@@ -220,7 +229,17 @@ type breakers struct {
 	mu    sync.Mutex // held by writers of nodes
 	// trips and slow of the breakers dropped, for Stats.
 	dropped struct{ trips, slow uint64 }
+	// openNow counts the breakers open or half-open: make gives it to
+	// each. A breaker dropped open leaves its count until it closes (a
+	// call in flight may still close it): anyOpen may say yes when none
+	// is, never no when one is.
+	openNow atomic.Int64
 }
+
+// anyOpen reports whether a breaker may be open or half-open: when it
+// says no, none is, and a caller that needs a key's breaker only if it is
+// open need not look it up.
+func (bs *breakers) anyOpen() bool { return bs.openNow.Load() != 0 }
 
 // forKey returns the breaker of the server that holds the Redis key rk:
 // on a Cluster, its slot's master's; that of address "" when the client

@@ -55,9 +55,10 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 func TestBreakersByNode(t *testing.T) {
 	now := time.Unix(0, 0)
 	log, logged := testLog()
-	bs := breakers{make: func(node, _ string) *breaker {
-		return &breaker{threshold: 3, cooldown: time.Second, now: func() time.Time { return now }, log: log, node: node}
-	}}
+	var bs breakers
+	bs.make = func(node, _ string) *breaker {
+		return &breaker{threshold: 3, cooldown: time.Second, now: func() time.Time { return now }, log: log, node: node, openNow: &bs.openNow}
+	}
 	a, b := bs.add("10.0.0.1:6379", "ka"), bs.add("10.0.0.2:6379", "kb")
 	if bs.add("10.0.0.1:6379", "other") != a {
 		t.Fatal("a node's second lookup made another breaker")
@@ -68,8 +69,8 @@ func TestBreakersByNode(t *testing.T) {
 		}
 		a.done(errDown)
 	}
-	if a.allow() || !a.down() {
-		t.Fatal("node a's breaker not open after 3 failures")
+	if a.allow() || !a.down() || !bs.anyOpen() {
+		t.Fatalf("node a's breaker not open after 3 failures (anyOpen %v)", bs.anyOpen())
 	}
 	if !b.allow() || b.down() {
 		t.Fatal("node a's failures opened node b's breaker")
@@ -83,6 +84,9 @@ func TestBreakersByNode(t *testing.T) {
 		t.Fatal("no probe after the cooldown")
 	}
 	a.done(nil)
+	if bs.anyOpen() {
+		t.Fatal("anyOpen after the only open breaker closed")
+	}
 	want := `level=WARN msg="Redis does not answer; deciding by each rule's failure mode until it does" node=10.0.0.1:6379 failures=3 err="connection refused"
 level=INFO msg="Redis answers again; decisions are back on Redis" node=10.0.0.1:6379 outage=1.5s
 `

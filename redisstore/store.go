@@ -227,7 +227,7 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 	s.cluster = !single
 	s.checker = newChecker(c, opts.LivenessTimeout)
 	newBreaker := func(node, key string) *breaker {
-		return &breaker{threshold: int64(opts.BreakerThreshold), cooldown: opts.BreakerCooldown, now: time.Now, log: opts.Logger, node: node,
+		return &breaker{threshold: int64(opts.BreakerThreshold), cooldown: opts.BreakerCooldown, now: time.Now, log: opts.Logger, node: node, openNow: &s.brks.openNow,
 			check: func() error { return s.alive(opts.LivenessTimeout, key) },
 			spawn: func(f func()) { go f() },
 		}

@@ -75,7 +75,7 @@ func (a *approximateCounter) entry(key string, r *ratelimit.Rule) *approximateEn
 
 func (a *approximateCounter) newEntry(key string, r *ratelimit.Rule) *approximateEntry {
 	s := a.s
-	e := &approximateEntry{key: key, rkey: string(appendKey(nil, s.prefix, s.tagOf(key), key)), rule: a.rule(r)}
+	e := &approximateEntry{key: key, rkey: s.redisKey(key), rule: a.rule(r)}
 	if s.cluster {
 		e.slot = slot(e.rkey)
 	}
@@ -113,9 +113,10 @@ func (a *approximateCounter) take(key string, r *ratelimit.Rule, cost int64) (ra
 	e.used = now
 	// A view is used while Redis answers, however old (a view that missed
 	// others' hits admits at most this replica's share, which the bound
-	// counts); while the breaker is open, for 40 intervals after its last
-	// reconciliation. A key with no view yet starts from a fresh state.
-	if a.s.brk.isOpen() && (e.synced.IsZero() || now.Sub(e.synced) >= a.stale) {
+	// counts); while the breaker of its node is open, for 40 intervals
+	// after its last reconciliation. A key with no view yet starts from a
+	// fresh state.
+	if a.s.brks.anyOpen() && a.s.brks.forKey(context.Background(), e.rkey).isOpen() && (e.synced.IsZero() || now.Sub(e.synced) >= a.stale) {
 		e.mu.Unlock()
 		return ratelimit.Decision{}, nil, errUnavailable
 	}

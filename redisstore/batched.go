@@ -162,11 +162,11 @@ func (b *batchedCounter) take(ctx context.Context, key string, r *ratelimit.Rule
 				b.counted.Add(1)
 				return d, nil, nil
 			}
-			if b.s.brk.down() {
-				// Redis has not answered since the breaker opened: the
-				// lease in flight is its probe (or was sent before), and
-				// waiting for it would add up to a timeout to what the
-				// failure mode decides anyway.
+			if b.s.brks.anyOpen() && b.s.brks.forKey(ctx, b.s.redisKey(key)).down() {
+				// The key's node has not answered since its breaker
+				// opened: the lease in flight is its probe (or was sent
+				// before), and waiting for it would add up to a timeout
+				// to what the failure mode decides anyway.
 				e.mu.Unlock()
 				return ratelimit.Decision{Capacity: r.Capacity(), Rule: r.Name}, nil, errUnavailable
 			}

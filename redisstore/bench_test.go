@@ -132,3 +132,60 @@ func BenchmarkSettle(b *testing.B) {
 	s := newTestStore(b, []string{srv.Addr()}, nil, nil)
 	storetest.BenchSettle(b, s, s)
 }
+
+// BenchmarkDecideCluster measures one decision on a three-master Cluster of
+// local redis-servers (8 callers per GOMAXPROCS, each on a key of its own,
+// the keys spread over the masters): a strict GCRA rule (coalesced, one
+// pipeline per node, and the key's breaker found by its slot's master) and
+// an approximate one (decided in process; the view is used unless its
+// node's breaker is open).
+func BenchmarkDecideCluster(b *testing.B) {
+	cl := redistest.Cluster(b)
+	for _, counting := range []ratelimit.Counting{ratelimit.Strict, ratelimit.Approximate} {
+		r := &ratelimit.Rule{Name: "b", Quota: 1 << 30, Period: time.Second, Counting: counting}
+		b.Run(counting.String(), func(b *testing.B) {
+			s := newTestStore(b, cl.Addrs(), nil, nil)
+			var worker atomic.Int64
+			b.ReportAllocs()
+			b.SetParallelism(8)
+			b.RunParallel(func(pb *testing.PB) {
+				items := []ratelimit.Item{{Key: fmt.Sprint("k", worker.Add(1)), Rule: r, Cost: 1}}
+				ds := make([]ratelimit.Decision, 0, 1)
+				var err error
+				for pb.Next() {
+					if ds, err = s.Decide(context.Background(), ds[:0], items); err != nil || !ds[0].Allowed {
+						b.Fatalf("%v %+v", err, ds)
+					}
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkBreakerFor measures finding the breaker of a decision's key: a
+// standalone server's (its one breaker) and a Cluster master's (the
+// slot's master from go-redis's slot table, then the map of breakers).
+func BenchmarkBreakerFor(b *testing.B) {
+	srv, cl := redistest.Standalone(b), redistest.Cluster(b)
+	for _, bc := range []struct {
+		name  string
+		addrs []string
+	}{{"standalone", []string{srv.Addr()}}, {"cluster", cl.Addrs()}} {
+		b.Run(bc.name, func(b *testing.B) {
+			s := newTestStore(b, bc.addrs, nil, nil)
+			keys := make([]string, 64)
+			for i := range keys {
+				keys[i] = s.redisKey(fmt.Sprint("k", i))
+				s.brks.forKey(context.Background(), keys[i]) // the slot table loaded, the breakers made
+			}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				if s.brks.forKey(context.Background(), keys[i%len(keys)]) == nil {
+					b.Fatal("no breaker")
+				}
+				i++
+			}
+		})
+	}
+}

@@ -164,6 +164,25 @@
 // one call probes Redis; success closes it, so decisions go back to Redis
 // by themselves.
 //
+// A breaker is one per server the Store calls: the one of a standalone
+// server or of Sentinel's master (or of a client of another type), and on
+// a Cluster one per master, by its address, found from a key's slot
+// (go-redis's slot table, no call to Redis; failure.go's breakers). So a
+// master that hangs sends the keys of its own slots to the failure mode,
+// and the other masters' keys stay on Redis. A request whose keys span
+// masters is decided group by group (cross.go), each group by its own
+// master's breaker: a group on a master whose breaker is open is decided
+// by the failure modes at once, the others by Redis, and all or nothing
+// still holds (a group denied, by Redis or by local, gives back what the
+// groups before it took). Until the failing master's breaker opens, a
+// group on it waits the timeout, and so does giving back what that group
+// took when a later group is denied: such a request may take two
+// timeouts for each of its groups on a hanging master. An approximate
+// replica's reconciliation sends the keys of masters whose breakers let
+// it and keeps back the others'. The breakers are bounded (256 masters'
+// worth: past that, the breakers of masters that answer are dropped), and
+// an outage's log lines name the master.
+//
 // A slow Redis is told from a dead one. A reset connection (or an error
 // reply saying Redis cannot serve) at the threshold opens the breaker at
 // once; timeouts do not: the breaker first asks, in the background,

@@ -50,7 +50,7 @@ func TestFailureBound(t *testing.T) {
 			srv := redistest.Standalone(t)
 			s := newStoreOn(t, ClientOptions{Addrs: []string{srv.Addr()}}, Options{})
 			if c.oldBreaker {
-				s.brk.check = nil // every timeout counts as a failure, as before
+				s.brks.single.check = nil // every timeout counts as a failure, as before
 			}
 			r := &ratelimit.Rule{Name: "bound", Algorithm: ratelimit.FixedWindow, Quota: limit, Period: time.Second, Failure: c.mode}
 			res := boundRun(t, s, srv, r)

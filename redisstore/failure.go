@@ -38,12 +38,20 @@ import (
 //
 // An outage, for the log, runs from the failure that first opens the
 // breaker to the success that closes it: one line at each end, however
-// many times the breaker re-opens in between.
+// many times the breaker re-opens in between, naming the node on a
+// Cluster.
+//
+// A Store has one breaker per server it calls (see breakers): one for a
+// standalone server or Sentinel's master, one per master on a Cluster.
 type breaker struct {
 	threshold int64
 	cooldown  time.Duration
 	now       func() time.Time // time.Now; tests replace it
 	log       *slog.Logger
+	node      string // the master's address on a Cluster, for the log; "" for one server
+	// openNow, when set, counts the breakers of its set that are open or
+	// half-open (see breakers.anyOpen).
+	openNow *atomic.Int64
 	// check asks Redis whether it answers at all (nil: a timeout opens
 	// the breaker as any failure does); spawn runs it (go f; tests
 	// replace it).
@@ -125,10 +133,13 @@ func (b *breaker) runCheck() {
 // closeLocked closes the breaker: Redis answered.
 func (b *breaker) closeLocked() {
 	b.fails.Store(0)
+	if b.opened && b.openNow != nil {
+		b.openNow.Add(-1)
+	}
 	b.opened, b.probing = false, false
 	if !b.outage.IsZero() {
 		b.log.Info("Redis answers again; decisions are back on Redis",
-			"outage", b.now().Sub(b.outage).Round(time.Millisecond).String())
+			b.attrs("outage", b.now().Sub(b.outage).Round(time.Millisecond).String())...)
 		b.outage = time.Time{}
 	}
 }
@@ -136,14 +147,26 @@ func (b *breaker) closeLocked() {
 // openLocked opens the breaker for a cooldown after n failures, the last err.
 func (b *breaker) openLocked(n int64, err error) {
 	now := b.now()
+	if !b.opened && b.openNow != nil {
+		b.openNow.Add(1)
+	}
 	b.opened = true
 	b.openUntil = now.Add(b.cooldown)
 	b.trips.Add(1)
 	if b.outage.IsZero() {
 		b.outage = now
 		b.log.Warn("Redis does not answer; deciding by each rule's failure mode until it does",
-			"failures", n, "err", err)
+			b.attrs("failures", n, "err", err)...)
 	}
+}
+
+// attrs are a log line's attributes: the node's address first, on a
+// Cluster.
+func (b *breaker) attrs(kv ...any) []any {
+	if b.node == "" {
+		return kv
+	}
+	return append([]any{"node", b.node}, kv...)
 }
 
 // abandon ends a call that says nothing about Redis (its caller gave up):
@@ -177,6 +200,130 @@ func (b *breaker) isOpen() bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.opened && b.now().Before(b.openUntil)
+}
+
+// maxNodeBreakers bounds a Cluster's breakers. Masters come and go (a
+// failover promotes a replica at another address; an operator adds and
+// removes nodes): when a new address would pass the bound, the breakers
+// of nodes that answer (closed: they hold nothing but counts) are
+// dropped, and all of them if every one is down.
+const maxNodeBreakers = 256
+
+// breakers are a Store's circuit breakers: the one breaker of a client of
+// one server (standalone, Sentinel's failover client, or a client of
+// another type, whose nodes the Store cannot tell), or, on a Cluster, one
+// per master, by address, so that a master that does not answer sends
+// only the keys of its own slots to the failure mode and the other
+// masters' keys stay on Redis. forKey finds a key's breaker by asking the
+// Cluster client for the master of its slot (go-redis's slot table: no
+// call to Redis once the table is loaded, no allocation) and reading an
+// immutable map (copied on write, under mu); it is safe for concurrent
+// use.
+type breakers struct {
+	single  *breaker             // nil on a Cluster
+	cluster *redis.ClusterClient // nil for one server
+	// make returns the breaker of the master at node, whose liveness
+	// check asks the master of key's slot.
+	make  func(node, key string) *breaker
+	nodes atomic.Pointer[map[string]*breaker]
+	mu    sync.Mutex // held by writers of nodes
+	// trips and slow of the breakers dropped, for Stats.
+	dropped struct{ trips, slow uint64 }
+	// openNow counts the breakers open or half-open: make gives it to
+	// each. A breaker dropped open leaves its count until it closes (a
+	// call in flight may still close it): anyOpen may say yes when none
+	// is, never no when one is.
+	openNow atomic.Int64
+}
+
+// anyOpen reports whether a breaker may be open or half-open: when it
+// says no, none is, and a caller that needs a key's breaker only if it is
+// open need not look it up.
+func (bs *breakers) anyOpen() bool { return bs.openNow.Load() != 0 }
+
+// forKey returns the breaker of the server that holds the Redis key rk:
+// on a Cluster, its slot's master's; that of address "" when the client
+// cannot tell (its slot table not loaded, the Cluster unreachable).
+func (bs *breakers) forKey(ctx context.Context, rk string) *breaker {
+	if bs.single != nil {
+		return bs.single
+	}
+	addr := ""
+	if m, err := bs.cluster.MasterForKey(ctx, rk); err == nil {
+		addr = m.Options().Addr
+	}
+	if m := bs.nodes.Load(); m != nil {
+		if b, ok := (*m)[addr]; ok {
+			return b
+		}
+	}
+	return bs.add(addr, rk)
+}
+
+// add returns the breaker of node, making it if there is none yet (key is
+// one of the node's keys, for its liveness check).
+func (bs *breakers) add(node, key string) *breaker {
+	bs.mu.Lock()
+	defer bs.mu.Unlock()
+	var old map[string]*breaker
+	if p := bs.nodes.Load(); p != nil {
+		old = *p
+	}
+	if b, ok := old[node]; ok {
+		return b
+	}
+	full := len(old) >= maxNodeBreakers
+	nodes := make(map[string]*breaker, len(old)+1)
+	for a, b := range old {
+		if full && !b.down() {
+			bs.drop(b)
+			continue
+		}
+		nodes[a] = b
+	}
+	if len(nodes) >= maxNodeBreakers { // every node down: start afresh
+		for _, b := range nodes {
+			bs.drop(b)
+		}
+		clear(nodes)
+	}
+	b := bs.make(node, key)
+	nodes[node] = b
+	bs.nodes.Store(&nodes)
+	return b
+}
+
+// drop keeps the counts of b, which leaves the map; mu is held.
+func (bs *breakers) drop(b *breaker) {
+	bs.dropped.trips += b.trips.Load()
+	bs.dropped.slow += b.slow.Load()
+}
+
+// each calls f with every breaker.
+func (bs *breakers) each(f func(*breaker)) {
+	if bs.single != nil {
+		f(bs.single)
+		return
+	}
+	if p := bs.nodes.Load(); p != nil {
+		for _, b := range *p {
+			f(b)
+		}
+	}
+}
+
+// stats returns the times the breakers opened, the checks that found
+// Redis slow, and whether a breaker is open now.
+func (bs *breakers) stats() (trips, slow uint64, open bool) {
+	bs.mu.Lock() // no breaker dropped meanwhile: counted once
+	defer bs.mu.Unlock()
+	trips, slow = bs.dropped.trips, bs.dropped.slow
+	bs.each(func(b *breaker) {
+		trips += b.trips.Load()
+		slow += b.slow.Load()
+		open = open || b.isOpen()
+	})
+	return trips, slow, open
 }
 
 // noAnswer reports whether err says only that Redis did not answer in

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -54,7 +55,18 @@ type reconciliation struct {
 	ps       []push
 	calls    []pushCall
 	alone    []int // pushes, in ps, that resend decides one by one
-	failed   error // a call's failure, for the breaker
+	gates    []gate
+	gateOf   []int // each push's gate, in gates
+}
+
+// A gate is the breaker of a node whose keys a reconciliation pushes (on a
+// Cluster, one per master; else the Store's one), asked once whether they
+// may go, and told once how their calls did.
+type gate struct {
+	brk    *breaker
+	ok     bool  // what allow answered
+	called bool  // a call of the node's pushes was sent
+	failed error // a call's failure
 }
 
 // A pushCall is one script call of a reconciliation: a group's keys
@@ -74,14 +86,15 @@ type pushCall struct {
 // reconciliation form does not take (a stored state it does not read,
 // written under another rule, or too far from now) is sent again on its
 // own, after the pipeline.
+//
+// A key whose node's breaker lets nothing through gets errUnavailable;
+// the other nodes' keys are sent.
 func (s *Store) pushAll(ctx context.Context, ps []push) {
-	if !s.brk.allow() {
-		for i := range ps {
-			ps[i].err = errUnavailable
-		}
+	rc := &reconciliation{s: s, ctx: ctx, ps: ps}
+	if !rc.admit() {
 		return
 	}
-	rc := &reconciliation{s: s, ctx: ctx, deadline: s.deadline(ctx, time.Now()), nowArg: "", ps: ps}
+	rc.deadline, rc.nowArg = s.deadline(ctx, time.Now()), ""
 	if s.now != nil {
 		rc.nowArg = formatNano(s.now())
 	}
@@ -91,12 +104,39 @@ func (s *Store) pushAll(ctx context.Context, ps []push) {
 	rc.resend()
 }
 
+// admit asks the breaker of each push's node, once per node, whether
+// its pushes may go; those that may not get errUnavailable. It reports
+// whether any may.
+func (rc *reconciliation) admit() bool {
+	rc.gateOf = make([]int, len(rc.ps))
+	some := false
+	for i := range rc.ps {
+		b := rc.s.brks.forKey(rc.ctx, rc.ps[i].e.rkey)
+		g := slices.IndexFunc(rc.gates, func(g gate) bool { return g.brk == b })
+		if g < 0 {
+			g = len(rc.gates)
+			rc.gates = append(rc.gates, gate{brk: b, ok: b.allow()})
+		}
+		rc.gateOf[i] = g
+		if rc.gates[g].ok {
+			some = true
+		} else {
+			rc.ps[i].err = errUnavailable
+		}
+	}
+	return some
+}
+
 // build makes the script calls: the keys of each pushGroup in calls of up
 // to maxReconcileKeys keys, every other key in a call of its own, or in
-// alone. A push whose rule is invalid gets the error.
+// alone. A push whose rule is invalid gets the error; one already
+// answered (its node's breaker is open) is skipped.
 func (rc *reconciliation) build() {
 	groups := map[pushGroup][]int{}
 	for i := range rc.ps {
+		if rc.ps[i].err != nil {
+			continue
+		}
 		e := rc.ps[i].e
 		ra, err := rc.s.ruleArgs(e.rule.push)
 		switch {
@@ -194,54 +234,65 @@ func (rc *reconciliation) send() {
 }
 
 // parse waits for every call's reply and sets its pushes' answers; a key
-// that a call did not take goes to alone. Then it tells the breaker how
-// Redis did.
+// that a call did not take goes to alone. Then it tells each node's
+// breaker how its calls did (a node whose pushes all went to alone is
+// told nothing here: decideRedis asks its breaker again for each).
 func (rc *reconciliation) parse() {
 	for _, pc := range rc.calls {
 		<-pc.c.done
-		rc.parseCall(pc)
+		g := &rc.gates[rc.gateOf[pc.idx[0]]] // a call's keys share a slot
+		g.called = true
+		if err := rc.parseCall(pc); err != nil {
+			g.failed = err
+		}
 		if !pc.c.req.whole {
 			pc.c.req.release()
 		}
 	}
-	if len(rc.calls) == 0 {
-		return
+	s, answered := rc.s, false
+	for _, g := range rc.gates {
+		switch {
+		case !g.ok:
+		case !g.called:
+			g.brk.abandon() // a half-open breaker's probe goes with resend
+		case g.failed != nil && !isScriptError(g.failed):
+			s.errors.Add(1)
+			g.brk.done(g.failed)
+		default:
+			g.brk.done(nil)
+			answered = true
+		}
 	}
-	s := rc.s
-	if rc.failed != nil && !isScriptError(rc.failed) {
-		s.errors.Add(1)
-		s.brk.done(rc.failed)
-	} else {
-		s.brk.done(nil)
+	if answered {
 		s.requests.Add(1)
 	}
 }
 
-// parseCall sets the answers of pc's pushes from its reply.
-func (rc *reconciliation) parseCall(pc pushCall) {
+// parseCall sets the answers of pc's pushes from its reply, and returns
+// the call's failure, if it failed.
+func (rc *reconciliation) parseCall(pc pushCall) (failed error) {
 	res := pc.c.res
 	err := rc.s.checkExpired(rc.ctx, pc.c.req.keys[0], rc.deadline, res, pc.c.err)
 	switch {
 	case err != nil:
-		rc.failed = err
+		failed = err
 		for _, i := range pc.idx {
 			rc.ps[i].err = err
 		}
 	case pc.c.req.whole:
-		if err := parsePushes(rc.ps, pc.idx, res, &rc.alone); err != nil {
-			rc.failed = err
-		}
+		failed = parsePushes(rc.ps, pc.idx, res, &rc.alone)
 	case len(res) == 1 && res[0] == int64(replyFar):
 		rc.alone = append(rc.alone, pc.idx[0]) // decided on the exact path
 	default:
 		p := &rc.ps[pc.idx[0]]
 		ds, _, err := parse(nil, []ratelimit.Item{{Rule: p.e.rule.push}}, res) // not for the denial cache
 		if err != nil {
-			rc.failed, p.err = err, err
+			failed, p.err = err, err
 		} else {
 			p.setDecision(ds[0])
 		}
 	}
+	return failed
 }
 
 // parsePushes sets the answers of the pushes idx from the reply of their

@@ -124,7 +124,10 @@ type Stats struct {
 	// Stranded the units of blocks that expired unspent or could not be
 	// returned, Reconciles the reconciliation round trips.
 	Counted, Leases, GivenBack, Stranded, Reconciles uint64
-	Open                                             bool // whether the breaker is open now
+	// Open is whether a circuit breaker is open now: the one breaker of a
+	// standalone server or Sentinel's master, or on a Cluster any master's
+	// (Trips and Slow count every master's).
+	Open bool
 }
 
 // Store is the Redis ratelimit.Store.
@@ -150,7 +153,7 @@ type Store struct {
 	batch    *batcher
 	counting *counting
 	denials  *denialCache
-	brk      breaker
+	brks     breakers
 	fb       fallback
 
 	requests, errors, exacts atomic.Uint64
@@ -223,9 +226,16 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 	_, single := s.c.(*redis.Client)
 	s.cluster = !single
 	s.checker = newChecker(c, opts.LivenessTimeout)
-	s.brk = breaker{threshold: int64(opts.BreakerThreshold), cooldown: opts.BreakerCooldown, now: time.Now, log: opts.Logger,
-		check: func() error { return s.alive(opts.LivenessTimeout) },
-		spawn: func(f func()) { go f() },
+	newBreaker := func(node, key string) *breaker {
+		return &breaker{threshold: int64(opts.BreakerThreshold), cooldown: opts.BreakerCooldown, now: time.Now, log: opts.Logger, node: node, openNow: &s.brks.openNow,
+			check: func() error { return s.alive(opts.LivenessTimeout, key) },
+			spawn: func(f func()) { go f() },
+		}
+	}
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		s.brks.cluster, s.brks.make = cc, newBreaker
+	} else {
+		s.brks.single = newBreaker("", "")
 	}
 	s.fb = fallback{
 		def:        opts.Failure,
@@ -302,10 +312,8 @@ func (s *Store) Stats() Stats {
 		FailOpen:   s.fb.open.Load(),
 		FailClosed: s.fb.closed.Load(),
 		Local:      s.fb.local_.Load(),
-		Trips:      s.brk.trips.Load(),
-		Slow:       s.brk.slow.Load(),
-		Open:       s.brk.isOpen(),
 	}
+	st.Trips, st.Slow, st.Open = s.brks.stats()
 	if s.batch != nil {
 		st.Pipelines, st.Batched = s.batch.pipelines.Load(), s.batch.batched.Load()
 	}
@@ -406,7 +414,8 @@ func (s *Store) decideRedis(ctx context.Context, dst []ratelimit.Decision, items
 			return out, nil
 		}
 	}
-	if !s.brk.allow() {
+	brk := s.brks.forKey(ctx, req.keys[0])
+	if !brk.allow() {
 		req.release()
 		return dst, errUnavailable
 	}
@@ -416,9 +425,9 @@ func (s *Store) decideRedis(ctx context.Context, dst []ratelimit.Decision, items
 	rescaled := req.rescaled
 	req.release()
 	if err != nil {
-		return dst[:n], s.callFailed(ctx, err)
+		return dst[:n], s.callFailed(ctx, brk, err)
 	}
-	s.brk.done(nil)
+	brk.done(nil)
 	s.requests.Add(1)
 	if s.denials != nil {
 		s.denials.record(items, dst[n:], sent, rescaled)
@@ -426,27 +435,27 @@ func (s *Store) decideRedis(ctx context.Context, dst []ratelimit.Decision, items
 	return dst, nil
 }
 
-// callFailed tells the breaker of a call to Redis that failed with err,
-// and returns decideRedis's error: the context's or ErrClosed when the
-// caller or Close ended the call, a script error as it is, else err
-// wrapped in errUnavailable.
-func (s *Store) callFailed(ctx context.Context, err error) error {
+// callFailed tells brk, the breaker of the node called, of a call to
+// Redis that failed with err, and returns decideRedis's error: the
+// context's or ErrClosed when the caller or Close ended the call, a script
+// error as it is, else err wrapped in errUnavailable.
+func (s *Store) callFailed(ctx context.Context, brk *breaker, err error) error {
 	if cerr := ctx.Err(); cerr != nil {
-		s.brk.abandon() // the caller gave up: says nothing about Redis
+		brk.abandon() // the caller gave up: says nothing about Redis
 		return cerr
 	}
 	select {
 	case <-s.closed: // Close ended the call: says nothing about Redis
-		s.brk.abandon()
+		brk.abandon()
 		return ErrClosed
 	default:
 	}
 	if isScriptError(err) {
-		s.brk.done(nil) // Redis answered: it is up
+		brk.done(nil) // Redis answered: it is up
 		return fmt.Errorf("redisstore: %w", err)
 	}
 	s.errors.Add(1)
-	s.brk.done(err)
+	brk.done(err)
 	return fmt.Errorf("%w: %w", errUnavailable, err)
 }
 
@@ -454,8 +463,11 @@ func (s *Store) callFailed(ctx context.Context, err error) error {
 // s.checker, a client of the same servers whose dial, reads and writes
 // may each take timeout (the store's client would cut it short at the
 // decision timeout, and could not even dial a slow server: go-redis's
-// connection set-up is a call too). Close cancels it.
-func (s *Store) alive(timeout time.Duration) error {
+// connection set-up is a call too), to the master of key's slot on a
+// Cluster (after a failover, the master that holds the slot now: its
+// answer closes the breaker of the address that held it, whose keys
+// are no longer sent there). Close cancels it.
+func (s *Store) alive(timeout time.Duration, key string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	go func() {
@@ -467,6 +479,13 @@ func (s *Store) alive(timeout time.Duration) error {
 	}()
 	if s.checker == nil { // a client of another kind: bounded by its own timeouts
 		return s.c.Ping(ctx).Err()
+	}
+	if cc, ok := s.checker.(*redis.ClusterClient); ok {
+		m, err := cc.MasterForKey(ctx, key)
+		if err != nil {
+			return err
+		}
+		return m.Ping(ctx).Err()
 	}
 	return s.checker.Ping(ctx).Err()
 }
@@ -501,6 +520,11 @@ func newChecker(c redis.UniversalClient, timeout time.Duration) redis.UniversalC
 // before go-redis would stop dialling (over an hour of checks a second).
 const checkerPoolSize = 1 << 13
 
+// redisKey is the Redis key of item key key.
+func (s *Store) redisKey(key string) string {
+	return string(appendKey(nil, s.prefix, s.tagOf(key), key))
+}
+
 // localNow is this process's clock, or Options.Now: what the denial cache
 // and the counters of batched and approximate rules time themselves by.
 func (s *Store) localNow() time.Time {
@@ -524,7 +548,7 @@ func isScriptError(err error) bool {
 // State returns the state Redis holds for key, if any: for inspection (the
 // admin API). Its times are Unix nanoseconds of the Redis server's clock.
 func (s *Store) State(ctx context.Context, key string) (ratelimit.State, bool, error) {
-	rk := string(appendKey(nil, s.prefix, s.tagOf(key), key))
+	rk := s.redisKey(key)
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	raw, err := s.c.Get(ctx, rk).Result()
@@ -557,7 +581,7 @@ func (s *Store) State(ctx context.Context, key string) (ratelimit.State, bool, e
 // Reset forgets key on Redis, so its next request starts from full
 // capacity (for example after a successful login).
 func (s *Store) Reset(ctx context.Context, key string) error {
-	rk := string(appendKey(nil, s.prefix, s.tagOf(key), key))
+	rk := s.redisKey(key)
 	if s.denials != nil {
 		s.denials.forget(key)
 	}

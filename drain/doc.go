@@ -80,8 +80,9 @@
 //     another was elected) while it went on: it sends what it holds, and
 //     their acknowledgements reach the queue, if at all, after it has
 //     handed some of them out again; at most what it holds, the
-//     Limiter's rate for half the ack wait plus Options.Workers (see
-//     docs/faults.md);
+//     Limiter's rate for half the ack wait, Options.Workers and the
+//     acknowledgements awaiting the queue's answer, never more than the
+//     Source's window (see docs/faults.md);
 //   - a Sink call ran out of Options.Timeout, or was answered throttled,
 //     or failed, after the downstream had applied it: the message is put
 //     back and sent again;

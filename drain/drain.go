@@ -860,8 +860,8 @@ func (d *Drainer) fetch(ctx context.Context, i int) {
 			if m.Deliveries() > 1 {
 				d.stats.Redelivered++
 			}
-			h := d.newHoldLocked(m, beat)
-			h.input, h.scope, h.inSink = i, scopes[j], false
+			h := d.newHoldLocked(m, i, beat)
+			h.scope, h.inSink = scopes[j], false
 			h.index = len(d.held)
 			d.held = append(d.held, h)
 			d.heldN[i]++
@@ -873,21 +873,21 @@ func (d *Drainer) fetch(ctx context.Context, i int) {
 	}
 }
 
-// newHoldLocked returns a hold of m, beaten at beat: a spare one if
-// there is one, else a new one. d.mu is held. A spare one may still be
-// in a heartbeat's sweep, which reads msg, beat and settled under its
-// mu: they are set under it (and the sweep may then tell m InProgress,
-// which m, held, may be told at any time).
-func (d *Drainer) newHoldLocked(m Message, beat time.Time) *hold {
+// newHoldLocked returns a hold of m, of Input i, beaten at beat: a spare
+// one if there is one, else a new one. d.mu is held. A spare one may
+// still be in a heartbeat's sweep, which reads msg, input, beat, settled
+// and lapsed under its mu: they are set under it (and the sweep may then
+// tell m InProgress, which m, held, may be told at any time).
+func (d *Drainer) newHoldLocked(m Message, i int, beat time.Time) *hold {
 	n := len(d.spare)
 	if n == 0 {
-		return &hold{msg: m, beat: beat}
+		return &hold{msg: m, input: i, beat: beat}
 	}
 	h := d.spare[n-1]
 	d.spare[n-1] = nil
 	d.spare = d.spare[:n-1]
 	h.mu.Lock()
-	h.msg, h.beat, h.settled, h.lapsed = m, beat, false, false
+	h.msg, h.input, h.beat, h.settled, h.lapsed = m, i, beat, false, false
 	h.mu.Unlock()
 	return h
 }
@@ -1370,9 +1370,12 @@ func (c *deadlines) stop() {
 // word to the queue, and counted in Lapsed.
 func (d *Drainer) work(calls *deadlines, h *hold) {
 	m := h.msg
-	h.mu.Lock()
-	lapsed := d.lapsedLocked(h, time.Now())
-	h.mu.Unlock()
+	lapsed := false
+	if d.ackWait[h.input] > 0 {
+		h.mu.Lock()
+		lapsed = d.lapsedLocked(h, time.Now())
+		h.mu.Unlock()
+	}
 	if lapsed {
 		_ = d.settle(h, false, func() error { return nil })
 		d.count(func(s *Stats) { s.Lapsed++ })

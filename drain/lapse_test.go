@@ -62,8 +62,8 @@ func TestLapsedNotSent(t *testing.T) {
 	hold := func(m Message, beat time.Time) *hold {
 		d.mu.Lock()
 		defer d.mu.Unlock()
-		h := d.newHoldLocked(m, beat)
-		h.input, h.inSink, h.index = 0, true, len(d.held)
+		h := d.newHoldLocked(m, 0, beat)
+		h.inSink, h.index = true, len(d.held)
 		d.held = append(d.held, h)
 		d.heldN[0]++
 		d.sinkN[0]++

@@ -510,8 +510,9 @@ func natsClusterScenario(t *testing.T, scenario string) {
 		t.Errorf("%d duplicates, above a drainer's window %d", r.dups, jsdrain.DefaultWindow)
 	}
 	// The paused drainer sends nothing it held past the ack wait on its
-	// resumption (drain.Stats.Lapsed): the repeats after it are at most
-	// the messages its Source had received and not yet handed out.
+	// resumption (drain.Stats.Lapsed): what it sends again after it is
+	// what its workers had begun as it stopped and what its Source had
+	// received and not yet handed out.
 	if late := r.lateFrom[dhosts[0].IP()]; scenario == "drainer-pause" && late > clusterWorkers {
 		t.Errorf("the paused drainer sent %d records again after its resumption, above %d", late, clusterWorkers)
 	}

@@ -72,7 +72,8 @@
 //
 //   - a drainer died (or was stopped past the ack wait) after the Sink's
 //     call for it began and before the acknowledgement reached the queue:
-//     the messages in flight then, at most Options.Workers, are sent
+//     the messages in flight then, Options.Workers and those whose
+//     acknowledgement awaited the queue's answer (AsyncAcker), are sent
 //     again by another drainer once the ack wait has passed (what it held
 //     and had not sent is not sent twice);
 //   - a drainer lost the queue for longer than the ack wait (cut from it,

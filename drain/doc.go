@@ -54,17 +54,36 @@
 // one call, which the drainer queues in one step (kafkadrain's records
 // fetched, jsdrain's messages of a pull that have come, redisdrain's
 // records of a read).
+//
+// A message held longer than its Source's ack wait since the queue was
+// last told InProgress (or since it was taken), by the drainer's
+// monotonic clock, has lapsed: the process was stopped (SIGSTOP, a frozen
+// VM, a starved heartbeat) and the queue may have handed the message to
+// another drainer meanwhile. The heartbeat no longer tells it
+// InProgress, and a worker that comes to it drops it unsent, without a
+// word to the queue, which delivers it again (Stats.Lapsed). So a
+// drainer resumed after a pause past the ack wait repeats only the Sink
+// calls its workers had begun before it stopped, not what it held.
 // Should the drainer die, the queue hands on no more than that, and
 // drainers sharing a consumer share its messages rather than one taking
 // them all.
 //
 // So a record reaches the Sink more than once only when
 //
-//   - a drainer died (or its connection to the queue was lost) after the
-//     Sink's call for it began and before the acknowledgement reached the
-//     queue: the messages in flight then, at most Options.Workers, are
-//     sent again by another drainer once the ack wait has passed (what it
-//     held and had not sent is not sent twice);
+//   - a drainer died (or was stopped past the ack wait) after the Sink's
+//     call for it began and before the acknowledgement reached the queue:
+//     the messages in flight then, Options.Workers and those whose
+//     acknowledgement awaited the queue's answer (AsyncAcker), are sent
+//     again by another drainer once the ack wait has passed (what it held
+//     and had not sent is not sent twice);
+//   - a drainer lost the queue for longer than the ack wait (cut from it,
+//     or its consumer's leader in a NATS cluster cut off or killed until
+//     another was elected) while it went on: it sends what it holds, and
+//     their acknowledgements reach the queue, if at all, after it has
+//     handed some of them out again; at most what it holds, the
+//     Limiter's rate for half the ack wait, Options.Workers and the
+//     acknowledgements awaiting the queue's answer, never more than the
+//     Source's window (see docs/faults.md);
 //   - a Sink call ran out of Options.Timeout, or was answered throttled,
 //     or failed, after the downstream had applied it: the message is put
 //     back and sent again;

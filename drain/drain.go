@@ -486,6 +486,11 @@ type Stats struct {
 	// AckErrors counts acknowledgements (or Naks) the queue did not take;
 	// such a message is delivered again.
 	AckErrors int64
+	// Lapsed counts the messages held past their Source's ack wait
+	// without word to the queue (the process stopped, SIGSTOP, a frozen
+	// VM) and dropped unsent when a worker came to them: the queue
+	// delivers them again, perhaps to another drainer already.
+	Lapsed int64
 	// InFlight is the number of Sink calls running; Waiting the messages
 	// taken from the Sources and not yet released to the Sink, of which
 	// Parked are set aside because their scope is paused.
@@ -521,12 +526,18 @@ type Drainer struct {
 	// pausedTo is the latest end of a pause begun (Unix nanoseconds):
 	// before it, pauses must be looked up; after it, none holds.
 	pausedTo atomic.Int64
-	// tickAt is when the heartbeat last ticked (Unix nanoseconds), a
-	// message's beat when it is taken: earlier than the instant, so that
-	// it is told InProgress a tick early rather than late, and with no
-	// reading of the clock for each message.
+	// tickAt is when the heartbeat last ticked (nanoseconds since epoch,
+	// Run's start, on the monotonic clock), a message's beat when it is
+	// taken: earlier than the instant, so that it is told InProgress a
+	// tick early rather than late, and with no reading of the clock for
+	// each message.
 	tickAt atomic.Int64
-	seed   maphash.Seed
+	epoch  time.Time // set by Run before its goroutines start
+	// ackWait is each Input's ack wait (AckWaiter), 0 when its Source
+	// reports none: a message of it held that long without word to the
+	// queue has lapsed (see hold).
+	ackWait []time.Duration
+	seed    maphash.Seed
 
 	// gate is held (a value in it), when there is a Limiter, by the one
 	// worker choosing the next message to send (waiting for one, for the
@@ -598,9 +609,15 @@ func New(cfg Options) (*Drainer, error) {
 		sinkN:    make([]int, len(cfg.Inputs)),
 		limN:     make([]int, len(cfg.Inputs)),
 		failures: make(map[string]int),
+		ackWait:  make([]time.Duration, len(cfg.Inputs)),
 	}
 	for i := range d.room {
 		d.room[i] = make(chan struct{}, 1)
+	}
+	for i, in := range cfg.Inputs {
+		if aw, ok := in.Source.(AckWaiter); ok {
+			d.ackWait[i] = max(0, aw.AckWait())
+		}
 	}
 	d.rater, _ = cfg.Limiter.(rater)
 	return d, nil
@@ -636,6 +653,22 @@ type hold struct {
 	mu      sync.Mutex // serialises InProgress and the settlement
 	settled bool
 	beat    time.Time // when last told InProgress, or the heartbeat's tick before it was taken
+	// lapsed is set when the heartbeat found the message's ack wait
+	// passed since beat (the process stopped, a heartbeat starved): the
+	// queue may have handed it to another drainer, so it is no longer
+	// told InProgress, nor sent (see Drainer.work).
+	lapsed bool
+}
+
+// lapsedLocked reports whether h's message has lapsed: its Input's ack
+// wait has passed since it was last told InProgress (or taken), by the
+// monotonic clock. h.mu is held.
+func (d *Drainer) lapsedLocked(h *hold, now time.Time) bool {
+	if !h.lapsed {
+		w := d.ackWait[h.input]
+		h.lapsed = w > 0 && now.Sub(h.beat) >= w
+	}
+	return h.lapsed
 }
 
 // taken is a message in the scheduler or set aside.
@@ -651,7 +684,8 @@ func (d *Drainer) Run(ctx context.Context) error {
 		return errors.New("drain: Run called twice")
 	}
 	d.stats.Started = time.Now()
-	d.tickAt.Store(d.stats.Started.UnixNano())
+	d.epoch = d.stats.Started
+	d.tickAt.Store(0)
 	d.mu.Unlock()
 
 	var fetchers, workers, beater sync.WaitGroup
@@ -820,14 +854,14 @@ func (d *Drainer) fetch(ctx context.Context, i int) {
 		for _, m := range got[:k] {
 			scopes = append(scopes, d.scopeOf(m))
 		}
-		beat := time.Unix(0, d.tickAt.Load())
+		beat := d.epoch.Add(time.Duration(d.tickAt.Load()))
 		d.mu.Lock()
 		for j, m := range got[:k] {
 			if m.Deliveries() > 1 {
 				d.stats.Redelivered++
 			}
-			h := d.newHoldLocked(m, beat)
-			h.input, h.scope, h.inSink = i, scopes[j], false
+			h := d.newHoldLocked(m, i, beat)
+			h.scope, h.inSink = scopes[j], false
 			h.index = len(d.held)
 			d.held = append(d.held, h)
 			d.heldN[i]++
@@ -839,21 +873,21 @@ func (d *Drainer) fetch(ctx context.Context, i int) {
 	}
 }
 
-// newHoldLocked returns a hold of m, beaten at beat: a spare one if
-// there is one, else a new one. d.mu is held. A spare one may still be
-// in a heartbeat's sweep, which reads msg, beat and settled under its
-// mu: they are set under it (and the sweep may then tell m InProgress,
-// which m, held, may be told at any time).
-func (d *Drainer) newHoldLocked(m Message, beat time.Time) *hold {
+// newHoldLocked returns a hold of m, of Input i, beaten at beat: a spare
+// one if there is one, else a new one. d.mu is held. A spare one may
+// still be in a heartbeat's sweep, which reads msg, input, beat, settled
+// and lapsed under its mu: they are set under it (and the sweep may then
+// tell m InProgress, which m, held, may be told at any time).
+func (d *Drainer) newHoldLocked(m Message, i int, beat time.Time) *hold {
 	n := len(d.spare)
 	if n == 0 {
-		return &hold{msg: m, beat: beat}
+		return &hold{msg: m, input: i, beat: beat}
 	}
 	h := d.spare[n-1]
 	d.spare[n-1] = nil
 	d.spare = d.spare[:n-1]
 	h.mu.Lock()
-	h.msg, h.beat, h.settled = m, beat, false
+	h.msg, h.input, h.beat, h.settled, h.lapsed = m, i, beat, false, false
 	h.mu.Unlock()
 	return h
 }
@@ -978,7 +1012,7 @@ func (d *Drainer) heartbeat(ctx context.Context, stop <-chan struct{}) {
 		case <-stop:
 			return
 		}
-		d.tickAt.Store(time.Now().UnixNano())
+		d.tickAt.Store(int64(time.Since(d.epoch)))
 		// A hold's beat is written by the last sweep's goroutines (done)
 		// and, for a message taken, under d.mu: read here under d.mu,
 		// since a hold in the list may be a spare taken again during
@@ -1027,7 +1061,7 @@ func (d *Drainer) beat(ctx context.Context, h *hold, half time.Duration) {
 		return
 	}
 	defer h.mu.Unlock()
-	if now := time.Now(); !h.settled && now.Sub(h.beat) >= half {
+	if now := time.Now(); !h.settled && !d.lapsedLocked(h, now) && now.Sub(h.beat) >= half {
 		h.beat = now
 		pctx, cancel := context.WithTimeout(ctx, half)
 		err := h.msg.InProgress(pctx)
@@ -1328,8 +1362,26 @@ func (c *deadlines) stop() {
 
 // work runs the Sink on h's message and settles it. Its heartbeat is the
 // Drainer's, as for every message held.
+//
+// A message that has lapsed (its ack wait passed since the queue was last
+// told InProgress, as when the process was stopped: SIGSTOP, a frozen VM)
+// is not sent: the queue may have handed it to another drainer already,
+// and will hand it on (or back) in any case. It is forgotten without a
+// word to the queue, and counted in Lapsed.
 func (d *Drainer) work(calls *deadlines, h *hold) {
 	m := h.msg
+	lapsed := false
+	if d.ackWait[h.input] > 0 {
+		h.mu.Lock()
+		lapsed = d.lapsedLocked(h, time.Now())
+		h.mu.Unlock()
+	}
+	if lapsed {
+		_ = d.settle(h, false, func() error { return nil })
+		d.count(func(s *Stats) { s.Lapsed++ })
+		d.cfg.Logger.Warn("drain: a message held past its ack wait, left to the queue", "key", m.Key())
+		return
+	}
 	err := d.cfg.Sink(calls.get(), m)
 	// The settlement has its own time, whatever the Sink took of its own.
 	ctx := calls.get()

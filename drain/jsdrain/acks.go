@@ -9,8 +9,8 @@ import (
 )
 
 // ackTimeout bounds the wait for the server's answer to a group of
-// acknowledgements, and so does the earliest deadline of the group's
-// callers' contexts.
+// acknowledgements when acks has no wait of its own, and so does the
+// earliest deadline of the group's callers' contexts.
 const ackTimeout = 30 * time.Second
 
 // acks confirms acknowledgements in groups, one round trip for many
@@ -22,9 +22,20 @@ const ackTimeout = 30 * time.Second
 // whose answer does not come is an error for each of its messages (which
 // the server then delivers again, unless the acknowledgement did arrive).
 //
+// A group's answer is waited for the consumer's ack wait at most (wait):
+// once it has passed, the server has either taken the acknowledgements or
+// will deliver the messages again whatever the drainer waits for, and the
+// groups behind it must not wait on a server that lost it (a consumer
+// leader killed or cut off, whose successor never saw it; without the
+// bound, a three-node cluster's drain stood still for the 30 s of
+// ackTimeout, docs/faults.md).
+//
 // A goroutine sends the groups while acknowledgements wait, and ends when
-// none does; the zero value is ready. It is safe for concurrent use.
+// none does; the zero value is ready (waiting ackTimeout). It is safe for
+// concurrent use.
 type acks struct {
+	wait time.Duration // bounds the wait for a group's answer; ackTimeout when 0
+
 	mu      sync.Mutex
 	queue   []ackCall
 	sending bool // the goroutine runs
@@ -78,7 +89,11 @@ func (a *acks) send() {
 		a.mu.Unlock()
 		errs = append(errs[:0], make([]error, len(group))...)
 		last := len(group) - 1
-		deadline := time.Now().Add(ackTimeout)
+		wait := a.wait
+		if wait <= 0 {
+			wait = ackTimeout
+		}
+		deadline := time.Now().Add(wait)
 		for i, c := range group {
 			if i < last {
 				errs[i] = c.m.Ack()

@@ -23,7 +23,11 @@
 // plain acks and the last as a double ack, whose answer confirms them all
 // since the server handles them in order — one round trip for many. A
 // message is also a drain.AsyncAcker, so a Drainer's worker goes on to
-// its next message while its acknowledgement is confirmed.
+// its next message while its acknowledgement is confirmed. A group's
+// answer is waited for the consumer's AckWait at most: past it the
+// server has the acknowledgements or will deliver the messages again
+// whatever the drainer waits for, and the groups behind it go on (a
+// cluster's consumer leader killed or cut off loses the answer).
 //
 // The Source pulls with pull requests of its own, one at a time, each no
 // larger than the room it was told of (and half the window), on one

@@ -123,7 +123,7 @@ func New(ctx context.Context, js jetstream.JetStream, cfg Options) (*Source, err
 	expiry.Stop()
 	return &Source{js: js, nc: js.Conn(), cfg: cfg, cons: cons, window: cfg.Window,
 		next:    apiPrefix(js.Options()) + "CONSUMER.MSG.NEXT." + cfg.Stream + "." + cfg.Consumer,
-		reading: make(chan struct{}, 1), expiry: expiry}, nil
+		reading: make(chan struct{}, 1), expiry: expiry, acks: acks{wait: cfg.AckWait}}, nil
 }
 
 // apiPrefix is the prefix of o's JetStream API subjects, as

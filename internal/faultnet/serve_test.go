@@ -57,6 +57,12 @@ func TestMain(m *testing.M) {
 	if os.Getenv(natsEnv) != "" {
 		os.Exit(natsMain())
 	}
+	if os.Getenv(nodeEnv) != "" {
+		os.Exit(nodeMain())
+	}
+	if os.Getenv(drainerEnv) != "" {
+		os.Exit(drainerMain())
+	}
 	code := m.Run()
 	if binDir != "" {
 		os.RemoveAll(binDir)

@@ -3,6 +3,7 @@ package faultnet_test
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -58,13 +59,12 @@ func TestFaultLoss(t *testing.T) {
 	n := faultnet.New(t)
 	rh, wh, s1h, s2h, ch := n.Host("redis"), n.Host("wan"), n.Host("serve1"), n.Host("serve2"), n.Host("client")
 	redis := startRedis(t, rh, redisproc.Standalone, redisPort)
-	relay := wh.Relay(redisPort, redis.Addr(), time.Millisecond)
-	relay.SetJitter(500 * time.Microsecond)
+	relay := wh.Relay(redisPort, redis.Addr(), 0)
 	flags := []string{"--store", "redis", "--redis-addr", relay.Addr(), "--replicas", "2"}
 	servers := []*serve{startServe(t, s1h, ch, lossRules, flags...), startServe(t, s2h, ch, lossRules, flags...)}
 
 	const (
-		span      = 3 * time.Second
+		span      = 2 * time.Second
 		perServe  = 8 // closed-loop clients on free keys, per replica
 		hotLimit  = 100
 		hotBound  = approxBound // approximate's, N = 2, d = 50 ms
@@ -139,11 +139,17 @@ func TestFaultLoss(t *testing.T) {
 
 	conditions := []struct {
 		name    string
+		jitter  bool
 		percent float64
-	}{{"jitter", 0}, {"loss1", 1}, {"loss5", 5}}
+	}{{"none", false, 0}, {"jitter", true, 0}, {"loss1", true, 1}, {"loss5", true, 5}}
 	modes := []string{"strict", "batched", "approximate"}
 	results := map[string]map[string]cell{}
 	for _, cond := range conditions {
+		if cond.jitter {
+			relay.SetDelay(time.Millisecond)
+			relay.SetJitter(500 * time.Microsecond)
+		}
+		serveBefore, relayBefore := tcpStats(t, s1h, s2h), tcpStats(t, wh)
 		var losses []*faultnet.Loss
 		if cond.percent > 0 {
 			for _, s := range []*faultnet.Host{s1h, s2h} {
@@ -166,7 +172,10 @@ func TestFaultLoss(t *testing.T) {
 			}
 			results[cond.name][mode] = c
 			base := results[cond.name]["strict"]
-			what := "1 ms ± 0.5 ms each way (the relay)"
+			what := "without delay (the relay)"
+			if cond.jitter {
+				what = "1 ms ± 0.5 ms each way (the relay)"
+			}
 			if cond.percent > 0 {
 				what += fmt.Sprintf(", %v%% packet loss each way between serve and the relay's host (nftables)", cond.percent)
 			}
@@ -186,6 +195,10 @@ func TestFaultLoss(t *testing.T) {
 			}
 			l.Heal()
 		}
+		sv, rl := tcpStats(t, s1h, s2h), tcpStats(t, wh)
+		t.Logf("%s: TCP on the serve hosts (the relay's host): %d (%d) segments retransmitted, %d (%d) tail loss probes, %d (%d) retransmission timeouts; serve opened %d connections to Redis",
+			cond.name, sv.RetransSegs-serveBefore.RetransSegs, rl.RetransSegs-relayBefore.RetransSegs, sv.TCPLossProbes-serveBefore.TCPLossProbes, rl.TCPLossProbes-relayBefore.TCPLossProbes,
+			sv.TCPTimeouts-serveBefore.TCPTimeouts, rl.TCPTimeouts-relayBefore.TCPTimeouts, sv.ActiveOpens-serveBefore.ActiveOpens)
 	}
 
 	for _, cond := range conditions {
@@ -216,6 +229,46 @@ func TestFaultLoss(t *testing.T) {
 			}
 		}
 	}
+}
+
+// tcp is what the kernel counted of TCP in some hosts' namespaces:
+// segments retransmitted, tail loss probes sent (a retransmission after
+// about two round trips, before the retransmission timeout), the
+// timeouts themselves (200 ms at least) and the connections opened.
+type tcp struct {
+	RetransSegs, TCPLossProbes, TCPTimeouts, ActiveOpens int64
+}
+
+// tcpStats sums the counters of hosts, read from their /proc/net/snmp
+// and /proc/net/netstat (each a namespace's own).
+func tcpStats(t *testing.T, hosts ...*faultnet.Host) tcp {
+	t.Helper()
+	var sum tcp
+	for _, h := range hosts {
+		out, err := h.Command("cat", "/proc/net/snmp", "/proc/net/netstat").Output()
+		if err != nil {
+			t.Fatalf("TCP counters of %s: %v", h.Name(), err)
+		}
+		// Each group is a line of names and a line of values.
+		lines := strings.Split(string(out), "\n")
+		for i := 0; i+1 < len(lines); i += 2 {
+			names, values := strings.Fields(lines[i]), strings.Fields(lines[i+1])
+			for j := 1; j < len(names) && j < len(values); j++ {
+				v, _ := strconv.ParseInt(values[j], 10, 64)
+				switch names[0] + names[j] {
+				case "Tcp:RetransSegs":
+					sum.RetransSegs += v
+				case "Tcp:ActiveOpens":
+					sum.ActiveOpens += v
+				case "TcpExt:TCPLossProbes":
+					sum.TCPLossProbes += v
+				case "TcpExt:TCPTimeouts":
+					sum.TCPTimeouts += v
+				}
+			}
+		}
+	}
+	return sum
 }
 
 // outages counts, in serve's JSON log, the outages its Redis store's

@@ -37,23 +37,26 @@ descriptors:
 
 // TestFaultLoss: jitter and packet loss between serve and Redis, without
 // tc netem. Two serve replicas (--replicas 2) reach one Redis through a
-// relay on a host between them that delays each direction by 1 ms ±
-// 0.5 ms (uniform, each read drawn apart, order kept: Relay.SetJitter);
-// then 1 % and then 5 % of the packets between each replica and the
-// relay's host are dropped too, each way (Net.Loss), so serve's calls to
-// Redis see TCP retransmissions (200 ms at least on Linux for a segment
-// no later one reveals) against its 50 ms timeout. Per condition and
-// counting mode, for 3 s: 8 closed-loop clients per replica on free keys
+// relay on a host between them, first without delay (the baseline: what
+// the loaded machine alone sends to the failure mode), then delaying
+// each direction by 1 ms ± 0.5 ms (uniform, each read drawn apart, order
+// kept: Relay.SetJitter); then 1 % and then 5 % of the packets between
+// each replica and the relay's host are dropped too, each way
+// (Net.Loss), so serve's calls to Redis see TCP retransmissions (about
+// 200 ms on Linux for a lone segment: a tail loss probe or the
+// retransmission timeout) against its 50 ms timeout. Per condition and
+// counting mode, for 2 s: 8 closed-loop clients per replica on free keys
 // of their own (decisions a second, p50/p99) and 2 paced ones per replica
-// on one saturated key (about 1,000 a second in all: the per-window
+// on one saturated key (up to 1,000 a second in all: the per-window
 // checker). Measured: decisions by Redis and by the failure mode
-// (local), shed, the breaker's outages (serve's log). Checked, per 1 s
-// window of the saturated key: strict and batched, what Redis decided at
-// most the limit, what each replica decided by local at most limit/2
-// (ARCHITECTURE.md, "When the store fails"), the whole at most twice the
-// limit; approximate, the whole at most twice its bound (118, as in
-// TestFaultPartition); every decision within the Redis timeout plus a
-// margin; none failed.
+// (local), shed, the breaker's outages (serve's log), the hosts' TCP
+// counters. Checked, per 1 s window of the saturated key: strict and
+// batched, what Redis decided at most the limit, what each replica
+// decided by local at most limit/2 (ARCHITECTURE.md, "When the store
+// fails"), the whole at most twice the limit; approximate, the whole at
+// most twice its bound (118, as in TestFaultPartition); every decision
+// within the Redis timeout plus a margin; none failed; each loss dropped
+// some packets.
 func TestFaultLoss(t *testing.T) {
 	inMakeFaults(t)
 	n := faultnet.New(t)

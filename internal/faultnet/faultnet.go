@@ -17,8 +17,10 @@
 //   - Proc.Pause and Proc.Resume stop and resume a process (SIGSTOP,
 //     SIGCONT), as a long GC pause or a frozen VM would.
 //   - Host.Netem shapes a host's link with tc netem (delay, jitter,
-//     loss), where the kernel has it (NetemSupported); Host.Relay is a
-//     TCP relay on a host that delays each direction, where it has not.
+//     loss), where the kernel has it (NetemSupported); where it has not,
+//     Host.Relay is a TCP relay on a host that delays each direction
+//     (with jitter: Relay.SetJitter), and Net.Loss drops a random share
+//     of the packets between two hosts (nftables, on the bridge).
 //
 // Every namespace is named with the package's prefix, this process's id
 // and a counter ("sfn-PID-N-host"), and removed in t.Cleanup after the
@@ -243,6 +245,15 @@ func (h *Host) Listen(network, addr string) (l net.Listener, err error) {
 	return l, err
 }
 
+// ListenPacket listens for datagrams (udp) inside the host.
+func (h *Host) ListenPacket(network, addr string) (c net.PacketConn, err error) {
+	err = h.inside(func() error {
+		c, err = net.ListenPacket(network, addr)
+		return err
+	})
+	return c, err
+}
+
 // inside runs f on a thread that has entered the host's namespace, in a
 // goroutine of its own that waits for it. The thread goes back to this
 // process's namespace afterwards; if it cannot, the thread is left locked
@@ -321,10 +332,8 @@ func cut(a, b *Host, on bool) error {
 	} else {
 		script = "delete table inet " + table + "\n"
 	}
-	cmd := exec.Command("ip", "netns", "exec", a.ns, "nft", "-f", "-")
-	cmd.Stdin = strings.NewReader(script)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("nft in %s: %v: %s", a.ns, err, bytes.TrimSpace(out))
+	if err := nft(a.ns, script); err != nil {
+		return err
 	}
 	a.cuts[b] = on
 	return nil

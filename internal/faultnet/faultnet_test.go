@@ -1,6 +1,7 @@
 package faultnet_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -235,4 +237,165 @@ func TestNetem(t *testing.T) {
 	if err := b.Netem(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestRelayJitter: with a jitter, a round trip through the relay takes
+// its two one-way delays drawn apart, some shorter than twice the delay
+// (which no load on the machine could make so: a delay only lengthens),
+// none shorter than twice the delay less the jitter; and a stream of
+// many writes comes back whole and in order.
+func TestRelayJitter(t *testing.T) {
+	n := faultnet.New(t)
+	a, mid, b := n.Host("a"), n.Host("mid"), n.Host("b")
+	const delay, jitter = 20 * time.Millisecond, 16 * time.Millisecond
+	r := mid.Relay(9000, echoServer(t, b), delay)
+	r.SetJitter(jitter)
+	c, err := a.DialContext(t.Context(), "tcp", r.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	one := make([]byte, 1)
+	short, least := 0, time.Duration(1<<62)
+	const trips = 60
+	for range trips {
+		start := time.Now()
+		if _, err := c.Write([]byte{'x'}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, one); err != nil {
+			t.Fatal(err)
+		}
+		rtt := time.Since(start)
+		least = min(least, rtt)
+		if rtt < 2*delay-2*time.Millisecond {
+			short++
+		}
+	}
+	// Each one-way delay is uniform on 4…36 ms: a round trip is below
+	// 38 ms with probability 0.44, and below 32 ms (6 ms of the loaded
+	// machine's own on top) with 0.28, so 60 trips have about 17 such;
+	// fewer than 5 has a probability below 1e-4.
+	t.Logf("%d of %d round trips below %v; the least %v", short, trips, 2*delay-2*time.Millisecond, least)
+	if short < 5 {
+		t.Errorf("%d of %d round trips shorter than %v: the jitter did not shorten enough", short, trips, 2*delay-2*time.Millisecond)
+	}
+	if least < 2*(delay-jitter) {
+		t.Errorf("a round trip of %v, below twice the least one-way delay %v", least, delay-jitter)
+	}
+
+	// Order: many small writes, each delayed apart, come back as sent.
+	want := make([]byte, 0, 64<<10)
+	for i := range 4096 {
+		want = append(want, []byte(strconv.Itoa(i)+",")...)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		for b := want; len(b) > 0; {
+			k := min(len(b), 16)
+			if _, err := c.Write(b[:k]); err != nil {
+				errc <- err
+				return
+			}
+			b = b[k:]
+		}
+		errc <- nil
+	}()
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Error("the stream came back through the jittered relay out of order")
+	}
+}
+
+// TestLoss: with 20 % loss between a and b, datagrams a sends b and b
+// echoes back are dropped each way at about that share (nftables'
+// counters), b receives exactly what the table let through to it and a
+// exactly what it let through back; after Heal every datagram arrives.
+func TestLoss(t *testing.T) {
+	n := faultnet.New(t)
+	a, b := n.Host("a"), n.Host("b")
+	srv, err := b.ListenPacket("udp", b.Addr(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	var atB, atA atomic.Int64
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			k, from, err := srv.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			atB.Add(1)
+			srv.WriteTo(buf[:k], from) //nolint:errcheck // a lost echo is what is counted
+		}
+	}()
+	c, err := a.DialContext(t.Context(), "udp", srv.LocalAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			if _, err := c.Read(buf); err != nil {
+				return
+			}
+			atA.Add(1)
+		}
+	}()
+	// send sends k datagrams, one every 200 µs (so that neither reader's
+	// socket buffer overflows: only the table drops).
+	send := func(k int) {
+		tick := time.NewTicker(200 * time.Microsecond)
+		defer tick.Stop()
+		for i := range k {
+			<-tick.C
+			if _, err := c.Write([]byte(strconv.Itoa(i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// settle waits until b and a have received wantB and wantA.
+	settle := func(wantB, wantA func() int64) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for atB.Load() != wantB() || atA.Load() != wantA() {
+			if time.Now().After(deadline) {
+				t.Fatalf("b received %d (want %d), a %d (want %d)", atB.Load(), wantB(), atA.Load(), wantA())
+			}
+			time.Sleep(10 * time.Millisecond) // polling a condition with a deadline
+		}
+	}
+
+	const sent, percent = 2000, 20
+	loss := n.Loss(a, b, percent)
+	send(sent)
+	var counts faultnet.LossCounts
+	settle(func() int64 { counts = loss.Counts(); return int64(counts.AB - counts.ABDropped) },
+		func() int64 { return int64(counts.BA - counts.BADropped) })
+	t.Logf("sent %d: %+v, %.1f%% dropped", sent, counts, 100*counts.Dropped())
+	if counts.AB != sent || counts.BA != uint64(atB.Load()) {
+		t.Errorf("the table counted %d out (want %d) and %d in (want b's %d echoes)", counts.AB, sent, counts.BA, atB.Load())
+	}
+	// 2,000 and ~1,600 draws at 20 %: a share outside 20 ± 6 % is more
+	// than 5 standard deviations off.
+	for _, share := range []float64{float64(counts.ABDropped) / float64(counts.AB), float64(counts.BADropped) / float64(counts.BA)} {
+		if share < 0.14 || share > 0.26 {
+			t.Errorf("dropped %.1f%% of a direction's packets, want about %d%%: %+v", 100*share, percent, counts)
+		}
+	}
+
+	loss.Heal()
+	loss.Heal() // a second Heal does nothing
+	b0, a0 := atB.Load(), atA.Load()
+	send(200)
+	settle(func() int64 { return b0 + 200 }, func() int64 { return a0 + 200 })
 }

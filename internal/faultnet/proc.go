@@ -110,6 +110,15 @@ func (p *Proc) Kill() {
 	<-p.exit
 }
 
+// Log is the process's output so far.
+func (p *Proc) Log() string {
+	b, err := os.ReadFile(p.log)
+	if err != nil {
+		return err.Error()
+	}
+	return string(b)
+}
+
 // LogTail is the last 4,000 bytes of the process's output.
 func (p *Proc) LogTail() string {
 	b, err := os.ReadFile(p.log)

@@ -2,6 +2,7 @@ package faultnet
 
 import (
 	"context"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -10,15 +11,21 @@ import (
 
 // A Relay is a TCP relay on a host that forwards each connection to a
 // target and delays each direction by a one-way delay that may change
-// while it runs: a round trip through it takes twice the delay more. It
-// stands in for tc netem where the kernel has no sch_netem
-// (NetemSupported), at the cost of running in the test process; it
-// keeps the order of each direction's bytes and adds no loss.
+// while it runs: a round trip through it takes twice the delay more.
+// With jitter (SetJitter), each read is delayed by the delay plus a
+// uniformly random offset within ± the jitter, drawn apart for each read
+// and each direction, but never written before the read ahead of it in
+// its direction: TCP's bytes keep their order, so a read drawn short
+// behind one drawn long waits for it (as behind a slow packet in a TCP
+// stream). It stands in for tc netem where the kernel has no sch_netem
+// (NetemSupported), at the cost of running in the test process; it adds
+// no loss (Net.Loss does).
 type Relay struct {
 	l      net.Listener
 	target string
 	from   *Host
 	delay  atomic.Int64 // one way, in nanoseconds
+	jitter atomic.Int64 // ± around delay, in nanoseconds
 
 	mu    sync.Mutex
 	conns map[net.Conn]bool
@@ -47,6 +54,24 @@ func (r *Relay) Addr() string { return r.l.Addr().String() }
 
 // SetDelay changes the one-way delay of what is read from now on.
 func (r *Relay) SetDelay(oneWay time.Duration) { r.delay.Store(int64(oneWay)) }
+
+// SetJitter changes the jitter of what is read from now on: each read's
+// delay is drawn uniformly from the one-way delay ± j (at least 0).
+func (r *Relay) SetJitter(j time.Duration) { r.jitter.Store(int64(j)) }
+
+// due is when a chunk read now may be written, given when the one before
+// it in its direction was (its order kept).
+func (r *Relay) due(now, prev time.Time) time.Time {
+	d := r.delay.Load()
+	if j := r.jitter.Load(); j > 0 {
+		d += rand.Int64N(2*j+1) - j
+	}
+	at := now.Add(time.Duration(max(d, 0)))
+	if at.Before(prev) {
+		return prev
+	}
+	return at
+}
 
 func (r *Relay) accept() {
 	for {
@@ -109,11 +134,13 @@ func (r *Relay) pump(src, dst net.Conn) {
 			}
 		}
 	})
+	var prev time.Time
 	for {
 		b := make([]byte, 32<<10)
 		n, err := src.Read(b)
 		if n > 0 {
-			q <- chunk{b[:n], time.Now().Add(time.Duration(r.delay.Load()))}
+			prev = r.due(time.Now(), prev)
+			q <- chunk{b[:n], prev}
 		}
 		if err != nil {
 			break

@@ -93,7 +93,7 @@ func TestFaultSemaphorePartition(t *testing.T) {
 	for _, w := range accepted {
 		switch w.holder {
 		case "A":
-			if w.at.Before(healAt) {
+			if !w.at.Before(cutAt) && w.at.Before(healAt) {
 				lastWrite = w.at.Sub(cutAt)
 				aWrites++
 			}

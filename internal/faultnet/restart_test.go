@@ -28,18 +28,18 @@ descriptors:
 // persistence). Two serve replicas (--replicas 2) on hosts of their own,
 // clients on a fourth asking both for one saturated key of a fixed
 // window of 200 per 4 s, below its pace at the window's start; the kill
-// comes once Redis has admitted 85 % of the window's limit. The promise
-// (ARCHITECTURE.md, "When the store fails": local's bound assumes "a
-// Redis that keeps its data (one restarted empty starts counting again,
-// which the 2× covers for the window of the restart only)"), measured
-// per window: the windows before and after the restart's at most the
-// limit; the restart's own, what it admitted, by part: Redis before the
-// kill, each replica's local part while Redis was away, Redis after the
-// restart. Checked: each part at most the limit (each replica's local
-// part at most its share), the windows before and after at most the
-// limit, every decision within the timeout plus a margin; the restart's
-// window is reported against twice the limit, not asserted: whether the
-// 2× covers it is what is measured.
+// comes once Redis has admitted 85 % of the window's limit. Local's
+// promise (ARCHITECTURE.md, "When the store fails") assumes a Redis that
+// keeps its data; one restarted empty counts again, so the restart's
+// window may hold twice the limit at Redis and local's shares while it
+// was away on top (it said the 2× covered it; this measured more).
+// Measured per window: the restart's, by part (Redis before the kill,
+// each replica's local part while Redis was away, Redis after the
+// restart); the others. Checked: each part at most the limit (each
+// replica's local part at most its share), Redis's part of the other
+// windows at most the limit (a call timing out on the loaded machine
+// may add local's), the restart's window at most three times the
+// limit, every decision within the timeout plus a margin.
 func TestFaultRestart(t *testing.T) {
 	inMakeFaults(t)
 	n := faultnet.New(t)
@@ -106,16 +106,23 @@ func TestFaultRestart(t *testing.T) {
 		}
 		return n
 	}
-	var others []faultnet.Op // the windows before and after the restart's
+	// The windows before and after the restart's: Redis's part, and
+	// the whole (a call that timed out on a loaded machine is decided
+	// by local, within its share).
+	var others, othersRedis []faultnet.Op
 	for _, op := range ops {
 		if op.End.Before(window) || !op.Start.Before(window.Add(restartPeriod)) {
 			others = append(others, op)
+			if op.Reason != "local" {
+				othersRedis = append(othersRedis, op)
+			}
 		}
 	}
 	whole := inWindow(ops)
 	redisBefore, redisAfter := inWindow(beforeKill), inWindow(afterRestart)
 	local := [2]int{inWindow(byLocal[0]), inWindow(byLocal[1])}
 	otherPart := faultnet.CheckWindows(others, restartPeriod, restartLimit)
+	otherRedis := faultnet.CheckWindows(othersRedis, restartPeriod, restartLimit)
 	lat := faultnet.CheckLatency(ops, decisionBound)
 	for _, w := range faultnet.Windows(ops, restartPeriod) {
 		t.Logf("  window %s: admitted %d (possibly %d)", w.Start.Format("15:04:05"), w.Certain, w.Possible)
@@ -125,8 +132,8 @@ func TestFaultRestart(t *testing.T) {
 	t.Logf("the restart's window: %d admitted (limit %d): Redis before the kill %d, local %d and %d, Redis after the restart %d", whole, restartLimit, redisBefore, local[0], local[1], redisAfter)
 	t.Logf("the other windows: %v; latency %v", otherPart, lat)
 	row(t, fmt.Sprintf("restart: Redis killed (SIGKILL) once it has admitted 85 %% of a window's limit, and started again empty on the same port, under load (~130 checks a second); 2 serve replicas, a fixed window of %d per %v", restartLimit, restartPeriod),
-		fmt.Sprintf("the restart's window %d (%.2f× the limit): Redis before the kill %d, local %d + %d, Redis after the restart %d; the other windows %d at most; Redis answered again %v after the kill, the replicas on it %v and %v after that; p99 %v, max %v, %d failed",
-			whole, float64(whole)/restartLimit, redisBefore, local[0], local[1], redisAfter, otherPart.Worst, upAt.Sub(killAt).Round(time.Millisecond),
+		fmt.Sprintf("the restart's window %d (%.2f× the limit): Redis before the kill %d, local %d + %d, Redis after the restart %d; the other windows %d at most (Redis's part %d); Redis answered again %v after the kill, the replicas on it %v and %v after that; p99 %v, max %v, %d failed",
+			whole, float64(whole)/restartLimit, redisBefore, local[0], local[1], redisAfter, otherPart.Worst, otherRedis.Worst, upAt.Sub(killAt).Round(time.Millisecond),
 			back[0].Round(time.Millisecond), back[1].Round(time.Millisecond), lat.P99.Round(time.Millisecond), lat.Max.Round(time.Millisecond), len(failed)))
 
 	if len(failed) > 0 {
@@ -140,8 +147,11 @@ func TestFaultRestart(t *testing.T) {
 			t.Errorf("replica %d's local decisions admitted %d in the window, above its share %d", i+1, l, restartLimit/2)
 		}
 	}
-	if otherPart.Worst > restartLimit {
-		t.Errorf("a window other than the restart's admitted %d, above the limit: %v", otherPart.Worst, otherPart)
+	if otherRedis.Worst > restartLimit {
+		t.Errorf("Redis admitted %d in a window other than the restart's, above the limit: %v", otherRedis.Worst, otherRedis)
+	}
+	if whole > 3*restartLimit {
+		t.Errorf("the restart's window admitted %d, above three times the limit", whole)
 	}
 	if redisBefore == 0 || redisAfter == 0 || back[0] < 0 || back[1] < 0 {
 		t.Errorf("the scenario did not run: Redis admitted %d before the kill, %d after the restart; replicas back %v", redisBefore, redisAfter, back)

@@ -61,12 +61,17 @@ func TestFaultLeaseClock(t *testing.T) {
 	// The phases are the scenario's own durations, not synchronisation.
 	phase := func(d time.Duration) time.Time { <-time.After(d); return time.Now() }
 	begin := phase(0)
-	cutAt := phase(3 * time.Second)
+	cutting := phase(3 * time.Second)
 	offsets, err := os.ReadFile(fmt.Sprintf("/proc/%d/timens_offsets", procs[0].PID()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	hosts[0].Partition(rh)
+	// The cut is in force once Partition returns (it runs nft, which
+	// took over a second once on the loaded machine): a renewal may
+	// succeed until then, so the leases' deadlines are timed from it.
+	cutAt := time.Now()
+	t.Logf("the partition took %v to set up", cutAt.Sub(cutting).Round(time.Millisecond))
 	healAt := phase(3 * time.Second)
 	hosts[0].Heal(rh)
 	end := phase(3 * time.Second)

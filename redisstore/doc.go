@@ -114,6 +114,10 @@
 // allowance for the client clock's distance from the server's. The script
 // still reads TIME then, for its cutoff (see Deadlines), which is always in
 // the server's clock.
+// Options.LocalNow moves only this process's own clock (the failure
+// mode's local counts, the denial cache, the counters of batched and
+// approximate rules), never what Redis decides by: serve's
+// --clock-offset, for fault tests.
 //
 // # Precision
 //
@@ -219,8 +223,11 @@
 // Past that assumption: Replicas below the true count admits true/Replicas
 // shares (above it, fewer); a limit below N still gives each replica 1; a
 // Redis restarted without its data (or a failover to a replica that missed
-// writes) starts its counts again, which the 2× covers only for the window
-// of the restart. For batched and approximate rules the local share comes
+// writes) starts its counts again: in the window of the restart, up to
+// twice the limit at Redis and the local shares on top, three times the
+// limit; a replica whose clock is off decides a fixed window's or sliding
+// window counter's share in windows of its clock, which straddle Redis's,
+// so a window of Redis's may hold twice its share from it. For batched and approximate rules the local share comes
 // on top of what their mode admits (a batched replica's held blocks were
 // counted at Redis; an approximate one's views keep their own bound).
 // FailOpen has no bound: a saturated key admits its whole demand while

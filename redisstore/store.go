@@ -41,6 +41,13 @@ type Options struct {
 	// Now, when set, is the clock, sent with each request instead of
 	// reading the Redis server's TIME.
 	Now func() time.Time
+	// LocalNow, when set (and Now is not), is this process's own clock:
+	// what the local failure mode, the denial cache and the counters of
+	// batched and approximate rules time themselves by, where time.Now
+	// is the default. Unlike Now, it never reaches Redis: the server's
+	// TIME still decides every call. It exists to test a replica whose
+	// clock is off (serve's --clock-offset).
+	LocalNow func() time.Time
 
 	// HashTag returns the Cluster hash tag of a key; default HashTag. The
 	// keys of one request must share a tag in Cluster mode.
@@ -134,7 +141,8 @@ type Stats struct {
 type Store struct {
 	c       redis.UniversalClient
 	prefix  string
-	now     func() time.Time
+	now     func() time.Time // Options.Now: sent to Redis
+	lnow    func() time.Time // Options.Now or LocalNow: localNow's; nil: time.Now
 	slackMS string
 	timeout time.Duration
 	script  *redis.Script
@@ -216,6 +224,10 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 	for i := range s.smalls {
 		s.smalls[i] = strconv.Itoa(i)
 	}
+	s.lnow = opts.Now
+	if s.lnow == nil {
+		s.lnow = opts.LocalNow
+	}
 	s.sclock = newServerClock(c, s.clock)
 	if s.now != nil {
 		s.slackMS = strconv.FormatInt(clientClockSlack.Milliseconds(), 10)
@@ -241,7 +253,7 @@ func New(c redis.UniversalClient, opts Options) (*Store, error) {
 		def:        opts.Failure,
 		replicas:   int64(opts.Replicas),
 		retryAfter: opts.BreakerCooldown,
-		local:      memstore.New(memstore.Options{Now: opts.Now, MaxKeys: 1 << 16}),
+		local:      memstore.New(memstore.Options{Now: s.lnow, MaxKeys: 1 << 16}),
 	}
 	if !opts.NoCoalesce {
 		s.batch = newBatcher(s, opts.BatchSize, opts.BatchWindow, opts.Pipelines)
@@ -525,11 +537,12 @@ func (s *Store) redisKey(key string) string {
 	return string(appendKey(nil, s.prefix, s.tagOf(key), key))
 }
 
-// localNow is this process's clock, or Options.Now: what the denial cache
-// and the counters of batched and approximate rules time themselves by.
+// localNow is this process's clock, or Options.Now or LocalNow: what the
+// denial cache and the counters of batched and approximate rules time
+// themselves by.
 func (s *Store) localNow() time.Time {
-	if s.now != nil {
-		return s.now()
+	if s.lnow != nil {
+		return s.lnow()
 	}
 	return time.Now()
 }

@@ -209,6 +209,10 @@ type serveConfig struct {
 	coord            coord.Limits
 	limits           limitsConfig
 	top              topConfig
+	// clockOffset (--clock-offset, for fault tests) is added to every
+	// clock reading the stores decide by in this process; Redis's TIME
+	// is not moved.
+	clockOffset time.Duration
 	// hooks are set by tests only, never by a flag.
 	hooks *serveHooks
 }
@@ -247,6 +251,20 @@ func (h *serveHooks) clock() func() time.Time {
 		return nil
 	}
 	return h.now
+}
+
+// localClock returns the clock of what this process decides itself (the
+// memory store; on Redis, the failure mode's local counts, the denial
+// cache, batched and approximate counters): the test hook's, else the
+// system clock moved by --clock-offset, else nil (time.Now).
+func (c *serveConfig) localClock() func() time.Time {
+	if now := c.hooks.clock(); now != nil {
+		return now
+	}
+	if off := c.clockOffset; off != 0 {
+		return func() time.Time { return time.Now().Add(off) }
+	}
+	return nil
 }
 
 func (h *serveHooks) wrap(listener string, next http.Handler) http.Handler {
@@ -329,6 +347,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Int64Var(&cfg.maxBodyBytes, "max-body-bytes", httpapi.DefaultMaxBodyBytes, "bound on HTTP request bodies and gRPC messages, in bytes")
 	fs.DurationVar(&cfg.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long in-flight calls may take to finish on shutdown")
 	fs.StringVar(&cfg.logFormat, "log-format", "text", "log format: text or json")
+	fs.DurationVar(&cfg.clockOffset, "clock-offset", 0, "for fault tests only: move this process's clock by this `duration` (e.g. 700ms, -1.3s) in what it decides itself (the memory store; on Redis, failure_mode local, batched and approximate counting), as a machine whose clock is off; Redis's TIME is not moved")
 	fs.IntVar(&cfg.detailedKeys, "detailed-metric-keys", service.DefaultDetailedKeys, "most keys per rule in sluice_detailed_decisions_total (rules with detailed_metric or value_to_metric); the decisions of further keys count under key _overflow")
 	fs.StringVar(&coordTokenFile, "coord-token-file", "", "`file` holding the bearer token the coordination API (semaphores, over gRPC and HTTP) requires; with neither it nor the variable set, none is required (default: $"+coordTokenEnv+")")
 	fs.DurationVar(&cfg.coord.DefaultTTL, "coord-default-ttl", coord.DefaultTTL, "coordination API: a permit's TTL when the request gives none")
@@ -553,8 +572,11 @@ func (c memstoreCollector) Collect(ch chan<- prometheus.Metric) {
 // openBackend opens the configured store. A Redis that refuses the
 // credentials is an error; one that is not reachable yet is only logged.
 func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*backend, error) {
+	if cfg.clockOffset != 0 {
+		log.Warn("the stores' clock is moved (--clock-offset, for fault tests only)", "clock_offset", cfg.clockOffset.String())
+	}
 	if cfg.store == "memory" {
-		m := memstore.New(memstore.Options{MaxKeys: cfg.memoryMaxKeys, Now: cfg.hooks.clock()})
+		m := memstore.New(memstore.Options{MaxKeys: cfg.memoryMaxKeys, Now: cfg.localClock()})
 		return &backend{store: m, ledger: m, keys: httpapi.LocalKeys(m), overrides: &overrides.MemoryStore{}, semaphores: concurrency.NewMemoryStore(),
 			leases:  func(string) (lease.Store, error) { return lease.NewMemoryStore(), nil },
 			metrics: memstoreCollector{m}, health: memoryHealth(m), closers: []func() error{m.Close}}, nil
@@ -577,7 +599,7 @@ func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*back
 	rs, err := redisstore.New(c, redisstore.Options{
 		Prefix: cfg.redisPrefix, Replicas: cfg.replicas, Failure: cfg.failureDefault,
 		Pipelines: cfg.redisPipelines, BatchWindow: cfg.redisWindow, Timeout: cfg.redisTimeout,
-		Logger: log, Now: cfg.hooks.clock(),
+		Logger: log, Now: cfg.hooks.clock(), LocalNow: cfg.localClock(),
 	})
 	if err != nil {
 		b.close(log)

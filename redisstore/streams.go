@@ -475,33 +475,6 @@ func (c *StreamConsumer) Read(ctx context.Context, count int, block time.Duratio
 	return out, nil
 }
 
-// ReadNow is Read without waiting: it returns up to count records never
-// delivered to the group, now this consumer's, and none when there are
-// none yet (XREADGROUP … COUNT count … > without BLOCK). It costs the
-// client far less per record than Read: the reply is read as it came
-// (go-redis's RawCmd) and parsed straight into the records, a few
-// allocations a read and none a record, where Read's go-redis reply has
-// a map and a dozen allocations a record. So a reader with a backlog
-// calls it first, and Read, which waits, once it returns fewer records
-// than it asked for. (Read keeps go-redis's reply because go-redis gives
-// a blocking command its own read deadline, and a raw one the client's.)
-func (c *StreamConsumer) ReadNow(ctx context.Context, count int) ([]StreamRecord, error) {
-	if err := checkCount(count); err != nil {
-		return nil, err
-	}
-	cmd := redis.NewRawCmd(ctx, "xreadgroup", "group", c.group, c.name, "count", count, "streams", c.s.key, ">")
-	cmd.SetFirstKeyPos(7) // the stream, for a Cluster's routing
-	err := c.s.c.Process(ctx, cmd)
-	var recs []StreamRecord
-	if err == nil {
-		recs, err = parseReadReply(cmd.Val(), count)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("redisstore: reading stream %q as %q of group %q: %w", c.s.name, c.name, c.group, err)
-	}
-	return recs, nil
-}
-
 // Claim takes for this consumer up to count records of the group that
 // have been idle for the ack wait, scanning the pending list from start
 // ("0-0" for its beginning), and returns them, each with its delivery

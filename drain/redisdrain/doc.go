@@ -38,10 +38,7 @@
 // settled: each read's and claim's COUNT is the free part of the window,
 // and while it is full Next waits. Every wait on the server (BLOCK) is
 // bounded (a second at most), so a Next outlives its context's
-// cancellation by at most that. While reads come back full (a backlog),
-// the next read does not wait on the server (redisstore's ReadNow, whose
-// reply is parsed straight into the records, with no allocation a
-// record); once one comes back short, the next waits (BLOCK). A Drainer takes a read's records together
+// cancellation by at most that. A Drainer takes a read's records together
 // (NextMany), and acknowledges through AckAsync: the acknowledgements
 // go together in one script call (one XACK of many ids), sent once every
 // record handed out and not settled has asked for its own, or a

@@ -129,7 +129,6 @@ type Source struct {
 	next      sync.Mutex // one Next at a time: it reads and claims
 	cursor    string     // where the claim scan goes on; "0-0" between scans
 	nextClaim time.Time  // when the next scan starts
-	backlog   bool       // the last read took all it asked for: read without waiting first
 
 	acks acks
 
@@ -166,7 +165,7 @@ func New(ctx context.Context, c redisstore.Client, o Options) (*Source, error) {
 	if _, err := st.Prune(ctx, o.Group, pruneIdle); err != nil {
 		return nil, fmt.Errorf("redisdrain: %w", err)
 	}
-	s := &Source{cfg: o, stream: st, cons: cons, cursor: "0-0", backlog: true, wake: make(chan struct{})}
+	s := &Source{cfg: o, stream: st, cons: cons, cursor: "0-0", wake: make(chan struct{})}
 	s.out.prev, s.out.next = &s.out, &s.out
 	s.acks.src = s
 	return s, nil
@@ -328,16 +327,6 @@ func (s *Source) fetch(ctx context.Context, free int) (recs []redisstore.StreamR
 			return recs, true, nil
 		}
 	}
-	if s.backlog {
-		// Records are likely at hand: read them with the script, far
-		// cheaper for this process than XREADGROUP's reply, and wait
-		// with XREADGROUP only once the stream has run dry.
-		recs, err = s.cons.ReadNow(ctx, free)
-		s.backlog = err == nil && len(recs) == free
-		if err != nil || len(recs) > 0 {
-			return recs, false, err
-		}
-	}
 	block := min(maxBlock, time.Until(s.nextClaim))
 	if d, ok := ctx.Deadline(); ok {
 		block = min(block, time.Until(d)-readMargin)
@@ -353,7 +342,6 @@ func (s *Source) fetch(ctx context.Context, free int) (recs []redisstore.StreamR
 		return nil, false, nil
 	}
 	recs, err = s.cons.Read(ctx, free, block)
-	s.backlog = err == nil && len(recs) == free
 	return recs, false, err
 }
 

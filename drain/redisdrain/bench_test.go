@@ -2,8 +2,11 @@ package redisdrain_test
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"log/slog"
+	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -82,6 +85,29 @@ func (h countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 	}
 }
 
+var drainProfile = flag.String("drain.cpuprofile", "", "BenchmarkCost writes a CPU profile of each loop's drain phase alone (after the records were added) to this path, its name appended")
+
+// profile starts a CPU profile of the drain phase if asked for, and
+// returns its stop.
+func profile(b *testing.B) func() {
+	if *drainProfile == "" {
+		return func() {}
+	}
+	f, err := os.Create(*drainProfile + "." + strings.ReplaceAll(b.Name(), "/", "."))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkCost drains b.N messages as fast as possible, with no limiter
 // and a sink that does nothing, through a drain.Drainer on the Redis
 // Source and through bare XREADGROUP + XACK loops (a read of the default
@@ -106,8 +132,10 @@ func BenchmarkCost(b *testing.B) {
 		enqueue(b, c, stream, n)
 		b.ReportAllocs()
 		b.ResetTimer()
+		stop := profile(b)
 		cpu0, srv0, trips0, begin := draintest.CPUTime(b), serverCPU(b, c), trips.Load(), time.Now()
 		drainIt(b, stream, n)
+		stop()
 		cpu, scpu, took := draintest.CPUTime(b)-cpu0, serverCPU(b, c)-srv0, time.Since(begin)
 		b.StopTimer()
 		b.ReportMetric(float64(trips.Load()-trips0-1)/float64(n), "trips/msg") // less serverCPU's INFO

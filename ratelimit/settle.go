@@ -328,33 +328,34 @@ func (rs *Reservations) Settle(ctx context.Context, id string, actual func(i int
 	if len(items) == 0 {
 		return out, nil
 	}
-	ds, err := rs.Store.Decide(ctx, nil, items)
-	if err == nil {
-		err = undecided(ds, where)
+	// decide decides items at the store. An answer of its failure mode is
+	// an error: the call may have reached the store after its timeout and
+	// been applied there, so it is never sent again (found between hosts:
+	// refunds given twice under load); the adjustment is lost instead.
+	decide := func(dst []Decision) ([]Decision, error) {
+		ds, err := rs.Store.Decide(ctx, dst, items)
+		for j := 0; err == nil && j < len(ds); j++ {
+			if r := ds[j].Reason; r == ReasonFailOpen || r == ReasonFailClosed || r == ReasonLocal {
+				err = fmt.Errorf("the store answered %s for item %d", r, where[j])
+			}
+		}
+		return ds, err
 	}
+	ds, err := decide(nil)
 	if err == nil && !Allowed(ds) {
 		// Only a charge past the settling rule's capacity (MaxSettleDebt,
 		// a sliding log's MaxSlidingLogQuota) is denied: cut it to what
-		// fits, once. A denial by the failure mode is not one: the call
-		// may have reached the store after its timeout and been applied
-		// there, so sending it again could apply it twice (found between
-		// hosts: refunds given twice under load); it is lost instead.
+		// fits, once.
 		for j := range items {
 			if !ds[j].Allowed && items[j].Cost > 0 {
 				items[j].Cost = min(items[j].Cost, ds[j].Remaining)
 			}
 		}
-		ds, err = rs.Store.Decide(ctx, ds[:0], items)
-		if err == nil {
-			err = undecided(ds, where)
-		}
+		ds, err = decide(ds[:0])
 	}
-	if err == nil {
-		for j := range ds {
-			if !ds[j].Allowed {
-				err = fmt.Errorf("the store answered %s for item %d", ds[j].Reason, where[j])
-				break
-			}
+	for j := 0; err == nil && j < len(ds); j++ {
+		if !ds[j].Allowed {
+			err = fmt.Errorf("the store answered %s for item %d", ds[j].Reason, where[j])
 		}
 	}
 	if err != nil {
@@ -369,18 +370,6 @@ func (rs *Reservations) Settle(ctx context.Context, id string, actual func(i int
 		}
 	}
 	return out, nil
-}
-
-// undecided returns an error when the store did not decide one of ds
-// (its failure mode did: fail_open, fail_closed, local), naming its item
-// by where.
-func undecided(ds []Decision, where []int) error {
-	for j := range ds {
-		if r := ds[j].Reason; r == ReasonFailOpen || r == ReasonFailClosed || r == ReasonLocal {
-			return fmt.Errorf("the store answered %s for item %d", r, where[j])
-		}
-	}
-	return nil
 }
 
 func (rs *Reservations) now() time.Time {

@@ -215,9 +215,9 @@ func boolGauge(b bool) float64 {
 }
 
 // decisionStore returns the store the decisions use: b.store, wrapped in a
-// waitedStore when it is remote.
+// waitedStore when it is shared across the network.
 func (b *backend) decisionStore() ratelimit.Store {
-	if b.remote {
+	if b.shared {
 		return waitedStore{b.store}
 	}
 	return b.store

@@ -454,13 +454,13 @@ func (s distantStore) Decide(ctx context.Context, dst []ratelimit.Decision, item
 // default 100ms objective, which the limit aims at, and the 80ms the
 // shedder holds p99 under) is no overload of serve, and 16 closed-loop
 // callers get no UNAVAILABLE. The control runs the same store without
-// serve knowing it is remote, so its round trip counts as serve's own
+// serve knowing it is shared (remote), so its round trip counts as serve's own
 // latency, as every store's did before: the guard refuses calls then,
 // which shows the scenario is one that sheds.
 func TestServeDistantStoreNotShed(t *testing.T) {
 	run := func(remote bool) (ok, refused int) {
 		_, grpcAddr := serveWith(t, func(l *limitsConfig) { l.overloadShedAnswer = shedUnavailable }, func(b *backend) {
-			b.store, b.remote = distantStore{Store: b.store, rtt: 90 * time.Millisecond}, remote
+			b.store, b.shared = distantStore{Store: b.store, rtt: 90 * time.Millisecond}, remote
 		})
 		conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {

@@ -514,12 +514,11 @@ type backend struct {
 	// holders lease: a lease.MemoryStore, or a redisstore.LeaseStore on
 	// the same Redis.
 	leases func(service string) (lease.Store, error)
-	// shared reports that other replicas see the same state, so that the
-	// overrides must be polled for their changes.
+	// shared reports that other replicas see the same state, across the
+	// network: the overrides must be polled for their changes, and the
+	// time a decision waits on the store is no overload of serve (see
+	// waitedStore).
 	shared bool
-	// remote reports that the store is across the network: the time a
-	// decision waits on it is no overload of serve (see waitedStore).
-	remote bool
 	// errors counts the calls to the store's backend that failed, when the
 	// store answers them by each rule's failure_mode instead of an error.
 	errors func() uint64
@@ -591,7 +590,7 @@ func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*back
 	if err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
-	b := &backend{shared: true, remote: true, closers: []func() error{c.Close}}
+	b := &backend{shared: true, closers: []func() error{c.Close}}
 	if err := checkRedis(ctx, c, log); err != nil {
 		b.close(log)
 		return nil, err

@@ -53,8 +53,8 @@ descriptors:
 // TestCombinedBinary drives the built binary with the features a user
 // turns on together — shadow mode, quota mode, a per-value metric, top-K,
 // --headers, an override set through the admin API, reservations, and
-// the coordination API's semaphores and leases — on the memory store and
-// on Redis, over gRPC, /json and /v1/check in turn, against what the
+// the coordination API's semaphores and leases — on the memory store, on
+// Redis and on a Redis Cluster (a breaker per master), over gRPC, /json and /v1/check in turn, against what the
 // decided semantics say: one count shared by the three transports, the
 // override applied against what was consumed (and to the spacing of
 // reservations), shadow never denying, a request over quota allowed while
@@ -77,6 +77,11 @@ func TestCombinedBinary(t *testing.T) {
 		"memory": func(*testing.T) []string { return nil },
 		"redis": func(t *testing.T) []string {
 			return []string{"--store", "redis", "--redis-addr", redistest.Standalone(t).Addr()}
+		},
+		// A Cluster: the descriptors' keys on different masters, each
+		// behind a breaker of its own.
+		"cluster": func(t *testing.T) []string {
+			return []string{"--store", "redis", "--redis-addr", strings.Join(redistest.Cluster(t).Addrs(), ",")}
 		},
 	}
 	for name, store := range stores {

@@ -344,15 +344,16 @@ func (p *Permit) end(now time.Time, k endKind) {
 		return
 	}
 	p.l, p.s = nil, nil
+	w := p.waits.excluded(math.MaxInt64) // read once, outside the lock: every wait is added before the permit ends
 	l.mu.Lock()
 	t := l.lastEvent
 	if k != endIgnore {
 		t = l.clock.advance(now)
 	}
-	l.finish(t, p.start, p.waits.excluded(t-p.start), k)
+	l.finish(t, p.start, min(w, t-p.start), k)
 	l.mu.Unlock()
 	if s != nil && k != endIgnore {
-		s.ObserveAt(now, time.Duration(t-p.arrived-p.waits.excluded(t-p.arrived)))
+		s.ObserveAt(now, time.Duration(t-p.arrived-min(w, t-p.arrived)))
 	}
 }
 
@@ -362,12 +363,13 @@ func (p *Permit) end(now time.Time, k endKind) {
 func (p *Permit) endMono(d time.Duration, k endKind) {
 	l, s := p.l, p.s
 	p.l, p.s = nil, nil
+	w := p.waits.excluded(math.MaxInt64)
 	l.mu.Lock()
 	t := l.advanceMono(d)
-	l.finish(t, p.start, p.waits.excluded(t-p.start), k)
+	l.finish(t, p.start, min(w, t-p.start), k)
 	l.mu.Unlock()
 	if s != nil {
-		s.ObserveAt(l.epoch.Add(d), time.Duration(t-p.arrived-p.waits.excluded(t-p.arrived)))
+		s.ObserveAt(l.epoch.Add(d), time.Duration(t-p.arrived-min(w, t-p.arrived)))
 	}
 }
 

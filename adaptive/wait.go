@@ -25,7 +25,7 @@ func WithWaitAccount(ctx context.Context) context.Context {
 // request spent waiting on something outside the server (a store's round
 // trip), which is no sign of the server's overload. It does not allocate.
 func AddWait(ctx context.Context, d time.Duration) {
-	if w, ok := ctx.Value(waitKey{}).(*waitAccount); ok && d > 0 {
+	if w := waitsOf(ctx); w != nil && d > 0 {
 		w.ns.Add(int64(d))
 	}
 }

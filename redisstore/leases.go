@@ -129,7 +129,7 @@ func (r *LeaseStore) runReplicated(ctx context.Context, repl Replicated, op, id 
 	ctx, cancel := r.bound(ctx)
 	defer cancel()
 	a := append([]any{op, id, max(1, ttl.Milliseconds())}, args...)
-	cmd, acked := repl.run(ctx, r.c, r.script, r.keys[0], r.keys, a...)
+	cmd, acked := repl.run(ctx, r.c, r.script, r.keys, a...)
 	v, err = cmd.Result()
 	if err != nil {
 		return nil, false, fmt.Errorf("redisstore: lease %s: %w", op, err)

@@ -62,17 +62,17 @@ func (r Replicated) check() (Replicated, error) {
 	return r, nil
 }
 
-// run runs s on c (on a Cluster, on the node serving key) and, when r asks
-// for replicas, WAIT behind it on the same connection. It returns the
-// script's reply and whether enough replicas acknowledged (always true
-// without replicas asked for).
-func (r Replicated) run(ctx context.Context, c redis.UniversalClient, s *redis.Script, key string, keys []string, args ...any) (*redis.Cmd, bool) {
+// run runs s on c (on a Cluster, on the node serving keys[0], the slot of
+// them all) and, when r asks for replicas, WAIT behind it on the same
+// connection. It returns the script's reply and whether enough replicas
+// acknowledged (always true without replicas asked for).
+func (r Replicated) run(ctx context.Context, c redis.UniversalClient, s *redis.Script, keys []string, args ...any) (*redis.Cmd, bool) {
 	if r.Replicas == 0 {
 		return s.Run(ctx, c, keys, args...), true
 	}
 	var node redis.Cmdable = c
 	if cc, ok := c.(*redis.ClusterClient); ok {
-		n, err := cc.MasterForKey(ctx, key)
+		n, err := cc.MasterForKey(ctx, keys[0])
 		if err != nil {
 			cmd := redis.NewCmd(ctx)
 			cmd.SetErr(err)

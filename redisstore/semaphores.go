@@ -282,7 +282,7 @@ func (r *SemaphoreStore) AcquireFair(ctx context.Context, name, token string, we
 		return concurrency.Queued, 0, err
 	}
 	keys := []string{key, key + ":w", key + ":q", key + ":qt", key + ":seq", key + ":freed", key + ":f", key + ":fence", key + ":since", key + ":hold", key + ":pw"}
-	cmd, acked := r.repl.run(ctx, r.c, r.fair, key, keys, token, weight, limit, ttlMillis(ttl), waitMillis(wait), cut, r.hold)
+	cmd, acked := r.repl.run(ctx, r.c, r.fair, keys, token, weight, limit, ttlMillis(ttl), waitMillis(wait), cut, r.hold)
 	res, err := cmd.Int64Slice()
 	if err == nil && len(res) != 2 {
 		err = fmt.Errorf("semaphore_fair.lua answered %v", res)
@@ -365,7 +365,7 @@ func (r *SemaphoreStore) Acquire(ctx context.Context, name, token string, limit 
 		return 0, err
 	}
 	keys := []string{key, key + ":w", key + ":freed", key + ":f", key + ":fence", key + ":pw", key + ":since", key + ":q", key + ":qt", key + ":hold"}
-	cmd, acked := r.repl.run(ctx, r.c, r.acquire, key, keys, token, limit, ttlMillis(ttl), cut, waitMillis(wait), r.hold)
+	cmd, acked := r.repl.run(ctx, r.c, r.acquire, keys, token, limit, ttlMillis(ttl), cut, waitMillis(wait), r.hold)
 	n, err := cmd.Int64()
 	if err == nil {
 		err = r.checkCutoff(ctx, key, n)
@@ -382,7 +382,7 @@ func (r *SemaphoreStore) Acquire(ctx context.Context, name, token string, limit 
 // Renew implements concurrency.Store.
 func (r *SemaphoreStore) Renew(ctx context.Context, name, token string, ttl time.Duration) (bool, error) {
 	key := r.Key(name)
-	cmd, acked := r.repl.run(ctx, r.c, r.renew, key, []string{key, key + ":w", key + ":f", key + ":since"}, token, ttlMillis(ttl))
+	cmd, acked := r.repl.run(ctx, r.c, r.renew, []string{key, key + ":w", key + ":f", key + ":since"}, token, ttlMillis(ttl))
 	n, err := cmd.Int64()
 	if err == nil && n == 1 && !acked {
 		err = transientError{errUnreplicated} // extends nothing for the holder; the permit stays until its validity ends

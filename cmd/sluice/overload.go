@@ -215,9 +215,10 @@ func boolGauge(b bool) float64 {
 }
 
 // decisionStore returns the store the decisions use: b.store, wrapped in a
-// waitedStore when it is shared across the network.
-func (b *backend) decisionStore() ratelimit.Store {
-	if b.shared {
+// waitedStore when it is shared across the network and an overload guard
+// (guarded) reads the waits.
+func (b *backend) decisionStore(guarded bool) ratelimit.Store {
+	if b.shared && guarded {
 		return waitedStore{b.store}
 	}
 	return b.store

@@ -8,11 +8,6 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// ackTimeout bounds the wait for the server's answer to a group of
-// acknowledgements when acks has no wait of its own, and so does the
-// earliest deadline of the group's callers' contexts.
-const ackTimeout = 30 * time.Second
-
 // acks confirms acknowledgements in groups, one round trip for many
 // messages. The acknowledgements asked for while a group is on its way
 // to the server make the next group, sent at once when the answer comes:
@@ -27,14 +22,14 @@ const ackTimeout = 30 * time.Second
 // will deliver the messages again whatever the drainer waits for, and the
 // groups behind it must not wait on a server that lost it (a consumer
 // leader killed or cut off, whose successor never saw it; without the
-// bound, a three-node cluster's drain stood still for the 30 s of
-// ackTimeout, docs/faults.md).
+// bound, a three-node cluster's drain stood still for 30 s,
+// docs/faults.md).
 //
 // A goroutine sends the groups while acknowledgements wait, and ends when
-// none does; the zero value is ready (waiting ackTimeout). It is safe for
+// none does; wait must be positive (the Source's AckWait). It is safe for
 // concurrent use.
 type acks struct {
-	wait time.Duration // bounds the wait for a group's answer; ackTimeout when 0
+	wait time.Duration // bounds the wait for a group's answer
 
 	mu      sync.Mutex
 	queue   []ackCall
@@ -89,11 +84,7 @@ func (a *acks) send() {
 		a.mu.Unlock()
 		errs = append(errs[:0], make([]error, len(group))...)
 		last := len(group) - 1
-		wait := a.wait
-		if wait <= 0 {
-			wait = ackTimeout
-		}
-		deadline := time.Now().Add(wait)
+		deadline := time.Now().Add(a.wait)
 		for i, c := range group {
 			if i < last {
 				errs[i] = c.m.Ack()

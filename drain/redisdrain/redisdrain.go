@@ -290,11 +290,7 @@ func (s *Source) take(ctx context.Context, ms []drain.Message, n int) (int, erro
 			closed := s.closed
 			if !closed {
 				s.held += len(recs)
-				if len(s.buf) == 0 {
-					s.buf = recs
-				} else {
-					s.buf = append(s.buf, recs...)
-				}
+				s.buf = recs // empty here: take returns what it holds before it reads
 			}
 			s.mu.Unlock()
 			if closed {
@@ -346,19 +342,15 @@ func (s *Source) fetch(ctx context.Context, free int) (recs []redisstore.StreamR
 }
 
 // notHeld returns the claimed records recs less those this Source still
-// holds (in buf, or handed out and not settled), under s.mu. A record
-// held past AckWait — its InProgress late, its process starved of CPU —
-// is claimed back by its own consumer; the claim only reset its idle
-// time, and delivering it again would send it twice from one live
-// drainer. (Its delivery counter has grown by one.) A scan of what is
-// held, at a claim that found records: rare, and never per record.
+// holds (handed out and not settled: buf is empty when take reads),
+// under s.mu. A record held past AckWait — its InProgress late, its
+// process starved of CPU — is claimed back by its own consumer; the
+// claim only reset its idle time, and delivering it again would send it
+// twice from one live drainer. (Its delivery counter has grown by one.)
+// A scan of what is held, at a claim that found records: rare, and never
+// per record.
 func (s *Source) notHeld(recs []redisstore.StreamRecord) []redisstore.StreamRecord {
 	return slices.DeleteFunc(recs, func(r redisstore.StreamRecord) bool {
-		for i := range s.buf {
-			if s.buf[i].ID == r.ID {
-				return true
-			}
-		}
 		for m := s.out.next; m != &s.out; m = m.next {
 			if m.r.ID == r.ID {
 				return true
@@ -417,10 +409,8 @@ func (s *Source) handBack(ctx context.Context, recs []redisstore.StreamRecord) e
 // settled frees the window slot of one record and wakes a waiting Next.
 func (s *Source) settled(m *message) {
 	s.mu.Lock()
-	if m.next != nil {
-		m.prev.next, m.next.prev = m.next, m.prev
-		m.prev, m.next = nil, nil
-	}
+	m.prev.next, m.next.prev = m.next, m.prev // every message is in the ring, settled once
+	m.prev, m.next = nil, nil
 	s.held--
 	if s.waited && s.cfg.Window-s.held >= s.need {
 		close(s.wake)

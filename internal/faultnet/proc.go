@@ -121,14 +121,11 @@ func (p *Proc) Log() string {
 
 // LogTail is the last 4,000 bytes of the process's output.
 func (p *Proc) LogTail() string {
-	b, err := os.ReadFile(p.log)
-	if err != nil {
-		return err.Error()
+	s := p.Log()
+	if len(s) > 4000 {
+		s = s[len(s)-4000:]
 	}
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
-	}
-	return fmt.Sprintf("--- %s on %s ---\n%s", p.name, p.h.name, b)
+	return fmt.Sprintf("--- %s on %s ---\n%s", p.name, p.h.name, s)
 }
 
 // killAll kills the host's processes, showing their logs if the test

@@ -148,7 +148,7 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 	pauseScope := fs.String("pause-scope", "all", "what a 429 or 503 pauses: all (every record: one quota for the whole sink), partition (the throttled record's partition) or tenant (its tenant)")
 	maxPause := fs.Duration("max-pause", drain.DefaultMaxPause, "the longest pause one throttled answer may ask for")
 	follow := fs.Bool("follow", false, "keep draining when the stream is empty")
-	window := fs.Int("window", jsdrain.DefaultWindow, "records delivered and not yet acknowledged at most (JetStream: the consumer's max-ack-pending)")
+	window := fs.Int("window", 0, "records delivered and not yet acknowledged at most (JetStream: the consumer's max-ack-pending); 0 for the source's default: 256 on JetStream and Kafka, 512 on Redis (which reads half its window at a time)")
 	ackWait := fs.Duration("ack-wait", jsdrain.DefaultAckWait, "how long a record delivered to a drainer that went silent waits before it is delivered again (Kafka: the group's session timeout)")
 	metricsAddr := fs.String("metrics-addr", "", "serve Prometheus metrics of the drainer (and of its leases) at http://ADDR/metrics; empty: none")
 	if err := parseFlagsEnv(fs, args, drainEnvPrefix, os.LookupEnv); err != nil {

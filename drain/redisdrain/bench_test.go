@@ -191,10 +191,10 @@ func BenchmarkCost(b *testing.B) {
 				if err := st.CreateGroup(ctx, "g"); err != nil {
 					b.Fatal(err)
 				}
-				ids := make([]string, 0, redisdrain.DefaultWindow)
+				ids := make([]string, 0, redisdrain.DefaultWindow/2)
 				for got := 0; got < n; {
 					res, err := c.XReadGroup(ctx, &redis.XReadGroupArgs{
-						Group: "g", Consumer: "c", Streams: []string{st.Key(), ">"}, Count: redisdrain.DefaultWindow, Block: time.Second,
+						Group: "g", Consumer: "c", Streams: []string{st.Key(), ">"}, Count: redisdrain.DefaultWindow / 2, Block: time.Second,
 					}).Result()
 					if err != nil {
 						b.Fatal(err)

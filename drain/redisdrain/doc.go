@@ -36,14 +36,15 @@
 //
 // A Source holds at most Options.Window records delivered and not
 // settled: each read's and claim's COUNT is the free part of the window,
-// and while it is full Next waits. Every wait on the server (BLOCK) is
-// bounded (a second at most), so a Next outlives its context's
-// cancellation by at most that. A Drainer takes a read's records together
-// (NextMany), and acknowledges through AckAsync: the acknowledgements
-// go together in one script call (one XACK of many ids), sent once every
-// record handed out and not settled has asked for its own, or a
-// millisecond after the first asked, whichever is sooner, so that a
-// read's records worked on together take one round trip.
+// at most half of it (so that one read's records are worked on while the
+// next is read), and while it is full Next waits. Every wait on the
+// server (BLOCK) is bounded (a second at most), so a Next outlives its
+// context's cancellation by at most that. A Drainer takes a read's
+// records together (NextMany), and acknowledges through AckAsync: the
+// acknowledgements go together in one script call (one XACK of many
+// ids), sent once every record handed out and not settled has asked for
+// its own, or a millisecond after the first asked, whichever is sooner,
+// so that a read's records worked on together take one round trip.
 //
 // # Delays
 //

@@ -14,7 +14,7 @@ import (
 
 // Defaults and bounds of Options.
 const (
-	DefaultWindow  = 256
+	DefaultWindow  = 512
 	DefaultAckWait = 30 * time.Second
 	// MaxWindow bounds Options.Window.
 	MaxWindow = 1 << 14
@@ -35,8 +35,8 @@ const (
 // it.
 const maxBlock = time.Second
 
-// gatherWait bounds how long Next waits for half the window to be free
-// before it reads fewer records.
+// gatherWait bounds how long Next waits for a whole read (half the
+// window) to be free before it reads fewer records.
 const gatherWait = 2 * time.Millisecond
 
 // pruneIdle is how long a consumer of the group that holds nothing must
@@ -67,8 +67,9 @@ type Options struct {
 	Consumer string
 	// Window is the most records the Source holds delivered and not
 	// settled (acknowledged, put back or dead-lettered): the bound on a
-	// drainer's memory and on each read's COUNT. DefaultWindow when 0; at
-	// most MaxWindow.
+	// drainer's memory. Each read's COUNT is half of it (at least 1), so
+	// that one read's records are worked on while the next is read.
+	// DefaultWindow when 0; at most MaxWindow.
 	Window int
 	// AckWait is how long a record delivered and not settled, nor
 	// extended by InProgress, stays its consumer's before any consumer of
@@ -215,7 +216,7 @@ func (s *Source) NextMany(ctx context.Context, ms []drain.Message) (int, error) 
 func (s *Source) take(ctx context.Context, ms []drain.Message, n int) (int, error) {
 	s.next.Lock()
 	defer s.next.Unlock()
-	var gather *time.Timer // the wait for half the window to be free
+	var gather *time.Timer // the wait for a whole read to be free
 	gathered := false      // that wait is over
 	defer func() {
 		if gather != nil {
@@ -248,23 +249,24 @@ func (s *Source) take(ctx context.Context, ms []drain.Message, n int) (int, erro
 			s.mu.Unlock()
 			return k, nil
 		}
-		free := min(s.cfg.Window-s.held, max(1, n))
+		read := s.readSize()
+		free := min(s.cfg.Window-s.held, max(1, n), read)
 		var wake chan struct{}
-		wait := free <= 0 || (free < s.cfg.Window/2 && !gathered)
+		wait := free <= 0 || (free < read && !gathered)
 		switch {
 		case free <= 0:
 			wake, s.waited, s.need = s.wake, true, 1
-		case wait && s.cfg.Window-s.held < s.cfg.Window/2:
-			// Woken once half the window is free, not at each record
+		case wait && s.cfg.Window-s.held < read:
+			// Woken once a whole read is free, not at each record
 			// settled.
-			wake, s.waited, s.need = s.wake, true, s.cfg.Window/2
+			wake, s.waited, s.need = s.wake, true, read
 		}
 		s.mu.Unlock()
 		if wait {
-			// A full window waits for a settled record; one less than
-			// half free waits up to gatherWait for more, so that reads
-			// take many records at a time rather than one per settled
-			// record.
+			// A full window waits for a settled record; one with less
+			// than a read free waits up to gatherWait for more, so that
+			// reads take many records at a time rather than one per
+			// settled record.
 			var expired <-chan time.Time
 			if free > 0 {
 				if gather == nil {
@@ -305,6 +307,11 @@ func (s *Source) take(ctx context.Context, ms []drain.Message, n int) (int, erro
 		}
 	}
 }
+
+// readSize is the most records one read takes: half the window, so
+// that the records of one read are worked on while the next is read, and
+// each read takes a whole half once its records are settled together.
+func (s *Source) readSize() int { return max(1, s.cfg.Window/2) }
 
 // fetch claims or reads up to free records, and tells which; it may
 // return none.

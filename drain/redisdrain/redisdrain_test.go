@@ -187,7 +187,9 @@ func TestClose(t *testing.T) {
 
 // TestReadsWithinWindow checks that the Source never takes from Redis
 // more than its window: what the consumer has pending there is what it
-// handed out plus what it holds to hand out, never above Window.
+// handed out plus what it holds to hand out, never above Window; and
+// that a read takes half the window, so that the next read has room
+// while its records are worked on.
 func TestReadsWithinWindow(t *testing.T) {
 	c := client(t, []string{redistest.Standalone(t).Addr()})
 	ctx := t.Context()
@@ -219,6 +221,11 @@ func TestReadsWithinWindow(t *testing.T) {
 		held = append(held, m)
 		if n := pending(); n > window {
 			t.Fatalf("%d pending for a window of %d", n, window)
+		}
+		if len(held) == 1 {
+			if n := pending(); n != window/2 {
+				t.Fatalf("%d pending after the first read, want half the window, %d", n, window/2)
+			}
 		}
 	}
 	if n := pending(); n != window {

@@ -25,7 +25,7 @@ func TestSemaphoreReplicated(t *testing.T) {
 	ss := redistest.Sentinel(t)
 	c := ss.Master.Client()
 	replicaSynced(t, c)
-	waiting, err := NewSemaphoreStore(c, SemaphoreOptions{Replicated: Replicated{Replicas: 1, Timeout: 2000 * time.Millisecond}})
+	waiting, err := NewSemaphoreStore(c, SemaphoreOptions{Replicated: Replicated{Replicas: 1, Timeout: 2 * time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +83,7 @@ func TestLeaseReplicated(t *testing.T) {
 	ss := redistest.Sentinel(t)
 	c := ss.Master.Client()
 	replicaSynced(t, c)
-	waiting, err := NewLeaseStore(c, "svc", LeaseOptions{Timeout: 5 * time.Second, Replicated: Replicated{Replicas: 1, Timeout: 2000 * time.Millisecond}})
+	waiting, err := NewLeaseStore(c, "svc", LeaseOptions{Timeout: 5 * time.Second, Replicated: Replicated{Replicas: 1, Timeout: 2 * time.Second}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,10 +54,11 @@ descriptors:
 // turns on together — shadow mode, quota mode, a per-value metric, top-K,
 // --headers, an override set through the admin API, reservations, and
 // the coordination API's semaphores and leases — on the memory store, on
-// Redis and on a Redis Cluster (a breaker per master), over gRPC, /json and /v1/check in turn, against what the
-// decided semantics say: one count shared by the three transports, the
-// override applied against what was consumed (and to the spacing of
-// reservations), shadow never denying, a request over quota allowed while
+// Redis and on a Redis Cluster (a breaker per master), over gRPC, /json
+// and /v1/check in turn, against what the decided semantics say: one
+// count shared by the three transports, the override applied against
+// what was consumed (and to the spacing of reservations), shadow never
+// denying, a request over quota allowed while
 // a real limit admits it, a semaphore's permit and a lease holder shown by
 // the admin status beside the limits.
 func TestCombinedBinary(t *testing.T) {

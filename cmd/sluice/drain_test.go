@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -327,4 +329,72 @@ func recordsFile(t *testing.T, dir string, n int) string {
 		t.Fatal(err)
 	}
 	return file
+}
+
+// TestDrainBinaryRedis drives the built binary on a Redis stream (a
+// standalone server and a Cluster) with the features a user turns on
+// together: more records than the window (so that reads of half the
+// window follow one another), a rate, pauses per partition, a sink that
+// answers a random fifth of its requests 429 (Retry-After: 1), and a
+// 1 s ack wait, shorter than a pause plus the wait for the rate, so that
+// records held in the drainer outlive it. Each record is written once
+// (one 2xx per key, none after it) and every record is written.
+func TestDrainBinaryRedis(t *testing.T) {
+	bin := buildSluice(t)
+	for name, addr := range map[string]func(t *testing.T) string{
+		"standalone": func(t *testing.T) string { return redistest.Standalone(t).Addr() },
+		"cluster":    func(t *testing.T) string { return strings.Join(redistest.Cluster(t).Addrs(), ",") },
+	} {
+		t.Run(name, func(t *testing.T) {
+			const n = 1500
+			queue := []string{"-source", "redis", "-redis", addr(t)}
+			file := recordsFile(t, t.TempDir(), n)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			if out, err := exec.CommandContext(ctx, bin, append([]string{"enqueue", "-file", file, "-partitions", "50"}, queue...)...).CombinedOutput(); err != nil {
+				t.Fatalf("enqueue: %v\n%s", err, out)
+			}
+			var mu sync.Mutex
+			written := map[string]int{}
+			throttled := 0
+			hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				defer mu.Unlock()
+				key := r.Header.Get(drain.IdempotencyKeyHeader)
+				if rand.IntN(5) == 0 {
+					throttled++
+					w.Header().Set("Retry-After", "1")
+					w.WriteHeader(http.StatusTooManyRequests)
+					return
+				}
+				written[key]++
+			}))
+			defer hs.Close()
+			out, err := exec.CommandContext(ctx, bin, append([]string{"drain", "-url", hs.URL, "-rate", "1000/s", "-pause-scope", "partition", "-ack-wait", "1s"}, queue...)...).CombinedOutput()
+			if err != nil {
+				t.Fatalf("drain: %v\n%s", err, out)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			twice := 0
+			for k, c := range written {
+				if c > 1 {
+					twice++
+					t.Errorf("%s written %d times", k, c)
+				}
+			}
+			if len(written) != n {
+				t.Errorf("%d records written, want %d", len(written), n)
+			}
+			t.Logf("%d written, %d twice, %d answered 429; the drainer's last lines:\n%s", len(written), twice, throttled, tail(string(out), 600))
+			if throttled == 0 {
+				t.Error("no request answered 429")
+			}
+		})
+	}
+}
+
+// tail is the last n bytes of s.
+func tail(s string, n int) string {
+	return s[max(0, len(s)-n):]
 }

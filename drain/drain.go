@@ -36,15 +36,58 @@ type Source interface {
 // An AsyncAcker is a Message whose acknowledgement is confirmed later
 // than it is sent (a queue that confirms acknowledgements in groups).
 // AckAsync acknowledges the message as Ack does, without waiting for the
-// confirmation: it calls done once, with what Ack would have returned,
-// when the queue has confirmed the acknowledgement or failed to (done may
-// run on another goroutine, or before AckAsync returns). The Drainer uses
+// confirmation: it tells done, once, what Ack would have returned, when
+// the queue has confirmed the acknowledgement or failed to (done may be
+// told on another goroutine, or before AckAsync returns). The Drainer uses
 // it instead of Ack, so that a worker goes on to its next message
 // meanwhile rather than wait, and be woken, for each confirmation; the
 // message is still the Drainer's (held, counted in flight, settled as
-// Ack's would be) until done.
+// Ack's would be) until done is told. A Source that confirms many
+// acknowledgements at once tells their Confirms together, with
+// ConfirmAll.
 type AsyncAcker interface {
-	AckAsync(ctx context.Context, done func(error))
+	AckAsync(ctx context.Context, done Confirm)
+}
+
+// A Confirm is told the outcome of one asynchronous acknowledgement
+// (AsyncAcker), once.
+type Confirm interface {
+	Confirmed(err error)
+}
+
+// A ConfirmFunc is a function as a Confirm.
+type ConfirmFunc func(err error)
+
+// Confirmed calls f(err).
+func (f ConfirmFunc) Confirmed(err error) { f(err) }
+
+// ConfirmAll tells each of cs err, as cs[i].Confirmed(err) does: those of
+// one Drainer in one step (one lock for the group, not one a message).
+func ConfirmAll(cs []Confirm, err error) {
+	var group []*hold
+	var d *Drainer
+	flush := func() {
+		if len(group) > 0 {
+			d.confirmedAll(group, err)
+		}
+		group, d = group[:0], nil
+	}
+	for _, c := range cs {
+		h, ok := c.(*hold)
+		if !ok {
+			c.Confirmed(err)
+			continue
+		}
+		if d != h.d {
+			flush()
+			d = h.d
+		}
+		if group == nil {
+			group = make([]*hold, 0, len(cs))
+		}
+		group = append(group, h)
+	}
+	flush()
 }
 
 // An AckWaiter is a Source that reports its queue's ack wait: how long a
@@ -400,6 +443,8 @@ type recentKeys struct {
 	slots []uint64
 	ring  []uint64 // in the order added, from next on once full
 	next  int
+	// touched keeps addAll's first pass from being left out.
+	touched uint64
 }
 
 // add reports whether k is in the set, and adds it if it is not.
@@ -422,6 +467,30 @@ func (r *recentKeys) add(k uint64) (seen bool) {
 	i, _ := r.find(k) // the first empty slot of k's run, since the removal
 	r.slots[i] = k
 	return false
+}
+
+// addAll adds each of ks, as add does in turn, and returns how many were
+// in the set. The slots of the group are touched first, all at once, so
+// that the processor waits for their cache lines together rather than
+// one after another.
+func (r *recentKeys) addAll(ks []uint64) (seen int) {
+	if r.slots != nil {
+		mask := uint64(len(r.slots) - 1)
+		var touch uint64
+		for j, k := range ks {
+			touch += r.slots[k&mask]
+			if len(r.ring) == ackedKeys {
+				touch += r.slots[r.ring[(r.next+j)%ackedKeys]&mask]
+			}
+		}
+		r.touched = touch
+	}
+	for _, k := range ks {
+		if r.add(k) {
+			seen++
+		}
+	}
+	return seen
 }
 
 // find returns the slot of k, or the empty slot ending its run.
@@ -642,6 +711,7 @@ func (d *Drainer) Stats() Stats {
 // hold is a message the Drainer holds, from Next until it is settled;
 // then a spare, for a message taken later (see newHoldLocked).
 type hold struct {
+	d     *Drainer
 	msg   Message
 	input int
 	scope string // what a throttled answer to it pauses
@@ -881,7 +951,7 @@ func (d *Drainer) fetch(ctx context.Context, i int) {
 func (d *Drainer) newHoldLocked(m Message, i int, beat time.Time) *hold {
 	n := len(d.spare)
 	if n == 0 {
-		return &hold{msg: m, input: i, beat: beat}
+		return &hold{d: d, msg: m, input: i, beat: beat}
 	}
 	h := d.spare[n-1]
 	d.spare[n-1] = nil
@@ -932,21 +1002,38 @@ func (d *Drainer) settle(h *hold, ack bool, f func() error) error {
 
 // settleAsync acknowledges h's message through AckAsync and returns
 // without waiting for the confirmation: settle's work is done when the
-// confirmation comes, on the goroutine that calls done, and Run waits for
-// it (d.acking). h.mu is held from here until then, as settle holds it
+// confirmation comes (h.Confirmed, or ConfirmAll), and Run waits for it
+// (d.acking). h.mu is held from here until then, as settle holds it
 // through Ack: the heartbeat leaves the message alone meanwhile.
 func (d *Drainer) settleAsync(ctx context.Context, h *hold, m AsyncAcker) {
 	h.mu.Lock()
 	h.settled = true
 	d.acking.Add(1)
-	m.AckAsync(ctx, func(err error) {
-		h.mu.Unlock()
-		msg := h.msg // h is a spare once forgotten
-		if err = d.forget(h, true, err); err != nil {
-			d.settleFailed(msg, err)
+	m.AckAsync(ctx, h)
+}
+
+// Confirmed is told the outcome of h's acknowledgement through AckAsync
+// (Confirm).
+func (h *hold) Confirmed(err error) { h.d.confirmedAll([]*hold{h}, err) }
+
+// confirmedAll does settle's work for hs, acknowledged through AckAsync
+// with the outcome err, in one step.
+func (d *Drainer) confirmedAll(hs []*hold, err error) {
+	var failed []Message // hs are spares once forgotten
+	if err != nil {
+		failed = make([]Message, len(hs))
+	}
+	for i, h := range hs {
+		if err != nil {
+			failed[i] = h.msg
 		}
-		d.acking.Done()
-	})
+		h.mu.Unlock()
+	}
+	d.forgetAll(hs, true, err)
+	for _, m := range failed {
+		d.settleFailed(m, err)
+	}
+	d.acking.Add(-len(hs))
 }
 
 // settleFailed counts and logs a settlement the queue did not take.
@@ -959,40 +1046,48 @@ func (d *Drainer) settleFailed(m Message, err error) {
 // acknowledgement when ack), and counts it; it returns err. h is then a
 // spare, for a message taken later: its caller no longer reads it.
 func (d *Drainer) forget(h *hold, ack bool, err error) error {
-	var k uint64
-	if ack && err == nil {
-		k = d.keyHash(h.msg.Key())
-	}
-	d.mu.Lock()
-	last := d.held[len(d.held)-1]
-	d.held[h.index], last.index = last, h.index
-	d.held[len(d.held)-1] = nil
-	d.held = d.held[:len(d.held)-1]
-	d.heldN[h.input]--
-	if h.inSink {
-		d.sinkN[h.input]--
-		d.stats.InFlight--
-	}
-	if ack && err == nil {
-		d.countAckLocked(k)
-		if len(d.failures) > 0 {
-			delete(d.failures, h.msg.Key()) // it succeeded
-		}
-	}
-	d.roomMadeLocked(h.input)
-	d.spare = append(d.spare, h)
-	d.mu.Unlock()
+	d.forgetAll([]*hold{h}, ack, err)
 	return err
 }
 
-// countAckLocked counts an acknowledged record of key hash k in Done, or
-// in Duplicates if its key was acknowledged before. d.mu is held.
-func (d *Drainer) countAckLocked(k uint64) {
-	if d.acked.add(k) {
-		d.stats.Duplicates++
-	} else {
-		d.stats.Done++
+// forgetAll is forget for each of hs, under one lock.
+func (d *Drainer) forgetAll(hs []*hold, ack bool, err error) {
+	ack = ack && err == nil
+	var small [1]uint64 // one message's, without an allocation
+	ks := small[:0]
+	if ack {
+		if len(hs) > len(small) {
+			ks = make([]uint64, 0, len(hs))
+		}
+		for _, h := range hs {
+			ks = append(ks, d.keyHash(h.msg.Key()))
+		}
 	}
+	d.mu.Lock()
+	for _, h := range hs {
+		last := d.held[len(d.held)-1]
+		d.held[h.index], last.index = last, h.index
+		d.held[len(d.held)-1] = nil
+		d.held = d.held[:len(d.held)-1]
+		d.heldN[h.input]--
+		if h.inSink {
+			d.sinkN[h.input]--
+			d.stats.InFlight--
+		}
+		if ack && len(d.failures) > 0 {
+			delete(d.failures, h.msg.Key()) // it succeeded
+		}
+	}
+	if ack {
+		dups := d.acked.addAll(ks)
+		d.stats.Duplicates += int64(dups)
+		d.stats.Done += int64(len(ks) - dups)
+	}
+	for _, h := range hs {
+		d.roomMadeLocked(h.input)
+	}
+	d.spare = append(d.spare, hs...)
+	d.mu.Unlock()
 }
 
 // heartbeat tells every held message InProgress at least every

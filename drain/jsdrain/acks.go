@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/sluicehq/sluice/drain"
 )
 
 // acks confirms acknowledgements in groups, one round trip for many
@@ -40,13 +41,13 @@ type acks struct {
 type ackCall struct {
 	m    *nats.Msg
 	ctx  context.Context
-	done func(error)
+	done drain.Confirm
 }
 
 // ack acknowledges m and waits for the server to confirm it, or for ctx.
 func (a *acks) ack(ctx context.Context, m *nats.Msg) error {
 	c := make(chan error, 1)
-	a.ackAsync(ctx, m, func(err error) { c <- err })
+	a.ackAsync(ctx, m, drain.ConfirmFunc(func(err error) { c <- err }))
 	select {
 	case err := <-c:
 		return err
@@ -55,10 +56,10 @@ func (a *acks) ack(ctx context.Context, m *nats.Msg) error {
 	}
 }
 
-// ackAsync acknowledges m and calls done once the server has confirmed
+// ackAsync acknowledges m and tells done once the server has confirmed
 // it (nil) or the group's answer failed; the wait for the answer ends at
 // ctx's deadline at the latest.
-func (a *acks) ackAsync(ctx context.Context, m *nats.Msg, done func(error)) {
+func (a *acks) ackAsync(ctx context.Context, m *nats.Msg, done drain.Confirm) {
 	a.mu.Lock()
 	a.queue = append(a.queue, ackCall{m: m, ctx: ctx, done: done})
 	start := !a.sending
@@ -73,6 +74,7 @@ func (a *acks) ackAsync(ctx context.Context, m *nats.Msg, done func(error)) {
 func (a *acks) send() {
 	var group []ackCall
 	var errs []error
+	var cs []drain.Confirm // confirmed by the group's answer
 	for {
 		a.mu.Lock()
 		group, a.queue = a.queue, group[:0]
@@ -96,13 +98,16 @@ func (a *acks) send() {
 		ctx, cancel := context.WithDeadline(context.Background(), deadline)
 		confirmed := group[last].m.AckSync(nats.Context(ctx))
 		cancel()
+		cs = cs[:0]
 		for i, c := range group {
-			err := errs[i]
-			if err == nil {
-				err = confirmed
+			if errs[i] != nil {
+				c.done.Confirmed(errs[i]) // never sent
+				continue
 			}
-			c.done(err)
+			cs = append(cs, c.done)
 		}
+		drain.ConfirmAll(cs, confirmed)
 		clear(group)
+		clear(cs)
 	}
 }

@@ -391,7 +391,7 @@ func (m *jsMessage) Ack(ctx context.Context) error { return m.src.acks.ack(ctx, 
 // AckAsync is Ack without the wait: done is told once the server has
 // confirmed the acknowledgement (or the group's answer failed), so that a
 // Drainer's worker goes on meanwhile (drain.AsyncAcker).
-func (m *jsMessage) AckAsync(ctx context.Context, done func(error)) {
+func (m *jsMessage) AckAsync(ctx context.Context, done drain.Confirm) {
 	m.src.acks.ackAsync(ctx, m.m, done)
 }
 

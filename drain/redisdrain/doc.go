@@ -39,12 +39,17 @@
 // at most half of it (so that one read's records are worked on while the
 // next is read), and while it is full Next waits. Every wait on the
 // server (BLOCK) is bounded (a second at most), so a Next outlives its
-// context's cancellation by at most that. A Drainer takes a read's
-// records together (NextMany), and acknowledges through AckAsync: the
-// acknowledgements go together in one script call (one XACK of many
-// ids), sent once every record handed out and not settled has asked for
-// its own, or a millisecond after the first asked, whichever is sooner,
-// so that a read's records worked on together take one round trip.
+// context's cancellation by at most that. While reads come back full (a
+// backlog), the next read does not wait on the server (redisstore's
+// ReadNow, whose reply is read into one buffer and parsed straight into
+// the records); once one comes back short, the next waits (BLOCK). A
+// Drainer takes a read's records together (NextMany), and acknowledges
+// through AckAsync: the acknowledgements go together in one script call
+// (one XACK of many ids), sent once every record handed out and not
+// settled has asked for its own, or a millisecond after the first asked,
+// whichever is sooner, so that a read's records worked on together take
+// one round trip; the Drainer is told of the group's outcome in one step
+// (drain.ConfirmAll).
 //
 // # Delays
 //

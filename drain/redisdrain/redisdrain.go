@@ -130,6 +130,7 @@ type Source struct {
 	next      sync.Mutex // one Next at a time: it reads and claims
 	cursor    string     // where the claim scan goes on; "0-0" between scans
 	nextClaim time.Time  // when the next scan starts
+	backlog   bool       // the last read took all it asked for: read without waiting first
 
 	acks acks
 
@@ -166,7 +167,7 @@ func New(ctx context.Context, c redisstore.Client, o Options) (*Source, error) {
 	if _, err := st.Prune(ctx, o.Group, pruneIdle); err != nil {
 		return nil, fmt.Errorf("redisdrain: %w", err)
 	}
-	s := &Source{cfg: o, stream: st, cons: cons, cursor: "0-0", wake: make(chan struct{})}
+	s := &Source{cfg: o, stream: st, cons: cons, cursor: "0-0", backlog: true, wake: make(chan struct{})}
 	s.out.prev, s.out.next = &s.out, &s.out
 	s.acks.src = s
 	return s, nil
@@ -330,6 +331,16 @@ func (s *Source) fetch(ctx context.Context, free int) (recs []redisstore.StreamR
 			return recs, true, nil
 		}
 	}
+	if s.backlog {
+		// Records are likely at hand: read them without waiting, far
+		// cheaper for this process than a waiting read's reply, and
+		// wait only once the stream has run dry.
+		recs, err = s.cons.ReadNow(ctx, free)
+		s.backlog = err == nil && len(recs) == free
+		if err != nil || len(recs) > 0 {
+			return recs, false, err
+		}
+	}
 	block := min(maxBlock, time.Until(s.nextClaim))
 	if d, ok := ctx.Deadline(); ok {
 		block = min(block, time.Until(d)-readMargin)
@@ -345,6 +356,7 @@ func (s *Source) fetch(ctx context.Context, free int) (recs []redisstore.StreamR
 		return nil, false, nil
 	}
 	recs, err = s.cons.Read(ctx, free, block)
+	s.backlog = err == nil && len(recs) == free
 	return recs, false, err
 }
 
@@ -416,6 +428,22 @@ func (s *Source) handBack(ctx context.Context, recs []redisstore.StreamRecord) e
 // settled frees the window slot of one record and wakes a waiting Next.
 func (s *Source) settled(m *message) {
 	s.mu.Lock()
+	s.settledLocked(m)
+	s.mu.Unlock()
+}
+
+// settledAll is settled for the records of group, acknowledged together
+// (none settled before: an acknowledgement asked for is its settlement).
+func (s *Source) settledAll(group []ackAsked) {
+	s.mu.Lock()
+	for _, g := range group {
+		g.m.once.Do(func() { s.settledLocked(g.m) })
+	}
+	s.mu.Unlock()
+}
+
+// settledLocked is settled, s.mu held.
+func (s *Source) settledLocked(m *message) {
 	m.prev.next, m.next.prev = m.next, m.prev // every message is in the ring, settled once
 	m.prev, m.next = nil, nil
 	s.held--
@@ -423,7 +451,6 @@ func (s *Source) settled(m *message) {
 		close(s.wake)
 		s.wake, s.waited = make(chan struct{}), false
 	}
-	s.mu.Unlock()
 }
 
 // message is one delivery of a record.
@@ -461,7 +488,7 @@ func (m *message) Ack(ctx context.Context) error {
 // AckAsync is Ack, with the acknowledgements of the records handed out
 // sent together in one script call (see acks; drain.AsyncAcker): done is
 // called once theirs has returned.
-func (m *message) AckAsync(ctx context.Context, done func(error)) {
+func (m *message) AckAsync(ctx context.Context, done drain.Confirm) {
 	m.src.acks.ack(ctx, m, done)
 }
 
@@ -488,12 +515,12 @@ type acks struct {
 
 type ackAsked struct {
 	m    *message
-	done func(error)
+	done drain.Confirm
 }
 
 // ack acknowledges m, frees its window slot and calls done with the
 // outcome.
-func (a *acks) ack(ctx context.Context, m *message, done func(error)) {
+func (a *acks) ack(ctx context.Context, m *message, done drain.Confirm) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.next = append(a.next, ackAsked{m, done})
@@ -520,6 +547,7 @@ func (a *acks) ready() bool {
 // left.
 func (a *acks) send(ctx context.Context) {
 	var ids []string
+	var dones []drain.Confirm
 	var gather *time.Timer
 	a.mu.Lock()
 	for len(a.next) > 0 {
@@ -543,16 +571,16 @@ func (a *acks) send(ctx context.Context) {
 		group := a.next
 		a.next, a.spare = a.spare, nil
 		a.mu.Unlock()
-		ids = ids[:0]
+		ids, dones = ids[:0], dones[:0]
 		for _, g := range group {
 			ids = append(ids, g.m.r.ID)
+			dones = append(dones, g.done)
 		}
 		err := a.src.cons.Ack(ctx, ids...)
-		for _, g := range group {
-			g.m.done()
-			g.done(err)
-		}
+		a.src.settledAll(group)
+		drain.ConfirmAll(dones, err)
 		clear(group)
+		clear(dones)
 		a.mu.Lock()
 		a.spare = group[:0]
 	}

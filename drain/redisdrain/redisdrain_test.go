@@ -285,7 +285,7 @@ func TestAckAsyncAlone(t *testing.T) {
 	_, src, held := holdAll(t, "alone", n)
 	ctx := t.Context()
 	acked := make(chan error, 1)
-	held[0].AckAsync(ctx, func(err error) { acked <- err })
+	held[0].AckAsync(ctx, drain.ConfirmFunc(func(err error) { acked <- err }))
 	if err := <-acked; err != nil {
 		t.Fatal(err)
 	}
@@ -326,7 +326,7 @@ func TestAckAsyncGroups(t *testing.T) {
 	for _, m := range held {
 		wg.Go(func() {
 			<-start
-			m.AckAsync(ctx, func(err error) { errs <- err })
+			m.AckAsync(ctx, drain.ConfirmFunc(func(err error) { errs <- err }))
 		})
 	}
 	close(start)

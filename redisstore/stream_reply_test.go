@@ -3,6 +3,7 @@ package redisstore
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"reflect"
 	"strings"
 	"testing"
@@ -193,5 +194,28 @@ func TestReadNow(t *testing.T) {
 	}
 	if _, err := cons.ReadNow(ctx, 0); err == nil || !strings.Contains(err.Error(), "count") {
 		t.Errorf("ReadNow of 0: %v", err)
+	}
+}
+
+// TestReplyBuf: ReadNow's writer takes what go-redis copies into it, a
+// bulk string at a time (an io.LimitedReader of its connection), whole,
+// and a reply cut short is an error; any other reader is read to its end.
+func TestReplyBuf(t *testing.T) {
+	var w replyBuf
+	if _, err := w.Write([]byte("$5\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	src := strings.NewReader("hello\r\nrest")
+	if n, err := io.CopyN(&w, src, 7); n != 7 || err != nil {
+		t.Fatalf("CopyN: %d, %v", n, err)
+	}
+	if n, err := w.ReadFrom(strings.NewReader(strings.Repeat("x", 3000))); n != 3000 || err != nil {
+		t.Fatalf("ReadFrom of a plain reader: %d, %v", n, err)
+	}
+	if got, want := string(w.b), "$5\r\nhello\r\n"+strings.Repeat("x", 3000); got != want {
+		t.Fatalf("wrote %q…, want %q…", got[:20], want[:20])
+	}
+	if n, err := io.CopyN(&w, strings.NewReader("ab"), 4); n != 2 || err == nil {
+		t.Errorf("CopyN of 4 from 2 bytes: %d, %v; want 2 and an error", n, err)
 	}
 }

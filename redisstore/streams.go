@@ -6,6 +6,8 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -499,24 +501,58 @@ func (c *StreamConsumer) ReadNow(ctx context.Context, count int) ([]StreamRecord
 	if per == 0 {
 		per = defaultPerRecord
 	}
-	// Room for the whole reply, and the 512 bytes more that a
-	// bytes.Buffer wants free before each read into it: one allocation.
-	var buf bytes.Buffer
-	buf.Grow(int(min(per*int64(count), maxReplyHint)) + bytes.MinRead)
+	// Room for the whole reply: one allocation.
+	buf := replyBuf{b: make([]byte, 0, min(per*int64(count), maxReplyHint))}
 	cmd := redis.NewRawWriteToCmd(ctx, &buf, "xreadgroup", "group", c.group, c.name, "count", count, "streams", c.s.key, ">")
 	cmd.SetFirstKeyPos(7) // the stream, for a Cluster's routing
 	err := c.s.c.Process(ctx, cmd)
 	var recs []StreamRecord
 	if err == nil {
-		recs, err = parseReadReply(buf.Bytes(), count)
+		recs, err = parseReadReply(buf.b, count)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: reading stream %q as %q of group %q: %w", c.s.name, c.name, c.group, err)
 	}
 	if len(recs) > 0 {
-		c.perRecord.Store(int64(buf.Len()/len(recs)) + 1)
+		c.perRecord.Store(int64(len(buf.b)/len(recs)) + 1)
 	}
 	return recs, nil
+}
+
+// replyBuf is what ReadNow's reply is written into: go-redis writes each
+// header line with Write and copies each bulk string with io.CopyN, which
+// hands ReadFrom a *io.LimitedReader of the connection's reader, read
+// here straight into b's spare room in one call (a bytes.Buffer would
+// check its room and read again for the end of each).
+type replyBuf struct{ b []byte }
+
+func (w *replyBuf) Write(p []byte) (int, error) {
+	w.b = append(w.b, p...)
+	return len(p), nil
+}
+
+// ReadFrom reads r to its end into w.
+func (w *replyBuf) ReadFrom(r io.Reader) (int64, error) {
+	if lr, ok := r.(*io.LimitedReader); ok && lr.N >= 0 && lr.N <= maxRESPLen {
+		n := int(lr.N)
+		w.b = slices.Grow(w.b, n)
+		k, err := io.ReadFull(lr, w.b[len(w.b):len(w.b)+n])
+		w.b = w.b[:len(w.b)+k]
+		return int64(k), err
+	}
+	var total int64
+	for {
+		w.b = slices.Grow(w.b, bytes.MinRead)
+		k, err := r.Read(w.b[len(w.b):cap(w.b)])
+		w.b = w.b[:len(w.b)+k]
+		total += int64(k)
+		if err == io.EOF {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
 }
 
 // defaultPerRecord is ReadNow's guess of a reply's size for each record

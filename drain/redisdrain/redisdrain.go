@@ -487,7 +487,8 @@ func (m *message) Ack(ctx context.Context) error {
 
 // AckAsync is Ack, with the acknowledgements of the records handed out
 // sent together in one script call (see acks; drain.AsyncAcker): done is
-// called once theirs has returned.
+// told, with the others of the group (drain.ConfirmAll), once theirs has
+// returned.
 func (m *message) AckAsync(ctx context.Context, done drain.Confirm) {
 	m.src.acks.ack(ctx, m, done)
 }
@@ -518,8 +519,7 @@ type ackAsked struct {
 	done drain.Confirm
 }
 
-// ack acknowledges m, frees its window slot and calls done with the
-// outcome.
+// ack acknowledges m, frees its window slot and tells done the outcome.
 func (a *acks) ack(ctx context.Context, m *message, done drain.Confirm) {
 	a.mu.Lock()
 	defer a.mu.Unlock()

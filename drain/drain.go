@@ -443,8 +443,6 @@ type recentKeys struct {
 	slots []uint64
 	ring  []uint64 // in the order added, from next on once full
 	next  int
-	// touched keeps addAll's first pass from being left out.
-	touched uint64
 }
 
 // add reports whether k is in the set, and adds it if it is not.
@@ -470,21 +468,8 @@ func (r *recentKeys) add(k uint64) (seen bool) {
 }
 
 // addAll adds each of ks, as add does in turn, and returns how many were
-// in the set. The slots of the group are touched first, all at once, so
-// that the processor waits for their cache lines together rather than
-// one after another.
+// in the set.
 func (r *recentKeys) addAll(ks []uint64) (seen int) {
-	if r.slots != nil {
-		mask := uint64(len(r.slots) - 1)
-		var touch uint64
-		for j, k := range ks {
-			touch += r.slots[k&mask]
-			if len(r.ring) == ackedKeys {
-				touch += r.slots[r.ring[(r.next+j)%ackedKeys]&mask]
-			}
-		}
-		r.touched = touch
-	}
 	for _, k := range ks {
 		if r.add(k) {
 			seen++

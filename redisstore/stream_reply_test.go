@@ -215,6 +215,18 @@ func TestReplyBuf(t *testing.T) {
 	if got, want := string(w.b), "$5\r\nhello\r\n"+strings.Repeat("x", 3000); got != want {
 		t.Fatalf("wrote %q…, want %q…", got[:20], want[:20])
 	}
+	// A bulk string longer than maxBulkAhead is taken as its bytes come,
+	// and one that says more than comes is an error, with no room made
+	// for what never came.
+	big := strings.Repeat("y", maxBulkAhead+10)
+	before := len(w.b)
+	if n, err := io.CopyN(&w, strings.NewReader(big), int64(len(big))); n != int64(len(big)) || err != nil || string(w.b[before:]) != big {
+		t.Fatalf("CopyN of %d bytes: %d, %v", len(big), n, err)
+	}
+	w = replyBuf{}
+	if n, err := io.CopyN(&w, strings.NewReader("ab"), 1<<40); n != 2 || err == nil || cap(w.b) > 1<<20 {
+		t.Errorf("CopyN of a bulk string of 1 TiB, 2 bytes sent: %d, %v, room made %d; want 2, an error, little room", n, err, cap(w.b))
+	}
 	if n, err := io.CopyN(&w, strings.NewReader("ab"), 4); n != 2 || err == nil {
 		t.Errorf("CopyN of 4 from 2 bytes: %d, %v; want 2 and an error", n, err)
 	}

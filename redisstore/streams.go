@@ -531,9 +531,11 @@ func (w *replyBuf) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// ReadFrom reads r to its end into w.
+// ReadFrom reads r to its end into w. A bulk string of up to maxBulkAhead
+// bytes has its room made at once; a longer one (its length is the
+// server's word) grows w only as its bytes arrive.
 func (w *replyBuf) ReadFrom(r io.Reader) (int64, error) {
-	if lr, ok := r.(*io.LimitedReader); ok && lr.N >= 0 && lr.N <= maxRESPLen {
+	if lr, ok := r.(*io.LimitedReader); ok && lr.N >= 0 && lr.N <= maxBulkAhead {
 		n := int(lr.N)
 		w.b = slices.Grow(w.b, n)
 		k, err := io.ReadFull(lr, w.b[len(w.b):len(w.b)+n])
@@ -557,10 +559,12 @@ func (w *replyBuf) ReadFrom(r io.Reader) (int64, error) {
 
 // defaultPerRecord is ReadNow's guess of a reply's size for each record
 // before its first reply, and maxReplyHint bounds the buffer it makes
-// from the last reply's (a reply larger grows it).
+// from the last reply's (a reply larger grows it); maxBulkAhead bounds
+// the room replyBuf makes for a bulk string before its bytes arrive.
 const (
 	defaultPerRecord = 256
 	maxReplyHint     = 64 << 20
+	maxBulkAhead     = 1 << 20
 )
 
 // Claim takes for this consumer up to count records of the group that

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -627,45 +628,59 @@ func BenchmarkReleaseToGrant(b *testing.B) {
 	}
 }
 
-// countedAll is a SemaphoreStore (a Notifier still) that counts the
-// acquire attempts of both kinds that have returned.
-type countedAll struct {
+// timedAll is a SemaphoreStore (a Notifier still) that records when
+// each acquire attempt, of either kind, starts.
+type timedAll struct {
 	*redisstore.SemaphoreStore
-	attempts *atomic.Int64
+	mu     *sync.Mutex
+	starts *[]time.Time
 }
 
-func (c countedAll) Acquire(ctx context.Context, name, token string, limit int64, ttl, wait time.Duration) (uint64, error) {
-	defer c.attempts.Add(1)
+func (c timedAll) started() {
+	c.mu.Lock()
+	*c.starts = append(*c.starts, time.Now())
+	c.mu.Unlock()
+}
+
+func (c timedAll) Acquire(ctx context.Context, name, token string, limit int64, ttl, wait time.Duration) (uint64, error) {
+	c.started()
 	return c.SemaphoreStore.Acquire(ctx, name, token, limit, ttl, wait)
 }
 
-func (c countedAll) AcquireFair(ctx context.Context, name, token string, weight, limit int64, ttl, wait time.Duration) (concurrency.FairResult, uint64, error) {
-	defer c.attempts.Add(1)
+func (c timedAll) AcquireFair(ctx context.Context, name, token string, weight, limit int64, ttl, wait time.Duration) (concurrency.FairResult, uint64, error) {
+	c.started()
 	return c.SemaphoreStore.AcquireFair(ctx, name, token, weight, limit, ttl, wait)
 }
 
 // TestLiveWatchPollsAtMaxBackoff: once its watch is live, a blocked
 // Acquire, which the store names when room opens, polls only at
-// MaxBackoff (1 s here), not from MinBackoff (5 ms) up, nor, first in a
-// fair line, every MinBackoff: over the first 1.2 s of its wait it asks
-// at most 4 times (once, once more when the watch is in place, then
-// pauses drawn in [0.5 s, 1 s]); polling from 5 ms it would ask about 8
-// times, and first in line every 5 ms, about 200. A release still
-// grants it at once.
+// MaxBackoff (1 s here, pauses drawn in [0.5 s, 1 s]), not from
+// MinBackoff (5 ms) up, nor, first in a fair line, every MinBackoff.
+// The attempts it starts from 200 ms after Redis counts its
+// subscription to 2.4 s after are at least two (polling goes on, the
+// fallback for a lost notification), and each starts at least 0.5 s
+// after the one before; polling from 5 ms, some would be 160 or 320 ms
+// apart, and first in line, 5 ms. The 200 ms leave the client time to
+// learn that its SUBSCRIBE took (the attempts before may be MinBackoff
+// apart, and one more follows at once). A release still grants it at
+// once.
 func TestLiveWatchPollsAtMaxBackoff(t *testing.T) {
 	srv := redistest.Standalone(t)
 	admin := srv.Client()
 	for _, fair := range []bool{false, true} {
 		t.Run(fmt.Sprintf("fair=%v", fair), func(t *testing.T) {
 			name := "live-" + strconv.FormatBool(fair)
-			o := concurrency.DistributedOptions{TTL: 30 * time.Second, MinBackoff: 5 * time.Millisecond, MaxBackoff: time.Second, Fair: fair}
+			// The plain waiter never joins the line (FairAfter < 0): its
+			// move there, an attempt at once, is not polling.
+			o := concurrency.DistributedOptions{TTL: 30 * time.Second, MinBackoff: 5 * time.Millisecond, MaxBackoff: time.Second, Fair: fair, FairAfter: -1}
 			hb := newStore(t, srv)
 			holder, err := concurrency.NewDistributed(hb, name, 1, o)
 			if err != nil {
 				t.Fatal(err)
 			}
-			var attempts atomic.Int64
-			waiter, err := concurrency.NewDistributed(countedAll{newStore(t, srv), &attempts}, name, 1, o)
+			var mu sync.Mutex
+			var starts []time.Time
+			waiter, err := concurrency.NewDistributed(timedAll{newStore(t, srv), &mu, &starts}, name, 1, o)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -675,15 +690,29 @@ func TestLiveWatchPollsAtMaxBackoff(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			start := time.Now()
 			got := acquireAsync(ctx, waiter, 1)
 			pollRedis(t, 5*time.Second, "the waiter's subscription", subscribers(admin, hb, name, 1))
+			subscribed := time.Now()
 			// The span measured, not a synchronisation.
-			time.Sleep(time.Until(start.Add(1200 * time.Millisecond)))
-			n := attempts.Load()
-			if n > 4 {
-				t.Errorf("%d acquire attempts in the first 1.2 s of a wait with a live watch, want at most 4", n)
+			time.Sleep(time.Until(subscribed.Add(2400 * time.Millisecond)))
+			mu.Lock()
+			var live []time.Time
+			for _, at := range starts {
+				if at.After(subscribed.Add(200 * time.Millisecond)) {
+					live = append(live, at)
+				}
 			}
+			all := len(starts)
+			mu.Unlock()
+			if len(live) < 2 {
+				t.Errorf("%d acquire attempts from 0.2 s to 2.4 s after the subscription, want at least 2", len(live))
+			}
+			for i := 1; i < len(live); i++ {
+				if gap := live[i].Sub(live[i-1]); gap < 500*time.Millisecond {
+					t.Errorf("attempts %v apart once the watch is live, want at least 0.5 s", gap.Round(time.Millisecond))
+				}
+			}
+			released := time.Now()
 			if err := p.Release(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -692,7 +721,7 @@ func TestLiveWatchPollsAtMaxBackoff(t *testing.T) {
 				t.Fatal(g.err)
 			}
 			g.p.Release(ctx) //nolint:errcheck // the test is over
-			t.Logf("%d attempts in 1.2 s; granted %v after the release", n, g.at.Sub(start.Add(1200*time.Millisecond)).Round(time.Millisecond))
+			t.Logf("%d attempts in all, %d from 0.2 s after the subscription; granted %v after the release", all, len(live), g.at.Sub(released).Round(time.Millisecond))
 		})
 	}
 }

@@ -409,6 +409,8 @@ type StreamConsumer struct {
 	// perRecord is the size of ReadNow's last reply for each of its
 	// records, in bytes: the next reply's buffer is made that large.
 	perRecord atomic.Int64
+	// conn is ReadNow's connection.
+	conn streamConn
 }
 
 // Consumer returns the consumer name of group, whose ack wait is ackWait
@@ -426,6 +428,11 @@ func (s *Stream) Consumer(group, name string, ackWait time.Duration) (*StreamCon
 	}
 	return &StreamConsumer{s: s, group: group, name: name, waitMs: ttlMillis(ackWait)}, nil
 }
+
+// Close closes the connection ReadNow opened, if any; a later ReadNow
+// opens another. The consumer's records and place in the group stay (see
+// Remove).
+func (c *StreamConsumer) Close() error { return c.conn.close() }
 
 // Name is the consumer's name; Group its group's.
 func (c *StreamConsumer) Name() string  { return c.name }
@@ -451,7 +458,11 @@ func (c *StreamConsumer) Read(ctx context.Context, count int, block time.Duratio
 	if block <= 0 {
 		return nil, fmt.Errorf("redisstore: block %v is not positive", block)
 	}
-	block = time.Duration(ttlMillis(block)) * time.Millisecond
+	return c.read(ctx, count, time.Duration(ttlMillis(block))*time.Millisecond)
+}
+
+// read is Read through go-redis's reply, without BLOCK when block < 0.
+func (c *StreamConsumer) read(ctx context.Context, count int, block time.Duration) ([]StreamRecord, error) {
 	res, err := c.s.c.XReadGroup(ctx, &redis.XReadGroupArgs{
 		Group: c.group, Consumer: c.name, Streams: []string{c.s.key, ">"}, Count: int64(count), Block: block,
 	}).Result()
@@ -485,14 +496,18 @@ func (c *StreamConsumer) Read(ctx context.Context, count int, block time.Duratio
 // ReadNow is Read without waiting: it returns up to count records never
 // delivered to the group, now this consumer's, and none when there are
 // none yet (XREADGROUP … COUNT count … > without BLOCK). It costs the
-// client far less per record than Read: the reply is read as it came
-// into a buffer sized by the last one (go-redis's RawWriteToCmd) and
-// parsed straight into the records, which share it, where Read's go-redis
-// reply has a map and a dozen allocations a record. So a reader with a
-// backlog calls it first, and Read, which waits, once it returns fewer
-// records than it asked for. (Read keeps go-redis's reply because
-// go-redis gives a blocking command its own read deadline, and a raw one
-// the client's.)
+// client far less per record than Read: on a connection of the
+// consumer's own (opened at the first call, with the client's options;
+// Close closes it) the reply is read from the socket into one buffer,
+// sized by the last reply, and parsed straight into the records, which
+// share it, where Read's go-redis reply has a map and a dozen
+// allocations a record. go-redis's hooks do not see these reads. A
+// client it cannot stand in for (a Ring, one with an OnConnect hook or
+// streaming credentials), and an answer such as a Cluster's MOVED, it
+// leaves to go-redis (its RawWriteToCmd, into the same kind of buffer).
+// So a reader with a backlog calls it first, and Read, which waits, once
+// it returns fewer records than it asked for. (Read keeps go-redis's
+// reply because go-redis gives a blocking command its own read deadline.)
 func (c *StreamConsumer) ReadNow(ctx context.Context, count int) ([]StreamRecord, error) {
 	if err := checkCount(count); err != nil {
 		return nil, err
@@ -502,19 +517,29 @@ func (c *StreamConsumer) ReadNow(ctx context.Context, count int) ([]StreamRecord
 		per = defaultPerRecord
 	}
 	// Room for the whole reply: one allocation.
-	buf := replyBuf{b: make([]byte, 0, min(per*int64(count), maxReplyHint))}
-	cmd := redis.NewRawWriteToCmd(ctx, &buf, "xreadgroup", "group", c.group, c.name, "count", count, "streams", c.s.key, ">")
-	cmd.SetFirstKeyPos(7) // the stream, for a Cluster's routing
-	err := c.s.c.Process(ctx, cmd)
+	b, err := c.conn.read(ctx, c.s.c, c.s.key, make([]byte, 0, min(per*int64(count), maxReplyHint)),
+		"xreadgroup", "group", c.group, c.name, "count", strconv.Itoa(count), "streams", c.s.key, ">")
+	if errors.Is(err, errNotUsable) {
+		buf := replyBuf{b: b[:0]}
+		cmd := redis.NewRawWriteToCmd(ctx, &buf, "xreadgroup", "group", c.group, c.name, "count", count, "streams", c.s.key, ">")
+		cmd.SetFirstKeyPos(7) // the stream, for a Cluster's routing
+		if b, err = buf.b, c.s.c.Process(ctx, cmd); err == nil {
+			err = redirect(b)
+		}
+	}
+	if errors.As(err, new(redirected)) {
+		// go-redis's own reply, which follows it.
+		return c.read(ctx, count, -1)
+	}
 	var recs []StreamRecord
 	if err == nil {
-		recs, err = parseReadReply(buf.b, count)
+		recs, err = parseReadReply(b, count)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("redisstore: reading stream %q as %q of group %q: %w", c.s.name, c.name, c.group, err)
 	}
 	if len(recs) > 0 {
-		c.perRecord.Store(int64(len(buf.b)/len(recs)) + 1)
+		c.perRecord.Store(int64(len(b)/len(recs)) + 1)
 	}
 	return recs, nil
 }

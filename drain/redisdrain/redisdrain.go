@@ -397,7 +397,8 @@ func (s *Source) Backlog(ctx context.Context) (int64, error) {
 // their holders' to settle (call Close after the Drainer's Run has
 // returned). The Source takes nothing more after
 // Close (Next waits for its context to end), and Close does not close
-// the client.
+// the client (it closes the connection of the Source's own on which it
+// reads a backlog; see redisstore.StreamConsumer.ReadNow).
 func (s *Source) Close(ctx context.Context) error {
 	s.mu.Lock()
 	left := s.buf
@@ -407,6 +408,9 @@ func (s *Source) Close(ctx context.Context) error {
 	err := s.handBack(ctx, left)
 	if _, rerr := s.cons.Remove(ctx); rerr != nil {
 		err = errors.Join(err, fmt.Errorf("redisdrain: %w", rerr))
+	}
+	if cerr := s.cons.Close(); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("redisdrain: %w", cerr))
 	}
 	return err
 }

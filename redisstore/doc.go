@@ -20,9 +20,12 @@
 //     acknowledge, dead-letter), with deduplicated adds and a dead-letter
 //     stream, every key of one stream under one hash tag: the Redis side
 //     of drain/redisdrain. Its type doc has its model; streams.go and the
-//     stream_*.lua scripts (one per step) hold it, and stream_reply.go
-//     the parser of ReadNow's raw XREADGROUP reply (the one reply this
-//     package reads as bytes, for its cost per record).
+//     stream_*.lua scripts (one per step) hold it, streamconn.go the
+//     connection of a consumer's own on which ReadNow reads a backlog
+//     (dialled with the client's options; the one place this package
+//     speaks RESP itself, for its cost per record: go-redis's hooks do
+//     not see it), and stream_reply.go the parser of that raw
+//     XREADGROUP reply.
 //
 // All of them are built on a redis.UniversalClient (Client, the name other
 // packages use for it) that the caller owns and closes; NewClient makes one with the settings they expect (every call

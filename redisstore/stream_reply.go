@@ -104,6 +104,28 @@ func parseReadReply(b []byte, count int) ([]StreamRecord, error) {
 	return out, nil
 }
 
+// respLen parses a header's length: -1 (a null), or digits (no leading
+// zero) up to maxRESPLen.
+func respLen[T string | []byte](line T) (int, bool) {
+	if string(line) == "-1" {
+		return -1, true
+	}
+	if len(line) == 0 || len(line) > 1 && line[0] == '0' {
+		return 0, false
+	}
+	n := 0
+	for i := 0; i < len(line); i++ {
+		c := line[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		if n = n*10 + int(c-'0'); n > maxRESPLen {
+			return 0, false
+		}
+	}
+	return n, true
+}
+
 // respNull is the kind header reports for a null (*-1, $-1 or _).
 const respNull = '_'
 
@@ -156,20 +178,12 @@ func (r *respReader) header() (kind byte, n int, err error) {
 	default:
 		return 0, 0, fmt.Errorf("unexpected %q", kind)
 	}
-	if line == "-1" && kind != '%' {
+	n, ok := respLen(line)
+	switch {
+	case !ok || n == -1 && kind == '%':
+		return 0, 0, fmt.Errorf("bad length %.30q", line)
+	case n == -1:
 		return respNull, 0, nil
-	}
-	if line == "" || len(line) > 1 && line[0] == '0' {
-		return 0, 0, fmt.Errorf("bad length %q", line)
-	}
-	for i := 0; i < len(line); i++ {
-		c := line[i]
-		if c < '0' || c > '9' {
-			return 0, 0, fmt.Errorf("bad length %q", line)
-		}
-		if n = n*10 + int(c-'0'); n > maxRESPLen {
-			return 0, 0, fmt.Errorf("length %q too large", line)
-		}
 	}
 	if kind != '$' && n > len(r.b)-r.at {
 		// Each element takes at least one byte: a count this large is a

@@ -81,7 +81,7 @@ func TestParseReadReply(t *testing.T) {
 		{"*1\r\n*2\r\n$1\r\ns\r\n*1\r\n*2\r\n$0\r\n\r\n*0\r\n", "empty"},
 		{"*1\r\n*2\r\n$1\r\ns\r\n*1\r\n*2\r\n$1\r\n1\r\n*1\r\n$1\r\nk\r\n", "even"},
 		{"*1\r\n*2\r\n$1\r\ns\r\n*1\r\n*2\r\n$1\r\n1\r\n*2\r\n$99\r\nk\r\n", "left"},
-		{"*1\r\n*2\r\n$1\r\ns\r\n*99999999999999\r\n", "too large"},
+		{"*1\r\n*2\r\n$1\r\ns\r\n*99999999999999\r\n", "bad length"},
 		{"*1\r\n*2\r\n$1\r\ns\r\n*01\r\n", "bad length"},
 		{"*1\r\n*2\r\n$1\r\ns\r\n*1x\r\n", "bad length"},
 		{"*1\r\n*2\r\n$1\r\nsXY*0\r\n", "CRLF"},

@@ -21,13 +21,13 @@ import (
 // holds its stream, on which ReadNow sends XREADGROUP and reads the reply
 // straight from the socket into one buffer: through go-redis, each of a
 // record's seven strings costs an allocation and a copy of its own (its
-// RawWriteToCmd hands each to io.CopyN), a sixth of the drainer's CPU a
-// record. It is dialled, with the client's options (its Dialer, so TLS,
+// RawWriteToCmd hands each to io.CopyN), about a quarter of a Drainer's
+// CPU a record. It is dialled, with the client's options (its Dialer, so TLS,
 // its credentials, database and client name), at the first read, and
 // again after an error. go-redis's hooks do not see the reads made here.
 //
-// A client it cannot stand in for, it leaves to go-redis (usable reports
-// false): a Ring, a client with an OnConnect hook or streaming
+// A client it cannot stand in for, it leaves to go-redis (nodeFor returns
+// errNotUsable): a Ring, a client with an OnConnect hook or streaming
 // credentials. A server's answer that go-redis acts on (a Cluster's
 // MOVED or ASK, a replica's READONLY after a failover, LOADING, …) closes
 // the connection and has that read made by go-redis, which follows it.
@@ -37,7 +37,6 @@ type streamConn struct {
 	mu   sync.Mutex
 	nc   net.Conn
 	node *redis.Client // whose options nc was dialled with
-	rd   []byte        // a handshake reply's room
 }
 
 // redirected is an error reply go-redis acts on, returned by exchange.
@@ -169,8 +168,7 @@ func (sc *streamConn) dial(ctx context.Context, node *redis.Client) error {
 		hello = append(hello, []string{"client", "setname", o.ClientName})
 	}
 	for _, cmd := range hello {
-		r, err := sc.exchange(ctx, sc.rd[:0], cmd)
-		sc.rd = r
+		r, err := sc.exchange(ctx, nil, cmd)
 		if err == nil && string(r) != "+OK\r\n" {
 			err = fmt.Errorf("%s answered %.100q", cmd[0], r)
 		}
@@ -349,27 +347,6 @@ func (s *replyScan) advance(b []byte) (bool, error) {
 		}
 	}
 	return true, nil
-}
-
-// respLen parses a header's length: -1 (a null), or digits up to
-// maxRESPLen.
-func respLen(line []byte) (int, bool) {
-	if string(line) == "-1" {
-		return -1, true
-	}
-	if len(line) == 0 {
-		return 0, false
-	}
-	n := 0
-	for _, c := range line {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		if n = n*10 + int(c-'0'); n > maxRESPLen {
-			return 0, false
-		}
-	}
-	return n, true
 }
 
 // maxHeader bounds a header line: a length of 20 digits, or an error

@@ -41,7 +41,8 @@
 // server (BLOCK) is bounded (a second at most), so a Next outlives its
 // context's cancellation by at most that. While reads come back full (a
 // backlog), the next read does not wait on the server (redisstore's
-// ReadNow, whose reply is read into one buffer and parsed straight into
+// ReadNow, on a connection of the Source's own that Close closes, whose
+// reply is read from the socket into one buffer and parsed straight into
 // the records); once one comes back short, the next waits (BLOCK). A
 // Drainer takes a read's records together (NextMany), and acknowledges
 // through AckAsync: the acknowledgements go together in one script call

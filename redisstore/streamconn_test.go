@@ -31,6 +31,24 @@ func readers(t *testing.T, admin *redis.Client) []string {
 	return out
 }
 
+// consumerOn returns the stream name on c, with group g, and its
+// consumer c.
+func consumerOn(t *testing.T, c Client, name string) (*Stream, *StreamConsumer) {
+	t.Helper()
+	s, err := NewStream(c, name, StreamOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CreateGroup(t.Context(), "g"); err != nil {
+		t.Fatal(err)
+	}
+	cons, err := s.Consumer("g", "c", time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, cons
+}
+
 // addN adds n records to s and returns their ids.
 func addN(t *testing.T, s *Stream, n int, from int) []string {
 	t.Helper()
@@ -75,17 +93,7 @@ func TestReadNowConn(t *testing.T) {
 			t.Cleanup(func() { admin.Close() })
 			c := redis.NewClient(&tc.opt)
 			t.Cleanup(func() { c.Close() })
-			s, err := NewStream(c, "conn-"+tc.name, StreamOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := s.CreateGroup(ctx, "g"); err != nil {
-				t.Fatal(err)
-			}
-			cons, err := s.Consumer("g", "c", time.Minute)
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, cons := consumerOn(t, c, "conn-"+tc.name)
 			want := addN(t, s, 6, 0)
 			got, err := cons.ReadNow(ctx, 2)
 			if err != nil || !slices.Equal(recordIDs(got), want[:2]) {
@@ -138,17 +146,7 @@ func TestReadNowConn(t *testing.T) {
 func TestReadNowStopped(t *testing.T) {
 	srv := redistest.Standalone(t)
 	ctx := t.Context()
-	s, err := NewStream(srv.Client(), "stopped", StreamOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.CreateGroup(ctx, "g"); err != nil {
-		t.Fatal(err)
-	}
-	cons, err := s.Consumer("g", "c", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, cons := consumerOn(t, srv.Client(), "stopped")
 	defer cons.Close()
 	if _, err := cons.ReadNow(ctx, 10); err != nil { // the connection is open
 		t.Fatal(err)
@@ -195,17 +193,7 @@ func TestReadNowMoved(t *testing.T) {
 	ctx := t.Context()
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cs.Addrs()})
 	t.Cleanup(func() { c.Close() })
-	s, err := NewStream(c, "moved", StreamOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.CreateGroup(ctx, "g"); err != nil {
-		t.Fatal(err)
-	}
-	cons, err := s.Consumer("g", "c", time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, cons := consumerOn(t, c, "moved")
 	defer cons.Close()
 	want := addN(t, s, 4, 0)
 	got, err := cons.ReadNow(ctx, 2)

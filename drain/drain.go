@@ -758,12 +758,13 @@ func (d *Drainer) Run(ctx context.Context) error {
 	calls := newDeadlines(context.WithoutCancel(ctx), d.cfg.Timeout)
 	for range d.cfg.Workers {
 		workers.Go(func() {
+			var done *hold // acknowledged, to be forgotten with the next take
 			for {
-				h := d.next(ctx)
+				h := d.next(ctx, done)
 				if h == nil {
 					return
 				}
-				d.work(calls, h)
+				done = d.work(calls, h)
 			}
 		})
 	}
@@ -1049,6 +1050,13 @@ func (d *Drainer) forgetAll(hs []*hold, ack bool, err error) {
 		}
 	}
 	d.mu.Lock()
+	d.forgetLocked(hs, ks, ack)
+	d.mu.Unlock()
+}
+
+// forgetLocked is forgetAll's step under d.mu, with ks the keys' hashes
+// when ack.
+func (d *Drainer) forgetLocked(hs []*hold, ks []uint64, ack bool) {
 	for _, h := range hs {
 		last := d.held[len(d.held)-1]
 		d.held[h.index], last.index = last, h.index
@@ -1072,7 +1080,6 @@ func (d *Drainer) forgetAll(hs []*hold, ack bool, err error) {
 		d.roomMadeLocked(h.input)
 	}
 	d.spare = append(d.spare, hs...)
-	d.mu.Unlock()
 }
 
 // heartbeat tells every held message InProgress at least every
@@ -1231,9 +1238,12 @@ func earliest(a, b time.Time) time.Time {
 // the highest in the scheduler's order; the others wait for the gate. A
 // grant is spent only on a message that may be sent: one taken for a
 // message whose scope was paused meanwhile goes to the next.
-func (d *Drainer) next(ctx context.Context) *hold {
+func (d *Drainer) next(ctx context.Context, done *hold) *hold {
 	if d.cfg.Limiter == nil {
-		return d.nextFree(ctx)
+		return d.nextFree(ctx, done)
+	}
+	if done != nil {
+		d.forgetAll([]*hold{done}, true, nil)
 	}
 	select {
 	case d.gate <- struct{}{}:
@@ -1303,7 +1313,11 @@ func (d *Drainer) next(ctx context.Context) *hold {
 // queued, or for the first pause of one set aside to end; one that takes
 // a message while more wait wakes another, since a wake-up is one
 // signal, whatever was queued.
-func (d *Drainer) nextFree(ctx context.Context) *hold {
+func (d *Drainer) nextFree(ctx context.Context, done *hold) *hold {
+	var k [1]uint64
+	if done != nil {
+		k[0] = d.keyHash(done.msg.Key())
+	}
 	var timer *time.Timer
 	defer func() {
 		if timer != nil {
@@ -1312,6 +1326,10 @@ func (d *Drainer) nextFree(ctx context.Context) *hold {
 	}()
 	for ctx.Err() == nil {
 		d.mu.Lock()
+		if done != nil {
+			d.forgetLocked([]*hold{done}, k[:], true)
+			done = nil
+		}
 		t, ok, next := d.pick()
 		if ok {
 			d.sendLocked(t)
@@ -1324,6 +1342,9 @@ func (d *Drainer) nextFree(ctx context.Context) *hold {
 		}
 		d.mu.Unlock()
 		d.await(ctx, &timer, next)
+	}
+	if done != nil {
+		d.forgetAll([]*hold{done}, true, nil)
 	}
 	return nil
 }
@@ -1441,14 +1462,16 @@ func (c *deadlines) stop() {
 }
 
 // work runs the Sink on h's message and settles it. Its heartbeat is the
-// Drainer's, as for every message held.
+// Drainer's, as for every message held. A message acknowledged by its
+// Ack is returned, for next to forget when it takes the worker's next
+// message, under the same lock; work forgets every other itself.
 //
 // A message that has lapsed (its ack wait passed since the queue was last
 // told InProgress, as when the process was stopped: SIGSTOP, a frozen VM)
 // is not sent: the queue may have handed it to another drainer already,
 // and will hand it on (or back) in any case. It is forgotten without a
 // word to the queue, and counted in Lapsed.
-func (d *Drainer) work(calls *deadlines, h *hold) {
+func (d *Drainer) work(calls *deadlines, h *hold) (done *hold) {
 	m := h.msg
 	lapsed := false
 	if d.ackWait[h.input] > 0 {
@@ -1460,7 +1483,7 @@ func (d *Drainer) work(calls *deadlines, h *hold) {
 		_ = d.settle(h, false, func() error { return nil })
 		d.count(func(s *Stats) { s.Lapsed++ })
 		d.cfg.Logger.Warn("drain: a message held past its ack wait, left to the queue", "key", m.Key())
-		return
+		return nil
 	}
 	err := d.cfg.Sink(calls.get(), m)
 	// The settlement has its own time, whatever the Sink took of its own.
@@ -1472,9 +1495,16 @@ func (d *Drainer) work(calls *deadlines, h *hold) {
 	case err == nil:
 		if aa, ok := m.(AsyncAcker); ok {
 			d.settleAsync(ctx, h, aa)
-			return
+			return nil
 		}
-		settle = d.settle(h, true, func() error { return m.Ack(ctx) })
+		h.mu.Lock()
+		h.settled = true
+		if settle = m.Ack(ctx); settle == nil {
+			h.mu.Unlock()
+			return h
+		}
+		h.mu.Unlock()
+		d.forget(h, true, settle)
 	case throttled(err, &te):
 		pause := te.After
 		if pause <= 0 {
@@ -1536,6 +1566,7 @@ func (d *Drainer) work(calls *deadlines, h *hold) {
 	if settle != nil {
 		d.settleFailed(m, settle)
 	}
+	return nil
 }
 
 // throttled reports whether err is a *ThrottledError, setting *te to it;

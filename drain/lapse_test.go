@@ -83,8 +83,15 @@ func TestLapsedNotSent(t *testing.T) {
 
 	calls := newDeadlines(context.Background(), time.Second)
 	defer calls.stop()
-	d.work(calls, ho)
-	d.work(calls, hf)
+	if done := d.work(calls, ho); done != nil {
+		t.Errorf("the lapsed message returned to be forgotten")
+	}
+	// The acknowledged one is forgotten by the worker's next take.
+	if done := d.work(calls, hf); done != hf {
+		t.Errorf("the acknowledged message not returned to be forgotten: %v", done)
+	} else {
+		d.forget(done, true, nil)
+	}
 	st := d.Stats()
 	if sent.Load() != 1 || fresh.acks.Load() != 1 {
 		t.Errorf("%d sent, the fresh message acknowledged %d times; want 1 and 1", sent.Load(), fresh.acks.Load())

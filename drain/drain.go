@@ -785,7 +785,7 @@ func (d *Drainer) Run(ctx context.Context) error {
 	defer cancel()
 	for _, t := range left {
 		m := t.msg
-		if err := d.settle(t.hold, false, func() error { return m.Nak(hctx, 0) }); err != nil {
+		if err := d.settle(t.hold, func() error { return m.Nak(hctx, 0) }); err != nil {
 			d.count(func(s *Stats) { s.AckErrors++ })
 			d.cfg.Logger.Warn("drain: handing back a message at shutdown", "key", m.Key(), "err", err)
 		}
@@ -973,17 +973,21 @@ func signal(c chan struct{}) {
 	}
 }
 
-// settle runs f, which acknowledges, puts back or dead-letters h's
-// message, unless the heartbeat is telling it InProgress (then after),
-// and lets the Drainer forget h. When f acknowledged it (ack) and
-// succeeded, the record is counted Done, or Duplicates if this Drainer
-// acknowledged its key before, and its failed attempts are forgotten.
-func (d *Drainer) settle(h *hold, ack bool, f func() error) error {
+// settle runs f, which puts back or dead-letters h's message (see
+// settleBy), and lets the Drainer forget h.
+func (d *Drainer) settle(h *hold, f func() error) error {
+	return d.forget(h, false, settleBy(h, f))
+}
+
+// settleBy marks h settled and runs f, which acknowledges, puts back or
+// dead-letters its message, unless the heartbeat is telling it
+// InProgress (then after); it returns f's error. The Drainer still holds
+// h: forget lets it go.
+func settleBy(h *hold, f func() error) error {
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	h.settled = true
-	err := f()
-	h.mu.Unlock()
-	return d.forget(h, ack, err)
+	return f()
 }
 
 // settleAsync acknowledges h's message through AckAsync and returns
@@ -1029,8 +1033,10 @@ func (d *Drainer) settleFailed(m Message, err error) {
 }
 
 // forget lets the Drainer forget h, settled with err (by an
-// acknowledgement when ack), and counts it; it returns err. h is then a
-// spare, for a message taken later: its caller no longer reads it.
+// acknowledgement when ack), and counts it: acknowledged without error,
+// in Done, or in Duplicates if this Drainer acknowledged its key before,
+// its failed attempts forgotten. It returns err. h is then a spare, for a
+// message taken later: its caller no longer reads it.
 func (d *Drainer) forget(h *hold, ack bool, err error) error {
 	d.forgetAll([]*hold{h}, ack, err)
 	return err
@@ -1480,7 +1486,7 @@ func (d *Drainer) work(calls *deadlines, h *hold) (done *hold) {
 		h.mu.Unlock()
 	}
 	if lapsed {
-		_ = d.settle(h, false, func() error { return nil })
+		_ = d.settle(h, func() error { return nil })
 		d.count(func(s *Stats) { s.Lapsed++ })
 		d.cfg.Logger.Warn("drain: a message held past its ack wait, left to the queue", "key", m.Key())
 		return nil
@@ -1497,13 +1503,9 @@ func (d *Drainer) work(calls *deadlines, h *hold) (done *hold) {
 			d.settleAsync(ctx, h, aa)
 			return nil
 		}
-		h.mu.Lock()
-		h.settled = true
-		if settle = m.Ack(ctx); settle == nil {
-			h.mu.Unlock()
+		if settle = settleBy(h, func() error { return m.Ack(ctx) }); settle == nil {
 			return h
 		}
-		h.mu.Unlock()
 		d.forget(h, true, settle)
 	case throttled(err, &te):
 		pause := te.After
@@ -1530,7 +1532,7 @@ func (d *Drainer) work(calls *deadlines, h *hold) (done *hold) {
 			d.stats.Pauses++
 		}
 		d.mu.Unlock()
-		settle = d.settle(h, false, func() error { return m.Nak(ctx, pause) })
+		settle = d.settle(h, func() error { return m.Nak(ctx, pause) })
 	default:
 		d.mu.Lock()
 		if len(d.failures) >= maxFailureKeys {
@@ -1544,11 +1546,11 @@ func (d *Drainer) work(calls *deadlines, h *hold) (done *hold) {
 		}
 		d.mu.Unlock()
 		if n < d.cfg.MaxFailures {
-			settle = d.settle(h, false, func() error { return m.Nak(ctx, d.backoff(n)) })
+			settle = d.settle(h, func() error { return m.Nak(ctx, d.backoff(n)) })
 			break
 		}
 		var derr error
-		settle = d.settle(h, false, func() error {
+		settle = d.settle(h, func() error {
 			if derr = m.DeadLetter(ctx, err); derr != nil {
 				return m.Nak(ctx, d.cfg.MaxBackoff)
 			}

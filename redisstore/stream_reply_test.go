@@ -3,7 +3,6 @@ package redisstore
 import (
 	"bytes"
 	"fmt"
-	"io"
 	"reflect"
 	"strings"
 	"testing"
@@ -194,40 +193,5 @@ func TestReadNow(t *testing.T) {
 	}
 	if _, err := cons.ReadNow(ctx, 0); err == nil || !strings.Contains(err.Error(), "count") {
 		t.Errorf("ReadNow of 0: %v", err)
-	}
-}
-
-// TestReplyBuf: ReadNow's writer takes what go-redis copies into it, a
-// bulk string at a time (an io.LimitedReader of its connection), whole,
-// and a reply cut short is an error; any other reader is read to its end.
-func TestReplyBuf(t *testing.T) {
-	var w replyBuf
-	if _, err := w.Write([]byte("$5\r\n")); err != nil {
-		t.Fatal(err)
-	}
-	src := strings.NewReader("hello\r\nrest")
-	if n, err := io.CopyN(&w, src, 7); n != 7 || err != nil {
-		t.Fatalf("CopyN: %d, %v", n, err)
-	}
-	if n, err := w.ReadFrom(strings.NewReader(strings.Repeat("x", 3000))); n != 3000 || err != nil {
-		t.Fatalf("ReadFrom of a plain reader: %d, %v", n, err)
-	}
-	if got, want := string(w.b), "$5\r\nhello\r\n"+strings.Repeat("x", 3000); got != want {
-		t.Fatalf("wrote %q…, want %q…", got[:20], want[:20])
-	}
-	// A bulk string longer than maxBulkAhead is taken as its bytes come,
-	// and one that says more than comes is an error, with no room made
-	// for what never came.
-	big := strings.Repeat("y", maxBulkAhead+10)
-	before := len(w.b)
-	if n, err := io.CopyN(&w, strings.NewReader(big), int64(len(big))); n != int64(len(big)) || err != nil || string(w.b[before:]) != big {
-		t.Fatalf("CopyN of %d bytes: %d, %v", len(big), n, err)
-	}
-	w = replyBuf{}
-	if n, err := io.CopyN(&w, strings.NewReader("ab"), 1<<40); n != 2 || err == nil || cap(w.b) > 1<<20 {
-		t.Errorf("CopyN of a bulk string of 1 TiB, 2 bytes sent: %d, %v, room made %d; want 2, an error, little room", n, err, cap(w.b))
-	}
-	if n, err := io.CopyN(&w, strings.NewReader("ab"), 4); n != 2 || err == nil {
-		t.Errorf("CopyN of 4 from 2 bytes: %d, %v; want 2 and an error", n, err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -137,6 +138,39 @@ func TestReadNowConn(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestReadNowLeftToGoRedis: a client whose connections need its OnConnect
+// hook is one ReadNow does not stand in for: it reads through go-redis's
+// reply, with the same records, and opens no connection of its own.
+func TestReadNowLeftToGoRedis(t *testing.T) {
+	srv := redistest.Standalone(t)
+	var hooked atomic.Int64
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), OnConnect: func(context.Context, *redis.Conn) error {
+		hooked.Add(1)
+		return nil
+	}})
+	t.Cleanup(func() { c.Close() })
+	s, cons := consumerOn(t, c, "left")
+	defer cons.Close()
+	want := addN(t, s, 5, 0)
+	a, err := cons.ReadNow(t.Context(), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := cons.ReadNow(t.Context(), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := recordIDs(append(a, b...)); !slices.Equal(got, want) {
+		t.Errorf("read %v, want %v", got, want)
+	}
+	if cons.conn.nc != nil {
+		t.Error("ReadNow opened a connection of its own for a client with OnConnect")
+	}
+	if hooked.Load() == 0 {
+		t.Error("go-redis's connections were not made (OnConnect never called)")
 	}
 }
 

@@ -1,13 +1,10 @@
 package redisstore
 
 import (
-	"bytes"
 	"context"
 	_ "embed"
 	"errors"
 	"fmt"
-	"io"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -504,10 +501,11 @@ func (c *StreamConsumer) read(ctx context.Context, count int, block time.Duratio
 // allocations a record. go-redis's hooks do not see these reads. A
 // client it cannot stand in for (a Ring, one with an OnConnect hook or
 // streaming credentials), and an answer such as a Cluster's MOVED, it
-// leaves to go-redis (its RawWriteToCmd, into the same kind of buffer).
-// So a reader with a backlog calls it first, and Read, which waits, once
-// it returns fewer records than it asked for. (Read keeps go-redis's
-// reply because go-redis gives a blocking command its own read deadline.)
+// leaves to go-redis: that read costs what Read's does, and go-redis
+// follows the answer. A reader with a backlog calls ReadNow first, and
+// Read, which waits, once ReadNow returns fewer records than it asked
+// for. (Read keeps go-redis's reply because go-redis gives a blocking
+// command its own read deadline.)
 func (c *StreamConsumer) ReadNow(ctx context.Context, count int) ([]StreamRecord, error) {
 	if err := checkCount(count); err != nil {
 		return nil, err
@@ -519,16 +517,7 @@ func (c *StreamConsumer) ReadNow(ctx context.Context, count int) ([]StreamRecord
 	// Room for the whole reply: one allocation.
 	b, err := c.conn.read(ctx, c.s.c, c.s.key, make([]byte, 0, min(per*int64(count), maxReplyHint)),
 		"xreadgroup", "group", c.group, c.name, "count", strconv.Itoa(count), "streams", c.s.key, ">")
-	if errors.Is(err, errNotUsable) {
-		buf := replyBuf{b: b[:0]}
-		cmd := redis.NewRawWriteToCmd(ctx, &buf, "xreadgroup", "group", c.group, c.name, "count", count, "streams", c.s.key, ">")
-		cmd.SetFirstKeyPos(7) // the stream, for a Cluster's routing
-		if b, err = buf.b, c.s.c.Process(ctx, cmd); err == nil {
-			err = redirect(b)
-		}
-	}
-	if errors.As(err, new(redirected)) {
-		// go-redis's own reply, which follows it.
+	if errors.Is(err, errNotUsable) || errors.As(err, new(redirected)) {
 		return c.read(ctx, count, -1)
 	}
 	var recs []StreamRecord
@@ -544,52 +533,12 @@ func (c *StreamConsumer) ReadNow(ctx context.Context, count int) ([]StreamRecord
 	return recs, nil
 }
 
-// replyBuf is what ReadNow's reply is written into: go-redis writes each
-// header line with Write and copies each bulk string with io.CopyN, which
-// hands ReadFrom a *io.LimitedReader of the connection's reader, read
-// here straight into b's spare room in one call (a bytes.Buffer would
-// check its room and read again for the end of each).
-type replyBuf struct{ b []byte }
-
-func (w *replyBuf) Write(p []byte) (int, error) {
-	w.b = append(w.b, p...)
-	return len(p), nil
-}
-
-// ReadFrom reads r to its end into w. A bulk string of up to maxBulkAhead
-// bytes has its room made at once; a longer one (its length is the
-// server's word) grows w only as its bytes arrive.
-func (w *replyBuf) ReadFrom(r io.Reader) (int64, error) {
-	if lr, ok := r.(*io.LimitedReader); ok && lr.N >= 0 && lr.N <= maxBulkAhead {
-		n := int(lr.N)
-		w.b = slices.Grow(w.b, n)
-		k, err := io.ReadFull(lr, w.b[len(w.b):len(w.b)+n])
-		w.b = w.b[:len(w.b)+k]
-		return int64(k), err
-	}
-	var total int64
-	for {
-		w.b = slices.Grow(w.b, bytes.MinRead)
-		k, err := r.Read(w.b[len(w.b):cap(w.b)])
-		w.b = w.b[:len(w.b)+k]
-		total += int64(k)
-		if err == io.EOF {
-			return total, nil
-		}
-		if err != nil {
-			return total, err
-		}
-	}
-}
-
 // defaultPerRecord is ReadNow's guess of a reply's size for each record
 // before its first reply, and maxReplyHint bounds the buffer it makes
-// from the last reply's (a reply larger grows it); maxBulkAhead bounds
-// the room replyBuf makes for a bulk string before its bytes arrive.
+// from the last reply's (a reply larger grows it).
 const (
 	defaultPerRecord = 256
 	maxReplyHint     = 64 << 20
-	maxBulkAhead     = 1 << 20
 )
 
 // Claim takes for this consumer up to count records of the group that

@@ -617,6 +617,8 @@ type Drainer struct {
 	failures map[string]int      // failed attempts by key
 	acked    recentKeys
 	inHand   int // picked by the gate's holder and not yet put back or in flight
+	awake    int // workers not waiting in nextFree for a wake-up
+	sending  int // workers that took a message in nextFree and did not ask for the next
 	stats    Stats
 	lastDone int64
 	lastAt   time.Time
@@ -756,11 +758,14 @@ func (d *Drainer) Run(ctx context.Context) error {
 	// Work in flight finishes: the calls' contexts end at their deadline,
 	// or once the last is done.
 	calls := newDeadlines(context.WithoutCancel(ctx), d.cfg.Timeout)
+	d.mu.Lock()
+	d.awake = d.cfg.Workers
+	d.mu.Unlock()
 	for range d.cfg.Workers {
 		workers.Go(func() {
-			var done *hold // acknowledged, to be forgotten with the next take
+			var h, done *hold // done: acknowledged, to be forgotten with the next take
 			for {
-				h := d.next(ctx, done)
+				h = d.next(ctx, done, h != nil)
 				if h == nil {
 					return
 				}
@@ -1244,9 +1249,9 @@ func earliest(a, b time.Time) time.Time {
 // the highest in the scheduler's order; the others wait for the gate. A
 // grant is spent only on a message that may be sent: one taken for a
 // message whose scope was paused meanwhile goes to the next.
-func (d *Drainer) next(ctx context.Context, done *hold) *hold {
+func (d *Drainer) next(ctx context.Context, done *hold, sent bool) *hold {
 	if d.cfg.Limiter == nil {
-		return d.nextFree(ctx, done)
+		return d.nextFree(ctx, done, sent)
 	}
 	if done != nil {
 		d.forgetAll([]*hold{done}, true, nil)
@@ -1315,11 +1320,18 @@ func (d *Drainer) next(ctx context.Context, done *hold) *hold {
 // nextFree is next without a Limiter: nothing is waited for between
 // the pick and the release, so a worker takes the next message itself,
 // under d.mu, without the gate (no hand-over from one worker to another
-// while messages wait). One that finds none waits for a message to be
-// queued, or for the first pause of one set aside to end; one that takes
-// a message while more wait wakes another, since a wake-up is one
-// signal, whatever was queued.
-func (d *Drainer) nextFree(ctx context.Context, done *hold) *hold {
+// while messages wait). sent says the worker is back from sending the
+// message it took last. One that finds none waits for a message to be
+// queued, or for the first pause of one set aside to end.
+//
+// Workers are woken as the Sink needs them: one that takes a message
+// while more wait wakes another only if every worker awake is sending,
+// and one back from the Sink while two others are awake and not sending
+// waits, leaving the messages to them. So a Sink that returns at once is
+// served by the few workers that keep it busy (each worker woken is a
+// hand-over between threads), and one that takes its time by as many as
+// it keeps busy, up to Workers.
+func (d *Drainer) nextFree(ctx context.Context, done *hold, sent bool) *hold {
 	var k [1]uint64
 	if done != nil {
 		k[0] = d.keyHash(done.msg.Key())
@@ -1330,25 +1342,43 @@ func (d *Drainer) nextFree(ctx context.Context, done *hold) *hold {
 			timer.Stop()
 		}
 	}()
+	d.mu.Lock()
 	for ctx.Err() == nil {
-		d.mu.Lock()
+		if sent {
+			sent = false
+			d.sending--
+		}
 		if done != nil {
 			d.forgetLocked([]*hold{done}, k[:], true)
 			done = nil
 		}
+		if d.sched.len() > 0 && d.awake-d.sending-1 >= 2 {
+			// Two others awake take what waits.
+			d.awake--
+			d.mu.Unlock()
+			d.await(ctx, &timer, time.Time{})
+			d.mu.Lock()
+			d.awake++
+			continue
+		}
 		t, ok, next := d.pick()
 		if ok {
 			d.sendLocked(t)
-			more := d.sched.len() > 0
+			d.sending++
+			more := d.sched.len() > 0 && d.awake == d.sending
 			d.mu.Unlock()
 			if more {
 				signal(d.wake)
 			}
 			return t.hold
 		}
+		d.awake--
 		d.mu.Unlock()
 		d.await(ctx, &timer, next)
+		d.mu.Lock()
+		d.awake++
 	}
+	d.mu.Unlock()
 	if done != nil {
 		d.forgetAll([]*hold{done}, true, nil)
 	}

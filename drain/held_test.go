@@ -431,6 +431,45 @@ func testBatchTakenWhenRateFalls(t *testing.T, multi bool) {
 	})
 }
 
+// TestWorkersKeepSlowSinkBusy: 640 messages, no Limiter, a Sink that
+// takes 100 ms and 64 workers. The workers woken as the Sink needs them
+// (see Drainer) still keep all 64 calls in flight: each wave of 64 goes
+// at once, and the 640 take 1 s.
+func TestWorkersKeepSlowSinkBusy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n, workers = 640, 64
+		q := newFakeQueue(256, n, 0, func(int) string { return "" })
+		var mu sync.Mutex
+		in, most := 0, 0
+		d, err := drain.New(drain.Options{
+			Inputs: []drain.Input{{Source: q}},
+			Sink: func(context.Context, drain.Message) error {
+				mu.Lock()
+				in++
+				most = max(most, in)
+				mu.Unlock()
+				time.Sleep(100 * time.Millisecond)
+				mu.Lock()
+				in--
+				mu.Unlock()
+				return nil
+			},
+			Workers: workers,
+			Logger:  quiet,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		took := runBubble(t, d, q, time.Minute)
+		if most != workers {
+			t.Errorf("at most %d Sink calls in flight, want %d", most, workers)
+		}
+		if want := n / workers * 100 * time.Millisecond; took != want {
+			t.Errorf("took %v, want %v", took, want)
+		}
+	})
+}
+
 // TestMultiSourceWindow: 2,000 messages of a MultiSource with a window
 // of 64 and an ack wait of 2 s, no Limiter, a Sink that takes 10 ms: the
 // Drainer takes them in batches no larger than its room, holds no more

@@ -440,9 +440,10 @@ const ackedKeys = 1 << 15
 // each new one comes. It never grows, and a lookup is one probe or two.
 // Its zero value is empty.
 type recentKeys struct {
-	slots []uint64
-	ring  []uint64 // in the order added, from next on once full
-	next  int
+	slots   []uint64
+	ring    []uint64 // in the order added, from next on once full
+	next    int
+	touched uint64 // what touch read, kept so that its reads are made
 }
 
 // add reports whether k is in the set, and adds it if it is not.
@@ -470,12 +471,35 @@ func (r *recentKeys) add(k uint64) (seen bool) {
 // addAll adds each of ks, as add does in turn, and returns how many were
 // in the set.
 func (r *recentKeys) addAll(ks []uint64) (seen int) {
+	r.touch(ks)
 	for _, k := range ks {
 		if r.add(k) {
 			seen++
 		}
 	}
 	return seen
+}
+
+// touch reads the slots where ks and the keys they would push out lie,
+// one read after another with nothing waiting on each: the processor
+// fetches them from memory together, where add, one key at a time,
+// would wait for each in turn (the table is larger than a core's cache,
+// and each place in it is a random one).
+func (r *recentKeys) touch(ks []uint64) {
+	if r.slots == nil {
+		return
+	}
+	mask := uint64(len(r.slots) - 1)
+	x := r.touched
+	for _, k := range ks {
+		x += r.slots[k&mask]
+	}
+	if len(r.ring) == ackedKeys {
+		for i := range min(len(ks), ackedKeys) {
+			x += r.slots[r.ring[(r.next+i)%ackedKeys]&mask]
+		}
+	}
+	r.touched = x
 }
 
 // find returns the slot of k, or the empty slot ending its run.
@@ -616,9 +640,10 @@ type Drainer struct {
 	limN     []int               // by Input: its waitLimit when its fetcher last looked
 	failures map[string]int      // failed attempts by key
 	acked    recentKeys
-	inHand   int // picked by the gate's holder and not yet put back or in flight
-	awake    int // workers not waiting in nextFree for a wake-up
-	sending  int // workers that took a message in nextFree and did not ask for the next
+	ackedQ   []uint64 // hashes of keys acknowledged and not yet counted (countAckedLocked)
+	inHand   int      // picked by the gate's holder and not yet put back or in flight
+	awake    int      // workers not waiting in nextFree for a wake-up
+	sending  int      // workers that took a message in nextFree and did not ask for the next
 	stats    Stats
 	lastDone int64
 	lastAt   time.Time
@@ -683,6 +708,7 @@ func New(cfg Options) (*Drainer, error) {
 func (d *Drainer) Stats() Stats {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.countAckedLocked()
 	s := d.stats
 	s.Parked = 0
 	for _, p := range d.parked {
@@ -1083,14 +1109,29 @@ func (d *Drainer) forgetLocked(hs []*hold, ks []uint64, ack bool) {
 		}
 	}
 	if ack {
-		dups := d.acked.addAll(ks)
-		d.stats.Duplicates += int64(dups)
-		d.stats.Done += int64(len(ks) - dups)
+		d.ackedQ = append(d.ackedQ, ks...)
+		if len(d.ackedQ) >= ackedBatch {
+			d.countAckedLocked()
+		}
 	}
 	for _, h := range hs {
 		d.roomMadeLocked(h.input)
 	}
 	d.spare = append(d.spare, hs...)
+}
+
+// ackedBatch is how many acknowledged keys are counted at once (see
+// recentKeys.touch).
+const ackedBatch = 64
+
+// countAckedLocked counts the keys acknowledged since it last ran, in
+// Stats.Done or Stats.Duplicates; d.mu is held. It runs once ackedBatch
+// of them wait, and before the counts are read.
+func (d *Drainer) countAckedLocked() {
+	dups := d.acked.addAll(d.ackedQ)
+	d.stats.Duplicates += int64(dups)
+	d.stats.Done += int64(len(d.ackedQ) - dups)
+	d.ackedQ = d.ackedQ[:0]
 }
 
 // heartbeat tells every held message InProgress at least every
@@ -1639,6 +1680,7 @@ func (d *Drainer) poll(ctx context.Context) {
 		// acknowledgement the queue took meanwhile is then counted in
 		// neither (the next poll has it), never in both.
 		d.mu.Lock()
+		d.countAckedLocked()
 		settled := d.stats.Done + d.stats.Duplicates + d.stats.DeadLettered
 		d.mu.Unlock()
 		var backlog int64
@@ -1662,6 +1704,7 @@ func (d *Drainer) poll(ctx context.Context) {
 		}
 		now := time.Now()
 		d.mu.Lock()
+		d.countAckedLocked()
 		if ok {
 			d.stats.Backlog, d.stats.BacklogAt = backlog, now
 			d.stats.Total = max(d.stats.Total, settled+backlog)

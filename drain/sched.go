@@ -21,10 +21,16 @@ type scheduler struct {
 type level struct {
 	prio    priority.Priority
 	skipped int                     // releases in a row that passed it over while it waited
-	turns   fifo[string]            // tenants with messages, in turn order
-	queues  map[string]*fifo[taken] // by tenant
-	spare   *fifo[taken]            // the last one emptied, for the next tenant: its space is kept
+	turns   fifo[*tenantQueue]      // those with messages, in turn order
+	queues  map[string]*tenantQueue // those with messages, by tenant
+	spare   *tenantQueue            // the last one emptied, for the next tenant: its space is kept
 	n       int
+}
+
+// tenantQueue is one tenant's waiting messages.
+type tenantQueue struct {
+	tenant string
+	fifo[taken]
 }
 
 // fifo is a queue; its zero value is empty.
@@ -64,7 +70,7 @@ func newScheduler(prios []priority.Priority, limit int) scheduler {
 	for i, p := range prios {
 		l := byPrio[p]
 		if l == nil {
-			l = &level{prio: p, queues: make(map[string]*fifo[taken])}
+			l = &level{prio: p, queues: make(map[string]*tenantQueue)}
 			byPrio[p] = l
 			s.levels = append(s.levels, l)
 		}
@@ -83,12 +89,11 @@ func (s *scheduler) push(input int, tenant string, t taken) {
 	if q == nil {
 		q, l.spare = l.spare, nil
 		if q == nil {
-			q = new(fifo[taken])
+			q = new(tenantQueue)
 		}
+		q.tenant = tenant
 		l.queues[tenant] = q
-	}
-	if q.len() == 0 {
-		l.turns.push(tenant)
+		l.turns.push(q)
 	}
 	q.push(t)
 	l.n++
@@ -125,14 +130,15 @@ func (s *scheduler) pop() (taken, bool) {
 			l.skipped++
 		}
 	}
-	tenant := pick.turns.pop()
-	q := pick.queues[tenant]
+	q := pick.turns.items[pick.turns.head] // the tenant whose turn it is
 	t := q.pop()
-	if q.len() > 0 {
-		pick.turns.push(tenant)
-	} else {
-		delete(pick.queues, tenant) // tenants come and go: keep only those waiting
+	switch {
+	case q.len() == 0:
+		pick.turns.pop()
+		delete(pick.queues, q.tenant) // tenants come and go: keep only those waiting
 		pick.spare = q
+	case pick.turns.len() > 1:
+		pick.turns.push(pick.turns.pop()) // to the back of the turns
 	}
 	pick.n--
 	s.n--

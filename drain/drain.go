@@ -644,6 +644,7 @@ type Drainer struct {
 	inHand   int      // picked by the gate's holder and not yet put back or in flight
 	awake    int      // workers not waiting in nextFree for a wake-up
 	sending  int      // workers that took a message in nextFree and did not ask for the next
+	waking   bool     // a wake-up was sent and not yet taken (wakeLocked)
 	stats    Stats
 	lastDone int64
 	lastAt   time.Time
@@ -954,10 +955,25 @@ func (d *Drainer) fetch(ctx context.Context, i int) {
 			d.heldN[i]++
 			d.sched.push(i, m.Tenant(), taken{h})
 		}
+		wake := d.wakeLocked()
 		d.mu.Unlock()
 		clear(got[:k])
-		signal(d.wake)
+		if wake {
+			signal(d.wake)
+		}
 	}
+}
+
+// wakeLocked reports whether a worker is to be woken for the messages
+// queued, and notes the wake-up if so: not when one is on its way, nor,
+// without a Limiter, while a worker awake is not sending (it takes them;
+// see nextFree). d.mu is held.
+func (d *Drainer) wakeLocked() bool {
+	if d.waking || d.cfg.Limiter == nil && d.awake > d.sending {
+		return false
+	}
+	d.waking = true
+	return true
 }
 
 // newHoldLocked returns a hold of m, of Input i, beaten at beat: a spare
@@ -1328,7 +1344,11 @@ func (d *Drainer) next(ctx context.Context, done *hold, sent bool) *hold {
 		}
 		d.mu.Unlock()
 		if !ok {
-			d.await(ctx, &timer, next)
+			if d.await(ctx, &timer, next) {
+				d.mu.Lock()
+				d.waking = false
+				d.mu.Unlock()
+			}
 			continue
 		}
 		if err := d.cfg.Limiter.WaitN(ctx, 1); err != nil {
@@ -1397,27 +1417,29 @@ func (d *Drainer) nextFree(ctx context.Context, done *hold, sent bool) *hold {
 			// Two others awake take what waits.
 			d.awake--
 			d.mu.Unlock()
-			d.await(ctx, &timer, time.Time{})
+			woken := d.await(ctx, &timer, time.Time{})
 			d.mu.Lock()
 			d.awake++
+			d.waking = d.waking && !woken
 			continue
 		}
 		t, ok, next := d.pick()
 		if ok {
 			d.sendLocked(t)
 			d.sending++
-			more := d.sched.len() > 0 && d.awake == d.sending
+			wake := d.sched.len() > 0 && d.wakeLocked()
 			d.mu.Unlock()
-			if more {
+			if wake {
 				signal(d.wake)
 			}
 			return t.hold
 		}
 		d.awake--
 		d.mu.Unlock()
-		d.await(ctx, &timer, next)
+		woken := d.await(ctx, &timer, next)
 		d.mu.Lock()
 		d.awake++
+		d.waking = d.waking && !woken
 	}
 	d.mu.Unlock()
 	if done != nil {
@@ -1427,8 +1449,9 @@ func (d *Drainer) nextFree(ctx context.Context, done *hold, sent bool) *hold {
 }
 
 // await waits for a wake-up, for next (none when zero) on *timer (made on
-// first use; its caller stops it), or for ctx's end.
-func (d *Drainer) await(ctx context.Context, timer **time.Timer, next time.Time) {
+// first use; its caller stops it), or for ctx's end. It reports whether
+// it took a wake-up (its caller then clears d.waking).
+func (d *Drainer) await(ctx context.Context, timer **time.Timer, next time.Time) (woken bool) {
 	var tc <-chan time.Time
 	if !next.IsZero() {
 		if *timer == nil {
@@ -1440,9 +1463,11 @@ func (d *Drainer) await(ctx context.Context, timer **time.Timer, next time.Time)
 	}
 	select {
 	case <-d.wake:
+		return true
 	case <-tc:
 	case <-ctx.Done():
 	}
+	return false
 }
 
 // sendLocked counts t, picked, as released to the Sink. d.mu is held.

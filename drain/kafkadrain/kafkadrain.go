@@ -759,26 +759,31 @@ func keyTenant(r *kgo.Record) (key, tenant []byte) {
 // copyHeaders sets the key and tenant of ms, just delivered, to their
 // records' headers, copied into one string for them all: one allocation
 // per batch rather than one per message, the string kept while one of
-// them is.
+// them is. Each record's headers are read once (a batch of DefaultWindow
+// needs no allocation for it).
 func copyHeaders(ms []drain.Message) {
+	var small [DefaultWindow][2][]byte
+	kts := small[:0]
+	if len(ms) > len(small) {
+		kts = make([][2][]byte, 0, len(ms))
+	}
 	size := 0
 	for _, m := range ms {
 		k, t := keyTenant(m.(*message).r)
+		kts = append(kts, [2][]byte{k, t})
 		size += len(k) + len(t)
 	}
 	var b strings.Builder
 	b.Grow(size)
-	for _, m := range ms {
-		k, t := keyTenant(m.(*message).r)
-		b.Write(k)
-		b.Write(t)
+	for _, kt := range kts {
+		b.Write(kt[0])
+		b.Write(kt[1])
 	}
 	all := b.String()
-	for _, m := range ms {
+	for i, m := range ms {
 		m := m.(*message)
-		k, t := keyTenant(m.r)
-		m.key, all = all[:len(k)], all[len(k):]
-		m.tenant, all = all[:len(t)], all[len(t):]
+		m.key, all = all[:len(kts[i][0])], all[len(kts[i][0]):]
+		m.tenant, all = all[:len(kts[i][1])], all[len(kts[i][1]):]
 	}
 }
 

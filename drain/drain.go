@@ -283,6 +283,9 @@ type Options struct {
 	// called.
 	OnThrottle func(pause time.Duration)
 	// Workers bounds the Sink calls in flight; DefaultWorkers when 0.
+	// Without a Limiter, workers are woken only as the Sink needs them:
+	// a Sink that returns at once is served by a few, one that takes its
+	// time by as many as it keeps busy.
 	Workers int
 	// MaxFailures is how many failed attempts a message gets before it
 	// is dead-lettered; DefaultMaxFailures when 0.
@@ -640,11 +643,11 @@ type Drainer struct {
 	limN     []int               // by Input: its waitLimit when its fetcher last looked
 	failures map[string]int      // failed attempts by key
 	acked    recentKeys
-	ackedQ   []uint64 // hashes of keys acknowledged and not yet counted (countAckedLocked)
-	inHand   int      // picked by the gate's holder and not yet put back or in flight
-	awake    int      // workers not waiting in nextFree for a wake-up
-	sending  int      // workers that took a message in nextFree and did not ask for the next
-	waking   bool     // a wake-up was sent and not yet taken (wakeLocked)
+	ackedQ   []uint64     // hashes of keys acknowledged and not yet counted (countAckedLocked)
+	inHand   int          // picked by the gate's holder and not yet put back or in flight
+	awake    int          // workers not waiting in nextFree for a wake-up
+	sending  atomic.Int32 // workers that took a message in nextFree and are not back for the next
+	waking   bool         // a wake-up was sent and not yet taken (wakeLocked)
 	stats    Stats
 	lastDone int64
 	lastAt   time.Time
@@ -969,7 +972,7 @@ func (d *Drainer) fetch(ctx context.Context, i int) {
 // without a Limiter, while a worker awake is not sending (it takes them;
 // see nextFree). d.mu is held.
 func (d *Drainer) wakeLocked() bool {
-	if d.waking || d.cfg.Limiter == nil && d.awake > d.sending {
+	if d.waking || d.cfg.Limiter == nil && d.awake > int(d.sending.Load()) {
 		return false
 	}
 	d.waking = true
@@ -1403,17 +1406,18 @@ func (d *Drainer) nextFree(ctx context.Context, done *hold, sent bool) *hold {
 			timer.Stop()
 		}
 	}()
+	if sent {
+		// Back before the lock is had: a worker waiting for it will
+		// take what waits, and is not woken for it.
+		d.sending.Add(-1)
+	}
 	d.mu.Lock()
 	for ctx.Err() == nil {
-		if sent {
-			sent = false
-			d.sending--
-		}
 		if done != nil {
 			d.forgetLocked([]*hold{done}, k[:], true)
 			done = nil
 		}
-		if d.sched.len() > 0 && d.awake-d.sending-1 >= 2 {
+		if d.sched.len() > 0 && d.awake-int(d.sending.Load())-1 >= 2 {
 			// Two others awake take what waits.
 			d.awake--
 			d.mu.Unlock()
@@ -1426,7 +1430,7 @@ func (d *Drainer) nextFree(ctx context.Context, done *hold, sent bool) *hold {
 		t, ok, next := d.pick()
 		if ok {
 			d.sendLocked(t)
-			d.sending++
+			d.sending.Add(1)
 			wake := d.sched.len() > 0 && d.wakeLocked()
 			d.mu.Unlock()
 			if wake {

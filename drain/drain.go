@@ -1389,9 +1389,11 @@ func (d *Drainer) next(ctx context.Context, done *hold, sent bool) *hold {
 // queued, or for the first pause of one set aside to end.
 //
 // Workers are woken as the Sink needs them: one that takes a message
-// while more wait wakes another only if every worker awake is sending,
-// and one back from the Sink while two others are awake and not sending
-// waits, leaving the messages to them. So a Sink that returns at once is
+// while more wait wakes another only if every worker awake is sending
+// and no wake-up is on its way (wakeLocked), and one back from the Sink
+// while two others are awake and not sending waits, leaving the
+// messages to them (a worker counts as back once its Sink call and
+// settlement are done, before it waits for d.mu). So a Sink that returns at once is
 // served by the few workers that keep it busy (each worker woken is a
 // hand-over between threads), and one that takes its time by as many as
 // it keeps busy, up to Workers.

@@ -433,7 +433,7 @@ func testBatchTakenWhenRateFalls(t *testing.T, multi bool) {
 
 // TestWorkersKeepSlowSinkBusy: 640 messages, no Limiter, a Sink that
 // takes 100 ms and 64 workers. The workers woken as the Sink needs them
-// (see Drainer) still keep all 64 calls in flight: each wave of 64 goes
+// (see Options.Workers) still keep all 64 calls in flight: each wave of 64 goes
 // at once, and the 640 take 1 s.
 func TestWorkersKeepSlowSinkBusy(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 	"github.com/sluicehq/sluice/drain"
 	"github.com/sluicehq/sluice/drain/jsdrain"
 	"github.com/sluicehq/sluice/lease"
@@ -124,6 +126,21 @@ func runEnqueue(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return err
 }
 
+// refusedLease pings the lease's Redis once and returns the error if it
+// refused this client (its credentials, or the certificate it showed): a
+// mistake in the flags, which no wait mends. One that cannot be reached
+// is left to the lease Holder, which tries again.
+func refusedLease(ctx context.Context, c redis.UniversalClient) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	err := c.Ping(ctx).Err()
+	var cv *tls.CertificateVerificationError
+	if err != nil && (refused(err) || errors.As(err, &cv)) {
+		return err
+	}
+	return nil
+}
+
 // runDrain runs `sluice drain`.
 func runDrain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return runDrainWith(ctx, args, stderr, nil)
@@ -193,11 +210,18 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 			return usagef("drain: -capacity: %v", err)
 		}
 		leased = c
-		rc, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: []string{*leaseRedis}})
+		o, err := q.redisOptions([]string{*leaseRedis})
+		if err != nil {
+			return err
+		}
+		rc, err := redisstore.NewClient(o)
 		if err != nil {
 			return err
 		}
 		defer rc.Close()
+		if err := refusedLease(ctx, rc); err != nil {
+			return fmt.Errorf("drain: -lease-redis %s: %w", *leaseRedis, err)
+		}
 		st, err := redisstore.NewLeaseStore(rc, *service, redisstore.LeaseOptions{})
 		if err != nil {
 			return err

@@ -394,6 +394,97 @@ func TestDrainBinaryRedis(t *testing.T) {
 	}
 }
 
+// TestDrainRedisCredentials drives the built binary on a Redis whose
+// default user is off (an ACL user and its password: -redis-username with
+// -redis-password-file, or $SLUICE_REDIS_PASSWORD) and on one that speaks
+// only TLS (-redis-tls-ca): enqueue and drain reach the stream, and
+// drain's -lease-redis, on the same server, takes the same credentials.
+// With a wrong password, or with TLS verified against the system's roots,
+// enqueue fails with Redis's refusal (or the certificate's), and so does
+// drain, at once, when it is the lease's Redis that refuses.
+func TestDrainRedisCredentials(t *testing.T) {
+	bin := buildSluice(t)
+	acl := redistest.StandaloneWith(t, aclArgs...)
+	secure := redistest.StandaloneTLS(t)
+	pw, wrong := filepath.Join(t.TempDir(), "pw"), filepath.Join(t.TempDir(), "wrong")
+	if err := os.WriteFile(pw, []byte("s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(wrong, []byte("secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	user := []string{"-redis-username", "sluice"}
+	wrongPass := append(user[:len(user):len(user)], "-redis-password-file", wrong)
+	for _, c := range []struct {
+		name           string
+		addr           string
+		creds, without []string
+		env            string // $SLUICE_REDIS_PASSWORD with creds
+		lease          bool
+		refused        string // in enqueue's output, without
+	}{
+		{"password file", acl.Addr(), append(user[:len(user):len(user)], "-redis-password-file", pw), wrongPass, "", true, "WRONGPASS"},
+		{"password env", acl.Addr(), user, wrongPass, "s3cret", false, "WRONGPASS"},
+		{"tls", secure.Addr(), []string{"-redis-tls-ca", secure.CAFile()}, []string{"-redis-tls"}, "", true, "certificate signed by unknown authority"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			const n = 40
+			stream := strings.ReplaceAll(strings.ToUpper(c.name), " ", "-")
+			queue := []string{"-source", "redis", "-redis", c.addr, "-stream", stream}
+			file := recordsFile(t, t.TempDir(), n)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			sluice := func(env string, args ...string) ([]byte, error) {
+				cmd := exec.CommandContext(ctx, bin, args...)
+				cmd.Env = append(os.Environ(), redisPasswordEnv+"="+env)
+				return cmd.CombinedOutput()
+			}
+			out, err := sluice("", append(append([]string{"enqueue", "-file", file}, queue...), c.without...)...)
+			if err == nil || !strings.Contains(string(out), c.refused) {
+				t.Errorf("enqueue %v: %v, want %q in:\n%s", c.without, err, c.refused, out)
+			}
+			if out, err := sluice(c.env, append(append([]string{"enqueue", "-file", file}, queue...), c.creds...)...); err != nil {
+				t.Fatalf("enqueue: %v\n%s", err, out)
+			}
+			if c.lease {
+				// The stream on a Redis that takes anyone; the lease's
+				// refuses.
+				open := []string{"-source", "redis", "-redis", redistest.Standalone(t).Addr(), "-stream", stream}
+				out, err := sluice("", append(append([]string{"drain", "-url", "http://127.0.0.1:1", "-lease-redis", c.addr, "-capacity", "10/s"}, open...), c.without...)...)
+				if err == nil || !strings.Contains(string(out), "-lease-redis "+c.addr) || !strings.Contains(string(out), c.refused) {
+					t.Errorf("drain -lease-redis %v: %v, want the lease's Redis and %q in:\n%s", c.without, err, c.refused, out)
+				}
+			}
+			var mu sync.Mutex
+			written := map[string]int{}
+			hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				defer mu.Unlock()
+				written[r.Header.Get(drain.IdempotencyKeyHeader)]++
+			}))
+			defer hs.Close()
+			pace := []string{"-rate", "1000/s"}
+			if c.lease {
+				pace = []string{"-lease-redis", c.addr, "-capacity", "1000/s", "-lease-service", stream}
+			}
+			out, err = sluice(c.env, append(append(append([]string{"drain", "-url", hs.URL}, pace...), queue...), c.creds...)...)
+			if err != nil {
+				t.Fatalf("drain: %v\n%s", err, out)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if len(written) != n {
+				t.Errorf("%d records written, want %d:\n%s", len(written), n, tail(string(out), 600))
+			}
+			for k, w := range written {
+				if w != 1 {
+					t.Errorf("%s written %d times", k, w)
+				}
+			}
+		})
+	}
+}
+
 // tail is the last n bytes of s.
 func tail(s string, n int) string {
 	return s[max(0, len(s)-n):]

@@ -37,6 +37,10 @@ type queueFlags struct {
 	source        string
 	natsURL, data string
 	redis         string
+	redisUser     string
+	redisPassword string // a file's name; empty: $SLUICE_REDIS_PASSWORD
+	redisTLS      bool
+	redisCA       string
 	kafka         string
 	stream        string
 	subject       string // JetStream: what sluice enqueue publishes to, under the stream's subjects
@@ -47,6 +51,10 @@ func (q *queueFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&q.natsURL, "nats-url", "", "with -source jetstream: an external NATS server or cluster (comma-separated URLs); empty: the embedded server")
 	fs.StringVar(&q.data, "data", "sluice-data", "with -source jetstream: the embedded server's data directory")
 	fs.StringVar(&q.redis, "redis", "", "with -source redis: the Redis address (host:port; several, comma-separated, for a Cluster)")
+	fs.StringVar(&q.redisUser, "redis-username", "", "with -source redis or drain -lease-redis: Redis ACL user (default: the default user)")
+	fs.StringVar(&q.redisPassword, "redis-password-file", "", "with -source redis or drain -lease-redis: `file` holding the Redis password (default: $"+redisPasswordEnv+")")
+	fs.BoolVar(&q.redisTLS, "redis-tls", false, "with -source redis or drain -lease-redis: connect over TLS, verified with the system's roots")
+	fs.StringVar(&q.redisCA, "redis-tls-ca", "", "with -source redis or drain -lease-redis: PEM `file` of the CAs that verify Redis's certificate (implies -redis-tls)")
 	fs.StringVar(&q.kafka, "kafka-brokers", "", "with -source kafka: the seed brokers (host:port, comma-separated)")
 	fs.StringVar(&q.stream, "stream", "RECORDS", "the stream (JetStream: subjects <lower-case name>.>, dead letters <lower-case name>-dead.>; Redis: the stream's name, dead letters beside it; Kafka: the topic, dead letters to <name>-dead)")
 }
@@ -79,7 +87,8 @@ func (q *queueFlags) args() []string {
 	case sourceJetStream:
 		a = append(a, "-nats-url", q.natsURL)
 	case sourceRedis:
-		a = append(a, "-redis", q.redis)
+		a = append(a, "-redis", q.redis, "-redis-username", q.redisUser, "-redis-password-file", q.redisPassword,
+			fmt.Sprintf("-redis-tls=%t", q.redisTLS), "-redis-tls-ca", q.redisCA)
 	case sourceKafka:
 		a = append(a, "-kafka-brokers", q.kafka)
 	}
@@ -122,7 +131,11 @@ func (q *queueFlags) open(ctx context.Context) (queue, error) {
 	}
 	switch q.source {
 	case sourceRedis:
-		c, err := redisstore.NewClient(redisstore.ClientOptions{Addrs: splitList(q.redis)})
+		o, err := q.redisOptions(splitList(q.redis))
+		if err != nil {
+			return nil, err
+		}
+		c, err := redisstore.NewClient(o)
 		if err != nil {
 			return nil, err
 		}
@@ -167,6 +180,21 @@ func (q *queueFlags) open(ctx context.Context) (queue, error) {
 		subject = "records"
 	}
 	return &jsQueue{js: js, subject: subject, bases: map[string]string{}, closeFn: func() { _ = nc.Drain(); nc.Close(); stop() }}, nil
+}
+
+// redisOptions are the options of a client of the Redis at addrs, with
+// the -redis-username, -redis-password-file and -redis-tls flags' say:
+// those of -source redis, and of drain's -lease-redis.
+func (q *queueFlags) redisOptions(addrs []string) (redisstore.ClientOptions, error) {
+	password, err := secret(q.redisPassword, redisPasswordEnv)
+	if err != nil {
+		return redisstore.ClientOptions{}, fmt.Errorf("reading the Redis password: %w", err)
+	}
+	tlsConfig, err := redisTLSConfig(q.redisTLS, q.redisCA)
+	if err != nil {
+		return redisstore.ClientOptions{}, err
+	}
+	return redisstore.ClientOptions{Addrs: addrs, Username: q.redisUser, Password: password, TLS: tlsConfig}, nil
 }
 
 func splitList(s string) []string {

@@ -635,7 +635,8 @@ func secret(file, env string) (string, error) {
 }
 
 // redisTLSConfig returns the TLS configuration of --redis-tls and
-// --redis-tls-ca, or nil for none.
+// --redis-tls-ca (serve's, and the queue's of drain and enqueue), or nil
+// for none.
 func redisTLSConfig(enabled bool, caFile string) (*tls.Config, error) {
 	if !enabled && caFile == "" {
 		return nil, nil
@@ -644,11 +645,11 @@ func redisTLSConfig(enabled bool, caFile string) (*tls.Config, error) {
 	if caFile != "" {
 		pem, err := os.ReadFile(caFile)
 		if err != nil {
-			return nil, fmt.Errorf("serve: reading --redis-tls-ca: %w", err)
+			return nil, fmt.Errorf("reading --redis-tls-ca: %w", err)
 		}
 		cfg.RootCAs = x509.NewCertPool()
 		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, usagef("serve: --redis-tls-ca %s: no PEM certificate in it", caFile)
+			return nil, usagef("--redis-tls-ca %s: no PEM certificate in it", caFile)
 		}
 	}
 	return cfg, nil

@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -133,9 +132,7 @@ func runEnqueue(ctx context.Context, args []string, stdout, stderr io.Writer) er
 func refusedLease(ctx context.Context, c redis.UniversalClient) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	err := c.Ping(ctx).Err()
-	var cv *tls.CertificateVerificationError
-	if err != nil && (refused(err) || errors.As(err, &cv)) {
+	if err := c.Ping(ctx).Err(); err != nil && refused(err) {
 		return err
 	}
 	return nil

@@ -674,13 +674,15 @@ func checkRedis(ctx context.Context, c redis.UniversalClient, log *slog.Logger) 
 	}
 }
 
-// refused reports whether err is Redis refusing this client, rather than
-// a state Redis passes through and leaves by itself: loading its data
-// after a restart, a master down during a failover, a cluster that is
-// down or resharding.
+// refused reports whether err is Redis refusing this client (its
+// credentials or rights, or a certificate that does not verify against
+// the CAs given), rather than a state Redis passes through and leaves by
+// itself: loading its data after a restart, a master down during a
+// failover, a cluster that is down or resharding.
 func refused(err error) bool {
 	var rerr redis.Error
-	return errors.As(err, &rerr) && !redis.IsLoadingError(err) && !redis.IsMasterDownError(err) &&
+	var cv *tls.CertificateVerificationError
+	return errors.As(err, &cv) || errors.As(err, &rerr) && !redis.IsLoadingError(err) && !redis.IsMasterDownError(err) &&
 		!redis.IsClusterDownError(err) && !redis.IsTryAgainError(err)
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -314,6 +315,9 @@ func TestServeRedisTLS(t *testing.T) {
 	if c, err := redisTLSConfig(false, ""); c != nil || err != nil {
 		t.Errorf("no TLS flag: %+v, %v; want nil", c, err)
 	}
+	// A certificate the system's roots do not verify is a mistake in the
+	// flags, which no wait mends: serve stops.
+	refusedAtStart(t, "certificate signed by unknown authority", "--redis-addr", srv.Addr(), "--redis-tls")
 }
 
 // aclArgs start a Redis whose default user is off: only "sluice", with its
@@ -462,9 +466,9 @@ type redisErr string
 func (e redisErr) Error() string { return string(e) }
 func (redisErr) RedisError()     {}
 
-// TestRefused: only Redis refusing the client stops serve at start-up,
-// not a Redis that is unreachable or passing through a state it leaves by
-// itself.
+// TestRefused: only Redis refusing the client (or a certificate that
+// does not verify) stops serve at start-up, not a Redis that is
+// unreachable or passing through a state it leaves by itself.
 func TestRefused(t *testing.T) {
 	tests := []struct {
 		err  error
@@ -481,6 +485,7 @@ func TestRefused(t *testing.T) {
 		{redisErr("TRYAGAIN Multiple keys request during rehashing of slot"), false},
 		{errors.New("dial tcp 127.0.0.1:1: connect: connection refused"), false},
 		{context.DeadlineExceeded, false},
+		{fmt.Errorf("handshake: %w", &tls.CertificateVerificationError{Err: errors.New("x509: certificate signed by unknown authority")}), true},
 	}
 	for _, tt := range tests {
 		if got := refused(tt.err); got != tt.want {

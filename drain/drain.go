@@ -645,7 +645,7 @@ type Drainer struct {
 	acked    recentKeys
 	ackedQ   []uint64     // hashes of keys acknowledged and not yet counted (countAckedLocked)
 	inHand   int          // picked by the gate's holder and not yet put back or in flight
-	awake    int          // workers not waiting in nextFree for a wake-up
+	awake    int          // workers not sleeping (sleepLocked)
 	sending  atomic.Int32 // workers that took a message in nextFree and are not back for the next
 	waking   bool         // a wake-up was sent and not yet taken (wakeLocked)
 	stats    Stats
@@ -1342,18 +1342,13 @@ func (d *Drainer) next(ctx context.Context, done *hold, sent bool) *hold {
 			d.granted = false
 			return t.hold
 		}
-		if ok {
-			d.inHand = 1 // until it is put back or sent
-		}
-		d.mu.Unlock()
 		if !ok {
-			if d.await(ctx, &timer, next) {
-				d.mu.Lock()
-				d.waking = false
-				d.mu.Unlock()
-			}
+			d.sleepLocked(ctx, &timer, next)
+			d.mu.Unlock()
 			continue
 		}
+		d.inHand = 1 // until it is put back or sent
+		d.mu.Unlock()
 		if err := d.cfg.Limiter.WaitN(ctx, 1); err != nil {
 			d.putBack(t)
 			if ctx.Err() != nil {
@@ -1421,12 +1416,7 @@ func (d *Drainer) nextFree(ctx context.Context, done *hold, sent bool) *hold {
 		}
 		if d.sched.len() > 0 && d.awake-int(d.sending.Load())-1 >= 2 {
 			// Two others awake take what waits.
-			d.awake--
-			d.mu.Unlock()
-			woken := d.await(ctx, &timer, time.Time{})
-			d.mu.Lock()
-			d.awake++
-			d.waking = d.waking && !woken
+			d.sleepLocked(ctx, &timer, time.Time{})
 			continue
 		}
 		t, ok, next := d.pick()
@@ -1440,12 +1430,7 @@ func (d *Drainer) nextFree(ctx context.Context, done *hold, sent bool) *hold {
 			}
 			return t.hold
 		}
-		d.awake--
-		d.mu.Unlock()
-		woken := d.await(ctx, &timer, next)
-		d.mu.Lock()
-		d.awake++
-		d.waking = d.waking && !woken
+		d.sleepLocked(ctx, &timer, next)
 	}
 	d.mu.Unlock()
 	if done != nil {
@@ -1454,10 +1439,11 @@ func (d *Drainer) nextFree(ctx context.Context, done *hold, sent bool) *hold {
 	return nil
 }
 
-// await waits for a wake-up, for next (none when zero) on *timer (made on
-// first use; its caller stops it), or for ctx's end. It reports whether
-// it took a wake-up (its caller then clears d.waking).
-func (d *Drainer) await(ctx context.Context, timer **time.Timer, next time.Time) (woken bool) {
+// sleepLocked waits, d.mu released meanwhile, for a wake-up, for next
+// (none when zero) on *timer (made on first use; its caller stops it),
+// or for ctx's end. The worker counts as not awake meanwhile, and a
+// wake-up it takes is no longer on its way. d.mu is held.
+func (d *Drainer) sleepLocked(ctx context.Context, timer **time.Timer, next time.Time) {
 	var tc <-chan time.Time
 	if !next.IsZero() {
 		if *timer == nil {
@@ -1467,13 +1453,20 @@ func (d *Drainer) await(ctx context.Context, timer **time.Timer, next time.Time)
 		}
 		tc = (*timer).C
 	}
+	d.awake--
+	d.mu.Unlock()
+	woken := false
 	select {
 	case <-d.wake:
-		return true
+		woken = true
 	case <-tc:
 	case <-ctx.Done():
 	}
-	return false
+	d.mu.Lock()
+	d.awake++
+	if woken {
+		d.waking = false
+	}
 }
 
 // sendLocked counts t, picked, as released to the Sink. d.mu is held.

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/sluicehq/sluice/drain"
+	"github.com/sluicehq/sluice/priority"
 	"github.com/sluicehq/sluice/ratelimit"
 )
 
@@ -467,6 +469,108 @@ func TestWorkersKeepSlowSinkBusy(t *testing.T) {
 		if want := n / workers * 100 * time.Millisecond; took != want {
 			t.Errorf("took %v, want %v", took, want)
 		}
+	})
+}
+
+// TestFreeWorkersCombined runs the workers without a Limiter with the
+// features a user turns on beside them: two Inputs of two priorities
+// (one a MultiSource), both with an ack wait (heartbeats), five
+// partitions paused one at a time (PausePartition: the first message of
+// p0 is answered 429 for 500 ms), and a Sink that answers most messages
+// at once and one in ten after 50 ms. Every message is acknowledged
+// once, none is delivered again nor told InProgress once settled, no
+// call for p0 is made during its pause, the Stats count each key once
+// (the queues share their keys: the rest are duplicates), and
+// the slow calls overlap: the 80 of them, 4 s one after another, take
+// less than a second with the pause.
+func TestFreeWorkersCombined(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 400
+		part := func(i int) string { return fmt.Sprint("p", i%5) }
+		hi := newFakeQueue(64, n, 2*time.Second, part)
+		lo := newFakeQueue(64, n, 2*time.Second, part)
+		var mu sync.Mutex
+		in, most := 0, 0
+		var pausedAt time.Time
+		var p0 []time.Time
+		begin := time.Now()
+		d, err := drain.New(drain.Options{
+			Inputs: []drain.Input{{Source: ackQueue{hi}, Priority: priority.High}, {Source: multiQueue{ackQueue{lo}}, Priority: priority.Low}},
+			Sink: func(ctx context.Context, m drain.Message) error {
+				mu.Lock()
+				in++
+				most = max(most, in)
+				if m.Partition() == "p0" {
+					p0 = append(p0, time.Now())
+					if pausedAt.IsZero() {
+						pausedAt = time.Now()
+						in--
+						mu.Unlock()
+						return drain.Throttle(500*time.Millisecond, errors.New("429"))
+					}
+				}
+				mu.Unlock()
+				if strings.HasSuffix(m.Key(), "7") {
+					time.Sleep(50 * time.Millisecond)
+				}
+				mu.Lock()
+				in--
+				mu.Unlock()
+				return nil
+			},
+			PauseScope: drain.PausePartition,
+			Logger:     quiet,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- d.Run(ctx) }()
+		for _, q := range []*fakeQueue{hi, lo} {
+			select {
+			case <-q.allAcked:
+			case <-time.After(time.Minute):
+				t.Fatalf("after a minute: %d of %d acknowledged", len(q.acked), q.want)
+			}
+		}
+		took := time.Since(begin)
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+		synctest.Wait()
+		for name, q := range map[string]*fakeQueue{"high": hi, "low": lo} {
+			q.mu.Lock()
+			for k, c := range q.acked {
+				if c != 1 {
+					t.Errorf("%s: %s acknowledged %d times", name, k, c)
+				}
+			}
+			if q.redelivered != 0 || q.lateBeats != 0 {
+				t.Errorf("%s: %d delivered again, %d InProgress after settlement", name, q.redelivered, q.lateBeats)
+			}
+			q.mu.Unlock()
+		}
+		// The two queues hold the same keys: the second acknowledgement
+		// of each is a duplicate.
+		if st := d.Stats(); st.Done != n || st.Duplicates != n || st.Throttled != 1 || st.Pauses != 1 {
+			t.Errorf("stats %+v: want %d done, %d duplicates, 1 throttled, 1 pause", st, n, n)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, at := range p0[1:] {
+			if at.Before(pausedAt.Add(500 * time.Millisecond)) {
+				t.Errorf("p0 called %v after its 500 ms pause began", at.Sub(pausedAt))
+			}
+		}
+		if most > drain.DefaultWorkers {
+			t.Errorf("%d Sink calls at once, more than the %d workers", most, drain.DefaultWorkers)
+		}
+		if took >= time.Second {
+			t.Errorf("took %v, want under 1 s: the slow calls did not overlap", took)
+		}
+		t.Logf("took %v, at most %d calls at once", took, most)
 	})
 }
 

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/redis/go-redis/v9"
 	"github.com/sluicehq/sluice/drain"
 	"github.com/sluicehq/sluice/drain/jsdrain"
 	"github.com/sluicehq/sluice/lease"
@@ -125,19 +124,6 @@ func runEnqueue(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return err
 }
 
-// refusedLease pings the lease's Redis once and returns the error if it
-// refused this client (its credentials, or the certificate it showed): a
-// mistake in the flags, which no wait mends. One that cannot be reached
-// is left to the lease Holder, which tries again.
-func refusedLease(ctx context.Context, c redis.UniversalClient) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := c.Ping(ctx).Err(); err != nil && refused(err) {
-		return err
-	}
-	return nil
-}
-
 // runDrain runs `sluice drain`.
 func runDrain(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return runDrainWith(ctx, args, stderr, nil)
@@ -216,7 +202,9 @@ func runDrainWith(ctx context.Context, args []string, stderr io.Writer, wrap fun
 			return err
 		}
 		defer rc.Close()
-		if err := refusedLease(ctx, rc); err != nil {
+		// One that cannot be reached is left to the lease Holder, which
+		// tries again.
+		if refusal, err := pingRedis(ctx, rc); refusal {
 			return fmt.Errorf("drain: -lease-redis %s: %w", *leaseRedis, err)
 		}
 		st, err := redisstore.NewLeaseStore(rc, *service, redisstore.LeaseOptions{})

@@ -591,9 +591,13 @@ func openBackend(ctx context.Context, cfg *serveConfig, log *slog.Logger) (*back
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	b := &backend{shared: true, closers: []func() error{c.Close}}
-	if err := checkRedis(ctx, c, log); err != nil {
+	// A Redis that cannot be reached, or is not ready yet, may come later,
+	// and meanwhile every rule's failure_mode decides.
+	if refusal, err := pingRedis(ctx, c); refusal {
 		b.close(log)
-		return nil, err
+		return nil, fmt.Errorf("serve: Redis refused the connection: %w", err)
+	} else if err != nil {
+		log.Warn("Redis is not reachable or not ready; each rule's failure_mode decides until it is", "err", err)
 	}
 	rs, err := redisstore.New(c, redisstore.Options{
 		Prefix: cfg.redisPrefix, Replicas: cfg.replicas, Failure: cfg.failureDefault,
@@ -655,23 +659,16 @@ func redisTLSConfig(enabled bool, caFile string) (*tls.Config, error) {
 	return cfg, nil
 }
 
-// checkRedis pings Redis once at start-up. A refusal (a wrong password, a
-// user without the rights) is a configuration error, returned; a Redis
-// that cannot be reached, or is not ready yet, is only logged: it may come
-// later, and meanwhile every rule's failure_mode decides.
-func checkRedis(ctx context.Context, c redis.UniversalClient, log *slog.Logger) error {
+// pingRedis pings c once, within 2 s, and returns the error, if any,
+// and whether it is Redis refusing this client (refused): a mistake in
+// the flags, which no wait mends, where a Redis that cannot be reached or
+// is not ready yet may come later. serve and drain's -lease-redis check
+// their Redis with it at start.
+func pingRedis(ctx context.Context, c redis.UniversalClient) (refusal bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	err := c.Ping(ctx).Err()
-	switch {
-	case err == nil:
-		return nil
-	case refused(err):
-		return fmt.Errorf("serve: Redis refused the connection: %w", err)
-	default:
-		log.Warn("Redis is not reachable or not ready; each rule's failure_mode decides until it is", "err", err)
-		return nil
-	}
+	err = c.Ping(ctx).Err()
+	return err != nil && refused(err), err
 }
 
 // refused reports whether err is Redis refusing this client (its
